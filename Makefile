@@ -1,0 +1,47 @@
+# runplane: `make dev` runs the local stack and a demo run; `make test` runs every test.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8080
+PYTEST_ARGS ?=
+
+.PHONY: setup setup-test docker image dev test test-fast lint typecheck bench validate clean
+
+setup:
+	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
+
+docker:
+	@scripts/start-docker.sh
+
+image: docker
+	@scripts/build-images.sh
+
+dev: setup image
+	$(VENV)/bin/runplane dev --port $(PORT) --demo
+
+test: setup-test image
+	@scripts/run-tests.sh $(PYTEST_ARGS)
+
+test-fast: setup-test
+	$(PY) -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
+
+lint: setup-test
+	$(VENV)/bin/ruff check runplane worker_agent functions tests bench
+	$(VENV)/bin/ruff format --check runplane worker_agent functions tests bench
+
+typecheck: setup-test
+	$(VENV)/bin/mypy
+
+bench: setup image
+	$(PY) bench/submit_latency.py
+	$(PY) bench/cold_import.py
+	$(PY) bench/e2e_run.py
+
+validate: setup-test
+	$(VENV)/bin/cfn-lint template.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,1 @@
+"""Thin cloud entrypoints over the runplane services."""

@@ -1,0 +1,1 @@
+"""AWS Lambda entrypoints: api, dispatcher, reaper."""

@@ -1,0 +1,18 @@
+"""Lambda on a schedule: re-queue runs whose lease expired, re-hint queued runs."""
+
+from dataclasses import asdict
+from typing import Any
+
+from aws_lambda_powertools import Logger
+
+from runplane import bootstrap
+from runplane.handlers import run_reaper
+
+logger = Logger(service="runplane-reaper")
+
+
+@logger.inject_lambda_context
+def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    report = run_reaper(bootstrap.stack())
+    logger.info("reaped", extra=asdict(report))
+    return asdict(report)

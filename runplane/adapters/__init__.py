@@ -1,0 +1,1 @@
+"""Adapters: one package per cloud, each implementing the ports."""

@@ -1,0 +1,339 @@
+"""DynamoDB adapters: runs (conditional writes), workers, tokens."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import BotoCoreError, ClientError
+
+from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, NotFound
+from runplane.domain.models import Event, Principal, Run, RunState, Worker
+from runplane.ports import Expect, Page
+from runplane.adapters.aws.clients import error_code
+
+_ser = TypeSerializer()
+_de = TypeDeserializer()
+
+BY_OWNER = "by_owner"
+BY_QUEUE_STATE = "by_queue_state"
+
+
+def _to_dynamo(value: Any) -> dict[str, Any]:
+    return _ser.serialize(json.loads(json.dumps(value), parse_float=Decimal))  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _from_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _plain(_de.deserialize(v)) for k, v in item.items()}
+
+
+def _qs(queue: str, state: RunState | str) -> str:
+    return f"{queue}#{state}"
+
+
+def _translate(e: Exception, what: str) -> Exception:
+    if isinstance(e, ClientError) and error_code(e) == "ValidationException":
+        return BadRequest(f"{what}: {e}")
+    return BackendError(f"{what} failed: {e}")
+
+
+class DynamoRunStore:
+    """Runs in one table keyed by ``id``, with two indexes: by owner and by queue+state."""
+
+    def __init__(self, table: str, client: Any) -> None:
+        self.table = table
+        self.client = client
+
+    def _item(self, run: Run) -> dict[str, Any]:
+        data = run.model_dump(mode="json")
+        data["qs"] = _qs(run.queue, run.state)
+        return {k: _to_dynamo(v) for k, v in data.items()}
+
+    @staticmethod
+    def _run(item: Mapping[str, Any]) -> Run:
+        data = _from_item(item)
+        data.pop("qs", None)
+        return Run.model_validate(data)
+
+    def create(self, run: Run) -> Run:
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=self._item(run),
+                ConditionExpression="attribute_not_exists(id)",
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                raise AlreadyExists(f"run {run.id} exists", run=self.get(run.id)) from e
+            raise _translate(e, "store run") from e
+        except BotoCoreError as e:
+            raise _translate(e, "store run") from e
+        return run
+
+    def get(self, run_id: str) -> Run:
+        try:
+            resp = self.client.get_item(TableName=self.table, Key={"id": {"S": run_id}}, ConsistentRead=True)
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "read run") from e
+        if "Item" not in resp:
+            raise NotFound(f"run {run_id} not found")
+        return self._run(resp["Item"])
+
+    def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        names: dict[str, str] = {"#id": "id"}
+        values: dict[str, Any] = {}
+        sets: list[str] = []
+        for i, (field, value) in enumerate(changes.items()):
+            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
+                raise ValueError(f"cannot update field {field!r}")
+            names[f"#f{i}"] = field
+            values[f":v{i}"] = _to_dynamo(_jsonable(value))
+            sets.append(f"#f{i} = :v{i}")
+        if "state" in changes:
+            names["#qs"] = "qs"
+            values[":qs"] = {"S": _qs(run.queue, changes["state"])}
+            sets.append("#qs = :qs")
+        if event is not None:
+            names["#events"] = "events"
+            values[":ev"] = _to_dynamo([event.model_dump(mode="json")])
+            values[":empty"] = {"L": []}
+            sets.append("#events = list_append(if_not_exists(#events, :empty), :ev)")
+        conditions = ["attribute_exists(#id)"]
+        if expect.states is not None:
+            names["#state"] = "state"
+            keys = []
+            for i, state in enumerate(sorted(expect.states)):
+                values[f":s{i}"] = {"S": str(state)}
+                keys.append(f":s{i}")
+            conditions.append(f"#state IN ({', '.join(keys)})")
+        if expect.attempt is not None:
+            names["#attempt"] = "attempt"
+            values[":attempt"] = {"N": str(expect.attempt)}
+            conditions.append("#attempt = :attempt")
+        if expect.worker_id is not None:
+            names["#worker"] = "worker_id"
+            values[":worker"] = {"S": expect.worker_id}
+            conditions.append("#worker = :worker")
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"id": {"S": run.id}},
+            "ConditionExpression": " AND ".join(conditions),
+            "ExpressionAttributeNames": names,
+            "ReturnValues": "ALL_NEW",
+        }
+        if sets:
+            kwargs["UpdateExpression"] = "SET " + ", ".join(sets)
+        if values:
+            kwargs["ExpressionAttributeValues"] = values
+        try:
+            resp = self.client.update_item(**kwargs)
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                current = self.get(run.id)  # raises NotFound when the run is gone
+                raise ConditionFailed(
+                    f"run {run.id} is {current.state} at attempt {current.attempt}", run=current
+                ) from e
+            raise _translate(e, "update run") from e
+        except BotoCoreError as e:
+            raise _translate(e, "update run") from e
+        return self._run(resp["Attributes"])
+
+    def list(
+        self,
+        *,
+        owner: str | None = None,
+        queue: str | None = None,
+        state: RunState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        filters: list[str] = []
+        if owner is not None:
+            index, key_attr = BY_OWNER, "owner"
+            names["#k"] = "owner"
+            values[":k"] = {"S": owner}
+            if state is not None:
+                names["#state"] = "state"
+                values[":state"] = {"S": str(state)}
+                filters.append("#state = :state")
+            if queue is not None:
+                names["#queue"] = "queue"
+                values[":queue"] = {"S": queue}
+                filters.append("#queue = :queue")
+        elif queue is not None and state is not None:
+            index, key_attr = BY_QUEUE_STATE, "qs"
+            names["#k"] = "qs"
+            values[":k"] = {"S": _qs(queue, state)}
+        else:
+            raise ValueError("list needs an owner, or a queue and a state")
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": index,
+            "KeyConditionExpression": "#k = :k",
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+            "ScanIndexForward": False,
+        }
+        if filters:
+            kwargs["FilterExpression"] = " AND ".join(filters)
+        start = _decode_cursor(cursor) if cursor else None
+        runs: list[Run] = []
+        last_key: dict[str, Any] | None = None
+        while True:
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            kwargs["Limit"] = max(limit - len(runs), 1) if not filters else max(limit * 2, 20)
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise _translate(e, "list runs") from e
+            for item in resp.get("Items", []):
+                run = self._run(item)
+                runs.append(run)
+                last_key = {
+                    "id": {"S": run.id},
+                    key_attr: item[key_attr],
+                    "created_at": item["created_at"],
+                }
+                if len(runs) == limit:
+                    return Page(runs, _encode_cursor(last_key))
+            start = resp.get("LastEvaluatedKey")
+            if not start:
+                return Page(runs, None)
+
+    def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": BY_QUEUE_STATE,
+            "KeyConditionExpression": "qs = :k",
+            "ExpressionAttributeValues": {":k": {"S": _qs(queue, state)}},
+            "Select": "COUNT",
+        }
+        total = 0
+        while total < cap:
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise _translate(e, "count runs") from e
+            total += int(resp.get("Count", 0))
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return min(total, cap)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, RunState):
+        return str(value)
+    return value
+
+
+def _encode_cursor(key: dict[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(_from_item(key)).encode()).decode()
+
+
+def _decode_cursor(cursor: str) -> dict[str, Any]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        if not isinstance(data, dict):
+            raise TypeError
+        return {k: _to_dynamo(v) for k, v in data.items()}
+    except (ValueError, TypeError) as e:
+        raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+
+
+class DynamoWorkerRegistry:
+    """Worker heartbeats; stale records expire through the table's TTL attribute."""
+
+    def __init__(self, table: str, client: Any, ttl_seconds: int = 3600) -> None:
+        self.table = table
+        self.client = client
+        self.ttl_seconds = ttl_seconds
+
+    def put(self, worker: Worker) -> None:
+        item = {k: _to_dynamo(v) for k, v in worker.model_dump(mode="json").items()}
+        item["expires_at"] = {"N": str(int(time.time()) + self.ttl_seconds)}
+        try:
+            self.client.put_item(TableName=self.table, Item=item)
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "record worker") from e
+
+    def get(self, worker_id: str) -> Worker:
+        try:
+            resp = self.client.get_item(TableName=self.table, Key={"id": {"S": worker_id}})
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "read worker") from e
+        if "Item" not in resp:
+            raise NotFound(f"worker {worker_id} not found")
+        return _worker(resp["Item"])
+
+    def list(self, pool: str | None = None) -> list[Worker]:
+        kwargs: dict[str, Any] = {"TableName": self.table}
+        if pool is not None:
+            kwargs["FilterExpression"] = "#p = :p"
+            kwargs["ExpressionAttributeNames"] = {"#p": "pool"}
+            kwargs["ExpressionAttributeValues"] = {":p": {"S": pool}}
+        workers: list[Worker] = []
+        try:
+            for page in self.client.get_paginator("scan").paginate(**kwargs):
+                workers.extend(_worker(item) for item in page.get("Items", []))
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "list workers") from e
+        return sorted(workers, key=lambda w: w.id)
+
+    def delete(self, worker_id: str) -> None:
+        try:
+            self.client.delete_item(TableName=self.table, Key={"id": {"S": worker_id}})
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "delete worker") from e
+
+
+def _worker(item: Mapping[str, Any]) -> Worker:
+    data = _from_item(item)
+    data.pop("expires_at", None)
+    return Worker.model_validate(data)
+
+
+class DynamoTokenStore:
+    """API tokens, stored as SHA-256 hashes only."""
+
+    def __init__(self, table: str, client: Any) -> None:
+        self.table = table
+        self.client = client
+
+    def lookup(self, token_hash: str) -> Principal | None:
+        try:
+            resp = self.client.get_item(TableName=self.table, Key={"token_hash": {"S": token_hash}})
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "read token") from e
+        item = resp.get("Item")
+        if not item:
+            return None
+        data = _from_item(item)
+        return Principal(user=data["user"], scopes=data.get("scopes") or ["runs:read", "runs:write"])
+
+    def put(self, token_hash: str, principal: Principal) -> None:
+        item = {"token_hash": {"S": token_hash}, **{k: _to_dynamo(v) for k, v in principal.model_dump().items()}}
+        try:
+            self.client.put_item(TableName=self.table, Item=item)
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "store token") from e

@@ -1,0 +1,1 @@
+"""The HTTP API, shared by every cloud's function entrypoints."""

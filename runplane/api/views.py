@@ -1,0 +1,66 @@
+"""How runs, workers and pools look on the wire. Times become ISO 8601 (UTC)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from runplane.domain.models import Pool, Run, Worker
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def run_view(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.id,
+        "name": run.spec.name,
+        "state": str(run.state),
+        "owner": run.owner,
+        "queue": run.queue,
+        "spec": run.spec.model_dump(mode="json"),
+        "attempt": run.attempt,
+        "max_attempts": run.max_attempts,
+        "worker_id": run.worker_id,
+        "created_at": iso(run.created_at),
+        "started_at": iso(run.started_at),
+        "finished_at": iso(run.finished_at),
+        "exit_code": run.exit_code,
+        "failure": run.failure.model_dump(mode="json") if run.failure else None,
+        "waiting_reason": run.waiting_reason if run.state == "queued" else None,
+        "kill_requested": run.kill_requested,
+        "usage": run.usage.model_dump(mode="json"),
+        "events": [{"at": iso(e.at), "state": e.state, "message": e.message} for e in run.events],
+    }
+
+
+def worker_view(worker: Worker, now: float, stale_after: float) -> dict[str, Any]:
+    data = worker.model_dump(mode="json", exclude={"v"})
+    if now - worker.heartbeat_at > stale_after:
+        data["status"] = "offline"
+    data["started_at"] = iso(worker.started_at)
+    data["heartbeat_at"] = iso(worker.heartbeat_at)
+    return data
+
+
+def pool_view(pool: Pool, backlog: int, workers: list[Worker]) -> dict[str, Any]:
+    counts = {"idle": 0, "busy": 0, "starting": 0, "draining": 0}
+    for worker in workers:
+        if worker.status in counts:
+            counts[worker.status] += 1
+    return {
+        "name": pool.name,
+        "backend": pool.backend,
+        "shape": {"cpus": pool.cpus, "gpus": pool.gpus, "gpu_type": pool.gpu_type, "memory": pool.memory,
+                  "disk": pool.disk, "slots": pool.slots},
+        "min_workers": pool.min_workers,
+        "max_workers": pool.max_workers,
+        "default_image": pool.default_image,
+        "default_time": pool.default_time,
+        "max_time": pool.max_time,
+        "backlog": backlog,
+        "workers": counts,
+    }

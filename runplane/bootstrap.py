@@ -1,0 +1,87 @@
+"""The one composition root: settings -> adapters -> the wired stack.
+
+Cloud SDKs are imported only here and only when a stack is built, so importing a handler
+module stays cheap (Lambda cold starts) and a missing SDK only switches its cloud off.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from runplane.compute import agent_args_for, build_backend
+from runplane.domain.models import Pool, PoolConfig
+from runplane.domain.pools import load_pools
+from runplane.ports import ComputeBackend, ObjectStore, RunQueue, RunStore, TokenStore, WorkerRegistry
+from runplane.settings import StackSettings
+
+
+def default_pools_text() -> str:
+    return resources.files("runplane.devstack").joinpath("pools.yaml").read_text()
+
+
+@dataclass
+class Stack:
+    settings: StackSettings
+    pools: PoolConfig
+    store: RunStore
+    queue: RunQueue
+    objects: ObjectStore
+    workers: WorkerRegistry
+    tokens: TokenStore
+    clock: Callable[[], float] = time.time
+    backends: dict[str, ComputeBackend] = field(default_factory=dict)
+
+    def backend(self, pool: Pool) -> ComputeBackend:
+        if pool.backend not in self.backends:
+            self.backends[pool.backend] = build_backend(pool.backend, self.settings)
+        return self.backends[pool.backend]
+
+    def agent_args(self, pool: Pool) -> list[str]:
+        return agent_args_for(pool, self.settings.agent_args)
+
+
+def aws_clients(settings: StackSettings) -> dict[str, Any]:
+    from runplane.adapters.aws.clients import AwsConfig, make_client
+
+    config = AwsConfig(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
+    return {
+        "dynamodb": make_client("dynamodb", config),
+        "sqs": make_client("sqs", config, read_timeout=30),
+        "s3": make_client("s3", config),
+    }
+
+
+def aws_names(settings: StackSettings) -> Any:
+    from runplane.adapters.aws.provision import AwsNames
+
+    return AwsNames(settings.prefix, settings.runs_table, settings.workers_table, settings.tokens_table, settings.bucket)
+
+
+def build_stack(settings: StackSettings | None = None, clients: dict[str, Any] | None = None) -> Stack:
+    settings = settings or StackSettings()
+    from runplane.adapters.aws.dynamodb import DynamoRunStore, DynamoTokenStore, DynamoWorkerRegistry
+    from runplane.adapters.aws.s3 import S3ObjectStore
+    from runplane.adapters.aws.sqs import SqsRunQueue
+
+    clients = clients or aws_clients(settings)
+    names = aws_names(settings)
+    return Stack(
+        settings=settings,
+        pools=load_pools(settings.pools or default_pools_text()),
+        store=DynamoRunStore(names.runs_table, clients["dynamodb"]),
+        queue=SqsRunQueue(names.prefix, clients["sqs"]),
+        objects=S3ObjectStore(names.bucket, clients["s3"]),
+        workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),
+        tokens=DynamoTokenStore(names.tokens_table, clients["dynamodb"]),
+    )
+
+
+@functools.cache
+def stack() -> Stack:
+    """The process-wide stack, built on first use (warm Lambda invocations reuse its clients)."""
+    return build_stack()

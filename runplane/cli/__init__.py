@@ -1,0 +1,1 @@
+"""The ``runplane`` command line."""

@@ -1,0 +1,354 @@
+"""``runplane``: submit, watch, kill and fetch runs; ``runplane dev`` runs the local stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from runplane.cli.client import ApiError, Client
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Run containerized jobs on pools of workers (AWS Batch, Azure Batch, Kubernetes, Slurm, local).")
+out = Console()
+err = Console(stderr=True)
+LAST_RUN = Path(os.path.expanduser("~/.runplane/last_run"))
+EXIT_BY_STATE = {"killed": 137, "timed_out": 124}
+
+
+class CliError(Exception):
+    pass
+
+
+def _client() -> Client:
+    return Client.from_env()
+
+
+def _remember(run_id: str) -> None:
+    try:
+        LAST_RUN.parent.mkdir(parents=True, exist_ok=True)
+        LAST_RUN.write_text(run_id)
+    except OSError:
+        pass
+
+
+def _run_id(run_id: str | None) -> str:
+    if run_id:
+        return run_id
+    try:
+        return LAST_RUN.read_text().strip()
+    except OSError:
+        raise CliError("no run id given and no previous run to default to") from None
+
+
+def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
+    result = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"{what} must look like NAME=VALUE, got {item!r}")
+        result[key] = value
+    return result
+
+
+def _print_json(data: Any) -> None:
+    out.print_json(json.dumps(data))
+
+
+def _state_line(run: dict[str, Any]) -> str:
+    state = run["state"]
+    if state == "queued":
+        return f"queued: {run.get('waiting_reason') or 'waiting for a worker'}"
+    if state in ("preparing", "running", "uploading"):
+        return f"{state} on worker {run.get('worker_id')} (attempt {run.get('attempt')})"
+    failure = run.get("failure") or {}
+    if state == "succeeded":
+        return "succeeded (exit 0)"
+    return f"{state}: {failure.get('reason', '')} — {failure.get('message', '')}".rstrip(" —")
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    command: Annotated[list[str], typer.Argument(help="the command, run with sh -c; put it after --")],
+    image: Annotated[str | None, typer.Option(help="Docker image (default: the pool's)")] = None,
+    cpus: Annotated[float | None, typer.Option(help="cpus, e.g. 0.5 or 4")] = None,
+    gpus: Annotated[int | None, typer.Option(help="number of GPUs")] = None,
+    memory: Annotated[str | None, typer.Option(help="memory, e.g. 512m or 8g")] = None,
+    disk: Annotated[str | None, typer.Option(help="output disk, e.g. 10g")] = None,
+    time_limit: Annotated[str | None, typer.Option("--time", help="time limit, e.g. 90s, 2h")] = None,
+    queue: Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")] = None,
+    name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
+    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
+    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")] = None,
+    network: Annotated[bool, typer.Option("--network", help="give the run a network")] = False,
+    idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two runs")] = None,
+    wait: Annotated[bool, typer.Option("--wait", "-w", help="stream logs and exit with the run's exit code")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the run as JSON")] = False,
+) -> None:
+    """Submit a run."""
+    resources: dict[str, Any] = {k: v for k, v in {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk,
+                                                    "time": time_limit}.items() if v is not None}
+    body: dict[str, Any] = {"command": " ".join(command)}
+    for key, value in (("image", image), ("queue", queue), ("name", name)):
+        if value is not None:
+            body[key] = value
+    if resources:
+        body["resources"] = resources
+    if env:
+        body["env"] = _pairs(env, "--env")
+    if inputs:
+        body["inputs"] = _pairs(inputs, "--input")
+    if network:
+        body["network"] = True
+    client = _client()
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    created = client.request("POST", "/v1/runs", body, headers=headers)
+    _remember(created["id"])
+    if not wait:
+        if as_json:
+            _print_json(created)
+        else:
+            out.print(created["id"])
+            err.print(f"[dim]{_state_line(created)} — follow with: runplane logs -f {created['id']}[/dim]")
+        return
+    err.print(f"[bold]{created['id']}[/bold] submitted to pool {created['queue']}")
+    final = _follow(client, created["id"], streams=("stdout", "stderr"), show_states=True)
+    if as_json:
+        _print_json(final)
+    raise typer.Exit(_exit_code(final))
+
+
+def _exit_code(run: dict[str, Any]) -> int:
+    if run["state"] == "succeeded":
+        return 0
+    if run.get("exit_code") not in (None, 0) and run["state"] == "failed":
+        return int(run["exit_code"]) & 0xFF or 1
+    return EXIT_BY_STATE.get(run["state"], 1)
+
+
+def _follow(client: Client, run_id: str, streams: tuple[str, ...], show_states: bool) -> dict[str, Any]:
+    """Print new log bytes until the run ends and its logs are complete; return the final run."""
+    offsets = dict.fromkeys(streams, 0)
+    complete = dict.fromkeys(streams, False)
+    last_line = ""
+    writers = {"stdout": sys.stdout, "stderr": sys.stderr}
+    run: dict[str, Any] = {}
+    while True:
+        run = client.request("GET", f"/v1/runs/{run_id}")
+        line = _state_line(run)
+        if show_states and line != last_line:
+            err.print(f"[cyan]●[/cyan] {line}", highlight=False)
+            last_line = line
+        for stream in streams:
+            if complete[stream]:
+                continue
+            page = client.request("GET", f"/v1/runs/{run_id}/logs", query={"stream": stream, "offset": offsets[stream]})
+            if page["data"]:
+                writers[stream].write(page["data"])
+                writers[stream].flush()
+            offsets[stream] = page["next_offset"]
+            complete[stream] = page["complete"]
+        if all(complete.values()):
+            return run
+        time.sleep(0.3)
+
+
+@app.command()
+def status(
+    run_id: Annotated[str | None, typer.Argument(help="run id (default: your last run)")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show a run: state, reason, times, usage and its timeline."""
+    run = _client().request("GET", f"/v1/runs/{_run_id(run_id)}")
+    if as_json:
+        _print_json(run)
+        return
+    table = Table.grid(padding=(0, 2))
+    for key in ("id", "name", "state", "queue", "attempt", "worker_id", "exit_code", "created_at", "started_at",
+                "finished_at"):
+        if run.get(key) is not None:
+            table.add_row(f"[bold]{key}[/bold]", str(run[key]))
+    if run.get("waiting_reason"):
+        table.add_row("[bold]waiting[/bold]", run["waiting_reason"])
+    if run.get("failure"):
+        table.add_row("[bold]failure[/bold]", f"{run['failure']['reason']}: {run['failure']['message']}")
+    usage = {k: v for k, v in run.get("usage", {}).items() if v not in (None, {}, [])}
+    if usage:
+        table.add_row("[bold]usage[/bold]", json.dumps(usage))
+    table.add_row("[bold]command[/bold]", run["spec"]["command"])
+    out.print(table)
+    for event in run.get("events", []):
+        out.print(f"  [dim]{event['at']}[/dim] {event['message']}", highlight=False)
+
+
+@app.command("ls")
+def list_runs(
+    state: Annotated[str | None, typer.Option(help="only runs in this state")] = None,
+    queue: Annotated[str | None, typer.Option(help="only runs of this pool")] = None,
+    limit: Annotated[int, typer.Option(help="at most this many")] = 20,
+    cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List your runs, newest first."""
+    page = _client().request("GET", "/v1/runs", query={"state": state, "queue": queue, "limit": limit, "cursor": cursor})
+    if as_json:
+        _print_json(page)
+        return
+    table = Table("id", "name", "state", "queue", "created", "exit", "reason")
+    for r in page["runs"]:
+        table.add_row(r["id"], r.get("name") or "", r["state"], r["queue"], r["created_at"],
+                      "" if r.get("exit_code") is None else str(r["exit_code"]),
+                      (r.get("failure") or {}).get("reason", "") or (r.get("waiting_reason") or ""))
+    out.print(table)
+    if page.get("next_cursor"):
+        err.print(f"[dim]more: runplane ls --cursor {page['next_cursor']}[/dim]")
+
+
+@app.command()
+def logs(
+    run_id: Annotated[str | None, typer.Argument(help="run id (default: your last run)")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the run ends")] = False,
+    stderr: Annotated[bool, typer.Option("--stderr", help="the stderr stream instead of stdout")] = False,
+) -> None:
+    """Print a run's stdout (or stderr)."""
+    client = _client()
+    rid = _run_id(run_id)
+    stream = "stderr" if stderr else "stdout"
+    if follow:
+        _follow(client, rid, streams=(stream,), show_states=False)
+        return
+    offset = 0
+    while True:
+        page = client.request("GET", f"/v1/runs/{rid}/logs", query={"stream": stream, "offset": offset})
+        sys.stdout.write(page["data"])
+        if page["next_offset"] == offset:
+            break
+        offset = page["next_offset"]
+    sys.stdout.flush()
+
+
+@app.command()
+def kill(run_id: Annotated[str | None, typer.Argument(help="run id (default: your last run)")] = None) -> None:
+    """Kill a run: its container is stopped within seconds; partial outputs are still uploaded."""
+    run = _client().request("POST", f"/v1/runs/{_run_id(run_id)}/kill")
+    err.print(f"{run['id']}: {'killed' if run['state'] == 'killed' else 'kill requested'}")
+
+
+@app.command()
+def download(
+    run_id: Annotated[str | None, typer.Argument(help="run id (default: your last run)")] = None,
+    dest: Annotated[Path, typer.Argument(help="directory to write the outputs into")] = Path("."),
+    force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
+) -> None:
+    """Download a run's output files."""
+    client = _client()
+    rid = _run_id(run_id)
+    listing = client.request("GET", f"/v1/runs/{rid}/outputs")
+    if not listing["files"]:
+        err.print(f"{rid}: no output files" + ("" if listing.get("complete") else " yet (the run has not finished)"))
+        return
+    root = dest.resolve()
+    for f in listing["files"]:
+        target = (root / f["path"]).resolve()
+        if not target.is_relative_to(root):
+            raise CliError(f"refusing output path {f['path']!r}: it leaves {root}")
+        if target.exists() and not force and target.stat().st_size != f["size"]:
+            raise CliError(f"{target} exists and differs; use --force to overwrite")
+        client.download(f["url"], target)
+        out.print(str(target), highlight=False)
+
+
+@app.command()
+def workers(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List workers with their state and last heartbeat."""
+    data = _client().request("GET", "/v1/workers")
+    if as_json:
+        _print_json(data)
+        return
+    table = Table("id", "pool", "status", "slots free", "runs", "done", "heartbeat")
+    for w in data["workers"]:
+        table.add_row(w["id"], w["pool"], w["status"], f"{w['free_slots']}/{w['slots']}", ",".join(w["runs"]),
+                      str(w["runs_done"]), w["heartbeat_at"])
+    out.print(table)
+
+
+@app.command()
+def pools(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """List pools: shape, backlog and workers."""
+    data = _client().request("GET", "/v1/pools")
+    if as_json:
+        _print_json(data)
+        return
+    table = Table("name", "backend", "shape", "workers (idle/busy)", "min-max", "backlog")
+    for p in data["pools"]:
+        s = p["shape"]
+        shape = f"{s['cpus']:g} cpu, {s['gpus']} gpu, {s['memory'] // 2**20} MiB"
+        w = p["workers"]
+        table.add_row(p["name"], p["backend"], shape, f"{w['idle']}/{w['busy']}",
+                      f"{p['min_workers']}-{p['max_workers']}", str(p["backlog"]))
+    out.print(table)
+
+
+@app.command()
+def dev(
+    port: Annotated[int, typer.Option(help="port of the local API")] = 8080,
+    token: Annotated[str | None, typer.Option(help="API token to accept (default: a new random one)")] = None,
+    workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
+    pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
+    demo: Annotated[bool, typer.Option(help="submit one demo run once the stack is up")] = False,
+) -> None:
+    """Run the whole stack on this machine (moto, API, dispatcher, local agents on Docker)."""
+    import logging
+
+    from runplane.devstack.stack import DevConfig, DevStack
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("runplane").setLevel(logging.INFO)
+    stack = DevStack(DevConfig(port=port, token=token, workers=workers, pools_file=pools_file))
+    try:
+        stack.start()
+    except OSError as e:
+        raise CliError(f"cannot start the local stack: {e}") from e
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    err.print(f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n  token  {stack.token}\n"
+              f"  moto   {stack.endpoint}\n"
+              f"Use it from another shell (the CLI finds this stack by itself):\n"
+              f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
+              f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
+              f"Ctrl-C stops it.", highlight=False)
+    try:
+        if demo:
+            _demo(Client(stack.api_url, stack.token))
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        err.print("stopping…")
+    finally:
+        stack.stop()
+
+
+def _demo(client: Client) -> None:
+    run = client.request("POST", "/v1/runs", {"command": "echo hello from runplane; echo 42 > answer", "name": "demo"})
+    err.print(f"[bold]demo run {run['id']}[/bold]")
+    final = _follow(client, run["id"], streams=("stdout", "stderr"), show_states=True)
+    files = client.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]
+    err.print(f"demo run {final['state']}; outputs: {', '.join(f['path'] for f in files) or 'none'}")
+
+
+def main() -> None:
+    try:
+        app()
+    except ApiError as e:
+        err.print(f"error: {e.message}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(1)
+    except CliError as e:
+        err.print(f"error: {e}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(2)

@@ -1,0 +1,35 @@
+"""Compute backends, one package each. A backend whose SDK is missing is switched off."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from runplane.domain.errors import InvalidRequest
+from runplane.domain.models import Pool
+from runplane.ports import ComputeBackend
+from runplane.settings import StackSettings
+
+
+def _local(settings: StackSettings) -> ComputeBackend:
+    from runplane.compute.local import LocalCompute  # imported on demand: backends are optional
+
+    return LocalCompute(settings.local_state_dir)
+
+
+BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {"local": _local}
+
+
+def build_backend(name: str, settings: StackSettings) -> ComputeBackend:
+    builder = BUILDERS.get(name)
+    if builder is None:
+        raise InvalidRequest(f"compute backend {name!r} is not available in this installation")
+    return builder(settings)
+
+
+def agent_args_for(pool: Pool, extra: str = "") -> list[str]:
+    """The agent command line every backend passes down to the workers of ``pool``."""
+    args = ["--pool", pool.name, "--slots", str(pool.slots), "--idle-seconds", f"{pool.idle_seconds:g}"]
+    if pool.runs_per_worker:
+        args += ["--exit-after-num-runs", str(pool.runs_per_worker)]
+    return args + shlex.split(extra)

@@ -1,0 +1,112 @@
+"""Worker agents as child processes, tracked by pid files so any process can list them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from runplane.domain.errors import BackendError
+from runplane.domain.models import Pool
+from runplane.ports import BackendJob, ComputeBackend
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (to tell a reused pid apart), or None if gone/zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+class LocalCompute(ComputeBackend):
+    name = "local"
+
+    def __init__(
+        self,
+        state_dir: str | Path,
+        env: Mapping[str, str] | None = None,
+        command: Sequence[str] = (sys.executable, "-m", "worker_agent"),
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state_dir = Path(os.path.expanduser(str(state_dir)))
+        self.env = dict(env) if env is not None else None
+        self.command = list(command)
+        self.clock = clock
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _dir(self, pool: Pool) -> Path:
+        path = self.state_dir / pool.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
+        jobs: list[BackendJob] = []
+        for _ in range(count):
+            worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+            log_path = self._dir(pool) / f"{worker_id}.log"
+            env = dict(os.environ if self.env is None else self.env)
+            try:
+                with log_path.open("ab") as log:
+                    proc = subprocess.Popen(
+                        [*self.command, *agent_args, "--id", worker_id],
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+            except OSError as e:
+                raise BackendError(f"cannot start a local agent: {e}", jobs=jobs) from e
+            self._children[proc.pid] = proc
+            now = self.clock()
+            record = {"id": worker_id, "pid": proc.pid, "started": _start_time(proc.pid), "created_at": now,
+                      "log": str(log_path)}
+            (self._dir(pool) / f"{worker_id}.json").write_text(json.dumps(record))
+            jobs.append(BackendJob(worker_id, pool.name, "running", worker_id, now, {"pid": proc.pid, "log": str(log_path)}))
+        return jobs
+
+    def _reap(self) -> None:
+        for pid, proc in list(self._children.items()):
+            if proc.poll() is not None:
+                del self._children[pid]
+
+    def list(self, pool: Pool) -> list[BackendJob]:
+        self._reap()
+        jobs = []
+        for path in sorted(self._dir(pool).glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            started = _start_time(record["pid"])
+            if started is None or started != record.get("started"):
+                path.unlink(missing_ok=True)
+                continue
+            jobs.append(BackendJob(record["id"], pool.name, "running", record["id"], record["created_at"],
+                                   {"pid": record["pid"], "log": record.get("log")}))
+        return jobs
+
+    def cancel(self, pool: Pool, job_id: str) -> None:
+        path = self._dir(pool) / f"{job_id}.json"
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        if _start_time(record["pid"]) == record.get("started"):
+            try:
+                os.kill(record["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        path.unlink(missing_ok=True)
+        self._reap()

@@ -1,0 +1,1 @@
+"""The embedded local stack behind ``runplane dev``."""

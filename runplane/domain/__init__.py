@@ -1,0 +1,1 @@
+"""Cloud-agnostic domain: models, states, errors, units."""

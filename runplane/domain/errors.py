@@ -1,0 +1,80 @@
+"""The error tree. Every error carries a stable ``code``; transports map codes to statuses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RunplaneError(Exception):
+    """Root of every error runplane raises on purpose."""
+
+    code = "internal"
+    retryable = False
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class BadRequest(RunplaneError):
+    """The request cannot be read (malformed JSON, wrong content)."""
+
+    code = "bad_request"
+
+
+class InvalidRequest(RunplaneError):
+    """The request was read but its values are not acceptable."""
+
+    code = "invalid_request"
+
+
+class Unschedulable(RunplaneError):
+    """No pool can ever run this request."""
+
+    code = "unschedulable"
+
+
+class Unauthorized(RunplaneError):
+    code = "unauthorized"
+
+
+class Forbidden(RunplaneError):
+    code = "forbidden"
+
+
+class NotFound(RunplaneError):
+    code = "not_found"
+
+
+class Conflict(RunplaneError):
+    """The request clashes with the current state (e.g. killing a finished run)."""
+
+    code = "conflict"
+
+
+class PayloadTooLarge(RunplaneError):
+    code = "payload_too_large"
+
+
+class ConditionFailed(RunplaneError):
+    """A conditional write lost: the stored record is not in the expected state."""
+
+    code = "condition_failed"
+
+
+class AlreadyExists(RunplaneError):
+    code = "already_exists"
+
+
+class LeaseLost(RunplaneError):
+    """The worker no longer holds the run (re-queued, killed or taken by another attempt)."""
+
+    code = "lease_lost"
+
+
+class BackendError(RunplaneError):
+    """A cloud or compute service failed; usually worth a retry."""
+
+    code = "backend_error"
+    retryable = True

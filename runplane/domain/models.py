@@ -1,0 +1,339 @@
+"""Domain models: run specs, runs, states and their transitions, failures, pools, workers.
+
+Times are float seconds since the epoch (UTC); transports render them as ISO 8601.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from runplane.domain.units import format_bytes, parse_bytes, parse_duration
+
+SCHEMA_VERSION = 1
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,47}$"
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_INPUT_SOURCE = re.compile(r"^(s3://[^/\s]+/\S*|run:[A-Za-z0-9-]+(/\S*)?)$")
+
+
+class RunState(StrEnum):
+    QUEUED = "queued"
+    PREPARING = "preparing"
+    RUNNING = "running"
+    UPLOADING = "uploading"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    KILLED = "killed"
+    TIMED_OUT = "timed_out"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def active(self) -> bool:
+        """Held by a worker under a lease."""
+        return self in ACTIVE_STATES
+
+
+TERMINAL_STATES = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.KILLED, RunState.TIMED_OUT})
+ACTIVE_STATES = frozenset({RunState.PREPARING, RunState.RUNNING, RunState.UPLOADING})
+_ENDS = {RunState.FAILED, RunState.KILLED, RunState.TIMED_OUT}
+
+# The only allowed transitions. Going back to QUEUED is a re-queue (lease expired, worker
+# terminated); terminal states have no way out.
+TRANSITIONS: dict[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset({RunState.PREPARING, RunState.KILLED, RunState.FAILED}),
+    RunState.PREPARING: frozenset({RunState.RUNNING, RunState.QUEUED, *_ENDS}),
+    RunState.RUNNING: frozenset({RunState.UPLOADING, RunState.QUEUED, *_ENDS}),
+    RunState.UPLOADING: frozenset({RunState.SUCCEEDED, RunState.QUEUED, *_ENDS}),
+    RunState.SUCCEEDED: frozenset(),
+    RunState.FAILED: frozenset(),
+    RunState.KILLED: frozenset(),
+    RunState.TIMED_OUT: frozenset(),
+}
+
+
+def can_transition(current: RunState, new: RunState) -> bool:
+    return new in TRANSITIONS[current]
+
+
+def states_leading_to(new: RunState) -> frozenset[RunState]:
+    """Every state from which ``new`` may be entered."""
+    return frozenset(s for s, targets in TRANSITIONS.items() if new in targets)
+
+
+class FailureReason(StrEnum):
+    """Machine-readable reasons a run did not succeed."""
+
+    NONZERO_EXIT = "nonzero_exit"
+    IMAGE_NOT_FOUND = "image_not_found"
+    OUT_OF_MEMORY = "out_of_memory"
+    TIME_LIMIT = "time_limit"
+    DISK_LIMIT = "disk_limit"
+    KILLED = "killed"
+    WORKER_LOST = "worker_lost"
+    INPUT_UNAVAILABLE = "input_unavailable"
+    UPLOAD_FAILED = "upload_failed"
+    BACKEND_REJECTED = "backend_rejected"
+    CONTAINER_ERROR = "container_error"
+    AGENT_ERROR = "agent_error"
+
+
+class Failure(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: FailureReason
+    message: str
+
+
+def _size(value: Any) -> Any:
+    return parse_bytes(value) if isinstance(value, str | int | float) else value
+
+
+def _duration(value: Any) -> Any:
+    return parse_duration(value) if isinstance(value, str | int | float) else value
+
+
+class Resources(BaseModel):
+    """What one run asks for. Sizes accept bytes or strings ("512m"); time accepts "90s", "1h"."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float = Field(default=1.0, gt=0, le=1024)
+    gpus: int = Field(default=0, ge=0, le=64)
+    memory: int = Field(default=1024**3, gt=4 * 1024**2, description="bytes; at least 4m")
+    disk: int = Field(default=10 * 1024**3, gt=0, description="bytes")
+    time: float | None = Field(default=None, gt=0, description="seconds; pool default when absent")
+
+    _sizes = field_validator("memory", "disk", mode="before")(staticmethod(_size))
+    _times = field_validator("time", mode="before")(staticmethod(_duration))
+
+
+class RunSpec(BaseModel):
+    """A run submission as the API accepts it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(min_length=1, max_length=65536)
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    name: str | None = Field(default=None, max_length=200)
+    queue: str | None = Field(default=None, pattern=NAME_PATTERN)
+    resources: Resources = Field(default_factory=Resources)
+    env: dict[str, str] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict)
+    network: bool = False
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("command is blank")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > 256:
+            raise ValueError("at most 256 environment variables")
+        for key in value:
+            if not _ENV_KEY.match(key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if key.upper().startswith("RUNPLANE_"):
+                raise ValueError(f"environment variable {key!r}: the RUNPLANE_ prefix is reserved")
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, source in value.items():
+            if not _INPUT_NAME.match(name):
+                raise ValueError(f"input name {name!r} is not valid (letters, digits, . _ -)")
+            if not _INPUT_SOURCE.match(source):
+                raise ValueError(f"input {name!r}: source must be 's3://bucket/key' or 'run:<id>[/path]'")
+        return value
+
+
+class Usage(BaseModel):
+    """Resource use, reported while the run goes and at its end."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_seconds: float | None = None
+    memory_peak: int | None = None
+    disk: int | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at: float
+    state: RunState | None = None
+    message: str
+
+
+MAX_EVENTS = 100
+
+
+class Run(BaseModel):
+    """A run as stored. ``attempt`` counts claims: 0 before the first worker takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    id: str
+    owner: str
+    spec: RunSpec
+    queue: str
+    state: RunState = RunState.QUEUED
+    attempt: int = 0
+    max_attempts: int = 3
+    worker_id: str | None = None
+    lease_expires_at: float | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    failure: Failure | None = None
+    usage: Usage = Field(default_factory=Usage)
+    kill_requested: bool = False
+    waiting_reason: str | None = None
+    request_hash: str | None = None
+    hinted_at: float | None = None
+    events: list[Event] = Field(default_factory=list)
+
+
+class RunMessage(BaseModel):
+    """A hint on a pool queue that a run is waiting at ``attempt``. The store is the truth."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    run_id: str
+    attempt: int
+
+
+class DispatchEvent(BaseModel):
+    """A nudge for the dispatcher that a pool's backlog changed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    pool: str
+    reason: str = "submitted"
+
+
+Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
+
+
+class Pool(BaseModel):
+    """A class of workers with one shape, one backend and one queue."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    backend: Backend = "local"
+    cpus: float = Field(gt=0)
+    gpus: int = Field(default=0, ge=0)
+    gpu_type: str | None = None
+    memory: int
+    disk: int = 100 * 1024**3
+    slots: int = Field(default=1, ge=1, description="concurrent runs per worker")
+    min_workers: int = Field(default=0, ge=0)
+    max_workers: int = Field(default=1, ge=0)
+    seconds_between_launches: float = Field(default=0, ge=0)
+    idle_seconds: float = Field(default=120, gt=0)
+    runs_per_worker: int | None = Field(default=None, ge=1)
+    default_image: str
+    default_time: float = 24 * 3600
+    max_time: float | None = None
+    options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
+
+    _sizes = field_validator("memory", "disk", mode="before")(staticmethod(_size))
+    _times = field_validator("default_time", "max_time", "idle_seconds", mode="before")(staticmethod(_duration))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Pool:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"pool {self.name}: min_workers > max_workers")
+        return self
+
+    def shape(self) -> str:
+        gpus = f", {self.gpus} gpu" + (f" ({self.gpu_type})" if self.gpu_type else "") if self.gpus else ""
+        return f"{self.name}: {self.cpus:g} cpus{gpus}, {format_bytes(self.memory)} memory, {format_bytes(self.disk)} disk"
+
+    def misfit(self, resources: Resources) -> str | None:
+        """Why a run with ``resources`` can never run here, or None if it fits."""
+        if resources.cpus > self.cpus:
+            return f"asks {resources.cpus:g} cpus, pool has {self.cpus:g}"
+        if resources.gpus > self.gpus:
+            return f"asks {resources.gpus} gpus, pool has {self.gpus}"
+        if resources.memory > self.memory:
+            return f"asks {format_bytes(resources.memory)} memory, pool has {format_bytes(self.memory)}"
+        if resources.disk > self.disk:
+            return f"asks {format_bytes(resources.disk)} disk, pool has {format_bytes(self.disk)}"
+        if resources.time is not None and self.max_time is not None and resources.time > self.max_time:
+            return f"asks {resources.time:g}s, pool allows at most {self.max_time:g}s"
+        return None
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pools: Annotated[list[Pool], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _unique(self) -> PoolConfig:
+        names = [p.name for p in self.pools]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate pool names: {sorted(dupes)}")
+        return self
+
+    def get(self, name: str) -> Pool | None:
+        return next((p for p in self.pools if p.name == name), None)
+
+
+WorkerStatus = Literal["starting", "idle", "busy", "draining", "offline"]
+
+
+class Worker(BaseModel):
+    """What a worker agent reports at each heartbeat."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    id: str
+    pool: str
+    status: WorkerStatus = "idle"
+    host: str = ""
+    slots: int = 1
+    free_slots: int = 1
+    cpus: float = 0
+    gpus: int = 0
+    memory: int = 0
+    runs: list[str] = Field(default_factory=list)
+    runs_done: int = 0
+    runs_left: int | None = None
+    started_at: float
+    heartbeat_at: float
+    backend_job_id: str | None = None
+    agent_version: str = ""
+
+
+class Principal(BaseModel):
+    """An authenticated caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user: str
+    scopes: list[str] = Field(default_factory=lambda: ["runs:read", "runs:write"])
+
+    def can(self, scope: str) -> bool:
+        return scope in self.scopes or "admin" in self.scopes

@@ -1,0 +1,68 @@
+"""Parsing of human sizes ("512m", "2g") and durations ("90s", "1h30m")."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_SIZE_FACTORS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", re.IGNORECASE)
+_DURATION_FACTORS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_bytes(value: str | int | float) -> int:
+    """Return a byte count from an int or a string such as "512m", "2g", "1.5GiB".
+
+    Units are binary (k = 1024). Raises ValueError with a readable message.
+    """
+    if isinstance(value, bool):
+        raise ValueError("a size must be a number of bytes or a string like '512m'")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a size cannot be negative")
+        return int(value)
+    match = _SIZE.match(value)
+    if not match:
+        raise ValueError(f"cannot read size {value!r}: use bytes or a number with k, m, g or t (e.g. '512m')")
+    number, unit, _ = match.groups()
+    return int(float(number) * _SIZE_FACTORS[unit.lower()])
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Return seconds from a number or a string such as "90s", "30m", "1h30m", "2d"."""
+    if isinstance(value, bool):
+        raise ValueError("a duration must be seconds or a string like '90s' or '1h'")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError("a duration cannot be negative")
+        return float(value)
+    text = value.strip()
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
+    parts = _DURATION_PART.findall(text)
+    if not parts or _DURATION_PART.sub("", text).strip():
+        raise ValueError(f"cannot read duration {value!r}: use seconds or e.g. '90s', '30m', '1h30m', '2d'")
+    return sum(float(n) * _DURATION_FACTORS[u.lower()] for n, u in parts)
+
+
+def format_bytes(value: int) -> str:
+    """Short human form: 536870912 -> '512m'."""
+    for unit, factor in (("t", 1024**4), ("g", 1024**3), ("m", 1024**2), ("k", 1024)):
+        if value >= factor and value % factor == 0:
+            return f"{value // factor}{unit}"
+        if value >= factor * 10:
+            return f"{value / factor:.1f}{unit}"
+    return str(value)
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form: 5400 -> '1h30m'."""
+    seconds = round(seconds)
+    out = []
+    for unit, factor in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= factor:
+            out.append(f"{seconds // factor}{unit}")
+            seconds %= factor
+    if seconds or not out:
+        out.append(f"{seconds}s")
+    return "".join(out)

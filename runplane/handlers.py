@@ -1,0 +1,72 @@
+"""Cloud-agnostic glue for the dispatcher and reaper entrypoints: events in, services called."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from runplane.bootstrap import Stack
+from runplane.domain.errors import InvalidRequest, RunplaneError
+from runplane.domain.models import DispatchEvent
+from runplane.services.dispatch import Decision, dispatch_pool
+from runplane.services.reap import ReapReport, reap
+
+log = logging.getLogger(__name__)
+
+
+class PoolDispatcher:
+    """Dispatches each pool at most once per invocation, however many events name it."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.results: dict[str, Decision | RunplaneError] = {}
+
+    def pool(self, name: str) -> Decision:
+        if name not in self.results:
+            pool = self.stack.pools.get(name)
+            if pool is None:
+                raise InvalidRequest(f"unknown pool {name!r}")
+            try:
+                self.results[name] = dispatch_pool(
+                    pool, self.stack.store, self.stack.workers, self.stack.backend(pool),
+                    self.stack.agent_args(pool), self.stack.clock(), self.stack.settings.worker_stale_seconds,
+                )
+            except RunplaneError as e:
+                self.results[name] = e
+        result = self.results[name]
+        if isinstance(result, RunplaneError):
+            raise result
+        return result
+
+    def record_handler(self) -> Callable[[Any], Decision | None]:
+        """For a batch processor: one queue record (``.body``) -> dispatch its pool."""
+
+        def handle(record: Any) -> Decision | None:
+            try:
+                event = DispatchEvent.model_validate_json(record.body)
+            except ValidationError:
+                log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
+                return None
+            if self.stack.pools.get(event.pool) is None:
+                log.warning("ignoring event for unknown pool %s", event.pool)
+                return None
+            return self.pool(event.pool)
+
+        return handle
+
+    def all_pools(self) -> dict[str, str]:
+        """The scheduled pass: every pool, failures reported rather than raised."""
+        out = {}
+        for pool in self.stack.pools.pools:
+            try:
+                out[pool.name] = self.pool(pool.name).reason
+            except RunplaneError as e:
+                out[pool.name] = f"error: {e.message}"
+        return out
+
+
+def run_reaper(stack: Stack) -> ReapReport:
+    return reap(stack.store, stack.queue, stack.pools, stack.clock(), stack.settings.rehint_seconds)

@@ -1,0 +1,198 @@
+"""Ports: what the core needs from the outside world. Adapters implement them per cloud.
+
+Every implementation of a port passes the same contract suite (tests/integration/contracts).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from runplane.domain.models import (
+    DispatchEvent,
+    Event,
+    Pool,
+    Principal,
+    Run,
+    RunMessage,
+    RunState,
+    Worker,
+)
+
+
+@dataclass(frozen=True)
+class Expect:
+    """Conditions for a conditional write; None means "do not check"."""
+
+    states: frozenset[RunState] | None = None
+    attempt: int | None = None
+    worker_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Page:
+    runs: list[Run]
+    next_cursor: str | None
+
+
+class RunStore(Protocol):
+    """The source of truth for runs. Every state change is a conditional write."""
+
+    def create(self, run: Run) -> Run:
+        """Store a new run. Raises AlreadyExists (with ``details['run']``) if the id is taken."""
+        ...
+
+    def get(self, run_id: str) -> Run:
+        """Strongly consistent read. Raises NotFound."""
+        ...
+
+    def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        """Set top-level Run fields if ``expect`` holds; append ``event``; return the new run.
+
+        ``run`` only addresses the record (id, queue): the write is checked against the stored
+        record and ``expect``, never against this copy. Raises NotFound if the run is gone and
+        ConditionFailed (with ``details['run']``, the stored run) if a check fails. Atomic.
+        """
+        ...
+
+    def list(
+        self,
+        *,
+        owner: str | None = None,
+        queue: str | None = None,
+        state: RunState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        """Newest first. Needs ``owner`` or ``queue`` and ``state``. Cursor is opaque."""
+        ...
+
+    def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
+        """Number of runs of a queue in a state, counting at most ``cap``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A received queue message; ``receipt`` deletes it."""
+
+    message: RunMessage
+    receipt: str
+    receive_count: int = 1
+
+
+class RunQueue(Protocol):
+    """One queue per pool of run hints, plus the dispatcher's event queue. At-least-once."""
+
+    def send(self, pool: str, message: RunMessage) -> None: ...
+
+    def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
+        """Long-poll for up to ``max_messages``; blocks at most ``wait_seconds``."""
+        ...
+
+    def delete(self, pool: str, delivery: Delivery) -> None:
+        """Idempotent: deleting an already deleted message is quiet."""
+        ...
+
+    def notify(self, event: DispatchEvent) -> None:
+        """Nudge the dispatcher."""
+        ...
+
+    def depth(self, pool: str) -> int:
+        """Approximate number of visible messages."""
+        ...
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+
+
+class ObjectStore(Protocol):
+    """Blobs: logs, outputs. Keys are '/'-separated paths."""
+
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Upload a file, in parts if it is large."""
+        ...
+
+    def get_bytes(self, key: str) -> bytes:
+        """Raises NotFound."""
+        ...
+
+    def download_file(self, key: str, path: Path) -> None:
+        """Raises NotFound."""
+        ...
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix``, sorted by key."""
+        ...
+
+    def url(self, key: str, expires_seconds: int = 3600) -> str:
+        """A time-limited URL anyone can GET."""
+        ...
+
+
+class WorkerRegistry(Protocol):
+    def put(self, worker: Worker) -> None:
+        """Insert or replace the worker's record (heartbeat)."""
+        ...
+
+    def get(self, worker_id: str) -> Worker:
+        """Raises NotFound."""
+        ...
+
+    def list(self, pool: str | None = None) -> list[Worker]: ...
+
+    def delete(self, worker_id: str) -> None:
+        """Idempotent."""
+        ...
+
+
+class TokenStore(Protocol):
+    def lookup(self, token_hash: str) -> Principal | None: ...
+
+    def put(self, token_hash: str, principal: Principal) -> None: ...
+
+
+@dataclass(frozen=True)
+class BackendJob:
+    """A worker as the compute backend sees it."""
+
+    id: str
+    pool: str
+    state: str  # pending | running | finished | failed
+    worker_id: str
+    created_at: float
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ("pending", "running")
+
+
+class ComputeBackend(abc.ABC):
+    """Starts and stops worker agents on some compute engine."""
+
+    name: str
+
+    @abc.abstractmethod
+    def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
+        """Start ``count`` workers for ``pool``, each running ``runplane-agent`` with ``agent_args``.
+
+        Raises BackendError if the engine refuses; jobs started before the failure are returned
+        in ``details['jobs']``.
+        """
+
+    @abc.abstractmethod
+    def list(self, pool: Pool) -> list[BackendJob]:
+        """Jobs of this pool that are pending or running."""
+
+    @abc.abstractmethod
+    def cancel(self, pool: Pool, job_id: str) -> None:
+        """Stop a job. Idempotent and quiet when the job is already gone."""

@@ -1,0 +1,1 @@
+"""Use cases. They speak to ports only, never to a cloud SDK."""

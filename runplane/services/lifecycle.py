@@ -1,0 +1,117 @@
+"""A worker's side of a run: claim, renew the lease, move through states, hand back.
+
+Every write checks attempt and worker, so a worker that lost its lease can never overwrite the
+state of a newer attempt; it gets LeaseLost instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runplane.domain.errors import ConditionFailed, LeaseLost
+from runplane.domain.models import (
+    ACTIVE_STATES,
+    DispatchEvent,
+    Event,
+    Failure,
+    FailureReason,
+    Run,
+    RunMessage,
+    RunState,
+    states_leading_to,
+)
+from runplane.ports import Expect, RunQueue, RunStore
+
+
+def claim(store: RunStore, run: Run, attempt: int, worker_id: str, lease_seconds: float, now: float) -> Run:
+    """Take a queued run at ``attempt``. Raises ConditionFailed if the hint is stale."""
+    return store.update(
+        run,
+        Expect(states=frozenset({RunState.QUEUED}), attempt=attempt),
+        {
+            "state": RunState.PREPARING,
+            "attempt": attempt + 1,
+            "worker_id": worker_id,
+            "lease_expires_at": now + lease_seconds,
+            "waiting_reason": None,
+        },
+        Event(at=now, state=RunState.PREPARING, message=f"attempt {attempt + 1} claimed by worker {worker_id}"),
+    )
+
+
+def _mine(run: Run, states: frozenset[RunState]) -> Expect:
+    return Expect(states=states, attempt=run.attempt, worker_id=run.worker_id)
+
+
+def renew(store: RunStore, run: Run, lease_seconds: float, now: float, **changes: Any) -> Run:
+    """Extend the lease (and record ``changes`` such as usage). Raises LeaseLost."""
+    try:
+        return store.update(run, _mine(run, ACTIVE_STATES), {"lease_expires_at": now + lease_seconds, **changes})
+    except ConditionFailed as e:
+        raise LeaseLost(f"lease on run {run.id} attempt {run.attempt} lost: {e.message}") from e
+
+
+def advance(store: RunStore, run: Run, new: RunState, now: float, message: str, **changes: Any) -> Run:
+    """Move a held run to ``new``. Raises LeaseLost if it is no longer held by this attempt."""
+    if new.terminal:
+        changes.setdefault("finished_at", now)
+        changes.setdefault("lease_expires_at", None)
+    if new == RunState.RUNNING:
+        changes.setdefault("started_at", now)
+    try:
+        return store.update(
+            run,
+            _mine(run, states_leading_to(new) & ACTIVE_STATES),
+            {"state": new, **changes},
+            Event(at=now, state=new, message=message),
+        )
+    except ConditionFailed as e:
+        raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot become {new}: {e.message}") from e
+
+
+def fail(store: RunStore, run: Run, reason: FailureReason, message: str, now: float, **changes: Any) -> Run:
+    state = {
+        FailureReason.KILLED: RunState.KILLED,
+        FailureReason.TIME_LIMIT: RunState.TIMED_OUT,
+    }.get(reason, RunState.FAILED)
+    return advance(store, run, state, now, message, failure=Failure(reason=reason, message=message), **changes)
+
+
+def requeue(
+    store: RunStore,
+    queue: RunQueue,
+    run: Run,
+    now: float,
+    why: str,
+    expect: Expect | None = None,
+) -> Run:
+    """Put an active run back in its queue for another attempt, or fail it when none is left.
+
+    A kill requested before the worker went away ends the run ``killed``. Raises
+    ConditionFailed (or LeaseLost through callers) if the run moved on meanwhile.
+    """
+    expect = expect or _mine(run, ACTIVE_STATES)
+    if run.kill_requested:
+        return store.update(
+            run, expect,
+            {"state": RunState.KILLED, "finished_at": now, "lease_expires_at": None,
+             "failure": Failure(reason=FailureReason.KILLED, message=f"killed; {why}")},
+            Event(at=now, state=RunState.KILLED, message=f"killed; {why}"),
+        )
+    if run.attempt >= run.max_attempts:
+        message = f"{why}; no attempts left ({run.attempt} of {run.max_attempts} used)"
+        return store.update(
+            run, expect,
+            {"state": RunState.FAILED, "finished_at": now, "lease_expires_at": None,
+             "failure": Failure(reason=FailureReason.WORKER_LOST, message=message)},
+            Event(at=now, state=RunState.FAILED, message=message),
+        )
+    updated = store.update(
+        run, expect,
+        {"state": RunState.QUEUED, "worker_id": None, "lease_expires_at": None, "hinted_at": now,
+         "waiting_reason": f"re-queued after attempt {run.attempt}: {why}"},
+        Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),
+    )
+    queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
+    queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+    return updated

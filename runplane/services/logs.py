@@ -1,0 +1,57 @@
+"""Where logs and outputs live in object storage, and reading them back.
+
+Logs are written as chunks named by their byte offset, so they can be read while the run
+is still going: ``runs/<id>/logs/<attempt>/<stream>/<offset:016d>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from runplane.ports import ObjectStore
+from runplane.domain.models import Run
+
+Stream = Literal["stdout", "stderr"]
+MAX_READ = 1024 * 1024
+
+
+def log_prefix(run_id: str, attempt: int, stream: str) -> str:
+    return f"runs/{run_id}/logs/{attempt}/{stream}/"
+
+
+def log_chunk_key(run_id: str, attempt: int, stream: str, offset: int) -> str:
+    return f"{log_prefix(run_id, attempt, stream)}{offset:016d}"
+
+
+def outputs_prefix(run_id: str, attempt: int) -> str:
+    return f"runs/{run_id}/outputs/{attempt}/"
+
+
+@dataclass(frozen=True)
+class LogPage:
+    data: str
+    next_offset: int
+    complete: bool
+
+
+def read_logs(objects: ObjectStore, run: Run, stream: Stream, offset: int, max_bytes: int = MAX_READ) -> LogPage:
+    """Bytes of ``stream`` from ``offset`` on; ``complete`` once the run ended and all is read."""
+    prefix = log_prefix(run.id, run.attempt, stream)
+    chunks = [(int(o.key[len(prefix):]), o) for o in objects.list(prefix) if o.key[len(prefix):].isdigit()]
+    total = max((start + o.size for start, o in chunks), default=0)
+    out = bytearray()
+    position = offset
+    for start, info in chunks:
+        end = start + info.size
+        if end <= position or start > position:
+            continue
+        data = objects.get_bytes(info.key)
+        piece = data[position - start:]
+        piece = piece[: max_bytes - len(out)]
+        out += piece
+        position += len(piece)
+        if len(out) >= max_bytes:
+            break
+    complete = run.state.terminal and position >= total
+    return LogPage(out.decode("utf-8", errors="replace"), position, complete)

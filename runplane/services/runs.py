@@ -1,0 +1,157 @@
+"""Submitting, reading, listing and killing runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runplane.domain.errors import AlreadyExists, ConditionFailed, Conflict, RunplaneError
+from runplane.domain.models import (
+    ACTIVE_STATES,
+    DispatchEvent,
+    Event,
+    Failure,
+    FailureReason,
+    PoolConfig,
+    Principal,
+    Run,
+    RunMessage,
+    RunSpec,
+    RunState,
+)
+from runplane.domain.pools import choose_pool
+from runplane.ports import Expect, Page, RunQueue, RunStore
+from runplane.services.auth import check_owner
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+def run_id_for(owner: str, idempotency_key: str | None) -> str:
+    """A random id, or one derived from (owner, key) so a retried submit finds its run."""
+    if idempotency_key is None:
+        return "r-" + uuid.uuid4().hex[:24]
+    return "r-" + hashlib.sha256(f"{owner}\0{idempotency_key}".encode()).hexdigest()[:24]
+
+
+def _request_hash(spec: RunSpec) -> str:
+    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Submitted:
+    run: Run
+    created: bool
+
+
+def submit_run(
+    store: RunStore,
+    queue: RunQueue,
+    pools: PoolConfig,
+    principal: Principal,
+    spec: RunSpec,
+    idempotency_key: str | None,
+    clock: Clock,
+) -> Submitted:
+    """Store a queued run and hint its pool queue. Same key, same request -> same run.
+
+    Raises Unschedulable/InvalidRequest when no pool fits, Conflict when the key was used for
+    a different request. A failed hint is logged, not raised: the run is stored, and the
+    reaper re-sends hints for queued runs.
+    """
+    pool = choose_pool(pools, spec.resources, spec.queue)
+    now = clock()
+    resources = spec.resources
+    if resources.time is None:
+        resources = resources.model_copy(update={"time": pool.default_time})
+    resolved = spec.model_copy(update={"image": spec.image or pool.default_image, "queue": pool.name,
+                                       "resources": resources})
+    run = Run(
+        id=run_id_for(principal.user, idempotency_key),
+        owner=principal.user,
+        spec=resolved,
+        queue=pool.name,
+        created_at=now,
+        request_hash=_request_hash(spec),
+        hinted_at=now,
+        waiting_reason=f"waiting for a worker of pool {pool.name}",
+        events=[Event(at=now, state=RunState.QUEUED, message=f"submitted to pool {pool.name}")],
+    )
+    try:
+        store.create(run)
+    except AlreadyExists as e:
+        existing: Run = e.details["run"]
+        if existing.request_hash != run.request_hash:
+            raise Conflict("Idempotency-Key was already used for a different request") from e
+        if existing.state == RunState.QUEUED:
+            _hint(queue, existing)
+        return Submitted(existing, created=False)
+    _hint(queue, run)
+    return Submitted(run, created=True)
+
+
+def _hint(queue: RunQueue, run: Run) -> None:
+    try:
+        queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
+        queue.notify(DispatchEvent(pool=run.queue))
+    except RunplaneError as e:
+        log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
+
+
+def get_run(store: RunStore, principal: Principal, run_id: str) -> Run:
+    run = store.get(run_id)
+    check_owner(principal, run)
+    return run
+
+
+def list_runs(
+    store: RunStore,
+    principal: Principal,
+    *,
+    state: RunState | None,
+    queue: str | None,
+    limit: int,
+    cursor: str | None,
+) -> Page:
+    return store.list(owner=principal.user, state=state, queue=queue, limit=limit, cursor=cursor)
+
+
+def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -> Run:
+    """A queued run is killed at once; an active one is flagged and its worker stops it.
+
+    Raises Conflict if the run has already finished.
+    """
+    run = get_run(store, principal, run_id)
+    for _ in range(3):
+        if run.state.terminal:
+            raise Conflict(f"run {run.id} has already finished: {run.state}")
+        now = clock()
+        try:
+            if run.state == RunState.QUEUED:
+                return store.update(
+                    run,
+                    Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt),
+                    {
+                        "state": RunState.KILLED,
+                        "finished_at": now,
+                        "waiting_reason": None,
+                        "failure": Failure(reason=FailureReason.KILLED, message=f"killed by {principal.user} before it started"),
+                    },
+                    Event(at=now, state=RunState.KILLED, message=f"killed by {principal.user} while queued"),
+                )
+            if run.kill_requested:
+                return run
+            return store.update(
+                run,
+                Expect(states=ACTIVE_STATES, attempt=run.attempt),
+                {"kill_requested": True},
+                Event(at=now, message=f"kill requested by {principal.user}"),
+            )
+        except ConditionFailed as e:
+            run = e.details["run"]
+    raise Conflict(f"run {run_id} changed state too often; try again")

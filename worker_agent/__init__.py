@@ -1,0 +1,1 @@
+"""The runplane worker agent: pulls runs from a pool queue and runs them in Docker."""

@@ -1,0 +1,3 @@
+from worker_agent.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,250 @@
+"""The agent loop: take runs from the pool queue while there are free slots, heartbeat, exit
+when told to, when idle, or after N runs."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from runplane import __version__
+from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
+from runplane.domain.models import RunState, Worker
+from runplane.ports import Delivery, WorkerRegistry
+from runplane.services import lifecycle
+from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    pool: str
+    worker_id: str
+    work_dir: Path
+    slots: int = 1
+    cpus: float = 0
+    memory: int = 0
+    idle_seconds: float | None = None
+    exit_after_num_runs: int | None = None
+    heartbeat_seconds: float = 5
+    lease_seconds: float = 30
+    poll_seconds: float = 5
+    pass_down_termination: bool = False
+    executor: ExecutorConfig | None = None
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        ports: Ports,
+        registry: WorkerRegistry,
+        docker_client: docker.DockerClient,
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.ports = ports
+        self.registry = registry
+        self.docker = docker_client
+        self.clock = clock
+        self.executor_config = replace(
+            config.executor or ExecutorConfig(worker_id=config.worker_id, work_dir=config.work_dir),
+            worker_id=config.worker_id, work_dir=config.work_dir, lease_seconds=config.lease_seconds,
+        )
+        self.active: dict[str, RunExecutor] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._slot_freed = threading.Event()
+        self.started_at = clock()
+        self.last_busy = self.started_at
+        self.claimed = 0
+        self.finished = 0
+        self.exit_reason = ""
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def stop(self, pass_down: bool | None = None) -> None:
+        """Stop taking runs. With pass-down, running runs are stopped and re-queued."""
+        self.exit_reason = self.exit_reason or "asked to stop"
+        if self.config.pass_down_termination if pass_down is None else pass_down:
+            with self._lock:
+                for executor in self.active.values():
+                    executor.stop_and_requeue()
+        self._stop.set()
+        self._slot_freed.set()
+
+    def run(self) -> str:
+        """Work until told to stop or an exit condition holds; return why it stopped."""
+        self.config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.sweep_orphans()
+        self.heartbeat()
+        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        beat.start()
+        try:
+            while not self._stop.is_set():
+                reason = self._exit_condition()
+                if reason:
+                    self.exit_reason = reason
+                    break
+                free = self.config.slots - len(self.active)
+                if free <= 0 or self._runs_left() == 0:
+                    self._slot_freed.wait(self.config.poll_seconds)
+                    self._slot_freed.clear()
+                    continue
+                try:
+                    deliveries = self.ports.queue.receive(self.config.pool, min(free, self._runs_left() or free),
+                                                          self.config.poll_seconds,
+                                                          visibility_seconds=int(self.config.lease_seconds) + 30)
+                except RunplaneError as e:
+                    log.warning("receive failed: %s", e)
+                    self._stop.wait(1)
+                    continue
+                for delivery in deliveries:
+                    self._take(delivery)
+        finally:
+            self._stop.set()
+            self._drain()
+            self._set_offline()
+        return self.exit_reason
+
+    def _runs_left(self) -> int | None:
+        if self.config.exit_after_num_runs is None:
+            return None
+        return max(0, self.config.exit_after_num_runs - self.claimed)
+
+    def _exit_condition(self) -> str:
+        with self._lock:
+            busy = bool(self.active)
+        if busy:
+            self.last_busy = self.clock()
+            return ""
+        if self._runs_left() == 0:
+            return f"finished {self.claimed} run(s), the most it may take"
+        if self.config.idle_seconds is not None and self.clock() - self.last_busy >= self.config.idle_seconds:
+            return f"idle for {self.config.idle_seconds:g}s"
+        return ""
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                threads = [e.thread for e in self.active.values() if e.thread]
+            if not threads:
+                return
+            for t in threads:
+                t.join(timeout=1)
+
+    # -- taking a run ---------------------------------------------------------------------
+
+    def _take(self, delivery: Delivery) -> None:
+        msg = delivery.message
+        try:
+            run = self.ports.store.get(msg.run_id)
+        except NotFound:
+            self.ports.queue.delete(self.config.pool, delivery)
+            return
+        if run.state != RunState.QUEUED or run.attempt != msg.attempt or self._stop.is_set():
+            if self._stop.is_set():
+                return  # leave it for another worker; it reappears after the visibility timeout
+            self.ports.queue.delete(self.config.pool, delivery)  # stale hint
+            return
+        try:
+            claimed = lifecycle.claim(self.ports.store, run, msg.attempt, self.config.worker_id,
+                                      self.config.lease_seconds, self.clock())
+        except ConditionFailed:
+            self.ports.queue.delete(self.config.pool, delivery)
+            return
+        self.ports.queue.delete(self.config.pool, delivery)
+        executor = RunExecutor(claimed, self.ports, self.docker, self.executor_config, self.clock, self._done)
+        with self._lock:
+            self.active[claimed.id] = executor
+            self.claimed += 1
+        log.info("run %s attempt %d claimed", claimed.id, claimed.attempt)
+        executor.start()
+
+    def _done(self, executor: RunExecutor) -> None:
+        with self._lock:
+            self.active.pop(executor.run.id, None)
+            self.finished += 1
+            self.last_busy = self.clock()
+        log.info("run %s ended %s", executor.run.id, executor.run.state)
+        self._slot_freed.set()
+
+    # -- heartbeat ------------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stop.wait(self.config.heartbeat_seconds):
+            try:
+                self.heartbeat()
+            except Exception:  # a failed beat must not kill the thread; the next one retries
+                log.exception("heartbeat failed")
+
+    def heartbeat(self) -> None:
+        """Renew the lease of every run held, take in kill requests, and report the worker."""
+        with self._lock:
+            executors = list(self.active.values())
+        for executor in executors:
+            run = executor.run
+            if run.state.terminal:
+                continue
+            try:
+                executor.observe(lifecycle.renew(self.ports.store, run, self.config.lease_seconds, self.clock(),
+                                                 usage=executor.usage))
+            except LeaseLost:
+                executor.lease_lost()
+            except RunplaneError as e:
+                log.warning("lease renewal of %s failed: %s", run.id, e)
+        self._report("busy" if executors else "idle")
+
+    def _report(self, status: str) -> None:
+        with self._lock:
+            runs = list(self.active)
+        left = self._runs_left()
+        try:
+            self.registry.put(Worker(
+                id=self.config.worker_id, pool=self.config.pool, status="draining" if self._stop.is_set() and runs
+                else status, host=socket.gethostname(), slots=self.config.slots,
+                free_slots=0 if self._stop.is_set() or left == 0 else max(0, self.config.slots - len(runs)),
+                cpus=self.config.cpus, memory=self.config.memory, runs=runs, runs_done=self.finished,
+                runs_left=left, started_at=self.started_at, heartbeat_at=self.clock(), agent_version=__version__,
+            ))
+        except RunplaneError as e:
+            log.warning("worker report failed: %s", e)
+
+    def _set_offline(self) -> None:
+        self._report("offline")
+
+    # -- orphans --------------------------------------------------------------------------
+
+    def sweep_orphans(self) -> int:
+        """Remove run containers on this engine whose run is no longer held by their worker
+        (left behind by an agent that died). Containers of live workers are left alone."""
+        removed = 0
+        try:
+            containers = self.docker.containers.list(all=True, filters={"label": f"{LABEL}.run_id"})
+        except docker.errors.APIError as e:
+            log.warning("cannot list containers: %s", e)
+            return 0
+        for container in containers:
+            labels = container.labels
+            try:
+                run = self.ports.store.get(labels[f"{LABEL}.run_id"])
+                held = (run.worker_id == labels.get(f"{LABEL}.worker_id") and str(run.attempt) == labels.get(
+                    f"{LABEL}.attempt") and not run.state.terminal)
+            except NotFound:
+                held = False
+            except RunplaneError:
+                continue
+            if not held:
+                try:
+                    container.remove(force=True)
+                    removed += 1
+                except docker.errors.APIError:
+                    continue
+        return removed

@@ -1,0 +1,148 @@
+"""``runplane-agent``: the command line of the worker agent. Every flag can also be set by an
+environment variable RUNPLANE_AGENT_<FLAG> (for AMIs, Batch jobs, pods and Slurm jobs)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from runplane.domain.units import parse_bytes, parse_duration
+
+FLAGS: list[tuple[str, type | None, object, str]] = [
+    # name, parser, default, help
+    ("pool", str, None, "pool whose queue this worker serves (required)"),
+    ("id", str, None, "worker id (default: host name plus a random suffix)"),
+    ("slots", int, 1, "runs at the same time"),
+    ("work-dir", str, "~/.runplane/agent", "where run directories live"),
+    ("cpus", float, None, "cpus to advertise (default: all)"),
+    ("memory", str, None, "memory to advertise, e.g. 64g (default: all)"),
+    ("idle-seconds", str, None, "exit after this long with no run (e.g. 300, 5m)"),
+    ("exit-after-num-runs", int, None, "exit after taking this many runs"),
+    ("heartbeat-seconds", float, 5.0, "how often to renew leases and report"),
+    ("lease-seconds", float, 30.0, "how long a run stays ours without a heartbeat"),
+    ("poll-seconds", float, 5.0, "queue long-poll time"),
+    ("kill-poll-seconds", float, 1.0, "how often a running run checks for a kill request"),
+    ("upload-deadline-seconds", float, 300.0, "the most time outputs may take to upload"),
+    ("network-mode", str, "bridge", "Docker network for runs that ask for a network"),
+    ("pull", str, "missing", "pull images that are missing ('missing') or never ('never')"),
+    ("shm-size", str, None, "size of /dev/shm in run containers, e.g. 1g"),
+    ("log-level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
+]
+SWITCHES = [("pass-down-termination", "on SIGTERM stop running runs and re-queue them before exiting")]
+
+
+class UsageError(Exception):
+    pass
+
+
+def _env_name(flag: str) -> str:
+    return "RUNPLANE_AGENT_" + flag.upper().replace("-", "_")
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="runplane-agent", description=__doc__)
+    for name, kind, default, text in FLAGS:
+        env = os.environ.get(_env_name(name))
+        parser.add_argument(f"--{name}", type=str, default=env if env is not None else default,
+                            help=f"{text} [env {_env_name(name)}]")
+        del kind
+    for name, text in SWITCHES:
+        env_on = os.environ.get(_env_name(name), "").lower() in ("1", "true", "yes")
+        parser.add_argument(f"--{name}", action="store_true", default=env_on, help=f"{text} [env {_env_name(name)}]")
+    args = parser.parse_args(list(argv))
+    for name, kind, _default, _text in FLAGS:
+        attr = name.replace("-", "_")
+        value = getattr(args, attr)
+        if value is None or kind is str:
+            continue
+        try:
+            converted = kind(value) if kind is not None else value
+        except ValueError as e:
+            raise UsageError(f"--{name}: {value!r} is not a valid {kind.__name__ if kind else 'value'}") from e
+        setattr(args, attr, converted)
+    if not args.pool:
+        raise UsageError("--pool is required (or set RUNPLANE_AGENT_POOL)")
+    if args.slots < 1:
+        raise UsageError("--slots must be at least 1")
+    if args.pull not in ("missing", "never"):
+        raise UsageError("--pull must be 'missing' or 'never'")
+    for name in ("heartbeat_seconds", "lease_seconds", "poll_seconds", "kill_poll_seconds"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if args.heartbeat_seconds * 2 > args.lease_seconds:
+        raise UsageError("--lease-seconds must be at least twice --heartbeat-seconds")
+    try:
+        args.idle_seconds = parse_duration(args.idle_seconds) if args.idle_seconds else None
+        args.memory = parse_bytes(args.memory) if args.memory else None
+    except ValueError as e:
+        raise UsageError(str(e)) from e
+    return args
+
+
+def _total_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import docker  # after argument checks, so --help and bad flags answer fast
+
+    from runplane.bootstrap import build_stack
+    from worker_agent.agent import Agent, AgentConfig
+    from worker_agent.executor import ExecutorConfig, Ports
+
+    worker_id = args.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+    work_dir = Path(os.path.expanduser(args.work_dir)) / worker_id
+    try:
+        client = docker.from_env(max_pool_size=64)
+        client.ping()
+    except docker.errors.DockerException as e:
+        print(f"runplane-agent: error: cannot reach the Docker engine: {e}", file=sys.stderr)
+        return 1
+    stack = build_stack()
+    if stack.pools.get(args.pool) is None:
+        print(f"runplane-agent: error: unknown pool {args.pool!r}", file=sys.stderr)
+        return 2
+    agent = Agent(
+        AgentConfig(
+            pool=args.pool, worker_id=worker_id, work_dir=work_dir, slots=args.slots,
+            cpus=args.cpus or float(os.cpu_count() or 1), memory=args.memory or _total_memory(),
+            idle_seconds=args.idle_seconds, exit_after_num_runs=args.exit_after_num_runs,
+            heartbeat_seconds=args.heartbeat_seconds, lease_seconds=args.lease_seconds,
+            poll_seconds=args.poll_seconds, pass_down_termination=args.pass_down_termination,
+            executor=ExecutorConfig(
+                worker_id=worker_id, work_dir=work_dir, kill_poll_seconds=args.kill_poll_seconds,
+                upload_deadline_seconds=args.upload_deadline_seconds, network_mode=args.network_mode,
+                pull=args.pull, shm_size=args.shm_size,
+            ),
+        ),
+        Ports(stack.store, stack.queue, stack.objects),
+        stack.workers,
+        client,
+        time.time,
+    )
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        logging.getLogger("runplane.agent").info("signal %d: stopping", signum)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    logging.getLogger("runplane.agent").info("worker %s serving pool %s", worker_id, args.pool)
+    reason = agent.run()
+    logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
+    return 0

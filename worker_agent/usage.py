@@ -1,0 +1,82 @@
+"""A container's cpu time and peak memory, read from its cgroup (v1 or v2) or the Docker API."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@dataclass
+class Sample:
+    cpu_seconds: float | None = None
+    memory_peak: int | None = None
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _v2_dirs(container_id: str, root: Path) -> list[Path]:
+    return [root / "system.slice" / f"docker-{container_id}.scope", root / "docker" / container_id]
+
+
+def read_cgroup(container_id: str, root: Path = CGROUP_ROOT) -> Sample | None:
+    """Usage from the cgroup files, or None if they are not visible here."""
+    if (root / "cgroup.controllers").exists():  # v2
+        for d in _v2_dirs(container_id, root):
+            if d.is_dir():
+                cpu = None
+                try:
+                    stat = dict(line.split() for line in (d / "cpu.stat").read_text().splitlines())
+                    cpu = int(stat["usage_usec"]) / 1e6
+                except (OSError, KeyError, ValueError):
+                    pass
+                peak = _read_int(d / "memory.peak") or _read_int(d / "memory.current")
+                return Sample(cpu, peak)
+        return None
+    for parent in ("docker", "system.slice"):
+        mem = root / "memory" / parent / container_id
+        if mem.is_dir() or (root / "memory" / parent / f"docker-{container_id}.scope").is_dir():
+            if not mem.is_dir():
+                mem = root / "memory" / parent / f"docker-{container_id}.scope"
+            cpu_dir = Path(str(mem).replace("/memory/", "/cpuacct/", 1))
+            cpu_ns = _read_int(cpu_dir / "cpuacct.usage")
+            return Sample(cpu_ns / 1e9 if cpu_ns is not None else None, _read_int(mem / "memory.max_usage_in_bytes"))
+    return None
+
+
+def from_stats(stats: dict[str, Any]) -> Sample:
+    """Usage from one Docker stats document (works on v1 and v2 hosts)."""
+    cpu = stats.get("cpu_stats", {}).get("cpu_usage", {}).get("total_usage")
+    mem = stats.get("memory_stats", {})
+    peak = mem.get("max_usage") or mem.get("usage")
+    return Sample(cpu / 1e9 if cpu else None, int(peak) if peak else None)
+
+
+def dir_size(root: Path, stop_after: int | None = None) -> int:
+    """Bytes used by regular files under ``root`` (symlinks not followed)."""
+    total = 0
+    stack = [str(root)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+            except OSError:
+                continue
+            if stop_after is not None and total > stop_after:
+                return total
+    return total
