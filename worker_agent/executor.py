@@ -312,11 +312,11 @@ class RunExecutor:
             if now >= next_usage:
                 next_usage = now + self.config.usage_seconds
                 self._sample_usage()
-                disk = self.usage.disk or 0
-                if disk > run.spec.resources.disk and stopped is None:
+                disk, disk_limit = self.usage.disk or 0, run.spec.resources.disk
+                if disk_limit is not None and disk > disk_limit and stopped is None:
                     stopped = Outcome(RunState.FAILED, FailureReason.DISK_LIMIT,
                                       f"output directory grew to {format_bytes(disk)}, over the "
-                                      f"{format_bytes(run.spec.resources.disk)} disk limit")
+                                      f"{format_bytes(disk_limit)} disk limit")
             if stopped is not None:
                 self._kill_container()
                 exited.wait(10)
@@ -333,9 +333,10 @@ class RunExecutor:
             stopped.exit_code = exit_code
             return stopped
         if state.get("OOMKilled"):
+            limit_text = format_bytes(run.spec.resources.memory or 0)
             return Outcome(RunState.FAILED, FailureReason.OUT_OF_MEMORY,
-                           f"ran out of memory: the container used its whole {format_bytes(run.spec.resources.memory)} "
-                           "limit and was stopped by the kernel (OOM)", exit_code)
+                           f"ran out of memory: the container used its whole {limit_text} memory limit "
+                           "and the kernel stopped it (OOM)", exit_code)
         if result.get("Error") or state.get("Error"):
             return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR,
                            f"container error: {result.get('Error') or state.get('Error')}", exit_code)

@@ -13,6 +13,7 @@ logger = Logger(service="runplane-reaper")
 
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    report = run_reaper(bootstrap.stack())
-    logger.info("reaped", extra=asdict(report))
-    return asdict(report)
+    report = asdict(run_reaper(bootstrap.stack()))
+    if any(report.values()):
+        logger.info("reaped", extra=report)
+    return report

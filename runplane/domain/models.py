@@ -107,8 +107,8 @@ class Resources(BaseModel):
 
     cpus: float = Field(default=1.0, gt=0, le=1024)
     gpus: int = Field(default=0, ge=0, le=64)
-    memory: int = Field(default=1024**3, gt=4 * 1024**2, description="bytes; at least 4m")
-    disk: int = Field(default=10 * 1024**3, gt=0, description="bytes")
+    memory: int | None = Field(default=None, gt=4 * 1024**2, description="bytes, at least 4m; pool default when absent")
+    disk: int | None = Field(default=None, gt=0, description="bytes of output; pool default when absent")
     time: float | None = Field(default=None, gt=0, description="seconds; pool default when absent")
 
     _sizes = field_validator("memory", "disk", mode="before")(staticmethod(_size))
@@ -264,6 +264,14 @@ class Pool(BaseModel):
             raise ValueError(f"pool {self.name}: min_workers > max_workers")
         return self
 
+    def with_defaults(self, resources: Resources) -> Resources:
+        """Fill what a run left out: a share of one worker, capped at 1g memory and 10g disk."""
+        return resources.model_copy(update={
+            "memory": resources.memory or min(1024**3, self.memory // self.slots),
+            "disk": resources.disk or min(10 * 1024**3, self.disk // self.slots),
+            "time": resources.time or self.default_time,
+        })
+
     def shape(self) -> str:
         gpus = f", {self.gpus} gpu" + (f" ({self.gpu_type})" if self.gpu_type else "") if self.gpus else ""
         return f"{self.name}: {self.cpus:g} cpus{gpus}, {format_bytes(self.memory)} memory, {format_bytes(self.disk)} disk"
@@ -274,9 +282,9 @@ class Pool(BaseModel):
             return f"asks {resources.cpus:g} cpus, pool has {self.cpus:g}"
         if resources.gpus > self.gpus:
             return f"asks {resources.gpus} gpus, pool has {self.gpus}"
-        if resources.memory > self.memory:
+        if resources.memory is not None and resources.memory > self.memory:
             return f"asks {format_bytes(resources.memory)} memory, pool has {format_bytes(self.memory)}"
-        if resources.disk > self.disk:
+        if resources.disk is not None and resources.disk > self.disk:
             return f"asks {format_bytes(resources.disk)} disk, pool has {format_bytes(self.disk)}"
         if resources.time is not None and self.max_time is not None and resources.time > self.max_time:
             return f"asks {resources.time:g}s, pool allows at most {self.max_time:g}s"

@@ -66,11 +66,8 @@ def submit_run(
     """
     pool = choose_pool(pools, spec.resources, spec.queue)
     now = clock()
-    resources = spec.resources
-    if resources.time is None:
-        resources = resources.model_copy(update={"time": pool.default_time})
     resolved = spec.model_copy(update={"image": spec.image or pool.default_image, "queue": pool.name,
-                                       "resources": resources})
+                                       "resources": pool.with_defaults(spec.resources)})
     run = Run(
         id=run_id_for(principal.user, idempotency_key),
         owner=principal.user,

@@ -1,0 +1,128 @@
+"""Shared fixtures: a real moto server (in-process, server mode), stacks wired to it, and the
+embedded local stack with agents on the real Docker engine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
+from runplane.adapters.aws.provision import provision
+from runplane.cli.client import ApiError, Client
+from runplane.devstack.stack import DevConfig, DevStack, free_port
+from runplane.domain.models import Principal
+from runplane.services.auth import register_token
+from runplane.settings import StackSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+POOLS_FILE = ROOT / "tests" / "pools.yaml"
+TEST_IMAGE = "runplane/test-busybox:1"
+# Agents in tests: short leases so lost workers are noticed fast; never pull (a pull would
+# leave this machine); runs that ask for a network get the host's loopback.
+AGENT_ARGS = ("--lease-seconds 4 --heartbeat-seconds 1 --poll-seconds 1 --kill-poll-seconds 0.5 "
+              "--pull never --network-mode host --upload-deadline-seconds 30")
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(key, value)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws_stack(moto_endpoint: str) -> Stack:
+    """A freshly provisioned stack (own tables, queues, bucket) on the moto server."""
+    settings = StackSettings(prefix=f"t{uuid.uuid4().hex[:8]}", aws_endpoint_url=moto_endpoint,
+                             pools=str(POOLS_FILE))
+    clients = aws_clients(settings)
+    stack = build_stack(settings, clients)
+    provision(aws_names(settings), [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"],
+              clients["s3"])
+    return stack
+
+
+@pytest.fixture(scope="session")
+def docker_client() -> Any:
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as e:
+        pytest.fail(f"the Docker engine is not reachable ({e}); run `make test`, which starts it")
+    try:
+        client.images.get(TEST_IMAGE)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"image {TEST_IMAGE} is missing; run scripts/build-images.sh")
+    return client
+
+
+@pytest.fixture(scope="session")
+def devstack(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    stack = DevStack(DevConfig(
+        port=free_port(), token="alice-token", user="alice", pools_file=str(POOLS_FILE),
+        aws_endpoint_url=moto_endpoint, prefix="e2e", schedule_seconds=1, agent_args=AGENT_ARGS,
+        state_dir=tmp_path_factory.mktemp("devstack"), write_dev_file=False,
+    ))
+    stack.start()
+    from runplane import bootstrap
+
+    tokens = bootstrap.stack().tokens
+    register_token(tokens, "bob-token", Principal(user="bob"))
+    register_token(tokens, "reader-token", Principal(user="alice", scopes=["runs:read"]))
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def alice(devstack: DevStack) -> Client:
+    return Client(devstack.api_url, "alice-token")
+
+
+@pytest.fixture(scope="session")
+def bob(devstack: DevStack) -> Client:
+    return Client(devstack.api_url, "bob-token")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def wait_state(client: Client, run_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        run = client.request("GET", f"/v1/runs/{run_id}")
+        return run if run["state"] in states else None
+
+    return wait_for(check, timeout, 0.1, f"run {run_id} to reach {states}")
+
+
+def api_status(call: Callable[[], Any]) -> tuple[int, str, str]:
+    """(status, code, message) of a call expected to fail."""
+    try:
+        call()
+    except ApiError as e:
+        return e.status, e.code, e.message
+    raise AssertionError("the call succeeded but was expected to fail")

@@ -1,0 +1,186 @@
+"""The HTTP API through the local stack's front (API Gateway v2 events to the Lambda handler).
+Runs go to the "parked" pool, which never gets a worker, so they stay queued."""
+
+import json
+import urllib.request
+import uuid
+
+import pytest
+
+from runplane.cli.client import Client
+from tests.conftest import api_status
+
+PARKED = {"command": "echo hi", "queue": "parked"}
+
+
+def raw(devstack, method, path, body=None, headers=None):
+    req = urllib.request.Request(devstack.api_url + path, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def test_health_and_openapi_need_no_token(devstack):
+    assert raw(devstack, "GET", "/v1/health") == (200, {"status": "ok"})
+    status, doc = raw(devstack, "GET", "/v1/openapi.json")
+    assert status == 200
+    assert doc["openapi"].startswith("3.")
+    assert {"/v1/runs", "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/kill"} <= set(doc["paths"])
+    assert "command" in doc["components"]["schemas"]["RunSpec"]["properties"]
+
+
+def test_submit_returns_the_queued_run(alice):
+    run = alice.request("POST", "/v1/runs", {**PARKED, "name": "first", "env": {"A": "1"},
+                                             "resources": {"memory": "256m", "time": "90s"}})
+    assert run["state"] == "queued"
+    assert run["owner"] == "alice"
+    assert run["queue"] == "parked"
+    assert run["attempt"] == 0
+    assert run["spec"]["image"] == "runplane/test-busybox:1"  # the pool's default, resolved
+    assert run["spec"]["resources"]["memory"] == 256 * 2**20
+    assert run["spec"]["resources"]["time"] == 90
+    assert run["waiting_reason"] == "waiting for a worker of pool parked"
+    assert run["events"][0]["state"] == "queued"
+    got = alice.request("GET", f"/v1/runs/{run['id']}")
+    assert got["id"] == run["id"] and got["name"] == "first"
+
+
+def test_pool_is_chosen_by_shape(alice):
+    assert alice.request("POST", "/v1/runs", {"command": "x", "resources": {"gpus": 1}})["queue"] == "big"
+
+
+@pytest.mark.parametrize(
+    ("headers", "code_fragment"),
+    [({}, "missing Authorization"), ({"Authorization": "Bearer nope"}, "not valid"),
+     ({"Authorization": "Basic abc"}, "must be 'Bearer")],
+)
+def test_401(devstack, headers, code_fragment):
+    status, body = raw(devstack, "GET", "/v1/runs", headers=headers)
+    assert status == 401
+    assert body["error"]["code"] == "unauthorized"
+    assert code_fragment in body["error"]["message"]
+
+
+def test_403_other_users_run_and_read_only_token(devstack, alice, bob):
+    run = alice.request("POST", "/v1/runs", PARKED)
+    status, code, message = api_status(lambda: bob.request("GET", f"/v1/runs/{run['id']}"))
+    assert (status, code) == (403, "forbidden")
+    assert "another user" in message
+    assert api_status(lambda: bob.request("POST", f"/v1/runs/{run['id']}/kill"))[0] == 403
+    assert api_status(lambda: bob.request("GET", f"/v1/runs/{run['id']}/logs"))[0] == 403
+    reader = Client(devstack.api_url, "reader-token")
+    assert reader.request("GET", f"/v1/runs/{run['id']}")["id"] == run["id"]
+    status, code, message = api_status(lambda: reader.request("POST", "/v1/runs", PARKED))
+    assert (status, code) == (403, "forbidden")
+    assert "runs:write" in message
+    assert [r["id"] for r in bob.request("GET", "/v1/runs")["runs"]] == []
+
+
+def test_404s(alice):
+    assert api_status(lambda: alice.request("GET", "/v1/runs/r-doesnotexist"))[:2] == (404, "not_found")
+    assert api_status(lambda: alice.request("POST", "/v1/runs/r-doesnotexist/kill"))[0] == 404
+    status, code, message = api_status(lambda: alice.request("GET", "/v1/nothing-here"))
+    assert (status, code) == (404, "not_found")
+    assert "no route" in message
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[1, 2]", 400, "JSON object"),
+        (b"", 400, "JSON object"),
+        (b'{"image": "x"}', 422, "command: Field required"),
+        (b'{"command": "x", "resources": {"memory": "lots"}}', 422, "resources.memory: cannot read size"),
+        (b'{"command": "x", "resources": {"cpus": "many"}}', 422, "resources.cpus"),
+        (b'{"command": "x", "unknown": 1}', 422, "unknown: Extra inputs are not permitted"),
+        (b'{"command": "x", "queue": "nope"}', 422, "unknown queue 'nope'"),
+        (b'{"command": "x", "resources": {"memory": "1t"}}', 422, "the largest pool is big: 2 cpus, 2 gpu, 8g memory"),
+        (b'{"command": "x", "resources": {"gpus": 1}, "queue": "parked"}', 422, "asks 1 gpus, pool has 0"),
+    ],
+)
+def test_bad_bodies_get_a_clear_4xx_and_store_nothing(devstack, alice, body, status, fragment):
+    before = len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"])
+    got_status, got = raw(devstack, "POST", "/v1/runs", body,
+                          {"Authorization": "Bearer alice-token", "Content-Type": "application/json"})
+    assert got_status == status
+    assert fragment in got["error"]["message"]
+    assert set(got) == {"error"}
+    assert "Traceback" not in json.dumps(got)
+    assert len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"]) == before
+
+
+def test_413_large_body(devstack):
+    body = json.dumps({"command": "x" * 300_000}).encode()
+    status, got = raw(devstack, "POST", "/v1/runs", body, {"Authorization": "Bearer alice-token"})
+    assert status == 413
+    assert got["error"]["code"] == "payload_too_large"
+
+
+def test_bad_query_parameters(alice):
+    assert api_status(lambda: alice.request("GET", "/v1/runs", query={"limit": "x"}))[0] == 400
+    assert api_status(lambda: alice.request("GET", "/v1/runs", query={"limit": 0}))[0] == 422
+    assert api_status(lambda: alice.request("GET", "/v1/runs", query={"state": "sleeping"}))[0] == 422
+    assert api_status(lambda: alice.request("GET", "/v1/runs", query={"cursor": "zzz"}))[0] == 400
+
+
+def test_idempotent_submit(alice):
+    key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    first = alice.request("POST", "/v1/runs", PARKED, headers=key)
+    again = alice.request("POST", "/v1/runs", PARKED, headers=key)
+    assert again["id"] == first["id"]
+    assert again["created_at"] == first["created_at"]
+    status, code, message = api_status(lambda: alice.request("POST", "/v1/runs", {**PARKED, "command": "other"},
+                                                             headers=key))
+    assert (status, code) == (409, "conflict")
+    assert "Idempotency-Key" in message
+    ids = [r["id"] for r in alice.request("GET", "/v1/runs", query={"limit": 500})["runs"]]
+    assert ids.count(first["id"]) == 1
+
+
+def test_same_key_for_two_users_makes_two_runs(alice, bob):
+    key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
+    assert alice.request("POST", "/v1/runs", PARKED, headers=key)["id"] != bob.request(
+        "POST", "/v1/runs", PARKED, headers=key)["id"]
+
+
+def test_list_paginates_newest_first_and_filters(bob):
+    ids = [bob.request("POST", "/v1/runs", {**PARKED, "name": f"n{i}"})["id"] for i in range(5)]
+    seen, cursor = [], None
+    while True:
+        page = bob.request("GET", "/v1/runs", query={"limit": 2, "cursor": cursor})
+        seen += [r["id"] for r in page["runs"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert [i for i in seen if i in ids] == list(reversed(ids))
+    bob.request("POST", f"/v1/runs/{ids[0]}/kill")
+    killed = bob.request("GET", "/v1/runs", query={"state": "killed"})["runs"]
+    assert [r["id"] for r in killed] == [ids[0]]
+    assert all(r["queue"] == "parked" for r in bob.request("GET", "/v1/runs", query={"queue": "parked"})["runs"])
+
+
+def test_kill_queued_run_is_immediate_and_final(alice):
+    run = alice.request("POST", "/v1/runs", PARKED)
+    killed = alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    assert killed["state"] == "killed"
+    assert killed["failure"]["reason"] == "killed"
+    status, code, _ = api_status(lambda: alice.request("POST", f"/v1/runs/{run['id']}/kill"))
+    assert (status, code) == (409, "conflict")
+
+
+def test_logs_and_outputs_of_a_queued_run(alice):
+    run = alice.request("POST", "/v1/runs", PARKED)
+    assert alice.request("GET", f"/v1/runs/{run['id']}/logs") == {"data": "", "next_offset": 0, "complete": False}
+    assert alice.request("GET", f"/v1/runs/{run['id']}/outputs") == {"files": [], "complete": False}
+    assert api_status(lambda: alice.request("GET", f"/v1/runs/{run['id']}/logs", query={"stream": "x"}))[0] == 422
+
+
+def test_pools_and_workers(alice):
+    pools = {p["name"]: p for p in alice.request("GET", "/v1/pools")["pools"]}
+    assert set(pools) == {"default", "parked", "big"}
+    assert pools["parked"]["backlog"] >= 1
+    assert pools["big"]["shape"]["gpus"] == 2
+    assert isinstance(alice.request("GET", "/v1/workers")["workers"], list)

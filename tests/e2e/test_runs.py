@@ -1,0 +1,182 @@
+"""Runs end to end: API -> DynamoDB -> SQS -> dispatcher -> local agent -> Docker -> S3,
+on the real Docker engine and the moto server."""
+
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from runplane import bootstrap
+from runplane.domain.models import RunMessage
+from tests.conftest import wait_for, wait_state
+
+pytestmark = pytest.mark.docker
+TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+
+
+def submit(client, command, **extra):
+    return client.request("POST", "/v1/runs", {"command": command, **extra})
+
+
+def read_all(client, run_id, stream="stdout"):
+    return client.request("GET", f"/v1/runs/{run_id}/logs", query={"stream": stream})["data"]
+
+
+def outputs(client, run_id):
+    files = client.request("GET", f"/v1/runs/{run_id}/outputs")["files"]
+    result = {}
+    for f in files:
+        with urllib.request.urlopen(f["url"], timeout=10) as resp:
+            result[f["path"]] = resp.read()
+    return result
+
+
+def test_success_with_logs_outputs_and_timeline(docker_client, alice):
+    run = submit(alice, "echo hello; echo oops >&2; mkdir -p sub; echo 42 > answer; echo deep > sub/file; "
+                        "echo $RUNPLANE_RUN_ID > id; echo $GREETING > env", env={"GREETING": "hi"})
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded", done
+    assert done["exit_code"] == 0
+    assert done["failure"] is None
+    assert read_all(alice, run["id"]) == "hello\n"
+    assert read_all(alice, run["id"], "stderr") == "oops\n"
+    assert outputs(alice, run["id"]) == {"answer": b"42\n", "sub/file": b"deep\n", "id": f"{run['id']}\n".encode(),
+                                         "env": b"hi\n"}
+    states = [e["state"] for e in done["events"] if e["state"]]
+    assert states == ["queued", "preparing", "running", "uploading", "succeeded"]
+    assert done["started_at"] and done["finished_at"] and done["worker_id"]
+    assert set(done["usage"]["timings"]) >= {"pull", "run", "upload"}
+    logs = alice.request("GET", f"/v1/runs/{run['id']}/logs")
+    assert logs["complete"] is True
+
+
+def test_nonzero_exit_fails_with_code_and_stderr_tail(docker_client, alice):
+    run = submit(alice, "echo 'no such file: data.csv' >&2; exit 3")
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "failed"
+    assert done["exit_code"] == 3
+    assert done["failure"]["reason"] == "nonzero_exit"
+    assert "exited with code 3" in done["failure"]["message"]
+    assert "no such file: data.csv" in done["failure"]["message"]
+
+
+def test_kill_running_run_within_5s(docker_client, alice):
+    run = submit(alice, "echo started; echo partial > partial; sleep 120")
+    wait_for(lambda: read_all(alice, run["id"]) == "started\n", 60, 0.1, "the run to start")
+    t0 = time.monotonic()
+    accepted = alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    assert accepted["kill_requested"] is True
+    done = wait_state(alice, run["id"], TERMINAL, timeout=30)
+    elapsed = time.monotonic() - t0
+    assert done["state"] == "killed"
+    assert done["failure"]["reason"] == "killed"
+    assert elapsed < 5, f"kill took {elapsed:.1f}s"
+    assert outputs(alice, run["id"]) == {"partial": b"partial\n"}  # partial outputs still land
+
+
+def test_time_limit(docker_client, alice):
+    run = submit(alice, "sleep 60", resources={"time": "2s"})
+    done = wait_state(alice, run["id"], TERMINAL, timeout=60)
+    assert done["state"] == "timed_out"
+    assert done["failure"]["reason"] == "time_limit"
+    assert "2s" in done["failure"]["message"]
+
+
+def test_memory_limit_is_out_of_memory(docker_client, alice):
+    run = submit(alice, "x=aaaaaaaa; while true; do x=$x$x; done", resources={"memory": "16m"})
+    done = wait_state(alice, run["id"], TERMINAL, timeout=60)
+    assert done["state"] == "failed"
+    assert done["failure"]["reason"] == "out_of_memory"
+    assert "16m" in done["failure"]["message"]
+    assert done["exit_code"] == 137
+
+
+def test_missing_image(docker_client, alice):
+    run = submit(alice, "echo never", image="runplane/does-not-exist:1")
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "failed"
+    assert done["failure"]["reason"] == "image_not_found"
+    assert "runplane/does-not-exist:1" in done["failure"]["message"]
+    assert [e["state"] for e in done["events"] if e["state"]] == ["queued", "preparing", "failed"]
+
+
+def test_duplicate_queue_delivery_runs_once(docker_client, alice):
+    run = submit(alice, "sleep 1; echo once")
+    queue = bootstrap.stack().queue
+    for _ in range(3):  # the same hint delivered again and again
+        queue.send("default", RunMessage(run_id=run["id"], attempt=0))
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    assert done["attempt"] == 1
+    claims = [e for e in done["events"] if e["state"] == "preparing"]
+    assert len(claims) == 1
+    assert read_all(alice, run["id"]) == "once\n"
+    time.sleep(2)  # let the duplicates reach the workers; none may change the run
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["events"] == done["events"]
+
+
+def test_idempotent_submit_runs_once(docker_client, alice):
+    key = {"Idempotency-Key": f"once-{time.time()}"}
+    first = alice.request("POST", "/v1/runs", {"command": "echo x"}, headers=key)
+    second = alice.request("POST", "/v1/runs", {"command": "echo x"}, headers=key)
+    assert first["id"] == second["id"]
+    done = wait_state(alice, first["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    assert len([e for e in done["events"] if e["state"] == "preparing"]) == 1
+
+
+def test_logs_readable_while_running(docker_client, alice):
+    run = submit(alice, "echo first; sleep 3; echo second")
+    page = wait_for(lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs"))["data"] and p, 60, 0.1,
+                    "the first log line")
+    assert page["data"] == "first\n"
+    assert page["complete"] is False
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
+    rest = wait_for(lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs",
+                                                query={"offset": page["next_offset"]}))["complete"] and p, 60, 0.2,
+                    "the logs to complete")
+    assert rest["data"] == "second\n"
+
+
+def test_sigkilled_worker_run_is_requeued_and_finished_by_another(docker_client, alice, devstack):
+    run = submit(alice, "echo attempt $RUNPLANE_ATTEMPT; sleep 4; echo $RUNPLANE_ATTEMPT > attempt")
+    running = wait_state(alice, run["id"], {"running"}, timeout=60)
+    worker_id = running["worker_id"]
+    state_dir = Path(os.environ["RUNPLANE_LOCAL_STATE_DIR"]) / "default"
+    pid = json.loads((state_dir / f"{worker_id}.json").read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] == 2
+    assert done["worker_id"] != worker_id
+    assert any("re-queued" in e["message"] and worker_id in e["message"] for e in done["events"])
+    assert outputs(alice, run["id"]) == {"attempt": b"2\n"}
+
+
+def test_network_off_by_default(docker_client, alice):
+    run = submit(alice, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '")
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    assert read_all(alice, run["id"]).split() == ["lo"]
+
+
+def test_container_sees_neither_docker_socket_nor_agent_env(docker_client, alice):
+    run = submit(alice, "ls /var/run/docker.sock 2>&1; env | sort")
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    out = read_all(alice, run["id"])
+    assert "No such file" in out
+    assert "AWS_" not in out and "RUNPLANE_AWS" not in out and "RUNPLANE_POOLS" not in out
+    assert "RUNPLANE_RUN_ID=" in out
+
+
+def test_symlink_out_of_output_dir_is_not_uploaded(docker_client, alice):
+    run = submit(alice, "echo secret-ish > /tmp/outside; ln -s /tmp/outside leak; ln -s /etc/passwd pw; "
+                        "echo ok > real; ln -s real inside")
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    assert outputs(alice, run["id"]) == {"real": b"ok\n", "inside": b"ok\n"}

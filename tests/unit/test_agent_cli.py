@@ -1,0 +1,38 @@
+import subprocess
+import sys
+
+import pytest
+
+from worker_agent.main import UsageError, parse
+
+
+def test_flags_and_env(monkeypatch):
+    monkeypatch.setenv("RUNPLANE_AGENT_POOL", "gpu")
+    monkeypatch.setenv("RUNPLANE_AGENT_IDLE_SECONDS", "5m")
+    args = parse(["--slots", "2", "--memory", "8g", "--pass-down-termination"])
+    assert (args.pool, args.slots, args.idle_seconds, args.memory) == ("gpu", 2, 300, 8 * 2**30)
+    assert args.pass_down_termination
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--pool is required"),
+        (["--pool", "p", "--slots", "0"], "--slots must be at least 1"),
+        (["--pool", "p", "--slots", "two"], "is not a valid int"),
+        (["--pool", "p", "--pull", "always"], "--pull must be"),
+        (["--pool", "p", "--lease-seconds", "3", "--heartbeat-seconds", "2"], "at least twice"),
+        (["--pool", "p", "--idle-seconds", "forever"], "cannot read duration"),
+    ],
+)
+def test_bad_flags_are_one_clear_line(argv, message, monkeypatch):
+    monkeypatch.delenv("RUNPLANE_AGENT_POOL", raising=False)
+    with pytest.raises(UsageError, match=message):
+        parse(argv)
+
+
+def test_bad_flag_exits_2_with_one_line():
+    proc = subprocess.run([sys.executable, "-m", "worker_agent", "--pool", "p", "--slots", "0"],
+                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "runplane-agent: error: --slots must be at least 1"
