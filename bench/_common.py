@@ -41,8 +41,7 @@ def median(samples: Sequence[float]) -> float:
     return statistics.median(samples)
 
 
-def table(title: str, rows: Sequence[tuple[str, Sequence[float]]], unit: str = "ms",
-          scale: float = 1000.0) -> None:
+def table(title: str, rows: Sequence[tuple[str, Sequence[float]]], unit: str = "ms", scale: float = 1000.0) -> None:
     """Print ``label  n  median  p90`` rows; samples are in seconds, shown in ``unit``."""
     width = max(len(label) for label, _ in rows)
     print(f"\n{title}")
@@ -51,8 +50,7 @@ def table(title: str, rows: Sequence[tuple[str, Sequence[float]]], unit: str = "
         if not samples:
             print(f"  {label:<{width}}  {0:>4}  {'-':>12}  {'-':>12}")
             continue
-        print(f"  {label:<{width}}  {len(samples):>4}  {median(samples) * scale:>12.2f}  "
-              f"{p90(samples) * scale:>12.2f}")
+        print(f"  {label:<{width}}  {len(samples):>4}  {median(samples) * scale:>12.2f}  {p90(samples) * scale:>12.2f}")
 
 
 def ratio_line(name: str, ratio: float, target: float) -> str:

@@ -74,8 +74,11 @@ class SubmitBench:
         self.token_key = {"token_hash": {"S": hash_token("bench")}}
         self.event_body = json.dumps({"v": 1, "pool": "default", "reason": "submitted"})
         self.body = json.dumps(SPEC).encode()
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json",
-                        "Authorization": "Bearer bench"}
+        self.headers = {
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "Authorization": "Bearer bench",
+        }
         self.host, port = api_url.removeprefix("http://").split(":")
         self.conn = http.client.HTTPConnection(self.host, int(port), timeout=30)
         self.samples: dict[str, list[float]] = {k: [] for k in PATHS}
@@ -135,13 +138,18 @@ class SubmitBench:
             messages = got.get("Messages", [])
             if not messages:
                 break
-            self.sqs.delete_message_batch(QueueUrl=self.pool_url, Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)])
+            self.sqs.delete_message_batch(
+                QueueUrl=self.pool_url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            )
         pages = self.ddb.get_paginator("scan").paginate(TableName=self.names.runs_table, ProjectionExpression="id")
         keys = [{"id": item["id"]} for page in pages for item in page.get("Items", [])]
         for start in range(0, len(keys), 25):
-            self.ddb.batch_write_item(RequestItems={self.names.runs_table: [
-                {"DeleteRequest": {"Key": key}} for key in keys[start:start + 25]]})
+            self.ddb.batch_write_item(
+                RequestItems={
+                    self.names.runs_table: [{"DeleteRequest": {"Key": key}} for key in keys[start : start + 25]]
+                }
+            )
 
     def round(self, i: int) -> None:
         def bare() -> None:
@@ -153,10 +161,12 @@ class SubmitBench:
             lambda: self.samples["handler"].append(self.handler_call()),
             lambda: self.samples["http keep-alive"].append(self.keep_alive_call()),
         ]
-        paths = paths[i % len(paths):] + paths[:i % len(paths)]
+        paths = paths[i % len(paths) :] + paths[: i % len(paths)]
         if i % 4 == 0:
-            paths.insert(i // 4 % (len(paths) + 1),
-                         lambda: self.samples["http new connection"].append(self.new_connection_call()))
+            paths.insert(
+                i // 4 % (len(paths) + 1),
+                lambda: self.samples["http new connection"].append(self.new_connection_call()),
+            )
         for path in paths:
             path()
 
@@ -202,16 +212,27 @@ def main() -> int:
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
     moto.start()
     endpoint = f"http://127.0.0.1:{moto_port}"
-    stack = DevStack(DevConfig(port=free_port(), token="bench", aws_endpoint_url=endpoint, write_dev_file=False,
-                               schedule_seconds=3600, pools_file=str(pools_file), state_dir=tmp / "state"))
+    stack = DevStack(
+        DevConfig(
+            port=free_port(),
+            token="bench",
+            aws_endpoint_url=endpoint,
+            write_dev_file=False,
+            schedule_seconds=3600,
+            pools_file=str(pools_file),
+            state_dir=tmp / "state",
+        )
+    )
     t0 = time.perf_counter()
     stack.start()
     print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {endpoint} (in-process)")
     captured = io.StringIO()
     try:
         bench = SubmitBench(endpoint, stack.api_url)
-        print(f"run item {len(json.dumps(bench.item))} bytes as JSON; {args.warmup} warm-up + {args.n} "
-              f"measured rounds; pool queue and runs table emptied every {RESET_EVERY} rounds (not timed)")
+        print(
+            f"run item {len(json.dumps(bench.item))} bytes as JSON; {args.warmup} warm-up + {args.n} "
+            f"measured rounds; pool queue and runs table emptied every {RESET_EVERY} rounds (not timed)"
+        )
         t0 = time.perf_counter()
         # The handler's metrics object prints EMF lines to stdout; keep them out of the table.
         with contextlib.redirect_stdout(captured):
@@ -228,16 +249,20 @@ def main() -> int:
 
     s = bench.samples
     bare_auth = [b + a for b, a in zip(s["bare"], bench.auth, strict=True)]
-    table("submit latency (moto in-process on 127.0.0.1; keep-alive = one persistent HTTP/1.1 connection, "
-          "new connection = runplane Client/urllib)", [
-              ("bare: PutItem + 2x SendMessage", s["bare"]),
-              ("bare + token GetItem", bare_auth),
-              ("handler in-process", s["handler"]),
-              ("http keep-alive", s["http keep-alive"]),
-              ("http new connection", s["http new connection"]),
-          ])
+    table(
+        "submit latency (moto in-process on 127.0.0.1; keep-alive = one persistent HTTP/1.1 connection, "
+        "new connection = runplane Client/urllib)",
+        [
+            ("bare: PutItem + 2x SendMessage", s["bare"]),
+            ("bare + token GetItem", bare_auth),
+            ("handler in-process", s["handler"]),
+            ("http keep-alive", s["http keep-alive"]),
+            ("http new connection", s["http new connection"]),
+        ],
+    )
     b, h, k = median(s["bare"]), median(s["handler"]), median(s["http keep-alive"])
-    print(f"\n  handler - bare:           {(h - b) * 1000:7.2f} ms (token GetItem alone {median(bench.auth) * 1000:.2f} ms)")
+    auth = median(bench.auth)
+    print(f"\n  handler - bare:            {(h - b) * 1000:7.2f} ms (token GetItem alone {auth * 1000:.2f} ms)")
     print(f"  http keep-alive - handler: {(k - h) * 1000:7.2f} ms (HTTP front)")
     print(f"  handler / bare:            {h / b:7.2f}x")
     print("\nsequential throughput (one client, back to back)")

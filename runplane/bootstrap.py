@@ -59,7 +59,9 @@ def aws_clients(settings: StackSettings) -> dict[str, Any]:
 def aws_names(settings: StackSettings) -> Any:
     from runplane.adapters.aws.provision import AwsNames
 
-    return AwsNames(settings.prefix, settings.runs_table, settings.workers_table, settings.tokens_table, settings.bucket)
+    return AwsNames(
+        settings.prefix, settings.runs_table, settings.workers_table, settings.tokens_table, settings.bucket
+    )
 
 
 def build_stack(settings: StackSettings | None = None, clients: dict[str, Any] | None = None) -> Stack:

@@ -31,8 +31,13 @@ class PoolDispatcher:
                 raise InvalidRequest(f"unknown pool {name!r}")
             try:
                 self.results[name] = dispatch_pool(
-                    pool, self.stack.store, self.stack.workers, self.stack.backend(pool),
-                    self.stack.agent_args(pool), self.stack.clock(), self.stack.settings.worker_stale_seconds,
+                    pool,
+                    self.stack.store,
+                    self.stack.workers,
+                    self.stack.backend(pool),
+                    self.stack.agent_args(pool),
+                    self.stack.clock(),
+                    self.stack.settings.worker_stale_seconds,
                 )
             except RunplaneError as e:
                 self.results[name] = e

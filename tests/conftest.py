@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.adapters.aws.provision import provision
+from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.cli.client import ApiError, Client
 from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.domain.models import Principal
@@ -26,16 +26,21 @@ POOLS_FILE = ROOT / "tests" / "pools.yaml"
 TEST_IMAGE = "runplane/test-busybox:1"
 # Agents in tests: short leases so lost workers are noticed fast; never pull (a pull would
 # leave this machine); runs that ask for a network get the host's loopback.
-AGENT_ARGS = ("--lease-seconds 4 --heartbeat-seconds 1 --poll-seconds 1 --kill-poll-seconds 0.5 "
-              "--pull never --network-mode host --upload-deadline-seconds 30")
+AGENT_ARGS = (
+    "--lease-seconds 4 --heartbeat-seconds 1 --poll-seconds 1 --kill-poll-seconds 0.5 "
+    "--pull never --network-mode host --upload-deadline-seconds 30"
+)
 
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         os.environ.setdefault(key, value)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
@@ -48,12 +53,12 @@ def moto_endpoint() -> Iterator[str]:
 @pytest.fixture
 def aws_stack(moto_endpoint: str) -> Stack:
     """A freshly provisioned stack (own tables, queues, bucket) on the moto server."""
-    settings = StackSettings(prefix=f"t{uuid.uuid4().hex[:8]}", aws_endpoint_url=moto_endpoint,
-                             pools=str(POOLS_FILE))
+    settings = StackSettings(prefix=f"t{uuid.uuid4().hex[:8]}", aws_endpoint_url=moto_endpoint, pools=str(POOLS_FILE))
     clients = aws_clients(settings)
     stack = build_stack(settings, clients)
-    provision(aws_names(settings), [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"],
-              clients["s3"])
+    provision(
+        aws_names(settings), [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"]
+    )
     return stack
 
 
@@ -75,11 +80,20 @@ def docker_client() -> Any:
 
 @pytest.fixture(scope="session")
 def devstack(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
-    stack = DevStack(DevConfig(
-        port=free_port(), token="alice-token", user="alice", pools_file=str(POOLS_FILE),
-        aws_endpoint_url=moto_endpoint, prefix="e2e", schedule_seconds=1, agent_args=AGENT_ARGS,
-        state_dir=tmp_path_factory.mktemp("devstack"), write_dev_file=False,
-    ))
+    stack = DevStack(
+        DevConfig(
+            port=free_port(),
+            token="alice-token",
+            user="alice",
+            pools_file=str(POOLS_FILE),
+            aws_endpoint_url=moto_endpoint,
+            prefix="e2e",
+            schedule_seconds=1,
+            agent_args=AGENT_ARGS,
+            state_dir=tmp_path_factory.mktemp("devstack"),
+            write_dev_file=False,
+        )
+    )
     stack.start()
     from runplane import bootstrap
 
@@ -126,3 +140,12 @@ def api_status(call: Callable[[], Any]) -> tuple[int, str, str]:
     except ApiError as e:
         return e.status, e.code, e.message
     raise AssertionError("the call succeeded but was expected to fail")
+
+
+_ORDER = {"unit": 0, "integration": 1, "e2e": 2}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Fast suites first; the e2e suite last, because its local stack (started on first use)
+    keeps polling in the background and owns the process-wide handler settings from then on."""
+    items.sort(key=lambda item: _ORDER.get(Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0], 1))

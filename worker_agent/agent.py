@@ -56,7 +56,9 @@ class Agent:
         self.clock = clock
         self.executor_config = replace(
             config.executor or ExecutorConfig(worker_id=config.worker_id, work_dir=config.work_dir),
-            worker_id=config.worker_id, work_dir=config.work_dir, lease_seconds=config.lease_seconds,
+            worker_id=config.worker_id,
+            work_dir=config.work_dir,
+            lease_seconds=config.lease_seconds,
         )
         self.active: dict[str, RunExecutor] = {}
         self._lock = threading.Lock()
@@ -99,9 +101,12 @@ class Agent:
                     self._slot_freed.clear()
                     continue
                 try:
-                    deliveries = self.ports.queue.receive(self.config.pool, min(free, self._runs_left() or free),
-                                                          self.config.poll_seconds,
-                                                          visibility_seconds=int(self.config.lease_seconds) + 30)
+                    deliveries = self.ports.queue.receive(
+                        self.config.pool,
+                        min(free, self._runs_left() or free),
+                        self.config.poll_seconds,
+                        visibility_seconds=int(self.config.lease_seconds) + 30,
+                    )
                 except RunplaneError as e:
                     log.warning("receive failed: %s", e)
                     self._stop.wait(1)
@@ -155,8 +160,9 @@ class Agent:
             self.ports.queue.delete(self.config.pool, delivery)  # stale hint
             return
         try:
-            claimed = lifecycle.claim(self.ports.store, run, msg.attempt, self.config.worker_id,
-                                      self.config.lease_seconds, self.clock())
+            claimed = lifecycle.claim(
+                self.ports.store, run, msg.attempt, self.config.worker_id, self.config.lease_seconds, self.clock()
+            )
         except ConditionFailed:
             self.ports.queue.delete(self.config.pool, delivery)
             return
@@ -194,8 +200,11 @@ class Agent:
             if run.state.terminal:
                 continue
             try:
-                executor.observe(lifecycle.renew(self.ports.store, run, self.config.lease_seconds, self.clock(),
-                                                 usage=executor.usage))
+                executor.observe(
+                    lifecycle.renew(
+                        self.ports.store, run, self.config.lease_seconds, self.clock(), usage=executor.usage
+                    )
+                )
             except LeaseLost:
                 executor.lease_lost()
             except RunplaneError as e:
@@ -207,13 +216,24 @@ class Agent:
             runs = list(self.active)
         left = self._runs_left()
         try:
-            self.registry.put(Worker(
-                id=self.config.worker_id, pool=self.config.pool, status="draining" if self._stop.is_set() and runs
-                else status, host=socket.gethostname(), slots=self.config.slots,
-                free_slots=0 if self._stop.is_set() or left == 0 else max(0, self.config.slots - len(runs)),
-                cpus=self.config.cpus, memory=self.config.memory, runs=runs, runs_done=self.finished,
-                runs_left=left, started_at=self.started_at, heartbeat_at=self.clock(), agent_version=__version__,
-            ))
+            self.registry.put(
+                Worker(
+                    id=self.config.worker_id,
+                    pool=self.config.pool,
+                    status="draining" if self._stop.is_set() and runs else status,
+                    host=socket.gethostname(),
+                    slots=self.config.slots,
+                    free_slots=0 if self._stop.is_set() or left == 0 else max(0, self.config.slots - len(runs)),
+                    cpus=self.config.cpus,
+                    memory=self.config.memory,
+                    runs=runs,
+                    runs_done=self.finished,
+                    runs_left=left,
+                    started_at=self.started_at,
+                    heartbeat_at=self.clock(),
+                    agent_version=__version__,
+                )
+            )
         except RunplaneError as e:
             log.warning("worker report failed: %s", e)
 
@@ -235,8 +255,11 @@ class Agent:
             labels = container.labels
             try:
                 run = self.ports.store.get(labels[f"{LABEL}.run_id"])
-                held = (run.worker_id == labels.get(f"{LABEL}.worker_id") and str(run.attempt) == labels.get(
-                    f"{LABEL}.attempt") and not run.state.terminal)
+                held = (
+                    run.worker_id == labels.get(f"{LABEL}.worker_id")
+                    and str(run.attempt) == labels.get(f"{LABEL}.attempt")
+                    and not run.state.terminal
+                )
             except NotFound:
                 held = False
             except RunplaneError:

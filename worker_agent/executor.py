@@ -7,6 +7,7 @@ attempt and worker, so a run taken away from this worker is abandoned, not overw
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
@@ -166,15 +167,26 @@ class RunExecutor:
         try:
             self.container = self._create(run, image)
         except docker.errors.APIError as e:
-            self._final(Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot create container: {_explain(e)}"))
+            self._final(
+                Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot create container: {_explain(e)}")
+            )
             return
-        self._set_run(lifecycle.advance(self.ports.store, run, RunState.RUNNING, self.clock(),
-                                        f"container started on worker {self.config.worker_id}"))
+        self._set_run(
+            lifecycle.advance(
+                self.ports.store,
+                run,
+                RunState.RUNNING,
+                self.clock(),
+                f"container started on worker {self.config.worker_id}",
+            )
+        )
         started = self.clock()
         try:
             self.container.start()
         except docker.errors.APIError as e:
-            self._final(Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot start container: {_explain(e)}"))
+            self._final(
+                Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot start container: {_explain(e)}")
+            )
             return
         outcome = self._watch(started)
         self.usage.timings["run"] = round(self.clock() - started, 3)
@@ -184,11 +196,18 @@ class RunExecutor:
             self._flush_logs()
             lifecycle.requeue(self.ports.store, self.ports.queue, self.run, self.clock(), "worker terminated")
             return
-        self._set_run(lifecycle.advance(self.ports.store, self.run, RunState.UPLOADING, self.clock(),
-                                        f"uploading outputs ({outcome.state})"))
+        self._set_run(
+            lifecycle.advance(
+                self.ports.store, self.run, RunState.UPLOADING, self.clock(), f"uploading outputs ({outcome.state})"
+            )
+        )
         t_up = self.clock()
-        report = upload_dir(self.ports.objects, self.output_dir, outputs_prefix(run.id, run.attempt),
-                            self.config.upload_deadline_seconds)
+        report = upload_dir(
+            self.ports.objects,
+            self.output_dir,
+            outputs_prefix(run.id, run.attempt),
+            self.config.upload_deadline_seconds,
+        )
         self.usage.timings["upload"] = round(self.clock() - t_up, 3)
         if report.skipped:
             outcome.message += f" (not uploaded: {', '.join(report.skipped[:5])})"
@@ -206,24 +225,30 @@ class RunExecutor:
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.APIError as e:
-            return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"cannot inspect image {image}: {_explain(e)}")
+            return Outcome(
+                RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"cannot inspect image {image}: {_explain(e)}"
+            )
         if self.config.pull == "never":
-            return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND,
-                           f"image {image} is not on this worker and pulling is off")
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.IMAGE_NOT_FOUND,
+                f"image {image} is not on this worker and pulling is off",
+            )
         try:
             self.docker.images.pull(image)
             return None
         except (docker.errors.APIError, requests.RequestException) as e:
-            return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND,
-                           f"image {image} is not on this worker and could not be pulled: {_explain(e)}")
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.IMAGE_NOT_FOUND,
+                f"image {image} is not on this worker and could not be pulled: {_explain(e)}",
+            )
 
     def _create(self, run: Run, image: str) -> Any:
         res = run.spec.resources
         name = f"runplane-{run.id}-{run.attempt}"
-        try:
+        with contextlib.suppress(docker.errors.NotFound):  # left by an earlier life of this worker
             self.docker.containers.get(name).remove(force=True)
-        except docker.errors.NotFound:
-            pass
         env = dict(run.spec.env)
         env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
         kwargs: dict[str, Any] = {}
@@ -270,8 +295,9 @@ class RunExecutor:
 
     def _follow(self, stream: str) -> None:
         try:
-            for chunk in self.container.logs(stream=True, follow=True, stdout=stream == "stdout",
-                                             stderr=stream == "stderr"):
+            for chunk in self.container.logs(
+                stream=True, follow=True, stdout=stream == "stdout", stderr=stream == "stderr"
+            ):
                 self.shippers[stream].write(chunk)
         except (docker.errors.APIError, requests.RequestException) as e:
             log.warning("run %s: %s stream ended early: %s", self.run.id, stream, e)
@@ -307,16 +333,20 @@ class RunExecutor:
             if self.flags.kill.is_set() and stopped is None:
                 stopped = Outcome(RunState.KILLED, FailureReason.KILLED, "killed on request")
             if limit is not None and now - started > limit and stopped is None:
-                stopped = Outcome(RunState.TIMED_OUT, FailureReason.TIME_LIMIT,
-                                  f"exceeded its time limit of {format_duration(limit)}")
+                stopped = Outcome(
+                    RunState.TIMED_OUT, FailureReason.TIME_LIMIT, f"exceeded its time limit of {format_duration(limit)}"
+                )
             if now >= next_usage:
                 next_usage = now + self.config.usage_seconds
                 self._sample_usage()
                 disk, disk_limit = self.usage.disk or 0, run.spec.resources.disk
                 if disk_limit is not None and disk > disk_limit and stopped is None:
-                    stopped = Outcome(RunState.FAILED, FailureReason.DISK_LIMIT,
-                                      f"output directory grew to {format_bytes(disk)}, over the "
-                                      f"{format_bytes(disk_limit)} disk limit")
+                    stopped = Outcome(
+                        RunState.FAILED,
+                        FailureReason.DISK_LIMIT,
+                        f"output directory grew to {format_bytes(disk)}, over the "
+                        f"{format_bytes(disk_limit)} disk limit",
+                    )
             if stopped is not None:
                 self._kill_container()
                 exited.wait(10)
@@ -334,12 +364,20 @@ class RunExecutor:
             return stopped
         if state.get("OOMKilled"):
             limit_text = format_bytes(run.spec.resources.memory or 0)
-            return Outcome(RunState.FAILED, FailureReason.OUT_OF_MEMORY,
-                           f"ran out of memory: the container used its whole {limit_text} memory limit "
-                           "and the kernel stopped it (OOM)", exit_code)
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.OUT_OF_MEMORY,
+                f"ran out of memory: the container used its whole {limit_text} memory limit "
+                "and the kernel stopped it (OOM)",
+                exit_code,
+            )
         if result.get("Error") or state.get("Error"):
-            return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR,
-                           f"container error: {result.get('Error') or state.get('Error')}", exit_code)
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                f"container error: {result.get('Error') or state.get('Error')}",
+                exit_code,
+            )
         if exit_code == 0:
             return Outcome(RunState.SUCCEEDED, None, "command exited with code 0", 0)
         tail = bytes(self.shippers["stderr"].tail[-300:]).decode(errors="replace").strip()
@@ -382,11 +420,25 @@ class RunExecutor:
         self._flush_logs()
         run = self.run
         if outcome.state == RunState.SUCCEEDED:
-            new = lifecycle.advance(self.ports.store, run, RunState.SUCCEEDED, self.clock(), outcome.message,
-                                    exit_code=outcome.exit_code, usage=self.usage)
+            new = lifecycle.advance(
+                self.ports.store,
+                run,
+                RunState.SUCCEEDED,
+                self.clock(),
+                outcome.message,
+                exit_code=outcome.exit_code,
+                usage=self.usage,
+            )
         else:
-            new = lifecycle.fail(self.ports.store, run, outcome.reason or FailureReason.AGENT_ERROR, outcome.message,
-                                 self.clock(), exit_code=outcome.exit_code, usage=self.usage)
+            new = lifecycle.fail(
+                self.ports.store,
+                run,
+                outcome.reason or FailureReason.AGENT_ERROR,
+                outcome.message,
+                self.clock(),
+                exit_code=outcome.exit_code,
+                usage=self.usage,
+            )
         self._set_run(new)
 
     def _cleanup(self) -> None:

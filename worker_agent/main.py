@@ -52,8 +52,9 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="runplane-agent", description=__doc__)
     for name, kind, default, text in FLAGS:
         env = os.environ.get(_env_name(name))
-        parser.add_argument(f"--{name}", type=str, default=env if env is not None else default,
-                            help=f"{text} [env {_env_name(name)}]")
+        parser.add_argument(
+            f"--{name}", type=str, default=env if env is not None else default, help=f"{text} [env {_env_name(name)}]"
+        )
         del kind
     for name, text in SWITCHES:
         env_on = os.environ.get(_env_name(name), "").lower() in ("1", "true", "yes")
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from worker_agent.executor import ExecutorConfig, Ports
 
     worker_id = args.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-    work_dir = Path(os.path.expanduser(args.work_dir)) / worker_id
+    work_dir = Path(args.work_dir).expanduser() / worker_id
     try:
         client = docker.from_env(max_pool_size=64)
         client.ping()
@@ -119,15 +120,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     agent = Agent(
         AgentConfig(
-            pool=args.pool, worker_id=worker_id, work_dir=work_dir, slots=args.slots,
-            cpus=args.cpus or float(os.cpu_count() or 1), memory=args.memory or _total_memory(),
-            idle_seconds=args.idle_seconds, exit_after_num_runs=args.exit_after_num_runs,
-            heartbeat_seconds=args.heartbeat_seconds, lease_seconds=args.lease_seconds,
-            poll_seconds=args.poll_seconds, pass_down_termination=args.pass_down_termination,
+            pool=args.pool,
+            worker_id=worker_id,
+            work_dir=work_dir,
+            slots=args.slots,
+            cpus=args.cpus or float(os.cpu_count() or 1),
+            memory=args.memory or _total_memory(),
+            idle_seconds=args.idle_seconds,
+            exit_after_num_runs=args.exit_after_num_runs,
+            heartbeat_seconds=args.heartbeat_seconds,
+            lease_seconds=args.lease_seconds,
+            poll_seconds=args.poll_seconds,
+            pass_down_termination=args.pass_down_termination,
             executor=ExecutorConfig(
-                worker_id=worker_id, work_dir=work_dir, kill_poll_seconds=args.kill_poll_seconds,
-                upload_deadline_seconds=args.upload_deadline_seconds, network_mode=args.network_mode,
-                pull=args.pull, shm_size=args.shm_size,
+                worker_id=worker_id,
+                work_dir=work_dir,
+                kill_poll_seconds=args.kill_poll_seconds,
+                upload_deadline_seconds=args.upload_deadline_seconds,
+                network_mode=args.network_mode,
+                pull=args.pull,
+                shm_size=args.shm_size,
             ),
         ),
         Ports(stack.store, stack.queue, stack.objects),

@@ -44,7 +44,9 @@ def collect(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
     return sorted(files), skipped
 
 
-def upload_dir(objects: ObjectStore, root: Path, prefix: str, deadline_seconds: float, workers: int = 8) -> UploadReport:
+def upload_dir(
+    objects: ObjectStore, root: Path, prefix: str, deadline_seconds: float, workers: int = 8
+) -> UploadReport:
     """Upload every file of ``root`` under ``prefix``. Never raises: problems land in ``error``."""
     report = UploadReport()
     if not root.exists():

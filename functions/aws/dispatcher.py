@@ -17,5 +17,7 @@ def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if "Records" not in event:  # the schedule
         return {"pools": dispatcher.all_pools()}
     processor = BatchProcessor(event_type=EventType.SQS)
-    return process_partial_response(event=event, record_handler=dispatcher.record_handler(), processor=processor,
-                                    context=context)
+    response = process_partial_response(
+        event=event, record_handler=dispatcher.record_handler(), processor=processor, context=context
+    )
+    return dict(response)

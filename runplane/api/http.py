@@ -50,11 +50,12 @@ def error_response(status: int, code: str, message: str) -> Response[str]:
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response[str]:
-    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body),
-                    headers=headers)
+    return Response(
+        status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body), headers=headers
+    )
 
 
-@app.exception_handler(errors.RunplaneError)
+@app.exception_handler(errors.RunplaneError)  # type: ignore[untyped-decorator]
 def _known(e: errors.RunplaneError) -> Response[str]:
     status = next((s for cls, s in STATUS.items() if isinstance(e, cls)), 500)
     if status >= 500:
@@ -62,7 +63,7 @@ def _known(e: errors.RunplaneError) -> Response[str]:
     return error_response(status, e.code, e.message if status < 500 else "a backing service failed; retry")
 
 
-@app.exception_handler(Exception)
+@app.exception_handler(Exception)  # type: ignore[untyped-decorator]
 def _unexpected(e: Exception) -> Response[str]:
     logger.exception("unhandled error")
     return error_response(500, "internal", "internal error; it has been logged")
@@ -139,8 +140,7 @@ def submit() -> Response[str]:
     result = runs.submit_run(s.store, s.queue, s.pools, principal, spec, key, s.clock)
     if result.created:
         metrics.add_metric(name="RunsSubmitted", unit=MetricUnit.Count, value=1)
-    return _json(201 if result.created else 200, run_view(result.run),
-                 {"Location": f"/v1/runs/{result.run.id}"})
+    return _json(201 if result.created else 200, run_view(result.run), {"Location": f"/v1/runs/{result.run.id}"})
 
 
 @app.get("/v1/runs")
@@ -192,8 +192,7 @@ def outputs(run_id: str) -> dict[str, Any]:
     run = runs.get_run(s.store, _principal(), run_id)
     prefix = outputs_prefix(run.id, run.attempt)
     files = [
-        {"path": o.key[len(prefix):], "size": o.size, "url": s.objects.url(o.key)}
-        for o in s.objects.list(prefix)
+        {"path": o.key[len(prefix) :], "size": o.size, "url": s.objects.url(o.key)} for o in s.objects.list(prefix)
     ]
     return {"files": files, "complete": run.state.terminal}
 

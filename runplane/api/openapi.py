@@ -48,7 +48,10 @@ _RUN = {
 
 def _errors(*codes: int) -> dict[str, Any]:
     return {
-        str(c): {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+        str(c): {
+            "description": "error",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        }
         for c in codes
     }
 
@@ -78,10 +81,15 @@ def openapi_document() -> dict[str, Any]:
                 "post": {
                     "summary": "Submit a run",
                     "parameters": [{"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}}],
-                    "requestBody": {"required": True,
-                                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunSpec"}}}},
-                    "responses": {**_ok(201, _RUN_REF, "created"), **_ok(200, _RUN_REF, "replayed"),
-                                  **_errors(400, 401, 403, 409, 413, 422)},
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RunSpec"}}},
+                    },
+                    "responses": {
+                        **_ok(201, _RUN_REF, "created"),
+                        **_ok(200, _RUN_REF, "replayed"),
+                        **_errors(400, 401, 403, 409, 413, 422),
+                    },
                 },
                 "get": {
                     "summary": "List your runs, newest first",
@@ -91,34 +99,84 @@ def openapi_document() -> dict[str, Any]:
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
                         {"name": "cursor", "in": "query", "schema": {"type": "string"}},
                     ],
-                    "responses": {**_ok(200, {"type": "object", "properties": {
-                        "runs": {"type": "array", "items": _RUN_REF}, "next_cursor": {"type": ["string", "null"]}}}),
-                        **_errors(400, 401, 422)},
+                    "responses": {
+                        **_ok(
+                            200,
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "runs": {"type": "array", "items": _RUN_REF},
+                                    "next_cursor": {"type": ["string", "null"]},
+                                },
+                            },
+                        ),
+                        **_errors(400, 401, 422),
+                    },
                 },
             },
-            "/v1/runs/{run_id}": {"get": {"summary": "One run", "parameters": _RUN_ID,
-                                          "responses": {**_ok(200, _RUN_REF), **_errors(401, 403, 404)}}},
-            "/v1/runs/{run_id}/kill": {"post": {"summary": "Kill a run", "parameters": _RUN_ID,
-                                                "responses": {**_ok(202, _RUN_REF, "kill accepted"),
-                                                              **_errors(401, 403, 404, 409)}}},
-            "/v1/runs/{run_id}/logs": {"get": {
-                "summary": "Read stdout or stderr from an offset, also while the run goes",
-                "parameters": [*_RUN_ID,
-                               {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
-                               {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}}],
-                "responses": {**_ok(200, {"type": "object", "properties": {
-                    "data": {"type": "string"}, "next_offset": {"type": "integer"}, "complete": {"type": "boolean"}}}),
-                    **_errors(401, 403, 404, 422)}}},
-            "/v1/runs/{run_id}/outputs": {"get": {
-                "summary": "Output files with download URLs", "parameters": _RUN_ID,
-                "responses": {**_ok(200, {"type": "object", "properties": {"files": {"type": "array"}}}),
-                              **_errors(401, 403, 404)}}},
-            "/v1/pools": {"get": {"summary": "Pools with backlog and workers",
-                                  "responses": {**_ok(200, {"type": "object"}), **_errors(401)}}},
-            "/v1/workers": {"get": {"summary": "Workers and their last heartbeat",
-                                    "responses": {**_ok(200, {"type": "object"}), **_errors(401)}}},
+            "/v1/runs/{run_id}": {
+                "get": {
+                    "summary": "One run",
+                    "parameters": _RUN_ID,
+                    "responses": {**_ok(200, _RUN_REF), **_errors(401, 403, 404)},
+                }
+            },
+            "/v1/runs/{run_id}/kill": {
+                "post": {
+                    "summary": "Kill a run",
+                    "parameters": _RUN_ID,
+                    "responses": {**_ok(202, _RUN_REF, "kill accepted"), **_errors(401, 403, 404, 409)},
+                }
+            },
+            "/v1/runs/{run_id}/logs": {
+                "get": {
+                    "summary": "Read stdout or stderr from an offset, also while the run goes",
+                    "parameters": [
+                        *_RUN_ID,
+                        {"name": "stream", "in": "query", "schema": {"enum": ["stdout", "stderr"]}},
+                        {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
+                    ],
+                    "responses": {
+                        **_ok(
+                            200,
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "data": {"type": "string"},
+                                    "next_offset": {"type": "integer"},
+                                    "complete": {"type": "boolean"},
+                                },
+                            },
+                        ),
+                        **_errors(401, 403, 404, 422),
+                    },
+                }
+            },
+            "/v1/runs/{run_id}/outputs": {
+                "get": {
+                    "summary": "Output files with download URLs",
+                    "parameters": _RUN_ID,
+                    "responses": {
+                        **_ok(200, {"type": "object", "properties": {"files": {"type": "array"}}}),
+                        **_errors(401, 403, 404),
+                    },
+                }
+            },
+            "/v1/pools": {
+                "get": {
+                    "summary": "Pools with backlog and workers",
+                    "responses": {**_ok(200, {"type": "object"}), **_errors(401)},
+                }
+            },
+            "/v1/workers": {
+                "get": {
+                    "summary": "Workers and their last heartbeat",
+                    "responses": {**_ok(200, {"type": "object"}), **_errors(401)},
+                }
+            },
             "/v1/health": {"get": {"summary": "Liveness", "security": [], "responses": _ok(200, {"type": "object"})}},
-            "/v1/openapi.json": {"get": {"summary": "This document", "security": [],
-                                         "responses": _ok(200, {"type": "object"})}},
+            "/v1/openapi.json": {
+                "get": {"summary": "This document", "security": [], "responses": _ok(200, {"type": "object"})}
+            },
         },
     }

@@ -54,8 +54,14 @@ def pool_view(pool: Pool, backlog: int, workers: list[Worker]) -> dict[str, Any]
     return {
         "name": pool.name,
         "backend": pool.backend,
-        "shape": {"cpus": pool.cpus, "gpus": pool.gpus, "gpu_type": pool.gpu_type, "memory": pool.memory,
-                  "disk": pool.disk, "slots": pool.slots},
+        "shape": {
+            "cpus": pool.cpus,
+            "gpus": pool.gpus,
+            "gpu_type": pool.gpu_type,
+            "memory": pool.memory,
+            "disk": pool.disk,
+            "slots": pool.slots,
+        },
         "min_workers": pool.min_workers,
         "max_workers": pool.max_workers,
         "default_image": pool.default_image,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEV_FILE = Path(os.path.expanduser("~/.runplane/dev.json"))
+DEV_FILE = Path("~/.runplane/dev.json").expanduser()
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
@@ -43,13 +43,21 @@ class Client:
                 pass
         return cls((url or DEFAULT_URL).rstrip("/"), token)
 
-    def request(self, method: str, path: str, body: Any = None, query: dict[str, Any] | None = None,
-                headers: dict[str, str] | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Any:
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method=method)
+        if not url.startswith(("http://", "https://")):
+            raise ApiError(0, "bad_url", f"RUNPLANE_API_URL must start with http:// or https://, got {self.url!r}")
+        req = urllib.request.Request(url, data=data, method=method)  # noqa: S310 - scheme checked above
         req.add_header("Accept", "application/json")
         if data is not None:
             req.add_header("Content-Type", "application/json")
@@ -69,8 +77,9 @@ class Client:
                 raise ApiError(e.code, "http_error", f"HTTP {e.code}: {raw[:200].decode(errors='replace')}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            raise ApiError(0, "unreachable", f"cannot reach {self.url}: {reason} (is `runplane dev` running? "
-                           "set RUNPLANE_API_URL)") from None
+            raise ApiError(
+                0, "unreachable", f"cannot reach {self.url}: {reason} (is `runplane dev` running? set RUNPLANE_API_URL)"
+            ) from None
         return json.loads(raw) if raw else None
 
     def download(self, url: str, dest: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -11,15 +10,19 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from runplane.cli.client import ApiError, Client
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Run containerized jobs on pools of workers (AWS Batch, Azure Batch, Kubernetes, Slurm, local).")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Run containerized jobs on pools of workers (AWS Batch, Azure Batch, Kubernetes, Slurm, local).",
+)
 out = Console()
 err = Console(stderr=True)
-LAST_RUN = Path(os.path.expanduser("~/.runplane/last_run"))
+LAST_RUN = Path("~/.runplane/last_run").expanduser()
 EXIT_BY_STATE = {"killed": 137, "timed_out": 124}
 
 
@@ -58,6 +61,10 @@ def _pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return result
 
 
+def _id_column() -> Column:
+    return Column("id", no_wrap=True, min_width=26)
+
+
 def _print_json(data: Any) -> None:
     out.print_json(json.dumps(data))
 
@@ -86,15 +93,20 @@ def run(
     queue: Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
-    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")] = None,
+    inputs: Annotated[
+        list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")
+    ] = None,
     network: Annotated[bool, typer.Option("--network", help="give the run a network")] = False,
     idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two runs")] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="stream logs and exit with the run's exit code")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the run as JSON")] = False,
 ) -> None:
     """Submit a run."""
-    resources: dict[str, Any] = {k: v for k, v in {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk,
-                                                    "time": time_limit}.items() if v is not None}
+    resources: dict[str, Any] = {
+        k: v
+        for k, v in {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time_limit}.items()
+        if v is not None
+    }
     body: dict[str, Any] = {"command": " ".join(command)}
     for key, value in (("image", image), ("queue", queue), ("name", name)):
         if value is not None:
@@ -156,7 +168,12 @@ def _follow(client: Client, run_id: str, streams: tuple[str, ...], show_states: 
             offsets[stream] = page["next_offset"]
             complete[stream] = page["complete"]
         if all(complete.values()):
-            return run
+            # the logs are complete only once the run has ended; read that final state
+            final: dict[str, Any] = client.request("GET", f"/v1/runs/{run_id}")
+            line = _state_line(final)
+            if show_states and line != last_line:
+                err.print(f"[cyan]●[/cyan] {line}", highlight=False)
+            return final
         time.sleep(0.3)
 
 
@@ -171,8 +188,18 @@ def status(
         _print_json(run)
         return
     table = Table.grid(padding=(0, 2))
-    for key in ("id", "name", "state", "queue", "attempt", "worker_id", "exit_code", "created_at", "started_at",
-                "finished_at"):
+    for key in (
+        "id",
+        "name",
+        "state",
+        "queue",
+        "attempt",
+        "worker_id",
+        "exit_code",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ):
         if run.get(key) is not None:
             table.add_row(f"[bold]{key}[/bold]", str(run[key]))
     if run.get("waiting_reason"):
@@ -197,15 +224,23 @@ def list_runs(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """List your runs, newest first."""
-    page = _client().request("GET", "/v1/runs", query={"state": state, "queue": queue, "limit": limit, "cursor": cursor})
+    page = _client().request(
+        "GET", "/v1/runs", query={"state": state, "queue": queue, "limit": limit, "cursor": cursor}
+    )
     if as_json:
         _print_json(page)
         return
-    table = Table("id", "name", "state", "queue", "created", "exit", "reason")
+    table = Table(_id_column(), "name", "state", "queue", "created", "exit", "reason")
     for r in page["runs"]:
-        table.add_row(r["id"], r.get("name") or "", r["state"], r["queue"], r["created_at"],
-                      "" if r.get("exit_code") is None else str(r["exit_code"]),
-                      (r.get("failure") or {}).get("reason", "") or (r.get("waiting_reason") or ""))
+        table.add_row(
+            r["id"],
+            r.get("name") or "",
+            r["state"],
+            r["queue"],
+            r["created_at"][:19].replace("T", " "),
+            "" if r.get("exit_code") is None else str(r["exit_code"]),
+            (r.get("failure") or {}).get("reason", "") or (r.get("waiting_reason") or ""),
+        )
     out.print(table)
     if page.get("next_cursor"):
         err.print(f"[dim]more: runplane ls --cursor {page['next_cursor']}[/dim]")
@@ -244,7 +279,7 @@ def kill(run_id: Annotated[str | None, typer.Argument(help="run id (default: you
 @app.command()
 def download(
     run_id: Annotated[str | None, typer.Argument(help="run id (default: your last run)")] = None,
-    dest: Annotated[Path, typer.Argument(help="directory to write the outputs into")] = Path("."),
+    dest: Annotated[Path, typer.Argument(help="directory to write the outputs into")] = Path(),
     force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
 ) -> None:
     """Download a run's output files."""
@@ -272,10 +307,17 @@ def workers(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     if as_json:
         _print_json(data)
         return
-    table = Table("id", "pool", "status", "slots free", "runs", "done", "heartbeat")
+    table = Table(_id_column(), "pool", "status", "slots free", "runs", "done", "heartbeat")
     for w in data["workers"]:
-        table.add_row(w["id"], w["pool"], w["status"], f"{w['free_slots']}/{w['slots']}", ",".join(w["runs"]),
-                      str(w["runs_done"]), w["heartbeat_at"])
+        table.add_row(
+            w["id"],
+            w["pool"],
+            w["status"],
+            f"{w['free_slots']}/{w['slots']}",
+            ",".join(w["runs"]),
+            str(w["runs_done"]),
+            w["heartbeat_at"],
+        )
     out.print(table)
 
 
@@ -291,8 +333,14 @@ def pools(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         s = p["shape"]
         shape = f"{s['cpus']:g} cpu, {s['gpus']} gpu, {s['memory'] // 2**20} MiB"
         w = p["workers"]
-        table.add_row(p["name"], p["backend"], shape, f"{w['idle']}/{w['busy']}",
-                      f"{p['min_workers']}-{p['max_workers']}", str(p["backlog"]))
+        table.add_row(
+            p["name"],
+            p["backend"],
+            shape,
+            f"{w['idle']}/{w['busy']}",
+            f"{p['min_workers']}-{p['max_workers']}",
+            str(p["backlog"]),
+        )
     out.print(table)
 
 
@@ -318,12 +366,15 @@ def dev(
         raise CliError(f"cannot start the local stack: {e}") from e
     except ValueError as e:
         raise CliError(str(e)) from e
-    err.print(f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n  token  {stack.token}\n"
-              f"  moto   {stack.endpoint}\n"
-              f"Use it from another shell (the CLI finds this stack by itself):\n"
-              f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
-              f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
-              f"Ctrl-C stops it.", highlight=False)
+    err.print(
+        f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n  token  {stack.token}\n"
+        f"  moto   {stack.endpoint}\n"
+        f"Use it from another shell (the CLI finds this stack by itself):\n"
+        f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
+        f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
+        f"Ctrl-C stops it.",
+        highlight=False,
+    )
     try:
         if demo:
             _demo(Client(stack.api_url, stack.token))

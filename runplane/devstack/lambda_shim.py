@@ -24,7 +24,9 @@ class LambdaContext:
         return max(0, int((self.timeout_seconds - (time.monotonic() - self._started)) * 1000))
 
 
-def http_event(method: str, path: str, query: str, headers: dict[str, str], body: bytes, source_ip: str) -> dict[str, Any]:
+def http_event(
+    method: str, path: str, query: str, headers: dict[str, str], body: bytes, source_ip: str
+) -> dict[str, Any]:
     """An API Gateway HTTP API (payload 2.0) event for one request."""
     params: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True):
@@ -46,8 +48,13 @@ def http_event(method: str, path: str, query: str, headers: dict[str, str], body
             "apiId": "local",
             "domainName": lowered.get("host", "localhost"),
             "domainPrefix": "local",
-            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": source_ip,
-                     "userAgent": lowered.get("user-agent", "")},
+            "http": {
+                "method": method,
+                "path": path,
+                "protocol": "HTTP/1.1",
+                "sourceIp": source_ip,
+                "userAgent": lowered.get("user-agent", ""),
+            },
             "requestId": str(uuid.uuid4()),
             "routeKey": "$default",
             "stage": "$default",

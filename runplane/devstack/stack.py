@@ -28,7 +28,7 @@ from runplane.services.auth import new_token, register_token
 
 log = logging.getLogger(__name__)
 MAX_REQUEST = 10 * 1024 * 1024
-DEV_FILE = Path(os.path.expanduser("~/.runplane/dev.json"))
+DEV_FILE = Path("~/.runplane/dev.json").expanduser()
 
 
 def free_port() -> int:
@@ -48,7 +48,7 @@ class DevConfig:
     prefix: str = "runplane"
     schedule_seconds: float = 5.0
     agent_args: str = ""
-    state_dir: Path = field(default_factory=lambda: Path(os.path.expanduser("~/.runplane/dev")))
+    state_dir: Path = field(default_factory=lambda: Path("~/.runplane/dev").expanduser())
     write_dev_file: bool = True
 
 
@@ -60,8 +60,11 @@ class _Front(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_REQUEST:
-            self._reply(413, {"content-type": "application/json"},
-                        json.dumps({"error": {"code": "payload_too_large", "message": "request body too large"}}))
+            self._reply(
+                413,
+                {"content-type": "application/json"},
+                json.dumps({"error": {"code": "payload_too_large", "message": "request body too large"}}),
+            )
             return
         body = self.rfile.read(length) if length else b""
         event = http_event(self.command, path, query, dict(self.headers.items()), body, self.client_address[0])
@@ -144,8 +147,13 @@ class DevStack:
         bootstrap.stack.cache_clear()
         stack = bootstrap.stack()
         clients = bootstrap.aws_clients(stack.settings)
-        provision(bootstrap.aws_names(stack.settings), [p.name for p in stack.pools.pools],
-                  clients["dynamodb"], clients["sqs"], clients["s3"])
+        provision(
+            bootstrap.aws_names(stack.settings),
+            [p.name for p in stack.pools.pools],
+            clients["dynamodb"],
+            clients["sqs"],
+            clients["s3"],
+        )
         register_token(stack.tokens, self.token, Principal(user=self.config.user))
         self._http = ThreadingHTTPServer(("127.0.0.1", self.config.port), _Front)
         self._http.daemon_threads = True
@@ -171,8 +179,9 @@ class DevStack:
         arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
         while not self._stop.is_set():
             try:
-                messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1,
-                                               VisibilityTimeout=30).get("Messages", [])
+                messages = sqs.receive_message(
+                    QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=30
+                ).get("Messages", [])
                 if not messages:
                     continue
                 result = dispatcher.lambda_handler(sqs_event(messages, arn), LambdaContext("runplane-dispatcher"))

@@ -266,15 +266,19 @@ class Pool(BaseModel):
 
     def with_defaults(self, resources: Resources) -> Resources:
         """Fill what a run left out: a share of one worker, capped at 1g memory and 10g disk."""
-        return resources.model_copy(update={
-            "memory": resources.memory or min(1024**3, self.memory // self.slots),
-            "disk": resources.disk or min(10 * 1024**3, self.disk // self.slots),
-            "time": resources.time or self.default_time,
-        })
+        return resources.model_copy(
+            update={
+                "memory": resources.memory or min(1024**3, self.memory // self.slots),
+                "disk": resources.disk or min(10 * 1024**3, self.disk // self.slots),
+                "time": resources.time or self.default_time,
+            }
+        )
 
     def shape(self) -> str:
         gpus = f", {self.gpus} gpu" + (f" ({self.gpu_type})" if self.gpu_type else "") if self.gpus else ""
-        return f"{self.name}: {self.cpus:g} cpus{gpus}, {format_bytes(self.memory)} memory, {format_bytes(self.disk)} disk"
+        return (
+            f"{self.name}: {self.cpus:g} cpus{gpus}, {format_bytes(self.memory)} memory, {format_bytes(self.disk)} disk"
+        )
 
     def misfit(self, resources: Resources) -> str | None:
         """Why a run with ``resources`` can never run here, or None if it fits."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ def load_pools(text_or_path: str) -> PoolConfig:
     source = "inline pools"
     text = text_or_path
     if "\n" not in text_or_path and not text_or_path.lstrip().startswith(("{", "[")):
-        path = Path(os.path.expanduser(text_or_path))
+        path = Path(text_or_path).expanduser()
         source = str(path)
         try:
             text = path.read_text()

@@ -93,23 +93,39 @@ def requeue(
     expect = expect or _mine(run, ACTIVE_STATES)
     if run.kill_requested:
         return store.update(
-            run, expect,
-            {"state": RunState.KILLED, "finished_at": now, "lease_expires_at": None,
-             "failure": Failure(reason=FailureReason.KILLED, message=f"killed; {why}")},
+            run,
+            expect,
+            {
+                "state": RunState.KILLED,
+                "finished_at": now,
+                "lease_expires_at": None,
+                "failure": Failure(reason=FailureReason.KILLED, message=f"killed; {why}"),
+            },
             Event(at=now, state=RunState.KILLED, message=f"killed; {why}"),
         )
     if run.attempt >= run.max_attempts:
         message = f"{why}; no attempts left ({run.attempt} of {run.max_attempts} used)"
         return store.update(
-            run, expect,
-            {"state": RunState.FAILED, "finished_at": now, "lease_expires_at": None,
-             "failure": Failure(reason=FailureReason.WORKER_LOST, message=message)},
+            run,
+            expect,
+            {
+                "state": RunState.FAILED,
+                "finished_at": now,
+                "lease_expires_at": None,
+                "failure": Failure(reason=FailureReason.WORKER_LOST, message=message),
+            },
             Event(at=now, state=RunState.FAILED, message=message),
         )
     updated = store.update(
-        run, expect,
-        {"state": RunState.QUEUED, "worker_id": None, "lease_expires_at": None, "hinted_at": now,
-         "waiting_reason": f"re-queued after attempt {run.attempt}: {why}"},
+        run,
+        expect,
+        {
+            "state": RunState.QUEUED,
+            "worker_id": None,
+            "lease_expires_at": None,
+            "hinted_at": now,
+            "waiting_reason": f"re-queued after attempt {run.attempt}: {why}",
+        },
         Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),
     )
     queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from runplane.ports import ObjectStore
 from runplane.domain.models import Run
+from runplane.ports import ObjectStore
 
 Stream = Literal["stdout", "stderr"]
 MAX_READ = 1024 * 1024
@@ -38,7 +38,7 @@ class LogPage:
 def read_logs(objects: ObjectStore, run: Run, stream: Stream, offset: int, max_bytes: int = MAX_READ) -> LogPage:
     """Bytes of ``stream`` from ``offset`` on; ``complete`` once the run ended and all is read."""
     prefix = log_prefix(run.id, run.attempt, stream)
-    chunks = [(int(o.key[len(prefix):]), o) for o in objects.list(prefix) if o.key[len(prefix):].isdigit()]
+    chunks = [(int(o.key[len(prefix) :]), o) for o in objects.list(prefix) if o.key[len(prefix) :].isdigit()]
     total = max((start + o.size for start, o in chunks), default=0)
     out = bytearray()
     position = offset
@@ -47,7 +47,7 @@ def read_logs(objects: ObjectStore, run: Run, stream: Stream, offset: int, max_b
         if end <= position or start > position:
             continue
         data = objects.get_bytes(info.key)
-        piece = data[position - start:]
+        piece = data[position - start :]
         piece = piece[: max_bytes - len(out)]
         out += piece
         position += len(piece)

@@ -66,8 +66,13 @@ def submit_run(
     """
     pool = choose_pool(pools, spec.resources, spec.queue)
     now = clock()
-    resolved = spec.model_copy(update={"image": spec.image or pool.default_image, "queue": pool.name,
-                                       "resources": pool.with_defaults(spec.resources)})
+    resolved = spec.model_copy(
+        update={
+            "image": spec.image or pool.default_image,
+            "queue": pool.name,
+            "resources": pool.with_defaults(spec.resources),
+        }
+    )
     run = Run(
         id=run_id_for(principal.user, idempotency_key),
         owner=principal.user,
@@ -137,7 +142,9 @@ def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -
                         "state": RunState.KILLED,
                         "finished_at": now,
                         "waiting_reason": None,
-                        "failure": Failure(reason=FailureReason.KILLED, message=f"killed by {principal.user} before it started"),
+                        "failure": Failure(
+                            reason=FailureReason.KILLED, message=f"killed by {principal.user} before it started"
+                        ),
                     },
                     Event(at=now, state=RunState.KILLED, message=f"killed by {principal.user} while queued"),
                 )

@@ -32,8 +32,11 @@ def test_health_and_openapi_need_no_token(devstack):
 
 
 def test_submit_returns_the_queued_run(alice):
-    run = alice.request("POST", "/v1/runs", {**PARKED, "name": "first", "env": {"A": "1"},
-                                             "resources": {"memory": "256m", "time": "90s"}})
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {**PARKED, "name": "first", "env": {"A": "1"}, "resources": {"memory": "256m", "time": "90s"}},
+    )
     assert run["state"] == "queued"
     assert run["owner"] == "alice"
     assert run["queue"] == "parked"
@@ -53,8 +56,11 @@ def test_pool_is_chosen_by_shape(alice):
 
 @pytest.mark.parametrize(
     ("headers", "code_fragment"),
-    [({}, "missing Authorization"), ({"Authorization": "Bearer nope"}, "not valid"),
-     ({"Authorization": "Basic abc"}, "must be 'Bearer")],
+    [
+        ({}, "missing Authorization"),
+        ({"Authorization": "Bearer nope"}, "not valid"),
+        ({"Authorization": "Basic abc"}, "must be 'Bearer"),
+    ],
 )
 def test_401(devstack, headers, code_fragment):
     status, body = raw(devstack, "GET", "/v1/runs", headers=headers)
@@ -103,8 +109,9 @@ def test_404s(alice):
 )
 def test_bad_bodies_get_a_clear_4xx_and_store_nothing(devstack, alice, body, status, fragment):
     before = len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"])
-    got_status, got = raw(devstack, "POST", "/v1/runs", body,
-                          {"Authorization": "Bearer alice-token", "Content-Type": "application/json"})
+    got_status, got = raw(
+        devstack, "POST", "/v1/runs", body, {"Authorization": "Bearer alice-token", "Content-Type": "application/json"}
+    )
     assert got_status == status
     assert fragment in got["error"]["message"]
     assert set(got) == {"error"}
@@ -132,8 +139,9 @@ def test_idempotent_submit(alice):
     again = alice.request("POST", "/v1/runs", PARKED, headers=key)
     assert again["id"] == first["id"]
     assert again["created_at"] == first["created_at"]
-    status, code, message = api_status(lambda: alice.request("POST", "/v1/runs", {**PARKED, "command": "other"},
-                                                             headers=key))
+    status, code, message = api_status(
+        lambda: alice.request("POST", "/v1/runs", {**PARKED, "command": "other"}, headers=key)
+    )
     assert (status, code) == (409, "conflict")
     assert "Idempotency-Key" in message
     ids = [r["id"] for r in alice.request("GET", "/v1/runs", query={"limit": 500})["runs"]]
@@ -142,8 +150,10 @@ def test_idempotent_submit(alice):
 
 def test_same_key_for_two_users_makes_two_runs(alice, bob):
     key = {"Idempotency-Key": f"k-{uuid.uuid4()}"}
-    assert alice.request("POST", "/v1/runs", PARKED, headers=key)["id"] != bob.request(
-        "POST", "/v1/runs", PARKED, headers=key)["id"]
+    assert (
+        alice.request("POST", "/v1/runs", PARKED, headers=key)["id"]
+        != bob.request("POST", "/v1/runs", PARKED, headers=key)["id"]
+    )
 
 
 def test_list_paginates_newest_first_and_filters(bob):

@@ -36,16 +36,24 @@ def outputs(client, run_id):
 
 
 def test_success_with_logs_outputs_and_timeline(docker_client, alice):
-    run = submit(alice, "echo hello; echo oops >&2; mkdir -p sub; echo 42 > answer; echo deep > sub/file; "
-                        "echo $RUNPLANE_RUN_ID > id; echo $GREETING > env", env={"GREETING": "hi"})
+    run = submit(
+        alice,
+        "echo hello; echo oops >&2; mkdir -p sub; echo 42 > answer; echo deep > sub/file; "
+        "echo $RUNPLANE_RUN_ID > id; echo $GREETING > env",
+        env={"GREETING": "hi"},
+    )
     done = wait_state(alice, run["id"], TERMINAL)
     assert done["state"] == "succeeded", done
     assert done["exit_code"] == 0
     assert done["failure"] is None
     assert read_all(alice, run["id"]) == "hello\n"
     assert read_all(alice, run["id"], "stderr") == "oops\n"
-    assert outputs(alice, run["id"]) == {"answer": b"42\n", "sub/file": b"deep\n", "id": f"{run['id']}\n".encode(),
-                                         "env": b"hi\n"}
+    assert outputs(alice, run["id"]) == {
+        "answer": b"42\n",
+        "sub/file": b"deep\n",
+        "id": f"{run['id']}\n".encode(),
+        "env": b"hi\n",
+    }
     states = [e["state"] for e in done["events"] if e["state"]]
     assert states == ["queued", "preparing", "running", "uploading", "succeeded"]
     assert done["started_at"] and done["finished_at"] and done["worker_id"]
@@ -131,14 +139,21 @@ def test_idempotent_submit_runs_once(docker_client, alice):
 
 def test_logs_readable_while_running(docker_client, alice):
     run = submit(alice, "echo first; sleep 3; echo second")
-    page = wait_for(lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs"))["data"] and p, 60, 0.1,
-                    "the first log line")
+    page = wait_for(
+        lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs"))["data"] and p, 60, 0.1, "the first log line"
+    )
     assert page["data"] == "first\n"
     assert page["complete"] is False
     assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
-    rest = wait_for(lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs",
-                                                query={"offset": page["next_offset"]}))["complete"] and p, 60, 0.2,
-                    "the logs to complete")
+    rest = wait_for(
+        lambda: (
+            (p := alice.request("GET", f"/v1/runs/{run['id']}/logs", query={"offset": page["next_offset"]}))["complete"]
+            and p
+        ),
+        60,
+        0.2,
+        "the logs to complete",
+    )
     assert rest["data"] == "second\n"
 
 
@@ -175,8 +190,11 @@ def test_container_sees_neither_docker_socket_nor_agent_env(docker_client, alice
 
 
 def test_symlink_out_of_output_dir_is_not_uploaded(docker_client, alice):
-    run = submit(alice, "echo secret-ish > /tmp/outside; ln -s /tmp/outside leak; ln -s /etc/passwd pw; "
-                        "echo ok > real; ln -s real inside")
+    run = submit(
+        alice,
+        "echo secret-ish > /tmp/outside; ln -s /tmp/outside leak; ln -s /etc/passwd pw; "
+        "echo ok > real; ln -s real inside",
+    )
     done = wait_state(alice, run["id"], TERMINAL)
     assert done["state"] == "succeeded"
     assert outputs(alice, run["id"]) == {"real": b"ok\n", "inside": b"ok\n"}

@@ -76,15 +76,15 @@ def defaults(template: dict[str, Any]) -> dict[str, str]:
 
 
 def resolve(value: Any, params: dict[str, str]) -> Any:
-    """Resolve the intrinsics whose value is known before deployment: Ref to a parameter, Sub."""
+    """Resolve what is known before deployment: Refs to parameters and Subs of parameters."""
     if isinstance(value, dict) and len(value) == 1:
         ((key, arg),) = value.items()
         if key == "Ref" and arg in params:
             return params[arg]
         if key == "Fn::Sub" and isinstance(arg, str):
             out = re.sub(r"\$\{([A-Za-z0-9]+)\}", lambda m: params.get(m.group(1), m.group(0)), arg)
-            assert "${" not in out, f"unresolved Fn::Sub {arg!r}"
-            return out
+            # What is known only at deployment (${AWS::AccountId}, resource names) stays a Sub.
+            return out if "${" not in out else {key: out}
         if key == "Fn::GetAtt":
             return {key: [resolve(a, params) for a in arg]}
     if isinstance(value, dict):
@@ -97,9 +97,13 @@ def resolve(value: Any, params: dict[str, str]) -> Any:
 def _replace_identifier(value: Any, ident: str, item: str) -> Any:
     """What Fn::ForEach does to its fragment: ${ident} -> item, &{ident} -> item without symbols."""
     if isinstance(value, str):
-        return value.replace(f"${{{ident}}}", item).replace(f"&{{{ident}}}", re.sub(r"[^0-9A-Za-z]", "", item))
+        return value.replace(f"${{{ident}}}", item).replace(
+            f"&{{{ident}}}", re.sub(r"[^0-9A-Za-z]", "", item)
+        )
     if isinstance(value, dict):
-        return {_replace_identifier(k, ident, item): _replace_identifier(v, ident, item) for k, v in value.items()}
+        return {
+            _replace_identifier(k, ident, item): _replace_identifier(v, ident, item) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_replace_identifier(v, ident, item) for v in value]
     return value
@@ -123,7 +127,11 @@ def expanded_resources(template: dict[str, Any], pools: list[str]) -> dict[str, 
 
 
 def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    found = {k: v for k, v in template["Resources"].items() if v.get("Type") == "AWS::Serverless::Function"}
+    found = {
+        k: v
+        for k, v in template["Resources"].items()
+        if isinstance(v, dict) and v.get("Type") == "AWS::Serverless::Function"
+    }
     assert set(found) == {"ApiFunction", "DispatcherFunction", "ReaperFunction"}
     return found
 
@@ -160,7 +168,9 @@ class RecordingSqs:
         return {"QueueUrl": f"https://sqs.example/{QueueName}"}
 
     def get_queue_attributes(self, QueueUrl: str, AttributeNames: list[str]) -> dict[str, Any]:
-        return {"Attributes": {"QueueArn": f"arn:aws:sqs:us-east-1:000000000000:{QueueUrl.rsplit('/', 1)[1]}"}}
+        return {
+            "Attributes": {"QueueArn": f"arn:aws:sqs:us-east-1:000000000000:{QueueUrl.rsplit('/', 1)[1]}"}
+        }
 
 
 class RecordingS3:
@@ -185,7 +195,10 @@ def table_shape(props: dict[str, Any]) -> dict[str, Any]:
         "KeySchema": props["KeySchema"],
         "AttributeDefinitions": sorted(props["AttributeDefinitions"], key=lambda a: a["AttributeName"]),
         "GlobalSecondaryIndexes": sorted(
-            ({k: i[k] for k in ("IndexName", "KeySchema", "Projection")} for i in props.get("GlobalSecondaryIndexes", [])),
+            (
+                {k: i[k] for k in ("IndexName", "KeySchema", "Projection")}
+                for i in props.get("GlobalSecondaryIndexes", [])
+            ),
             key=lambda i: i["IndexName"],
         ),
         "BillingMode": props.get("BillingMode"),
@@ -196,7 +209,9 @@ def table_shape(props: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_tool(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(args, cwd=ROOT, env=TOOL_ENV, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        args, cwd=ROOT, env=TOOL_ENV, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 def ensure_sam_venv() -> None:
@@ -224,7 +239,9 @@ def test_cfn_lint_accepts_template() -> None:
 def test_cfn_lint_accepts_several_pools_with_symbols(tmp_path: Path) -> None:
     """Fn::ForEach must give valid logical ids (and references) for a pool name like gpu-a100."""
     text, count = re.subn(
-        r"(  PoolNames:\n(?:    .*\n)*?    Default: ).*\n", rf'\g<1>"{",".join(POOLS)}"\n', TEMPLATE.read_text()
+        r"(  PoolNames:\n(?:    .*\n)*?    Default: ).*\n",
+        rf'\g<1>"{",".join(POOLS)}"\n',
+        TEMPLATE.read_text(),
     )
     assert count == 1, "could not find the PoolNames default"
     copy_path = tmp_path / "template.yaml"
@@ -256,7 +273,11 @@ def test_sam_validate(args: list[str]) -> None:
 def test_tables_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any]) -> None:
     names, ddb, _ = provisioned
     resources = expanded_resources(template, POOLS)
-    pairs = {"RunsTable": names.runs_table, "WorkersTable": names.workers_table, "TokensTable": names.tokens_table}
+    pairs = {
+        "RunsTable": names.runs_table,
+        "WorkersTable": names.workers_table,
+        "TokensTable": names.tokens_table,
+    }
     for logical_id, table_name in pairs.items():
         props = resources[logical_id]["Properties"]
         assert props["TableName"] == table_name
@@ -270,7 +291,7 @@ def test_workers_ttl_is_the_attribute_the_registry_writes(template: dict[str, An
     ttl = template["Resources"]["WorkersTable"]["Properties"]["TimeToLiveSpecification"]
     assert ttl["Enabled"] is True
     ddb = RecordingDynamo()
-    DynamoWorkerRegistry("runplane-workers", ddb).put(Worker(id="w-1", pool="default"))
+    DynamoWorkerRegistry("runplane-workers", ddb).put(Worker(id="w-1", pool="default", started_at=1.0, heartbeat_at=1.0))
     (item,) = ddb.items
     assert ttl["AttributeName"] in item["Item"]
     assert int(item["Item"][ttl["AttributeName"]]["N"]) > 0
@@ -294,15 +315,24 @@ def test_queues_match_provision(template: dict[str, Any], provisioned: tuple[Aws
         reference = sqs.queues[name]
         assert str(props["MessageRetentionPeriod"]) == reference["MessageRetentionPeriod"]
         redrive = props["RedrivePolicy"]
-        assert int(redrive["maxReceiveCount"]) == MAX_RECEIVES == int(json.loads(reference["RedrivePolicy"])["maxReceiveCount"])
+        assert (
+            int(redrive["maxReceiveCount"])
+            == MAX_RECEIVES
+            == int(json.loads(reference["RedrivePolicy"])["maxReceiveCount"])
+        )
         dlq_logical_id, attribute = redrive["deadLetterTargetArn"]["Fn::GetAtt"]
         assert attribute == "Arn"
         dlq_id, dlq_props = queues[f"{name}-dlq"]
-        assert dlq_logical_id == dlq_id, f"{name} redrives to {dlq_logical_id}, not to its own dead-letter queue"
+        assert dlq_logical_id == dlq_id, (
+            f"{name} redrives to {dlq_logical_id}, not to its own dead-letter queue"
+        )
         assert str(dlq_props["MessageRetentionPeriod"]) == sqs.queues[f"{name}-dlq"]["MessageRetentionPeriod"]
     for pool in POOLS:
         _, props = queues[pool_queue_name(names.prefix, pool)]
-        assert str(props["VisibilityTimeout"]) == sqs.queues[pool_queue_name(names.prefix, pool)]["VisibilityTimeout"]
+        assert (
+            str(props["VisibilityTimeout"])
+            == sqs.queues[pool_queue_name(names.prefix, pool)]["VisibilityTimeout"]
+        )
 
 
 def test_handlers_exist(template: dict[str, Any]) -> None:
@@ -331,10 +361,12 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     assert prefix == "RUNPLANE_"
     fields = set(StackSettings.model_fields)
     runplane_vars = {n for n in _environment_names(template) if n.startswith(prefix)}
-    unknown = {n for n in runplane_vars if n[len(prefix):].lower() not in fields}
+    unknown = {n for n in runplane_vars if n[len(prefix) :].lower() not in fields}
     assert not unknown, f"the template sets variables StackSettings does not read: {sorted(unknown)}"
     needed = {"prefix", "runs_table", "workers_table", "tokens_table", "bucket", "pools"}
-    assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
+    assert {prefix + f.upper() for f in needed} <= set(
+        template["Globals"]["Function"]["Environment"]["Variables"]
+    )
 
 
 def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> None:
@@ -378,12 +410,17 @@ def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, An
     match = re.search(r"--global-secondary-indexes '(.*?)'", text, re.DOTALL)
     assert match, "the hook creates no global secondary indexes"
     names, ddb, _ = provisioned
-    assert sorted(json.loads(match.group(1)), key=lambda i: i["IndexName"]) == table_shape(
-        ddb.tables[names.runs_table]
-    )["GlobalSecondaryIndexes"]
-    for key in ("AttributeName=id,KeyType=HASH", "AttributeName=token_hash,KeyType=HASH",
-                "AttributeName=created_at,AttributeType=N", "AttributeName=qs,AttributeType=S",
-                "AttributeName=owner,AttributeType=S"):
+    assert (
+        sorted(json.loads(match.group(1)), key=lambda i: i["IndexName"])
+        == table_shape(ddb.tables[names.runs_table])["GlobalSecondaryIndexes"]
+    )
+    for key in (
+        "AttributeName=id,KeyType=HASH",
+        "AttributeName=token_hash,KeyType=HASH",
+        "AttributeName=created_at,AttributeType=N",
+        "AttributeName=qs,AttributeType=S",
+        "AttributeName=owner,AttributeType=S",
+    ):
         assert key in text
 
 
@@ -424,14 +461,23 @@ def test_hook_on_moto_creates_what_provision_creates(tmp_path: Path) -> None:
         shim.write_text(f'#!/bin/sh\nexec aws --endpoint-url {endpoint} "$@"\n')
         shim.chmod(0o755)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "AWS_"))}
-        env |= {"PATH": f"{tmp_path}:{env['PATH']}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                "AWS_DEFAULT_REGION": "us-east-1", "RUNPLANE_PREFIX": "hook", "RUNPLANE_POOL_NAMES": " default, gpu-a100"}
+        env |= {
+            "PATH": f"{tmp_path}:{env['PATH']}",
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "RUNPLANE_PREFIX": "hook",
+            "RUNPLANE_POOL_NAMES": " default, gpu-a100",
+        }
         for _ in range(2):
-            done = subprocess.run(["bash", str(HOOK)], env=env, capture_output=True, text=True, timeout=240,
-                                  check=False)
+            done = subprocess.run(
+                ["bash", str(HOOK)], env=env, capture_output=True, text=True, timeout=240, check=False
+            )
             assert done.returncode == 0, done.stdout + done.stderr
 
-        session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
+        session = boto3.session.Session(
+            aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+        )
         ddb, sqs, s3 = (session.client(s, endpoint_url=endpoint) for s in ("dynamodb", "sqs", "s3"))
         ref = AwsNames(prefix="ref")
         provision(ref, POOLS, ddb, sqs, s3)

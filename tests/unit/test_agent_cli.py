@@ -32,7 +32,12 @@ def test_bad_flags_are_one_clear_line(argv, message, monkeypatch):
 
 
 def test_bad_flag_exits_2_with_one_line():
-    proc = subprocess.run([sys.executable, "-m", "worker_agent", "--pool", "p", "--slots", "0"],
-                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker_agent", "--pool", "p", "--slots", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "runplane-agent: error: --slots must be at least 1"

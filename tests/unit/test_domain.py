@@ -69,7 +69,15 @@ def test_only_listed_transitions():
 
 def test_state_names_are_the_api_spelling():
     assert [s.value for s in RunState] == [
-        "queued", "preparing", "running", "uploading", "succeeded", "failed", "killed", "timed_out"]
+        "queued",
+        "preparing",
+        "running",
+        "uploading",
+        "succeeded",
+        "failed",
+        "killed",
+        "timed_out",
+    ]
 
 
 def test_runspec_parses_sizes_and_rejects_extras():
@@ -136,8 +144,10 @@ def test_pool_config_errors_are_readable(tmp_path):
     with pytest.raises(ValueError, match="cannot read pools file"):
         load_pools(str(tmp_path / "missing.yaml"))
     with pytest.raises(ValueError, match="duplicate pool names"):
-        load_pools("pools:\n  - {name: a, cpus: 1, memory: 1g, default_image: x}\n"
-                   "  - {name: a, cpus: 1, memory: 1g, default_image: x}\n")
+        load_pools(
+            "pools:\n  - {name: a, cpus: 1, memory: 1g, default_image: x}\n"
+            "  - {name: a, cpus: 1, memory: 1g, default_image: x}\n"
+        )
 
 
 def test_pool_accepts_human_units():

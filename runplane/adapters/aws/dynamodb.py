@@ -12,10 +12,10 @@ from typing import Any
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
+from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, NotFound
 from runplane.domain.models import Event, Principal, Run, RunState, Worker
 from runplane.ports import Expect, Page
-from runplane.adapters.aws.clients import error_code
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()

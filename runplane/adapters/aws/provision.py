@@ -29,8 +29,12 @@ class AwsNames:
     bucket: str = ""
 
     def __post_init__(self) -> None:
-        for attr, suffix in (("runs_table", "runs"), ("workers_table", "workers"), ("tokens_table", "tokens"),
-                             ("bucket", "data")):
+        for attr, suffix in (
+            ("runs_table", "runs"),
+            ("workers_table", "workers"),
+            ("tokens_table", "tokens"),
+            ("bucket", "data"),
+        ):
             if not getattr(self, attr):
                 object.__setattr__(self, attr, f"{self.prefix}-{suffix}")
 

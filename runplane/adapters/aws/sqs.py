@@ -82,13 +82,15 @@ class SqsRunQueue:
 
     def delete(self, pool: str, delivery: Delivery) -> None:
         try:
-            self.client.delete_message(QueueUrl=self._url(pool_queue_name(self.prefix, pool)), ReceiptHandle=delivery.receipt)
+            self.client.delete_message(
+                QueueUrl=self._url(pool_queue_name(self.prefix, pool)), ReceiptHandle=delivery.receipt
+            )
         except ClientError as e:
             if error_code(e) in ("ReceiptHandleIsInvalid", "AWS.SimpleQueueService.NonExistentQueue"):
                 return
-            raise BackendError(f"delete from pool {pool}: {e}") from e
+            raise BackendError(f"pool {pool}: cannot delete message: {e}") from e
         except BotoCoreError as e:
-            raise BackendError(f"delete from pool {pool}: {e}") from e
+            raise BackendError(f"pool {pool}: cannot delete message: {e}") from e
 
     def depth(self, pool: str) -> int:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -39,7 +40,7 @@ class LocalCompute(ComputeBackend):
         command: Sequence[str] = (sys.executable, "-m", "worker_agent"),
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.state_dir = Path(os.path.expanduser(str(state_dir)))
+        self.state_dir = Path(state_dir).expanduser()
         self.env = dict(env) if env is not None else None
         self.command = list(command)
         self.clock = clock
@@ -70,10 +71,17 @@ class LocalCompute(ComputeBackend):
                 raise BackendError(f"cannot start a local agent: {e}", jobs=jobs) from e
             self._children[proc.pid] = proc
             now = self.clock()
-            record = {"id": worker_id, "pid": proc.pid, "started": _start_time(proc.pid), "created_at": now,
-                      "log": str(log_path)}
+            record = {
+                "id": worker_id,
+                "pid": proc.pid,
+                "started": _start_time(proc.pid),
+                "created_at": now,
+                "log": str(log_path),
+            }
             (self._dir(pool) / f"{worker_id}.json").write_text(json.dumps(record))
-            jobs.append(BackendJob(worker_id, pool.name, "running", worker_id, now, {"pid": proc.pid, "log": str(log_path)}))
+            jobs.append(
+                BackendJob(worker_id, pool.name, "running", worker_id, now, {"pid": proc.pid, "log": str(log_path)})
+            )
         return jobs
 
     def _reap(self) -> None:
@@ -93,8 +101,16 @@ class LocalCompute(ComputeBackend):
             if started is None or started != record.get("started"):
                 path.unlink(missing_ok=True)
                 continue
-            jobs.append(BackendJob(record["id"], pool.name, "running", record["id"], record["created_at"],
-                                   {"pid": record["pid"], "log": record.get("log")}))
+            jobs.append(
+                BackendJob(
+                    record["id"],
+                    pool.name,
+                    "running",
+                    record["id"],
+                    record["created_at"],
+                    {"pid": record["pid"], "log": record.get("log")},
+                )
+            )
         return jobs
 
     def cancel(self, pool: Pool, job_id: str) -> None:
@@ -104,9 +120,7 @@ class LocalCompute(ComputeBackend):
         except (OSError, ValueError):
             return
         if _start_time(record["pid"]) == record.get("started"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(record["pid"], signal.SIGTERM)
-            except ProcessLookupError:
-                pass
         path.unlink(missing_ok=True)
         self._reap()

@@ -8,8 +8,14 @@ from runplane.ports import Expect
 
 
 def make_run(i=0, owner="alice", queue="default", created=1000.0):
-    return Run(id=f"r-{owner}-{queue}-{i}", owner=owner, queue=queue, spec=RunSpec(command="echo"),
-               created_at=created + i, events=[Event(at=created, state=RunState.QUEUED, message="submitted")])
+    return Run(
+        id=f"r-{owner}-{queue}-{i}",
+        owner=owner,
+        queue=queue,
+        spec=RunSpec(command="echo"),
+        created_at=created + i,
+        events=[Event(at=created, state=RunState.QUEUED, message="submitted")],
+    )
 
 
 def test_create_get_round_trip(stack):
@@ -34,9 +40,12 @@ def test_get_missing(stack):
 
 def test_conditional_update_checks_state_attempt_worker(stack):
     run = stack.store.create(make_run())
-    claimed = stack.store.update(run, Expect(states=frozenset({RunState.QUEUED}), attempt=0),
-                                 {"state": RunState.PREPARING, "attempt": 1, "worker_id": "w1"},
-                                 Event(at=1001, state=RunState.PREPARING, message="claimed"))
+    claimed = stack.store.update(
+        run,
+        Expect(states=frozenset({RunState.QUEUED}), attempt=0),
+        {"state": RunState.PREPARING, "attempt": 1, "worker_id": "w1"},
+        Event(at=1001, state=RunState.PREPARING, message="claimed"),
+    )
     assert (claimed.state, claimed.attempt, claimed.worker_id) == (RunState.PREPARING, 1, "w1")
     assert [e.message for e in claimed.events] == ["submitted", "claimed"]
     # the same claim again (a duplicate message) loses
@@ -45,22 +54,30 @@ def test_conditional_update_checks_state_attempt_worker(stack):
     assert info.value.details["run"].worker_id == "w1"
     # another worker cannot write over it
     with pytest.raises(ConditionFailed):
-        stack.store.update(claimed, Expect(states=ACTIVE_STATES, attempt=1, worker_id="w2"), {"state": RunState.RUNNING})
+        stack.store.update(
+            claimed, Expect(states=ACTIVE_STATES, attempt=1, worker_id="w2"), {"state": RunState.RUNNING}
+        )
     # a stale attempt cannot either
     with pytest.raises(ConditionFailed):
-        stack.store.update(claimed, Expect(states=ACTIVE_STATES, attempt=0, worker_id="w1"), {"state": RunState.RUNNING})
+        stack.store.update(
+            claimed, Expect(states=ACTIVE_STATES, attempt=0, worker_id="w1"), {"state": RunState.RUNNING}
+        )
     stored = stack.store.get(run.id)
     assert stored.state == RunState.PREPARING
 
 
 def test_update_nested_values(stack):
     run = stack.store.create(make_run())
-    updated = stack.store.update(run, Expect(), {
-        "usage": Usage(cpu_seconds=1.25, memory_peak=2**30, timings={"run": 0.5}),
-        "failure": Failure(reason=FailureReason.OUT_OF_MEMORY, message="oom"),
-        "exit_code": 137,
-        "lease_expires_at": 1234.5,
-    })
+    updated = stack.store.update(
+        run,
+        Expect(),
+        {
+            "usage": Usage(cpu_seconds=1.25, memory_peak=2**30, timings={"run": 0.5}),
+            "failure": Failure(reason=FailureReason.OUT_OF_MEMORY, message="oom"),
+            "exit_code": 137,
+            "lease_expires_at": 1234.5,
+        },
+    )
     assert updated.usage.cpu_seconds == 1.25
     assert updated.usage.timings == {"run": 0.5}
     assert updated.failure.reason == FailureReason.OUT_OF_MEMORY

@@ -1,0 +1,80 @@
+"""The ``runplane`` CLI as a user runs it: a separate process talking HTTP to the local stack."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.docker
+
+
+def cli(devstack, *args, cwd=None, token="alice-token", home=None, timeout=120):
+    env = {**os.environ, "RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": token}
+    if home is not None:
+        env["HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "runplane.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
+
+
+def test_run_wait_then_download(devstack, docker_client, tmp_path):
+    proc = cli(devstack, "run", "--wait", "--", "echo hello; echo 42 > answer", cwd=tmp_path, home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "hello\n"
+    assert "succeeded" in proc.stderr
+    dest = tmp_path / "out"
+    dest.mkdir()
+    down = cli(devstack, "download", cwd=dest, home=tmp_path)  # defaults to the last run, into .
+    assert down.returncode == 0, down.stderr
+    assert (dest / "answer").read_text() == "42\n"
+    status = cli(devstack, "status", "--json", home=tmp_path)
+    assert '"state": "succeeded"' in status.stdout
+
+
+def test_run_wait_exit_code_and_state_line(devstack, docker_client, tmp_path):
+    proc = cli(devstack, "run", "-w", "--name", "fails", "--", "echo bad >&2; exit 7", home=tmp_path)
+    assert proc.returncode == 7
+    assert "bad\n" in proc.stderr
+    assert "failed: nonzero_exit" in proc.stderr
+
+
+def test_logs_ls_kill(devstack, docker_client, tmp_path):
+    proc = cli(devstack, "run", "--", "echo one; sleep 60", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    assert run_id.startswith("r-")
+    ls = cli(devstack, "ls", "--limit", "5", home=tmp_path)
+    assert run_id in ls.stdout
+    kill = cli(devstack, "kill", home=tmp_path)
+    assert kill.returncode == 0
+    assert run_id in kill.stderr
+    logs = cli(devstack, "logs", "-f", run_id, home=tmp_path)
+    assert logs.returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "token", "message", "code"),
+    [
+        (["run", "--memory", "1t", "--", "x"], "alice-token", "error: no pool can run this request", 1),
+        (["status", "r-nope"], "alice-token", "error: run r-nope not found", 1),
+        (["ls"], "wrong", "error: token is not valid", 1),
+        (["run", "--env", "NOEQUALS", "--", "x"], "alice-token", "error: --env must look like NAME=VALUE", 2),
+    ],
+)
+def test_errors_are_one_line(devstack, tmp_path, args, token, message, code):
+    proc = cli(devstack, *args, token=token, home=tmp_path)
+    assert proc.returncode == code
+    assert proc.stderr.startswith(message)
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+
+
+def test_unreachable_api_is_one_line(tmp_path):
+    env = {**os.environ, "RUNPLANE_API_URL": "http://127.0.0.1:9", "RUNPLANE_TOKEN": "x", "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runplane.cli", "ls"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: cannot reach http://127.0.0.1:9")
+    assert len(proc.stderr.strip().splitlines()) == 1

@@ -1,0 +1,172 @@
+"""Dispatcher and reaper entrypoints with canonical Lambda events, on the moto server."""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runplane import bootstrap
+from runplane.adapters.aws.provision import provision
+from runplane.compute.local import LocalCompute
+from runplane.devstack.lambda_shim import LambdaContext
+from runplane.domain.models import Pool, Principal, RunSpec, RunState
+from runplane.ports import Expect
+from runplane.services import lifecycle
+from runplane.services.reap import reap
+from runplane.services.runs import submit_run
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+POOLS = """
+pools:
+  - {name: default, backend: local, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
+  - {name: broken, backend: slurm, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
+"""
+
+
+def load_event(name):
+    return json.loads((EVENTS / name).read_text())
+
+
+@pytest.fixture
+def handler_stack(aws_stack, monkeypatch, tmp_path):
+    """The process-wide stack the Lambda handlers use, pointed at a fresh moto prefix."""
+    s = aws_stack.settings
+    monkeypatch.setenv("RUNPLANE_PREFIX", s.prefix)
+    monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", s.aws_endpoint_url)
+    monkeypatch.setenv("RUNPLANE_POOLS", POOLS)
+    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    bootstrap.stack.cache_clear()
+    stack = bootstrap.stack()
+    clients = bootstrap.aws_clients(stack.settings)
+    provision(
+        bootstrap.aws_names(stack.settings), ["default", "broken"], clients["dynamodb"], clients["sqs"], clients["s3"]
+    )
+    backend = LocalCompute(tmp_path / "workers", command=SLEEPER)
+    stack.backends["local"] = backend
+    yield stack
+    pool = stack.pools.get("default")
+    for job in backend.list(pool):
+        backend.cancel(pool, job.id)
+    bootstrap.stack.cache_clear()
+
+
+def test_dispatcher_batch_reports_only_the_failed_pool(handler_stack):
+    from functions.aws import dispatcher
+
+    alice = Principal(user="alice")
+    for _ in range(2):
+        submit_run(
+            handler_stack.store, handler_stack.queue, handler_stack.pools, alice, RunSpec(command="x"), None, time.time
+        )
+    result = dispatcher.lambda_handler(load_event("sqs_dispatch.json"), LambdaContext())
+    # the broken pool's record is retried; unreadable and unknown-pool records are dropped
+    assert result == {"batchItemFailures": [{"itemIdentifier": "4c4d6f2f-1111-4b2f-8a8f-8f1d6c2e3a22"}]}
+    jobs = handler_stack.backend(handler_stack.pools.get("default")).list(handler_stack.pools.get("default"))
+    assert len(jobs) == 2  # two events for the pool, one dispatch: one worker per queued run
+
+
+def test_dispatcher_schedule_reports_every_pool(handler_stack):
+    from functions.aws import dispatcher
+
+    result = dispatcher.lambda_handler(load_event("schedule.json"), LambdaContext())
+    assert result["pools"]["default"] == "no backlog"
+    assert result["pools"]["broken"].startswith("error: compute backend 'slurm' is not available")
+
+
+def test_reaper_handler_requeues_expired_lease(handler_stack):
+    from functions.aws import reaper
+
+    s = handler_stack
+    run = submit_run(s.store, s.queue, s.pools, Principal(user="a"), RunSpec(command="x"), None, time.time).run
+    held = lifecycle.claim(s.store, run, 0, "w-dead", lease_seconds=-1, now=time.time())
+    result = reaper.lambda_handler(load_event("schedule.json"), LambdaContext())
+    assert result["requeued"] == [run.id]
+    after = s.store.get(run.id)
+    assert (after.state, after.attempt, after.worker_id) == (RunState.QUEUED, held.attempt, None)
+    assert "w-dead stopped renewing" in after.waiting_reason
+
+
+def _active(stack, worker="w1", attempts=1, kill=False, lease_in=-1.0):
+    run = submit_run(
+        stack.store, stack.queue, stack.pools, Principal(user="a"), RunSpec(command="x"), None, time.time
+    ).run
+    run = stack.store.update(run, Expect(), {"max_attempts": attempts})
+    run = lifecycle.claim(stack.store, run, 0, worker, lease_seconds=lease_in, now=time.time())
+    if kill:
+        run = stack.store.update(run, Expect(), {"kill_requested": True})
+    return run
+
+
+def test_reap_outcomes(aws_stack):
+    s = aws_stack
+    fresh = _active(s, lease_in=60)
+    requeue = _active(s, attempts=3)
+    exhausted = _active(s, attempts=1)
+    killed = _active(s, kill=True)
+    report = reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    assert report.requeued == [requeue.id]
+    assert set(report.ended) == {exhausted.id, killed.id}
+    assert s.store.get(fresh.id).state == RunState.PREPARING
+    ended = s.store.get(exhausted.id)
+    assert ended.state == RunState.FAILED
+    assert ended.failure.reason == "worker_lost"
+    assert "no attempts left" in ended.failure.message
+    assert s.store.get(killed.id).state == RunState.KILLED
+    # the re-queued run got a fresh hint at its current attempt
+    hints = []
+    for _ in range(3):
+        hints += [d.message for d in s.queue.receive("default", 10, 1, 30)]
+    assert any(h.run_id == requeue.id and h.attempt == 1 for h in hints)
+
+
+def test_reap_rehints_old_queued_runs(aws_stack):
+    s = aws_stack
+    run = submit_run(s.store, s.queue, s.pools, Principal(user="a"), RunSpec(command="x"), None, time.time).run
+    for d in s.queue.receive("default", 10, 1, 30):
+        s.queue.delete("default", d)  # the hint got lost
+    assert reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600).rehinted == []
+    report = reap(s.store, s.queue, s.pools, time.time() + 7200, rehint_after=3600)
+    assert report.rehinted == [run.id]
+    assert [d.message.run_id for d in s.queue.receive("default", 10, 1, 30)] == [run.id]
+
+
+def test_stale_worker_cannot_write_over_a_new_attempt(aws_stack):
+    s = aws_stack
+    first = _active(s, worker="w-old", attempts=3)
+    reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    second = lifecycle.claim(s.store, s.store.get(first.id), 1, "w-new", 30, time.time())
+    from runplane.domain.errors import LeaseLost
+
+    with pytest.raises(LeaseLost):
+        lifecycle.advance(s.store, first, RunState.RUNNING, time.time(), "late")
+    with pytest.raises(LeaseLost):
+        lifecycle.renew(s.store, first, 30, time.time())
+    assert s.store.get(first.id).worker_id == "w-new"
+    assert s.store.get(first.id).attempt == second.attempt == 2
+
+
+def test_local_backend_contract(tmp_path):
+    pool = Pool(name="p", cpus=1, memory=2**30, default_image="x")
+    backend = LocalCompute(tmp_path, command=SLEEPER)
+    jobs = backend.launch(pool, 2, ["--pool", "p"])
+    assert len(jobs) == 2
+    assert {j.id for j in backend.list(pool)} == {j.id for j in jobs}
+    pid = jobs[0].detail["pid"]
+    backend.cancel(pool, jobs[0].id)
+    backend.cancel(pool, jobs[0].id)  # idempotent and quiet
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        backend.list(pool)  # reaps the child
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}")
+    assert [j.id for j in backend.list(pool)] == [jobs[1].id]
+    # another process (a new dispatcher invocation) sees the same jobs
+    assert [j.id for j in LocalCompute(tmp_path, command=SLEEPER).list(pool)] == [jobs[1].id]
+    backend.cancel(pool, jobs[1].id)
+    backend.cancel(pool, "never-existed")
+    assert backend.list(pool) == []
