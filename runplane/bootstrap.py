@@ -17,6 +17,7 @@ from runplane.compute import agent_args_for, build_backend
 from runplane.domain.models import Pool, PoolConfig
 from runplane.domain.pools import load_pools
 from runplane.ports import ComputeBackend, ObjectStore, RunQueue, RunStore, TokenStore, WorkerRegistry
+from runplane.services.auth import CachedTokens
 from runplane.settings import StackSettings
 
 
@@ -65,7 +66,7 @@ def aws_names(settings: StackSettings) -> Any:
 
 
 def build_stack(settings: StackSettings | None = None, clients: dict[str, Any] | None = None) -> Stack:
-    settings = settings or StackSettings()
+    settings = settings or StackSettings.from_env()
     from runplane.adapters.aws.dynamodb import DynamoRunStore, DynamoTokenStore, DynamoWorkerRegistry
     from runplane.adapters.aws.s3 import S3ObjectStore
     from runplane.adapters.aws.sqs import SqsRunQueue
@@ -79,7 +80,7 @@ def build_stack(settings: StackSettings | None = None, clients: dict[str, Any] |
         queue=SqsRunQueue(names.prefix, clients["sqs"]),
         objects=S3ObjectStore(names.bucket, clients["s3"]),
         workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),
-        tokens=DynamoTokenStore(names.tokens_table, clients["dynamodb"]),
+        tokens=CachedTokens(DynamoTokenStore(names.tokens_table, clients["dynamodb"])),
     )
 
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Literal
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict
+
+PREFIX = "RUNPLANE_"
 
 
-class StackSettings(BaseSettings):
-    """Where the stores are and how the control plane behaves. Shared by every deployable."""
+class StackSettings(BaseModel):
+    """Where the stores are and how the control plane behaves. Shared by every deployable.
 
-    model_config = SettingsConfigDict(env_prefix="RUNPLANE_", extra="ignore")
+    Each field is read from ``RUNPLANE_<FIELD>`` (upper case) by ``from_env``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     cloud: Literal["aws"] = "aws"
     prefix: str = "runplane"
@@ -28,3 +35,14 @@ class StackSettings(BaseSettings):
     local_state_dir: str = "~/.runplane/local"
     agent_args: str = ""
     """Extra arguments for every launched agent, as shell words."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> StackSettings:
+        """Settings from the environment; raises pydantic.ValidationError naming a bad variable."""
+        env = os.environ if environ is None else environ
+        values: dict[str, str | None] = {
+            name: env[PREFIX + name.upper()] for name in cls.model_fields if PREFIX + name.upper() in env
+        }
+        if values.get("aws_endpoint_url") == "":
+            values["aws_endpoint_url"] = None
+        return cls.model_validate(values)

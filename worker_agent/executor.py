@@ -7,7 +7,6 @@ attempt and worker, so a run taken away from this worker is abandoned, not overw
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import threading
@@ -171,16 +170,6 @@ class RunExecutor:
                 Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot create container: {_explain(e)}")
             )
             return
-        self._set_run(
-            lifecycle.advance(
-                self.ports.store,
-                run,
-                RunState.RUNNING,
-                self.clock(),
-                f"container started on worker {self.config.worker_id}",
-            )
-        )
-        started = self.clock()
         try:
             self.container.start()
         except docker.errors.APIError as e:
@@ -188,6 +177,10 @@ class RunExecutor:
                 Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot start container: {_explain(e)}")
             )
             return
+        started = self.clock()
+        # a LeaseLost here leaves through run_safely, whose cleanup removes the started container
+        message = f"container started on worker {self.config.worker_id}"
+        self._set_run(lifecycle.advance(self.ports.store, run, RunState.RUNNING, started, message))
         outcome = self._watch(started)
         self.usage.timings["run"] = round(self.clock() - started, 3)
         if self.flags.lease_lost.is_set():
@@ -247,13 +240,23 @@ class RunExecutor:
     def _create(self, run: Run, image: str) -> Any:
         res = run.spec.resources
         name = f"runplane-{run.id}-{run.attempt}"
-        with contextlib.suppress(docker.errors.NotFound):  # left by an earlier life of this worker
-            self.docker.containers.get(name).remove(force=True)
         env = dict(run.spec.env)
         env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
         kwargs: dict[str, Any] = {}
         if self.config.shm_size:
             kwargs["shm_size"] = self.config.shm_size
+        try:
+            return self._create_named(name, image, env, res, run, kwargs)
+        except docker.errors.APIError as e:
+            if e.status_code != 409:
+                raise
+            # a container of this attempt left by an earlier life of this worker
+            self.docker.containers.get(name).remove(force=True)
+            return self._create_named(name, image, env, res, run, kwargs)
+
+    def _create_named(
+        self, name: str, image: str, env: dict[str, str], res: Any, run: Run, kwargs: dict[str, Any]
+    ) -> Any:
         return self.docker.containers.create(
             image,
             entrypoint=["/bin/sh", "-c"],

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import ValidationError
 
 from runplane import bootstrap
+from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
 from runplane.api.views import pool_view, run_view, worker_view
 from runplane.domain import errors
@@ -25,7 +26,7 @@ from runplane.services.logs import outputs_prefix, read_logs
 
 logger = Logger(service="runplane-api")
 metrics = Metrics(namespace="runplane", service="api")
-tracer = Tracer(service="runplane-api")
+tracer = make_tracer("runplane-api")
 app = APIGatewayHttpResolver()
 
 STATUS: dict[type[errors.RunplaneError], int] = {

@@ -54,6 +54,7 @@ class DevConfig:
 
 class _Front(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out at once, not after a delayed ACK
     server_version = "runplane-dev"
 
     def _handle(self) -> None:
@@ -81,7 +82,7 @@ class _Front(BaseHTTPRequestHandler):
             if key not in ("content-length", "connection"):
                 self.send_header(key, value)
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
+        self.end_headers()  # buffered; the flush below sends headers and body together
         self.wfile.write(data)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
@@ -104,6 +105,10 @@ class DevStack:
 
     def _pools_text(self) -> str:
         pools = load_pools(self.config.pools_file or bootstrap.default_pools_text())
+        if self.config.pools_file is None:  # the built-in pool takes this machine's shape
+            for pool in pools.pools:
+                pool.cpus = float(os.cpu_count() or 1)
+                pool.memory = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * 0.8)
         if self.config.workers is not None:
             for pool in pools.pools:
                 if pool.backend == "local":

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from runplane.domain.errors import InvalidRequest, Unschedulable
@@ -27,10 +26,16 @@ def load_pools(text_or_path: str) -> PoolConfig:
             text = path.read_text()
         except OSError as e:
             raise ValueError(f"cannot read pools file {path}: {e.strerror}") from e
+    data: Any
     try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{source}: not valid YAML/JSON: {e}") from e
+        data = json.loads(text)  # what functions get in RUNPLANE_POOLS; no YAML parser needed
+    except ValueError:
+        import yaml  # only for YAML files: it costs the Lambda cold start otherwise
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{source}: not valid YAML/JSON: {e}") from e
     if isinstance(data, list):
         data = {"pools": data}
     try:

@@ -4,10 +4,42 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import time
+from collections.abc import Callable
 
 from runplane.domain.errors import Forbidden, Unauthorized
 from runplane.domain.models import Principal, Run
 from runplane.ports import TokenStore
+
+
+class CachedTokens:
+    """A TokenStore that remembers valid tokens for ``ttl`` seconds, sparing warm functions a
+    read per request. Unknown tokens are not remembered, so a new token works at once; a
+    revoked one stops working within ``ttl``."""
+
+    def __init__(self, inner: TokenStore, ttl: float = 60, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.ttl = ttl
+        self.clock = clock
+        self._hits: dict[str, tuple[float, Principal]] = {}
+
+    def lookup(self, token_hash: str) -> Principal | None:
+        now = self.clock()
+        hit = self._hits.get(token_hash)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        principal = self.inner.lookup(token_hash)
+        if principal is None:
+            self._hits.pop(token_hash, None)
+        else:
+            if len(self._hits) > 10000:
+                self._hits.clear()
+            self._hits[token_hash] = (now, principal)
+        return principal
+
+    def put(self, token_hash: str, principal: Principal) -> None:
+        self.inner.put(token_hash, principal)
+        self._hits.pop(token_hash, None)
 
 
 def hash_token(token: str) -> str:

@@ -13,9 +13,9 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,9 @@ def resolve(value: Any, params: dict[str, str]) -> Any:
 def _replace_identifier(value: Any, ident: str, item: str) -> Any:
     """What Fn::ForEach does to its fragment: ${ident} -> item, &{ident} -> item without symbols."""
     if isinstance(value, str):
-        return value.replace(f"${{{ident}}}", item).replace(
-            f"&{{{ident}}}", re.sub(r"[^0-9A-Za-z]", "", item)
-        )
+        return value.replace(f"${{{ident}}}", item).replace(f"&{{{ident}}}", re.sub(r"[^0-9A-Za-z]", "", item))
     if isinstance(value, dict):
-        return {
-            _replace_identifier(k, ident, item): _replace_identifier(v, ident, item) for k, v in value.items()
-        }
+        return {_replace_identifier(k, ident, item): _replace_identifier(v, ident, item) for k, v in value.items()}
     if isinstance(value, list):
         return [_replace_identifier(v, ident, item) for v in value]
     return value
@@ -168,9 +164,7 @@ class RecordingSqs:
         return {"QueueUrl": f"https://sqs.example/{QueueName}"}
 
     def get_queue_attributes(self, QueueUrl: str, AttributeNames: list[str]) -> dict[str, Any]:
-        return {
-            "Attributes": {"QueueArn": f"arn:aws:sqs:us-east-1:000000000000:{QueueUrl.rsplit('/', 1)[1]}"}
-        }
+        return {"Attributes": {"QueueArn": f"arn:aws:sqs:us-east-1:000000000000:{QueueUrl.rsplit('/', 1)[1]}"}}
 
 
 class RecordingS3:
@@ -209,9 +203,7 @@ def table_shape(props: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_tool(args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        args, cwd=ROOT, env=TOOL_ENV, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    return subprocess.run(args, cwd=ROOT, env=TOOL_ENV, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def ensure_sam_venv() -> None:
@@ -291,7 +283,8 @@ def test_workers_ttl_is_the_attribute_the_registry_writes(template: dict[str, An
     ttl = template["Resources"]["WorkersTable"]["Properties"]["TimeToLiveSpecification"]
     assert ttl["Enabled"] is True
     ddb = RecordingDynamo()
-    DynamoWorkerRegistry("runplane-workers", ddb).put(Worker(id="w-1", pool="default", started_at=1.0, heartbeat_at=1.0))
+    worker = Worker(id="w-1", pool="default", started_at=1.0, heartbeat_at=1.0)
+    DynamoWorkerRegistry("runplane-workers", ddb).put(worker)
     (item,) = ddb.items
     assert ttl["AttributeName"] in item["Item"]
     assert int(item["Item"][ttl["AttributeName"]]["N"]) > 0
@@ -323,16 +316,11 @@ def test_queues_match_provision(template: dict[str, Any], provisioned: tuple[Aws
         dlq_logical_id, attribute = redrive["deadLetterTargetArn"]["Fn::GetAtt"]
         assert attribute == "Arn"
         dlq_id, dlq_props = queues[f"{name}-dlq"]
-        assert dlq_logical_id == dlq_id, (
-            f"{name} redrives to {dlq_logical_id}, not to its own dead-letter queue"
-        )
+        assert dlq_logical_id == dlq_id, f"{name} redrives to {dlq_logical_id}, not to its own dead-letter queue"
         assert str(dlq_props["MessageRetentionPeriod"]) == sqs.queues[f"{name}-dlq"]["MessageRetentionPeriod"]
     for pool in POOLS:
         _, props = queues[pool_queue_name(names.prefix, pool)]
-        assert (
-            str(props["VisibilityTimeout"])
-            == sqs.queues[pool_queue_name(names.prefix, pool)]["VisibilityTimeout"]
-        )
+        assert str(props["VisibilityTimeout"]) == sqs.queues[pool_queue_name(names.prefix, pool)]["VisibilityTimeout"]
 
 
 def test_handlers_exist(template: dict[str, Any]) -> None:
@@ -357,16 +345,18 @@ def _environment_names(template: dict[str, Any]) -> set[str]:
 
 
 def test_environment_matches_settings(template: dict[str, Any]) -> None:
-    prefix = StackSettings.model_config["env_prefix"]
-    assert prefix == "RUNPLANE_"
+    prefix = "RUNPLANE_"
     fields = set(StackSettings.model_fields)
     runplane_vars = {n for n in _environment_names(template) if n.startswith(prefix)}
     unknown = {n for n in runplane_vars if n[len(prefix) :].lower() not in fields}
     assert not unknown, f"the template sets variables StackSettings does not read: {sorted(unknown)}"
     needed = {"prefix", "runs_table", "workers_table", "tokens_table", "bucket", "pools"}
-    assert {prefix + f.upper() for f in needed} <= set(
-        template["Globals"]["Function"]["Environment"]["Variables"]
-    )
+    assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
+    # And the settings really read them: every variable lands in its field.
+    environ = {name: f"from-{name.lower()}" for name in runplane_vars}
+    settings = StackSettings.from_env(environ)
+    for name, value in environ.items():
+        assert getattr(settings, name[len(prefix) :].lower()) == value, name
 
 
 def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> None:
@@ -424,12 +414,6 @@ def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, An
         assert key in text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _describe(ddb: Any, table: str) -> dict[str, Any]:
     return table_shape(ddb.describe_table(TableName=table)["Table"] | {"BillingMode": None})
 
@@ -448,51 +432,38 @@ def _queue_attributes(sqs: Any, name: str) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("aws") is None, reason="needs the aws CLI to stand in for awslocal")
-def test_hook_on_moto_creates_what_provision_creates(tmp_path: Path) -> None:
+def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_path: Path) -> None:
     """Run the hook (twice: it is idempotent) against moto's server, compare with provision()."""
-    from moto.server import ThreadedMotoServer
+    shim = tmp_path / "awslocal"
+    shim.write_text(f'#!/bin/sh\nexec aws --endpoint-url {moto_endpoint} "$@"\n')
+    shim.chmod(0o755)
+    tag = uuid.uuid4().hex[:8]
+    hook, ref = AwsNames(prefix=f"hook{tag}"), AwsNames(prefix=f"ref{tag}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "AWS_"))}
+    env |= {
+        "PATH": f"{tmp_path}:{env['PATH']}",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "RUNPLANE_PREFIX": hook.prefix,
+        "RUNPLANE_POOL_NAMES": " , ".join(POOLS),
+    }
+    for _ in range(2):
+        done = subprocess.run(["bash", str(HOOK)], env=env, capture_output=True, text=True, timeout=240, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
 
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        shim = tmp_path / "awslocal"
-        shim.write_text(f'#!/bin/sh\nexec aws --endpoint-url {endpoint} "$@"\n')
-        shim.chmod(0o755)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "AWS_"))}
-        env |= {
-            "PATH": f"{tmp_path}:{env['PATH']}",
-            "AWS_ACCESS_KEY_ID": "test",
-            "AWS_SECRET_ACCESS_KEY": "test",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "RUNPLANE_PREFIX": "hook",
-            "RUNPLANE_POOL_NAMES": " default, gpu-a100",
-        }
-        for _ in range(2):
-            done = subprocess.run(
-                ["bash", str(HOOK)], env=env, capture_output=True, text=True, timeout=240, check=False
-            )
-            assert done.returncode == 0, done.stdout + done.stderr
-
-        session = boto3.session.Session(
-            aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
-        )
-        ddb, sqs, s3 = (session.client(s, endpoint_url=endpoint) for s in ("dynamodb", "sqs", "s3"))
-        ref = AwsNames(prefix="ref")
-        provision(ref, POOLS, ddb, sqs, s3)
-        hook = AwsNames(prefix="hook")
-        for attr in ("runs_table", "workers_table", "tokens_table"):
-            assert _describe(ddb, getattr(hook, attr)) == _describe(ddb, getattr(ref, attr)), attr
-        ttl = ddb.describe_time_to_live(TableName=hook.workers_table)["TimeToLiveDescription"]
-        assert ttl["AttributeName"] == "expires_at"
-        pairs = [(pool_queue_name("hook", p), pool_queue_name("ref", p)) for p in POOLS]
-        pairs.append((events_queue_name("hook"), events_queue_name("ref")))
-        for hook_queue, ref_queue in pairs:
-            got, want = _queue_attributes(sqs, hook_queue), _queue_attributes(sqs, ref_queue)
-            assert got["dlq"] == f"{hook_queue}-dlq"
-            assert got | {"dlq": ""} == want | {"dlq": ""}
-            assert int(got["maxReceiveCount"]) == MAX_RECEIVES
-        s3.head_bucket(Bucket=hook.bucket)
-    finally:
-        server.stop()
+    session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
+    ddb, sqs, s3 = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3"))
+    provision(ref, POOLS, ddb, sqs, s3)
+    for attr in ("runs_table", "workers_table", "tokens_table"):
+        assert _describe(ddb, getattr(hook, attr)) == _describe(ddb, getattr(ref, attr)), attr
+    ttl = ddb.describe_time_to_live(TableName=hook.workers_table)["TimeToLiveDescription"]
+    assert ttl["AttributeName"] == "expires_at"
+    pairs = [(pool_queue_name(hook.prefix, p), pool_queue_name(ref.prefix, p)) for p in POOLS]
+    pairs.append((events_queue_name(hook.prefix), events_queue_name(ref.prefix)))
+    for hook_queue, ref_queue in pairs:
+        got, want = _queue_attributes(sqs, hook_queue), _queue_attributes(sqs, ref_queue)
+        assert got["dlq"] == f"{hook_queue}-dlq"
+        assert got | {"dlq": ""} == want | {"dlq": ""}
+        assert int(got["maxReceiveCount"]) == MAX_RECEIVES
+    s3.head_bucket(Bucket=hook.bucket)

@@ -23,7 +23,7 @@ bucket=${RUNPLANE_BUCKET:-$prefix-data}
 region=${AWS_DEFAULT_REGION:-us-east-1}
 retention=1209600  # 14 days, the SQS maximum
 visibility=60
-max_receives=3
+max_receives=5
 
 log() { echo "runplane-init: $*"; }
 
