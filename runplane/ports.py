@@ -97,6 +97,11 @@ class RunQueue(Protocol):
         """Idempotent: deleting an already deleted message is quiet."""
         ...
 
+    def release(self, pool: str, delivery: Delivery, delay_seconds: int) -> None:
+        """Give a message back: visible again to every worker after ``delay_seconds``. Quiet if
+        the message is already gone."""
+        ...
+
     def notify(self, event: DispatchEvent) -> None:
         """Nudge the dispatcher."""
         ...

@@ -19,8 +19,10 @@ from runplane.domain.models import RunState, Worker
 from runplane.ports import Delivery, WorkerRegistry
 from runplane.services import lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor
+from worker_agent.resources import Allocator, Gpu, host_cpus
 
 log = logging.getLogger(__name__)
+RELEASE_DELAY_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,6 @@ class AgentConfig:
     worker_id: str
     work_dir: Path
     slots: int = 1
-    cpus: float = 0
     memory: int = 0
     idle_seconds: float | None = None
     exit_after_num_runs: int | None = None
@@ -38,6 +39,8 @@ class AgentConfig:
     poll_seconds: float = 5
     pass_down_termination: bool = False
     executor: ExecutorConfig | None = None
+    cpuset: tuple[int, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
 
 
 class Agent:
@@ -60,6 +63,7 @@ class Agent:
             work_dir=config.work_dir,
             lease_seconds=config.lease_seconds,
         )
+        self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
         self.active: dict[str, RunExecutor] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -159,15 +163,26 @@ class Agent:
                 return  # leave it for another worker; it reappears after the visibility timeout
             self.ports.queue.delete(self.config.pool, delivery)  # stale hint
             return
+        res = run.spec.resources
+        never = self.allocator.fits_at_all(res.cpus, res.gpus)
+        allocation = None if never else self.allocator.allocate(run.id, res.cpus, res.gpus)
+        if allocation is None:
+            # not now (or never) on this worker: back to the queue for another worker or later
+            log.info("run %s does not fit this worker %s", run.id, never or "right now")
+            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+            return
         try:
             claimed = lifecycle.claim(
                 self.ports.store, run, msg.attempt, self.config.worker_id, self.config.lease_seconds, self.clock()
             )
         except ConditionFailed:
+            self.allocator.release(run.id)
             self.ports.queue.delete(self.config.pool, delivery)
             return
         self.ports.queue.delete(self.config.pool, delivery)
-        executor = RunExecutor(claimed, self.ports, self.docker, self.executor_config, self.clock, self._done)
+        executor = RunExecutor(
+            claimed, self.ports, self.docker, self.executor_config, self.clock, self._done, allocation
+        )
         with self._lock:
             self.active[claimed.id] = executor
             self.claimed += 1
@@ -175,6 +190,7 @@ class Agent:
         executor.start()
 
     def _done(self, executor: RunExecutor) -> None:
+        self.allocator.release(executor.run.id)
         with self._lock:
             self.active.pop(executor.run.id, None)
             self.finished += 1
@@ -215,6 +231,7 @@ class Agent:
         with self._lock:
             runs = list(self.active)
         left = self._runs_left()
+        free_cpus, free_gpus = self.allocator.free()
         try:
             self.registry.put(
                 Worker(
@@ -224,7 +241,11 @@ class Agent:
                     host=socket.gethostname(),
                     slots=self.config.slots,
                     free_slots=0 if self._stop.is_set() or left == 0 else max(0, self.config.slots - len(runs)),
-                    cpus=self.config.cpus,
+                    cpus=float(len(self.allocator.cpus)),
+                    gpus=len(self.allocator.gpus),
+                    gpu_ids=[g.uuid for g in self.allocator.gpus],
+                    free_cpus=float(free_cpus),
+                    free_gpus=free_gpus,
                     memory=self.config.memory,
                     runs=runs,
                     runs_done=self.finished,

@@ -27,6 +27,7 @@ from runplane.services import lifecycle
 from runplane.services.logs import outputs_prefix
 from worker_agent.logship import LogShipper
 from worker_agent.outputs import upload_dir
+from worker_agent.resources import Allocation
 from worker_agent.usage import Sample, dir_size, from_stats, read_cgroup
 
 log = logging.getLogger(__name__)
@@ -84,8 +85,10 @@ class RunExecutor:
         config: ExecutorConfig,
         clock: Callable[[], float],
         on_done: Callable[[RunExecutor], None] = lambda _: None,
+        allocation: Allocation | None = None,
     ) -> None:
         self.run_ = run
+        self.allocation = allocation
         self.ports = ports
         self.docker = docker_client
         self.config = config
@@ -166,16 +169,12 @@ class RunExecutor:
         try:
             self.container = self._create(run, image)
         except docker.errors.APIError as e:
-            self._final(
-                Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot create container: {_explain(e)}")
-            )
+            self._final(_create_failure(e, self.allocation))
             return
         try:
             self.container.start()
         except docker.errors.APIError as e:
-            self._final(
-                Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot start container: {_explain(e)}")
-            )
+            self._final(_create_failure(e, self.allocation, "start"))
             return
         started = self.clock()
         # a LeaseLost here leaves through run_safely, whose cleanup removes the started container
@@ -238,49 +237,15 @@ class RunExecutor:
             )
 
     def _create(self, run: Run, image: str) -> Any:
-        res = run.spec.resources
-        name = f"runplane-{run.id}-{run.attempt}"
-        env = dict(run.spec.env)
-        env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
-        kwargs: dict[str, Any] = {}
-        if self.config.shm_size:
-            kwargs["shm_size"] = self.config.shm_size
+        kwargs = container_spec(run, image, self.config, self.output_dir.resolve(), self.allocation)
         try:
-            return self._create_named(name, image, env, res, run, kwargs)
+            return self.docker.containers.create(**kwargs)
         except docker.errors.APIError as e:
             if e.status_code != 409:
                 raise
             # a container of this attempt left by an earlier life of this worker
-            self.docker.containers.get(name).remove(force=True)
-            return self._create_named(name, image, env, res, run, kwargs)
-
-    def _create_named(
-        self, name: str, image: str, env: dict[str, str], res: Any, run: Run, kwargs: dict[str, Any]
-    ) -> Any:
-        return self.docker.containers.create(
-            image,
-            entrypoint=["/bin/sh", "-c"],
-            command=[run.spec.command],
-            name=name,
-            working_dir=OUTPUT_MOUNT,
-            environment=env,
-            volumes={str(self.output_dir.resolve()): {"bind": OUTPUT_MOUNT, "mode": "rw"}},
-            network_mode=self.config.network_mode if run.spec.network else "none",
-            mem_limit=res.memory,
-            memswap_limit=res.memory,
-            nano_cpus=int(res.cpus * 1e9),
-            pids_limit=self.config.pids_limit,
-            cap_drop=["ALL"],
-            cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"],
-            security_opt=["no-new-privileges"],
-            labels={
-                f"{LABEL}.run_id": run.id,
-                f"{LABEL}.attempt": str(run.attempt),
-                f"{LABEL}.worker_id": self.config.worker_id,
-            },
-            detach=True,
-            **kwargs,
-        )
+            self.docker.containers.get(kwargs["name"]).remove(force=True)
+            return self.docker.containers.create(**kwargs)
 
     def _check_control(self) -> Outcome | None:
         """Poll the store for a kill or a lost lease (the heartbeat does it too, less often)."""
@@ -452,6 +417,61 @@ class RunExecutor:
                 if not isinstance(e, docker.errors.NotFound):
                     log.warning("run %s: could not remove container: %s", self.run.id, e)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
+
+
+def container_spec(
+    run: Run, image: str, config: ExecutorConfig, output_dir: Path, allocation: Allocation | None
+) -> dict[str, Any]:
+    """Everything ``containers.create`` gets for ``run``: the command under ``sh -c``, limits,
+    the run's own cores and GPUs, and the hardening every run has."""
+    res = run.spec.resources
+    env = dict(run.spec.env)
+    env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
+    allocation = allocation or Allocation((), ())
+    env.update(allocation.environment())
+    spec: dict[str, Any] = {
+        "image": image,
+        "entrypoint": ["/bin/sh", "-c"],
+        "command": [run.spec.command],
+        "name": f"runplane-{run.id}-{run.attempt}",
+        "working_dir": OUTPUT_MOUNT,
+        "environment": env,
+        "volumes": {str(output_dir): {"bind": OUTPUT_MOUNT, "mode": "rw"}},
+        "network_mode": config.network_mode if run.spec.network else "none",
+        "mem_limit": res.memory,
+        "memswap_limit": res.memory,
+        "pids_limit": config.pids_limit,
+        "cap_drop": ["ALL"],
+        "cap_add": CAPABILITIES,
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "labels": {
+            f"{LABEL}.run_id": run.id,
+            f"{LABEL}.attempt": str(run.attempt),
+            f"{LABEL}.worker_id": config.worker_id,
+        },
+        "detach": True,
+        **allocation.docker_kwargs(int(res.cpus * 1e9)),
+    }
+    if config.shm_size:
+        spec["shm_size"] = config.shm_size
+    return spec
+
+
+def _create_failure(e: docker.errors.APIError, allocation: Allocation | None, verb: str = "create") -> Outcome:
+    text = _explain(e)
+    if allocation is not None and allocation.gpus and ("device driver" in text or "nvidia" in text.lower()):
+        ids = ",".join(g.uuid for g in allocation.gpus)
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.GPU_UNAVAILABLE,
+            f"GPUs {ids} could not be given to the container: this worker's Docker engine has no "
+            f"working NVIDIA runtime ({text})",
+        )
+    return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot {verb} container: {text}")
 
 
 def _explain(e: Exception) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from runplane.domain.units import parse_bytes, parse_duration
+from worker_agent.resources import detect_gpus, host_cpus, parse_set, select_gpus
 
 FLAGS: list[tuple[str, type | None, object, str]] = [
     # name, parser, default, help
@@ -23,7 +24,8 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("id", str, None, "worker id (default: host name plus a random suffix)"),
     ("slots", int, 1, "runs at the same time"),
     ("work-dir", str, "~/.runplane/agent", "where run directories live"),
-    ("cpus", float, None, "cpus to advertise (default: all)"),
+    ("cpuset", str, None, "CPU cores runs may use, e.g. 0-7,16 (default: all this process may use)"),
+    ("gpuset", str, None, "GPUs runs may use, as indices or UUIDs, e.g. 0,1 (default: all detected)"),
     ("memory", str, None, "memory to advertise, e.g. 64g (default: all)"),
     ("idle-seconds", str, None, "exit after this long with no run (e.g. 300, 5m)"),
     ("exit-after-num-runs", int, None, "exit after taking this many runs"),
@@ -84,8 +86,15 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     try:
         args.idle_seconds = parse_duration(args.idle_seconds) if args.idle_seconds else None
         args.memory = parse_bytes(args.memory) if args.memory else None
+        args.cpuset = [int(c) for c in parse_set(args.cpuset, "--cpuset")] if args.cpuset else None
+        args.gpuset = parse_set(args.gpuset, "--gpuset") if args.gpuset else None
     except ValueError as e:
         raise UsageError(str(e)) from e
+    if args.cpuset is not None:
+        allowed = set(host_cpus())
+        outside = sorted(set(args.cpuset) - allowed)
+        if outside:
+            raise UsageError(f"--cpuset: cores {outside} are not available here (available: {sorted(allowed)})")
     return args
 
 
@@ -114,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except docker.errors.DockerException as e:
         print(f"runplane-agent: error: cannot reach the Docker engine: {e}", file=sys.stderr)
         return 1
+    try:
+        gpus = select_gpus(detect_gpus(), args.gpuset)
+    except ValueError as e:
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 2
     stack = build_stack()
     if stack.pools.get(args.pool) is None:
         print(f"runplane-agent: error: unknown pool {args.pool!r}", file=sys.stderr)
@@ -124,8 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker_id=worker_id,
             work_dir=work_dir,
             slots=args.slots,
-            cpus=args.cpus or float(os.cpu_count() or 1),
             memory=args.memory or _total_memory(),
+            cpuset=tuple(args.cpuset or host_cpus()),
+            gpus=tuple(gpus),
             idle_seconds=args.idle_seconds,
             exit_after_num_runs=args.exit_after_num_runs,
             heartbeat_seconds=args.heartbeat_seconds,

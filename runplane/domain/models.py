@@ -82,6 +82,7 @@ class FailureReason(StrEnum):
     UPLOAD_FAILED = "upload_failed"
     BACKEND_REJECTED = "backend_rejected"
     CONTAINER_ERROR = "container_error"
+    GPU_UNAVAILABLE = "gpu_unavailable"
     AGENT_ERROR = "agent_error"
 
 
@@ -330,6 +331,9 @@ class Worker(BaseModel):
     cpus: float = 0
     gpus: int = 0
     memory: int = 0
+    free_cpus: float = 0
+    free_gpus: int = 0
+    gpu_ids: list[str] = Field(default_factory=list)
     runs: list[str] = Field(default_factory=list)
     runs_done: int = 0
     runs_left: int | None = None

@@ -41,3 +41,16 @@ def test_bad_flag_exits_2_with_one_line():
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "runplane-agent: error: --slots must be at least 1"
+
+
+def test_cpuset_and_gpuset_flags():
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    args = parse(["--pool", "p", "--cpuset", f"{cores[0]}", "--gpuset", "0,GPU-abc"])
+    assert args.cpuset == [cores[0]]
+    assert args.gpuset == ["0", "GPU-abc"]
+    with pytest.raises(UsageError, match="not available here"):
+        parse(["--pool", "p", "--cpuset", "0-4095"])
+    with pytest.raises(UsageError, match="--cpuset"):
+        parse(["--pool", "p", "--cpuset", "x"])

@@ -92,6 +92,20 @@ class SqsRunQueue:
         except BotoCoreError as e:
             raise BackendError(f"pool {pool}: cannot delete message: {e}") from e
 
+    def release(self, pool: str, delivery: Delivery, delay_seconds: int) -> None:
+        try:
+            self.client.change_message_visibility(
+                QueueUrl=self._url(pool_queue_name(self.prefix, pool)),
+                ReceiptHandle=delivery.receipt,
+                VisibilityTimeout=max(0, min(43200, delay_seconds)),
+            )
+        except ClientError as e:
+            if error_code(e) in ("ReceiptHandleIsInvalid", "MessageNotInflight", "InvalidParameterValue"):
+                return
+            raise BackendError(f"pool {pool}: cannot release message: {e}") from e
+        except BotoCoreError as e:
+            raise BackendError(f"pool {pool}: cannot release message: {e}") from e
+
     def depth(self, pool: str) -> int:
         try:
             attrs = self.client.get_queue_attributes(

@@ -1,0 +1,197 @@
+"""This worker's CPUs and GPUs, and handing them out to runs without sharing.
+
+Each run gets its own CPU cores (``cpuset_cpus``) and its own GPUs (a Docker device request
+with explicit device ids plus ``NVIDIA_VISIBLE_DEVICES``); a run that does not fit what is
+free now waits for it rather than oversubscribing the worker.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str = ""
+    memory: int = 0  # bytes
+
+
+def _nvml_gpus() -> list[Gpu] | None:
+    try:
+        import pynvml  # nvidia-ml-py, optional
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            gpus.append(
+                Gpu(
+                    i,
+                    uuid if isinstance(uuid, str) else uuid.decode(),
+                    name if isinstance(name, str) else name.decode(),
+                    memory,
+                )
+            )
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def parse_nvidia_smi(text: str) -> list[Gpu]:
+    """Parse ``nvidia-smi --query-gpu=index,uuid,name,memory.total --format=csv,noheader,nounits``."""
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        memory = int(float(parts[3]) * 1024 * 1024) if parts[3].replace(".", "", 1).isdigit() else 0
+        gpus.append(Gpu(int(parts[0]), parts[1], parts[2], memory))
+    return gpus
+
+
+def _smi_gpus(run: Callable[[list[str]], str] | None = None) -> list[Gpu] | None:
+    if run is None:
+        if shutil.which("nvidia-smi") is None:
+            return None
+
+        def run(cmd: list[str]) -> str:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+
+    try:
+        text = run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total", "--format=csv,noheader,nounits"])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_nvidia_smi(text)
+
+
+def detect_gpus() -> list[Gpu]:
+    """GPUs of this host through NVML, else nvidia-smi; none when neither answers."""
+    for probe in (_nvml_gpus, _smi_gpus):
+        found = probe()
+        if found is not None:
+            return found
+    return []
+
+
+def parse_set(text: str, what: str) -> list[str]:
+    """'0-3,8' -> ['0','1','2','3','8']; GPU UUIDs pass through. Raises ValueError."""
+    items: list[str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part and not part.upper().startswith("GPU-") and part.replace("-", "").isdigit():
+            low, high = (int(x) for x in part.split("-", 1))
+            if low > high:
+                raise ValueError(f"{what}: range {part!r} runs backwards")
+            items += [str(i) for i in range(low, high + 1)]
+        elif part.isdigit() or part.upper().startswith(("GPU-", "MIG-")):
+            items.append(part)
+        else:
+            raise ValueError(f"{what}: {part!r} is not an index, a range like 0-3, or a GPU UUID")
+    if len(set(items)) != len(items):
+        raise ValueError(f"{what}: lists an entry twice")
+    return items
+
+
+def host_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return list(range(os.cpu_count() or 1))
+
+
+def select_gpus(detected: Sequence[Gpu], gpuset: Sequence[str] | None) -> list[Gpu]:
+    """The detected GPUs named by ``--gpuset`` (indices or UUIDs), or all. Raises ValueError."""
+    if gpuset is None:
+        return list(detected)
+    chosen = []
+    for item in gpuset:
+        match = [g for g in detected if str(g.index) == item or g.uuid == item]
+        if not match:
+            found = ", ".join(f"{g.index}={g.uuid}" for g in detected) or "none"
+            raise ValueError(f"--gpuset: GPU {item} is not on this host (detected: {found})")
+        chosen.append(match[0])
+    return chosen
+
+
+@dataclass(frozen=True)
+class Allocation:
+    cpus: tuple[int, ...]
+    gpus: tuple[Gpu, ...]
+
+    def docker_kwargs(self, nano_cpus: int) -> dict[str, Any]:
+        """What the container gets: its own cores and, with GPUs, a device request naming them."""
+        kwargs: dict[str, Any] = {"nano_cpus": nano_cpus}
+        if self.cpus:
+            kwargs["cpuset_cpus"] = ",".join(str(c) for c in self.cpus)
+        if self.gpus:
+            from docker.types import DeviceRequest
+
+            ids = [g.uuid for g in self.gpus]
+            kwargs["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
+        return kwargs
+
+    def environment(self) -> dict[str, str]:
+        if not self.gpus:
+            return {"NVIDIA_VISIBLE_DEVICES": "void"}
+        return {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in self.gpus)}
+
+
+@dataclass
+class Allocator:
+    """Hands out whole CPU cores and GPUs to runs; thread-safe; never shares."""
+
+    cpus: list[int]
+    gpus: list[Gpu] = field(default_factory=list)
+    _used: dict[str, Allocation] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fits_at_all(self, cpus: float, gpus: int) -> str | None:
+        """Why a run could never fit this worker, or None."""
+        if math.ceil(cpus) > len(self.cpus):
+            return f"asks {cpus:g} cpus; this worker has {len(self.cpus)}"
+        if gpus > len(self.gpus):
+            return f"asks {gpus} gpus; this worker has {len(self.gpus)}"
+        return None
+
+    def allocate(self, run_id: str, cpus: float, gpus: int) -> Allocation | None:
+        """Reserve cores and GPUs for ``run_id``; None if not enough is free right now."""
+        need_cpus = max(1, math.ceil(cpus))
+        with self._lock:
+            used_cpus = {c for a in self._used.values() for c in a.cpus}
+            used_gpus = {g.uuid for a in self._used.values() for g in a.gpus}
+            free_cpus = [c for c in self.cpus if c not in used_cpus]
+            free_gpus = [g for g in self.gpus if g.uuid not in used_gpus]
+            if len(free_cpus) < need_cpus or len(free_gpus) < gpus:
+                return None
+            allocation = Allocation(tuple(free_cpus[:need_cpus]), tuple(free_gpus[:gpus]))
+            self._used[run_id] = allocation
+            return allocation
+
+    def release(self, run_id: str) -> None:
+        with self._lock:
+            self._used.pop(run_id, None)
+
+    def free(self) -> tuple[int, int]:
+        with self._lock:
+            used_cpus = sum(len(a.cpus) for a in self._used.values())
+            used_gpus = sum(len(a.gpus) for a in self._used.values())
+        return len(self.cpus) - used_cpus, len(self.gpus) - used_gpus
