@@ -3,7 +3,9 @@ when told to, when idle, or after N runs."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import shutil
 import socket
 import threading
 from collections.abc import Callable
@@ -23,6 +25,10 @@ from worker_agent.resources import Allocator, Gpu, host_cpus
 
 log = logging.getLogger(__name__)
 RELEASE_DELAY_SECONDS = 5
+# How long a received hint stays hidden from other workers. It is deleted as soon as the run is
+# claimed (milliseconds later), so this only matters when a worker dies holding it -- or when a
+# long poll was still open on the server as its worker died, which hands the next message to no one.
+HOLD_SECONDS = 10
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,7 @@ class AgentConfig:
     lease_seconds: float = 30
     poll_seconds: float = 5
     pass_down_termination: bool = False
+    exit_on_exception: bool = False
     executor: ExecutorConfig | None = None
     cpuset: tuple[int, ...] = ()
     gpus: tuple[Gpu, ...] = ()
@@ -72,6 +79,8 @@ class Agent:
         self.last_busy = self.started_at
         self.claimed = 0
         self.finished = 0
+        self.errors_in_a_row = 0
+        self.failed = False
         self.exit_reason = ""
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -89,6 +98,7 @@ class Agent:
     def run(self) -> str:
         """Work until told to stop or an exit condition holds; return why it stopped."""
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.recover_own_runs()
         self.sweep_orphans()
         self.heartbeat()
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
@@ -109,14 +119,14 @@ class Agent:
                         self.config.pool,
                         min(free, self._runs_left() or free),
                         self.config.poll_seconds,
-                        visibility_seconds=int(self.config.lease_seconds) + 30,
+                        visibility_seconds=HOLD_SECONDS,
                     )
                 except RunplaneError as e:
                     log.warning("receive failed: %s", e)
                     self._stop.wait(1)
                     continue
                 for delivery in deliveries:
-                    self._take(delivery)
+                    self._take_guarded(delivery)
         finally:
             self._stop.set()
             self._drain()
@@ -151,6 +161,24 @@ class Agent:
 
     # -- taking a run ---------------------------------------------------------------------
 
+    def _take_guarded(self, delivery: Delivery) -> None:
+        """Take a run; an unexpected error is retried with a bounded backoff, or ends the agent
+        with --exit-on-exception. Never a long sleep holding paid hardware."""
+        try:
+            self._take(delivery)
+            self.errors_in_a_row = 0
+        except Exception as e:
+            self.errors_in_a_row += 1
+            if self.config.exit_on_exception:
+                log.exception("error while taking a run; exiting (--exit-on-exception)")
+                self.exit_reason = f"error while taking a run: {e}"
+                self.failed = True
+                self._stop.set()
+                return
+            backoff = min(30.0, 2.0 ** min(self.errors_in_a_row, 5))
+            log.exception("error while taking a run; retrying in %.0fs", backoff)
+            self._stop.wait(backoff)
+
     def _take(self, delivery: Delivery) -> None:
         msg = delivery.message
         try:
@@ -160,7 +188,8 @@ class Agent:
             return
         if run.state != RunState.QUEUED or run.attempt != msg.attempt or self._stop.is_set():
             if self._stop.is_set():
-                return  # leave it for another worker; it reappears after the visibility timeout
+                self.ports.queue.release(self.config.pool, delivery, 0)  # for another worker, now
+                return
             self.ports.queue.delete(self.config.pool, delivery)  # stale hint
             return
         res = run.spec.resources
@@ -262,6 +291,40 @@ class Agent:
         self._report("offline")
 
     # -- orphans --------------------------------------------------------------------------
+
+    def recover_own_runs(self) -> list[str]:
+        """After a restart under the same id: runs this worker still holds had their agent die
+        under them. Stop their containers and hand the runs back to the queue (attempt kept)
+        at once, instead of waiting for their leases to expire."""
+        recovered: list[str] = []
+        try:
+            containers = self.docker.containers.list(
+                all=True, filters={"label": f"{LABEL}.worker_id={self.config.worker_id}"}
+            )
+        except docker.errors.APIError as e:
+            log.warning("cannot list containers: %s", e)
+            return recovered
+        for container in containers:
+            labels = container.labels
+            with contextlib.suppress(docker.errors.APIError):
+                container.remove(force=True)
+            try:
+                run = self.ports.store.get(labels[f"{LABEL}.run_id"])
+            except RunplaneError:
+                continue
+            if run.worker_id != self.config.worker_id or str(run.attempt) != labels.get(f"{LABEL}.attempt"):
+                continue
+            if run.state.terminal:
+                continue
+            try:
+                lifecycle.requeue(self.ports.store, self.ports.queue, run, self.clock(), "its worker restarted")
+                recovered.append(run.id)
+            except RunplaneError as e:
+                log.warning("could not hand back run %s: %s", run.id, e)
+        if recovered:
+            log.info("handed back %d run(s) left by this worker's previous life: %s", len(recovered), recovered)
+        shutil.rmtree(self.config.work_dir / "runs", ignore_errors=True)
+        return recovered
 
     def sweep_orphans(self) -> int:
         """Remove run containers on this engine whose run is no longer held by their worker

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from runplane.domain.units import parse_bytes, parse_duration
+from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import detect_gpus, host_cpus, parse_set, select_gpus
 
 FLAGS: list[tuple[str, type | None, object, str]] = [
@@ -37,9 +38,14 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("network-mode", str, "bridge", "Docker network for runs that ask for a network"),
     ("pull", str, "missing", "pull images that are missing ('missing') or never ('never')"),
     ("shm-size", str, None, "size of /dev/shm in run containers, e.g. 1g"),
+    ("preemption-watch", str, None, "watch for spot/preemption notices: ec2, azure or an http(s) URL"),
+    ("metadata-url", str, "http://169.254.169.254", "instance metadata endpoint for --preemption-watch"),
     ("log-level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 ]
-SWITCHES = [("pass-down-termination", "on SIGTERM stop running runs and re-queue them before exiting")]
+SWITCHES = [
+    ("pass-down-termination", "on SIGTERM stop running runs and re-queue them before exiting"),
+    ("exit-on-exception", "exit (status 1) on an unexpected error instead of retrying with backoff"),
+]
 
 
 class UsageError(Exception):
@@ -72,10 +78,23 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         except ValueError as e:
             raise UsageError(f"--{name}: {value!r} is not a valid {kind.__name__ if kind else 'value'}") from e
         setattr(args, attr, converted)
+    _validate(args)
+    return args
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Check and convert the values argparse leaves as strings. Raises UsageError."""
     if not args.pool:
         raise UsageError("--pool is required (or set RUNPLANE_AGENT_POOL)")
     if args.slots < 1:
         raise UsageError("--slots must be at least 1")
+    if args.preemption_watch:
+        try:
+            make_probe(args.preemption_watch, args.metadata_url)
+        except ValueError as e:
+            raise UsageError(str(e)) from e
+    if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise UsageError("--log-level must be DEBUG, INFO, WARNING or ERROR")
     if args.pull not in ("missing", "never"):
         raise UsageError("--pull must be 'missing' or 'never'")
     for name in ("heartbeat_seconds", "lease_seconds", "poll_seconds", "kill_poll_seconds"):
@@ -95,7 +114,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         outside = sorted(set(args.cpuset) - allowed)
         if outside:
             raise UsageError(f"--cpuset: cores {outside} are not available here (available: {sorted(allowed)})")
-    return args
 
 
 def _total_memory() -> int:
@@ -147,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lease_seconds=args.lease_seconds,
             poll_seconds=args.poll_seconds,
             pass_down_termination=args.pass_down_termination,
+            exit_on_exception=args.exit_on_exception,
             executor=ExecutorConfig(
                 worker_id=worker_id,
                 work_dir=work_dir,
@@ -170,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("runplane.agent").info("worker %s serving pool %s", worker_id, args.pool)
+    if args.preemption_watch:
+        PreemptionWatcher(
+            make_probe(args.preemption_watch, args.metadata_url), lambda notice: agent.stop(pass_down=True)
+        ).start()
     reason = agent.run()
     logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
-    return 0
+    return 1 if agent.failed else 0

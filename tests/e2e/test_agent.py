@@ -1,0 +1,239 @@
+"""The worker agent as a process, started by the test on the "manual" pool, against the local
+stack and the real Docker engine."""
+
+import http.server
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from runplane import bootstrap
+from runplane.domain.models import RunState
+from runplane.ports import Expect
+from tests.conftest import wait_for, wait_state
+
+pytestmark = pytest.mark.docker
+TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+FAST = [
+    "--lease-seconds",
+    "4",
+    "--heartbeat-seconds",
+    "1",
+    "--poll-seconds",
+    "1",
+    "--kill-poll-seconds",
+    "0.5",
+    "--pull",
+    "never",
+]
+
+
+class Agent:
+    def __init__(self, tmp_path, *args, worker_id=None):
+        self.id = worker_id or f"manual-{os.urandom(3).hex()}"
+        self.log = tmp_path / f"{self.id}-{time.monotonic_ns()}.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "worker_agent",
+            "--pool",
+            "manual",
+            "--id",
+            self.id,
+            "--work-dir",
+            str(tmp_path / "work"),
+            *FAST,
+            *args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
+
+    def signal(self, sig):
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agent did not exit within {timeout}s:\n{self.log.read_text()[-3000:]}") from None
+
+    def stop(self):
+        """SIGTERM first: a killed agent's open long poll would still take the next message."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+@pytest.fixture
+def agents(tmp_path, devstack):
+    started = []
+
+    def start(*args, worker_id=None):
+        agent = Agent(tmp_path, *args, worker_id=worker_id)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        agent.stop()
+
+
+def submit(client, command, **extra):
+    return client.request("POST", "/v1/runs", {"command": command, "queue": "manual", **extra})
+
+
+def logs(client, run_id):
+    return client.request("GET", f"/v1/runs/{run_id}/logs")["data"]
+
+
+def test_two_slots_run_at_once_on_disjoint_cores(docker_client, alice, agents):
+    agents("--slots", "2", "--cpuset", "0,1", "--idle-seconds", "30")
+    cmd = "grep Cpus_allowed_list /proc/self/status | cut -f2; sleep 2"
+    runs = [submit(alice, cmd, resources={"cpus": 1}) for _ in range(2)]
+    done = [wait_state(alice, r["id"], TERMINAL) for r in runs]
+    assert [d["state"] for d in done] == ["succeeded", "succeeded"]
+    cores = sorted(logs(alice, r["id"]).strip() for r in runs)
+    assert cores == ["0", "1"]
+    starts = sorted((d["started_at"], d["finished_at"]) for d in done)
+    assert starts[1][0] < starts[0][1], "the two runs did not overlap"
+
+
+def test_sigterm_with_pass_down_requeues_and_another_agent_finishes(docker_client, alice, agents):
+    first = agents("--pass-down-termination")
+    run = submit(alice, "echo attempt $RUNPLANE_ATTEMPT; sleep 5; echo $RUNPLANE_ATTEMPT > done")
+    wait_for(lambda: logs(alice, run["id"]), 60, 0.1, "the run to print")
+    first.signal(signal.SIGTERM)
+    assert first.wait(20) == 0
+    queued = alice.request("GET", f"/v1/runs/{run['id']}")
+    assert queued["state"] == "queued"
+    assert queued["attempt"] == 1  # attempt count kept
+    assert "worker terminated" in queued["waiting_reason"]
+    agents()
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    assert done["attempt"] == 2
+    files = alice.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]
+    assert [f["path"] for f in files] == ["done"]
+
+
+def test_sigterm_without_pass_down_finishes_the_current_run(docker_client, alice, agents):
+    agent = agents()
+    run = submit(alice, "sleep 2; echo finished")
+    wait_state(alice, run["id"], {"running"}, timeout=60)
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(30) == 0
+    done = alice.request("GET", f"/v1/runs/{run['id']}")
+    assert (done["state"], done["attempt"]) == ("succeeded", 1)
+    assert logs(alice, run["id"]) == "finished\n"
+
+
+def test_agent_restarted_mid_run_hands_its_run_back(docker_client, alice, agents):
+    first = agents(worker_id="manual-restart")
+    run = submit(alice, "echo $RUNPLANE_ATTEMPT > attempt; sleep 30")
+    wait_state(alice, run["id"], {"running"}, timeout=60)
+    first.signal(signal.SIGKILL)
+    first.wait(10)
+    label = "io.runplane.worker_id=manual-restart"
+    assert docker_client.containers.list(filters={"label": label}), "the container outlived its agent"
+    agents(worker_id="manual-restart")  # the same worker comes back
+    requeued = wait_for(
+        lambda: (r := alice.request("GET", f"/v1/runs/{run['id']}"))["attempt"] == 2 and r, 60, 0.2, "attempt 2"
+    )
+    assert any("its worker restarted" in e["message"] for e in requeued["events"])
+    assert all(
+        c.labels["io.runplane.attempt"] == "2"
+        for c in docker_client.containers.list(all=True, filters={"label": label})
+    )
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    assert wait_state(alice, run["id"], TERMINAL)["state"] == "killed"
+
+
+def test_lost_lease_stops_the_container_and_writes_nothing(docker_client, alice, agents):
+    agents()
+    run = submit(alice, "sleep 60")
+    running = wait_state(alice, run["id"], {"running"}, timeout=60)
+    store = bootstrap.stack().store
+    stored = store.get(run["id"])
+    # what the reaper does after a network partition: the run goes back to the queue
+    store.update(
+        stored,
+        Expect(states=frozenset({RunState.RUNNING}), attempt=1),
+        {"state": RunState.QUEUED, "worker_id": None, "lease_expires_at": None},
+    )
+    name = f"runplane-{run['id']}-1"
+    wait_for(
+        lambda: not docker_client.containers.list(all=True, filters={"name": name}),
+        20,
+        0.2,
+        "the container of the lost attempt to go",
+    )
+    time.sleep(2)
+    after = store.get(run["id"])
+    assert (after.state, after.attempt, after.worker_id) == (RunState.QUEUED, 1, None)
+    assert [e.state for e in after.events] == [e.state for e in stored.events]
+    assert running["worker_id"]
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")  # leave nothing queued for the next test
+
+
+def test_disk_limit(docker_client, alice, agents):
+    agents()
+    run = submit(alice, "dd if=/dev/zero of=big bs=1M count=64; sleep 30", resources={"disk": "16m"})
+    done = wait_state(alice, run["id"], TERMINAL, timeout=60)
+    assert done["state"] == "failed"
+    assert done["failure"]["reason"] == "disk_limit"
+    assert "16m" in done["failure"]["message"]
+
+
+class _Notices(http.server.BaseHTTPRequestHandler):
+    preempt = False
+
+    def do_GET(self):
+        events = [{"EventId": "1", "EventType": "Preempt", "ResourceType": "VirtualMachine"}] if self.preempt else []
+        body = json.dumps({"DocumentIncarnation": 1, "Events": events}).encode()
+        self.send_response(200 if self.headers.get("Metadata") == "true" else 400)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_preemption_notice_hands_runs_back_and_exits(docker_client, alice, agents):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Notices)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        agent = agents("--preemption-watch", "azure", "--metadata-url", url)
+        run = submit(alice, "sleep 60")
+        wait_state(alice, run["id"], {"running"}, timeout=60)
+        _Notices.preempt = True
+        assert agent.wait(30) == 0
+        back = alice.request("GET", f"/v1/runs/{run['id']}")
+        assert back["state"] == "queued"
+        assert "Azure scheduled event: Preempt" in agent.log.read_text()
+        alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    finally:
+        _Notices.preempt = False
+        server.shutdown()
+
+
+def test_exit_when_idle_and_after_n_runs(docker_client, alice, agents):
+    idle = agents("--idle-seconds", "1")
+    assert idle.wait(30) == 0
+    assert "idle for 1s" in idle.log.read_text()
+    worker = bootstrap.stack().workers.get(idle.id)
+    assert worker.status == "offline"
+    once = agents("--exit-after-num-runs", "1")
+    run = submit(alice, "echo one")
+    assert once.wait(60) == 0
+    assert wait_state(alice, run["id"], TERMINAL)["state"] == "succeeded"
+    assert "finished 1 run(s)" in once.log.read_text()
