@@ -1,0 +1,90 @@
+"""Chaos: 100 short runs, 3 agents SIGKILLed and restarted at random every few seconds.
+Every run must end in exactly one terminal state, no attempt may run twice, and every
+succeeded run must have its outputs."""
+
+import collections
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from runplane import bootstrap
+from runplane.domain.models import RunState
+from tests.e2e.test_agent import FAST
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+RUNS = 100
+TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+
+
+def start_agent(tmp_path, worker_id):
+    log = (tmp_path / f"{worker_id}.log").open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "worker_agent", "--pool", "chaos", "--id", worker_id, "--slots", "2",
+         "--work-dir", str(tmp_path / "work"), *FAST],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+
+
+def test_chaos(docker_client, alice, tmp_path):
+    rng = random.Random(20261122)
+    ids = [alice.request("POST", "/v1/runs", {
+        "command": f"echo attempt $RUNPLANE_ATTEMPT; sleep 0.{rng.randint(1, 9)}; echo {i} > out",
+        "queue": "chaos", "resources": {"cpus": 0.5, "memory": "64m"},
+    })["id"] for i in range(RUNS)]
+    agents = {f"chaos-{n}": start_agent(tmp_path, f"chaos-{n}") for n in range(3)}
+    store = bootstrap.stack().store
+    kills = 0
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline:
+            runs = [store.get(i) for i in ids]
+            if all(r.state.terminal for r in runs):
+                break
+            time.sleep(rng.uniform(1.5, 4))
+            victim = rng.choice(sorted(agents))
+            agents[victim].send_signal(signal.SIGKILL)
+            agents[victim].wait(10)
+            kills += 1
+            time.sleep(rng.uniform(0, 1.5))
+            agents[victim] = start_agent(tmp_path, victim)
+        else:
+            pytest.fail(f"not every run ended within 240s: {collections.Counter(str(r.state) for r in runs)}")
+    finally:
+        for proc in agents.values():
+            proc.terminate()
+        for proc in agents.values():
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    runs = [store.get(i) for i in ids]
+    counts = collections.Counter(str(r.state) for r in runs)
+    attempts = collections.Counter(r.attempt for r in runs)
+    print(f"\nchaos: {RUNS} runs, {kills} agent kills; states {dict(counts)}; attempts {dict(sorted(attempts.items()))}")
+    assert sum(counts.values()) == RUNS
+    assert set(counts) <= TERMINAL
+    for run in runs:
+        claimed = [e for e in run.events if e.state == RunState.PREPARING]
+        started = [e for e in run.events if e.state == RunState.RUNNING]
+        ended = [e for e in run.events if e.state is not None and e.state.terminal]
+        assert len(ended) == 1, f"{run.id} ended {len(ended)} times"
+        assert len(claimed) == run.attempt, f"{run.id}: {len(claimed)} claims for {run.attempt} attempts"
+        assert len(started) <= run.attempt, f"{run.id}: an attempt started twice"
+        claim_attempts = [int(e.message.split()[1]) for e in claimed]  # "attempt N claimed by ..."
+        assert claim_attempts == list(range(1, run.attempt + 1)), f"{run.id}: attempts {claim_attempts}"
+        if run.state == RunState.SUCCEEDED:
+            files = alice.request("GET", f"/v1/runs/{run.id}/outputs")["files"]
+            assert [f["path"] for f in files] == ["out"], run.id
+            with urllib.request.urlopen(files[0]["url"], timeout=10) as resp:
+                assert resp.read() == f"{ids.index(run.id)}\n".encode()
+        else:
+            assert run.failure is not None and run.failure.reason == "worker_lost", (run.id, run.failure)
+    assert counts["succeeded"] >= RUNS * 0.8
+    leftovers = docker_client.containers.list(all=True, filters={"label": "io.runplane.worker_id"})
+    assert not [c for c in leftovers if c.labels.get("io.runplane.run_id") in ids]
