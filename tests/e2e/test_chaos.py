@@ -66,7 +66,8 @@ def test_chaos(docker_client, alice, tmp_path):
     runs = [store.get(i) for i in ids]
     counts = collections.Counter(str(r.state) for r in runs)
     attempts = collections.Counter(r.attempt for r in runs)
-    print(f"\nchaos: {RUNS} runs, {kills} agent kills; states {dict(counts)}; attempts {dict(sorted(attempts.items()))}")
+    by_attempt = dict(sorted(attempts.items()))
+    print(f"\nchaos: {RUNS} runs, {kills} agent kills; states {dict(counts)}; attempts {by_attempt}")
     assert sum(counts.values()) == RUNS
     assert set(counts) <= TERMINAL
     for run in runs:
