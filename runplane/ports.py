@@ -115,6 +115,7 @@ class RunQueue(Protocol):
 class ObjectInfo:
     key: str
     size: int
+    etag: str = ""
 
 
 class ObjectStore(Protocol):
@@ -140,6 +141,10 @@ class ObjectStore(Protocol):
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:
         """A time-limited URL anyone can GET."""
+        ...
+
+    def within(self, bucket: str) -> ObjectStore:
+        """The same store on another bucket (container), sharing the client."""
         ...
 
 

@@ -21,6 +21,8 @@ from runplane.domain.models import RunState, Worker
 from runplane.ports import Delivery, WorkerRegistry
 from runplane.services import lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor
+from worker_agent.images import ImageCache
+from worker_agent.inputs import InputCache
 from worker_agent.resources import Allocator, Gpu, host_cpus
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,12 @@ class Agent:
         registry: WorkerRegistry,
         docker_client: docker.DockerClient,
         clock: Callable[[], float],
+        inputs: InputCache | None = None,
+        images: ImageCache | None = None,
     ) -> None:
         self.config = config
+        self.inputs = inputs
+        self.images = images
         self.ports = ports
         self.registry = registry
         self.docker = docker_client
@@ -210,7 +216,15 @@ class Agent:
             return
         self.ports.queue.delete(self.config.pool, delivery)
         executor = RunExecutor(
-            claimed, self.ports, self.docker, self.executor_config, self.clock, self._done, allocation
+            claimed,
+            self.ports,
+            self.docker,
+            self.executor_config,
+            self.clock,
+            self._done,
+            allocation,
+            self.inputs,
+            self.images,
         )
         with self._lock:
             self.active[claimed.id] = executor
@@ -220,12 +234,23 @@ class Agent:
 
     def _done(self, executor: RunExecutor) -> None:
         self.allocator.release(executor.run.id)
+        self._housekeeping()
         with self._lock:
             self.active.pop(executor.run.id, None)
             self.finished += 1
             self.last_busy = self.clock()
         log.info("run %s ended %s", executor.run.id, executor.run.state)
         self._slot_freed.set()
+
+    def _housekeeping(self) -> None:
+        """Keep the input cache and the image cache under their limits (between runs)."""
+        try:
+            if self.inputs is not None:
+                self.inputs.evict()
+            if self.images is not None:
+                self.images.prune()
+        except (OSError, docker.errors.DockerException) as e:
+            log.warning("cache housekeeping failed: %s", e)
 
     # -- heartbeat ------------------------------------------------------------------------
 

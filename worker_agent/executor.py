@@ -25,6 +25,8 @@ from runplane.domain.units import format_bytes, format_duration
 from runplane.ports import ObjectStore, RunQueue, RunStore
 from runplane.services import lifecycle
 from runplane.services.logs import outputs_prefix
+from worker_agent.images import ImageCache
+from worker_agent.inputs import InputCache, InputUnavailable
 from worker_agent.logship import LogShipper
 from worker_agent.outputs import upload_dir
 from worker_agent.resources import Allocation
@@ -86,9 +88,15 @@ class RunExecutor:
         clock: Callable[[], float],
         on_done: Callable[[RunExecutor], None] = lambda _: None,
         allocation: Allocation | None = None,
+        inputs: InputCache | None = None,
+        images: ImageCache | None = None,
     ) -> None:
+        self.images = images
         self.run_ = run
         self.allocation = allocation
+        self.inputs = inputs
+        self.mounts: dict[str, Path] = {}
+        self._input_keys: list[str] = []
         self.ports = ports
         self.docker = docker_client
         self.config = config
@@ -159,7 +167,14 @@ class RunExecutor:
         t0 = self.clock()
         image = run.spec.image or ""
         outcome = self._ensure_image(image)
+        if outcome is None and self.images is not None:
+            try:
+                self.images.used(image)
+            except OSError as e:  # bookkeeping for pruning; never a reason to fail the run
+                log.warning("run %s: could not record image use: %s", run.id, e)
         self.usage.timings["pull"] = round(self.clock() - t0, 3)
+        if outcome is None:
+            outcome = self._fetch_inputs()
         if outcome is None:
             outcome = self._check_control()
         if outcome is not None:
@@ -236,8 +251,30 @@ class RunExecutor:
                 f"image {image} is not on this worker and could not be pulled: {_explain(e)}",
             )
 
+    def _fetch_inputs(self) -> Outcome | None:
+        run = self.run
+        if not run.spec.inputs:
+            return None
+        t0 = self.clock()
+        if self.inputs is None:
+            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, "this worker has no input cache")
+        try:
+            for name, source in sorted(run.spec.inputs.items()):
+                fetched = self.inputs.fetch(source, self._user)
+                self._input_keys.append(fetched.key)
+                self.mounts[name] = fetched.path
+        except InputUnavailable as e:
+            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"input unavailable: {e.message}")
+        finally:
+            self.usage.timings["inputs"] = round(self.clock() - t0, 3)
+        return None
+
+    @property
+    def _user(self) -> str:
+        return f"{self.config.worker_id}--{self.run.id}-{self.run.attempt}"
+
     def _create(self, run: Run, image: str) -> Any:
-        kwargs = container_spec(run, image, self.config, self.output_dir.resolve(), self.allocation)
+        kwargs = container_spec(run, image, self.config, self.output_dir.resolve(), self.allocation, self.mounts)
         try:
             return self.docker.containers.create(**kwargs)
         except docker.errors.APIError as e:
@@ -410,6 +447,12 @@ class RunExecutor:
         self._set_run(new)
 
     def _cleanup(self) -> None:
+        for key in self._input_keys:
+            if self.inputs is not None:
+                try:
+                    self.inputs.release(key, self._user)
+                except OSError as e:
+                    log.warning("run %s: could not release input %s: %s", self.run.id, key, e)
         if self.container is not None:
             try:
                 self.container.remove(force=True)
@@ -423,7 +466,12 @@ CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
 
 
 def container_spec(
-    run: Run, image: str, config: ExecutorConfig, output_dir: Path, allocation: Allocation | None
+    run: Run,
+    image: str,
+    config: ExecutorConfig,
+    output_dir: Path,
+    allocation: Allocation | None,
+    inputs: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c``, limits,
     the run's own cores and GPUs, and the hardening every run has."""
@@ -439,7 +487,10 @@ def container_spec(
         "name": f"runplane-{run.id}-{run.attempt}",
         "working_dir": OUTPUT_MOUNT,
         "environment": env,
-        "volumes": {str(output_dir): {"bind": OUTPUT_MOUNT, "mode": "rw"}},
+        "volumes": {
+            str(output_dir): {"bind": OUTPUT_MOUNT, "mode": "rw"},
+            **{str(path): {"bind": f"/inputs/{name}", "mode": "ro"} for name, path in sorted((inputs or {}).items())},
+        },
         "network_mode": config.network_mode if run.spec.network else "none",
         "mem_limit": res.memory,
         "memswap_limit": res.memory,

@@ -24,7 +24,9 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("pool", str, None, "pool whose queue this worker serves (required)"),
     ("id", str, None, "worker id (default: host name plus a random suffix)"),
     ("slots", int, 1, "runs at the same time"),
-    ("work-dir", str, "~/.runplane/agent", "where run directories live"),
+    ("work-dir", str, "~/.runplane/agent", "where run directories and the input cache live (may be shared)"),
+    ("max-work-dir-size", str, None, "evict cached inputs, least recently used first, above this size, e.g. 100g"),
+    ("max-image-cache-size", str, None, "remove images runs used, least recently used first, above this size"),
     ("cpuset", str, None, "CPU cores runs may use, e.g. 0-7,16 (default: all this process may use)"),
     ("gpuset", str, None, "GPUs runs may use, as indices or UUIDs, e.g. 0,1 (default: all detected)"),
     ("memory", str, None, "memory to advertise, e.g. 64g (default: all)"),
@@ -105,6 +107,8 @@ def _validate(args: argparse.Namespace) -> None:
     try:
         args.idle_seconds = parse_duration(args.idle_seconds) if args.idle_seconds else None
         args.memory = parse_bytes(args.memory) if args.memory else None
+        args.max_work_dir_size = parse_bytes(args.max_work_dir_size) if args.max_work_dir_size else None
+        args.max_image_cache_size = parse_bytes(args.max_image_cache_size) if args.max_image_cache_size else None
         args.cpuset = [int(c) for c in parse_set(args.cpuset, "--cpuset")] if args.cpuset else None
         args.gpuset = parse_set(args.gpuset, "--gpuset") if args.gpuset else None
     except ValueError as e:
@@ -132,9 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runplane.bootstrap import build_stack
     from worker_agent.agent import Agent, AgentConfig
     from worker_agent.executor import ExecutorConfig, Ports
+    from worker_agent.images import ImageCache
+    from worker_agent.inputs import InputCache
 
     worker_id = args.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
-    work_dir = Path(args.work_dir).expanduser() / worker_id
+    root = Path(args.work_dir).expanduser()
+    work_dir = root / worker_id
     try:
         client = docker.from_env(max_pool_size=64)
         client.ping()
@@ -180,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack.workers,
         client,
         time.time,
+        inputs=InputCache(root / "cache", stack.objects, stack.store, args.max_work_dir_size),
+        images=ImageCache(client, root / f"images-{socket.gethostname()}.json", args.max_image_cache_size),
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

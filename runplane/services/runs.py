@@ -9,7 +9,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runplane.domain.errors import AlreadyExists, ConditionFailed, Conflict, RunplaneError
+from runplane.domain.errors import (
+    AlreadyExists,
+    ConditionFailed,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    RunplaneError,
+)
 from runplane.domain.models import (
     ACTIVE_STATES,
     DispatchEvent,
@@ -65,6 +73,7 @@ def submit_run(
     reaper re-sends hints for queued runs.
     """
     pool = choose_pool(pools, spec.resources, spec.queue)
+    _check_run_inputs(store, principal, spec)
     now = clock()
     resolved = spec.model_copy(
         update={
@@ -95,6 +104,22 @@ def submit_run(
         return Submitted(existing, created=False)
     _hint(queue, run)
     return Submitted(run, created=True)
+
+
+def _check_run_inputs(store: RunStore, principal: Principal, spec: RunSpec) -> None:
+    """``run:<id>`` inputs must name a run of the caller's (the bytes are read at run time)."""
+    for name, source in spec.inputs.items():
+        if not source.startswith("run:"):
+            continue
+        run_id = source[4:].partition("/")[0]
+        try:
+            source_run = store.get(run_id)
+        except NotFound as e:
+            raise InvalidRequest(f"input {name}: run {run_id} does not exist") from e
+        if source_run.owner != principal.user and not principal.can("admin"):
+            raise Forbidden(f"input {name}: run {run_id} belongs to another user")
+        if source_run.state.terminal and source_run.state != RunState.SUCCEEDED:
+            raise InvalidRequest(f"input {name}: run {run_id} ended {source_run.state}; it has no outputs to use")
 
 
 def _hint(queue: RunQueue, run: Run) -> None:

@@ -24,18 +24,39 @@ TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 def start_agent(tmp_path, worker_id):
     log = (tmp_path / f"{worker_id}.log").open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "worker_agent", "--pool", "chaos", "--id", worker_id, "--slots", "2",
-         "--work-dir", str(tmp_path / "work"), *FAST],
-        stdout=log, stderr=subprocess.STDOUT,
+        [
+            sys.executable,
+            "-m",
+            "worker_agent",
+            "--pool",
+            "chaos",
+            "--id",
+            worker_id,
+            "--slots",
+            "2",
+            "--work-dir",
+            str(tmp_path / "work"),
+            *FAST,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
 
 
 def test_chaos(docker_client, alice, tmp_path):
     rng = random.Random(20261122)
-    ids = [alice.request("POST", "/v1/runs", {
-        "command": f"echo attempt $RUNPLANE_ATTEMPT; sleep 0.{rng.randint(1, 9)}; echo {i} > out",
-        "queue": "chaos", "resources": {"cpus": 0.5, "memory": "64m"},
-    })["id"] for i in range(RUNS)]
+    ids = [
+        alice.request(
+            "POST",
+            "/v1/runs",
+            {
+                "command": f"echo attempt $RUNPLANE_ATTEMPT; sleep 0.{rng.randint(1, 9)}; echo {i} > out",
+                "queue": "chaos",
+                "resources": {"cpus": 0.5, "memory": "64m"},
+            },
+        )["id"]
+        for i in range(RUNS)
+    ]
     agents = {f"chaos-{n}": start_agent(tmp_path, f"chaos-{n}") for n in range(3)}
     store = bootstrap.stack().store
     kills = 0

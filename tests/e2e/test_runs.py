@@ -198,3 +198,38 @@ def test_symlink_out_of_output_dir_is_not_uploaded(docker_client, alice):
     done = wait_state(alice, run["id"], TERMINAL)
     assert done["state"] == "succeeded"
     assert outputs(alice, run["id"]) == {"real": b"ok\n", "inside": b"ok\n"}
+
+
+def test_inputs_are_mounted_read_only(docker_client, alice):
+    producer = submit(alice, "mkdir model; echo weights > model/w")
+    assert wait_state(alice, producer["id"], TERMINAL)["state"] == "succeeded"
+    objects = bootstrap.stack().objects
+    objects.put_bytes("datasets/d.txt", b"rows\n")
+    run = submit(
+        alice,
+        "cat /inputs/model/w /inputs/data; (echo x > /inputs/data) 2>/dev/null || echo read-only",
+        inputs={"model": f"run:{producer['id']}/model", "data": f"s3://{objects.bucket}/datasets/d.txt"},
+    )
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded", done
+    assert read_all(alice, run["id"]) == "weights\nrows\nread-only\n"
+    assert "inputs" in done["usage"]["timings"]
+
+
+def test_missing_input_is_input_unavailable(docker_client, alice):
+    bucket = bootstrap.stack().objects.bucket
+    run = submit(alice, "echo never", inputs={"data": f"s3://{bucket}/datasets/absent.txt"})
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "failed"
+    assert done["failure"]["reason"] == "input_unavailable"
+    assert "absent.txt" in done["failure"]["message"]
+
+
+def test_run_inputs_are_checked_at_submission(alice, bob):
+    from tests.conftest import api_status
+
+    status, code, message = api_status(lambda: submit(alice, "x", inputs={"m": "run:r-nosuchrun"}))
+    assert (status, code) == (422, "invalid_request")
+    assert "does not exist" in message
+    bobs = bob.request("POST", "/v1/runs", {"command": "x", "queue": "parked"})
+    assert api_status(lambda: submit(alice, "x", inputs={"m": f"run:{bobs['id']}"}))[:2] == (403, "forbidden")

@@ -56,10 +56,16 @@ class S3ObjectStore:
         out: list[ObjectInfo] = []
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
-                out.extend(ObjectInfo(o["Key"], int(o["Size"])) for o in page.get("Contents", []))
+                out.extend(
+                    ObjectInfo(o["Key"], int(o["Size"]), str(o.get("ETag", "")).strip('"'))
+                    for o in page.get("Contents", [])
+                )
         except (ClientError, BotoCoreError) as e:
             raise BackendError(f"list {prefix}: {e}") from e
         return sorted(out, key=lambda o: o.key)
+
+    def within(self, bucket: str) -> S3ObjectStore:
+        return self if bucket == self.bucket else S3ObjectStore(bucket, self.client)
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:
         return str(

@@ -1,0 +1,183 @@
+"""Run inputs in a content-addressed cache that several agents may share (e.g. on NFS).
+
+Layout under the cache root::
+
+    <key>/content      the file or directory, complete and never changed once there
+    <key>/done         written last: the entry is complete
+    <key>/users/<id>   one file per run using the entry (never evicted while any exist)
+    <key>.lock         flock'ed while the entry is downloaded, evicted or its users change
+
+An input downloads once, whoever asks first: the others wait on the lock and then find it
+done. Entries are evicted least-recently-used first when the cache grows over its limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from runplane.domain.errors import NotFound, RunplaneError
+from runplane.domain.models import RunState
+from runplane.ports import ObjectStore, RunStore
+from runplane.services.logs import outputs_prefix
+from worker_agent.usage import dir_size
+
+log = logging.getLogger(__name__)
+
+
+class InputUnavailable(RunplaneError):
+    code = "input_unavailable"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where an input's bytes are: objects under ``prefix`` in ``store`` (one object if ``single``)."""
+
+    store: ObjectStore
+    prefix: str
+    single: bool
+    version: str
+
+
+@dataclass(frozen=True)
+class Fetched:
+    path: Path
+    key: str
+    downloaded: bool
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class InputCache:
+    def __init__(self, root: Path, objects: ObjectStore, store: RunStore, max_bytes: int | None = None) -> None:
+        self.root = root
+        self.objects = objects
+        self.store = store
+        self.max_bytes = max_bytes
+
+    # -- resolving a source ---------------------------------------------------------------
+
+    def resolve(self, source: str) -> Resolved:
+        """Find the objects behind ``s3://bucket/key`` or ``run:<id>[/path]``. Raises InputUnavailable."""
+        if source.startswith("s3://"):
+            bucket, _, key = source[5:].partition("/")
+            store = self.objects.within(bucket)
+            return self._listing(store, key, source)
+        run_id, _, path = source[4:].partition("/")
+        try:
+            run = self.store.get(run_id)
+        except NotFound as e:
+            raise InputUnavailable(f"{source}: run {run_id} does not exist") from e
+        if run.state != RunState.SUCCEEDED:
+            raise InputUnavailable(f"{source}: run {run_id} is {run.state}, not succeeded")
+        return self._listing(self.objects, outputs_prefix(run.id, run.attempt) + path, source)
+
+    @staticmethod
+    def _listing(store: ObjectStore, key: str, source: str) -> Resolved:
+        try:
+            objects = store.list(key)
+        except RunplaneError as e:
+            raise InputUnavailable(f"{source}: cannot list it: {e.message}") from e
+        exact = [o for o in objects if o.key == key]
+        if exact and not key.endswith("/"):
+            obj = exact[0]
+            return Resolved(store, key, True, f"{obj.key}:{obj.size}:{obj.etag}")
+        prefix = key if key.endswith("/") or not key else key + "/"
+        inside = [o for o in objects if o.key.startswith(prefix)]
+        if not inside:
+            raise InputUnavailable(f"{source}: nothing there")
+        version = "\n".join(f"{o.key}:{o.size}:{o.etag}" for o in inside)
+        return Resolved(store, prefix, False, version)
+
+    # -- the cache ------------------------------------------------------------------------
+
+    def fetch(self, source: str, user: str) -> Fetched:
+        """The input's local path, downloaded unless a complete copy is cached; registers ``user``
+        so the entry is not evicted until ``release``. Raises InputUnavailable."""
+        resolved = self.resolve(source)
+        key = hashlib.sha256(f"{source}\n{resolved.version}".encode()).hexdigest()[:32]
+        entry = self.root / key
+        downloaded = False
+        with _locked(self.root / f"{key}.lock"):
+            if not (entry / "done").exists():
+                shutil.rmtree(entry, ignore_errors=True)
+                self._download(resolved, entry, source)
+                downloaded = True
+            (entry / "users").mkdir(exist_ok=True)
+            (entry / "users" / user).touch()
+            os.utime(entry / "done")  # the LRU clock
+        return Fetched(entry / "content", key, downloaded)
+
+    def _download(self, resolved: Resolved, entry: Path, source: str) -> None:
+        tmp = self.root / f".partial-{uuid.uuid4().hex}"
+        try:
+            if resolved.single:
+                tmp.mkdir(parents=True)
+                resolved.store.download_file(resolved.prefix, tmp / "content")
+            else:
+                for obj in resolved.store.list(resolved.prefix):
+                    rel = obj.key[len(resolved.prefix) :]
+                    target = (tmp / "content" / rel).resolve()
+                    if not rel or not target.is_relative_to((tmp / "content").resolve()):
+                        continue
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    resolved.store.download_file(obj.key, target)
+            for path in (tmp / "content").rglob("*") if not resolved.single else [tmp / "content"]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            (tmp / "done").write_text(source)
+            tmp.rename(entry)
+        except RunplaneError as e:
+            raise InputUnavailable(f"{source}: download failed: {e.message}") from e
+        except OSError as e:
+            raise InputUnavailable(f"{source}: download failed: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def release(self, key: str, user: str) -> None:
+        with _locked(self.root / f"{key}.lock"):
+            (self.root / key / "users" / user).unlink(missing_ok=True)
+
+    def size(self) -> int:
+        return dir_size(self.root)
+
+    def evict(self) -> list[str]:
+        """Remove least-recently-used entries no run uses until the cache fits its limit."""
+        if self.max_bytes is None or not self.root.exists():
+            return []
+        entries = []
+        for done in self.root.glob("*/done"):
+            entry = done.parent
+            entries.append((done.stat().st_mtime, entry))
+        total = self.size()
+        removed = []
+        for _, entry in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            with _locked(self.root / f"{entry.name}.lock"):
+                users = entry / "users"
+                if users.exists() and any(users.iterdir()):
+                    continue
+                size = dir_size(entry)
+                shutil.rmtree(entry, ignore_errors=True)
+            total -= size
+            removed.append(entry.name)
+        if removed:
+            log.info("evicted %d cached input(s); cache now %d bytes", len(removed), total)
+        return removed
