@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from typing import Literal
@@ -35,6 +36,12 @@ class StackSettings(BaseModel):
     local_state_dir: str = "~/.runplane/local"
     agent_args: str = ""
     """Extra arguments for every launched agent, as shell words."""
+
+    def stack_id(self) -> str:
+        """A short name for this control plane (where its runs table is), so that agents of
+        different stacks sharing one Docker engine never touch each other's containers."""
+        where = f"{self.cloud}|{self.aws_endpoint_url or ''}|{self.aws_region}|{self.runs_table or self.prefix}"
+        return hashlib.sha256(where.encode()).hexdigest()[:12]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> StackSettings:

@@ -47,6 +47,7 @@ class AgentConfig:
     poll_seconds: float = 5
     pass_down_termination: bool = False
     exit_on_exception: bool = False
+    preemptible: bool = False
     executor: ExecutorConfig | None = None
     cpuset: tuple[int, ...] = ()
     gpus: tuple[Gpu, ...] = ()
@@ -208,7 +209,13 @@ class Agent:
             return
         try:
             claimed = lifecycle.claim(
-                self.ports.store, run, msg.attempt, self.config.worker_id, self.config.lease_seconds, self.clock()
+                self.ports.store,
+                run,
+                msg.attempt,
+                self.config.worker_id,
+                self.config.lease_seconds,
+                self.clock(),
+                preemptible=self.config.preemptible,
             )
         except ConditionFailed:
             self.allocator.release(run.id)
@@ -317,6 +324,10 @@ class Agent:
 
     # -- orphans --------------------------------------------------------------------------
 
+    @property
+    def _stack_label(self) -> str:
+        return f"{LABEL}.stack={self.executor_config.stack_id}"
+
     def recover_own_runs(self) -> list[str]:
         """After a restart under the same id: runs this worker still holds had their agent die
         under them. Stop their containers and hand the runs back to the queue (attempt kept)
@@ -324,7 +335,8 @@ class Agent:
         recovered: list[str] = []
         try:
             containers = self.docker.containers.list(
-                all=True, filters={"label": f"{LABEL}.worker_id={self.config.worker_id}"}
+                all=True,
+                filters={"label": [f"{LABEL}.worker_id={self.config.worker_id}", self._stack_label]},
             )
         except docker.errors.APIError as e:
             log.warning("cannot list containers: %s", e)
@@ -342,7 +354,9 @@ class Agent:
             if run.state.terminal:
                 continue
             try:
-                lifecycle.requeue(self.ports.store, self.ports.queue, run, self.clock(), "its worker restarted")
+                lifecycle.requeue(
+                    self.ports.store, self.ports.queue, run, self.clock(), "its worker restarted", charge=False
+                )
                 recovered.append(run.id)
             except RunplaneError as e:
                 log.warning("could not hand back run %s: %s", run.id, e)
@@ -352,11 +366,14 @@ class Agent:
         return recovered
 
     def sweep_orphans(self) -> int:
-        """Remove run containers on this engine whose run is no longer held by their worker
-        (left behind by an agent that died). Containers of live workers are left alone."""
+        """Remove run containers of this stack whose run is no longer held by their worker (left
+        behind by an agent that died). Containers of live workers, and of other stacks sharing
+        this engine, are left alone."""
         removed = 0
         try:
-            containers = self.docker.containers.list(all=True, filters={"label": f"{LABEL}.run_id"})
+            containers = self.docker.containers.list(
+                all=True, filters={"label": [f"{LABEL}.run_id", self._stack_label]}
+            )
         except docker.errors.APIError as e:
             log.warning("cannot list containers: %s", e)
             return 0

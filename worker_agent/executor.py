@@ -51,6 +51,8 @@ class ExecutorConfig:
     network_mode: str = "bridge"
     pids_limit: int = 4096
     shm_size: str | None = None
+    run_user: str = "nobody"
+    stack_id: str = ""
     pull: str = "missing"  # missing | never
 
 
@@ -96,6 +98,7 @@ class RunExecutor:
         self.allocation = allocation
         self.inputs = inputs
         self.mounts: dict[str, Path] = {}
+        self.image_user = ""
         self._input_keys: list[str] = []
         self.ports = ports
         self.docker = docker_client
@@ -181,6 +184,7 @@ class RunExecutor:
             self._final(outcome)
             return
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.output_dir.chmod(0o777)  # the run's user (not the agent's) writes here; only it is mounted
         try:
             self.container = self._create(run, image)
         except docker.errors.APIError as e:
@@ -201,7 +205,9 @@ class RunExecutor:
             raise LeaseLost(f"run {run.id} attempt {run.attempt} was taken away")
         if self.flags.requeue.is_set() and outcome.state != RunState.SUCCEEDED:
             self._flush_logs()
-            lifecycle.requeue(self.ports.store, self.ports.queue, self.run, self.clock(), "worker terminated")
+            lifecycle.requeue(
+                self.ports.store, self.ports.queue, self.run, self.clock(), "worker terminated", charge=False
+            )
             return
         self._set_run(
             lifecycle.advance(
@@ -227,7 +233,7 @@ class RunExecutor:
 
     def _ensure_image(self, image: str) -> Outcome | None:
         try:
-            self.docker.images.get(image)
+            self.image_user = _image_user(self.docker.images.get(image))
             return None
         except docker.errors.ImageNotFound:
             pass
@@ -242,7 +248,7 @@ class RunExecutor:
                 f"image {image} is not on this worker and pulling is off",
             )
         try:
-            self.docker.images.pull(image)
+            self.image_user = _image_user(self.docker.images.pull(image))
             return None
         except (docker.errors.APIError, requests.RequestException) as e:
             return Outcome(
@@ -274,7 +280,9 @@ class RunExecutor:
         return f"{self.config.worker_id}--{self.run.id}-{self.run.attempt}"
 
     def _create(self, run: Run, image: str) -> Any:
-        kwargs = container_spec(run, image, self.config, self.output_dir.resolve(), self.allocation, self.mounts)
+        kwargs = container_spec(
+            run, image, self.config, self.output_dir.resolve(), self.allocation, self.mounts, self.image_user
+        )
         try:
             return self.docker.containers.create(**kwargs)
         except docker.errors.APIError as e:
@@ -472,6 +480,7 @@ def container_spec(
     output_dir: Path,
     allocation: Allocation | None,
     inputs: dict[str, Path] | None = None,
+    image_user: str = "",
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c``, limits,
     the run's own cores and GPUs, and the hardening every run has."""
@@ -503,13 +512,37 @@ def container_spec(
             f"{LABEL}.run_id": run.id,
             f"{LABEL}.attempt": str(run.attempt),
             f"{LABEL}.worker_id": config.worker_id,
+            f"{LABEL}.stack": config.stack_id,
         },
         "detach": True,
         **allocation.docker_kwargs(int(res.cpus * 1e9)),
     }
     if config.shm_size:
         spec["shm_size"] = config.shm_size
+    user = run_user(config.run_user, image_user)
+    if user is not None:
+        spec["user"] = user
     return spec
+
+
+NOBODY = "65534:65534"
+
+
+def run_user(setting: str, image_user: str) -> str | None:
+    """The ``user`` a container runs as. ``nobody``: the image's own user if it names a non-root
+    one, else uid/gid 65534; ``image``: whatever the image says (None: Docker's default);
+    anything else is taken as UID[:GID]."""
+    if setting == "image":
+        return None
+    if setting == "nobody":
+        if image_user and image_user.split(":")[0] not in ("root", "0"):
+            return None
+        return NOBODY
+    return setting
+
+
+def _image_user(image: Any) -> str:
+    return str((image.attrs.get("Config") or {}).get("User") or "")
 
 
 def _create_failure(e: docker.errors.APIError, allocation: Allocation | None, verb: str = "create") -> Outcome:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -40,6 +41,13 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("network-mode", str, "bridge", "Docker network for runs that ask for a network"),
     ("pull", str, "missing", "pull images that are missing ('missing') or never ('never')"),
     ("shm-size", str, None, "size of /dev/shm in run containers, e.g. 1g"),
+    (
+        "run-user",
+        str,
+        "nobody",
+        "who runs commands: nobody (uid 65534 unless the image names a user), image, or UID:GID",
+    ),
+    ("log-upload-prefix", str, None, "upload this agent's own log to object storage under this prefix"),
     ("preemption-watch", str, None, "watch for spot/preemption notices: ec2, azure or an http(s) URL"),
     ("metadata-url", str, "http://169.254.169.254", "instance metadata endpoint for --preemption-watch"),
     ("log-level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
@@ -47,6 +55,7 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
 SWITCHES = [
     ("pass-down-termination", "on SIGTERM stop running runs and re-queue them before exiting"),
     ("exit-on-exception", "exit (status 1) on an unexpected error instead of retrying with backoff"),
+    ("preemptible", "this machine may vanish (spot): losing it does not use up one of a run's attempts"),
 ]
 
 
@@ -97,6 +106,8 @@ def _validate(args: argparse.Namespace) -> None:
             raise UsageError(str(e)) from e
     if args.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise UsageError("--log-level must be DEBUG, INFO, WARNING or ERROR")
+    if args.run_user not in ("nobody", "image") and not re.fullmatch(r"\d+(:\d+)?", args.run_user):
+        raise UsageError("--run-user must be nobody, image, or UID[:GID]")
     if args.pull not in ("missing", "never"):
         raise UsageError("--pull must be 'missing' or 'never'")
     for name in ("heartbeat_seconds", "lease_seconds", "poll_seconds", "kill_poll_seconds"):
@@ -138,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from worker_agent.executor import ExecutorConfig, Ports
     from worker_agent.images import ImageCache
     from worker_agent.inputs import InputCache
+    from worker_agent.selflog import LogUploader
 
     worker_id = args.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
     root = Path(args.work_dir).expanduser()
@@ -173,6 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             poll_seconds=args.poll_seconds,
             pass_down_termination=args.pass_down_termination,
             exit_on_exception=args.exit_on_exception,
+            preemptible=args.preemptible,
             executor=ExecutorConfig(
                 worker_id=worker_id,
                 work_dir=work_dir,
@@ -181,6 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 network_mode=args.network_mode,
                 pull=args.pull,
                 shm_size=args.shm_size,
+                run_user=args.run_user,
+                stack_id=stack.settings.stack_id(),
             ),
         ),
         Ports(stack.store, stack.queue, stack.objects),
@@ -195,6 +210,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("runplane.agent").info("signal %d: stopping", signum)
         agent.stop()
 
+    uploader = None
+    if args.log_upload_prefix:
+        uploader = LogUploader(stack.objects, work_dir / "agent.log", args.log_upload_prefix, worker_id)
+        uploader.attach()
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("runplane.agent").info("worker %s serving pool %s", worker_id, args.pool)
@@ -204,4 +223,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ).start()
     reason = agent.run()
     logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
+    if uploader is not None:
+        uploader.stop()
     return 1 if agent.failed else 0

@@ -204,6 +204,7 @@ class Run(BaseModel):
     failure: Failure | None = None
     usage: Usage = Field(default_factory=Usage)
     kill_requested: bool = False
+    on_preemptible: bool = False
     waiting_reason: str | None = None
     request_hash: str | None = None
     hinted_at: float | None = None

@@ -23,8 +23,19 @@ from runplane.domain.models import (
 from runplane.ports import Expect, RunQueue, RunStore
 
 
-def claim(store: RunStore, run: Run, attempt: int, worker_id: str, lease_seconds: float, now: float) -> Run:
-    """Take a queued run at ``attempt``. Raises ConditionFailed if the hint is stale."""
+def claim(
+    store: RunStore,
+    run: Run,
+    attempt: int,
+    worker_id: str,
+    lease_seconds: float,
+    now: float,
+    preemptible: bool = False,
+) -> Run:
+    """Take a queued run at ``attempt``. Raises ConditionFailed if the hint is stale.
+
+    On a ``preemptible`` worker, losing the worker later does not use up one of the run's attempts.
+    """
     return store.update(
         run,
         Expect(states=frozenset({RunState.QUEUED}), attempt=attempt),
@@ -34,9 +45,13 @@ def claim(store: RunStore, run: Run, attempt: int, worker_id: str, lease_seconds
             "worker_id": worker_id,
             "lease_expires_at": now + lease_seconds,
             "waiting_reason": None,
+            "on_preemptible": preemptible,
         },
         Event(at=now, state=RunState.PREPARING, message=f"attempt {attempt + 1} claimed by worker {worker_id}"),
     )
+
+
+FREE_REQUEUES = 20
 
 
 def _mine(run: Run, states: frozenset[RunState]) -> Expect:
@@ -84,13 +99,19 @@ def requeue(
     now: float,
     why: str,
     expect: Expect | None = None,
+    charge: bool = True,
 ) -> Run:
     """Put an active run back in its queue for another attempt, or fail it when none is left.
 
-    A kill requested before the worker went away ends the run ``killed``. Raises
-    ConditionFailed (or LeaseLost through callers) if the run moved on meanwhile.
+    ``charge=False`` is for hand-backs that are not the run's doing (its worker was told to
+    stop, was preempted, or restarted): the attempt number still grows, but one more attempt is
+    allowed, up to FREE_REQUEUES. A kill requested before the worker went away ends the run
+    ``killed``. Raises ConditionFailed (or LeaseLost through callers) if the run moved on meanwhile.
     """
     expect = expect or _mine(run, ACTIVE_STATES)
+    max_attempts = run.max_attempts
+    if not charge and max_attempts - run.attempt < FREE_REQUEUES:
+        max_attempts += 1
     if run.kill_requested:
         return store.update(
             run,
@@ -103,8 +124,8 @@ def requeue(
             },
             Event(at=now, state=RunState.KILLED, message=f"killed; {why}"),
         )
-    if run.attempt >= run.max_attempts:
-        message = f"{why}; no attempts left ({run.attempt} of {run.max_attempts} used)"
+    if run.attempt >= max_attempts:
+        message = f"{why}; no attempts left ({run.attempt} of {max_attempts} used)"
         return store.update(
             run,
             expect,
@@ -124,6 +145,7 @@ def requeue(
             "worker_id": None,
             "lease_expires_at": None,
             "hinted_at": now,
+            "max_attempts": max_attempts,
             "waiting_reason": f"re-queued after attempt {run.attempt}: {why}",
         },
         Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),

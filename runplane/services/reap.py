@@ -42,7 +42,7 @@ def reap(store: RunStore, queue: RunQueue, pools: PoolConfig, now: float, rehint
                 why = f"worker {run.worker_id} stopped renewing its lease"
                 expect = Expect(states=frozenset({run.state}), attempt=run.attempt, worker_id=run.worker_id)
                 try:
-                    updated = requeue(store, queue, run, now, why, expect=expect)
+                    updated = requeue(store, queue, run, now, why, expect=expect, charge=not run.on_preemptible)
                 except ConditionFailed:
                     continue  # the worker came back or another reaper got there first
                 except RunplaneError as e:

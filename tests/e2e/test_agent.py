@@ -237,3 +237,39 @@ def test_exit_when_idle_and_after_n_runs(docker_client, alice, agents):
     assert once.wait(60) == 0
     assert wait_state(alice, run["id"], TERMINAL)["state"] == "succeeded"
     assert "finished 1 run(s)" in once.log.read_text()
+
+
+def test_runs_are_not_root_and_agent_log_is_uploaded(docker_client, alice, agents):
+    agent = agents("--log-upload-prefix", "agent-logs", "--exit-after-num-runs", "1")
+    run = submit(alice, "id -u; id -g; touch made-here")
+    assert agent.wait(60) == 0
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "succeeded"
+    assert logs(alice, run["id"]) == "65534\n65534\n"
+    text = bootstrap.stack().objects.get_bytes(f"agent-logs/{agent.id}/agent.log").decode()
+    assert f"worker {agent.id} serving pool manual" in text
+    assert "exiting" in text
+
+
+def test_another_stacks_containers_are_left_alone(docker_client, alice, agents):
+    """Two control planes may share one Docker engine: an agent starting up must not take a
+    container of the other stack (whose runs it cannot see) for an orphan."""
+    foreign = docker_client.containers.run(
+        "runplane/test-busybox:1",
+        ["sleep", "60"],
+        detach=True,
+        network_mode="none",
+        labels={
+            "io.runplane.run_id": "r-of-another-stack",
+            "io.runplane.attempt": "1",
+            "io.runplane.worker_id": "w-elsewhere",
+            "io.runplane.stack": "another-stack",
+        },
+    )
+    try:
+        agent = agents("--idle-seconds", "1")
+        assert agent.wait(30) == 0
+        foreign.reload()
+        assert foreign.status == "running"
+    finally:
+        foreign.remove(force=True)

@@ -190,7 +190,7 @@ def test_logs_and_outputs_of_a_queued_run(alice):
 
 def test_pools_and_workers(alice):
     pools = {p["name"]: p for p in alice.request("GET", "/v1/pools")["pools"]}
-    assert set(pools) == {"default", "parked", "big"}
+    assert {"default", "parked", "big"} <= set(pools)
     assert pools["parked"]["backlog"] >= 1
     assert pools["big"]["shape"]["gpus"] == 2
     assert isinstance(alice.request("GET", "/v1/workers")["workers"], list)

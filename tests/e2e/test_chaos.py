@@ -4,11 +4,14 @@ succeeded run must have its outputs."""
 
 import collections
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +22,7 @@ from tests.e2e.test_agent import FAST
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 RUNS = 100
 TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+KEEP = Path(tempfile.gettempdir()) / "runplane-chaos-logs"
 
 
 def start_agent(tmp_path, worker_id):
@@ -57,6 +61,8 @@ def test_chaos(docker_client, alice, tmp_path):
         )["id"]
         for i in range(RUNS)
     ]
+    shutil.rmtree(KEEP, ignore_errors=True)
+    KEEP.mkdir()
     agents = {f"chaos-{n}": start_agent(tmp_path, f"chaos-{n}") for n in range(3)}
     store = bootstrap.stack().store
     kills = 0
@@ -85,6 +91,8 @@ def test_chaos(docker_client, alice, tmp_path):
                 proc.kill()
 
     runs = [store.get(i) for i in ids]
+    for log in tmp_path.glob("*.log"):  # kept for a look when something fails
+        shutil.copy(log, KEEP / log.name)
     counts = collections.Counter(str(r.state) for r in runs)
     attempts = collections.Counter(r.attempt for r in runs)
     by_attempt = dict(sorted(attempts.items()))

@@ -170,3 +170,19 @@ def test_local_backend_contract(tmp_path):
     backend.cancel(pool, jobs[1].id)
     backend.cancel(pool, "never-existed")
     assert backend.list(pool) == []
+
+
+def test_lost_preemptible_worker_does_not_use_up_an_attempt(aws_stack):
+    s = aws_stack
+    run = submit_run(s.store, s.queue, s.pools, Principal(user="a"), RunSpec(command="x"), None, time.time).run
+    run = s.store.update(run, Expect(), {"max_attempts": 1})
+    held = lifecycle.claim(s.store, run, 0, "spot-1", lease_seconds=-1, now=time.time(), preemptible=True)
+    assert held.on_preemptible
+    report = reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    assert report.requeued == [run.id]
+    after = s.store.get(run.id)
+    assert (after.state, after.attempt, after.max_attempts) == (RunState.QUEUED, 1, 2)
+    # the same loss on an ordinary worker uses the last attempt up
+    held = lifecycle.claim(s.store, after, 1, "w-2", lease_seconds=-1, now=time.time())
+    reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    assert s.store.get(run.id).failure.reason == "worker_lost"

@@ -87,7 +87,7 @@ def run(**resources):
 
 
 def test_container_request_with_gpus_is_exact(tmp_path):
-    config = ExecutorConfig(worker_id="w-1", work_dir=tmp_path, shm_size="2g")
+    config = ExecutorConfig(worker_id="w-1", work_dir=tmp_path, shm_size="2g", stack_id="stack-a")
     allocation = Allocation(cpus=(2, 3), gpus=(GPUS[1],))
     spec = container_spec(run(gpus=1), "cuda:12", config, Path("/work/out"), allocation)
     assert spec == {
@@ -112,12 +112,18 @@ def test_container_request_with_gpus_is_exact(tmp_path):
         "cap_add": CAPABILITIES,
         "security_opt": ["no-new-privileges"],
         "privileged": False,
-        "labels": {"io.runplane.run_id": "r-1", "io.runplane.attempt": "2", "io.runplane.worker_id": "w-1"},
+        "labels": {
+            "io.runplane.run_id": "r-1",
+            "io.runplane.attempt": "2",
+            "io.runplane.worker_id": "w-1",
+            "io.runplane.stack": "stack-a",
+        },
         "detach": True,
         "nano_cpus": 2_000_000_000,
         "cpuset_cpus": "2,3",
         "device_requests": [DeviceRequest(driver="nvidia", device_ids=[GPUS[1].uuid], capabilities=[["gpu"]])],
         "shm_size": "2g",
+        "user": "65534:65534",
     }
 
 
@@ -147,3 +153,20 @@ def test_missing_nvidia_runtime_is_a_clear_reason():
     assert "no working NVIDIA runtime" in outcome.message
     other = _create_failure(docker.errors.APIError("500", explanation="no space left"), None)
     assert other.reason == "container_error"
+
+
+@pytest.mark.parametrize(
+    ("setting", "image_user", "expected"),
+    [
+        ("nobody", "", "65534:65534"),
+        ("nobody", "root", "65534:65534"),
+        ("nobody", "0:0", "65534:65534"),
+        ("nobody", "app", None),
+        ("image", "", None),
+        ("1000:1000", "app", "1000:1000"),
+    ],
+)
+def test_run_user(setting, image_user, expected):
+    from worker_agent.executor import run_user
+
+    assert run_user(setting, image_user) == expected
