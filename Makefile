@@ -39,6 +39,9 @@ bench: setup image
 	$(PY) bench/submit_latency.py
 	$(PY) bench/cold_import.py
 	$(PY) bench/e2e_run.py
+	$(PY) bench/agent_overhead.py
+	$(PY) bench/agent_idle_rss.py
+	$(PY) bench/upload_throughput.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml

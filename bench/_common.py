@@ -53,5 +53,6 @@ def table(title: str, rows: Sequence[tuple[str, Sequence[float]]], unit: str = "
         print(f"  {label:<{width}}  {len(samples):>4}  {median(samples) * scale:>12.2f}  {p90(samples) * scale:>12.2f}")
 
 
-def ratio_line(name: str, ratio: float, target: float) -> str:
-    return f"RATIO {name}: {ratio:.2f}x (target <= {target:g})"
+def ratio_line(name: str, ratio: float, target: float, op: str = "<=") -> str:
+    """``op`` is ``<=`` for a slowdown (lower is better), ``>=`` for a throughput ratio."""
+    return f"RATIO {name}: {ratio:.2f}x (target {op} {target:g})"

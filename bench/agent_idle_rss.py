@@ -53,22 +53,37 @@ def step(label):
     last = now
 step("interpreter")
 import worker_agent.main
-step("import worker_agent.main (argparse, runplane.domain, resources)")
+step("import worker_agent.main (logging, urllib.request + ssl)")
 import docker
 step("import docker (requests, urllib3)")
 import runplane.bootstrap
-step("import runplane.bootstrap")
+step("import runplane.bootstrap (pydantic, runplane.domain.models)")
 import worker_agent.agent, worker_agent.executor
-step("import worker_agent.agent + executor (pydantic models, services)")
+step("import worker_agent.agent + executor")
 client = docker.from_env(max_pool_size=64); client.ping()
 step("docker.from_env() + ping")
 import boto3, botocore
 step("import boto3")
 stack = runplane.bootstrap.build_stack()
-step("build_stack() (boto3 session + DynamoDB/SQS/S3 clients)")
+step("build_stack() (DynamoDB, SQS, S3 clients, a boto3 session each)")
 stack.workers.list()
 stack.queue.receive("default", 1, 0, 10)
 step("first DynamoDB and SQS calls")
+"""
+# The same three clients built as build_stack() does (a boto3 session each) vs from one session.
+CLIENTS = """
+import sys
+from runplane.adapters.aws.clients import AwsConfig, make_client
+import boto3
+def rss():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+config = AwsConfig(endpoint_url="http://127.0.0.1:9")
+before = rss()
+session = boto3.session.Session(region_name=config.region) if sys.argv[1] == "shared" else None
+clients = [make_client(name, config, session=session) for name in ("dynamodb", "sqs", "s3")]
+print(f"{rss() - before:.2f}")
 """
 
 
@@ -185,6 +200,17 @@ def import_steps() -> list[tuple[str, float, float]]:
     return rows
 
 
+def clients_reference() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for mode in ("own", "shared"):
+        run = subprocess.run(
+            [sys.executable, "-c", CLIENTS, mode], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        if run.returncode == 0:
+            out[mode] = float(run.stdout.strip())
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to sample the idle agent (default 10)")
@@ -213,6 +239,7 @@ def main() -> int:
         )
         baseline = measure_baseline()
         steps = import_steps()
+        clients = clients_reference()
     finally:
         stack.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -223,15 +250,19 @@ def main() -> int:
         unit="MB",
         scale=1.0,
     )
-    print(
-        f"  idle agent max {max(agent):.1f} MB; agent - bare imports {median(agent) - median(baseline):.1f} MB (medians)"
-    )
+    extra = median(agent) - median(baseline)
+    print(f"  idle agent max {max(agent):.1f} MB; agent - bare imports {extra:.1f} MB (medians)")
     if steps:
         width = max(len(label) for label, _, _ in steps)
         print("\nwhat the agent's start-up adds, step by step (one fresh interpreter, one pass)")
         print(f"  {'step':<{width}}  {'+MB':>7}  {'RSS MB':>7}")
         for label, delta, total in steps:
             print(f"  {label:<{width}}  {delta:>7.1f}  {total:>7.1f}")
+    if len(clients) == 2:
+        print(
+            f"  for reference, DynamoDB+SQS+S3 clients via make_client: {clients['own']:.1f} MB with a session "
+            f"each, {clients['shared']:.1f} MB from one shared session (as build_stack does)"
+        )
     print(f"RESULT agent_idle_rss: {median(agent):.1f} MB (target < {TARGET_MB} MB)")
     return 0
 

@@ -10,7 +10,9 @@ host's clock with the agent.
 
 The baseline is the Docker SDK with exactly the isolation the agent applies: ``containers.create``
 with the kwargs of ``worker_agent.executor.container_spec`` for the same stored run (its own name,
-a fresh output directory, the cores an ``Allocator`` hands out) + start + wait + remove.
+a fresh output directory, the cores an ``Allocator`` hands out; a benchmark label instead of the
+run labels, which no agent's orphan sweep touches) + start + wait + remove. A run disturbed from
+outside (another stack's agent sweeping this engine, say) is reported, not counted, and redone.
 
 Reported (medians, p90):
 
@@ -20,6 +22,8 @@ Reported (medians, p90):
   what the agent does after the exit before its run timer stops (``run`` end = running +
   ``usage.timings.run``), run end -> ``uploading`` event, and ``uploading`` -> final event;
 * claim -> final (the agent's wall time for a run) and claim -> container removed.
+
+``usage.timings`` are rounded to 1 ms, so "run end -> uploading" may show a small negative value.
 
 RATIO is agent claim -> final / bare create+start+wait+remove (informational target 1.5x). The
 agent removes the container after writing the final state; that removal is shown separately.
@@ -44,8 +48,17 @@ from e2e_run import AGENT_ARGS, IMAGE, POOLS_YAML, RUN_TIMEOUT, _wait_exit
 TARGET = 1.5
 SPEC = {"command": "true", "name": "bench-agent-overhead"}  # the agent runs it as /bin/sh -c true
 LABEL_RUN = "io.runplane.run_id"
+# The bare containers carry this label instead of the run labels, so that no agent's orphan sweep
+# (any agent starting on this engine removes run-labelled containers its own store does not know)
+# takes them away mid-measurement.
+LABEL_BARE = "io.runplane-bench.id"
+MAX_SKIPPED = 5  # runs spoiled by something outside the benchmark before it gives up
 POLL_SECONDS = 0.05  # store polling while a run goes; agent-side times do not depend on it
 ACTIONS = ("create", "start", "die", "destroy")
+
+
+class Spoiled(Exception):
+    """A run that something outside the benchmark disturbed (not recorded; the round is redone)."""
 
 
 class EngineEvents:
@@ -54,16 +67,15 @@ class EngineEvents:
     def __init__(self, docker_client: Any) -> None:
         self.at: dict[str, dict[str, float]] = {}
         self._cond = threading.Condition()
-        self._stream = docker_client.events(
-            decode=True, filters={"type": "container", "label": LABEL_RUN, "event": list(ACTIONS)}
-        )
+        self._stream = docker_client.events(decode=True, filters={"type": "container", "event": list(ACTIONS)})
         self._thread = threading.Thread(target=self._read, name="docker-events", daemon=True)
         self._thread.start()
 
     def _read(self) -> None:
         try:
             for event in self._stream:
-                run_id = event.get("Actor", {}).get("Attributes", {}).get(LABEL_RUN)
+                labels = event.get("Actor", {}).get("Attributes", {})
+                run_id = labels.get(LABEL_RUN) or labels.get(LABEL_BARE)
                 action = event.get("Action") or event.get("status")
                 if run_id and action in ACTIONS:
                     with self._cond:
@@ -110,11 +122,13 @@ class OverheadBench:
                 raise RuntimeError(f"run {run.id} not finished after {RUN_TIMEOUT:.0f}s: {run.state}")
             time.sleep(POLL_SECONDS)
         if run.state.value != "succeeded":
-            raise RuntimeError(f"run {run.id} ended {run.state}: {run.failure}")
+            raise Spoiled(f"run {run.id} ended {run.state.value}: {run.failure.message if run.failure else ''}")
         self.template = run
         engine = self.events.wait(run.id, "destroy")
         if not record:
             return
+        if set(ACTIONS) - set(engine):
+            raise Spoiled(f"run {run.id}: engine events {sorted(engine)} only")
         at: dict[str, float] = {}
         for event in run.events:
             if event.state is not None:
@@ -145,7 +159,9 @@ class OverheadBench:
 
     def bare_run(self, record: bool = True) -> None:
         """create + start + wait + remove with container_spec's kwargs for the same run."""
-        from worker_agent.executor import LABEL, ExecutorConfig, container_spec
+        import docker.errors
+
+        from worker_agent.executor import ExecutorConfig, container_spec
         from worker_agent.resources import Allocator, host_cpus
 
         run = self.template
@@ -156,28 +172,35 @@ class OverheadBench:
         allocation = allocator.allocate("bare", res.cpus, res.gpus)
         t = time.perf_counter()
         mount = Path(tempfile.mkdtemp(dir=self.scratch))
+        mount.chmod(0o777)  # as the agent does: the run's user, not the agent's, writes there
         kwargs = container_spec(run, IMAGE, config, mount, allocation)
         bare_id = f"bare-{self.bare_count}"
         kwargs["name"] = f"runplane-bench-{bare_id}"
-        kwargs["labels"] = {**kwargs["labels"], f"{LABEL}.run_id": bare_id}
-        container = self.docker.containers.create(**kwargs)
-        marks = [time.perf_counter()]
+        kwargs["labels"] = {LABEL_BARE: bare_id}
         try:
-            container.start()
-            marks.append(time.perf_counter())
-            status = container.wait()
-            marks.append(time.perf_counter())
-        finally:
-            container.remove(force=True)
+            container = self.docker.containers.create(**kwargs)
+            marks = [time.perf_counter()]
+            try:
+                container.start()
+                marks.append(time.perf_counter())
+                status = container.wait()
+                marks.append(time.perf_counter())
+            finally:
+                container.remove(force=True)
+        except docker.errors.APIError as e:
+            raise Spoiled(f"bare container {bare_id}: {e}") from e
         end = time.perf_counter()
         shutil.rmtree(mount, ignore_errors=True)
-        assert status["StatusCode"] == 0, status
+        if status["StatusCode"] != 0:
+            raise Spoiled(f"bare container {bare_id} exited {status}")
         engine = self.events.wait(bare_id, "destroy")
         if not record:
             return
+        if set(ACTIONS) - set(engine):
+            raise Spoiled(f"bare container {bare_id}: engine events {sorted(engine)} only")
         parts = {
             "bare create+start+wait+remove": end - t,
-            "  create (incl. mkdtemp)": marks[0] - t,
+            "  create (incl. mkdtemp, kwargs)": marks[0] - t,
             "  start": marks[1] - marks[0],
             "  wait": marks[2] - marks[1],
             "  remove": end - marks[2],
@@ -187,13 +210,22 @@ class OverheadBench:
             self.bare.setdefault(label, []).append(value)
 
     def rounds(self, n: int) -> None:
-        for i in range(n):
-            if i % 2:
-                self.bare_run()
-                self.agent_run()
-            else:
-                self.agent_run()
-                self.bare_run()
+        """Alternate which path goes first; redo a path whose run was spoiled from outside."""
+        skipped = 0
+        paths = [(self.agent, self.agent_run), (self.bare, self.bare_run)]
+        i = 0
+        while min(len(next(iter(samples.values()), [])) for samples, _ in paths) < n:
+            for samples, path in paths[i % 2 :] + paths[: i % 2]:
+                if len(next(iter(samples.values()), [])) >= n:
+                    continue
+                try:
+                    path()
+                except Spoiled as e:
+                    skipped += 1
+                    print(f"  not counted: {e}")
+                    if skipped > MAX_SKIPPED:
+                        raise RuntimeError(f"{skipped} runs spoiled; is something else using this engine?") from e
+            i += 1
 
 
 def main() -> int:
@@ -230,10 +262,11 @@ def main() -> int:
         t0 = time.perf_counter()
         bench.agent_run(record=False)
         print(f"first run (launches the worker agent): {time.perf_counter() - t0:.2f}s")
-        for _ in range(max(0, args.warmup - 1)):
-            bench.agent_run(record=False)
-        for _ in range(args.warmup):
-            bench.bare_run(record=False)
+        for warm_up in [bench.agent_run] * max(0, args.warmup - 1) + [bench.bare_run] * args.warmup:
+            try:
+                warm_up(record=False)
+            except Spoiled as e:
+                print(f"  warm-up: {e}")
         pool = bootstrap.stack().pools.pools[0]
         agents = [int(job.detail["pid"]) for job in bootstrap.stack().backend(pool).list(pool)]
         t0 = time.perf_counter()
@@ -259,11 +292,15 @@ def main() -> int:
     bare = median(b["bare create+start+wait+remove"])
     print(
         f"\n  claim -> start {median(a['claim -> container start (running event)']) * 1000:.0f} ms "
-        f"vs bare create+start {(median(b['  create (incl. mkdtemp)']) + median(b['  start'])) * 1000:.0f} ms; "
+        f"vs bare create+start {(median(b['  create (incl. mkdtemp, kwargs)']) + median(b['  start'])) * 1000:.0f} ms; "
         f"exit -> final {median(a['container exit (engine die) -> final event']) * 1000:.0f} ms; "
         f"agent claim -> final - bare {(claim_final - bare) * 1000:.0f} ms"
     )
-    print(ratio_line("agent_overhead (agent claim->final / bare SDK create+start+wait+remove)", claim_final / bare, TARGET))
+    print(
+        ratio_line(
+            "agent_overhead (agent claim->final / bare SDK create+start+wait+remove)", claim_final / bare, TARGET
+        )
+    )
     return 0
 
 

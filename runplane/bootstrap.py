@@ -47,13 +47,16 @@ class Stack:
 
 
 def aws_clients(settings: StackSettings) -> dict[str, Any]:
-    from runplane.adapters.aws.clients import AwsConfig, make_client
+    from runplane.adapters.aws.clients import AwsConfig, make_client, new_session
 
     config = AwsConfig(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
+    # One session for the three clients, made here in one thread: each session loads its own
+    # copy of botocore's data (~7 MB). The clients themselves are safe to share between threads.
+    session = new_session(config)
     return {
-        "dynamodb": make_client("dynamodb", config),
-        "sqs": make_client("sqs", config, read_timeout=30),
-        "s3": make_client("s3", config),
+        "dynamodb": make_client("dynamodb", config, session),
+        "sqs": make_client("sqs", config, session, read_timeout=30),
+        "s3": make_client("s3", config, session),
     }
 
 

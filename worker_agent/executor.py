@@ -94,6 +94,7 @@ class RunExecutor:
         images: ImageCache | None = None,
     ) -> None:
         self.images = images
+        self.claimed_at = clock()
         self.run_ = run
         self.allocation = allocation
         self.inputs = inputs
@@ -178,8 +179,8 @@ class RunExecutor:
         self.usage.timings["pull"] = round(self.clock() - t0, 3)
         if outcome is None:
             outcome = self._fetch_inputs()
-        if outcome is None:
-            outcome = self._check_control()
+        if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
+            outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
         if outcome is not None:
             self._final(outcome)
             return

@@ -20,13 +20,18 @@ class AwsConfig:
     session_token: str | None = None
 
 
-def make_client(service: str, config: AwsConfig, session: boto3.Session | None = None, **overrides: Any) -> Any:
-    session = session or boto3.session.Session(
+def new_session(config: AwsConfig) -> boto3.Session:
+    return boto3.session.Session(
         aws_access_key_id=config.access_key_id,
         aws_secret_access_key=config.secret_access_key,
         aws_session_token=config.session_token,
         region_name=config.region,
     )
+
+
+def make_client(service: str, config: AwsConfig, session: boto3.Session | None = None, **overrides: Any) -> Any:
+    """A client with standard retries and timeouts. Build clients in one thread; use them from any."""
+    session = session or new_session(config)
     botocore_config = Config(
         retries={"mode": "standard", "max_attempts": 5},
         connect_timeout=3,
