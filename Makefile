@@ -42,6 +42,7 @@ bench: setup image
 	$(PY) bench/agent_overhead.py
 	$(PY) bench/agent_idle_rss.py
 	$(PY) bench/upload_throughput.py
+	$(PY) bench/kill_latency.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml
