@@ -307,6 +307,7 @@ class Agent:
                     gpu_ids=[g.uuid for g in self.allocator.gpus],
                     free_cpus=float(free_cpus),
                     free_gpus=free_gpus,
+                    cached_inputs=self.inputs.entries() if self.inputs is not None else 0,
                     memory=self.config.memory,
                     runs=runs,
                     runs_done=self.finished,

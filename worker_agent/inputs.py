@@ -154,6 +154,10 @@ class InputCache:
         with _locked(self.root / f"{key}.lock"):
             (self.root / key / "users" / user).unlink(missing_ok=True)
 
+    def entries(self) -> int:
+        """How many inputs are cached and complete."""
+        return sum(1 for _ in self.root.glob("*/done")) if self.root.exists() else 0
+
     def size(self) -> int:
         return dir_size(self.root)
 

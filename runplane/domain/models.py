@@ -335,6 +335,7 @@ class Worker(BaseModel):
     free_cpus: float = 0
     free_gpus: int = 0
     gpu_ids: list[str] = Field(default_factory=list)
+    cached_inputs: int = 0
     runs: list[str] = Field(default_factory=list)
     runs_done: int = 0
     runs_left: int | None = None
