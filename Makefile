@@ -49,3 +49,12 @@ validate: setup-test
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+
+# `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set: the function code and
+# its run-time dependencies only, never the local virtualenvs.
+build-ApiFunction build-DispatcherFunction build-ReaperFunction:
+	python3 -m pip install --quiet --disable-pip-version-check --target "$(ARTIFACTS_DIR)" -r functions/aws/requirements.txt
+	mkdir -p "$(ARTIFACTS_DIR)/functions"
+	cp -r runplane "$(ARTIFACTS_DIR)/"
+	cp -r functions/__init__.py functions/aws "$(ARTIFACTS_DIR)/functions/"
+	find "$(ARTIFACTS_DIR)" -name __pycache__ -prune -exec rm -rf {} +
