@@ -1,14 +1,23 @@
-"""Small helpers shared by the benchmark scripts: percentiles, a table, the RATIO line."""
+"""Small helpers shared by the benchmark scripts: the local stack, percentiles, a table, the RATIO line."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
+import shutil
 import socket
 import statistics
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runplane.devstack.stack import DevStack
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/<name>.py` from anywhere
@@ -29,6 +38,78 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def agent_pids() -> list[int]:
+    """Process ids of the worker agents the running stack's local backend has started."""
+    from runplane import bootstrap
+
+    stack = bootstrap.stack()
+    return [
+        int(job.detail["pid"])
+        for pool in stack.pools.pools
+        if pool.backend == "local"
+        for job in stack.backend(pool).list(pool)
+    ]
+
+
+def wait_exit(pids: Sequence[int], timeout: float = 10.0) -> None:
+    """Wait (at most ``timeout`` seconds in all) until each process is gone or a zombie."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break
+            if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                break
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def dev_stack(
+    pools_yaml: str, agent_args: str = "", token: str = "bench", wait_agents: bool = False, **config: Any
+) -> Iterator[DevStack]:
+    """The embedded local stack on a free port with ``pools_yaml``, started; stopped on exit.
+
+    Sets the local AWS credentials, quiets werkzeug, and keeps the pools file and the stack's
+    state in a temp dir (``stack.config.state_dir.parent``, free for the script's own files too)
+    that is removed on exit. ``config`` goes to ``DevConfig`` as is (``schedule_seconds=...``).
+    With ``wait_agents`` the exit also waits until the agent processes the local backend started
+    (which ``stop`` only signals) have exited, so none is left running into the next benchmark.
+    """
+    local_aws_env()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+
+    from runplane.devstack.stack import DevConfig, DevStack
+
+    tmp = Path(tempfile.mkdtemp(prefix="runplane-bench-"))
+    try:
+        pools_file = tmp / "pools.yaml"
+        pools_file.write_text(pools_yaml)
+        stack = DevStack(
+            DevConfig(
+                port=free_port(),
+                token=token,
+                write_dev_file=False,
+                pools_file=str(pools_file),
+                agent_args=agent_args,
+                state_dir=tmp / "state",
+                **config,
+            )
+        )
+        t0 = time.perf_counter()
+        stack.start()
+        print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {stack.endpoint} (in-process)")
+        try:
+            yield stack
+        finally:
+            agents = agent_pids() if wait_agents else []
+            stack.stop()
+            wait_exit(agents)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def p90(samples: Sequence[float]) -> float:

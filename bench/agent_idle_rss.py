@@ -20,15 +20,12 @@ The last line is ``RESULT agent_idle_rss: <median> MB (target < 80 MB)``.
 from __future__ import annotations
 
 import argparse
-import logging
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, free_port, local_aws_env, median, table
+from _common import ROOT, dev_stack, median, table
 
 TARGET_MB = 80
 POOLS_YAML = (
@@ -215,24 +212,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to sample the idle agent (default 10)")
     args = parser.parse_args()
-    local_aws_env()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-    from runplane.devstack.stack import DevConfig, DevStack
-
-    tmp = Path(tempfile.mkdtemp(prefix="runplane-bench-"))
-    pools_file = tmp / "pools.yaml"
-    pools_file.write_text(POOLS_YAML)
-    stack = DevStack(
-        DevConfig(
-            port=free_port(), token="bench", write_dev_file=False, pools_file=str(pools_file), state_dir=tmp / "state"
-        )
-    )
-    t0 = time.perf_counter()
-    stack.start()
-    print(f"stack up in {time.perf_counter() - t0:.2f}s: moto {stack.endpoint} (in-process)")
-    try:
-        agent, registered = measure_agent(tmp, args.seconds)
+    with dev_stack(POOLS_YAML) as stack:
+        agent, registered = measure_agent(stack.config.state_dir.parent, args.seconds)
         print(
             f"agent registered {registered:.2f}s after launch; sampled {len(agent)} times "
             f"every {SAMPLE_SECONDS:g}s after {SETTLE_SECONDS:g}s more"
@@ -240,9 +221,6 @@ def main() -> int:
         baseline = measure_baseline()
         steps = import_steps()
         clients = clients_reference()
-    finally:
-        stack.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
 
     table(
         "resident memory (VmRSS, children included)",

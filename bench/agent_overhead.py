@@ -34,7 +34,6 @@ agent removes the container after writing the final state; that removal is shown
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
 import tempfile
 import threading
@@ -42,8 +41,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import free_port, local_aws_env, median, ratio_line, table
-from e2e_run import AGENT_ARGS, IMAGE, POOLS_YAML, RUN_TIMEOUT, _wait_exit
+from _common import agent_pids, dev_stack, median, ratio_line, table
+from e2e_run import AGENT_ARGS, IMAGE, POOLS_YAML, RUN_TIMEOUT
 
 TARGET = 1.5
 SPEC = {"command": "true", "name": "bench-agent-overhead"}  # the agent runs it as /bin/sh -c true
@@ -233,53 +232,24 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=15, help="measured runs of each path (default 15)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs of each path first (default 2)")
     args = parser.parse_args()
-    local_aws_env()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-    from runplane import bootstrap
-    from runplane.devstack.stack import DevConfig, DevStack
-
-    tmp = Path(tempfile.mkdtemp(prefix="runplane-bench-"))
-    pools_file = tmp / "pools.yaml"
-    pools_file.write_text(POOLS_YAML)
-    stack = DevStack(
-        DevConfig(
-            port=free_port(),
-            token="bench",
-            write_dev_file=False,
-            pools_file=str(pools_file),
-            agent_args=AGENT_ARGS,
-            state_dir=tmp / "state",
-        )
-    )
-    t0 = time.perf_counter()
-    stack.start()
-    print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {stack.endpoint} (in-process)")
-    agents: list[int] = []
-    bench: OverheadBench | None = None
-    try:
+    with dev_stack(POOLS_YAML, AGENT_ARGS, wait_agents=True) as stack:
         bench = OverheadBench(stack.api_url)
-        t0 = time.perf_counter()
-        bench.agent_run(record=False)
-        print(f"first run (launches the worker agent): {time.perf_counter() - t0:.2f}s")
-        for warm_up in [bench.agent_run] * max(0, args.warmup - 1) + [bench.bare_run] * args.warmup:
-            try:
-                warm_up(record=False)
-            except Spoiled as e:
-                print(f"  warm-up: {e}")
-        pool = bootstrap.stack().pools.pools[0]
-        agents = [int(job.detail["pid"]) for job in bootstrap.stack().backend(pool).list(pool)]
-        t0 = time.perf_counter()
-        bench.rounds(args.n)
-        print(f"{args.n} rounds took {time.perf_counter() - t0:.1f}s; {len(agents)} agent process(es)")
-    finally:
-        if bench is not None:
+        try:
+            t0 = time.perf_counter()
+            bench.agent_run(record=False)
+            print(f"first run (launches the worker agent): {time.perf_counter() - t0:.2f}s")
+            for warm_up in [bench.agent_run] * max(0, args.warmup - 1) + [bench.bare_run] * args.warmup:
+                try:
+                    warm_up(record=False)
+                except Spoiled as e:
+                    print(f"  warm-up: {e}")
+            agents = agent_pids()
+            t0 = time.perf_counter()
+            bench.rounds(args.n)
+            print(f"{args.n} rounds took {time.perf_counter() - t0:.1f}s; {len(agents)} agent process(es)")
+        finally:
             bench.events.close()
-        stack.stop()
-        _wait_exit(agents)
-        if bench is not None:
             shutil.rmtree(bench.scratch, ignore_errors=True)
-        shutil.rmtree(tmp, ignore_errors=True)
 
     table(
         f"agent side of a trivial run ({IMAGE}, sh -c true), sequential, warm worker (run events + engine events)",

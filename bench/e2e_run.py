@@ -20,7 +20,6 @@ The four are measured in rotating order in every round. RATIO is e2e / docker SD
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
 import subprocess
 import tempfile
@@ -31,7 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import free_port, local_aws_env, median, ratio_line, table
+from _common import agent_pids, dev_stack, median, ratio_line, table
 
 TARGET = 2.0
 IMAGE = "runplane/test-busybox:1"
@@ -185,73 +184,32 @@ class E2EBench:
                 self.samples[label].append(path())
 
 
-def _wait_exit(pids: list[int], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while time.monotonic() < deadline:
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                break
-            if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                break
-            time.sleep(0.05)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=15, help="measured rounds (default 15)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs first (default 2)")
     args = parser.parse_args()
-    local_aws_env()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-    from runplane import bootstrap
-    from runplane.devstack.stack import DevConfig, DevStack
-
-    tmp = Path(tempfile.mkdtemp(prefix="runplane-bench-"))
-    pools_file = tmp / "pools.yaml"
-    pools_file.write_text(POOLS_YAML)
-    stack = DevStack(
-        DevConfig(
-            port=free_port(),
-            token="bench",
-            write_dev_file=False,
-            pools_file=str(pools_file),
-            agent_args=AGENT_ARGS,
-            state_dir=tmp / "state",
-        )
-    )
-    t0 = time.perf_counter()
-    stack.start()
-    print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {stack.endpoint} (in-process)")
-    agents: list[int] = []
-    bench: E2EBench | None = None
-    try:
+    with dev_stack(POOLS_YAML, AGENT_ARGS, wait_agents=True) as stack:
         bench = E2EBench(stack.api_url)
-        t0 = time.perf_counter()
-        first = bench.e2e(record=False)
-        print(f"first run (launches the worker agent): {first:.2f}s")
-        for _ in range(max(0, args.warmup - 1)):
-            bench.e2e(record=False)
-        for _ in range(2):
-            bench.sdk()
-            bench.cli()
-        print(f"warm-up done in {time.perf_counter() - t0:.1f}s; measuring {args.n} rounds")
-        pool = bootstrap.stack().pools.pools[0]
-        agents = [int(job.detail["pid"]) for job in bootstrap.stack().backend(pool).list(pool)]
-        t0 = time.perf_counter()
-        bench.rounds(args.n)
-        print(
-            f"rounds took {time.perf_counter() - t0:.1f}s; {len(agents)} agent process(es); "
-            f"{median(bench.polls):.0f} polls per run (median)"
-        )
-    finally:
-        stack.stop()
-        _wait_exit(agents)
-        if bench is not None:
+        try:
+            t0 = time.perf_counter()
+            first = bench.e2e(record=False)
+            print(f"first run (launches the worker agent): {first:.2f}s")
+            for _ in range(max(0, args.warmup - 1)):
+                bench.e2e(record=False)
+            for _ in range(2):
+                bench.sdk()
+                bench.cli()
+            print(f"warm-up done in {time.perf_counter() - t0:.1f}s; measuring {args.n} rounds")
+            agents = agent_pids()
+            t0 = time.perf_counter()
+            bench.rounds(args.n)
+            print(
+                f"rounds took {time.perf_counter() - t0:.1f}s; {len(agents)} agent process(es); "
+                f"{median(bench.polls):.0f} polls per run (median)"
+            )
+        finally:
             shutil.rmtree(bench.scratch, ignore_errors=True)
-        shutil.rmtree(tmp, ignore_errors=True)
 
     s = bench.samples
     table(

@@ -13,14 +13,10 @@ largest of fewer than 100 samples) and ``RESULT kill_latency`` against the targe
 from __future__ import annotations
 
 import argparse
-import logging
-import shutil
-import tempfile
 import time
 from datetime import datetime
-from pathlib import Path
 
-from _common import free_port, local_aws_env, median, p90, table
+from _common import dev_stack, median, p90, table
 
 IMAGE = "runplane/test-busybox:1"
 AGENT_ARGS = "--poll-seconds 1 --heartbeat-seconds 1 --lease-seconds 10 --network-mode host --pull never"
@@ -43,33 +39,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20, help="measured kills (default 20)")
     args = parser.parse_args()
-    local_aws_env()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
     import docker
 
     from runplane.cli.client import Client
-    from runplane.devstack.stack import DevConfig, DevStack
 
-    tmp = Path(tempfile.mkdtemp(prefix="runplane-bench-"))
-    (tmp / "pools.yaml").write_text(POOLS_YAML)
-    stack = DevStack(
-        DevConfig(
-            port=free_port(),
-            token="bench",
-            write_dev_file=False,
-            pools_file=str(tmp / "pools.yaml"),
-            agent_args=AGENT_ARGS,
-            state_dir=tmp / "state",
-        )
-    )
-    stack.start()
-    engine = docker.from_env()
-    client = Client(stack.api_url, "bench")
     stopped: list[float] = []
     final: list[float] = []
     bare: list[float] = []
-    try:
+    with dev_stack(POOLS_YAML, AGENT_ARGS) as stack:
+        engine = docker.from_env()
+        client = Client(stack.api_url, "bench")
         for i in range(args.n + 1):
             run = client.request("POST", "/v1/runs", {"command": "sleep 60", "name": f"kill-{i}"})
             while client.request("GET", f"/v1/runs/{run['id']}")["state"] != "running":
@@ -103,9 +82,6 @@ def main() -> int:
             c.wait()
             bare.append(time.perf_counter() - t)
             c.remove(force=True)
-    finally:
-        stack.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     table(
         f"kill of a running run ({args.n} kills, agent kill poll 1 s)",
         [

@@ -27,16 +27,12 @@ import contextlib
 import http.client
 import io
 import json
-import logging
-import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from _common import free_port, local_aws_env, median, ratio_line, table
+from _common import dev_stack, median, ratio_line, table
 
 TARGET = 1.5
 POOLS_YAML = (
@@ -198,37 +194,9 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=200, help="measured rounds (default 200)")
     parser.add_argument("--warmup", type=int, default=10, help="unmeasured rounds first (default 10)")
     args = parser.parse_args()
-    local_aws_env()
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-
-    from moto.server import ThreadedMotoServer
-
-    from runplane.devstack.stack import DevConfig, DevStack
-
-    tmp = Path(tempfile.mkdtemp(prefix="runplane-bench-"))
-    pools_file = tmp / "pools.yaml"
-    pools_file.write_text(POOLS_YAML)
-    moto_port = free_port()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
-    moto.start()
-    endpoint = f"http://127.0.0.1:{moto_port}"
-    stack = DevStack(
-        DevConfig(
-            port=free_port(),
-            token="bench",
-            aws_endpoint_url=endpoint,
-            write_dev_file=False,
-            schedule_seconds=3600,
-            pools_file=str(pools_file),
-            state_dir=tmp / "state",
-        )
-    )
-    t0 = time.perf_counter()
-    stack.start()
-    print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {endpoint} (in-process)")
     captured = io.StringIO()
-    try:
-        bench = SubmitBench(endpoint, stack.api_url)
+    with dev_stack(POOLS_YAML, schedule_seconds=3600) as stack:
+        bench = SubmitBench(stack.endpoint, stack.api_url)
         print(
             f"run item {len(json.dumps(bench.item))} bytes as JSON; {args.warmup} warm-up + {args.n} "
             f"measured rounds; pool queue and runs table emptied every {RESET_EVERY} rounds (not timed)"
@@ -240,10 +208,6 @@ def main() -> int:
             rounds_s = time.perf_counter() - t0
             rates = bench.throughput(max(10, min(50, args.n // 4)))
         bench.conn.close()
-    finally:
-        stack.stop()
-        moto.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
     emf = sum(1 for line in captured.getvalue().splitlines() if line.startswith('{"_aws"'))
     print(f"latency rounds took {rounds_s:.1f}s; {emf} metric line(s) the handler printed were held back")
 

@@ -467,3 +467,36 @@ def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_pat
         assert got | {"dlq": ""} == want | {"dlq": ""}
         assert int(got["maxReceiveCount"]) == MAX_RECEIVES
     s3.head_bucket(Bucket=hook.bucket)
+
+
+@pytest.mark.sam
+@pytest.mark.slow
+def test_sam_build_packages_the_functions_and_nothing_else(tmp_path: Path) -> None:
+    """`sam build` (makefile build method) gives each function its code and Lambda dependencies,
+    small enough for Lambda, importable with nothing else on the path."""
+    ensure_sam_venv()
+    out = tmp_path / "build"
+    done = run_tool(
+        [str(SAM), "build", "--language-extensions", "--build-in-source", "--build-dir", str(out)], timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("ApiFunction", "DispatcherFunction", "ReaperFunction"):
+        artifact = out / name
+        size = sum(p.stat().st_size for p in artifact.rglob("*") if p.is_file())
+        assert size < 100 * 2**20, f"{name} is {size / 2**20:.0f} MB"
+        assert not (artifact / ".venv").exists() and not (artifact / "moto").exists()
+        check = subprocess.run(
+            [
+                sys.executable,
+                "-S",
+                "-c",
+                "import sys; sys.path.insert(0, '.'); import functions.aws.api, "
+                "functions.aws.dispatcher, functions.aws.reaper",
+            ],
+            cwd=artifact,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert check.returncode == 0, check.stderr
