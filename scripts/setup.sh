@@ -9,6 +9,12 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v busybox >/dev/null || [ -x /bin/busybox ] || need+=(busybox-static)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v make >/dev/null || need+=(make)
+if [ "$want_test" = "--test" ]; then
+  # infra tests: the systemd unit, install.sh and the agent image (scripts/build-agent-image.sh)
+  command -v systemd-analyze >/dev/null || need+=(systemd)
+  command -v shellcheck >/dev/null || need+=(shellcheck)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -20,7 +26,9 @@ py=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-stamp=.venv/.installed-$( (cat pyproject.toml; echo "$want_test") | sha256sum | cut -c1-12)
+hash=$(sha256sum pyproject.toml | cut -c1-12)
+stamp=.venv/.installed-$hash-${want_test:+test}
+[ -z "$want_test" ] && [ -f ".venv/.installed-$hash-test" ] && stamp=".venv/.installed-$hash-test"  # has it all
 if [ ! -f "$stamp" ]; then
   echo "setup: installing Python packages into .venv"
   log=$(mktemp)
@@ -31,6 +39,32 @@ if [ ! -f "$stamp" ]; then
   rm -f "$log"
   .venv/bin/python -c 'import runplane, worker_agent, moto, docker' # fail loudly if the install did not take
   rm -f .venv/.installed-*; touch "$stamp"
+fi
+# cloud-init, for `cloud-init schema` in the tests: Debian's package unpacked into .venv/cloud-init,
+# not installed. Installing it would enable its boot services, which on a real machine's next boot
+# regenerate SSH host keys and rewrite network settings. Its Python dependencies are plain
+# libraries, installed from Debian for the system python3 that runs it.
+if [ "$want_test" = "--test" ] && ! command -v cloud-init >/dev/null && [ ! -x .venv/bin/cloud-init ]; then
+  echo "setup: unpacking cloud-init into .venv/cloud-init"
+  export DEBIAN_FRONTEND=noninteractive
+  dl=$(mktemp -d)
+  if ! (cd "$dl" && apt-get download -qq -o APT::Sandbox::User=root cloud-init) 2>/dev/null; then
+    apt-get update -qq
+    (cd "$dl" && apt-get download -qq -o APT::Sandbox::User=root cloud-init)
+  fi
+  deps=$(dpkg-deb -f "$dl"/cloud-init_*.deb Depends | tr ',' '\n' | grep -o 'python3-[a-z0-9.-]*' | sort -u)
+  # shellcheck disable=SC2086 # a list of package names
+  apt-get install -y -qq --no-install-recommends $deps >/dev/null
+  rm -rf .venv/cloud-init
+  dpkg-deb -x "$dl"/cloud-init_*.deb .venv/cloud-init
+  rm -rf "$dl"
+  cat >.venv/bin/cloud-init <<WRAPPER
+#!/bin/sh
+# Debian's cloud-init, unpacked by scripts/setup.sh (not installed: no services, no boot hooks).
+PYTHONPATH="$PWD/.venv/cloud-init/usr/lib/python3/dist-packages" exec /usr/bin/python3 "$PWD/.venv/cloud-init/usr/bin/cloud-init" "\$@"
+WRAPPER
+  chmod +x .venv/bin/cloud-init
+  .venv/bin/cloud-init --version >/dev/null # fail loudly if it does not run
 fi
 # Put the commands on PATH for other shells.
 if [ -w /usr/local/bin ]; then

@@ -374,6 +374,7 @@ def dev(
         f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
         f"Ctrl-C stops it.",
         highlight=False,
+        soft_wrap=True,
     )
     try:
         if demo:

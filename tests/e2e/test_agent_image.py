@@ -1,0 +1,133 @@
+"""The worker agent's container image (infra/agent-image/Dockerfile), as AWS Batch or Kubernetes
+would run it: built by scripts/build-agent-image.sh (kept once built from the same sources),
+started on the host network with the Docker socket and its work dir mounted at the same path,
+serving the "manual" pool of the local stack."""
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, wait_for, wait_state
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+IMAGE = "runplane/agent:local"
+TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+# What the local stack put in os.environ that an agent needs to find DynamoDB, SQS and S3.
+STACK_ENV = [
+    "RUNPLANE_AWS_ENDPOINT_URL",
+    "RUNPLANE_AWS_REGION",
+    "RUNPLANE_PREFIX",
+    "RUNPLANE_POOLS",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_DEFAULT_REGION",
+]
+# Short leases and polls as in test_agent.py, as RUNPLANE_AGENT_<FLAG> variables.
+FAST = {
+    "RUNPLANE_AGENT_LEASE_SECONDS": "4",
+    "RUNPLANE_AGENT_HEARTBEAT_SECONDS": "1",
+    "RUNPLANE_AGENT_POLL_SECONDS": "1",
+    "RUNPLANE_AGENT_KILL_POLL_SECONDS": "0.5",
+    "RUNPLANE_AGENT_PULL": "never",
+}
+
+
+@pytest.fixture(scope="module")
+def agent_image(docker_client):
+    """Build (or keep) the image: two to three minutes cold (debootstrap + pip), seconds after a
+    change to the sources (the dependency layer is reused), under a second when up to date."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "build-agent-image.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"build-agent-image.sh failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    print(f"agent image ready in {time.monotonic() - t0:.1f} s")
+    return docker_client.images.get(IMAGE)
+
+
+def docker_socket(docker_client) -> str:
+    url = docker_client.api.base_url
+    if url.startswith("http+docker://localhost"):  # docker-py's spelling of the default unix socket
+        return os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    raise AssertionError(f"the agent container needs a unix Docker socket, not {url}")
+
+
+@pytest.fixture
+def agent_container(docker_client, agent_image, devstack):
+    started = []
+
+    def start(worker_id: str, work_dir: Path, **extra_env: str):
+        sock = docker_socket(docker_client)
+        env = {name: os.environ[name] for name in STACK_ENV if name in os.environ}
+        env.update(FAST)
+        env.update(
+            RUNPLANE_AGENT_POOL="manual",
+            RUNPLANE_AGENT_ID=worker_id,
+            RUNPLANE_AGENT_WORK_DIR=str(work_dir),
+            RUNPLANE_AGENT_IDLE_SECONDS="60",
+            RUNPLANE_AGENT_PASS_DOWN_TERMINATION="1",
+            **extra_env,
+        )
+        container = docker_client.containers.run(
+            agent_image.id,
+            name=f"runplane-agent-test-{worker_id}",
+            network_mode="host",
+            environment=env,
+            volumes={
+                sock: {"bind": "/var/run/docker.sock", "mode": "rw"},
+                # the host engine bind-mounts run directories: same path inside and outside
+                str(work_dir): {"bind": str(work_dir), "mode": "rw"},
+            },
+            detach=True,
+        )
+        started.append(container)
+        return container
+
+    yield start
+    for container in started:
+        try:
+            container.reload()
+            if container.status == "running":
+                container.stop(timeout=20)  # SIGTERM, then SIGKILL after 20 s
+        finally:
+            container.remove(force=True)
+
+
+def logs_of(container) -> str:
+    return container.logs().decode(errors="replace")[-4000:]
+
+
+@pytest.mark.timeout(900)  # includes a cold image build
+def test_agent_image_runs_a_job_through_the_host_engine(docker_client, alice, agent_container, tmp_path):
+    worker_id = f"image-{uuid.uuid4().hex[:6]}"
+    work_dir = tmp_path / "work"
+    work_dir.mkdir()
+    container = agent_container(worker_id, work_dir)
+    run = alice.request("POST", "/v1/runs", {"command": "echo hi; echo 42 > answer", "queue": "manual"})
+    try:
+        done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nagent container log:\n{logs_of(container)}") from None
+    assert done["state"] == "succeeded", f"{done.get('failure')}\n{logs_of(container)}"
+    assert done["worker_id"] == worker_id
+    assert done["exit_code"] == 0
+    assert alice.request("GET", f"/v1/runs/{run['id']}/logs")["data"] == "hi\n"
+    files = alice.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]
+    assert [(f["path"], f["size"]) for f in files] == [("answer", 3)]
+    # the agent, as root in its container, removes the run's directory on the shared path
+    runs_dir = work_dir / worker_id / "runs"
+    wait_for(lambda: not runs_dir.exists() or not any(runs_dir.iterdir()), 10, 0.1, "the run directory to go")
+    # SIGTERM (with pass-down) makes the agent leave cleanly
+    container.stop(timeout=20)
+    assert container.wait(timeout=30)["StatusCode"] == 0, logs_of(container)
+    text = logs_of(container)
+    assert f"worker {worker_id} serving pool manual" in text
+    assert "exiting" in text

@@ -1,0 +1,214 @@
+"""Static checks of the worker machine files in infra/ami and the agent image's Dockerfile: the
+systemd unit verifies, the user-data is valid cloud-config, install.sh parses and passes
+shellcheck, and every setting they use is something the agent or the stack reads."""
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from runplane.settings import StackSettings
+from tests.conftest import ROOT
+from worker_agent.main import FLAGS, SWITCHES, _env_name
+
+AMI = ROOT / "infra" / "ami"
+UNIT = AMI / "runplane-agent.service"
+INSTALL = AMI / "install.sh"
+USER_DATA = AMI / "user-data.yaml"
+DOCKERFILE = ROOT / "infra" / "agent-image" / "Dockerfile"
+AGENT_KEYS = {_env_name(name) for name, *_ in FLAGS} | {_env_name(name) for name, _ in SWITCHES}
+STACK_KEYS = {"RUNPLANE_" + name.upper() for name in StackSettings.model_fields}
+AGENT_BINARY = "/opt/runplane/bin/runplane-agent"
+
+
+def tool(name: str) -> str:
+    """A command the setup installs (scripts/setup.sh --test); cloud-init may be its unpacked copy."""
+    local = ROOT / ".venv" / "bin" / name
+    found = shutil.which(name) or (str(local) if local.exists() else None)
+    if found is None:
+        pytest.fail(f"{name} is missing; run scripts/setup.sh --test")
+    return found
+
+
+def unit_sections(text: str) -> dict[str, list[tuple[str, str]]]:
+    sections: dict[str, list[tuple[str, str]]] = {}
+    current = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            current = line.strip("[]")
+            sections[current] = []
+        else:
+            key, _, value = line.partition("=")
+            sections[current].append((key.strip(), value.strip()))
+    return sections
+
+
+def unit_values(key: str) -> list[str]:
+    return [v for entries in unit_sections(UNIT.read_text()).values() for k, v in entries if k == key]
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    # verify checks that ExecStart's binary exists and is executable, and /opt/runplane is not
+    # installed here: point it at a stub. docker.service (Requires=) is stubbed beside the unit,
+    # since verify also searches the unit's directory, so the check does not need docker.io.
+    stub = tmp_path / "runplane-agent"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    text = UNIT.read_text()
+    assert text.count(AGENT_BINARY) == 1
+    unit = tmp_path / UNIT.name
+    unit.write_text(text.replace(AGENT_BINARY, str(stub)))
+    (tmp_path / "docker.service").write_text(f"[Unit]\nDescription=stub\n[Service]\nExecStart={stub}\n")
+    proc = subprocess.run([tool("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    # unknown keys and bad values are only warnings: none may mention this unit
+    assert [line for line in output.splitlines() if UNIT.name in line] == [], output
+
+
+def test_unit_verify_catches_a_mistake(tmp_path):
+    """The check above is not vacuous: a missing ExecStart binary fails it."""
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace(AGENT_BINARY, str(tmp_path / "missing")))
+    (tmp_path / "docker.service").write_text("[Unit]\nDescription=stub\n[Service]\nExecStart=/bin/true\n")
+    proc = subprocess.run([tool("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "is not executable" in proc.stdout + proc.stderr
+
+
+def test_unit_runs_the_agent_as_a_stable_worker_that_passes_runs_down():
+    sections = unit_sections(UNIT.read_text())
+    assert set(sections) == {"Unit", "Service", "Install"}
+    (exec_start,) = unit_values("ExecStart")
+    argv = exec_start.split()
+    assert argv[0] == AGENT_BINARY
+    assert argv[argv.index("--id") + 1] == "%H"  # the host name: a restarted agent hands back its runs
+    assert "--pass-down-termination" in argv
+    for arg in argv[1:]:
+        if arg.startswith("--"):
+            flag = arg[2:]
+            assert flag in {name for name, *_ in FLAGS} | {name for name, _ in SWITCHES}, arg
+    assert unit_values("EnvironmentFile") == ["/etc/runplane/agent.env"]
+    assert "docker.service" in unit_values("Requires")
+    assert any("docker.service" in v.split() for v in unit_values("After"))
+    assert unit_values("Restart") == ["on-failure"]
+    assert unit_values("KillSignal") == ["SIGTERM"]
+    (timeout,) = unit_values("TimeoutStopSec")
+    assert int(timeout) >= 60
+    assert unit_values("WantedBy") == ["multi-user.target"]
+    # hardening must leave the agent the Docker socket (AF_UNIX), GPU devices and its work dir
+    assert "AF_UNIX" in unit_values("RestrictAddressFamilies")[0].split()
+    assert unit_values("PrivateDevices") in ([], ["no"])
+    assert unit_values("ProtectSystem") in ([], ["full"], ["yes"])  # not strict: /var/lib stays writable
+
+
+def test_user_data_is_valid_cloud_config():
+    proc = subprocess.run(
+        [tool("cloud-init"), "schema", "--config-file", str(USER_DATA)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Valid cloud-config" in proc.stdout
+
+
+def test_cloud_init_schema_catches_a_mistake(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("#cloud-config\nwrite_files:\n  - path: 3\n    content: x\nruncmd: 7\n")
+    proc = subprocess.run(
+        [tool("cloud-init"), "schema", "--config-file", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode != 0
+    assert "runcmd" in proc.stdout + proc.stderr
+
+
+def user_data_env() -> list[str]:
+    config = yaml.safe_load(USER_DATA.read_text())
+    (env_file,) = [f for f in config["write_files"] if f["path"] == "/etc/runplane/agent.env"]
+    return env_file["content"].splitlines()
+
+
+def test_user_data_writes_the_agent_env_and_runs_install():
+    assert USER_DATA.read_text().startswith("#cloud-config\n")
+    config = yaml.safe_load(USER_DATA.read_text())
+    keys = [line.split("=", 1)[0] for line in user_data_env() if line and not line.startswith("#")]
+    assert "RUNPLANE_AGENT_POOL" in keys
+    assert {"RUNPLANE_PREFIX", "RUNPLANE_AWS_REGION", "RUNPLANE_BUCKET", "RUNPLANE_POOLS"} <= set(keys)
+    script = "\n".join(" ".join(c) if isinstance(c, list) else c for c in config["runcmd"])
+    assert "install.sh" in script
+    assert "runplane-install" in script
+    # every placeholder is documented at the top
+    header = USER_DATA.read_text().split("\nwrite_files:")[0]
+    for placeholder in set(re.findall(r"__[A-Z_]+__", USER_DATA.read_text())):
+        assert f"#   {placeholder}" in header, placeholder
+
+
+def env_keys(text: str) -> set[str]:
+    return set(re.findall(r"\bRUNPLANE_[A-Z0-9_]+", text))
+
+
+def test_every_setting_used_is_an_agent_flag_or_a_stack_setting():
+    installer_only = {"RUNPLANE_PACKAGE", "RUNPLANE_INSTALL_ON_EC2"}
+    sources = {
+        "user-data.yaml": USER_DATA.read_text(),
+        "install.sh": INSTALL.read_text(),
+        "runplane-agent.service": UNIT.read_text(),
+        "README.md": (AMI / "README.md").read_text(),
+        "Dockerfile": DOCKERFILE.read_text(),
+    }
+    for name, text in sources.items():
+        keys = env_keys(text) - installer_only
+        # prefixes in prose ("RUNPLANE_AGENT_<FLAG>", "RUNPLANE_AGENT_*") are not keys
+        keys = {k for k in keys if not k.endswith("_")}
+        unknown = sorted(k for k in keys if k not in AGENT_KEYS and k not in STACK_KEYS)
+        assert unknown == [], f"{name} uses settings nothing reads: {unknown}"
+    # the keys install.sh accepts from the environment are the stack's settings
+    (stack_keys,) = re.findall(r'STACK_KEYS="([^"]*)"', INSTALL.read_text())
+    assert set(stack_keys.split()) <= STACK_KEYS
+
+
+def test_install_sh_options_map_to_agent_flags():
+    text = INSTALL.read_text()
+    for option, key in re.findall(r"--([a-z-]+)\) arg_key (RUNPLANE_[A-Z_]+)", text):
+        assert key in AGENT_KEYS | STACK_KEYS, (option, key)
+        if key.startswith("RUNPLANE_AGENT_"):
+            assert key == _env_name(option), f"--{option} writes {key}"
+
+
+def test_install_sh_parses():
+    proc = subprocess.run(["bash", "-n", str(INSTALL)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("script", [INSTALL, ROOT / "scripts" / "build-agent-image.sh"], ids=lambda p: p.name)
+def test_shellcheck(script):
+    proc = subprocess.run(
+        [tool("shellcheck"), "--shell=bash", "--severity=style", str(script)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_install_sh_help_lists_its_options():
+    proc = subprocess.run(["bash", str(INSTALL), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    for option in re.findall(r"^\s+(--[a-z-]+)(?:\s|\))", INSTALL.read_text(), re.MULTILINE):
+        assert option in proc.stdout, option
+
+
+def test_dockerfile_builds_the_agent_from_the_sources():
+    text = DOCKERFILE.read_text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines[0] == "ARG BASE=runplane/python-base:bookworm"
+    assert lines[1] == "FROM ${BASE}"
+    for package in ("runplane", "worker_agent", "functions"):
+        assert re.search(rf"^COPY {package} ", text, re.MULTILINE), package
+        assert (ROOT / package).is_dir()
+    assert 'ENTRYPOINT ["/opt/runplane/bin/runplane-agent"]' in text
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv*"} <= set(ignored)
+    # nothing the image needs is excluded from the build context
+    copied = {"pyproject.toml", "README.md", "runplane", "worker_agent", "functions"}
+    assert not copied & set(ignored)
