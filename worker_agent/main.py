@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from runplane.domain.errors import RunplaneError
 from runplane.domain.units import parse_bytes, parse_duration
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import detect_gpus, host_cpus, parse_set, select_gpus
@@ -165,7 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"runplane-agent: error: {e}", file=sys.stderr)
         return 2
-    stack = build_stack()
+    try:
+        stack = build_stack()
+    except (ValueError, RunplaneError) as e:  # a bad RUNPLANE_* setting or pools file
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 2
     if stack.pools.get(args.pool) is None:
         print(f"runplane-agent: error: unknown pool {args.pool!r}", file=sys.stderr)
         return 2

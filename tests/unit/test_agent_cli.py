@@ -54,3 +54,13 @@ def test_cpuset_and_gpuset_flags():
         parse(["--pool", "p", "--cpuset", "0-4095"])
     with pytest.raises(UsageError, match="--cpuset"):
         parse(["--pool", "p", "--cpuset", "x"])
+
+
+def test_bad_pools_setting_is_one_line(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "RUNPLANE_POOLS": str(tmp_path / "missing.yaml"), "HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "worker_agent", "--pool", "p"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode in (1, 2)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith("runplane-agent: error:")
