@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -79,7 +80,18 @@ def docker_client() -> Any:
 
 
 @pytest.fixture(scope="session")
-def devstack(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+def slurm_conf() -> str:
+    """A real one-node Slurm (munged, slurmctld, slurmd) on this machine, started if needed."""
+    done = subprocess.run([str(ROOT / "scripts" / "start-slurm.sh")], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.fail(f"could not start Slurm:\n{done.stdout}\n{done.stderr}")
+    conf = done.stdout.strip().splitlines()[-1]
+    os.environ["SLURM_CONF"] = conf
+    return conf
+
+
+@pytest.fixture(scope="session")
+def devstack(moto_endpoint: str, slurm_conf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
     stack = DevStack(
         DevConfig(
             port=free_port(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Callable
 
 from runplane.domain.errors import InvalidRequest
@@ -17,7 +18,15 @@ def _local(settings: StackSettings) -> ComputeBackend:
     return LocalCompute(settings.local_state_dir)
 
 
-BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {"local": _local}
+def _slurm(settings: StackSettings) -> ComputeBackend:
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        raise InvalidRequest("compute backend 'slurm' needs sbatch and squeue on PATH where the dispatcher runs")
+    from runplane.compute.slurm import SlurmCompute
+
+    return SlurmCompute()
+
+
+BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {"local": _local, "slurm": _slurm}
 
 
 def build_backend(name: str, settings: StackSettings) -> ComputeBackend:
