@@ -21,7 +21,7 @@ from runplane.api.views import pool_view, run_view, worker_view
 from runplane.domain import errors
 from runplane.domain.models import Principal, RunSpec, RunState
 from runplane.services import auth, runs
-from runplane.services.dispatch import alive_workers
+from runplane.services.dispatch import alive_workers, explain_wait
 from runplane.services.logs import outputs_prefix, read_logs
 
 logger = Logger(service="runplane-api")
@@ -165,7 +165,13 @@ def list_runs() -> dict[str, Any]:
 
 @app.get("/v1/runs/<run_id>")
 def get_run(run_id: str) -> dict[str, Any]:
-    return run_view(runs.get_run(bootstrap.stack().store, _principal(), run_id))
+    s = bootstrap.stack()
+    run = runs.get_run(s.store, _principal(), run_id)
+    view = run_view(run)
+    if run.state == RunState.QUEUED:
+        workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
+        view["waiting_reason"] = explain_wait(s.pools.get(run.queue), workers, run.waiting_reason)
+    return view
 
 
 @app.post("/v1/runs/<run_id>/kill")

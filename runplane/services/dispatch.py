@@ -59,6 +59,27 @@ def plan_launches(pool: Pool, facts: PoolFacts) -> Decision:
     return Decision(launch, f"backlog {facts.backlog}, free slots {free}, workers {current}")
 
 
+def explain_wait(pool: Pool | None, workers: Sequence[Worker], queued_as: str | None) -> str:
+    """Why a queued run is still waiting, in words, from the pool's live workers."""
+    if pool is None:
+        return "its pool is no longer configured; no worker will take it"
+    free = sum(w.free_slots for w in workers)
+    if free:
+        why = f"{free} free slot(s) on {len(workers)} worker(s) of pool {pool.name}: it should start within seconds"
+    elif pool.max_workers == 0 and not workers:
+        why = f"pool {pool.name} has max_workers=0 and no worker is registered: start one with runplane-agent"
+    elif len(workers) >= pool.max_workers:
+        why = f"pool {pool.name} is at max_workers={pool.max_workers}, all busy: waiting for a free slot"
+    else:
+        why = (
+            f"waiting for a worker: {len(workers)} of at most {pool.max_workers} worker(s) of pool {pool.name} "
+            "up, more being started"
+        )
+    if queued_as and queued_as.startswith("re-queued"):
+        return f"{queued_as}; {why}"
+    return why
+
+
 def alive_workers(registry: WorkerRegistry, pool: str, now: float, stale_after: float) -> list[Worker]:
     return [w for w in registry.list(pool) if now - w.heartbeat_at <= stale_after and w.status != "offline"]
 

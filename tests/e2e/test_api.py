@@ -45,6 +45,8 @@ def test_submit_returns_the_queued_run(alice):
     assert run["spec"]["resources"]["memory"] == 256 * 2**20
     assert run["spec"]["resources"]["time"] == 90
     assert run["waiting_reason"] == "waiting for a worker of pool parked"
+    detail = alice.request("GET", f"/v1/runs/{run['id']}")
+    assert detail["waiting_reason"].startswith("pool parked has max_workers=0 and no worker is registered")
     assert run["events"][0]["state"] == "queued"
     got = alice.request("GET", f"/v1/runs/{run['id']}")
     assert got["id"] == run["id"] and got["name"] == "first"

@@ -61,3 +61,20 @@ def test_pacing_waits_after_the_newest_launch():
     assert decision.reason.startswith("pacing")
     later = PoolFacts(backlog=5, workers=[], jobs=[job(1, created=60)], now=100)
     assert plan_launches(pool(seconds_between_launches=30), later).launch == 4
+
+
+def test_explain_wait_says_why():
+    from runplane.services.dispatch import explain_wait
+
+    p = pool(max_workers=2)
+    assert explain_wait(None, [], None) == "its pool is no longer configured; no worker will take it"
+    assert explain_wait(p, [worker(1, free=1)], None).startswith("1 free slot(s) on 1 worker(s) of pool p")
+    assert explain_wait(p, [worker(1, free=0), worker(2, free=0)], None) == (
+        "pool p is at max_workers=2, all busy: waiting for a free slot"
+    )
+    assert explain_wait(p, [worker(1, free=0)], None) == (
+        "waiting for a worker: 1 of at most 2 worker(s) of pool p up, more being started"
+    )
+    assert explain_wait(pool(max_workers=0), [], None).startswith("pool p has max_workers=0 and no worker")
+    requeued = explain_wait(p, [], "re-queued after attempt 1: worker w stopped renewing its lease")
+    assert requeued.startswith("re-queued after attempt 1: worker w stopped renewing its lease; waiting for a worker")
