@@ -370,7 +370,14 @@ class RunExecutor:
         for t in followers:
             t.join(timeout=5)
         self._flush_logs()
-        self.container.reload()
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                "the container was removed from the Docker engine while it ran (not by runplane)",
+            )
         state = self.container.attrs.get("State", {})
         exit_code = result.get("StatusCode", state.get("ExitCode"))
         if stopped is not None:

@@ -233,3 +233,13 @@ def test_run_inputs_are_checked_at_submission(alice, bob):
     assert "does not exist" in message
     bobs = bob.request("POST", "/v1/runs", {"command": "x", "queue": "parked"})
     assert api_status(lambda: submit(alice, "x", inputs={"m": f"run:{bobs['id']}"}))[:2] == (403, "forbidden")
+
+
+def test_container_removed_from_outside_is_a_clear_failure(docker_client, alice):
+    run = submit(alice, "sleep 60")
+    running = wait_state(alice, run["id"], {"running"}, timeout=60)
+    docker_client.containers.get(f"runplane-{run['id']}-{running['attempt']}").remove(force=True)
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert done["state"] == "failed"
+    assert done["failure"]["reason"] == "container_error"
+    assert "removed from the Docker engine" in done["failure"]["message"]
