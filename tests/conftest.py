@@ -25,6 +25,7 @@ from runplane.settings import StackSettings
 ROOT = Path(__file__).resolve().parents[1]
 POOLS_FILE = ROOT / "tests" / "pools.yaml"
 TEST_IMAGE = "runplane/test-busybox:1"
+AGENT_IMAGE = "runplane/agent:local"
 # Agents in tests: short leases so lost workers are noticed fast; never pull (a pull would
 # leave this machine); runs that ask for a network get the host's loopback.
 AGENT_ARGS = (
@@ -41,6 +42,8 @@ def moto_endpoint() -> Iterator[str]:
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
+        # moto's Batch runs job containers on the host network, so they reach 127.0.0.1
+        "MOTO_DOCKER_NETWORK_MODE": "host",
     }.items():
         os.environ.setdefault(key, value)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
@@ -77,6 +80,49 @@ def docker_client() -> Any:
     except docker.errors.ImageNotFound:
         pytest.fail(f"image {TEST_IMAGE} is missing; run scripts/build-images.sh")
     return client
+
+
+def batch_queue(endpoint: str, prefix: str) -> str:
+    """An IAM role, an UNMANAGED compute environment and a job queue in moto's AWS Batch (kept if
+    they exist); returns the queue's name."""
+    from runplane.adapters.aws.clients import AwsConfig, make_client
+
+    config = AwsConfig(endpoint_url=endpoint)
+    iam, batch = make_client("iam", config), make_client("batch", config)
+    role = f"{prefix}-batch-service"
+    try:
+        arn = iam.get_role(RoleName=role)["Role"]["Arn"]
+    except iam.exceptions.NoSuchEntityException:
+        arn = iam.create_role(RoleName=role, AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    env, queue = f"{prefix}-batch-env", f"{prefix}-batch-queue"
+    if not batch.describe_compute_environments(computeEnvironments=[env])["computeEnvironments"]:
+        batch.create_compute_environment(computeEnvironmentName=env, type="UNMANAGED", state="ENABLED", serviceRole=arn)
+    if not batch.describe_job_queues(jobQueues=[queue])["jobQueues"]:
+        batch.create_job_queue(
+            jobQueueName=queue,
+            state="ENABLED",
+            priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": env}],
+        )
+    return queue
+
+
+@pytest.fixture(scope="session")
+def agent_image(docker_client: Any) -> Any:
+    """The worker agent's image, built by scripts/build-agent-image.sh (or kept): two to three
+    minutes cold (debootstrap + pip), seconds after a change to the sources (the dependency
+    layer is reused), under a second when up to date."""
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "build-agent-image.sh")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, f"build-agent-image.sh failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    print(f"agent image ready in {time.monotonic() - t0:.1f} s")
+    return docker_client.images.get(AGENT_IMAGE)
 
 
 @pytest.fixture(scope="session")

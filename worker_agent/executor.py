@@ -379,6 +379,12 @@ class RunExecutor:
                 "the container was removed from the Docker engine while it ran (not by runplane)",
             )
         state = self.container.attrs.get("State", {})
+        if state.get("Status") in ("removing", "dead"):  # someone ran `docker rm -f` on it
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                "the container was removed from the Docker engine while it ran (not by runplane)",
+            )
         exit_code = result.get("StatusCode", state.get("ExitCode"))
         if stopped is not None:
             stopped.exit_code = exit_code

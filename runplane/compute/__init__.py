@@ -26,7 +26,20 @@ def _slurm(settings: StackSettings) -> ComputeBackend:
     return SlurmCompute()
 
 
-BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {"local": _local, "slurm": _slurm}
+def _aws_batch(settings: StackSettings) -> ComputeBackend:
+    from runplane.adapters.aws.clients import AwsConfig, make_client
+    from runplane.compute.aws_batch import AwsBatchCompute
+
+    return AwsBatchCompute(
+        make_client("batch", AwsConfig(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url))
+    )
+
+
+BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {
+    "local": _local,
+    "slurm": _slurm,
+    "aws-batch": _aws_batch,
+}
 
 
 def build_backend(name: str, settings: StackSettings) -> ComputeBackend:

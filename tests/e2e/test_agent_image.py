@@ -4,17 +4,14 @@ started on the host network with the Docker socket and its work dir mounted at t
 serving the "manual" pool of the local stack."""
 
 import os
-import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_for, wait_state
+from tests.conftest import wait_for, wait_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-IMAGE = "runplane/agent:local"
 TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 # What the local stack put in os.environ that an agent needs to find DynamoDB, SQS and S3.
 STACK_ENV = [
@@ -34,23 +31,6 @@ FAST = {
     "RUNPLANE_AGENT_KILL_POLL_SECONDS": "0.5",
     "RUNPLANE_AGENT_PULL": "never",
 }
-
-
-@pytest.fixture(scope="module")
-def agent_image(docker_client):
-    """Build (or keep) the image: two to three minutes cold (debootstrap + pip), seconds after a
-    change to the sources (the dependency layer is reused), under a second when up to date."""
-    t0 = time.monotonic()
-    proc = subprocess.run(
-        [str(ROOT / "scripts" / "build-agent-image.sh")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, f"build-agent-image.sh failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    print(f"agent image ready in {time.monotonic() - t0:.1f} s")
-    return docker_client.images.get(IMAGE)
 
 
 def docker_socket(docker_client) -> str:

@@ -1,0 +1,250 @@
+"""Workers as AWS Batch jobs: one container per worker, running the agent image.
+
+Pool ``options``:
+
+- ``job_queue`` (required): the Batch job queue the workers are submitted to.
+- ``image``: the agent image (default ``runplane/agent:local``); its entrypoint is
+  ``runplane-agent``.
+- ``job_role_arn``: the IAM role the worker container runs as. Credentials come from this role
+  (the container credentials endpoint); AWS keys are never put in a job definition.
+- ``work_dir``: a host path mounted at the same path in the agent container (default
+  ``/var/lib/runplane``). The agent starts run containers through the host's Docker engine,
+  which bind-mounts run directories by host path: the path must be the same on both sides.
+- ``docker_socket``: the host's Docker socket (default ``/var/run/docker.sock``), mounted at
+  ``/var/run/docker.sock``.
+- ``environment``: extra environment for the worker container (settings such as
+  ``RUNPLANE_AGENT_*`` flags, not credentials: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``
+  and ``AWS_SESSION_TOKEN`` are refused).
+- ``tags``: extra tags for the job definition and the jobs.
+
+One job definition per pool shape (image, resources, role, environment) is registered once and
+reused: its name carries a hash of the shape, so a changed shape gets a new definition, never a
+new revision per launch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from runplane.domain.errors import BackendError, InvalidRequest
+from runplane.domain.models import Pool
+from runplane.ports import BackendJob, ComputeBackend
+
+DEFAULT_IMAGE = "runplane/agent:local"
+DEFAULT_WORK_DIR = "/var/lib/runplane"
+DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
+CONTAINER_SOCKET = "/var/run/docker.sock"
+LIVE_STATES = {
+    "SUBMITTED": "pending",
+    "PENDING": "pending",
+    "RUNNABLE": "pending",
+    "STARTING": "pending",
+    "RUNNING": "running",
+}
+CREDENTIAL_NAMES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
+
+
+def job_name(pool: str, worker_id: str) -> str:
+    return f"runplane-{pool}--{worker_id}"
+
+
+def stack_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The settings an agent needs to find the stack: every ``RUNPLANE_*`` variable of this
+    process except ``RUNPLANE_AGENT_ARGS`` (the agent arguments go on the command line)."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith("RUNPLANE_") and k != "RUNPLANE_AGENT_ARGS"}
+
+
+def _options(pool: Pool) -> dict[str, Any]:
+    o = pool.options
+    if not o.get("job_queue"):
+        raise InvalidRequest(f"pool {pool.name}: backend 'aws-batch' needs options.job_queue")
+    extra = o.get("environment") or {}
+    tags = o.get("tags") or {}
+    if not isinstance(extra, dict) or not isinstance(tags, dict):
+        raise InvalidRequest(f"pool {pool.name}: options.environment and options.tags must be mappings")
+    secrets = sorted(CREDENTIAL_NAMES & set(extra))
+    if secrets:
+        raise InvalidRequest(
+            f"pool {pool.name}: options.environment must not hold credentials ({', '.join(secrets)}); "
+            "give the workers a job_role_arn instead"
+        )
+    return {
+        "job_queue": str(o["job_queue"]),
+        "image": str(o.get("image") or DEFAULT_IMAGE),
+        "job_role_arn": o.get("job_role_arn") or None,
+        "work_dir": str(o.get("work_dir") or DEFAULT_WORK_DIR),
+        "docker_socket": str(o.get("docker_socket") or DEFAULT_DOCKER_SOCKET),
+        "environment": {str(k): str(v) for k, v in extra.items()},
+        "tags": {str(k): str(v) for k, v in tags.items()},
+    }
+
+
+def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str, Any]:
+    """The ``register_job_definition`` request for the workers of ``pool``.
+
+    ``stack_env`` is what the agent needs to find the stack (see ``stack_environment``); the
+    pool's ``environment`` option is laid over it, and the agent's work dir is the mounted one.
+    The name ends in a hash of everything else, so equal shapes share one definition.
+    """
+    o = _options(pool)
+    env = {**stack_env, **o["environment"], "RUNPLANE_AGENT_WORK_DIR": o["work_dir"]}
+    resources = [
+        {"type": "VCPU", "value": str(max(1, math.ceil(pool.cpus)))},
+        {"type": "MEMORY", "value": str(max(1, pool.memory // 2**20))},
+    ]
+    if pool.gpus:
+        resources.append({"type": "GPU", "value": str(pool.gpus)})
+    container: dict[str, Any] = {
+        "image": o["image"],
+        "resourceRequirements": resources,
+        "volumes": [
+            {"name": "docker-socket", "host": {"sourcePath": o["docker_socket"]}},
+            {"name": "work-dir", "host": {"sourcePath": o["work_dir"]}},
+        ],
+        "mountPoints": [
+            {"sourceVolume": "docker-socket", "containerPath": CONTAINER_SOCKET, "readOnly": False},
+            {"sourceVolume": "work-dir", "containerPath": o["work_dir"], "readOnly": False},
+        ],
+        "environment": [{"name": k, "value": v} for k, v in sorted(env.items())],
+    }
+    if o["job_role_arn"]:
+        container["jobRoleArn"] = str(o["job_role_arn"])
+    shape = json.dumps(container, sort_keys=True)
+    digest = hashlib.sha256(shape.encode()).hexdigest()[:12]
+    return {
+        "jobDefinitionName": f"runplane-{pool.name}-{digest}",
+        "type": "container",
+        "containerProperties": container,
+        "retryStrategy": {"attempts": 1},  # the control plane re-queues runs itself
+        "tags": {"runplane:pool": pool.name, **o["tags"]},
+    }
+
+
+def submit_job_request(pool: Pool, worker_id: str, job_definition: str, agent_args: Sequence[str]) -> dict[str, Any]:
+    """The ``submit_job`` request that starts one worker agent for ``pool``."""
+    o = _options(pool)
+    return {
+        "jobName": job_name(pool.name, worker_id),
+        "jobQueue": o["job_queue"],
+        "jobDefinition": job_definition,
+        "containerOverrides": {"command": [*agent_args, "--id", worker_id, "--pass-down-termination"]},
+        "tags": {**o["tags"], "runplane:pool": pool.name, "runplane:worker": worker_id},
+    }
+
+
+class AwsBatchCompute(ComputeBackend):
+    name = "aws-batch"
+
+    def __init__(
+        self,
+        client: Any,
+        environ: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``client`` is a boto3 ``batch`` client; ``environ`` where the stack settings passed
+        to the workers come from (default: this process's environment, read at each launch)."""
+        self.client = client
+        self.environ = environ
+        self.clock = clock
+        self._definitions: dict[str, str] = {}
+
+    def _call(self, what: str, fn: Callable[..., Any], **kwargs: Any) -> Any:
+        try:
+            return fn(**kwargs)
+        except (ClientError, BotoCoreError) as e:
+            raise BackendError(f"AWS Batch {what} failed: {e}") from e
+
+    def job_definition(self, pool: Pool) -> str:
+        """The ARN of the pool's job definition, registered on first use and reused."""
+        request = job_definition_request(pool, stack_environment(self.environ))
+        name = request["jobDefinitionName"]
+        if name in self._definitions:
+            return self._definitions[name]
+        found = self._call(
+            "describe_job_definitions",
+            self.client.describe_job_definitions,
+            jobDefinitionName=name,
+            status="ACTIVE",
+        )
+        active = sorted(found.get("jobDefinitions", []), key=lambda d: d.get("revision", 0))
+        if active:
+            arn = str(active[-1]["jobDefinitionArn"])
+        else:
+            arn = str(
+                self._call("register_job_definition", self.client.register_job_definition, **request)[
+                    "jobDefinitionArn"
+                ]
+            )
+        self._definitions[name] = arn
+        return arn
+
+    def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
+        definition = self.job_definition(pool)
+        jobs: list[BackendJob] = []
+        for _ in range(count):
+            worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+            request = submit_job_request(pool, worker_id, definition, agent_args)
+            try:
+                done = self.client.submit_job(**request)
+            except (ClientError, BotoCoreError) as e:
+                raise BackendError(f"AWS Batch refused the worker job: {e}", jobs=jobs) from e
+            jobs.append(
+                BackendJob(
+                    str(done["jobId"]), pool.name, "pending", worker_id, self.clock(), {"job_definition": definition}
+                )
+            )
+        return jobs
+
+    def list(self, pool: Pool) -> list[BackendJob]:
+        queue = _options(pool)["job_queue"]
+        prefix = f"runplane-{pool.name}--"
+        jobs: dict[str, BackendJob] = {}
+        for status, state in LIVE_STATES.items():
+            token: str | None = None
+            while True:
+                kwargs: dict[str, Any] = {"jobQueue": queue, "jobStatus": status}
+                if token:
+                    kwargs["nextToken"] = token
+                page = self._call("list_jobs", self.client.list_jobs, **kwargs)
+                for summary in page.get("jobSummaryList", []):
+                    name = str(summary.get("jobName", ""))
+                    if not name.startswith(prefix):
+                        continue
+                    job_id = str(summary["jobId"])
+                    jobs[job_id] = BackendJob(
+                        job_id,
+                        pool.name,
+                        state,
+                        name[len(prefix) :],
+                        float(summary.get("createdAt", 0)) / 1000,
+                        {"batch_status": status},
+                    )
+                token = page.get("nextToken")
+                if not token:
+                    break
+        return list(jobs.values())
+
+    def cancel(self, pool: Pool, job_id: str) -> None:
+        """Terminate the job (the container gets SIGTERM, then SIGKILL: the agent hands its runs
+        back). Quiet when the job is unknown or already finished."""
+        try:
+            found = self.client.describe_jobs(jobs=[job_id]).get("jobs", [])
+        except ClientError as e:
+            if "not" in str(e).lower() and "found" in str(e).lower():
+                return
+            raise BackendError(f"AWS Batch describe_jobs failed: {e}") from e
+        except BotoCoreError as e:
+            raise BackendError(f"AWS Batch describe_jobs failed: {e}") from e
+        if not found or found[0].get("status") in ("SUCCEEDED", "FAILED"):
+            return
+        self._call("terminate_job", self.client.terminate_job, jobId=job_id, reason="runplane: cancelled")
