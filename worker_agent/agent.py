@@ -335,7 +335,8 @@ class Agent:
         at once, instead of waiting for their leases to expire."""
         recovered: list[str] = []
         try:
-            containers = self.docker.containers.list(
+            containers = self.docker.containers.list(  # sparse: no inspect of each (it may go meanwhile)
+                sparse=True,
                 all=True,
                 filters={"label": [f"{LABEL}.worker_id={self.config.worker_id}", self._stack_label]},
             )
@@ -343,7 +344,7 @@ class Agent:
             log.warning("cannot list containers: %s", e)
             return recovered
         for container in containers:
-            labels = container.labels
+            labels = container.attrs.get("Labels") or {}
             with contextlib.suppress(docker.errors.APIError):
                 container.remove(force=True)
             try:
@@ -372,14 +373,14 @@ class Agent:
         this engine, are left alone."""
         removed = 0
         try:
-            containers = self.docker.containers.list(
-                all=True, filters={"label": [f"{LABEL}.run_id", self._stack_label]}
+            containers = self.docker.containers.list(  # sparse: no inspect of each (it may go meanwhile)
+                sparse=True, all=True, filters={"label": [f"{LABEL}.run_id", self._stack_label]}
             )
         except docker.errors.APIError as e:
             log.warning("cannot list containers: %s", e)
             return 0
         for container in containers:
-            labels = container.labels
+            labels = container.attrs.get("Labels") or {}
             try:
                 run = self.ports.store.get(labels[f"{LABEL}.run_id"])
                 held = (

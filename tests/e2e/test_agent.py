@@ -142,15 +142,15 @@ def test_agent_restarted_mid_run_hands_its_run_back(docker_client, alice, agents
     first.signal(signal.SIGKILL)
     first.wait(10)
     label = "io.runplane.worker_id=manual-restart"
-    assert docker_client.containers.list(filters={"label": label}), "the container outlived its agent"
+    assert docker_client.containers.list(sparse=True, filters={"label": label}), "the container outlived its agent"
     agents(worker_id="manual-restart")  # the same worker comes back
     requeued = wait_for(
         lambda: (r := alice.request("GET", f"/v1/runs/{run['id']}"))["attempt"] == 2 and r, 60, 0.2, "attempt 2"
     )
     assert any("its worker restarted" in e["message"] for e in requeued["events"])
     assert all(
-        c.labels["io.runplane.attempt"] == "2"
-        for c in docker_client.containers.list(all=True, filters={"label": label})
+        c.attrs["Labels"]["io.runplane.attempt"] == "2"
+        for c in docker_client.containers.list(all=True, sparse=True, filters={"label": label})
     )
     alice.request("POST", f"/v1/runs/{run['id']}/kill")
     assert wait_state(alice, run["id"], TERMINAL)["state"] == "killed"
@@ -170,7 +170,7 @@ def test_lost_lease_stops_the_container_and_writes_nothing(docker_client, alice,
     )
     name = f"runplane-{run['id']}-1"
     wait_for(
-        lambda: not docker_client.containers.list(all=True, filters={"name": name}),
+        lambda: not docker_client.containers.list(all=True, sparse=True, filters={"name": name}),
         20,
         0.2,
         "the container of the lost attempt to go",

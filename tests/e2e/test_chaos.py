@@ -116,5 +116,5 @@ def test_chaos(docker_client, alice, tmp_path):
         else:
             assert run.failure is not None and run.failure.reason == "worker_lost", (run.id, run.failure)
     assert counts["succeeded"] >= RUNS * 0.8
-    leftovers = docker_client.containers.list(all=True, filters={"label": "io.runplane.worker_id"})
-    assert not [c for c in leftovers if c.labels.get("io.runplane.run_id") in ids]
+    leftovers = docker_client.containers.list(all=True, sparse=True, filters={"label": "io.runplane.worker_id"})
+    assert not [c for c in leftovers if c.attrs["Labels"].get("io.runplane.run_id") in ids]

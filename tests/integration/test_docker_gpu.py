@@ -41,4 +41,4 @@ def test_gpu_request_without_nvidia_runtime(docker_client, tmp_path):
     outcome = _create_failure(info.value, Allocation(cpus=(0,), gpus=(gpu,)), "start")
     assert outcome.reason == "gpu_unavailable"
     assert "no working NVIDIA runtime" in outcome.message
-    assert not docker_client.containers.list(all=True, filters={"name": "runplane-r-gputest-1"})
+    assert not docker_client.containers.list(all=True, sparse=True, filters={"name": "runplane-r-gputest-1"})
