@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -23,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/<name>.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from runplane.devstack.stack import free_port as stack_free_port  # noqa: E402
+
 
 def local_aws_env() -> None:
     """Credentials and region for the local AWS APIs (moto); nothing here reaches AWS."""
@@ -34,10 +35,7 @@ def local_aws_env() -> None:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+free_port = stack_free_port  # one place picks a free loopback port
 
 
 def agent_pids() -> list[int]:

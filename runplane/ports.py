@@ -106,10 +106,6 @@ class RunQueue(Protocol):
         """Nudge the dispatcher."""
         ...
 
-    def depth(self, pool: str) -> int:
-        """Approximate number of visible messages."""
-        ...
-
 
 @dataclass(frozen=True)
 class ObjectInfo:

@@ -39,11 +39,6 @@ class LogShipper:
         self._last_flush = clock()
         self.tail = bytearray()  # last bytes, for failure messages
 
-    @property
-    def size(self) -> int:
-        with self._lock:
-            return self._flushed + len(self._buffer)
-
     def write(self, data: bytes) -> None:
         with self._lock:
             self._buffer += data

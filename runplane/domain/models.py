@@ -179,9 +179,6 @@ class Event(BaseModel):
     message: str
 
 
-MAX_EVENTS = 100
-
-
 class Run(BaseModel):
     """A run as stored. ``attempt`` counts claims: 0 before the first worker takes it."""
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for, wait_state
+from tests.e2e.test_agent import FAST as AGENT_FAST
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
@@ -23,13 +24,10 @@ STACK_ENV = [
     "AWS_SECRET_ACCESS_KEY",
     "AWS_DEFAULT_REGION",
 ]
-# Short leases and polls as in test_agent.py, as RUNPLANE_AGENT_<FLAG> variables.
+# The same short leases and polls as tests/e2e/test_agent.py, as RUNPLANE_AGENT_<FLAG> variables.
 FAST = {
-    "RUNPLANE_AGENT_LEASE_SECONDS": "4",
-    "RUNPLANE_AGENT_HEARTBEAT_SECONDS": "1",
-    "RUNPLANE_AGENT_POLL_SECONDS": "1",
-    "RUNPLANE_AGENT_KILL_POLL_SECONDS": "0.5",
-    "RUNPLANE_AGENT_PULL": "never",
+    "RUNPLANE_AGENT_" + flag.removeprefix("--").upper().replace("-", "_"): value
+    for flag, value in zip(AGENT_FAST[::2], AGENT_FAST[1::2], strict=True)
 }
 
 

@@ -105,13 +105,3 @@ class SqsRunQueue:
             raise BackendError(f"pool {pool}: cannot release message: {e}") from e
         except BotoCoreError as e:
             raise BackendError(f"pool {pool}: cannot release message: {e}") from e
-
-    def depth(self, pool: str) -> int:
-        try:
-            attrs = self.client.get_queue_attributes(
-                QueueUrl=self._url(pool_queue_name(self.prefix, pool)),
-                AttributeNames=["ApproximateNumberOfMessages"],
-            )["Attributes"]
-        except (ClientError, BotoCoreError) as e:
-            raise BackendError(f"read depth of pool {pool}: {e}") from e
-        return int(attrs.get("ApproximateNumberOfMessages", 0))
