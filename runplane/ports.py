@@ -202,3 +202,13 @@ class ComputeBackend(abc.ABC):
     @abc.abstractmethod
     def cancel(self, pool: Pool, job_id: str) -> None:
         """Stop a job. Idempotent and quiet when the job is already gone."""
+
+    def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
+        """One job as the engine sees it now, or None when the engine does not know it.
+
+        Never raises for an unknown id. Backends whose engine remembers ended jobs override
+        this to report them as ``finished``/``failed`` with the engine's reason in
+        ``detail['reason']`` (the dispatcher counts failed launches from it); the default
+        only finds jobs that ``list`` still shows.
+        """
+        return next((job for job in self.list(pool) if job.id == job_id), None)

@@ -20,7 +20,7 @@ class StackSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cloud: Literal["aws"] = "aws"
+    cloud: Literal["aws", "azure"] = "aws"
     prefix: str = "runplane"
     runs_table: str = ""
     workers_table: str = ""
@@ -28,6 +28,14 @@ class StackSettings(BaseModel):
     bucket: str = ""
     aws_region: str = "us-east-1"
     aws_endpoint_url: str | None = None
+    azure_storage_connection_string: str | None = None
+    """Azure: a storage connection string (Azurite's, or an account key's). Without one,
+    ``azure_storage_account`` is reached with the managed identity (DefaultAzureCredential)."""
+    azure_storage_account: str | None = None
+    azure_batch_account_url: str | None = None
+    """Azure Batch: ``https://<account>.<region>.batch.azure.com`` for pools with backend azure-batch."""
+    azure_batch_account_key: str | None = None
+    """Azure Batch shared key; without one the managed identity is used."""
     pools: str = ""
     """Pools as a file path or inline YAML/JSON; empty means the built-in one-machine pool."""
     worker_stale_seconds: float = 30
