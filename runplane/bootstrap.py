@@ -14,9 +14,18 @@ from importlib import resources
 from typing import Any
 
 from runplane.compute import agent_args_for, build_backend
+from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool, PoolConfig
 from runplane.domain.pools import load_pools
-from runplane.ports import ComputeBackend, ObjectStore, RunQueue, RunStore, TokenStore, WorkerRegistry
+from runplane.ports import (
+    ComputeBackend,
+    ObjectStore,
+    PoolStateStore,
+    RunQueue,
+    RunStore,
+    TokenStore,
+    WorkerRegistry,
+)
 from runplane.services.auth import CachedTokens
 from runplane.settings import StackSettings
 
@@ -34,6 +43,7 @@ class Stack:
     objects: ObjectStore
     workers: WorkerRegistry
     tokens: TokenStore
+    pool_states: PoolStateStore
     clock: Callable[[], float] = time.time
     backends: dict[str, ComputeBackend] = field(default_factory=dict)
 
@@ -64,13 +74,75 @@ def aws_names(settings: StackSettings) -> Any:
     from runplane.adapters.aws.provision import AwsNames
 
     return AwsNames(
-        settings.prefix, settings.runs_table, settings.workers_table, settings.tokens_table, settings.bucket
+        settings.prefix,
+        settings.runs_table,
+        settings.workers_table,
+        settings.tokens_table,
+        settings.bucket,
+        settings.pools_table,
     )
 
 
-def build_stack(settings: StackSettings | None = None, clients: dict[str, Any] | None = None) -> Stack:
+def azure_clients(settings: StackSettings) -> Any:
+    """The storage clients of an Azure stack (``AzureClients``). Raises InvalidRequest when the
+    settings name no account or the Azure SDKs are not installed."""
+    try:
+        from runplane.adapters.azure.clients import connect
+    except ImportError as e:
+        raise InvalidRequest("cloud 'azure' needs the Azure SDKs: pip install 'runplane[azure]'") from e
+    return connect(settings.azure_storage_connection_string, settings.azure_storage_account)
+
+
+def azure_names(settings: StackSettings) -> Any:
+    from runplane.adapters.azure.provision import AzureNames
+
+    return AzureNames(
+        settings.prefix,
+        settings.runs_table,
+        settings.workers_table,
+        settings.tokens_table,
+        settings.bucket,
+        settings.pools_table,
+    )
+
+
+def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
+    clients = clients or azure_clients(settings)
+    from runplane.adapters.azure.blob import BlobObjectStore
+    from runplane.adapters.azure.queues import StorageQueueRunQueue
+    from runplane.adapters.azure.tables import (
+        TablePoolStateStore,
+        TableRunStore,
+        TableTokenStore,
+        TableWorkerRegistry,
+    )
+
+    names = azure_names(settings)
+    tables = clients.tables
+    return Stack(
+        settings=settings,
+        pools=load_pools(settings.pools or default_pools_text()),
+        store=TableRunStore(tables.get_table_client(names.runs_table)),
+        queue=StorageQueueRunQueue(names.prefix, clients.queues),
+        objects=BlobObjectStore(names.container, clients.blobs, clients.account_key),
+        workers=TableWorkerRegistry(tables.get_table_client(names.workers_table)),
+        tokens=CachedTokens(TableTokenStore(tables.get_table_client(names.tokens_table))),
+        pool_states=TablePoolStateStore(tables.get_table_client(names.pools_table)),
+    )
+
+
+def build_stack(settings: StackSettings | None = None, clients: Any = None) -> Stack:
+    """The stack for ``settings.cloud``. ``clients``: what ``aws_clients`` or ``azure_clients``
+    returns for these settings (to share them); built here when None."""
     settings = settings or StackSettings.from_env()
-    from runplane.adapters.aws.dynamodb import DynamoRunStore, DynamoTokenStore, DynamoWorkerRegistry
+    if settings.cloud == "azure":
+        return _azure_stack(settings, clients)
+    from runplane.adapters.aws.dynamodb import (
+        DynamoPoolStateStore,
+        DynamoRunStore,
+        DynamoTokenStore,
+        DynamoWorkerRegistry,
+    )
     from runplane.adapters.aws.s3 import S3ObjectStore
     from runplane.adapters.aws.sqs import SqsRunQueue
 
@@ -84,6 +156,7 @@ def build_stack(settings: StackSettings | None = None, clients: dict[str, Any] |
         objects=S3ObjectStore(names.bucket, clients["s3"]),
         workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),
         tokens=CachedTokens(DynamoTokenStore(names.tokens_table, clients["dynamodb"])),
+        pool_states=DynamoPoolStateStore(names.pools_table, clients["dynamodb"]),
     )
 
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from runplane.bootstrap import Stack
 from runplane.domain.errors import InvalidRequest, RunplaneError
 from runplane.domain.models import DispatchEvent
-from runplane.services.dispatch import Decision, dispatch_pool
+from runplane.services.dispatch import Decision, DispatchPorts, dispatch_pool
 from runplane.services.reap import ReapReport, reap
 
 log = logging.getLogger(__name__)
@@ -30,11 +30,12 @@ class PoolDispatcher:
             if pool is None:
                 raise InvalidRequest(f"unknown pool {name!r}")
             try:
+                ports = DispatchPorts(
+                    self.stack.store, self.stack.workers, self.stack.pool_states, self.stack.backend(pool)
+                )
                 self.results[name] = dispatch_pool(
                     pool,
-                    self.stack.store,
-                    self.stack.workers,
-                    self.stack.backend(pool),
+                    ports,
                     self.stack.agent_args(pool),
                     self.stack.clock(),
                     self.stack.settings.worker_stale_seconds,

@@ -15,6 +15,7 @@ from runplane.domain.models import (
     DispatchEvent,
     Event,
     Pool,
+    PoolRecord,
     Principal,
     Run,
     RunMessage,
@@ -157,6 +158,19 @@ class WorkerRegistry(Protocol):
 
     def delete(self, worker_id: str) -> None:
         """Idempotent."""
+        ...
+
+
+class PoolStateStore(Protocol):
+    """The dispatcher's per-pool records (launch claims, failures, disabled state)."""
+
+    def get(self, pool: str) -> PoolRecord:
+        """The stored record, or a fresh one with ``version`` 0 when there is none."""
+        ...
+
+    def save(self, record: PoolRecord) -> PoolRecord:
+        """Store ``record`` if the stored version is still ``record.version``; returns the stored
+        record (``version`` + 1). Raises ConditionFailed when another writer got there first."""
         ...
 
 

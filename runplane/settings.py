@@ -26,6 +26,7 @@ class StackSettings(BaseModel):
     workers_table: str = ""
     tokens_table: str = ""
     bucket: str = ""
+    pools_table: str = ""
     aws_region: str = "us-east-1"
     aws_endpoint_url: str | None = None
     azure_storage_connection_string: str | None = None
@@ -49,6 +50,11 @@ class StackSettings(BaseModel):
         """A short name for this control plane (where its runs table is), so that agents of
         different stacks sharing one Docker engine never touch each other's containers."""
         where = f"{self.cloud}|{self.aws_endpoint_url or ''}|{self.aws_region}|{self.runs_table or self.prefix}"
+        if self.cloud == "azure":
+            # the account's table endpoint (or its name), never its key
+            parts = dict(p.partition("=")[::2] for p in (self.azure_storage_connection_string or "").split(";"))
+            account = parts.get("TableEndpoint") or parts.get("AccountName") or self.azure_storage_account or ""
+            where = f"azure|{account}|{self.runs_table or self.prefix}"
         return hashlib.sha256(where.encode()).hexdigest()[:12]
 
     @classmethod

@@ -170,7 +170,9 @@ def get_run(run_id: str) -> dict[str, Any]:
     view = run_view(run)
     if run.state == RunState.QUEUED:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
-        view["waiting_reason"] = explain_wait(s.pools.get(run.queue), workers, run.waiting_reason)
+        pool = s.pools.get(run.queue)
+        record = s.pool_states.get(pool.name) if pool is not None else None
+        view["waiting_reason"] = explain_wait(pool, workers, run.waiting_reason, record)
     return view
 
 
@@ -212,7 +214,8 @@ def pools() -> dict[str, Any]:
     out = []
     for pool in s.pools.pools:
         backlog = s.store.count(pool.name, RunState.QUEUED)
-        out.append(pool_view(pool, backlog, alive_workers(s.workers, pool.name, now, s.settings.worker_stale_seconds)))
+        workers = alive_workers(s.workers, pool.name, now, s.settings.worker_stale_seconds)
+        out.append(pool_view(pool, backlog, workers, s.pool_states.get(pool.name)))
     return {"pools": out}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from runplane.domain.models import Pool, Run, Worker
+from runplane.domain.models import Pool, PoolRecord, Run, Worker
 
 
 def iso(ts: float | None) -> str | None:
@@ -46,11 +46,13 @@ def worker_view(worker: Worker, now: float, stale_after: float) -> dict[str, Any
     return data
 
 
-def pool_view(pool: Pool, backlog: int, workers: list[Worker]) -> dict[str, Any]:
+def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecord) -> dict[str, Any]:
     counts = {"idle": 0, "busy": 0, "starting": 0, "draining": 0}
     for worker in workers:
         if worker.status in counts:
             counts[worker.status] += 1
+    registered = {w.id for w in workers}
+    counts["starting"] += len([s for s in record.starting.values() if s.worker_id not in registered])
     return {
         "name": pool.name,
         "backend": pool.backend,
@@ -69,4 +71,14 @@ def pool_view(pool: Pool, backlog: int, workers: list[Worker]) -> dict[str, Any]
         "max_time": pool.max_time,
         "backlog": backlog,
         "workers": counts,
+        "launches": {
+            "launched": record.launched,
+            "failed": record.failed_launches,
+            "failed_in_a_row": record.consecutive_failures,
+            "last_launch_at": iso(record.last_launch_at),
+        },
+        "last_error": record.last_error,
+        "last_error_at": iso(record.last_error_at),
+        "disabled": record.disabled_reason,
+        "last_decision": record.last_decision,
     }

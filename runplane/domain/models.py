@@ -247,6 +247,16 @@ class Pool(BaseModel):
     min_workers: int = Field(default=0, ge=0)
     max_workers: int = Field(default=1, ge=0)
     seconds_between_launches: float = Field(default=0, ge=0)
+    max_launches_per_cycle: int | None = Field(default=None, ge=1, description="cap on workers started per pass")
+    start_timeout_seconds: float = Field(
+        default=900, gt=0, description="a started job whose agent has not registered by then is cancelled"
+    )
+    max_failed_launches: int = Field(
+        default=3, ge=1, description="consecutive failed launches that disable the pool (with the reason)"
+    )
+    retry_disabled_seconds: float = Field(
+        default=600, gt=0, description="a disabled pool tries one launch again after this long"
+    )
     idle_seconds: float = Field(default=120, gt=0)
     runs_per_worker: int | None = Field(default=None, ge=1)
     default_image: str
@@ -255,7 +265,15 @@ class Pool(BaseModel):
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
     _sizes = field_validator("memory", "disk", mode="before")(staticmethod(_size))
-    _times = field_validator("default_time", "max_time", "idle_seconds", mode="before")(staticmethod(_duration))
+    _times = field_validator(
+        "default_time",
+        "max_time",
+        "idle_seconds",
+        "start_timeout_seconds",
+        "retry_disabled_seconds",
+        "seconds_between_launches",
+        mode="before",
+    )(staticmethod(_duration))
 
     @model_validator(mode="after")
     def _bounds(self) -> Pool:
@@ -309,6 +327,40 @@ class PoolConfig(BaseModel):
 
     def get(self, name: str) -> Pool | None:
         return next((p for p in self.pools if p.name == name), None)
+
+
+class StartingJob(BaseModel):
+    """A worker the dispatcher launched whose agent has not registered yet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    worker_id: str
+    launched_at: float
+
+
+class PoolRecord(BaseModel):
+    """The dispatcher's memory of one pool. Every write is conditional on ``version``, so two
+    dispatchers acting at once never both launch: the second one's write fails and it backs off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    pool: str
+    version: int = 0
+    launching_since: float | None = None
+    """Set while a dispatcher is between claiming a launch and recording its jobs."""
+    last_launch_at: float | None = None
+    launched: int = 0
+    failed_launches: int = 0
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+    disabled_reason: str | None = None
+    disabled_at: float | None = None
+    starting: dict[str, StartingJob] = Field(default_factory=dict)
+    """Backend job id -> the launched worker, until its agent registers or the job ends."""
+    last_decision: str | None = None
+    decided_at: float | None = None
 
 
 WorkerStatus = Literal["starting", "idle", "busy", "draining", "offline"]

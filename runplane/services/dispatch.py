@@ -1,21 +1,28 @@
 """The worker manager: how many workers each pool needs, and launching them.
 
-``plan_launches`` is pure: it sees the backlog, the registered workers and the backend's jobs
-and returns a number. ``dispatch_pool`` gathers those facts and acts on them.
+``plan_launches`` and ``reconcile`` are pure: they see the backlog, the registered workers, the
+backend's jobs and the pool's record, and return numbers and a new record. ``dispatch_pool``
+gathers those facts, claims the launch with a conditional write on the pool's record (so two
+dispatchers never both launch), and acts.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from runplane.domain.errors import RunplaneError
-from runplane.domain.models import Pool, RunState, Worker
-from runplane.ports import BackendJob, ComputeBackend, RunStore, WorkerRegistry
+from runplane.domain.errors import ConditionFailed, RunplaneError
+from runplane.domain.models import Pool, PoolRecord, RunState, StartingJob, Worker
+from runplane.ports import BackendJob, ComputeBackend, PoolStateStore, RunStore, WorkerRegistry
 
 log = logging.getLogger(__name__)
+
+CLAIM_SECONDS = 120.0
+"""How long a launch claim keeps other dispatchers off a pool (a crashed claimer frees it then)."""
+LIST_GRACE_SECONDS = 60.0
+"""Engines may list a job a little after accepting it; until then a missing job is not a failure."""
 
 
 @dataclass(frozen=True)
@@ -24,6 +31,10 @@ class PoolFacts:
     workers: Sequence[Worker]  # alive: heartbeat recent
     jobs: Sequence[BackendJob]  # alive in the backend: pending or running
     now: float
+    unlisted: int = 0  # launched, not registered, not yet listed by the backend
+    last_launch_at: float | None = None
+    disabled: str | None = None  # why the pool is disabled
+    retry_at: float | None = None  # when a disabled pool may try one launch
 
 
 @dataclass(frozen=True)
@@ -36,38 +47,144 @@ def plan_launches(pool: Pool, facts: PoolFacts) -> Decision:
     """How many workers to start now.
 
     Covers the whole backlog at once (not one worker per cycle), counts workers that are
-    starting but not yet registered as capacity, never exceeds ``max_workers``, keeps
-    ``min_workers``, and waits ``seconds_between_launches`` after the newest launch.
+    starting but not yet registered as capacity, never exceeds ``max_workers`` (nor
+    ``max_launches_per_cycle``), keeps ``min_workers``, and waits ``seconds_between_launches``
+    after the newest launch. A disabled pool launches nothing until its retry time, then one.
     """
     registered = {w.id for w in facts.workers}
-    starting = [j for j in facts.jobs if j.worker_id not in registered]
-    free = sum(w.free_slots for w in facts.workers) + len(starting) * pool.slots
+    starting = len([j for j in facts.jobs if j.worker_id not in registered]) + facts.unlisted
+    free = sum(w.free_slots for w in facts.workers) + starting * pool.slots
     shortfall = max(0, facts.backlog - free)
     need = math.ceil(shortfall / pool.slots)
-    current = len(facts.jobs)
+    current = len(facts.jobs) + facts.unlisted
     below_min = max(0, pool.min_workers - current)
     room = max(0, pool.max_workers - current)
     launch = max(min(need, room), below_min)
+    if pool.max_launches_per_cycle is not None:
+        launch = min(launch, pool.max_launches_per_cycle)
     if launch == 0:
         if need > room:
             return Decision(0, f"pool {pool.name} at max_workers={pool.max_workers}")
+        if facts.backlog and starting:
+            return Decision(0, f"waiting for a worker: {starting} starting in pool {pool.name}")
         return Decision(0, "enough workers" if facts.backlog else "no backlog")
+    if facts.disabled is not None:
+        if starting:
+            return Decision(0, f"pool {pool.name} is disabled ({facts.disabled}); waiting for its trial worker")
+        if facts.retry_at is not None and facts.now < facts.retry_at:
+            return Decision(
+                0, f"pool {pool.name} is disabled ({facts.disabled}); next try in {facts.retry_at - facts.now:.0f}s"
+            )
+        return Decision(1, f"pool {pool.name} is disabled; trying one launch ({facts.disabled})")
     newest = max((j.created_at for j in facts.jobs), default=None)
+    if facts.last_launch_at is not None:
+        newest = max(newest or 0.0, facts.last_launch_at)
     if below_min == 0 and newest is not None and facts.now - newest < pool.seconds_between_launches:
         wait = pool.seconds_between_launches - (facts.now - newest)
         return Decision(0, f"pacing: next launch in {wait:.0f}s")
     return Decision(launch, f"backlog {facts.backlog}, free slots {free}, workers {current}")
 
 
-def explain_wait(pool: Pool | None, workers: Sequence[Worker], queued_as: str | None) -> str:
-    """Why a queued run is still waiting, in words, from the pool's live workers."""
+@dataclass(frozen=True)
+class Reconciled:
+    record: PoolRecord
+    cancel: list[str] = field(default_factory=list)
+
+
+def count_failures(pool: Pool, record: PoolRecord, reasons: Sequence[str], now: float) -> None:
+    """Add failed launches to ``record``; disable the pool once too many came in a row."""
+    if not reasons:
+        return
+    record.failed_launches += len(reasons)
+    record.consecutive_failures += len(reasons)
+    record.last_error = reasons[-1]
+    record.last_error_at = now
+    if record.disabled_reason is not None:
+        record.disabled_at = now  # a failed retry: wait a full period again
+    elif record.consecutive_failures >= pool.max_failed_launches:
+        record.disabled_reason = f"{record.consecutive_failures} launches in a row failed; last: {record.last_error}"
+        record.disabled_at = now
+
+
+def reconcile(
+    pool: Pool,
+    record: PoolRecord,
+    registered: set[str],
+    jobs: Sequence[BackendJob],
+    ended: Mapping[str, BackendJob | None],
+    now: float,
+) -> Reconciled:
+    """The record brought up to date with what the registry and the backend say.
+
+    A launched worker whose agent registered is a success (it re-enables a disabled pool). One
+    whose job ended or vanished first, or whose job has run for ``start_timeout_seconds`` without
+    its agent registering, is a failed launch; the latter is cancelled. ``ended`` holds the
+    backend's ``describe`` of launched jobs that ``list`` no longer shows.
+    """
+    rec = record.model_copy(deep=True)
+    alive = {j.id for j in jobs}
+    failures: list[str] = []
+    succeeded = 0
+    for job_id, started in list(rec.starting.items()):
+        if started.worker_id in registered:
+            del rec.starting[job_id]
+            succeeded += 1
+            continue
+        if job_id in alive or job_id not in ended:
+            continue
+        seen = ended[job_id]
+        if seen is None:
+            if now - started.launched_at < LIST_GRACE_SECONDS:
+                continue
+            failures.append(f"job {job_id} of worker {started.worker_id} vanished before its agent registered")
+        elif seen.alive:
+            continue
+        else:
+            why = seen.detail.get("reason")
+            failures.append(
+                f"job {job_id} of worker {started.worker_id} {seen.state} before its agent registered"
+                + (f": {why}" if why else "")
+            )
+        del rec.starting[job_id]
+    cancel = []
+    for job in jobs:
+        if job.worker_id in registered or job.state != "running":
+            continue
+        launched = rec.starting[job.id].launched_at if job.id in rec.starting else job.created_at
+        if now - launched > pool.start_timeout_seconds:
+            cancel.append(job.id)
+            rec.starting.pop(job.id, None)
+            failures.append(
+                f"the agent of worker {job.worker_id} did not register within "
+                f"{pool.start_timeout_seconds:g}s of its launch; job {job.id} cancelled"
+            )
+    if succeeded:
+        rec.consecutive_failures = 0
+        if rec.disabled_reason is not None:
+            log.info("pool %s: a worker registered; enabled again", pool.name)
+        rec.disabled_reason = None
+        rec.disabled_at = None
+    count_failures(pool, rec, failures, now)
+    return Reconciled(rec, cancel)
+
+
+def explain_wait(
+    pool: Pool | None, workers: Sequence[Worker], queued_as: str | None, record: PoolRecord | None = None
+) -> str:
+    """Why a queued run is still waiting, in words, from the pool's live workers and record."""
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
     free = sum(w.free_slots for w in workers)
+    registered = {w.id for w in workers}
+    starting = len([s for s in (record.starting.values() if record else []) if s.worker_id not in registered])
     if free:
         why = f"{free} free slot(s) on {len(workers)} worker(s) of pool {pool.name}: it should start within seconds"
+    elif record is not None and record.disabled_reason is not None:
+        why = f"pool {pool.name} is disabled: {record.disabled_reason}"
     elif pool.max_workers == 0 and not workers:
         why = f"pool {pool.name} has max_workers=0 and no worker is registered: start one with runplane-agent"
+    elif starting:
+        why = f"waiting for a worker: {starting} starting in pool {pool.name}"
     elif len(workers) >= pool.max_workers:
         why = f"pool {pool.name} is at max_workers={pool.max_workers}, all busy: waiting for a free slot"
     else:
@@ -75,37 +192,111 @@ def explain_wait(pool: Pool | None, workers: Sequence[Worker], queued_as: str | 
             f"waiting for a worker: {len(workers)} of at most {pool.max_workers} worker(s) of pool {pool.name} "
             "up, more being started"
         )
+        if record is not None and record.last_error:
+            why += f" (last launch error: {record.last_error})"
     if queued_as and queued_as.startswith("re-queued"):
         return f"{queued_as}; {why}"
     return why
 
 
 def alive_workers(registry: WorkerRegistry, pool: str, now: float, stale_after: float) -> list[Worker]:
-    return [w for w in registry.list(pool) if now - w.heartbeat_at <= stale_after and w.status != "offline"]
+    return fresh(registry.list(pool), now, stale_after)
+
+
+def fresh(workers: Sequence[Worker], now: float, stale_after: float) -> list[Worker]:
+    return [w for w in workers if now - w.heartbeat_at <= stale_after and w.status != "offline"]
+
+
+@dataclass(frozen=True)
+class DispatchPorts:
+    store: RunStore
+    registry: WorkerRegistry
+    states: PoolStateStore
+    backend: ComputeBackend
 
 
 def dispatch_pool(
-    pool: Pool,
-    store: RunStore,
-    registry: WorkerRegistry,
-    backend: ComputeBackend,
-    agent_args: Sequence[str],
-    now: float,
-    stale_after: float,
+    pool: Pool, ports: DispatchPorts, agent_args: Sequence[str], now: float, stale_after: float
 ) -> Decision:
-    """Look at one pool and launch what it needs. Raises RunplaneError if the backend fails."""
+    """Look at one pool, bring its record up to date, and launch what it needs.
+
+    Idempotent under duplicate events and concurrent invocations: the launch is claimed with a
+    conditional write on the pool's record, and a dispatcher that loses the write backs off.
+    Raises RunplaneError if the backend fails (the failure is counted on the record first).
+    """
+    record = ports.states.get(pool.name)
+    if record.launching_since is not None and now - record.launching_since < CLAIM_SECONDS:
+        return Decision(0, f"another dispatcher is launching workers for pool {pool.name}")
+    known = ports.registry.list(pool.name)
+    registered = {w.id for w in known}
+    jobs = [j for j in ports.backend.list(pool) if j.alive]
+    alive_ids = {j.id for j in jobs}
+    ended = {
+        job_id: ports.backend.describe(pool, job_id)
+        for job_id, started in record.starting.items()
+        if job_id not in alive_ids and started.worker_id not in registered
+    }
+    reconciled = reconcile(pool, record, registered, jobs, ended, now)
+    rec = reconciled.record
+    jobs = [j for j in jobs if j.id not in reconciled.cancel]
     facts = PoolFacts(
-        backlog=store.count(pool.name, RunState.QUEUED),
-        workers=alive_workers(registry, pool.name, now, stale_after),
-        jobs=[j for j in backend.list(pool) if j.alive],
+        backlog=ports.store.count(pool.name, RunState.QUEUED),
+        workers=fresh(known, now, stale_after),
+        jobs=jobs,
         now=now,
+        unlisted=len([job_id for job_id in rec.starting if job_id not in alive_ids]),
+        last_launch_at=rec.last_launch_at,
+        disabled=rec.disabled_reason,
+        retry_at=(rec.disabled_at + pool.retry_disabled_seconds) if rec.disabled_at is not None else None,
     )
     decision = plan_launches(pool, facts)
+    changed = rec != record or decision.launch > 0 or decision.reason != record.last_decision
+    rec.last_decision, rec.decided_at = decision.reason, now
     if decision.launch:
-        log.info("pool %s: launching %d worker(s) (%s)", pool.name, decision.launch, decision.reason)
+        rec.launching_since = rec.last_launch_at = now
+    if changed:
         try:
-            backend.launch(pool, decision.launch, agent_args)
+            rec = ports.states.save(rec)
+        except ConditionFailed:
+            return Decision(0, f"another dispatcher is handling pool {pool.name}")
+    for job_id in reconciled.cancel:
+        log.warning("pool %s: cancelling job %s: its agent never registered", pool.name, job_id)
+        try:
+            ports.backend.cancel(pool, job_id)
         except RunplaneError as e:
-            log.error("pool %s: launch failed: %s", pool.name, e)
-            raise
+            log.error("pool %s: cancel of job %s failed: %s", pool.name, job_id, e)
+    if decision.launch:
+        _launch(pool, ports, rec, decision, agent_args, now)
     return decision
+
+
+def _launch(
+    pool: Pool, ports: DispatchPorts, claimed: PoolRecord, decision: Decision, agent_args: Sequence[str], now: float
+) -> None:
+    log.info("pool %s: launching %d worker(s) (%s)", pool.name, decision.launch, decision.reason)
+    error: RunplaneError | None = None
+    try:
+        launched = ports.backend.launch(pool, decision.launch, agent_args)
+    except RunplaneError as e:
+        error = e
+        launched = list(e.details.get("jobs") or [])
+        log.error("pool %s: launch failed: %s", pool.name, e)
+    record = claimed
+    for _ in range(5):
+        after = record.model_copy(deep=True)
+        after.launching_since = None
+        after.launched += len(launched)
+        for job in launched:
+            after.starting[job.id] = StartingJob(worker_id=job.worker_id, launched_at=now)
+        if error is not None:
+            missing = max(1, decision.launch - len(launched))
+            count_failures(pool, after, [f"launch failed: {error.message}"] * missing, now)
+        try:
+            ports.states.save(after)
+            break
+        except ConditionFailed:  # the claim ran out and someone else wrote: add ours to theirs
+            record = ports.states.get(pool.name)
+    else:
+        log.error("pool %s: could not record %d launched job(s)", pool.name, len(launched))
+    if error is not None:
+        raise error

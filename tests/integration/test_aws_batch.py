@@ -60,10 +60,15 @@ def test_contract_launch_list_cancel(backend):
         jobs[0].worker_id,
         "--pass-down-termination",
     ]
+    running = compute.describe(pool, jobs[0].id)
+    assert running is not None and running.state == "running" and running.worker_id == jobs[0].worker_id
     compute.cancel(pool, jobs[0].id)
     wait_for(lambda: [j.id for j in compute.list(pool)] == [jobs[1].id], 60, 0.2, "the cancelled job to go")
+    ended = compute.describe(pool, jobs[0].id)  # Batch remembers it: failed, with the reason
+    assert ended is not None and ended.state == "failed" and "cancelled" in ended.detail["reason"]
     compute.cancel(pool, jobs[0].id)  # idempotent and quiet
     compute.cancel(pool, str(uuid.uuid4()))  # never existed
+    assert compute.describe(pool, str(uuid.uuid4())) is None
     # a later launch reuses the job definition: one definition, one revision
     more = compute.launch(pool, 1, ["--pool", pool.name])
     definitions = client.describe_job_definitions(

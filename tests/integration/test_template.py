@@ -269,6 +269,7 @@ def test_tables_match_provision(template: dict[str, Any], provisioned: tuple[Aws
         "RunsTable": names.runs_table,
         "WorkersTable": names.workers_table,
         "TokensTable": names.tokens_table,
+        "PoolsTable": names.pools_table,
     }
     for logical_id, table_name in pairs.items():
         props = resources[logical_id]["Properties"]
@@ -364,6 +365,7 @@ def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> N
     assert variables["RUNPLANE_RUNS_TABLE"] == {"Ref": "RunsTable"}
     assert variables["RUNPLANE_WORKERS_TABLE"] == {"Ref": "WorkersTable"}
     assert variables["RUNPLANE_TOKENS_TABLE"] == {"Ref": "TokensTable"}
+    assert variables["RUNPLANE_POOLS_TABLE"] == {"Ref": "PoolsTable"}
     assert variables["RUNPLANE_BUCKET"] == {"Ref": "DataBucket"}
     assert variables["RUNPLANE_PREFIX"] == {"Ref": "Prefix"}
     assert variables["RUNPLANE_POOLS"] == {"Ref": "PoolsJson"}

@@ -1,6 +1,6 @@
-from runplane.domain.models import Pool, Worker
+from runplane.domain.models import Pool, PoolRecord, StartingJob, Worker
 from runplane.ports import BackendJob
-from runplane.services.dispatch import PoolFacts, plan_launches
+from runplane.services.dispatch import LIST_GRACE_SECONDS, PoolFacts, count_failures, plan_launches, reconcile
 
 
 def pool(**kw):
@@ -12,8 +12,13 @@ def worker(i, free=1, slots=1):
     return Worker(id=f"w{i}", pool="p", slots=slots, free_slots=free, started_at=0, heartbeat_at=0)
 
 
-def job(i, created=0.0):
-    return BackendJob(id=f"w{i}", pool="p", state="running", worker_id=f"w{i}", created_at=created)
+def job(i, created=0.0, state="running", reason=None):
+    detail = {"reason": reason} if reason else {}
+    return BackendJob(id=f"j{i}", pool="p", state=state, worker_id=f"w{i}", created_at=created, detail=detail)
+
+
+def record(**kw):
+    return PoolRecord(pool="p", **kw)
 
 
 def test_burst_launches_for_the_whole_backlog_up_to_max():
@@ -78,3 +83,134 @@ def test_explain_wait_says_why():
     assert explain_wait(pool(max_workers=0), [], None).startswith("pool p has max_workers=0 and no worker")
     requeued = explain_wait(p, [], "re-queued after attempt 1: worker w stopped renewing its lease")
     assert requeued.startswith("re-queued after attempt 1: worker w stopped renewing its lease; waiting for a worker")
+
+
+def test_a_burst_grows_with_the_backlog_and_stops_at_max():
+    p = pool(max_workers=50)
+    assert [plan_launches(p, PoolFacts(backlog=n, workers=[], jobs=[], now=0)).launch for n in (1, 7, 500)] == [
+        1,
+        7,
+        50,
+    ]
+    # the next pass, with those 50 starting, launches nothing more and says why
+    starting = [job(i) for i in range(50)]
+    decision = plan_launches(p, PoolFacts(backlog=500, workers=[], jobs=starting, now=1))
+    assert (decision.launch, decision.reason) == (0, "pool p at max_workers=50")
+
+
+def test_launched_but_not_yet_listed_jobs_count_as_starting():
+    decision = plan_launches(pool(), PoolFacts(backlog=3, workers=[], jobs=[], now=100, unlisted=3))
+    assert (decision.launch, decision.reason) == (0, "waiting for a worker: 3 starting in pool p")
+    assert plan_launches(pool(), PoolFacts(backlog=5, workers=[], jobs=[], now=100, unlisted=3)).launch == 2
+
+
+def test_max_launches_per_cycle_caps_one_pass():
+    assert plan_launches(pool(max_launches_per_cycle=4), PoolFacts(backlog=9, workers=[], jobs=[], now=0)).launch == 4
+
+
+def test_pacing_also_counts_the_recorded_last_launch():
+    p = pool(seconds_between_launches=30)
+    facts = PoolFacts(backlog=5, workers=[], jobs=[], now=100, last_launch_at=90)
+    assert plan_launches(p, facts).reason == "pacing: next launch in 20s"
+    assert plan_launches(p, PoolFacts(backlog=5, workers=[], jobs=[], now=121, last_launch_at=90)).launch == 5
+
+
+def test_min_workers_are_not_paced():
+    p = pool(min_workers=3, seconds_between_launches=600)
+    assert plan_launches(p, PoolFacts(backlog=0, workers=[], jobs=[job(1, created=99)], now=100)).launch == 2
+
+
+def test_a_disabled_pool_waits_then_tries_one_worker():
+    p = pool()
+    facts = {"backlog": 9, "workers": [], "jobs": [], "disabled": "3 launches in a row failed", "retry_at": 700}
+    waiting = plan_launches(p, PoolFacts(now=100, **facts))
+    assert waiting.launch == 0
+    assert waiting.reason == "pool p is disabled (3 launches in a row failed); next try in 600s"
+    trial = plan_launches(p, PoolFacts(now=700, **facts))
+    assert trial.launch == 1 and "trying one launch" in trial.reason
+    pending_trial = plan_launches(p, PoolFacts(now=800, **{**facts, "jobs": [job(1)]}))
+    assert pending_trial.launch == 0 and "waiting for its trial worker" in pending_trial.reason
+
+
+def test_reconcile_counts_a_registered_worker_as_success_and_enables_the_pool():
+    rec = record(
+        starting={"j1": StartingJob(worker_id="w1", launched_at=10)},
+        consecutive_failures=3,
+        disabled_reason="3 launches in a row failed",
+        disabled_at=5,
+    )
+    out = reconcile(pool(), rec, {"w1"}, [job(1)], {}, now=20)
+    assert out.record.starting == {} and out.cancel == []
+    assert (out.record.consecutive_failures, out.record.disabled_reason, out.record.disabled_at) == (0, None, None)
+    assert rec.starting  # the input is left as it was
+
+
+def test_reconcile_counts_jobs_that_ended_before_registering():
+    rec = record(
+        starting={
+            "j1": StartingJob(worker_id="w1", launched_at=10),
+            "j2": StartingJob(worker_id="w2", launched_at=10),
+            "j3": StartingJob(worker_id="w3", launched_at=10),
+            "j4": StartingJob(worker_id="w4", launched_at=10),
+        }
+    )
+    ended = {
+        "j1": job(1, state="failed", reason="CannotPullContainerError: no such image"),
+        "j2": None,  # the engine does not know it (yet)
+        "j3": job(3, state="pending"),  # listed late
+        "j4": job(4, state="finished"),
+    }
+    soon = reconcile(pool(), rec, set(), [], ended, now=10 + LIST_GRACE_SECONDS - 1)
+    assert set(soon.record.starting) == {"j2", "j3"}
+    assert soon.record.failed_launches == 2
+    assert soon.record.last_error == "job j4 of worker w4 finished before its agent registered"
+    assert soon.record.disabled_reason is None  # 2 < max_failed_launches (3)
+    later = reconcile(pool(), soon.record, set(), [], {"j2": None, "j3": job(3, state="pending")}, now=100)
+    assert set(later.record.starting) == {"j3"}
+    assert later.record.consecutive_failures == 3
+    assert later.record.disabled_reason == (
+        "3 launches in a row failed; last: job j2 of worker w2 vanished before its agent registered"
+    )
+    assert later.record.disabled_at == 100
+
+
+def test_reconcile_cancels_a_running_job_whose_agent_never_registered():
+    p = pool(start_timeout_seconds=300)
+    rec = record(starting={"j1": StartingJob(worker_id="w1", launched_at=0)})
+    jobs = [job(1, state="running"), job(2, state="pending", created=0), job(3, state="running", created=0)]
+    early = reconcile(p, rec, {"w3"}, jobs, {}, now=299)
+    assert early.cancel == [] and early.record.failed_launches == 0
+    late = reconcile(p, rec, {"w3"}, jobs, {}, now=301)
+    # j1 ran 301 s without registering; j2 waits in the engine's queue (not the agent's fault);
+    # j3's worker registered
+    assert late.cancel == ["j1"]
+    assert late.record.starting == {}
+    assert (
+        late.record.last_error == "the agent of worker w1 did not register within 300s of its launch; job j1 cancelled"
+    )
+
+
+def test_a_failed_trial_keeps_the_pool_disabled_for_another_period():
+    p = pool(max_failed_launches=2)
+    rec = record()
+    count_failures(p, rec, ["boom", "boom"], now=10)
+    assert rec.disabled_at == 10 and rec.disabled_reason == "2 launches in a row failed; last: boom"
+    count_failures(p, rec, ["still boom"], now=700)
+    assert rec.disabled_at == 700 and rec.failed_launches == 3 and rec.last_error == "still boom"
+    assert rec.disabled_reason.startswith("2 launches in a row failed")
+
+
+def test_explain_wait_reads_the_pool_record():
+    from runplane.services.dispatch import explain_wait
+
+    p = pool(max_workers=2)
+    disabled = record(disabled_reason="3 launches in a row failed; last: no such image")
+    assert explain_wait(p, [], None, disabled) == (
+        "pool p is disabled: 3 launches in a row failed; last: no such image"
+    )
+    starting = record(starting={"j1": StartingJob(worker_id="w9", launched_at=0)})
+    assert explain_wait(p, [], None, starting) == "waiting for a worker: 1 starting in pool p"
+    failing = record(last_error="launch failed: quota exceeded")
+    assert explain_wait(p, [worker(1, free=0)], None, failing).endswith(
+        "(last launch error: launch failed: quota exceeded)"
+    )

@@ -14,7 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, NotFound
-from runplane.domain.models import Event, Principal, Run, RunState, Worker
+from runplane.domain.models import Event, PoolRecord, Principal, Run, RunState, Worker
 from runplane.ports import Expect, Page
 
 _ser = TypeSerializer()
@@ -337,3 +337,47 @@ class DynamoTokenStore:
             self.client.put_item(TableName=self.table, Item=item)
         except (ClientError, BotoCoreError) as e:
             raise _translate(e, "store token") from e
+
+
+class DynamoPoolStateStore:
+    """The dispatcher's per-pool records: one item per pool, the document as JSON, written only
+    when the stored ``version`` is the one the writer read."""
+
+    def __init__(self, table: str, client: Any) -> None:
+        self.table = table
+        self.client = client
+
+    def get(self, pool: str) -> PoolRecord:
+        try:
+            resp = self.client.get_item(TableName=self.table, Key={"pool": {"S": pool}}, ConsistentRead=True)
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "read pool record") from e
+        item = resp.get("Item")
+        if not item:
+            return PoolRecord(pool=pool)
+        return PoolRecord.model_validate_json(item["doc"]["S"])
+
+    def save(self, record: PoolRecord) -> PoolRecord:
+        stored = record.model_copy(update={"version": record.version + 1})
+        item = {
+            "pool": {"S": record.pool},
+            "version": {"N": str(stored.version)},
+            "doc": {"S": stored.model_dump_json()},
+        }
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=item,
+                ConditionExpression="attribute_not_exists(#p) OR #v = :v",
+                ExpressionAttributeNames={"#p": "pool", "#v": "version"},
+                ExpressionAttributeValues={":v": {"N": str(record.version)}},
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                raise ConditionFailed(
+                    f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
+                ) from e
+            raise _translate(e, "write pool record") from e
+        except BotoCoreError as e:
+            raise _translate(e, "write pool record") from e
+        return stored

@@ -27,6 +27,7 @@ class AwsNames:
     workers_table: str = ""
     tokens_table: str = ""
     bucket: str = ""
+    pools_table: str = ""
 
     def __post_init__(self) -> None:
         for attr, suffix in (
@@ -34,6 +35,7 @@ class AwsNames:
             ("workers_table", "workers"),
             ("tokens_table", "tokens"),
             ("bucket", "data"),
+            ("pools_table", "pools"),
         ):
             if not getattr(self, attr):
                 object.__setattr__(self, attr, f"{self.prefix}-{suffix}")
@@ -89,6 +91,7 @@ def provision(names: AwsNames, pools: Iterable[str], ddb: Any, sqs: Any, s3: Any
     )
     _create_table(ddb, names.workers_table, "id", {"id": "S"}, [])
     _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, [])
+    _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, [])
     for pool in pools:
         _queue_with_dlq(sqs, pool_queue_name(names.prefix, pool))
     _queue_with_dlq(sqs, events_queue_name(names.prefix))

@@ -234,17 +234,38 @@ class AwsBatchCompute(ComputeBackend):
                     break
         return list(jobs.values())
 
+    def _find(self, job_id: str) -> dict[str, Any] | None:
+        found = self._call("describe_jobs", self.client.describe_jobs, jobs=[job_id]).get("jobs", [])
+        return dict(found[0]) if found else None
+
+    def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
+        """The job in any state; a FAILED job carries Batch's status reason (and the container's,
+        e.g. CannotPullContainerError) in ``detail['reason']``."""
+        job = self._find(job_id)
+        if job is None:
+            return None
+        status = str(job.get("status", ""))
+        state = LIVE_STATES.get(status) or ("finished" if status == "SUCCEEDED" else "failed")
+        name = str(job.get("jobName", ""))
+        prefix = f"runplane-{pool.name}--"
+        detail: dict[str, Any] = {"batch_status": status}
+        if state == "failed":
+            container_reason = (job.get("container") or {}).get("reason")
+            reasons = [r for r in (job.get("statusReason"), container_reason) if r]
+            detail["reason"] = "; ".join(str(r) for r in reasons) or "the Batch job failed"
+        return BackendJob(
+            job_id,
+            pool.name,
+            state,
+            name[len(prefix) :] if name.startswith(prefix) else name,
+            float(job.get("createdAt", 0)) / 1000,
+            detail,
+        )
+
     def cancel(self, pool: Pool, job_id: str) -> None:
         """Terminate the job (the container gets SIGTERM, then SIGKILL: the agent hands its runs
         back). Quiet when the job is unknown or already finished."""
-        try:
-            found = self.client.describe_jobs(jobs=[job_id]).get("jobs", [])
-        except ClientError as e:
-            if "not" in str(e).lower() and "found" in str(e).lower():
-                return
-            raise BackendError(f"AWS Batch describe_jobs failed: {e}") from e
-        except BotoCoreError as e:
-            raise BackendError(f"AWS Batch describe_jobs failed: {e}") from e
-        if not found or found[0].get("status") in ("SUCCEEDED", "FAILED"):
+        job = self._find(job_id)
+        if job is None or job.get("status") in ("SUCCEEDED", "FAILED"):
             return
         self._call("terminate_job", self.client.terminate_job, jobId=job_id, reason="runplane: cancelled")

@@ -17,6 +17,8 @@ from runplane.domain.errors import BackendError
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
+ENDED_KEEP_SECONDS = 86400.0
+
 
 def _start_time(pid: int) -> str | None:
     """The kernel's start time of ``pid`` (to tell a reused pid apart), or None if gone/zombie."""
@@ -45,6 +47,7 @@ class LocalCompute(ComputeBackend):
         self.command = list(command)
         self.clock = clock
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._exit_codes: dict[int, int] = {}
 
     def _dir(self, pool: Pool) -> Path:
         path = self.state_dir / pool.name
@@ -86,11 +89,28 @@ class LocalCompute(ComputeBackend):
 
     def _reap(self) -> None:
         for pid, proc in list(self._children.items()):
-            if proc.poll() is not None:
+            code = proc.poll()
+            if code is not None:
                 del self._children[pid]
+                self._exit_codes[pid] = code
+
+    def _ended(self, path: Path, record: dict[str, object]) -> None:
+        """Keep what is known of an agent that exited, for ``describe``; drop the live record."""
+        code = self._exit_codes.pop(int(str(record["pid"])), None)
+        log_tail = ""
+        with contextlib.suppress(OSError):
+            lines = [line for line in Path(str(record.get("log"))).read_text(errors="replace").splitlines() if line]
+            log_tail = lines[-1][:300] if lines else ""
+        ended = {**record, "exit_code": code, "log_tail": log_tail, "ended_at": self.clock()}
+        path.with_suffix(".ended").write_text(json.dumps(ended))
+        path.unlink(missing_ok=True)
 
     def list(self, pool: Pool) -> list[BackendJob]:
         self._reap()
+        for ended in self._dir(pool).glob("*.ended"):
+            with contextlib.suppress(OSError):
+                if self.clock() - ended.stat().st_mtime > ENDED_KEEP_SECONDS:
+                    ended.unlink()
         jobs = []
         for path in sorted(self._dir(pool).glob("*.json")):
             try:
@@ -99,7 +119,7 @@ class LocalCompute(ComputeBackend):
                 continue
             started = _start_time(record["pid"])
             if started is None or started != record.get("started"):
-                path.unlink(missing_ok=True)
+                self._ended(path, record)
                 continue
             jobs.append(
                 BackendJob(
@@ -124,3 +144,21 @@ class LocalCompute(ComputeBackend):
                 os.kill(record["pid"], signal.SIGTERM)
         path.unlink(missing_ok=True)
         self._reap()
+
+    def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
+        """A live agent, or one that exited: ``finished`` on exit code 0 (idle or done), else
+        ``failed`` with the exit code and the last line of its log as the reason."""
+        live = next((job for job in self.list(pool) if job.id == job_id), None)
+        if live is not None:
+            return live
+        try:
+            record = json.loads((self._dir(pool) / f"{job_id}.ended").read_text())
+        except (OSError, ValueError):
+            return None
+        code = record.get("exit_code")
+        detail = {"pid": record["pid"], "log": record.get("log"), "exit_code": code}
+        if code == 0:
+            return BackendJob(job_id, pool.name, "finished", job_id, record["created_at"], detail)
+        exit_text = f"agent exited with code {code}" if code is not None else "agent exited"
+        detail["reason"] = exit_text + (f": {record['log_tail']}" if record.get("log_tail") else "")
+        return BackendJob(job_id, pool.name, "failed", job_id, record["created_at"], detail)

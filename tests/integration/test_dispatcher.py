@@ -1,0 +1,151 @@
+"""The dispatcher on the real stores (moto server) with agents as real local processes:
+concurrent invocations, failed launches, jobs that never register, and what the API shows."""
+
+import sys
+import threading
+import time
+
+import pytest
+
+from runplane.compute.local import LocalCompute
+from runplane.domain.errors import ConditionFailed
+from runplane.domain.models import Pool, PoolRecord, Principal, RunSpec
+from runplane.services.dispatch import CLAIM_SECONDS, DispatchPorts, dispatch_pool, explain_wait
+from runplane.services.runs import submit_run
+from tests.conftest import wait_for
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+BROKEN = ["sh", "-c", "echo 'error: cannot reach the run queue' >&2; exit 2", "agent"]
+
+
+def queue_runs(stack, pool: str, n: int) -> None:
+    for i in range(n):
+        spec = RunSpec.model_validate({"command": f"echo {i}", "queue": pool})
+        submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time)
+
+
+@pytest.fixture
+def pool(aws_stack) -> Pool:
+    base = aws_stack.pools.get("default")
+    return base.model_copy(update={"max_workers": 10, "min_workers": 0, "seconds_between_launches": 0})
+
+
+@pytest.fixture
+def backends(tmp_path):
+    made = []
+
+    def make(command=SLEEPER):
+        backend = LocalCompute(tmp_path / "workers", command=command)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        for p in list((tmp_path / "workers").glob("*")):
+            for job in backend.list(Pool(name=p.name, cpus=1, memory="1g", default_image="x")):
+                backend.cancel(Pool(name=p.name, cpus=1, memory="1g", default_image="x"), job.id)
+
+
+def test_concurrent_dispatchers_launch_the_backlog_once(aws_stack, pool, backends):
+    queue_runs(aws_stack, pool.name, 3)
+    start = threading.Barrier(8)
+    decisions = []
+
+    def dispatcher():
+        ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backends())
+        start.wait()
+        decisions.append(dispatch_pool(pool, ports, ["--pool", pool.name], time.time(), 30))
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(decisions) == 8
+    assert sum(d.launch for d in decisions) == 3, [d.reason for d in decisions]
+    assert len(backends().list(pool)) == 3
+    record = aws_stack.pool_states.get(pool.name)
+    assert record.launched == 3 and len(record.starting) == 3 and record.launching_since is None
+    # a duplicate event later finds the three starting and launches nothing
+    again = dispatch_pool(
+        pool, DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backends()), [], time.time(), 30
+    )
+    assert (again.launch, again.reason) == (0, f"waiting for a worker: 3 starting in pool {pool.name}")
+
+
+def test_a_stale_record_write_is_refused(aws_stack):
+    states = aws_stack.pool_states
+    fresh = states.get("default")
+    assert fresh == PoolRecord(pool="default")
+    stored = states.save(fresh.model_copy(update={"last_decision": "first"}))
+    assert stored.version == 1 and states.get("default").last_decision == "first"
+    with pytest.raises(ConditionFailed):
+        states.save(fresh.model_copy(update={"last_decision": "second"}))
+    assert states.get("default").last_decision == "first"
+
+
+def test_a_live_claim_keeps_other_dispatchers_off(aws_stack, pool, backends):
+    queue_runs(aws_stack, pool.name, 2)
+    now = time.time()
+    aws_stack.pool_states.save(PoolRecord(pool=pool.name, launching_since=now - 5))
+    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backends())
+    decision = dispatch_pool(pool, ports, [], now, 30)
+    assert decision.launch == 0 and "another dispatcher is launching" in decision.reason
+    # a claim older than CLAIM_SECONDS belongs to a dispatcher that died: it is taken over
+    assert dispatch_pool(pool, ports, [], now + CLAIM_SECONDS, 30).launch == 2
+
+
+def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backends):
+    pool = pool.model_copy(update={"max_failed_launches": 3, "retry_disabled_seconds": 600})
+    queue_runs(aws_stack, pool.name, 2)
+    backend = backends(BROKEN)
+    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backend)
+    t0 = time.time()
+    assert dispatch_pool(pool, ports, [], t0, 30).launch == 2
+    wait_for(lambda: backend.list(pool) == [], 30, 0.1, "the broken agents to exit")
+    second = dispatch_pool(pool, ports, [], t0 + 1, 30)  # counts 2 failures, launches 2 again
+    assert second.launch == 2
+    record = aws_stack.pool_states.get(pool.name)
+    assert record.failed_launches == 2 and record.disabled_reason is None
+    assert record.last_error.endswith(
+        "failed before its agent registered: agent exited with code 2: error: cannot reach the run queue"
+    )
+    wait_for(lambda: backend.list(pool) == [], 30, 0.1, "the broken agents to exit")
+    third = dispatch_pool(pool, ports, [], t0 + 2, 30)
+    assert third.launch == 0 and third.reason.startswith(f"pool {pool.name} is disabled (4 launches in a row failed")
+    record = aws_stack.pool_states.get(pool.name)
+    assert record.disabled_reason.startswith("4 launches in a row failed; last: job ")
+    # what a user sees: the run's waiting reason and the pool's view
+    from runplane.api.views import pool_view
+
+    view = pool_view(pool, 2, [], record)
+    assert view["disabled"] == record.disabled_reason
+    assert view["launches"] == {
+        "launched": 4,
+        "failed": 4,
+        "failed_in_a_row": 4,
+        "last_launch_at": view["launches"]["last_launch_at"],
+    }
+    assert "cannot reach the run queue" in view["last_error"]
+    assert explain_wait(pool, [], None, record).startswith(f"pool {pool.name} is disabled: 4 launches in a row failed")
+    # after the retry period one trial worker is launched
+    assert dispatch_pool(pool, ports, [], t0 + 2 + 600, 30).launch == 1
+
+
+def test_a_job_whose_agent_never_registers_is_cancelled(aws_stack, pool, backends):
+    pool = pool.model_copy(update={"start_timeout_seconds": 60})
+    queue_runs(aws_stack, pool.name, 1)
+    backend = backends(SLEEPER)  # starts and runs, but never registers
+    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backend)
+    t0 = time.time()
+    assert dispatch_pool(pool, ports, [], t0, 30).launch == 1
+    (job,) = backend.list(pool)
+    assert dispatch_pool(pool, ports, [], t0 + 30, 30).launch == 0  # still within the timeout
+    assert [j.id for j in backend.list(pool)] == [job.id]
+    decision = dispatch_pool(pool, ports, [], t0 + 61, 30)
+    assert decision.launch == 1  # the stuck one is cancelled and replaced
+    assert job.id not in {j.id for j in backend.list(pool)}
+    record = aws_stack.pool_states.get(pool.name)
+    assert record.last_error == (
+        f"the agent of worker {job.worker_id} did not register within 60s of its launch; job {job.id} cancelled"
+    )
