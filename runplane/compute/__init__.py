@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import shutil
 from collections.abc import Callable
@@ -35,10 +36,23 @@ def _aws_batch(settings: StackSettings) -> ComputeBackend:
     )
 
 
+def _kubernetes(settings: StackSettings) -> ComputeBackend:
+    if importlib.util.find_spec("kubernetes") is None:
+        raise InvalidRequest(
+            "compute backend 'kubernetes' needs the kubernetes package: pip install 'runplane[kubernetes]'"
+        )
+    from runplane.compute.kubernetes import KubernetesCompute
+
+    # Each pool picks its cluster (options kubeconfig/context, else the in-cluster config); a
+    # config that cannot be loaded fails that pool's calls with InvalidRequest.
+    return KubernetesCompute()
+
+
 BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {
     "local": _local,
     "slurm": _slurm,
     "aws-batch": _aws_batch,
+    "kubernetes": _kubernetes,
 }
 
 

@@ -23,7 +23,8 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 POOLS = """
 pools:
   - {name: default, backend: local, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
-  - {name: broken, backend: kubernetes, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
+  - {name: broken, backend: kubernetes, cpus: 2, memory: 2g, max_workers: 3, default_image: img,
+     options: {image: img, kubeconfig: /nonexistent/kubeconfig}}
 """
 
 
@@ -75,7 +76,7 @@ def test_dispatcher_schedule_reports_every_pool(handler_stack):
 
     result = dispatcher.lambda_handler(load_event("schedule.json"), LambdaContext())
     assert result["pools"]["default"] == "no backlog"
-    assert result["pools"]["broken"].startswith("error: compute backend 'kubernetes' is not available")
+    assert result["pools"]["broken"].startswith("error: pool broken: cannot load a Kubernetes config")
 
 
 def test_reaper_handler_requeues_expired_lease(handler_stack):
