@@ -17,7 +17,7 @@ import docker.errors
 
 from runplane import __version__
 from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import RunState, Worker
+from runplane.domain.models import RunState, Worker, refuses
 from runplane.ports import Delivery, WorkerRegistry
 from runplane.services import lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor
@@ -51,6 +51,9 @@ class AgentConfig:
     executor: ExecutorConfig | None = None
     cpuset: tuple[int, ...] = ()
     gpus: tuple[Gpu, ...] = ()
+    tag: str | None = None
+    tag_exclusive: bool = False
+    group: str | None = None
 
 
 class Agent:
@@ -199,6 +202,11 @@ class Agent:
                 return
             self.ports.queue.delete(self.config.pool, delivery)  # stale hint
             return
+        not_ours = refuses(self.config.tag, self.config.tag_exclusive, self.config.group, run)
+        if not_ours:
+            log.debug("run %s is not for this worker: %s", run.id, not_ours)
+            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+            return
         res = run.spec.resources
         never = self.allocator.fits_at_all(res.cpus, res.gpus)
         allocation = None if never else self.allocator.allocate(run.id, res.cpus, res.gpus)
@@ -315,6 +323,9 @@ class Agent:
                     started_at=self.started_at,
                     heartbeat_at=self.clock(),
                     agent_version=__version__,
+                    tag=self.config.tag,
+                    tag_exclusive=self.config.tag_exclusive,
+                    group=self.config.group,
                 )
             )
         except RunplaneError as e:

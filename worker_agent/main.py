@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 
 from runplane.domain.errors import RunplaneError
+from runplane.domain.models import NAME_PATTERN
 from runplane.domain.units import parse_bytes, parse_duration
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import detect_gpus, host_cpus, parse_set, select_gpus
@@ -32,6 +33,8 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("cpuset", str, None, "CPU cores runs may use, e.g. 0-7,16 (default: all this process may use)"),
     ("gpuset", str, None, "GPUs runs may use, as indices or UUIDs, e.g. 0,1 (default: all detected)"),
     ("memory", str, None, "memory to advertise, e.g. 64g (default: all)"),
+    ("tag", str, None, "also take runs that ask for this tag (only those with --tag-exclusive)"),
+    ("group", str, None, "take only runs of members of this group (a group's own machines)"),
     ("idle-seconds", str, None, "exit after this long with no run (e.g. 300, 5m)"),
     ("exit-after-num-runs", int, None, "exit after taking this many runs"),
     ("heartbeat-seconds", float, 5.0, "how often to renew leases and report"),
@@ -54,6 +57,7 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("log-level", str, "INFO", "DEBUG, INFO, WARNING or ERROR"),
 ]
 SWITCHES = [
+    ("tag-exclusive", "take only runs that ask for --tag, none of the untagged ones"),
     ("pass-down-termination", "on SIGTERM stop running runs and re-queue them before exiting"),
     ("exit-on-exception", "exit (status 1) on an unexpected error instead of retrying with backoff"),
     ("preemptible", "this machine may vanish (spot): losing it does not use up one of a run's attempts"),
@@ -94,6 +98,15 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def _validate_routing(args: argparse.Namespace) -> None:
+    for name in ("tag", "group"):
+        value = getattr(args, name)
+        if value is not None and not re.fullmatch(NAME_PATTERN, value):
+            raise UsageError(f"--{name}: {value!r} is not a valid name (lower-case letters, digits and -)")
+    if args.tag_exclusive and not args.tag:
+        raise UsageError("--tag-exclusive needs --tag")
+
+
 def _validate(args: argparse.Namespace) -> None:
     """Check and convert the values argparse leaves as strings. Raises UsageError."""
     if not args.pool:
@@ -109,6 +122,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--log-level must be DEBUG, INFO, WARNING or ERROR")
     if args.run_user not in ("nobody", "image") and not re.fullmatch(r"\d+(:\d+)?", args.run_user):
         raise UsageError("--run-user must be nobody, image, or UID[:GID]")
+    _validate_routing(args)
     if args.pull not in ("missing", "never"):
         raise UsageError("--pull must be 'missing' or 'never'")
     for name in ("heartbeat_seconds", "lease_seconds", "poll_seconds", "kill_poll_seconds"):
@@ -191,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass_down_termination=args.pass_down_termination,
             exit_on_exception=args.exit_on_exception,
             preemptible=args.preemptible,
+            tag=args.tag,
+            tag_exclusive=args.tag_exclusive,
+            group=args.group,
             executor=ExecutorConfig(
                 worker_id=worker_id,
                 work_dir=work_dir,

@@ -172,7 +172,7 @@ def get_run(run_id: str) -> dict[str, Any]:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
         pool = s.pools.get(run.queue)
         record = s.pool_states.get(pool.name) if pool is not None else None
-        view["waiting_reason"] = explain_wait(pool, workers, run.waiting_reason, record)
+        view["waiting_reason"] = explain_wait(pool, workers, run.waiting_reason, record, run)
     return view
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import sys
 import time
@@ -92,6 +93,7 @@ def run(
     time_limit: Annotated[str | None, typer.Option("--time", help="time limit, e.g. 90s, 2h")] = None,
     queue: Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
+    tag: Annotated[str | None, typer.Option(help="only workers started with --tag TAG take it")] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")
@@ -108,7 +110,7 @@ def run(
         if v is not None
     }
     body: dict[str, Any] = {"command": " ".join(command)}
-    for key, value in (("image", image), ("queue", queue), ("name", name)):
+    for key, value in (("image", image), ("queue", queue), ("name", name), ("tag", tag)):
         if value is not None:
             body[key] = value
     if resources:
@@ -323,25 +325,39 @@ def workers(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 @app.command()
 def pools(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """List pools: shape, backlog and workers."""
+    """List pools: shape, backlog, workers, launches and the last launch error."""
     data = _client().request("GET", "/v1/pools")
     if as_json:
         _print_json(data)
         return
-    table = Table("name", "backend", "shape", "workers (idle/busy)", "min-max", "backlog")
+    table = Table("name", "backend", "shape", "workers (starting/idle/busy)", "min-max", "backlog", "launches (failed)")
+    problems = []
     for p in data["pools"]:
         s = p["shape"]
         shape = f"{s['cpus']:g} cpu, {s['gpus']} gpu, {s['memory'] // 2**20} MiB"
         w = p["workers"]
+        launches = p.get("launches") or {}
         table.add_row(
-            p["name"],
+            p["name"] + (" (disabled)" if p.get("disabled") else ""),
             p["backend"],
             shape,
-            f"{w['idle']}/{w['busy']}",
+            f"{w['starting']}/{w['idle']}/{w['busy']}",
             f"{p['min_workers']}-{p['max_workers']}",
             str(p["backlog"]),
+            f"{launches.get('launched', 0)} ({launches.get('failed', 0)})",
         )
+        if p.get("disabled"):
+            problems.append(f"{p['name']}: disabled: {p['disabled']}")
+        elif p.get("last_error"):
+            problems.append(f"{p['name']}: last launch error at {p['last_error_at']}: {p['last_error']}")
     out.print(table)
+    for line in problems:
+        out.print(line, markup=False, highlight=False)
+
+
+class Cloud(enum.StrEnum):
+    aws = "aws"
+    azure = "azure"
 
 
 @app.command()
@@ -351,15 +367,21 @@ def dev(
     workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
     pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
     demo: Annotated[bool, typer.Option(help="submit one demo run once the stack is up")] = False,
+    cloud: Annotated[
+        Cloud,
+        typer.Option(
+            help="whose functions and stores: aws (moto's server) or azure (Azurite, the Azure Functions app)",
+        ),
+    ] = Cloud.aws,
 ) -> None:
-    """Run the whole stack on this machine (moto, API, dispatcher, local agents on Docker)."""
+    """Run the whole stack on this machine (moto or Azurite, API, dispatcher, local agents on Docker)."""
     import logging
 
     from runplane.devstack.stack import DevConfig, DevStack
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("runplane").setLevel(logging.INFO)
-    stack = DevStack(DevConfig(port=port, token=token, workers=workers, pools_file=pools_file))
+    stack = DevStack(DevConfig(port=port, token=token, workers=workers, pools_file=pools_file, cloud=cloud.value))
     try:
         stack.start()
     except OSError as e:
@@ -368,7 +390,7 @@ def dev(
         raise CliError(str(e)) from e
     err.print(
         f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n  token  {stack.token}\n"
-        f"  moto   {stack.endpoint}\n"
+        f"  {stack.services:<6} {stack.endpoint}\n"
         f"Use it from another shell (the CLI finds this stack by itself):\n"
         f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
         f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"

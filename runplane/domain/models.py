@@ -129,6 +129,11 @@ class RunSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     inputs: dict[str, str] = Field(default_factory=dict)
     network: bool = False
+    tag: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="only workers started with --tag <tag> take this run (e.g. a reserved machine)",
+    )
 
     @field_validator("command")
     @classmethod
@@ -187,6 +192,8 @@ class Run(BaseModel):
     v: int = SCHEMA_VERSION
     id: str
     owner: str
+    owner_groups: list[str] = Field(default_factory=list)
+    """The owner's groups when it was submitted: workers started with --group take only these."""
     spec: RunSpec
     queue: str
     state: RunState = RunState.QUEUED
@@ -392,6 +399,13 @@ class Worker(BaseModel):
     heartbeat_at: float
     backend_job_id: str | None = None
     agent_version: str = ""
+    tag: str | None = None
+    tag_exclusive: bool = False
+    group: str | None = None
+
+    def refuses(self, run: Run) -> str | None:
+        """Why this worker does not take ``run`` (its tag or group), or None if it does."""
+        return refuses(self.tag, self.tag_exclusive, self.group, run)
 
 
 class Principal(BaseModel):
@@ -401,6 +415,22 @@ class Principal(BaseModel):
 
     user: str
     scopes: list[str] = Field(default_factory=lambda: ["runs:read", "runs:write"])
+    groups: list[str] = Field(default_factory=list)
 
     def can(self, scope: str) -> bool:
         return scope in self.scopes or "admin" in self.scopes
+
+
+def refuses(tag: str | None, tag_exclusive: bool, group: str | None, run: Run) -> str | None:
+    """Why a worker with ``tag``/``group`` does not take ``run``, or None if it does.
+
+    A tagged run goes only to workers with that tag; a worker with a tag also takes untagged runs
+    unless it is tag-exclusive; a worker with a group takes only runs of that group's members.
+    """
+    if group is not None and group not in run.owner_groups:
+        return f"this worker serves group {group} only and {run.owner} is not in it"
+    if run.spec.tag is not None and run.spec.tag != tag:
+        return f"the run asks for a worker tagged {run.spec.tag}"
+    if run.spec.tag is None and tag_exclusive:
+        return f"this worker takes only runs tagged {tag}"
+    return None

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
-from runplane.domain.models import Pool, PoolRecord, RunState, StartingJob, Worker
+from runplane.domain.models import Pool, PoolRecord, Run, RunState, StartingJob, Worker
 from runplane.ports import BackendJob, ComputeBackend, PoolStateStore, RunStore, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -169,11 +169,26 @@ def reconcile(
 
 
 def explain_wait(
-    pool: Pool | None, workers: Sequence[Worker], queued_as: str | None, record: PoolRecord | None = None
+    pool: Pool | None,
+    workers: Sequence[Worker],
+    queued_as: str | None,
+    record: PoolRecord | None = None,
+    run: Run | None = None,
 ) -> str:
-    """Why a queued run is still waiting, in words, from the pool's live workers and record."""
+    """Why a queued run is still waiting, in words, from the pool's live workers and record
+    (and, given the run, which of those workers would take it: tags and groups)."""
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
+    if run is not None:
+        refusals = [why for w in workers if (why := w.refuses(run))]
+        if run.spec.tag and len(refusals) == len(workers):
+            return (
+                f"no live worker of pool {pool.name} takes tag {run.spec.tag}: "
+                f"start one with runplane-agent --pool {pool.name} --tag {run.spec.tag}"
+            )
+        if workers and len(refusals) == len(workers):
+            return f"no live worker of pool {pool.name} takes this run: {refusals[0]}"
+        workers = [w for w in workers if w.refuses(run) is None]
     free = sum(w.free_slots for w in workers)
     registered = {w.id for w in workers}
     starting = len([s for s in (record.starting.values() if record else []) if s.worker_id not in registered])

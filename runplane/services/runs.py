@@ -85,6 +85,7 @@ def submit_run(
     run = Run(
         id=run_id_for(principal.user, idempotency_key),
         owner=principal.user,
+        owner_groups=sorted(principal.groups),
         spec=resolved,
         queue=pool.name,
         created_at=now,

@@ -273,3 +273,35 @@ def test_another_stacks_containers_are_left_alone(docker_client, alice, agents):
         assert foreign.status == "running"
     finally:
         foreign.remove(force=True)
+
+
+def test_tags_and_groups_route_runs_to_the_right_worker(docker_client, alice, devstack, agents):
+    from runplane.cli.client import Client
+    from runplane.domain.models import Principal
+    from runplane.services.auth import register_token
+
+    register_token(bootstrap.stack().tokens, "carol-token", Principal(user="carol", groups=["vision"]))
+    carol = Client(devstack.api_url, "carol-token")
+    reserved = agents("--tag", "a100-box", "--tag-exclusive", "--group", "vision", "--idle-seconds", "60")
+    shared = agents("--idle-seconds", "60")
+    for agent in (reserved, shared):
+        wait_for(lambda a=agent: any(w["id"] == a.id for w in alice.request("GET", "/v1/workers")["workers"]), 30)
+    mine = submit(carol, "echo reserved", tag="a100-box")
+    assert mine["spec"]["tag"] == "a100-box"
+    plain = submit(alice, "echo shared")
+    outsider = submit(alice, "echo nope", tag="a100-box")  # alice is not in group vision
+    assert wait_state(carol, mine["id"], TERMINAL)["worker_id"] == reserved.id
+    assert wait_state(alice, plain["id"], TERMINAL)["worker_id"] == shared.id
+    waiting = alice.request("GET", f"/v1/runs/{outsider['id']}")
+    assert waiting["state"] == "queued"
+    assert waiting["waiting_reason"] == (
+        "no live worker of pool manual takes tag a100-box: start one with runplane-agent --pool manual --tag a100-box"
+    )
+    workers = {w["id"]: w for w in alice.request("GET", "/v1/workers")["workers"]}
+    assert (workers[reserved.id]["tag"], workers[reserved.id]["tag_exclusive"], workers[reserved.id]["group"]) == (
+        "a100-box",
+        True,
+        "vision",
+    )
+    alice.request("POST", f"/v1/runs/{outsider['id']}/kill")
+    assert wait_state(alice, outsider["id"], TERMINAL)["state"] == "killed"

@@ -78,3 +78,22 @@ def test_unreachable_api_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: cannot reach http://127.0.0.1:9")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_tagged_run_and_the_pools_table(devstack, tmp_path):
+    import json
+
+    proc = cli(devstack, "run", "--json", "--queue", "parked", "--tag", "a100-box", "--", "x", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(proc.stdout)
+    assert run["spec"]["tag"] == "a100-box"
+    assert cli(devstack, "kill", run["id"], home=tmp_path).returncode == 0
+    bad = cli(devstack, "run", "--tag", "Not A Tag", "--", "x", home=tmp_path)
+    assert bad.returncode == 1 and bad.stderr.startswith("error: ") and "tag" in bad.stderr
+    pools = cli(devstack, "pools", home=tmp_path)
+    assert pools.returncode == 0, pools.stderr
+    assert "launches" in pools.stdout and "parked" in pools.stdout
+    data = json.loads(cli(devstack, "pools", "--json", home=tmp_path).stdout)
+    parked = next(p for p in data["pools"] if p["name"] == "parked")
+    assert parked["launches"]["launched"] == 0 and parked["disabled"] is None
+    assert parked["last_decision"] in (None, "no backlog", "pool parked at max_workers=0")

@@ -12,6 +12,10 @@ def test_flags_and_env(monkeypatch):
     args = parse(["--slots", "2", "--memory", "8g", "--pass-down-termination"])
     assert (args.pool, args.slots, args.idle_seconds, args.memory) == ("gpu", 2, 300, 8 * 2**30)
     assert args.pass_down_termination
+    assert (args.tag, args.tag_exclusive, args.group) == (None, False, None)
+    monkeypatch.setenv("RUNPLANE_AGENT_TAG_EXCLUSIVE", "1")
+    args = parse(["--tag", "a100-box", "--group", "vision-lab"])
+    assert (args.tag, args.tag_exclusive, args.group) == ("a100-box", True, "vision-lab")
 
 
 @pytest.mark.parametrize(
@@ -23,6 +27,9 @@ def test_flags_and_env(monkeypatch):
         (["--pool", "p", "--pull", "always"], "--pull must be"),
         (["--pool", "p", "--lease-seconds", "3", "--heartbeat-seconds", "2"], "at least twice"),
         (["--pool", "p", "--idle-seconds", "forever"], "cannot read duration"),
+        (["--pool", "p", "--tag-exclusive"], "--tag-exclusive needs --tag"),
+        (["--pool", "p", "--tag", "A100 box"], "--tag: 'A100 box' is not a valid name"),
+        (["--pool", "p", "--group", "Vision"], "--group: 'Vision' is not a valid name"),
     ],
 )
 def test_bad_flags_are_one_clear_line(argv, message, monkeypatch):

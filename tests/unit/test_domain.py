@@ -154,3 +154,23 @@ def test_pool_accepts_human_units():
     pool = Pool.model_validate({"name": "p", "cpus": 1, "memory": "2g", "default_image": "x", "idle_seconds": "5m"})
     assert pool.memory == 2 * 2**30
     assert pool.idle_seconds == 300
+
+
+def test_which_workers_take_a_run_by_tag_and_group():
+    from runplane.domain.models import Run, RunSpec, Worker, refuses
+
+    def run(tag=None, groups=()):
+        spec = RunSpec.model_validate({"command": "x", **({"tag": tag} if tag else {})})
+        return Run(id="r", owner="ann", owner_groups=list(groups), spec=spec, queue="p", created_at=0)
+
+    plain, tagged = run(), run(tag="a100-box")
+    assert refuses(None, False, None, plain) is None
+    assert refuses(None, False, None, tagged) == "the run asks for a worker tagged a100-box"
+    assert refuses("a100-box", False, None, tagged) is None
+    assert refuses("a100-box", False, None, plain) is None  # a tagged worker also takes untagged runs
+    assert refuses("a100-box", True, None, plain) == "this worker takes only runs tagged a100-box"
+    assert refuses("other", False, None, tagged) == "the run asks for a worker tagged a100-box"
+    assert refuses(None, False, "vision", plain) == "this worker serves group vision only and ann is not in it"
+    assert refuses(None, False, "vision", run(groups=["nlp", "vision"])) is None
+    worker = Worker(id="w", pool="p", started_at=0, heartbeat_at=0, tag="a100-box", tag_exclusive=True)
+    assert worker.refuses(tagged) is None and worker.refuses(plain) is not None

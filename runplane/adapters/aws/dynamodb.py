@@ -329,7 +329,9 @@ class DynamoTokenStore:
         if not item:
             return None
         data = _from_item(item)
-        return Principal(user=data["user"], scopes=data.get("scopes") or ["runs:read", "runs:write"])
+        return Principal(
+            user=data["user"], scopes=data.get("scopes") or ["runs:read", "runs:write"], groups=data.get("groups") or []
+        )
 
     def put(self, token_hash: str, principal: Principal) -> None:
         item = {"token_hash": {"S": token_hash}, **{k: _to_dynamo(v) for k, v in principal.model_dump().items()}}
