@@ -48,11 +48,27 @@ def _kubernetes(settings: StackSettings) -> ComputeBackend:
     return KubernetesCompute()
 
 
+def _azure_batch(settings: StackSettings) -> ComputeBackend:
+    if not settings.azure_batch_account_url:
+        raise InvalidRequest(
+            "compute backend 'azure-batch' needs RUNPLANE_AZURE_BATCH_ACCOUNT_URL "
+            "(https://<account>.<region>.batch.azure.com)"
+        )
+    try:
+        from runplane.compute.azure_batch import AzureBatchCompute
+    except ImportError as e:
+        raise InvalidRequest(
+            "compute backend 'azure-batch' needs azure-core: pip install 'runplane[azure-batch]'"
+        ) from e
+    return AzureBatchCompute.from_settings(settings)
+
+
 BUILDERS: dict[str, Callable[[StackSettings], ComputeBackend]] = {
     "local": _local,
     "slurm": _slurm,
     "aws-batch": _aws_batch,
     "kubernetes": _kubernetes,
+    "azure-batch": _azure_batch,
 }
 
 
