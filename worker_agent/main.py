@@ -157,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"runplane-agent: error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # the Azure SDK logs every HTTP request at INFO: keep the agent's own log readable
+    logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLogger().level))
     import docker  # after argument checks, so --help and bad flags answer fast
 
     from runplane.bootstrap import build_stack

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -398,6 +399,10 @@ def dev(
         highlight=False,
         soft_wrap=True,
     )
+    def on_term(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         if demo:
             _demo(Client(stack.api_url, stack.token))

@@ -117,8 +117,9 @@ def reconcile(
     """The record brought up to date with what the registry and the backend say.
 
     A launched worker whose agent registered is a success (it re-enables a disabled pool). One
-    whose job ended or vanished first, or whose job has run for ``start_timeout_seconds`` without
-    its agent registering, is a failed launch; the latter is cancelled. ``ended`` holds the
+    whose job ended or vanished first, or whose job has run for ``start_timeout_seconds`` after
+    its launch without its agent registering, is a failed launch; the latter is cancelled. Jobs
+    the record did not launch are never cancelled. ``ended`` holds the
     backend's ``describe`` of launched jobs that ``list`` no longer shows.
     """
     rec = record.model_copy(deep=True)
@@ -148,10 +149,11 @@ def reconcile(
         del rec.starting[job_id]
     cancel = []
     for job in jobs:
-        if job.worker_id in registered or job.state != "running":
+        # Only jobs this pool's record launched: a job it does not know may belong to another
+        # stack sharing the cluster or queue, and is never cancelled from here.
+        if job.worker_id in registered or job.state != "running" or job.id not in rec.starting:
             continue
-        launched = rec.starting[job.id].launched_at if job.id in rec.starting else job.created_at
-        if now - launched > pool.start_timeout_seconds:
+        if now - rec.starting[job.id].launched_at > pool.start_timeout_seconds:
             cancel.append(job.id)
             rec.starting.pop(job.id, None)
             failures.append(

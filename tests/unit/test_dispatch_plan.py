@@ -177,12 +177,17 @@ def test_reconcile_counts_jobs_that_ended_before_registering():
 def test_reconcile_cancels_a_running_job_whose_agent_never_registered():
     p = pool(start_timeout_seconds=300)
     rec = record(starting={"j1": StartingJob(worker_id="w1", launched_at=0)})
-    jobs = [job(1, state="running"), job(2, state="pending", created=0), job(3, state="running", created=0)]
+    jobs = [
+        job(1, state="running"),
+        job(2, state="pending", created=0),
+        job(3, state="running", created=0),
+        job(4, state="running", created=0),  # not launched by this record: another stack's, maybe
+    ]
     early = reconcile(p, rec, {"w3"}, jobs, {}, now=299)
     assert early.cancel == [] and early.record.failed_launches == 0
     late = reconcile(p, rec, {"w3"}, jobs, {}, now=301)
     # j1 ran 301 s without registering; j2 waits in the engine's queue (not the agent's fault);
-    # j3's worker registered
+    # j3's worker registered; j4 is not this record's to cancel
     assert late.cancel == ["j1"]
     assert late.record.starting == {}
     assert (
