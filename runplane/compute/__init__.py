@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-import shutil
 from collections.abc import Callable
 
 from runplane.domain.errors import InvalidRequest
@@ -20,8 +19,8 @@ def _local(settings: StackSettings) -> ComputeBackend:
 
 
 def _slurm(settings: StackSettings) -> ComputeBackend:
-    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
-        raise InvalidRequest("compute backend 'slurm' needs sbatch and squeue on PATH where the dispatcher runs")
+    # Pools with rest_url talk to slurmrestd; the others need sbatch/squeue/scancel on PATH, and
+    # a missing command is a BackendError naming it when such a pool is dispatched.
     from runplane.compute.slurm import SlurmCompute
 
     return SlurmCompute()

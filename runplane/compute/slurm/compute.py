@@ -1,76 +1,53 @@
-"""Workers as Slurm batch jobs, through the sbatch/squeue/scancel commands.
+"""Workers as Slurm batch jobs, submitted with ``sbatch`` or through slurmrestd.
 
-Pool ``options`` (all optional): ``partition``, ``account``, ``constraint``, ``nodelist``,
-``exclude``, ``gpu_type`` (for ``--gres=gpu:TYPE:N``), ``time`` (the worker job's wall time, e.g.
-``"1-00:00:00"``), ``python`` (the interpreter on the nodes; default this one), ``sbatch_args``
-(a list of extra arguments), ``log_dir`` (where job output goes; default ~/.runplane/slurm).
+Pool ``options`` (all optional; see ``SlurmOptions``): ``partition``, ``account``,
+``constraint``, ``nodelist``, ``exclude``, ``gpu_type`` (for ``--gres=gpu:TYPE:N``), ``time``
+(the worker job's wall time, e.g. ``"1-00:00:00"``), ``python`` (the interpreter on the nodes;
+default this one), ``log_dir`` (where job output goes; default ~/.runplane/slurm),
+``environment`` (extra variables for the worker job), ``sbatch_args`` (extra sbatch arguments).
+
+With ``rest_url`` (``http(s)://HOST:PORT`` or ``unix:/PATH``) workers go through slurmrestd
+instead of the commands: ``jwt_token_file`` (required over TCP) holds the JWT, ``jwt_user``
+names its user (default: the token's own ``sun`` claim), ``job_fields`` adds job fields
+(``{qos: high}``) where the command line path takes ``sbatch_args``.
 """
 
 from __future__ import annotations
 
-import math
-import shlex
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
+from runplane.compute.slurm.cli import Runner, SbatchTransport
+from runplane.compute.slurm.jobs import JobSpec, SlurmJob, backend_job, job_spec, render_script
+from runplane.compute.slurm.options import SlurmOptions, slurm_options
+from runplane.compute.slurm.rest import RestTransport
 from runplane.domain.errors import BackendError
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
-Runner = Callable[..., "subprocess.CompletedProcess[str]"]
-STATES = {
-    "PENDING": "pending",
-    "CONFIGURING": "pending",
-    "REQUEUED": "pending",
-    "RESIZING": "pending",
-    "RUNNING": "running",
-    "COMPLETING": "running",
-    "SUSPENDED": "running",
-}
 
+class SlurmTransport(Protocol):
+    """One way into Slurm. Job ids are decimal strings."""
 
-def job_name(pool: str, worker_id: str) -> str:
-    return f"runplane-{pool}--{worker_id}"
+    name: str
+    local: bool  # whether the job's log directory can be made from here
 
+    def submit(self, spec: JobSpec, script: str) -> str:
+        """Submit one job; its id. Raises BackendError with Slurm's message when refused."""
 
-def job_script(pool: Pool, worker_id: str, agent_args: Sequence[str], python: str, log_dir: str) -> str:
-    """The sbatch script that starts one worker agent for ``pool``.
+    def jobs(self) -> list[SlurmJob]:
+        """Jobs the controller holds, at least every pending and running one."""
 
-    The job asks for one worker's shape, gets SIGTERM a minute before its time limit (the agent
-    then hands its runs back), and passes Slurm's GPU allocation down as ``--gpuset``.
-    """
-    o = pool.options
-    lines = [
-        "#!/bin/sh",
-        f"#SBATCH --job-name={job_name(pool.name, worker_id)}",
-        f"#SBATCH --cpus-per-task={max(1, math.ceil(pool.cpus))}",
-        f"#SBATCH --mem={max(1, pool.memory // 2**20)}M",
-        f"#SBATCH --output={log_dir}/{worker_id}.log",
-        "#SBATCH --signal=B:TERM@60",
-    ]
-    if pool.gpus:
-        kind = o.get("gpu_type") or pool.gpu_type
-        lines.append(f"#SBATCH --gres=gpu:{kind}:{pool.gpus}" if kind else f"#SBATCH --gres=gpu:{pool.gpus}")
-    for key in ("partition", "account", "constraint", "nodelist", "exclude", "time"):
-        if o.get(key):
-            lines.append(f"#SBATCH --{key}={o[key]}")
-    lines += [f"#SBATCH {arg}" for arg in o.get("sbatch_args", [])]
-    agent = " ".join(
-        shlex.quote(a)
-        for a in [python, "-m", "worker_agent", *agent_args, "--id", worker_id, "--pass-down-termination"]
-    )
-    lines += [
-        "# the GPUs Slurm gave this job, and no others",
-        'gpus="${SLURM_JOB_GPUS:-}"',
-        f'exec {agent} ${{gpus:+--gpuset "$gpus"}}',
-        "",
-    ]
-    return "\n".join(lines)
+    def job(self, job_id: str) -> SlurmJob | None:
+        """One job, ended ones included while the controller remembers them; None if unknown."""
+
+    def cancel(self, job_id: str) -> None:
+        """Cancel a job; quiet for an ended or unknown one."""
 
 
 class SlurmCompute(ComputeBackend):
@@ -82,62 +59,63 @@ class SlurmCompute(ComputeBackend):
         runner: Runner = subprocess.run,
         log_dir: str = "~/.runplane/slurm",
         clock: Callable[[], float] = time.time,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.python = python
-        self.runner = runner
         self.log_dir = str(Path(log_dir).expanduser())
         self.clock = clock
+        self.environ = environ
+        self.sbatch = SbatchTransport(runner, environ)
+        self._rest: dict[tuple[str, str | None, str | None], RestTransport] = {}
 
-    def _run(self, args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        try:
-            return self.runner(args, input=stdin, capture_output=True, text=True, timeout=60, check=False)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise BackendError(f"{args[0]} failed: {e}") from e
+    def transport(self, options: SlurmOptions) -> SlurmTransport:
+        """The way into Slurm that a pool's options choose."""
+        if options.rest_url is None:
+            return self.sbatch
+        key = (options.rest_url, options.jwt_token_file, options.jwt_user)
+        if key not in self._rest:
+            self._rest[key] = RestTransport(*key, clock=self.clock, environ=self.environ)
+        return self._rest[key]
 
     def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
-        log_dir = pool.options.get("log_dir") or self.log_dir
-        Path(log_dir).expanduser().mkdir(parents=True, exist_ok=True)
+        options = slurm_options(pool)
+        transport = self.transport(options)
+        log_dir = str(Path(options.log_dir).expanduser()) if options.log_dir else self.log_dir
+        if transport.local:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+        python = options.python or self.python
         jobs: list[BackendJob] = []
         for _ in range(count):
             worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
-            script = job_script(pool, worker_id, agent_args, pool.options.get("python") or self.python, log_dir)
-            done = self._run(["sbatch", "--parsable"], stdin=script)
-            if done.returncode != 0:
-                raise BackendError(f"sbatch refused the worker job: {done.stderr.strip()}", jobs=jobs)
-            job_id = done.stdout.strip().split(";")[0]
-            jobs.append(BackendJob(job_id, pool.name, "pending", worker_id, self.clock(), {"script": script}))
+            spec = job_spec(pool, worker_id, log_dir, options)
+            script = render_script(spec, agent_args, python)
+            try:
+                job_id = transport.submit(spec, script)
+            except BackendError as e:
+                raise BackendError(f"pool {pool.name}: the worker job was not submitted: {e.message}", jobs=jobs) from e
+            detail = {"script": script, "via": transport.name}
+            jobs.append(BackendJob(job_id, pool.name, "pending", worker_id, self.clock(), detail))
         return jobs
 
     def list(self, pool: Pool) -> list[BackendJob]:
-        done = self._run(["squeue", "--noheader", "--format=%i|%j|%T|%V"])
-        if done.returncode != 0:
-            raise BackendError(f"squeue failed: {done.stderr.strip()}")
-        return parse_squeue(done.stdout, pool.name)
+        transport = self.transport(slurm_options(pool))
+        found = (backend_job(job, pool.name, transport.name) for job in transport.jobs())
+        return [job for job in found if job is not None and job.alive]
+
+    def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
+        """The job while the controller remembers it (``MinJobAge`` after it ends): ended
+        jobs are ``finished`` (COMPLETED, CANCELLED) or ``failed`` with Slurm's reason."""
+        transport = self.transport(slurm_options(pool))
+        if not _is_job_id(job_id):
+            return None
+        job = transport.job(job_id)
+        return backend_job(job, pool.name, transport.name) if job is not None else None
 
     def cancel(self, pool: Pool, job_id: str) -> None:
-        done = self._run(["scancel", job_id])  # SIGTERM, then SIGKILL after KillWait: the agent hands back
-        if done.returncode != 0 and "Invalid job id" not in done.stderr:
-            raise BackendError(f"scancel {job_id} failed: {done.stderr.strip()}")
+        transport = self.transport(slurm_options(pool))
+        if _is_job_id(job_id):  # anything else was never a job of ours (and must not reach scancel as an option)
+            transport.cancel(job_id)
 
 
-def parse_squeue(text: str, pool: str) -> list[BackendJob]:
-    """Jobs of ``pool`` from ``squeue --format=%i|%j|%T|%V`` output, pending or running only."""
-    prefix = f"runplane-{pool}--"
-    jobs = []
-    for line in text.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 4 or not parts[1].startswith(prefix):
-            continue
-        job_id, name, state, submitted = parts
-        mapped = STATES.get(state.split()[0])
-        if mapped is None:
-            continue
-        jobs.append(BackendJob(job_id, pool, mapped, name[len(prefix) :], _when(submitted), {"slurm_state": state}))
-    return jobs
-
-
-def _when(text: str) -> float:
-    try:
-        return datetime.fromisoformat(text).timestamp()  # squeue prints local time without a zone
-    except ValueError:
-        return 0.0
+def _is_job_id(text: str) -> bool:
+    return text.isascii() and text.isdigit()
