@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8080
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-test docker image dev test test-fast lint typecheck bench validate clean
+.PHONY: setup setup-test docker image dev test test-fast lint typecheck bench validate clean azure-package
 
 setup:
 	@scripts/setup.sh
@@ -43,6 +43,8 @@ bench: setup image
 	$(PY) bench/agent_idle_rss.py
 	$(PY) bench/upload_throughput.py
 	$(PY) bench/kill_latency.py
+	$(PY) bench/dispatch_decision.py
+	$(PY) bench/first_worker.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml
@@ -58,3 +60,14 @@ build-ApiFunction build-DispatcherFunction build-ReaperFunction:
 	cp -r runplane "$(ARTIFACTS_DIR)/"
 	cp -r functions/__init__.py functions/aws "$(ARTIFACTS_DIR)/functions/"
 	find "$(ARTIFACTS_DIR)" -name __pycache__ -prune -exec rm -rf {} +
+
+# The Azure Functions app as `func azure functionapp publish` takes it (infra/azure/README.md):
+# function_app.py and host.json at the root, the runplane and functions packages beside them.
+AZURE_PACKAGE ?= build/azure-functions
+azure-package:
+	rm -rf "$(AZURE_PACKAGE)" && mkdir -p "$(AZURE_PACKAGE)/functions"
+	cp functions/azure/function_app.py functions/azure/host.json functions/azure/requirements.txt "$(AZURE_PACKAGE)/"
+	cp -r runplane "$(AZURE_PACKAGE)/"
+	cp -r functions/__init__.py functions/azure "$(AZURE_PACKAGE)/functions/"
+	rm -f "$(AZURE_PACKAGE)"/functions/azure/local.settings.json*
+	find "$(AZURE_PACKAGE)" -name __pycache__ -prune -exec rm -rf {} +

@@ -14,6 +14,8 @@ if [ "$want_test" = "--test" ]; then
   command -v systemd-analyze >/dev/null || need+=(systemd)
   command -v shellcheck >/dev/null || need+=(shellcheck)
   command -v debootstrap >/dev/null || need+=(debootstrap)
+  # Azurite (the Azure Storage emulator) for the Azure adapters' tests: an npm package
+  command -v npx >/dev/null || need+=(nodejs npm)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
@@ -39,6 +41,9 @@ if [ ! -f "$stamp" ]; then
   rm -f "$log"
   .venv/bin/python -c 'import runplane, worker_agent, moto, docker' # fail loudly if the install did not take
   rm -f .venv/.installed-*; touch "$stamp"
+fi
+if [ "$want_test" = "--test" ]; then
+  scripts/start-azurite.sh --install # into .azurite/; the tests start it
 fi
 # cloud-init, for `cloud-init schema` in the tests: Debian's package unpacked into .venv/cloud-init,
 # not installed. Installing it would enable its boot services, which on a real machine's next boot

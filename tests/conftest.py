@@ -17,8 +17,10 @@ import pytest
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.cli.client import ApiError, Client
+from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.domain.models import Principal
+from runplane.domain.pools import dump_pools, load_pools
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
 
@@ -64,6 +66,35 @@ def aws_stack(moto_endpoint: str) -> Stack:
         aws_names(settings), [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"]
     )
     return stack
+
+
+@pytest.fixture(scope="session")
+def azurite() -> str:
+    """Azurite (Blob, Queue, Table) on 127.0.0.1, installed and started by scripts/start-azurite.sh
+    if needed; returns its storage connection string."""
+    done = subprocess.run([str(ROOT / "scripts" / "start-azurite.sh")], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.fail(f"could not start Azurite:\n{done.stdout}\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def azure_stack(azurite: str) -> Iterator[Stack]:
+    """A freshly provisioned stack (own tables, queues, container) on Azurite, deleted afterwards
+    (Azurite keeps everything in memory)."""
+    from runplane.adapters.azure.provision import deprovision
+    from runplane.adapters.azure.provision import provision as provision_azure
+    from runplane.bootstrap import azure_clients, azure_names
+
+    settings = StackSettings(
+        cloud="azure", prefix=f"t{uuid.uuid4().hex[:8]}", azure_storage_connection_string=azurite, pools=str(POOLS_FILE)
+    )
+    clients = azure_clients(settings)
+    stack = build_stack(settings, clients)
+    pools = [p.name for p in stack.pools.pools]
+    provision_azure(azure_names(settings), pools, clients)
+    yield stack
+    deprovision(azure_names(settings), pools, clients)
 
 
 @pytest.fixture(scope="session")
@@ -156,6 +187,43 @@ def devstack(moto_endpoint: str, slurm_conf: str, tmp_path_factory: pytest.TempP
     from runplane import bootstrap
 
     tokens = bootstrap.stack().tokens
+    register_token(tokens, "bob-token", Principal(user="bob"))
+    register_token(tokens, "reader-token", Principal(user="alice", scopes=["runs:read"]))
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="session")
+def azure_devstack(azurite: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackProcess]:
+    """The local stack on Azure terms (Azurite, the Azure Functions app), with the users of
+    ``devstack``, in a process of its own: ``devstack`` owns this process's handler settings.
+    Pools not on the local backend keep their names and shapes (so answers match the AWS stack's)
+    but get no workers: Slurm and moto's Batch belong to the AWS stack."""
+    state = tmp_path_factory.mktemp("azure-devstack")
+    pools = load_pools(str(POOLS_FILE))
+    for pool in pools.pools:
+        if pool.backend != "local":
+            pool.backend, pool.max_workers, pool.options = "local", 0, {}
+    (state / "pools.json").write_text(dump_pools(pools))
+    config = DevConfig(
+        port=free_port(),
+        token="alice-token",
+        user="alice",
+        pools_file=str(state / "pools.json"),
+        cloud="azure",
+        azure_connection_string=azurite,
+        prefix=f"e2e{uuid.uuid4().hex[:6]}",
+        schedule_seconds=1,
+        agent_args=AGENT_ARGS,
+        state_dir=state,
+        write_dev_file=False,
+    )
+    stack = DevStackProcess(config, state / "devstack.log")
+    stack.start()
+    settings = StackSettings(
+        cloud="azure", prefix=config.prefix, azure_storage_connection_string=azurite, pools=config.pools_file
+    )
+    tokens = build_stack(settings).tokens
     register_token(tokens, "bob-token", Principal(user="bob"))
     register_token(tokens, "reader-token", Principal(user="alice", scopes=["runs:read"]))
     yield stack

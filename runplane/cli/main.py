@@ -399,6 +399,7 @@ def dev(
         highlight=False,
         soft_wrap=True,
     )
+
     def on_term(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
 

@@ -3,12 +3,14 @@ scheduled events and a context object. Used by the embedded local stack and the 
 
 from __future__ import annotations
 
-import base64
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl
+
+from runplane.api.gateway import http_event
+
+__all__ = ["LambdaContext", "http_event", "scheduled_event", "sqs_event"]
 
 
 @dataclass
@@ -22,52 +24,6 @@ class LambdaContext:
 
     def get_remaining_time_in_millis(self) -> int:
         return max(0, int((self.timeout_seconds - (time.monotonic() - self._started)) * 1000))
-
-
-def http_event(
-    method: str, path: str, query: str, headers: dict[str, str], body: bytes, source_ip: str
-) -> dict[str, Any]:
-    """An API Gateway HTTP API (payload 2.0) event for one request."""
-    params: dict[str, str] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
-        params[key] = f"{params[key]},{value}" if key in params else value
-    try:
-        text, is_b64 = body.decode("utf-8"), False
-    except UnicodeDecodeError:
-        text, is_b64 = base64.b64encode(body).decode(), True
-    now = time.time()
-    lowered = {k.lower(): v for k, v in headers.items()}
-    event: dict[str, Any] = {
-        "version": "2.0",
-        "routeKey": "$default",
-        "rawPath": path,
-        "rawQueryString": query,
-        "headers": lowered,
-        "requestContext": {
-            "accountId": "000000000000",
-            "apiId": "local",
-            "domainName": lowered.get("host", "localhost"),
-            "domainPrefix": "local",
-            "http": {
-                "method": method,
-                "path": path,
-                "protocol": "HTTP/1.1",
-                "sourceIp": source_ip,
-                "userAgent": lowered.get("user-agent", ""),
-            },
-            "requestId": str(uuid.uuid4()),
-            "routeKey": "$default",
-            "stage": "$default",
-            "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(now)),
-            "timeEpoch": int(now * 1000),
-        },
-        "isBase64Encoded": is_b64,
-    }
-    if params:
-        event["queryStringParameters"] = params
-    if body:
-        event["body"] = text
-    return event
 
 
 def sqs_event(messages: list[dict[str, Any]], queue_arn: str, region: str = "us-east-1") -> dict[str, Any]:

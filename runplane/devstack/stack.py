@@ -1,8 +1,11 @@
-"""The whole topology on one machine: moto's server for DynamoDB/SQS/S3, an HTTP front that
-feeds API Gateway v2 events to the API handler, a poller that feeds SQS batches to the
-dispatcher handler, a schedule for dispatcher and reaper, and local agents on real Docker.
+"""The whole topology on one machine, on either cloud's terms: the cloud's stores (moto's server
+for DynamoDB/SQS/S3, or Azurite for Table/Queue/Blob), an HTTP front that hands requests to the
+cloud's API function (API Gateway v2 events to the Lambda handler, or ``func.HttpRequest``s to
+the Azure HTTP function), a poller that feeds the events queue to the dispatcher function as the
+platform's trigger would, a schedule for dispatcher and reaper, and local agents on real Docker.
 
-Handlers run unchanged: they read RUNPLANE_* settings from the environment like in Lambda.
+Functions run unchanged: they read RUNPLANE_* settings from the environment like in Lambda or
+an Azure Functions worker, so one process holds one stack (see ``process.py`` for a second).
 """
 
 from __future__ import annotations
@@ -10,31 +13,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from functions.aws import api, dispatcher, reaper
 from runplane import bootstrap
-from runplane.adapters.aws.provision import provision
-from runplane.adapters.aws.sqs import events_queue_name
-from runplane.devstack.lambda_shim import LambdaContext, http_event, scheduled_event, sqs_event
+from runplane.devstack.cloud import Cloud, FrontRequest
+from runplane.devstack.net import free_port
 from runplane.domain.models import Principal
 from runplane.domain.pools import dump_pools, load_pools
 from runplane.services.auth import new_token, register_token
 
+__all__ = ["DEV_FILE", "DevConfig", "DevStack", "free_port"]
+
 log = logging.getLogger(__name__)
 MAX_REQUEST = 10 * 1024 * 1024
 DEV_FILE = Path("~/.runplane/dev.json").expanduser()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -44,7 +41,12 @@ class DevConfig:
     user: str = "dev"
     workers: int | None = None
     pools_file: str | None = None
+    cloud: str = "aws"
+    """Whose functions and stores: "aws" (moto) or "azure" (Azurite)."""
     aws_endpoint_url: str | None = None
+    """AWS: an endpoint serving DynamoDB/SQS/S3 (moto, LocalStack); none starts moto in-process."""
+    azure_connection_string: str | None = None
+    """Azure: a storage connection string; none starts Azurite (scripts/start-azurite.sh)."""
     prefix: str = "runplane"
     schedule_seconds: float = 5.0
     agent_args: str = ""
@@ -52,38 +54,64 @@ class DevConfig:
     write_dev_file: bool = True
 
 
+def _aws(config: DevConfig) -> Cloud:
+    from runplane.devstack.aws import AwsCloud
+
+    return AwsCloud(config.aws_endpoint_url)
+
+
+def _azure(config: DevConfig) -> Cloud:
+    try:
+        from runplane.devstack.azure import AzureCloud
+    except ImportError as e:  # the azure extra is optional
+        raise ValueError(f"the azure local stack needs the azure extra (pip install 'runplane[azure]'): {e}") from e
+    return AzureCloud(config.azure_connection_string, config.prefix, config.schedule_seconds)
+
+
+CLOUDS: dict[str, Callable[[DevConfig], Cloud]] = {"aws": _aws, "azure": _azure}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], cloud: Cloud) -> None:
+        super().__init__(address, _Front)
+        self.cloud = cloud
+
+
 class _Front(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out at once, not after a delayed ACK
     server_version = "runplane-dev"
+    server: _Server
 
     def _handle(self) -> None:
         path, _, query = self.path.partition("?")
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_REQUEST:
-            self._reply(
-                413,
-                {"content-type": "application/json"},
-                json.dumps({"error": {"code": "payload_too_large", "message": "request body too large"}}),
-            )
+            body = json.dumps({"error": {"code": "payload_too_large", "message": "request body too large"}})
+            self._reply(413, {"content-type": "application/json"}, body.encode())
             return
-        body = self.rfile.read(length) if length else b""
-        event = http_event(self.command, path, query, dict(self.headers.items()), body, self.client_address[0])
-        result = api.lambda_handler(event, LambdaContext(function_name="runplane-api"))
-        headers = {k.lower(): v for k, v in (result.get("headers") or {}).items()}
-        for key, values in (result.get("multiValueHeaders") or {}).items():
-            headers[key.lower()] = ", ".join(values)
-        self._reply(int(result["statusCode"]), headers, result.get("body") or "")
+        request = FrontRequest(
+            method=self.command,
+            path=path,
+            query=query,
+            headers=dict(self.headers.items()),
+            body=self.rfile.read(length) if length else b"",
+            client_ip=self.client_address[0],
+            host=self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}",
+        )
+        response = self.server.cloud.http(request)
+        self._reply(response.status, response.headers, response.body)
 
-    def _reply(self, status: int, headers: dict[str, str], body: str) -> None:
-        data = body.encode()
+    def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.send_response(status)
         for key, value in headers.items():
-            if key not in ("content-length", "connection"):
+            if key.lower() not in ("content-length", "connection"):
                 self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()  # buffered; the flush below sends headers and body together
-        self.wfile.write(data)
+        self.wfile.write(body)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
 
@@ -92,16 +120,27 @@ class _Front(BaseHTTPRequestHandler):
 
 
 class DevStack:
-    """Start with ``start()``; ``stop()`` ends agents and servers. Not re-entrant."""
+    """Start with ``start()``; ``stop()`` ends agents and servers. Not re-entrant.
+
+    ``start`` raises ValueError for a configuration it cannot serve (an unknown cloud, a missing
+    SDK, Azurite that does not come up) and OSError when the port is taken.
+    """
 
     def __init__(self, config: DevConfig) -> None:
+        if config.cloud not in CLOUDS:
+            raise ValueError(f"unknown cloud {config.cloud!r}; choose one of {', '.join(CLOUDS)}")
         self.config = config
         self.token = config.token or new_token()
-        self._moto: Any = None
-        self._http: ThreadingHTTPServer | None = None
+        self.cloud: Cloud | None = None
+        self._http: _Server | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.api_url = f"http://127.0.0.1:{config.port}"
+        self.endpoint = ""
+
+    @property
+    def services(self) -> str:
+        return self.cloud.services if self.cloud is not None else ""
 
     def _pools_text(self) -> str:
         pools = load_pools(self.config.pools_file or bootstrap.default_pools_text())
@@ -116,14 +155,10 @@ class DevStack:
                     pool.min_workers = min(pool.min_workers, self.config.workers)
         return dump_pools(pools)
 
-    def _environment(self, endpoint: str) -> dict[str, str]:
+    def _environment(self) -> dict[str, str]:
         state = self.config.state_dir / str(self.config.port)
         return {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "RUNPLANE_AWS_ENDPOINT_URL": endpoint,
-            "RUNPLANE_AWS_REGION": "us-east-1",
+            "RUNPLANE_CLOUD": self.config.cloud,
             "RUNPLANE_PREFIX": self.config.prefix,
             "RUNPLANE_POOLS": self._pools_text(),
             "RUNPLANE_LOCAL_STATE_DIR": str(state / "workers"),
@@ -138,30 +173,16 @@ class DevStack:
         }
 
     def start(self) -> None:
-        endpoint = self.config.aws_endpoint_url
-        if endpoint is None:
-            from moto.server import ThreadedMotoServer
-
-            logging.getLogger("werkzeug").setLevel(logging.ERROR)
-            moto_port = free_port()
-            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=moto_port, verbose=False)
-            self._moto.start()
-            endpoint = f"http://127.0.0.1:{moto_port}"
-        self.endpoint = endpoint
-        os.environ.update(self._environment(endpoint))
+        environment = self._environment()  # reads the pools file first: a bad one fails before anything starts
+        self.cloud = CLOUDS[self.config.cloud](self.config)
+        environment.update(self.cloud.start())
+        self.endpoint = self.cloud.endpoint
+        os.environ.update(environment)
         bootstrap.stack.cache_clear()
         stack = bootstrap.stack()
-        clients = bootstrap.aws_clients(stack.settings)
-        provision(
-            bootstrap.aws_names(stack.settings),
-            [p.name for p in stack.pools.pools],
-            clients["dynamodb"],
-            clients["sqs"],
-            clients["s3"],
-        )
+        self.cloud.provision(stack)
         register_token(stack.tokens, self.token, Principal(user=self.config.user))
-        self._http = ThreadingHTTPServer(("127.0.0.1", self.config.port), _Front)
-        self._http.daemon_threads = True
+        self._http = _Server(("127.0.0.1", self.config.port), self.cloud)
         self.api_url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._spawn(self._http.serve_forever, "http-front")
         self._spawn(self._poll_events, "dispatch-poller")
@@ -171,44 +192,30 @@ class DevStack:
             DEV_FILE.write_text(json.dumps({"api_url": self.api_url, "token": self.token}))
             DEV_FILE.chmod(0o600)
 
-    def _spawn(self, target: Any, name: str) -> None:
+    def _spawn(self, target: Callable[[], object], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
 
     def _poll_events(self) -> None:
-        """What an SQS event source mapping does: batches to the dispatcher, partial failures kept."""
-        stack = bootstrap.stack()
-        sqs = bootstrap.aws_clients(stack.settings)["sqs"]
-        url = sqs.get_queue_url(QueueName=events_queue_name(stack.settings.prefix))["QueueUrl"]
-        arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        assert self.cloud is not None
         while not self._stop.is_set():
             try:
-                messages = sqs.receive_message(
-                    QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=30
-                ).get("Messages", [])
-                if not messages:
-                    continue
-                result = dispatcher.lambda_handler(sqs_event(messages, arn), LambdaContext("runplane-dispatcher"))
-                failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
-                for m in messages:
-                    if m["MessageId"] not in failed:
-                        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
-            except Exception:
+                self.cloud.poll_events(self._stop)
+            except Exception:  # the poller outlives a failed round, as the platform's trigger does
                 if not self._stop.is_set():
                     log.exception("dispatcher poll failed")
                     self._stop.wait(1)
 
     def _schedule(self) -> None:
+        assert self.cloud is not None
         while not self._stop.wait(self.config.schedule_seconds):
-            for handler, name in ((reaper.lambda_handler, "reaper"), (dispatcher.lambda_handler, "dispatcher")):
-                try:
-                    handler(scheduled_event(f"runplane-{name}"), LambdaContext(f"runplane-{name}"))
-                except Exception:
-                    log.exception("scheduled %s failed", name)
+            self.cloud.fire_schedule()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.cloud is None:
+            return
         stack = bootstrap.stack()
         for pool in stack.pools.pools:
             if pool.backend == "local":
@@ -220,5 +227,4 @@ class DevStack:
             self._http.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
-        if self._moto is not None:
-            self._moto.stop()
+        self.cloud.stop()

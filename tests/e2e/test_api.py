@@ -1,5 +1,7 @@
-"""The HTTP API through the local stack's front (API Gateway v2 events to the Lambda handler).
-Runs go to the "parked" pool, which never gets a worker, so they stay queued."""
+"""The HTTP API through each cloud's front: the AWS local stack (API Gateway v2 events to the
+Lambda handler) and the Azure one (``func.HttpRequest``s to the Azure HTTP function, in a process
+of its own). Every case runs on both; runs go to the "parked" pool, which never gets a worker,
+so they stay queued."""
 
 import json
 import urllib.request
@@ -8,23 +10,60 @@ import uuid
 import pytest
 
 from runplane.cli.client import Client
+from runplane.devstack.process import DevStackProcess
+from runplane.devstack.stack import DevConfig
 from tests.conftest import api_status
 
 PARKED = {"command": "echo hi", "queue": "parked"}
+AUTH_CASES = [
+    ({}, "missing Authorization"),
+    ({"Authorization": "Bearer nope"}, "not valid"),
+    ({"Authorization": "Basic abc"}, "must be 'Bearer"),
+]
+BAD_BODIES = [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b"", 400, "JSON object"),
+    (b'{"image": "x"}', 422, "command: Field required"),
+    (b'{"command": "x", "resources": {"memory": "lots"}}', 422, "resources.memory: cannot read size"),
+    (b'{"command": "x", "resources": {"cpus": "many"}}', 422, "resources.cpus"),
+    (b'{"command": "x", "unknown": 1}', 422, "unknown: Extra inputs are not permitted"),
+    (b'{"command": "x", "queue": "nope"}', 422, "unknown queue 'nope'"),
+    (b'{"command": "x", "resources": {"memory": "1t"}}', 422, "the largest pool is big: 2 cpus, 2 gpu, 8g memory"),
+    (b'{"command": "x", "resources": {"gpus": 1}, "queue": "parked"}', 422, "asks 1 gpus, pool has 0"),
+]
 
 
-def raw(devstack, method, path, body=None, headers=None):
-    req = urllib.request.Request(devstack.api_url + path, data=body, method=method, headers=headers or {})
+@pytest.fixture(scope="module", params=["aws", "azure"])
+def front(request):
+    """The local stack of one cloud (both have the users alice, bob and a read-only alice)."""
+    return request.getfixturevalue("devstack" if request.param == "aws" else "azure_devstack")
+
+
+@pytest.fixture(scope="module")
+def alice(front):
+    return Client(front.api_url, "alice-token")
+
+
+@pytest.fixture(scope="module")
+def bob(front):
+    return Client(front.api_url, "bob-token")
+
+
+def raw(front, method, path, body=None, headers=None, with_type=False):
+    req = urllib.request.Request(front.api_url + path, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
+            status, data, content_type = resp.status, resp.read(), resp.headers.get("Content-Type")
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"null")
+        status, data, content_type = e.code, e.read(), e.headers.get("Content-Type")
+    parsed = json.loads(data or b"null")
+    return (status, parsed, content_type) if with_type else (status, parsed)
 
 
-def test_health_and_openapi_need_no_token(devstack):
-    assert raw(devstack, "GET", "/v1/health") == (200, {"status": "ok"})
-    status, doc = raw(devstack, "GET", "/v1/openapi.json")
+def test_health_and_openapi_need_no_token(front):
+    assert raw(front, "GET", "/v1/health") == (200, {"status": "ok"})
+    status, doc = raw(front, "GET", "/v1/openapi.json")
     assert status == 200
     assert doc["openapi"].startswith("3.")
     assert {"/v1/runs", "/v1/runs/{run_id}/logs", "/v1/runs/{run_id}/kill"} <= set(doc["paths"])
@@ -56,29 +95,22 @@ def test_pool_is_chosen_by_shape(alice):
     assert alice.request("POST", "/v1/runs", {"command": "x", "resources": {"gpus": 1}})["queue"] == "big"
 
 
-@pytest.mark.parametrize(
-    ("headers", "code_fragment"),
-    [
-        ({}, "missing Authorization"),
-        ({"Authorization": "Bearer nope"}, "not valid"),
-        ({"Authorization": "Basic abc"}, "must be 'Bearer"),
-    ],
-)
-def test_401(devstack, headers, code_fragment):
-    status, body = raw(devstack, "GET", "/v1/runs", headers=headers)
+@pytest.mark.parametrize(("headers", "code_fragment"), AUTH_CASES)
+def test_401(front, headers, code_fragment):
+    status, body = raw(front, "GET", "/v1/runs", headers=headers)
     assert status == 401
     assert body["error"]["code"] == "unauthorized"
     assert code_fragment in body["error"]["message"]
 
 
-def test_403_other_users_run_and_read_only_token(devstack, alice, bob):
+def test_403_other_users_run_and_read_only_token(front, alice, bob):
     run = alice.request("POST", "/v1/runs", PARKED)
     status, code, message = api_status(lambda: bob.request("GET", f"/v1/runs/{run['id']}"))
     assert (status, code) == (403, "forbidden")
     assert "another user" in message
     assert api_status(lambda: bob.request("POST", f"/v1/runs/{run['id']}/kill"))[0] == 403
     assert api_status(lambda: bob.request("GET", f"/v1/runs/{run['id']}/logs"))[0] == 403
-    reader = Client(devstack.api_url, "reader-token")
+    reader = Client(front.api_url, "reader-token")
     assert reader.request("GET", f"/v1/runs/{run['id']}")["id"] == run["id"]
     status, code, message = api_status(lambda: reader.request("POST", "/v1/runs", PARKED))
     assert (status, code) == (403, "forbidden")
@@ -94,25 +126,11 @@ def test_404s(alice):
     assert "no route" in message
 
 
-@pytest.mark.parametrize(
-    ("body", "status", "fragment"),
-    [
-        (b"{not json", 400, "not valid JSON"),
-        (b"[1, 2]", 400, "JSON object"),
-        (b"", 400, "JSON object"),
-        (b'{"image": "x"}', 422, "command: Field required"),
-        (b'{"command": "x", "resources": {"memory": "lots"}}', 422, "resources.memory: cannot read size"),
-        (b'{"command": "x", "resources": {"cpus": "many"}}', 422, "resources.cpus"),
-        (b'{"command": "x", "unknown": 1}', 422, "unknown: Extra inputs are not permitted"),
-        (b'{"command": "x", "queue": "nope"}', 422, "unknown queue 'nope'"),
-        (b'{"command": "x", "resources": {"memory": "1t"}}', 422, "the largest pool is big: 2 cpus, 2 gpu, 8g memory"),
-        (b'{"command": "x", "resources": {"gpus": 1}, "queue": "parked"}', 422, "asks 1 gpus, pool has 0"),
-    ],
-)
-def test_bad_bodies_get_a_clear_4xx_and_store_nothing(devstack, alice, body, status, fragment):
+@pytest.mark.parametrize(("body", "status", "fragment"), BAD_BODIES)
+def test_bad_bodies_get_a_clear_4xx_and_store_nothing(front, alice, body, status, fragment):
     before = len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"])
     got_status, got = raw(
-        devstack, "POST", "/v1/runs", body, {"Authorization": "Bearer alice-token", "Content-Type": "application/json"}
+        front, "POST", "/v1/runs", body, {"Authorization": "Bearer alice-token", "Content-Type": "application/json"}
     )
     assert got_status == status
     assert fragment in got["error"]["message"]
@@ -121,9 +139,9 @@ def test_bad_bodies_get_a_clear_4xx_and_store_nothing(devstack, alice, body, sta
     assert len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"]) == before
 
 
-def test_413_large_body(devstack):
+def test_413_large_body(front):
     body = json.dumps({"command": "x" * 300_000}).encode()
-    status, got = raw(devstack, "POST", "/v1/runs", body, {"Authorization": "Bearer alice-token"})
+    status, got = raw(front, "POST", "/v1/runs", body, {"Authorization": "Bearer alice-token"})
     assert status == 413
     assert got["error"]["code"] == "payload_too_large"
 
@@ -196,3 +214,43 @@ def test_pools_and_workers(alice):
     assert pools["parked"]["backlog"] >= 1
     assert pools["big"]["shape"]["gpus"] == 2
     assert isinstance(alice.request("GET", "/v1/workers")["workers"], list)
+
+
+def test_both_fronts_answer_bad_requests_alike(devstack, azure_devstack):
+    """Status, content type and the whole error body: byte for byte the same error on both clouds."""
+    alice = {"Authorization": "Bearer alice-token", "Content-Type": "application/json"}
+    requests = [("GET", "/v1/runs", None, headers) for headers, _ in AUTH_CASES]
+    requests += [("POST", "/v1/runs", body, alice) for body, _, _ in BAD_BODIES]
+    requests += [
+        ("POST", "/v1/runs", json.dumps({"command": "x" * 300_000}).encode(), alice),
+        ("GET", "/v1/runs?limit=x", None, alice),
+        ("GET", "/v1/runs?limit=0", None, alice),
+        ("GET", "/v1/runs?state=sleeping", None, alice),
+        ("GET", "/v1/runs?cursor=zzz", None, alice),
+        ("GET", "/v1/runs/r-doesnotexist", None, alice),
+        ("POST", "/v1/runs/r-doesnotexist/kill", None, alice),
+        ("GET", "/v1/nothing-here", None, alice),
+        ("DELETE", "/v1/runs", None, alice),
+        ("POST", "/v1/runs", PARKED, {"Authorization": "Bearer reader-token"}),
+    ]
+    for method, path, body, headers in requests:
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
+        on_aws = raw(devstack, method, path, data, headers, with_type=True)
+        on_azure = raw(azure_devstack, method, path, data, headers, with_type=True)
+        assert on_aws == on_azure, (method, path, body)
+        assert on_aws[0] >= 400 and set(on_aws[1]) == {"error"}
+
+
+@pytest.mark.parametrize(
+    ("config", "why"),
+    [
+        ({"cloud": "gcp"}, "unknown cloud 'gcp'; choose one of aws, azure"),
+        ({"cloud": "azure", "pools_file": "/nonexistent/pools.yaml"}, "/nonexistent/pools.yaml"),
+    ],
+)
+def test_a_local_stack_that_cannot_start_says_why(tmp_path, config, why):
+    stack = DevStackProcess(DevConfig(write_dev_file=False, state_dir=tmp_path, **config), tmp_path / "log")
+    with pytest.raises(RuntimeError, match="exited while starting") as failed:
+        stack.start(timeout=60)
+    assert why in str(failed.value)
+    assert "Traceback" not in str(failed.value)

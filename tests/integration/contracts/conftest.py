@@ -1,13 +1,67 @@
 """The contract suites run against every implementation of a port. Each implementation is a
-fixture param; an Azure (Azurite) implementation joins the list beside the moto one."""
+fixture param: the AWS adapters on a moto server and the Azure adapters on Azurite."""
+
+import base64
 
 import pytest
 
-IMPLEMENTATIONS = ["aws-moto"]
+IMPLEMENTATIONS = ["aws-moto", "azure-azurite"]
+_STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack"}
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
-def stack(request, aws_stack):
-    if request.param == "aws-moto":
-        return aws_stack
-    raise AssertionError(request.param)
+def stack(request):
+    return request.getfixturevalue(_STACKS[request.param])
+
+
+@pytest.fixture
+def send_raw(request, stack):
+    """Put a raw body on a pool's queue, past the adapter (as a foreign producer would)."""
+    if request.node.callspec.params["stack"] == "aws-moto":
+
+        def send(pool, body):
+            stack.queue.client.send_message(
+                QueueUrl=stack.queue._url(f"{stack.settings.prefix}-pool-{pool}"), MessageBody=body
+            )
+
+    else:
+        from runplane.adapters.azure.queues import pool_queue_name
+
+        def send(pool, body):
+            queue = stack.queue.client.get_queue_client(pool_queue_name(stack.settings.prefix, pool))
+            queue.send_message(body)
+
+    return send
+
+
+@pytest.fixture
+def dead_letters(request, stack):
+    """The bodies (as sent) of the messages a pool's queue set aside: SQS's dead-letter queue,
+    the Storage Queue's poison queue."""
+    if request.node.callspec.params["stack"] == "aws-moto":
+
+        def read(pool):
+            url = stack.queue._url(f"{stack.settings.prefix}-pool-{pool}-dlq")
+            got = stack.queue.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
+            return [m["Body"] for m in got.get("Messages", [])]
+
+    else:
+        from runplane.adapters.azure.queues import poison_queue_name, pool_queue_name
+
+        def read(pool):
+            name = poison_queue_name(pool_queue_name(stack.settings.prefix, pool))
+            messages = stack.queue.client.get_queue_client(name).receive_messages(max_messages=32)
+            return [base64.b64decode(m.content).decode() for m in messages]
+
+    return read
+
+
+@pytest.fixture
+def racing_stack(request, stack):
+    """The stack, for tests of writes that race each other. moto's DynamoDB checks a write's
+    condition and applies it without a lock while its server handles requests in threads, so two
+    racing conditional writes can both succeed inside the emulator; DynamoDB itself applies each
+    item's writes atomically. The sequential tests of the same contracts run on moto."""
+    if request.node.callspec.params["stack"] == "aws-moto":
+        pytest.skip("moto's DynamoDB does not apply conditional writes atomically under concurrency")
+    return stack

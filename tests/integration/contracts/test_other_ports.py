@@ -36,15 +36,38 @@ def test_queue_redelivers_after_visibility_timeout(stack):
     assert again[0].receive_count == 2
 
 
-def test_queue_drops_unreadable_messages(stack):
-    sqs = stack.queue.client
-    url = stack.queue._url(f"{stack.settings.prefix}-pool-default")
-    sqs.send_message(QueueUrl=url, MessageBody="{not json")
+def test_queue_drops_unreadable_messages(stack, send_raw):
+    send_raw("default", "{not json")
     stack.queue.send("default", RunMessage(run_id="r-ok", attempt=0))
     got = []
     for _ in range(4):
         got += stack.queue.receive("default", 10, wait_seconds=1, visibility_seconds=30)
     assert [d.message.run_id for d in got] == ["r-ok"]
+
+
+def test_queue_sets_a_message_aside_after_five_receives(stack, dead_letters):
+    stack.queue.send("parked", RunMessage(run_id="r-poison", attempt=2))
+    counts = []
+    for _ in range(5):
+        got = stack.queue.receive("parked", 1, wait_seconds=2, visibility_seconds=30)
+        assert [d.message.run_id for d in got] == ["r-poison"]
+        counts.append(got[0].receive_count)
+        stack.queue.release("parked", got[0], 0)  # back, visible at once
+    assert counts == [1, 2, 3, 4, 5]
+    assert stack.queue.receive("parked", 1, wait_seconds=1, visibility_seconds=30) == []
+    [body] = dead_letters("parked")
+    assert RunMessage.model_validate_json(body) == RunMessage(run_id="r-poison", attempt=2)
+
+
+def test_queue_release(stack):
+    stack.queue.send("parked", RunMessage(run_id="r-done", attempt=0))
+    [done] = stack.queue.receive("parked", 1, wait_seconds=2, visibility_seconds=30)
+    stack.queue.delete("parked", done)
+    stack.queue.release("parked", done, 0)  # quiet: the message is gone
+    stack.queue.send("parked", RunMessage(run_id="r-later", attempt=0))
+    [later] = stack.queue.receive("parked", 1, wait_seconds=2, visibility_seconds=30)
+    stack.queue.release("parked", later, 30)
+    assert stack.queue.receive("parked", 1, wait_seconds=0, visibility_seconds=30) == []
 
 
 def test_queue_unknown_pool(stack):

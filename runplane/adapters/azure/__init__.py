@@ -1,0 +1,1 @@
+"""Azure adapters: Table storage, Storage Queues, Blob storage. Built from injected service clients."""

@@ -1,0 +1,142 @@
+"""Blob storage object store: block blobs in one container, SAS URLs."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from azure.core.exceptions import AzureError
+from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelegationKey, generate_blob_sas
+
+from runplane.adapters.azure.errors import error_code
+from runplane.domain.errors import BackendError, NotFound
+from runplane.ports import ObjectInfo
+
+CONCURRENCY = 4
+DELEGATION_KEY_SECONDS = 7 * 24 * 3600
+"""A user delegation key lives at most seven days, and a SAS signed with it no longer."""
+MAX_SAS_SECONDS = DELEGATION_KEY_SECONDS - 600
+
+
+class BlobObjectStore:
+    """Objects as block blobs of ``container``. Large files go up and down in blocks, several at
+    a time (the block size is the client's ``max_block_size``).
+
+    ``url`` signs a read-only SAS with ``account_key`` when there is one (a connection string
+    with a key, Azurite's included), else with a user delegation key that the client's identity
+    obtains (it needs a role that grants ``generateUserDelegationKey``, such as Storage Blob Data
+    Reader); the key is kept and renewed before it expires.
+    """
+
+    def __init__(
+        self,
+        container: str,
+        client: BlobServiceClient,
+        account_key: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.container = container
+        self.client = client
+        self.account_key = account_key
+        self.clock = clock
+        self._delegation: UserDelegationKey | None = None
+        self._delegation_expires = 0.0
+        self._lock = threading.Lock()
+
+    def _fail(self, e: AzureError, what: str, key: str) -> Exception:
+        code = error_code(e)
+        if code == "BlobNotFound":
+            return NotFound(f"object {key} not found")
+        if code == "ContainerNotFound":
+            return BackendError(f"{what} {key}: container {self.container} does not exist")
+        return BackendError(f"{what} {key}: {code or e.__class__.__name__}: {e.message}")
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        try:
+            self.client.get_blob_client(self.container, key).upload_blob(data, overwrite=True)
+        except AzureError as e:
+            raise self._fail(e, "upload", key) from e
+
+    def put_file(self, key: str, path: Path) -> None:
+        try:
+            with path.open("rb") as f:
+                self.client.get_blob_client(self.container, key).upload_blob(
+                    f, length=path.stat().st_size, overwrite=True, max_concurrency=CONCURRENCY
+                )
+        except AzureError as e:
+            raise self._fail(e, "upload", key) from e
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self.client.get_blob_client(self.container, key).download_blob().readall()
+        except AzureError as e:
+            raise self._fail(e, "download", key) from e
+
+    def download_file(self, key: str, path: Path) -> None:
+        # Into a file beside the target, renamed when complete: a failed download leaves nothing.
+        part = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            download = self.client.get_blob_client(self.container, key).download_blob(max_concurrency=CONCURRENCY)
+            with part.open("wb") as f:
+                download.readinto(f)
+            part.replace(path)
+        except AzureError as e:
+            raise self._fail(e, "download", key) from e
+        finally:
+            part.unlink(missing_ok=True)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        try:
+            blobs = self.client.get_container_client(self.container).list_blobs(name_starts_with=prefix)
+            out = [ObjectInfo(b.name, int(b.size), str(b.etag or "").strip('"')) for b in blobs]
+        except AzureError as e:
+            raise self._fail(e, "list", prefix) from e
+        return sorted(out, key=lambda o: o.key)
+
+    def within(self, bucket: str) -> BlobObjectStore:
+        if bucket == self.container:
+            return self
+        return BlobObjectStore(bucket, self.client, self.account_key, self.clock)
+
+    def url(self, key: str, expires_seconds: int = 3600) -> str:
+        now = self.clock()
+        expiry = datetime.fromtimestamp(now + max(1, min(MAX_SAS_SECONDS, expires_seconds)), UTC)
+        blob = self.client.get_blob_client(self.container, key)
+        permission = BlobSasPermissions(read=True)
+        if self.account_key:
+            sas = generate_blob_sas(
+                self.client.account_name or "",
+                self.container,
+                key,
+                account_key=self.account_key,
+                permission=permission,
+                expiry=expiry,
+            )
+        else:
+            sas = generate_blob_sas(
+                self.client.account_name or "",
+                self.container,
+                key,
+                user_delegation_key=self._delegation_key(now, expiry),
+                permission=permission,
+                expiry=expiry,
+            )
+        return f"{blob.url}?{sas}"
+
+    def _delegation_key(self, now: float, expiry: datetime) -> UserDelegationKey:
+        """A user delegation key valid until ``expiry`` at least: the kept one, or a new one
+        valid for seven days."""
+        with self._lock:
+            if self._delegation is None or self._delegation_expires < expiry.timestamp():
+                start = datetime.fromtimestamp(now - 300, UTC)  # some slack for clock skew
+                until = datetime.fromtimestamp(now + DELEGATION_KEY_SECONDS, UTC)
+                try:
+                    self._delegation = self.client.get_user_delegation_key(start, until)
+                except AzureError as e:
+                    raise BackendError(f"cannot sign a URL: no user delegation key: {error_code(e) or e}") from e
+                self._delegation_expires = until.timestamp()
+            return self._delegation

@@ -1,0 +1,101 @@
+"""Create the Azure Storage resources of a stack (tables, queues with poison queues, a container),
+on Azurite or a real account. Idempotent: existing resources are left as they are.
+``deprovision`` removes them again (tests, throwaway stacks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
+
+from runplane.adapters.azure.clients import AzureClients
+from runplane.adapters.azure.errors import error_code
+from runplane.adapters.azure.queues import events_queue_name, poison_queue_name, pool_queue_name, queue_name
+from runplane.domain.errors import BackendError, InvalidRequest
+
+_TABLE = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
+_CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
+
+
+def table_name(raw: str) -> str:
+    """``raw`` under the table naming rules: 3-63 letters and digits, starting with a letter."""
+    name = re.sub(r"[^A-Za-z0-9]", "", raw)
+    if not name[:1].isalpha():
+        name = f"t{name}"
+    if len(name) > 63 or len(name) < 3:
+        name = f"{name[:54]}{hashlib.sha256(raw.encode()).hexdigest()[:8]}"
+    return name
+
+
+@dataclass(frozen=True)
+class AzureNames:
+    """Resource names of one stack. Left empty, each is derived from ``prefix``; given, it must
+    already follow Azure's naming rules (InvalidRequest says which)."""
+
+    prefix: str = "runplane"
+    runs_table: str = ""
+    workers_table: str = ""
+    tokens_table: str = ""
+    container: str = ""
+    pools_table: str = ""
+
+    def __post_init__(self) -> None:
+        for attr, suffix in (
+            ("runs_table", "runs"),
+            ("workers_table", "workers"),
+            ("tokens_table", "tokens"),
+            ("pools_table", "pools"),
+        ):
+            given = getattr(self, attr)
+            if not given:
+                object.__setattr__(self, attr, table_name(f"{self.prefix}{suffix}"))
+            elif not _TABLE.match(given):
+                raise InvalidRequest(f"table name {given!r}: use 3-63 letters and digits, starting with a letter")
+        if not self.container:
+            object.__setattr__(self, "container", queue_name(f"{self.prefix}-data"))
+        elif not _CONTAINER.match(self.container):
+            raise InvalidRequest(
+                f"container name {self.container!r}: use 3-63 lowercase letters, digits and single hyphens"
+            )
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        return self.runs_table, self.workers_table, self.tokens_table, self.pools_table
+
+    def queues(self, pools: Iterable[str]) -> list[str]:
+        """Every queue of the stack: each pool's and the events queue, each with its poison queue."""
+        names = [pool_queue_name(self.prefix, pool) for pool in pools] + [events_queue_name(self.prefix)]
+        return [q for name in names for q in (name, poison_queue_name(name))]
+
+
+def provision(names: AzureNames, pools: Iterable[str], clients: AzureClients) -> None:
+    """Create tables, queues (with poison queues) and the container. Raises BackendError."""
+    try:
+        for table in names.tables:
+            clients.tables.create_table_if_not_exists(table)
+        for queue in names.queues(pools):
+            with contextlib.suppress(ResourceExistsError):
+                clients.queues.create_queue(queue)
+        with contextlib.suppress(ResourceExistsError):
+            clients.blobs.create_container(names.container)
+    except AzureError as e:
+        raise BackendError(f"provision stack {names.prefix}: {error_code(e) or e.message}") from e
+
+
+def deprovision(names: AzureNames, pools: Iterable[str], clients: AzureClients) -> None:
+    """Delete what ``provision`` created, with everything in it. Quiet about what is gone."""
+    try:
+        for table in names.tables:
+            clients.tables.delete_table(table)  # quiet when missing
+        for queue in names.queues(pools):
+            with contextlib.suppress(ResourceNotFoundError):
+                clients.queues.delete_queue(queue)
+        with contextlib.suppress(ResourceNotFoundError):
+            clients.blobs.delete_container(names.container)
+    except AzureError as e:
+        raise BackendError(f"deprovision stack {names.prefix}: {error_code(e) or e.message}") from e

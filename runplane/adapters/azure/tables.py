@@ -1,0 +1,529 @@
+"""Table storage adapters: runs (ETag compare-and-set), workers, tokens.
+
+Table storage has no secondary indexes and is only cheap to query within one partition, and an
+entity group transaction only spans one partition. The runs table is laid out so that what must
+change together shares a partition:
+
+====================  ===============================  ==================================================
+PartitionKey          RowKey                           entity
+====================  ===============================  ==================================================
+``q:{queue}``         ``run:{id}``                     the run: the truth, replaced only with its ETag
+``q:{queue}``         ``s:{state}:{newest}:{id}``      a copy of the run, for listing by queue and state
+``id:{id}``           ``""``                           the run's queue: where ``get(id)`` finds it
+``o:{owner}``         ``{newest}:{id}``                the owner's index: points at the run's queue
+====================  ===============================  ==================================================
+
+``newest`` is an inverted creation time, so a range scan returns newest first.
+
+A run and its state copy live in the queue's partition, and every write replaces both in one
+transaction conditional on the run's ETag: listing and counting by queue and state are range scans
+of one partition that are exact at all times, with nothing to repair. The alternative, a partition
+per run, makes the queue+state index a separate partition that no transaction can update with the
+run, so counts and the reaper's scans would see stale entries after a failure between the writes.
+The price: all runs of one queue share a partition (Azure serves about 2,000 entities a second per
+partition, plenty for runs that last minutes), and ``get`` needs the run's queue, read from the
+``id:`` entry (one extra read per id and process: the entry never changes, so it is cached).
+
+The ``id:`` and owner entries are written before the run and never change. A failure between these
+writes leaves entries that point at no run: ``get`` says NotFound, ``list(owner=...)`` skips them
+(it reads each run and checks it), and a create retried with the same id completes the run.
+
+``update`` reads the run, checks ``Expect`` against it and writes back with the ETag it read. A
+stale ETag means another write came between: it reads again and checks again, so a write fails
+with ConditionFailed exactly when ``Expect`` does not hold for the stored run, as with DynamoDB's
+condition expressions, and no concurrent change is ever lost.
+
+A run is stored as JSON split over properties of 32,000 ASCII characters (a property holds 64 KiB
+as UTF-16); an entity holds 1 MiB, so a run is limited to ``MAX_RUN_CHARS`` of JSON and a bigger
+one is refused with PayloadTooLarge.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableErrorCode, TableTransactionError, UpdateMode
+
+from runplane.adapters.azure.errors import error_code
+from runplane.domain.errors import (
+    AlreadyExists,
+    BackendError,
+    BadRequest,
+    ConditionFailed,
+    Conflict,
+    NotFound,
+    PayloadTooLarge,
+    RunplaneError,
+)
+from runplane.domain.models import Event, PoolRecord, Principal, Run, RunState, Worker
+from runplane.ports import Expect, Page
+
+CHUNK_CHARS = 32_000
+MAX_CHUNKS = 15
+MAX_RUN_CHARS = CHUNK_CHARS * MAX_CHUNKS
+"""The largest run, as compact ASCII JSON, that one entity holds (about 960 KB as UTF-16)."""
+MAX_WRITE_TRIES = 50
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-@+=")
+_NEWEST = 10**18
+_FETCH_THREADS = 8
+_ID_CACHE = 10_000
+_TOO_LARGE = (
+    TableErrorCode.PROPERTY_VALUE_TOO_LARGE,
+    TableErrorCode.ENTITY_TOO_LARGE,
+    TableErrorCode.REQUEST_BODY_TOO_LARGE,
+)
+
+
+def key(value: str) -> str:
+    """``value`` made safe for a PartitionKey or RowKey (which refuse / \\ # ? and control
+    characters): anything but letters, digits and ``._-@+=`` becomes ``~XX`` per UTF-8 byte, so
+    ':' stays free to separate the parts of a key."""
+    return "".join(c if c in _SAFE else "".join(f"~{b:02X}" for b in c.encode()) for c in value)
+
+
+def newest_first(created_at: float) -> str:
+    """A sort key that orders later creation times first."""
+    return f"{max(0, _NEWEST - round(created_at * 1_000_000)):019d}"
+
+
+def pack(data: Any, what: str) -> dict[str, Any]:
+    """``data`` as compact ASCII JSON over properties ``d0``.. ``dN``; raises PayloadTooLarge."""
+    text = json.dumps(data, ensure_ascii=True, separators=(",", ":"))
+    if len(text) > MAX_RUN_CHARS:
+        raise PayloadTooLarge(f"{what} is {len(text)} bytes as JSON; Table storage holds at most {MAX_RUN_CHARS}")
+    chunks = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)] or [""]
+    return {"n": len(chunks), **{f"d{i}": chunk for i, chunk in enumerate(chunks)}}
+
+
+def unpack(entity: Mapping[str, Any]) -> Any:
+    return json.loads("".join(entity[f"d{i}"] for i in range(int(entity["n"]))))
+
+
+def _failure(e: AzureError, what: str) -> RunplaneError:
+    code = error_code(e)
+    if code in _TOO_LARGE:
+        return PayloadTooLarge(f"{what}: too large for Table storage ({code})")
+    if code == TableErrorCode.TABLE_NOT_FOUND:
+        return BackendError(f"{what} failed: the table does not exist; was the stack provisioned?")
+    return BackendError(f"{what} failed: {code or e.__class__.__name__}: {e.message}")
+
+
+def _encode_cursor(row_key: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"after": row_key}).encode()).decode()
+
+
+def _decode_cursor(cursor: str, prefix: str) -> str:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        after = data["after"]
+        if not isinstance(after, str) or not after.startswith(prefix):
+            raise TypeError
+    except (ValueError, TypeError, KeyError) as e:
+        raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+    return after
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, RunState):
+        return str(value)
+    return value
+
+
+def _holds(run: Run, expect: Expect) -> bool:
+    return (
+        (expect.states is None or run.state in expect.states)
+        and (expect.attempt is None or run.attempt == expect.attempt)
+        and (expect.worker_id is None or run.worker_id == expect.worker_id)
+    )
+
+
+class TableRunStore:
+    """Runs in one table (see the module docstring for its layout)."""
+
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+        self._queues: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    # -- keys and entities ----------------------------------------------------------------
+
+    @staticmethod
+    def _partition(queue: str) -> str:
+        return f"q:{key(queue)}"
+
+    @staticmethod
+    def _state_prefix(state: RunState | str) -> str:
+        return f"s:{key(str(state))}:"
+
+    @classmethod
+    def _copy_key(cls, run: Run) -> str:
+        return f"{cls._state_prefix(run.state)}{newest_first(run.created_at)}:{key(run.id)}"
+
+    @classmethod
+    def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The run and its state copy."""
+        body = {"state": str(run.state), **pack(run.model_dump(mode="json"), f"run {run.id}")}
+        partition = cls._partition(run.queue)
+        return (
+            {"PartitionKey": partition, "RowKey": f"run:{key(run.id)}", **body},
+            {"PartitionKey": partition, "RowKey": cls._copy_key(run), **body},
+        )
+
+    def _read(self, queue: str, run_id: str) -> tuple[Run, str]:
+        """The run and its ETag. Raises NotFound."""
+        try:
+            entity = self.table.get_entity(self._partition(queue), f"run:{key(run_id)}")
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "read run") from e
+            raise NotFound(f"run {run_id} not found") from e
+        except AzureError as e:
+            raise _failure(e, "read run") from e
+        return Run.model_validate(unpack(entity)), str(entity.metadata["etag"])
+
+    def _queue_of(self, run_id: str) -> str:
+        queue = self._queues.get(run_id)
+        if queue is not None:
+            return queue
+        try:
+            entity = self.table.get_entity(f"id:{key(run_id)}", "")
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "read run") from e
+            raise NotFound(f"run {run_id} not found") from e
+        except AzureError as e:
+            raise _failure(e, "read run") from e
+        self._remember(run_id, str(entity["queue"]))
+        return str(entity["queue"])
+
+    def _remember(self, run_id: str, queue: str) -> None:
+        with self._lock:
+            if len(self._queues) >= _ID_CACHE:
+                self._queues.clear()
+            self._queues[run_id] = queue
+
+    # -- the port -------------------------------------------------------------------------
+
+    def create(self, run: Run) -> Run:
+        main, copy = self._entities(run)  # PayloadTooLarge before anything is written
+        try:
+            self.table.create_entity({"PartitionKey": f"id:{key(run.id)}", "RowKey": "", "queue": run.queue})
+        except ResourceExistsError:
+            queue = self._queue_of(run.id)
+            try:
+                existing, _ = self._read(queue, run.id)
+            except NotFound:
+                # The id was taken by a create that has not written its run (yet): finish it when
+                # it is for the same queue, else the id belongs to another request.
+                if queue != run.queue:
+                    raise Conflict(f"run id {run.id} is taken by a run of queue {queue}") from None
+            else:
+                raise AlreadyExists(f"run {run.id} exists", run=existing) from None
+        except AzureError as e:
+            raise _failure(e, "store run") from e
+        self._remember(run.id, run.queue)
+        try:
+            self.table.upsert_entity(
+                {
+                    "PartitionKey": f"o:{key(run.owner)}",
+                    "RowKey": f"{newest_first(run.created_at)}:{key(run.id)}",
+                    "queue": run.queue,
+                }
+            )
+            self.table.submit_transaction([("create", main), ("create", copy)])
+        except TableTransactionError as e:
+            if error_code(e) == TableErrorCode.ENTITY_ALREADY_EXISTS:
+                existing, _ = self._read(run.queue, run.id)
+                raise AlreadyExists(f"run {run.id} exists", run=existing) from e
+            raise _failure(e, "store run") from e
+        except AzureError as e:
+            raise _failure(e, "store run") from e
+        return run
+
+    def get(self, run_id: str) -> Run:
+        return self._read(self._queue_of(run_id), run_id)[0]
+
+    def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        for field in changes:
+            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
+                raise ValueError(f"cannot update field {field!r}")
+        for _ in range(MAX_WRITE_TRIES):
+            current, etag = self._read(run.queue, run.id)
+            if not _holds(current, expect):
+                raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
+            data = current.model_dump(mode="json")
+            data.update({field: _jsonable(value) for field, value in changes.items()})
+            if event is not None:
+                data["events"].append(event.model_dump(mode="json"))
+            new = Run.model_validate(data)
+            main, copy = self._entities(new)
+            operations: list[Any] = [
+                (
+                    "update",
+                    main,
+                    {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified},
+                )
+            ]
+            old_copy = self._copy_key(current)
+            if old_copy != copy["RowKey"]:
+                operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old_copy}))
+            operations.append(("upsert", copy, {"mode": UpdateMode.REPLACE}))
+            try:
+                self.table.submit_transaction(operations)
+            except TableTransactionError as e:
+                if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
+                    continue  # another write came between our read and ours: check again
+                raise _failure(e, "update run") from e
+            except AzureError as e:
+                raise _failure(e, "update run") from e
+            return new
+        raise BackendError(f"update run {run.id}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
+
+    def list(
+        self,
+        *,
+        owner: str | None = None,
+        queue: str | None = None,
+        state: RunState | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        limit = max(1, limit)
+        if owner is not None:
+            return self._list_owner(owner, queue, state, limit, cursor)
+        if queue is None or state is None:
+            raise ValueError("list needs an owner, or a queue and a state")
+        prefix = self._state_prefix(state)
+        after = _decode_cursor(cursor, prefix) if cursor else prefix
+        runs: list[Run] = []
+        for entity in self._scan(self._partition(queue), after, prefix[:-1] + ";", min(limit, 1000), "list runs"):
+            runs.append(Run.model_validate(unpack(entity)))
+            if len(runs) == limit:
+                return Page(runs, _encode_cursor(str(entity["RowKey"])))
+        return Page(runs, None)
+
+    def _list_owner(
+        self, owner: str, queue: str | None, state: RunState | None, limit: int, cursor: str | None
+    ) -> Page:
+        after = _decode_cursor(cursor, "") if cursor else ""
+        runs: list[Run] = []
+        batch: list[tuple[str, str, str]] = []  # (row key, queue, run id)
+        pointers = self._scan(
+            f"o:{key(owner)}", after, "~", min(max(limit, 20), 1000), "list runs", ("RowKey", "queue")
+        )
+        with ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="runs-list") as pool:
+            while True:
+                batch.clear()
+                for entity in pointers:
+                    if queue is None or entity["queue"] == queue:
+                        row = str(entity["RowKey"])
+                        batch.append((row, str(entity["queue"]), row.partition(":")[2]))
+                    if len(batch) == limit - len(runs):
+                        break
+                if not batch:
+                    return Page(runs, None)
+                found = pool.map(lambda p: self._maybe(p[1], p[2]), batch)
+                for (row, _, _), run in zip(batch, found, strict=True):
+                    if run is None or run.owner != owner or newest_first(run.created_at) != row.partition(":")[0]:
+                        continue  # an entry of a create that failed half-way, or of another user's id
+                    if state is not None and run.state != state:
+                        continue
+                    runs.append(run)
+                    if len(runs) == limit:
+                        return Page(runs, _encode_cursor(row))
+
+    def _maybe(self, queue: str, escaped_id: str) -> Run | None:
+        try:
+            entity = self.table.get_entity(self._partition(queue), f"run:{escaped_id}")
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "list runs") from e
+            return None
+        except AzureError as e:
+            raise _failure(e, "list runs") from e
+        return Run.model_validate(unpack(entity))
+
+    def _scan(
+        self, partition: str, after: str, before: str, page: int, what: str, select: tuple[str, ...] = ()
+    ) -> Iterator[Mapping[str, Any]]:
+        """Entities of one partition with ``after < RowKey < before``, in RowKey order."""
+        entities = self.table.query_entities(
+            "PartitionKey eq @pk and RowKey gt @after and RowKey lt @before",
+            parameters={"pk": partition, "after": after, "before": before},
+            results_per_page=page,
+            select=[*select] or None,
+        )
+        try:
+            yield from entities
+        except AzureError as e:
+            raise _failure(e, what) from e
+
+    def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
+        if cap <= 0:
+            return 0
+        prefix = self._state_prefix(state)
+        total = 0
+        for _ in self._scan(
+            self._partition(queue), prefix, prefix[:-1] + ";", min(max(cap, 1), 1000), "count runs", ("RowKey",)
+        ):
+            total += 1
+            if total >= cap:
+                break
+        return total
+
+
+class TableWorkerRegistry:
+    """Worker heartbeats in one partition. A record not renewed for ``ttl_seconds`` is gone:
+    reads skip it and ``list`` deletes it (Table storage has no TTL of its own)."""
+
+    PARTITION = "w"
+
+    def __init__(self, table: TableClient, ttl_seconds: int = 3600, clock: Callable[[], float] = time.time) -> None:
+        self.table = table
+        self.ttl_seconds = ttl_seconds
+        self.clock = clock
+
+    def put(self, worker: Worker) -> None:
+        entity = {
+            "PartitionKey": self.PARTITION,
+            "RowKey": key(worker.id),
+            "pool": worker.pool,
+            "expires_at": self.clock() + self.ttl_seconds,
+            **pack(worker.model_dump(mode="json"), f"worker {worker.id}"),
+        }
+        try:
+            self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        except AzureError as e:
+            raise _failure(e, "record worker") from e
+
+    def get(self, worker_id: str) -> Worker:
+        try:
+            entity = self.table.get_entity(self.PARTITION, key(worker_id))
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "read worker") from e
+            raise NotFound(f"worker {worker_id} not found") from e
+        except AzureError as e:
+            raise _failure(e, "read worker") from e
+        if float(entity["expires_at"]) < self.clock():
+            raise NotFound(f"worker {worker_id} not found (its record expired)")
+        return Worker.model_validate(unpack(entity))
+
+    def list(self, pool: str | None = None) -> list[Worker]:
+        query, parameters = "PartitionKey eq @pk", {"pk": self.PARTITION}
+        if pool is not None:
+            query += " and pool eq @pool"
+            parameters["pool"] = pool
+        now = self.clock()
+        workers, expired = [], []
+        try:
+            for entity in self.table.query_entities(query, parameters=parameters):
+                if float(entity["expires_at"]) < now:
+                    expired.append(entity)
+                else:
+                    workers.append(Worker.model_validate(unpack(entity)))
+        except AzureError as e:
+            raise _failure(e, "list workers") from e
+        for entity in expired:
+            try:  # unless a heartbeat renewed it since
+                self.table.delete_entity(
+                    entity, etag=entity.metadata["etag"], match_condition=MatchConditions.IfNotModified
+                )
+            except (ResourceModifiedError, ResourceNotFoundError):
+                pass
+            except AzureError as e:
+                raise _failure(e, "list workers") from e
+        return sorted(workers, key=lambda w: w.id)
+
+    def delete(self, worker_id: str) -> None:
+        try:
+            self.table.delete_entity(self.PARTITION, key(worker_id))
+        except AzureError as e:
+            raise _failure(e, "delete worker") from e
+
+
+class TableTokenStore:
+    """API tokens, stored as SHA-256 hashes only."""
+
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+
+    def lookup(self, token_hash: str) -> Principal | None:
+        try:
+            entity = self.table.get_entity(key(token_hash), "")
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "read token") from e
+            return None
+        except AzureError as e:
+            raise _failure(e, "read token") from e
+        return Principal.model_validate(unpack(entity))
+
+    def put(self, token_hash: str, principal: Principal) -> None:
+        entity = {"PartitionKey": key(token_hash), "RowKey": "", **pack(principal.model_dump(mode="json"), "token")}
+        try:
+            self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        except AzureError as e:
+            raise _failure(e, "store token") from e
+
+
+class TablePoolStateStore:
+    """The dispatcher's per-pool records, one entity per pool: the document as JSON, written
+    only while the stored ``version`` is the one the writer read."""
+
+    PARTITION = "p"
+
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+
+    def _read(self, pool: str) -> tuple[PoolRecord | None, str]:
+        try:
+            entity = self.table.get_entity(self.PARTITION, key(pool))
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "read pool record") from e
+            return None, ""
+        except AzureError as e:
+            raise _failure(e, "read pool record") from e
+        return PoolRecord.model_validate(unpack(entity)), str(entity.metadata["etag"])
+
+    def get(self, pool: str) -> PoolRecord:
+        return self._read(pool)[0] or PoolRecord(pool=pool)
+
+    def save(self, record: PoolRecord) -> PoolRecord:
+        stored = record.model_copy(update={"version": record.version + 1})
+        entity = {
+            "PartitionKey": self.PARTITION,
+            "RowKey": key(record.pool),
+            "version": stored.version,
+            **pack(stored.model_dump(mode="json"), f"pool record {record.pool}"),
+        }
+        for _ in range(MAX_WRITE_TRIES):
+            current, etag = self._read(record.pool)
+            if current is not None and current.version != record.version:
+                raise ConditionFailed(
+                    f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
+                )
+            try:
+                if current is None:
+                    self.table.create_entity(entity)
+                else:
+                    self.table.update_entity(
+                        entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
+                    )
+            except (ResourceExistsError, ResourceModifiedError):
+                continue  # written since our read: check the version again
+            except AzureError as e:
+                raise _failure(e, "write pool record") from e
+            return stored
+        raise BackendError(f"pool {record.pool}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")

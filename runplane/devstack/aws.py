@@ -1,0 +1,100 @@
+"""The local stack on AWS terms: moto's server for DynamoDB/SQS/S3, API Gateway v2 events for the
+API function, SQS batches for the dispatcher (as an event source mapping with partial batch
+responses), scheduled events for dispatcher and reaper."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from functions.aws import api, dispatcher, reaper
+from runplane import bootstrap
+from runplane.adapters.aws.provision import provision
+from runplane.adapters.aws.sqs import events_queue_name
+from runplane.api.gateway import http_event, response_parts
+from runplane.bootstrap import Stack
+from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
+from runplane.devstack.lambda_shim import LambdaContext, scheduled_event, sqs_event
+from runplane.devstack.net import free_port
+
+log = logging.getLogger(__name__)
+
+
+class AwsCloud(Cloud):
+    services = "moto"
+
+    def __init__(self, endpoint_url: str | None = None) -> None:
+        self.endpoint = endpoint_url or ""
+        self._moto: Any = None
+        # Powertools keeps the request being resolved on the resolver's class; Lambda runs one
+        # request per sandbox, so the threaded front takes them one at a time too.
+        self._resolving = threading.Lock()
+        self._events: tuple[Any, str, str] | None = None
+
+    def start(self) -> dict[str, str]:
+        if not self.endpoint:
+            from moto.server import ThreadedMotoServer
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)
+            port = free_port()
+            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+            self._moto.start()
+            self.endpoint = f"http://127.0.0.1:{port}"
+        return {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "RUNPLANE_AWS_ENDPOINT_URL": self.endpoint,
+            "RUNPLANE_AWS_REGION": "us-east-1",
+        }
+
+    def provision(self, stack: Stack) -> None:
+        clients = bootstrap.aws_clients(stack.settings)
+        provision(
+            bootstrap.aws_names(stack.settings),
+            [p.name for p in stack.pools.pools],
+            clients["dynamodb"],
+            clients["sqs"],
+            clients["s3"],
+        )
+
+    def http(self, request: FrontRequest) -> FrontResponse:
+        event = http_event(
+            request.method, request.path, request.query, request.headers, request.body, request.client_ip
+        )
+        with self._resolving:
+            result = api.lambda_handler(event, LambdaContext(function_name="runplane-api"))
+        return FrontResponse(*response_parts(result))
+
+    def poll_events(self, stop: threading.Event) -> None:
+        """What an SQS event source mapping does: batches to the dispatcher, partial failures kept."""
+        if self._events is None:
+            stack = bootstrap.stack()
+            sqs = bootstrap.aws_clients(stack.settings)["sqs"]
+            url = sqs.get_queue_url(QueueName=events_queue_name(stack.settings.prefix))["QueueUrl"]
+            arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+            self._events = (sqs, url, arn)
+        sqs, url, arn = self._events
+        messages = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1, VisibilityTimeout=30
+        ).get("Messages", [])
+        if not messages:
+            return
+        result = dispatcher.lambda_handler(sqs_event(messages, arn), LambdaContext("runplane-dispatcher"))
+        failed = {f["itemIdentifier"] for f in result.get("batchItemFailures", [])}
+        for m in messages:
+            if m["MessageId"] not in failed:
+                sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+
+    def fire_schedule(self) -> None:
+        for handler, name in ((reaper.lambda_handler, "reaper"), (dispatcher.lambda_handler, "dispatcher")):
+            try:
+                handler(scheduled_event(f"runplane-{name}"), LambdaContext(f"runplane-{name}"))
+            except Exception:
+                log.exception("scheduled %s failed", name)
+
+    def stop(self) -> None:
+        if self._moto is not None:
+            self._moto.stop()
+            self._moto = None

@@ -1,0 +1,99 @@
+"""The local stack on Azure terms: Azurite for Table/Queue/Blob, and the function app of
+functions/azure hosted as the Azure Functions host would (``FunctionsHost``): ``func.HttpRequest``s
+to the HTTP function, the events queue to the dispatcher's queue trigger, timers on the schedule."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+from functions.azure import function_app
+from runplane import bootstrap
+from runplane.adapters.azure.provision import provision
+from runplane.adapters.azure.queues import events_queue_name
+from runplane.bootstrap import Stack
+from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
+from runplane.devstack.functions_host import FunctionsHost, HostOptions
+
+HOST_JSON = Path(function_app.__file__).with_name("host.json")
+START_AZURITE = Path(__file__).resolve().parents[2] / "scripts" / "start-azurite.sh"
+
+
+def start_azurite(script: Path = START_AZURITE, timeout: float = 180) -> str:
+    """Azurite on 127.0.0.1 (started unless it answers, installed with npm if missing); returns
+    its connection string. Raises ValueError when that fails."""
+    if not script.exists():
+        raise ValueError(f"{script} is missing (it comes with a checkout); pass an Azure storage connection string")
+    try:
+        done = subprocess.run([str(script)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ValueError(f"Azurite did not start within {timeout:g} s") from e
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ValueError(f"Azurite did not start: {done.stderr.strip()[-2000:]}")
+    return lines[-1]
+
+
+def ncrontab_every(seconds: float) -> str:
+    """An NCRONTAB schedule (six fields, seconds first) firing about every ``seconds``."""
+    whole = max(1, round(seconds))
+    if whole < 60:
+        return f"*/{whole} * * * * *"
+    return f"0 */{max(1, min(59, whole // 60))} * * * *"
+
+
+class AzureCloud(Cloud):
+    services = "azurite"
+
+    def __init__(self, connection_string: str | None, prefix: str, schedule_seconds: float) -> None:
+        self.connection_string = connection_string or ""
+        self.prefix = prefix
+        self.schedule_seconds = schedule_seconds
+        self._host: FunctionsHost | None = None
+
+    def start(self) -> dict[str, str]:
+        if not self.connection_string:
+            self.connection_string = start_azurite()
+        self.endpoint = self.connection_string
+        return {
+            "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": self.connection_string,
+            # the bindings' app settings (function_app.py), as the deployment sets them
+            "RunplaneStorage": self.connection_string,
+            "RunplaneEventsQueue": events_queue_name(self.prefix),
+            "RunplaneSchedule": ncrontab_every(self.schedule_seconds),
+            "FUNCTIONS_WORKER_RUNTIME": "python",
+        }
+
+    def provision(self, stack: Stack) -> None:
+        settings = stack.settings
+        provision(
+            bootstrap.azure_names(settings), [p.name for p in stack.pools.pools], bootstrap.azure_clients(settings)
+        )
+        self._host = FunctionsHost(function_app.make_app(), HostOptions.from_host_json(HOST_JSON), dict(os.environ))
+
+    @property
+    def host(self) -> FunctionsHost:
+        if self._host is None:
+            raise RuntimeError("the stack is not provisioned yet")
+        return self._host
+
+    def http(self, request: FrontRequest) -> FrontResponse:
+        headers = {**request.headers, "X-Forwarded-For": request.client_ip}  # as Azure's front end adds
+        url = f"http://{request.host}{request.path}" + (f"?{request.query}" if request.query else "")
+        response = self.host.http(request.method, url, request.path, request.query, headers, request.body)
+        out = {key.lower(): value for key, value in response.headers.items()}
+        if "content-type" not in out and response.get_body():
+            charset = f"; charset={response.charset}" if response.mimetype.startswith("text/") else ""
+            out["content-type"] = response.mimetype + charset
+        return FrontResponse(response.status_code, out, response.get_body())
+
+    def poll_events(self, stop: threading.Event) -> None:
+        self.host.poll_queues(stop.wait)
+
+    def fire_schedule(self) -> None:
+        self.host.fire_timers()
+
+    def stop(self) -> None:
+        """Azurite is left running: other stacks may share it, and its data lives in memory."""

@@ -1,0 +1,64 @@
+"""One cloud's half of the local stack: the storage services, and how its functions are called."""
+
+from __future__ import annotations
+
+import abc
+import threading
+from dataclasses import dataclass
+
+from runplane.bootstrap import Stack
+
+
+@dataclass(frozen=True)
+class FrontRequest:
+    """An HTTP request as the local front read it; ``path`` and ``query`` are still encoded."""
+
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    body: bytes
+    client_ip: str
+    host: str
+
+
+@dataclass(frozen=True)
+class FrontResponse:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class Cloud(abc.ABC):
+    """What the local stack needs from a cloud. ``start`` comes first, then (with the returned
+    settings in the environment) ``provision``; the other calls may then come from any thread."""
+
+    services: str
+    """What serves the stores, for people: "moto", "azurite"."""
+    endpoint: str = ""
+
+    @abc.abstractmethod
+    def start(self) -> dict[str, str]:
+        """Start (or reach) the storage services; returns the settings the functions and the
+        agents need in their environment. Raises ValueError when they cannot be had."""
+
+    @abc.abstractmethod
+    def provision(self, stack: Stack) -> None:
+        """Create the tables, queues and containers of ``stack`` (kept when they exist)."""
+
+    @abc.abstractmethod
+    def http(self, request: FrontRequest) -> FrontResponse:
+        """Serve one request with the cloud's HTTP function, as its front door would."""
+
+    @abc.abstractmethod
+    def poll_events(self, stop: threading.Event) -> None:
+        """One round of feeding the events queue to the dispatcher function, as the platform's
+        trigger does; when the queue is empty it waits about a second at most (or until stop)."""
+
+    @abc.abstractmethod
+    def fire_schedule(self) -> None:
+        """Call the scheduled functions (dispatcher, reaper) once; failures are logged."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop what ``start`` started."""

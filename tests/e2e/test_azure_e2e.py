@@ -1,0 +1,79 @@
+"""Runs end to end on Azure terms: HTTP function -> Table + Queue -> dispatcher queue trigger ->
+local agent (configured by storage connection string) -> real Docker -> Blob, on Azurite."""
+
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from runplane.cli.client import Client
+from tests.conftest import wait_for, wait_state
+
+pytestmark = pytest.mark.docker
+TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+
+
+@pytest.fixture(scope="module")
+def alice(azure_devstack):
+    return Client(azure_devstack.api_url, "alice-token")
+
+
+def logs(client, run_id, stream="stdout", offset=0):
+    return client.request("GET", f"/v1/runs/{run_id}/logs", query={"stream": stream, "offset": offset})
+
+
+def test_run_succeeds_and_its_outputs_download_through_sas_urls(docker_client, alice, azure_devstack):
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {
+            "command": "echo hello; echo oops >&2; echo 42 > answer; mkdir sub; echo $GREETING > sub/env",
+            "env": {"GREETING": "hi"},
+        },
+    )
+    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    assert done["state"] == "succeeded", done
+    assert (done["exit_code"], done["failure"]) == (0, None)
+    assert [e["state"] for e in done["events"] if e["state"]] == [
+        "queued",
+        "preparing",
+        "running",
+        "uploading",
+        "succeeded",
+    ]
+    assert logs(alice, run["id"]) == {"data": "hello\n", "next_offset": 6, "complete": True}
+    assert logs(alice, run["id"], "stderr")["data"] == "oops\n"
+    files = alice.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]
+    assert sorted((f["path"], f["size"]) for f in files) == [("answer", 3), ("sub/env", 3)]
+    blob_endpoint = dict(p.split("=", 1) for p in azure_devstack.endpoint.split(";") if p)["BlobEndpoint"]
+    got = {}
+    for f in files:
+        url = urllib.parse.urlsplit(f["url"])
+        assert f["url"].startswith(blob_endpoint + "/")  # Azurite's Blob service, not the API
+        assert {"sig", "se", "sp"} <= set(urllib.parse.parse_qs(url.query))  # a SAS, read-only
+        assert urllib.parse.parse_qs(url.query)["sp"] == ["r"]
+        with urllib.request.urlopen(f["url"], timeout=10) as resp:
+            got[f["path"]] = resp.read()
+    assert got == {"answer": b"42\n", "sub/env": b"hi\n"}
+
+
+def test_logs_are_readable_while_the_run_goes(docker_client, alice):
+    run = alice.request("POST", "/v1/runs", {"command": "echo first; sleep 4; echo second"})
+    page = wait_for(lambda: (p := logs(alice, run["id"]))["data"] and p, 90, 0.1, "the first log line")
+    assert page == {"data": "first\n", "next_offset": 6, "complete": False}
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
+    rest = wait_for(
+        lambda: (p := logs(alice, run["id"], offset=page["next_offset"]))["complete"] and p,
+        60,
+        0.2,
+        "the end of the logs",
+    )
+    assert rest["data"] == "second\n"
+    assert wait_state(alice, run["id"], TERMINAL)["state"] == "succeeded"
+
+
+def test_nonzero_exit_is_a_clear_failure(docker_client, alice):
+    run = alice.request("POST", "/v1/runs", {"command": "echo 'no such file: data.csv' >&2; exit 3"})
+    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    assert (done["state"], done["exit_code"], done["failure"]["reason"]) == ("failed", 3, "nonzero_exit")
+    assert "no such file: data.csv" in done["failure"]["message"]

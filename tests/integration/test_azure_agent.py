@@ -1,0 +1,67 @@
+"""A worker agent on an Azure stack, configured by RUNPLANE_* settings alone: it takes a run from
+its Storage Queue, runs it in a real container, and leaves the run and its logs in Table and
+Blob storage on Azurite."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.services.logs import read_logs
+from runplane.services.runs import submit_run
+from tests.conftest import POOLS_FILE, wait_for
+
+pytestmark = pytest.mark.docker
+
+
+def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_path):
+    stack = azure_stack
+    spec = RunSpec(command="echo hello from azure; echo oops >&2; exit 3", queue="manual")
+    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
+    env = {
+        **os.environ,
+        "RUNPLANE_CLOUD": "azure",
+        "RUNPLANE_PREFIX": stack.settings.prefix,
+        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
+        "RUNPLANE_POOLS": str(POOLS_FILE),
+    }
+    log = tmp_path / "agent.log"
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "worker_agent",
+            "--pool",
+            "manual",
+            "--id",
+            "azure-w1",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--exit-after-num-runs",
+            "1",
+            "--poll-seconds",
+            "1",
+            "--heartbeat-seconds",
+            "1",
+            "--pull",
+            "never",
+        ],
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert agent.wait(60) == 0, log.read_text()[-3000:]
+    except subprocess.TimeoutExpired:
+        agent.kill()
+        agent.wait(10)
+        raise AssertionError(f"the agent did not finish:\n{log.read_text()[-3000:]}") from None
+    done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
+    assert (done.state, done.exit_code, done.worker_id, done.attempt) == (RunState.FAILED, 3, "azure-w1", 1)
+    assert read_logs(stack.objects, done, "stdout", 0).data == "hello from azure\n"
+    assert read_logs(stack.objects, done, "stderr", 0).data == "oops\n"
+    assert stack.store.count("manual", RunState.QUEUED) == 0
+    assert stack.queue.receive("manual", 10, wait_seconds=0, visibility_seconds=30) == []

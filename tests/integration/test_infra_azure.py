@@ -1,0 +1,336 @@
+"""infra/azure/azuredeploy.json agrees with the code it deploys.
+
+No Azure tool runs offline here, so the template is checked statically: it is valid JSON whose
+parameters are all used and whose references all resolve, and its names, evaluated with a small
+interpreter of the ARM expressions it uses, are those ``provision()`` creates on Azurite; its app
+settings are those StackSettings and the function app's bindings read; its Batch pool is
+infra/azure/batch's. The staged Functions package (``make azure-package``) is indexed as the host
+would index it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from functions.azure import function_app
+from runplane.adapters.azure.provision import AzureNames
+from runplane.adapters.azure.queues import events_queue_name
+from runplane.settings import StackSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+AZURE = ROOT / "infra" / "azure"
+TEMPLATE = json.loads((AZURE / "azuredeploy.json").read_text())
+POOLS = ["default", "gpu-a100"]
+
+
+# ---- a small interpreter of ARM template expressions -------------------------------------------
+
+
+class Arm:
+    """Evaluates ``[...]`` expressions of a template for given parameters (and one copy index).
+
+    Knows the functions this template uses; ``reference()`` yields an object whose properties
+    read back as ``<reference:...>`` placeholders, and ``uniqueString`` a stable 13-character hash.
+    """
+
+    TOKEN = re.compile(r"(?P<str>'(?:[^']|'')*')|(?P<num>-?\d+)|(?P<name>[A-Za-z_]\w*)|(?P<punct>[(),.\[\]])")
+
+    def __init__(self, template: dict[str, Any], parameters: dict[str, Any]) -> None:
+        self.template = template
+        self.parameters = parameters
+        self.index: int | None = None
+
+    def value(self, raw: Any, index: int | None = None) -> Any:
+        """``raw`` with every expression in it evaluated (strings, lists and objects alike)."""
+        self.index = index
+        return self._deep(raw)
+
+    def _deep(self, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            return {self._deep(k): self._deep(v) for k, v in raw.items()}
+        if isinstance(raw, list):
+            return [self._deep(v) for v in raw]
+        if isinstance(raw, str) and raw.startswith("[") and not raw.startswith("[["):
+            return self.expression(raw[1:-1])
+        return raw
+
+    def expression(self, text: str) -> Any:
+        saved = getattr(self, "tokens", []), getattr(self, "at", 0)  # variables() evaluates while parsing
+        self.tokens, self.at = [], 0
+        at = 0
+        while at < len(text):
+            if text[at].isspace():
+                at += 1
+                continue
+            token = self.TOKEN.match(text, at)
+            assert token is not None, f"cannot read {text[at:]!r}"
+            self.tokens.append(token)
+            at = token.end()
+        result = self._expr()
+        assert self.at == len(self.tokens), f"trailing tokens in {text!r}"
+        self.tokens, self.at = saved
+        return result
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.at].group() if self.at < len(self.tokens) else None
+
+    def _take(self, expected: str | None = None) -> re.Match[str]:
+        token = self.tokens[self.at]
+        if expected is not None:
+            assert token.group() == expected, f"expected {expected!r}, got {token.group()!r}"
+        self.at += 1
+        return token
+
+    def _expr(self) -> Any:
+        token = self._take()
+        if token.group("str") is not None:
+            value: Any = token.group("str")[1:-1].replace("''", "'")
+        elif token.group("num") is not None:
+            value = int(token.group("num"))
+        else:
+            name = token.group("name")
+            assert name is not None, f"unexpected {token.group()!r}"
+            self._take("(")
+            args = []
+            while self._peek() != ")":
+                args.append(self._expr())
+                if self._peek() == ",":
+                    self._take(",")
+            self._take(")")
+            value = self.call(name, args)
+        while self._peek() in (".", "["):
+            if self._take().group() == ".":
+                value = value[self._take().group("name")]
+            else:
+                key = self._expr()
+                self._take("]")
+                value = value[key]
+        return value
+
+    def call(self, name: str, args: list[Any]) -> Any:
+        name = name.lower()
+        if name == "parameters":
+            spec = self.template["parameters"][args[0]]
+            return self._deep(self.parameters.get(args[0], spec.get("defaultValue")))
+        if name == "variables":
+            return self._deep(self.template["variables"][args[0]])
+        if name == "copyindex":
+            assert self.index is not None, "copyIndex() outside a copy loop"
+            return self.index + (args[-1] if args and isinstance(args[-1], int) else 0)
+        if name == "reference":
+            return _Placeholder(f"reference:{args[0]}")
+        simple = {
+            "concat": lambda *a: "".join(a) if all(isinstance(x, str) for x in a) else [x for part in a for x in part],
+            "format": lambda f, *a: re.sub(r"\{(\d+)\}", lambda m: str(a[int(m.group(1))]), f),
+            "tolower": str.lower,
+            "replace": lambda s, old, new: s.replace(old, new),
+            "take": lambda s, n: s[:n],
+            "length": len,
+            "empty": lambda v: len(v) == 0,
+            "if": lambda c, a, b: a if c else b,
+            "createarray": lambda *a: list(a),
+            "createobject": lambda *a: dict(zip(a[::2], a[1::2], strict=True)),
+            "uniquestring": lambda *a: hashlib.sha256("|".join(a).encode()).hexdigest()[:13],
+            "guid": lambda *a: hashlib.sha256("|".join(map(str, a)).encode()).hexdigest()[:32],
+            "resourcegroup": lambda: {"id": "/subscriptions/s/resourceGroups/rg", "location": "westeurope"},
+            "resourceid": lambda kind, *names: f"id:{kind}/{'/'.join(names)}",
+            "subscriptionresourceid": lambda kind, *names: f"subid:{kind}/{'/'.join(names)}",
+        }
+        return simple[name](*args)
+
+
+class _Placeholder(dict):  # type: ignore[type-arg]
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def __missing__(self, key: str) -> Any:
+        return _Placeholder(f"{self.path}.{key}")
+
+    def __str__(self) -> str:
+        return f"<{self.path}>"
+
+
+# ---- the template as resources -------------------------------------------------------------------
+
+
+def expressions(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [e for k, v in node.items() for e in expressions(k) + expressions(v)]
+    if isinstance(node, list):
+        return [e for v in node for e in expressions(v)]
+    if isinstance(node, str) and node.startswith("[") and not node.startswith("[["):
+        return [node]
+    return []
+
+
+def instances(arm: Arm, kind: str) -> list[dict[str, Any]]:
+    """Every resource of ``kind``, evaluated (one per copy index)."""
+    out = []
+    for resource in TEMPLATE["resources"]:
+        if resource["type"] != kind:
+            continue
+        count = arm.value(resource["copy"]["count"]) if "copy" in resource else None
+        for index in range(count) if count is not None else [None]:
+            out.append(arm.value({k: v for k, v in resource.items() if k != "copy"}, index))
+    return out
+
+
+def leaf_names(arm: Arm, kind: str) -> set[str]:
+    return {r["name"].rsplit("/", 1)[-1] for r in instances(arm, kind)}
+
+
+@pytest.fixture
+def arm():
+    return Arm(TEMPLATE, {"prefix": "runplane", "poolNames": POOLS})
+
+
+def site(arm):
+    (app,) = instances(arm, "Microsoft.Web/sites")
+    return app
+
+
+# ---- the tests -----------------------------------------------------------------------------------
+
+
+def test_is_an_arm_deployment_template():
+    assert TEMPLATE["$schema"].endswith("/deploymentTemplate.json#")
+    assert set(TEMPLATE) <= {"$schema", "contentVersion", "metadata", "parameters", "variables", "resources", "outputs"}
+    for name, spec in TEMPLATE["parameters"].items():
+        assert spec["type"] in {"string", "int", "bool", "array", "object", "securestring"}, name
+        assert spec.get("metadata", {}).get("description"), f"parameter {name} is not described"
+
+
+def test_every_parameter_and_variable_is_used_and_every_reference_resolves():
+    text = json.dumps(TEMPLATE)
+    used_params = set(re.findall(r"parameters\('(\w+)'\)", text))
+    used_vars = set(re.findall(r"variables\('(\w+)'\)", text))
+    assert used_params == set(TEMPLATE["parameters"])
+    assert used_vars == set(TEMPLATE["variables"])
+    defined = {r["type"].lower() for r in TEMPLATE["resources"]}
+    targets = re.findall(r"resourceId\('([\w./]+)'", text)
+    assert targets, "the template references no resource?"
+    for target in targets:
+        assert target.lower() in defined, f"resourceId of {target}, which the template does not define"
+    for scope in re.findall(r"format\('(Microsoft\.[\w.]+/[\w]+)/\{0\}'", text):
+        assert scope.lower() in defined, f"a role assignment scoped to {scope}, which the template does not define"
+
+
+def test_every_expression_evaluates(arm):
+    for resource in TEMPLATE["resources"]:
+        count = arm.value(resource["copy"]["count"]) if "copy" in resource else None
+        for index in range(count) if count is not None else [None]:
+            for expression in expressions(resource):
+                arm.value(expression, index)
+    for output in TEMPLATE["outputs"].values():
+        arm.value(output["value"])
+
+
+def test_dependencies_name_resources_of_the_template(arm):
+    ids = set()
+    for resource in TEMPLATE["resources"]:
+        for item in instances(arm, resource["type"]):
+            ids.add(f"id:{resource['type']}/{item['name']}")
+    for resource in TEMPLATE["resources"]:
+        for item in instances(arm, resource["type"]):
+            for dependency in item.get("dependsOn", []):
+                assert dependency in ids, f"{item['name']} depends on {dependency}, which is not in the template"
+
+
+@pytest.mark.parametrize("prefix", ["runplane", "rp-dev1"])
+def test_tables_queues_and_container_are_what_provision_creates(prefix):
+    arm = Arm(TEMPLATE, {"prefix": prefix, "poolNames": POOLS})
+    names = AzureNames(prefix)
+    assert leaf_names(arm, "Microsoft.Storage/storageAccounts/tableServices/tables") == set(names.tables)
+    assert leaf_names(arm, "Microsoft.Storage/storageAccounts/queueServices/queues") == set(names.queues(POOLS))
+    containers = leaf_names(arm, "Microsoft.Storage/storageAccounts/blobServices/containers")
+    assert names.container in containers
+
+
+def test_app_settings_are_what_the_code_reads(arm):
+    settings = {s["name"]: s["value"] for s in site(arm)["properties"]["siteConfig"]["appSettings"]}
+    runplane = {name.removeprefix("RUNPLANE_").lower() for name in settings if name.startswith("RUNPLANE_")}
+    assert runplane <= set(StackSettings.model_fields), runplane - set(StackSettings.model_fields)
+    assert settings["RUNPLANE_CLOUD"] == "azure"
+    assert settings["RUNPLANE_PREFIX"] == "runplane"
+    assert settings["RUNPLANE_AZURE_STORAGE_ACCOUNT"] == settings["AzureWebJobsStorage__accountName"]
+    assert "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING" not in settings  # the managed identity, no key
+    # every setting a binding names: %SETTING% expressions, and identity-based connections
+    for function in function_app.make_app().get_functions():
+        for binding in json.loads(function.get_function_json())["bindings"]:
+            for value in binding.values():
+                for name in re.findall(r"%(\w+)%", str(value)):
+                    assert name in settings, f"{function.get_function_name()} reads app setting {name}"
+            if "connection" in binding:
+                assert f"{binding['connection']}__queueServiceUri" in settings
+    assert settings["RunplaneEventsQueue"] == events_queue_name("runplane")
+
+
+def test_the_function_app_is_linux_python_311_with_an_identity_that_may_use_storage(arm):
+    app = site(arm)
+    assert app["kind"] == "functionapp,linux"
+    assert app["properties"]["functionAppConfig"]["runtime"] == {"name": "python", "version": "3.11"}
+    assert app["identity"]["type"] == "SystemAssigned"
+    (plan,) = instances(arm, "Microsoft.Web/serverfarms")
+    assert plan["sku"] == {"tier": "FlexConsumption", "name": "FC1"} and plan["properties"]["reserved"] is True
+    roles = {
+        (r["properties"]["principalId"].path, r["properties"]["roleDefinitionId"].rsplit("/", 1)[-1], r["scope"])
+        for r in instances(arm, "Microsoft.Authorization/roleAssignments")
+    }
+    storage = "Microsoft.Storage/storageAccounts/" + arm.value("[variables('storageAccountName')]")
+    app_identity = f"reference:id:Microsoft.Web/sites/{app['name']}.identity.principalId"
+    table, queue = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3", "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
+    assert {(app_identity, table, storage), (app_identity, queue, storage)} <= roles
+    identity = arm.value("[variables('nodesIdentityName')]")
+    nodes = f"reference:id:Microsoft.ManagedIdentity/userAssignedIdentities/{identity}.principalId"
+    assert {(nodes, table, storage), (nodes, queue, storage)} <= roles
+
+
+def test_batch_pool_is_infra_azure_batch_pool(arm):
+    formula = (AZURE / "batch" / "autoscale.formula").read_text()
+    reference = json.loads((AZURE / "batch" / "pool.json").read_text())
+    (pool,) = instances(arm, "Microsoft.Batch/batchAccounts/pools")
+    props = pool["properties"]
+    assert props["scaleSettings"]["autoScale"]["formula"] == formula == reference["autoScaleFormula"]
+    vm = props["deploymentConfiguration"]["virtualMachineConfiguration"]
+    ref_vm = reference["virtualMachineConfiguration"]
+    assert vm["imageReference"] == ref_vm["imageReference"]
+    assert vm["nodeAgentSkuId"] == ref_vm["nodeAgentSKUId"]  # the REST API spells it so
+    assert props["vmSize"] == reference["vmSize"]
+    assert pool["name"].endswith("/" + reference["id"])
+    assert props["taskSlotsPerNode"] == reference["taskSlotsPerNode"]
+    assert props["startTask"]["commandLine"] == reference["startTask"]["commandLine"]
+    job = json.loads((AZURE / "batch" / "job.json").read_text())
+    assert job["poolInfo"]["poolId"] == reference["id"]
+
+
+def test_staged_package_is_indexed_as_the_host_would(tmp_path):
+    """``make azure-package`` lays out function_app.py and host.json at the root, beside the code."""
+    stage = tmp_path / "app"
+    done = subprocess.run(
+        ["make", "-s", "azure-package", f"AZURE_PACKAGE={stage}"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert {"function_app.py", "host.json", "requirements.txt", "runplane", "functions"} <= {
+        p.name for p in stage.iterdir()
+    }
+    assert not list(stage.rglob("__pycache__")) and not list(stage.rglob("local.settings.json*"))
+    code = (
+        "import function_app, runplane; print(runplane.__file__);"
+        "print(' '.join(sorted(f.get_function_name() for f in function_app.app.get_functions())))"
+    )
+    # only the staged folder and the installed libraries: never this checkout
+    env = {"PYTHONPATH": str(stage), "PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin"}
+    indexed = subprocess.run([sys.executable, "-c", code], cwd=stage, capture_output=True, text=True, env=env)
+    assert indexed.returncode == 0, indexed.stderr
+    where, names = indexed.stdout.splitlines()
+    assert Path(where).is_relative_to(stage)
+    assert names.split() == ["api", "dispatcher_events", "dispatcher_schedule", "reaper"]
