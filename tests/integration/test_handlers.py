@@ -168,6 +168,10 @@ def test_local_backend_contract(tmp_path):
     assert [j.id for j in backend.list(pool)] == [jobs[1].id]
     # another process (a new dispatcher invocation) sees the same jobs
     assert [j.id for j in LocalCompute(tmp_path, command=SLEEPER).list(pool)] == [jobs[1].id]
+    live = backend.describe(pool, jobs[1].id)
+    assert live is not None and live.state == "running" and live.worker_id == jobs[1].worker_id
+    assert backend.describe(pool, jobs[0].id) is None  # cancelled: gone
+    assert backend.describe(pool, "never-existed") is None
     backend.cancel(pool, jobs[1].id)
     backend.cancel(pool, "never-existed")
     assert backend.list(pool) == []
