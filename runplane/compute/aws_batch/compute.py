@@ -35,6 +35,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from runplane.compute.options import credentials_in
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
@@ -50,7 +51,6 @@ LIVE_STATES = {
     "STARTING": "pending",
     "RUNNING": "running",
 }
-CREDENTIAL_NAMES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
 
 
 def job_name(pool: str, worker_id: str) -> str:
@@ -72,7 +72,7 @@ def _options(pool: Pool) -> dict[str, Any]:
     tags = o.get("tags") or {}
     if not isinstance(extra, dict) or not isinstance(tags, dict):
         raise InvalidRequest(f"pool {pool.name}: options.environment and options.tags must be mappings")
-    secrets = sorted(CREDENTIAL_NAMES & set(extra))
+    secrets = credentials_in(extra)
     if secrets:
         raise InvalidRequest(
             f"pool {pool.name}: options.environment must not hold credentials ({', '.join(secrets)}); "

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from runplane.compute.options import AbsolutePath, credentials_in
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool
 from runplane.domain.units import parse_duration
@@ -27,27 +28,6 @@ _IDENTITY = re.compile(
     r"^/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.managedidentity/userassignedidentities/[^/]+$",
     re.IGNORECASE,
 )
-# Values that grant access: never in a task's plain environment settings.
-CREDENTIAL_NAMES = frozenset(
-    {
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AZURE_CLIENT_SECRET",
-        "AZURE_CLIENT_CERTIFICATE_PASSWORD",
-        "AZURE_PASSWORD",
-        "AZURE_STORAGE_KEY",
-        "AZURE_STORAGE_CONNECTION_STRING",
-        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING",
-        "RUNPLANE_AZURE_BATCH_ACCOUNT_KEY",
-    }
-)
-
-
-def _absolute(path: str) -> str:
-    if not path.startswith("/"):
-        raise ValueError(f"{path!r} is not an absolute path")
-    return path
 
 
 def _identity(resource_id: str) -> str:
@@ -63,7 +43,6 @@ def _duration(value: Any) -> Any:
     return parse_duration(value) if isinstance(value, str | int | float) else value
 
 
-AbsolutePath = Annotated[str, AfterValidator(_absolute)]
 IdentityId = Annotated[str, AfterValidator(_identity)]
 BatchId = Annotated[str, Field(pattern=BATCH_ID)]
 
@@ -124,7 +103,7 @@ class AzureBatchOptions(_Strict):
         for name in env:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
-        secrets = sorted(CREDENTIAL_NAMES & set(env))
+        secrets = credentials_in(env)
         if secrets:
             raise ValueError(
                 f"must not hold credentials ({', '.join(secrets)}): task environment settings are readable by "

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runplane.compute.options import AbsolutePath, credentials_in
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool
 
@@ -21,26 +22,8 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
-# Values that must come from a Secret (env_from_secrets), never from a plain value in a Job spec.
-CREDENTIAL_NAMES = frozenset(
-    {
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AZURE_CLIENT_SECRET",
-        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING",
-        "RUNPLANE_AZURE_BATCH_ACCOUNT_KEY",
-    }
-)
 
 
-def _absolute(path: str) -> str:
-    if not path.startswith("/"):
-        raise ValueError(f"{path!r} is not an absolute path")
-    return path
-
-
-AbsolutePath = Annotated[str, AfterValidator(_absolute)]
 ObjectName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]
 
 
@@ -135,7 +118,7 @@ class KubernetesOptions(_Strict):
         for name in env:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
-        secrets = sorted(CREDENTIAL_NAMES & set(env))
+        secrets = credentials_in(env)
         if secrets:
             raise ValueError(
                 f"must not hold credentials ({', '.join(secrets)}): put them in a Secret named in env_from_secrets"

@@ -7,10 +7,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runplane.compute.options import credentials_in
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool
-
-CREDENTIAL_NAMES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
 
 
 class SlurmOptions(BaseModel):
@@ -41,7 +40,7 @@ class SlurmOptions(BaseModel):
     @field_validator("environment")
     @classmethod
     def _no_credentials(cls, env: dict[str, str]) -> dict[str, str]:
-        secrets = sorted(CREDENTIAL_NAMES & set(env))
+        secrets = credentials_in(env)
         if secrets:
             raise ValueError(
                 f"must not hold credentials ({', '.join(secrets)}); point AWS_SHARED_CREDENTIALS_FILE at a file "
