@@ -171,7 +171,12 @@ def get_run(run_id: str) -> dict[str, Any]:
     if run.state == RunState.QUEUED:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
         pool = s.pools.get(run.queue)
-        record = s.pool_states.get(pool.name) if pool is not None else None
+        record = None
+        if pool is not None:
+            try:
+                record = s.pool_states.get(pool.name)
+            except errors.RunplaneError as e:  # the reason is a courtesy: never fail the read for it
+                logger.warning("pool record of %s unreadable: %s", pool.name, e)
         view["waiting_reason"] = explain_wait(pool, workers, run.waiting_reason, record, run)
     return view
 

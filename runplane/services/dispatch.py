@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -53,7 +54,10 @@ def plan_launches(pool: Pool, facts: PoolFacts) -> Decision:
     """
     registered = {w.id for w in facts.workers}
     starting = len([j for j in facts.jobs if j.worker_id not in registered]) + facts.unlisted
-    free = sum(w.free_slots for w in facts.workers) + starting * pool.slots
+    # a group's own or tag-exclusive workers do not take just any run: their free slots are no
+    # room for the backlog (the workers the dispatcher launches have neither)
+    free = sum(w.free_slots for w in facts.workers if w.group is None and not w.tag_exclusive)
+    free += starting * pool.slots
     shortfall = max(0, facts.backlog - free)
     need = math.ceil(shortfall / pool.slots)
     current = len(facts.jobs) + facts.unlisted
@@ -182,15 +186,16 @@ def explain_wait(
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
     if run is not None:
-        refusals = [why for w in workers if (why := w.refuses(run))]
-        if run.spec.tag and len(refusals) == len(workers):
+        takers = [w for w in workers if w.refuses(run) is None]
+        if not takers and run.spec.tag and not any(w.tag == run.spec.tag for w in workers):
             return (
                 f"no live worker of pool {pool.name} takes tag {run.spec.tag}: "
                 f"start one with runplane-agent --pool {pool.name} --tag {run.spec.tag}"
             )
-        if workers and len(refusals) == len(workers):
-            return f"no live worker of pool {pool.name} takes this run: {refusals[0]}"
-        workers = [w for w in workers if w.refuses(run) is None]
+        if not takers and workers:
+            closest = [w for w in workers if w.tag == run.spec.tag] or list(workers)
+            return f"no live worker of pool {pool.name} takes this run: {closest[0].refuses(run)}"
+        workers = takers
     free = sum(w.free_slots for w in workers)
     registered = {w.id for w in workers}
     starting = len([s for s in (record.starting.values() if record else []) if s.worker_id not in registered])
@@ -222,6 +227,11 @@ def alive_workers(registry: WorkerRegistry, pool: str, now: float, stale_after: 
 
 def fresh(workers: Sequence[Worker], now: float, stale_after: float) -> list[Worker]:
     return [w for w in workers if now - w.heartbeat_at <= stale_after and w.status != "offline"]
+
+
+def _gist(reason: str | None) -> str:
+    """A decision without its countdowns, so a pass that only waits longer writes nothing."""
+    return re.sub(r"\d+s\b", "Ns", reason or "")
 
 
 @dataclass(frozen=True)
@@ -267,7 +277,7 @@ def dispatch_pool(
         retry_at=(rec.disabled_at + pool.retry_disabled_seconds) if rec.disabled_at is not None else None,
     )
     decision = plan_launches(pool, facts)
-    changed = rec != record or decision.launch > 0 or decision.reason != record.last_decision
+    changed = rec != record or decision.launch > 0 or _gist(decision.reason) != _gist(record.last_decision)
     rec.last_decision, rec.decided_at = decision.reason, now
     if decision.launch:
         rec.launching_since = rec.last_launch_at = now
@@ -301,13 +311,13 @@ def _launch(
     record = claimed
     for _ in range(5):
         after = record.model_copy(deep=True)
-        after.launching_since = None
+        if after.launching_since == claimed.launching_since:  # never clear a later dispatcher's claim
+            after.launching_since = None
         after.launched += len(launched)
         for job in launched:
             after.starting[job.id] = StartingJob(worker_id=job.worker_id, launched_at=now)
-        if error is not None:
-            missing = max(1, decision.launch - len(launched))
-            count_failures(pool, after, [f"launch failed: {error.message}"] * missing, now)
+        if error is not None:  # one refused call is one failure, however many workers it asked for
+            count_failures(pool, after, [f"launch failed: {error.message}"], now)
         try:
             ports.states.save(after)
             break

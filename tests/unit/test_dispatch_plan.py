@@ -219,3 +219,40 @@ def test_explain_wait_reads_the_pool_record():
     assert explain_wait(p, [worker(1, free=0)], None, failing).endswith(
         "(last launch error: launch failed: quota exceeded)"
     )
+
+
+def test_a_groups_own_or_tag_exclusive_workers_are_no_room_for_the_backlog():
+    own = Worker(id="w1", pool="p", free_slots=4, slots=4, started_at=0, heartbeat_at=0, group="vision")
+    exclusive = Worker(
+        id="w2", pool="p", free_slots=2, slots=2, started_at=0, heartbeat_at=0, tag="box", tag_exclusive=True
+    )
+    decision = plan_launches(pool(), PoolFacts(backlog=3, workers=[own, exclusive], jobs=[job(1), job(2)], now=0))
+    assert decision.launch == 3  # their 6 free slots do not count
+    shared = worker(3, free=3, slots=3)
+    assert plan_launches(pool(), PoolFacts(backlog=3, workers=[own, shared], jobs=[], now=0)).launch == 0
+
+
+def test_why_no_live_worker_takes_a_run():
+    from runplane.domain.models import Run, RunSpec
+    from runplane.services.dispatch import explain_wait
+
+    def run(tag=None):
+        spec = RunSpec.model_validate({"command": "x", **({"tag": tag} if tag else {})})
+        return Run(id="r", owner="ann", spec=spec, queue="p", created_at=0)
+
+    plain = worker(1)
+    reserved = Worker(id="w9", pool="p", started_at=0, heartbeat_at=0, tag="box", group="vision")
+    assert explain_wait(pool(), [plain], None, None, run(tag="gpu")) == (
+        "no live worker of pool p takes tag gpu: start one with runplane-agent --pool p --tag gpu"
+    )
+    assert explain_wait(pool(), [plain, reserved], None, None, run(tag="box")) == (
+        "no live worker of pool p takes this run: this worker serves group vision only and ann is not in it"
+    )
+    assert explain_wait(pool(), [plain, reserved], None, None, run()).startswith("1 free slot(s) on 1 worker(s)")
+
+
+def test_a_countdown_alone_is_not_a_change():
+    from runplane.services.dispatch import _gist
+
+    assert _gist("pacing: next launch in 20s") == _gist("pacing: next launch in 7s")
+    assert _gist("pacing: next launch in 20s") != _gist("no backlog")

@@ -218,7 +218,8 @@ class AwsBatchCompute(ComputeBackend):
                 page = self._call("list_jobs", self.client.list_jobs, **kwargs)
                 for summary in page.get("jobSummaryList", []):
                     name = str(summary.get("jobName", ""))
-                    if not name.startswith(prefix):
+                    # worker ids are "<pool>-<hex>": pool "a" must not take pool "a-"'s jobs
+                    if not name.startswith(prefix) or not name[len(prefix) :].startswith(f"{pool.name}-"):
                         continue
                     job_id = str(summary["jobId"])
                     jobs[job_id] = BackendJob(
