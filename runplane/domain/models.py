@@ -343,6 +343,8 @@ class StartingJob(BaseModel):
 
     worker_id: str
     launched_at: float
+    running_since: float | None = None
+    """When a dispatcher pass first saw the engine run it (start timeouts count from here)."""
 
 
 class PoolRecord(BaseModel):

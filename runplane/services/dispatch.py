@@ -121,8 +121,8 @@ def reconcile(
     """The record brought up to date with what the registry and the backend say.
 
     A launched worker whose agent registered is a success (it re-enables a disabled pool). One
-    whose job ended or vanished first, or whose job has run for ``start_timeout_seconds`` after
-    its launch without its agent registering, is a failed launch; the latter is cancelled. Jobs
+    whose job ended or vanished first, or whose job has run for ``start_timeout_seconds`` (from
+    the first pass that saw it running) without its agent registering, is a failed launch; the latter is cancelled. Jobs
     the record did not launch are never cancelled. ``ended`` holds the
     backend's ``describe`` of launched jobs that ``list`` no longer shows.
     """
@@ -157,12 +157,15 @@ def reconcile(
         # stack sharing the cluster or queue, and is never cancelled from here.
         if job.worker_id in registered or job.state != "running" or job.id not in rec.starting:
             continue
-        if now - rec.starting[job.id].launched_at > pool.start_timeout_seconds:
+        started = rec.starting[job.id]
+        if started.running_since is None:  # a job may wait long in the engine's queue: time from now on
+            started.running_since = now
+        if now - started.running_since > pool.start_timeout_seconds:
             cancel.append(job.id)
             rec.starting.pop(job.id, None)
             failures.append(
                 f"the agent of worker {job.worker_id} did not register within "
-                f"{pool.start_timeout_seconds:g}s of its launch; job {job.id} cancelled"
+                f"{pool.start_timeout_seconds:g}s of its job starting; job {job.id} cancelled"
             )
     if succeeded:
         rec.consecutive_failures = 0

@@ -147,12 +147,13 @@ def test_a_job_whose_agent_never_registers_is_cancelled(aws_stack, pool, backend
     t0 = time.time()
     assert dispatch_pool(pool, ports, [], t0, 30).launch == 1
     (job,) = backend.list(pool)
-    assert dispatch_pool(pool, ports, [], t0 + 30, 30).launch == 0  # still within the timeout
+    assert dispatch_pool(pool, ports, [], t0 + 30, 30).launch == 0  # seen running: the timeout starts
+    assert dispatch_pool(pool, ports, [], t0 + 90, 30).launch == 0  # 60 s: still within it
     assert [j.id for j in backend.list(pool)] == [job.id]
-    decision = dispatch_pool(pool, ports, [], t0 + 61, 30)
+    decision = dispatch_pool(pool, ports, [], t0 + 91, 30)
     assert decision.launch == 1  # the stuck one is cancelled and replaced
     assert job.id not in {j.id for j in backend.list(pool)}
     record = aws_stack.pool_states.get(pool.name)
     assert record.last_error == (
-        f"the agent of worker {job.worker_id} did not register within 60s of its launch; job {job.id} cancelled"
+        f"the agent of worker {job.worker_id} did not register within 60s of its job starting; job {job.id} cancelled"
     )

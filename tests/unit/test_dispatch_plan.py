@@ -183,15 +183,17 @@ def test_reconcile_cancels_a_running_job_whose_agent_never_registered():
         job(3, state="running", created=0),
         job(4, state="running", created=0),  # not launched by this record: another stack's, maybe
     ]
-    early = reconcile(p, rec, {"w3"}, jobs, {}, now=299)
+    first = reconcile(p, rec, {"w3"}, jobs, {}, now=1000)  # j1 waited 1000 s in the engine's queue
+    assert first.cancel == [] and first.record.starting["j1"].running_since == 1000
+    early = reconcile(p, first.record, {"w3"}, jobs, {}, now=1300)
     assert early.cancel == [] and early.record.failed_launches == 0
-    late = reconcile(p, rec, {"w3"}, jobs, {}, now=301)
+    late = reconcile(p, first.record, {"w3"}, jobs, {}, now=1301)
     # j1 ran 301 s without registering; j2 waits in the engine's queue (not the agent's fault);
     # j3's worker registered; j4 is not this record's to cancel
     assert late.cancel == ["j1"]
     assert late.record.starting == {}
-    assert (
-        late.record.last_error == "the agent of worker w1 did not register within 300s of its launch; job j1 cancelled"
+    assert late.record.last_error == (
+        "the agent of worker w1 did not register within 300s of its job starting; job j1 cancelled"
     )
 
 
