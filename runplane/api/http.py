@@ -19,9 +19,9 @@ from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
 from runplane.api.views import pool_view, run_view, worker_view
 from runplane.domain import errors
-from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.domain.models import PoolRecord, Principal, RunSpec, RunState, Worker
 from runplane.services import auth, runs
-from runplane.services.dispatch import alive_workers, explain_wait
+from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import outputs_prefix, read_logs
 
 logger = Logger(service="runplane-api")
@@ -163,6 +163,16 @@ def list_runs() -> dict[str, Any]:
     return {"runs": [run_view(r) for r in page.runs], "next_cursor": page.next_cursor}
 
 
+def _pool_record(pool: str) -> PoolRecord | None:
+    """The dispatcher's record of ``pool``; None if unreadable (what it adds is a courtesy: a
+    read never fails for it)."""
+    try:
+        return bootstrap.stack().pool_states.get(pool)
+    except errors.RunplaneError as e:
+        logger.warning("pool record of %s unreadable: %s", pool, e)
+        return None
+
+
 @app.get("/v1/runs/<run_id>")
 def get_run(run_id: str) -> dict[str, Any]:
     s = bootstrap.stack()
@@ -171,12 +181,7 @@ def get_run(run_id: str) -> dict[str, Any]:
     if run.state == RunState.QUEUED:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
         pool = s.pools.get(run.queue)
-        record = None
-        if pool is not None:
-            try:
-                record = s.pool_states.get(pool.name)
-            except errors.RunplaneError as e:  # the reason is a courtesy: never fail the read for it
-                logger.warning("pool record of %s unreadable: %s", pool.name, e)
+        record = _pool_record(pool.name) if pool is not None else None
         view["waiting_reason"] = explain_wait(pool, workers, run.waiting_reason, record, run)
     return view
 
@@ -216,11 +221,14 @@ def pools() -> dict[str, Any]:
     _principal()
     s = bootstrap.stack()
     now = s.clock()
+    by_pool: dict[str, list[Worker]] = {}
+    for worker in fresh(s.workers.list(), now, s.settings.worker_stale_seconds):  # one read for all pools
+        by_pool.setdefault(worker.pool, []).append(worker)
     out = []
     for pool in s.pools.pools:
         backlog = s.store.count(pool.name, RunState.QUEUED)
-        workers = alive_workers(s.workers, pool.name, now, s.settings.worker_stale_seconds)
-        out.append(pool_view(pool, backlog, workers, s.pool_states.get(pool.name)))
+        record = _pool_record(pool.name) or PoolRecord(pool=pool.name)
+        out.append(pool_view(pool, backlog, by_pool.get(pool.name, []), record))
     return {"pools": out}
 
 

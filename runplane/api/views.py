@@ -52,7 +52,7 @@ def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecor
         if worker.status in counts:
             counts[worker.status] += 1
     registered = {w.id for w in workers}
-    counts["starting"] += len([s for s in record.starting.values() if s.worker_id not in registered])
+    counts["starting"] += record.starting_among(registered)
     return {
         "name": pool.name,
         "backend": pool.backend,

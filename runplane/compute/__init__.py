@@ -48,11 +48,6 @@ def _kubernetes(settings: StackSettings) -> ComputeBackend:
 
 
 def _azure_batch(settings: StackSettings) -> ComputeBackend:
-    if not settings.azure_batch_account_url:
-        raise InvalidRequest(
-            "compute backend 'azure-batch' needs RUNPLANE_AZURE_BATCH_ACCOUNT_URL "
-            "(https://<account>.<region>.batch.azure.com)"
-        )
     try:
         from runplane.compute.azure_batch import AzureBatchCompute
     except ImportError as e:

@@ -371,6 +371,10 @@ class PoolRecord(BaseModel):
     last_decision: str | None = None
     decided_at: float | None = None
 
+    def starting_among(self, registered: set[str]) -> int:
+        """Launched workers whose agent is not among ``registered`` yet."""
+        return len([s for s in self.starting.values() if s.worker_id not in registered])
+
 
 WorkerStatus = Literal["starting", "idle", "busy", "draining", "offline"]
 

@@ -201,7 +201,7 @@ def explain_wait(
         workers = takers
     free = sum(w.free_slots for w in workers)
     registered = {w.id for w in workers}
-    starting = len([s for s in (record.starting.values() if record else []) if s.worker_id not in registered])
+    starting = record.starting_among(registered) if record else 0
     if free:
         why = f"{free} free slot(s) on {len(workers)} worker(s) of pool {pool.name}: it should start within seconds"
     elif record is not None and record.disabled_reason is not None:

@@ -100,4 +100,4 @@ def test_nvidia_smi_absent_means_no_gpus_here():
         assert len(detect_gpus()) == out.stdout.count("GPU ")
     else:
         assert _smi_gpus() is None
-        assert detect_gpus() == [] or _nvml_gpus()
+        assert detect_gpus() == (_nvml_gpus() or [])  # NVML alone (a driver without the tool), or none

@@ -9,7 +9,7 @@ import pytest
 
 from runplane.compute import BUILDERS
 from runplane.compute.aws_batch import AwsBatchCompute, job_definition_request, submit_job_request
-from runplane.compute.aws_batch.compute import stack_environment
+from runplane.compute.options import stack_environment
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool
 
@@ -105,8 +105,14 @@ def test_stack_environment_takes_runplane_settings_but_not_agent_args_or_keys():
         "AWS_ACCESS_KEY_ID": "k",
         "AWS_SECRET_ACCESS_KEY": "s",
         "HOME": "/root",
+        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": "AccountKey=secret",
     }
-    assert stack_environment(env) == {"RUNPLANE_PREFIX": "e2e"}
+    assert stack_environment(env, hide_credentials=True) == {"RUNPLANE_PREFIX": "e2e"}
+    # a cluster's workers have no identity of their own: there the stack's credentials go along
+    assert stack_environment(env, hide_credentials=False) == {
+        "RUNPLANE_PREFIX": "e2e",
+        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": "AccountKey=secret",
+    }
 
 
 class FakeBatch:

@@ -29,13 +29,12 @@ import json
 import math
 import os
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runplane.compute.options import credentials_in
+from runplane.compute.options import credentials_in, job_name, new_worker_id, stack_environment, worker_of
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
@@ -51,17 +50,6 @@ LIVE_STATES = {
     "STARTING": "pending",
     "RUNNING": "running",
 }
-
-
-def job_name(pool: str, worker_id: str) -> str:
-    return f"runplane-{pool}--{worker_id}"
-
-
-def stack_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The settings an agent needs to find the stack: every ``RUNPLANE_*`` variable of this
-    process except ``RUNPLANE_AGENT_ARGS`` (the agent arguments go on the command line)."""
-    env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k.startswith("RUNPLANE_") and k != "RUNPLANE_AGENT_ARGS"}
 
 
 def _options(pool: Pool) -> dict[str, Any]:
@@ -166,7 +154,9 @@ class AwsBatchCompute(ComputeBackend):
 
     def job_definition(self, pool: Pool) -> str:
         """The ARN of the pool's job definition, registered on first use and reused."""
-        request = job_definition_request(pool, stack_environment(self.environ))
+        request = job_definition_request(
+            pool, stack_environment(os.environ if self.environ is None else self.environ, hide_credentials=True)
+        )
         name = request["jobDefinitionName"]
         if name in self._definitions:
             return self._definitions[name]
@@ -192,7 +182,7 @@ class AwsBatchCompute(ComputeBackend):
         definition = self.job_definition(pool)
         jobs: list[BackendJob] = []
         for _ in range(count):
-            worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+            worker_id = new_worker_id(pool.name)
             request = submit_job_request(pool, worker_id, definition, agent_args)
             try:
                 done = self.client.submit_job(**request)
@@ -207,7 +197,6 @@ class AwsBatchCompute(ComputeBackend):
 
     def list(self, pool: Pool) -> list[BackendJob]:
         queue = _options(pool)["job_queue"]
-        prefix = f"runplane-{pool.name}--"
         jobs: dict[str, BackendJob] = {}
         for status, state in LIVE_STATES.items():
             token: str | None = None
@@ -217,16 +206,15 @@ class AwsBatchCompute(ComputeBackend):
                     kwargs["nextToken"] = token
                 page = self._call("list_jobs", self.client.list_jobs, **kwargs)
                 for summary in page.get("jobSummaryList", []):
-                    name = str(summary.get("jobName", ""))
-                    # worker ids are "<pool>-<hex>": pool "a" must not take pool "a-"'s jobs
-                    if not name.startswith(prefix) or not name[len(prefix) :].startswith(f"{pool.name}-"):
+                    worker_id = worker_of(str(summary.get("jobName", "")), pool.name)
+                    if worker_id is None:
                         continue
                     job_id = str(summary["jobId"])
                     jobs[job_id] = BackendJob(
                         job_id,
                         pool.name,
                         state,
-                        name[len(prefix) :],
+                        worker_id,
                         float(summary.get("createdAt", 0)) / 1000,
                         {"batch_status": status},
                     )
@@ -243,12 +231,11 @@ class AwsBatchCompute(ComputeBackend):
         """The job in any state; a FAILED job carries Batch's status reason (and the container's,
         e.g. CannotPullContainerError) in ``detail['reason']``."""
         job = self._find(job_id)
-        if job is None:
+        worker_id = worker_of(str(job.get("jobName", "")), pool.name) if job is not None else None
+        if job is None or worker_id is None:  # unknown, or another pool's job
             return None
         status = str(job.get("status", ""))
         state = LIVE_STATES.get(status) or ("finished" if status == "SUCCEEDED" else "failed")
-        name = str(job.get("jobName", ""))
-        prefix = f"runplane-{pool.name}--"
         detail: dict[str, Any] = {"batch_status": status}
         if state == "failed":
             container_reason = (job.get("container") or {}).get("reason")
@@ -258,7 +245,7 @@ class AwsBatchCompute(ComputeBackend):
             job_id,
             pool.name,
             state,
-            name[len(prefix) :] if name.startswith(prefix) else name,
+            worker_id,
             float(job.get("createdAt", 0)) / 1000,
             detail,
         )

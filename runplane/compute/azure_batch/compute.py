@@ -17,7 +17,6 @@ import json
 import re
 import shlex
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -26,6 +25,7 @@ from azure.core.pipeline.transport import HttpTransport
 
 from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions, parse_options
 from runplane.compute.azure_batch.rest import BatchClient, BatchServiceError
+from runplane.compute.options import job_name, new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
@@ -46,7 +46,7 @@ _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?
 
 
 def display_name(pool: str, worker_id: str) -> str:
-    return f"runplane-{pool}--{worker_id}"
+    return job_name(pool, worker_id)
 
 
 def stack_environment(settings: StackSettings) -> dict[str, str]:
@@ -164,7 +164,7 @@ def collection_chunks(tasks: Sequence[dict[str, Any]]) -> Iterator[list[dict[str
 
 
 def _new_worker_id(pool: Pool) -> str:
-    return f"{pool.name}-{uuid.uuid4().hex[:8]}"
+    return new_worker_id(pool.name)
 
 
 class AzureBatchCompute(ComputeBackend):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -29,6 +28,7 @@ from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
 from runplane.compute.kubernetes.options import KubernetesOptions, parse_options
+from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
@@ -284,7 +284,7 @@ class KubernetesCompute(ComputeBackend):
         batch = client.BatchV1Api(self._api(pool, options))
         jobs: list[BackendJob] = []
         for _ in range(count):
-            worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+            worker_id = new_worker_id(pool.name)
             manifest = job_manifest(pool, worker_id, agent_args, options)
             try:
                 created = self._call("create job", batch.create_namespaced_job, options.namespace, manifest)

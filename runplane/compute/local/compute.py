@@ -9,10 +9,10 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
@@ -57,7 +57,7 @@ class LocalCompute(ComputeBackend):
     def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
         jobs: list[BackendJob] = []
         for _ in range(count):
-            worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+            worker_id = new_worker_id(pool.name)
             log_path = self._dir(pool) / f"{worker_id}.log"
             env = dict(os.environ if self.env is None else self.env)
             try:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from runplane.compute.options import new_worker_id
 from runplane.compute.slurm.cli import Runner, SbatchTransport
 from runplane.compute.slurm.jobs import JobSpec, SlurmJob, backend_job, job_spec, render_script
 from runplane.compute.slurm.options import SlurmOptions, slurm_options
@@ -86,7 +86,7 @@ class SlurmCompute(ComputeBackend):
         python = options.python or self.python
         jobs: list[BackendJob] = []
         for _ in range(count):
-            worker_id = f"{pool.name}-{uuid.uuid4().hex[:8]}"
+            worker_id = new_worker_id(pool.name)
             spec = job_spec(pool, worker_id, log_dir, options)
             script = render_script(spec, agent_args, python)
             try:

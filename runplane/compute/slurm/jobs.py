@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runplane.compute.options import job_name, worker_of
 from runplane.compute.slurm.options import SlurmOptions, slurm_options
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob
@@ -33,18 +34,6 @@ FINISHED_STATES = frozenset({"COMPLETED", "CANCELLED"})
 # The warning the CLI path asks for: SIGTERM to the batch shell (the agent) a minute before
 # the time limit. slurmrestd's v0.0.38 cannot express the B: flag.
 WARNING_SIGNAL = "B:TERM@60"
-
-
-def job_name(pool: str, worker_id: str) -> str:
-    return f"runplane-{pool}--{worker_id}"
-
-
-def worker_of(name: str, pool: str) -> str | None:
-    """The worker id in a job name of ``pool``, or None for anyone else's job (worker ids start
-    with their pool's name, so pool ``a`` never claims the jobs of pool ``a-``)."""
-    prefix = job_name(pool, "")
-    worker_id = name[len(prefix) :]
-    return worker_id if name.startswith(prefix) and worker_id.startswith(f"{pool}-") else None
 
 
 def map_state(state: str) -> str:

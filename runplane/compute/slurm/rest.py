@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from runplane.compute.options import stack_environment
 from runplane.compute.slurm.jobs import JobSpec, SlurmJob, rest_job
 from runplane.domain.errors import BackendError
 
@@ -97,12 +98,6 @@ def token_claims(token: str) -> dict[str, Any]:
     if not isinstance(claims, dict):
         raise ValueError("not a JWT (its claims are not an object)")
     return claims
-
-
-def stack_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """What an agent needs to find the stack: the ``RUNPLANE_*`` settings (less the agent's
-    arguments, which go on its command line)."""
-    return {k: v for k, v in environ.items() if k.startswith("RUNPLANE_") and k != "RUNPLANE_AGENT_ARGS"}
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -207,7 +202,7 @@ class RestTransport:
 
     def environment(self, spec: JobSpec) -> dict[str, str]:
         environ = os.environ if self.environ is None else self.environ
-        return {"PATH": DEFAULT_PATH, **stack_environment(environ), **spec.environment}
+        return {"PATH": DEFAULT_PATH, **stack_environment(environ, hide_credentials=False), **spec.environment}
 
     def submit(self, spec: JobSpec, script: str) -> str:
         data = self.request("POST", "/job/submit", {"job": rest_job(spec, self.environment(spec)), "script": script})
