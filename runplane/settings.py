@@ -12,6 +12,17 @@ from pydantic import BaseModel, ConfigDict
 PREFIX = "RUNPLANE_"
 
 
+def parse_connection_string(connection_string: str) -> dict[str, str]:
+    """An Azure storage connection string's ``Key=Value;...`` pairs; values may contain '='
+    (account keys end in it)."""
+    parts = {}
+    for part in connection_string.split(";"):
+        name, sep, value = part.strip().partition("=")
+        if sep and name:
+            parts[name] = value
+    return parts
+
+
 class StackSettings(BaseModel):
     """Where the stores are and how the control plane behaves. Shared by every deployable.
 
@@ -52,7 +63,7 @@ class StackSettings(BaseModel):
         where = f"{self.cloud}|{self.aws_endpoint_url or ''}|{self.aws_region}|{self.runs_table or self.prefix}"
         if self.cloud == "azure":
             # the account's table endpoint (or its name), never its key
-            parts = dict(p.partition("=")[::2] for p in (self.azure_storage_connection_string or "").split(";"))
+            parts = parse_connection_string(self.azure_storage_connection_string or "")
             account = parts.get("TableEndpoint") or parts.get("AccountName") or self.azure_storage_account or ""
             where = f"azure|{account}|{self.runs_table or self.prefix}"
         return hashlib.sha256(where.encode()).hexdigest()[:12]

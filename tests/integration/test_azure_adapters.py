@@ -18,7 +18,7 @@ from azure.core.pipeline.transport import HttpTransport, RequestsTransportRespon
 from azure.storage.blob import BlobServiceClient
 
 from runplane.adapters.azure.blob import BlobObjectStore
-from runplane.adapters.azure.clients import connect, parse_connection_string
+from runplane.adapters.azure.clients import connect
 from runplane.adapters.azure.provision import AzureNames, deprovision, provision, table_name
 from runplane.adapters.azure.queues import (
     StorageQueueRunQueue,
@@ -40,7 +40,7 @@ from runplane.domain.errors import (
 )
 from runplane.domain.models import DispatchEvent, Event, Run, RunMessage, RunSpec, RunState, Worker
 from runplane.ports import Expect
-from runplane.settings import StackSettings
+from runplane.settings import StackSettings, parse_connection_string
 
 
 def make_run(i=0, owner="alice", queue="default", **spec):

@@ -13,6 +13,7 @@ from azure.storage.queue import ExponentialRetry as QueueRetry
 from azure.storage.queue import QueueServiceClient
 
 from runplane.domain.errors import InvalidRequest
+from runplane.settings import parse_connection_string
 
 # Large files go up in 8 MiB blocks, several at a time (BlobObjectStore.put_file).
 BLOCK_SIZE = 8 * 1024**2
@@ -32,20 +33,9 @@ class AzureClients:
     tables: TableServiceClient
     queues: QueueServiceClient
     blobs: BlobServiceClient
-    account_name: str
     account_key: str | None = None
     """The shared key when the connection string has one (SAS URLs are signed with it);
     None with a managed identity (SAS URLs are signed with a user delegation key)."""
-
-
-def parse_connection_string(connection_string: str) -> dict[str, str]:
-    """``Key=Value;...`` pairs; values may contain '=' (account keys end in it)."""
-    parts = {}
-    for part in connection_string.split(";"):
-        name, sep, value = part.strip().partition("=")
-        if sep and name:
-            parts[name] = value
-    return parts
 
 
 def connect(connection_string: str | None = None, account: str | None = None, credential: Any = None) -> AzureClients:
@@ -69,7 +59,6 @@ def connect(connection_string: str | None = None, account: str | None = None, cr
                     max_single_put_size=SINGLE_PUT_SIZE,
                     **_TIMEOUTS,
                 ),
-                account_name=name,
                 account_key=parts.get("AccountKey") or None,
             )
         except ValueError as e:
@@ -100,5 +89,4 @@ def connect(connection_string: str | None = None, account: str | None = None, cr
             max_single_put_size=SINGLE_PUT_SIZE,
             **_TIMEOUTS,
         ),
-        account_name=account,
     )

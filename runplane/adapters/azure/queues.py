@@ -2,7 +2,7 @@
 
 Bodies are the message's JSON, base64-encoded: the Azure Functions queue trigger decodes base64
 by default, so a function reads these messages as they are. A message received more than
-``max_dequeues`` times moves to ``<queue>-poison`` (the name the Functions host uses) instead of
+``MAX_DEQUEUES`` times moves to ``<queue>-poison`` (the name the Functions host uses) instead of
 being delivered again, like SQS's redrive to a dead-letter queue; so does a message that cannot
 be read. Storage Queues have no long poll: ``receive`` polls with a growing pause (injected
 ``sleep`` and ``clock``) and returns as soon as something arrives.
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 MAX_DEQUEUES = 5
 """Deliveries of one message before it moves to the poison queue (the Functions host's default)."""
+FIRST_PAUSE = 0.05  # seconds between empty polls at first, doubling up to MAX_PAUSE
+MAX_PAUSE = 1.0
 MESSAGE_TTL = 14 * 24 * 3600
 MAX_VISIBILITY = 7 * 24 * 3600
 _BATCH = 32  # the most messages one Get Messages call returns
@@ -68,19 +70,13 @@ class StorageQueueRunQueue:
         prefix: str,
         client: QueueServiceClient,
         *,
-        max_dequeues: int = MAX_DEQUEUES,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
-        first_pause: float = 0.05,
-        max_pause: float = 1.0,
     ) -> None:
         self.prefix = prefix
         self.client = client
-        self.max_dequeues = max_dequeues
         self.sleep = sleep
         self.clock = clock
-        self.first_pause = first_pause
-        self.max_pause = max_pause
         self._queues: dict[str, QueueClient] = {}
 
     def _queue(self, name: str) -> QueueClient:
@@ -105,14 +101,14 @@ class StorageQueueRunQueue:
 
     def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
         deadline = self.clock() + max(0.0, wait_seconds)
-        pause = self.first_pause
+        pause = FIRST_PAUSE
         while True:
             deliveries = self._receive_once(pool, max(1, min(_BATCH, max_messages)), visibility_seconds)
             left = deadline - self.clock()
             if deliveries or left <= 0:
                 return deliveries
             self.sleep(min(pause, left))
-            pause = min(pause * 2, self.max_pause)
+            pause = min(pause * 2, MAX_PAUSE)
 
     def _receive_once(self, pool: str, count: int, visibility_seconds: int) -> list[Delivery]:
         name = pool_queue_name(self.prefix, pool)
@@ -130,7 +126,7 @@ class StorageQueueRunQueue:
             raise BackendError(f"receive from pool {pool}: {error_code(e) or e.message}") from e
         deliveries = []
         for msg in messages:
-            if msg.dequeue_count is not None and msg.dequeue_count > self.max_dequeues:
+            if msg.dequeue_count is not None and msg.dequeue_count > MAX_DEQUEUES:
                 self._to_poison(name, msg, f"received {msg.dequeue_count} times")
                 continue
             try:

@@ -116,6 +116,19 @@ def _failure(e: AzureError, what: str) -> RunplaneError:
     return BackendError(f"{what} failed: {code or e.__class__.__name__}: {e.message}")
 
 
+def _get(table: TableClient, partition: str, row: str, what: str) -> Any | None:
+    """One entity, or None when it does not exist; a missing table or any other failure raises
+    (the table's absence is a broken deployment, not a missing entity)."""
+    try:
+        return table.get_entity(partition, row)
+    except ResourceNotFoundError as e:
+        if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+            raise _failure(e, what) from e
+        return None
+    except AzureError as e:
+        raise _failure(e, what) from e
+
+
 def _encode_cursor(row_key: str) -> str:
     return base64.urlsafe_b64encode(json.dumps({"after": row_key}).encode()).decode()
 
@@ -181,28 +194,18 @@ class TableRunStore:
 
     def _read(self, queue: str, run_id: str) -> tuple[Run, str]:
         """The run and its ETag. Raises NotFound."""
-        try:
-            entity = self.table.get_entity(self._partition(queue), f"run:{key(run_id)}")
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "read run") from e
-            raise NotFound(f"run {run_id} not found") from e
-        except AzureError as e:
-            raise _failure(e, "read run") from e
+        entity = _get(self.table, self._partition(queue), f"run:{key(run_id)}", "read run")
+        if entity is None:
+            raise NotFound(f"run {run_id} not found")
         return Run.model_validate(unpack(entity)), str(entity.metadata["etag"])
 
     def _queue_of(self, run_id: str) -> str:
         queue = self._queues.get(run_id)
         if queue is not None:
             return queue
-        try:
-            entity = self.table.get_entity(f"id:{key(run_id)}", "")
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "read run") from e
-            raise NotFound(f"run {run_id} not found") from e
-        except AzureError as e:
-            raise _failure(e, "read run") from e
+        entity = _get(self.table, f"id:{key(run_id)}", "", "read run")
+        if entity is None:
+            raise NotFound(f"run {run_id} not found")
         self._remember(run_id, str(entity["queue"]))
         return str(entity["queue"])
 
@@ -343,15 +346,8 @@ class TableRunStore:
                         return Page(runs, _encode_cursor(row))
 
     def _maybe(self, queue: str, escaped_id: str) -> Run | None:
-        try:
-            entity = self.table.get_entity(self._partition(queue), f"run:{escaped_id}")
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "list runs") from e
-            return None
-        except AzureError as e:
-            raise _failure(e, "list runs") from e
-        return Run.model_validate(unpack(entity))
+        entity = _get(self.table, self._partition(queue), f"run:{escaped_id}", "list runs")
+        return Run.model_validate(unpack(entity)) if entity is not None else None
 
     def _scan(
         self, partition: str, after: str, before: str, page: int, what: str, select: tuple[str, ...] = ()
@@ -407,14 +403,9 @@ class TableWorkerRegistry:
             raise _failure(e, "record worker") from e
 
     def get(self, worker_id: str) -> Worker:
-        try:
-            entity = self.table.get_entity(self.PARTITION, key(worker_id))
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "read worker") from e
-            raise NotFound(f"worker {worker_id} not found") from e
-        except AzureError as e:
-            raise _failure(e, "read worker") from e
+        entity = _get(self.table, self.PARTITION, key(worker_id), "read worker")
+        if entity is None:
+            raise NotFound(f"worker {worker_id} not found")
         if float(entity["expires_at"]) < self.clock():
             raise NotFound(f"worker {worker_id} not found (its record expired)")
         return Worker.model_validate(unpack(entity))
@@ -459,15 +450,8 @@ class TableTokenStore:
         self.table = table
 
     def lookup(self, token_hash: str) -> Principal | None:
-        try:
-            entity = self.table.get_entity(key(token_hash), "")
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "read token") from e
-            return None
-        except AzureError as e:
-            raise _failure(e, "read token") from e
-        return Principal.model_validate(unpack(entity))
+        entity = _get(self.table, key(token_hash), "", "read token")
+        return Principal.model_validate(unpack(entity)) if entity is not None else None
 
     def put(self, token_hash: str, principal: Principal) -> None:
         entity = {"PartitionKey": key(token_hash), "RowKey": "", **pack(principal.model_dump(mode="json"), "token")}
@@ -487,14 +471,9 @@ class TablePoolStateStore:
         self.table = table
 
     def _read(self, pool: str) -> tuple[PoolRecord | None, str]:
-        try:
-            entity = self.table.get_entity(self.PARTITION, key(pool))
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "read pool record") from e
+        entity = _get(self.table, self.PARTITION, key(pool), "read pool record")
+        if entity is None:
             return None, ""
-        except AzureError as e:
-            raise _failure(e, "read pool record") from e
         return PoolRecord.model_validate(unpack(entity)), str(entity.metadata["etag"])
 
     def get(self, pool: str) -> PoolRecord:
@@ -508,22 +487,22 @@ class TablePoolStateStore:
             "version": stored.version,
             **pack(stored.model_dump(mode="json"), f"pool record {record.pool}"),
         }
-        for _ in range(MAX_WRITE_TRIES):
-            current, etag = self._read(record.pool)
-            if current is not None and current.version != record.version:
-                raise ConditionFailed(
-                    f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
+        changed = ConditionFailed(
+            f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
+        )
+        current, etag = self._read(record.pool)
+        if current is not None and current.version != record.version:
+            raise changed
+        try:
+            if current is None:
+                self.table.create_entity(entity)
+            else:
+                self.table.update_entity(
+                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
                 )
-            try:
-                if current is None:
-                    self.table.create_entity(entity)
-                else:
-                    self.table.update_entity(
-                        entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
-                    )
-            except (ResourceExistsError, ResourceModifiedError):
-                continue  # written since our read: check the version again
-            except AzureError as e:
-                raise _failure(e, "write pool record") from e
-            return stored
-        raise BackendError(f"pool {record.pool}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
+        except (ResourceExistsError, ResourceModifiedError) as e:
+            # written since our read: every write bumps the version, so ours is stale
+            raise changed from e
+        except AzureError as e:
+            raise _failure(e, "write pool record") from e
+        return stored
