@@ -32,6 +32,8 @@ from typing import Any
 
 from _common import agent_pids, dev_stack, median, ratio_line, table
 
+from runplane.domain.models import TERMINAL_STATES
+
 TARGET = 2.0
 IMAGE = "runplane/test-busybox:1"
 AGENT_ARGS = "--poll-seconds 1 --heartbeat-seconds 1 --lease-seconds 10 --kill-poll-seconds 0.5 --network-mode host"
@@ -46,7 +48,7 @@ OUTPUT_MOUNT = "/runplane/output"
 PIDS_LIMIT = 4096
 POLL_SECONDS = 0.02
 RUN_TIMEOUT = 30.0
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
+TERMINAL = TERMINAL_STATES  # RunState is a StrEnum: the API's strings match
 STEPS = [  # (label, from event state, to event state)
     ("submitted -> claimed", "queued", "preparing"),
     ("claimed -> started", "preparing", "running"),

@@ -29,6 +29,8 @@ from pathlib import Path
 
 from _common import ROOT, dev_stack, median, ratio_line, table
 
+from runplane.domain.models import TERMINAL_STATES
+
 IMAGE = "runplane/test-busybox:1"
 AGENT_ARGS = "--poll-seconds 1 --heartbeat-seconds 1 --lease-seconds 10"
 POOLS_YAML = f"""pools:
@@ -57,8 +59,7 @@ def stack_round(client, pool: str) -> float:
     run = client.request("POST", "/v1/runs", {"command": "true", "queue": pool})
     wait(lambda: live_worker(client, pool), 120, f"a {pool} worker to register")
     elapsed = time.perf_counter() - t0
-    terminal = {"succeeded", "failed", "killed", "timed_out"}
-    wait(lambda: client.request("GET", f"/v1/runs/{run['id']}")["state"] in terminal, 120, "the run to end")
+    wait(lambda: client.request("GET", f"/v1/runs/{run['id']}")["state"] in TERMINAL_STATES, 120, "the run to end")
     return elapsed
 
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.cli.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
-from runplane.domain.models import Principal
+from runplane.domain.models import TERMINAL_STATES, Principal
 from runplane.domain.pools import dump_pools, load_pools
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
@@ -251,10 +251,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1
         time.sleep(interval)
 
 
-def wait_state(client: Client, run_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:
+TERMINAL = frozenset(str(state) for state in TERMINAL_STATES)
+"""The final states, as the API writes them."""
+
+
+def wait_state(client: Client, run_id: str, states: Iterable[str], timeout: float = 60) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         run = client.request("GET", f"/v1/runs/{run_id}")
-        return run if run["state"] in states else None
+        return run if run["state"] in set(states) else None
 
     return wait_for(check, timeout, 0.1, f"run {run_id} to reach {states}")
 

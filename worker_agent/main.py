@@ -171,6 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     worker_id = args.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
     root = Path(args.work_dir).expanduser()
     work_dir = root / worker_id
+    # configuration first (exit 2), then what the machine must offer (exit 1)
+    try:
+        stack = build_stack()
+    except (ValueError, RunplaneError) as e:  # a bad RUNPLANE_* setting or pools file
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 2
+    if stack.pools.get(args.pool) is None:
+        print(f"runplane-agent: error: unknown pool {args.pool!r}", file=sys.stderr)
+        return 2
     try:
         client = docker.from_env(max_pool_size=64)
         client.ping()
@@ -181,14 +190,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpus = select_gpus(detect_gpus(), args.gpuset)
     except ValueError as e:
         print(f"runplane-agent: error: {e}", file=sys.stderr)
-        return 2
-    try:
-        stack = build_stack()
-    except (ValueError, RunplaneError) as e:  # a bad RUNPLANE_* setting or pools file
-        print(f"runplane-agent: error: {e}", file=sys.stderr)
-        return 2
-    if stack.pools.get(args.pool) is None:
-        print(f"runplane-agent: error: unknown pool {args.pool!r}", file=sys.stderr)
         return 2
     agent = Agent(
         AgentConfig(

@@ -15,10 +15,9 @@ import pytest
 from runplane import bootstrap
 from runplane.domain.models import RunState
 from runplane.ports import Expect
-from tests.conftest import wait_for, wait_state
+from tests.conftest import TERMINAL, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 FAST = [
     "--lease-seconds",
     "4",

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_for, wait_state
+from tests.conftest import TERMINAL, wait_for, wait_state
 from tests.e2e.test_agent import FAST as AGENT_FAST
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 # What the local stack put in os.environ that an agent needs to find DynamoDB, SQS and S3.
 STACK_ENV = [
     "RUNPLANE_AWS_ENDPOINT_URL",

@@ -6,10 +6,9 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from tests.conftest import batch_queue, wait_for, wait_state
+from tests.conftest import TERMINAL, batch_queue, wait_for, wait_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 
 
 @pytest.fixture(scope="module")

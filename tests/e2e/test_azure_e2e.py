@@ -7,10 +7,9 @@ import urllib.request
 import pytest
 
 from runplane.cli.client import Client
-from tests.conftest import wait_for, wait_state
+from tests.conftest import TERMINAL, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 
 
 @pytest.fixture(scope="module")

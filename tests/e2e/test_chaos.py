@@ -17,11 +17,11 @@ import pytest
 
 from runplane import bootstrap
 from runplane.domain.models import RunState
+from tests.conftest import TERMINAL
 from tests.e2e.test_agent import FAST
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 RUNS = 100
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 KEEP = Path(tempfile.gettempdir()) / "runplane-chaos-logs"
 
 

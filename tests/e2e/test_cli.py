@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from tests.conftest import wait_for
+
 pytestmark = pytest.mark.docker
 
 
@@ -46,11 +48,13 @@ def test_logs_ls_kill(devstack, docker_client, tmp_path):
     assert run_id.startswith("r-")
     ls = cli(devstack, "ls", "--limit", "5", home=tmp_path)
     assert run_id in ls.stdout
+    wait_for(lambda: cli(devstack, "logs", run_id, home=tmp_path).stdout == "one\n", 60, 0.2, "its first line")
     kill = cli(devstack, "kill", home=tmp_path)
     assert kill.returncode == 0
     assert run_id in kill.stderr
-    logs = cli(devstack, "logs", "-f", run_id, home=tmp_path)
-    assert logs.returncode == 0
+    logs = cli(devstack, "logs", "-f", run_id, home=tmp_path)  # follows to the end: the run is killed
+    assert (logs.returncode, logs.stdout) == (0, "one\n")
+    assert '"state": "killed"' in cli(devstack, "status", "--json", run_id, home=tmp_path).stdout
 
 
 @pytest.mark.parametrize(

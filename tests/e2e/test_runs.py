@@ -12,10 +12,9 @@ import pytest
 
 from runplane import bootstrap
 from runplane.domain.models import RunMessage
-from tests.conftest import wait_for, wait_state
+from tests.conftest import TERMINAL, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
-TERMINAL = {"succeeded", "failed", "killed", "timed_out"}
 
 
 def submit(client, command, **extra):

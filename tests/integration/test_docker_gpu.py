@@ -1,44 +1,33 @@
-"""On the real engine (which has no NVIDIA runtime here): a GPU request fails with a clear
-reason and leaves no container behind."""
+"""On the real engine (which has no NVIDIA runtime here): a run given a GPU fails with a clear
+reason, through the agent's own executor, and leaves no container behind."""
 
-from pathlib import Path
+import time
 
-import docker.errors
 import pytest
 
-from runplane.domain.models import Run, RunSpec
-from worker_agent.executor import ExecutorConfig, _create_failure, container_spec
+from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.services import lifecycle
+from runplane.services.runs import submit_run
+from worker_agent.executor import ExecutorConfig, Ports, RunExecutor
 from worker_agent.resources import Allocation, Gpu
 
 pytestmark = pytest.mark.docker
 
 
-def test_gpu_request_without_nvidia_runtime(docker_client, tmp_path):
-    run = Run(
-        id="r-gputest",
-        owner="a",
-        queue="q",
-        attempt=1,
-        created_at=0,
-        spec=RunSpec(command="true", resources={"gpus": 1, "memory": "64m"}),
-    )
+def test_gpu_run_without_nvidia_runtime_fails_gpu_unavailable(docker_client, aws_stack, tmp_path):
+    s = aws_stack
+    spec = RunSpec.model_validate({"command": "true", "queue": "manual", "resources": {"memory": "64m"}})
+    queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
+    run = lifecycle.claim(s.store, queued, 0, "w-gpu", lease_seconds=60, now=time.time())
     gpu = Gpu(0, "GPU-00000000-0000-0000-0000-000000000000")
-    spec = container_spec(
-        run,
-        "runplane/test-busybox:1",
-        ExecutorConfig(worker_id="w", work_dir=tmp_path),
-        Path(tmp_path),
-        Allocation(cpus=(0,), gpus=(gpu,)),
+    config = ExecutorConfig(worker_id="w-gpu", work_dir=tmp_path, stack_id=s.settings.stack_id())
+    executor = RunExecutor(
+        run, Ports(s.store, s.queue, s.objects), docker_client, config, time.time, allocation=Allocation((0,), (gpu,))
     )
-    container = None
-    try:
-        container = docker_client.containers.create(**spec)
-        with pytest.raises(docker.errors.APIError) as info:
-            container.start()
-    finally:
-        if container is not None:
-            container.remove(force=True)
-    outcome = _create_failure(info.value, Allocation(cpus=(0,), gpus=(gpu,)), "start")
-    assert outcome.reason == "gpu_unavailable"
-    assert "no working NVIDIA runtime" in outcome.message
-    assert not docker_client.containers.list(all=True, sparse=True, filters={"name": "runplane-r-gputest-1"})
+    executor.run_safely()  # in this thread: create, start (refused by the engine), final state
+    final = s.store.get(run.id)
+    assert final.state == RunState.FAILED
+    assert final.failure is not None and final.failure.reason == "gpu_unavailable"
+    assert "no working NVIDIA runtime" in final.failure.message
+    label = f"io.runplane.run_id={run.id}"
+    assert docker_client.containers.list(all=True, sparse=True, filters={"label": label}) == []

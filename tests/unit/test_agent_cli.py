@@ -68,6 +68,6 @@ def test_bad_pools_setting_is_one_line(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "worker_agent", "--pool", "p"], capture_output=True, text=True, timeout=60, env=env
     )
-    assert proc.returncode in (1, 2)
+    assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    assert proc.stderr.startswith("runplane-agent: error:")
+    assert proc.stderr.startswith("runplane-agent: error:") and "missing.yaml" in proc.stderr
