@@ -82,6 +82,7 @@ class Agent:
         )
         self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
         self.active: dict[str, RunExecutor] = {}
+        self.cached_inputs = inputs.entries() if inputs is not None else 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._slot_freed = threading.Event()
@@ -262,6 +263,7 @@ class Agent:
         try:
             if self.inputs is not None:
                 self.inputs.evict()
+                self.cached_inputs = self.inputs.entries()  # counted here, not at every heartbeat
             if self.images is not None:
                 self.images.prune()
         except (OSError, docker.errors.DockerException) as e:
@@ -315,7 +317,7 @@ class Agent:
                     gpu_ids=[g.uuid for g in self.allocator.gpus],
                     free_cpus=float(free_cpus),
                     free_gpus=free_gpus,
-                    cached_inputs=self.inputs.entries() if self.inputs is not None else 0,
+                    cached_inputs=self.cached_inputs,
                     memory=self.config.memory,
                     runs=runs,
                     runs_done=self.finished,

@@ -366,7 +366,7 @@ class RunExecutor:
                 exited.wait(10)
                 break
             self._flush_logs(only_due=True)
-        self._sample_usage()
+        self._sample_usage(final=True)
         for t in followers:
             t.join(timeout=5)
         self._flush_logs()
@@ -420,7 +420,7 @@ class RunExecutor:
             if "is not running" not in str(e):
                 log.warning("run %s: kill failed: %s", self.run.id, e)
 
-    def _sample_usage(self) -> None:
+    def _sample_usage(self, final: bool = False) -> None:
         sample: Sample | None = read_cgroup(self.container.id)
         if sample is None:
             try:
@@ -432,7 +432,9 @@ class RunExecutor:
                 self.usage.cpu_seconds = round(sample.cpu_seconds, 3)
             if sample.memory_peak is not None:
                 self.usage.memory_peak = max(self.usage.memory_peak or 0, sample.memory_peak)
-        self.usage.disk = dir_size(self.output_dir)
+        # while it runs, the walk stops once past the limit: that is all the check needs
+        limit = None if final else self.run.spec.resources.disk
+        self.usage.disk = dir_size(self.output_dir, stop_after=limit)
 
     def _flush_logs(self, only_due: bool = False) -> None:
         for shipper in self.shippers.values():

@@ -214,6 +214,12 @@ def test_inputs_are_mounted_read_only(docker_client, alice):
     assert read_all(alice, run["id"]) == "weights\nrows\nread-only\n"
     assert "inputs" in done["usage"]["timings"]
 
+    def cached(worker_id):
+        return next(w["cached_inputs"] for w in alice.request("GET", "/v1/workers")["workers"] if w["id"] == worker_id)
+
+    # the worker reports its cache (counted between runs) at its next heartbeat
+    wait_for(lambda: cached(done["worker_id"]) >= 2, 30, 0.2, "the worker to report its cached inputs")
+
 
 def test_missing_input_is_input_unavailable(docker_client, alice):
     bucket = bootstrap.stack().objects.bucket
