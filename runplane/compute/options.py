@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping
-from typing import Annotated
+from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel, ValidationError
+
+from runplane.domain.errors import InvalidRequest
+from runplane.domain.models import Pool
+
+Options = TypeVar("Options", bound=BaseModel)
 
 CREDENTIAL_NAMES = frozenset(
     {
@@ -67,3 +72,25 @@ def _absolute(path: str) -> str:
 
 
 AbsolutePath = Annotated[str, AfterValidator(_absolute)]
+
+
+def _problem(error: Any, known: str) -> str:
+    where = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown option {where!r}" + (f" (known: {known})" if len(error["loc"]) == 1 else "")
+    if error["type"] == "missing":
+        return f"{where}: required"
+    cause = error.get("ctx", {}).get("error")
+    message = str(cause) if cause is not None else str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message
+
+
+def check_options(model: type[Options], pool: Pool) -> Options:
+    """``pool.options`` checked against ``model`` (pydantic, ``extra="forbid"``). Raises
+    InvalidRequest naming every problem: ``pool P: bad <backend> options: a: ...; b: ...``."""
+    try:
+        return model.model_validate(pool.options)
+    except ValidationError as e:
+        known = ", ".join(model.model_fields)
+        problems = "; ".join(_problem(error, known) for error in e.errors())
+        raise InvalidRequest(f"pool {pool.name}: bad {pool.backend} options: {problems}") from e

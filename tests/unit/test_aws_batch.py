@@ -92,10 +92,15 @@ def test_submit_job_request_is_exact():
 
 def test_job_queue_is_required_and_credentials_are_refused():
     bare = pool().model_copy(update={"options": {}})
-    with pytest.raises(InvalidRequest, match=r"needs options\.job_queue"):
+    with pytest.raises(InvalidRequest, match=r"^pool batch: bad aws-batch options: job_queue: required$"):
         job_definition_request(bare, STACK_ENV)
-    with pytest.raises(InvalidRequest, match="AWS_SECRET_ACCESS_KEY"):
+    with pytest.raises(InvalidRequest, match=r"environment: must not hold credentials \(AWS_SECRET_ACCESS_KEY"):
         job_definition_request(pool(environment={"AWS_SECRET_ACCESS_KEY": "x"}), STACK_ENV)
+    typo = pool().model_copy(update={"options": {**pool().options, "enviroment": {"A": "1"}}})
+    with pytest.raises(InvalidRequest, match=r"unknown option 'enviroment' \(known: job_queue, image"):
+        job_definition_request(typo, STACK_ENV)
+    with pytest.raises(InvalidRequest, match="work_dir: 'data' is not an absolute path"):
+        job_definition_request(pool(work_dir="data"), STACK_ENV)
 
 
 def test_stack_environment_takes_runplane_settings_but_not_agent_args_or_keys():
@@ -115,8 +120,9 @@ def test_stack_environment_takes_runplane_settings_but_not_agent_args_or_keys():
     }
 
 
-class FakeBatch:
-    """Records calls; answers list_jobs from canned pages."""
+class PagedListJobs:
+    """Answers list_jobs from canned pages. moto's Batch (the integration contract) cannot be made
+    to page, since the backend sends no maxResults; everything else runs against moto."""
 
     def __init__(self, pages: dict[tuple[str, str | None], dict[str, Any]]) -> None:
         self.pages = pages
@@ -126,34 +132,13 @@ class FakeBatch:
         self.calls.append(("list_jobs", kwargs))
         return self.pages.get((kwargs["jobStatus"], kwargs.get("nextToken")), {"jobSummaryList": []})
 
-    def describe_job_definitions(self, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("describe_job_definitions", kwargs))
-        return {"jobDefinitions": []}
-
-    def register_job_definition(self, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("register_job_definition", kwargs))
-        return {"jobDefinitionArn": "arn:def:1"}
-
-    def submit_job(self, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("submit_job", kwargs))
-        return {"jobId": f"j{len(self.calls)}"}
-
-    def describe_jobs(self, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("describe_jobs", kwargs))
-        status = {"live": "RUNNING", "done": "SUCCEEDED"}.get(kwargs["jobs"][0])
-        return {"jobs": [{"jobId": kwargs["jobs"][0], "status": status}] if status else []}
-
-    def terminate_job(self, **kwargs: Any) -> dict[str, Any]:
-        self.calls.append(("terminate_job", kwargs))
-        return {}
-
 
 def summary(job_id: str, name: str, created_ms: int = 1_700_000_000_000) -> dict[str, Any]:
     return {"jobId": job_id, "jobName": name, "createdAt": created_ms}
 
 
 def test_list_follows_next_token_for_every_live_status_and_keeps_this_pools_jobs():
-    fake = FakeBatch(
+    fake = PagedListJobs(
         {
             ("RUNNABLE", None): {
                 "jobSummaryList": [summary("a", "runplane-batch--batch-1"), summary("x", "runplane-other--o-1")],
@@ -177,27 +162,6 @@ def test_list_follows_next_token_for_every_live_status_and_keeps_this_pools_jobs
         {"jobQueue": "q1", "jobStatus": "RUNNABLE", "nextToken": "t1"},
         {"jobQueue": "q1", "jobStatus": "STARTING"},
         {"jobQueue": "q1", "jobStatus": "RUNNING"},
-    ]
-
-
-def test_launch_registers_the_definition_once():
-    fake = FakeBatch({})
-    compute = AwsBatchCompute(fake, environ=STACK_ENV, clock=lambda: 5.0)
-    jobs = compute.launch(pool(), 2, ["--pool", "batch"]) + compute.launch(pool(), 1, ["--pool", "batch"])
-    names = [c[0] for c in fake.calls]
-    assert names == ["describe_job_definitions", "register_job_definition", "submit_job", "submit_job", "submit_job"]
-    assert fake.calls[0][1]["status"] == "ACTIVE"
-    assert all(c[1]["jobDefinition"] == "arn:def:1" for c in fake.calls if c[0] == "submit_job")
-    assert [j.state for j in jobs] == ["pending"] * 3 and len({j.worker_id for j in jobs}) == 3
-
-
-def test_cancel_terminates_live_jobs_only():
-    fake = FakeBatch({})
-    compute = AwsBatchCompute(fake, environ={})
-    for job_id in ("live", "done", "gone"):
-        compute.cancel(pool(), job_id)
-    assert [c for c in fake.calls if c[0] == "terminate_job"] == [
-        ("terminate_job", {"jobId": "live", "reason": "runplane: cancelled"})
     ]
 
 

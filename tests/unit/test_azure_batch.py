@@ -476,25 +476,25 @@ def test_account_url_must_be_an_https_account_root(url):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({}, "options.job_id: required"),
-        ({"job_id": "a/b"}, "options.job_id: String should match pattern"),
-        ({"job_id": "j", "jobid": "x"}, "options.jobid: unknown option (known: job_id, batch_pool_id, image"),
-        ({"job_id": "j", "max_wall_clock": "soon"}, "options.max_wall_clock: cannot read duration 'soon'"),
-        ({"job_id": "j", "work_dir": "data"}, "options.work_dir: 'data' is not an absolute path"),
-        ({"job_id": "j", "container_run_options": "--label 'x"}, "options.container_run_options: cannot split"),
-        ({"job_id": "j", "elevation_level": "root"}, "options.elevation_level: Input should be 'admin' or 'nonadmin'"),
-        ({"job_id": "j", "required_slots": 0}, "options.required_slots: Input should be greater than or equal to 1"),
+        ({}, "job_id: required"),
+        ({"job_id": "a/b"}, "job_id: String should match pattern"),
+        ({"job_id": "j", "jobid": "x"}, "unknown option 'jobid' (known: job_id, batch_pool_id, image"),
+        ({"job_id": "j", "max_wall_clock": "soon"}, "max_wall_clock: cannot read duration 'soon'"),
+        ({"job_id": "j", "work_dir": "data"}, "work_dir: 'data' is not an absolute path"),
+        ({"job_id": "j", "container_run_options": "--label 'x"}, "container_run_options: cannot split"),
+        ({"job_id": "j", "elevation_level": "root"}, "elevation_level: Input should be 'admin' or 'nonadmin'"),
+        ({"job_id": "j", "required_slots": 0}, "required_slots: Input should be greater than or equal to 1"),
         (
             {"job_id": "j", "environment": {"RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": "x"}},
-            "options.environment: must not hold credentials (RUNPLANE_AZURE_STORAGE_CONNECTION_STRING)",
+            "environment: must not hold credentials (RUNPLANE_AZURE_STORAGE_CONNECTION_STRING)",
         ),
         ({"job_id": "j", "environment": {"1X": "y"}}, "'1X' is not a valid environment variable name"),
-        ({"job_id": "j", "registry": {"server": "r.azurecr.io"}}, "options.registry.identity: required"),
+        ({"job_id": "j", "registry": {"server": "r.azurecr.io"}}, "registry.identity: required"),
         ({"job_id": "j", "output_identity": "me"}, "must be the ARM id of a user-assigned managed identity"),
         ({"job_id": "j", "output_container_url": "https://a.blob.core.windows.net/"}, "must be https://<account>"),
         (
             {"job_id": "j", "output_container_url": "https://a.blob.core.windows.net/logs"},
-            "options.output_container_url needs a SAS token with write permission, or options.output_identity",
+            "output_container_url needs a SAS token with write permission, or options.output_identity",
         ),
     ],
 )
@@ -502,7 +502,7 @@ def test_bad_options_are_refused_with_a_clear_message(options, message):
     bad = Pool(name="gpu", backend="azure-batch", cpus=1, memory="1g", default_image="x", options=options)
     with pytest.raises(InvalidRequest) as info:
         parse_options(bad)
-    assert str(info.value).startswith("pool gpu (azure-batch): ")
+    assert str(info.value).startswith("pool gpu: bad azure-batch options: ")
     assert message in str(info.value)
 
 

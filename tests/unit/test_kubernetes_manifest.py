@@ -171,7 +171,7 @@ def test_option_errors_name_the_option(options, message):
     )
     with pytest.raises(InvalidRequest) as err:
         parse_options(p)
-    assert err.value.message.startswith("pool gpu: invalid kubernetes options: ")
+    assert err.value.message.startswith("pool gpu: bad kubernetes options: ")
     assert message in err.value.message
 
 
@@ -180,7 +180,7 @@ def test_image_is_required_and_every_problem_is_reported_at_once():
     with pytest.raises(InvalidRequest) as err:
         parse_options(p)
     assert err.value.message == (
-        "pool gpu: invalid kubernetes options: image: Field required; namespace: Input should be a valid string"
+        "pool gpu: bad kubernetes options: image: required; namespace: Input should be a valid string"
     )
 
 

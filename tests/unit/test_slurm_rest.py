@@ -160,7 +160,7 @@ def test_a_reply_that_is_not_json_is_an_error_even_with_status_200():
         ({"jwt_token_file": "/t"}, "jwt_token_file needs rest_url"),
         ({"job_fields": {"qos": "x"}}, "job_fields needs rest_url"),
         ({"environment": {"AWS_SECRET_ACCESS_KEY": "k"}}, "environment: must not hold credentials"),
-        ({"partiton": "gpu"}, "partiton: Extra inputs are not permitted"),
+        ({"partiton": "gpu"}, "unknown option 'partiton' (known: "),
         ({"sbatch_args": "--qos=x"}, "sbatch_args: Input should be a valid list"),
     ],
 )

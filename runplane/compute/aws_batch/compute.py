@@ -33,9 +33,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from runplane.compute.options import credentials_in, job_name, new_worker_id, stack_environment, worker_of
-from runplane.domain.errors import BackendError, InvalidRequest
+from runplane.compute.options import (
+    AbsolutePath,
+    check_options,
+    credentials_in,
+    job_name,
+    new_worker_id,
+    stack_environment,
+    worker_of,
+)
+from runplane.domain.errors import BackendError
 from runplane.domain.models import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
@@ -52,29 +61,32 @@ LIVE_STATES = {
 }
 
 
-def _options(pool: Pool) -> dict[str, Any]:
-    o = pool.options
-    if not o.get("job_queue"):
-        raise InvalidRequest(f"pool {pool.name}: backend 'aws-batch' needs options.job_queue")
-    extra = o.get("environment") or {}
-    tags = o.get("tags") or {}
-    if not isinstance(extra, dict) or not isinstance(tags, dict):
-        raise InvalidRequest(f"pool {pool.name}: options.environment and options.tags must be mappings")
-    secrets = credentials_in(extra)
-    if secrets:
-        raise InvalidRequest(
-            f"pool {pool.name}: options.environment must not hold credentials ({', '.join(secrets)}); "
-            "give the workers a job_role_arn instead"
-        )
-    return {
-        "job_queue": str(o["job_queue"]),
-        "image": str(o.get("image") or DEFAULT_IMAGE),
-        "job_role_arn": o.get("job_role_arn") or None,
-        "work_dir": str(o.get("work_dir") or DEFAULT_WORK_DIR),
-        "docker_socket": str(o.get("docker_socket") or DEFAULT_DOCKER_SOCKET),
-        "environment": {str(k): str(v) for k, v in extra.items()},
-        "tags": {str(k): str(v) for k, v in tags.items()},
-    }
+class AwsBatchOptions(BaseModel):
+    """The ``options`` of an aws-batch pool (docs/pools.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_queue: str = Field(min_length=1)
+    image: str = DEFAULT_IMAGE
+    job_role_arn: str | None = None
+    work_dir: AbsolutePath = DEFAULT_WORK_DIR
+    docker_socket: AbsolutePath = DEFAULT_DOCKER_SOCKET
+    environment: dict[str, str] = Field(default_factory=dict)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("environment")
+    @classmethod
+    def _no_credentials(cls, env: dict[str, str]) -> dict[str, str]:
+        secrets = credentials_in(env)
+        if secrets:
+            raise ValueError(
+                f"must not hold credentials ({', '.join(secrets)}); give the workers a job_role_arn instead"
+            )
+        return env
+
+
+def _options(pool: Pool) -> AwsBatchOptions:
+    return check_options(AwsBatchOptions, pool)
 
 
 def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str, Any]:
@@ -85,7 +97,7 @@ def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str
     The name ends in a hash of everything else, so equal shapes share one definition.
     """
     o = _options(pool)
-    env = {**stack_env, **o["environment"], "RUNPLANE_AGENT_WORK_DIR": o["work_dir"]}
+    env = {**stack_env, **o.environment, "RUNPLANE_AGENT_WORK_DIR": o.work_dir}
     resources = [
         {"type": "VCPU", "value": str(max(1, math.ceil(pool.cpus)))},
         {"type": "MEMORY", "value": str(max(1, pool.memory // 2**20))},
@@ -93,20 +105,20 @@ def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str
     if pool.gpus:
         resources.append({"type": "GPU", "value": str(pool.gpus)})
     container: dict[str, Any] = {
-        "image": o["image"],
+        "image": o.image,
         "resourceRequirements": resources,
         "volumes": [
-            {"name": "docker-socket", "host": {"sourcePath": o["docker_socket"]}},
-            {"name": "work-dir", "host": {"sourcePath": o["work_dir"]}},
+            {"name": "docker-socket", "host": {"sourcePath": o.docker_socket}},
+            {"name": "work-dir", "host": {"sourcePath": o.work_dir}},
         ],
         "mountPoints": [
             {"sourceVolume": "docker-socket", "containerPath": CONTAINER_SOCKET, "readOnly": False},
-            {"sourceVolume": "work-dir", "containerPath": o["work_dir"], "readOnly": False},
+            {"sourceVolume": "work-dir", "containerPath": o.work_dir, "readOnly": False},
         ],
         "environment": [{"name": k, "value": v} for k, v in sorted(env.items())],
     }
-    if o["job_role_arn"]:
-        container["jobRoleArn"] = str(o["job_role_arn"])
+    if o.job_role_arn:
+        container["jobRoleArn"] = str(o.job_role_arn)
     shape = json.dumps(container, sort_keys=True)
     digest = hashlib.sha256(shape.encode()).hexdigest()[:12]
     return {
@@ -114,7 +126,7 @@ def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str
         "type": "container",
         "containerProperties": container,
         "retryStrategy": {"attempts": 1},  # the control plane re-queues runs itself
-        "tags": {"runplane:pool": pool.name, **o["tags"]},
+        "tags": {"runplane:pool": pool.name, **o.tags},
     }
 
 
@@ -123,10 +135,10 @@ def submit_job_request(pool: Pool, worker_id: str, job_definition: str, agent_ar
     o = _options(pool)
     return {
         "jobName": job_name(pool.name, worker_id),
-        "jobQueue": o["job_queue"],
+        "jobQueue": o.job_queue,
         "jobDefinition": job_definition,
         "containerOverrides": {"command": [*agent_args, "--id", worker_id, "--pass-down-termination"]},
-        "tags": {**o["tags"], "runplane:pool": pool.name, "runplane:worker": worker_id},
+        "tags": {**o.tags, "runplane:pool": pool.name, "runplane:worker": worker_id},
     }
 
 
@@ -196,7 +208,7 @@ class AwsBatchCompute(ComputeBackend):
         return jobs
 
     def list(self, pool: Pool) -> list[BackendJob]:
-        queue = _options(pool)["job_queue"]
+        queue = _options(pool).job_queue
         jobs: dict[str, BackendJob] = {}
         for status, state in LIVE_STATES.items():
             token: str | None = None

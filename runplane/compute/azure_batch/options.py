@@ -12,9 +12,9 @@ import shlex
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from runplane.compute.options import AbsolutePath, credentials_in
+from runplane.compute.options import AbsolutePath, check_options, credentials_in
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool
 from runplane.domain.units import parse_duration
@@ -118,29 +118,12 @@ class AzureBatchOptions(_Strict):
         )
 
 
-def _where(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc)
-
-
 def parse_options(pool: Pool) -> AzureBatchOptions:
     """The pool's options, checked. Raises InvalidRequest naming every problem found."""
-    try:
-        options = AzureBatchOptions.model_validate(pool.options)
-    except ValidationError as e:
-        known = ", ".join(AzureBatchOptions.model_fields)
-        problems = []
-        for error in e.errors():
-            where = _where(error["loc"])
-            if error["type"] == "extra_forbidden" and len(error["loc"]) == 1:
-                problems.append(f"options.{where}: unknown option (known: {known})")
-            elif error["type"] == "missing":
-                problems.append(f"options.{where}: required")
-            else:
-                problems.append(f"options.{where}: {error['msg'].removeprefix('Value error, ')}")
-        raise InvalidRequest(f"pool {pool.name} (azure-batch): " + "; ".join(problems)) from e
+    options = check_options(AzureBatchOptions, pool)
     if not options.output_auth_ok():
         raise InvalidRequest(
-            f"pool {pool.name} (azure-batch): options.output_container_url needs a SAS token with write "
+            f"pool {pool.name}: bad azure-batch options: output_container_url needs a SAS token with write "
             "permission, or options.output_identity"
         )
     return options

@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runplane.compute.options import AbsolutePath, credentials_in
+from runplane.compute.options import AbsolutePath, check_options, credentials_in
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import Pool
 
@@ -136,21 +136,8 @@ class KubernetesOptions(_Strict):
         return selector
 
 
-def _describe(error: Any) -> str:
-    where = ".".join(str(part) for part in error["loc"])
-    if error["type"] == "extra_forbidden":
-        return f"unknown option {where!r}"
-    cause = error.get("ctx", {}).get("error")
-    message = str(cause) if cause is not None else error["msg"]
-    return f"{where}: {message}" if where else message
-
-
 def parse_options(pool: Pool) -> KubernetesOptions:
     """The pool's options, checked. Raises InvalidRequest naming every problem found."""
     if not _LABEL_VALUE.match(pool.name):
         raise InvalidRequest(f"pool {pool.name}: a kubernetes pool's name must end with a letter or digit")
-    try:
-        return KubernetesOptions.model_validate(pool.options)
-    except ValidationError as e:
-        problems = "; ".join(_describe(error) for error in e.errors())
-        raise InvalidRequest(f"pool {pool.name}: invalid kubernetes options: {problems}") from e
+    return check_options(KubernetesOptions, pool)

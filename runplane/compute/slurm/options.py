@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runplane.compute.options import credentials_in
-from runplane.domain.errors import InvalidRequest
+from runplane.compute.options import check_options, credentials_in
 from runplane.domain.models import Pool
 
 
@@ -86,11 +85,4 @@ class SlurmOptions(BaseModel):
 
 def slurm_options(pool: Pool) -> SlurmOptions:
     """The checked options of ``pool``; raises InvalidRequest naming each bad option."""
-    try:
-        return SlurmOptions.model_validate(pool.options)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'options'}: {err['msg'].removeprefix('Value error, ')}"
-            for err in e.errors()
-        )
-        raise InvalidRequest(f"pool {pool.name}: bad slurm options: {problems}") from e
+    return check_options(SlurmOptions, pool)
