@@ -70,17 +70,20 @@ def aws_clients(settings: StackSettings) -> dict[str, Any]:
     }
 
 
+def _table_names(settings: StackSettings) -> dict[str, str]:
+    """The tables the settings name (empty: derived from the prefix by each cloud's rules)."""
+    return {
+        "runs_table": settings.runs_table,
+        "workers_table": settings.workers_table,
+        "tokens_table": settings.tokens_table,
+        "pools_table": settings.pools_table,
+    }
+
+
 def aws_names(settings: StackSettings) -> Any:
     from runplane.adapters.aws.provision import AwsNames
 
-    return AwsNames(
-        settings.prefix,
-        settings.runs_table,
-        settings.workers_table,
-        settings.tokens_table,
-        settings.bucket,
-        settings.pools_table,
-    )
+    return AwsNames(prefix=settings.prefix, bucket=settings.bucket, **_table_names(settings))
 
 
 def azure_clients(settings: StackSettings) -> Any:
@@ -96,14 +99,7 @@ def azure_clients(settings: StackSettings) -> Any:
 def azure_names(settings: StackSettings) -> Any:
     from runplane.adapters.azure.provision import AzureNames
 
-    return AzureNames(
-        settings.prefix,
-        settings.runs_table,
-        settings.workers_table,
-        settings.tokens_table,
-        settings.bucket,
-        settings.pools_table,
-    )
+    return AzureNames(prefix=settings.prefix, container=settings.bucket, **_table_names(settings))
 
 
 def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
@@ -119,15 +115,24 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
 
     names = azure_names(settings)
     tables = clients.tables
-    return Stack(
-        settings=settings,
-        pools=load_pools(settings.pools or default_pools_text()),
+    return _stack(
+        settings,
         store=TableRunStore(tables.get_table_client(names.runs_table)),
         queue=StorageQueueRunQueue(names.prefix, clients.queues),
         objects=BlobObjectStore(names.container, clients.blobs, clients.account_key),
         workers=TableWorkerRegistry(tables.get_table_client(names.workers_table)),
-        tokens=CachedTokens(TableTokenStore(tables.get_table_client(names.tokens_table))),
+        tokens=TableTokenStore(tables.get_table_client(names.tokens_table)),
         pool_states=TablePoolStateStore(tables.get_table_client(names.pools_table)),
+    )
+
+
+def _stack(settings: StackSettings, tokens: TokenStore, **stores: Any) -> Stack:
+    """What both clouds share: the pools and the token cache around the adapters."""
+    return Stack(
+        settings=settings,
+        pools=load_pools(settings.pools or default_pools_text()),
+        tokens=CachedTokens(tokens),
+        **stores,
     )
 
 
@@ -148,14 +153,13 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
 
     clients = clients or aws_clients(settings)
     names = aws_names(settings)
-    return Stack(
-        settings=settings,
-        pools=load_pools(settings.pools or default_pools_text()),
+    return _stack(
+        settings,
         store=DynamoRunStore(names.runs_table, clients["dynamodb"]),
         queue=SqsRunQueue(names.prefix, clients["sqs"]),
         objects=S3ObjectStore(names.bucket, clients["s3"]),
         workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),
-        tokens=CachedTokens(DynamoTokenStore(names.tokens_table, clients["dynamodb"])),
+        tokens=DynamoTokenStore(names.tokens_table, clients["dynamodb"]),
         pool_states=DynamoPoolStateStore(names.pools_table, clients["dynamodb"]),
     )
 

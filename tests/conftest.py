@@ -19,8 +19,9 @@ from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.cli.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
-from runplane.domain.models import TERMINAL_STATES, Principal
+from runplane.domain.models import TERMINAL_STATES, Pool, Principal
 from runplane.domain.pools import dump_pools, load_pools
+from runplane.ports import ComputeBackend
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
 
@@ -72,10 +73,12 @@ def aws_stack(moto_endpoint: str) -> Stack:
 def azurite() -> str:
     """Azurite (Blob, Queue, Table) on 127.0.0.1, installed and started by scripts/start-azurite.sh
     if needed; returns its storage connection string."""
-    done = subprocess.run([str(ROOT / "scripts" / "start-azurite.sh")], capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        pytest.fail(f"could not start Azurite:\n{done.stdout}\n{done.stderr}")
-    return done.stdout.strip().splitlines()[-1]
+    from runplane.devstack.azure import start_azurite
+
+    try:
+        return start_azurite(timeout=600)
+    except ValueError as e:
+        pytest.fail(f"could not start Azurite: {e}")
 
 
 @pytest.fixture
@@ -249,6 +252,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def moto_credentials_for(pool: Pool) -> None:
+    """Write moto's dummy keys to the credentials file the pool's workers are pointed at (its
+    ``AWS_SHARED_CREDENTIALS_FILE``): workers never get the dispatcher's keys as plain values."""
+    path = Path(pool.options["environment"]["AWS_SHARED_CREDENTIALS_FILE"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+
+
+def cancel_all(backend: ComputeBackend, pool: Pool) -> None:
+    for job in backend.list(pool):
+        backend.cancel(pool, job.id)
 
 
 TERMINAL = frozenset(str(state) for state in TERMINAL_STATES)

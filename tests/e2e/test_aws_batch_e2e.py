@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from tests.conftest import TERMINAL, batch_queue, wait_for, wait_state
+from tests.conftest import TERMINAL, batch_queue, cancel_all, moto_credentials_for, wait_for, wait_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -21,14 +21,9 @@ def batch_pool(devstack, agent_image):
     assert batch_queue(devstack.endpoint, "e2e") == pool.options["job_queue"]
     work_dir = Path(pool.options["work_dir"])
     work_dir.mkdir(parents=True, exist_ok=True)
-    # moto has no job roles to take credentials from: its dummy keys, as a file in the work dir
-    Path(pool.options["environment"]["AWS_SHARED_CREDENTIALS_FILE"]).write_text(
-        "[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n"
-    )
+    moto_credentials_for(pool)  # the jobs get the stack's settings, never the dispatcher's keys
     yield stack, pool
-    backend = stack.backend(pool)
-    for job in backend.list(pool):
-        backend.cancel(pool, job.id)
+    cancel_all(stack.backend(pool), pool)
 
 
 @pytest.mark.timeout(900)  # includes a cold agent image build

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from tests.conftest import TERMINAL, wait_for, wait_state
+from tests.conftest import TERMINAL, cancel_all, moto_credentials_for, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
 
@@ -19,14 +19,9 @@ def slurm_pool(devstack, slurm_conf):
     pool = stack.pools.get("slurm")
     assert pool.options["rest_url"] == (Path(slurm_conf).parents[1] / "rest.url").read_text().strip()
     Path(pool.options["log_dir"]).mkdir(parents=True, exist_ok=True)
-    # the job gets the stack's RUNPLANE_* settings, never the dispatcher's keys: moto's dummy ones, as a file
-    Path(pool.options["environment"]["AWS_SHARED_CREDENTIALS_FILE"]).write_text(
-        "[default]\naws_access_key_id = testing\naws_secret_access_key = testing\n"
-    )
+    moto_credentials_for(pool)  # the jobs get the stack's settings, never the dispatcher's keys
     yield stack, pool
-    backend = stack.backend(pool)
-    for job in backend.list(pool):
-        backend.cancel(pool, job.id)
+    cancel_all(stack.backend(pool), pool)
 
 
 def test_run_executed_by_an_agent_the_dispatcher_started_through_slurmrestd(docker_client, alice, slurm_pool):
