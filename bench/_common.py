@@ -135,3 +135,43 @@ def table(title: str, rows: Sequence[tuple[str, Sequence[float]]], unit: str = "
 def ratio_line(name: str, ratio: float, target: float, op: str = "<=") -> str:
     """``op`` is ``<=`` for a slowdown (lower is better), ``>=`` for a throughput ratio."""
     return f"RATIO {name}: {ratio:.2f}x (target {op} {target:g})"
+
+
+def bare_container(
+    docker_client: Any,
+    run: Any,
+    image: str,
+    scratch: Path,
+    name: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> tuple[int, list[float]]:
+    """The baseline for a run: create + start + wait + remove of its container with the very
+    kwargs the agent uses (``container_spec``: user, cores, limits, capabilities, mounts), a fresh
+    output directory included. Returns the exit status and the times [begin, created, started,
+    exited, removed] (``time.perf_counter``)."""
+    from worker_agent.executor import ExecutorConfig, container_spec
+    from worker_agent.resources import Allocator, host_cpus
+
+    res = run.spec.resources
+    config = ExecutorConfig(worker_id="bench-bare", work_dir=scratch, network_mode="host")
+    allocation = Allocator(list(host_cpus())).allocate("bare", res.cpus, res.gpus)
+    marks = [time.perf_counter()]
+    mount = Path(tempfile.mkdtemp(dir=scratch))
+    mount.chmod(0o777)  # as the agent does: the run's user, not the agent's, writes there
+    kwargs = container_spec(run, image, config, mount, allocation)
+    if name is not None:
+        kwargs["name"] = name
+    if labels is not None:
+        kwargs["labels"] = labels
+    container = docker_client.containers.create(**kwargs)
+    marks.append(time.perf_counter())
+    try:
+        container.start()
+        marks.append(time.perf_counter())
+        status = container.wait()
+        marks.append(time.perf_counter())
+    finally:
+        container.remove(force=True)
+    marks.append(time.perf_counter())
+    shutil.rmtree(mount, ignore_errors=True)
+    return int(status["StatusCode"]), marks

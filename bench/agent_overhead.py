@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import agent_pids, dev_stack, median, ratio_line, table
+from _common import agent_pids, bare_container, dev_stack, median, ratio_line, table
 from e2e_run import AGENT_ARGS, IMAGE, POOLS_YAML, RUN_TIMEOUT
 
 TARGET = 1.5
@@ -160,38 +160,21 @@ class OverheadBench:
         """create + start + wait + remove with container_spec's kwargs for the same run."""
         import docker.errors
 
-        from worker_agent.executor import ExecutorConfig, container_spec
-        from worker_agent.resources import Allocator, host_cpus
-
-        run = self.template
-        res = run.spec.resources
         self.bare_count += 1
-        config = ExecutorConfig(worker_id="bench-bare", work_dir=self.scratch, network_mode="host")
-        allocator = Allocator(list(host_cpus()))
-        allocation = allocator.allocate("bare", res.cpus, res.gpus)
-        t = time.perf_counter()
-        mount = Path(tempfile.mkdtemp(dir=self.scratch))
-        mount.chmod(0o777)  # as the agent does: the run's user, not the agent's, writes there
-        kwargs = container_spec(run, IMAGE, config, mount, allocation)
         bare_id = f"bare-{self.bare_count}"
-        kwargs["name"] = f"runplane-bench-{bare_id}"
-        kwargs["labels"] = {LABEL_BARE: bare_id}
         try:
-            container = self.docker.containers.create(**kwargs)
-            marks = [time.perf_counter()]
-            try:
-                container.start()
-                marks.append(time.perf_counter())
-                status = container.wait()
-                marks.append(time.perf_counter())
-            finally:
-                container.remove(force=True)
+            code, (t, *marks, end) = bare_container(
+                self.docker,
+                self.template,
+                IMAGE,
+                self.scratch,
+                name=f"runplane-bench-{bare_id}",
+                labels={LABEL_BARE: bare_id},
+            )
         except docker.errors.APIError as e:
             raise Spoiled(f"bare container {bare_id}: {e}") from e
-        end = time.perf_counter()
-        shutil.rmtree(mount, ignore_errors=True)
-        if status["StatusCode"] != 0:
-            raise Spoiled(f"bare container {bare_id} exited {status}")
+        if code != 0:
+            raise Spoiled(f"bare container {bare_id} exited {code}")
         engine = self.events.wait(bare_id, "destroy")
         if not record:
             return

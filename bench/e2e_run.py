@@ -5,9 +5,9 @@ real Docker engine) runs ``sh -c true`` in ``runplane/test-busybox:1``. A run is
 POST /v1/runs until GET /v1/runs/{id} (polled every 20 ms with the CLI's client) shows a final
 state. The baselines start the same container themselves:
 
-* docker SDK, same isolation: create (entrypoint ``/bin/sh -c``, ``network_mode="none"``,
-  ``cap_drop=["ALL"]`` plus the capabilities the agent adds back, no-new-privileges, a bind mount
-  of a fresh temp dir, the run's memory/cpu/pids limits) + start + wait + remove;
+* docker SDK, same isolation: create with the very kwargs the agent uses for the same run
+  (``container_spec``: ``sh -c true``, uid 65534, its own core, memory/cpu/pids limits, the
+  capabilities the agent keeps, no-new-privileges, a fresh output directory) + start + wait + remove;
 * the same, while a thread polls GET /v1/runs/{id} every 20 ms like the e2e path does (on a
   small machine that load alone slows container starts; informational);
 * ``docker run --rm`` CLI, plain, for reference.
@@ -30,8 +30,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import agent_pids, dev_stack, median, ratio_line, table
+from _common import agent_pids, bare_container, dev_stack, median, ratio_line, table
 
+from runplane import bootstrap
 from runplane.domain.models import TERMINAL_STATES
 
 TARGET = 2.0
@@ -43,9 +44,6 @@ POOLS_YAML = (
 )
 SPEC = {"command": "true", "name": "bench-e2e"}  # the agent runs it as /bin/sh -c true
 # What worker_agent/executor.py applies to every run container.
-CAP_ADD = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
-OUTPUT_MOUNT = "/runplane/output"
-PIDS_LIMIT = 4096
 POLL_SECONDS = 0.02
 RUN_TIMEOUT = 30.0
 TERMINAL = TERMINAL_STATES  # RunState is a StrEnum: the API's strings match
@@ -78,6 +76,7 @@ class E2EBench:
         self.timings: dict[str, list[float]] = {}
         self.polls: list[int] = []
         self.sdk_parts: dict[str, list[float]] = {}
+        self.template: Any = None
 
     def e2e(self, record: bool = True) -> float:
         wall = time.time()
@@ -114,35 +113,11 @@ class E2EBench:
             self.timings.setdefault(key, []).append(value)
 
     def sdk(self, parts: dict[str, list[float]] | None = None) -> float:
-        """create + start + wait + remove with the isolation the agent applies."""
-        t = time.perf_counter()
-        mount = Path(tempfile.mkdtemp(dir=self.scratch))
-        container = self.docker.containers.create(
-            IMAGE,
-            entrypoint=["/bin/sh", "-c"],
-            command=["true"],
-            working_dir=OUTPUT_MOUNT,
-            volumes={str(mount): {"bind": OUTPUT_MOUNT, "mode": "rw"}},
-            network_mode="none",
-            mem_limit=1024**3,  # the run's default resources: 1 cpu, 1 GiB
-            memswap_limit=1024**3,
-            nano_cpus=10**9,
-            pids_limit=PIDS_LIMIT,
-            cap_drop=["ALL"],
-            cap_add=CAP_ADD,
-            security_opt=["no-new-privileges"],
-            detach=True,
-        )
-        marks = [time.perf_counter()]
-        try:
-            container.start()
-            marks.append(time.perf_counter())
-            status = container.wait()
-            marks.append(time.perf_counter())
-        finally:
-            container.remove(force=True)
-        end = time.perf_counter()
-        assert status["StatusCode"] == 0, status
+        """create + start + wait + remove with the kwargs the agent uses for the same run."""
+        if self.template is None:  # the stored run of the warm-up: container_spec takes a Run
+            self.template = bootstrap.stack().store.get(self.last_run_id)
+        code, (t, *marks, end) = bare_container(self.docker, self.template, IMAGE, self.scratch)
+        assert code == 0, code
         if parts is not None:
             for label, value in zip(
                 ("create", "start", "wait", "remove"),
