@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -31,10 +32,40 @@ TEST_IMAGE = "runplane/test-busybox:1"
 AGENT_IMAGE = "runplane/agent:local"
 # Agents in tests: short leases so lost workers are noticed fast; never pull (a pull would
 # leave this machine); runs that ask for a network get the host's loopback.
-AGENT_ARGS = (
-    "--lease-seconds 4 --heartbeat-seconds 1 --poll-seconds 1 --kill-poll-seconds 0.5 "
-    "--pull never --network-mode host --upload-deadline-seconds 30"
-)
+FAST = ["--lease-seconds", "4", "--heartbeat-seconds", "1", "--poll-seconds", "1", "--kill-poll-seconds", "0.5"]
+FAST += ["--pull", "never"]
+AGENT_ARGS = " ".join([*FAST, "--network-mode", "host", "--upload-deadline-seconds", "30"])
+
+
+class AgentProcess:
+    """``runplane-agent`` as a process of the test, with FAST settings and its log in tmp_path."""
+
+    def __init__(self, tmp_path: Path, *args: str, pool: str = "manual", worker_id: str | None = None,
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        self.id = worker_id or f"{pool}-{os.urandom(3).hex()}"
+        self.log = tmp_path / f"{self.id}-{time.monotonic_ns()}.log"
+        cmd = [sys.executable, "-m", "worker_agent", "--pool", pool, "--id", self.id]
+        cmd += ["--work-dir", str(tmp_path / "work"), *FAST, *args]
+        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env)
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agent did not exit within {timeout}s:\n{self.log.read_text()[-3000:]}") from None
+
+    def stop(self) -> None:
+        """SIGTERM first: a killed agent's open long poll would still take the next message."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
 
 @pytest.fixture(scope="session")

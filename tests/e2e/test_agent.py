@@ -3,10 +3,7 @@ stack and the real Docker engine."""
 
 import http.server
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -15,60 +12,9 @@ import pytest
 from runplane import bootstrap
 from runplane.domain.models import RunState
 from runplane.ports import Expect
-from tests.conftest import TERMINAL, wait_for, wait_state
+from tests.conftest import TERMINAL, AgentProcess, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
-FAST = [
-    "--lease-seconds",
-    "4",
-    "--heartbeat-seconds",
-    "1",
-    "--poll-seconds",
-    "1",
-    "--kill-poll-seconds",
-    "0.5",
-    "--pull",
-    "never",
-]
-
-
-class Agent:
-    def __init__(self, tmp_path, *args, worker_id=None):
-        self.id = worker_id or f"manual-{os.urandom(3).hex()}"
-        self.log = tmp_path / f"{self.id}-{time.monotonic_ns()}.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "worker_agent",
-            "--pool",
-            "manual",
-            "--id",
-            self.id,
-            "--work-dir",
-            str(tmp_path / "work"),
-            *FAST,
-            *args,
-        ]
-        self.proc = subprocess.Popen(cmd, stdout=self.log.open("wb"), stderr=subprocess.STDOUT)
-
-    def signal(self, sig):
-        self.proc.send_signal(sig)
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"agent did not exit within {timeout}s:\n{self.log.read_text()[-3000:]}") from None
-
-    def stop(self):
-        """SIGTERM first: a killed agent's open long poll would still take the next message."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
 
 
 @pytest.fixture
@@ -76,7 +22,7 @@ def agents(tmp_path, devstack):
     started = []
 
     def start(*args, worker_id=None):
-        agent = Agent(tmp_path, *args, worker_id=worker_id)
+        agent = AgentProcess(tmp_path, *args, worker_id=worker_id)
         started.append(agent)
         return agent
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import FAST as FAST_FLAGS
 from tests.conftest import TERMINAL, wait_for, wait_state
-from tests.e2e.test_agent import FAST as AGENT_FAST
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 # What the local stack put in os.environ that an agent needs to find DynamoDB, SQS and S3.
@@ -26,7 +26,7 @@ STACK_ENV = [
 # The same short leases and polls as tests/e2e/test_agent.py, as RUNPLANE_AGENT_<FLAG> variables.
 FAST = {
     "RUNPLANE_AGENT_" + flag.removeprefix("--").upper().replace("-", "_"): value
-    for flag, value in zip(AGENT_FAST[::2], AGENT_FAST[1::2], strict=True)
+    for flag, value in zip(FAST_FLAGS[::2], FAST_FLAGS[1::2], strict=True)
 }
 
 

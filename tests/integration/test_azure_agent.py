@@ -3,8 +3,6 @@ its Storage Queue, runs it in a real container, and leaves the run and its logs 
 Blob storage on Azurite."""
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -12,7 +10,7 @@ import pytest
 from runplane.domain.models import Principal, RunSpec, RunState
 from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run
-from tests.conftest import POOLS_FILE, wait_for
+from tests.conftest import POOLS_FILE, AgentProcess, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -28,37 +26,11 @@ def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_p
         "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
         "RUNPLANE_POOLS": str(POOLS_FILE),
     }
-    log = tmp_path / "agent.log"
-    agent = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "worker_agent",
-            "--pool",
-            "manual",
-            "--id",
-            "azure-w1",
-            "--work-dir",
-            str(tmp_path / "work"),
-            "--exit-after-num-runs",
-            "1",
-            "--poll-seconds",
-            "1",
-            "--heartbeat-seconds",
-            "1",
-            "--pull",
-            "never",
-        ],
-        env=env,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    agent = AgentProcess(tmp_path, "--exit-after-num-runs", "1", worker_id="azure-w1", env=env)
     try:
-        assert agent.wait(60) == 0, log.read_text()[-3000:]
-    except subprocess.TimeoutExpired:
-        agent.kill()
-        agent.wait(10)
-        raise AssertionError(f"the agent did not finish:\n{log.read_text()[-3000:]}") from None
+        assert agent.wait(60) == 0, agent.log.read_text()[-3000:]
+    finally:
+        agent.stop()
     done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
     assert (done.state, done.exit_code, done.worker_id, done.attempt) == (RunState.FAILED, 3, "azure-w1", 1)
     assert read_logs(stack.objects, done, "stdout", 0).data == "hello from azure\n"
