@@ -17,8 +17,7 @@ import pytest
 
 from runplane import bootstrap
 from runplane.domain.models import RunState
-from tests.conftest import TERMINAL
-from tests.e2e.test_agent import FAST
+from tests.conftest import FAST, TERMINAL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 RUNS = 100
