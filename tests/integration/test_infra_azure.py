@@ -22,7 +22,7 @@ import pytest
 
 from functions.azure import function_app
 from runplane.adapters.azure.provision import AzureNames
-from runplane.adapters.azure.queues import events_queue_name
+from runplane.adapters.azure.queues import events_queue_name, poison_queue_name, pool_queue_name
 from runplane.settings import StackSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,6 +198,41 @@ def site(arm):
     return app
 
 
+TABLE_CONTRIBUTOR = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3"
+QUEUE_CONTRIBUTOR = "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
+BLOB_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
+QUEUE_SENDER = "c6a89b2d-59bc-44d0-9896-0f6e12d7b80a"
+# Storage Queue Data Contributor's data actions (Azure's built-in role definition).
+QUEUE_MESSAGE_ACTIONS = {
+    "Microsoft.Storage/storageAccounts/queueServices/queues/messages/delete",
+    "Microsoft.Storage/storageAccounts/queueServices/queues/messages/read",
+    "Microsoft.Storage/storageAccounts/queueServices/queues/messages/write",
+    "Microsoft.Storage/storageAccounts/queueServices/queues/messages/process/action",
+    "Microsoft.Storage/storageAccounts/queueServices/queues/messages/add/action",
+}
+
+
+def role_assignments(arm) -> set[tuple[str, str, str]]:
+    """(principal, role definition id, scope) of every role assignment."""
+    return {
+        (r["properties"]["principalId"].path, r["properties"]["roleDefinitionId"].rsplit("/", 1)[-1], r["scope"])
+        for r in instances(arm, "Microsoft.Authorization/roleAssignments")
+    }
+
+
+def nodes_principal(arm) -> str:
+    identity = arm.value("[variables('nodesIdentityName')]")
+    return f"reference:id:Microsoft.ManagedIdentity/userAssignedIdentities/{identity}.principalId"
+
+
+def defined(arm, scope: str) -> bool:
+    """Whether the template defines the resource a scope ``NS/type/name[/type/name...]`` names."""
+    namespace, *parts = scope.split("/")
+    kind = "/".join([namespace, *parts[0::2]])
+    name = "/".join(parts[1::2])
+    return any(r["name"] == name for r in instances(arm, kind))
+
+
 # ---- the tests -----------------------------------------------------------------------------------
 
 
@@ -281,17 +316,58 @@ def test_the_function_app_is_linux_python_311_with_an_identity_that_may_use_stor
     assert app["identity"]["type"] == "SystemAssigned"
     (plan,) = instances(arm, "Microsoft.Web/serverfarms")
     assert plan["sku"] == {"tier": "FlexConsumption", "name": "FC1"} and plan["properties"]["reserved"] is True
-    roles = {
-        (r["properties"]["principalId"].path, r["properties"]["roleDefinitionId"].rsplit("/", 1)[-1], r["scope"])
-        for r in instances(arm, "Microsoft.Authorization/roleAssignments")
-    }
+    roles = role_assignments(arm)
     storage = "Microsoft.Storage/storageAccounts/" + arm.value("[variables('storageAccountName')]")
     app_identity = f"reference:id:Microsoft.Web/sites/{app['name']}.identity.principalId"
-    table, queue = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3", "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
-    assert {(app_identity, table, storage), (app_identity, queue, storage)} <= roles
-    identity = arm.value("[variables('nodesIdentityName')]")
-    nodes = f"reference:id:Microsoft.ManagedIdentity/userAssignedIdentities/{identity}.principalId"
-    assert {(nodes, table, storage), (nodes, queue, storage)} <= roles
+    assert {(app_identity, TABLE_CONTRIBUTOR, storage), (app_identity, QUEUE_CONTRIBUTOR, storage)} <= roles
+
+
+@pytest.mark.parametrize("prefix", ["runplane", "rp-dev1"])
+def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
+    """The agent's identity: table data on the runs and workers tables, blob data on the data
+    container, its pool queues' messages, sending to the poison and events queues. Never the
+    account, the tokens or pools tables, or the Functions' package container."""
+    arm = Arm(TEMPLATE, {"prefix": prefix, "poolNames": POOLS})
+    names = AzureNames(prefix)
+    account = "Microsoft.Storage/storageAccounts/" + arm.value("[variables('storageAccountName')]")
+    queue_role = arm.value("[variables('workerQueueRole')]")
+    pool_queues = [pool_queue_name(prefix, pool) for pool in POOLS]
+    expected = {
+        (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.runs_table}"),
+        (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.workers_table}"),
+        (BLOB_CONTRIBUTOR, f"{account}/blobServices/default/containers/{names.container}"),
+        (QUEUE_SENDER, f"{account}/queueServices/default/queues/{events_queue_name(prefix)}"),
+        *((queue_role, f"{account}/queueServices/default/queues/{q}") for q in pool_queues),
+        *((QUEUE_SENDER, f"{account}/queueServices/default/queues/{poison_queue_name(q)}") for q in pool_queues),
+    }
+    nodes = {(role, scope) for principal, role, scope in role_assignments(arm) if principal == nodes_principal(arm)}
+    assert nodes == expected
+    for _, scope in nodes:
+        assert defined(arm, scope), f"a role assignment scoped to {scope}, which the template does not define"
+    scopes = " ".join(scope for _, scope in nodes)
+    assert names.tokens_table not in scopes and names.pools_table not in scopes
+    assert arm.value("[variables('deploymentContainer')]") not in scopes
+
+
+def test_the_pool_queue_role_handles_messages_and_nothing_else(arm):
+    """A custom role, because no built-in one both receives and updates messages without also
+    managing the queue (Storage Queue Data Contributor may delete it)."""
+    (role,) = instances(arm, "Microsoft.Authorization/roleDefinitions")
+    assert role["name"] == arm.value("[variables('workerQueueRole')]")
+    props = role["properties"]
+    assert props["type"] == "customRole"
+    assert props["assignableScopes"] == [arm.value("[resourceGroup().id]")]
+    (permissions,) = props["permissions"]
+    assert permissions["actions"] == [] and permissions["notActions"] == []
+    assert set(permissions["dataActions"]) == QUEUE_MESSAGE_ACTIONS
+    assigned = [
+        r
+        for r in instances(arm, "Microsoft.Authorization/roleAssignments")
+        if r["properties"]["roleDefinitionId"].endswith(role["name"])
+    ]
+    assert len(assigned) == len(POOLS)
+    for assignment in assigned:
+        assert f"id:Microsoft.Authorization/roleDefinitions/{role['name']}" in assignment["dependsOn"]
 
 
 def test_batch_pool_is_infra_azure_batch_pool(arm):

@@ -7,7 +7,7 @@ The code is the reference: ``provision()`` (what the local stack creates), the q
 from __future__ import annotations
 
 import ast
-import copy
+import fnmatch
 import importlib
 import json
 import os
@@ -21,16 +21,27 @@ from typing import Any
 
 import boto3
 import pytest
-import yaml
 
+from runplane.adapters.aws import resources
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, DynamoWorkerRegistry
-from runplane.adapters.aws.provision import MAX_RECEIVES, AwsNames, provision
+from runplane.adapters.aws.provision import AwsNames, provision
+from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
-from runplane.domain.models import Worker
+from runplane.compute.aws_batch import job_definition_request
+from runplane.domain.models import Pool, Worker
 from runplane.settings import StackSettings
+from tests.aws_readback import read_stack
+from tests.cfn_template import (
+    ROOT,
+    TEMPLATE,
+    as_list,
+    defaults,
+    expanded_resources,
+    function_statements,
+    functions,
+    load_template,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "template.yaml"
 HOOK = ROOT / "localstack" / "init" / "ready.d" / "10-runplane.sh"
 SAM_VENV = ROOT / ".venv-sam"
 SAM = SAM_VENV / "bin" / "sam"
@@ -42,94 +53,9 @@ TOOL_ENV = {**os.environ, "SAM_CLI_TELEMETRY": "0", "AWS_DEFAULT_REGION": "us-ea
 # ---- reading the template -------------------------------------------------------------------
 
 
-class CfnLoader(yaml.SafeLoader):
-    """YAML loader for CloudFormation: a short-form tag (``!Ref X``) becomes its long form."""
-
-
-def _construct_tag(loader: CfnLoader, suffix: str, node: yaml.Node) -> dict[str, Any]:
-    value: Any
-    if isinstance(node, yaml.ScalarNode):
-        value = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)
-    if suffix == "GetAtt" and isinstance(value, str):
-        value = value.split(".", 1)
-    return {"Ref" if suffix == "Ref" else f"Fn::{suffix}": value}
-
-
-CfnLoader.add_multi_constructor("!", _construct_tag)
-
-
-def load_template() -> dict[str, Any]:
-    return yaml.load(TEMPLATE.read_text(), Loader=CfnLoader)
-
-
 @pytest.fixture(scope="module")
 def template() -> dict[str, Any]:
     return load_template()
-
-
-def defaults(template: dict[str, Any]) -> dict[str, str]:
-    return {name: str(p.get("Default", "")) for name, p in template["Parameters"].items()}
-
-
-def resolve(value: Any, params: dict[str, str]) -> Any:
-    """Resolve what is known before deployment: Refs to parameters and Subs of parameters."""
-    if isinstance(value, dict) and len(value) == 1:
-        ((key, arg),) = value.items()
-        if key == "Ref" and arg in params:
-            return params[arg]
-        if key == "Fn::Sub" and isinstance(arg, str):
-            out = re.sub(r"\$\{([A-Za-z0-9]+)\}", lambda m: params.get(m.group(1), m.group(0)), arg)
-            # What is known only at deployment (${AWS::AccountId}, resource names) stays a Sub.
-            return out if "${" not in out else {key: out}
-        if key == "Fn::GetAtt":
-            return {key: [resolve(a, params) for a in arg]}
-    if isinstance(value, dict):
-        return {k: resolve(v, params) for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve(v, params) for v in value]
-    return value
-
-
-def _replace_identifier(value: Any, ident: str, item: str) -> Any:
-    """What Fn::ForEach does to its fragment: ${ident} -> item, &{ident} -> item without symbols."""
-    if isinstance(value, str):
-        return value.replace(f"${{{ident}}}", item).replace(f"&{{{ident}}}", re.sub(r"[^0-9A-Za-z]", "", item))
-    if isinstance(value, dict):
-        return {_replace_identifier(k, ident, item): _replace_identifier(v, ident, item) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace_identifier(v, ident, item) for v in value]
-    return value
-
-
-def expanded_resources(template: dict[str, Any], pools: list[str]) -> dict[str, Any]:
-    """Resources with every Fn::ForEach over PoolNames expanded for ``pools`` and Subs resolved."""
-    params = {**defaults(template), "PoolNames": ",".join(pools)}
-    out: dict[str, Any] = {}
-    for key, value in template["Resources"].items():
-        if key.startswith("Fn::ForEach::"):
-            ident, collection, fragment = value
-            assert collection == {"Ref": "PoolNames"}, f"{key} should loop over the PoolNames parameter"
-            for pool in pools:
-                for logical_id, resource in _replace_identifier(copy.deepcopy(fragment), ident, pool).items():
-                    assert logical_id not in out, f"duplicate logical id {logical_id}"
-                    out[logical_id] = resolve(resource, params)
-        else:
-            out[key] = resolve(value, params)
-    return out
-
-
-def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    found = {
-        k: v
-        for k, v in template["Resources"].items()
-        if isinstance(v, dict) and v.get("Type") == "AWS::Serverless::Function"
-    }
-    assert set(found) == {"ApiFunction", "DispatcherFunction", "ReaperFunction"}
-    return found
 
 
 # ---- what provision() creates, recorded from fake clients -------------------------------------
@@ -144,9 +70,18 @@ class RecordingDynamo:
     def __init__(self) -> None:
         self.tables: dict[str, dict[str, Any]] = {}
         self.items: list[dict[str, Any]] = []
+        self.ttl: dict[str, dict[str, Any]] = {}
+        self.pitr: dict[str, dict[str, Any]] = {}
 
-    def create_table(self, **kwargs: Any) -> None:
+    def create_table(self, **kwargs: Any) -> dict[str, Any]:
         self.tables[kwargs["TableName"]] = kwargs
+        return {"TableDescription": {"TableName": kwargs["TableName"], "TableStatus": "CREATING"}}
+
+    def update_time_to_live(self, TableName: str, TimeToLiveSpecification: dict[str, Any]) -> None:
+        self.ttl[TableName] = TimeToLiveSpecification
+
+    def update_continuous_backups(self, TableName: str, PointInTimeRecoverySpecification: dict[str, Any]) -> None:
+        self.pitr[TableName] = PointInTimeRecoverySpecification
 
     def get_waiter(self, name: str) -> _Waiter:
         return _Waiter()
@@ -168,19 +103,30 @@ class RecordingSqs:
 
 
 class RecordingS3:
+    """Records each bucket call as {operation: its arguments less Bucket}."""
+
     def __init__(self) -> None:
-        self.buckets: list[str] = []
+        self.buckets: dict[str, dict[str, Any]] = {}
 
     def create_bucket(self, **kwargs: Any) -> None:
-        self.buckets.append(kwargs["Bucket"])
+        self.buckets[kwargs["Bucket"]] = {}
+
+    def __getattr__(self, operation: str) -> Any:
+        if not operation.startswith("put_"):
+            raise AttributeError(operation)
+
+        def record(Bucket: str, **kwargs: Any) -> None:
+            self.buckets[Bucket][operation] = kwargs
+
+        return record
 
 
 @pytest.fixture(scope="module")
-def provisioned() -> tuple[AwsNames, RecordingDynamo, RecordingSqs]:
+def provisioned() -> tuple[AwsNames, RecordingDynamo, RecordingSqs, RecordingS3]:
     names = AwsNames()
-    ddb, sqs = RecordingDynamo(), RecordingSqs()
-    provision(names, POOLS, ddb, sqs, RecordingS3())
-    return names, ddb, sqs
+    ddb, sqs, s3 = RecordingDynamo(), RecordingSqs(), RecordingS3()
+    provision(names, POOLS, ddb, sqs, s3, tls_only=True)
+    return names, ddb, sqs, s3
 
 
 def table_shape(props: dict[str, Any]) -> dict[str, Any]:
@@ -262,22 +208,45 @@ def test_sam_validate(args: list[str]) -> None:
 # ---- the template agrees with the code ------------------------------------------------------
 
 
-def test_tables_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any]) -> None:
-    names, ddb, _ = provisioned
-    resources = expanded_resources(template, POOLS)
-    pairs = {
-        "RunsTable": names.runs_table,
-        "WorkersTable": names.workers_table,
-        "TokensTable": names.tokens_table,
-        "PoolsTable": names.pools_table,
-    }
-    for logical_id, table_name in pairs.items():
-        props = resources[logical_id]["Properties"]
+def test_tables_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]) -> None:
+    names, ddb, _, _ = provisioned
+    declared = expanded_resources(template, POOLS)
+    for logical_id, attr in TABLES.items():
+        props = declared[logical_id]["Properties"]
+        table_name = getattr(names, attr)
         assert props["TableName"] == table_name
         assert table_shape(props) == table_shape(ddb.tables[table_name]), logical_id
-    runs = resources["RunsTable"]["Properties"]
+    runs = declared["RunsTable"]["Properties"]
     assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE}
-    assert runs["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+
+
+# logical id -> AwsNames field
+TABLES = {
+    "RunsTable": "runs_table",
+    "WorkersTable": "workers_table",
+    "TokensTable": "tokens_table",
+    "PoolsTable": "pools_table",
+}
+
+
+def test_table_settings_are_those_of_resources(
+    template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]
+) -> None:
+    """TTL and point-in-time recovery: the template declares, and provision() sets, exactly those
+    of runplane/adapters/aws/resources.py."""
+    names, ddb, _, _ = provisioned
+    declared = template["Resources"]
+    ttl = {"Enabled": True, "AttributeName": resources.WORKERS_TTL_ATTRIBUTE}
+    assert declared["WorkersTable"]["Properties"]["TimeToLiveSpecification"] == ttl
+    assert ddb.ttl == {names.workers_table: ttl}
+    pitr = {"PointInTimeRecoveryEnabled": True}
+    with_pitr = {
+        logical_id
+        for logical_id in TABLES
+        if declared[logical_id]["Properties"].get("PointInTimeRecoverySpecification") == pitr
+    }
+    assert with_pitr == {logical_id for logical_id, attr in TABLES.items() if attr in resources.PITR_TABLES}
+    assert ddb.pitr == {getattr(names, attr): pitr for attr in resources.PITR_TABLES}
 
 
 def test_workers_ttl_is_the_attribute_the_registry_writes(template: dict[str, Any]) -> None:
@@ -299,8 +268,8 @@ def _queue_by_name(resources: dict[str, Any]) -> dict[str, tuple[str, dict[str, 
     }
 
 
-def test_queues_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any]) -> None:
-    names, _, sqs = provisioned
+def test_queues_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]) -> None:
+    names, _, sqs, _ = provisioned
     queues = _queue_by_name(expanded_resources(template, POOLS))
     assert set(queues) == set(sqs.queues), "the template and provision() create different queues"
     wanted = [pool_queue_name(names.prefix, pool) for pool in POOLS] + [events_queue_name(names.prefix)]
@@ -319,9 +288,90 @@ def test_queues_match_provision(template: dict[str, Any], provisioned: tuple[Aws
         dlq_id, dlq_props = queues[f"{name}-dlq"]
         assert dlq_logical_id == dlq_id, f"{name} redrives to {dlq_logical_id}, not to its own dead-letter queue"
         assert str(dlq_props["MessageRetentionPeriod"]) == sqs.queues[f"{name}-dlq"]["MessageRetentionPeriod"]
-    for pool in POOLS:
-        _, props = queues[pool_queue_name(names.prefix, pool)]
-        assert str(props["VisibilityTimeout"]) == sqs.queues[pool_queue_name(names.prefix, pool)]["VisibilityTimeout"]
+        assert int(props["MessageRetentionPeriod"]) == resources.MESSAGE_RETENTION_SECONDS
+        assert int(dlq_props["MessageRetentionPeriod"]) == resources.MESSAGE_RETENTION_SECONDS
+    visibility = {pool_queue_name(names.prefix, pool): resources.POOL_VISIBILITY_SECONDS for pool in POOLS}
+    visibility[events_queue_name(names.prefix)] = resources.EVENTS_VISIBILITY_SECONDS
+    for name, seconds in visibility.items():
+        _, props = queues[name]
+        assert int(props["VisibilityTimeout"]) == seconds == int(sqs.queues[name]["VisibilityTimeout"]), name
+
+
+def test_events_visibility_covers_six_dispatcher_timeouts(template: dict[str, Any]) -> None:
+    timeout = functions(template)["DispatcherFunction"]["Properties"]["Timeout"]
+    assert 6 * timeout <= resources.EVENTS_VISIBILITY_SECONDS
+
+
+def _bucket_as_api(props: dict[str, Any]) -> dict[str, Any]:
+    """The template's bucket properties in the shape of the S3 API calls provision() makes."""
+    (encryption,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    rules = []
+    for rule in props["LifecycleConfiguration"]["Rules"]:
+        api_rule = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
+        api_rule |= {k: v for k, v in rule.items() if k not in ("Id", "Status", "Prefix")}
+        rules.append(api_rule)
+    return {
+        "put_bucket_encryption": {
+            "ServerSideEncryptionConfiguration": {
+                "Rules": [{"ApplyServerSideEncryptionByDefault": encryption["ServerSideEncryptionByDefault"]}]
+            }
+        },
+        "put_public_access_block": {"PublicAccessBlockConfiguration": props["PublicAccessBlockConfiguration"]},
+        "put_bucket_ownership_controls": {"OwnershipControls": props["OwnershipControls"]},
+        "put_bucket_versioning": {"VersioningConfiguration": props["VersioningConfiguration"]},
+        "put_bucket_lifecycle_configuration": {"LifecycleConfiguration": {"Rules": rules}},
+    }
+
+
+def test_bucket_settings_are_those_of_resources(
+    template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]
+) -> None:
+    names, _, _, s3 = provisioned
+    props = template["Resources"]["DataBucket"]["Properties"]
+    declared = _bucket_as_api(props)
+    created = dict(s3.buckets[names.bucket])
+    policy = json.loads(created.pop("put_bucket_policy")["Policy"])
+    assert created == declared
+    assert declared["put_bucket_encryption"]["ServerSideEncryptionConfiguration"] == resources.BUCKET_ENCRYPTION
+    assert declared["put_public_access_block"]["PublicAccessBlockConfiguration"] == resources.PUBLIC_ACCESS_BLOCK
+    assert declared["put_bucket_ownership_controls"]["OwnershipControls"] == {
+        "Rules": [{"ObjectOwnership": resources.OBJECT_OWNERSHIP}]
+    }
+    assert declared["put_bucket_versioning"]["VersioningConfiguration"] == {"Status": resources.VERSIONING_STATUS}
+    assert declared["put_bucket_lifecycle_configuration"]["LifecycleConfiguration"] == {
+        "Rules": resources.lifecycle_rules()
+    }
+    assert policy == resources.bucket_policy(names.bucket, "us-east-1")
+
+
+def test_bucket_policy_is_the_tls_only_policy_of_resources(template: dict[str, Any]) -> None:
+    declared = template["Resources"]["DataBucketPolicy"]["Properties"]
+    assert declared["Bucket"] == {"Ref": "DataBucket"}
+    arn = {"Fn::GetAtt": ["DataBucket", "Arn"]}
+    (statement,) = declared["PolicyDocument"]["Statement"]
+    expected = resources.tls_only_statement("BUCKET")
+    expected["Resource"] = [arn, {"Fn::Sub": "${DataBucket.Arn}/*"}]
+    assert statement == expected
+
+
+def test_job_definitions_and_queues_are_those_the_dispatcher_may_use(template: dict[str, Any]) -> None:
+    """The Batch ARNs of the dispatcher's policy cover what the aws-batch backend names."""
+    params = defaults(template)
+    pool = Pool(
+        name="gpu-a100",
+        backend="aws-batch",
+        cpus=4,
+        memory="8g",
+        default_image="x",
+        options={"job_queue": f"{params['Prefix']}-gpu"},
+    )
+    definition = job_definition_request(pool, {"RUNPLANE_PREFIX": params["Prefix"]})["jobDefinitionName"]
+    found = function_statements(template, "DispatcherFunction")
+    (submit,) = [s for s in found if "batch:SubmitJob" in as_list(s.get("Action", []))]
+    arns = [a["Fn::Sub"].replace("${Prefix}", params["Prefix"]) for a in as_list(submit["Resource"])]
+    kinds = {arn.split(":")[-1].split("/")[0]: arn.split(":")[-1].split("/", 1)[1] for arn in arns}
+    assert fnmatch.fnmatchcase(f"{definition}:1", kinds["job-definition"])
+    assert fnmatch.fnmatchcase(pool.options["job_queue"], kinds["job-queue"])
 
 
 def test_handlers_exist(template: dict[str, Any]) -> None:
@@ -385,23 +435,31 @@ def test_dispatcher_reports_partial_batch_failures(template: dict[str, Any]) -> 
 
 
 def test_outputs(template: dict[str, Any]) -> None:
-    assert {"ApiUrl", "RunsTable", "Bucket", "EventsQueueUrl"} <= set(template["Outputs"])
+    assert {"ApiUrl", "RunsTable", "Bucket", "EventsQueueUrl", "WorkerPolicy"} <= set(template["Outputs"])
+    assert template["Outputs"]["WorkerPolicy"]["Value"] == {"Ref": "WorkerPolicy"}
+
+
+def test_functions_and_their_workers_get_the_stack_region(template: dict[str, Any]) -> None:
+    """Lambda sets AWS_REGION, which StackSettings reads; RUNPLANE_AWS_REGION also reaches the
+    workers the dispatcher launches (it passes its RUNPLANE_* settings on)."""
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["RUNPLANE_AWS_REGION"] == {"Ref": "AWS::Region"}
 
 
 # ---- the LocalStack hook --------------------------------------------------------------------
 
 
-def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, Any, Any]) -> None:
+def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, Any, Any, Any]) -> None:
     text = HOOK.read_text()
-    for suffix in ("runs", "workers", "tokens", "data"):
+    for suffix in ("runs", "workers", "tokens", "pools", "data"):
         assert f"$prefix-{suffix}" in text
-    assert '"$prefix-pool-$pool"' in text
-    assert '"$prefix-events"' in text
+    assert '"$prefix-pool-$pool" "$pool_visibility"' in text
+    assert '"$prefix-events" "$events_visibility"' in text
     assert '"$name-dlq"' in text
-    assert f"max_receives={MAX_RECEIVES}" in text
+    assert "AttributeName=pool,KeyType=HASH" in text
     match = re.search(r"--global-secondary-indexes '(.*?)'", text, re.DOTALL)
     assert match, "the hook creates no global secondary indexes"
-    names, ddb, _ = provisioned
+    names, ddb, _, _ = provisioned
     assert (
         sorted(json.loads(match.group(1)), key=lambda i: i["IndexName"])
         == table_shape(ddb.tables[names.runs_table])["GlobalSecondaryIndexes"]
@@ -416,20 +474,21 @@ def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, An
         assert key in text
 
 
-def _describe(ddb: Any, table: str) -> dict[str, Any]:
-    return table_shape(ddb.describe_table(TableName=table)["Table"] | {"BillingMode": None})
-
-
-def _queue_attributes(sqs: Any, name: str) -> dict[str, Any]:
-    url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
-    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
-    redrive = json.loads(attrs.get("RedrivePolicy", "{}"))
-    return {
-        "MessageRetentionPeriod": attrs["MessageRetentionPeriod"],
-        "VisibilityTimeout": attrs["VisibilityTimeout"],
-        "maxReceiveCount": str(redrive.get("maxReceiveCount", "")),
-        "dlq": redrive.get("deadLetterTargetArn", "").rsplit(":", 1)[-1],
-    }
+def test_hook_values_are_those_of_resources() -> None:
+    """The hook runs where runplane is not installed, so it repeats the values: these must be
+    the ones of runplane/adapters/aws/resources.py."""
+    values = dict(re.findall(r"^([a-z_]+)=(\S+)", HOOK.read_text(), re.MULTILINE))
+    assert {
+        "retention": str(resources.MESSAGE_RETENTION_SECONDS),
+        "pool_visibility": str(resources.POOL_VISIBILITY_SECONDS),
+        "events_visibility": str(resources.EVENTS_VISIBILITY_SECONDS),
+        "max_receives": str(MAX_RECEIVES),
+        "ttl_attribute": resources.WORKERS_TTL_ATTRIBUTE,
+        "sse_algorithm": resources.SSE_ALGORITHM,
+        "object_ownership": resources.OBJECT_OWNERSHIP,
+        "noncurrent_days": str(resources.NONCURRENT_VERSION_DAYS),
+        "abort_days": str(resources.ABORT_INCOMPLETE_UPLOADS_DAYS),
+    }.items() <= values.items()
 
 
 @pytest.mark.slow
@@ -456,19 +515,63 @@ def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_pat
 
     session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
     ddb, sqs, s3 = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3"))
-    provision(ref, POOLS, ddb, sqs, s3)
-    for attr in ("runs_table", "workers_table", "tokens_table"):
-        assert _describe(ddb, getattr(hook, attr)) == _describe(ddb, getattr(ref, attr)), attr
-    ttl = ddb.describe_time_to_live(TableName=hook.workers_table)["TimeToLiveDescription"]
-    assert ttl["AttributeName"] == "expires_at"
-    pairs = [(pool_queue_name(hook.prefix, p), pool_queue_name(ref.prefix, p)) for p in POOLS]
-    pairs.append((events_queue_name(hook.prefix), events_queue_name(ref.prefix)))
-    for hook_queue, ref_queue in pairs:
-        got, want = _queue_attributes(sqs, hook_queue), _queue_attributes(sqs, ref_queue)
-        assert got["dlq"] == f"{hook_queue}-dlq"
-        assert got | {"dlq": ""} == want | {"dlq": ""}
-        assert int(got["maxReceiveCount"]) == MAX_RECEIVES
-    s3.head_bucket(Bucket=hook.bucket)
+    provision(ref, POOLS, ddb, sqs, s3, tls_only=True)  # the hook always sets the policy
+    got, want = read_stack(hook, POOLS, ddb, sqs, s3), read_stack(ref, POOLS, ddb, sqs, s3)
+    for part in ("tables", "queues", "bucket"):
+        assert got[part] == want[part], part
+    assert got["tables"]["workers_table"]["TimeToLive"] == ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
+    assert got["queues"]["events"]["VisibilityTimeout"] == resources.EVENTS_VISIBILITY_SECONDS
+    assert got["bucket"]["policy"] == resources.bucket_policy("BUCKET", "us-east-1")
+
+
+# Runs in the SAM venv: expand Fn::ForEach, apply the SAM transform, print every role it ends with.
+_TRANSLATE = """
+import json, sys
+from samcli.yamlhelper import yaml_parse
+from samcli.lib.cfn_language_extensions.api import process_template
+from samtranslator.translator.transform import transform
+template = process_template(yaml_parse(open(sys.argv[1]).read()))
+template["Transform"] = "AWS::Serverless-2016-10-31"
+template["Globals"]["Function"]["CodeUri"] = "s3://bucket/code.zip"  # what `sam package` leaves
+class NoManagedPolicies:
+    def load(self):
+        return {}
+out = transform(template, {}, NoManagedPolicies())
+resources = out["Resources"].items()
+roles = {k: r["Properties"] for k, r in resources if r["Type"] == "AWS::IAM::Role"}
+functions = {k: r["Properties"]["Role"] for k, r in resources if r["Type"] == "AWS::Lambda::Function"}
+print(json.dumps({"roles": roles, "functions": functions}))
+"""
+
+
+@pytest.mark.sam
+def test_sam_gives_each_function_only_the_templates_statements() -> None:
+    """After the SAM transform, each function's role holds the statements the template writes,
+    plus only SAM's logs and X-Ray managed policies: no AWSLambdaSQSQueueExecutionRole (receive and
+    delete on every queue), which SAM would attach to a role it makes for an SQS event."""
+    ensure_sam_venv()
+    done = run_tool([str(SAM_VENV / "bin" / "python"), "-c", _TRANSLATE, str(TEMPLATE)])
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    template = load_template()
+    for function, role_ref in out["functions"].items():
+        role = out["roles"][role_ref["Fn::GetAtt"][0]]
+        managed = {arn if isinstance(arn, str) else arn["Fn::Sub"] for arn in role.get("ManagedPolicyArns", [])}
+        assert {a.rsplit(":policy/", 1)[1] for a in managed} == {
+            "service-role/AWSLambdaBasicExecutionRole",
+            "AWSXrayWriteOnlyAccess",
+        }, function
+        written = [s for s in function_statements(template, function) if "Template" not in s]
+        held = [
+            s
+            for policy in role.get("Policies", [])
+            for branch in (policy["Fn::If"][1:] if "Fn::If" in policy else [policy])
+            if isinstance(branch, dict) and "PolicyDocument" in branch
+            for s in branch["PolicyDocument"]["Statement"]
+        ]
+        # iam:PassRole is there only with a WorkerRoleArn (empty by default)
+        expected = sorted(s["Sid"] for s in written if s["Sid"] != "PassWorkerRole")
+        assert sorted(s["Sid"] for s in held) == expected, function
 
 
 @pytest.mark.sam

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # LocalStack init hook: create runplane's tables, queues and bucket once LocalStack is ready.
 #
-# The same resources as template.yaml and runplane/adapters/aws/provision.py (keep the three in
-# step): the runs table with its by_owner and by_queue_state indexes, the workers and tokens
-# tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the bucket.
-# Idempotent: what exists already is left as it is, so a restart with a persisted state is fine.
+# The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
+# runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
+# values): the runs table with its by_owner and by_queue_state indexes, the workers, tokens and
+# pools tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the bucket;
+# TTL on the workers table, point-in-time recovery on the runs and tokens tables, and the bucket's
+# encryption, public-access block, ownership, versioning, lifecycle and TLS-only policy.
+# Idempotent: what exists already is left as it is (the settings are applied again, which changes
+# nothing), so a restart with a persisted state is fine.
 #
 # Environment (all optional):
 #   RUNPLANE_PREFIX      resource name prefix                      (default: runplane)
 #   RUNPLANE_POOL_NAMES  comma-separated pool names                (default: default)
-#   RUNPLANE_RUNS_TABLE, RUNPLANE_WORKERS_TABLE, RUNPLANE_TOKENS_TABLE, RUNPLANE_BUCKET
-#                        override one name, as runplane's settings do (default: <prefix>-runs,
-#                        <prefix>-workers, <prefix>-tokens, <prefix>-data)
+#   RUNPLANE_RUNS_TABLE, RUNPLANE_WORKERS_TABLE, RUNPLANE_TOKENS_TABLE, RUNPLANE_POOLS_TABLE,
+#   RUNPLANE_BUCKET      override one name, as runplane's settings do (default: <prefix>-runs,
+#                        <prefix>-workers, <prefix>-tokens, <prefix>-pools, <prefix>-data)
 set -euo pipefail
 
 prefix=${RUNPLANE_PREFIX:-runplane}
@@ -19,11 +23,21 @@ pool_names=${RUNPLANE_POOL_NAMES:-default}
 runs_table=${RUNPLANE_RUNS_TABLE:-$prefix-runs}
 workers_table=${RUNPLANE_WORKERS_TABLE:-$prefix-workers}
 tokens_table=${RUNPLANE_TOKENS_TABLE:-$prefix-tokens}
+pools_table=${RUNPLANE_POOLS_TABLE:-$prefix-pools}
 bucket=${RUNPLANE_BUCKET:-$prefix-data}
 region=${AWS_DEFAULT_REGION:-us-east-1}
-retention=1209600  # 14 days, the SQS maximum
-visibility=60
-max_receives=5
+
+# The values of runplane/adapters/aws/resources.py (this hook runs where runplane is not
+# installed, so they are repeated here; the tests compare them).
+retention=1209600        # MESSAGE_RETENTION_SECONDS: 14 days, the SQS maximum
+pool_visibility=60       # POOL_VISIBILITY_SECONDS
+events_visibility=360    # EVENTS_VISIBILITY_SECONDS: six times the dispatcher's timeout
+max_receives=5           # MAX_RECEIVES
+ttl_attribute=expires_at # WORKERS_TTL_ATTRIBUTE
+sse_algorithm=AES256     # SSE_ALGORITHM
+object_ownership=BucketOwnerEnforced  # OBJECT_OWNERSHIP
+noncurrent_days=7        # NONCURRENT_VERSION_DAYS
+abort_days=7             # ABORT_INCOMPLETE_UPLOADS_DAYS
 
 log() { echo "runplane-init: $*"; }
 
@@ -53,10 +67,32 @@ create_table() {  # name, then the key arguments of create-table
   awslocal dynamodb wait table-exists --table-name "$name"
 }
 
+# Apply a setting (an awslocal command); the answers listed after "--" mean it is in place.
+apply() {
+  local what=$1 out
+  shift
+  local args=() ok=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do args+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && ok=("$@")
+  if out=$(awslocal "${args[@]}" 2>&1); then
+    log "$what ok"
+    return 0
+  fi
+  for answer in "${ok[@]}"; do
+    if [[ $out == *"$answer"* ]]; then
+      log "$what already in place"
+      return 0
+    fi
+  done
+  echo "$out" >&2
+  log "could not set $what"
+  return 1
+}
+
 queue_url() { awslocal sqs get-queue-url --queue-name "$1" --query QueueUrl --output text; }
 
-queue_with_dlq() {  # name: creates name-dlq, then name redriving to it after $max_receives receives
-  local name=$1 dlq_arn redrive
+queue_with_dlq() {  # name, visibility: creates name-dlq, then name redriving to it after $max_receives receives
+  local name=$1 visibility=$2 dlq_arn redrive
   create "queue $name-dlq" sqs create-queue --queue-name "$name-dlq" \
     --attributes "{\"MessageRetentionPeriod\":\"$retention\"}"
   dlq_arn=$(awslocal sqs get-queue-attributes --queue-url "$(queue_url "$name-dlq")" \
@@ -83,20 +119,28 @@ create_table "$workers_table" \
   --key-schema AttributeName=id,KeyType=HASH \
   --attribute-definitions AttributeName=id,AttributeType=S
 # Workers expire on their own when they stop sending heartbeats.
-awslocal dynamodb update-time-to-live --table-name "$workers_table" \
-  --time-to-live-specification Enabled=true,AttributeName=expires_at >/dev/null 2>&1 || true
+apply "TTL of $workers_table" dynamodb update-time-to-live --table-name "$workers_table" \
+  --time-to-live-specification "Enabled=true,AttributeName=$ttl_attribute" -- "already enabled"
 create_table "$tokens_table" \
   --key-schema AttributeName=token_hash,KeyType=HASH \
   --attribute-definitions AttributeName=token_hash,AttributeType=S
+create_table "$pools_table" \
+  --key-schema AttributeName=pool,KeyType=HASH \
+  --attribute-definitions AttributeName=pool,AttributeType=S
+# The records that cannot be rebuilt (PITR_TABLES).
+for table in "$runs_table" "$tokens_table"; do
+  apply "point-in-time recovery of $table" dynamodb update-continuous-backups --table-name "$table" \
+    --point-in-time-recovery-specification PointInTimeRecoveryEnabled=true
+done
 
 # ---- SQS -----------------------------------------------------------------------------------
 IFS=',' read -ra pools <<<"$pool_names"
 for pool in "${pools[@]}"; do
   pool=${pool//[[:space:]]/}
   [ -n "$pool" ] || continue
-  queue_with_dlq "$prefix-pool-$pool"
+  queue_with_dlq "$prefix-pool-$pool" "$pool_visibility"
 done
-queue_with_dlq "$prefix-events"
+queue_with_dlq "$prefix-events" "$events_visibility"
 
 # ---- S3 ------------------------------------------------------------------------------------
 if [ "$region" = us-east-1 ]; then
@@ -105,5 +149,33 @@ else
   create "bucket $bucket" s3api create-bucket --bucket "$bucket" \
     --create-bucket-configuration "LocationConstraint=$region"
 fi
+case $region in
+  cn-*) partition=aws-cn ;;
+  us-gov-*) partition=aws-us-gov ;;
+  *) partition=aws ;;
+esac
+bucket_arn="arn:$partition:s3:::$bucket"
+apply "encryption of $bucket" s3api put-bucket-encryption --bucket "$bucket" \
+  --server-side-encryption-configuration \
+  "{\"Rules\":[{\"ApplyServerSideEncryptionByDefault\":{\"SSEAlgorithm\":\"$sse_algorithm\"}}]}"
+apply "public access block of $bucket" s3api put-public-access-block --bucket "$bucket" \
+  --public-access-block-configuration \
+  BlockPublicAcls=true,IgnorePublicAcls=true,BlockPublicPolicy=true,RestrictPublicBuckets=true
+apply "ownership of $bucket" s3api put-bucket-ownership-controls --bucket "$bucket" \
+  --ownership-controls "{\"Rules\":[{\"ObjectOwnership\":\"$object_ownership\"}]}"
+apply "versioning of $bucket" s3api put-bucket-versioning --bucket "$bucket" \
+  --versioning-configuration Status=Enabled
+apply "lifecycle of $bucket" s3api put-bucket-lifecycle-configuration --bucket "$bucket" \
+  --lifecycle-configuration "{\"Rules\":[
+    {\"ID\":\"abort-incomplete-uploads\",\"Status\":\"Enabled\",\"Filter\":{\"Prefix\":\"\"},
+     \"AbortIncompleteMultipartUpload\":{\"DaysAfterInitiation\":$abort_days}},
+    {\"ID\":\"expire-noncurrent-versions\",\"Status\":\"Enabled\",\"Filter\":{\"Prefix\":\"\"},
+     \"NoncurrentVersionExpiration\":{\"NoncurrentDays\":$noncurrent_days}}]}"
+# Only TLS. LocalStack enforces bucket policies only with ENFORCE_IAM=1; then reach it over
+# https (https://localhost.localstack.cloud:4566), since the policy refuses plain HTTP.
+apply "TLS-only policy of $bucket" s3api put-bucket-policy --bucket "$bucket" --policy "{
+  \"Version\":\"2012-10-17\",\"Statement\":[{\"Sid\":\"DenyInsecureTransport\",\"Effect\":\"Deny\",
+  \"Principal\":\"*\",\"Action\":\"s3:*\",\"Resource\":[\"$bucket_arn\",\"$bucket_arn/*\"],
+  \"Condition\":{\"Bool\":{\"aws:SecureTransport\":\"false\"}}}]}"
 
 log "ready: prefix $prefix, pools ${pool_names}, bucket $bucket"

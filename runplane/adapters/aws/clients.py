@@ -29,9 +29,25 @@ def new_session(config: AwsConfig) -> boto3.Session:
     )
 
 
+def s3_options(config: AwsConfig) -> dict[str, Any]:
+    """What S3 clients add to the common options: Signature Version 4 (S3 refuses the older
+    signature in presigned URLs for new buckets and in newer regions), and, on AWS itself, the
+    region's own endpoint in virtual-hosted style (``<bucket>.s3.<region>.amazonaws.com``;
+    botocore falls back to path style for names that cannot be a host name), never the global
+    endpoint, which redirects for buckets outside us-east-1. Left to botocore's endpoint rules
+    rather than spelt out, so partitions other than aws (amazonaws.com.cn) come out right.
+    An ``endpoint_url`` (moto, LocalStack) keeps its own addressing."""
+    s3: dict[str, str] = {"us_east_1_regional_endpoint": "regional"}
+    if config.endpoint_url is None:
+        s3["addressing_style"] = "virtual"
+    return {"signature_version": "s3v4", "s3": s3}
+
+
 def make_client(service: str, config: AwsConfig, session: boto3.Session | None = None, **overrides: Any) -> Any:
     """A client with standard retries and timeouts. Build clients in one thread; use them from any."""
     session = session or new_session(config)
+    if service == "s3":
+        overrides = {**s3_options(config), **overrides}
     botocore_config = Config(
         retries={"mode": "standard", "max_attempts": 5},
         connect_timeout=3,

@@ -1,7 +1,11 @@
 """Create the AWS resources template.yaml declares, for moto, LocalStack or a bare account.
 
-Idempotent: existing resources are left as they are. ``template.yaml`` stays the production
-path; this mirrors it for the embedded local stack and the tests.
+Idempotent: existing resources are left as they are; a resource this call creates gets the
+settings of ``runplane.adapters.aws.resources`` (the values template.yaml declares too): queue
+visibility timeouts, retention and redrive, the workers table's TTL, point-in-time recovery, and
+the bucket's encryption, public-access block, ownership, versioning, lifecycle and (over HTTPS)
+TLS-only policy. ``template.yaml`` stays the production path; this mirrors it for the embedded
+local stack and the tests.
 """
 
 from __future__ import annotations
@@ -13,11 +17,13 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE
+from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 
-MAX_RECEIVES = 5
+__all__ = ["MAX_RECEIVES", "AwsNames", "provision"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,8 @@ class AwsNames:
                 object.__setattr__(self, attr, f"{self.prefix}-{suffix}")
 
 
-def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes: list[dict[str, Any]]) -> None:
+def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes: list[dict[str, Any]]) -> bool:
+    """Create the table unless it exists; True when this call created it."""
     kwargs: dict[str, Any] = {
         "TableName": name,
         "KeySchema": [{"AttributeName": key, "KeyType": "HASH"}],
@@ -51,12 +58,15 @@ def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes:
     if indexes:
         kwargs["GlobalSecondaryIndexes"] = indexes
     try:
-        ddb.create_table(**kwargs)
+        created = ddb.create_table(**kwargs)
     except ClientError as e:
         if error_code(e) != "ResourceInUseException":
             raise
-        return
-    ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+        return False
+    # moto and LocalStack answer ACTIVE at once; DynamoDB says CREATING for a few seconds.
+    if created.get("TableDescription", {}).get("TableStatus") != "ACTIVE":
+        ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    return True
 
 
 def _index(name: str, hash_key: str, range_key: str) -> dict[str, Any]:
@@ -67,39 +77,100 @@ def _index(name: str, hash_key: str, range_key: str) -> dict[str, Any]:
     }
 
 
-def _queue_with_dlq(sqs: Any, name: str) -> None:
-    dlq_url = sqs.create_queue(QueueName=f"{name}-dlq", Attributes={"MessageRetentionPeriod": "1209600"})["QueueUrl"]
+def _tables(ddb: Any, names: AwsNames) -> None:
+    created = {
+        "runs_table": _create_table(
+            ddb,
+            names.runs_table,
+            "id",
+            {"id": "S", "owner": "S", "qs": "S", "created_at": "N"},
+            [_index(BY_OWNER, "owner", "created_at"), _index(BY_QUEUE_STATE, "qs", "created_at")],
+        ),
+        "workers_table": _create_table(ddb, names.workers_table, "id", {"id": "S"}, []),
+        "tokens_table": _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, []),
+        "pools_table": _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, []),
+    }
+    # Only on creation: DynamoDB refuses to enable TTL that is already enabled.
+    if created["workers_table"]:
+        ddb.update_time_to_live(
+            TableName=names.workers_table,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": resources.WORKERS_TTL_ATTRIBUTE},
+        )
+    for attr in resources.PITR_TABLES:
+        if created[attr]:
+            ddb.update_continuous_backups(
+                TableName=getattr(names, attr),
+                PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
+            )
+
+
+def _queue_with_dlq(sqs: Any, name: str, visibility_seconds: int) -> None:
+    retention = str(resources.MESSAGE_RETENTION_SECONDS)
+    dlq_url = sqs.create_queue(QueueName=f"{name}-dlq", Attributes={"MessageRetentionPeriod": retention})["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
-    sqs.create_queue(
-        QueueName=name,
-        Attributes={
-            "MessageRetentionPeriod": "1209600",
-            "VisibilityTimeout": "60",
-            "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_RECEIVES)}),
-        },
-    )
+    try:
+        sqs.create_queue(
+            QueueName=name,
+            Attributes={
+                "MessageRetentionPeriod": retention,
+                "VisibilityTimeout": str(visibility_seconds),
+                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": str(MAX_RECEIVES)}),
+            },
+        )
+    except ClientError as e:
+        # SQS says so only when the queue exists with other attributes: left as it is.
+        if error_code(e) != "QueueAlreadyExists":
+            raise
 
 
-def provision(names: AwsNames, pools: Iterable[str], ddb: Any, sqs: Any, s3: Any, region: str = "us-east-1") -> None:
-    """Create tables, queues (with DLQs) and the bucket."""
-    _create_table(
-        ddb,
-        names.runs_table,
-        "id",
-        {"id": "S", "owner": "S", "qs": "S", "created_at": "N"},
-        [_index(BY_OWNER, "owner", "created_at"), _index(BY_QUEUE_STATE, "qs", "created_at")],
-    )
-    _create_table(ddb, names.workers_table, "id", {"id": "S"}, [])
-    _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, [])
-    _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, [])
-    for pool in pools:
-        _queue_with_dlq(sqs, pool_queue_name(names.prefix, pool))
-    _queue_with_dlq(sqs, events_queue_name(names.prefix))
+def _bucket(s3: Any, bucket: str, region: str, tls_only: bool) -> None:
     try:
         if region == "us-east-1":
-            s3.create_bucket(Bucket=names.bucket)
+            s3.create_bucket(Bucket=bucket)
         else:
-            s3.create_bucket(Bucket=names.bucket, CreateBucketConfiguration={"LocationConstraint": region})
+            s3.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region})
     except ClientError as e:
         if error_code(e) not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
             raise
+        return
+    # us-east-1 answers success for a bucket one owns already: there these are applied again,
+    # which changes nothing (each call sets the whole configuration).
+    s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration=resources.BUCKET_ENCRYPTION)
+    s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration=resources.PUBLIC_ACCESS_BLOCK)
+    s3.put_bucket_ownership_controls(
+        Bucket=bucket, OwnershipControls={"Rules": [{"ObjectOwnership": resources.OBJECT_OWNERSHIP}]}
+    )
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": resources.VERSIONING_STATUS})
+    s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": resources.lifecycle_rules()})
+    if tls_only:
+        s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(resources.bucket_policy(bucket, region)))
+
+
+def _queues(sqs: Any, prefix: str, pools: list[str]) -> None:
+    for pool in pools:
+        _queue_with_dlq(sqs, pool_queue_name(prefix, pool), resources.POOL_VISIBILITY_SECONDS)
+    _queue_with_dlq(sqs, events_queue_name(prefix), resources.EVENTS_VISIBILITY_SECONDS)
+
+
+def provision(
+    names: AwsNames,
+    pools: Iterable[str],
+    ddb: Any,
+    sqs: Any,
+    s3: Any,
+    region: str = "us-east-1",
+    *,
+    tls_only: bool | None = None,
+) -> None:
+    """Create tables, queues (with DLQs) and the bucket, each with the settings of ``resources``.
+
+    ``tls_only``: give the bucket the policy that refuses requests made without TLS. By default
+    only when ``s3`` talks to its endpoint over HTTPS: on a local stack served over plain HTTP
+    (moto, LocalStack) that policy would refuse every request (moto even refuses them all
+    whatever the transport, as it does not evaluate the policy's condition).
+    """
+    if tls_only is None:
+        tls_only = str(s3.meta.endpoint_url).startswith("https://")
+    _tables(ddb, names)
+    _queues(sqs, names.prefix, list(pools))
+    _bucket(s3, names.bucket, region, tls_only)

@@ -1,6 +1,14 @@
 """Create the Azure Storage resources of a stack (tables, queues with poison queues, a container),
 on Azurite or a real account. Idempotent: existing resources are left as they are.
 ``deprovision`` removes them again (tests, throwaway stacks).
+
+What ``runplane.adapters.aws.resources`` sets on AWS, where it applies here: the container is
+private (no anonymous access; infra/azure/azuredeploy.json also turns public blob access off for
+the account); a message's time to live and visibility are set per message by the queue adapter,
+and its poison queue stands for the dead-letter queue. The rest belongs to the storage account
+and is the deployment template's: encryption at rest is always on, HTTPS only and TLS 1.2
+(``supportsHttpsTrafficOnly``, ``minimumTlsVersion``), no shared keys. Table storage has no TTL
+(stale workers are skipped and removed by the registry) and no point-in-time recovery.
 """
 
 from __future__ import annotations
@@ -82,7 +90,7 @@ def provision(names: AzureNames, pools: Iterable[str], clients: AzureClients) ->
             with contextlib.suppress(ResourceExistsError):
                 clients.queues.create_queue(queue)
         with contextlib.suppress(ResourceExistsError):
-            clients.blobs.create_container(names.container)
+            clients.blobs.create_container(names.container, public_access=None)  # private
     except AzureError as e:
         raise BackendError(f"provision stack {names.prefix}: {error_code(e) or e.message}") from e
 

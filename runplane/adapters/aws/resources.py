@@ -1,0 +1,95 @@
+"""The settings of a stack's AWS resources, in one place.
+
+``template.yaml`` declares them for a deployed stack, ``provision()`` creates them on moto,
+LocalStack or a bare account, and ``localstack/init/ready.d/10-runplane.sh`` creates them on
+LocalStack. ``tests/integration/test_template.py`` holds the template and the hook to the values
+here, so the three cannot drift apart. Shapes are those of the S3 and SQS APIs (what boto3 sends).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ---- SQS ----------------------------------------------------------------------------------------
+
+MESSAGE_RETENTION_SECONDS = 14 * 24 * 3600
+"""Every queue and dead-letter queue keeps messages 14 days, the SQS maximum."""
+POOL_VISIBILITY_SECONDS = 60
+"""A pool queue's default visibility timeout (agents also set their own on each receive)."""
+EVENTS_VISIBILITY_SECONDS = 360
+"""The dispatcher's event queue: six times the dispatcher's 60 s timeout, as Lambda advises for
+SQS event sources (a shorter one would redeliver events still being handled)."""
+MAX_RECEIVES = 5
+"""Receives before SQS moves a message to the queue's dead-letter queue."""
+
+# ---- DynamoDB -----------------------------------------------------------------------------------
+
+WORKERS_TTL_ATTRIBUTE = "expires_at"
+"""The workers table's TTL attribute: a worker that stops heartbeating expires on its own."""
+PITR_TABLES = ("runs_table", "tokens_table")
+"""The tables (``AwsNames`` fields) with point-in-time recovery: the records that cannot be
+rebuilt. Workers and pool records are rewritten every few seconds and need none."""
+
+# ---- S3: the data bucket ------------------------------------------------------------------------
+
+SSE_ALGORITHM = "AES256"
+BUCKET_ENCRYPTION: dict[str, Any] = {"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": SSE_ALGORITHM}}]}
+PUBLIC_ACCESS_BLOCK: dict[str, bool] = {
+    "BlockPublicAcls": True,
+    "IgnorePublicAcls": True,
+    "BlockPublicPolicy": True,
+    "RestrictPublicBuckets": True,
+}
+OBJECT_OWNERSHIP = "BucketOwnerEnforced"
+"""ACLs off: the bucket owner owns every object."""
+VERSIONING_STATUS = "Enabled"
+"""Versioning keeps an overwritten or deleted log or output recoverable for a while..."""
+NONCURRENT_VERSION_DAYS = 7
+"""...for this many days; then the lifecycle rule expires the old version, so cost stays bounded
+(the agent's own log, rewritten every few minutes, would otherwise pile up versions)."""
+ABORT_INCOMPLETE_UPLOADS_DAYS = 7
+
+
+def lifecycle_rules() -> list[dict[str, Any]]:
+    """The bucket's lifecycle rules (``put_bucket_lifecycle_configuration``'s ``Rules``)."""
+    return [
+        {
+            "ID": "abort-incomplete-uploads",
+            "Status": "Enabled",
+            "Filter": {"Prefix": ""},
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": ABORT_INCOMPLETE_UPLOADS_DAYS},
+        },
+        {
+            "ID": "expire-noncurrent-versions",
+            "Status": "Enabled",
+            "Filter": {"Prefix": ""},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS},
+        },
+    ]
+
+
+def partition(region: str) -> str:
+    """The ARN partition of ``region``."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+def tls_only_statement(bucket_arn: str) -> dict[str, Any]:
+    """Deny every request to the bucket and its objects that does not come over TLS."""
+    return {
+        "Sid": "DenyInsecureTransport",
+        "Effect": "Deny",
+        "Principal": "*",
+        "Action": "s3:*",
+        "Resource": [bucket_arn, f"{bucket_arn}/*"],
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+    }
+
+
+def bucket_policy(bucket: str, region: str) -> dict[str, Any]:
+    """The data bucket's policy: TLS only."""
+    arn = f"arn:{partition(region)}:s3:::{bucket}"
+    return {"Version": "2012-10-17", "Statement": [tls_only_statement(arn)]}

@@ -1,0 +1,530 @@
+"""The deployment's security settings: the stack's region, SigV4 presigned URLs on the regional
+endpoint, the local stack's resources equal to the template's, least-privilege IAM for each
+function and the workers, and IMDSv2 with hop limit 1 for EC2 workers.
+
+Each test here failed on the deployment as it was before (SigV2 URLs on the global endpoint,
+us-east-1 whatever AWS_REGION said, SAM CRUD policy templates and ``batch:*`` on ``*``, a local
+stack without TTL, PITR or bucket settings)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import urllib.request
+import uuid
+from importlib import resources as package_files
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import botocore.session
+import pytest
+import yaml
+from botocore.validate import ParamValidator
+
+from runplane.adapters.aws import resources
+from runplane.adapters.aws.provision import AwsNames, provision
+from runplane.adapters.aws.s3 import S3ObjectStore
+from runplane.bootstrap import Stack, aws_clients, aws_names
+from runplane.settings import StackSettings
+from tests.aws_readback import read_stack
+from tests.cfn_template import (
+    ROOT,
+    CfnLoader,
+    as_list,
+    expanded_resources,
+    function_statements,
+    functions,
+    load_template,
+    role_of,
+)
+
+BATCH = ROOT / "infra" / "aws-batch"
+AMI = ROOT / "infra" / "ami"
+
+# The only actions a function may be granted on every resource ("*"): AWS Batch defines no
+# resource type for them (they support no resource-level permissions), so IAM requires "*".
+UNSCOPED_ACTIONS = {"batch:ListJobs", "batch:DescribeJobs", "batch:DescribeJobDefinitions"}
+READ_ACTIONS = {
+    "dynamodb:GetItem",
+    "dynamodb:BatchGetItem",
+    "dynamodb:Query",
+    "dynamodb:Scan",
+    "dynamodb:DescribeTable",
+    "dynamodb:ConditionCheckItem",
+}
+
+
+@pytest.fixture(scope="module")
+def template() -> dict[str, Any]:
+    return load_template()
+
+
+# ---- the region -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "region"),
+    [
+        ({"AWS_REGION": "eu-west-1"}, "eu-west-1"),  # what Lambda (and ECS) set
+        ({"AWS_DEFAULT_REGION": "ap-south-1"}, "ap-south-1"),
+        ({"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "ap-south-1"}, "eu-west-1"),
+        ({"RUNPLANE_AWS_REGION": "eu-central-1", "AWS_REGION": "eu-west-1"}, "eu-central-1"),
+        ({"RUNPLANE_AWS_REGION": "", "AWS_REGION": "eu-west-1"}, "eu-west-1"),
+        ({}, "us-east-1"),
+    ],
+)
+def test_region_comes_from_the_environment(environ: dict[str, str], region: str) -> None:
+    settings = StackSettings.from_env(environ)
+    assert settings.aws_region == region
+    clients = aws_clients(settings)
+    for service in ("dynamodb", "sqs", "s3"):
+        assert clients[service].meta.region_name == region, service
+        assert region in clients[service].meta.endpoint_url, service
+
+
+# ---- presigned URLs -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Keys from the environment only (signing needs no network), no profile of this machine."""
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "RUNPLANE_AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+
+
+def _assert_sigv4(url: str, region: str) -> dict[str, list[str]]:
+    query = parse_qs(urlsplit(url).query)
+    assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"], url
+    (credential,) = query["X-Amz-Credential"]
+    assert credential.endswith(f"/{region}/s3/aws4_request"), credential
+    assert "X-Amz-Signature" in query
+    assert not {"AWSAccessKeyId", "Signature"} & set(query), "a Signature Version 2 URL"
+    return query
+
+
+@pytest.mark.usefixtures("offline_credentials")
+@pytest.mark.parametrize("region", ["eu-west-1", "us-east-1", "ap-southeast-2"])
+def test_presigned_urls_are_sigv4_on_the_regional_endpoint(region: str) -> None:
+    settings = StackSettings.from_env({"AWS_REGION": region, "RUNPLANE_BUCKET": "rp-data-123456789012"})
+    objects = S3ObjectStore(settings.bucket, aws_clients(settings)["s3"])
+    url = objects.url("runs/r-1/outputs/1/model weights.bin", expires_seconds=600)
+    parts = urlsplit(url)
+    assert parts.scheme == "https"
+    assert parts.hostname == f"rp-data-123456789012.s3.{region}.amazonaws.com"
+    assert parts.path == "/runs/r-1/outputs/1/model%20weights.bin"
+    query = _assert_sigv4(url, region)
+    assert query["X-Amz-Expires"] == ["600"]
+
+
+@pytest.mark.usefixtures("offline_credentials")
+def test_bucket_names_that_cannot_be_host_names_keep_the_regional_endpoint() -> None:
+    settings = StackSettings.from_env({"AWS_REGION": "eu-west-1", "RUNPLANE_BUCKET": "rp.data.example"})
+    url = S3ObjectStore(settings.bucket, aws_clients(settings)["s3"]).url("runs/r-1/outputs/1/a")
+    assert urlsplit(url).hostname == "s3.eu-west-1.amazonaws.com"  # path style: TLS covers the host
+    _assert_sigv4(url, "eu-west-1")
+
+
+def test_presigned_url_downloads_the_object_from_moto(aws_stack: Stack) -> None:
+    key = "runs/r-1/outputs/1/result.txt"
+    aws_stack.objects.put_bytes(key, b"forty-two\n")
+    url = aws_stack.objects.url(key)
+    _assert_sigv4(url, aws_stack.settings.aws_region)
+    with urllib.request.urlopen(url, timeout=10) as response:  # the moto server on 127.0.0.1
+        assert response.read() == b"forty-two\n"
+
+
+# ---- the local stack is the template's ----------------------------------------------------------
+
+
+def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any]:
+    """What read_stack() should find on a stack deployed from the template: its queues, the
+    TTL and PITR of its tables, and its bucket, in read_stack()'s shape."""
+    declared = expanded_resources(template, pools)
+    prefix = template["Parameters"]["Prefix"]["Default"]
+    name_to_id = {r["Properties"]["QueueName"]: i for i, r in declared.items() if r["Type"] == "AWS::SQS::Queue"}
+
+    def queue(name: str) -> dict[str, Any]:
+        (props,) = [r["Properties"] for r in declared.values() if r.get("Properties", {}).get("QueueName") == name]
+        redrive = props.get("RedrivePolicy")
+        return {
+            "MessageRetentionPeriod": int(props.get("MessageRetentionPeriod", 345600)),  # SQS defaults
+            "VisibilityTimeout": int(props.get("VisibilityTimeout", 30)),
+            "maxReceiveCount": int(redrive["maxReceiveCount"]) if redrive else None,
+            "redrives to its own -dlq": (
+                redrive["deadLetterTargetArn"]["Fn::GetAtt"][0] == name_to_id[f"{name}-dlq"] if redrive else None
+            ),
+        }
+
+    queues: dict[str, Any] = {}
+    for role, name in [(f"pool {p}", f"{prefix}-pool-{p}") for p in pools] + [("events", f"{prefix}-events")]:
+        queues[role] = queue(name)
+        queues[f"{role} dlq"] = queue(f"{name}-dlq")
+
+    tables = {}
+    for logical_id, field in {
+        "RunsTable": "runs_table",
+        "WorkersTable": "workers_table",
+        "TokensTable": "tokens_table",
+        "PoolsTable": "pools_table",
+    }.items():
+        props = declared[logical_id]["Properties"]
+        ttl = props.get("TimeToLiveSpecification", {})
+        pitr = props.get("PointInTimeRecoverySpecification", {}).get("PointInTimeRecoveryEnabled")
+        tables[field] = {
+            "TimeToLive": ("ENABLED", ttl["AttributeName"]) if ttl.get("Enabled") else ("DISABLED", None),
+            "PointInTimeRecovery": "ENABLED" if pitr else "DISABLED",
+        }
+
+    bucket = declared["DataBucket"]["Properties"]
+    lifecycle = []
+    for rule in bucket["LifecycleConfiguration"]["Rules"]:
+        api_rule = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
+        lifecycle.append(api_rule | {k: v for k, v in rule.items() if k not in ("Id", "Status", "Prefix")})
+    (statement,) = declared["DataBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    statement = copy.deepcopy(statement)
+    arns = {json.dumps({"Fn::GetAtt": ["DataBucket", "Arn"]}): "arn:aws:s3:::BUCKET"}
+    arns[json.dumps({"Fn::Sub": "${DataBucket.Arn}/*"})] = "arn:aws:s3:::BUCKET/*"
+    statement["Resource"] = [arns[json.dumps(r)] for r in as_list(statement["Resource"])]
+    return {
+        "tables": tables,
+        "queues": queues,
+        "bucket": {
+            "encryption": [
+                c["ServerSideEncryptionByDefault"]
+                for c in bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+            ],
+            "public_access_block": bucket["PublicAccessBlockConfiguration"],
+            "ownership": bucket["OwnershipControls"]["Rules"],
+            "versioning": bucket["VersioningConfiguration"]["Status"],
+            "lifecycle": sorted(lifecycle, key=lambda r: r["ID"]),
+            "policy": {"Version": "2012-10-17", "Statement": [statement]},
+        },
+    }
+
+
+def test_local_stack_resources_are_the_templates(template: dict[str, Any], aws_stack: Stack) -> None:
+    """provision() on moto (the local stack's path), read back from the services: queue
+    visibility timeouts, TTL, PITR, encryption, public-access block, versioning and lifecycle are
+    what template.yaml declares. Served over plain HTTP, it gets no TLS-only policy (which would
+    refuse every request): the next test gives it one."""
+    pools = [p.name for p in aws_stack.pools.pools]
+    clients = aws_clients(aws_stack.settings)
+    found = read_stack(aws_names(aws_stack.settings), pools, clients["dynamodb"], clients["sqs"], clients["s3"])
+    for table in found["tables"].values():
+        for key in ("KeySchema", "AttributeDefinitions", "GlobalSecondaryIndexes"):
+            del table[key]
+    expected = _template_stack(template, pools)
+    assert found["queues"] == expected["queues"]
+    assert found["tables"] == expected["tables"]
+    assert found["bucket"].pop("policy") is None
+    expected["bucket"].pop("policy")
+    assert found["bucket"] == expected["bucket"]
+    # and the values are the ones the code holds
+    assert found["queues"]["events"]["VisibilityTimeout"] == resources.EVENTS_VISIBILITY_SECONDS
+
+
+def test_provision_gives_the_bucket_the_templates_tls_only_policy(template: dict[str, Any], moto_endpoint: str) -> None:
+    settings = StackSettings(prefix=f"tls{uuid.uuid4().hex[:8]}", aws_endpoint_url=moto_endpoint)
+    clients = aws_clients(settings)
+    names = aws_names(settings)
+    provision(names, ["default"], clients["dynamodb"], clients["sqs"], clients["s3"], tls_only=True)
+    found = read_stack(names, ["default"], clients["dynamodb"], clients["sqs"], clients["s3"])
+    assert found["bucket"]["policy"] == _template_stack(template, ["default"])["bucket"]["policy"]
+    assert found["bucket"]["policy"]["Statement"] == [resources.tls_only_statement("arn:aws:s3:::BUCKET")]
+
+
+class _PolicyRecorder:
+    """An S3 client that records bucket policies and accepts every other call."""
+
+    def __init__(self, endpoint_url: str) -> None:
+        self.meta = SimpleNamespace(endpoint_url=endpoint_url)
+        self.policies: dict[str, Any] = {}
+
+    def put_bucket_policy(self, Bucket: str, Policy: str) -> None:
+        self.policies[Bucket] = json.loads(Policy)
+
+    def __getattr__(self, name: str) -> Any:
+        answer = {
+            "TableDescription": {"TableStatus": "ACTIVE"},
+            "QueueUrl": "https://sqs/q",
+            "Attributes": {"QueueArn": "arn:q"},
+        }
+        return lambda **kwargs: answer
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "region", "policy"),
+    [
+        ("https://s3.eu-west-1.amazonaws.com", "eu-west-1", True),
+        ("https://s3.cn-north-1.amazonaws.com.cn", "cn-north-1", True),
+        ("http://127.0.0.1:5000", "us-east-1", False),
+    ],
+)
+def test_provision_sets_the_tls_only_policy_over_https(endpoint: str, region: str, policy: bool) -> None:
+    s3 = _PolicyRecorder(endpoint)
+    other = _PolicyRecorder(endpoint)
+    provision(AwsNames(prefix="p"), ["default"], other, other, s3, region)
+    if not policy:
+        assert s3.policies == {}
+        return
+    partition = "aws-cn" if region.startswith("cn-") else "aws"
+    assert s3.policies == {"p-data": resources.bucket_policy("p-data", region)}
+    assert s3.policies["p-data"]["Statement"][0]["Resource"][0] == f"arn:{partition}:s3:::p-data"
+
+
+def test_bucket_refuses_plain_http(template: dict[str, Any]) -> None:
+    """Every request to the bucket or its objects without TLS is denied, whoever makes it."""
+    denies = [
+        s
+        for s in template["Resources"]["DataBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+        if s["Effect"] == "Deny"
+    ]
+    (deny,) = denies
+    assert deny["Principal"] == "*" and deny["Action"] == "s3:*"
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    covered = {json.dumps(r, sort_keys=True) for r in as_list(deny["Resource"])}
+    assert covered == {
+        json.dumps({"Fn::GetAtt": ["DataBucket", "Arn"]}, sort_keys=True),
+        json.dumps({"Fn::Sub": "${DataBucket.Arn}/*"}, sort_keys=True),
+    }
+    props = template["Resources"]["DataBucket"]["Properties"]
+    assert props["VersioningConfiguration"] == {"Status": "Enabled"}
+    noncurrent = [r for r in props["LifecycleConfiguration"]["Rules"] if "NoncurrentVersionExpiration" in r]
+    assert noncurrent and noncurrent[0]["NoncurrentVersionExpiration"]["NoncurrentDays"] > 0
+
+
+# ---- IAM: least privilege -------------------------------------------------------------------
+
+
+def _all_statements(template: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out = {name: function_statements(template, name) for name in functions(template)}
+    out["WorkerPolicy"] = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    return out
+
+
+def _resource_types() -> dict[str, dict[str, Any]]:
+    """cfn-lint's copy of the Service Authorization Reference: service -> action -> its
+    resource types (none: the action supports no resource-level permissions)."""
+    path = package_files.files("cfnlint") / "data" / "AdditionalSpecs" / "Policies.json"
+    return {service: spec["Actions"] for service, spec in json.loads(path.read_text()).items()}
+
+
+def _references(value: Any) -> set[str]:
+    """The logical ids a statement's resources name (Ref, GetAtt, ${X.Arn} in a Sub)."""
+    text = json.dumps(value)
+    found = set()
+    for logical_id in ("RunsTable", "WorkersTable", "TokensTable", "PoolsTable", "DataBucket", "EventsQueue"):
+        if f'"{logical_id}"' in text or f"${{{logical_id}" in text:
+            found.add(logical_id)
+    return found
+
+
+def test_policies_are_statements_not_broad_sam_templates(template: dict[str, Any]) -> None:
+    for name, found in _all_statements(template).items():
+        templates = [s["Template"] for s in found if "Template" in s]
+        assert not templates, f"{name} uses SAM policy templates (more than it needs): {templates}"
+
+
+def test_nothing_is_granted_on_every_resource_but_the_unscoped_batch_reads(template: dict[str, Any]) -> None:
+    types = _resource_types()
+    for name, found in _all_statements(template).items():
+        for statement in found:
+            if "Template" in statement:
+                continue  # a SAM policy template: test_policies_are_statements_not_broad_sam_templates
+            assert (
+                statement.get("Effect") == "Allow" and "NotAction" not in statement and "NotResource" not in statement
+            )
+            actions = set(as_list(statement["Action"]))
+            assert not any("*" in a for a in actions), f"{name}: a wildcard action in {statement}"
+            everything = "*" in as_list(statement["Resource"])
+            for action in actions:
+                service, _, verb = action.partition(":")
+                scoped = bool(types[service][verb.lower()].get("Resources"))
+                if everything:
+                    assert action in UNSCOPED_ACTIONS, f"{name}: {action} is granted on every resource"
+                    assert not scoped, f"{name}: {action} supports resource-level permissions; scope it"
+                else:
+                    # A scoped grant of an action IAM only grants on "*" would silently deny it.
+                    assert scoped, f"{name}: {action} supports no resource-level permissions, yet is scoped"
+
+
+def test_the_unscoped_batch_reads_are_documented(template: dict[str, Any]) -> None:
+    text = (ROOT / "template.yaml").read_text()
+    assert "support no resource-level permissions" in text
+    readme = (BATCH / "README.md").read_text()
+    for action in UNSCOPED_ACTIONS:
+        assert action in readme
+
+
+def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None:
+    reached = {
+        name: set().union(*(_references(s.get("Resource")) for s in found))
+        for name, found in _all_statements(template).items()
+    }
+    assert reached["ApiFunction"] == {
+        "RunsTable",
+        "WorkersTable",
+        "PoolsTable",
+        "TokensTable",
+        "DataBucket",
+        "EventsQueue",
+    }
+    assert reached["DispatcherFunction"] == {
+        "RunsTable",
+        "WorkersTable",
+        "PoolsTable",
+        "EventsQueue",
+    }  # its event source
+    assert reached["ReaperFunction"] == {"RunsTable", "EventsQueue"}
+    assert reached["WorkerPolicy"] == {"RunsTable", "WorkersTable", "DataBucket", "EventsQueue"}
+
+
+def test_the_dispatcher_has_no_access_to_the_tokens_table(template: dict[str, Any]) -> None:
+    policies = functions(template)["DispatcherFunction"]["Properties"].get("Policies", [])
+    assert "TokensTable" not in json.dumps([policies, role_of(template, "DispatcherFunction")])
+    assert not any("TokensTable" in json.dumps(s) for s in function_statements(template, "DispatcherFunction"))
+
+
+# What SAM attaches to the role it makes for a function, by event type: AWSLambdaSQSQueueExecutionRole
+# (sqs:ReceiveMessage and sqs:DeleteMessage on every queue of the account) for SQS events.
+BROAD_EVENT_POLICIES = {"SQS", "Kinesis", "DynamoDB", "MSK", "MQ", "SelfManagedKafka", "DocumentDB"}
+
+
+def test_functions_with_queue_events_have_their_own_narrow_role(template: dict[str, Any]) -> None:
+    for name, function in functions(template).items():
+        kinds = {e["Type"] for e in function["Properties"].get("Events", {}).values()}
+        if not kinds & BROAD_EVENT_POLICIES:
+            continue
+        role = role_of(template, name)
+        assert role is not None, f"{name}: SAM would attach a managed policy on every queue or stream"
+        props = role["Properties"]
+        assert props["AssumeRolePolicyDocument"]["Statement"] == [
+            {"Effect": "Allow", "Principal": {"Service": "lambda.amazonaws.com"}, "Action": "sts:AssumeRole"}
+        ]
+        managed = {arn["Fn::Sub"].rsplit(":policy/", 1)[1] for arn in props.get("ManagedPolicyArns", [])}
+        assert managed <= {"service-role/AWSLambdaBasicExecutionRole", "AWSXrayWriteOnlyAccess"}, managed
+        # the event source mapping reads its own queue, and that queue only
+        receive = [s for s in function_statements(template, name) if "sqs:ReceiveMessage" in as_list(s["Action"])]
+        sources = [e["Properties"]["Queue"] for e in function["Properties"]["Events"].values() if e["Type"] == "SQS"]
+        assert [s["Resource"] for s in receive] == sources
+
+
+def _actions_on(found: list[dict[str, Any]], logical_id: str) -> set[str]:
+    actions: set[str] = set()
+    for statement in found:
+        if "Template" in statement:
+            if logical_id in json.dumps(statement["Template"]):
+                actions |= {f"sam:{next(iter(statement['Template']))}"}
+        elif logical_id in _references(statement.get("Resource")):
+            actions |= set(as_list(statement["Action"]))
+    return actions
+
+
+def test_the_api_only_reads_the_workers_and_pools_tables(template: dict[str, Any]) -> None:
+    found = function_statements(template, "ApiFunction")
+    for table in ("WorkersTable", "PoolsTable"):
+        actions = _actions_on(found, table)
+        assert actions, f"the API reads {table}"
+        assert actions <= READ_ACTIONS, f"the API may change {table}: {sorted(actions - READ_ACTIONS)}"
+
+
+def test_the_api_manages_tokens_but_cannot_change_other_tables_wholesale(template: dict[str, Any]) -> None:
+    found = function_statements(template, "ApiFunction")
+    assert _actions_on(found, "TokensTable") == {
+        "dynamodb:GetItem",
+        "dynamodb:PutItem",
+        "dynamodb:DeleteItem",
+        "dynamodb:Scan",
+    }
+    # runs are never deleted or scanned
+    assert not {"dynamodb:DeleteItem", "dynamodb:Scan"} & _actions_on(found, "RunsTable")
+
+
+def test_the_reaper_queries_and_updates_runs_and_sends_hints(template: dict[str, Any]) -> None:
+    found = function_statements(template, "ReaperFunction")
+    assert _actions_on(found, "RunsTable") == {"dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:GetItem"}
+    sqs = {a for s in found for a in as_list(s["Action"]) if a.startswith("sqs:")}
+    assert sqs == {"sqs:SendMessage", "sqs:GetQueueUrl"}
+
+
+def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, Any]) -> None:
+    found = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert _actions_on(found, "RunsTable") == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
+    assert _actions_on(found, "WorkersTable") == {"dynamodb:PutItem", "dynamodb:GetItem"}
+    objects = [s for s in found if "DataBucket" in _references(s["Resource"])]
+    for statement in objects:
+        for resource in as_list(statement["Resource"]):
+            text = resource.get("Fn::Sub", "") if isinstance(resource, dict) else ""
+            if text:  # objects: only under runs/ (and the agent's own log, write only)
+                assert text in ("${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*"), text
+                if text.endswith("/agents/*"):
+                    assert as_list(statement["Action"]) == ["s3:PutObject"]
+            else:  # the bucket: listing, under runs/ only
+                assert as_list(statement["Action"]) == ["s3:ListBucket"]
+                assert statement["Condition"] == {"StringLike": {"s3:prefix": "runs/*"}}
+    assert {"ApiUrl", "WorkerPolicy"} <= set(template["Outputs"])
+
+
+def test_the_documented_worker_policy_is_the_templates(template: dict[str, Any]) -> None:
+    readme = (BATCH / "README.md").read_text()
+    document = json.loads(readme.split("## The worker (agent) policy", 1)[1].split("```json", 1)[1].split("```", 1)[0])
+    declared = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    documented = {s["Sid"]: s for s in document["Statement"]}
+    assert set(documented) == {s["Sid"] for s in declared}
+    for statement in declared:
+        doc = documented[statement["Sid"]]
+        assert set(as_list(doc["Action"])) == set(as_list(statement["Action"])), statement["Sid"]
+        assert doc.get("Condition") == statement.get("Condition"), statement["Sid"]
+
+
+# ---- IMDSv2, hop limit 1 --------------------------------------------------------------------
+
+
+def _require_imdsv2(options: dict[str, Any]) -> None:
+    assert options["HttpTokens"] == "required"
+    assert options["HttpPutResponseHopLimit"] == 1
+    assert options.get("HttpEndpoint", "enabled") == "enabled"
+
+
+def test_batch_launch_template_requires_imdsv2_with_hop_limit_1() -> None:
+    cfn = yaml.load((BATCH / "launch-template.yaml").read_text(), Loader=CfnLoader)
+    (launch,) = [r for r in cfn["Resources"].values() if r["Type"] == "AWS::EC2::LaunchTemplate"]
+    _require_imdsv2(launch["Properties"]["LaunchTemplateData"]["MetadataOptions"])
+
+
+def test_launch_template_data_for_the_cli_is_valid_and_requires_imdsv2() -> None:
+    data = json.loads((BATCH / "launch-template-data.json").read_text())
+    _require_imdsv2(data["MetadataOptions"])
+    model = botocore.session.get_session().get_service_model("ec2")
+    shape = model.operation_model("CreateLaunchTemplate").input_shape.members["LaunchTemplateData"]
+    report = ParamValidator().validate(data, shape)
+    assert not report.has_errors(), report.generate_report()
+
+
+def test_launch_template_passes_cfn_lint() -> None:
+    lint = Path(sys.executable).parent / "cfn-lint"
+    done = subprocess.run([str(lint), str(BATCH / "launch-template.yaml")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_worker_docs_and_user_data_require_imdsv2() -> None:
+    batch_readme = (BATCH / "README.md").read_text()
+    assert "(launch-template.yaml)" in batch_readme and "(launch-template-data.json)" in batch_readme
+    ami_readme = (AMI / "README.md").read_text()
+    assert "HttpTokens: required" in ami_readme and "HttpPutResponseHopLimit: 1" in ami_readme
+    assert "../aws-batch/launch-template.yaml" in ami_readme
+    user_data = (AMI / "user-data.yaml").read_text()
+    assert "HttpPutResponseHopLimit 1" in user_data
+    script = yaml.safe_load(user_data)["runcmd"][0][-1]
+    # refuses IMDSv1 (a metadata answer without a token) before anything starts the agent
+    guard = script.index("http://169.254.169.254/latest/meta-data/")
+    assert guard < script.index("runplane-install") and guard < script.index("install.sh")
+    assert "systemctl disable --now runplane-agent" in script
