@@ -157,7 +157,7 @@ def bare_container(
     allocation = Allocator(list(host_cpus())).allocate("bare", res.cpus, res.gpus)
     marks = [time.perf_counter()]
     mount = Path(tempfile.mkdtemp(dir=scratch))
-    mount.chmod(0o777)  # as the agent does: the run's user, not the agent's, writes there
+    os.chown(mount, 65534, 65534)  # as the agent does: the run's own directory, 0700
     kwargs = container_spec(run, image, config, mount, allocation)
     if name is not None:
         kwargs["name"] = name

@@ -23,7 +23,9 @@ from runplane.services import lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
+from worker_agent.network import NetworkCheck
 from worker_agent.resources import Allocator, Gpu, host_cpus
+from worker_agent.users import ImageUsers
 
 log = logging.getLogger(__name__)
 RELEASE_DELAY_SECONDS = 5
@@ -66,8 +68,13 @@ class Agent:
         clock: Callable[[], float],
         inputs: InputCache | None = None,
         images: ImageCache | None = None,
+        network: NetworkCheck | None = None,
     ) -> None:
         self.config = config
+        # runs that ask for a network get one only where the start-up check passed (network.py)
+        self.network = network.network if network is not None else None
+        refused = network.refused if network is not None else None
+        self.network_refused: str | None = None if self.network else refused or "its network was not checked"
         self.inputs = inputs
         self.images = images
         self.ports = ports
@@ -80,6 +87,8 @@ class Agent:
             work_dir=config.work_dir,
             lease_seconds=config.lease_seconds,
         )
+        # who each image's runs run as, read once per image for all this agent's runs
+        self.users = ImageUsers(docker_client, {f"{LABEL}.stack": self.executor_config.stack_id})
         self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
         self.active: dict[str, RunExecutor] = {}
         self.cached_inputs = inputs.entries() if inputs is not None else 0
@@ -203,7 +212,9 @@ class Agent:
                 return
             self.ports.queue.delete(self.config.pool, delivery)  # stale hint
             return
-        not_ours = refuses(self.config.tag, self.config.tag_exclusive, self.config.group, run)
+        not_ours = refuses(
+            self.config.tag, self.config.tag_exclusive, self.config.group, run, network_refused=self.network_refused
+        )
         if not_ours:
             log.debug("run %s is not for this worker: %s", run.id, not_ours)
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
@@ -241,6 +252,8 @@ class Agent:
             allocation,
             self.inputs,
             self.images,
+            self.network,
+            users=self.users,
         )
         with self._lock:
             self.active[claimed.id] = executor
@@ -300,7 +313,8 @@ class Agent:
 
     def _report(self, status: str) -> None:
         with self._lock:
-            runs = list(self.active)
+            owners = {run_id: executor.run.owner for run_id, executor in self.active.items()}
+        runs = list(owners)
         left = self._runs_left()
         free_cpus, free_gpus = self.allocator.free()
         try:
@@ -320,6 +334,7 @@ class Agent:
                     cached_inputs=self.cached_inputs,
                     memory=self.config.memory,
                     runs=runs,
+                    run_owners=owners,
                     runs_done=self.finished,
                     runs_left=left,
                     started_at=self.started_at,
@@ -328,6 +343,7 @@ class Agent:
                     tag=self.config.tag,
                     tag_exclusive=self.config.tag_exclusive,
                     group=self.config.group,
+                    network_refused=self.network_refused,
                 )
             )
         except RunplaneError as e:

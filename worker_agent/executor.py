@@ -7,7 +7,9 @@ attempt and worker, so a run taken away from this worker is abandoned, not overw
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Callable
@@ -18,6 +20,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests
+from docker.types import LogConfig
 
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
 from runplane.domain.models import FailureReason, Run, RunState, Usage
@@ -28,9 +31,11 @@ from runplane.services.logs import outputs_prefix
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache, InputUnavailable
 from worker_agent.logship import LogShipper
+from worker_agent.network import NetworkError, RunNetwork
 from worker_agent.outputs import upload_dir
 from worker_agent.resources import Allocation
-from worker_agent.usage import Sample, dir_size, from_stats, read_cgroup
+from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
+from worker_agent.users import DEFAULT_RUN_AS, RUN_HOME, ImageUsers, RunAs, UnknownUser
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,13 @@ class ExecutorConfig:
     run_user: str = "nobody"
     stack_id: str = ""
     pull: str = "missing"  # missing | never
+    # the pool's containment (Pool.allow_root, max_output_files, max_log_size)
+    allow_root: bool = False
+    max_output_files: int = 100_000
+    max_log_size: int = 1024**3
+    docker_log_size: str = "10m"  # Docker's own json log of a run: two files of at most this
+    inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)
+    disk_sample_share: float = 0.05  # the most of its time the agent spends walking a run's files
 
 
 @dataclass
@@ -76,6 +88,7 @@ class _Flags:
     kill: threading.Event = field(default_factory=threading.Event)
     lease_lost: threading.Event = field(default_factory=threading.Event)
     requeue: threading.Event = field(default_factory=threading.Event)
+    log_limit: threading.Event = field(default_factory=threading.Event)
 
 
 class RunExecutor:
@@ -92,14 +105,21 @@ class RunExecutor:
         allocation: Allocation | None = None,
         inputs: InputCache | None = None,
         images: ImageCache | None = None,
+        network: RunNetwork | None = None,
+        users: ImageUsers | None = None,
     ) -> None:
         self.images = images
+        self.users = users or ImageUsers(docker_client, {f"{LABEL}.stack": config.stack_id})
+        self.network = network
         self.claimed_at = clock()
         self.run_ = run
         self.allocation = allocation
         self.inputs = inputs
         self.mounts: dict[str, Path] = {}
-        self.image_user = ""
+        self.image: Any = None
+        self.run_as = DEFAULT_RUN_AS
+        self.log_bytes = 0  # stdout + stderr received, written by the follower thread only
+        self.logs: Any = None  # the attached output stream, closed at cleanup whatever happened
         self._input_keys: list[str] = []
         self.ports = ports
         self.docker = docker_client
@@ -111,6 +131,7 @@ class RunExecutor:
         self.container: Any = None
         self.run_dir = config.work_dir / "runs" / f"{run.id}-{run.attempt}"
         self.output_dir = self.run_dir / "output"
+        self.home_dir = self.run_dir / "home"
         self.shippers = {
             s: LogShipper(ports.objects, run.id, run.attempt, s, clock, config.log_flush_seconds)
             for s in ("stdout", "stderr")
@@ -168,39 +189,36 @@ class RunExecutor:
 
     def execute(self) -> None:
         run = self.run
-        t0 = self.clock()
         image = run.spec.image or ""
-        outcome = self._ensure_image(image)
-        if outcome is None and self.images is not None:
-            try:
-                self.images.used(image)
-            except OSError as e:  # bookkeeping for pruning; never a reason to fail the run
-                log.warning("run %s: could not record image use: %s", run.id, e)
-        self.usage.timings["pull"] = round(self.clock() - t0, 3)
-        if outcome is None:
-            outcome = self._fetch_inputs()
-        if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
-            outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
+        outcome = self._prepare(image)
         if outcome is not None:
             self._final(outcome)
             return
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.output_dir.chmod(0o777)  # the run's user (not the agent's) writes here; only it is mounted
         try:
             self.container = self._create(run, image)
+            # attached before it starts: every byte, straight from the container, whatever
+            # Docker's own (capped, rotated) log file keeps
+            logs = self.logs = self.container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
         except docker.errors.APIError as e:
             self._final(_create_failure(e, self.allocation))
             return
         try:
             self.container.start()
         except docker.errors.APIError as e:
+            logs.close()
             self._final(_create_failure(e, self.allocation, "start"))
             return
+        if run.spec.network:  # hook: close the run's network off, then let its command start
+            failure = self._open_network()
+            if failure is not None:
+                self._kill_container()
+                self._final(failure)
+                return
         started = self.clock()
         # a LeaseLost here leaves through run_safely, whose cleanup removes the started container
         message = f"container started on worker {self.config.worker_id}"
         self._set_run(lifecycle.advance(self.ports.store, run, RunState.RUNNING, started, message))
-        outcome = self._watch(started)
+        outcome = self._watch(started, logs)
         self.usage.timings["run"] = round(self.clock() - started, 3)
         if self.flags.lease_lost.is_set():
             raise LeaseLost(f"run {run.id} attempt {run.attempt} was taken away")
@@ -210,6 +228,35 @@ class RunExecutor:
                 self.ports.store, self.ports.queue, self.run, self.clock(), "worker terminated", charge=False
             )
             return
+        if outcome.reason == FailureReason.DISK_LIMIT:  # what is over the limit is never uploaded
+            outcome.message += "; outputs not uploaded"
+            self._final(outcome)
+            return
+        self._final(self._upload(outcome))
+
+    def _prepare(self, image: str) -> Outcome | None:
+        """The image, who runs it, the run's directories and its inputs; an Outcome if the run
+        ends here."""
+        t0 = self.clock()
+        outcome = self._ensure_image(image)
+        if outcome is None and self.images is not None:
+            try:
+                self.images.used(image)
+            except OSError as e:  # bookkeeping for pruning; never a reason to fail the run
+                log.warning("run %s: could not record image use: %s", self.run.id, e)
+        if outcome is None:
+            outcome = self._resolve_user()
+        self.usage.timings["pull"] = round(self.clock() - t0, 3)
+        if outcome is None:
+            outcome = self._make_dirs()
+        if outcome is None:
+            outcome = self._fetch_inputs()
+        if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
+            outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
+        return outcome
+
+    def _upload(self, outcome: Outcome) -> Outcome:
+        run = self.run
         self._set_run(
             lifecycle.advance(
                 self.ports.store, self.run, RunState.UPLOADING, self.clock(), f"uploading outputs ({outcome.state})"
@@ -230,11 +277,11 @@ class RunExecutor:
                 outcome = Outcome(RunState.FAILED, FailureReason.UPLOAD_FAILED, report.error, outcome.exit_code)
             else:
                 outcome.message += f"; {report.error}"
-        self._final(outcome)
+        return outcome
 
     def _ensure_image(self, image: str) -> Outcome | None:
         try:
-            self.image_user = _image_user(self.docker.images.get(image))
+            self.image = self.docker.images.get(image)
             return None
         except docker.errors.ImageNotFound:
             pass
@@ -249,7 +296,7 @@ class RunExecutor:
                 f"image {image} is not on this worker and pulling is off",
             )
         try:
-            self.image_user = _image_user(self.docker.images.pull(image))
+            self.image = self.docker.images.pull(image)
             return None
         except (docker.errors.APIError, requests.RequestException) as e:
             return Outcome(
@@ -257,6 +304,38 @@ class RunExecutor:
                 FailureReason.IMAGE_NOT_FOUND,
                 f"image {image} is not on this worker and could not be pulled: {_explain(e)}",
             )
+
+    def _resolve_user(self) -> Outcome | None:
+        """Who the command runs as, from the image's own account files (users.py)."""
+        image = self.run.spec.image
+        try:
+            self.run_as = self.users.run_as(self.image, self.config.run_user, self.config.allow_root)
+        except UnknownUser as e:
+            return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"image {image}: {e.message}")
+        except (docker.errors.APIError, requests.RequestException) as e:
+            return Outcome(
+                RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot read the users of image {image}: {_explain(e)}"
+            )
+        return None
+
+    def _make_dirs(self) -> Outcome | None:
+        """The run's directories: 0700 and the run's uid's, in a 0700 ``runs`` directory."""
+        uid, gid = self.run_as.uid, self.run_as.gid
+        dirs = [self.run_dir, self.output_dir] + ([self.home_dir] if self.run_as.home else [])
+        try:
+            self.run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for path in dirs:
+                path.mkdir(mode=0o700, exist_ok=True)
+                os.chown(path, uid, gid)
+                path.chmod(0o700)
+        except PermissionError as e:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.AGENT_ERROR,
+                f"cannot give the run's directory to uid {uid}: the agent runs as uid {os.geteuid()} and must be "
+                f"root to run commands as another user (or use --run-user {os.geteuid()}:{os.getegid()}): {e}",
+            )
+        return None
 
     def _fetch_inputs(self) -> Outcome | None:
         run = self.run
@@ -267,14 +346,24 @@ class RunExecutor:
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, "this worker has no input cache")
         try:
             for name, source in sorted(run.spec.inputs.items()):
-                fetched = self.inputs.fetch(source, self._user)
+                fetched = self.inputs.fetch(source, self._user, owner=run.owner, groups=run.owner_groups)
                 self._input_keys.append(fetched.key)
-                self.mounts[name] = fetched.path
+                self.mounts[name] = self._input_path(fetched.path)
         except InputUnavailable as e:
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"input unavailable: {e.message}")
         finally:
             self.usage.timings["inputs"] = round(self.clock() - t0, 3)
         return None
+
+    def _input_path(self, path: Path) -> Path:
+        """``path`` (in the cache) seen through the read-only nosuid,nodev view, if there is one."""
+        view = self.config.inputs_view
+        if view is None or self.inputs is None:
+            return path
+        try:
+            return view / path.resolve().relative_to(self.inputs.root.resolve())
+        except ValueError:
+            return path
 
     @property
     def _user(self) -> str:
@@ -282,8 +371,20 @@ class RunExecutor:
 
     def _create(self, run: Run, image: str) -> Any:
         kwargs = container_spec(
-            run, image, self.config, self.output_dir.resolve(), self.allocation, self.mounts, self.image_user
+            run,
+            image,
+            self.config,
+            self.output_dir.resolve(),
+            self.allocation,
+            self.mounts,
+            self.run_as,
+            self.home_dir.resolve() if self.run_as.home else None,
+            inputs_on_safe_mount=all(_on_read_only_safe_mount(p) for p in self.mounts.values()),
         )
+        if run.spec.network:  # hook: the agent's run network, the command behind a gate (network.py)
+            if self.network is None:
+                raise RuntimeError("this worker has no contained network for runs")
+            self.network.prepare(kwargs, self.run_dir)
         try:
             return self.docker.containers.create(**kwargs)
         except docker.errors.APIError as e:
@@ -292,6 +393,28 @@ class RunExecutor:
             # a container of this attempt left by an earlier life of this worker
             self.docker.containers.get(kwargs["name"]).remove(force=True)
             return self.docker.containers.create(**kwargs)
+
+    def _open_network(self) -> Outcome | None:
+        """Install the run's network rules, then let its command start (see network.py)."""
+        t0 = self.clock()
+        try:
+            if self.network is None:
+                raise NetworkError("this worker has no contained network for runs")
+            flags = self.flags
+            self.network.release(
+                self.container,
+                self.run_dir,
+                lambda: flags.kill.is_set() or flags.requeue.is_set() or flags.lease_lost.is_set(),
+            )
+        except NetworkError as e:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                f"the run's network could not be closed off, so its command never started: {e}",
+            )
+        finally:
+            self.usage.timings["network"] = round(self.clock() - t0, 3)
+        return None
 
     def _check_control(self) -> Outcome | None:
         """Poll the store for a kill or a lost lease (the heartbeat does it too, less often)."""
@@ -307,16 +430,50 @@ class RunExecutor:
             return Outcome(RunState.KILLED, FailureReason.KILLED, "killed on request before the container started")
         return None
 
-    def _follow(self, stream: str) -> None:
+    def _follow(self, logs: Any) -> None:
+        """Ship stdout and stderr from the attached stream as they come, up to the pool's
+        ``max_log_size``, and read on to the end: the engine writes to this stream as the
+        container writes, so a stream left unread would hold the container (and its kill) up."""
         try:
-            for chunk in self.container.logs(
-                stream=True, follow=True, stdout=stream == "stdout", stderr=stream == "stderr"
-            ):
-                self.shippers[stream].write(chunk)
-        except (docker.errors.APIError, requests.RequestException) as e:
-            log.warning("run %s: %s stream ended early: %s", self.run.id, stream, e)
+            for out, err in logs:
+                for stream, data in (("stdout", out), ("stderr", err)):
+                    if data:
+                        self._ship(stream, data)
+        except (docker.errors.APIError, requests.RequestException, OSError) as e:
+            log.warning("run %s: the output stream ended early: %s", self.run.id, e)
+        finally:
+            logs.close()
 
-    def _watch(self, started: float) -> Outcome:  # noqa: C901 - one loop, several limits
+    def _ship(self, stream: str, data: bytes) -> None:
+        """Take in ``data``, at most up to the log limit; past it, flag the run (``_watch`` stops
+        it) and drop the rest. A full buffer is uploaded here, which holds the container's output
+        back meanwhile: the agent's memory stays bounded whatever a run prints."""
+        room = self.config.max_log_size - self.log_bytes
+        if len(data) > room:
+            data = data[: max(room, 0)]
+            self.flags.log_limit.set()
+        if not data:
+            return
+        self.log_bytes += len(data)
+        shipper = self.shippers[stream]
+        shipper.write(data)
+        if shipper.pending() >= shipper.max_buffer:
+            try:
+                shipper.flush()
+            except RunplaneError as e:
+                log.warning("run %s: log upload failed (will retry): %s", self.run.id, e)
+
+    def _log_limit(self) -> Outcome | None:
+        if not self.flags.log_limit.is_set():
+            return None
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.LOG_LIMIT,
+            f"wrote more than {format_bytes(self.config.max_log_size)} to stdout and stderr, the pool's "
+            "max_log_size: stopped (the log keeps what came before the limit)",
+        )
+
+    def _watch(self, started: float, logs: Any) -> Outcome:  # noqa: C901 - one loop, several limits
         run = self.run
         limit = run.spec.resources.time
         exited = threading.Event()
@@ -329,11 +486,11 @@ class RunExecutor:
                 result["Error"] = str(e)
             exited.set()
 
-        followers = [threading.Thread(target=self._follow, args=(s,), daemon=True) for s in self.shippers]
-        for t in [threading.Thread(target=waiter, daemon=True), *followers]:
+        follower = threading.Thread(target=self._follow, args=(logs,), daemon=True)
+        for t in (threading.Thread(target=waiter, daemon=True), follower):
             t.start()
         stopped: Outcome | None = None
-        next_poll = next_usage = self.clock()
+        next_poll = next_usage = next_disk = self.clock()
         while not exited.wait(self.config.tick_seconds):
             now = self.clock()
             if now >= next_poll:
@@ -353,23 +510,23 @@ class RunExecutor:
             if now >= next_usage:
                 next_usage = now + self.config.usage_seconds
                 self._sample_usage()
-                disk, disk_limit = self.usage.disk or 0, run.spec.resources.disk
-                if disk_limit is not None and disk > disk_limit and stopped is None:
-                    stopped = Outcome(
-                        RunState.FAILED,
-                        FailureReason.DISK_LIMIT,
-                        f"output directory grew to {format_bytes(disk)}, over the "
-                        f"{format_bytes(disk_limit)} disk limit",
-                    )
+            if now >= next_disk:
+                over = self._check_disk()
+                # walking a run's files takes at most disk_sample_share of the agent's time
+                spent = self.clock() - now
+                next_disk = now + max(self.config.usage_seconds, spent / self.config.disk_sample_share)
+                stopped = stopped or over
+            stopped = stopped or self._log_limit()
             if stopped is not None:
                 self._kill_container()
                 exited.wait(10)
                 break
             self._flush_logs(only_due=True)
-        self._sample_usage(final=True)
-        for t in followers:
-            t.join(timeout=5)
+        self._sample_usage()
+        follower.join(timeout=5)
         self._flush_logs()
+        # a run may write past a limit and end before a sample sees it: look once more
+        over = self._check_disk() or self._log_limit()
         try:
             self.container.reload()
         except docker.errors.NotFound:
@@ -386,9 +543,10 @@ class RunExecutor:
                 "the container was removed from the Docker engine while it ran (not by runplane)",
             )
         exit_code = result.get("StatusCode", state.get("ExitCode"))
-        if stopped is not None:
-            stopped.exit_code = exit_code
-            return stopped
+        ended = stopped or over
+        if ended is not None:
+            ended.exit_code = exit_code
+            return ended
         if state.get("OOMKilled"):
             limit_text = format_bytes(run.spec.resources.memory or 0)
             return Outcome(
@@ -420,7 +578,7 @@ class RunExecutor:
             if "is not running" not in str(e):
                 log.warning("run %s: kill failed: %s", self.run.id, e)
 
-    def _sample_usage(self, final: bool = False) -> None:
+    def _sample_usage(self) -> None:
         sample: Sample | None = read_cgroup(self.container.id)
         if sample is None:
             try:
@@ -432,9 +590,48 @@ class RunExecutor:
                 self.usage.cpu_seconds = round(sample.cpu_seconds, 3)
             if sample.memory_peak is not None:
                 self.usage.memory_peak = max(self.usage.memory_peak or 0, sample.memory_peak)
-        # while it runs, the walk stops once past the limit: that is all the check needs
-        limit = None if final else self.run.spec.resources.disk
-        self.usage.disk = dir_size(self.output_dir, stop_after=limit)
+
+    def _check_disk(self) -> Outcome | None:
+        """Everything the run wrote against its disk limit: its output directory (by apparent
+        size, and by count against the pool's max_output_files), its home directory and the
+        container's own writable layer. The walks stop once past a limit."""
+        limit, most = self.run.spec.resources.disk, self.config.max_output_files
+        output = walk(self.output_dir, limit, most)
+        home = walk(self.home_dir, _rest(limit, output.size)) if self.run_as.home else Tree()
+        layer = self._layer_size(_rest(limit, output.size + home.size))
+        total = output.size + home.size + layer.size
+        self.usage.disk = total
+        if output.entries > most:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.DISK_LIMIT,
+                f"the output directory holds more than {most} files and directories, the pool's max_output_files",
+            )
+        if limit is None or total <= limit:
+            return None
+        parts = [("output directory", output.size), ("container file system", layer.size), ("home", home.size)]
+        detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts if size)
+        more = "more than " if output.stopped or home.stopped or layer.stopped else ""
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.DISK_LIMIT,
+            f"wrote {more}{format_bytes(total)} ({detail}), over the {format_bytes(limit)} disk limit",
+        )
+
+    def _layer_size(self, most: int | None) -> Tree:
+        """The container's writable layer: its overlay upper directory walked from here when this
+        agent can see it (as cheap as Docker's own count, and it stops early), else the
+        ``SizeRw`` the engine counts."""
+        data = (self.container.attrs.get("GraphDriver") or {}).get("Data") or {}
+        upper = data.get("UpperDir")
+        if upper and Path(upper).is_dir():
+            return walk(upper, most)
+        try:
+            found = self.docker.api.containers(all=True, filters={"id": self.container.id}, size=True)
+        except (docker.errors.APIError, requests.RequestException) as e:
+            log.warning("run %s: cannot size the container's file system: %s", self.run.id, e)
+            return Tree()
+        return Tree(size=int((found[0] if found else {}).get("SizeRw") or 0))
 
     def _flush_logs(self, only_due: bool = False) -> None:
         for shipper in self.shippers.values():
@@ -477,6 +674,9 @@ class RunExecutor:
                     self.inputs.release(key, self._user)
                 except OSError as e:
                     log.warning("run %s: could not release input %s: %s", self.run.id, key, e)
+        if self.logs is not None:
+            with contextlib.suppress(OSError):
+                self.logs.close()
         if self.container is not None:
             try:
                 self.container.remove(force=True)
@@ -487,6 +687,8 @@ class RunExecutor:
 
 
 CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
+"""What a root run keeps (only on a pool with ``allow_root``); a run that is not root gets none."""
+DOCKER_LOG_FILES = 2
 
 
 def container_spec(
@@ -496,15 +698,29 @@ def container_spec(
     output_dir: Path,
     allocation: Allocation | None,
     inputs: dict[str, Path] | None = None,
-    image_user: str = "",
+    run_as: RunAs = DEFAULT_RUN_AS,
+    home_dir: Path | None = None,
+    *,
+    inputs_on_safe_mount: bool = False,
 ) -> dict[str, Any]:
-    """Everything ``containers.create`` gets for ``run``: the command under ``sh -c``, limits,
-    the run's own cores and GPUs, and the hardening every run has."""
+    """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
+    ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
+    ``home_dir`` is mounted as HOME when ``run_as`` asks for one (and the run sets no HOME).
+    ``inputs_on_safe_mount``: the input paths are on a read-only nosuid,nodev mount (the
+    inputs view), so they are bound without Docker's "ro", which runc applies by a remount that
+    drops nosuid and nodev; read-only they stay, from the mount they come from."""
     res = run.spec.resources
     env = dict(run.spec.env)
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
     allocation = allocation or Allocation((), ())
     env.update(allocation.environment())
+    volumes = {str(output_dir): {"bind": OUTPUT_MOUNT, "mode": "rw"}}
+    if run_as.home and home_dir is not None and "HOME" not in run.spec.env:
+        env["HOME"] = run_as.home
+        volumes[str(home_dir)] = {"bind": RUN_HOME, "mode": "rw"}
+    input_mode = "rw" if inputs_on_safe_mount else "ro"
+    for name, path in sorted((inputs or {}).items()):
+        volumes[str(path)] = {"bind": f"/inputs/{name}", "mode": input_mode}
     spec: dict[str, Any] = {
         "image": image,
         "entrypoint": ["/bin/sh", "-c"],
@@ -512,16 +728,14 @@ def container_spec(
         "name": f"runplane-{run.id}-{run.attempt}",
         "working_dir": OUTPUT_MOUNT,
         "environment": env,
-        "volumes": {
-            str(output_dir): {"bind": OUTPUT_MOUNT, "mode": "rw"},
-            **{str(path): {"bind": f"/inputs/{name}", "mode": "ro"} for name, path in sorted((inputs or {}).items())},
-        },
+        "volumes": volumes,
         "network_mode": config.network_mode if run.spec.network else "none",
         "mem_limit": res.memory,
         "memswap_limit": res.memory,
         "pids_limit": config.pids_limit,
+        "user": run_as.user,
         "cap_drop": ["ALL"],
-        "cap_add": CAPABILITIES,
+        "cap_add": CAPABILITIES if run_as.root else [],
         "security_opt": ["no-new-privileges"],
         "privileged": False,
         "labels": {
@@ -530,35 +744,28 @@ def container_spec(
             f"{LABEL}.worker_id": config.worker_id,
             f"{LABEL}.stack": config.stack_id,
         },
+        # the agent ships the output itself (attached); Docker's own copy stays small
+        "log_config": LogConfig(
+            type="json-file", config={"max-size": config.docker_log_size, "max-file": str(DOCKER_LOG_FILES)}
+        ),
         "detach": True,
         **allocation.docker_kwargs(int(res.cpus * 1e9)),
     }
     if config.shm_size:
         spec["shm_size"] = config.shm_size
-    user = run_user(config.run_user, image_user)
-    if user is not None:
-        spec["user"] = user
     return spec
 
 
-NOBODY = "65534:65534"
+def _on_read_only_safe_mount(path: Path) -> bool:
+    try:
+        flags = os.statvfs(path).f_flag
+    except OSError:
+        return False
+    return flags & (os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV) == os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV
 
 
-def run_user(setting: str, image_user: str) -> str | None:
-    """The ``user`` a container runs as. ``nobody``: the image's own user if it names a non-root
-    one, else uid/gid 65534; ``image``: whatever the image says (None: Docker's default);
-    anything else is taken as UID[:GID]."""
-    if setting == "image":
-        return None
-    if setting == "nobody":
-        if image_user and image_user.split(":")[0] not in ("root", "0"):
-            return None
-        return NOBODY
-    return setting
-
-
-def _image_user(image: Any) -> str:
-    return str((image.attrs.get("Config") or {}).get("User") or "")
+def _rest(limit: int | None, used: int) -> int | None:
+    return None if limit is None else max(limit - used, 0)
 
 
 def _create_failure(e: docker.errors.APIError, allocation: Allocation | None, verb: str = "create") -> Outcome:

@@ -20,13 +20,14 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runplane.domain.errors import NotFound, RunplaneError
+from runplane.domain.errors import InvalidRequest, NotFound, RunplaneError
 from runplane.domain.models import RunState
 from runplane.ports import ObjectStore, RunStore
+from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix
 from worker_agent.usage import dir_size
 
@@ -66,25 +67,45 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 class InputCache:
-    def __init__(self, root: Path, objects: ObjectStore, store: RunStore, max_bytes: int | None = None) -> None:
+    """``policy`` is the stack's (the operator's allow-list and the stack's own bucket): every
+    source is checked against it and the run's owner before a byte is read, whatever the API
+    accepted. The default policy allows no bucket."""
+
+    def __init__(
+        self,
+        root: Path,
+        objects: ObjectStore,
+        store: RunStore,
+        max_bytes: int | None = None,
+        policy: InputPolicy | None = None,
+    ) -> None:
         self.root = root
         self.objects = objects
         self.store = store
         self.max_bytes = max_bytes
+        self.policy = policy or InputPolicy()
 
     # -- resolving a source ---------------------------------------------------------------
 
-    def resolve(self, source: str) -> Resolved:
-        """Find the objects behind ``s3://bucket/key`` or ``run:<id>[/path]``. Raises InputUnavailable."""
+    def resolve(self, source: str, owner: str, groups: Iterable[str] = ()) -> Resolved:
+        """Find the objects behind ``s3://bucket/key`` or ``run:<id>[/path]`` for a run of
+        ``owner`` (a member of ``groups``). Raises InputUnavailable, also for a source the owner
+        may not read (another user's run reads as one that does not exist)."""
         if source.startswith("s3://"):
+            try:
+                self.policy.check(source, source, groups)
+            except InvalidRequest as e:
+                raise InputUnavailable(e.message.removeprefix(f"input {source}: ")) from e
             bucket, _, key = source[5:].partition("/")
             store = self.objects.within(bucket)
             return self._listing(store, key, source)
         run_id, _, path = source[4:].partition("/")
         try:
             run = self.store.get(run_id)
-        except NotFound as e:
-            raise InputUnavailable(f"{source}: run {run_id} does not exist") from e
+        except NotFound:
+            run = None
+        if run is None or run.owner != owner:
+            raise InputUnavailable(f"{source}: run {run_id} does not exist")
         if run.state != RunState.SUCCEEDED:
             raise InputUnavailable(f"{source}: run {run_id} is {run.state}, not succeeded")
         return self._listing(self.objects, outputs_prefix(run.id, run.attempt) + path, source)
@@ -108,10 +129,11 @@ class InputCache:
 
     # -- the cache ------------------------------------------------------------------------
 
-    def fetch(self, source: str, user: str) -> Fetched:
-        """The input's local path, downloaded unless a complete copy is cached; registers ``user``
-        so the entry is not evicted until ``release``. Raises InputUnavailable."""
-        resolved = self.resolve(source)
+    def fetch(self, source: str, user: str, *, owner: str, groups: Iterable[str] = ()) -> Fetched:
+        """The input's local path for a run of ``owner`` (see ``resolve``), downloaded unless a
+        complete copy is cached; registers ``user`` so the entry is not evicted until ``release``.
+        Raises InputUnavailable."""
+        resolved = self.resolve(source, owner, groups)
         key = hashlib.sha256(f"{source}\n{resolved.version}".encode()).hexdigest()[:32]
         entry = self.root / key
         downloaded = False

@@ -13,7 +13,9 @@ class LogShipper:
     """Buffers one stream; ``flush`` uploads what is new as a chunk named by its start offset.
 
     ``write`` is called from the thread that follows the container; ``flush`` from the
-    executor's loop. Chunks are immutable, so readers never see a half-written log.
+    executor's loop, and from the follower when ``max_buffer`` bytes wait (which holds back the
+    container's output meanwhile, so the buffer stays small). Flushes take turns; chunks are
+    immutable, so readers never see a half-written log.
     """
 
     def __init__(
@@ -34,6 +36,7 @@ class LogShipper:
         self.flush_seconds = flush_seconds
         self.max_buffer = max_buffer
         self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
         self._buffer = bytearray()
         self._flushed = 0
         self._last_flush = clock()
@@ -44,20 +47,24 @@ class LogShipper:
             self._buffer += data
             self.tail = (self.tail + data)[-2048:]
 
-    def due(self) -> bool:
+    def pending(self) -> int:
         with self._lock:
-            pending = len(self._buffer)
+            return len(self._buffer)
+
+    def due(self) -> bool:
+        pending = self.pending()
         return pending > 0 and (pending >= self.max_buffer or self.clock() - self._last_flush >= self.flush_seconds)
 
     def flush(self) -> None:
         """Upload the buffered bytes. Raises BackendError; the bytes stay buffered for a retry."""
-        with self._lock:
-            if not self._buffer:
-                return
-            data = bytes(self._buffer)
-            offset = self._flushed
-        self.objects.put_bytes(log_chunk_key(self.run_id, self.attempt, self.stream, offset), data)
-        with self._lock:
-            del self._buffer[: len(data)]
-            self._flushed += len(data)
-            self._last_flush = self.clock()
+        with self._flush_lock:
+            with self._lock:
+                if not self._buffer:
+                    return
+                data = bytes(self._buffer)
+                offset = self._flushed
+            self.objects.put_bytes(log_chunk_key(self.run_id, self.attempt, self.stream, offset), data)
+            with self._lock:
+                del self._buffer[: len(data)]
+                self._flushed += len(data)
+                self._last_flush = self.clock()

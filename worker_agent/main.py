@@ -21,6 +21,7 @@ from runplane.domain.models import NAME_PATTERN
 from runplane.domain.units import parse_bytes, parse_duration
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import detect_gpus, host_cpus, parse_set, select_gpus
+from worker_agent.workdir import WorkDir, WorkDirError, engine_shares_our_mounts, prepare
 
 FLAGS: list[tuple[str, type | None, object, str]] = [
     # name, parser, default, help
@@ -42,14 +43,28 @@ FLAGS: list[tuple[str, type | None, object, str]] = [
     ("poll-seconds", float, 5.0, "queue long-poll time"),
     ("kill-poll-seconds", float, 1.0, "how often a running run checks for a kill request"),
     ("upload-deadline-seconds", float, 300.0, "the most time outputs may take to upload"),
-    ("network-mode", str, "bridge", "Docker network for runs that ask for a network"),
+    (
+        "network-mode",
+        str,
+        "runplane-runs",
+        "Docker network for runs that ask for a network, closed off from the cloud's metadata service "
+        "and this host (runplane-runs: a bridge, made if missing); host or none: such runs are refused",
+    ),
     ("pull", str, "missing", "pull images that are missing ('missing') or never ('never')"),
     ("shm-size", str, None, "size of /dev/shm in run containers, e.g. 1g"),
     (
         "run-user",
         str,
         "nobody",
-        "who runs commands: nobody (uid 65534 unless the image names a user), image, or UID:GID",
+        "who runs commands, in numbers from the image's /etc/passwd and /etc/group: nobody (the image's USER "
+        "unless it is root in any spelling, then 65534:65534), image (the image's USER, root too where the pool "
+        "has allow_root), or UID[:GID]; uid 0 only where the pool has allow_root, gid 0 never for other uids",
+    ),
+    (
+        "docker-log-size",
+        str,
+        "10m",
+        "cap of Docker's own log file of a run container (two are kept); the agent ships the output itself",
     ),
     ("log-upload-prefix", str, None, "upload this agent's own log to object storage under this prefix"),
     ("preemption-watch", str, None, "watch for spot/preemption notices: ec2, azure or an http(s) URL"),
@@ -61,6 +76,16 @@ SWITCHES = [
     ("pass-down-termination", "on SIGTERM stop running runs and re-queue them before exiting"),
     ("exit-on-exception", "exit (status 1) on an unexpected error instead of retrying with backoff"),
     ("preemptible", "this machine may vanish (spot): losing it does not use up one of a run's attempts"),
+    (
+        "allow-suid-work-dir",
+        "start even where run directories cannot be put on a nosuid,nodev mount (setuid files and device nodes "
+        "runs leave there then work for users of this host)",
+    ),
+    (
+        "prepare-work-dir",
+        "only make this worker's nosuid,nodev work-dir mounts and exit, leaving them (for a privileged "
+        "ExecStartPre of a sandboxed service, or a host's boot script)",
+    ),
 ]
 
 
@@ -135,6 +160,7 @@ def _validate(args: argparse.Namespace) -> None:
         args.memory = parse_bytes(args.memory) if args.memory else None
         args.max_work_dir_size = parse_bytes(args.max_work_dir_size) if args.max_work_dir_size else None
         args.max_image_cache_size = parse_bytes(args.max_image_cache_size) if args.max_image_cache_size else None
+        args.docker_log_size = parse_bytes(args.docker_log_size)
         args.cpuset = [int(c) for c in parse_set(args.cpuset, "--cpuset")] if args.cpuset else None
         args.gpuset = parse_set(args.gpuset, "--gpuset") if args.gpuset else None
     except ValueError as e:
@@ -163,21 +189,30 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from runplane.bootstrap import build_stack
     from worker_agent.agent import Agent, AgentConfig
-    from worker_agent.executor import ExecutorConfig, Ports
+    from worker_agent.executor import LABEL, ExecutorConfig, Ports
     from worker_agent.images import ImageCache
     from worker_agent.inputs import InputCache
+    from worker_agent.network import check_network
     from worker_agent.selflog import LogUploader
 
     worker_id = args.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
     root = Path(args.work_dir).expanduser()
     work_dir = root / worker_id
+    if args.prepare_work_dir:
+        try:
+            _prepare_work_dir(work_dir, root / "cache", args.allow_suid_work_dir).leave_mounted()
+        except WorkDirError as e:
+            print(f"runplane-agent: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     # configuration first (exit 2), then what the machine must offer (exit 1)
     try:
         stack = build_stack()
     except (ValueError, RunplaneError) as e:  # a bad RUNPLANE_* setting or pools file
         print(f"runplane-agent: error: {e}", file=sys.stderr)
         return 2
-    if stack.pools.get(args.pool) is None:
+    pool = stack.pools.get(args.pool)
+    if pool is None:
         print(f"runplane-agent: error: unknown pool {args.pool!r}", file=sys.stderr)
         return 2
     try:
@@ -191,6 +226,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"runplane-agent: error: {e}", file=sys.stderr)
         return 2
+    # run directories on a nosuid,nodev mount, found or made (workdir.py); else exit 2
+    try:
+        prepared = _prepare_work_dir(work_dir, root / "cache", args.allow_suid_work_dir)
+    except WorkDirError as e:
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 2
+    if prepared.warning:
+        logging.getLogger("runplane.agent").warning("%s (--allow-suid-work-dir)", prepared.warning)
+    network = check_network(
+        client,
+        args.network_mode,
+        pool.default_image,
+        work_dir,
+        pull=args.pull == "missing",
+        name="runplane-netcheck-" + re.sub(r"[^A-Za-z0-9_.-]", "-", worker_id),
+        labels={f"{LABEL}.netcheck": worker_id, f"{LABEL}.stack": stack.settings.stack_id()},
+    )
+    if network.refused:
+        logging.getLogger("runplane.agent").warning(
+            "runs that ask for a network are refused: %s (checked in %.2fs)", network.refused, network.seconds
+        )
+    else:
+        logging.getLogger("runplane.agent").info(
+            "runs that ask for a network get Docker network %s, closed off from metadata and this host "
+            "(checked in %.2fs)",
+            args.network_mode,
+            network.seconds,
+        )
     agent = Agent(
         AgentConfig(
             pool=args.pool,
@@ -221,14 +284,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shm_size=args.shm_size,
                 run_user=args.run_user,
                 stack_id=stack.settings.stack_id(),
+                allow_root=pool.allow_root,
+                max_output_files=pool.max_output_files,
+                max_log_size=pool.max_log_size,
+                docker_log_size=str(args.docker_log_size),
+                inputs_view=prepared.inputs_view,
             ),
         ),
         Ports(stack.store, stack.queue, stack.objects),
         stack.workers,
         client,
         time.time,
-        inputs=InputCache(root / "cache", stack.objects, stack.store, args.max_work_dir_size),
+        inputs=InputCache(
+            root / "cache",
+            stack.objects,
+            stack.store,
+            args.max_work_dir_size,
+            stack.input_policy(),
+        ),
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", args.max_image_cache_size),
+        network=network,
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -250,4 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
     if uploader is not None:
         uploader.stop()
+    prepared.release()
     return 1 if agent.failed else 0
+
+
+def _prepare_work_dir(work_dir: Path, cache: Path, allow_suid: bool) -> WorkDir:
+    """This worker's directories, run directories on a nosuid,nodev mount (workdir.py). Raises
+    WorkDirError."""
+    why_not = None
+    if os.geteuid() != 0:
+        why_not = f"it runs as uid {os.geteuid()}, not root"
+    elif not engine_shares_our_mounts(os.environ.get("DOCKER_HOST")):
+        why_not = "the Docker engine is in another mount namespace: this agent runs in a container or a sandbox"
+    return prepare(work_dir, cache, why_not=why_not, allow_suid=allow_suid)

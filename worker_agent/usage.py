@@ -1,4 +1,5 @@
-"""A container's cpu time and peak memory, read from its cgroup (v1 or v2) or the Docker API."""
+"""A container's cpu time and peak memory, read from its cgroup (v1 or v2) or the Docker API; the
+size of what a run wrote, by walking directories."""
 
 from __future__ import annotations
 
@@ -60,9 +61,21 @@ def from_stats(stats: dict[str, Any]) -> Sample:
     return Sample(cpu / 1e9 if cpu else None, int(peak) if peak else None)
 
 
-def dir_size(root: Path, stop_after: int | None = None) -> int:
-    """Bytes used by regular files under ``root`` (symlinks not followed)."""
-    total = 0
+@dataclass
+class Tree:
+    """What a walk of a directory found: ``size`` is the apparent size of everything in it but
+    directories (a sparse file counts in full: it uploads in full), ``entries`` counts every
+    file, directory and link. ``stopped``: the walk gave up early, past a limit."""
+
+    size: int = 0
+    entries: int = 0
+    stopped: bool = False
+
+
+def walk(root: Path | str, max_size: int | None = None, max_entries: int | None = None) -> Tree:
+    """Walk ``root`` (symlinks not followed), stopping as soon as it is past ``max_size`` bytes
+    or ``max_entries`` entries: that is all a limit check needs, and it bounds the cost."""
+    tree = Tree()
     stack = [str(root)]
     while stack:
         try:
@@ -70,13 +83,22 @@ def dir_size(root: Path, stop_after: int | None = None) -> int:
         except OSError:
             continue
         for entry in entries:
+            tree.entries += 1
             try:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
-                elif entry.is_file(follow_symlinks=False):
-                    total += entry.stat(follow_symlinks=False).st_blocks * 512
+                else:
+                    tree.size += entry.stat(follow_symlinks=False).st_size
             except OSError:
                 continue
-            if stop_after is not None and total > stop_after:
-                return total
-    return total
+            if (max_size is not None and tree.size > max_size) or (
+                max_entries is not None and tree.entries > max_entries
+            ):
+                tree.stopped = True
+                return tree
+    return tree
+
+
+def dir_size(root: Path, stop_after: int | None = None) -> int:
+    """Apparent bytes of the files under ``root`` (symlinks not followed)."""
+    return walk(root, max_size=stop_after).size

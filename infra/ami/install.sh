@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Install the runplane worker agent on a stock Ubuntu 22.04/24.04 or Amazon Linux 2023 machine
 # (GPU AMIs included), as root:
-#   - Docker (docker.io / docker) and Python >= 3.11 with venv, when missing;
+#   - Docker (docker.io / docker), nftables and Python >= 3.11 with venv, when missing;
+#   - /etc/runplane/host-firewall.nft: host rules that keep runs on the agent's bridge
+#     (runplane-runs, device rp-runs0) from the cloud's metadata services and this host, loaded
+#     now and by the unit at each start; a second layer under the agent's per-run rules;
 #   - /opt/runplane: a venv with `pip install runplane` (or the wheel or version you name);
 #   - /etc/runplane/agent.env: the agent's settings (kept and merged on re-runs);
 #   - runplane-agent.service (from beside this script), enabled, and started once a pool is set;
@@ -187,6 +190,34 @@ fi
 if [ $systemd_running -eq 1 ]; then
   systemctl enable --now docker.service >/dev/null 2>&1 || systemctl enable --now docker >/dev/null
 fi
+
+# -- nftables: the agent closes each networked run's namespace off with nft ------------------
+# Without nft the agent takes no runs that ask for a network (it says so in its worker record).
+command -v nft >/dev/null || pkg_install nftables
+FIREWALL_FILE=$ENV_DIR/host-firewall.nft
+mkdir -p "$ENV_DIR"
+cat >"$FIREWALL_FILE.tmp" <<'NFT'
+# Written by runplane's install.sh; loaded by runplane-agent.service (ExecStartPre) at each start.
+# A second layer under the rules the agent installs inside each networked run's own network
+# namespace (the tested guarantee): traffic from runs on the agent's bridge (Docker network
+# runplane-runs, device rp-runs0) never reaches the cloud's metadata services, nor this host.
+table inet runplane_host
+delete table inet runplane_host
+table inet runplane_host {
+	chain forward {
+		type filter hook forward priority filter - 10; policy accept;
+		iifname "rp-runs0" ip daddr { 169.254.169.254, 169.254.170.2, 168.63.129.16 } reject with icmpx type admin-prohibited
+		iifname "rp-runs0" ip6 daddr fd00:ec2::254 reject with icmpx type admin-prohibited
+	}
+	chain input {
+		type filter hook input priority filter - 10; policy accept;
+		iifname "rp-runs0" icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept
+		iifname "rp-runs0" reject with icmpx type admin-prohibited
+	}
+}
+NFT
+mv "$FIREWALL_FILE.tmp" "$FIREWALL_FILE"
+nft -f "$FIREWALL_FILE" 2>/dev/null || say "note: could not load $FIREWALL_FILE now; the agent's unit loads it at start"
 
 # -- Python >= 3.11 with venv ---------------------------------------------------------------
 python_ok() { "$1" -c 'import sys, venv, ensurepip; sys.exit(sys.version_info < (3, 11))' >/dev/null 2>&1; }

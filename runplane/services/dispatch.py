@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
-from runplane.domain.models import Pool, PoolRecord, Run, RunState, StartingJob, Worker
+from runplane.domain.models import Pool, PoolRecord, Run, RunState, StartingJob, Worker, refuses
 from runplane.ports import BackendJob, ComputeBackend, PoolStateStore, RunStore, WorkerRegistry
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def explain_wait(
     run: Run | None = None,
 ) -> str:
     """Why a queued run is still waiting, in words, from the pool's live workers and record
-    (and, given the run, which of those workers would take it: tags and groups)."""
+    (and, given the run, which of those workers would take it: tags, groups and networks)."""
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
     if run is not None:
@@ -197,6 +197,13 @@ def explain_wait(
             )
         if not takers and workers:
             closest = [w for w in workers if w.tag == run.spec.tag] or list(workers)
+            # workers that would take it but for its network: say why they give runs none
+            netless = [w for w in closest if refuses(w.tag, w.tag_exclusive, w.group, run) is None]
+            if run.spec.network and netless:
+                return (
+                    f"no live worker of pool {pool.name} takes runs that ask for a network: "
+                    f"{netless[0].network_refused}"
+                )
             return f"no live worker of pool {pool.name} takes this run: {closest[0].refuses(run)}"
         workers = takers
     free = sum(w.free_slots for w in workers)

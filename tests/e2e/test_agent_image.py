@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FAST as FAST_FLAGS
-from tests.conftest import TERMINAL, wait_for, wait_state
+from tests.conftest import TERMINAL, nosuid_work_dir, wait_for, wait_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 # What the local stack put in os.environ that an agent needs to find DynamoDB, SQS and S3.
@@ -78,15 +78,22 @@ def agent_container(docker_client, agent_image, devstack):
             container.remove(force=True)
 
 
+@pytest.fixture
+def host_work_dir(tmp_path):
+    """The host's part: the agent's work dir on a nosuid,nodev mount, which the agent in its
+    container cannot make (it would exit with status 2)."""
+    with nosuid_work_dir(tmp_path / "work") as work_dir:
+        yield work_dir
+
+
 def logs_of(container) -> str:
     return container.logs().decode(errors="replace")[-4000:]
 
 
 @pytest.mark.timeout(900)  # includes a cold image build
-def test_agent_image_runs_a_job_through_the_host_engine(docker_client, alice, agent_container, tmp_path):
+def test_agent_image_runs_a_job_through_the_host_engine(docker_client, alice, agent_container, host_work_dir):
     worker_id = f"image-{uuid.uuid4().hex[:6]}"
-    work_dir = tmp_path / "work"
-    work_dir.mkdir()
+    work_dir = host_work_dir
     container = agent_container(worker_id, work_dir)
     run = alice.request("POST", "/v1/runs", {"command": "echo hi; echo 42 > answer", "queue": "manual"})
     try:

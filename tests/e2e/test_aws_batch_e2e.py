@@ -6,7 +6,15 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from tests.conftest import TERMINAL, batch_queue, cancel_all, moto_credentials_for, wait_for, wait_state
+from tests.conftest import (
+    TERMINAL,
+    batch_queue,
+    cancel_all,
+    moto_credentials_for,
+    nosuid_work_dir,
+    wait_for,
+    wait_state,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -19,11 +27,11 @@ def batch_pool(devstack, agent_image):
     stack = bootstrap.stack()
     pool = stack.pools.get("batch")
     assert batch_queue(devstack.endpoint, "e2e") == pool.options["job_queue"]
-    work_dir = Path(pool.options["work_dir"])
-    work_dir.mkdir(parents=True, exist_ok=True)
     moto_credentials_for(pool)  # the jobs get the stack's settings, never the dispatcher's keys
-    yield stack, pool
-    cancel_all(stack.backend(pool), pool)
+    # the host's part: the work dir on a nosuid,nodev mount, which the agent in a job cannot make
+    with nosuid_work_dir(Path(pool.options["work_dir"])):
+        yield stack, pool
+        cancel_all(stack.backend(pool), pool)
 
 
 @pytest.mark.timeout(900)  # includes a cold agent image build

@@ -60,7 +60,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
     stub.write_text("#!/bin/sh\nexit 0\n")
     stub.chmod(0o755)
     text = UNIT.read_text()
-    assert text.count(AGENT_BINARY) == 1
+    assert text.count(AGENT_BINARY) == 2  # ExecStart, and ExecStartPre's --prepare-work-dir
     unit = tmp_path / UNIT.name
     unit.write_text(text.replace(AGENT_BINARY, str(stub)))
     (tmp_path / "docker.service").write_text(f"[Unit]\nDescription=stub\n[Service]\nExecStart={stub}\n")
@@ -212,3 +212,31 @@ def test_dockerfile_builds_the_agent_from_the_sources():
     # nothing the image needs is excluded from the build context
     copied = {"pyproject.toml", "README.md", "runplane", "worker_agent", "functions"}
     assert not copied & set(ignored)
+
+
+def test_host_firewall_is_valid_nftables_for_the_agents_bridge(tmp_path):
+    """The host rules install.sh writes parse (nft's check mode changes nothing) and name the bridge
+    device and the metadata addresses the agent uses; the unit loads them and leaves the agent what
+    it needs to install a run's own rules (worker_agent/network.py)."""
+    from worker_agent.network import BRIDGE_DEVICE, METADATA
+
+    text = INSTALL.read_text()
+    rules = text.split("<<'NFT'\n", 1)[1].split("\nNFT\n", 1)[0]
+    (tmp_path / "host.nft").write_text(rules + "\n")
+    proc = subprocess.run([tool("nft"), "-c", "-f", str(tmp_path / "host.nft")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f'iifname "{BRIDGE_DEVICE}"' in rules
+    assert all(address in rules for address in METADATA)
+    assert "command -v nft >/dev/null || pkg_install nftables" in text
+    assert "-/usr/sbin/nft -f /etc/runplane/host-firewall.nft" in unit_values("ExecStartPre")
+    (caps,) = unit_values("CapabilityBoundingSet")
+    assert {"CAP_NET_ADMIN", "CAP_SYS_ADMIN", "CAP_SYS_PTRACE"} <= set(caps.split())
+    assert unit_values("RestrictNamespaces") == ["net"]
+
+
+def test_unit_makes_the_work_dirs_nosuid_mounts_outside_its_sandbox():
+    """The sandboxed agent (its own mount namespace) cannot make a mount dockerd sees: a "+"
+    ExecStartPre, outside the sandbox, does it for the same worker id before each start."""
+    pre = [v for v in unit_values("ExecStartPre") if "--prepare-work-dir" in v]
+    assert pre == [f"+{AGENT_BINARY} --id %H --prepare-work-dir"]
+    assert "prepare-work-dir" in {name for name, _ in SWITCHES}

@@ -9,24 +9,39 @@ import pytest
 
 from runplane.domain.models import Run, RunSpec, RunState
 from runplane.ports import Expect
+from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix
 from worker_agent.inputs import InputCache, InputUnavailable
 
+OWNER = {"owner": "a"}
+
 
 @pytest.fixture
-def cache(aws_stack, tmp_path):
-    objects = aws_stack.objects
-    objects.put_bytes("data/train.csv", b"a,b\n1,2\n")
-    objects.put_bytes("data/set/x.txt", b"x" * 1000)
-    objects.put_bytes("data/set/sub/y.txt", b"y" * 1000)
-    return InputCache(tmp_path / "cache", objects, aws_stack.store)
+def datasets(aws_stack):
+    """A bucket of data sets beside the stack's own, as an operator would allow for inputs."""
+    name = f"{aws_stack.settings.prefix}-datasets"
+    aws_stack.objects.client.create_bucket(Bucket=name)
+    return aws_stack.objects.within(name)
 
 
-def finished_run(stack, state=RunState.SUCCEEDED, files=None):
+def new_cache(stack, root, datasets):
+    policy = InputPolicy({"*": frozenset({datasets.bucket})}, stack.data_bucket)
+    return InputCache(root, stack.objects, stack.store, policy=policy)
+
+
+@pytest.fixture
+def cache(aws_stack, datasets, tmp_path):
+    datasets.put_bytes("data/train.csv", b"a,b\n1,2\n")
+    datasets.put_bytes("data/set/x.txt", b"x" * 1000)
+    datasets.put_bytes("data/set/sub/y.txt", b"y" * 1000)
+    return new_cache(aws_stack, tmp_path / "cache", datasets)
+
+
+def finished_run(stack, state=RunState.SUCCEEDED, files=None, owner="a"):
     run = stack.store.create(
         Run(
             id=f"r-src{os.urandom(4).hex()}",
-            owner="a",
+            owner=owner,
             queue="default",
             created_at=1,
             attempt=1,
@@ -38,31 +53,31 @@ def finished_run(stack, state=RunState.SUCCEEDED, files=None):
     return stack.store.update(run, Expect(), {"state": state})
 
 
-def test_s3_file_and_prefix(cache, aws_stack):
-    bucket = aws_stack.objects.bucket
-    one = cache.fetch(f"s3://{bucket}/data/train.csv", "u1")
+def test_s3_file_and_prefix(cache, datasets):
+    bucket = datasets.bucket
+    one = cache.fetch(f"s3://{bucket}/data/train.csv", "u1", **OWNER)
     assert one.downloaded
     assert one.path.read_bytes() == b"a,b\n1,2\n"
-    tree = cache.fetch(f"s3://{bucket}/data/set", "u1")
+    tree = cache.fetch(f"s3://{bucket}/data/set", "u1", **OWNER)
     assert sorted(str(p.relative_to(tree.path)) for p in tree.path.rglob("*.txt")) == ["sub/y.txt", "x.txt"]
-    again = cache.fetch(f"s3://{bucket}/data/train.csv", "u2")
+    again = cache.fetch(f"s3://{bucket}/data/train.csv", "u2", **OWNER)
     assert (again.downloaded, again.key) == (False, one.key)
 
 
-def test_changed_object_is_a_new_entry(cache, aws_stack):
-    source = f"s3://{aws_stack.objects.bucket}/data/train.csv"
-    first = cache.fetch(source, "u")
-    aws_stack.objects.put_bytes("data/train.csv", b"new\n")
-    second = cache.fetch(source, "u")
+def test_changed_object_is_a_new_entry(cache, datasets):
+    source = f"s3://{datasets.bucket}/data/train.csv"
+    first = cache.fetch(source, "u", **OWNER)
+    datasets.put_bytes("data/train.csv", b"new\n")
+    second = cache.fetch(source, "u", **OWNER)
     assert second.key != first.key
     assert second.path.read_bytes() == b"new\n"
 
 
 def test_run_outputs(cache, aws_stack):
     run = finished_run(aws_stack, files={"model/w.bin": b"weights", "log.txt": b"l"})
-    whole = cache.fetch(f"run:{run.id}", "u")
+    whole = cache.fetch(f"run:{run.id}", "u", **OWNER)
     assert (whole.path / "model" / "w.bin").read_bytes() == b"weights"
-    part = cache.fetch(f"run:{run.id}/model/w.bin", "u")
+    part = cache.fetch(f"run:{run.id}/model/w.bin", "u", **OWNER)
     assert part.path.read_bytes() == b"weights"
 
 
@@ -71,29 +86,51 @@ def test_run_outputs(cache, aws_stack):
     [
         ("s3://{bucket}/nope.csv", "nothing there"),
         ("run:r-missing", "does not exist"),
-        ("s3://no-such-bucket/x", "cannot list"),
     ],
 )
-def test_unavailable(cache, aws_stack, source, message):
+def test_unavailable(cache, datasets, source, message):
     with pytest.raises(InputUnavailable, match=message):
-        cache.fetch(source.format(bucket=aws_stack.objects.bucket), "u")
+        cache.fetch(source.format(bucket=datasets.bucket), "u", **OWNER)
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("s3://{own}/runs/", "the stack's own bucket cannot be an input"),
+        ("s3://no-such-bucket/x", "bucket no-such-bucket is not one the operator allows"),
+        ("s3://{datasets}/", "not the whole bucket"),
+    ],
+)
+def test_the_agent_refuses_what_the_operator_does_not_allow(cache, aws_stack, datasets, source, message):
+    """Checked again on the worker, before a byte is read: a run stored by other means than the API
+    (or by an older one) cannot read the stack's own bucket, which holds every user's outputs."""
+    aws_stack.objects.put_bytes("runs/r-x/outputs/1/secret", b"private")
+    with pytest.raises(InputUnavailable, match=message):
+        cache.fetch(source.format(own=aws_stack.data_bucket, datasets=datasets.bucket), "u", **OWNER)
+    assert not list(cache.root.glob("*/done"))
+
+
+def test_the_agent_refuses_another_users_run_as_if_it_did_not_exist(cache, aws_stack):
+    theirs = finished_run(aws_stack, files={"w.bin": b"private"}, owner="bob")
+    with pytest.raises(InputUnavailable, match=f"run {theirs.id} does not exist"):
+        cache.fetch(f"run:{theirs.id}", "u", **OWNER)
 
 
 def test_unfinished_run_is_unavailable(cache, aws_stack):
     run = finished_run(aws_stack, state=RunState.RUNNING)
     with pytest.raises(InputUnavailable, match="is running, not succeeded"):
-        cache.fetch(f"run:{run.id}", "u")
+        cache.fetch(f"run:{run.id}", "u", **OWNER)
 
 
-def test_eviction_is_lru_and_spares_entries_in_use(cache, aws_stack):
-    bucket = aws_stack.objects.bucket
+def test_eviction_is_lru_and_spares_entries_in_use(cache, datasets):
+    bucket = datasets.bucket
     for i in range(3):
-        aws_stack.objects.put_bytes(f"big/{i}", bytes(20_000))
-    a = cache.fetch(f"s3://{bucket}/big/0", "run-a")
+        datasets.put_bytes(f"big/{i}", bytes(20_000))
+    a = cache.fetch(f"s3://{bucket}/big/0", "run-a", **OWNER)
     time.sleep(0.01)
-    b = cache.fetch(f"s3://{bucket}/big/1", "run-b")
+    b = cache.fetch(f"s3://{bucket}/big/1", "run-b", **OWNER)
     time.sleep(0.01)
-    c = cache.fetch(f"s3://{bucket}/big/2", "run-c")
+    c = cache.fetch(f"s3://{bucket}/big/2", "run-c", **OWNER)
     cache.release(b.key, "run-b")
     cache.release(c.key, "run-c")
     cache.max_bytes = 55_000  # three entries of ~24 KiB on disk each: one must go
@@ -110,16 +147,17 @@ def _race(root, endpoint, prefix, source, barrier, results):
     from runplane.bootstrap import aws_clients, build_stack
     from runplane.settings import StackSettings
 
-    settings = StackSettings(prefix=prefix, aws_endpoint_url=endpoint)
+    settings = StackSettings(prefix=prefix, aws_endpoint_url=endpoint, input_buckets=source[5:].partition("/")[0])
     stack = build_stack(settings, aws_clients(settings))
     barrier.wait()
-    fetched = InputCache(root, stack.objects, stack.store).fetch(source, f"p{os.getpid()}")
+    cache = InputCache(root, stack.objects, stack.store, policy=stack.input_policy())
+    fetched = cache.fetch(source, f"p{os.getpid()}", **OWNER)
     results.put((fetched.downloaded, fetched.path.read_bytes()[:4]))
 
 
-def test_two_agents_racing_download_once(aws_stack, tmp_path):
-    aws_stack.objects.put_bytes("shared/blob", os.urandom(4) + bytes(3_000_000))
-    source = f"s3://{aws_stack.objects.bucket}/shared/blob"
+def test_two_agents_racing_download_once(aws_stack, datasets, tmp_path):
+    datasets.put_bytes("shared/blob", os.urandom(4) + bytes(3_000_000))
+    source = f"s3://{datasets.bucket}/shared/blob"
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(2), ctx.Queue()
     procs = [

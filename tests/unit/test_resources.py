@@ -4,10 +4,10 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-from docker.types import DeviceRequest
+from docker.types import DeviceRequest, LogConfig
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.executor import CAPABILITIES, ExecutorConfig, _create_failure, container_spec
+from worker_agent.executor import ExecutorConfig, _create_failure, container_spec
 from worker_agent.resources import Allocation, Allocator, Gpu, _smi_gpus, parse_nvidia_smi, parse_set, select_gpus
 
 SMI = """0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 81559
@@ -108,8 +108,9 @@ def test_container_request_with_gpus_is_exact(tmp_path):
         "mem_limit": 2**30,
         "memswap_limit": 2**30,
         "pids_limit": 4096,
+        "user": "65534:65534",
         "cap_drop": ["ALL"],
-        "cap_add": CAPABILITIES,
+        "cap_add": [],
         "security_opt": ["no-new-privileges"],
         "privileged": False,
         "labels": {
@@ -118,12 +119,12 @@ def test_container_request_with_gpus_is_exact(tmp_path):
             "io.runplane.worker_id": "w-1",
             "io.runplane.stack": "stack-a",
         },
+        "log_config": LogConfig(type="json-file", config={"max-size": "10m", "max-file": "2"}),
         "detach": True,
         "nano_cpus": 2_000_000_000,
         "cpuset_cpus": "2,3",
         "device_requests": [DeviceRequest(driver="nvidia", device_ids=[GPUS[1].uuid], capabilities=[["gpu"]])],
         "shm_size": "2g",
-        "user": "65534:65534",
     }
 
 
@@ -153,20 +154,3 @@ def test_missing_nvidia_runtime_is_a_clear_reason():
     assert "no working NVIDIA runtime" in outcome.message
     other = _create_failure(docker.errors.APIError("500", explanation="no space left"), None)
     assert other.reason == "container_error"
-
-
-@pytest.mark.parametrize(
-    ("setting", "image_user", "expected"),
-    [
-        ("nobody", "", "65534:65534"),
-        ("nobody", "root", "65534:65534"),
-        ("nobody", "0:0", "65534:65534"),
-        ("nobody", "app", None),
-        ("image", "", None),
-        ("1000:1000", "app", "1000:1000"),
-    ],
-)
-def test_run_user(setting, image_user, expected):
-    from worker_agent.executor import run_user
-
-    assert run_user(setting, image_user) == expected

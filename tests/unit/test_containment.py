@@ -1,0 +1,279 @@
+"""The pure parts of run containment: who a run runs as (from passwd/group text), its HOME, the
+work dir's mounts (from mountinfo text), the walk that sizes what a run wrote, and the
+container request."""
+
+from pathlib import Path
+
+import pytest
+
+from runplane.domain.models import Run, RunSpec
+from worker_agent.executor import CAPABILITIES, ExecutorConfig, container_spec
+from worker_agent.usage import walk
+from worker_agent.users import (
+    NOBODY,
+    RUN_HOME,
+    PathInfo,
+    RunAs,
+    UnknownUser,
+    choose,
+    home_for,
+    parse_groups,
+    parse_passwd,
+    resolve,
+)
+from worker_agent.workdir import WorkDir, WorkDirError, covering, parse_mountinfo, prepare
+
+PASSWD = parse_passwd(
+    """root:x:0:0:root:/root:/bin/sh
+# a comment
+toor:x:0:0:another root:/root:/bin/sh
+daemon:x:1:1::/usr/sbin:/usr/sbin/nologin
+app:x:1000:1000::/home/app:/bin/sh
+wheelie:x:1001:0::/home/wheelie:/bin/sh
+broken:x:notanumber:1::/:/bin/sh
+short:x:5
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
+"""
+)
+GROUPS = parse_groups("root:x:0:\nstaff:x:50:app\napp:x:1000:\nwheel:x:0:app\nbad:x:x:\n")
+
+
+def test_parse_passwd_and_group():
+    assert [a.name for a in PASSWD] == ["root", "toor", "daemon", "app", "wheelie", "nobody"]
+    assert PASSWD[3].home == "/home/app"
+    assert GROUPS == {"root": 0, "staff": 50, "app": 1000, "wheel": 0}
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("", (0, 0)),
+        ("0", (0, 0)),
+        ("0000", (0, 0)),
+        ("+0", (0, 0)),
+        ("root", (0, 0)),
+        ("toor", (0, 0)),
+        ("0:0", (0, 0)),
+        ("app", (1000, 1000)),
+        ("1000", (1000, 1000)),
+        ("app:staff", (1000, 50)),
+        ("app:50", (1000, 50)),
+        ("4242", (4242, None)),  # no passwd entry: runc would give gid 0
+        ("4242:7", (4242, 7)),
+    ],
+)
+def test_resolve_reads_user_as_runc_does(spec, expected):
+    uid, gid, _entry = resolve(spec, PASSWD, GROUPS)
+    assert (uid, gid) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("ghost", "user 'ghost' is not in the image's /etc/passwd"),
+        ("app:nogroup", "group 'nogroup' is not in the image's /etc/group"),
+        ("-1", "uid '-1' is not a valid id"),
+        ("99999999999", "is not a valid id"),
+        ("0_0", "user '0_0' is not in"),  # not a number to runc either: a name
+    ],
+)
+def test_resolve_refuses_what_the_image_does_not_have(spec, message):
+    with pytest.raises(UnknownUser, match=message):
+        resolve(spec, PASSWD, GROUPS)
+
+
+@pytest.mark.parametrize(
+    ("setting", "image_user", "allow_root", "expected"),
+    [
+        # uid 0 in any spelling is nobody unless the pool allows root
+        ("nobody", "", False, (NOBODY, NOBODY)),
+        ("nobody", "0000", False, (NOBODY, NOBODY)),
+        ("nobody", "root", False, (NOBODY, NOBODY)),
+        ("nobody", "toor", False, (NOBODY, NOBODY)),
+        ("nobody", "0:0", False, (NOBODY, NOBODY)),
+        ("image", "0000", False, (NOBODY, NOBODY)),
+        ("0:0", "app", False, (NOBODY, NOBODY)),
+        # nobody never runs root; image and a fixed 0 do where the pool allows it
+        ("nobody", "root", True, (NOBODY, NOBODY)),
+        ("image", "toor", True, (0, 0)),
+        ("image", "", True, (0, 0)),
+        ("0:0", "app", True, (0, 0)),
+        # the image's own user, never with group root
+        ("nobody", "app", False, (1000, 1000)),
+        ("nobody", "1000", False, (1000, 1000)),
+        ("nobody", "4242", False, (4242, NOBODY)),
+        ("image", "4242", False, (4242, NOBODY)),
+        ("nobody", "wheelie", False, (1001, NOBODY)),
+        ("nobody", "app:0", False, (1000, NOBODY)),
+        ("nobody", "app:wheel", False, (1000, NOBODY)),
+        # fixed numbers
+        ("1234:5678", "app", False, (1234, 5678)),
+        ("1000", "", False, (1000, 1000)),
+        ("4242", "", False, (4242, NOBODY)),
+    ],
+)
+def test_choose(setting, image_user, allow_root, expected):
+    assert choose(setting, image_user, PASSWD, GROUPS, allow_root) == expected
+
+
+def test_choose_refuses_an_unknown_user():
+    with pytest.raises(UnknownUser, match="ghost"):
+        choose("nobody", "ghost", PASSWD, GROUPS, False)
+
+
+def _stat(paths):
+    return lambda path: paths.get(path)
+
+
+def test_home_kept_where_the_user_can_write_it():
+    paths = {
+        "/home/app": PathInfo(True, 1000, 1000, 0o755),
+        "/srv/shared": PathInfo(True, 0, 0, 0o1777),
+        "/nonexistent": None,
+        "/": PathInfo(True, 0, 0, 0o755),
+        "/root": PathInfo(True, 0, 0, 0o700),
+    }
+    assert home_for(1000, 1000, [], PASSWD, _stat(paths)) is None
+    assert home_for(1000, 1000, ["HOME=/srv/shared"], PASSWD, _stat(paths)) is None
+    assert home_for(NOBODY, NOBODY, [], PASSWD, _stat(paths)) == RUN_HOME  # /nonexistent
+    assert home_for(4242, NOBODY, [], PASSWD, _stat(paths)) == RUN_HOME  # no entry: "/", root's
+    assert home_for(NOBODY, NOBODY, ["HOME=/root"], PASSWD, _stat(paths)) == RUN_HOME
+    assert home_for(0, 0, ["HOME=/root"], PASSWD, _stat(paths)) is None
+
+
+MOUNTINFO = r"""22 27 0:21 / /proc rw,relatime - proc proc rw
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+43 27 254:0 /srv/work /srv/work rw,nosuid,nodev,relatime - ext4 /dev/vda rw
+44 43 254:0 /srv/work/x /srv/work/x rw,relatime - ext4 /dev/vda rw
+45 27 254:0 /my\040dir /my\040dir rw,nosuid,nodev - ext4 /dev/vda rw
+"""
+
+
+def test_covering_mount_from_mountinfo():
+    mounts = parse_mountinfo(MOUNTINFO)
+    assert covering(mounts, Path("/srv/work/a/runs")).options >= {"nosuid", "nodev"}
+    assert "nosuid" not in covering(mounts, Path("/srv/work/x/runs")).options  # a deeper mount wins
+    assert covering(mounts, Path("/srv/workshop")).mount_point == "/"
+    assert covering(mounts, Path("/my dir/runs")).mount_point == "/my dir"
+
+
+def test_prepare_finds_a_safe_mount_and_makes_private_dirs(tmp_path):
+    made = []
+    info = f"27 1 254:0 / / rw - ext4 /dev/vda rw\n43 27 254:0 / {tmp_path} rw,nosuid,nodev - ext4 /dev/vda rw\n"
+    work = prepare(
+        tmp_path / "w", tmp_path / "cache", why_not=None, mountinfo=lambda: info, mount=lambda *a: made.append(a)
+    )
+    assert [m[1] for m in made] == [tmp_path / "w" / "inputs"]  # only the inputs view was made
+    assert made[0][2] is True  # read-only
+    assert work.inputs_view == tmp_path / "w" / "inputs"
+    for path in (tmp_path / "w", tmp_path / "w" / "runs", tmp_path / "cache"):
+        assert path.stat().st_mode & 0o777 == 0o700
+
+
+def test_prepare_makes_the_mount_or_refuses_in_one_line(tmp_path):
+    info = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+    made = []
+    work = prepare(
+        tmp_path / "w", tmp_path / "c", why_not=None, mountinfo=lambda: info, mount=lambda *a: made.append(a)
+    )
+    assert made[0] == (tmp_path / "w" / "runs", tmp_path / "w" / "runs", False)
+    assert work.made == [tmp_path / "w" / "runs", tmp_path / "w" / "inputs"]
+    with pytest.raises(WorkDirError) as e:
+        prepare(tmp_path / "w2", tmp_path / "c", why_not="it runs as uid 1000, not root", mountinfo=lambda: info)
+    assert "\n" not in str(e.value)
+    assert "not on a nosuid,nodev mount" in str(e.value)
+    assert "uid 1000" in str(e.value)
+    assert "--allow-suid-work-dir" in str(e.value)
+
+    def refused(*_):
+        raise PermissionError(1, "mount: Operation not permitted")
+
+    with pytest.raises(WorkDirError, match="Operation not permitted"):
+        prepare(tmp_path / "w3", tmp_path / "c", why_not=None, mountinfo=lambda: info, mount=refused)
+    accepted = prepare(tmp_path / "w4", tmp_path / "c", why_not="no", allow_suid=True, mountinfo=lambda: info)
+    assert accepted.warning and accepted.inputs_view is None
+
+
+def test_release_removes_only_what_is_this_workers():
+    work = WorkDir(Path("/w/runs"), Path("/c"), made=[Path("/w/runs"), Path("/w/inputs")])
+    gone = []
+    work.release(gone.append)
+    assert gone == [Path("/w/inputs"), Path("/w/runs")]
+    assert work.made == []
+
+
+def test_walk_counts_apparent_size_and_entries(tmp_path):
+    (tmp_path / "sparse").touch()
+    with (tmp_path / "sparse").open("r+b") as f:
+        f.truncate(200 * 1024**2)  # 200m that take no blocks
+    (tmp_path / "d").mkdir()
+    for i in range(5):
+        (tmp_path / "d" / f"f{i}").write_bytes(b"x" * 10)
+    (tmp_path / "link").symlink_to("sparse")
+    tree = walk(tmp_path)
+    assert tree.size == 200 * 1024**2 + 50 + len("sparse")
+    assert (tree.entries, tree.stopped) == (8, False)
+    assert walk(tmp_path, max_entries=3).stopped
+    assert walk(tmp_path, max_size=1024).stopped
+
+
+def _run(**env):
+    return Run(
+        id="r-1",
+        owner="u",
+        queue="q",
+        attempt=1,
+        created_at=0,
+        spec=RunSpec(command="true", image="img", env=env, resources={"memory": "64m"}),
+    )
+
+
+def test_spec_runs_in_numbers_with_no_capabilities_and_a_capped_docker_log(tmp_path):
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path, docker_log_size="1048576")
+    spec = container_spec(_run(), "img", config, Path("/o"), None, {}, RunAs(1000, 1000))
+    assert spec["user"] == "1000:1000"
+    assert (spec["cap_drop"], spec["cap_add"]) == (["ALL"], [])
+    assert spec["security_opt"] == ["no-new-privileges"]
+    assert spec["log_config"] == {"Type": "json-file", "Config": {"max-size": "1048576", "max-file": "2"}}
+    assert "HOME" not in spec["environment"]
+    root = container_spec(_run(), "img", config, Path("/o"), None, {}, RunAs(0, 0))
+    assert (root["user"], root["cap_add"]) == ("0:0", CAPABILITIES)
+
+
+def test_spec_gives_a_writable_home_unless_the_run_sets_one(tmp_path):
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
+    run_as = RunAs(NOBODY, NOBODY, RUN_HOME)
+    spec = container_spec(_run(), "img", config, Path("/o"), None, {}, run_as, Path("/r/home"))
+    assert spec["environment"]["HOME"] == RUN_HOME
+    assert spec["volumes"]["/r/home"] == {"bind": RUN_HOME, "mode": "rw"}
+    own = container_spec(_run(HOME="/data"), "img", config, Path("/o"), None, {}, run_as, Path("/r/home"))
+    assert own["environment"]["HOME"] == "/data"
+    assert "/r/home" not in own["volumes"]
+
+
+def test_spec_binds_inputs_from_the_read_only_view_without_a_remount(tmp_path):
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
+    inputs = {"data": Path("/w/inputs/k/content")}
+    plain = container_spec(_run(), "img", config, Path("/o"), None, inputs)
+    assert plain["volumes"]["/w/inputs/k/content"] == {"bind": "/inputs/data", "mode": "ro"}
+    viewed = container_spec(_run(), "img", config, Path("/o"), None, inputs, inputs_on_safe_mount=True)
+    assert viewed["volumes"]["/w/inputs/k/content"] == {"bind": "/inputs/data", "mode": "rw"}
+
+
+def test_a_dead_agents_mounts_are_swept_and_a_live_ones_kept(tmp_path):
+    root = tmp_path / "work"
+    alive = prepare(root / "alive", root / "cache", why_not="test", allow_suid=True, mountinfo=lambda: "")
+    (root / "dead").mkdir()
+    (root / "dead" / ".agent.lock").touch()  # its agent died holding nothing
+    info = "".join(
+        f"{n} 1 254:0 / {root / w / d} rw,nosuid,nodev - ext4 /dev/vda rw\n"
+        for n, (w, d) in enumerate([("alive", "runs"), ("dead", "runs"), ("dead", "inputs")], start=50)
+    )
+    gone = []
+    me = prepare(root / "me", root / "cache", why_not=None, mountinfo=lambda: info, mount=lambda *a: None,
+                 unmount_=gone.append)  # fmt: skip
+    assert gone == [root / "dead" / "runs", root / "dead" / "inputs"]
+    with pytest.raises(WorkDirError, match="another agent with this worker id"):
+        prepare(root / "alive", root / "cache", why_not="x", allow_suid=True, mountinfo=lambda: "", lock_wait=0.1)
+    alive.release()
+    me.release(lambda p: None)

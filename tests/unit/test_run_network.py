@@ -1,0 +1,209 @@
+"""The network of runs that ask for one (worker_agent/network.py) without Docker: the rules, the
+host's addresses, the gate that holds the command until the rules are in, and how a worker that
+gives runs no network is explained. The real thing is tests/security/test_network.py."""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from runplane.domain.models import Pool, Run, RunSpec, Worker, refuses
+from runplane.services.dispatch import explain_wait
+from worker_agent.executor import ExecutorConfig, container_spec
+from worker_agent.network import (
+    _PROBE_SCRIPT,
+    GATE,
+    GATE_EXIT,
+    GATE_MOUNT,
+    METADATA,
+    WRAPPER,
+    NetworkError,
+    RunNetwork,
+    host_addresses,
+    ruleset,
+    uncontainable,
+)
+
+# /proc/net/fib_trie and /proc/net/if_inet6 of a host with eth0 192.0.2.2 and a bridge
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 0.0.0.0
+        /0 universe UNICAST
+     +-- 127.0.0.0/8 2 0 2
+        |-- 127.0.0.1
+           /32 host LOCAL
+     |-- 192.0.2.0
+        /24 link UNICAST
+     |-- 192.0.2.2
+        /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+     |-- 192.0.2.2
+        /32 host LOCAL
+     |-- 172.18.0.1
+        /32 host LOCAL
+     |-- 192.0.2.255
+        /32 link BROADCAST
+"""
+IF_INET6 = """fd000000000000000000000000000002 04 40 00 82     eth0
+00000000000000000000000000000001 01 80 10 80       lo
+fe8000000000000000fc00fffe000001 04 40 20 80     eth0
+"""
+
+
+def test_host_addresses_are_the_local_ones_but_loopback():
+    assert host_addresses(FIB_TRIE, IF_INET6) == ["172.18.0.1", "192.0.2.2", "fd00::2", "fe80::fc:ff:fe00:1"]
+    assert host_addresses("", "") == []
+
+
+def test_ruleset_rejects_each_address_tcp_with_a_reset():
+    assert ruleset(["fd00:ec2::254", "169.254.169.254", "192.0.2.2", "169.254.169.254"]) == (
+        "table inet runplane {\n"
+        "\tchain output {\n"
+        "\t\ttype filter hook output priority 0; policy accept;\n"
+        "\t\tip daddr { 169.254.169.254, 192.0.2.2 } meta l4proto tcp reject with tcp reset\n"
+        "\t\tip daddr { 169.254.169.254, 192.0.2.2 } reject with icmpx type admin-prohibited\n"
+        "\t\tip6 daddr { fd00:ec2::254 } meta l4proto tcp reject with tcp reset\n"
+        "\t\tip6 daddr { fd00:ec2::254 } reject with icmpx type admin-prohibited\n"
+        "\t}\n"
+        "}\n"
+    )
+
+
+def test_blocked_holds_metadata_gateways_and_this_hosts_addresses():
+    blocked = RunNetwork("runplane-runs", gateways=("10.9.0.1",)).blocked()
+    assert set(METADATA) | {"10.9.0.1"} <= set(blocked)
+    assert "127.0.0.1" not in blocked
+
+
+@pytest.mark.parametrize(
+    ("mode", "why"),
+    [
+        ("host", "--network-mode host puts runs on the host's own network"),
+        ("none", "--network-mode none gives runs no network"),
+        ("container:abc", "shares another container's network"),
+    ],
+)
+def test_networks_that_cannot_be_contained(mode, why):
+    assert why in (uncontainable(mode) or "")
+
+
+def test_a_bridge_or_a_named_network_can_be_contained():
+    assert uncontainable("runplane-runs") is None
+    assert uncontainable("bridge") is None
+
+
+def networked_run():
+    return Run(id="r-1", owner="ann", queue="q", created_at=0, spec=RunSpec(command="curl x", network=True))
+
+
+def test_prepare_puts_the_entrypoint_behind_the_gate(tmp_path):
+    run = networked_run()
+    spec = container_spec(run, "img", ExecutorConfig(worker_id="w", work_dir=tmp_path), tmp_path / "out", None)
+    RunNetwork("runplane-runs").prepare(spec, tmp_path / "run")
+    assert spec["network_mode"] == "none"  # connected to runplane-runs once its rules are in
+    assert spec["entrypoint"] == ["/bin/sh", "-c", WRAPPER, "runplane", "/bin/sh", "-c"]
+    assert spec["command"] == ["curl x"]
+    gate_dir = tmp_path / "run" / "net"
+    assert spec["volumes"][str(gate_dir.resolve())] == {"bind": GATE_MOUNT, "mode": "ro"}
+    fifo = gate_dir / "go"
+    assert fifo.is_fifo() and fifo.stat().st_mode & 0o777 == 0o644  # others read it; only root writes
+    assert spec["volumes"][str((tmp_path / "out").resolve())]["bind"] == "/runplane/output"  # kept
+
+
+@pytest.mark.parametrize(
+    "unsafe",
+    [
+        {"privileged": True},
+        {"cap_drop": []},  # Docker's default capabilities hold NET_RAW
+        {"cap_add": ["NET_ADMIN"]},
+        {"cap_add": ["CAP_NET_RAW"]},
+        {"cap_add": ["ALL"]},
+        {"cap_add": ["sys_admin"]},
+    ],
+)
+def test_prepare_refuses_a_container_that_could_get_around_its_rules(tmp_path, unsafe):
+    spec = {"image": "img", "entrypoint": ["/bin/sh", "-c"], "command": ["x"], "cap_drop": ["ALL"], **unsafe}
+    with pytest.raises(NetworkError, match="could get around its network rules"):
+        RunNetwork("runplane-runs").prepare(spec, tmp_path)
+
+
+def gated_shell(fifo: Path) -> subprocess.Popen[str]:
+    """What a networked container runs, with the gate at ``fifo``: sh -c WRAPPER runplane /bin/sh -c CMD."""
+    wrapper = WRAPPER.replace(GATE, str(fifo))
+    return subprocess.Popen(
+        ["/bin/sh", "-c", wrapper, "runplane", "/bin/sh", "-c", "echo the command ran"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize(("line", "status", "out"), [(b"go\n", 0, "the command ran\n"), (b"", GATE_EXIT, "")])
+def test_the_command_starts_only_on_the_agents_line(tmp_path, line, status, out):
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    shell = gated_shell(fifo)
+    assert RunNetwork("n")._open_gate(fifo, shell.pid, lambda: False, line) is True
+    stdout, stderr = shell.communicate(timeout=10)
+    assert (shell.returncode, stdout) == (status, out)
+    if not line:
+        assert "its command did not start" in stderr
+
+
+def test_a_gate_nobody_waits_at_times_out_or_stops(tmp_path):
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)
+    now = [0.0]
+
+    def sleep(seconds):
+        now[0] += seconds
+
+    network = RunNetwork("n", gate_seconds=1, clock=lambda: now[0], sleep=sleep)
+    with pytest.raises(NetworkError, match="did not wait at its gate within 1s"):
+        network._open_gate(fifo, os.getpid(), lambda: False, b"go\n")
+    assert network._open_gate(fifo, os.getpid(), lambda: True, b"go\n") is False  # killed meanwhile
+
+
+def test_the_probe_reports_what_answers():
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: server.accept()[0].close(), daemon=True).start()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]  # bound, never listening: refused
+    try:
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _PROBE_SCRIPT, "2", f"127.0.0.1,{port}", f"127.0.0.1,{closed_port}"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        server.close()
+        closed.close()
+    assert done.stdout.strip() == f'["127.0.0.1 port {port}"]'
+
+
+def test_a_worker_without_a_network_refuses_only_networked_runs_and_says_why():
+    why = "--network-mode host puts runs on the host's own network"
+    plain = Run(id="r-2", owner="ann", queue="p", created_at=0, spec=RunSpec(command="x"))
+    assert refuses(None, False, None, networked_run(), network_refused=why) == (
+        f"this worker takes no runs that ask for a network: {why}"
+    )
+    assert refuses(None, False, None, plain, network_refused=why) is None
+    worker = Worker(id="w1", pool="p", started_at=0, heartbeat_at=0, network_refused=why)
+    pool = Pool(name="p", backend="local", cpus=2, memory="2g", disk="5g", default_image="img")
+    assert explain_wait(pool, [worker], None, None, networked_run()) == (
+        f"no live worker of pool p takes runs that ask for a network: {why}"
+    )
+    assert explain_wait(pool, [worker], None, None, plain).startswith("1 free slot(s) on 1 worker(s)")
+    # a worker that refuses it for another reason first (its group) is explained by that
+    grouped = Worker(id="w2", pool="p", started_at=0, heartbeat_at=0, network_refused=why, group="vision")
+    assert explain_wait(pool, [grouped], None, None, networked_run()) == (
+        "no live worker of pool p takes this run: this worker serves group vision only and ann is not in it"
+    )
