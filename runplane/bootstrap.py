@@ -27,6 +27,7 @@ from runplane.ports import (
     WorkerRegistry,
 )
 from runplane.services.auth import CachedTokens
+from runplane.services.inputs import InputPolicy
 from runplane.settings import StackSettings
 
 
@@ -44,6 +45,8 @@ class Stack:
     workers: WorkerRegistry
     tokens: TokenStore
     pool_states: PoolStateStore
+    data_bucket: str
+    """The bucket (Azure: container) of logs and outputs: never a run's input."""
     clock: Callable[[], float] = time.time
     backends: dict[str, ComputeBackend] = field(default_factory=dict)
 
@@ -54,6 +57,10 @@ class Stack:
 
     def agent_args(self, pool: Pool) -> list[str]:
         return agent_args_for(pool, self.settings.agent_args)
+
+    def input_policy(self) -> InputPolicy:
+        """What runs may read: the operator's allow-list, never this stack's own bucket."""
+        return InputPolicy(self.settings.input_bucket_allowlist(), self.data_bucket)
 
 
 def aws_clients(settings: StackSettings) -> dict[str, Any]:
@@ -123,6 +130,7 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
         workers=TableWorkerRegistry(tables.get_table_client(names.workers_table)),
         tokens=TableTokenStore(tables.get_table_client(names.tokens_table)),
         pool_states=TablePoolStateStore(tables.get_table_client(names.pools_table)),
+        data_bucket=names.container,
     )
 
 
@@ -161,6 +169,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
         workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),
         tokens=DynamoTokenStore(names.tokens_table, clients["dynamodb"]),
         pool_states=DynamoPoolStateStore(names.pools_table, clients["dynamodb"]),
+        data_bucket=names.bucket,
     )
 
 

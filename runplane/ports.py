@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runplane.domain.models import (
+    ApiToken,
     DispatchEvent,
     Event,
     Pool,
     PoolRecord,
-    Principal,
     Run,
     RunMessage,
     RunState,
@@ -68,7 +68,13 @@ class RunStore(Protocol):
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
-        """Newest first. Needs ``owner`` or ``queue`` and ``state``. Cursor is opaque."""
+        """Newest first. Needs ``owner`` or ``queue`` and ``state``. Cursor is opaque; one that
+        this very listing did not make raises BadRequest."""
+        ...
+
+    def cursor_after(self, run: Run, owner: str | None = None) -> str:
+        """The cursor that continues a listing after ``run`` (one the listing returned): the
+        owner's listing when ``owner`` is given, else that of the run's queue and state."""
         ...
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
@@ -132,8 +138,9 @@ class ObjectStore(Protocol):
         """Raises NotFound."""
         ...
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object under ``prefix``, sorted by key."""
+    def list(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjectInfo]:
+        """Objects under ``prefix`` sorted by key: those after ``start_after`` (a full key) only,
+        and at most ``limit`` of them when given."""
         ...
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:
@@ -175,9 +182,29 @@ class PoolStateStore(Protocol):
 
 
 class TokenStore(Protocol):
-    def lookup(self, token_hash: str) -> Principal | None: ...
+    """API tokens, keyed by the SHA-256 of their secret; and the stack's own secret."""
 
-    def put(self, token_hash: str, principal: Principal) -> None: ...
+    def lookup(self, token_hash: str) -> ApiToken | None:
+        """The token stored under ``token_hash``; None when there is none or its record does not
+        validate (fail closed)."""
+        ...
+
+    def put(self, token_hash: str, token: ApiToken) -> None:
+        """Store a token (replacing one under the same hash)."""
+        ...
+
+    def list(self) -> list[ApiToken]:
+        """Every valid token, sorted by creation time."""
+        ...
+
+    def delete(self, token_id: str) -> bool:
+        """Remove the token with this id; False when there is none. Idempotent."""
+        ...
+
+    def secret(self) -> bytes:
+        """The stack's secret (32 random bytes), made on first use by a conditional write so
+        that every instance of every function reads the same one. Never changes afterwards."""
+        ...
 
 
 @dataclass(frozen=True)

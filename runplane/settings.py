@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 PREFIX = "RUNPLANE_"
 
@@ -21,6 +22,24 @@ def parse_connection_string(connection_string: str) -> dict[str, str]:
         if sep and name:
             parts[name] = value
     return parts
+
+
+def parse_bucket_allowlist(text: str) -> dict[str, frozenset[str]]:
+    """``RUNPLANE_INPUT_BUCKETS`` read (see ``StackSettings.input_buckets``). Raises ValueError."""
+    text = text.strip()
+    if not text:
+        return {}
+    if not text.startswith("{"):
+        return {"*": frozenset(b.strip() for b in text.split(",") if b.strip())}
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"RUNPLANE_INPUT_BUCKETS is not valid JSON: {e}") from e
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(b, str) for b in v) for k, v in data.items()
+    ):
+        raise ValueError('RUNPLANE_INPUT_BUCKETS must map groups to lists of buckets: {"*": ["bucket"], ...}')
+    return {group: frozenset(buckets) for group, buckets in data.items()}
 
 
 class StackSettings(BaseModel):
@@ -39,6 +58,8 @@ class StackSettings(BaseModel):
     bucket: str = ""
     pools_table: str = ""
     aws_region: str = "us-east-1"
+    """``from_env``: ``RUNPLANE_AWS_REGION``, else ``AWS_REGION`` (what Lambda and ECS set), else
+    ``AWS_DEFAULT_REGION``, else us-east-1."""
     aws_endpoint_url: str | None = None
     azure_storage_connection_string: str | None = None
     """Azure: a storage connection string (Azurite's, or an account key's). Without one,
@@ -56,6 +77,22 @@ class StackSettings(BaseModel):
     local_state_dir: str = "~/.runplane/local"
     agent_args: str = ""
     """Extra arguments for every launched agent, as shell words."""
+    input_buckets: str = ""
+    """Buckets (Azure: containers) runs may read ``s3://`` inputs from: a comma-separated list for
+    every user, or JSON mapping a group (or ``*``, everyone) to its list, e.g.
+    ``{"*": ["public-data"], "vision": ["vision-raw"]}``. Empty: no bucket at all. The stack's own
+    bucket is never allowed, whatever this says."""
+
+    def input_bucket_allowlist(self) -> dict[str, frozenset[str]]:
+        """``input_buckets`` read: group (``*`` for everyone) -> the buckets its members may read.
+        Raises ValueError naming what is wrong."""
+        return parse_bucket_allowlist(self.input_buckets)
+
+    @field_validator("input_buckets")
+    @classmethod
+    def _allowlist(cls, value: str) -> str:
+        parse_bucket_allowlist(value)
+        return value
 
     def stack_id(self) -> str:
         """A short name for this control plane (where its runs table is), so that agents of
@@ -77,4 +114,9 @@ class StackSettings(BaseModel):
         }
         if values.get("aws_endpoint_url") == "":
             values["aws_endpoint_url"] = None
+        region = values.get("aws_region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+        if region:
+            values["aws_region"] = region
+        else:
+            values.pop("aws_region", None)
         return cls.model_validate(values)

@@ -3,6 +3,8 @@ embedded local stack with agents on the real Docker engine."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -20,9 +22,9 @@ from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.cli.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
-from runplane.domain.models import TERMINAL_STATES, Pool, Principal
+from runplane.domain.models import TERMINAL_STATES, Pool
 from runplane.domain.pools import dump_pools, load_pools
-from runplane.ports import ComputeBackend
+from runplane.ports import ComputeBackend, TokenStore
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
 
@@ -31,10 +33,16 @@ POOLS_FILE = ROOT / "tests" / "pools.yaml"
 TEST_IMAGE = "runplane/test-busybox:1"
 AGENT_IMAGE = "runplane/agent:local"
 # Agents in tests: short leases so lost workers are noticed fast; never pull (a pull would
-# leave this machine); runs that ask for a network get the host's loopback.
+# leave this machine); no network for runs that ask for one: host mode cannot be contained, so such
+# runs are refused, and the default (a bridge the agent makes) would use a private range.
+# tests/security/test_network.py gives its agents networks of the test's own namespaces.
 FAST = ["--lease-seconds", "4", "--heartbeat-seconds", "1", "--poll-seconds", "1", "--kill-poll-seconds", "0.5"]
-FAST += ["--pull", "never"]
-AGENT_ARGS = " ".join([*FAST, "--network-mode", "host", "--upload-deadline-seconds", "30"])
+FAST += ["--pull", "never", "--network-mode", "host"]
+AGENT_ARGS = " ".join([*FAST, "--upload-deadline-seconds", "30"])
+# Buckets (Azure: containers) the local stacks of the tests allow as inputs: one for everyone, one
+# for the group "vision" only. Both are made when the stacks start.
+DATASETS, VISION_DATA = "e2e-datasets", "e2e-vision"
+INPUT_BUCKETS = json.dumps({"*": [DATASETS], "vision": [VISION_DATA]})
 
 
 class AgentProcess:
@@ -206,13 +214,14 @@ def devstack(moto_endpoint: str, slurm_conf: str, tmp_path_factory: pytest.TempP
     stack = DevStack(
         DevConfig(
             port=free_port(),
-            token="alice-token",
-            user="alice",
+            token="admin-token",
+            user="admin",
             pools_file=str(POOLS_FILE),
             aws_endpoint_url=moto_endpoint,
             prefix="e2e",
             schedule_seconds=1,
             agent_args=AGENT_ARGS,
+            input_buckets=INPUT_BUCKETS,
             state_dir=tmp_path_factory.mktemp("devstack"),
             write_dev_file=False,
         )
@@ -220,11 +229,13 @@ def devstack(moto_endpoint: str, slurm_conf: str, tmp_path_factory: pytest.TempP
     stack.start()
     from runplane import bootstrap
 
-    tokens = bootstrap.stack().tokens
-    register_token(tokens, "bob-token", Principal(user="bob"))
-    register_token(tokens, "reader-token", Principal(user="alice", scopes=["runs:read"]))
+    s3 = bootstrap.stack().objects.client
+    for bucket in (DATASETS, VISION_DATA):
+        s3.create_bucket(Bucket=bucket)
+    register_users(bootstrap.stack().tokens)
     yield stack
     stack.stop()
+    sweep_agent_mounts(stack.config.state_dir)
 
 
 @pytest.fixture(scope="session")
@@ -241,14 +252,15 @@ def azure_devstack(azurite: str, tmp_path_factory: pytest.TempPathFactory) -> It
     (state / "pools.json").write_text(dump_pools(pools))
     config = DevConfig(
         port=free_port(),
-        token="alice-token",
-        user="alice",
+        token="admin-token",
+        user="admin",
         pools_file=str(state / "pools.json"),
         cloud="azure",
         azure_connection_string=azurite,
         prefix=f"e2e{uuid.uuid4().hex[:6]}",
         schedule_seconds=1,
         agent_args=AGENT_ARGS,
+        input_buckets=INPUT_BUCKETS,
         state_dir=state,
         write_dev_file=False,
     )
@@ -257,11 +269,51 @@ def azure_devstack(azurite: str, tmp_path_factory: pytest.TempPathFactory) -> It
     settings = StackSettings(
         cloud="azure", prefix=config.prefix, azure_storage_connection_string=azurite, pools=config.pools_file
     )
-    tokens = build_stack(settings).tokens
-    register_token(tokens, "bob-token", Principal(user="bob"))
-    register_token(tokens, "reader-token", Principal(user="alice", scopes=["runs:read"]))
+    from azure.core.exceptions import ResourceExistsError
+
+    built = build_stack(settings)
+    for container in (DATASETS, VISION_DATA):
+        with contextlib.suppress(ResourceExistsError):
+            built.objects.client.create_container(container)
+    register_users(built.tokens)
     yield stack
     stack.stop()
+    sweep_agent_mounts(state)
+
+
+@contextlib.contextmanager
+def nosuid_work_dir(path: Path) -> Iterator[Path]:
+    """``path`` bind-mounted onto itself ``nosuid,nodev`` on this host, as an operator does for an
+    agent that runs in a container (which cannot make the mount itself); removed afterwards."""
+    from worker_agent.workdir import bind_mount, unmount
+
+    path.mkdir(parents=True, exist_ok=True)
+    bind_mount(path, path, False)
+    try:
+        yield path
+    finally:
+        unmount(path)
+
+
+def sweep_agent_mounts(state_dir: Path) -> None:
+    """Remove the work-dir mounts (worker_agent/workdir.py) that agents of a local stack killed
+    with SIGKILL left, so that pytest can remove its temporary directories."""
+    from worker_agent.workdir import sweep_dead
+
+    for agents in state_dir.glob("*/agents"):
+        sweep_dead(agents)
+
+
+def register_users(tokens: TokenStore) -> None:
+    """The users of the local stacks, besides the administrator whose token the stack made itself
+    ("admin-token"): alice, bob, alice read-only and write-only, carol of the group vision, and a
+    token with no scopes at all."""
+    register_token(tokens, "alice-token", "alice")
+    register_token(tokens, "bob-token", "bob")
+    register_token(tokens, "reader-token", "alice", scopes=["runs:read"])
+    register_token(tokens, "writer-token", "alice", scopes=["runs:write"])
+    register_token(tokens, "carol-token", "carol", groups=["vision"])
+    register_token(tokens, "empty-token", "eve", scopes=[])
 
 
 @pytest.fixture(scope="session")
@@ -319,7 +371,7 @@ def api_status(call: Callable[[], Any]) -> tuple[int, str, str]:
     raise AssertionError("the call succeeded but was expected to fail")
 
 
-_ORDER = {"unit": 0, "integration": 1, "e2e": 2}
+_ORDER = {"unit": 0, "integration": 1, "e2e": 2, "security": 2}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -6,7 +6,10 @@ Errors leave as ``{"error": {"code", "message"}}`` with a 4xx status chosen in o
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from typing import Any
 
 from aws_lambda_powertools import Logger, Metrics
@@ -15,19 +18,26 @@ from aws_lambda_powertools.metrics import MetricUnit
 from pydantic import ValidationError
 
 from runplane import bootstrap
+from runplane.api.models import TokenCreate, TokenCreated, TokenList
 from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
-from runplane.api.views import pool_view, run_view, worker_view
+from runplane.api.views import me_view, pool_view, run_view, token_view, worker_view
 from runplane.domain import errors
-from runplane.domain.models import PoolRecord, Principal, RunSpec, RunState, Worker
-from runplane.services import auth, runs
+from runplane.domain.models import TOKEN_ID_PATTERN, PoolRecord, Principal, RunSpec, RunState, Worker
+from runplane.services import auth, runs, tenancy
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
-from runplane.services.logs import outputs_prefix, read_logs
+from runplane.services.logs import read_logs, read_outputs
 
 logger = Logger(service="runplane-api")
 metrics = Metrics(namespace="runplane", service="api")
 tracer = make_tracer("runplane-api")
 app = APIGatewayHttpResolver()
+
+MAX_DEPTH = 32
+"""The deepest nesting of arrays and objects a body may have."""
+MAX_PAGE_BYTES = 5 * 1024 * 1024
+"""The largest list page, well under Lambda's 6 MB response limit."""
+_RUN_ID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
 
 STATUS: dict[type[errors.RunplaneError], int] = {
     errors.BadRequest: 400,
@@ -42,11 +52,12 @@ STATUS: dict[type[errors.RunplaneError], int] = {
 }
 
 
-def error_response(status: int, code: str, message: str) -> Response[str]:
+def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response[str]:
     return Response(
         status_code=status,
         content_type=content_types.APPLICATION_JSON,
         body=json.dumps({"error": {"code": code, "message": message}}),
+        headers=headers,
     )
 
 
@@ -70,33 +81,94 @@ def _unexpected(e: Exception) -> Response[str]:
     return error_response(500, "internal", "internal error; it has been logged")
 
 
+def _allowed_methods(path: str) -> list[str]:
+    """The methods some route serves for ``path`` (for a 405's ``Allow``)."""
+    routes = app._static_routes + app._dynamic_routes
+    return sorted({route.method for route in routes if route.rule.match(path)})
+
+
 @app.not_found
 def _not_found(_: Exception) -> Response[str]:
-    path = app.current_event.path
-    return error_response(404, "not_found", f"no route for {app.current_event.http_method} {path}")
+    method, path = app.current_event.http_method, app.current_event.path
+    allowed = _allowed_methods(path)
+    if allowed:
+        use = ", ".join(allowed)
+        return error_response(405, "method_not_allowed", f"{method} is not allowed; use {use}", {"Allow": use})
+    return error_response(404, "not_found", f"no route for {method[:20]} {path[:200]}")
 
 
-def _principal() -> Principal:
-    return auth.authenticate(bootstrap.stack().tokens, app.current_event.get_header_value("authorization"))
+def _principal(scope: str | None = None) -> Principal:
+    """The caller, who must hold ``scope`` (when given). Raises Unauthorized or Forbidden."""
+    principal = auth.authenticate(bootstrap.stack().tokens, app.current_event.get_header_value("authorization"))
+    if scope is not None:
+        auth.require(principal, scope)
+    return principal
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in ``value`` (a scalar is 0), counted up to MAX_DEPTH + 1."""
+    depth, level = 0, [value]
+    while depth <= MAX_DEPTH:
+        containers = [v for v in level if isinstance(v, dict | list)]
+        if not containers:
+            break
+        depth += 1
+        level = [child for c in containers for child in (c.values() if isinstance(c, dict) else c)]
+    return depth
 
 
 def _body_object() -> dict[str, Any]:
-    body = app.current_event.decoded_body or ""
-    if len(body.encode()) > bootstrap.stack().settings.max_body_bytes:
-        raise errors.PayloadTooLarge(f"body is larger than {bootstrap.stack().settings.max_body_bytes} bytes")
+    """The body as a JSON object. Raises PayloadTooLarge or BadRequest (with what is wrong) for a
+    body that is too big, not UTF-8, not JSON, nested too deep, or holds NaN or Infinity."""
+    event = app.current_event
+    raw: bytes
+    text = event.body or ""
     try:
-        data = json.loads(body) if body.strip() else None
+        raw = base64.b64decode(text, validate=True) if event.is_base64_encoded else text.encode()
+    except (binascii.Error, ValueError) as e:
+        raise errors.BadRequest("body is not valid base64") from e
+    limit = bootstrap.stack().settings.max_body_bytes
+    if len(raw) > limit:
+        raise errors.PayloadTooLarge(f"body is larger than {limit} bytes")
+    try:
+        body = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise errors.BadRequest(f"body is not UTF-8 (byte {e.start}): send JSON encoded as UTF-8") from e
+    try:
+        data = json.loads(body, parse_constant=_no_constant) if body.strip() else None
+    except RecursionError as e:
+        raise errors.BadRequest(f"body nests deeper than {MAX_DEPTH} levels") from e
     except ValueError as e:
         raise errors.BadRequest(f"body is not valid JSON: {e}") from e
     if not isinstance(data, dict):
         raise errors.BadRequest("body must be a JSON object")
+    if _depth(data) > MAX_DEPTH:
+        raise errors.BadRequest(f"body nests deeper than {MAX_DEPTH} levels")
     return data
+
+
+def _model(model: Any, data: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise errors.InvalidRequest(_validation_message(e)) from e
+
+
+def _run_id(run_id: str) -> str:
+    """A run id as a path gives it; one that cannot be an id is a run that does not exist."""
+    if not _RUN_ID.match(run_id):
+        raise errors.NotFound(f"run {run_id[:80]!r} not found")
+    return run_id
 
 
 def _validation_message(e: ValidationError) -> str:
     parts = []
     for err in e.errors()[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "body"
+        where = ".".join(str(p)[:80] for p in err["loc"]) or "body"
         msg = err["msg"].removeprefix("Value error, ")
         parts.append(f"{where}: {msg}")
     return "; ".join(parts)
@@ -107,10 +179,10 @@ def _int_param(name: str, default: int, low: int, high: int) -> int:
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value = int(raw[:40])
     except ValueError as e:
         raise errors.BadRequest(f"query parameter {name} must be an integer") from e
-    if not low <= value <= high:
+    if len(raw) > 40 or not low <= value <= high:
         raise errors.InvalidRequest(f"query parameter {name} must be between {low} and {high}")
     return value
 
@@ -127,40 +199,53 @@ def openapi() -> dict[str, Any]:
 
 @app.post("/v1/runs")
 def submit() -> Response[str]:
-    principal = _principal()
-    auth.require(principal, "runs:write")
-    data = _body_object()
-    try:
-        spec = RunSpec.model_validate(data)
-    except ValidationError as e:
-        raise errors.InvalidRequest(_validation_message(e)) from e
+    principal = _principal("runs:write")
+    spec = _model(RunSpec, _body_object())
     key = app.current_event.get_header_value("idempotency-key")
     if key is not None and not 1 <= len(key) <= 200:
         raise errors.InvalidRequest("Idempotency-Key must be 1 to 200 characters")
     s = bootstrap.stack()
-    result = runs.submit_run(s.store, s.queue, s.pools, principal, spec, key, s.clock)
+    secret = s.tokens.secret() if key is not None else b""
+    result = runs.submit_run(
+        s.store, s.queue, s.pools, principal, spec, key, s.clock, secret=secret, inputs=s.input_policy()
+    )
     if result.created:
         metrics.add_metric(name="RunsSubmitted", unit=MetricUnit.Count, value=1)
     return _json(201 if result.created else 200, run_view(result.run), {"Location": f"/v1/runs/{result.run.id}"})
 
 
 @app.get("/v1/runs")
-def list_runs() -> dict[str, Any]:
-    principal = _principal()
+def list_runs() -> Response[str]:
+    principal = _principal("runs:read")
     state_raw = app.current_event.get_query_string_value("state")
     try:
         state = RunState(state_raw) if state_raw else None
     except ValueError as e:
-        raise errors.InvalidRequest(f"unknown state {state_raw!r}; states are {[s.value for s in RunState]}") from e
+        states = [s.value for s in RunState]
+        raise errors.InvalidRequest(f"unknown state {str(state_raw)[:40]!r}; states are {states}") from e
+    store = bootstrap.stack().store
+    owner = app.current_event.get_query_string_value("owner") or principal.user
     page = runs.list_runs(
-        bootstrap.stack().store,
+        store,
         principal,
+        owner=owner,
         state=state,
-        queue=app.current_event.get_query_string_value("queue"),
+        queue=app.current_event.get_query_string_value("queue") or None,
         limit=_int_param("limit", 50, 1, 500),
         cursor=app.current_event.get_query_string_value("cursor"),
     )
-    return {"runs": [run_view(r) for r in page.runs], "next_cursor": page.next_cursor}
+    # Pages are capped by size too: a page cut short continues after its last run.
+    views: list[str] = []
+    size, cursor = 64, page.next_cursor
+    for run in page.runs:
+        text = json.dumps(run_view(run))
+        if views and size + len(text) + 1 > MAX_PAGE_BYTES:
+            cursor = store.cursor_after(page.runs[len(views) - 1], owner)
+            break
+        views.append(text)
+        size += len(text) + 1
+    body = '{"runs": [' + ", ".join(views) + "], " + f'"next_cursor": {json.dumps(cursor)}' + "}"
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=body)
 
 
 def _pool_record(pool: str) -> PoolRecord | None:
@@ -176,7 +261,7 @@ def _pool_record(pool: str) -> PoolRecord | None:
 @app.get("/v1/runs/<run_id>")
 def get_run(run_id: str) -> dict[str, Any]:
     s = bootstrap.stack()
-    run = runs.get_run(s.store, _principal(), run_id)
+    run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
     view = run_view(run)
     if run.state == RunState.QUEUED:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
@@ -188,16 +273,15 @@ def get_run(run_id: str) -> dict[str, Any]:
 
 @app.post("/v1/runs/<run_id>/kill")
 def kill(run_id: str) -> Response[str]:
-    principal = _principal()
-    auth.require(principal, "runs:write")
+    principal = _principal("runs:write")
     s = bootstrap.stack()
-    return _json(202, run_view(runs.kill_run(s.store, principal, run_id, s.clock)))
+    return _json(202, run_view(runs.kill_run(s.store, principal, _run_id(run_id), s.clock)))
 
 
 @app.get("/v1/runs/<run_id>/logs")
 def logs(run_id: str) -> dict[str, Any]:
     s = bootstrap.stack()
-    run = runs.get_run(s.store, _principal(), run_id)
+    run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
     stream = app.current_event.get_query_string_value("stream") or "stdout"
     if stream not in ("stdout", "stderr"):
         raise errors.InvalidRequest("stream must be stdout or stderr")
@@ -208,17 +292,19 @@ def logs(run_id: str) -> dict[str, Any]:
 @app.get("/v1/runs/<run_id>/outputs")
 def outputs(run_id: str) -> dict[str, Any]:
     s = bootstrap.stack()
-    run = runs.get_run(s.store, _principal(), run_id)
-    prefix = outputs_prefix(run.id, run.attempt)
-    files = [
-        {"path": o.key[len(prefix) :], "size": o.size, "url": s.objects.url(o.key)} for o in s.objects.list(prefix)
-    ]
-    return {"files": files, "complete": run.state.terminal}
+    run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
+    page = read_outputs(
+        s.objects,
+        run,
+        after=app.current_event.get_query_string_value("cursor"),
+        limit=_int_param("limit", 1000, 1, 1000),
+    )
+    return {"files": page.files, "next_cursor": page.next_cursor, "complete": run.state.terminal}
 
 
 @app.get("/v1/pools")
 def pools() -> dict[str, Any]:
-    _principal()
+    _principal("runs:read")
     s = bootstrap.stack()
     now = s.clock()
     by_pool: dict[str, list[Worker]] = {}
@@ -234,7 +320,47 @@ def pools() -> dict[str, Any]:
 
 @app.get("/v1/workers")
 def workers() -> dict[str, Any]:
-    _principal()
+    principal = _principal("runs:read")
     s = bootstrap.stack()
     now = s.clock()
-    return {"workers": [worker_view(w, now, s.settings.worker_stale_seconds) for w in s.workers.list()]}
+    return {"workers": [worker_view(w, now, s.settings.worker_stale_seconds, principal) for w in s.workers.list()]}
+
+
+@app.get("/v1/me")
+def me() -> dict[str, Any]:
+    return me_view(_principal()).model_dump(mode="json")
+
+
+@app.post("/v1/tokens")
+def create_token() -> Response[str]:
+    principal = _principal("admin")
+    request: TokenCreate = _model(TokenCreate, _body_object())
+    s = bootstrap.stack()
+    made = tenancy.create_token(
+        s.tokens,
+        user=request.user,
+        groups=request.groups,
+        scopes=request.scopes,
+        expires_in=request.expires_in,
+        created_by=principal.user,
+        now=s.clock(),
+    )
+    view = TokenCreated(**token_view(made.token).model_dump(), token=made.secret)
+    return _json(201, view.model_dump(mode="json"), {"Location": f"/v1/tokens/{made.token.id}"})
+
+
+@app.get("/v1/tokens")
+def list_tokens() -> dict[str, Any]:
+    _principal("admin")
+    user = app.current_event.get_query_string_value("user")
+    found = tenancy.list_tokens(bootstrap.stack().tokens, user)
+    return TokenList(tokens=[token_view(t) for t in found]).model_dump(mode="json")
+
+
+@app.delete("/v1/tokens/<token_id>")
+def revoke_token(token_id: str) -> Response[str]:
+    _principal("admin")
+    if not re.fullmatch(TOKEN_ID_PATTERN, token_id):
+        raise errors.NotFound(f"token {token_id[:80]!r} not found")
+    tenancy.revoke_token(bootstrap.stack().tokens, token_id)
+    return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")

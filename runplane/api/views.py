@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from runplane.domain.models import Pool, PoolRecord, Run, Worker
+from runplane.api.models import Me, Token
+from runplane.domain.models import ApiToken, Pool, PoolRecord, Principal, Run, Worker
 
 
 def iso(ts: float | None) -> str | None:
@@ -37,8 +38,13 @@ def run_view(run: Run) -> dict[str, Any]:
     }
 
 
-def worker_view(worker: Worker, now: float, stale_after: float) -> dict[str, Any]:
+def worker_view(worker: Worker, now: float, stale_after: float, viewer: Principal) -> dict[str, Any]:
+    """A worker as ``viewer`` may see it: the ids of runs it holds are shown to their owners (and
+    to admins) only."""
     data = worker.model_dump(mode="json", exclude={"v"})
+    if not viewer.admin:
+        data["run_owners"] = {r: o for r, o in worker.run_owners.items() if o == viewer.user}
+        data["runs"] = [r for r in worker.runs if r in data["run_owners"]]
     if now - worker.heartbeat_at > stale_after:
         data["status"] = "offline"
     data["started_at"] = iso(worker.started_at)
@@ -82,3 +88,19 @@ def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecor
         "disabled": record.disabled_reason,
         "last_decision": record.last_decision,
     }
+
+
+def token_view(token: ApiToken) -> Token:
+    return Token(
+        id=token.id,
+        user=token.user,
+        groups=token.groups,
+        scopes=token.scopes,
+        created_at=iso(token.created_at) or "",
+        expires_at=iso(token.expires_at),
+        created_by=token.created_by,
+    )
+
+
+def me_view(principal: Principal) -> Me:
+    return Me(user=principal.user, groups=principal.groups, scopes=principal.scopes, token_id=principal.token_id)

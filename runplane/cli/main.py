@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
+import getpass
 import json
 import signal
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -356,6 +358,134 @@ def pools(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
         out.print(line, markup=False, highlight=False)
 
 
+token_app = typer.Typer(no_args_is_help=True, help="Make, list and revoke API tokens (administrators).")
+app.add_typer(token_app, name="token")
+
+
+class Scope(enum.StrEnum):
+    read = "runs:read"
+    write = "runs:write"
+    admin = "admin"
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Argument(help="the user the token acts for")],
+    group: Annotated[list[str] | None, typer.Option("--group", "-g", help="a group of the user, repeatable")] = None,
+    scope: Annotated[
+        list[Scope] | None, typer.Option("--scope", "-s", help="repeatable; default runs:read and runs:write")
+    ] = None,
+    expires: Annotated[str | None, typer.Option(help="lifetime, e.g. 30d or 12h (default: never)")] = None,
+    direct: Annotated[
+        bool,
+        typer.Option(
+            "--direct",
+            help="write to the stack's token store with your cloud credentials and RUNPLANE_* settings "
+            "instead of the API: how a deployed stack gets its first admin token",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the token's record as JSON")] = False,
+) -> None:
+    """Make a token for USER; its secret is printed once and stored only as a hash."""
+    scopes = [s.value for s in scope] if scope else None
+    if direct:
+        made = _direct_token(user, group or [], scopes, expires)
+    else:
+        body: dict[str, Any] = {"user": user, "groups": group or []}
+        if scopes is not None:
+            body["scopes"] = scopes
+        if expires is not None:
+            body["expires_in"] = expires
+        made = _client().request("POST", "/v1/tokens", body)
+    if as_json:
+        _print_json(made)
+        return
+    out.print(made["token"], highlight=False)
+    expiry = f"expires {made['expires_at']}" if made.get("expires_at") else "does not expire"
+    err.print(
+        f"[dim]{made['id']}: {made['user']}, scopes {', '.join(made['scopes'])}"
+        + (f", groups {', '.join(made['groups'])}" if made["groups"] else "")
+        + f"; {expiry}. The secret above is shown only now.[/dim]",
+        highlight=False,
+    )
+
+
+def _direct_token(user: str, groups: list[str], scopes: list[str] | None, expires: str | None) -> dict[str, Any]:
+    from pydantic import ValidationError
+
+    from runplane.api.models import TokenCreated
+    from runplane.api.views import token_view
+    from runplane.bootstrap import build_stack
+    from runplane.domain.errors import RunplaneError
+    from runplane.services.tenancy import create_token
+
+    try:
+        stack = build_stack()
+        made = create_token(
+            stack.tokens,
+            user=user,
+            groups=groups,
+            scopes=scopes,
+            expires_in=expires,
+            created_by=f"{getpass.getuser()} (runplane token create --direct)",
+            now=time.time(),
+        )
+    except RunplaneError as e:
+        raise CliError(e.message) from None
+    except ValidationError as e:  # a bad RUNPLANE_* setting
+        first = e.errors()[0]
+        where = "RUNPLANE_" + "_".join(str(p) for p in first["loc"]).upper()
+        raise CliError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+    except ValueError as e:  # a pools file that cannot be read
+        raise CliError(str(e).splitlines()[0]) from None
+    created = TokenCreated(**token_view(made.token).model_dump(), token=made.secret)
+    return created.model_dump(mode="json")
+
+
+@token_app.command("ls")
+def token_ls(
+    user: Annotated[str | None, typer.Option(help="only this user's tokens")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List tokens (never their secrets)."""
+    data = _client().request("GET", "/v1/tokens", query={"user": user})
+    if as_json:
+        _print_json(data)
+        return
+    table = Table(Column("id", no_wrap=True), "user", "groups", "scopes", "created", "expires", "by")
+    for t in data["tokens"]:
+        table.add_row(
+            t["id"],
+            t["user"],
+            ",".join(t["groups"]),
+            ",".join(t["scopes"]),
+            t["created_at"][:19].replace("T", " "),
+            (t["expires_at"] or "never")[:19].replace("T", " "),
+            t.get("created_by") or "",
+        )
+    out.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[str, typer.Argument(help="the token's id (tok-...), from runplane token ls")],
+) -> None:
+    """Revoke a token: every API instance refuses it within seconds."""
+    _client().request("DELETE", f"/v1/tokens/{urllib.parse.quote(token_id, safe='')}")
+    err.print(f"{token_id}: revoked")
+
+
+@app.command()
+def whoami(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Who your token acts for: user, groups and scopes."""
+    me = _client().request("GET", "/v1/me")
+    if as_json:
+        _print_json(me)
+        return
+    groups = f" (groups: {', '.join(me['groups'])})" if me["groups"] else ""
+    out.print(f"{me['user']}{groups}; scopes: {', '.join(me['scopes']) or 'none'}", highlight=False)
+
+
 class Cloud(enum.StrEnum):
     aws = "aws"
     azure = "azure"
@@ -364,7 +494,7 @@ class Cloud(enum.StrEnum):
 @app.command()
 def dev(
     port: Annotated[int, typer.Option(help="port of the local API")] = 8080,
-    token: Annotated[str | None, typer.Option(help="API token to accept (default: a new random one)")] = None,
+    token: Annotated[str | None, typer.Option(help="admin API token to accept (default: a new random one)")] = None,
     workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
     pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
     demo: Annotated[bool, typer.Option(help="submit one demo run once the stack is up")] = False,
@@ -390,7 +520,8 @@ def dev(
     except ValueError as e:
         raise CliError(str(e)) from e
     err.print(
-        f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n  token  {stack.token}\n"
+        f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"
+        f"  token  {stack.token} (an admin's: `runplane token create USER` makes users' tokens)\n"
         f"  {stack.services:<6} {stack.endpoint}\n"
         f"Use it from another shell (the CLI finds this stack by itself):\n"
         f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"

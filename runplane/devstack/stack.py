@@ -23,7 +23,7 @@ from typing import Any
 from runplane import bootstrap
 from runplane.devstack.cloud import Cloud, FrontRequest
 from runplane.devstack.net import free_port
-from runplane.domain.models import Principal
+from runplane.domain.models import SCOPES
 from runplane.domain.pools import dump_pools, load_pools
 from runplane.services.auth import new_token, register_token
 
@@ -50,6 +50,8 @@ class DevConfig:
     prefix: str = "runplane"
     schedule_seconds: float = 5.0
     agent_args: str = ""
+    input_buckets: str = ""
+    """Buckets runs may read inputs from (RUNPLANE_INPUT_BUCKETS; see StackSettings)."""
     state_dir: Path = field(default_factory=lambda: Path("~/.runplane/dev").expanduser())
     write_dev_file: bool = True
 
@@ -79,6 +81,12 @@ class _Server(ThreadingHTTPServer):
         self.cloud = cloud
 
 
+class _BadBody(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
 class _Front(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True  # headers and body go out at once, not after a delayed ACK
@@ -87,22 +95,54 @@ class _Front(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         path, _, query = self.path.partition("?")
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_REQUEST:
-            body = json.dumps({"error": {"code": "payload_too_large", "message": "request body too large"}})
-            self._reply(413, {"content-type": "application/json"}, body.encode())
+        try:
+            body = self._body()
+        except _BadBody as e:
+            self.close_connection = True  # what follows on the connection cannot be trusted
+            message = json.dumps({"error": {"code": e.code, "message": e.message}}).encode()
+            self._reply(e.status, {"content-type": "application/json"}, message)
             return
         request = FrontRequest(
             method=self.command,
             path=path,
             query=query,
             headers=dict(self.headers.items()),
-            body=self.rfile.read(length) if length else b"",
+            body=body,
             client_ip=self.client_address[0],
             host=self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}",
         )
         response = self.server.cloud.http(request)
         self._reply(response.status, response.headers, response.body)
+
+    def _body(self) -> bytes:
+        """The request body, by Content-Length or chunked (as API Gateway takes both). Raises
+        _BadBody for a body too large or framed wrongly."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            return self._chunked()
+        raw = (self.headers.get("Content-Length") or "0").strip()
+        if not raw.isdigit() or len(raw) > 12:
+            raise _BadBody(400, "bad_request", "Content-Length is not a number of bytes")
+        if int(raw) > MAX_REQUEST:
+            raise _BadBody(413, "payload_too_large", "request body too large")
+        return self.rfile.read(int(raw)) if int(raw) else b""
+
+    def _chunked(self) -> bytes:
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1024).strip().split(b";")[0]
+            try:
+                size = int(line, 16)
+            except ValueError:
+                raise _BadBody(400, "bad_request", "chunked body is malformed") from None
+            if size < 0 or len(body) + size > MAX_REQUEST:
+                raise _BadBody(413, "payload_too_large", "request body too large")
+            if size == 0:
+                while self.rfile.readline(1024).strip():  # trailers, up to the blank line
+                    pass
+                return bytes(body)
+            body += self.rfile.read(size)
+            if self.rfile.read(2) != b"\r\n":
+                raise _BadBody(400, "bad_request", "chunked body is malformed")
 
     def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
         self.send_response(status)
@@ -111,9 +151,14 @@ class _Front(BaseHTTPRequestHandler):
                 self.send_header(key, value)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()  # buffered; the flush below sends headers and body together
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _handle
+    def __getattr__(self, name: str) -> Any:
+        # every method goes to the API, which answers 405 (with Allow) for one no route serves
+        if name.startswith("do_"):
+            return self._handle
+        raise AttributeError(name)
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.client_address[0], *args)
@@ -164,6 +209,7 @@ class DevStack:
             "RUNPLANE_LOCAL_STATE_DIR": str(state / "workers"),
             "RUNPLANE_AGENT_WORK_DIR": str(state / "agents"),
             "RUNPLANE_AGENT_ARGS": self.config.agent_args,
+            "RUNPLANE_INPUT_BUCKETS": self.config.input_buckets,
             "RUNPLANE_WORKER_STALE_SECONDS": "30",
             "RUNPLANE_REHINT_SECONDS": "60",
             "POWERTOOLS_METRICS_DISABLED": "true",
@@ -181,7 +227,8 @@ class DevStack:
         bootstrap.stack.cache_clear()
         stack = bootstrap.stack()
         self.cloud.provision(stack)
-        register_token(stack.tokens, self.token, Principal(user=self.config.user))
+        # the token `runplane dev` prints is an administrator's: it can make tokens for others
+        register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
         self._http = _Server(("127.0.0.1", self.config.port), self.cloud)
         self.api_url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._spawn(self._http.serve_forever, "http-front")

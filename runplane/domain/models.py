@@ -11,14 +11,46 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from runplane.domain.units import format_bytes, parse_bytes, parse_duration
+from runplane.domain.units import format_bytes, format_duration, parse_bytes, parse_duration
+
+MAX_RUN_TIME = 30 * 86400.0
+"""The longest time limit a run may ask for (30 days)."""
+MAX_INPUTS = 64
+MAX_ENV = 256
 
 SCHEMA_VERSION = 1
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,47}$"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_INPUT_SOURCE = re.compile(r"^(s3://[^/\s]+/\S*|run:[A-Za-z0-9-]+(/\S*)?)$")
+_INPUT_SOURCE = re.compile(r"^(s3://[a-z0-9][a-z0-9.-]{1,62}/\S+|run:[A-Za-z0-9-]{1,64}(/\S*)?)$")
+# Characters a command or an environment value may not hold: C0 controls but tab, newline and
+# carriage return, and DEL. A NUL cannot even reach exec(); the rest only hide what runs.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# Variables that change how the dynamic loader or the C library behaves (what glibc strips for
+# setuid programs): a run sets them in its image or its command, never through the API.
+_LOADER_PREFIXES = ("LD_", "DYLD_")
+_LOADER_NAMES = frozenset(
+    {
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "MALLOC_TRACE",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+    }
+)
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text`` (other than tab, newline, carriage return), as
+    ``\\xNN``, or None."""
+    match = _CONTROL.search(text)
+    return f"\\x{ord(match.group()):02x}" if match else None
 
 
 class RunState(StrEnum):
@@ -76,6 +108,7 @@ class FailureReason(StrEnum):
     OUT_OF_MEMORY = "out_of_memory"
     TIME_LIMIT = "time_limit"
     DISK_LIMIT = "disk_limit"
+    LOG_LIMIT = "log_limit"
     KILLED = "killed"
     WORKER_LOST = "worker_lost"
     INPUT_UNAVAILABLE = "input_unavailable"
@@ -104,13 +137,19 @@ def _duration(value: Any) -> Any:
 class Resources(BaseModel):
     """What one run asks for. Sizes accept bytes or strings ("512m"); time accepts "90s", "1h"."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    cpus: float = Field(default=1.0, gt=0, le=1024)
+    cpus: float = Field(default=1.0, ge=0.01, le=1024)
     gpus: int = Field(default=0, ge=0, le=64)
-    memory: int | None = Field(default=None, gt=4 * 1024**2, description="bytes, at least 4m; pool default when absent")
-    disk: int | None = Field(default=None, gt=0, description="bytes of output; pool default when absent")
-    time: float | None = Field(default=None, gt=0, description="seconds; pool default when absent")
+    memory: int | None = Field(
+        default=None, gt=4 * 1024**2, le=1024**5, description="bytes, at least 4m; pool default when absent"
+    )
+    disk: int | None = Field(
+        default=None, gt=0, le=1024**5, description="bytes the run may write; pool default when absent"
+    )
+    time: float | None = Field(
+        default=None, ge=1, le=MAX_RUN_TIME, description="seconds, 1 to 30 days; pool default when absent"
+    )
 
     _sizes = field_validator("memory", "disk", mode="before")(staticmethod(_size))
     _times = field_validator("time", mode="before")(staticmethod(_duration))
@@ -137,31 +176,53 @@ class RunSpec(BaseModel):
 
     @field_validator("command")
     @classmethod
-    def _command_not_blank(cls, value: str) -> str:
+    def _command(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("command is blank")
+        bad = control_character(value)
+        if bad:
+            raise ValueError(f"command holds the control character {bad}")
+        return value
+
+    @field_validator("name", "image")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and (control_character(value) or "\n" in value or "\r" in value or "\t" in value):
+            raise ValueError("must be printable text on one line")
         return value
 
     @field_validator("env")
     @classmethod
-    def _env_keys(cls, value: dict[str, str]) -> dict[str, str]:
-        if len(value) > 256:
-            raise ValueError("at most 256 environment variables")
-        for key in value:
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_ENV:
+            raise ValueError(f"at most {MAX_ENV} environment variables")
+        for key, text in value.items():
             if not _ENV_KEY.match(key):
                 raise ValueError(f"environment variable name {key!r} is not valid")
             if key.upper().startswith("RUNPLANE_"):
                 raise ValueError(f"environment variable {key!r}: the RUNPLANE_ prefix is reserved")
+            if key.upper().startswith(_LOADER_PREFIXES) or key.upper() in _LOADER_NAMES:
+                raise ValueError(
+                    f"environment variable {key!r} changes the dynamic loader; set it in the image or the command"
+                )
+            bad = control_character(text)
+            if bad:
+                raise ValueError(f"environment variable {key!r} holds the control character {bad}")
         return value
 
     @field_validator("inputs")
     @classmethod
     def _inputs(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_INPUTS:
+            raise ValueError(f"at most {MAX_INPUTS} inputs")
         for name, source in value.items():
             if not _INPUT_NAME.match(name):
                 raise ValueError(f"input name {name!r} is not valid (letters, digits, . _ -)")
             if not _INPUT_SOURCE.match(source):
                 raise ValueError(f"input {name!r}: source must be 's3://bucket/key' or 'run:<id>[/path]'")
+            path = source.removeprefix("s3://").partition("/")[2]
+            if any(part in (".", "..") for part in path.split("/")) or "//" in path or control_character(path):
+                raise ValueError(f"input {name!r}: the path may not hold '.', '..' or empty segments")
         return value
 
 
@@ -267,11 +328,16 @@ class Pool(BaseModel):
     idle_seconds: float = Field(default=120, gt=0)
     runs_per_worker: int | None = Field(default=None, ge=1)
     default_image: str
-    default_time: float = 24 * 3600
-    max_time: float | None = None
+    default_time: float = Field(default=24 * 3600, gt=0, le=MAX_RUN_TIME)
+    max_time: float = Field(default=7 * 86400, gt=0, le=MAX_RUN_TIME, description="the longest time a run may ask")
+    allow_root: bool = Field(
+        default=False, description="runs may run as uid 0 (the image's root user); otherwise uid 0 becomes 65534"
+    )
+    max_output_files: int = Field(default=100_000, ge=1, description="files a run may write to its output directory")
+    max_log_size: int = Field(default=1024**3, ge=1024, description="bytes of stdout+stderr a run may write")
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
-    _sizes = field_validator("memory", "disk", mode="before")(staticmethod(_size))
+    _sizes = field_validator("memory", "disk", "max_log_size", mode="before")(staticmethod(_size))
     _times = field_validator(
         "default_time",
         "max_time",
@@ -294,7 +360,7 @@ class Pool(BaseModel):
             update={
                 "memory": resources.memory or min(1024**3, self.memory // self.slots),
                 "disk": resources.disk or min(10 * 1024**3, self.disk // self.slots),
-                "time": resources.time or self.default_time,
+                "time": resources.time or min(self.default_time, self.max_time),
             }
         )
 
@@ -314,8 +380,8 @@ class Pool(BaseModel):
             return f"asks {format_bytes(resources.memory)} memory, pool has {format_bytes(self.memory)}"
         if resources.disk is not None and resources.disk > self.disk:
             return f"asks {format_bytes(resources.disk)} disk, pool has {format_bytes(self.disk)}"
-        if resources.time is not None and self.max_time is not None and resources.time > self.max_time:
-            return f"asks {resources.time:g}s, pool allows at most {self.max_time:g}s"
+        if resources.time is not None and resources.time > self.max_time:
+            return f"asks {format_duration(resources.time)}, pool allows at most {format_duration(self.max_time)}"
         return None
 
 
@@ -399,6 +465,8 @@ class Worker(BaseModel):
     gpu_ids: list[str] = Field(default_factory=list)
     cached_inputs: int = 0
     runs: list[str] = Field(default_factory=list)
+    run_owners: dict[str, str] = Field(default_factory=dict)
+    """Run id -> its owner, for the runs held: users are shown only their own runs' ids."""
     runs_done: int = 0
     runs_left: int | None = None
     started_at: float
@@ -408,10 +476,19 @@ class Worker(BaseModel):
     tag: str | None = None
     tag_exclusive: bool = False
     group: str | None = None
+    network_refused: str | None = None
+    """Why this worker takes no runs that ask for a network (None: it takes them)."""
 
     def refuses(self, run: Run) -> str | None:
-        """Why this worker does not take ``run`` (its tag or group), or None if it does."""
-        return refuses(self.tag, self.tag_exclusive, self.group, run)
+        """Why this worker does not take ``run`` (its tag, group or network), or None if it does."""
+        return refuses(self.tag, self.tag_exclusive, self.group, run, network_refused=self.network_refused)
+
+
+Scope = Literal["runs:read", "runs:write", "admin"]
+SCOPES: tuple[Scope, ...] = ("runs:read", "runs:write", "admin")
+DEFAULT_SCOPES: tuple[Scope, ...] = ("runs:read", "runs:write")
+USER_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"
+TOKEN_ID_PATTERN = r"^tok-[0-9a-f]{16}$"  # noqa: S105 - a pattern, not a secret
 
 
 class Principal(BaseModel):
@@ -422,16 +499,51 @@ class Principal(BaseModel):
     user: str
     scopes: list[str] = Field(default_factory=lambda: ["runs:read", "runs:write"])
     groups: list[str] = Field(default_factory=list)
+    token_id: str | None = None
 
     def can(self, scope: str) -> bool:
+        """Whether the caller holds ``scope``; ``admin`` holds every scope."""
         return scope in self.scopes or "admin" in self.scopes
 
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
 
-def refuses(tag: str | None, tag_exclusive: bool, group: str | None, run: Run) -> str | None:
+
+class ApiToken(BaseModel):
+    """An API token as stored, under the SHA-256 of its secret (never the secret itself).
+
+    A record that does not validate is no token: a store reading one answers as if it were absent,
+    so a damaged or hand-written record fails closed.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    id: str = Field(pattern=TOKEN_ID_PATTERN)
+    user: str = Field(pattern=USER_PATTERN)
+    groups: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(default_factory=list, max_length=32)
+    scopes: list[Scope]
+    created_at: float
+    expires_at: float | None = None
+    created_by: str | None = None
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at is not None and now >= self.expires_at
+
+    def principal(self) -> Principal:
+        return Principal(user=self.user, scopes=list(self.scopes), groups=list(self.groups), token_id=self.id)
+
+
+def refuses(
+    tag: str | None, tag_exclusive: bool, group: str | None, run: Run, *, network_refused: str | None = None
+) -> str | None:
     """Why a worker with ``tag``/``group`` does not take ``run``, or None if it does.
 
     A tagged run goes only to workers with that tag; a worker with a tag also takes untagged runs
-    unless it is tag-exclusive; a worker with a group takes only runs of that group's members.
+    unless it is tag-exclusive; a worker with a group takes only runs of that group's members; a
+    worker that cannot keep runs from the metadata service and the host (``network_refused``, why)
+    takes no run that asks for a network.
     """
     if group is not None and group not in run.owner_groups:
         return f"this worker serves group {group} only and {run.owner} is not in it"
@@ -439,4 +551,6 @@ def refuses(tag: str | None, tag_exclusive: bool, group: str | None, run: Run) -
         return f"the run asks for a worker tagged {run.spec.tag}"
     if run.spec.tag is None and tag_exclusive:
         return f"this worker takes only runs tagged {tag}"
+    if run.spec.network and network_refused:
+        return f"this worker takes no runs that ask for a network: {network_refused}"
     return None

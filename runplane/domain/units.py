@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 _SIZE_FACTORS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4, "p": 1024**5}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", re.IGNORECASE)
 _DURATION_FACTORS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_SIZE = 1024**5
+"""The largest size anything may be given (1 PiB): beyond any machine, and storable everywhere."""
+MAX_DURATION = 366 * 86400.0
+"""The longest duration any setting may be given (a year); a run's time is capped lower."""
 
 
 def parse_bytes(value: str | int | float) -> int:
@@ -18,14 +23,20 @@ def parse_bytes(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError("a size must be a number of bytes or a string like '512m'")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("a size cannot be negative")
-        return int(value)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("a size must be a finite, non-negative number of bytes")
+        return _bounded_size(value)
     match = _SIZE.match(value)
     if not match:
         raise ValueError(f"cannot read size {value!r}: use bytes or a number with k, m, g or t (e.g. '512m')")
     number, unit, _ = match.groups()
-    return int(float(number) * _SIZE_FACTORS[unit.lower()])
+    return _bounded_size(float(number) * _SIZE_FACTORS[unit.lower()])
+
+
+def _bounded_size(value: float) -> int:
+    if value > MAX_SIZE:
+        raise ValueError(f"a size cannot exceed {format_bytes(MAX_SIZE)}")
+    return int(value)
 
 
 def parse_duration(value: str | int | float) -> float:
@@ -33,21 +44,27 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration must be seconds or a string like '90s' or '1h'")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError("a duration cannot be negative")
-        return float(value)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError("a duration must be a finite, non-negative number of seconds")
+        return _bounded_duration(float(value))
     text = value.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):
-        return float(text)
+        return _bounded_duration(float(text))
     parts = _DURATION_PART.findall(text)
     if not parts or _DURATION_PART.sub("", text).strip():
         raise ValueError(f"cannot read duration {value!r}: use seconds or e.g. '90s', '30m', '1h30m', '2d'")
-    return sum(float(n) * _DURATION_FACTORS[u.lower()] for n, u in parts)
+    return _bounded_duration(sum(float(n) * _DURATION_FACTORS[u.lower()] for n, u in parts))
+
+
+def _bounded_duration(value: float) -> float:
+    if not math.isfinite(value) or value > MAX_DURATION:
+        raise ValueError(f"a duration cannot exceed {MAX_DURATION // 86400:g} days")
+    return value
 
 
 def format_bytes(value: int) -> str:
     """Short human form: 536870912 -> '512m'."""
-    for unit, factor in (("t", 1024**4), ("g", 1024**3), ("m", 1024**2), ("k", 1024)):
+    for unit, factor in (("p", 1024**5), ("t", 1024**4), ("g", 1024**3), ("m", 1024**2), ("k", 1024)):
         if value >= factor and value % factor == 0:
             return f"{value // factor}{unit}"
         if value >= factor * 10:

@@ -6,10 +6,13 @@ is still going: ``runs/<id>/logs/<attempt>/<stream>/<offset:016d>``.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from runplane.domain.models import Run
+from runplane.domain.errors import BadRequest
+from runplane.domain.models import Run, control_character
 from runplane.ports import ObjectStore
 
 Stream = Literal["stdout", "stderr"]
@@ -55,3 +58,32 @@ def read_logs(objects: ObjectStore, run: Run, stream: Stream, offset: int, max_b
             break
     complete = run.state.terminal and position >= total
     return LogPage(out.decode("utf-8", errors="replace"), position, complete)
+
+
+@dataclass(frozen=True)
+class OutputsPage:
+    files: list[dict[str, Any]]
+    next_cursor: str | None
+
+
+def _after(cursor: str) -> str:
+    try:
+        path = base64.urlsafe_b64decode(cursor.encode()).decode()
+        if not path or len(path) > 1024 or control_character(path) or len(cursor) > 2048:
+            raise ValueError
+    except (ValueError, binascii.Error) as e:
+        raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+    return path
+
+
+def read_outputs(objects: ObjectStore, run: Run, after: str | None, limit: int) -> OutputsPage:
+    """A page of the run's output files with download URLs, in path order, from after ``after``
+    (a ``next_cursor``). Raises BadRequest for a cursor this listing did not make."""
+    prefix = outputs_prefix(run.id, run.attempt)
+    start = prefix + _after(after) if after else None
+    found = objects.list(prefix, start_after=start, limit=limit + 1)
+    files = [{"path": o.key[len(prefix) :], "size": o.size, "url": objects.url(o.key)} for o in found[:limit]]
+    cursor = None
+    if len(found) > limit:
+        cursor = base64.urlsafe_b64encode(found[limit - 1].key[len(prefix) :].encode()).decode()
+    return OutputsPage(files, cursor)

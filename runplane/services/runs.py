@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ from runplane.domain.errors import (
 )
 from runplane.domain.models import (
     ACTIVE_STATES,
+    NAME_PATTERN,
+    USER_PATTERN,
     DispatchEvent,
     Event,
     Failure,
@@ -34,17 +38,23 @@ from runplane.domain.models import (
 from runplane.domain.pools import choose_pool
 from runplane.ports import Expect, Page, RunQueue, RunStore
 from runplane.services.auth import check_owner
+from runplane.services.inputs import InputPolicy
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
 
 
-def run_id_for(owner: str, idempotency_key: str | None) -> str:
-    """A random id, or one derived from (owner, key) so a retried submit finds its run."""
+def run_id_for(owner: str, idempotency_key: str | None, secret: bytes) -> str:
+    """A random id, or one derived from (owner, key) so a retried submit finds its run. The
+    derivation is keyed with the stack's secret: nobody can compute another user's run id from a
+    key they know or guess."""
     if idempotency_key is None:
         return "r-" + uuid.uuid4().hex[:24]
-    return "r-" + hashlib.sha256(f"{owner}\0{idempotency_key}".encode()).hexdigest()[:24]
+    if not secret:
+        raise ValueError("a run id derived from an Idempotency-Key needs the stack's secret")
+    digest = hmac.new(secret, f"{owner}\0{idempotency_key}".encode(), hashlib.sha256).hexdigest()
+    return "r-" + digest[:24]
 
 
 def _request_hash(spec: RunSpec) -> str:
@@ -65,15 +75,20 @@ def submit_run(
     spec: RunSpec,
     idempotency_key: str | None,
     clock: Clock,
+    *,
+    secret: bytes = b"",
+    inputs: InputPolicy | None = None,
 ) -> Submitted:
     """Store a queued run and hint its pool queue. Same key, same request -> same run.
 
-    Raises Unschedulable/InvalidRequest when no pool fits, Conflict when the key was used for
-    a different request. A failed hint is logged, not raised: the run is stored, and the
+    ``secret`` is the stack's (needed with an ``idempotency_key``); ``inputs`` what runs may read
+    (default: no bucket). Raises Unschedulable/InvalidRequest when no pool fits or an input is
+    not allowed, NotFound for a ``run:`` input the caller cannot see, Conflict when the key was
+    used for a different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
     pool = choose_pool(pools, spec.resources, spec.queue)
-    _check_run_inputs(store, principal, spec)
+    _check_inputs(store, principal, spec, inputs or InputPolicy())
     now = clock()
     resolved = spec.model_copy(
         update={
@@ -83,7 +98,7 @@ def submit_run(
         }
     )
     run = Run(
-        id=run_id_for(principal.user, idempotency_key),
+        id=run_id_for(principal.user, idempotency_key, secret),
         owner=principal.user,
         owner_groups=sorted(principal.groups),
         spec=resolved,
@@ -107,18 +122,21 @@ def submit_run(
     return Submitted(run, created=True)
 
 
-def _check_run_inputs(store: RunStore, principal: Principal, spec: RunSpec) -> None:
-    """``run:<id>`` inputs must name a run of the caller's (the bytes are read at run time)."""
+def _check_inputs(store: RunStore, principal: Principal, spec: RunSpec, policy: InputPolicy) -> None:
+    """``s3://`` inputs must be allowed by the operator's policy; ``run:<id>`` inputs must name a
+    run of the caller's own (admins included: the worker reads it as the run's owner). The bytes
+    are read at run time, where the agent checks both again."""
     for name, source in spec.inputs.items():
         if not source.startswith("run:"):
+            policy.check(name, source, principal.groups)
             continue
         run_id = source[4:].partition("/")[0]
         try:
             source_run = store.get(run_id)
-        except NotFound as e:
-            raise InvalidRequest(f"input {name}: run {run_id} does not exist") from e
-        if source_run.owner != principal.user and not principal.can("admin"):
-            raise Forbidden(f"input {name}: run {run_id} belongs to another user")
+        except NotFound:
+            source_run = None
+        if source_run is None or source_run.owner != principal.user:
+            raise NotFound(f"input {name}: run {run_id} not found")
         if source_run.state.terminal and source_run.state != RunState.SUCCEEDED:
             raise InvalidRequest(f"input {name}: run {run_id} ended {source_run.state}; it has no outputs to use")
 
@@ -141,12 +159,23 @@ def list_runs(
     store: RunStore,
     principal: Principal,
     *,
+    owner: str | None = None,
     state: RunState | None,
     queue: str | None,
     limit: int,
     cursor: str | None,
 ) -> Page:
-    return store.list(owner=principal.user, state=state, queue=queue, limit=limit, cursor=cursor)
+    """The caller's runs, newest first; an admin may list another ``owner``'s. Raises Forbidden
+    (another user's, without admin), InvalidRequest (a name that cannot be a user or a pool) and
+    BadRequest (a cursor this listing did not make)."""
+    owner = owner or principal.user
+    if owner != principal.user and not principal.admin:
+        raise Forbidden("listing another user's runs needs the admin scope")
+    if not re.fullmatch(USER_PATTERN, owner):
+        raise InvalidRequest(f"owner {owner[:80]!r} is not a user name")
+    if queue is not None and not re.fullmatch(NAME_PATTERN, queue):
+        raise InvalidRequest(f"queue {queue[:80]!r} is not a pool name")
+    return store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
 
 
 def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -> Run:

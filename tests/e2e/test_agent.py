@@ -222,10 +222,9 @@ def test_another_stacks_containers_are_left_alone(docker_client, alice, agents):
 
 def test_tags_and_groups_route_runs_to_the_right_worker(docker_client, alice, devstack, agents):
     from runplane.cli.client import Client
-    from runplane.domain.models import Principal
     from runplane.services.auth import register_token
 
-    register_token(bootstrap.stack().tokens, "carol-token", Principal(user="carol", groups=["vision"]))
+    register_token(bootstrap.stack().tokens, "carol-token", "carol", groups=["vision"])
     carol = Client(devstack.api_url, "carol-token")
     reserved = agents("--tag", "a100-box", "--tag-exclusive", "--group", "vision", "--idle-seconds", "60")
     shared = agents("--idle-seconds", "60")
@@ -250,3 +249,23 @@ def test_tags_and_groups_route_runs_to_the_right_worker(docker_client, alice, de
     )
     alice.request("POST", f"/v1/runs/{outsider['id']}/kill")
     assert wait_state(alice, outsider["id"], TERMINAL)["state"] == "killed"
+
+
+def test_the_pools_containment_settings_reach_its_agents(docker_client, alice, devstack, tmp_path):
+    """The "contained" pool (tests/pools.yaml): max_log_size 2m, max_output_files 50, allow_root
+    (taken up by an agent with --run-user image)."""
+    agent = AgentProcess(tmp_path, "--run-user", "image", "--idle-seconds", "60", pool="contained")
+    try:
+        chatty = submit(alice, "yes 0123456789 | head -c 3000000", queue="contained")
+        many = submit(alice, "i=0; while [ $i -lt 60 ]; do : > f$i; i=$((i+1)); done", queue="contained")
+        root = submit(alice, "id -u", queue="contained")
+        done = {name: wait_state(alice, r["id"], TERMINAL) for name, r in [("chatty", chatty), ("many", many)]}
+        assert (done["chatty"]["state"], done["chatty"]["failure"]["reason"]) == ("failed", "log_limit")
+        assert "2m" in done["chatty"]["failure"]["message"]
+        assert len(logs(alice, chatty["id"])) == 1024 * 1024  # the first page of what it shipped
+        assert (done["many"]["state"], done["many"]["failure"]["reason"]) == ("failed", "disk_limit")
+        assert "more than 50 files" in done["many"]["failure"]["message"]
+        assert wait_state(alice, root["id"], TERMINAL)["state"] == "succeeded"
+        assert logs(alice, root["id"]) == "0\n"  # the pool allows root and this agent takes it up
+    finally:
+        agent.stop()

@@ -101,3 +101,33 @@ def test_tagged_run_and_the_pools_table(devstack, tmp_path):
     parked = next(p for p in data["pools"] if p["name"] == "parked")
     assert parked["launches"]["launched"] == 0 and parked["disabled"] is None
     assert parked["last_decision"] in (None, "no backlog", "pool parked at max_workers=0")
+
+
+def test_tokens_and_whoami(devstack, tmp_path):
+    import json
+
+    made = cli(
+        devstack, "token", "create", "dana", "--group", "vision", "--scope", "runs:read", "--expires", "30d",
+        token="admin-token", home=tmp_path,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    secret = made.stdout.strip()
+    assert secret.startswith("rp_") and len(made.stdout.splitlines()) == 1  # only the secret on stdout
+    assert "shown only now" in made.stderr
+    me = cli(devstack, "whoami", token=secret, home=tmp_path)
+    assert (me.returncode, me.stdout.strip()) == (0, "dana (groups: vision); scopes: runs:read")
+    listed = json.loads(
+        cli(devstack, "token", "ls", "--user", "dana", "--json", token="admin-token", home=tmp_path).stdout
+    )
+    (token,) = listed["tokens"]
+    assert secret not in json.dumps(listed)
+    table = cli(devstack, "token", "ls", token="admin-token", home=tmp_path)
+    assert token["id"] in table.stdout and secret not in table.stdout
+    denied = cli(devstack, "token", "ls", home=tmp_path)  # alice is no admin
+    assert denied.returncode == 1 and denied.stderr.startswith("error: token of alice lacks the 'admin' permission")
+    revoked = cli(devstack, "token", "revoke", token["id"], token="admin-token", home=tmp_path)
+    assert revoked.returncode == 0, revoked.stderr
+    after = cli(devstack, "whoami", token=secret, home=tmp_path)
+    assert after.returncode == 1 and after.stderr.strip() == "error: token is not valid"
+    gone = cli(devstack, "token", "revoke", token["id"], token="admin-token", home=tmp_path)
+    assert gone.returncode == 1 and gone.stderr.startswith(f"error: token {token['id']} not found")

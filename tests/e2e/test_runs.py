@@ -12,7 +12,7 @@ import pytest
 
 from runplane import bootstrap
 from runplane.domain.models import RunMessage
-from tests.conftest import TERMINAL, wait_for, wait_state
+from tests.conftest import DATASETS, TERMINAL, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
 
@@ -202,12 +202,12 @@ def test_symlink_out_of_output_dir_is_not_uploaded(docker_client, alice):
 def test_inputs_are_mounted_read_only(docker_client, alice):
     producer = submit(alice, "mkdir model; echo weights > model/w")
     assert wait_state(alice, producer["id"], TERMINAL)["state"] == "succeeded"
-    objects = bootstrap.stack().objects
-    objects.put_bytes("datasets/d.txt", b"rows\n")
+    datasets = bootstrap.stack().objects.within(DATASETS)
+    datasets.put_bytes("datasets/d.txt", b"rows\n")
     run = submit(
         alice,
         "cat /inputs/model/w /inputs/data; (echo x > /inputs/data) 2>/dev/null || echo read-only",
-        inputs={"model": f"run:{producer['id']}/model", "data": f"s3://{objects.bucket}/datasets/d.txt"},
+        inputs={"model": f"run:{producer['id']}/model", "data": f"s3://{DATASETS}/datasets/d.txt"},
     )
     done = wait_state(alice, run["id"], TERMINAL)
     assert done["state"] == "succeeded", done
@@ -222,8 +222,7 @@ def test_inputs_are_mounted_read_only(docker_client, alice):
 
 
 def test_missing_input_is_input_unavailable(docker_client, alice):
-    bucket = bootstrap.stack().objects.bucket
-    run = submit(alice, "echo never", inputs={"data": f"s3://{bucket}/datasets/absent.txt"})
+    run = submit(alice, "echo never", inputs={"data": f"s3://{DATASETS}/datasets/absent.txt"})
     done = wait_state(alice, run["id"], TERMINAL)
     assert done["state"] == "failed"
     assert done["failure"]["reason"] == "input_unavailable"
@@ -234,10 +233,10 @@ def test_run_inputs_are_checked_at_submission(alice, bob):
     from tests.conftest import api_status
 
     status, code, message = api_status(lambda: submit(alice, "x", inputs={"m": "run:r-nosuchrun"}))
-    assert (status, code) == (422, "invalid_request")
-    assert "does not exist" in message
+    assert (status, code, message) == (404, "not_found", "input m: run r-nosuchrun not found")
     bobs = bob.request("POST", "/v1/runs", {"command": "x", "queue": "parked"})
-    assert api_status(lambda: submit(alice, "x", inputs={"m": f"run:{bobs['id']}"}))[:2] == (403, "forbidden")
+    status, code, message = api_status(lambda: submit(alice, "x", inputs={"m": f"run:{bobs['id']}"}))
+    assert (status, code, message) == (404, "not_found", f"input m: run {bobs['id']} not found")
 
 
 def test_container_removed_from_outside_is_a_clear_failure(docker_client, alice):

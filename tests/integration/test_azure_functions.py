@@ -58,7 +58,7 @@ def stack(request, monkeypatch, tmp_path):
     s = bootstrap.stack()
     backend = LocalCompute(tmp_path / "workers", command=SLEEPER)
     s.backends["local"] = backend
-    register_token(s.tokens, "alice-token", Principal(user="alice"))
+    register_token(s.tokens, "alice-token", "alice")
     yield s
     pool = s.pools.get("default")
     for job in backend.list(pool):

@@ -181,8 +181,11 @@ def test_routes_that_need_no_stack():
     status, doc = call_api("GET", "/v1/openapi.json")
     assert status == 200 and "/v1/runs" in doc["paths"]
     status, body = call_api("DELETE", "/v1/health")
+    assert status == 405
+    assert body == {"error": {"code": "method_not_allowed", "message": "DELETE is not allowed; use GET"}}
+    status, body = call_api("GET", "/v1/nothing")
     assert status == 404
-    assert body == {"error": {"code": "not_found", "message": "no route for DELETE /v1/health"}}
+    assert body == {"error": {"code": "not_found", "message": "no route for GET /v1/nothing"}}
 
 
 def call_host(host, method, path):
@@ -199,7 +202,7 @@ def test_local_host_routes_by_the_apps_bindings():
     assert host.http("GET", "http://h/api/v1/health", "/api/v1/health", "", {}, b"").status_code == 404
     assert host.http("GET", "http://h/", "/", "", {}, b"").get_body() == b""
     status, body = call_host(host, "OPTIONS", "/v1/runs")
-    assert (status, body["error"]["code"]) == (404, "not_found")  # the API's own answer, not the host's
+    assert (status, body["error"]["code"]) == (405, "method_not_allowed")  # the API's own answer, not the host's
 
 
 def test_local_host_refuses_an_unset_binding_setting():

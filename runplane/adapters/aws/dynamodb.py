@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import secrets
 import time
 from collections.abc import Mapping
 from decimal import Decimal
@@ -14,7 +16,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, NotFound
-from runplane.domain.models import Event, PoolRecord, Principal, Run, RunState, Worker
+from runplane.domain.models import ApiToken, Event, PoolRecord, Run, RunState, Worker
 from runplane.ports import Expect, Page
 
 _ser = TypeSerializer()
@@ -193,7 +195,7 @@ class DynamoRunStore:
         }
         if filters:
             kwargs["FilterExpression"] = " AND ".join(filters)
-        start = _decode_cursor(cursor) if cursor else None
+        start = _decode_cursor(cursor, key_attr, values[":k"]["S"]) if cursor else None
         runs: list[Run] = []
         last_key: dict[str, Any] | None = None
         while True:
@@ -217,6 +219,9 @@ class DynamoRunStore:
             start = resp.get("LastEvaluatedKey")
             if not start:
                 return Page(runs, None)
+
+    def cursor_after(self, run: Run, owner: str | None = None) -> str:
+        return cursor_after(run, owner)
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         kwargs: dict[str, Any] = {
@@ -251,14 +256,43 @@ def _encode_cursor(key: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(_from_item(key)).encode()).decode()
 
 
-def _decode_cursor(cursor: str) -> dict[str, Any]:
+def cursor_after(run: Run, owner: str | None) -> str:
+    """The cursor of a page that ends with ``run``: of the owner's listing when ``owner`` is
+    given, else of the run's queue and state."""
+    key_attr, value = ("owner", owner) if owner is not None else ("qs", _qs(run.queue, run.state))
+    return base64.urlsafe_b64encode(
+        json.dumps({"id": run.id, key_attr: value, "created_at": run.created_at}).encode()
+    ).decode()
+
+
+_CURSOR_ID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+
+
+def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]:
+    """The start key a cursor holds, checked to be one of this very listing (same index, same
+    partition): anything else is a BadRequest, never a query DynamoDB would refuse."""
     try:
-        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if not isinstance(data, dict):
+        if len(cursor) > 2048:
+            raise ValueError
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode()), parse_constant=_no_constant)
+        if (
+            not isinstance(data, dict)
+            or set(data) != {"id", key_attr, "created_at"}
+            or not isinstance(data["id"], str)
+            or not _CURSOR_ID.match(data["id"])
+            or data[key_attr] != key_value
+            or isinstance(data["created_at"], bool)
+            or not isinstance(data["created_at"], int | float)
+            or not 0 <= data["created_at"] < 1e11
+        ):
             raise TypeError
         return {k: _to_dynamo(v) for k, v in data.items()}
     except (ValueError, TypeError) as e:
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
 
 
 class DynamoWorkerRegistry:
@@ -314,31 +348,85 @@ def _worker(item: Mapping[str, Any]) -> Worker:
 
 
 class DynamoTokenStore:
-    """API tokens, stored as SHA-256 hashes only."""
+    """API tokens, stored under the SHA-256 of their secret; the document as JSON. The stack's own
+    secret is one more item, under a key no hash can take."""
+
+    SECRET_KEY = "stack-secret"  # noqa: S105 - a key name, not a secret
 
     def __init__(self, table: str, client: Any) -> None:
         self.table = table
         self.client = client
 
-    def lookup(self, token_hash: str) -> Principal | None:
+    def lookup(self, token_hash: str) -> ApiToken | None:
+        if token_hash == self.SECRET_KEY:
+            return None
         try:
             resp = self.client.get_item(TableName=self.table, Key={"token_hash": {"S": token_hash}})
         except (ClientError, BotoCoreError) as e:
             raise _translate(e, "read token") from e
-        item = resp.get("Item")
-        if not item:
-            return None
-        data = _from_item(item)
-        return Principal(
-            user=data["user"], scopes=data.get("scopes") or ["runs:read", "runs:write"], groups=data.get("groups") or []
-        )
+        return _token(resp.get("Item"))
 
-    def put(self, token_hash: str, principal: Principal) -> None:
-        item = {"token_hash": {"S": token_hash}, **{k: _to_dynamo(v) for k, v in principal.model_dump().items()}}
+    def put(self, token_hash: str, token: ApiToken) -> None:
+        item = {"token_hash": {"S": token_hash}, "id": {"S": token.id}, "doc": {"S": token.model_dump_json()}}
         try:
             self.client.put_item(TableName=self.table, Item=item)
         except (ClientError, BotoCoreError) as e:
             raise _translate(e, "store token") from e
+
+    def _scan(self, **kwargs: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        try:
+            for page in self.client.get_paginator("scan").paginate(TableName=self.table, **kwargs):
+                items.extend(page.get("Items", []))
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "list tokens") from e
+        return items
+
+    def list(self) -> list[ApiToken]:
+        tokens = [_token(item) for item in self._scan() if item["token_hash"]["S"] != self.SECRET_KEY]
+        return sorted((t for t in tokens if t is not None), key=lambda t: (t.created_at, t.id))
+
+    def delete(self, token_id: str) -> bool:
+        found = self._scan(
+            FilterExpression="#id = :id",
+            ExpressionAttributeNames={"#id": "id"},
+            ExpressionAttributeValues={":id": {"S": token_id}},
+        )
+        for item in found:
+            try:
+                self.client.delete_item(TableName=self.table, Key={"token_hash": item["token_hash"]})
+            except (ClientError, BotoCoreError) as e:
+                raise _translate(e, "delete token") from e
+        return bool(found)
+
+    def secret(self) -> bytes:
+        key = {"token_hash": {"S": self.SECRET_KEY}}
+        for _ in range(2):
+            try:
+                item = self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+                if item:
+                    return base64.b64decode(item["secret"]["S"])
+                self.client.put_item(
+                    TableName=self.table,
+                    Item={**key, "secret": {"S": base64.b64encode(secrets.token_bytes(32)).decode()}},
+                    ConditionExpression="attribute_not_exists(token_hash)",
+                )
+            except ClientError as e:
+                if error_code(e) != "ConditionalCheckFailedException":  # lost the race: read the winner's
+                    raise _translate(e, "read the stack secret") from e
+            except BotoCoreError as e:
+                raise _translate(e, "read the stack secret") from e
+        raise BackendError("the stack secret could not be read or made; retry")
+
+
+def _token(item: Mapping[str, Any] | None) -> ApiToken | None:
+    """The token of an item; None for none, or for an item that does not hold a valid token."""
+    if not item or "doc" not in item:
+        return None
+    try:
+        return ApiToken.model_validate_json(item["doc"]["S"])
+    except ValueError:
+        return None
 
 
 class DynamoPoolStateStore:

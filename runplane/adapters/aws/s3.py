@@ -52,17 +52,22 @@ class S3ObjectStore:
         except BotoCoreError as e:
             raise BackendError(f"download {key}: {e}") from e
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjectInfo]:
         out: list[ObjectInfo] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        if limit is not None:
+            kwargs["PaginationConfig"] = {"MaxItems": limit, "PageSize": min(limit, 1000)}
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+            for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
                 out.extend(
                     ObjectInfo(o["Key"], int(o["Size"]), str(o.get("ETag", "")).strip('"'))
                     for o in page.get("Contents", [])
                 )
         except (ClientError, BotoCoreError) as e:
             raise BackendError(f"list {prefix}: {e}") from e
-        return sorted(out, key=lambda o: o.key)
+        return sorted(out, key=lambda o: o.key)[:limit]
 
     def within(self, bucket: str) -> S3ObjectStore:
         return self if bucket == self.bucket else S3ObjectStore(bucket, self.client)

@@ -89,10 +89,16 @@ class BlobObjectStore:
         finally:
             part.unlink(missing_ok=True)
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
+    def list(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjectInfo]:
+        # Blob listings come in name order and have no start-after: skip what comes before it.
+        out: list[ObjectInfo] = []
         try:
-            blobs = self.client.get_container_client(self.container).list_blobs(name_starts_with=prefix)
-            out = [ObjectInfo(b.name, int(b.size), str(b.etag or "").strip('"')) for b in blobs]
+            for b in self.client.get_container_client(self.container).list_blobs(name_starts_with=prefix):
+                if start_after is not None and b.name <= start_after:
+                    continue
+                out.append(ObjectInfo(b.name, int(b.size), str(b.etag or "").strip('"')))
+                if limit is not None and len(out) >= limit:
+                    break
         except AzureError as e:
             raise self._fail(e, "list", prefix) from e
         return sorted(out, key=lambda o: o.key)

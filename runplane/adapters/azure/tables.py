@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import base64
 import json
+import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -63,7 +65,7 @@ from runplane.domain.errors import (
     PayloadTooLarge,
     RunplaneError,
 )
-from runplane.domain.models import Event, PoolRecord, Principal, Run, RunState, Worker
+from runplane.domain.models import ApiToken, Event, PoolRecord, Run, RunState, Worker
 from runplane.ports import Expect, Page
 
 CHUNK_CHARS = 32_000
@@ -133,11 +135,18 @@ def _encode_cursor(row_key: str) -> str:
     return base64.urlsafe_b64encode(json.dumps({"after": row_key}).encode()).decode()
 
 
+_ROW_KEY = re.compile(r"^[A-Za-z0-9._@+=~:-]{1,512}$")
+
+
 def _decode_cursor(cursor: str, prefix: str) -> str:
+    """The row key a cursor holds, checked to be a key of this listing: anything else is a
+    BadRequest, never a query Table storage would refuse."""
     try:
+        if len(cursor) > 2048:
+            raise ValueError
         data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         after = data["after"]
-        if not isinstance(after, str) or not after.startswith(prefix):
+        if not isinstance(after, str) or not after.startswith(prefix) or not _ROW_KEY.match(after):
             raise TypeError
     except (ValueError, TypeError, KeyError) as e:
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
@@ -345,6 +354,11 @@ class TableRunStore:
                     if len(runs) == limit:
                         return Page(runs, _encode_cursor(row))
 
+    def cursor_after(self, run: Run, owner: str | None = None) -> str:
+        if owner is not None:
+            return _encode_cursor(f"{newest_first(run.created_at)}:{key(run.id)}")
+        return _encode_cursor(self._copy_key(run))
+
     def _maybe(self, queue: str, escaped_id: str) -> Run | None:
         entity = _get(self.table, self._partition(queue), f"run:{escaped_id}", "list runs")
         return Run.model_validate(unpack(entity)) if entity is not None else None
@@ -444,21 +458,68 @@ class TableWorkerRegistry:
 
 
 class TableTokenStore:
-    """API tokens, stored as SHA-256 hashes only."""
+    """API tokens, one entity per token: PartitionKey the SHA-256 of its secret, the document as
+    JSON. The stack's own secret is one more entity, under a key no hash can take."""
+
+    SECRET_KEY = "stack-secret"  # noqa: S105 - a key name, not a secret
 
     def __init__(self, table: TableClient) -> None:
         self.table = table
 
-    def lookup(self, token_hash: str) -> Principal | None:
-        entity = _get(self.table, key(token_hash), "", "read token")
-        return Principal.model_validate(unpack(entity)) if entity is not None else None
+    def lookup(self, token_hash: str) -> ApiToken | None:
+        if token_hash == self.SECRET_KEY:
+            return None
+        return _token(_get(self.table, key(token_hash), "", "read token"))
 
-    def put(self, token_hash: str, principal: Principal) -> None:
-        entity = {"PartitionKey": key(token_hash), "RowKey": "", **pack(principal.model_dump(mode="json"), "token")}
+    def put(self, token_hash: str, token: ApiToken) -> None:
+        entity = {"PartitionKey": key(token_hash), "RowKey": "", "id": token.id, "doc": token.model_dump_json()}
         try:
             self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
         except AzureError as e:
             raise _failure(e, "store token") from e
+
+    def _query(self, query: str, parameters: dict[str, str]) -> list[Any]:
+        try:
+            return list(self.table.query_entities(query, parameters=parameters))
+        except AzureError as e:
+            raise _failure(e, "list tokens") from e
+
+    def list(self) -> list[ApiToken]:
+        found = [_token(e) for e in self._query("PartitionKey ne @secret", {"secret": self.SECRET_KEY})]
+        return sorted((t for t in found if t is not None), key=lambda t: (t.created_at, t.id))
+
+    def delete(self, token_id: str) -> bool:
+        found = self._query("id eq @id", {"id": token_id})
+        for entity in found:
+            try:
+                self.table.delete_entity(entity["PartitionKey"], entity["RowKey"])
+            except AzureError as e:
+                raise _failure(e, "delete token") from e
+        return bool(found)
+
+    def secret(self) -> bytes:
+        for _ in range(2):
+            entity = _get(self.table, self.SECRET_KEY, "", "read the stack secret")
+            if entity is not None:
+                return base64.b64decode(entity["secret"])
+            made = base64.b64encode(secrets.token_bytes(32)).decode()
+            try:
+                self.table.create_entity({"PartitionKey": self.SECRET_KEY, "RowKey": "", "secret": made})
+            except ResourceExistsError:
+                continue  # another instance made it first: read that one
+            except AzureError as e:
+                raise _failure(e, "store the stack secret") from e
+        raise BackendError("the stack secret could not be read or made; retry")
+
+
+def _token(entity: Mapping[str, Any] | None) -> ApiToken | None:
+    """The token of an entity; None for none, or for one that does not hold a valid token."""
+    if not entity or "doc" not in entity:
+        return None
+    try:
+        return ApiToken.model_validate_json(str(entity["doc"]))
+    except ValueError:
+        return None
 
 
 class TablePoolStateStore:

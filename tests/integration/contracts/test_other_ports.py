@@ -1,11 +1,12 @@
 """Contracts of RunQueue, ObjectStore, WorkerRegistry and TokenStore."""
 
+import json
 import urllib.request
 
 import pytest
 
 from runplane.domain.errors import NotFound
-from runplane.domain.models import Principal, RunMessage, Worker
+from runplane.domain.models import ApiToken, RunMessage, Worker
 
 
 def test_queue_send_receive_delete(stack):
@@ -111,7 +112,59 @@ def test_worker_registry(stack):
         stack.workers.get("w-1")
 
 
+def token(token_id, user="alice", created_at=1.0, **extra):
+    return ApiToken(id=token_id, user=user, scopes=["runs:read"], created_at=created_at, **extra)
+
+
 def test_token_store(stack):
-    assert stack.tokens.lookup("abc") is None
-    stack.tokens.put("abc", Principal(user="alice", scopes=["runs:read"]))
-    assert stack.tokens.lookup("abc") == Principal(user="alice", scopes=["runs:read"])
+    tokens = stack.tokens.inner  # the store itself, not the per-process cache around it
+    assert tokens.lookup("abc") is None
+    alice = token("tok-00000000000000a1", groups=["vision"], expires_at=99.0, created_by="root")
+    tokens.put("abc", alice)
+    tokens.put("def", token("tok-00000000000000b0", "bob", created_at=0.5))
+    assert tokens.lookup("abc") == alice
+    assert [t.id for t in tokens.list()] == ["tok-00000000000000b0", "tok-00000000000000a1"]  # oldest first
+    assert tokens.delete("tok-00000000000000a1") is True
+    assert tokens.delete("tok-00000000000000a1") is False  # idempotent
+    assert tokens.lookup("abc") is None
+    assert [t.user for t in tokens.list()] == ["bob"]
+
+
+def test_token_store_fails_closed_on_records_that_are_not_tokens(stack, request):
+    """A record written by hand or by an older version (no id or scopes, a scope no one grants)
+    is no token at all: lookup says None, the listing leaves it out. One with empty scopes is a
+    token that may do nothing."""
+    tokens = stack.tokens.inner
+    bad = [
+        {"user": "mallory"},
+        {"id": "tok-00000000000000c2", "user": "mallory", "scopes": ["root"], "created_at": 1},
+        {"id": "tok-00000000000000c1", "user": "mallory", "scopes": [], "created_at": 1},
+    ]
+    for i, doc in enumerate(bad):
+        if request.node.callspec.params["stack"] == "aws-moto":
+            item = {"token_hash": {"S": f"bad{i}"}, "doc": {"S": json.dumps(doc)}}
+            tokens.client.put_item(TableName=tokens.table, Item=item)
+        else:
+            tokens.table.upsert_entity({"PartitionKey": f"bad{i}", "RowKey": "", "doc": json.dumps(doc)})
+    assert [tokens.lookup(f"bad{i}") for i in range(2)] == [None, None]
+    powerless = tokens.lookup("bad2")
+    assert powerless is not None and powerless.scopes == [] and not powerless.principal().can("runs:read")
+    assert [t.id for t in tokens.list()] == ["tok-00000000000000c1"]
+
+
+def test_the_stack_secret_is_made_once(stack):
+    """Every instance reads the same secret: the first one to need it makes it with a conditional
+    write, the others read that one (and a token lookup never returns it)."""
+    first = stack.tokens.inner.secret()
+    assert len(first) == 32
+    assert stack.tokens.inner.secret() == first
+    assert stack.tokens.inner.lookup(type(stack.tokens.inner).SECRET_KEY) is None
+    assert stack.tokens.inner.list() == []
+
+
+def test_the_stack_secret_race_has_one_winner(racing_stack):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        secrets = list(pool.map(lambda _: racing_stack.tokens.inner.secret(), range(8)))
+    assert len(set(secrets)) == 1

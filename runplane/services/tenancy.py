@@ -1,0 +1,106 @@
+"""Users, groups and API tokens: the administrator's use cases.
+
+A user is a name on tokens; a group is a name a token carries (a worker started with ``--group``
+serves only its members, and operators allow input buckets per group). A token's secret is shown
+once, when it is made, and stored only as its SHA-256.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from runplane.domain.errors import InvalidRequest, NotFound
+from runplane.domain.models import (
+    DEFAULT_SCOPES,
+    NAME_PATTERN,
+    SCOPES,
+    USER_PATTERN,
+    ApiToken,
+    Scope,
+)
+from runplane.domain.units import format_duration, parse_duration
+from runplane.ports import TokenStore
+from runplane.services.auth import new_token, register_token
+
+MAX_LIFETIME = 3 * 366 * 86400.0
+"""The longest a token may live (about three years)."""
+
+
+@dataclass(frozen=True)
+class NewToken:
+    secret: str
+    token: ApiToken
+
+
+def check_token_request(user: str, groups: Sequence[str], scopes: Sequence[str] | None) -> list[Scope]:
+    """Raise InvalidRequest naming what is wrong; return the scopes to give (default: read and
+    write runs)."""
+    if not re.fullmatch(USER_PATTERN, user):
+        raise InvalidRequest(f"user {user!r} is not valid: 1-64 letters, digits and . _ @ -, starting with one")
+    for group in groups:
+        if not re.fullmatch(NAME_PATTERN, group):
+            raise InvalidRequest(f"group {group!r} is not valid: lower-case letters, digits and -, at most 48")
+    if len(set(groups)) > 32:
+        raise InvalidRequest("a token may carry at most 32 groups")
+    if scopes is None:
+        return list(DEFAULT_SCOPES)
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown:
+        raise InvalidRequest(f"unknown scope {unknown[0]!r}; scopes are {', '.join(SCOPES)}")
+    if not scopes:
+        raise InvalidRequest("a token needs at least one scope")
+    return [s for s in SCOPES if s in scopes]
+
+
+def lifetime(expires_in: str | float | None) -> float | None:
+    """Seconds from ``"30d"``, ``"12h"`` or a number; None for a token that does not expire."""
+    if expires_in is None:
+        return None
+    try:
+        seconds = parse_duration(expires_in)
+    except ValueError as e:
+        raise InvalidRequest(f"expires_in: {e}") from e
+    if seconds <= 0 or seconds > MAX_LIFETIME:
+        raise InvalidRequest(f"expires_in must be more than 0 and at most {format_duration(MAX_LIFETIME)}")
+    return seconds
+
+
+def create_token(
+    tokens: TokenStore,
+    *,
+    user: str,
+    groups: Sequence[str] = (),
+    scopes: Sequence[str] | None = None,
+    expires_in: str | float | None = None,
+    created_by: str | None,
+    now: float,
+) -> NewToken:
+    """A new token for ``user``; the secret is in the answer and nowhere else. Raises
+    InvalidRequest."""
+    granted = check_token_request(user, groups, scopes)
+    seconds = lifetime(expires_in)
+    secret = new_token()
+    record = register_token(
+        tokens,
+        secret,
+        user,
+        groups=list(groups),
+        scopes=granted,
+        expires_at=None if seconds is None else now + seconds,
+        created_by=created_by,
+        now=now,
+    )
+    return NewToken(secret, record)
+
+
+def list_tokens(tokens: TokenStore, user: str | None = None) -> list[ApiToken]:
+    """Every token (no secrets), or those of ``user``, oldest first."""
+    return [t for t in tokens.list() if user is None or t.user == user]
+
+
+def revoke_token(tokens: TokenStore, token_id: str) -> None:
+    """Remove a token; every API instance refuses it within seconds. Raises NotFound."""
+    if not tokens.delete(token_id):
+        raise NotFound(f"token {token_id} not found")

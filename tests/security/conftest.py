@@ -1,0 +1,37 @@
+"""The hostile second user's tests run against the real local stacks: each case on both clouds'
+fronts (the Lambda handler behind API Gateway v2 events on moto, and the Azure HTTP function on
+Azurite), with the users of ``tests.conftest.register_users``."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from runplane.cli.client import Client
+
+
+@pytest.fixture(scope="module", params=["aws", "azure"])
+def front(request):
+    return request.getfixturevalue("devstack" if request.param == "aws" else "azure_devstack")
+
+
+@pytest.fixture(scope="module")
+def user(front):
+    """``user("bob")``: a client with ``bob-token`` on this front."""
+    return lambda name: Client(front.api_url, f"{name}-token")
+
+
+def raw(front, method, path, body=None, headers=None):
+    """(status, headers, parsed body or None) of one request, whatever its status."""
+    req = urllib.request.Request(front.api_url + path, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status, data, got = resp.status, resp.read(), dict(resp.headers)
+    except urllib.error.HTTPError as e:
+        status, data, got = e.code, e.read(), dict(e.headers)
+    return status, {k.lower(): v for k, v in got.items()}, json.loads(data) if data else None
+
+
+def bearer(name):
+    return {"Authorization": f"Bearer {name}-token", "Content-Type": "application/json"}

@@ -1,0 +1,339 @@
+"""A second user tries to cross into another's runs, tokens and data; a token tries to do more
+than its scopes allow. On both clouds' local stacks."""
+
+import hashlib
+import json
+import time
+import uuid
+
+import pytest
+
+from runplane.bootstrap import azure_names, build_stack
+from runplane.cli.client import Client
+from runplane.settings import StackSettings
+from tests.conftest import DATASETS, TERMINAL, VISION_DATA, api_status, wait_for, wait_state
+from tests.security.conftest import bearer, raw
+
+PARKED = {"command": "echo hi", "queue": "parked"}
+
+
+def _stack_of(front):
+    """The stores behind ``front``, as a second API instance would build them."""
+    config = front.config
+    if config.cloud == "aws":
+        settings = StackSettings(
+            prefix=config.prefix, aws_endpoint_url=config.aws_endpoint_url, pools=config.pools_file
+        )
+    else:
+        settings = StackSettings(
+            cloud="azure",
+            prefix=config.prefix,
+            azure_storage_connection_string=config.azure_connection_string,
+            pools=config.pools_file,
+        )
+    return build_stack(settings)
+
+
+def own_bucket(front):
+    stack = _stack_of(front)
+    return stack.data_bucket if front.config.cloud == "aws" else azure_names(stack.settings).container
+
+
+# ---- users, groups, tokens ---------------------------------------------------------------
+
+
+def test_an_admin_makes_lists_and_revokes_tokens(front, user):
+    admin = user("admin")
+    made = admin.request("POST", "/v1/tokens", {"user": "dora", "groups": ["vision", "nlp"], "expires_in": "30d"})
+    assert made["id"].startswith("tok-") and made["token"].startswith("rp_")
+    assert (made["user"], made["groups"], made["scopes"]) == ("dora", ["nlp", "vision"], ["runs:read", "runs:write"])
+    assert made["created_by"] == "admin" and made["expires_at"] > made["created_at"]
+    dora = Client(front.api_url, made["token"])
+    me = dora.request("GET", "/v1/me")
+    assert me == {
+        "user": "dora",
+        "groups": ["nlp", "vision"],
+        "scopes": ["runs:read", "runs:write"],
+        "token_id": made["id"],
+    }
+    listed = admin.request("GET", "/v1/tokens", query={"user": "dora"})["tokens"]
+    assert [t["id"] for t in listed] == [made["id"]]
+    everything = json.dumps(admin.request("GET", "/v1/tokens"))
+    assert made["token"] not in everything  # the secret is shown once, never listed
+    assert hashlib.sha256(made["token"].encode()).hexdigest() not in everything
+    assert "token" not in listed[0]
+    assert admin.request("DELETE", f"/v1/tokens/{made['id']}") is None
+    assert api_status(lambda: dora.request("GET", "/v1/me"))[:2] == (401, "unauthorized")
+    assert api_status(lambda: admin.request("DELETE", f"/v1/tokens/{made['id']}"))[:2] == (404, "not_found")
+    assert admin.request("GET", "/v1/tokens", query={"user": "dora"})["tokens"] == []
+
+
+def test_a_token_stops_working_when_it_expires(front, user):
+    made = user("admin").request("POST", "/v1/tokens", {"user": "temp", "expires_in": 1})
+    temp = Client(front.api_url, made["token"])
+    assert temp.request("GET", "/v1/me")["user"] == "temp"
+    time.sleep(1.1)
+    status, code, message = api_status(lambda: temp.request("GET", "/v1/me"))
+    assert (status, code) == (401, "unauthorized") and "expired" in message
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"user": "bad user"}, "user: String should match pattern"),
+        ({"user": "x", "groups": ["Not A Group"]}, "groups.0: String should match pattern"),
+        ({"user": "x", "scopes": ["root"]}, "scopes.0: Input should be 'runs:read', 'runs:write' or 'admin'"),
+        ({"user": "x", "scopes": []}, "scopes: List should have at least 1 item"),
+        ({"user": "x", "expires_in": "forever"}, "cannot read duration 'forever'"),
+        ({"user": "x", "expires_in": 0}, "expires_in"),
+        ({"user": "x", "expires_in": "100000d"}, "cannot exceed"),
+        ({"user": "x", "token": "mine"}, "token: Extra inputs are not permitted"),
+    ],
+)
+def test_bad_token_requests_are_422(user, body, fragment):
+    admin = user("admin")
+    before = len(admin.request("GET", "/v1/tokens")["tokens"])
+    status, code, message = api_status(lambda: admin.request("POST", "/v1/tokens", body))
+    assert (status, code) == (422, "invalid_request")
+    assert fragment in message
+    assert len(admin.request("GET", "/v1/tokens")["tokens"]) == before
+
+
+@pytest.mark.parametrize("who", ["alice", "reader", "writer", "empty"])
+def test_only_admins_touch_tokens(front, user, who):
+    admin = user("admin")
+    victim = admin.request("POST", "/v1/tokens", {"user": "victim"})
+    before = [t["id"] for t in admin.request("GET", "/v1/tokens")["tokens"]]
+    mallory = user(who)
+    for method, path, body in [
+        ("POST", "/v1/tokens", {"user": who, "scopes": ["admin"]}),
+        ("GET", "/v1/tokens", None),
+        ("DELETE", f"/v1/tokens/{victim['id']}", None),
+    ]:
+        status, code, message = api_status(lambda: mallory.request(method, path, body))  # noqa: B023
+        assert (status, code) == (403, "forbidden"), (method, path)
+        assert "'admin'" in message
+    assert Client(front.api_url, victim["token"]).request("GET", "/v1/me")["user"] == "victim"
+    assert [t["id"] for t in admin.request("GET", "/v1/tokens")["tokens"]] == before  # none made, none revoked
+
+
+def test_a_revoked_token_is_refused_by_every_api_instance_within_5_s(devstack):
+    """A second API instance (its own token cache, the same store) that has just let the token in
+    refuses it within the cache's few seconds after the first instance revoked it."""
+    from runplane.domain.errors import Unauthorized
+    from runplane.services.auth import authenticate
+
+    admin = Client(devstack.api_url, "admin-token")
+    made = admin.request("POST", "/v1/tokens", {"user": "leaver"})
+    other = _stack_of(devstack)
+    header = f"Bearer {made['token']}"
+    assert authenticate(other.tokens, header).user == "leaver"  # now in that instance's cache
+    admin.request("DELETE", f"/v1/tokens/{made['id']}")
+    revoked = time.monotonic()
+
+    def refused():
+        try:
+            authenticate(other.tokens, header)
+        except Unauthorized:
+            return True
+        return False
+
+    wait_for(refused, 5, 0.05, "the other instance to refuse the revoked token")
+    assert time.monotonic() - revoked < 5
+
+
+def test_the_cli_makes_the_first_admin_token_with_cloud_credentials(devstack, tmp_path):
+    """A deployed stack has no token yet: the operator writes one to the token store with their
+    cloud credentials and the stack's settings (here: moto's server and the e2e prefix)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")},
+        "HOME": str(tmp_path),
+        "RUNPLANE_AWS_ENDPOINT_URL": devstack.config.aws_endpoint_url,
+        "RUNPLANE_PREFIX": devstack.config.prefix,
+        "RUNPLANE_POOLS": devstack.config.pools_file,
+    }
+    cmd = [sys.executable, "-m", "runplane.cli", "token", "create", "ops", "--scope", "admin", "--direct"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    secret = done.stdout.strip()
+    assert "shown only now" in done.stderr
+    me = Client(devstack.api_url, secret).request("GET", "/v1/me")
+    assert (me["user"], me["scopes"]) == ("ops", ["admin"])
+    bad = subprocess.run(
+        [*cmd[:-1], "--direct"],
+        env={**env, "RUNPLANE_INPUT_BUCKETS": "{nope"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+# ---- scopes fail closed --------------------------------------------------------------------
+
+
+def test_a_token_with_no_scopes_can_do_nothing(front, user):
+    victim = user("alice").request("POST", "/v1/runs", PARKED)
+    empty = user("empty")
+    assert empty.request("GET", "/v1/me") == {
+        "user": "eve",
+        "groups": [],
+        "scopes": [],
+        "token_id": empty.request("GET", "/v1/me")["token_id"],
+    }
+    for method, path in [
+        ("POST", "/v1/runs"),
+        ("GET", "/v1/runs"),
+        ("GET", f"/v1/runs/{victim['id']}"),
+        ("POST", f"/v1/runs/{victim['id']}/kill"),
+        ("GET", f"/v1/runs/{victim['id']}/logs"),
+        ("GET", f"/v1/runs/{victim['id']}/outputs"),
+        ("GET", "/v1/pools"),
+        ("GET", "/v1/workers"),
+    ]:
+        status, code, _ = api_status(lambda: empty.request(method, path, PARKED if method == "POST" else None))  # noqa: B023
+        assert (status, code) == (403, "forbidden"), (method, path)
+
+
+def test_reading_needs_runs_read_and_writing_runs_write(user):
+    writer, reader = user("writer"), user("reader")
+    run = writer.request("POST", "/v1/runs", PARKED)  # runs:write alone may submit...
+    for path in (f"/v1/runs/{run['id']}", "/v1/runs", f"/v1/runs/{run['id']}/logs", "/v1/pools", "/v1/workers"):
+        status, _, message = api_status(lambda: writer.request("GET", path))  # noqa: B023
+        assert status == 403 and "runs:read" in message, path  # ...but not read
+    assert reader.request("GET", f"/v1/runs/{run['id']}")["id"] == run["id"]
+    assert api_status(lambda: reader.request("POST", f"/v1/runs/{run['id']}/kill"))[0] == 403
+    assert api_status(lambda: reader.request("POST", "/v1/runs", PARKED))[0] == 403
+    assert reader.request("GET", f"/v1/runs/{run['id']}")["state"] == "queued"
+
+
+# ---- tenant isolation ----------------------------------------------------------------------
+
+
+def test_another_users_run_looks_exactly_like_a_missing_one(front, user):
+    alices = user("alice").request("POST", "/v1/runs", PARKED)
+    missing = "r-" + uuid.uuid4().hex[:24]
+    for method, suffix in [("GET", ""), ("POST", "/kill"), ("GET", "/logs"), ("GET", "/outputs")]:
+        theirs = raw(front, method, f"/v1/runs/{alices['id']}{suffix}", headers=bearer("bob"))
+        absent = raw(front, method, f"/v1/runs/{missing}{suffix}", headers=bearer("bob"))
+        assert theirs[0] == absent[0] == 404, (method, suffix)
+        assert json.dumps(theirs[2]).replace(alices["id"], "ID") == json.dumps(absent[2]).replace(missing, "ID")
+    as_input = {**PARKED, "inputs": {"m": f"run:{alices['id']}"}}
+    theirs = raw(front, "POST", "/v1/runs", json.dumps(as_input).encode(), bearer("bob"))
+    absent = raw(
+        front, "POST", "/v1/runs", json.dumps({**as_input, "inputs": {"m": f"run:{missing}"}}).encode(), bearer("bob")
+    )
+    assert theirs[0] == absent[0] == 404
+    assert json.dumps(theirs[2]).replace(alices["id"], "ID") == json.dumps(absent[2]).replace(missing, "ID")
+    assert user("alice").request("GET", f"/v1/runs/{alices['id']}")["state"] == "queued"  # untouched
+
+
+def test_admins_see_everyones_runs_and_users_only_their_own(user):
+    bobs = user("bob").request("POST", "/v1/runs", PARKED)
+    assert user("admin").request("GET", f"/v1/runs/{bobs['id']}")["owner"] == "bob"
+    listed = user("admin").request("GET", "/v1/runs", query={"owner": "bob", "limit": 500})["runs"]
+    assert bobs["id"] in [r["id"] for r in listed]
+    status, code, _ = api_status(lambda: user("alice").request("GET", "/v1/runs", query={"owner": "bob"}))
+    assert (status, code) == (403, "forbidden")
+    assert bobs["id"] not in json.dumps(user("alice").request("GET", "/v1/runs", query={"limit": 500}))
+
+
+@pytest.mark.docker
+def test_workers_show_only_the_callers_run_ids(front, user, docker_client):
+    run = user("alice").request("POST", "/v1/runs", {"command": "sleep 20", "queue": "default"})
+    wait_state(user("alice"), run["id"], {"running"}, timeout=90)
+
+    def holding(client):
+        return [w for w in client.request("GET", "/v1/workers")["workers"] if run["id"] in w["runs"]]
+
+    wait_for(lambda: holding(user("alice")), 30, 0.2, "the worker to report the run")
+    assert run["id"] in json.dumps(user("admin").request("GET", "/v1/workers"))
+    bobs_view = json.dumps(user("bob").request("GET", "/v1/workers"))
+    assert run["id"] not in bobs_view
+    assert holding(user("alice"))[0]["run_owners"] == {run["id"]: "alice"}
+    user("alice").request("POST", f"/v1/runs/{run['id']}/kill")
+    wait_state(user("alice"), run["id"], TERMINAL, timeout=60)
+
+
+def test_run_ids_cannot_be_computed_from_an_idempotency_key(devstack, azure_devstack):
+    """The same user and key give different ids on two stacks (each keys the derivation with its own
+    secret), and neither is the plain hash anyone could compute."""
+    key = f"train-{uuid.uuid4().hex[:6]}"
+    ids = [
+        Client(s.api_url, "alice-token").request("POST", "/v1/runs", PARKED, headers={"Idempotency-Key": key})["id"]
+        for s in (devstack, azure_devstack)
+    ]
+    assert ids[0] != ids[1]
+    guessable = "r-" + hashlib.sha256(f"alice\0{key}".encode()).hexdigest()[:24]
+    assert guessable not in ids
+    again = Client(devstack.api_url, "alice-token").request(
+        "POST", "/v1/runs", PARKED, headers={"Idempotency-Key": key}
+    )
+    assert again["id"] == ids[0]  # still idempotent
+
+
+# ---- inputs from buckets -------------------------------------------------------------------
+
+
+def test_inputs_may_not_name_the_stacks_own_bucket(front, user):
+    own = own_bucket(front)
+    for source in (f"s3://{own}/runs/", f"s3://{own}/runs/r-0/outputs/1/secret.txt"):
+        status, code, message = api_status(
+            lambda: user("alice").request("POST", "/v1/runs", {**PARKED, "inputs": {"all": source}})  # noqa: B023
+        )
+        assert (status, code) == (422, "invalid_request")
+        assert "the stack's own bucket cannot be an input" in message
+
+
+@pytest.mark.parametrize(
+    ("who", "source", "fragment"),
+    [
+        ("alice", "s3://someone-elses-bucket/data.csv", "is not one the operator allows"),
+        ("alice", f"s3://{VISION_DATA}/images/", "is not one the operator allows"),  # vision's, not alice's
+        ("alice", f"s3://{DATASETS}/", "source must be 's3://bucket/key'"),  # no key: the whole bucket
+        ("alice", f"s3://{DATASETS}/a/../b", "may not hold '.', '..'"),
+        ("alice", "run:r-x/../../r-y/outputs", "may not hold '.', '..'"),
+    ],
+)
+def test_inputs_outside_the_operators_allow_list_are_422(user, who, source, fragment):
+    status, code, message = api_status(
+        lambda: user(who).request("POST", "/v1/runs", {**PARKED, "inputs": {"data": source}})
+    )
+    assert (status, code) == (422, "invalid_request")
+    assert fragment in message
+
+
+def test_allowed_inputs_are_accepted_per_group(user):
+    assert user("alice").request("POST", "/v1/runs", {**PARKED, "inputs": {"d": f"s3://{DATASETS}/x.csv"}})
+    carols = user("carol").request("POST", "/v1/runs", {**PARKED, "inputs": {"d": f"s3://{VISION_DATA}/img/"}})
+    assert carols["spec"]["inputs"] == {"d": f"s3://{VISION_DATA}/img/"}
+
+
+@pytest.mark.docker
+def test_the_worker_refuses_a_stored_run_that_names_the_stacks_bucket(devstack, alice, docker_client):
+    """A run that reached the store without the API's check (an older API, a hand-written record)
+    still cannot read other users' outputs: the agent checks again and fails it."""
+    from runplane import bootstrap
+    from runplane.domain.models import Run, RunMessage, RunSpec
+
+    stack = bootstrap.stack()
+    stack.objects.put_bytes("runs/r-victim/outputs/1/secret.txt", b"private")
+    spec = RunSpec(
+        command="cat /inputs/all/*",
+        image="runplane/test-busybox:1",
+        queue="default",
+        inputs={"all": f"s3://{stack.data_bucket}/runs/r-victim/outputs/1/"},
+    )
+    spec = spec.model_copy(update={"resources": stack.pools.get("default").with_defaults(spec.resources)})
+    run = stack.store.create(
+        Run(id="r-" + uuid.uuid4().hex[:24], owner="alice", spec=spec, queue="default", created_at=time.time())
+    )
+    stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
+    done = wait_state(alice, run.id, TERMINAL, timeout=90)
+    assert (done["state"], done["failure"]["reason"]) == ("failed", "input_unavailable")
+    assert "the stack's own bucket cannot be an input" in done["failure"]["message"]
+    assert "private" not in alice.request("GET", f"/v1/runs/{run.id}/logs")["data"]
