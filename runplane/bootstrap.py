@@ -58,6 +58,7 @@ class Stack:
     def agent_args(self, pool: Pool) -> list[str]:
         return agent_args_for(pool, self.settings.agent_args)
 
+    @functools.cached_property
     def input_policy(self) -> InputPolicy:
         """What runs may read: the operator's allow-list, never this stack's own bucket."""
         return InputPolicy(self.settings.input_bucket_allowlist(), self.data_bucket)

@@ -33,6 +33,11 @@ class Expect:
     worker_id: str | None = None
 
 
+LIST_BUDGET = 1000
+"""The most runs one filtered listing call reads, so that no request's work grows with a user's
+whole history."""
+
+
 @dataclass(frozen=True)
 class Page:
     runs: list[Run]
@@ -69,7 +74,9 @@ class RunStore(Protocol):
         cursor: str | None = None,
     ) -> Page:
         """Newest first. Needs ``owner`` or ``queue`` and ``state``. Cursor is opaque; one that
-        this very listing did not make raises BadRequest."""
+        this very listing did not make raises BadRequest. A filtered listing (an owner's runs of
+        one state or queue) reads at most LIST_BUDGET runs per call: its page may come back short,
+        even empty, with a cursor to go on."""
         ...
 
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
@@ -138,9 +145,14 @@ class ObjectStore(Protocol):
         """Raises NotFound."""
         ...
 
-    def list(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjectInfo]:
-        """Objects under ``prefix`` sorted by key: those after ``start_after`` (a full key) only,
-        and at most ``limit`` of them when given."""
+    def list_page(self, prefix: str, cursor: str | None, limit: int) -> tuple[list[ObjectInfo], str | None]:
+        """At most ``limit`` objects under ``prefix`` in key order, from where ``cursor`` (what an
+        earlier call for this prefix returned) left off; and the cursor of the next page, or None
+        at the end. A cursor the store cannot read raises BadRequest."""
+        ...
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix``, sorted by key."""
         ...
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:

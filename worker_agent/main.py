@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.objects,
             stack.store,
             args.max_work_dir_size,
-            stack.input_policy(),
+            stack.input_policy,
         ),
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", args.max_image_cache_size),
         network=network,

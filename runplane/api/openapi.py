@@ -217,7 +217,7 @@ def _runs_paths() -> dict[str, Any]:
             "get": {
                 "operationId": "listOutputs",
                 "summary": "Output files with download URLs, a page at a time",
-                "parameters": [*_RUN_ID, _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}), _CURSOR],
+                "parameters": [*_RUN_ID, _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}), _CURSOR],
                 "responses": {
                     **_ok(
                         200,

@@ -363,6 +363,9 @@ app.add_typer(token_app, name="token")
 
 
 class Scope(enum.StrEnum):
+    """The API's scopes (runplane.domain.models.SCOPES; a unit test holds the two together: the
+    CLI does not import the domain, to start fast)."""
+
     read = "runs:read"
     write = "runs:write"
     admin = "admin"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -87,8 +88,12 @@ class _BadBody(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+
+
 class _Front(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = 120  # a client that stops sending mid-request does not hold a thread for ever
     disable_nagle_algorithm = True  # headers and body go out at once, not after a delayed ACK
     server_version = "runplane-dev"
     server: _Server
@@ -120,7 +125,7 @@ class _Front(BaseHTTPRequestHandler):
         if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
             return self._chunked()
         raw = (self.headers.get("Content-Length") or "0").strip()
-        if not raw.isdigit() or len(raw) > 12:
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 12:
             raise _BadBody(400, "bad_request", "Content-Length is not a number of bytes")
         if int(raw) > MAX_REQUEST:
             raise _BadBody(413, "payload_too_large", "request body too large")
@@ -129,17 +134,17 @@ class _Front(BaseHTTPRequestHandler):
     def _chunked(self) -> bytes:
         body = bytearray()
         while True:
-            line = self.rfile.readline(1024).strip().split(b";")[0]
-            try:
-                size = int(line, 16)
-            except ValueError:
-                raise _BadBody(400, "bad_request", "chunked body is malformed") from None
-            if size < 0 or len(body) + size > MAX_REQUEST:
+            line = self.rfile.readline(1024).strip().split(b";")[0].strip()
+            if not _CHUNK_SIZE.fullmatch(line):
+                raise _BadBody(400, "bad_request", "chunked body is malformed")
+            size = int(line, 16)
+            if len(body) + size > MAX_REQUEST:
                 raise _BadBody(413, "payload_too_large", "request body too large")
             if size == 0:
-                while self.rfile.readline(1024).strip():  # trailers, up to the blank line
-                    pass
-                return bytes(body)
+                for _ in range(100):  # trailers, up to the blank line
+                    if not self.rfile.readline(1024).strip():
+                        return bytes(body)
+                raise _BadBody(400, "bad_request", "chunked body has too many trailers")
             body += self.rfile.read(size)
             if self.rfile.read(2) != b"\r\n":
                 raise _BadBody(400, "bad_request", "chunked body is malformed")
@@ -236,8 +241,10 @@ class DevStack:
         self._spawn(self._schedule, "schedule")
         if self.config.write_dev_file:
             DEV_FILE.parent.mkdir(parents=True, exist_ok=True)
-            DEV_FILE.write_text(json.dumps({"api_url": self.api_url, "token": self.token}))
-            DEV_FILE.chmod(0o600)
+            DEV_FILE.unlink(missing_ok=True)  # made anew 0600: it holds an admin token
+            fd = os.open(DEV_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as dev_file:
+                dev_file.write(json.dumps({"api_url": self.api_url, "token": self.token}))
 
     def _spawn(self, target: Callable[[], object], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)

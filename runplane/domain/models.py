@@ -21,12 +21,15 @@ MAX_ENV = 256
 SCHEMA_VERSION = 1
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9-]{0,47}$"
+RUN_ID_PATTERN = r"[A-Za-z0-9-]{1,64}"
+"""What a run id may look like (made ones are ``r-`` and 24 hex digits); anything else is no run."""
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
-_INPUT_SOURCE = re.compile(r"^(s3://[a-z0-9][a-z0-9.-]{1,62}/\S+|run:[A-Za-z0-9-]{1,64}(/\S*)?)$")
+_INPUT_SOURCE = re.compile(rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?)")
 # Characters a command or an environment value may not hold: C0 controls but tab, newline and
-# carriage return, and DEL. A NUL cannot even reach exec(); the rest only hide what runs.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# carriage return, DEL, and lone surrogates (JSON can spell them; nothing can store them). A NUL
+# cannot even reach exec(); the rest only hide what runs.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 # Variables that change how the dynamic loader or the C library behaves (what glibc strips for
 # setuid programs): a run sets them in its image or its command, never through the API.
 _LOADER_PREFIXES = ("LD_", "DYLD_")
@@ -47,10 +50,13 @@ _LOADER_NAMES = frozenset(
 
 
 def control_character(text: str) -> str | None:
-    """The first control character in ``text`` (other than tab, newline, carriage return), as
-    ``\\xNN``, or None."""
+    """The first control character (other than tab, newline, carriage return) or lone surrogate
+    in ``text``, as ``\\xNN`` or ``\\uNNNN``, or None."""
     match = _CONTROL.search(text)
-    return f"\\x{ord(match.group()):02x}" if match else None
+    if match is None:
+        return None
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class RunState(StrEnum):
@@ -197,7 +203,7 @@ class RunSpec(BaseModel):
         if len(value) > MAX_ENV:
             raise ValueError(f"at most {MAX_ENV} environment variables")
         for key, text in value.items():
-            if not _ENV_KEY.match(key):
+            if not _ENV_KEY.fullmatch(key):
                 raise ValueError(f"environment variable name {key!r} is not valid")
             if key.upper().startswith("RUNPLANE_"):
                 raise ValueError(f"environment variable {key!r}: the RUNPLANE_ prefix is reserved")
@@ -216,9 +222,9 @@ class RunSpec(BaseModel):
         if len(value) > MAX_INPUTS:
             raise ValueError(f"at most {MAX_INPUTS} inputs")
         for name, source in value.items():
-            if not _INPUT_NAME.match(name):
+            if not _INPUT_NAME.fullmatch(name):
                 raise ValueError(f"input name {name!r} is not valid (letters, digits, . _ -)")
-            if not _INPUT_SOURCE.match(source):
+            if not _INPUT_SOURCE.fullmatch(source) or control_character(source):
                 raise ValueError(f"input {name!r}: source must be 's3://bucket/key' or 'run:<id>[/path]'")
             path = source.removeprefix("s3://").partition("/")[2]
             if any(part in (".", "..") for part in path.split("/")) or "//" in path or control_character(path):
@@ -497,7 +503,8 @@ class Principal(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     user: str
-    scopes: list[str] = Field(default_factory=lambda: ["runs:read", "runs:write"])
+    scopes: list[str] = Field(default_factory=list)
+    """None unless given: a caller holds only what its token grants."""
     groups: list[str] = Field(default_factory=list)
     token_id: str | None = None
 
@@ -517,16 +524,16 @@ class ApiToken(BaseModel):
     so a damaged or hand-written record fails closed.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     id: str = Field(pattern=TOKEN_ID_PATTERN)
     user: str = Field(pattern=USER_PATTERN)
     groups: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(default_factory=list, max_length=32)
     scopes: list[Scope]
-    created_at: float
-    expires_at: float | None = None
-    created_by: str | None = None
+    created_at: float = Field(ge=0, lt=1e11)
+    expires_at: float | None = Field(default=None, ge=0, lt=1e11)
+    created_by: str | None = Field(default=None, max_length=200)
 
     def expired(self, now: float) -> bool:
         return self.expires_at is not None and now >= self.expires_at

@@ -23,7 +23,7 @@ def parse_bytes(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError("a size must be a number of bytes or a string like '512m'")
     if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
+        if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError("a size must be a finite, non-negative number of bytes")
         return _bounded_size(value)
     match = _SIZE.match(value)
@@ -34,7 +34,7 @@ def parse_bytes(value: str | int | float) -> int:
 
 
 def _bounded_size(value: float) -> int:
-    if value > MAX_SIZE:
+    if value > MAX_SIZE:  # compares an int of any size exactly
         raise ValueError(f"a size cannot exceed {format_bytes(MAX_SIZE)}")
     return int(value)
 
@@ -44,8 +44,10 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration must be seconds or a string like '90s' or '1h'")
     if isinstance(value, int | float):
-        if not math.isfinite(value) or value < 0:
+        if value < 0 or (isinstance(value, float) and not math.isfinite(value)):
             raise ValueError("a duration must be a finite, non-negative number of seconds")
+        if value > MAX_DURATION:  # before float(): an int may be too large for one
+            raise ValueError(f"a duration cannot exceed {MAX_DURATION // 86400:g} days")
         return _bounded_duration(float(value))
     text = value.strip()
     if re.fullmatch(r"\d+(?:\.\d+)?", text):

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from runplane.domain.errors import BadRequest
-from runplane.domain.models import Run, control_character
+from runplane.domain.models import Run
 from runplane.ports import ObjectStore
 
 Stream = Literal["stdout", "stderr"]
-MAX_READ = 1024 * 1024
+MAX_READ = 512 * 1024
+"""The most bytes of a log one read returns. As JSON a byte may take up to six characters (an
+invalid one becomes \\ufffd), seven inside Lambda's response: 3.5 MB, under its 6 MB limit."""
 
 
 def log_prefix(run_id: str, attempt: int, stream: str) -> str:
@@ -66,24 +69,29 @@ class OutputsPage:
     next_cursor: str | None
 
 
-def _after(cursor: str) -> str:
+MAX_OUTPUTS_PAGE = 500
+"""Output files listed at most in one answer: paths and URLs of 1 KiB names stay under 5 MB."""
+
+
+def _store_cursor(cursor: str) -> str:
+    """The object store's cursor an outputs ``next_cursor`` holds. Raises BadRequest."""
     try:
-        path = base64.urlsafe_b64decode(cursor.encode()).decode()
-        if not path or len(path) > 1024 or control_character(path) or len(cursor) > 2048:
+        if len(cursor) > 4096:
             raise ValueError
-    except (ValueError, binascii.Error) as e:
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        inner = data["c"]
+        if set(data) != {"c"} or not isinstance(inner, str) or not inner or not inner.isprintable():
+            raise ValueError
+    except (ValueError, TypeError, KeyError, binascii.Error) as e:
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
-    return path
+    return inner
 
 
-def read_outputs(objects: ObjectStore, run: Run, after: str | None, limit: int) -> OutputsPage:
-    """A page of the run's output files with download URLs, in path order, from after ``after``
-    (a ``next_cursor``). Raises BadRequest for a cursor this listing did not make."""
+def read_outputs(objects: ObjectStore, run: Run, cursor: str | None, limit: int) -> OutputsPage:
+    """A page of the run's output files with download URLs, in path order, from where ``cursor``
+    (a ``next_cursor``) left off. Raises BadRequest for a cursor this listing did not make."""
     prefix = outputs_prefix(run.id, run.attempt)
-    start = prefix + _after(after) if after else None
-    found = objects.list(prefix, start_after=start, limit=limit + 1)
-    files = [{"path": o.key[len(prefix) :], "size": o.size, "url": objects.url(o.key)} for o in found[:limit]]
-    cursor = None
-    if len(found) > limit:
-        cursor = base64.urlsafe_b64encode(found[limit - 1].key[len(prefix) :].encode()).decode()
-    return OutputsPage(files, cursor)
+    found, after = objects.list_page(prefix, _store_cursor(cursor) if cursor else None, min(limit, MAX_OUTPUTS_PAGE))
+    files = [{"path": o.key[len(prefix) :], "size": o.size, "url": objects.url(o.key)} for o in found]
+    next_cursor = base64.urlsafe_b64encode(json.dumps({"c": after}).encode()).decode() if after else None
+    return OutputsPage(files, next_cursor)

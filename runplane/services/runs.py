@@ -113,7 +113,7 @@ def submit_run(
         store.create(run)
     except AlreadyExists as e:
         existing: Run = e.details["run"]
-        if existing.request_hash != run.request_hash:
+        if existing.owner != principal.user or existing.request_hash != run.request_hash:
             raise Conflict("Idempotency-Key was already used for a different request") from e
         if existing.state == RunState.QUEUED:
             _hint(queue, existing)

@@ -20,12 +20,9 @@ from runplane.domain.models import (
     ApiToken,
     Scope,
 )
-from runplane.domain.units import format_duration, parse_duration
+from runplane.domain.units import parse_duration
 from runplane.ports import TokenStore
 from runplane.services.auth import new_token, register_token
-
-MAX_LIFETIME = 3 * 366 * 86400.0
-"""The longest a token may live (about three years)."""
 
 
 @dataclass(frozen=True)
@@ -55,15 +52,16 @@ def check_token_request(user: str, groups: Sequence[str], scopes: Sequence[str] 
 
 
 def lifetime(expires_in: str | float | None) -> float | None:
-    """Seconds from ``"30d"``, ``"12h"`` or a number; None for a token that does not expire."""
+    """Seconds from ``"30d"``, ``"12h"`` or a number, more than 0 and at most a year (what any
+    duration may be); None for a token that does not expire."""
     if expires_in is None:
         return None
     try:
         seconds = parse_duration(expires_in)
     except ValueError as e:
         raise InvalidRequest(f"expires_in: {e}") from e
-    if seconds <= 0 or seconds > MAX_LIFETIME:
-        raise InvalidRequest(f"expires_in must be more than 0 and at most {format_duration(MAX_LIFETIME)}")
+    if seconds <= 0:
+        raise InvalidRequest("expires_in must be more than 0")
     return seconds
 
 

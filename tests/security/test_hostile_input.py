@@ -5,6 +5,7 @@ import base64
 import http.client
 import json
 import urllib.parse
+import uuid
 
 import pytest
 
@@ -41,6 +42,13 @@ HOSTILE = [
     (body(resources={"time": "8d"}), 422, "asks 8d, pool allows at most 7d"),
     (b'{"command": "x", "resources": {"memory": 1e400}}', 422, "memory: a size must be a finite, non-negative number"),
     (body(resources={"memory": 10**30}), 422, "resources.memory: a size cannot exceed"),
+    (body(resources={"memory": 10**400}), 422, "resources.memory: a size cannot exceed"),
+    (body(resources={"time": 10**400}), 422, "resources.time: a duration cannot exceed"),
+    (body(resources={"cpus": 10**400}), 422, "resources.cpus: Input should be a valid number"),
+    (body(env={"A": "\udfff"}), 422, "environment variable 'A' holds the control character \\udfff"),
+    (body(env={"GCONV_PATH\n": "/tmp"}), 422, "environment variable name 'GCONV_PATH\\n' is not valid"),
+    (body(inputs={"a\n": "run:r-1"}), 422, "input name 'a\\n' is not valid"),
+    (body(inputs={"a": "s3://bkt/k\udfff"}), 422, "source must be"),
     (body(resources={"disk": "2p"}), 422, "resources.disk: a size cannot exceed 1p"),
     (body(command="echo a\u0000b"), 422, "command: command holds the control character \\x00"),
     (body(command="echo \u001b[2J"), 422, "command holds the control character \\x1b"),
@@ -55,15 +63,23 @@ HOSTILE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def mallory(front, user):
+    """A user of this module's own, with no runs of any other test: (client, its token)."""
+    made = user("admin").request("POST", "/v1/tokens", {"user": f"mallory-{uuid.uuid4().hex[:8]}"})
+    return Client(front.api_url, made["token"]), made["token"]
+
+
 @pytest.mark.parametrize(("data", "status", "fragment"), HOSTILE, ids=range(len(HOSTILE)))
-def test_hostile_bodies_get_a_4xx_with_a_message_and_store_nothing(front, user, data, status, fragment):
-    alice = user("alice")
-    before = len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"])
-    got, headers, answer = raw(front, "POST", "/v1/runs", data, bearer("alice"))
-    assert (got, fragment) == (status, fragment) and fragment in answer["error"]["message"], answer
+def test_hostile_bodies_get_a_4xx_with_a_message_and_store_nothing(front, mallory, data, status, fragment):
+    client, token = mallory
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    got, answer_headers, answer = raw(front, "POST", "/v1/runs", data, headers)
+    assert got == status, answer
+    assert fragment in answer["error"]["message"], answer
     assert set(answer) == {"error"} and "Traceback" not in json.dumps(answer)
-    assert headers["content-type"].startswith("application/json")
-    assert len(alice.request("GET", "/v1/runs", query={"limit": 500})["runs"]) == before
+    assert answer_headers["content-type"].startswith("application/json")
+    assert client.request("GET", "/v1/runs")["runs"] == []  # nothing was stored
 
 
 def test_both_clouds_answer_hostile_bodies_alike(devstack, azure_devstack):
@@ -226,3 +242,20 @@ def test_outputs_are_listed_a_page_at_a_time(front, user, docker_client):
     assert len(alice.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]) == 230  # the default page: 1,000
     status, code, _ = api_status(lambda: alice.request("GET", f"/v1/runs/{run['id']}/outputs", query={"limit": 1001}))
     assert (status, code) == (422, "invalid_request")
+
+
+def test_a_binary_log_page_fits_lambdas_response_limit(devstack, alice):
+    """Bytes that are not UTF-8 become six characters each as JSON, and each backslash counts twice
+    in Lambda's response: a page of a binary log still stays under its 6 MB, and the next page
+    goes on from where it stopped."""
+    from runplane import bootstrap
+    from runplane.services.logs import MAX_READ, log_chunk_key
+
+    run = alice.request("POST", "/v1/runs", PARKED)
+    bootstrap.stack().objects.put_bytes(log_chunk_key(run["id"], 0, "stdout", 0), b"\xff" * (MAX_READ + 4096))
+    first = alice.request("GET", f"/v1/runs/{run['id']}/logs")
+    assert first["next_offset"] == MAX_READ
+    in_lambda = json.dumps({"statusCode": 200, "body": json.dumps(first)})  # what the handler returns
+    assert len(in_lambda) < 6 * 1024 * 1024
+    rest = alice.request("GET", f"/v1/runs/{run['id']}/logs", query={"offset": first["next_offset"]})
+    assert rest["next_offset"] == MAX_READ + 4096

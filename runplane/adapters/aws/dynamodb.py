@@ -16,8 +16,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, NotFound
-from runplane.domain.models import ApiToken, Event, PoolRecord, Run, RunState, Worker
-from runplane.ports import Expect, Page
+from runplane.domain.models import RUN_ID_PATTERN, ApiToken, Event, PoolRecord, Run, RunState, Worker
+from runplane.ports import LIST_BUDGET, Expect, Page
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()
@@ -57,9 +57,10 @@ def _translate(e: Exception, what: str) -> Exception:
 class DynamoRunStore:
     """Runs in one table keyed by ``id``, with two indexes: by owner and by queue+state."""
 
-    def __init__(self, table: str, client: Any) -> None:
+    def __init__(self, table: str, client: Any, list_budget: int = LIST_BUDGET) -> None:
         self.table = table
         self.client = client
+        self.list_budget = list_budget
 
     def _item(self, run: Run) -> dict[str, Any]:
         data = run.model_dump(mode="json")
@@ -198,14 +199,17 @@ class DynamoRunStore:
         start = _decode_cursor(cursor, key_attr, values[":k"]["S"]) if cursor else None
         runs: list[Run] = []
         last_key: dict[str, Any] | None = None
+        examined = 0
         while True:
             if start:
                 kwargs["ExclusiveStartKey"] = start
-            kwargs["Limit"] = max(limit - len(runs), 1) if not filters else max(limit * 2, 20)
+            wanted = max(limit - len(runs), 1) if not filters else max(limit * 2, 20)
+            kwargs["Limit"] = max(1, min(wanted, self.list_budget - examined))
             try:
                 resp = self.client.query(**kwargs)
             except (ClientError, BotoCoreError) as e:
                 raise _translate(e, "list runs") from e
+            examined += int(resp.get("ScannedCount", 0))
             for item in resp.get("Items", []):
                 run = self._run(item)
                 runs.append(run)
@@ -219,6 +223,8 @@ class DynamoRunStore:
             start = resp.get("LastEvaluatedKey")
             if not start:
                 return Page(runs, None)
+            if examined >= self.list_budget:  # a short page; the cursor goes on where the reading stopped
+                return Page(runs, _encode_cursor(start))
 
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
         return cursor_after(run, owner)
@@ -265,7 +271,7 @@ def cursor_after(run: Run, owner: str | None) -> str:
     ).decode()
 
 
-_CURSOR_ID = re.compile(r"^[A-Za-z0-9-]{1,64}$")
+_CURSOR_ID = re.compile(RUN_ID_PATTERN)
 
 
 def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]:
@@ -274,12 +280,12 @@ def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]
     try:
         if len(cursor) > 2048:
             raise ValueError
-        data = json.loads(base64.urlsafe_b64decode(cursor.encode()), parse_constant=_no_constant)
+        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))  # NaN and Infinity fail the range check
         if (
             not isinstance(data, dict)
             or set(data) != {"id", key_attr, "created_at"}
             or not isinstance(data["id"], str)
-            or not _CURSOR_ID.match(data["id"])
+            or not _CURSOR_ID.fullmatch(data["id"])
             or data[key_attr] != key_value
             or isinstance(data["created_at"], bool)
             or not isinstance(data["created_at"], int | float)
@@ -290,9 +296,6 @@ def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]
     except (ValueError, TypeError) as e:
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
 
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number")
 
 
 class DynamoWorkerRegistry:

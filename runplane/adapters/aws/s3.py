@@ -52,22 +52,26 @@ class S3ObjectStore:
         except BotoCoreError as e:
             raise BackendError(f"download {key}: {e}") from e
 
-    def list(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjectInfo]:
-        out: list[ObjectInfo] = []
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-        if start_after:
-            kwargs["StartAfter"] = start_after
-        if limit is not None:
-            kwargs["PaginationConfig"] = {"MaxItems": limit, "PageSize": min(limit, 1000)}
+    def list_page(self, prefix: str, cursor: str | None, limit: int) -> tuple[list[ObjectInfo], str | None]:
+        # the cursor is the last key of the previous page: S3 starts after it, inside the prefix
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix, "MaxKeys": limit}
+        if cursor:
+            kwargs["StartAfter"] = cursor
         try:
-            for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
-                out.extend(
-                    ObjectInfo(o["Key"], int(o["Size"]), str(o.get("ETag", "")).strip('"'))
-                    for o in page.get("Contents", [])
-                )
+            resp = self.client.list_objects_v2(**kwargs)
         except (ClientError, BotoCoreError) as e:
             raise BackendError(f"list {prefix}: {e}") from e
-        return sorted(out, key=lambda o: o.key)[:limit]
+        found = [_info(o) for o in resp.get("Contents", [])]
+        return found, found[-1].key if found and resp.get("IsTruncated") else None
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        try:
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
+                out.extend(_info(o) for o in page.get("Contents", []))
+        except (ClientError, BotoCoreError) as e:
+            raise BackendError(f"list {prefix}: {e}") from e
+        return sorted(out, key=lambda o: o.key)
 
     def within(self, bucket: str) -> S3ObjectStore:
         return self if bucket == self.bucket else S3ObjectStore(bucket, self.client)
@@ -78,3 +82,7 @@ class S3ObjectStore:
                 "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_seconds
             )
         )
+
+
+def _info(obj: dict[str, Any]) -> ObjectInfo:
+    return ObjectInfo(obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))

@@ -8,12 +8,13 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from azure.core.exceptions import AzureError
+from azure.core.exceptions import AzureError, HttpResponseError
 from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelegationKey, generate_blob_sas
 
 from runplane.adapters.azure.errors import error_code
-from runplane.domain.errors import BackendError, NotFound
+from runplane.domain.errors import BackendError, BadRequest, NotFound
 from runplane.ports import ObjectInfo
 
 CONCURRENCY = 4
@@ -89,16 +90,26 @@ class BlobObjectStore:
         finally:
             part.unlink(missing_ok=True)
 
-    def list(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[ObjectInfo]:
-        # Blob listings come in name order and have no start-after: skip what comes before it.
-        out: list[ObjectInfo] = []
+    def list_page(self, prefix: str, cursor: str | None, limit: int) -> tuple[list[ObjectInfo], str | None]:
+        # the cursor is the service's continuation marker: one request per page, wherever it is
+        container = self.client.get_container_client(self.container)
         try:
-            for b in self.client.get_container_client(self.container).list_blobs(name_starts_with=prefix):
-                if start_after is not None and b.name <= start_after:
-                    continue
-                out.append(ObjectInfo(b.name, int(b.size), str(b.etag or "").strip('"')))
-                if limit is not None and len(out) >= limit:
-                    break
+            pages: Any = container.list_blobs(name_starts_with=prefix, results_per_page=limit).by_page(
+                continuation_token=cursor or None
+            )
+            found = [_info(b) for b in next(pages, [])]
+        except HttpResponseError as e:
+            if cursor and e.status_code == 400:
+                raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+            raise self._fail(e, "list", prefix) from e
+        except AzureError as e:
+            raise self._fail(e, "list", prefix) from e
+        return found, pages.continuation_token or None
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        try:
+            blobs = self.client.get_container_client(self.container).list_blobs(name_starts_with=prefix)
+            out = [_info(b) for b in blobs]
         except AzureError as e:
             raise self._fail(e, "list", prefix) from e
         return sorted(out, key=lambda o: o.key)
@@ -146,3 +157,7 @@ class BlobObjectStore:
                     raise BackendError(f"cannot sign a URL: no user delegation key: {error_code(e) or e}") from e
                 self._delegation_expires = until.timestamp()
             return self._delegation
+
+
+def _info(blob: Any) -> ObjectInfo:
+    return ObjectInfo(blob.name, int(blob.size), str(blob.etag or "").strip('"'))

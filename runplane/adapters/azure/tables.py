@@ -66,7 +66,7 @@ from runplane.domain.errors import (
     RunplaneError,
 )
 from runplane.domain.models import ApiToken, Event, PoolRecord, Run, RunState, Worker
-from runplane.ports import Expect, Page
+from runplane.ports import LIST_BUDGET, Expect, Page
 
 CHUNK_CHARS = 32_000
 MAX_CHUNKS = 15
@@ -131,22 +131,29 @@ def _get(table: TableClient, partition: str, row: str, what: str) -> Any | None:
         raise _failure(e, what) from e
 
 
-def _encode_cursor(row_key: str) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"after": row_key}).encode()).decode()
+def _encode_cursor(row_key: str, owner: str | None = None) -> str:
+    data = {"after": row_key} if owner is None else {"after": row_key, "owner": owner}
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode()
 
 
 _ROW_KEY = re.compile(r"^[A-Za-z0-9._@+=~:-]{1,512}$")
 
 
-def _decode_cursor(cursor: str, prefix: str) -> str:
-    """The row key a cursor holds, checked to be a key of this listing: anything else is a
-    BadRequest, never a query Table storage would refuse."""
+def _decode_cursor(cursor: str, prefix: str, owner: str | None = None) -> str:
+    """The row key a cursor holds, checked to be a key of this very listing (an owner's listing
+    names its owner): anything else is a BadRequest, never a query Table storage would refuse."""
     try:
         if len(cursor) > 2048:
             raise ValueError
         data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
         after = data["after"]
-        if not isinstance(after, str) or not after.startswith(prefix) or not _ROW_KEY.match(after):
+        if (
+            not isinstance(after, str)
+            or not after.startswith(prefix)
+            or not _ROW_KEY.fullmatch(after)
+            or data.get("owner") != owner
+            or set(data) - {"after", "owner"}
+        ):
             raise TypeError
     except (ValueError, TypeError, KeyError) as e:
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
@@ -172,8 +179,9 @@ def _holds(run: Run, expect: Expect) -> bool:
 class TableRunStore:
     """Runs in one table (see the module docstring for its layout)."""
 
-    def __init__(self, table: TableClient) -> None:
+    def __init__(self, table: TableClient, list_budget: int = LIST_BUDGET) -> None:
         self.table = table
+        self.list_budget = list_budget
         self._queues: dict[str, str] = {}
         self._lock = threading.Lock()
 
@@ -327,23 +335,25 @@ class TableRunStore:
     def _list_owner(
         self, owner: str, queue: str | None, state: RunState | None, limit: int, cursor: str | None
     ) -> Page:
-        after = _decode_cursor(cursor, "") if cursor else ""
+        after = _decode_cursor(cursor, "", owner) if cursor else ""
         runs: list[Run] = []
         batch: list[tuple[str, str, str]] = []  # (row key, queue, run id)
         pointers = self._scan(
             f"o:{key(owner)}", after, "~", min(max(limit, 20), 1000), "list runs", ("RowKey", "queue")
         )
+        examined, last, exhausted = 0, "", False
         with ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="runs-list") as pool:
             while True:
                 batch.clear()
                 for entity in pointers:
+                    examined += 1
+                    last = str(entity["RowKey"])
                     if queue is None or entity["queue"] == queue:
-                        row = str(entity["RowKey"])
-                        batch.append((row, str(entity["queue"]), row.partition(":")[2]))
-                    if len(batch) == limit - len(runs):
+                        batch.append((last, str(entity["queue"]), last.partition(":")[2]))
+                    if len(batch) == limit - len(runs) or examined >= self.list_budget:
                         break
-                if not batch:
-                    return Page(runs, None)
+                else:
+                    exhausted = True
                 found = pool.map(lambda p: self._maybe(p[1], p[2]), batch)
                 for (row, _, _), run in zip(batch, found, strict=True):
                     if run is None or run.owner != owner or newest_first(run.created_at) != row.partition(":")[0]:
@@ -352,11 +362,15 @@ class TableRunStore:
                         continue
                     runs.append(run)
                     if len(runs) == limit:
-                        return Page(runs, _encode_cursor(row))
+                        return Page(runs, _encode_cursor(row, owner))
+                if exhausted:
+                    return Page(runs, None)
+                if examined >= self.list_budget:  # a short page; the cursor goes on where the reading stopped
+                    return Page(runs, _encode_cursor(last, owner))
 
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
         if owner is not None:
-            return _encode_cursor(f"{newest_first(run.created_at)}:{key(run.id)}")
+            return _encode_cursor(f"{newest_first(run.created_at)}:{key(run.id)}", owner)
         return _encode_cursor(self._copy_key(run))
 
     def _maybe(self, queue: str, escaped_id: str) -> Run | None:

@@ -127,3 +127,47 @@ def test_bad_cursor(stack):
 
     with pytest.raises(BadRequest):
         stack.store.list(owner="alice", cursor="not-a-cursor")
+
+
+def _with_budget(stack, budget):
+    """The same store (same table, same client) reading at most ``budget`` runs per listing."""
+    store = stack.store
+    if hasattr(store, "client"):
+        return type(store)(store.table, store.client, list_budget=budget)
+    return type(store)(store.table, list_budget=budget)
+
+
+def test_filtered_listings_read_a_bounded_number_of_runs_per_call(stack):
+    """A filter that matches only the oldest of many runs: each call reads at most its budget and
+    hands back a short (here empty) page with a cursor, and following the cursors finds the run."""
+    runs = [stack.store.create(make_run(i)) for i in range(12)]
+    stack.store.update(runs[0], Expect(), {"state": RunState.KILLED})
+    store = _with_budget(stack, 5)
+    pages, seen, cursor = 0, [], None
+    while True:
+        page = store.list(owner="alice", state=RunState.KILLED, limit=50, cursor=cursor)
+        pages += 1
+        seen += [r.id for r in page.runs]
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    assert seen == [runs[0].id]
+    assert pages >= 3  # 12 runs, 5 at most a call
+
+
+def test_a_cursor_after_any_run_continues_the_listing(stack):
+    runs = [stack.store.create(make_run(i)) for i in range(5)]
+    cursor = stack.store.cursor_after(runs[3], owner="alice")  # newest first: 4, 3 | 2, 1, 0
+    rest = stack.store.list(owner="alice", limit=10, cursor=cursor)
+    assert [r.id for r in rest.runs] == [runs[2].id, runs[1].id, runs[0].id]
+
+
+def test_a_cursor_belongs_to_its_owners_listing(stack):
+    """Bob's cursor used in alice's listing is refused on both clouds, not quietly reinterpreted."""
+    from runplane.domain.errors import BadRequest
+
+    for i in range(3):
+        stack.store.create(make_run(i, owner="bob"))
+    cursor = stack.store.list(owner="bob", limit=1).next_cursor
+    with pytest.raises(BadRequest):
+        stack.store.list(owner="alice", cursor=cursor)
