@@ -45,6 +45,8 @@ bench: setup image
 	$(PY) bench/kill_latency.py
 	$(PY) bench/dispatch_decision.py
 	$(PY) bench/first_worker.py
+	$(PY) bench/containment_costs.py
+	$(PY) bench/network_cost.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml

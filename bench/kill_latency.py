@@ -53,8 +53,7 @@ def main() -> int:
             run = client.request("POST", "/v1/runs", {"command": "sleep 60", "name": f"kill-{i}"})
             while client.request("GET", f"/v1/runs/{run['id']}")["state"] != "running":
                 time.sleep(0.02)
-            name = f"runplane-{run['id']}-1"
-            container = engine.containers.get(name)
+            (container,) = engine.containers.list(filters={"label": f"io.runplane.run_id={run['id']}"})
             t_kill = time.time()
             client.request("POST", f"/v1/runs/{run['id']}/kill")
             died = None

@@ -3,28 +3,29 @@ when told to, when idle, or after N runs."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import shutil
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
+import requests
 
 from runplane import __version__
 from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
 from runplane.domain.models import RunState, Worker, refuses
 from runplane.ports import Delivery, WorkerRegistry
 from runplane.services import lifecycle
-from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor
+from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, remove_container
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
 from worker_agent.network import NetworkCheck
 from worker_agent.resources import Allocator, Gpu, host_cpus
+from worker_agent.trees import remove_tree
 from worker_agent.users import ImageUsers
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,9 @@ RELEASE_DELAY_SECONDS = 5
 # claimed (milliseconds later), so this only matters when a worker dies holding it -- or when a
 # long poll was still open on the server as its worker died, which hands the next message to no one.
 HOLD_SECONDS = 10
+# The most the agent waits at start for the engine to remove one container left by a previous
+# life (the engine goes on removing it after that); a run's own removal may take remove_seconds.
+STARTUP_REMOVE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class AgentConfig:
     pass_down_termination: bool = False
     exit_on_exception: bool = False
     preemptible: bool = False
-    executor: ExecutorConfig | None = None
+    executor: ExecutorConfig | None = None  # None: the defaults, for this worker_id and work_dir
     cpuset: tuple[int, ...] = ()
     gpus: tuple[Gpu, ...] = ()
     tag: str | None = None
@@ -81,12 +85,9 @@ class Agent:
         self.registry = registry
         self.docker = docker_client
         self.clock = clock
-        self.executor_config = replace(
-            config.executor or ExecutorConfig(worker_id=config.worker_id, work_dir=config.work_dir),
-            worker_id=config.worker_id,
-            work_dir=config.work_dir,
-            lease_seconds=config.lease_seconds,
-        )
+        self.executor_config = config.executor or ExecutorConfig(worker_id=config.worker_id, work_dir=config.work_dir)
+        if (self.executor_config.worker_id, self.executor_config.work_dir) != (config.worker_id, config.work_dir):
+            raise ValueError("the executor's worker_id and work_dir must be the agent's")
         # who each image's runs run as, read once per image for all this agent's runs
         self.users = ImageUsers(docker_client, {f"{LABEL}.stack": self.executor_config.stack_id})
         self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
@@ -171,9 +172,11 @@ class Agent:
         return ""
 
     def _drain(self) -> None:
+        """Wait for the runs under way. A run whose thread is gone is not waited on (its
+        executor always gives its slot back; this is in case it could not)."""
         while True:
             with self._lock:
-                threads = [e.thread for e in self.active.values() if e.thread]
+                threads = [e.thread for e in self.active.values() if e.thread and e.thread.is_alive()]
             if not threads:
                 return
             for t in threads:
@@ -263,13 +266,15 @@ class Agent:
 
     def _done(self, executor: RunExecutor) -> None:
         self.allocator.release(executor.run.id)
-        self._housekeeping()
-        with self._lock:
-            self.active.pop(executor.run.id, None)
-            self.finished += 1
-            self.last_busy = self.clock()
+        try:
+            self._housekeeping()
+        finally:  # the slot is free again whatever housekeeping met
+            with self._lock:
+                self.active.pop(executor.run.id, None)
+                self.finished += 1
+                self.last_busy = self.clock()
+            self._slot_freed.set()
         log.info("run %s ended %s", executor.run.id, executor.run.state)
-        self._slot_freed.set()
 
     def _housekeeping(self) -> None:
         """Keep the input cache and the image cache under their limits (between runs)."""
@@ -279,7 +284,7 @@ class Agent:
                 self.cached_inputs = self.inputs.entries()  # counted here, not at every heartbeat
             if self.images is not None:
                 self.images.prune()
-        except (OSError, docker.errors.DockerException) as e:
+        except (OSError, docker.errors.DockerException, requests.RequestException) as e:
             log.warning("cache housekeeping failed: %s", e)
 
     # -- heartbeat ------------------------------------------------------------------------
@@ -369,13 +374,12 @@ class Agent:
                 all=True,
                 filters={"label": [f"{LABEL}.worker_id={self.config.worker_id}", self._stack_label]},
             )
-        except docker.errors.APIError as e:
+        except (docker.errors.APIError, requests.RequestException) as e:
             log.warning("cannot list containers: %s", e)
             return recovered
         for container in containers:
             labels = container.attrs.get("Labels") or {}
-            with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True)
+            self._remove(container)
             try:
                 run = self.ports.store.get(labels[f"{LABEL}.run_id"])
             except RunplaneError:
@@ -393,8 +397,30 @@ class Agent:
                 log.warning("could not hand back run %s: %s", run.id, e)
         if recovered:
             log.info("handed back %d run(s) left by this worker's previous life: %s", len(recovered), recovered)
-        shutil.rmtree(self.config.work_dir / "runs", ignore_errors=True)
+        self._remove_run_dirs()
         return recovered
+
+    def _remove_run_dirs(self) -> None:
+        """What the previous life of this worker left in its runs directory (which stays: it may
+        be a mount the agent made at start), however deep."""
+        runs = self.config.work_dir / "runs"
+        try:
+            left_behind = list(runs.iterdir())
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("cannot list %s: %s", runs, e)
+            return
+        for path in left_behind:
+            left = remove_tree(path)
+            if left is not None:
+                log.warning("could not remove all of %s: %s", path, left)
+
+    def _remove(self, container: Any) -> bool:
+        left = remove_container(container, min(self.executor_config.remove_seconds, STARTUP_REMOVE_SECONDS), self.clock)
+        if left is not None:
+            log.warning("could not remove container %s: %s", container.id, left)
+        return left is None
 
     def sweep_orphans(self) -> int:
         """Remove run containers of this stack whose run is no longer held by their worker (left
@@ -405,7 +431,7 @@ class Agent:
             containers = self.docker.containers.list(  # sparse: no inspect of each (it may go meanwhile)
                 sparse=True, all=True, filters={"label": [f"{LABEL}.run_id", self._stack_label]}
             )
-        except docker.errors.APIError as e:
+        except (docker.errors.APIError, requests.RequestException) as e:
             log.warning("cannot list containers: %s", e)
             return 0
         for container in containers:
@@ -421,10 +447,6 @@ class Agent:
                 held = False
             except RunplaneError:
                 continue
-            if not held:
-                try:
-                    container.remove(force=True)
-                    removed += 1
-                except docker.errors.APIError:
-                    continue
+            if not held and self._remove(container):
+                removed += 1
         return removed

@@ -8,10 +8,12 @@ attempt and worker, so a run taken away from this worker is abandoned, not overw
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
-import shutil
+import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +22,10 @@ from typing import Any
 import docker
 import docker.errors
 import requests
-from docker.types import LogConfig
+from docker.types import LogConfig, Mount
 
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import FailureReason, Run, RunState, Usage
+from runplane.domain.models import RUN_ID_PATTERN, FailureReason, Run, RunState, Usage
 from runplane.domain.units import format_bytes, format_duration
 from runplane.ports import ObjectStore, RunQueue, RunStore
 from runplane.services import lifecycle
@@ -34,6 +36,7 @@ from worker_agent.logship import LogShipper
 from worker_agent.network import NetworkError, RunNetwork
 from worker_agent.outputs import upload_dir
 from worker_agent.resources import Allocation
+from worker_agent.trees import remove_tree
 from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
 from worker_agent.users import DEFAULT_RUN_AS, RUN_HOME, ImageUsers, RunAs, UnknownUser
 
@@ -41,13 +44,13 @@ log = logging.getLogger(__name__)
 
 OUTPUT_MOUNT = "/runplane/output"
 LABEL = "io.runplane"
+_RUN_ID = re.compile(RUN_ID_PATTERN)
 
 
 @dataclass(frozen=True)
 class ExecutorConfig:
     worker_id: str
     work_dir: Path
-    lease_seconds: float = 30
     kill_poll_seconds: float = 1.0
     tick_seconds: float = 0.2
     log_flush_seconds: float = 1.0
@@ -66,6 +69,9 @@ class ExecutorConfig:
     docker_log_size: str = "10m"  # Docker's own json log of a run: two files of at most this
     inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)
     disk_sample_share: float = 0.05  # the most of its time the agent spends walking a run's files
+    max_disk_interval_seconds: float = 10.0  # and the longest a run goes between two disk checks
+    stop_seconds: float = 30.0  # how long a killed container may take to exit; past it, nothing uploads
+    remove_seconds: float = 600.0  # how long removing a container may take (a layer of millions of files)
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Outcome:
     reason: FailureReason | None = None
     message: str = ""
     exit_code: int | None = None
+    upload: bool = True  # False: the outputs must not be read (over a limit, or the container may still run)
 
 
 @dataclass
@@ -92,7 +99,9 @@ class _Flags:
 
 
 class RunExecutor:
-    """Runs one claimed run to its end. ``start`` runs it in a thread; ``run`` in this one."""
+    """Runs one claimed run to its end. ``start`` runs it in a thread; ``run_safely`` in this one.
+    ``users`` is the agent's (one per agent: it caches each image's accounts). ``on_done`` is
+    called once the run has ended, whatever happened, even if cleaning up after it failed."""
 
     def __init__(
         self,
@@ -106,10 +115,13 @@ class RunExecutor:
         inputs: InputCache | None = None,
         images: ImageCache | None = None,
         network: RunNetwork | None = None,
-        users: ImageUsers | None = None,
+        *,
+        users: ImageUsers,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.images = images
-        self.users = users or ImageUsers(docker_client, {f"{LABEL}.stack": config.stack_id})
+        self.users = users
+        self.sleep = sleep
         self.network = network
         self.claimed_at = clock()
         self.run_ = run
@@ -129,6 +141,8 @@ class RunExecutor:
         self.flags = _Flags()
         self.usage = Usage()
         self.container: Any = None
+        # the run's id names its directory (made, chowned, removed): only an id that is one
+        self.valid_id = _RUN_ID.fullmatch(run.id) is not None
         self.run_dir = config.work_dir / "runs" / f"{run.id}-{run.attempt}"
         self.output_dir = self.run_dir / "output"
         self.home_dir = self.run_dir / "home"
@@ -174,28 +188,36 @@ class RunExecutor:
 
     def run_safely(self) -> None:
         try:
-            self.execute()
-        except LeaseLost as e:
-            log.warning("run %s: %s; abandoning it", self.run.id, e)
-        except Exception as e:  # the run must end in a state even if this agent has a bug
-            log.exception("run %s: agent error", self.run.id)
             try:
-                self._final(Outcome(RunState.FAILED, FailureReason.AGENT_ERROR, f"worker agent error: {e}"))
-            except RunplaneError as final_error:
-                log.error("run %s: could not record the failure: %s", self.run.id, final_error)
-        finally:
-            self._cleanup()
+                self.execute()
+            except LeaseLost as e:
+                log.warning("run %s: %s; abandoning it", self.run.id, e)
+            except Exception as e:  # the run must end in a state even if this agent has a bug
+                log.exception("run %s: agent error", self.run.id)
+                try:
+                    self._final(Outcome(RunState.FAILED, FailureReason.AGENT_ERROR, f"worker agent error: {e}"))
+                except RunplaneError as final_error:
+                    log.error("run %s: could not record the failure: %s", self.run.id, final_error)
+            finally:
+                self._cleanup()
+        finally:  # whatever cleaning up met: the agent gets its slot back
             self.on_done(self)
 
     def execute(self) -> None:
         run = self.run
+        if not self.valid_id:  # refused before anything on this host is made or touched
+            self._final(
+                Outcome(RunState.FAILED, FailureReason.AGENT_ERROR, f"run id {run.id[:80]!r} is not a valid run id")
+            )
+            return
         image = run.spec.image or ""
         outcome = self._prepare(image)
         if outcome is not None:
             self._final(outcome)
             return
         try:
-            self.container = self._create(run, image)
+            # by the id inspected (and whose users were read), not the tag, which may move meanwhile
+            self.container = self._create(run, str(self.image.id))
             # attached before it starts: every byte, straight from the container, whatever
             # Docker's own (capped, rotated) log file keeps
             logs = self.logs = self.container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
@@ -228,7 +250,7 @@ class RunExecutor:
                 self.ports.store, self.ports.queue, self.run, self.clock(), "worker terminated", charge=False
             )
             return
-        if outcome.reason == FailureReason.DISK_LIMIT:  # what is over the limit is never uploaded
+        if not outcome.upload:  # over a limit, or the container may still run: nothing is read
             outcome.message += "; outputs not uploaded"
             self._final(outcome)
             return
@@ -321,7 +343,7 @@ class RunExecutor:
     def _make_dirs(self) -> Outcome | None:
         """The run's directories: 0700 and the run's uid's, in a 0700 ``runs`` directory."""
         uid, gid = self.run_as.uid, self.run_as.gid
-        dirs = [self.run_dir, self.output_dir] + ([self.home_dir] if self.run_as.home else [])
+        dirs = [self.run_dir, self.output_dir] + ([self.home_dir] if self.own_home else [])
         try:
             self.run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             for path in dirs:
@@ -369,6 +391,12 @@ class RunExecutor:
     def _user(self) -> str:
         return f"{self.config.worker_id}--{self.run.id}-{self.run.attempt}"
 
+    @property
+    def own_home(self) -> bool:
+        """The run gets a home directory of its own (its image's is not writable for its user,
+        and it sets no HOME itself)."""
+        return self.run_as.home is not None and "HOME" not in self.run.spec.env
+
     def _create(self, run: Run, image: str) -> Any:
         kwargs = container_spec(
             run,
@@ -378,7 +406,7 @@ class RunExecutor:
             self.allocation,
             self.mounts,
             self.run_as,
-            self.home_dir.resolve() if self.run_as.home else None,
+            self.home_dir.resolve() if self.own_home else None,
             inputs_on_safe_mount=all(_on_read_only_safe_mount(p) for p in self.mounts.values()),
         )
         if run.spec.network:  # hook: the agent's run network, the command behind a gate (network.py)
@@ -473,9 +501,7 @@ class RunExecutor:
             "max_log_size: stopped (the log keeps what came before the limit)",
         )
 
-    def _watch(self, started: float, logs: Any) -> Outcome:  # noqa: C901 - one loop, several limits
-        run = self.run
-        limit = run.spec.resources.time
+    def _watch(self, started: float, logs: Any) -> Outcome:
         exited = threading.Event()
         result: dict[str, Any] = {}
 
@@ -489,10 +515,47 @@ class RunExecutor:
         follower = threading.Thread(target=self._follow, args=(logs,), daemon=True)
         for t in (threading.Thread(target=waiter, daemon=True), follower):
             t.start()
-        stopped: Outcome | None = None
-        next_poll = next_usage = next_disk = self.clock()
+        # the disk is walked on a thread of its own: a long walk never holds up a kill or a limit
+        sampler = _DiskSampler(self._check_disk, self.config, self.clock, f"disk-{self.run.id}")
+        try:
+            stopped = self._until_exit(started, exited, sampler)
+            sampler.stop()
+            if stopped is not None:
+                self._kill_container()
+                exited.wait(self.config.stop_seconds)
+        finally:
+            sampler.stop()
+            sampler.join()
+        self._sample_usage()
+        follower.join(timeout=5)
+        self._flush_logs()
+        state, running = self._exited_state(exited)
+        if running is not None:  # nothing of the run is read while it may still be writing
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                f"the container did not stop within {format_duration(self.config.stop_seconds)} of being "
+                f"killed ({running})",
+                upload=False,
+            )
+        if state is None:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                "the container was removed from the Docker engine while it ran (not by runplane)",
+            )
+        # a run may write past a limit and end before a sample sees it: look once more, now that
+        # nothing in it moves any more
+        over = self._check_disk() or self._log_limit()
+        return self._ending(stopped or over, state, result)
+
+    def _until_exit(self, started: float, exited: threading.Event, sampler: _DiskSampler) -> Outcome | None:
+        """Watch the running container until it exits (None) or must be stopped (why)."""
+        limit = self.run.spec.resources.time
+        next_poll = next_usage = self.clock()
         while not exited.wait(self.config.tick_seconds):
             now = self.clock()
+            stopped: Outcome | None = None
             if now >= next_poll:
                 next_poll = now + self.config.kill_poll_seconds
                 try:
@@ -510,32 +573,45 @@ class RunExecutor:
             if now >= next_usage:
                 next_usage = now + self.config.usage_seconds
                 self._sample_usage()
-            if now >= next_disk:
-                over = self._check_disk()
-                # walking a run's files takes at most disk_sample_share of the agent's time
-                spent = self.clock() - now
-                next_disk = now + max(self.config.usage_seconds, spent / self.config.disk_sample_share)
-                stopped = stopped or over
-            stopped = stopped or self._log_limit()
+            stopped = stopped or sampler.over or self._log_limit()
             if stopped is not None:
-                self._kill_container()
-                exited.wait(10)
-                break
+                return stopped
             self._flush_logs(only_due=True)
-        self._sample_usage()
-        follower.join(timeout=5)
-        self._flush_logs()
-        # a run may write past a limit and end before a sample sees it: look once more
-        over = self._check_disk() or self._log_limit()
-        try:
-            self.container.reload()
-        except docker.errors.NotFound:
-            return Outcome(
-                RunState.FAILED,
-                FailureReason.CONTAINER_ERROR,
-                "the container was removed from the Docker engine while it ran (not by runplane)",
-            )
-        state = self.container.attrs.get("State", {})
+        return None
+
+    def _exited_state(self, exited: threading.Event) -> tuple[dict[str, Any] | None, str | None]:
+        """The container's state once it has exited (None: it is gone from the engine), or why it
+        cannot be said to have exited: it still runs ``stop_seconds`` after being killed (once
+        more), or its state cannot be read. A wait that failed, a kill that failed or a process
+        that ignores SIGKILL (uninterruptible sleep) all end here, never in an upload."""
+        deadline = self.clock() + self.config.stop_seconds
+        killed = False
+        while True:
+            try:
+                self.container.reload()
+            except docker.errors.NotFound:
+                return None, None
+            except (docker.errors.APIError, requests.RequestException) as e:
+                why = f"its state cannot be read: {_explain(e)}"
+            else:
+                state: dict[str, Any] = self.container.attrs.get("State") or {}
+                if state.get("Running") is False and not state.get("Restarting"):
+                    return state, None
+                why = f"it is still {state.get('Status') or 'running'}"
+            if self.clock() >= deadline:
+                return None, why
+            if not killed:
+                killed = True
+                log.warning("run %s: the container has not exited (%s): killing it", self.run.id, why)
+                self._kill_container()
+            if exited.is_set():  # the wait ended (or failed) before: look again in a while
+                self.sleep(0.2)
+            else:
+                exited.wait(0.2)
+
+    def _ending(self, ended: Outcome | None, state: dict[str, Any], result: dict[str, Any]) -> Outcome:
+        """How the run ended, from the engine's word on its exited container."""
+        run = self.run
         if state.get("Status") in ("removing", "dead"):  # someone ran `docker rm -f` on it
             return Outcome(
                 RunState.FAILED,
@@ -543,7 +619,6 @@ class RunExecutor:
                 "the container was removed from the Docker engine while it ran (not by runplane)",
             )
         exit_code = result.get("StatusCode", state.get("ExitCode"))
-        ended = stopped or over
         if ended is not None:
             ended.exit_code = exit_code
             return ended
@@ -572,11 +647,14 @@ class RunExecutor:
         return Outcome(RunState.FAILED, FailureReason.NONZERO_EXIT, message, exit_code)
 
     def _kill_container(self) -> None:
+        """Kill the container; a kill that fails is logged (``_exited_state`` sees what came of it)."""
         try:
             self.container.kill()
         except docker.errors.APIError as e:
             if "is not running" not in str(e):
                 log.warning("run %s: kill failed: %s", self.run.id, e)
+        except requests.RequestException as e:
+            log.warning("run %s: kill failed: %s", self.run.id, e)
 
     def _sample_usage(self) -> None:
         sample: Sample | None = read_cgroup(self.container.id)
@@ -591,41 +669,60 @@ class RunExecutor:
             if sample.memory_peak is not None:
                 self.usage.memory_peak = max(self.usage.memory_peak or 0, sample.memory_peak)
 
-    def _check_disk(self) -> Outcome | None:
-        """Everything the run wrote against its disk limit: its output directory (by apparent
-        size, and by count against the pool's max_output_files), its home directory and the
-        container's own writable layer. The walks stop once past a limit."""
+    def _check_disk(self, cancelled: Callable[[], bool] | None = None) -> Outcome | None:
+        """Everything the run wrote against its limits: its output directory, its home directory
+        and the container's own writable layer, by apparent size against its disk limit, and by
+        count, the three together, against the pool's max_output_files (the files a run may
+        write). The walks stop once past a limit, or once ``cancelled()``; then it says nothing.
+        What cannot be walked (an error, a tree too deep) counts as over the limit, never as 0."""
         limit, most = self.run.spec.resources.disk, self.config.max_output_files
-        output = walk(self.output_dir, limit, most)
-        home = walk(self.home_dir, _rest(limit, output.size)) if self.run_as.home else Tree()
-        layer = self._layer_size(_rest(limit, output.size + home.size))
+        output = walk(self.output_dir, limit, most, cancelled)
+        home = Tree()
+        if self.own_home:
+            home = walk(self.home_dir, _rest(limit, output.size), _rest(most, output.entries), cancelled)
+        layer = self._layer_size(
+            _rest(limit, output.size + home.size), _rest(most, output.entries + home.entries), cancelled
+        )
+        if cancelled is not None and cancelled():
+            return None
         total = output.size + home.size + layer.size
         self.usage.disk = total
-        if output.entries > most:
+        trees = [("output directory", output), ("container file system", layer), ("home", home)]
+        unreadable = "; ".join(f"{name}: {tree.unreadable}" for name, tree in trees if tree.unreadable)
+        if unreadable:
             return Outcome(
                 RunState.FAILED,
                 FailureReason.DISK_LIMIT,
-                f"the output directory holds more than {most} files and directories, the pool's max_output_files",
+                f"what it wrote cannot be counted ({unreadable}), so it counts as over its disk limit",
+                upload=False,
+            )
+        if output.entries + home.entries + layer.entries > most:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.DISK_LIMIT,
+                f"wrote more than {most} files and directories (output directory, home and container file system "
+                "together), the pool's max_output_files",
+                upload=False,
             )
         if limit is None or total <= limit:
             return None
-        parts = [("output directory", output.size), ("container file system", layer.size), ("home", home.size)]
-        detail = ", ".join(f"{name} {format_bytes(size)}" for name, size in parts if size)
+        detail = ", ".join(f"{name} {format_bytes(tree.size)}" for name, tree in trees if tree.size)
         more = "more than " if output.stopped or home.stopped or layer.stopped else ""
         return Outcome(
             RunState.FAILED,
             FailureReason.DISK_LIMIT,
             f"wrote {more}{format_bytes(total)} ({detail}), over the {format_bytes(limit)} disk limit",
+            upload=False,
         )
 
-    def _layer_size(self, most: int | None) -> Tree:
+    def _layer_size(self, most: int | None, entries: int | None, cancelled: Callable[[], bool] | None) -> Tree:
         """The container's writable layer: its overlay upper directory walked from here when this
         agent can see it (as cheap as Docker's own count, and it stops early), else the
-        ``SizeRw`` the engine counts."""
+        ``SizeRw`` the engine counts (which has no count of files)."""
         data = (self.container.attrs.get("GraphDriver") or {}).get("Data") or {}
         upper = data.get("UpperDir")
         if upper and Path(upper).is_dir():
-            return walk(upper, most)
+            return walk(upper, most, entries, cancelled)
         try:
             found = self.docker.api.containers(all=True, filters={"id": self.container.id}, size=True)
         except (docker.errors.APIError, requests.RequestException) as e:
@@ -668,6 +765,9 @@ class RunExecutor:
         self._set_run(new)
 
     def _cleanup(self) -> None:
+        """Release the run's inputs, remove its container and its directory. Each step is on its
+        own: one that fails is logged and the others still go (what is left, a later start of
+        this worker removes)."""
         for key in self._input_keys:
             if self.inputs is not None:
                 try:
@@ -675,20 +775,103 @@ class RunExecutor:
                 except OSError as e:
                     log.warning("run %s: could not release input %s: %s", self.run.id, key, e)
         if self.logs is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, requests.RequestException):
                 self.logs.close()
         if self.container is not None:
-            try:
-                self.container.remove(force=True)
-            except docker.errors.APIError as e:
-                if not isinstance(e, docker.errors.NotFound):
-                    log.warning("run %s: could not remove container: %s", self.run.id, e)
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+            left = remove_container(self.container, self.config.remove_seconds, self.clock, self.sleep)
+            if left is not None:
+                log.warning("run %s: could not remove its container: %s", self.run.id, left)
+        if self.valid_id:
+            left = remove_tree(self.run_dir)
+            if left is not None:
+                log.warning("run %s: could not remove all of its directory: %s", self.run.id, left)
+
+
+class _DiskSampler:
+    """Checks a run's files against its limits on a thread of its own, so that a long walk never
+    holds up a kill, a time limit or a lost lease: ``over`` is set once a check finds the run
+    over a limit. Walking takes at most ``disk_sample_share`` of the time, and a check starts at
+    most ``max_disk_interval_seconds`` after the one before (``disk_interval``)."""
+
+    def __init__(
+        self,
+        check: Callable[[Callable[[], bool]], Outcome | None],
+        config: ExecutorConfig,
+        clock: Callable[[], float],
+        name: str,
+    ) -> None:
+        self.over: Outcome | None = None
+        self._check = check
+        self._config = config
+        self._clock = clock
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop checking: a walk under way gives up within a few milliseconds."""
+        self._stopping.set()
+
+    def join(self) -> None:
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            began = self._clock()
+            over = self._check(self._stopping.is_set)
+            if over is not None:
+                self.over = over
+                return
+            spent = self._clock() - began
+            if self._stopping.wait(max(disk_interval(spent, self._config) - spent, 0.0)):
+                return
+
+
+def disk_interval(spent: float, config: ExecutorConfig) -> float:
+    """Seconds from the start of one disk check to the start of the next, after one that took
+    ``spent``: walking takes at most ``disk_sample_share`` of the time, but a run never goes
+    longer than ``max_disk_interval_seconds`` unchecked (a run that makes its walks long, with
+    many empty files, makes them follow each other: the file count caps how long one is)."""
+    spaced = max(config.usage_seconds, spent / config.disk_sample_share)
+    return min(spaced, max(config.max_disk_interval_seconds, config.usage_seconds))
+
+
+def remove_container(
+    container: Any,
+    seconds: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Remove ``container`` (killed first if it runs), taking up to ``seconds``: a request that
+    fails or times out (removing a layer of millions of files outlasts the client's timeout,
+    and the engine goes on with it) is tried again, and one the engine answers "already in
+    progress" is waited on, until the container is gone. Returns why it is not gone, or None;
+    never raises."""
+    deadline = clock() + seconds
+    while True:
+        try:
+            container.remove(force=True)
+            return None
+        except docker.errors.NotFound:
+            return None
+        except (docker.errors.APIError, requests.RequestException) as e:
+            if clock() >= deadline:
+                return f"not removed within {format_duration(seconds)}: {_explain(e)}"
+        sleep(min(0.5, max(deadline - clock(), 0.0)))
 
 
 CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
 """What a root run keeps (only on a pool with ``allow_root``); a run that is not root gets none."""
 DOCKER_LOG_FILES = 2
+
+
+def container_name(stack_id: str, run_id: str, attempt: int) -> str:
+    """The name of a run's container: opaque, since every container on a run network learns the
+    names of the others from Docker's DNS (a reverse lookup of an address answers it), and run
+    ids are their owners' only. The agent computes it (a retried create) and finds its containers
+    by their labels, which hold the run id."""
+    digest = hashlib.sha256(f"{stack_id}\0{run_id}\0{attempt}".encode()).hexdigest()[:32]
+    return f"runplane-{digest}"
 
 
 def container_spec(
@@ -706,29 +889,29 @@ def container_spec(
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
     ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
     ``home_dir`` is mounted as HOME when ``run_as`` asks for one (and the run sets no HOME).
-    ``inputs_on_safe_mount``: the input paths are on a read-only nosuid,nodev mount (the
-    inputs view), so they are bound without Docker's "ro", which runc applies by a remount that
-    drops nosuid and nodev; read-only they stay, from the mount they come from."""
+    Mounts are a list (``docker.types.Mount``), one per target: two inputs of the same source
+    are two mounts. ``inputs_on_safe_mount``: the input paths are on a read-only nosuid,nodev
+    mount (the inputs view), so they are bound without Docker's read-only, which runc applies by
+    a remount that drops nosuid and nodev; read-only they stay, from the mount they come from."""
     res = run.spec.resources
     env = dict(run.spec.env)
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
     allocation = allocation or Allocation((), ())
     env.update(allocation.environment())
-    volumes = {str(output_dir): {"bind": OUTPUT_MOUNT, "mode": "rw"}}
+    mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind")]
     if run_as.home and home_dir is not None and "HOME" not in run.spec.env:
         env["HOME"] = run_as.home
-        volumes[str(home_dir)] = {"bind": RUN_HOME, "mode": "rw"}
-    input_mode = "rw" if inputs_on_safe_mount else "ro"
+        mounts.append(Mount(RUN_HOME, str(home_dir), type="bind"))
     for name, path in sorted((inputs or {}).items()):
-        volumes[str(path)] = {"bind": f"/inputs/{name}", "mode": input_mode}
+        mounts.append(Mount(f"/inputs/{name}", str(path), type="bind", read_only=not inputs_on_safe_mount))
     spec: dict[str, Any] = {
         "image": image,
         "entrypoint": ["/bin/sh", "-c"],
         "command": [run.spec.command],
-        "name": f"runplane-{run.id}-{run.attempt}",
+        "name": container_name(config.stack_id, run.id, run.attempt),
         "working_dir": OUTPUT_MOUNT,
         "environment": env,
-        "volumes": volumes,
+        "mounts": mounts,
         "network_mode": config.network_mode if run.spec.network else "none",
         "mem_limit": res.memory,
         "memswap_limit": res.memory,

@@ -184,7 +184,11 @@ class InputCache:
         return dir_size(self.root)
 
     def evict(self) -> list[str]:
-        """Remove least-recently-used entries no run uses until the cache fits its limit."""
+        """Remove least-recently-used entries no run uses until the cache fits its limit.
+
+        It sizes the whole cache, every file of every entry, at each call (after every run):
+        its cost grows with the cache, not the run. Entries never change once complete, so
+        their sizes could be recorded at download and summed instead; not done yet."""
         if self.max_bytes is None or not self.root.exists():
             return []
         entries = []

@@ -1,5 +1,6 @@
-"""Networked runs: a Docker network of the agent's own, from which the cloud's metadata services
-and the host's own addresses cannot be reached.
+"""Networked runs: a Docker network of the agent's own, from which neither the cloud's metadata
+services (all of link-local), the host's own addresses, the run network's own subnet (other runs),
+nor broadcast and multicast addresses can be reached.
 
 The guarantee does not depend on what the Docker network is (a bridge, macvlan, ...): the agent
 installs nftables rules *inside the run's own network namespace* that reject traffic to those
@@ -48,6 +49,21 @@ BRIDGE_DEVICE = "rp-runs0"
 """The host's interface of DEFAULT_NETWORK (infra/ami/install.sh's host rules name it)."""
 METADATA = ("169.254.169.254", "169.254.170.2", "168.63.129.16", "fd00:ec2::254")
 """EC2/Azure instance metadata, ECS task credentials, Azure's WireServer, EC2 metadata on IPv6."""
+CLOSED = ("169.254.0.0/16", "224.0.0.0/4", "255.255.255.255", "fe80::/10", "ff00::/8")
+"""Besides METADATA, closed to every run: all of link-local (the cloud's other services live there:
+EKS Pod Identity at 169.254.170.23, EC2's DNS and time at 169.254.169.253 and 169.254.169.123, ...,
+and so do the link-local addresses of the run network's hosts), IPv4 multicast and broadcast, IPv6
+multicast (host services bound to 0.0.0.0 or :: hear these). The run network's own subnets (its
+directed broadcast included) are closed too (RunNetwork.blocked)."""
+NEIGHBOUR_DISCOVERY = (
+    "nd-router-solicit",
+    "nd-neighbor-solicit",
+    "nd-neighbor-advert",
+    "mld-listener-report",
+    "mld2-listener-report",
+)
+"""ICMPv6 that IPv6 needs on a link (to link-local and multicast addresses): sent by the kernel
+only, since a run without CAP_NET_RAW cannot send ICMPv6 of these types itself."""
 PROBES = (
     ("169.254.169.254", 80),
     ("169.254.170.2", 80),
@@ -59,6 +75,8 @@ GATE_MOUNT = "/runplane/net"
 GATE = f"{GATE_MOUNT}/go"
 GATE_EXIT = 125
 """The exit status of a container whose gate was closed without letting its command start."""
+GATE_FIRST_PAUSE, GATE_LONGEST_PAUSE = 0.001, 0.05
+"""Until the shell waits at its gate, the agent looks again after 1 ms, 2, 4, ... at most 50 ms."""
 WRAPPER = (
     f"read -r _ < {GATE} || {{ echo 'runplane: the network of this run was not made safe; "
     f'its command did not start\' >&2; exit {GATE_EXIT}; }}; exec "$@"'
@@ -109,14 +127,15 @@ def uncontainable(mode: str) -> str | None:
 
 
 def host_addresses(fib_trie: str, if_inet6: str) -> list[str]:
-    """The host's own addresses but loopback, from /proc/net/fib_trie and /proc/net/if_inet6."""
+    """The host's own addresses but loopback, and the broadcast addresses of its networks (the host
+    hears those too), from /proc/net/fib_trie and /proc/net/if_inet6."""
     found: set[str] = set()
     last = ""
     for line in fib_trie.splitlines():
         text = line.strip()
         if text.startswith("|--"):
             last = text[3:].strip()
-        elif text == "/32 host LOCAL" and last:
+        elif text in ("/32 host LOCAL", "/32 link BROADCAST") and last:
             found.add(last)
     for line in if_inet6.splitlines():
         fields = line.split()
@@ -136,18 +155,90 @@ def read_host_addresses() -> list[str]:
     return host_addresses(*texts)
 
 
-def ruleset(addresses: Iterable[str]) -> str:
-    """nftables rules for a run's network namespace: reject whatever goes to ``addresses``. TCP
-    gets a reset (at once, where an ICMP error may be rate-limited and leave connect() waiting)."""
-    parsed = sorted({ipaddress.ip_address(a) for a in addresses}, key=lambda a: (a.version, a))
+# DNS under these rules. On a user-defined Docker network (the agent's runplane-runs, a macvlan,
+# ...) a run's resolver is Docker's embedded one at 127.0.0.11: loopback, which no rule touches
+# (nor the DNAT to dockerd's port behind it), and dockerd answers the names of the network's
+# containers itself, so closing link-local breaks none of that. Other names dockerd forwards to
+# the engine's upstream servers (daemon.json "dns", else the host's resolv.conf, where
+# systemd-resolved's stub 127.0.0.53 stands for the servers in /run/systemd/resolve/resolv.conf),
+# and it dials them from inside the run's namespace (only a loopback upstream from the host's), so
+# the rules do see those queries; on Docker's default bridge (no embedded resolver) the run asks
+# those servers itself. So port 53 of those servers stays open (``dns_servers``): where the
+# upstream is link-local (EC2's 169.254.169.253 on hosts set up so, GCP's metadata server), Azure's
+# 168.63.129.16 (always, on Azure) or in the run network's own subnet (a LAN's resolver, on a
+# macvlan), runs still resolve names, and reach on those addresses nothing but the DNS service
+# they reach through 127.0.0.11 anyway. What breaks, on any network: an upstream that is an address of this
+# host (a resolver on the docker0 address, say) stays closed, so runs resolve only their own
+# network's container names (on the default bridge, none); give the engine another resolver
+# (daemon.json "dns") there.
+def dns_servers(resolv_conf: str, systemd_resolv_conf: str = "", daemon_json: str = "") -> list[str]:
+    """The non-loopback DNS servers the Docker engine sends runs' queries to, as it picks them."""
+    try:
+        configured = json.loads(daemon_json).get("dns") if daemon_json.strip() else None
+    except (ValueError, AttributeError):
+        configured = None
+    if isinstance(configured, list) and configured:
+        servers = [str(s) for s in configured]
+    else:
+        servers = _nameservers(resolv_conf)
+        if servers == ["127.0.0.53"] and systemd_resolv_conf:  # the engine's own rule for systemd-resolved
+            servers = _nameservers(systemd_resolv_conf)
+    found: list[str] = []
+    for server in servers:
+        try:
+            address = ipaddress.ip_address(server.split("%")[0])
+        except ValueError:
+            continue
+        if not address.is_loopback and str(address) not in found:
+            found.append(str(address))
+    return found
+
+
+def _nameservers(resolv_conf: str) -> list[str]:
+    return [f[1] for f in (line.split() for line in resolv_conf.splitlines()) if len(f) >= 2 and f[0] == "nameserver"]
+
+
+def read_dns_servers() -> list[str]:
+    texts = []
+    for name in ("/etc/resolv.conf", "/run/systemd/resolve/resolv.conf", "/etc/docker/daemon.json"):
+        try:
+            texts.append(Path(name).read_text())
+        except (OSError, UnicodeDecodeError):  # no such file (or not this agent's to read)
+            texts.append("")
+    return dns_servers(*texts)
+
+
+def ruleset(blocked: Iterable[str], dns: Iterable[str] = ()) -> str:
+    """nftables rules for a run's network namespace: reject whatever goes to ``blocked``
+    (addresses and networks) but port 53 of the ``dns`` servers and the kernel's own neighbour
+    discovery. TCP gets a reset (at once, where an ICMP error may be rate-limited and leave
+    connect() waiting)."""
+    networks = [ipaddress.ip_network(a, strict=False) for a in blocked]
+    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
+    closed: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [
+        *ipaddress.collapse_addresses(v4),
+        *ipaddress.collapse_addresses(v6),
+    ]
+    servers = sorted({ipaddress.ip_address(a) for a in dns}, key=lambda a: (a.version, a))
     lines = [f"table inet {NFT_TABLE} {{", "\tchain output {", "\t\ttype filter hook output priority 0; policy accept;"]
+    lines.append(f"\t\ticmpv6 type {{ {', '.join(NEIGHBOUR_DISCOVERY)} }} accept")
     for family, version in (("ip", 4), ("ip6", 6)):
-        chosen = ", ".join(str(a) for a in parsed if a.version == version)
+        chosen = ", ".join(str(a) for a in servers if a.version == version)
+        if chosen:
+            lines.append(f"\t\t{family} daddr {{ {chosen} }} meta l4proto {{ tcp, udp }} th dport 53 accept")
+    for family, version in (("ip", 4), ("ip6", 6)):
+        chosen = ", ".join(_element(n) for n in closed if n.version == version)
         if chosen:
             lines.append(f"\t\t{family} daddr {{ {chosen} }} meta l4proto tcp reject with tcp reset")
             lines.append(f"\t\t{family} daddr {{ {chosen} }} reject with icmpx type admin-prohibited")
     lines += ["\t}", "}", ""]
     return "\n".join(lines)
+
+
+def _element(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> str:
+    single = network.num_addresses == 1
+    return str(network.network_address) if single else str(network)
 
 
 @dataclass(frozen=True)
@@ -156,6 +247,7 @@ class RunNetwork:
 
     name: str
     gateways: tuple[str, ...] = ()
+    subnets: tuple[str, ...] = ()
     nsenter: str = "nsenter"
     nft: str = "nft"
     gate_seconds: float = 30.0
@@ -163,9 +255,20 @@ class RunNetwork:
     sleep: Callable[[float], None] = time.sleep
 
     def blocked(self) -> list[str]:
-        """What runs must not reach: the metadata services and this host's addresses (read again
-        for each run: a bridge made since has one more)."""
-        return sorted({*METADATA, *self.gateways, *read_host_addresses()})
+        """What runs must not reach: the metadata services and the rest of CLOSED, this host's
+        addresses (read again for each run: a bridge made since has one more), and the run
+        network's own subnets. Docker keeps containers on its bridges apart only where it manages
+        iptables (enable_icc false), and a macvlan or ipvlan network never: so these rules keep
+        runs, of one user or several, from each other, and from the network's other hosts, on
+        any network. A run needs nothing on its subnet as a destination: its gateway is a next
+        hop (ARP and neighbour discovery pass), its resolver is 127.0.0.11."""
+        return sorted({*METADATA, *CLOSED, *self.gateways, *self.subnets, *read_host_addresses()})
+
+    def dns_servers(self) -> list[str]:
+        """Where port 53 stays open (see the note above ``dns_servers``): the engine's upstream
+        servers, unless one is an address of this host."""
+        host = {*read_host_addresses(), *self.gateways}
+        return [a for a in read_dns_servers() if a not in host]
 
     def prepare(self, spec: dict[str, Any], run_dir: Path) -> None:
         """Make a container spec (``containers.create`` keywords) one for this network: created
@@ -260,7 +363,7 @@ class RunNetwork:
         return done.stdout
 
     def _install(self, netns: _Netns) -> None:
-        self._inside(netns, [self.nft, "-f", "-"], ruleset(self.blocked()))
+        self._inside(netns, [self.nft, "-f", "-"], ruleset(self.blocked(), self.dns_servers()))
 
     def _connect(self, container: Any) -> None:
         """From none to this network, in the namespace that already has its rules."""
@@ -279,6 +382,7 @@ class RunNetwork:
         """Write ``line`` (b"" closes the gate without it) once the container's shell waits on it.
         False if the container ended or ``stopping()`` first."""
         deadline = self.clock() + self.gate_seconds
+        pause = GATE_FIRST_PAUSE
         while True:
             try:
                 fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -289,7 +393,8 @@ class RunNetwork:
                     return False
                 if self.clock() >= deadline:
                     raise NetworkError(f"the container did not wait at its gate within {self.gate_seconds:g}s") from e
-                self.sleep(0.002)
+                self.sleep(pause)  # usually never: the shell is at its gate before the rules are in
+                pause = min(pause * 2, GATE_LONGEST_PAUSE)
                 continue
             try:
                 if line:
@@ -390,7 +495,8 @@ def check_network(
             raise NetworkError("nft (nftables) is not installed on this worker")
         if nsenter is None:
             raise NetworkError("nsenter (util-linux) is not installed on this worker")
-        network = RunNetwork(mode, _gateways(_docker_network(client, mode)), nsenter, nft)
+        found = _docker_network(client, mode)
+        network = RunNetwork(mode, gateways=_gateways(found), subnets=_subnets(found), nsenter=nsenter, nft=nft)
         _ensure_image(client, image, pull)
         network.probe(client, image, work_dir / "netcheck", name, labels)
     except NetworkError as e:
@@ -450,6 +556,21 @@ def _gateways(network: Any) -> tuple[str, ...]:
         return ()
     configs = (network.attrs.get("IPAM") or {}).get("Config") or []
     return tuple(str(c["Gateway"]).split("/")[0] for c in configs if c.get("Gateway"))
+
+
+def _subnets(network: Any) -> tuple[str, ...]:
+    """The network's own subnets (other runs live there). None known: NetworkError (runs on it
+    could reach each other)."""
+    configs = (network.attrs.get("IPAM") or {}).get("Config") or []
+    subnets = []
+    for config in configs:
+        with contextlib.suppress(ValueError, TypeError):
+            subnets.append(str(ipaddress.ip_network(config.get("Subnet"), strict=False)))
+    if not subnets:
+        raise NetworkError(
+            f"Docker network {network.name} has no subnet the agent can read, so runs on it could reach each other"
+        )
+    return tuple(subnets)
 
 
 def _ensure_image(client: docker.DockerClient, image: str, pull: bool) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runplane.ports import ObjectStore
+from worker_agent.trees import Refused, Unwalkable, open_beneath, scan
 
 
 @dataclass
@@ -18,36 +19,56 @@ class UploadReport:
     error: str | None = None
 
 
-def collect(root: Path) -> tuple[list[tuple[str, Path]], list[str]]:
-    """Regular files under ``root`` as (relative path, real path). Symlinks are followed only
-    when they resolve inside ``root``; anything else is skipped and named."""
-    root = root.resolve()
-    files: list[tuple[str, Path]] = []
+def collect(root: Path) -> tuple[list[str], list[str]]:
+    """What to upload from ``root``: the paths (relative to it) of its regular files and
+    symlinks, and the others, named with why they are skipped. Walked through directory
+    descriptors (trees.scan): symlinked directories are never entered, nor are trees deeper
+    than MAX_DEPTH. What each path is gets checked again when it is opened (``_put``)."""
+    files: list[str] = []
     skipped: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = Path(dirpath)
-        for name in list(dirnames):
-            if (base / name).is_symlink():
-                skipped.append(str((base / name).relative_to(root)) + "/ (symlinked directory)")
-                dirnames.remove(name)
-        for name in filenames:
-            path = base / name
-            rel = str(path.relative_to(root))
-            real = path.resolve()
-            if path.is_symlink() and not real.is_relative_to(root):
-                skipped.append(f"{rel} (symlink out of the output directory)")
+    try:
+        for prefix, entry in scan(root):
+            rel = prefix + entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    continue
+                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
+                    files.append(rel)
+                    continue
+            except OSError:  # gone meanwhile
                 continue
-            if not real.is_file():
-                skipped.append(f"{rel} (not a regular file)")
-                continue
-            files.append((rel, real))
+            skipped.append(f"{rel} (not a regular file)")
+    except Unwalkable as e:
+        skipped.append(f"{e} (not read)")
     return sorted(files), skipped
+
+
+def _put(objects: ObjectStore, root: Path, key: str, rel: str) -> int | str:
+    """Upload the file at ``rel`` under ``root`` as it is when opened: a regular file reached
+    without leaving ``root`` (trees.open_beneath), read through its descriptor, so nothing
+    changed in the tree meanwhile can point the upload elsewhere. Returns its size, or why it
+    is not uploaded. Raises what the store raises."""
+    try:
+        fd = open_beneath(root, rel)
+    except Refused as e:
+        return str(e)
+    try:
+        size = os.fstat(fd).st_size
+        # the store opens the path by name: /proc/self/fd/N is this very open file, whatever
+        # happens to the tree
+        objects.put_file(key, Path(f"/proc/self/fd/{fd}"))
+        return size
+    finally:
+        os.close(fd)
 
 
 def upload_dir(
     objects: ObjectStore, root: Path, prefix: str, deadline_seconds: float, workers: int = 8
 ) -> UploadReport:
-    """Upload every file of ``root`` under ``prefix``. Never raises: problems land in ``error``."""
+    """Upload every file of ``root`` under ``prefix``. Never raises: problems land in ``error``.
+    Call it only once nothing writes to ``root`` any more (the run's container has exited):
+    what is read is checked as it is opened, but a file that changes while it uploads uploads
+    as it changes."""
     report = UploadReport()
     if not root.exists():
         return report
@@ -56,15 +77,21 @@ def upload_dir(
         return report
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="upload")
     try:
-        futures = {pool.submit(objects.put_file, prefix + rel, real): (rel, real) for rel, real in files}
+        futures = {pool.submit(_put, objects, root, prefix + rel, rel): rel for rel in files}
         done, pending = wait(futures, timeout=deadline_seconds, return_when=FIRST_EXCEPTION)
+        refused = []
         for future in done:
             exc = future.exception()
-            if exc is None:
+            if exc is not None:
+                report.error = report.error or f"upload of {futures[future]} failed: {exc}"
+                continue
+            result = future.result()
+            if isinstance(result, str):
+                refused.append(f"{futures[future]} ({result})")
+            else:
                 report.files += 1
-                report.bytes += futures[future][1].stat().st_size
-            elif report.error is None:
-                report.error = f"upload of {futures[future][0]} failed: {exc}"
+                report.bytes += result
+        report.skipped += sorted(refused)
         if pending and report.error is None:
             report.error = f"{len(pending)} file(s) not uploaded within {deadline_seconds:g}s"
     finally:

@@ -3,12 +3,15 @@ size of what a run wrote, by walking directories."""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from worker_agent.trees import Unwalkable, scan
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+_ASK_EVERY = 512  # entries walked between two looks at ``cancelled`` (a few milliseconds)
 
 
 @dataclass
@@ -65,37 +68,47 @@ def from_stats(stats: dict[str, Any]) -> Sample:
 class Tree:
     """What a walk of a directory found: ``size`` is the apparent size of everything in it but
     directories (a sparse file counts in full: it uploads in full), ``entries`` counts every
-    file, directory and link. ``stopped``: the walk gave up early, past a limit."""
+    file, directory and link. ``stopped``: the walk gave up early, past a limit or when asked.
+    ``unreadable``: why part of the tree could not be read (then what it holds is unknown, and
+    the counts are no bound at all)."""
 
     size: int = 0
     entries: int = 0
     stopped: bool = False
+    unreadable: str | None = None
 
 
-def walk(root: Path | str, max_size: int | None = None, max_entries: int | None = None) -> Tree:
-    """Walk ``root`` (symlinks not followed), stopping as soon as it is past ``max_size`` bytes
-    or ``max_entries`` entries: that is all a limit check needs, and it bounds the cost."""
+def walk(
+    root: Path | str,
+    max_size: int | None = None,
+    max_entries: int | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Tree:
+    """Walk ``root`` through directory descriptors (trees.scan: symlinks never followed, one
+    file system, at most MAX_DEPTH deep), stopping as soon as it is past ``max_size`` bytes or
+    ``max_entries`` entries, or ``cancelled()`` says so (asked every _ASK_EVERY entries): that is all a
+    limit check needs, and it bounds the cost."""
     tree = Tree()
-    stack = [str(root)]
-    while stack:
-        try:
-            entries = list(os.scandir(stack.pop()))
-        except OSError:
-            continue
-        for entry in entries:
+    listing = scan(root)
+    try:
+        for _, entry in listing:
             tree.entries += 1
             try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
+                if not entry.is_dir(follow_symlinks=False):
                     tree.size += entry.stat(follow_symlinks=False).st_size
-            except OSError:
-                continue
-            if (max_size is not None and tree.size > max_size) or (
-                max_entries is not None and tree.entries > max_entries
+            except OSError:  # gone meanwhile
+                pass
+            if (
+                (max_size is not None and tree.size > max_size)
+                or (max_entries is not None and tree.entries > max_entries)
+                or (cancelled is not None and tree.entries % _ASK_EVERY == 0 and cancelled())
             ):
                 tree.stopped = True
                 return tree
+    except Unwalkable as e:
+        tree.unreadable = str(e)
+    finally:
+        listing.close()
     return tree
 
 

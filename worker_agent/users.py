@@ -11,13 +11,14 @@ resolving) is separate from the Docker part (reading the files), so it is tested
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import posixpath
 import re
 import tarfile
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,26 +253,59 @@ def _text(data: bytes | None) -> str:
     return (data or b"").decode("utf-8", errors="replace")
 
 
+_CHUNK = 64 * 1024
+
+
 def _first_member(container: Any, path: str, limit: int) -> tuple[tarfile.TarInfo, bytes] | None:
     """The first tar member of ``path`` in the container (the path itself) and up to ``limit``
-    bytes of its content; None if the path does not exist. Reads no more than that and closes
-    the response: a home directory (or ``/``) may hold gigabytes."""
-    api = container.client.api
-    url = api._url("/containers/{0}/archive", container.id)
-    response = api._get(url, params={"path": path}, headers={"Accept-Encoding": "identity"}, stream=True)
+    bytes of its content; None if the path does not exist. Reads no more of the archive than
+    that: a home directory (or ``/``) may hold gigabytes."""
     try:
-        if response.status_code == 404:
-            return None
-        api._raise_for_status(response)
-        head = response.raw.read(512 + limit + 512)
-    finally:
-        response.close()
-    try:
-        info = tarfile.TarInfo.frombuf(head[:512], "utf-8", "surrogateescape")
-    except tarfile.TarError:
+        chunks, _ = container.get_archive(path, chunk_size=_CHUNK)
+    except docker.errors.NotFound:
         return None
-    size = min(info.size, limit) if info.isfile() else 0
-    return info, head[512 : 512 + size]
+    try:
+        return first_member(chunks, limit)
+    finally:
+        chunks.close()  # the rest of the archive is never read
+
+
+def first_member(chunks: Iterable[bytes], limit: int) -> tuple[tarfile.TarInfo, bytes] | None:
+    """The first member of the tar stream ``chunks`` and up to ``limit`` bytes of its content
+    (a file's), read as a stream: the extended headers before it (PAX, GNU long names, as an
+    xattr or a long name or link target makes) are read as such, and nothing past the first
+    member's content is. None for an empty archive. Raises tarfile.TarError."""
+    with tarfile.open(fileobj=_Chunks(chunks), mode="r|") as tar:
+        info = tar.next()
+        if info is None:
+            return None
+        data = b""
+        if info.isfile() and limit:
+            member = tar.extractfile(info)
+            data = member.read(limit) if member is not None else b""
+        return info, data
+
+
+class _Chunks(io.RawIOBase):
+    """A readable file over an iterable of byte chunks (what tarfile's stream mode reads)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
 
 
 def _resolve_link(path: str, info: tarfile.TarInfo) -> str:

@@ -9,7 +9,9 @@
 #   - /etc/runplane/agent.env: the agent's settings (kept and merged on re-runs);
 #   - runplane-agent.service (from beside this script), enabled, and started once a pool is set;
 #   - on a machine with nvidia-smi: NVIDIA's container toolkit, only if the configured package
-#     repositories have it (otherwise it says what to do).
+#     repositories have it (otherwise it says what to do), and only version 1.17.8 or newer: with
+#     an older one it stops with an error and says what to do (CVE-2025-23266: an image's own
+#     LD_PRELOAD runs as root on the host through the toolkit's hook).
 # The agent runs as root: it needs the Docker socket, which is root-equivalent anyway, and it
 # must read and remove whatever files runs leave in their output directories.
 #
@@ -200,13 +202,15 @@ cat >"$FIREWALL_FILE.tmp" <<'NFT'
 # Written by runplane's install.sh; loaded by runplane-agent.service (ExecStartPre) at each start.
 # A second layer under the rules the agent installs inside each networked run's own network
 # namespace (the tested guarantee): traffic from runs on the agent's bridge (Docker network
-# runplane-runs, device rp-runs0) never reaches the cloud's metadata services, nor this host.
+# runplane-runs, device rp-runs0) never reaches the cloud's metadata services (nor any other
+# link-local address), nor this host.
 table inet runplane_host
 delete table inet runplane_host
 table inet runplane_host {
 	chain forward {
 		type filter hook forward priority filter - 10; policy accept;
 		iifname "rp-runs0" ip daddr { 169.254.169.254, 169.254.170.2, 168.63.129.16 } reject with icmpx type admin-prohibited
+		iifname "rp-runs0" ip daddr 169.254.0.0/16 reject with icmpx type admin-prohibited
 		iifname "rp-runs0" ip6 daddr fd00:ec2::254 reject with icmpx type admin-prohibited
 	}
 	chain input {
@@ -343,6 +347,24 @@ case $work_dir in
 esac
 
 # -- GPUs: NVIDIA container toolkit ---------------------------------------------------------
+# Releases before 1.17.8 let an image's own ENV LD_PRELOAD reach host root through the toolkit's
+# createContainer hook (CVE-2025-23266, NVIDIA security bulletin of July 2025): never configure one.
+NVIDIA_TOOLKIT_MIN=1.17.8
+version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n 1)" = "$2" ]; }
+check_nvidia_toolkit() {
+  local version
+  version=$(nvidia-ctk --version 2>/dev/null | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -n 1) || version=""
+  if [ -z "$version" ] || ! version_at_least "$version" "$NVIDIA_TOOLKIT_MIN"; then
+    die "nvidia-container-toolkit ${version:-of unknown version} is older than $NVIDIA_TOOLKIT_MIN, whose hook lets an
+  image's own LD_PRELOAD run as root on this host (CVE-2025-23266): not configuring it, and stopping
+  before the agent's unit is installed or (re)started (an agent already running here keeps running:
+  'systemctl stop runplane-agent' hands its runs back). Upgrade the toolkit from NVIDIA's repository
+  ('apt-get install --only-upgrade nvidia-container-toolkit', or 'dnf upgrade nvidia-container-toolkit';
+  add the repository as the Container Toolkit install guide shows if it is missing), restart Docker,
+  then run this script again."
+  fi
+  NVIDIA_TOOLKIT_VERSION=$version
+}
 setup_nvidia() {
   command -v nvidia-smi >/dev/null || return 0
   if ! nvidia-smi -L >/dev/null 2>&1; then
@@ -359,12 +381,13 @@ setup_nvidia() {
       return 0
     fi
   fi
+  check_nvidia_toolkit
   if ! grep -qs '"nvidia"' /etc/docker/daemon.json; then
     say "registering the NVIDIA runtime with Docker"
     nvidia-ctk runtime configure --runtime=docker >/dev/null
     if [ $systemd_running -eq 1 ]; then systemctl restart docker.service; fi
   fi
-  say "NVIDIA container toolkit: $(nvidia-ctk --version 2>/dev/null | head -n 1)"
+  say "NVIDIA container toolkit $NVIDIA_TOOLKIT_VERSION (at least $NVIDIA_TOOLKIT_MIN: CVE-2025-23266 fixed)"
 }
 setup_nvidia
 

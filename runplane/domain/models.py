@@ -339,7 +339,9 @@ class Pool(BaseModel):
     allow_root: bool = Field(
         default=False, description="runs may run as uid 0 (the image's root user); otherwise uid 0 becomes 65534"
     )
-    max_output_files: int = Field(default=100_000, ge=1, description="files a run may write to its output directory")
+    max_output_files: int = Field(
+        default=100_000, ge=1, description="files a run may write: output directory, home and container layer together"
+    )
     max_log_size: int = Field(default=1024**3, ge=1024, description="bytes of stdout+stderr a run may write")
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 

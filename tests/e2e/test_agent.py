@@ -3,6 +3,7 @@ stack and the real Docker engine."""
 
 import http.server
 import json
+import os
 import signal
 import threading
 import time
@@ -113,9 +114,9 @@ def test_lost_lease_stops_the_container_and_writes_nothing(docker_client, alice,
         Expect(states=frozenset({RunState.RUNNING}), attempt=1),
         {"state": RunState.QUEUED, "worker_id": None, "lease_expires_at": None},
     )
-    name = f"runplane-{run['id']}-1"
+    attempt = {"label": [f"io.runplane.run_id={run['id']}", "io.runplane.attempt=1"]}
     wait_for(
-        lambda: not docker_client.containers.list(all=True, sparse=True, filters={"name": name}),
+        lambda: not docker_client.containers.list(all=True, sparse=True, filters=attempt),
         20,
         0.2,
         "the container of the lost attempt to go",
@@ -182,6 +183,43 @@ def test_exit_when_idle_and_after_n_runs(docker_client, alice, agents):
     assert once.wait(60) == 0
     assert wait_state(alice, run["id"], TERMINAL)["state"] == "succeeded"
     assert "finished 1 run(s)" in once.log.read_text()
+
+
+# 1,100 directories, one in the other: deeper than Python's recursion limit (os.walk and
+# shutil.rmtree recurse) and than the agent's walks go
+DEEP_TREE = "i=0; while [ $i -lt 1100 ]; do mkdir d && cd d || exit 3; i=$((i+1)); done"
+
+
+def test_a_run_that_leaves_a_deep_tree_gives_its_slot_back(docker_client, alice, agents):
+    """Removing such a tree raised RecursionError in the run's cleanup: the agent never got the
+    slot back, stayed busy, and never exited."""
+    once = agents("--exit-after-num-runs", "1")
+    run = submit(alice, f"{DEEP_TREE}; sleep 5")
+    assert once.wait(60) == 0
+    done = wait_state(alice, run["id"], TERMINAL)
+    assert (done["state"], done["failure"]["reason"]) == ("failed", "disk_limit")
+    assert "deeper than 256 directories" in done["failure"]["message"]
+    assert "finished 1 run(s)" in once.log.read_text()
+    runs = next((once.log.parent / "work" / once.id / "runs").iterdir(), None)
+    assert runs is None, f"{runs} was left behind"
+
+
+def test_an_agent_restarted_over_a_deep_tree_starts(docker_client, alice, agents, tmp_path):
+    """A deep tree left by a run of this worker's previous life made every start of it fail
+    (RecursionError clearing its runs directory): it crash-looped."""
+    left = tmp_path / "work" / "manual-deep" / "runs" / "r-left-1"
+    left.mkdir(parents=True)
+    fd = os.open(left, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1100):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    agent = agents("--idle-seconds", "1", worker_id="manual-deep")
+    assert agent.wait(30) == 0, agent.log.read_text()[-2000:]
+    assert "idle for 1s" in agent.log.read_text()
+    assert list(left.parent.iterdir()) == []
 
 
 def test_runs_are_not_root_and_agent_log_is_uploaded(docker_client, alice, agents):
@@ -262,7 +300,14 @@ def test_the_pools_containment_settings_reach_its_agents(docker_client, alice, d
         done = {name: wait_state(alice, r["id"], TERMINAL) for name, r in [("chatty", chatty), ("many", many)]}
         assert (done["chatty"]["state"], done["chatty"]["failure"]["reason"]) == ("failed", "log_limit")
         assert "2m" in done["chatty"]["failure"]["message"]
-        assert len(logs(alice, chatty["id"])) == 1024 * 1024  # the first page of what it shipped
+        shipped, offset = 0, 0
+        while True:  # every page of what it shipped: exactly the limit
+            page = alice.request("GET", f"/v1/runs/{chatty['id']}/logs", query={"offset": offset})
+            shipped += len(page["data"])
+            if page["next_offset"] == offset:
+                break
+            offset = page["next_offset"]
+        assert shipped == 2 * 1024 * 1024
         assert (done["many"]["state"], done["many"]["failure"]["reason"]) == ("failed", "disk_limit")
         assert "more than 50 files" in done["many"]["failure"]["message"]
         assert wait_state(alice, root["id"], TERMINAL)["state"] == "succeeded"

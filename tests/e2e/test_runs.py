@@ -242,7 +242,9 @@ def test_run_inputs_are_checked_at_submission(alice, bob):
 def test_container_removed_from_outside_is_a_clear_failure(docker_client, alice):
     run = submit(alice, "sleep 60")
     running = wait_state(alice, run["id"], {"running"}, timeout=60)
-    docker_client.containers.get(f"runplane-{run['id']}-{running['attempt']}").remove(force=True)
+    labels = [f"io.runplane.run_id={run['id']}", f"io.runplane.attempt={running['attempt']}"]
+    (container,) = docker_client.containers.list(filters={"label": labels})  # its name holds no run id
+    container.remove(force=True)
     done = wait_state(alice, run["id"], TERMINAL)
     assert done["state"] == "failed"
     assert done["failure"]["reason"] == "container_error"

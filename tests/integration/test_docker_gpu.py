@@ -10,6 +10,7 @@ from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from worker_agent.executor import ExecutorConfig, Ports, RunExecutor
 from worker_agent.resources import Allocation, Gpu
+from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
 
@@ -22,7 +23,13 @@ def test_gpu_run_without_nvidia_runtime_fails_gpu_unavailable(docker_client, aws
     gpu = Gpu(0, "GPU-00000000-0000-0000-0000-000000000000")
     config = ExecutorConfig(worker_id="w-gpu", work_dir=tmp_path, stack_id=s.settings.stack_id())
     executor = RunExecutor(
-        run, Ports(s.store, s.queue, s.objects), docker_client, config, time.time, allocation=Allocation((0,), (gpu,))
+        run,
+        Ports(s.store, s.queue, s.objects),
+        docker_client,
+        config,
+        time.time,
+        allocation=Allocation((0,), (gpu,)),
+        users=ImageUsers(docker_client),
     )
     executor.run_safely()  # in this thread: create, start (refused by the engine), final state
     final = s.store.get(run.id)

@@ -240,3 +240,62 @@ def test_unit_makes_the_work_dirs_nosuid_mounts_outside_its_sandbox():
     pre = [v for v in unit_values("ExecStartPre") if "--prepare-work-dir" in v]
     assert pre == [f"+{AGENT_BINARY} --id %H --prepare-work-dir"]
     assert "prepare-work-dir" in {name for name, _ in SWITCHES}
+
+
+def nvidia_setup() -> str:
+    """install.sh's NVIDIA section: what it defines, from its heading to the call of setup_nvidia."""
+    section = INSTALL.read_text().split("# -- GPUs: NVIDIA container toolkit", 1)[1]
+    return section.split("\n", 1)[1].split("\nsetup_nvidia\n", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("version", "accepted"),
+    [
+        ("1.17.7", False),  # the last vulnerable release
+        ("1.9.0", False),  # older, though "9" > "1" as text
+        ("", False),  # a version nobody can tell
+        ("1.17.8", True),
+        ("1.17.10", True),
+        ("1.18.0", True),
+    ],
+)
+def test_install_sh_refuses_an_nvidia_toolkit_older_than_1_17_8(tmp_path, version, accepted):
+    """CVE-2025-23266: before 1.17.8 the toolkit's hook runs with an image's own LD_PRELOAD, as root
+    on the host. install.sh's own NVIDIA setup, run with stand-ins for nvidia-smi and nvidia-ctk
+    (which record how they are called), configures only a fixed toolkit and otherwise stops with
+    what to do."""
+    tools, calls = tmp_path / "bin", tmp_path / "calls"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in'\n")
+    banner = f"NVIDIA Container Toolkit CLI version {version}\\ncommit: 0000000\\n" if version else ""
+    (tools / "nvidia-ctk").write_text(
+        f'#!/bin/sh\necho "$*" >>"{calls}"\n[ "$1" = --version ] && printf "{banner}"\nexit 0\n'
+    )
+    for stub in tools.iterdir():
+        stub.chmod(0o755)
+    harness = "\n".join(
+        [
+            "set -euo pipefail",
+            'say() { echo "runplane-install: $*"; }',
+            'die() { echo "runplane-install: error: $*" >&2; exit 1; }',
+            "pkg_available() { return 1; }",
+            "pkg_install() { exit 99; }",
+            "systemd_running=0",
+            nvidia_setup(),
+            "setup_nvidia",
+            "echo configured",
+        ]
+    )
+    proc = subprocess.run(
+        ["bash", "-c", harness], env={"PATH": f"{tools}:/usr/bin:/bin"}, capture_output=True, text=True, timeout=30
+    )
+    asked = calls.read_text().splitlines()
+    if accepted:
+        assert (proc.returncode, proc.stdout.splitlines()[-1]) == (0, "configured"), proc.stderr
+        assert f"NVIDIA container toolkit {version} (at least 1.17.8: CVE-2025-23266 fixed)" in proc.stdout
+    else:
+        assert proc.returncode == 1 and "configured" not in proc.stdout, proc.stdout
+        assert f"nvidia-container-toolkit {version or 'of unknown version'} is older than 1.17.8" in proc.stderr
+        assert "CVE-2025-23266" in proc.stderr
+        assert "apt-get install --only-upgrade nvidia-container-toolkit" in proc.stderr  # what to do
+        assert asked == ["--version"]  # never "runtime configure"

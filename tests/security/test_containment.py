@@ -6,6 +6,7 @@ when done)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import os
@@ -15,6 +16,7 @@ import sys
 import tarfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.logs import log_prefix, outputs_prefix
 from tests.conftest import TEST_IMAGE, wait_for
-from worker_agent.executor import ExecutorConfig, Ports, RunExecutor
+from worker_agent.executor import ExecutorConfig, Ports, RunExecutor, container_name, remove_container
 from worker_agent.inputs import InputCache
 from worker_agent.users import NOBODY, ImageUsers
 from worker_agent.workdir import SAFE, covering, parse_mountinfo, prepare, read_mountinfo, sweep_dead
@@ -40,7 +42,8 @@ PASSWD = (
     "app:x:1000:1000:app:/home/app:/bin/sh\n"
     "nobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n"
 )
-GROUP = "root:x:0:\napp:x:1000:\nnogroup:x:65534:\n"
+# app and nobody are listed members of group root: neither may get it as a supplementary group
+GROUP = "root:x:0:app,nobody\napp:x:1000:\nnogroup:x:65534:\n"
 # tag -> USER of an image built like runplane/test-busybox:1, with the accounts above
 IMAGES = {
     "runplane/test-user-0000:1": "0000",
@@ -51,7 +54,9 @@ IMAGES = {
 }
 
 
-def _rootfs() -> bytes:
+def _rootfs(passwd_at: str = "etc/passwd") -> bytes:
+    """A busybox root file system with the accounts above; ``/etc/passwd`` a symlink to
+    ``/passwd_at`` when that is elsewhere."""
     data = io.BytesIO()
     applets = subprocess.run([BUSYBOX, "--list"], capture_output=True, text=True, check=True).stdout.split()
     with tarfile.open(fileobj=data, mode="w") as tar:
@@ -69,32 +74,60 @@ def _rootfs() -> bytes:
         for applet in applets:
             if applet != "busybox":
                 add(f"bin/{applet}", tarfile.SYMTYPE, 0o777, link="busybox")
-        add("etc/passwd", tarfile.REGTYPE, 0o644, content=PASSWD.encode())
+        if passwd_at != "etc/passwd":
+            add(str(Path(passwd_at).parent), tarfile.DIRTYPE, 0o755)
+            add("etc/passwd", tarfile.SYMTYPE, 0o777, link=f"/{passwd_at}")
+        add(passwd_at, tarfile.REGTYPE, 0o644, content=PASSWD.encode())
         add("etc/group", tarfile.REGTYPE, 0o644, content=GROUP.encode())
     return data.getvalue()
+
+
+def _import(client: Any, tag: str, rootfs: Callable[[], bytes], user: str, definition: str) -> None:
+    """``tag`` from ``rootfs()``, unless it is there already built from the same ``definition``."""
+    digest = hashlib.sha256(f"{definition}{Path(BUSYBOX).stat().st_size}".encode()).hexdigest()[:16]
+    try:
+        if client.images.get(tag).labels.get("io.runplane.test-hash") == digest:
+            return
+    except docker.errors.ImageNotFound:
+        pass
+    repository, _, version = tag.partition(":")
+    client.api.import_image_from_data(
+        rootfs(), repository=repository, tag=version,
+        changes=["ENV PATH=/bin", f"USER {user}", f"LABEL io.runplane.test-hash={digest}"],
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 def user_images(docker_client: Any) -> dict[str, str]:
     """Images whose USER is root in several spellings, a non-root user with a home, and a user
     the image does not have. Kept while built from the same definition."""
-    rootfs = None
+    rootfs = functools.cache(_rootfs)
     for tag, user in IMAGES.items():
-        digest = hashlib.sha256(f"{PASSWD}{GROUP}{user}{Path(BUSYBOX).stat().st_size}".encode()).hexdigest()[:16]
-        try:
-            if docker_client.images.get(tag).labels.get("io.runplane.test-hash") == digest:
-                continue
-        except docker.errors.ImageNotFound:
-            pass
-        rootfs = rootfs or _rootfs()
-        repository, _, version = tag.partition(":")
-        docker_client.api.import_image_from_data(
-            rootfs,
-            repository=repository,
-            tag=version,
-            changes=["ENV PATH=/bin", f"USER {user}", f"LABEL io.runplane.test-hash={digest}"],
-        )
+        _import(docker_client, tag, rootfs, user, f"{PASSWD}{GROUP}{user}")
     return {user: tag for tag, user in IMAGES.items()}
+
+
+LONG_LINK = "p" * 120 + "/passwd"
+
+
+@pytest.fixture(scope="session")
+def long_link_image(docker_client: Any) -> str:
+    """USER app, whose /etc/passwd is a symlink to /ppp…/passwd: a link target too long for a
+    plain tar header, so the engine's archive of it starts with a PAX header."""
+    tag = "runplane/test-user-app-long-link:1"
+    _import(docker_client, tag, lambda: _rootfs(LONG_LINK), "app", f"{PASSWD}{GROUP}{LONG_LINK}")
+    return tag
+
+
+@pytest.fixture(scope="session")
+def marked_images(docker_client: Any) -> dict[str, str]:
+    """Two images that differ only in the environment variable MARK (A or B)."""
+    tags = {}
+    for mark in "AB":
+        tags[mark] = f"runplane/test-mark-{mark.lower()}:1"
+        dockerfile = f"FROM {TEST_IMAGE}\nENV MARK={mark}\n".encode()
+        docker_client.images.build(fileobj=io.BytesIO(dockerfile), tag=tags[mark], rm=True, pull=False)
+    return tags
 
 
 class Worker:
@@ -109,18 +142,22 @@ class Worker:
         self.users = ImageUsers(client)
 
     def start(self, command: str, image: str = TEST_IMAGE, resources: dict[str, Any] | None = None,
-              inputs: dict[str, str] | None = None, **config: Any) -> RunExecutor:  # fmt: skip
+              inputs: dict[str, str] | None = None, env: dict[str, str] | None = None, run_id: str | None = None,
+              client: Any = None, kind: type[RunExecutor] = RunExecutor, **config: Any) -> RunExecutor:  # fmt: skip
+        """A run of ``command`` claimed by this worker and started by a ``kind`` executor on
+        ``client`` (the worker's by default), with ``config`` over the test's ExecutorConfig."""
         store = self.stack.store
         spec = RunSpec(
-            command=command, image=image, inputs=inputs or {}, resources={"memory": "256m", **(resources or {})}
-        )
-        run = store.create(Run(id=f"r-sec{uuid.uuid4().hex[:10]}", owner="alice", queue="manual",
+            command=command, image=image, inputs=inputs or {}, env=env or {},
+            resources={"memory": "256m", **(resources or {})},
+        )  # fmt: skip
+        run = store.create(Run(id=run_id or f"r-sec{uuid.uuid4().hex[:10]}", owner="alice", queue="manual",
                                created_at=time.time(), spec=spec))  # fmt: skip
         claimed = lifecycle.claim(store, run, 0, self.id, 30, time.time())
-        executor = RunExecutor(
+        executor = kind(
             claimed,
             Ports(store, self.stack.queue, self.stack.objects),
-            self.client,
+            client or self.client,
             ExecutorConfig(
                 worker_id=self.id,
                 work_dir=self.work_dir,
@@ -201,14 +238,78 @@ def test_uid_0_in_any_spelling_runs_as_nobody_without_capabilities(worker, user_
     ]
 
 
+# CHOWN (bit 0), DAC_OVERRIDE (1), FOWNER (3), SETGID (6), SETUID (7): nothing else
+ROOT_CAPABILITIES = "00000000000000cb"
+
+
 def test_root_only_where_the_pool_allows_it(worker, user_images):
-    run = worker.run("id -u; grep CapEff /proc/self/status", user_images["toor"], allow_root=True, run_user="image")
+    run = worker.run("id -u; grep -E 'Cap(Eff|Bnd)' /proc/self/status", user_images["toor"], allow_root=True,
+                     run_user="image")  # fmt: skip
     assert run.state == RunState.SUCCEEDED, run.failure
-    out = worker.log(run).decode().split("\n")
-    assert out[0] == "0"
-    assert out[1] != "CapEff:\t0000000000000000"  # today's small set
+    assert worker.log(run).decode().split("\n") == [
+        "0",
+        f"CapEff:\t{ROOT_CAPABILITIES}",  # exactly the small set, and nothing to regain
+        f"CapBnd:\t{ROOT_CAPABILITIES}",
+        "",
+    ]
     default = worker.run("id -u", user_images["toor"], allow_root=True)  # --run-user nobody never runs root
     assert worker.log(default) == b"65534\n"
+
+
+def test_no_group_root_for_a_user_the_image_lists_in_it(worker, user_images):
+    """The image's /etc/group names app a member of root: it never gets group 0 (runc adds a
+    user's listed groups when no group is given; the agent always gives one)."""
+    run = worker.run("id -u; id -g; id -G", user_images["app"])
+    assert run.state == RunState.SUCCEEDED, run.failure
+    assert worker.log(run) == b"1000\n1000\n1000\n"
+
+
+def test_passwd_behind_a_long_symlink_is_read(worker, long_link_image):
+    """The engine's archive of /etc/passwd here starts with a PAX header (its link target is
+    long): read as one header of 512 bytes, the image seemed to have no /etc/passwd."""
+    run = worker.run("id -u; id -g", long_link_image)
+    assert run.state == RunState.SUCCEEDED, run.failure
+    assert worker.log(run) == b"1000\n1000\n"
+
+
+class _TagMovesAfterInspect:
+    """A Docker client under which ``tag`` is moved to ``to`` as soon as the agent has inspected
+    it (a pull or a build elsewhere on the host, at the worst moment)."""
+
+    def __init__(self, client: Any, tag: str, to: str) -> None:
+        self._client, self._tag, self._to = client, tag, to
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    @property
+    def images(self) -> Any:
+        outer = self
+
+        class Images:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(outer._client.images, name)
+
+            def get(self, name: str) -> Any:
+                image = outer._client.images.get(name)
+                if name == outer._tag:
+                    outer._client.images.get(outer._to).tag(*outer._tag.split(":"))
+                return image
+
+        return Images()
+
+
+def test_the_run_runs_the_image_it_inspected_even_if_the_tag_moves(worker, docker_client, marked_images):
+    """Its users were read from the image inspected; created from the tag, the run would run
+    whatever the tag names by then."""
+    tag = "runplane/test-moving:1"
+    docker_client.images.get(marked_images["A"]).tag(*tag.split(":"))
+    try:
+        run = worker.run("echo $MARK", tag, client=_TagMovesAfterInspect(docker_client, tag, marked_images["B"]))
+    finally:
+        docker_client.images.remove(tag)
+    assert run.state == RunState.SUCCEEDED, run.failure
+    assert worker.log(run) == b"A\n"
 
 
 def test_a_user_the_image_does_not_have_fails_clearly(worker, user_images):
@@ -228,7 +329,33 @@ def test_an_ordinary_user_writes_its_home_and_tmp(worker, user_images):
     assert worker.log(nobody) == b"h\nt\n/runplane/home\n"
 
 
+def test_a_run_that_sets_its_home_gets_no_home_directory(worker):
+    executor = worker.start('touch started; echo "$HOME"; sleep 1', env={"HOME": "/tmp"})
+    wait_for(lambda: (executor.output_dir / "started").exists(), 30, 0.02, "the run to start")
+    assert executor.run_as.home == "/runplane/home"  # the image's own would not do for nobody
+    assert not executor.home_dir.exists()  # but the run brings its own
+    done = worker.finish(executor)
+    assert done.state == RunState.SUCCEEDED, done.failure
+    assert worker.log(done) == b"/tmp\n"
+
+
 # -- nosuid, nodev and private directories -----------------------------------------------------
+
+
+def test_a_run_id_that_is_no_run_id_touches_nothing_on_the_host(worker):
+    """The run's id names its directory, which the agent makes, gives to the run's user and
+    removes: ``x/../../../victim`` made that a directory of the host's."""
+    victim = worker.work_dir.parent / "victim-0"
+    victim.mkdir()
+    (victim / "keep").write_bytes(b"kept")
+    before = victim.stat()
+    run = worker.run("true", run_id="x/../../../victim")
+    state, reason, message = _failure(run)
+    assert (state, reason) == (RunState.FAILED, "agent_error")
+    assert "'x/../../../victim' is not a valid run id" in message
+    after = victim.stat()
+    assert ((victim / "keep").read_bytes(), after.st_uid, after.st_mode) == (b"kept", before.st_uid, before.st_mode)
+    assert list((worker.work_dir / "runs").iterdir()) == []
 
 
 def _producer(worker: Worker, files: dict[str, bytes]) -> Run:
@@ -284,12 +411,141 @@ def test_the_input_cache_is_not_readable_by_other_users_after_the_run(worker):
 # -- limits that leak -----------------------------------------------------------------------------
 
 
+def _ran_for(run: Run) -> float:
+    assert run.started_at is not None and run.finished_at is not None
+    return run.finished_at - run.started_at
+
+
 def test_a_big_file_in_tmp_counts_against_disk(worker):
     run = worker.run("dd if=/dev/zero of=/tmp/big bs=1M count=200 2>/dev/null; sleep 30", resources={"disk": "1m"})
     state, reason, message = _failure(run)
     assert (state, reason) == (RunState.FAILED, "disk_limit")
     assert "container file system" in message
     assert "over the 1m disk limit" in message
+    # stopped by a check while it ran, well before its sleep ended (the check after a run
+    # would give the same failure, 30 s late)
+    assert _ran_for(run) < 15
+
+
+# A 1 TiB (sparse) file under 20 directories of 250 characters, one in the other: a path of
+# 5,000, more than PATH_MAX. Made inside out (A wrapped 20 times), as no shell can cd that deep.
+DEEP_BIG_FILE = (
+    "n=$(printf '%0250d' 0); mkdir A && truncate -s 1099511627776 A/big && "
+    "for i in $(seq 20); do mkdir W && mv A W/$n && mv W A || exit 3; done"
+)
+
+
+@pytest.mark.parametrize("where", ["", "cd /tmp && "], ids=["output", "tmp"])
+def test_a_file_deeper_than_path_max_still_counts(worker, where):
+    """Walked by path strings, such a directory failed with ENAMETOOLONG and was passed over:
+    the 1 TiB file in it counted as nothing."""
+    run = worker.run(f"{where}{DEEP_BIG_FILE}; sleep 30", resources={"disk": "1m"})
+    state, reason, message = _failure(run)
+    assert (state, reason) == (RunState.FAILED, "disk_limit")
+    assert "over the 1m disk limit" in message
+    assert _ran_for(run) < 15
+    assert worker.outputs(run) == []
+
+
+def test_files_anywhere_count_against_the_pools_max_output_files(worker):
+    """Empty files in /tmp (or home) had no cap: millions of them made every walk long."""
+    run = worker.run("cd /tmp && i=0; while [ $i -lt 200 ]; do : > f$i; i=$((i+1)); done; sleep 30",
+                     max_output_files=50)  # fmt: skip
+    state, reason, message = _failure(run)
+    assert (state, reason) == (RunState.FAILED, "disk_limit")
+    assert "more than 50 files" in message
+    assert _ran_for(run) < 15
+
+
+class _SlowWalks(RunExecutor):
+    """Every disk check takes 4 s, as walking a tree of a million empty files would."""
+
+    def _check_disk(self, *args: Any) -> Any:
+        time.sleep(4)
+        return super()._check_disk(*args)
+
+
+def _request_kill(worker: Worker, run_id: str) -> None:
+    store = worker.stack.store
+    store.update(store.get(run_id), Expect(), {"kill_requested": True})
+
+
+def test_a_kill_is_honoured_while_the_disk_is_walked(worker, docker_client):
+    """The walk ran on the thread that polls for a kill: a kill waited for the walk to end."""
+    executor = worker.start("touch started; sleep 60", kind=_SlowWalks)
+    wait_for(lambda: (executor.output_dir / "started").exists(), 30, 0.02, "the run to start")
+    time.sleep(0.5)  # the first check, at the start of the run, is walking now
+    asked = time.time()
+    _request_kill(worker, executor.run.id)
+    container = docker_client.containers.get(executor.container.id)
+    wait_for(lambda: container.reload() or container.status == "exited", 10, 0.02, "the container to be killed")
+    took = time.time() - asked
+    done = worker.finish(executor)
+    assert (done.state, took < 2) == (RunState.KILLED, True), f"killed {took:.1f}s after the request"
+
+
+class _KillRefused:
+    """A Docker client whose engine refuses every kill of a run container (an API error): the
+    container goes on running, as one whose process sleeps uninterruptibly would."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    @property
+    def containers(self) -> Any:
+        outer = self
+
+        class Unkillable:
+            def __init__(self, container: Any) -> None:
+                self._container = container
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._container, name)
+
+            def kill(self, *args: Any, **kwargs: Any) -> None:
+                raise docker.errors.APIError("500 Server Error: cannot kill container (refused by the test)")
+
+        class Containers:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(outer._client.containers, name)
+
+            def create(self, **kwargs: Any) -> Any:
+                return Unkillable(outer._client.containers.create(**kwargs))
+
+        return Containers()
+
+
+def test_outputs_are_never_read_while_the_container_may_still_run(worker, docker_client):
+    """Past its time limit the kill fails and the container goes on: uploading then would read
+    a directory its processes still change (a symlink swapped in, pointing anywhere)."""
+    executor = worker.start("echo mine > out; sleep 60", resources={"time": "2s"}, client=_KillRefused(docker_client),
+                            stop_seconds=1)  # fmt: skip
+    run = worker.finish(executor)
+    state, reason, message = _failure(run)
+    assert (state, reason) == (RunState.FAILED, "container_error")
+    assert "did not stop within 1s of being killed (it is still running)" in message
+    assert message.endswith("; outputs not uploaded")
+    assert worker.outputs(run) == []
+    assert not executor.run_dir.exists()  # and it is gone after all (removed by force)
+
+
+def test_a_container_slow_to_remove_is_waited_for(docker_client):
+    """Removing a layer of many files outlasts the client's timeout: docker-py raised
+    ReadTimeout (no APIError), which escaped the run's cleanup and kept its slot for ever. The
+    engine goes on removing meanwhile and answers 409 to a retry until it is done."""
+    many = "mkdir /tmp/m && cd /tmp/m && seq 20000 | xargs touch"
+    container = docker_client.containers.run(TEST_IMAGE, ["sh", "-c", many], detach=True, network_mode="none")
+    container.wait()
+    impatient = docker.from_env(timeout=0.05)  # each request times out long before the removal is done
+    try:
+        assert remove_container(impatient.containers.prepare_model(container.attrs), 60, time.monotonic) is None
+    finally:
+        impatient.close()
+    with pytest.raises(docker.errors.NotFound):
+        docker_client.containers.get(container.id)
 
 
 def test_a_sparse_output_counts_in_full_and_is_not_uploaded(worker):
@@ -329,7 +585,7 @@ def _docker_log_bytes(client: Any, name: str) -> int:
 
 def _largest_docker_log(client: Any, executor: RunExecutor) -> int:
     """The most bytes Docker's log files of the run's container held while it went."""
-    name = f"runplane-{executor.run.id}-{executor.run.attempt}"
+    name = container_name(executor.config.stack_id, executor.run.id, executor.run.attempt)
     largest = 0
     while executor.thread is not None and executor.thread.is_alive():
         largest = max(largest, _docker_log_bytes(client, name))

@@ -1,13 +1,19 @@
-"""The pure parts of run containment: who a run runs as (from passwd/group text), its HOME, the
-work dir's mounts (from mountinfo text), the walk that sizes what a run wrote, and the
-container request."""
+"""The pure parts of run containment: who a run runs as (from passwd/group text, an image's
+tar stream), its HOME, the work dir's mounts (from mountinfo text), the walks that size, upload
+and remove what a run wrote (on files the test makes), and the container request."""
 
+import io
+import os
+import tarfile
 from pathlib import Path
 
 import pytest
+from docker.types import Mount
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.executor import CAPABILITIES, ExecutorConfig, container_spec
+from worker_agent.executor import CAPABILITIES, ExecutorConfig, container_spec, disk_interval
+from worker_agent.outputs import collect, upload_dir
+from worker_agent.trees import MAX_DEPTH, remove_tree
 from worker_agent.usage import walk
 from worker_agent.users import (
     NOBODY,
@@ -16,6 +22,7 @@ from worker_agent.users import (
     RunAs,
     UnknownUser,
     choose,
+    first_member,
     home_for,
     parse_groups,
     parse_passwd,
@@ -215,6 +222,146 @@ def test_walk_counts_apparent_size_and_entries(tmp_path):
     assert (tree.entries, tree.stopped) == (8, False)
     assert walk(tmp_path, max_entries=3).stopped
     assert walk(tmp_path, max_size=1024).stopped
+    assert walk(tmp_path / "absent") == walk(tmp_path / "absent", 0, 0)  # nothing there: nothing counted
+
+
+def _nest(top: Path, names: list[str]) -> int:
+    """Directories ``names`` nested under ``top``, made through descriptors (their path may be
+    longer than PATH_MAX); the deepest one's descriptor."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for name in names:
+        os.mkdir(name, dir_fd=fd)
+        inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    return fd
+
+
+def test_walk_counts_a_file_whose_path_is_longer_than_path_max(tmp_path):
+    """By path strings, the walk met ENAMETOOLONG and counted the 1 TiB file as nothing."""
+    fd = _nest(tmp_path, ["d" * 250] * 20)  # 5,000 characters of path
+    try:
+        big = os.open("big", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd)
+        os.ftruncate(big, 2**40)
+        os.close(big)
+    finally:
+        os.close(fd)
+    tree = walk(tmp_path)
+    assert (tree.size, tree.entries, tree.unreadable) == (2**40, 21, None)  # directories count no size
+    assert walk(tmp_path, max_size=2**30).stopped
+
+
+def test_a_tree_too_deep_to_walk_is_unreadable_not_empty(tmp_path):
+    os.close(_nest(tmp_path, ["d"] * (MAX_DEPTH + 5)))
+    tree = walk(tmp_path)
+    assert tree.unreadable is not None and f"deeper than {MAX_DEPTH} directories" in tree.unreadable
+    os.close(_nest(tmp_path / "d", []))
+    assert walk(tmp_path / "d" / ("d/" * (MAX_DEPTH - 10)).rstrip("/")).unreadable is None
+
+
+def test_a_tree_a_thousand_deep_is_collected_and_removed_without_recursion(tmp_path):
+    """shutil.rmtree and os.walk recurse: on such a tree they raised RecursionError, which
+    escaped the run's cleanup and kept its worker slot for ever."""
+    run_dir = tmp_path / "runs" / "r-1-1"
+    (run_dir / "output").mkdir(parents=True)
+    (run_dir / "output" / "kept").write_bytes(b"x")
+    fd = _nest(run_dir / "output", ["d"] * 1100)
+    os.close(os.open("leaf", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    os.symlink("/etc", "etc", dir_fd=fd)
+    os.close(fd)
+    files, skipped = collect(run_dir / "output")
+    assert files == ["kept"]
+    assert len(skipped) == 1 and f"deeper than {MAX_DEPTH} directories (not read)" in skipped[0]
+    assert remove_tree(run_dir) is None
+    assert list((tmp_path / "runs").iterdir()) == []  # nothing left beside it either
+    assert Path("/etc/passwd").exists()  # the symlink was removed, not followed
+
+
+class _Recorder:
+    """An object store that keeps what it is given; ``before(key)`` runs as an upload starts."""
+
+    def __init__(self, before=lambda key: None):
+        self.objects: dict[str, bytes] = {}
+        self.before = before
+
+    def put_file(self, key, path):
+        self.before(key)
+        self.objects[key] = Path(path).read_bytes()
+
+
+def test_upload_never_leaves_the_output_dir_even_when_it_changes_meanwhile(tmp_path):
+    """A run still going (or anything else) swaps a directory it listed for a symlink out of
+    it between the listing and the upload: the file uploaded is never the one outside."""
+    out, secret = tmp_path / "out", tmp_path / "elsewhere"
+    (out / "d").mkdir(parents=True)
+    secret.mkdir()
+    (secret / "f").write_bytes(b"host secret")
+    (out / "a").write_bytes(b"a")
+    (out / "d" / "f").write_bytes(b"own")
+    (out / "real").write_bytes(b"ok")
+    (out / "inside").symlink_to("real")
+    (out / "pw").symlink_to("/etc/passwd")
+    os.mkfifo(out / "fifo")
+
+    def swap(key):
+        if key == "p/a":  # files go one at a time here, in order: "a" before "d/f"
+            (out / "d" / "f").unlink()
+            (out / "d").rmdir()
+            (out / "d").symlink_to(secret)
+
+    store = _Recorder(swap)
+    report = upload_dir(store, out, "p/", 30, workers=1)
+    assert store.objects == {"p/a": b"a", "p/inside": b"ok", "p/real": b"ok"}
+    assert sorted(report.skipped) == [
+        "d/f (symlink out of the output directory)",
+        "fifo (not a regular file)",
+        "pw (symlink out of the output directory)",
+    ]
+    assert (report.files, report.bytes, report.error) == (3, 5, None)
+
+
+def test_disk_checks_are_spaced_by_their_cost_but_never_far_apart(tmp_path):
+    """A run that makes each walk long (many empty files) put its next check spent / share
+    away: a 10 s walk meant 200 s unchecked."""
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)  # 2 s, 5 %, at most 10 s
+    assert disk_interval(0.001, config) == 2.0
+    assert disk_interval(0.2, config) == 4.0
+    assert disk_interval(10.0, config) == 10.0  # walks follow each other; the file count caps them
+    assert disk_interval(10.0, ExecutorConfig(worker_id="w", work_dir=tmp_path, usage_seconds=30)) == 30.0
+
+
+def _tar(*members: tuple[tarfile.TarInfo, bytes], fmt: int = tarfile.PAX_FORMAT) -> list[bytes]:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w", format=fmt) as tar:
+        for info, content in members:
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    raw = data.getvalue()
+    return [raw[i : i + 700] for i in range(0, len(raw), 700)]  # as the engine streams it, in pieces
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, **attrs: object) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    for key, value in attrs.items():
+        setattr(info, key, value)
+    return info
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+def test_the_first_member_behind_extended_headers(fmt):
+    """An image's file with an extended header first (an xattr, a long name, a long link
+    target) read as missing when only the first 512-byte header was parsed."""
+    passwd = b"app:x:1000:1000::/home/app:/bin/sh\n"
+    xattr = {"SCHILY.xattr.user.note": "x"} if fmt == tarfile.PAX_FORMAT else {}
+    info, data = first_member(_tar((_member("passwd", pax_headers=xattr, uid=7), passwd), fmt=fmt), 1 << 20)
+    assert (info.name, info.isfile(), info.uid, data) == ("passwd", True, 7, passwd)
+    assert first_member(_tar((_member("passwd"), passwd), fmt=fmt), 4)[1] == b"app:"  # at most the limit
+    target = "/" + "t" * 150 + "/passwd"
+    link, _ = first_member(_tar((_member("passwd", tarfile.SYMTYPE, linkname=target), b""), fmt=fmt), 1 << 20)
+    assert (link.issym(), link.linkname) == (True, target)
+    home, _ = first_member(_tar((_member("h" * 120, tarfile.DIRTYPE, uid=1000, mode=0o755), b""), fmt=fmt), 0)
+    assert (home.isdir(), home.uid, home.mode) == (True, 1000, 0o755)
 
 
 def _run(**env):
@@ -245,19 +392,31 @@ def test_spec_gives_a_writable_home_unless_the_run_sets_one(tmp_path):
     run_as = RunAs(NOBODY, NOBODY, RUN_HOME)
     spec = container_spec(_run(), "img", config, Path("/o"), None, {}, run_as, Path("/r/home"))
     assert spec["environment"]["HOME"] == RUN_HOME
-    assert spec["volumes"]["/r/home"] == {"bind": RUN_HOME, "mode": "rw"}
+    assert spec["mounts"] == [Mount("/runplane/output", "/o", type="bind"), Mount(RUN_HOME, "/r/home", type="bind")]
     own = container_spec(_run(HOME="/data"), "img", config, Path("/o"), None, {}, run_as, Path("/r/home"))
     assert own["environment"]["HOME"] == "/data"
-    assert "/r/home" not in own["volumes"]
+    assert own["mounts"] == [Mount("/runplane/output", "/o", type="bind")]
+    assert "volumes" not in own
 
 
 def test_spec_binds_inputs_from_the_read_only_view_without_a_remount(tmp_path):
     config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
     inputs = {"data": Path("/w/inputs/k/content")}
     plain = container_spec(_run(), "img", config, Path("/o"), None, inputs)
-    assert plain["volumes"]["/w/inputs/k/content"] == {"bind": "/inputs/data", "mode": "ro"}
+    assert plain["mounts"][1] == Mount("/inputs/data", "/w/inputs/k/content", type="bind", read_only=True)
     viewed = container_spec(_run(), "img", config, Path("/o"), None, inputs, inputs_on_safe_mount=True)
-    assert viewed["volumes"]["/w/inputs/k/content"] == {"bind": "/inputs/data", "mode": "rw"}
+    assert viewed["mounts"][1] == Mount("/inputs/data", "/w/inputs/k/content", type="bind", read_only=False)
+
+
+def test_two_inputs_of_one_source_are_two_mounts(tmp_path):
+    """Mounts keyed by their source collapsed these into one: the run missed an input."""
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
+    same = Path("/w/inputs/k/content")
+    spec = container_spec(_run(), "img", config, Path("/o"), None, {"a": same, "b": same})
+    assert [(m["Target"], m["Source"], m["ReadOnly"]) for m in spec["mounts"][1:]] == [
+        ("/inputs/a", str(same), True),
+        ("/inputs/b", str(same), True),
+    ]
 
 
 def test_a_dead_agents_mounts_are_swept_and_a_live_ones_kept(tmp_path):

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import docker.errors
 import pytest
-from docker.types import DeviceRequest, LogConfig
+from docker.types import DeviceRequest, LogConfig, Mount
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.executor import ExecutorConfig, _create_failure, container_spec
+from worker_agent.executor import ExecutorConfig, _create_failure, container_name, container_spec
 from worker_agent.resources import Allocation, Allocator, Gpu, _smi_gpus, parse_nvidia_smi, parse_set, select_gpus
 
 SMI = """0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 81559
@@ -94,7 +94,7 @@ def test_container_request_with_gpus_is_exact(tmp_path):
         "image": "cuda:12",
         "entrypoint": ["/bin/sh", "-c"],
         "command": ["nvidia-smi"],
-        "name": "runplane-r-1-2",
+        "name": container_name("stack-a", "r-1", 2),
         "working_dir": "/runplane/output",
         "environment": {
             "SEED": "3",
@@ -103,7 +103,7 @@ def test_container_request_with_gpus_is_exact(tmp_path):
             "RUNPLANE_OUTPUT": "/runplane/output",
             "NVIDIA_VISIBLE_DEVICES": GPUS[1].uuid,
         },
-        "volumes": {"/work/out": {"bind": "/runplane/output", "mode": "rw"}},
+        "mounts": [Mount("/runplane/output", "/work/out", type="bind")],
         "network_mode": "none",
         "mem_limit": 2**30,
         "memswap_limit": 2**30,

@@ -2,6 +2,7 @@
 host's addresses, the gate that holds the command until the rules are in, and how a worker that
 gives runs no network is explained. The real thing is tests/security/test_network.py."""
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -13,9 +14,10 @@ import pytest
 
 from runplane.domain.models import Pool, Run, RunSpec, Worker, refuses
 from runplane.services.dispatch import explain_wait
-from worker_agent.executor import ExecutorConfig, container_spec
+from worker_agent.executor import ExecutorConfig, container_name, container_spec
 from worker_agent.network import (
     _PROBE_SCRIPT,
+    CLOSED,
     GATE,
     GATE_EXIT,
     GATE_MOUNT,
@@ -23,6 +25,8 @@ from worker_agent.network import (
     WRAPPER,
     NetworkError,
     RunNetwork,
+    _subnets,
+    dns_servers,
     host_addresses,
     ruleset,
     uncontainable,
@@ -55,29 +59,89 @@ fe8000000000000000fc00fffe000001 04 40 20 80     eth0
 """
 
 
-def test_host_addresses_are_the_local_ones_but_loopback():
-    assert host_addresses(FIB_TRIE, IF_INET6) == ["172.18.0.1", "192.0.2.2", "fd00::2", "fe80::fc:ff:fe00:1"]
+def test_host_addresses_are_the_local_ones_but_loopback_and_their_broadcasts():
+    assert host_addresses(FIB_TRIE, IF_INET6) == [
+        "172.18.0.1",
+        "192.0.2.2",
+        "192.0.2.255",  # a service of the host's on 0.0.0.0 hears what goes to it
+        "fd00::2",
+        "fe80::fc:ff:fe00:1",
+    ]
     assert host_addresses("", "") == []
 
 
-def test_ruleset_rejects_each_address_tcp_with_a_reset():
-    assert ruleset(["fd00:ec2::254", "169.254.169.254", "192.0.2.2", "169.254.169.254"]) == (
+ND = "nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert, mld-listener-report, mld2-listener-report"
+
+
+def test_ruleset_rejects_addresses_and_networks_tcp_with_a_reset():
+    blocked = ["fd00:ec2::254", "169.254.169.254", "192.0.2.2", "169.254.169.254", "169.254.0.0/16", "ff00::/8"]
+    v4 = "169.254.0.0/16, 192.0.2.2, 198.18.7.0/24, 255.255.255.255"  # the /16 holds 169.254.169.254
+    assert ruleset([*blocked, "198.18.7.0/24", "255.255.255.255"]) == (
         "table inet runplane {\n"
         "\tchain output {\n"
         "\t\ttype filter hook output priority 0; policy accept;\n"
-        "\t\tip daddr { 169.254.169.254, 192.0.2.2 } meta l4proto tcp reject with tcp reset\n"
-        "\t\tip daddr { 169.254.169.254, 192.0.2.2 } reject with icmpx type admin-prohibited\n"
-        "\t\tip6 daddr { fd00:ec2::254 } meta l4proto tcp reject with tcp reset\n"
-        "\t\tip6 daddr { fd00:ec2::254 } reject with icmpx type admin-prohibited\n"
+        f"\t\ticmpv6 type {{ {ND} }} accept\n"  # the kernel's own neighbour discovery
+        f"\t\tip daddr {{ {v4} }} meta l4proto tcp reject with tcp reset\n"
+        f"\t\tip daddr {{ {v4} }} reject with icmpx type admin-prohibited\n"
+        "\t\tip6 daddr { fd00:ec2::254, ff00::/8 } meta l4proto tcp reject with tcp reset\n"
+        "\t\tip6 daddr { fd00:ec2::254, ff00::/8 } reject with icmpx type admin-prohibited\n"
         "\t}\n"
         "}\n"
     )
 
 
-def test_blocked_holds_metadata_gateways_and_this_hosts_addresses():
-    blocked = RunNetwork("runplane-runs", gateways=("10.9.0.1",)).blocked()
-    assert set(METADATA) | {"10.9.0.1"} <= set(blocked)
+def test_ruleset_leaves_port_53_of_the_engines_dns_servers_open_before_it_rejects():
+    rules = ruleset(["169.254.0.0/16", "168.63.129.16"], dns=["168.63.129.16", "169.254.169.253"]).splitlines()
+    accept = "\t\tip daddr { 168.63.129.16, 169.254.169.253 } meta l4proto { tcp, udp } th dport 53 accept"
+    reject = "\t\tip daddr { 168.63.129.16, 169.254.0.0/16 } meta l4proto tcp reject with tcp reset"
+    assert rules.index(accept) < rules.index(reject)
+
+
+def test_blocked_holds_metadata_link_local_multicast_broadcast_gateways_subnets_and_this_hosts_addresses():
+    network = RunNetwork("runplane-runs", gateways=("10.9.0.1",), subnets=("10.9.0.0/24", "fd00:9::/64"))
+    blocked = network.blocked()
+    assert set(METADATA) | set(CLOSED) | {"10.9.0.1", "10.9.0.0/24", "fd00:9::/64"} <= set(blocked)
+    assert {"169.254.0.0/16", "224.0.0.0/4", "255.255.255.255", "fe80::/10", "ff00::/8"} <= set(blocked)
     assert "127.0.0.1" not in blocked
+    rules = ruleset(blocked)
+    # EKS Pod Identity, EC2's DNS, all-hosts multicast, the subnet's broadcast, another run on it
+    for address in ("169.254.170.23", "169.254.169.253", "224.0.0.1", "10.9.0.255", "10.9.0.77"):
+        assert rejected(rules, address), address
+    assert not rejected(rules, "10.9.1.1")  # beyond the subnet: the network's business
+
+
+def rejected(rules: str, address: str) -> bool:
+    """Whether ``rules`` (made by ruleset) reject what goes to the IPv4 ``address``."""
+    line = next(x for x in rules.splitlines() if x.strip().startswith("ip daddr") and "reject" in x)
+    networks = [ipaddress.ip_network(e.strip()) for e in line.split("{")[1].split("}")[0].split(",")]
+    return any(ipaddress.ip_address(address) in n for n in networks)
+
+
+def test_the_run_networks_subnets_are_read_and_a_network_without_one_is_refused():
+    class Net:
+        name = "n"
+
+        def __init__(self, configs):
+            self.attrs = {"IPAM": {"Config": configs}}
+
+    found = Net([{"Subnet": "10.9.0.0/24", "Gateway": "10.9.0.1"}, {"Subnet": "fd00:9::/64"}])
+    assert _subnets(found) == ("10.9.0.0/24", "fd00:9::/64")
+    with pytest.raises(NetworkError, match="no subnet the agent can read, so runs on it could reach each other"):
+        _subnets(Net([]))
+
+
+def test_dns_servers_are_the_engines_upstreams_but_loopback():
+    assert dns_servers("search x\nnameserver 10.0.0.2\nnameserver 127.0.0.1\nnameserver fe80::1%eth0\n") == [
+        "10.0.0.2",
+        "fe80::1",
+    ]
+    # systemd-resolved's stub: the engine reads the servers behind it
+    azure = "nameserver 168.63.129.16\n"
+    assert dns_servers("nameserver 127.0.0.53\noptions edns0\n", azure) == ["168.63.129.16"]
+    # daemon.json's dns wins
+    assert dns_servers("nameserver 10.0.0.2\n", azure, '{"dns": ["169.254.169.253"]}') == ["169.254.169.253"]
+    assert dns_servers("nameserver 10.0.0.2\n", "", "not json") == ["10.0.0.2"]
+    assert dns_servers("", "", "") == []
 
 
 @pytest.mark.parametrize(
@@ -101,6 +165,18 @@ def networked_run():
     return Run(id="r-1", owner="ann", queue="q", created_at=0, spec=RunSpec(command="curl x", network=True))
 
 
+def test_a_containers_name_holds_no_run_id_yet_the_agent_can_compute_it(tmp_path):
+    """Other containers on a run network learn its name from Docker's DNS (a reverse lookup)."""
+    run = Run(id="r-0123456789abcdef01234567", owner="ann", queue="q", created_at=0, spec=RunSpec(command="x"))
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path, stack_id="stack1")
+    name = container_spec(run, "img", config, tmp_path / "out", None)["name"]
+    assert name == container_name("stack1", run.id, run.attempt)
+    assert name.startswith("runplane-") and len(name) == len("runplane-") + 32
+    assert run.id.removeprefix("r-")[:8] not in name  # not even a part of it
+    assert container_name("stack2", run.id, run.attempt) != name != container_name("stack1", run.id, run.attempt + 1)
+    assert container_spec(run, "img", config, tmp_path / "out", None)["labels"]["io.runplane.run_id"] == run.id
+
+
 def test_prepare_puts_the_entrypoint_behind_the_gate(tmp_path):
     run = networked_run()
     spec = container_spec(run, "img", ExecutorConfig(worker_id="w", work_dir=tmp_path), tmp_path / "out", None)
@@ -112,7 +188,9 @@ def test_prepare_puts_the_entrypoint_behind_the_gate(tmp_path):
     assert spec["volumes"][str(gate_dir.resolve())] == {"bind": GATE_MOUNT, "mode": "ro"}
     fifo = gate_dir / "go"
     assert fifo.is_fifo() and fifo.stat().st_mode & 0o777 == 0o644  # others read it; only root writes
-    assert spec["volumes"][str((tmp_path / "out").resolve())]["bind"] == "/runplane/output"  # kept
+    binds = {v["bind"]: k for k, v in spec["volumes"].items()}
+    binds.update({m["Target"]: m["Source"] for m in spec.get("mounts") or []})  # docker.types.Mount
+    assert binds["/runplane/output"] == str(tmp_path / "out")  # kept
 
 
 @pytest.mark.parametrize(
@@ -167,6 +245,29 @@ def test_a_gate_nobody_waits_at_times_out_or_stops(tmp_path):
     with pytest.raises(NetworkError, match="did not wait at its gate within 1s"):
         network._open_gate(fifo, os.getpid(), lambda: False, b"go\n")
     assert network._open_gate(fifo, os.getpid(), lambda: True, b"go\n") is False  # killed meanwhile
+
+
+def test_waiting_at_a_gate_backs_off():
+    """Looking again every 2 ms for up to 30 s costs a core; the pauses grow to 50 ms instead."""
+    now, pauses = [0.0], []
+
+    def sleep(seconds):
+        pauses.append(seconds)
+        now[0] += seconds
+
+    network = RunNetwork("n", gate_seconds=30, clock=lambda: now[0], sleep=sleep)
+    with pytest.raises(NetworkError):
+        network._open_gate(Path("/nonexistent-fifo"), os.getpid(), lambda: False, b"go\n")
+    assert pauses == []  # not a FIFO at all: fails at once
+    fifo = Path(f"/tmp/rp-gate-{os.getpid()}")
+    os.mkfifo(fifo)
+    try:
+        with pytest.raises(NetworkError, match="within 30s"):
+            network._open_gate(fifo, os.getpid(), lambda: False, b"go\n")
+    finally:
+        fifo.unlink()
+    assert pauses[:3] == [0.001, 0.002, 0.004]  # a shell that is nearly there is not kept waiting
+    assert max(pauses) == 0.05 and len(pauses) < 30 / 0.05 + 10
 
 
 def test_the_probe_reports_what_answers():

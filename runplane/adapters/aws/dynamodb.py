@@ -297,7 +297,6 @@ def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
 
 
-
 class DynamoWorkerRegistry:
     """Worker heartbeats; stale records expire through the table's TTL attribute."""
 
