@@ -295,7 +295,7 @@ def download(
         err.print(f"{rid}: no output files" + ("" if listing.get("complete") else " yet (the run has not finished)"))
         return
     root = dest.resolve()
-    for f in listing["files"]:
+    for f in _all_files(client, rid, listing):
         target = (root / f["path"]).resolve()
         if not target.is_relative_to(root):
             raise CliError(f"refusing output path {f['path']!r}: it leaves {root}")
@@ -303,6 +303,16 @@ def download(
             raise CliError(f"{target} exists and differs; use --force to overwrite")
         client.download(f["url"], target)
         out.print(str(target), highlight=False)
+
+
+def _all_files(client: Client, run_id: str, first: dict[str, Any]) -> Any:
+    """Every output file, page after page (the API lists them a page at a time)."""
+    page = first
+    while True:
+        yield from page["files"]
+        if not page.get("next_cursor"):
+            return
+        page = client.request("GET", f"/v1/runs/{run_id}/outputs", query={"cursor": page["next_cursor"]})
 
 
 @app.command()

@@ -131,3 +131,15 @@ def test_tokens_and_whoami(devstack, tmp_path):
     assert after.returncode == 1 and after.stderr.strip() == "error: token is not valid"
     gone = cli(devstack, "token", "revoke", token["id"], token="admin-token", home=tmp_path)
     assert gone.returncode == 1 and gone.stderr.startswith(f"error: token {token['id']} not found")
+
+
+def test_download_follows_every_page_of_outputs(devstack, docker_client, tmp_path):
+    """The API lists outputs 500 a page; download gets them all."""
+    proc = cli(devstack, "run", "--wait", "--", "for i in $(seq 1 501); do echo $i > f$i; done", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    dest = tmp_path / "out"
+    dest.mkdir()
+    down = cli(devstack, "download", cwd=dest, home=tmp_path, timeout=300)
+    assert down.returncode == 0, down.stderr
+    assert len(list(dest.iterdir())) == 501
+    assert (dest / "f501").read_text() == "501\n"
