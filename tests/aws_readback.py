@@ -14,20 +14,32 @@ from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table")
 
 
+def table_shape(props: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a table definition (the template's properties, or what DescribeTable says)
+    that the code depends on, order-insensitive where AWS is."""
+    return {
+        "KeySchema": props["KeySchema"],
+        "AttributeDefinitions": sorted(props["AttributeDefinitions"], key=lambda a: a["AttributeName"]),
+        "GlobalSecondaryIndexes": sorted(
+            (
+                {k: i[k] for k in ("IndexName", "KeySchema", "Projection")}
+                for i in props.get("GlobalSecondaryIndexes", [])
+            ),
+            key=lambda i: i["IndexName"],
+        ),
+        "BillingMode": props.get("BillingMode") or props.get("BillingModeSummary", {}).get("BillingMode"),
+    }
+
+
 def _table(ddb: Any, name: str) -> dict[str, Any]:
     table = ddb.describe_table(TableName=name)["Table"]
     ttl = ddb.describe_time_to_live(TableName=name)["TimeToLiveDescription"]
     pitr = ddb.describe_continuous_backups(TableName=name)["ContinuousBackupsDescription"]
+    shape = table_shape(table)
     return {
-        "KeySchema": table["KeySchema"],
-        "AttributeDefinitions": sorted(table["AttributeDefinitions"], key=lambda a: a["AttributeName"]),
-        "GlobalSecondaryIndexes": sorted(
-            (
-                {k: i[k] for k in ("IndexName", "KeySchema", "Projection")}
-                for i in table.get("GlobalSecondaryIndexes", [])
-            ),
-            key=lambda i: i["IndexName"],
-        ),
+        "KeySchema": shape["KeySchema"],
+        "AttributeDefinitions": shape["AttributeDefinitions"],
+        "GlobalSecondaryIndexes": shape["GlobalSecondaryIndexes"],
         "TimeToLive": (ttl["TimeToLiveStatus"], ttl.get("AttributeName")),
         "PointInTimeRecovery": pitr["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"],
     }

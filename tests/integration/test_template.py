@@ -30,7 +30,7 @@ from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from runplane.compute.aws_batch import job_definition_request
 from runplane.domain.models import Pool, Worker
 from runplane.settings import StackSettings
-from tests.aws_readback import read_stack
+from tests.aws_readback import read_stack, table_shape
 from tests.cfn_template import (
     ROOT,
     TEMPLATE,
@@ -127,22 +127,6 @@ def provisioned() -> tuple[AwsNames, RecordingDynamo, RecordingSqs, RecordingS3]
     ddb, sqs, s3 = RecordingDynamo(), RecordingSqs(), RecordingS3()
     provision(names, POOLS, ddb, sqs, s3, tls_only=True)
     return names, ddb, sqs, s3
-
-
-def table_shape(props: dict[str, Any]) -> dict[str, Any]:
-    """The parts of a table definition that the code depends on, order-insensitive where AWS is."""
-    return {
-        "KeySchema": props["KeySchema"],
-        "AttributeDefinitions": sorted(props["AttributeDefinitions"], key=lambda a: a["AttributeName"]),
-        "GlobalSecondaryIndexes": sorted(
-            (
-                {k: i[k] for k in ("IndexName", "KeySchema", "Projection")}
-                for i in props.get("GlobalSecondaryIndexes", [])
-            ),
-            key=lambda i: i["IndexName"],
-        ),
-        "BillingMode": props.get("BillingMode"),
-    }
 
 
 # ---- the AWS tools --------------------------------------------------------------------------
