@@ -72,7 +72,7 @@ def run_network(client: docker.DockerClient, driver: str = "macvlan") -> Iterato
 def one_run(client: docker.DockerClient, scratch: Path, network: RunNetwork | None, i: int) -> tuple[float, float]:
     """(seconds of the whole run, seconds of release) for one ``sh -c true`` run."""
     run = Run(id=f"r-bench{i}", owner="bench", queue="q", created_at=0, spec=RunSpec(command="true", network=True))
-    config = ExecutorConfig(worker_id="bench", work_dir=scratch, network_mode=network.name if network else "none")
+    config = ExecutorConfig(worker_id="bench", work_dir=scratch)
     run_dir = scratch / f"run{i}"
     output = run_dir / "output"
     output.mkdir(parents=True)

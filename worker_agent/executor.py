@@ -56,7 +56,6 @@ class ExecutorConfig:
     log_flush_seconds: float = 1.0
     usage_seconds: float = 2.0
     upload_deadline_seconds: float = 300
-    network_mode: str = "bridge"
     pids_limit: int = 4096
     shm_size: str | None = None
     run_user: str = "nobody"
@@ -912,7 +911,9 @@ def container_spec(
         "working_dir": OUTPUT_MOUNT,
         "environment": env,
         "mounts": mounts,
-        "network_mode": config.network_mode if run.spec.network else "none",
+        # every run starts without a network; a networked one gets its run network from
+        # RunNetwork.release once its rules are in (network.py)
+        "network_mode": "none",
         "mem_limit": res.memory,
         "memswap_limit": res.memory,
         "pids_limit": config.pids_limit,

@@ -279,7 +279,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 work_dir=work_dir,
                 kill_poll_seconds=args.kill_poll_seconds,
                 upload_deadline_seconds=args.upload_deadline_seconds,
-                network_mode=args.network_mode,
                 pull=args.pull,
                 shm_size=args.shm_size,
                 run_user=args.run_user,

@@ -136,11 +136,12 @@ def test_run_without_gpus_sees_none(tmp_path):
     assert spec["cpuset_cpus"] == "0"
 
 
-def test_network_only_when_asked(tmp_path):
-    config = ExecutorConfig(worker_id="w", work_dir=tmp_path, network_mode="bridge")
+def test_every_run_starts_without_a_network(tmp_path):
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
     with_net = run()
     with_net.spec.network = True
-    assert container_spec(with_net, "i", config, Path("/o"), None)["network_mode"] == "bridge"
+    # a networked run too starts without one: RunNetwork connects it once its rules are in
+    assert container_spec(with_net, "i", config, Path("/o"), None)["network_mode"] == "none"
     assert container_spec(run(), "i", config, Path("/o"), None)["network_mode"] == "none"
 
 
