@@ -4,8 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PORT ?= 8080
 PYTEST_ARGS ?=
+RUNS ?= 3
 
-.PHONY: setup setup-test docker image dev test test-fast lint typecheck bench validate clean azure-package
+.PHONY: setup setup-test docker image dev test test-stress test-fast lint typecheck bench validate clean azure-package
 
 setup:
 	@scripts/setup.sh
@@ -27,6 +28,11 @@ test: setup-test image
 
 test-fast: setup-test
 	$(PY) -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
+
+# The flake check: `make test` RUNS times from a clean clone of the committed tree while busy
+# loops take every core (scripts/stress-tests.sh).
+test-stress:
+	@scripts/stress-tests.sh $(RUNS)
 
 lint: setup-test
 	$(VENV)/bin/ruff check runplane worker_agent functions tests bench
