@@ -67,7 +67,11 @@ class Stack:
 def aws_clients(settings: StackSettings) -> dict[str, Any]:
     from runplane.adapters.aws.clients import AwsConfig, make_client, new_session
 
-    config = AwsConfig(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
+    config = AwsConfig(
+        region=settings.aws_region,
+        endpoint_url=settings.aws_endpoint_url,
+        dynamodb_endpoint_url=settings.dynamodb_endpoint_url,
+    )
     # One session for the three clients, made here in one thread: each session loads its own
     # copy of botocore's data (~7 MB). The clients themselves are safe to share between threads.
     session = new_session(config)

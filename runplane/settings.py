@@ -61,6 +61,10 @@ class StackSettings(BaseModel):
     """``from_env``: ``RUNPLANE_AWS_REGION``, else ``AWS_REGION`` (what Lambda and ECS set), else
     ``AWS_DEFAULT_REGION``, else us-east-1."""
     aws_endpoint_url: str | None = None
+    """Another endpoint for every AWS API (LocalStack, moto's server, a VPC endpoint)."""
+    dynamodb_endpoint_url: str | None = None
+    """DynamoDB alone at another endpoint than ``aws_endpoint_url`` (DynamoDB Local, dynalite, a VPC
+    endpoint of DynamoDB); the queues, the bucket and Batch stay at ``aws_endpoint_url``."""
     azure_storage_connection_string: str | None = None
     """Azure: a storage connection string (Azurite's, or an account key's). Without one,
     ``azure_storage_account`` is reached with the managed identity (DefaultAzureCredential)."""
@@ -97,7 +101,8 @@ class StackSettings(BaseModel):
     def stack_id(self) -> str:
         """A short name for this control plane (where its runs table is), so that agents of
         different stacks sharing one Docker engine never touch each other's containers."""
-        where = f"{self.cloud}|{self.aws_endpoint_url or ''}|{self.aws_region}|{self.runs_table or self.prefix}"
+        tables = self.dynamodb_endpoint_url or self.aws_endpoint_url or ""
+        where = f"{self.cloud}|{tables}|{self.aws_region}|{self.runs_table or self.prefix}"
         if self.cloud == "azure":
             # the account's table endpoint (or its name), never its key
             parts = parse_connection_string(self.azure_storage_connection_string or "")
@@ -112,8 +117,9 @@ class StackSettings(BaseModel):
         values: dict[str, str | None] = {
             name: env[PREFIX + name.upper()] for name in cls.model_fields if PREFIX + name.upper() in env
         }
-        if values.get("aws_endpoint_url") == "":
-            values["aws_endpoint_url"] = None
+        for endpoint in ("aws_endpoint_url", "dynamodb_endpoint_url"):
+            if values.get(endpoint) == "":
+                values[endpoint] = None
         region = values.get("aws_region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
         if region:
             values["aws_region"] = region

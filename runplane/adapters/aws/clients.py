@@ -11,10 +11,12 @@ from botocore.config import Config
 
 @dataclass(frozen=True)
 class AwsConfig:
-    """Where the AWS APIs are. ``endpoint_url`` points at moto, LocalStack or a VPC endpoint."""
+    """Where the AWS APIs are. ``endpoint_url`` points at moto, LocalStack or a VPC endpoint;
+    ``dynamodb_endpoint_url``, when given, replaces it for DynamoDB alone."""
 
     region: str = "us-east-1"
     endpoint_url: str | None = None
+    dynamodb_endpoint_url: str | None = None
     access_key_id: str | None = None
     secret_access_key: str | None = None
     session_token: str | None = None
@@ -55,7 +57,8 @@ def make_client(service: str, config: AwsConfig, session: boto3.Session | None =
         max_pool_connections=32,
         **overrides,
     )
-    return session.client(service, endpoint_url=config.endpoint_url, config=botocore_config)
+    endpoint = (config.dynamodb_endpoint_url if service == "dynamodb" else None) or config.endpoint_url
+    return session.client(service, endpoint_url=endpoint, config=botocore_config)
 
 
 def error_code(exc: Exception) -> str:

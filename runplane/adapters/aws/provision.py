@@ -5,13 +5,15 @@ settings of ``runplane.adapters.aws.resources`` (the values template.yaml declar
 visibility timeouts, retention and redrive, the workers table's TTL, point-in-time recovery, and
 the bucket's encryption, public-access block, ownership, versioning, lifecycle and (over HTTPS)
 TLS-only policy. ``template.yaml`` stays the production path; this mirrors it for the embedded
-local stack and the tests.
+local stack and the tests. The tables may be on a DynamoDB server of their own (dynalite), which
+implements neither TTL nor point-in-time recovery: those two are left out there.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +26,8 @@ from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 
 __all__ = ["MAX_RECEIVES", "AwsNames", "provision"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,18 @@ def _index(name: str, hash_key: str, range_key: str) -> dict[str, Any]:
     }
 
 
+def _table_setting(call: Callable[..., Any], what: str, **kwargs: Any) -> None:
+    """Apply a table setting that DynamoDB, moto and LocalStack all implement. A server that serves
+    only DynamoDB's data plane (dynalite) answers UnknownOperationException: its tables work the
+    same without the setting, so it is left out there, with a warning."""
+    try:
+        call(**kwargs)
+    except ClientError as e:
+        if error_code(e) != "UnknownOperationException":
+            raise
+        log.warning("%s: not applied, the DynamoDB endpoint does not implement it", what)
+
+
 def _tables(ddb: Any, names: AwsNames) -> None:
     created = {
         "runs_table": _create_table(
@@ -92,13 +108,17 @@ def _tables(ddb: Any, names: AwsNames) -> None:
     }
     # Only on creation: DynamoDB refuses to enable TTL that is already enabled.
     if created["workers_table"]:
-        ddb.update_time_to_live(
+        _table_setting(
+            ddb.update_time_to_live,
+            f"time to live on {names.workers_table}",
             TableName=names.workers_table,
             TimeToLiveSpecification={"Enabled": True, "AttributeName": resources.WORKERS_TTL_ATTRIBUTE},
         )
     for attr in resources.PITR_TABLES:
         if created[attr]:
-            ddb.update_continuous_backups(
+            _table_setting(
+                ddb.update_continuous_backups,
+                f"point-in-time recovery on {getattr(names, attr)}",
                 TableName=getattr(names, attr),
                 PointInTimeRecoverySpecification={"PointInTimeRecoveryEnabled": True},
             )

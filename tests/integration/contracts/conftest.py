@@ -1,5 +1,6 @@
 """The contract suites run against every implementation of a port. Each implementation is a
-fixture param: the AWS adapters on a moto server and the Azure adapters on Azurite."""
+fixture param: the AWS adapters on a moto server and the Azure adapters on Azurite; for writes
+that race, the AWS adapters' tables on dynalite instead (see ``racing_stack``)."""
 
 import base64
 
@@ -7,6 +8,8 @@ import pytest
 
 IMPLEMENTATIONS = ["aws-moto", "azure-azurite"]
 _STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack"}
+RACING_IMPLEMENTATIONS = ["aws-dynalite", "azure-azurite"]
+_RACING_STACKS = {"aws-dynalite": "aws_dynalite_stack", "azure-azurite": "azure_stack"}
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)
@@ -56,12 +59,10 @@ def dead_letters(request, stack):
     return read
 
 
-@pytest.fixture
-def racing_stack(request, stack):
-    """The stack, for tests of writes that race each other. moto's DynamoDB checks a write's
-    condition and applies it without a lock while its server handles requests in threads, so two
-    racing conditional writes can both succeed inside the emulator; DynamoDB itself applies each
-    item's writes atomically. The sequential tests of the same contracts run on moto."""
-    if request.node.callspec.params["stack"] == "aws-moto":
-        pytest.skip("moto's DynamoDB does not apply conditional writes atomically under concurrency")
-    return stack
+@pytest.fixture(params=RACING_IMPLEMENTATIONS)
+def racing_stack(request):
+    """The stack, for tests of writes that race each other; on AWS its tables are on dynalite, its
+    queues and bucket on the moto server. moto's DynamoDB checks a write's condition and applies it
+    without a lock while its server handles requests in threads, so two racing conditional writes
+    can both succeed inside it; dynalite, like DynamoDB, applies each item's writes atomically."""
+    return request.getfixturevalue(_RACING_STACKS[request.param])

@@ -2,8 +2,8 @@
 
 Several threads write the same record at once; a barrier lines them up so that their reads and
 writes overlap. Whatever the store does inside (a DynamoDB condition expression, a Table storage
-ETag), the outcomes are the same: one winner per condition, no change lost. The racing tests
-skip moto, which cannot race faithfully (see ``racing_stack``).
+ETag), the outcomes are the same: one winner per condition, no change lost. On AWS the racing
+tests run on dynalite, not on moto, which cannot race faithfully (see ``racing_stack``).
 """
 
 import threading
