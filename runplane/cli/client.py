@@ -23,6 +23,15 @@ class ApiError(Exception):
         self.message = message
 
 
+@dataclass(frozen=True)
+class Response:
+    """An answer of the API that succeeded: its HTTP status (201 for a run made, 200 for one an
+    ``Idempotency-Key`` found, ...) and its parsed JSON body (None when it has none)."""
+
+    status: int
+    body: Any
+
+
 @dataclass
 class Client:
     url: str
@@ -51,6 +60,18 @@ class Client:
         query: dict[str, Any] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Any:
+        """The parsed JSON body of a successful answer; raises ApiError for any other."""
+        return self.request_with_status(method, path, body, query, headers).body
+
+    def request_with_status(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Response:
+        """Like ``request``, with the answer's HTTP status kept."""
         url = self.url + path
         if query:
             url += "?" + urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
@@ -67,7 +88,7 @@ class Client:
             req.add_header(key, value)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310 - URL is the user's API
-                raw = resp.read()
+                raw, status = resp.read(), resp.status
         except urllib.error.HTTPError as e:
             raw = e.read()
             try:
@@ -80,7 +101,7 @@ class Client:
             raise ApiError(
                 0, "unreachable", f"cannot reach {self.url}: {reason} (is `runplane dev` running? set RUNPLANE_API_URL)"
             ) from None
-        return json.loads(raw) if raw else None
+        return Response(status, json.loads(raw) if raw else None)
 
     def download(self, url: str, dest: Path) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -126,16 +126,24 @@ def run(
         body["network"] = True
     client = _client()
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-    created = client.request("POST", "/v1/runs", body, headers=headers)
+    answer = client.request_with_status("POST", "/v1/runs", body, headers=headers)
+    created = answer.body
     _remember(created["id"])
+    # 200 instead of 201: the key named a run submitted before; this submit made nothing new
+    found = answer.status == 200
+    if found:
+        line = f"already submitted as {created['id']} (same --idempotency-key): {_state_line(created)}"
+        err.print(line, markup=False, highlight=False, soft_wrap=True)
     if not wait:
         if as_json:
             _print_json(created)
         else:
             out.print(created["id"])
-            err.print(f"[dim]{_state_line(created)} — follow with: runplane logs -f {created['id']}[/dim]")
+            if not found:
+                err.print(f"[dim]{_state_line(created)} — follow with: runplane logs -f {created['id']}[/dim]")
         return
-    err.print(f"[bold]{created['id']}[/bold] submitted to pool {created['queue']}")
+    if not found:
+        err.print(f"[bold]{created['id']}[/bold] submitted to pool {created['queue']}")
     final = _follow(client, created["id"], streams=("stdout", "stderr"), show_states=True)
     if as_json:
         _print_json(final)

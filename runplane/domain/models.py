@@ -107,7 +107,8 @@ def states_leading_to(new: RunState) -> frozenset[RunState]:
 
 
 class FailureReason(StrEnum):
-    """Machine-readable reasons a run did not succeed."""
+    """Machine-readable reasons a run did not succeed. README.md lists exactly these, and each is
+    one that the control plane or the agent writes (tests/unit/test_failure_reasons.py)."""
 
     NONZERO_EXIT = "nonzero_exit"
     IMAGE_NOT_FOUND = "image_not_found"
@@ -119,7 +120,6 @@ class FailureReason(StrEnum):
     WORKER_LOST = "worker_lost"
     INPUT_UNAVAILABLE = "input_unavailable"
     UPLOAD_FAILED = "upload_failed"
-    BACKEND_REJECTED = "backend_rejected"
     CONTAINER_ERROR = "container_error"
     GPU_UNAVAILABLE = "gpu_unavailable"
     AGENT_ERROR = "agent_error"

@@ -3,10 +3,12 @@
 import os
 import subprocess
 import sys
+import uuid
 
 import pytest
 
-from tests.conftest import wait_for
+from runplane.cli.client import Client
+from tests.conftest import wait_for, wait_state
 
 pytestmark = pytest.mark.docker
 
@@ -143,3 +145,66 @@ def test_download_follows_every_page_of_outputs(devstack, docker_client, tmp_pat
     assert down.returncode == 0, down.stderr
     assert len(list(dest.iterdir())) == 501
     assert (dest / "f501").read_text() == "501\n"
+
+
+def test_run_wait_exits_137_when_the_run_is_killed(devstack, docker_client, tmp_path):
+    """``run --wait`` follows a run another client kills, and exits as a killed process does."""
+    env = {**os.environ, "RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": "alice-token", "HOME": str(tmp_path)}
+    with (tmp_path / "out").open("w") as stdout, (tmp_path / "err").open("w") as stderr:
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "runplane.cli", "run", "--wait", "--", "echo started; sleep 60"],
+            stdout=stdout, stderr=stderr, env=env,
+        )  # fmt: skip
+        try:
+            last = tmp_path / ".runplane" / "last_run"
+            run_id = wait_for(lambda: last.exists() and last.read_text().strip(), 60, 0.1, "the submitted run's id")
+            alice = Client(devstack.api_url, "alice-token")
+            wait_state(alice, run_id, {"running"})
+            kill = cli(devstack, "kill", run_id, home=tmp_path / "other")  # another client, another shell
+            assert kill.returncode == 0, kill.stderr
+            code = waiting.wait(120)
+        finally:
+            if waiting.poll() is None:
+                waiting.kill()
+    errors = (tmp_path / "err").read_text()
+    assert code == 137, errors
+    assert (tmp_path / "out").read_text() == "started\n"
+    assert "killed: killed" in errors
+    assert alice.request("GET", f"/v1/runs/{run_id}")["state"] == "killed"
+
+
+def test_run_wait_exits_124_when_the_run_times_out(devstack, docker_client, tmp_path):
+    proc = cli(devstack, "run", "--wait", "--time", "2s", "--", "echo started; sleep 60", home=tmp_path)
+    assert proc.returncode == 124, proc.stderr
+    assert proc.stdout == "started\n"
+    assert "timed_out: time_limit" in proc.stderr
+
+
+def test_run_with_a_used_idempotency_key_says_already_submitted(devstack, docker_client, tmp_path):
+    key = f"cli-{uuid.uuid4()}"
+    first = cli(devstack, "run", "--idempotency-key", key, "--queue", "parked", "--", "echo x", home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    run_id = first.stdout.strip()
+    assert run_id.startswith("r-") and "already" not in first.stderr
+    again = cli(devstack, "run", "--idempotency-key", key, "--queue", "parked", "--", "echo x", home=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == run_id  # scripts still read the id from stdout
+    assert again.stderr.startswith(f"already submitted as {run_id} (same --idempotency-key): queued")
+    assert cli(devstack, "kill", run_id, home=tmp_path).returncode == 0
+
+
+def test_run_wait_with_a_used_idempotency_key_follows_the_first_run(devstack, docker_client, tmp_path):
+    """A retried ``run --wait`` runs nothing again: it follows the run the key made, to its end."""
+    key = f"cli-{uuid.uuid4()}"
+    first = cli(devstack, "run", "--wait", "--idempotency-key", key, "--", "echo once", home=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == "once\n"
+    assert "submitted to pool default" in first.stderr and "already" not in first.stderr
+    run_id = first.stderr.split()[0]
+    again = cli(devstack, "run", "--wait", "--idempotency-key", key, "--", "echo once", home=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "once\n"  # the first run's output
+    assert again.stderr.startswith(f"already submitted as {run_id} (same --idempotency-key): succeeded")
+    assert "submitted to pool" not in again.stderr
+    run = Client(devstack.api_url, "alice-token").request("GET", f"/v1/runs/{run_id}")
+    assert len([e for e in run["events"] if e["state"] == "preparing"]) == 1
