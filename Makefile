@@ -26,8 +26,10 @@ dev: setup image
 test: setup-test image
 	@scripts/run-tests.sh $(PYTEST_ARGS)
 
+# Unit tests and those on the in-process moto server, Kubernetes' emulator and local fakes: no Docker,
+# Slurm, Azurite, dynalite or local stack (tests/conftest.py marks the tests that need them).
 test-fast: setup-test
-	$(PY) -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not docker and not slow and not slurm and not azurite and not dynalite and not devstack" $(PYTEST_ARGS)
 
 # The flake check: `make test` RUNS times from a clean clone of the committed tree while busy
 # loops take every core (scripts/stress-tests.sh).

@@ -1,6 +1,7 @@
 """What a provisioned AWS stack's resources say about themselves, read back from the services
-(moto here), in one shape that does not depend on the stack's prefix: so two stacks, or a stack
-and the template, can be compared with ``==``."""
+(moto here), in one shape that does not depend on the stack's prefix (``read_stack``), and what
+template.yaml declares in that same shape (``template_stack``): so two stacks, or a stack and the
+template, can be compared with ``==``."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from typing import Any
 
 from runplane.adapters.aws.provision import AwsNames
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
+from tests.cfn_template import as_list, defaults, expanded_resources
 
 TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table")
+# What SQS gives a queue created without these attributes.
+SQS_DEFAULT_RETENTION_SECONDS = 345600
+SQS_DEFAULT_VISIBILITY_SECONDS = 30
 
 
 def table_shape(props: dict[str, Any]) -> dict[str, Any]:
@@ -81,14 +86,110 @@ def read_stack(names: AwsNames, pools: Iterable[str], ddb: Any, sqs: Any, s3: An
     """Tables (keys, indexes, TTL, PITR), queues (retention, visibility, redrive) by role, and
     the bucket's settings, with the bucket's name in its policy replaced by ``BUCKET`` (None:
     no policy)."""
-    queues: dict[str, Any] = {}
-    for role, name in [(f"pool {p}", pool_queue_name(names.prefix, p)) for p in pools] + [
-        ("events", events_queue_name(names.prefix))
-    ]:
-        queues[role] = _queue(sqs, name)
-        queues[f"{role} dlq"] = _queue(sqs, f"{name}-dlq")
     return {
         "tables": {field: _table(ddb, getattr(names, field)) for field in TABLE_FIELDS},
-        "queues": queues,
+        "queues": {role: _queue(sqs, name) for role, name in _queue_roles(names.prefix, pools)},
         "bucket": _bucket(s3, names.bucket),
+    }
+
+
+# ---- the same shape, from template.yaml ---------------------------------------------------------
+
+
+def _queue_roles(prefix: str, pools: Iterable[str]) -> list[tuple[str, str]]:
+    """(role, queue name) of every queue of a stack, dead-letter queues included."""
+    out = []
+    for role, name in [(f"pool {p}", pool_queue_name(prefix, p)) for p in pools] + [
+        ("events", events_queue_name(prefix))
+    ]:
+        out += [(role, name), (f"{role} dlq", f"{name}-dlq")]
+    return out
+
+
+def _declared_queue(props: dict[str, Any], dlq_id: str | None) -> dict[str, Any]:
+    redrive = props.get("RedrivePolicy")
+    return {
+        "MessageRetentionPeriod": int(props.get("MessageRetentionPeriod", SQS_DEFAULT_RETENTION_SECONDS)),
+        "VisibilityTimeout": int(props.get("VisibilityTimeout", SQS_DEFAULT_VISIBILITY_SECONDS)),
+        "maxReceiveCount": int(redrive["maxReceiveCount"]) if redrive else None,
+        "redrives to its own -dlq": (
+            redrive["deadLetterTargetArn"] == {"Fn::GetAtt": [dlq_id, "Arn"]} if redrive else None
+        ),
+    }
+
+
+def _declared_table(props: dict[str, Any]) -> dict[str, Any]:
+    shape = table_shape(props)
+    ttl = props.get("TimeToLiveSpecification", {})
+    pitr = props.get("PointInTimeRecoverySpecification", {}).get("PointInTimeRecoveryEnabled")
+    return {
+        "KeySchema": shape["KeySchema"],
+        "AttributeDefinitions": shape["AttributeDefinitions"],
+        "GlobalSecondaryIndexes": shape["GlobalSecondaryIndexes"],
+        "TimeToLive": ("ENABLED", ttl["AttributeName"]) if ttl.get("Enabled") else ("DISABLED", None),
+        "PointInTimeRecovery": "ENABLED" if pitr else "DISABLED",
+    }
+
+
+def _bucket_arn_as_read(value: Any, bucket_id: str) -> Any:
+    """A policy's ``Resource`` entry with the bucket's ARN as read_stack() writes it (us-east-1)."""
+    arn = "arn:aws:s3:::BUCKET"
+    if value == {"Fn::GetAtt": [bucket_id, "Arn"]}:
+        return arn
+    if isinstance(value, dict) and isinstance(value.get("Fn::Sub"), str):
+        return value["Fn::Sub"].replace(f"${{{bucket_id}.Arn}}", arn)
+    return value
+
+
+def _declared_bucket(declared: dict[str, Any]) -> dict[str, Any]:
+    (bucket_id,) = [i for i, r in declared.items() if r["Type"] == "AWS::S3::Bucket"]
+    props = declared[bucket_id]["Properties"]
+    lifecycle = []
+    for rule in props["LifecycleConfiguration"]["Rules"]:
+        api_rule = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
+        lifecycle.append(api_rule | {k: v for k, v in rule.items() if k not in ("Id", "Status", "Prefix")})
+    documents = [
+        r["Properties"]["PolicyDocument"]
+        for r in declared.values()
+        if r["Type"] == "AWS::S3::BucketPolicy" and r["Properties"]["Bucket"] == {"Ref": bucket_id}
+    ]
+    policy = None
+    if documents:
+        (document,) = documents
+        statements = [
+            s | {"Resource": [_bucket_arn_as_read(r, bucket_id) for r in as_list(s["Resource"])]}
+            for s in document["Statement"]
+        ]
+        policy = document | {"Statement": statements}
+    return {
+        "encryption": [
+            c["ServerSideEncryptionByDefault"] for c in props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+        ],
+        "public_access_block": props["PublicAccessBlockConfiguration"],
+        "ownership": props["OwnershipControls"]["Rules"],
+        "versioning": props["VersioningConfiguration"]["Status"],
+        "lifecycle": sorted(lifecycle, key=lambda r: r["ID"]),
+        "policy": policy,
+    }
+
+
+def template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any]:
+    """What read_stack() should find on a stack deployed from ``template`` with ``pools``, in
+    read_stack()'s shape: the template's own attributes, SQS's defaults where it gives none. Each
+    resource is found by the name the template gives it (a KeyError: the template lacks it)."""
+    declared = expanded_resources(template, pools)
+    names = AwsNames(prefix=defaults(template)["Prefix"])
+    by_name = {
+        r["Properties"].get("TableName") or r["Properties"].get("QueueName"): (i, r["Properties"])
+        for i, r in declared.items()
+        if r["Type"] in ("AWS::DynamoDB::Table", "AWS::SQS::Queue")
+    }
+    queues = {}
+    for role, name in _queue_roles(names.prefix, pools):
+        dlq = by_name.get(f"{name}-dlq")
+        queues[role] = _declared_queue(by_name[name][1], dlq[0] if dlq else None)
+    return {
+        "tables": {field: _declared_table(by_name[getattr(names, field)][1]) for field in TABLE_FIELDS},
+        "queues": queues,
+        "bucket": _declared_bucket(declared),
     }

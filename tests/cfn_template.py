@@ -72,9 +72,12 @@ def _replace_identifier(value: Any, ident: str, item: str) -> Any:
     return value
 
 
-def expanded_resources(template: dict[str, Any], pools: list[str]) -> dict[str, Any]:
-    """Resources with every Fn::ForEach over PoolNames expanded for ``pools`` and Subs resolved."""
+def expanded_resources(template: dict[str, Any], pools: list[str], prefix: str | None = None) -> dict[str, Any]:
+    """Resources with every Fn::ForEach over PoolNames expanded for ``pools`` and Subs resolved,
+    with the Prefix parameter's default or ``prefix``."""
     params = {**defaults(template), "PoolNames": ",".join(pools)}
+    if prefix is not None:
+        params["Prefix"] = prefix
     out: dict[str, Any] = {}
     for key, value in template["Resources"].items():
         if key.startswith("Fn::ForEach::"):

@@ -1,7 +1,8 @@
 """template.yaml and the LocalStack hook: the AWS tools accept them, and they agree with the code.
 
-The code is the reference: ``provision()`` (what the local stack creates), the queue-name helpers,
-``StackSettings`` (what the functions read) and the Lambda entrypoints.
+The code is the reference: ``provision()`` (what the local stack creates, read back from the moto
+server it created it on), the queue-name helpers, ``StackSettings`` (what the functions read) and
+the Lambda entrypoints.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from runplane.compute.aws_batch import job_definition_request
 from runplane.domain.models import Pool, Worker
 from runplane.settings import StackSettings
-from tests.aws_readback import read_stack, table_shape
+from tests.aws_readback import TABLE_FIELDS, read_stack, table_shape, template_stack
 from tests.cfn_template import (
     ROOT,
     TEMPLATE,
@@ -58,75 +60,27 @@ def template() -> dict[str, Any]:
     return load_template()
 
 
-# ---- what provision() creates, recorded from fake clients -------------------------------------
+# ---- what provision() creates, read back from the moto server --------------------------------
 
 
-class _Waiter:
-    def wait(self, **kwargs: Any) -> None:
-        pass
+@dataclass(frozen=True)
+class Provisioned:
+    """A stack provision() made on the moto server, its clients, and read_stack() of it."""
 
-
-class RecordingDynamo:
-    def __init__(self) -> None:
-        self.tables: dict[str, dict[str, Any]] = {}
-        self.items: list[dict[str, Any]] = []
-        self.ttl: dict[str, dict[str, Any]] = {}
-        self.pitr: dict[str, dict[str, Any]] = {}
-
-    def create_table(self, **kwargs: Any) -> dict[str, Any]:
-        self.tables[kwargs["TableName"]] = kwargs
-        return {"TableDescription": {"TableName": kwargs["TableName"], "TableStatus": "CREATING"}}
-
-    def update_time_to_live(self, TableName: str, TimeToLiveSpecification: dict[str, Any]) -> None:
-        self.ttl[TableName] = TimeToLiveSpecification
-
-    def update_continuous_backups(self, TableName: str, PointInTimeRecoverySpecification: dict[str, Any]) -> None:
-        self.pitr[TableName] = PointInTimeRecoverySpecification
-
-    def get_waiter(self, name: str) -> _Waiter:
-        return _Waiter()
-
-    def put_item(self, **kwargs: Any) -> None:
-        self.items.append(kwargs)
-
-
-class RecordingSqs:
-    def __init__(self) -> None:
-        self.queues: dict[str, dict[str, str]] = {}
-
-    def create_queue(self, QueueName: str, Attributes: dict[str, str]) -> dict[str, str]:
-        self.queues[QueueName] = Attributes
-        return {"QueueUrl": f"https://sqs.example/{QueueName}"}
-
-    def get_queue_attributes(self, QueueUrl: str, AttributeNames: list[str]) -> dict[str, Any]:
-        return {"Attributes": {"QueueArn": f"arn:aws:sqs:us-east-1:000000000000:{QueueUrl.rsplit('/', 1)[1]}"}}
-
-
-class RecordingS3:
-    """Records each bucket call as {operation: its arguments less Bucket}."""
-
-    def __init__(self) -> None:
-        self.buckets: dict[str, dict[str, Any]] = {}
-
-    def create_bucket(self, **kwargs: Any) -> None:
-        self.buckets[kwargs["Bucket"]] = {}
-
-    def __getattr__(self, operation: str) -> Any:
-        if not operation.startswith("put_"):
-            raise AttributeError(operation)
-
-        def record(Bucket: str, **kwargs: Any) -> None:
-            self.buckets[Bucket][operation] = kwargs
-
-        return record
+    names: AwsNames
+    ddb: Any
+    sqs: Any
+    s3: Any
+    found: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def provisioned() -> tuple[AwsNames, RecordingDynamo, RecordingSqs, RecordingS3]:
-    names = AwsNames()
-    ddb, sqs, s3 = RecordingDynamo(), RecordingSqs(), RecordingS3()
-    provision(names, POOLS, ddb, sqs, s3, tls_only=True)
-    return names, ddb, sqs, s3
+def provisioned(moto_endpoint: str) -> Provisioned:
+    names = AwsNames(prefix=f"tpl{uuid.uuid4().hex[:8]}")
+    session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
+    ddb, sqs, s3 = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3"))
+    provision(names, POOLS, ddb, sqs, s3, tls_only=True)  # the template's bucket has the policy
+    return Provisioned(names, ddb, sqs, s3, read_stack(names, POOLS, ddb, sqs, s3))
 
 
 # ---- the AWS tools --------------------------------------------------------------------------
@@ -189,19 +143,46 @@ def test_sam_validate(args: list[str]) -> None:
     assert "is a valid SAM Template" in done.stdout + done.stderr
 
 
-# ---- the template agrees with the code ------------------------------------------------------
+# ---- the template agrees with what provision() creates ---------------------------------------
 
 
-def test_tables_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]) -> None:
-    names, ddb, _, _ = provisioned
+def _prefixed(names: list[str], prefix: str) -> set[str]:
+    return {n for n in names if n.startswith(f"{prefix}-")}
+
+
+def test_template_and_provision_create_the_same_resources(template: dict[str, Any], provisioned: Provisioned) -> None:
+    """Every table, queue and bucket with the stack's prefix on the moto server is one the
+    template declares (with that prefix), and the other way round."""
+    names = provisioned.names
+    declared = expanded_resources(template, POOLS, prefix=names.prefix)
+
+    def declared_names(kind: str, attribute: str) -> list[Any]:
+        return [r["Properties"][attribute] for r in declared.values() if r["Type"] == kind]
+
+    tables = [t for page in provisioned.ddb.get_paginator("list_tables").paginate() for t in page["TableNames"]]
+    assert _prefixed(tables, names.prefix) == set(declared_names("AWS::DynamoDB::Table", "TableName"))
+    assert _prefixed(tables, names.prefix) == {getattr(names, field) for field in TABLE_FIELDS}
+    urls = provisioned.sqs.list_queues(QueueNamePrefix=names.prefix).get("QueueUrls", [])
+    queues = _prefixed([url.rsplit("/", 1)[1] for url in urls], names.prefix)
+    assert queues == set(declared_names("AWS::SQS::Queue", "QueueName"))
+    assert len(queues) == 2 * (len(POOLS) + 1)
+    buckets = _prefixed([b["Name"] for b in provisioned.s3.list_buckets()["Buckets"]], names.prefix)
+    assert buckets == {names.bucket}
+    # The deployed bucket's name also carries the account id, which only a deployment knows.
+    assert declared_names("AWS::S3::Bucket", "BucketName") == [{"Fn::Sub": f"{names.bucket}-${{AWS::AccountId}}"}]
+
+
+def test_template_names_are_those_of_the_code(template: dict[str, Any]) -> None:
+    """With its default prefix, the template names tables and queues as AwsNames and the
+    queue-name helpers do."""
     declared = expanded_resources(template, POOLS)
-    for logical_id, attr in TABLES.items():
-        props = declared[logical_id]["Properties"]
-        table_name = getattr(names, attr)
-        assert props["TableName"] == table_name
-        assert table_shape(props) == table_shape(ddb.tables[table_name]), logical_id
-    runs = declared["RunsTable"]["Properties"]
-    assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE}
+    names = AwsNames(prefix=defaults(template)["Prefix"])
+    assert {field: declared[logical_id]["Properties"]["TableName"] for logical_id, field in TABLES.items()} == {
+        field: getattr(names, field) for field in TABLES.values()
+    }
+    queue_names = {r["Properties"]["QueueName"] for r in declared.values() if r["Type"] == "AWS::SQS::Queue"}
+    wanted = {pool_queue_name(names.prefix, pool) for pool in POOLS} | {events_queue_name(names.prefix)}
+    assert queue_names == wanted | {f"{name}-dlq" for name in wanted}
 
 
 # logical id -> AwsNames field
@@ -213,72 +194,55 @@ TABLES = {
 }
 
 
-def test_table_settings_are_those_of_resources(
-    template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]
-) -> None:
-    """TTL and point-in-time recovery: the template declares, and provision() sets, exactly those
-    of runplane/adapters/aws/resources.py."""
-    names, ddb, _, _ = provisioned
-    declared = template["Resources"]
-    ttl = {"Enabled": True, "AttributeName": resources.WORKERS_TTL_ATTRIBUTE}
-    assert declared["WorkersTable"]["Properties"]["TimeToLiveSpecification"] == ttl
-    assert ddb.ttl == {names.workers_table: ttl}
-    pitr = {"PointInTimeRecoveryEnabled": True}
-    with_pitr = {
-        logical_id
-        for logical_id in TABLES
-        if declared[logical_id]["Properties"].get("PointInTimeRecoverySpecification") == pitr
+def test_tables_match_provision(template: dict[str, Any], provisioned: Provisioned) -> None:
+    """Keys, attribute types, indexes, billing, TTL and point-in-time recovery of each table:
+    what the template declares is what DescribeTable and friends say of the tables provision()
+    made."""
+    declared = expanded_resources(template, POOLS)
+    assert set(TABLES.values()) == set(TABLE_FIELDS)
+    for logical_id, field in TABLES.items():
+        described = provisioned.ddb.describe_table(TableName=getattr(provisioned.names, field))["Table"]
+        assert table_shape(declared[logical_id]["Properties"]) == table_shape(described), logical_id
+    assert template_stack(template, POOLS)["tables"] == provisioned.found["tables"]
+    runs = provisioned.found["tables"]["runs_table"]
+    assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE}
+
+
+def test_table_settings_are_those_of_resources(provisioned: Provisioned) -> None:
+    """TTL and point-in-time recovery on the tables provision() made (which the template declares
+    alike, above) are exactly those of runplane/adapters/aws/resources.py."""
+    tables = provisioned.found["tables"]
+    assert {field: t["TimeToLive"] for field, t in tables.items() if t["TimeToLive"][0] != "DISABLED"} == {
+        "workers_table": ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
     }
-    assert with_pitr == {logical_id for logical_id, attr in TABLES.items() if attr in resources.PITR_TABLES}
-    assert ddb.pitr == {getattr(names, attr): pitr for attr in resources.PITR_TABLES}
+    assert {field for field, t in tables.items() if t["PointInTimeRecovery"] == "ENABLED"} == set(resources.PITR_TABLES)
 
 
-def test_workers_ttl_is_the_attribute_the_registry_writes(template: dict[str, Any]) -> None:
+def test_workers_ttl_is_the_attribute_the_registry_writes(template: dict[str, Any], provisioned: Provisioned) -> None:
     ttl = template["Resources"]["WorkersTable"]["Properties"]["TimeToLiveSpecification"]
     assert ttl["Enabled"] is True
-    ddb = RecordingDynamo()
-    worker = Worker(id="w-1", pool="default", started_at=1.0, heartbeat_at=1.0)
-    DynamoWorkerRegistry("runplane-workers", ddb).put(worker)
-    (item,) = ddb.items
-    assert ttl["AttributeName"] in item["Item"]
-    assert int(item["Item"][ttl["AttributeName"]]["N"]) > 0
+    table = provisioned.names.workers_table
+    worker = Worker(id=f"w-{uuid.uuid4().hex[:6]}", pool="default", started_at=1.0, heartbeat_at=1.0)
+    DynamoWorkerRegistry(table, provisioned.ddb).put(worker)
+    item = provisioned.ddb.get_item(TableName=table, Key={"id": {"S": worker.id}})["Item"]
+    assert ttl["AttributeName"] in item
+    assert int(item[ttl["AttributeName"]]["N"]) > 0
 
 
-def _queue_by_name(resources: dict[str, Any]) -> dict[str, tuple[str, dict[str, Any]]]:
-    return {
-        r["Properties"]["QueueName"]: (logical_id, r["Properties"])
-        for logical_id, r in resources.items()
-        if r.get("Type") == "AWS::SQS::Queue"
-    }
-
-
-def test_queues_match_provision(template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]) -> None:
-    names, _, sqs, _ = provisioned
-    queues = _queue_by_name(expanded_resources(template, POOLS))
-    assert set(queues) == set(sqs.queues), "the template and provision() create different queues"
-    wanted = [pool_queue_name(names.prefix, pool) for pool in POOLS] + [events_queue_name(names.prefix)]
-    for name in wanted:
-        _, props = queues[name]
-        reference = sqs.queues[name]
-        assert str(props["MessageRetentionPeriod"]) == reference["MessageRetentionPeriod"]
-        redrive = props["RedrivePolicy"]
-        assert (
-            int(redrive["maxReceiveCount"])
-            == MAX_RECEIVES
-            == int(json.loads(reference["RedrivePolicy"])["maxReceiveCount"])
-        )
-        dlq_logical_id, attribute = redrive["deadLetterTargetArn"]["Fn::GetAtt"]
-        assert attribute == "Arn"
-        dlq_id, dlq_props = queues[f"{name}-dlq"]
-        assert dlq_logical_id == dlq_id, f"{name} redrives to {dlq_logical_id}, not to its own dead-letter queue"
-        assert str(dlq_props["MessageRetentionPeriod"]) == sqs.queues[f"{name}-dlq"]["MessageRetentionPeriod"]
-        assert int(props["MessageRetentionPeriod"]) == resources.MESSAGE_RETENTION_SECONDS
-        assert int(dlq_props["MessageRetentionPeriod"]) == resources.MESSAGE_RETENTION_SECONDS
-    visibility = {pool_queue_name(names.prefix, pool): resources.POOL_VISIBILITY_SECONDS for pool in POOLS}
-    visibility[events_queue_name(names.prefix)] = resources.EVENTS_VISIBILITY_SECONDS
-    for name, seconds in visibility.items():
-        _, props = queues[name]
-        assert int(props["VisibilityTimeout"]) == seconds == int(sqs.queues[name]["VisibilityTimeout"]), name
+def test_queues_match_provision(template: dict[str, Any], provisioned: Provisioned) -> None:
+    """Retention, visibility timeout and redrive (to the queue's own dead-letter queue) of every
+    queue: the template's, and those of the queues on the moto server."""
+    found = provisioned.found["queues"]
+    assert template_stack(template, POOLS)["queues"] == found
+    assert len(found) == 2 * (len(POOLS) + 1)
+    for role, queue in found.items():
+        assert queue["MessageRetentionPeriod"] == resources.MESSAGE_RETENTION_SECONDS, role
+        dead_letter = role.endswith(" dlq")
+        assert queue["maxReceiveCount"] == (None if dead_letter else MAX_RECEIVES), role
+        assert queue["redrives to its own -dlq"] is (None if dead_letter else True), role
+    visibility = {f"pool {pool}": resources.POOL_VISIBILITY_SECONDS for pool in POOLS}
+    visibility["events"] = resources.EVENTS_VISIBILITY_SECONDS
+    assert {role: found[role]["VisibilityTimeout"] for role in visibility} == visibility
 
 
 def test_events_visibility_covers_six_dispatcher_timeouts(template: dict[str, Any]) -> None:
@@ -286,46 +250,19 @@ def test_events_visibility_covers_six_dispatcher_timeouts(template: dict[str, An
     assert 6 * timeout <= resources.EVENTS_VISIBILITY_SECONDS
 
 
-def _bucket_as_api(props: dict[str, Any]) -> dict[str, Any]:
-    """The template's bucket properties in the shape of the S3 API calls provision() makes."""
-    (encryption,) = props["BucketEncryption"]["ServerSideEncryptionConfiguration"]
-    rules = []
-    for rule in props["LifecycleConfiguration"]["Rules"]:
-        api_rule = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
-        api_rule |= {k: v for k, v in rule.items() if k not in ("Id", "Status", "Prefix")}
-        rules.append(api_rule)
-    return {
-        "put_bucket_encryption": {
-            "ServerSideEncryptionConfiguration": {
-                "Rules": [{"ApplyServerSideEncryptionByDefault": encryption["ServerSideEncryptionByDefault"]}]
-            }
-        },
-        "put_public_access_block": {"PublicAccessBlockConfiguration": props["PublicAccessBlockConfiguration"]},
-        "put_bucket_ownership_controls": {"OwnershipControls": props["OwnershipControls"]},
-        "put_bucket_versioning": {"VersioningConfiguration": props["VersioningConfiguration"]},
-        "put_bucket_lifecycle_configuration": {"LifecycleConfiguration": {"Rules": rules}},
-    }
-
-
-def test_bucket_settings_are_those_of_resources(
-    template: dict[str, Any], provisioned: tuple[AwsNames, Any, Any, Any]
-) -> None:
-    names, _, _, s3 = provisioned
-    props = template["Resources"]["DataBucket"]["Properties"]
-    declared = _bucket_as_api(props)
-    created = dict(s3.buckets[names.bucket])
-    policy = json.loads(created.pop("put_bucket_policy")["Policy"])
-    assert created == declared
-    assert declared["put_bucket_encryption"]["ServerSideEncryptionConfiguration"] == resources.BUCKET_ENCRYPTION
-    assert declared["put_public_access_block"]["PublicAccessBlockConfiguration"] == resources.PUBLIC_ACCESS_BLOCK
-    assert declared["put_bucket_ownership_controls"]["OwnershipControls"] == {
-        "Rules": [{"ObjectOwnership": resources.OBJECT_OWNERSHIP}]
-    }
-    assert declared["put_bucket_versioning"]["VersioningConfiguration"] == {"Status": resources.VERSIONING_STATUS}
-    assert declared["put_bucket_lifecycle_configuration"]["LifecycleConfiguration"] == {
-        "Rules": resources.lifecycle_rules()
-    }
-    assert policy == resources.bucket_policy(names.bucket, "us-east-1")
+def test_bucket_settings_are_those_of_resources(template: dict[str, Any], provisioned: Provisioned) -> None:
+    """Encryption, public-access block, ownership, versioning, lifecycle and TLS-only policy: the
+    template's, those of the bucket on the moto server, and those of resources.py."""
+    found = provisioned.found["bucket"]
+    assert template_stack(template, POOLS)["bucket"] == found
+    assert {"Rules": [{"ApplyServerSideEncryptionByDefault": e} for e in found["encryption"]]} == (
+        resources.BUCKET_ENCRYPTION
+    )
+    assert found["public_access_block"] == resources.PUBLIC_ACCESS_BLOCK
+    assert found["ownership"] == [{"ObjectOwnership": resources.OBJECT_OWNERSHIP}]
+    assert found["versioning"] == resources.VERSIONING_STATUS
+    assert found["lifecycle"] == sorted(resources.lifecycle_rules(), key=lambda r: r["ID"])
+    assert found["policy"] == resources.bucket_policy("BUCKET", "us-east-1")
 
 
 def test_bucket_policy_is_the_tls_only_policy_of_resources(template: dict[str, Any]) -> None:
@@ -433,7 +370,7 @@ def test_functions_and_their_workers_get_the_stack_region(template: dict[str, An
 # ---- the LocalStack hook --------------------------------------------------------------------
 
 
-def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, Any, Any, Any]) -> None:
+def test_hook_creates_the_same_names_and_indexes(provisioned: Provisioned) -> None:
     text = HOOK.read_text()
     for suffix in ("runs", "workers", "tokens", "pools", "data"):
         assert f"$prefix-{suffix}" in text
@@ -443,10 +380,9 @@ def test_hook_creates_the_same_names_and_indexes(provisioned: tuple[AwsNames, An
     assert "AttributeName=pool,KeyType=HASH" in text
     match = re.search(r"--global-secondary-indexes '(.*?)'", text, re.DOTALL)
     assert match, "the hook creates no global secondary indexes"
-    names, ddb, _, _ = provisioned
     assert (
         sorted(json.loads(match.group(1)), key=lambda i: i["IndexName"])
-        == table_shape(ddb.tables[names.runs_table])["GlobalSecondaryIndexes"]
+        == provisioned.found["tables"]["runs_table"]["GlobalSecondaryIndexes"]
     )
     for key in (
         "AttributeName=id,KeyType=HASH",
@@ -476,11 +412,13 @@ def test_hook_values_are_those_of_resources() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("aws") is None, reason="needs the aws CLI to stand in for awslocal")
 def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_path: Path) -> None:
-    """Run the hook (twice: it is idempotent) against moto's server, compare with provision()."""
+    """Run the hook (twice: it is idempotent) against moto's server, compare with provision().
+    The aws CLI stands in for LocalStack's awslocal; scripts/setup.sh --test installs it."""
+    aws = shutil.which("aws")
+    assert aws is not None, "the aws CLI is not on PATH: scripts/setup.sh --test installs it"
     shim = tmp_path / "awslocal"
-    shim.write_text(f'#!/bin/sh\nexec aws --endpoint-url {moto_endpoint} "$@"\n')
+    shim.write_text(f'#!/bin/sh\nexec {aws} --endpoint-url {moto_endpoint} "$@"\n')
     shim.chmod(0o755)
     tag = uuid.uuid4().hex[:8]
     hook, ref = AwsNames(prefix=f"hook{tag}"), AwsNames(prefix=f"ref{tag}")
