@@ -14,7 +14,12 @@ if [ "$want_test" = "--test" ]; then
   command -v systemd-analyze >/dev/null || need+=(systemd)
   command -v shellcheck >/dev/null || need+=(shellcheck)
   command -v debootstrap >/dev/null || need+=(debootstrap)
-  # Azurite (the Azure Storage emulator) for the Azure adapters' tests: an npm package
+  # the aws CLI: the LocalStack hook's test runs the hook with it against moto (awslocal's stand-in).
+  # Debian's package keeps its own botocore, apart from the venv's. (A pyenv shim with no aws behind
+  # it is found by `command -v`, hence the call.)
+  aws --version >/dev/null 2>&1 || need+=(awscli)
+  # Azurite (the Azure Storage emulator) for the Azure adapters' tests and dynalite (DynamoDB's API,
+  # with atomic conditional writes) for the AWS adapters' race tests: npm packages
   command -v npx >/dev/null || need+=(nodejs npm)
 fi
 if [ ${#need[@]} -gt 0 ]; then
@@ -44,6 +49,7 @@ if [ ! -f "$stamp" ]; then
 fi
 if [ "$want_test" = "--test" ]; then
   scripts/start-azurite.sh --install # into .azurite/; the tests start it
+  scripts/start-dynalite.sh --install # into .dynalite/; the tests start it
 fi
 # cloud-init, for `cloud-init schema` in the tests: Debian's package unpacked into .venv/cloud-init,
 # not installed. Installing it would enable its boot services, which on a real machine's next boot

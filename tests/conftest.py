@@ -3,16 +3,21 @@ embedded local stack with agents on the real Docker engine."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import inspect
 import json
 import logging
 import os
 import subprocess
 import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,12 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 POOLS_FILE = ROOT / "tests" / "pools.yaml"
 TEST_IMAGE = "runplane/test-busybox:1"
 AGENT_IMAGE = "runplane/agent:local"
-# Agents in tests: short leases so lost workers are noticed fast; never pull (a pull would
-# leave this machine); no network for runs that ask for one: host mode cannot be contained, so such
-# runs are refused, and the default (a bridge the agent makes) would use a private range.
-# tests/security/test_network.py gives its agents networks of the test's own namespaces.
-FAST = ["--lease-seconds", "4", "--heartbeat-seconds", "1", "--poll-seconds", "1", "--kill-poll-seconds", "0.5"]
+# Agents in tests: quick polls; leases long enough that no stall of this machine (the moto server
+# runs in the test's process) lets one lapse, so a live worker never loses its run; never pull (a
+# pull would leave this machine); no network for runs that ask for one: host mode cannot be
+# contained, so such runs are refused, and the default (a bridge the agent makes) would use a
+# private range. tests/security/test_network.py gives its agents networks of the test's own namespaces.
+FAST = ["--lease-seconds", "60", "--heartbeat-seconds", "2", "--poll-seconds", "1", "--kill-poll-seconds", "0.5"]
 FAST += ["--pull", "never", "--network-mode", "host"]
+# Only for agents a test kills to see their runs re-queued when the lease lapses (given after FAST:
+# the last value of a flag wins). A stall there can re-queue a run early, which such tests allow for.
+SHORT_LEASE = ["--lease-seconds", "4", "--heartbeat-seconds", "1"]
 AGENT_ARGS = " ".join([*FAST, "--upload-deadline-seconds", "30"])
 # Buckets (Azure: containers) the local stacks of the tests allow as inputs: one for everyone, one
 # for the group "vision" only. Both are made when the stacks start.
@@ -106,6 +115,38 @@ def aws_stack(moto_endpoint: str) -> Stack:
         aws_names(settings), [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"]
     )
     return stack
+
+
+@pytest.fixture(scope="session")
+def dynalite_endpoint() -> str:
+    """dynalite (DynamoDB's API in Node.js, in memory) on 127.0.0.1, installed and started by
+    scripts/start-dynalite.sh if needed; returns its endpoint URL. Unlike moto's DynamoDB it
+    applies each item's conditional writes atomically when they race, as DynamoDB does."""
+    done = subprocess.run([str(ROOT / "scripts" / "start-dynalite.sh")], capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        pytest.fail(f"could not start dynalite:\n{done.stdout}\n{done.stderr}")
+    return lines[-1]
+
+
+@pytest.fixture
+def aws_dynalite_stack(moto_endpoint: str, dynalite_endpoint: str) -> Iterator[Stack]:
+    """A freshly provisioned stack with its tables on dynalite and its queues and bucket on the
+    moto server (``RUNPLANE_DYNAMODB_ENDPOINT_URL``); its tables are deleted afterwards (dynalite
+    keeps everything in memory)."""
+    settings = StackSettings(
+        prefix=f"t{uuid.uuid4().hex[:8]}",
+        aws_endpoint_url=moto_endpoint,
+        dynamodb_endpoint_url=dynalite_endpoint,
+        pools=str(POOLS_FILE),
+    )
+    clients = aws_clients(settings)
+    stack = build_stack(settings, clients)
+    names = aws_names(settings)
+    provision(names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"])
+    yield stack
+    for table in (names.runs_table, names.workers_table, names.tokens_table, names.pools_table):
+        clients["dynamodb"].delete_table(TableName=table)
 
 
 @pytest.fixture(scope="session")
@@ -374,7 +415,85 @@ def api_status(call: Callable[[], Any]) -> tuple[int, str, str]:
 _ORDER = {"unit": 0, "integration": 1, "e2e": 2, "security": 2}
 
 
+# The fixtures that bring up a service, and the marker (pyproject.toml) of every test that needs
+# one, however it gets there: as an argument, through another fixture, or by
+# request.getfixturevalue(). Markers follow from the fixtures, so none can be forgotten;
+# `make test-fast` deselects them.
+SERVICE_MARKERS = {
+    "docker_client": "docker",
+    "slurm_conf": "slurm",
+    "azurite": "azurite",
+    "dynalite_endpoint": "dynalite",
+    "devstack": "devstack",
+    "azure_devstack": "devstack",
+}
+
+
+@functools.cache
+def _getfixturevalue_arguments(func: Callable[..., Any]) -> list[ast.expr] | None:
+    """The argument expressions of the ``getfixturevalue`` calls in a fixture's source (None: no
+    source to read)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return [
+        node.args[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "getfixturevalue"
+        and node.args
+    ]
+
+
+def _requested_by_name(func: Callable[..., Any], param: Any) -> set[str] | None:
+    """The fixtures a fixture asks for with ``request.getfixturevalue(...)`` when its param is
+    ``param``: each argument evaluated in the fixture's module. None when one cannot be told."""
+    arguments = _getfixturevalue_arguments(func)
+    if arguments is None:
+        return None
+    names = set()
+    for argument in arguments:
+        try:
+            code = compile(ast.Expression(argument), inspect.getsourcefile(func) or "<fixture>", "eval")
+            name = eval(code, func.__globals__, {"request": SimpleNamespace(param=param)})
+        except Exception:  # an expression of more than the param and the module's names
+            return None
+        if not isinstance(name, str):
+            return None
+        names.add(name)
+    return names
+
+
+def _fixtures_needed(item: pytest.Item) -> set[str] | None:
+    """Every fixture the test sets up, with those it requests by name; None when that cannot
+    be told (then it is taken to need every service)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    manager = item.session._fixturemanager
+    needed: set[str] = set()
+    todo = list(getattr(item, "fixturenames", []))
+    while todo:
+        name = todo.pop()
+        if name in needed:
+            continue
+        needed.add(name)
+        for fixturedef in manager.getfixturedefs(name, item) or ():
+            todo += fixturedef.argnames
+            dynamic = _requested_by_name(fixturedef.func, params.get(name))
+            if dynamic is None:
+                return None
+            todo += dynamic
+    return needed
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Fast suites first; the e2e suite last, because its local stack (started on first use)
-    keeps polling in the background and owns the process-wide handler settings from then on."""
+    """Mark each test with the services its fixtures bring up (SERVICE_MARKERS). Then fast suites
+    first; the e2e suite last, because its local stack (started on first use) keeps polling in the
+    background and owns the process-wide handler settings from then on."""
+    for item in items:
+        needed = _fixtures_needed(item)
+        for fixture, marker in sorted(SERVICE_MARKERS.items()):
+            if needed is None or fixture in needed:
+                item.add_marker(marker)
     items.sort(key=lambda item: _ORDER.get(Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0], 1))

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 
 import pytest
 
@@ -14,6 +13,7 @@ from runplane import bootstrap
 from runplane.domain.models import RunState
 from runplane.ports import Expect
 from tests.conftest import TERMINAL, AgentProcess, wait_for, wait_state
+from tests.gate import GATE, open_gate, output_dir
 
 pytestmark = pytest.mark.docker
 
@@ -40,21 +40,29 @@ def logs(client, run_id):
     return client.request("GET", f"/v1/runs/{run_id}/logs")["data"]
 
 
-def test_two_slots_run_at_once_on_disjoint_cores(docker_client, alice, agents):
+def test_two_slots_run_at_once_on_disjoint_cores(docker_client, alice, agents, tmp_path):
     agents("--slots", "2", "--cpuset", "0,1", "--idle-seconds", "30")
-    cmd = "grep Cpus_allowed_list /proc/self/status | cut -f2; sleep 2"
+    cmd = f"grep Cpus_allowed_list /proc/self/status | cut -f2; {GATE}"
     runs = [submit(alice, cmd, resources={"cpus": 1}) for _ in range(2)]
-    done = [wait_state(alice, r["id"], TERMINAL) for r in runs]
-    assert [d["state"] for d in done] == ["succeeded", "succeeded"]
+    for r in runs:  # each holds at its gate: both run at once
+        wait_for(lambda r=r: logs(alice, r["id"]), 60, 0.1, "the run to print its cores")
+    assert [alice.request("GET", f"/v1/runs/{r['id']}")["state"] for r in runs] == ["running", "running"]
     cores = sorted(logs(alice, r["id"]).strip() for r in runs)
     assert cores == ["0", "1"]
+    for r in runs:
+        open_gate(output_dir(tmp_path / "work", r["id"]))
+    done = [wait_state(alice, r["id"], TERMINAL) for r in runs]
+    assert [d["state"] for d in done] == ["succeeded", "succeeded"]
     starts = sorted((d["started_at"], d["finished_at"]) for d in done)
     assert starts[1][0] < starts[0][1], "the two runs did not overlap"
 
 
 def test_sigterm_with_pass_down_requeues_and_another_agent_finishes(docker_client, alice, agents):
     first = agents("--pass-down-termination")
-    run = submit(alice, "echo attempt $RUNPLANE_ATTEMPT; sleep 5; echo $RUNPLANE_ATTEMPT > done")
+    # the first attempt ends only by the agent's hand
+    run = submit(
+        alice, 'echo attempt $RUNPLANE_ATTEMPT; [ "$RUNPLANE_ATTEMPT" = 1 ] && sleep 600; echo $RUNPLANE_ATTEMPT > done'
+    )
     wait_for(lambda: logs(alice, run["id"]), 60, 0.1, "the run to print")
     first.signal(signal.SIGTERM)
     assert first.wait(20) == 0
@@ -70,11 +78,15 @@ def test_sigterm_with_pass_down_requeues_and_another_agent_finishes(docker_clien
     assert [f["path"] for f in files] == ["done"]
 
 
-def test_sigterm_without_pass_down_finishes_the_current_run(docker_client, alice, agents):
+def test_sigterm_without_pass_down_finishes_the_current_run(docker_client, alice, agents, tmp_path):
     agent = agents()
-    run = submit(alice, "sleep 2; echo finished")
+    run = submit(alice, f"{GATE}; echo finished")
     wait_state(alice, run["id"], {"running"}, timeout=60)
     agent.signal(signal.SIGTERM)
+    wait_for(lambda: "signal 15: stopping" in agent.log.read_text(), 30, 0.1, "the agent to take the signal")
+    assert agent.proc.poll() is None, "the agent left before its run ended"
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
+    open_gate(output_dir(tmp_path / "work", run["id"]))
     assert agent.wait(30) == 0
     done = alice.request("GET", f"/v1/runs/{run['id']}")
     assert (done["state"], done["attempt"]) == ("succeeded", 1)
@@ -94,16 +106,20 @@ def test_agent_restarted_mid_run_hands_its_run_back(docker_client, alice, agents
         lambda: (r := alice.request("GET", f"/v1/runs/{run['id']}"))["attempt"] == 2 and r, 60, 0.2, "attempt 2"
     )
     assert any("its worker restarted" in e["message"] for e in requeued["events"])
-    assert all(
-        c.attrs["Labels"]["io.runplane.attempt"] == "2"
-        for c in docker_client.containers.list(all=True, sparse=True, filters={"label": label})
+    # the first attempt's container went before the second attempt was claimed
+    containers = wait_for(
+        lambda: docker_client.containers.list(all=True, sparse=True, filters={"label": label}),
+        60,
+        0.2,
+        "the second attempt's container",
     )
+    assert [c.attrs["Labels"]["io.runplane.attempt"] for c in containers] == ["2"]
     alice.request("POST", f"/v1/runs/{run['id']}/kill")
     assert wait_state(alice, run["id"], TERMINAL)["state"] == "killed"
 
 
 def test_lost_lease_stops_the_container_and_writes_nothing(docker_client, alice, agents):
-    agents()
+    agent = agents()
     run = submit(alice, "sleep 60")
     running = wait_state(alice, run["id"], {"running"}, timeout=60)
     store = bootstrap.stack().store
@@ -121,7 +137,8 @@ def test_lost_lease_stops_the_container_and_writes_nothing(docker_client, alice,
         0.2,
         "the container of the lost attempt to go",
     )
-    time.sleep(2)
+    # the agent has let go of the run: nothing of the lost attempt can write any more
+    wait_for(lambda: f"run {run['id']} ended" in agent.log.read_text(), 30, 0.2, "the agent to let the run go")
     after = store.get(run["id"])
     assert (after.state, after.attempt, after.worker_id) == (RunState.QUEUED, 1, None)
     assert [e.state for e in after.events] == [e.state for e in stored.events]
@@ -142,8 +159,12 @@ class _Notices(http.server.BaseHTTPRequestHandler):
     preempt = False
 
     def do_GET(self):
-        events = [{"EventId": "1", "EventType": "Preempt", "ResourceType": "VirtualMachine"}] if self.preempt else []
-        body = json.dumps({"DocumentIncarnation": 1, "Events": events}).encode()
+        event = {"EventId": "1", "EventType": "Preempt", "ResourceType": "VirtualMachine", "Resources": ["spot-vm"]}
+        events = [event] if self.preempt else []
+        doc = {"DocumentIncarnation": 1, "Events": events}
+        if self.path.startswith("/metadata/instance/compute"):
+            doc = {"name": "spot-vm"}
+        body = json.dumps(doc).encode()
         self.send_response(200 if self.headers.get("Metadata") == "true" else 400)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

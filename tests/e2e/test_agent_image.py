@@ -23,7 +23,7 @@ STACK_ENV = [
     "AWS_SECRET_ACCESS_KEY",
     "AWS_DEFAULT_REGION",
 ]
-# The same short leases and polls as tests/e2e/test_agent.py, as RUNPLANE_AGENT_<FLAG> variables.
+# The same leases and polls as the agents of tests/e2e/test_agent.py, as RUNPLANE_AGENT_<FLAG> variables.
 FAST = {
     "RUNPLANE_AGENT_" + flag.removeprefix("--").upper().replace("-", "_"): value
     for flag, value in zip(FAST_FLAGS[::2], FAST_FLAGS[1::2], strict=True)

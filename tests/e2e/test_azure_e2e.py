@@ -8,6 +8,7 @@ import pytest
 
 from runplane.cli.client import Client
 from tests.conftest import TERMINAL, wait_for, wait_state
+from tests.gate import GATE, open_gate, output_dir
 
 pytestmark = pytest.mark.docker
 
@@ -56,11 +57,13 @@ def test_run_succeeds_and_its_outputs_download_through_sas_urls(docker_client, a
     assert got == {"answer": b"42\n", "sub/env": b"hi\n"}
 
 
-def test_logs_are_readable_while_the_run_goes(docker_client, alice):
-    run = alice.request("POST", "/v1/runs", {"command": "echo first; sleep 4; echo second"})
+def test_logs_are_readable_while_the_run_goes(docker_client, alice, azure_devstack):
+    run = alice.request("POST", "/v1/runs", {"command": f"echo first; {GATE}; echo second"})
     page = wait_for(lambda: (p := logs(alice, run["id"]))["data"] and p, 90, 0.1, "the first log line")
     assert page == {"data": "first\n", "next_offset": 6, "complete": False}
     assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
+    agents_root = azure_devstack.config.state_dir / str(azure_devstack.config.port) / "agents"
+    open_gate(output_dir(agents_root, run["id"]))
     rest = wait_for(
         lambda: (p := logs(alice, run["id"], offset=page["next_offset"]))["complete"] and p,
         60,

@@ -11,10 +11,18 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from runplane.domain.models import RunMessage
+from runplane.adapters.aws.sqs import pool_queue_name
+from runplane.domain.models import PoolConfig, RunMessage
+from runplane.services.reap import reap
 from tests.conftest import DATASETS, TERMINAL, wait_for, wait_state
+from tests.gate import GATE, open_gate, output_dir
 
 pytestmark = pytest.mark.docker
+
+
+def agents_root():
+    """The work dirs of the local stack's agents (one per worker)."""
+    return Path(os.environ["RUNPLANE_AGENT_WORK_DIR"])
 
 
 def submit(client, command, **extra):
@@ -32,6 +40,19 @@ def outputs(client, run_id):
         with urllib.request.urlopen(f["url"], timeout=10) as resp:
             result[f["path"]] = resp.read()
     return result
+
+
+def hints_left(pool):
+    """Hints of ``pool`` waiting, taken but not deleted, or delayed: 0 once workers took them all."""
+    queue = bootstrap.stack().queue
+    url = queue.client.get_queue_url(QueueName=pool_queue_name(queue.prefix, pool))["QueueUrl"]
+    counts = [
+        "ApproximateNumberOfMessages",
+        "ApproximateNumberOfMessagesNotVisible",
+        "ApproximateNumberOfMessagesDelayed",
+    ]
+    attributes = queue.client.get_queue_attributes(QueueUrl=url, AttributeNames=counts)["Attributes"]
+    return sum(int(attributes[name]) for name in counts)
 
 
 def test_success_with_logs_outputs_and_timeline(docker_client, alice):
@@ -71,18 +92,20 @@ def test_nonzero_exit_fails_with_code_and_stderr_tail(docker_client, alice):
     assert "no such file: data.csv" in done["failure"]["message"]
 
 
-def test_kill_running_run_within_5s(docker_client, alice):
-    run = submit(alice, "echo started; echo partial > partial; sleep 120")
+def test_kill_running_run(docker_client, alice):
+    """How fast a kill lands is measured by bench/kill_latency.py; here, what it does."""
+    run = submit(alice, "echo started; echo partial > partial; sleep 600")
+    running = wait_state(alice, run["id"], {"running"}, timeout=60)
     wait_for(lambda: read_all(alice, run["id"]) == "started\n", 60, 0.1, "the run to start")
-    t0 = time.monotonic()
     accepted = alice.request("POST", f"/v1/runs/{run['id']}/kill")
     assert accepted["kill_requested"] is True
-    done = wait_state(alice, run["id"], TERMINAL, timeout=30)
-    elapsed = time.monotonic() - t0
+    done = wait_state(alice, run["id"], TERMINAL, timeout=60)
     assert done["state"] == "killed"
     assert done["failure"]["reason"] == "killed"
-    assert elapsed < 5, f"kill took {elapsed:.1f}s"
+    assert done["exit_code"] == 137
     assert outputs(alice, run["id"]) == {"partial": b"partial\n"}  # partial outputs still land
+    labels = {"label": [f"io.runplane.run_id={run['id']}", f"io.runplane.attempt={running['attempt']}"]}
+    wait_for(lambda: not docker_client.containers.list(all=True, sparse=True, filters=labels), 30, 0.2, "it to go")
 
 
 def test_time_limit(docker_client, alice):
@@ -122,7 +145,7 @@ def test_duplicate_queue_delivery_runs_once(docker_client, alice):
     claims = [e for e in done["events"] if e["state"] == "preparing"]
     assert len(claims) == 1
     assert read_all(alice, run["id"]) == "once\n"
-    time.sleep(2)  # let the duplicates reach the workers; none may change the run
+    wait_for(lambda: hints_left("default") == 0, 60, 0.2, "the workers to take every duplicate")
     assert alice.request("GET", f"/v1/runs/{run['id']}")["events"] == done["events"]
 
 
@@ -137,13 +160,14 @@ def test_idempotent_submit_runs_once(docker_client, alice):
 
 
 def test_logs_readable_while_running(docker_client, alice):
-    run = submit(alice, "echo first; sleep 3; echo second")
+    run = submit(alice, f"echo first; {GATE}; echo second")
     page = wait_for(
         lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs"))["data"] and p, 60, 0.1, "the first log line"
     )
     assert page["data"] == "first\n"
     assert page["complete"] is False
     assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
+    open_gate(output_dir(agents_root(), run["id"]))
     rest = wait_for(
         lambda: (
             (p := alice.request("GET", f"/v1/runs/{run['id']}/logs", query={"offset": page["next_offset"]}))["complete"]
@@ -156,14 +180,42 @@ def test_logs_readable_while_running(docker_client, alice):
     assert rest["data"] == "second\n"
 
 
+def _dead(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def test_sigkilled_worker_run_is_requeued_and_finished_by_another(docker_client, alice, devstack):
-    run = submit(alice, "echo attempt $RUNPLANE_ATTEMPT; sleep 4; echo $RUNPLANE_ATTEMPT > attempt")
+    # the first attempt ends only with its worker (its container is removed below)
+    command = (
+        'echo attempt $RUNPLANE_ATTEMPT; [ "$RUNPLANE_ATTEMPT" = 1 ] && sleep 600; echo $RUNPLANE_ATTEMPT > attempt'
+    )
+    run = submit(alice, command)
     running = wait_state(alice, run["id"], {"running"}, timeout=60)
     worker_id = running["worker_id"]
     state_dir = Path(os.environ["RUNPLANE_LOCAL_STATE_DIR"]) / "default"
     pid = json.loads((state_dir / f"{worker_id}.json").read_text())["pid"]
-    os.kill(pid, signal.SIGKILL)
-    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    first = {"label": [f"io.runplane.run_id={run['id']}", "io.runplane.attempt=1"]}
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: _dead(pid), 30, 0.1, f"worker {worker_id} to die")
+        # The stack's reaper, its clock past the lease the dead worker left (the lease of the
+        # stack's agents is long: no stall may cost a live worker its run). Tried again should a
+        # renewal sent just before the kill land after the lease was read.
+        stack = bootstrap.stack()
+        pools = PoolConfig(pools=[stack.pools.get("default")])
+
+        def reaped():
+            expires = stack.store.get(run["id"]).lease_expires_at
+            return reap(stack.store, stack.queue, pools, expires + 1, rehint_after=3600).requeued
+
+        assert wait_for(reaped, 30, 0.5, "the reaper to re-queue the run") == [run["id"]]
+        done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    finally:
+        for container in docker_client.containers.list(all=True, filters=first):
+            container.remove(force=True)
     assert done["state"] == "succeeded", done
     assert done["attempt"] == 2
     assert done["worker_id"] != worker_id

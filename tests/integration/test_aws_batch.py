@@ -49,7 +49,7 @@ def test_contract_launch_list_cancel(backend):
     assert {j.id for j in listed} == {j.id for j in jobs}
     assert {j.worker_id for j in listed} == {j.worker_id for j in jobs}
     assert all(j.state in ("pending", "running") and j.created_at > 0 for j in listed)
-    wait_for(lambda: all(j.state == "running" for j in compute.list(pool)), 60, 0.2, "the jobs to run")
+    wait_for(lambda: [j.state for j in compute.list(pool)] == ["running"] * 2, 60, 0.2, "the jobs to run")
     # the job as submitted: the agent arguments with the worker's id, on one definition
     described = client.describe_jobs(jobs=[jobs[0].id])["jobs"][0]
     assert described["jobName"] == f"runplane-{pool.name}--{jobs[0].worker_id}"
@@ -89,5 +89,5 @@ def test_unknown_queue_is_a_backend_error(backend):
 
     compute, pool, _ = backend
     lost = pool.model_copy(update={"options": {**pool.options, "job_queue": "no-such-queue"}})
-    with pytest.raises(BackendError):
+    with pytest.raises(BackendError, match="Job queue no-such-queue does not exist"):
         compute.list(lost)

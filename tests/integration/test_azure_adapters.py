@@ -93,7 +93,7 @@ def test_a_write_between_read_and_write_that_breaks_expect_fails_the_update(azur
     store = TableRunStore(
         Interleaved(runs_table, lambda: other.update(run, claim, {"state": RunState.PREPARING, "worker_id": "w1"}))
     )
-    with pytest.raises(ConditionFailed) as info:
+    with pytest.raises(ConditionFailed, match=f"run {run.id} is preparing at attempt 0") as info:
         store.update(run, claim, {"state": RunState.PREPARING, "worker_id": "w2"})
     assert info.value.details["run"].worker_id == "w1"
     assert other.get(run.id).worker_id == "w1"
@@ -145,7 +145,7 @@ def test_a_create_that_stopped_half_way_is_invisible_and_completed_by_a_retry(az
     runs_table.create_entity(
         {"PartitionKey": "o:alice", "RowKey": f"{newest_first(run.created_at)}:r-7", "queue": "default"}
     )
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match=f"run {run.id} not found"):
         store.get(run.id)
     assert store.list(owner="alice").runs == []
     with pytest.raises(Conflict, match="taken by a run of queue default"):
@@ -153,14 +153,14 @@ def test_a_create_that_stopped_half_way_is_invisible_and_completed_by_a_retry(az
     assert store.create(run) == run
     assert store.get(run.id) == run
     assert [r.id for r in store.list(owner="alice").runs] == ["r-7"]
-    with pytest.raises(AlreadyExists):
+    with pytest.raises(AlreadyExists, match=f"run {run.id} exists"):
         store.create(run)
 
 
 def test_an_id_taken_in_another_queue_already_exists(azure_stack):
     store = azure_stack.store
     first = store.create(make_run(1))
-    with pytest.raises(AlreadyExists) as info:
+    with pytest.raises(AlreadyExists, match=f"run {first.id} exists") as info:
         store.create(make_run(1, owner="mallory", queue="parked"))
     assert info.value.details["run"] == first
     assert store.list(owner="mallory").runs == []
@@ -187,13 +187,13 @@ def test_large_runs_span_properties_and_oversized_ones_are_refused(azure_stack):
     store.create(big)
     assert store.get(big.id) == big
     more = [Event(at=float(i), message="y" * 1000) for i in range(MAX_RUN_CHARS // 1000)]
-    with pytest.raises(PayloadTooLarge):
+    with pytest.raises(PayloadTooLarge, match=f"run {big.id} is \\d+ bytes as JSON; Table storage holds at most"):
         store.update(big, Expect(), {"events": more})
     assert store.get(big.id) == big
     huge = make_run(1, env={f"V{i}": "x" * 4000 for i in range(150)})
-    with pytest.raises(PayloadTooLarge):
+    with pytest.raises(PayloadTooLarge, match=f"run {huge.id} is \\d+ bytes as JSON; Table storage holds at most"):
         store.create(huge)
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match=f"run {huge.id} not found"):
         store.get(huge.id)
 
 
@@ -309,7 +309,7 @@ def test_sas_urls_expire_by_the_store_clock(azure_stack, clients):
     with urllib.request.urlopen(store.url("k", expires_seconds=60), timeout=10) as r:
         assert r.read() == b"data"
     past = BlobObjectStore(store.container, clients.blobs, clients.account_key, clock=lambda: time.time() - 7200)
-    with pytest.raises(urllib.error.HTTPError) as info:
+    with pytest.raises(urllib.error.HTTPError, match="HTTP Error 403: Server failed to authenticate") as info:
         urllib.request.urlopen(past.url("k", expires_seconds=3600), timeout=10)
     assert info.value.code == 403
 
@@ -390,7 +390,7 @@ def test_large_files_go_up_in_blocks(azure_stack, clients, tmp_path):
 
 
 def test_missing_objects_and_containers(azure_stack, tmp_path):
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match="object nothing not found"):
         azure_stack.objects.download_file("nothing", tmp_path / "x")
     assert list(tmp_path.iterdir()) == []  # no partial file left behind
     with pytest.raises(BackendError, match="does not exist"):

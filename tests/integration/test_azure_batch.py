@@ -96,7 +96,7 @@ def test_pools_sharing_a_job_never_see_each_others_workers(compute):
 
 def test_refusals_are_backend_errors(compute, service):
     lost = make_pool(job_id="no-such-job")
-    with pytest.raises(BackendError) as info:
+    with pytest.raises(BackendError, match="HTTP 404 JobNotFound: The specified job does not exist") as info:
         compute.launch(lost, 2, ["--pool", "gpu"])
     assert info.value.details["jobs"] == [] and info.value.details["batch_code"] == "JobNotFound"
     with pytest.raises(BatchServiceError, match="JobNotFound"):
@@ -107,7 +107,7 @@ def test_refusals_are_backend_errors(compute, service):
 def test_the_service_checks_every_signature(service):
     settings = StackSettings(azure_batch_account_url=service.endpoint, azure_batch_account_key="AAAA" + TEST_KEY[4:])
     forged = AzureBatchCompute.from_settings(settings, transport=FakeBatchTransport(service))
-    with pytest.raises(BatchServiceError) as info:
+    with pytest.raises(BatchServiceError, match="HTTP 403 AuthenticationFailed: Server failed to authenticate") as info:
         forged.launch(make_pool(), 1, ["--pool", "gpu"])
     assert (info.value.status, info.value.batch_code) == (403, "AuthenticationFailed")
     assert service.jobs[JOB] == {}

@@ -86,7 +86,7 @@ def test_a_stale_record_write_is_refused(aws_stack):
     assert fresh == PoolRecord(pool="default")
     stored = states.save(fresh.model_copy(update={"last_decision": "first"}))
     assert stored.version == 1 and states.get("default").last_decision == "first"
-    with pytest.raises(ConditionFailed):
+    with pytest.raises(ConditionFailed, match="pool default: record changed since version 0"):
         states.save(fresh.model_copy(update={"last_decision": "second"}))
     assert states.get("default").last_decision == "first"
 

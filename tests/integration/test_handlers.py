@@ -143,9 +143,9 @@ def test_stale_worker_cannot_write_over_a_new_attempt(aws_stack):
     second = lifecycle.claim(s.store, s.store.get(first.id), 1, "w-new", 30, time.time())
     from runplane.domain.errors import LeaseLost
 
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost, match=f"run {first.id} attempt 1 cannot become running: .* at attempt 2"):
         lifecycle.advance(s.store, first, RunState.RUNNING, time.time(), "late")
-    with pytest.raises(LeaseLost):
+    with pytest.raises(LeaseLost, match=f"lease on run {first.id} attempt 1 lost: .* at attempt 2"):
         lifecycle.renew(s.store, first, 30, time.time())
     assert s.store.get(first.id).worker_id == "w-new"
     assert s.store.get(first.id).attempt == second.attempt == 2

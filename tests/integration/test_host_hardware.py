@@ -29,10 +29,17 @@ def test_nvml_and_nvidia_smi_see_the_same_gpus():
     smi = _smi_gpus()
     assert smi, "nvidia-smi answered but listed no GPU"
     nvml = _nvml_gpus()
-    if nvml is not None:  # nvidia-ml-py is optional; when present it must agree with nvidia-smi
-        assert [(g.index, g.uuid, g.name) for g in nvml] == [(g.index, g.uuid, g.name) for g in smi]
-        for a, b in zip(nvml, smi, strict=True):  # nvidia-smi rounds to MiB
-            assert abs(a.memory - b.memory) < 2**20
+    if nvml is None:
+        pytest.skip("nvidia-ml-py is not installed (it is optional; detection then reads nvidia-smi)")
+    assert [(g.index, g.uuid, g.name) for g in nvml] == [(g.index, g.uuid, g.name) for g in smi]
+    for a, b in zip(nvml, smi, strict=True):  # nvidia-smi rounds to MiB
+        assert abs(a.memory - b.memory) < 2**20
+
+
+@needs_gpu
+def test_detection_finds_what_nvidia_smi_lists():
+    smi = _smi_gpus()
+    assert smi, "nvidia-smi answered but listed no GPU"
     detected = detect_gpus()
     assert [g.uuid for g in detected] == [g.uuid for g in smi]
     assert all(g.uuid.startswith(("GPU-", "MIG-")) and g.memory > 2**30 for g in detected)
@@ -41,6 +48,7 @@ def test_nvml_and_nvidia_smi_see_the_same_gpus():
 @needs_gpu
 def test_every_gpu_goes_to_one_run_and_the_request_names_it():
     gpus = detect_gpus()
+    assert gpus, "nvidia-smi is here but no GPU was detected"
     assert select_gpus(gpus, [str(gpus[-1].index)]) == [gpus[-1]]
     assert select_gpus(gpus, [gpus[0].uuid]) == [gpus[0]]
     with pytest.raises(ValueError, match="is not on this host"):
@@ -63,9 +71,9 @@ def test_every_gpu_goes_to_one_run_and_the_request_names_it():
     assert again is not None and again.gpus == first.gpus
 
 
-@needs_cgroup_v2
-def test_usage_is_read_from_real_cgroup_v2_files(tmp_path):
-    """Docker's cgroup layout (``<root>/docker/<id>``) pointed at this process's own cgroup."""
+def _own_cgroup_as_a_container(tmp_path: Path) -> tuple[Path, str, Path]:
+    """Docker's cgroup layout (``<root>/docker/<id>``) pointed at this process's own cgroup:
+    (that cgroup, the id, the root)."""
     own = CGROUP / Path(Path("/proc/self/cgroup").read_text().strip().split(":", 2)[2]).relative_to("/")
     if not (own / "cpu.stat").exists():
         pytest.skip("this process's cgroup is not visible under /sys/fs/cgroup")
@@ -74,22 +82,34 @@ def test_usage_is_read_from_real_cgroup_v2_files(tmp_path):
     (root / "docker").mkdir(parents=True)
     (root / "cgroup.controllers").write_text((CGROUP / "cgroup.controllers").read_text())
     (root / "docker" / container_id).symlink_to(own)
+    return own, container_id, root
 
+
+@needs_cgroup_v2
+def test_usage_is_read_from_real_cgroup_v2_files(tmp_path):
+    _, container_id, root = _own_cgroup_as_a_container(tmp_path)
     before = read_cgroup(container_id, root)
     assert before is not None and before.cpu_seconds is not None
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:  # burn some cpu inside this cgroup
         hashlib.sha256(b"x" * 4096).digest()
-    ballast = bytearray(64 * 2**20)  # and touch 64 MiB
-    for i in range(0, len(ballast), 4096):
-        ballast[i] = 1
     after = read_cgroup(container_id, root)
     assert after is not None and after.cpu_seconds is not None
     assert after.cpu_seconds >= before.cpu_seconds + 0.25
-    if (own / "memory.current").exists():
-        assert after.memory_peak is not None and after.memory_peak >= 64 * 2**20
-    del ballast
     assert read_cgroup("0" * 64, root) is None  # a container this host does not have
+
+
+@needs_cgroup_v2
+def test_memory_peak_is_read_from_real_cgroup_v2_files(tmp_path):
+    own, container_id, root = _own_cgroup_as_a_container(tmp_path)
+    if not (own / "memory.current").exists():
+        pytest.skip("the memory controller is not enabled for this process's cgroup")
+    ballast = bytearray(64 * 2**20)  # touch 64 MiB
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    after = read_cgroup(container_id, root)
+    del ballast
+    assert after is not None and after.memory_peak is not None and after.memory_peak >= 64 * 2**20
 
 
 def test_nvidia_smi_absent_means_no_gpus_here():

@@ -89,10 +89,9 @@ def test_unit_runs_the_agent_as_a_stable_worker_that_passes_runs_down():
     assert argv[0] == AGENT_BINARY
     assert argv[argv.index("--id") + 1] == "%H"  # the host name: a restarted agent hands back its runs
     assert "--pass-down-termination" in argv
-    for arg in argv[1:]:
-        if arg.startswith("--"):
-            flag = arg[2:]
-            assert flag in {name for name, *_ in FLAGS} | {name for name, _ in SWITCHES}, arg
+    flags = [arg[2:] for arg in argv[1:] if arg.startswith("--")]
+    assert "pass-down-termination" in flags
+    assert set(flags) <= {name for name, *_ in FLAGS} | {name for name, _ in SWITCHES}, flags
     assert unit_values("EnvironmentFile") == ["/etc/runplane/agent.env"]
     assert "docker.service" in unit_values("Requires")
     assert any("docker.service" in v.split() for v in unit_values("After"))
@@ -142,8 +141,9 @@ def test_user_data_writes_the_agent_env_and_runs_install():
     assert "runplane-install" in script
     # every placeholder is documented at the top
     header = USER_DATA.read_text().split("\nwrite_files:")[0]
-    for placeholder in set(re.findall(r"__[A-Z_]+__", USER_DATA.read_text())):
-        assert f"#   {placeholder}" in header, placeholder
+    placeholders = sorted(set(re.findall(r"__[A-Z_]+__", USER_DATA.read_text())))
+    assert placeholders
+    assert [p for p in placeholders if f"#   {p}" not in header] == []
 
 
 def env_keys(text: str) -> set[str]:
@@ -172,10 +172,11 @@ def test_every_setting_used_is_an_agent_flag_or_a_stack_setting():
 
 def test_install_sh_options_map_to_agent_flags():
     text = INSTALL.read_text()
-    for option, key in re.findall(r"--([a-z-]+)\) arg_key (RUNPLANE_[A-Z_]+)", text):
-        assert key in AGENT_KEYS | STACK_KEYS, (option, key)
-        if key.startswith("RUNPLANE_AGENT_"):
-            assert key == _env_name(option), f"--{option} writes {key}"
+    options = re.findall(r"--([a-z-]+)\) arg_key (RUNPLANE_[A-Z_]+)", text)
+    assert [(option, key) for option, key in options if key not in AGENT_KEYS | STACK_KEYS] == []
+    agent_options = [(option, key) for option, key in options if key.startswith("RUNPLANE_AGENT_")]
+    assert agent_options, "install.sh maps no option to an agent flag"
+    assert [(option, key) for option, key in agent_options if key != _env_name(option)] == []
 
 
 def test_install_sh_parses():
@@ -194,8 +195,9 @@ def test_shellcheck(script):
 def test_install_sh_help_lists_its_options():
     proc = subprocess.run(["bash", str(INSTALL), "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    for option in re.findall(r"^\s+(--[a-z-]+)(?:\s|\))", INSTALL.read_text(), re.MULTILINE):
-        assert option in proc.stdout, option
+    options = re.findall(r"^\s+(--[a-z-]+)(?:\s|\))", INSTALL.read_text(), re.MULTILINE)
+    assert options
+    assert [option for option in options if option not in proc.stdout] == []
 
 
 def test_dockerfile_builds_the_agent_from_the_sources():

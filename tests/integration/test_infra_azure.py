@@ -239,6 +239,7 @@ def defined(arm, scope: str) -> bool:
 def test_is_an_arm_deployment_template():
     assert TEMPLATE["$schema"].endswith("/deploymentTemplate.json#")
     assert set(TEMPLATE) <= {"$schema", "contentVersion", "metadata", "parameters", "variables", "resources", "outputs"}
+    assert TEMPLATE["parameters"]
     for name, spec in TEMPLATE["parameters"].items():
         assert spec["type"] in {"string", "int", "bool", "array", "object", "securestring"}, name
         assert spec.get("metadata", {}).get("description"), f"parameter {name} is not described"
@@ -255,18 +256,24 @@ def test_every_parameter_and_variable_is_used_and_every_reference_resolves():
     assert targets, "the template references no resource?"
     for target in targets:
         assert target.lower() in defined, f"resourceId of {target}, which the template does not define"
-    for scope in re.findall(r"format\('(Microsoft\.[\w.]+/[\w]+)/\{0\}'", text):
+    scopes = re.findall(r"format\('(Microsoft\.[\w.]+/[\w]+)/\{0\}'", text)
+    assert scopes, "the template scopes no role assignment?"
+    for scope in scopes:
         assert scope.lower() in defined, f"a role assignment scoped to {scope}, which the template does not define"
 
 
 def test_every_expression_evaluates(arm):
+    evaluated = 0
     for resource in TEMPLATE["resources"]:
         count = arm.value(resource["copy"]["count"]) if "copy" in resource else None
         for index in range(count) if count is not None else [None]:
             for expression in expressions(resource):
-                arm.value(expression, index)
+                arm.value(expression, index)  # asserts it can read every token, raises on what it does not know
+                evaluated += 1
+    assert evaluated > len(TEMPLATE["resources"])
+    assert TEMPLATE["outputs"]
     for output in TEMPLATE["outputs"].values():
-        arm.value(output["value"])
+        assert arm.value(output["value"]) is not None
 
 
 def test_dependencies_name_resources_of_the_template(arm):
@@ -274,10 +281,14 @@ def test_dependencies_name_resources_of_the_template(arm):
     for resource in TEMPLATE["resources"]:
         for item in instances(arm, resource["type"]):
             ids.add(f"id:{resource['type']}/{item['name']}")
-    for resource in TEMPLATE["resources"]:
-        for item in instances(arm, resource["type"]):
-            for dependency in item.get("dependsOn", []):
-                assert dependency in ids, f"{item['name']} depends on {dependency}, which is not in the template"
+    dependencies = [
+        (item["name"], dependency)
+        for resource in TEMPLATE["resources"]
+        for item in instances(arm, resource["type"])
+        for dependency in item.get("dependsOn", [])
+    ]
+    assert dependencies, "no resource depends on another?"
+    assert [(name, dependency) for name, dependency in dependencies if dependency not in ids] == []
 
 
 @pytest.mark.parametrize("prefix", ["runplane", "rp-dev1"])
@@ -299,13 +310,16 @@ def test_app_settings_are_what_the_code_reads(arm):
     assert settings["RUNPLANE_AZURE_STORAGE_ACCOUNT"] == settings["AzureWebJobsStorage__accountName"]
     assert "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING" not in settings  # the managed identity, no key
     # every setting a binding names: %SETTING% expressions, and identity-based connections
+    read, connections = [], []
     for function in function_app.make_app().get_functions():
         for binding in json.loads(function.get_function_json())["bindings"]:
-            for value in binding.values():
-                for name in re.findall(r"%(\w+)%", str(value)):
-                    assert name in settings, f"{function.get_function_name()} reads app setting {name}"
-            if "connection" in binding:
-                assert f"{binding['connection']}__queueServiceUri" in settings
+            read += [
+                (function.get_function_name(), n) for v in binding.values() for n in re.findall(r"%(\w+)%", str(v))
+            ]
+            connections += [binding["connection"]] if "connection" in binding else []
+    assert read and connections
+    assert [(reader, name) for reader, name in read if name not in settings] == []
+    assert [c for c in connections if f"{c}__queueServiceUri" not in settings] == []
     assert settings["RunplaneEventsQueue"] == events_queue_name("runplane")
 
 

@@ -3,7 +3,6 @@ processes racing for the same input downloading it once."""
 
 import multiprocessing
 import os
-import time
 
 import pytest
 
@@ -127,10 +126,10 @@ def test_eviction_is_lru_and_spares_entries_in_use(cache, datasets):
     for i in range(3):
         datasets.put_bytes(f"big/{i}", bytes(20_000))
     a = cache.fetch(f"s3://{bucket}/big/0", "run-a", **OWNER)
-    time.sleep(0.01)
     b = cache.fetch(f"s3://{bucket}/big/1", "run-b", **OWNER)
-    time.sleep(0.01)
     c = cache.fetch(f"s3://{bucket}/big/2", "run-c", **OWNER)
+    for used_at, fetched in ((1_000, a), (2_000, b), (3_000, c)):  # last used: a, then b, then c
+        os.utime(cache.root / fetched.key / "done", (used_at, used_at))  # the cache's LRU clock
     cache.release(b.key, "run-b")
     cache.release(c.key, "run-c")
     cache.max_bytes = 55_000  # three entries of ~24 KiB on disk each: one must go

@@ -161,7 +161,7 @@ def test_refused_launch_is_a_backend_error_with_the_jobs_already_started(compute
     message = 'jobs.batch "x" is forbidden: exceeded quota: gpu-quota, requested: requests.nvidia.com/gpu=1'
     refuse = kmock.KubernetesError(403, "Forbidden", message)
     emulator.handler[kmock.resource("batch/v1/jobs"), kmock.action.CREATE][1:] << refuse
-    with pytest.raises(BackendError) as err:
+    with pytest.raises(BackendError, match="Kubernetes refused the worker job: 403") as err:
         compute.launch(pool, 3, [])
     assert err.value.message == f"Kubernetes refused the worker job: 403 {message}"
     assert err.value.details["status"] == 403
@@ -236,6 +236,6 @@ def test_unusable_kubeconfig_is_an_invalid_request(tmp_path, content, message):
     path = tmp_path / "kubeconfig"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(InvalidRequest, match="pool gpu: cannot load a Kubernetes config: ") as err:
         KubernetesCompute().list(make_pool(kubeconfig=str(path)))
     assert err.value.message.startswith(message.format(path=path))

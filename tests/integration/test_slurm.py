@@ -146,7 +146,7 @@ def test_a_token_slurm_does_not_accept_is_a_clear_backend_error(slurm_conf, tmp_
     forged = tmp_path / "forged"
     forged.write_text(f"{head}.{claims}.{signature[::-1]}")  # the right claims, a wrong signature
     compute = SlurmCompute()
-    with pytest.raises(BackendError) as caught:
+    with pytest.raises(BackendError, match="Failed while looking for jobs") as caught:
         compute.list(jwt_pool(slurm_conf, forged))
     assert f"JWT from {forged}" in caught.value.message and "Failed while looking for jobs" in caught.value.message
     with pytest.raises(BackendError, match=f"JWT from {forged}.*HTTP 500"):

@@ -328,14 +328,19 @@ def _references(value: Any) -> set[str]:
 
 
 def test_policies_are_statements_not_broad_sam_templates(template: dict[str, Any]) -> None:
-    for name, found in _all_statements(template).items():
+    statements = _all_statements(template)
+    assert statements
+    for name, found in statements.items():
         templates = [s["Template"] for s in found if "Template" in s]
         assert not templates, f"{name} uses SAM policy templates (more than it needs): {templates}"
 
 
 def test_nothing_is_granted_on_every_resource_but_the_unscoped_batch_reads(template: dict[str, Any]) -> None:
     types = _resource_types()
-    for name, found in _all_statements(template).items():
+    statements = _all_statements(template)
+    assert statements
+    grants = set()  # whether a grant on every resource, and a scoped one, were both seen
+    for name, found in statements.items():
         for statement in found:
             if "Template" in statement:
                 continue  # a SAM policy template: test_policies_are_statements_not_broad_sam_templates
@@ -345,6 +350,7 @@ def test_nothing_is_granted_on_every_resource_but_the_unscoped_batch_reads(templ
             actions = set(as_list(statement["Action"]))
             assert not any("*" in a for a in actions), f"{name}: a wildcard action in {statement}"
             everything = "*" in as_list(statement["Resource"])
+            grants.add(everything)
             for action in actions:
                 service, _, verb = action.partition(":")
                 scoped = bool(types[service][verb.lower()].get("Resources"))
@@ -354,6 +360,7 @@ def test_nothing_is_granted_on_every_resource_but_the_unscoped_batch_reads(templ
                 else:
                     # A scoped grant of an action IAM only grants on "*" would silently deny it.
                     assert scoped, f"{name}: {action} supports no resource-level permissions, yet is scoped"
+    assert grants == {True, False}
 
 
 def test_the_unscoped_batch_reads_are_documented(template: dict[str, Any]) -> None:
@@ -399,10 +406,13 @@ BROAD_EVENT_POLICIES = {"SQS", "Kinesis", "DynamoDB", "MSK", "MQ", "SelfManagedK
 
 
 def test_functions_with_queue_events_have_their_own_narrow_role(template: dict[str, Any]) -> None:
-    for name, function in functions(template).items():
-        kinds = {e["Type"] for e in function["Properties"].get("Events", {}).values()}
-        if not kinds & BROAD_EVENT_POLICIES:
-            continue
+    with_queue_events = [
+        (name, function)
+        for name, function in functions(template).items()
+        if {e["Type"] for e in function["Properties"].get("Events", {}).values()} & BROAD_EVENT_POLICIES
+    ]
+    assert with_queue_events, "no function has a queue event?"
+    for name, function in with_queue_events:
         role = role_of(template, name)
         assert role is not None, f"{name}: SAM would attach a managed policy on every queue or stream"
         props = role["Properties"]
@@ -460,9 +470,11 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
     assert _actions_on(found, "RunsTable") == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
     assert _actions_on(found, "WorkersTable") == {"dynamodb:PutItem", "dynamodb:GetItem"}
     objects = [s for s in found if "DataBucket" in _references(s["Resource"])]
+    granted = set()
     for statement in objects:
         for resource in as_list(statement["Resource"]):
             text = resource.get("Fn::Sub", "") if isinstance(resource, dict) else ""
+            granted.add(text or "the bucket")
             if text:  # objects: only under runs/ (and the agent's own log, write only)
                 assert text in ("${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*"), text
                 if text.endswith("/agents/*"):
@@ -470,6 +482,7 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
             else:  # the bucket: listing, under runs/ only
                 assert as_list(statement["Action"]) == ["s3:ListBucket"]
                 assert statement["Condition"] == {"StringLike": {"s3:prefix": "runs/*"}}
+    assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", "the bucket"}
     assert {"ApiUrl", "WorkerPolicy"} <= set(template["Outputs"])
 
 
@@ -478,6 +491,7 @@ def test_the_documented_worker_policy_is_the_templates(template: dict[str, Any])
     document = json.loads(readme.split("## The worker (agent) policy", 1)[1].split("```json", 1)[1].split("```", 1)[0])
     declared = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
     documented = {s["Sid"]: s for s in document["Statement"]}
+    assert declared
     assert set(documented) == {s["Sid"] for s in declared}
     for statement in declared:
         doc = documented[statement["Sid"]]

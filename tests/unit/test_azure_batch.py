@@ -144,7 +144,7 @@ def test_shared_key_policy_refuses_a_key_that_is_not_base64():
 def test_a_wrong_key_is_refused_by_the_service_with_its_error(service):
     wrong_key = "AAAA" + TEST_KEY[4:]
     client = BatchClient(service.endpoint, account_key=wrong_key, transport=FakeBatchTransport(service), clock=clock)
-    with pytest.raises(BatchServiceError) as info:
+    with pytest.raises(BatchServiceError, match="list tasks failed: HTTP 403 AuthenticationFailed") as info:
         AzureBatchCompute(client).list(pool())
     assert (info.value.status, info.value.batch_code) == (403, "AuthenticationFailed")
     assert "Server used following string to sign" in info.value.batch_message
@@ -275,7 +275,7 @@ def test_launch_keeps_big_collections_under_one_megabyte(service):
 def test_launch_reports_per_task_errors_with_the_tasks_that_were_added(service):
     compute, _ = backend(service, worker_ids=ids("gpu-0000000a", "gpu-0000000b", "GPU-0000000A", "gpu-0000000c"))
     compute.launch(pool(), 1, AGENT_ARGS)
-    with pytest.raises(BackendError) as info:
+    with pytest.raises(BackendError, match=r"refused 1 of 3 worker tasks \(TaskExists: ") as info:
         compute.launch(pool(), 3, AGENT_ARGS)  # the second id collides (ids are case-insensitive)
     assert info.value.details["batch_code"] == "TaskExists"
     assert info.value.details["refused"] == {"GPU-0000000A": "TaskExists"}
@@ -285,7 +285,7 @@ def test_launch_reports_per_task_errors_with_the_tasks_that_were_added(service):
 
 def test_launch_into_a_missing_job_is_a_backend_error_with_no_jobs(service):
     compute, _ = backend(service)
-    with pytest.raises(BatchServiceError) as info:
+    with pytest.raises(BatchServiceError, match="HTTP 404 JobNotFound: The specified job does not exist") as info:
         compute.launch(pool(job_id="no-such-job"), 2, AGENT_ARGS)
     assert (info.value.status, info.value.batch_code, info.value.details["jobs"]) == (404, "JobNotFound", [])
     assert str(info.value).startswith("Azure Batch add task collection failed: HTTP 404 JobNotFound: ")
@@ -409,7 +409,7 @@ def test_cancel_retries_server_errors_then_raises_them(service):
     compute, transport = backend(service)
     path = f"/jobs/{JOB}/tasks/gpu-a/terminate"
     service.fail_next("POST", path, 500, "InternalError", "Server encountered an internal error.", times=10)
-    with pytest.raises(BatchServiceError) as info:
+    with pytest.raises(BatchServiceError, match="terminate task failed: HTTP 500 InternalError") as info:
         compute.cancel(pool(), "gpu-a")
     assert (info.value.status, info.value.batch_code) == (500, "InternalError")
     assert len(service.requests_to("POST", path)) == 4  # the first try and 3 retries
@@ -434,7 +434,7 @@ def test_adding_tasks_is_never_retried(service):
 def test_an_error_body_that_is_not_json_still_gives_a_clear_error(service):
     service.fail_next("GET", f"/jobs/{JOB}/tasks", 400, "", raw=b"<html>Bad Gateway</html>")
     compute, _ = backend(service)
-    with pytest.raises(BatchServiceError) as info:
+    with pytest.raises(BatchServiceError, match="list tasks failed: HTTP 400 error: <html>Bad Gateway</html>") as info:
         compute.list(pool())
     assert (info.value.status, info.value.batch_code, info.value.batch_message) == (400, "", "<html>Bad Gateway</html>")
 
@@ -449,7 +449,7 @@ def test_an_unreachable_account_is_a_backend_error():
 def test_the_service_error_carries_code_message_and_values(service):
     compute, _ = backend(service)
     client = compute.client
-    with pytest.raises(BatchServiceError) as info:
+    with pytest.raises(BatchServiceError, match="list tasks failed: HTTP 400 InvalidQueryParameterValue") as info:
         client.call("list tasks", "GET", client.url(f"/jobs/{JOB}/tasks", {"api-version": "2019-08-01.10.0"}))
     error = info.value
     assert (error.status, error.batch_code) == (400, "InvalidQueryParameterValue")
@@ -500,7 +500,7 @@ def test_account_url_must_be_an_https_account_root(url):
 )
 def test_bad_options_are_refused_with_a_clear_message(options, message):
     bad = Pool(name="gpu", backend="azure-batch", cpus=1, memory="1g", default_image="x", options=options)
-    with pytest.raises(InvalidRequest) as info:
+    with pytest.raises(InvalidRequest, match=r"^pool gpu: bad azure-batch options: ") as info:
         parse_options(bad)
     assert str(info.value).startswith("pool gpu: bad azure-batch options: ")
     assert message in str(info.value)
@@ -513,7 +513,7 @@ def test_options_with_an_identity_for_uploads_need_no_sas():
 
 def test_bad_options_fail_before_anything_is_sent(service):
     compute, _ = backend(service)
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(InvalidRequest, match="bad azure-batch options: unknown option 'jobid'"):
         compute.launch(pool(jobid="x"), 1, AGENT_ARGS)
     assert service.requests == []
 
@@ -607,4 +607,5 @@ def test_autoscale_formula_scales_on_tasks_with_caps():
         assert needed in formula
     assert "$NodeDeallocationOption = taskcompletion;" in formula
     statements = [line for line in formula.splitlines() if line.strip() and not line.strip().startswith("//")]
+    assert statements
     assert all(line.rstrip().endswith(";") for line in statements)

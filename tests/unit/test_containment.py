@@ -185,7 +185,10 @@ def test_prepare_makes_the_mount_or_refuses_in_one_line(tmp_path):
     )
     assert made[0] == (tmp_path / "w" / "runs", tmp_path / "w" / "runs", False)
     assert work.made == [tmp_path / "w" / "runs", tmp_path / "w" / "inputs"]
-    with pytest.raises(WorkDirError) as e:
+    with pytest.raises(
+        WorkDirError,
+        match=r"not on a nosuid,nodev mount and this agent cannot make one \(it runs as uid 1000, not root\)",
+    ) as e:
         prepare(tmp_path / "w2", tmp_path / "c", why_not="it runs as uid 1000, not root", mountinfo=lambda: info)
     assert "\n" not in str(e.value)
     assert "not on a nosuid,nodev mount" in str(e.value)

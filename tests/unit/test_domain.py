@@ -26,7 +26,7 @@ def test_parse_bytes(text, expected):
 
 @pytest.mark.parametrize("bad", ["lots", "5x", "", "-1m", True])
 def test_parse_bytes_rejects(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^(cannot read size|a size must be a number of bytes)"):
         parse_bytes(bad)
 
 
@@ -40,7 +40,7 @@ def test_parse_duration(text, expected):
 
 @pytest.mark.parametrize("bad", ["soon", "1h and more", "h", "-5"])
 def test_parse_duration_rejects(bad):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=f"cannot read duration '{bad}'"):
         parse_duration(bad)
 
 
@@ -100,7 +100,7 @@ def test_runspec_parses_sizes_and_rejects_extras():
     ],
 )
 def test_runspec_errors_say_what_is_wrong(body, fragment):
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError, match="1 validation error for RunSpec") as info:
         RunSpec.model_validate(body)
     assert fragment in str(info.value)
 
@@ -122,7 +122,7 @@ def test_choose_smallest_pool_that_fits():
 
 
 def test_unfit_request_names_the_largest_pool():
-    with pytest.raises(Unschedulable) as info:
+    with pytest.raises(Unschedulable, match=r"no pool can run this request \(asks 8 gpus, pool has 4\)") as info:
         choose_pool(POOLS, Resources(gpus=8), None)
     assert "gpu: 8 cpus, 4 gpu (a100), 128g memory" in info.value.message
     with pytest.raises(Unschedulable, match="asks 2 gpus, pool has 0"):

@@ -169,7 +169,7 @@ def test_option_errors_name_the_option(options, message):
     p = Pool(
         name="gpu", backend="kubernetes", cpus=1, memory="1g", default_image="x", options={"image": "a", **options}
     )
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(InvalidRequest, match=r"^pool gpu: bad kubernetes options: ") as err:
         parse_options(p)
     assert err.value.message.startswith("pool gpu: bad kubernetes options: ")
     assert message in err.value.message
@@ -177,7 +177,7 @@ def test_option_errors_name_the_option(options, message):
 
 def test_image_is_required_and_every_problem_is_reported_at_once():
     p = Pool(name="gpu", backend="kubernetes", cpus=1, memory="1g", default_image="x", options={"namespace": 3})
-    with pytest.raises(InvalidRequest) as err:
+    with pytest.raises(InvalidRequest, match="bad kubernetes options: image: required; namespace: ") as err:
         parse_options(p)
     assert err.value.message == (
         "pool gpu: bad kubernetes options: image: required; namespace: Input should be a valid string"

@@ -221,16 +221,18 @@ def gated_shell(fifo: Path) -> subprocess.Popen[str]:
     )
 
 
-@pytest.mark.parametrize(("line", "status", "out"), [(b"go\n", 0, "the command ran\n"), (b"", GATE_EXIT, "")])
-def test_the_command_starts_only_on_the_agents_line(tmp_path, line, status, out):
+@pytest.mark.parametrize(
+    ("line", "status", "out", "refused"),
+    [(b"go\n", 0, "the command ran\n", False), (b"", GATE_EXIT, "", True)],
+)
+def test_the_command_starts_only_on_the_agents_line(tmp_path, line, status, out, refused):
     fifo = tmp_path / "go"
     os.mkfifo(fifo)
     shell = gated_shell(fifo)
     assert RunNetwork("n")._open_gate(fifo, shell.pid, lambda: False, line) is True
     stdout, stderr = shell.communicate(timeout=10)
     assert (shell.returncode, stdout) == (status, out)
-    if not line:
-        assert "its command did not start" in stderr
+    assert ("its command did not start" in stderr) is refused, stderr
 
 
 def test_a_gate_nobody_waits_at_times_out_or_stops(tmp_path):
@@ -256,7 +258,7 @@ def test_waiting_at_a_gate_backs_off():
         now[0] += seconds
 
     network = RunNetwork("n", gate_seconds=30, clock=lambda: now[0], sleep=sleep)
-    with pytest.raises(NetworkError):
+    with pytest.raises(NetworkError, match="cannot open the gate /nonexistent-fifo: No such file or directory"):
         network._open_gate(Path("/nonexistent-fifo"), os.getpid(), lambda: False, b"go\n")
     assert pauses == []  # not a FIFO at all: fails at once
     fifo = Path(f"/tmp/rp-gate-{os.getpid()}")

@@ -137,7 +137,7 @@ def test_submission_reply_and_quiet_cancels():
 )
 def test_errors_carry_slurms_message_and_numbers(fixture, numbers, text):
     status, body = captured(fixture)
-    with pytest.raises(SlurmRestError) as caught:
+    with pytest.raises(SlurmRestError, match=f"^slurmrestd: {fixture}: ") as caught:
         check_reply(status, body, f"slurmrestd: {fixture}")
     assert caught.value.numbers == numbers and caught.value.status == status
     assert text in caught.value.message and caught.value.message.startswith(f"slurmrestd: {fixture}")
