@@ -95,6 +95,8 @@ class Agent:
         self.cached_inputs = inputs.entries() if inputs is not None else 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        # set once the runs under way have ended: leases are renewed until then, also after a stop
+        self._drained = threading.Event()
         self._slot_freed = threading.Event()
         self.started_at = clock()
         self.last_busy = self.started_at
@@ -106,9 +108,10 @@ class Agent:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def stop(self, pass_down: bool | None = None) -> None:
-        """Stop taking runs. With pass-down, running runs are stopped and re-queued."""
-        self.exit_reason = self.exit_reason or "asked to stop"
+    def stop(self, pass_down: bool | None = None, reason: str = "asked to stop") -> None:
+        """Stop taking runs. With pass-down, running runs are stopped and re-queued (attempt not
+        used up); without, they run to their end, their leases renewed meanwhile."""
+        self.exit_reason = self.exit_reason or reason
         if self.config.pass_down_termination if pass_down is None else pass_down:
             with self._lock:
                 for executor in self.active.values():
@@ -151,6 +154,8 @@ class Agent:
         finally:
             self._stop.set()
             self._drain()
+            self._drained.set()
+            beat.join(self.config.lease_seconds)  # its last report must not land after "offline"
             self._set_offline()
         return self.exit_reason
 
@@ -290,7 +295,7 @@ class Agent:
     # -- heartbeat ------------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        while not self._stop.wait(self.config.heartbeat_seconds):
+        while not self._drained.wait(self.config.heartbeat_seconds):
             try:
                 self.heartbeat()
             except Exception:  # a failed beat must not kill the thread; the next one retries

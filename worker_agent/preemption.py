@@ -4,12 +4,15 @@ and treat it like SIGTERM with pass-down: stop runs, hand them back, exit.
 - ec2:   instance metadata ``/latest/meta-data/spot/instance-action`` (IMDSv2 token, v1 fallback):
          404 normally, 200 with ``{"action": "terminate", ...}`` two minutes before.
 - azure: scheduled events ``/metadata/scheduledevents`` (header ``Metadata: true``): an event of
-         type Preempt or Terminate.
+         type Preempt or Terminate whose ``Resources`` name this VM. Events reach every VM of an
+         availability set or scale-set placement group, so one naming another VM is not ours;
+         this VM's name is read once from ``/metadata/instance/compute`` (``name``).
 - an http(s) URL: any 200 answer is a notice.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -19,6 +22,10 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 METADATA_URL = "http://169.254.169.254"
+AZURE_EVENTS = "/metadata/scheduledevents?api-version=2020-07-01"
+AZURE_COMPUTE = "/metadata/instance/compute?api-version=2021-02-01"
+# the event types that take the VM away: a Spot eviction, and a scale set deleting the VM
+AZURE_LEAVING = ("Preempt", "Terminate")
 
 
 def _get(url: str, headers: dict[str, str], timeout: float = 2) -> tuple[int, bytes]:
@@ -28,6 +35,14 @@ def _get(url: str, headers: dict[str, str], timeout: float = 2) -> tuple[int, by
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, b""
+
+
+def _json_object(body: bytes) -> dict[str, object]:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def ec2_notice(base: str) -> str | None:
@@ -43,23 +58,50 @@ def ec2_notice(base: str) -> str | None:
     status, body = _get(f"{base}/latest/meta-data/spot/instance-action", headers)
     if status != 200:
         return None
-    try:
-        action = json.loads(body).get("action", "terminate")
-    except ValueError:
-        action = "terminate"
-    return f"EC2 spot instance-action: {action}"
+    notice = _json_object(body)  # {"action": "terminate" | "stop" | "hibernate", "time": "...Z"}
+    when = f" at {notice['time']}" if notice.get("time") else ""
+    return f"EC2 spot instance-action: {notice.get('action') or 'terminate'}{when}"
 
 
-def azure_notice(base: str) -> str | None:
-    status, body = _get(f"{base}/metadata/scheduledevents?api-version=2020-07-01", {"Metadata": "true"})
-    if status != 200:
-        return None
-    try:
-        events = json.loads(body).get("Events", [])
-    except ValueError:
-        return None
-    kinds = sorted({e.get("EventType") for e in events if e.get("EventType") in ("Preempt", "Terminate")})
-    return f"Azure scheduled event: {', '.join(kinds)}" if kinds else None
+class AzureNotices:
+    """The probe of Azure's scheduled events: a notice when a Preempt or Terminate event names
+    this VM in its ``Resources`` (by its name in instance metadata, e.g. ``workers_3`` in a scale
+    set: the names match exactly). The name is read at the first probe and kept; while it cannot
+    be read, no event counts (the next probe asks again)."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.vm_name: str | None = None
+
+    def _vm_name(self) -> str | None:
+        if self.vm_name is None:
+            status, body = _get(self.base + AZURE_COMPUTE, {"Metadata": "true"})
+            name = _json_object(body).get("name") if status == 200 else None
+            if isinstance(name, str) and name:
+                self.vm_name = name
+            else:
+                log.warning("cannot read this VM's name from instance metadata (HTTP %s)", status)
+        return self.vm_name
+
+    def __call__(self) -> str | None:
+        name = self._vm_name()
+        if name is None:
+            return None
+        status, body = _get(self.base + AZURE_EVENTS, {"Metadata": "true"})
+        events = _json_object(body).get("Events") if status == 200 else None
+        if not isinstance(events, list):
+            return None
+        kinds = sorted(
+            {
+                str(e.get("EventType"))
+                for e in events
+                if isinstance(e, dict)
+                and e.get("EventType") in AZURE_LEAVING
+                and isinstance(e.get("Resources"), list)
+                and name in e["Resources"]
+            }
+        )
+        return f"Azure scheduled event: {', '.join(kinds)} for VM {name}" if kinds else None
 
 
 def url_notice(url: str) -> str | None:
@@ -72,7 +114,7 @@ def make_probe(kind: str, metadata_url: str = METADATA_URL) -> Callable[[], str 
     if kind == "ec2":
         return lambda: ec2_notice(metadata_url)
     if kind == "azure":
-        return lambda: azure_notice(metadata_url)
+        return AzureNotices(metadata_url)
     if kind.startswith(("http://", "https://")):
         return lambda: url_notice(kind)
     raise ValueError(f"--preemption-watch must be ec2, azure or an http(s) URL, got {kind!r}")
@@ -96,7 +138,7 @@ class PreemptionWatcher:
         while not self._stop.is_set():
             try:
                 notice = self.probe()
-            except (urllib.error.URLError, OSError) as e:
+            except (OSError, http.client.HTTPException) as e:  # URLError is an OSError
                 log.debug("preemption probe failed: %s", e)
                 notice = None
             if notice:
