@@ -473,6 +473,8 @@ def _fixtures_needed(item: pytest.Item) -> set[str] | None:
     manager = item.session._fixturemanager
     needed: set[str] = set()
     todo = list(getattr(item, "fixturenames", []))
+    # a test parametrised by fixture name asks for it with request.getfixturevalue(param)
+    todo += [v for v in params.values() if isinstance(v, str) and manager.getfixturedefs(v, item)]
     while todo:
         name = todo.pop()
         if name in needed:

@@ -46,11 +46,12 @@ def backends(tmp_path):
                 backend.cancel(Pool(name=p.name, cpus=1, memory="1g", default_image="x"), job.id)
 
 
-def test_concurrent_dispatchers_launch_the_backlog_once(azure_stack, backends):
-    """On Azurite: its ETag checks are atomic, while moto's threaded server checks DynamoDB
-    conditions without a lock (real DynamoDB serialises them), so this race runs on Azure only;
-    the interleavings that matter are pinned on both by the tests below."""
-    stack = azure_stack  # the dispatcher is cloud-agnostic: only the stores differ
+@pytest.mark.parametrize("stack_fixture", ["aws_dynalite_stack", "azure_stack"])
+def test_concurrent_dispatchers_launch_the_backlog_once(stack_fixture, request, backends):
+    """Eight dispatchers at once on one pool record: the AWS side on dynalite (moto's threaded
+    server checks DynamoDB conditions without a lock, where DynamoDB serialises them), the Azure
+    side on Azurite, whose ETag checks are atomic."""
+    stack = request.getfixturevalue(stack_fixture)  # the dispatcher is cloud-agnostic: only the stores differ
     pool = stack.pools.get("default").model_copy(
         update={"max_workers": 10, "min_workers": 0, "seconds_between_launches": 0}
     )
