@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 from runplane.domain.errors import RunplaneError
 from runplane.domain.models import NAME_PATTERN
@@ -150,7 +151,7 @@ def _validate(args: argparse.Namespace) -> None:
     _validate_routing(args)
     if args.pull not in ("missing", "never"):
         raise UsageError("--pull must be 'missing' or 'never'")
-    for name in ("heartbeat_seconds", "lease_seconds", "poll_seconds", "kill_poll_seconds"):
+    for name in ("heartbeat_seconds", "lease_seconds", "poll_seconds", "kill_poll_seconds", "upload_deadline_seconds"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
     if args.heartbeat_seconds * 2 > args.lease_seconds:
@@ -318,14 +319,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("runplane.agent").info("worker %s serving pool %s", worker_id, args.pool)
     if args.preemption_watch:
         PreemptionWatcher(
-            make_probe(args.preemption_watch, args.metadata_url), lambda notice: agent.stop(pass_down=True)
+            make_probe(args.preemption_watch, args.metadata_url),
+            lambda notice: agent.stop(pass_down=True, reason=notice),
         ).start()
     reason = agent.run()
     logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
     if uploader is not None:
         uploader.stop()
     prepared.release()
-    return 1 if agent.failed else 0
+    _exit_now(1 if agent.failed else 0)
+
+
+def _exit_now(status: int) -> NoReturn:
+    """Exit with ``status`` once the agent is done, without the interpreter's own wait for threads
+    at exit: every run has ended, but an upload that outlasted its deadline may still hang on its
+    threads (the upload pool's and boto3's, which ``concurrent.futures`` joins at exit), and would
+    hold the process, and the machine, until the object store answered or the client gave up."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _prepare_work_dir(work_dir: Path, cache: Path, allow_suid: bool) -> WorkDir:

@@ -30,6 +30,8 @@ def test_flags_and_env(monkeypatch):
         (["--pool", "p", "--tag-exclusive"], "--tag-exclusive needs --tag"),
         (["--pool", "p", "--tag", "A100 box"], "--tag: 'A100 box' is not a valid name"),
         (["--pool", "p", "--group", "Vision"], "--group: 'Vision' is not a valid name"),
+        (["--pool", "p", "--upload-deadline-seconds", "0"], "--upload-deadline-seconds must be positive"),
+        (["--pool", "p", "--upload-deadline-seconds", "-5"], "--upload-deadline-seconds must be positive"),
     ],
 )
 def test_bad_flags_are_one_clear_line(argv, message, monkeypatch):

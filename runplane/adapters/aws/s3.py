@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -29,7 +30,7 @@ class S3ObjectStore:
     def put_file(self, key: str, path: Path) -> None:
         try:
             self.client.upload_file(str(path), self.bucket, key, Config=_TRANSFER)
-        except (ClientError, BotoCoreError) as e:
+        except (ClientError, BotoCoreError, S3UploadFailedError) as e:  # the transfer manager wraps errors
             raise BackendError(f"upload {key}: {e}") from e
 
     def get_bytes(self, key: str) -> bytes:

@@ -1,7 +1,10 @@
 """Contracts of RunQueue, ObjectStore, WorkerRegistry and TokenStore."""
 
+import copy
 import json
+import re
 import urllib.request
+import uuid
 
 import pytest
 
@@ -97,6 +100,24 @@ def test_objects_put_get_list_url(stack, tmp_path):
     with pytest.raises(NotFound):
         stack.objects.get_bytes("runs/a/nothing")
     assert stack.objects.list("runs/none/") == []
+
+
+def test_objects_errors_are_the_ports_errors(stack, tmp_path):
+    """A store whose bucket (container) is gone answers BackendError for every call, never the
+    SDK's own exceptions: callers catch RunplaneError only."""
+    from runplane.domain.errors import BackendError
+
+    objects = copy.copy(stack.objects)
+    setattr(objects, "bucket" if hasattr(objects, "bucket") else "container", f"gone-{uuid.uuid4().hex[:8]}")
+    small = tmp_path / "small.txt"
+    small.write_bytes(b"x")
+    for call, what in (
+        (lambda: objects.put_file("runs/a/outputs/1/small.txt", small), "upload runs/a/outputs/1/small.txt: "),
+        (lambda: objects.put_bytes("runs/a/logs/1/stdout/0", b"x"), "upload runs/a/logs/1/stdout/0: "),
+        (lambda: objects.list("runs/a/"), "list runs/a/: "),
+    ):
+        with pytest.raises(BackendError, match=f"^{re.escape(what)}.*(NoSuchBucket|does not exist)"):
+            call()
 
 
 def test_worker_registry(stack):
