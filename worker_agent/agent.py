@@ -20,7 +20,7 @@ from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, Runplan
 from runplane.domain.models import RunState, Worker, refuses
 from runplane.ports import Delivery, WorkerRegistry
 from runplane.services import lifecycle
-from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, remove_container
+from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_labels, holds, remove_container
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
 from worker_agent.network import NetworkCheck
@@ -383,8 +383,8 @@ class Agent:
             log.warning("cannot list containers: %s", e)
             return recovered
         for container in containers:
-            labels = container.attrs.get("Labels") or {}
-            self._remove(container)
+            labels = container_labels(container)
+            self._remove(container, "left by this worker's previous life")
             try:
                 run = self.ports.store.get(labels[f"{LABEL}.run_id"])
             except RunplaneError:
@@ -421,8 +421,9 @@ class Agent:
             if left is not None:
                 log.warning("could not remove all of %s: %s", path, left)
 
-    def _remove(self, container: Any) -> bool:
-        left = remove_container(container, min(self.executor_config.remove_seconds, STARTUP_REMOVE_SECONDS), self.clock)
+    def _remove(self, container: Any, why: str) -> bool:
+        seconds = min(self.executor_config.remove_seconds, STARTUP_REMOVE_SECONDS)
+        left = remove_container(container, seconds, self.clock, why=why)
         if left is not None:
             log.warning("could not remove container %s: %s", container.id, left)
         return left is None
@@ -440,18 +441,20 @@ class Agent:
             log.warning("cannot list containers: %s", e)
             return 0
         for container in containers:
-            labels = container.attrs.get("Labels") or {}
+            labels = container_labels(container)
+            # read after the listing: every container listed was made after its attempt was claimed,
+            # so this read shows that claim or what came of it, never an older state
             try:
                 run = self.ports.store.get(labels[f"{LABEL}.run_id"])
-                held = (
-                    run.worker_id == labels.get(f"{LABEL}.worker_id")
-                    and str(run.attempt) == labels.get(f"{LABEL}.attempt")
-                    and not run.state.terminal
-                )
             except NotFound:
-                held = False
+                if self._remove(container, "its run is not in the store"):
+                    removed += 1
+                continue
             except RunplaneError:
                 continue
-            if not held and self._remove(container):
+            if holds(run, labels.get(f"{LABEL}.worker_id"), labels.get(f"{LABEL}.attempt")):
+                continue
+            holder = f"worker {run.worker_id}" if run.worker_id else "no worker"
+            if self._remove(container, f"its run is {run.state} at attempt {run.attempt} on {holder}"):
                 removed += 1
         return removed

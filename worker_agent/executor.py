@@ -417,9 +417,34 @@ class RunExecutor:
         except docker.errors.APIError as e:
             if e.status_code != 409:
                 raise
-            # a container of this attempt left by an earlier life of this worker
-            self.docker.containers.get(kwargs["name"]).remove(force=True)
-            return self.docker.containers.create(**kwargs)
+        self._take_name_back(kwargs["name"])
+        return self.docker.containers.create(**kwargs)
+
+    def _take_name_back(self, name: str) -> None:
+        """The name of this attempt's container is taken: by a container of this attempt that
+        another worker made (a store that let two claims of one attempt through) or an earlier
+        life of this worker left. It is removed only if the store says this worker holds the
+        attempt (then its maker does not: one worker holds an attempt); otherwise the run is
+        given up (LeaseLost) and the container, perhaps that of the worker holding the run, stays."""
+        try:
+            namesake = self.docker.containers.get(name)
+        except docker.errors.NotFound:
+            return  # gone meanwhile
+        run = self.run
+        try:
+            stored = self.ports.store.get(run.id)
+        except NotFound:
+            stored = None
+        if stored is None or not holds(stored, self.config.worker_id, run.attempt):
+            maker = container_labels(namesake).get(f"{LABEL}.worker_id")
+            raise LeaseLost(
+                f"run {run.id} attempt {run.attempt} is not held by this worker (a container of worker {maker} "
+                "has its name)"
+            )
+        why = f"worker {self.config.worker_id} holds attempt {run.attempt} of its run and needs its name"
+        left = remove_container(namesake, self.config.remove_seconds, self.clock, self.sleep, why=why)
+        if left is not None:
+            log.warning("run %s: could not remove container %s: %s", run.id, namesake.id, left)
 
     def _open_network(self) -> Outcome | None:
         """Install the run's network rules, then let its command start (see network.py)."""
@@ -777,7 +802,8 @@ class RunExecutor:
             with contextlib.suppress(OSError, requests.RequestException):
                 self.logs.close()
         if self.container is not None:
-            left = remove_container(self.container, self.config.remove_seconds, self.clock, self.sleep)
+            why = f"its attempt is over on this worker (the run as last read here: {self.run.state})"
+            left = remove_container(self.container, self.config.remove_seconds, self.clock, self.sleep, why=why)
             if left is not None:
                 log.warning("run %s: could not remove its container: %s", self.run.id, left)
         if self.valid_id:
@@ -840,12 +866,23 @@ def remove_container(
     seconds: float,
     clock: Callable[[], float],
     sleep: Callable[[float], None] = time.sleep,
+    *,
+    why: str = "the agent is done with it",
 ) -> str | None:
     """Remove ``container`` (killed first if it runs), taking up to ``seconds``: a request that
     fails or times out (removing a layer of millions of files outlasts the client's timeout,
     and the engine goes on with it) is tried again, and one the engine answers "already in
     progress" is waited on, until the container is gone. Returns why it is not gone, or None;
-    never raises."""
+    never raises. Logs one INFO line first: the container's run, attempt and worker, and ``why``."""
+    labels = container_labels(container)
+    log.info(
+        "removing container %s (run %s attempt %s, made by worker %s): %s",
+        str(container.id)[:12],
+        labels.get(f"{LABEL}.run_id", "-"),
+        labels.get(f"{LABEL}.attempt", "-"),
+        labels.get(f"{LABEL}.worker_id", "-"),
+        why,
+    )
     deadline = clock() + seconds
     while True:
         try:
@@ -857,6 +894,21 @@ def remove_container(
             if clock() >= deadline:
                 return f"not removed within {format_duration(seconds)}: {_explain(e)}"
         sleep(min(0.5, max(deadline - clock(), 0.0)))
+
+
+def container_labels(container: Any) -> dict[str, str]:
+    """A container's labels, from a listing (sparse) or an inspect alike."""
+    attrs = container.attrs or {}
+    labels = attrs.get("Labels") if "Labels" in attrs else (attrs.get("Config") or {}).get("Labels")
+    return dict(labels or {})
+
+
+def holds(run: Run, worker_id: str | None, attempt: int | str | None) -> bool:
+    """Whether, as ``run`` was read from the store, worker ``worker_id`` holds its ``attempt``:
+    only the container of that worker and attempt may run for it (one made by any other worker
+    or attempt is no longer of use)."""
+    held = worker_id is not None and run.worker_id == worker_id and str(run.attempt) == str(attempt)
+    return held and not run.state.terminal
 
 
 CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
