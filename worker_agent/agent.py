@@ -220,6 +220,16 @@ class Agent:
                 return
             self.ports.queue.delete(self.config.pool, delivery)  # stale hint
             return
+        with self._lock:
+            ending_here = run.id in self.active
+        if ending_here:
+            # an earlier attempt of this run (whose lease this worker lost) is still ending here:
+            # its cores, its heartbeat and its slot are keyed by the run, so let another worker, or
+            # this one once it is over, take the new attempt
+            log.info("run %s: an earlier attempt is still ending on this worker; leaving attempt %d", run.id,
+                     run.attempt + 1)  # fmt: skip
+            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+            return
         not_ours = refuses(
             self.config.tag, self.config.tag_exclusive, self.config.group, run, network_refused=self.network_refused
         )
