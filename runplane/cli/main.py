@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import getpass
 import json
+import shlex
 import signal
 import sys
 import time
@@ -85,9 +86,16 @@ def _state_line(run: dict[str, Any]) -> str:
     return f"{state}: {failure.get('reason', '')} — {failure.get('message', '')}".rstrip(" —")
 
 
+def command_line(words: list[str]) -> str:
+    """The shell command for the words after ``--``: one word is a command line as it is
+    (``runplane run -- 'make && ./train'``); several are quoted back as the user's shell split
+    them, so that ``-- sh -c 'echo a b'`` runs ``sh -c 'echo a b'``, not ``sh -c echo a b``."""
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
-    command: Annotated[list[str], typer.Argument(help="the command, run with sh -c; put it after --")],
+    command: Annotated[list[str], typer.Argument(help="the command after --, run with sh -c (words keep quoting)")],
     image: Annotated[str | None, typer.Option(help="Docker image (default: the pool's)")] = None,
     cpus: Annotated[float | None, typer.Option(help="cpus, e.g. 0.5 or 4")] = None,
     gpus: Annotated[int | None, typer.Option(help="number of GPUs")] = None,
@@ -112,7 +120,7 @@ def run(
         for k, v in {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time_limit}.items()
         if v is not None
     }
-    body: dict[str, Any] = {"command": " ".join(command)}
+    body: dict[str, Any] = {"command": command_line(command)}
     for key, value in (("image", image), ("queue", queue), ("name", name), ("tag", tag)):
         if value is not None:
             body[key] = value

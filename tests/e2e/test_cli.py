@@ -36,6 +36,14 @@ def test_run_wait_then_download(devstack, docker_client, tmp_path):
     assert '"state": "succeeded"' in status.stdout
 
 
+def test_run_keeps_the_quoting_of_the_words_after_the_double_dash(devstack, docker_client, tmp_path):
+    proc = cli(devstack, "run", "--wait", "--", "sh", "-c", "echo a   b; echo $0", "zero", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "a b\nzero\n"  # sh -c got one script and $0, as typed
+    spaced = cli(devstack, "run", "--wait", "--", "echo", "a   b", home=tmp_path)
+    assert (spaced.returncode, spaced.stdout) == (0, "a   b\n"), spaced.stderr
+
+
 def test_run_wait_exit_code_and_state_line(devstack, docker_client, tmp_path):
     proc = cli(devstack, "run", "-w", "--name", "fails", "--", "echo bad >&2; exit 7", home=tmp_path)
     assert proc.returncode == 7
