@@ -10,6 +10,7 @@ an Azure Functions worker, so one process holds one stack (see ``process.py`` fo
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -225,16 +226,21 @@ class DevStack:
 
     def start(self) -> None:
         environment = self._environment()  # reads the pools file first: a bad one fails before anything starts
-        self.cloud = CLOUDS[self.config.cloud](self.config)
-        environment.update(self.cloud.start())
-        self.endpoint = self.cloud.endpoint
-        os.environ.update(environment)
-        bootstrap.stack.cache_clear()
-        stack = bootstrap.stack()
-        self.cloud.provision(stack)
-        # the token `runplane dev` prints is an administrator's: it can make tokens for others
-        register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
-        self._http = _Server(("127.0.0.1", self.config.port), self.cloud)
+        self.cloud = cloud = CLOUDS[self.config.cloud](self.config)
+        http = self._bind(cloud)  # a busy port, too, fails before anything starts
+        try:
+            environment.update(self.cloud.start())
+            self.endpoint = self.cloud.endpoint
+            os.environ.update(environment)
+            bootstrap.stack.cache_clear()
+            stack = bootstrap.stack()
+            self.cloud.provision(stack)
+            # the token `runplane dev` prints is an administrator's: it can make tokens for others
+            register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
+        except BaseException:
+            http.server_close()
+            raise
+        self._http = http
         self.api_url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._spawn(self._http.serve_forever, "http-front")
         self._spawn(self._poll_events, "dispatch-poller")
@@ -265,6 +271,17 @@ class DevStack:
         assert self.cloud is not None
         while not self._stop.wait(self.config.schedule_seconds):
             self.cloud.fire_schedule()
+
+    def _bind(self, cloud: Cloud) -> _Server:
+        try:
+            return _Server(("127.0.0.1", self.config.port), cloud)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            raise ValueError(
+                f"port {self.config.port} on 127.0.0.1 is already in use: choose another with --port N "
+                "(make dev PORT=N)"
+            ) from None
 
     def stop(self) -> None:
         self._stop.set()
