@@ -35,6 +35,23 @@ class CliError(Exception):
     pass
 
 
+def _version(show: bool) -> None:
+    if show:
+        from runplane import __version__
+
+        out.print(f"runplane {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Run containerized jobs on pools of workers (AWS Batch, Azure Batch, Kubernetes, Slurm, local)."""
+
+
 def _client() -> Client:
     return Client.from_env()
 

@@ -2,6 +2,9 @@
 user's shell split them, quoted back, so the container's shell splits them the same way."""
 
 import subprocess
+import sys
+import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -22,3 +25,14 @@ def test_the_words_after_the_double_dash_keep_their_quoting(words, stored, print
     assert command_line(words) == stored
     done = subprocess.run(["sh", "-c", stored], capture_output=True, text=True, check=True, env={"HOME": "/nowhere"})
     assert done.stdout == printed
+
+
+def test_version_is_the_packages():
+    from runplane import __version__
+
+    done = subprocess.run(
+        [sys.executable, "-m", "runplane.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout) == (0, f"runplane {__version__}\n"), done.stderr
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
+        assert tomllib.load(f)["project"]["version"] == __version__
