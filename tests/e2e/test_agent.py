@@ -18,20 +18,6 @@ from tests.gate import GATE, open_gate, output_dir
 pytestmark = pytest.mark.docker
 
 
-@pytest.fixture
-def agents(tmp_path, devstack):
-    started = []
-
-    def start(*args, worker_id=None):
-        agent = AgentProcess(tmp_path, *args, worker_id=worker_id)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
-
-
 def submit(client, command, **extra):
     return client.request("POST", "/v1/runs", {"command": command, "queue": "manual", **extra})
 

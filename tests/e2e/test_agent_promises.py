@@ -15,8 +15,7 @@ import pytest
 
 from runplane import bootstrap
 from runplane.cli.client import ApiError
-from tests.conftest import DATASETS, SHORT_LEASE, TERMINAL, TEST_IMAGE, AgentProcess, wait_for, wait_state
-from worker_agent.workdir import sweep_dead
+from tests.conftest import DATASETS, SHORT_LEASE, TERMINAL, TEST_IMAGE, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
 
@@ -121,18 +120,8 @@ def fronts(moto_endpoint):
 
 
 @pytest.fixture
-def agents(tmp_path, devstack, fronts):  # agents stop before the fronts they may reach the APIs through
-    started = []
-
-    def start(*args, worker_id=None, env=None):
-        agent = AgentProcess(tmp_path, *args, worker_id=worker_id, env=env)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
-    sweep_dead(tmp_path / "work")  # the mounts of agents killed (by the test, or by stop)
+def agents(fronts, agents):  # set up after the fronts, so they stop before the fronts they may reach the APIs through
+    return agents
 
 
 def submit(client, command, **extra):

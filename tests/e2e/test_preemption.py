@@ -17,33 +17,12 @@ import pytest
 from runplane import bootstrap
 from runplane.ports import Expect
 from tests.conftest import FAST, SHORT_LEASE, TERMINAL, AgentProcess, wait_for, wait_state
-from worker_agent.workdir import sweep_dead
 
 pytestmark = pytest.mark.docker
 
 # a long first attempt, a quick second one
 LEASE_SECONDS = float(FAST[FAST.index("--lease-seconds") + 1])
 SECOND_FINISHES = '[ "$RUNPLANE_ATTEMPT" = 1 ] && sleep 300; echo $RUNPLANE_ATTEMPT > done'
-
-
-@pytest.fixture
-def agents(tmp_path, devstack, docker_client):
-    started = []
-
-    def start(*args, worker_id=None):
-        agent = AgentProcess(tmp_path, *args, worker_id=worker_id)
-        started.append(agent)
-        return agent
-
-    yield start
-    for agent in started:
-        agent.stop()
-        # what an agent killed with SIGKILL left: its runs' containers and its mounts
-        for container in docker_client.containers.list(
-            all=True, sparse=True, filters={"label": f"io.runplane.worker_id={agent.id}"}
-        ):
-            container.remove(force=True)
-    sweep_dead(tmp_path / "work")
 
 
 def submit_once(client, command: str) -> dict[str, Any]:
