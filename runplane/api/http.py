@@ -15,10 +15,20 @@ from typing import Any
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
 from aws_lambda_powertools.metrics import MetricUnit
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from runplane import bootstrap
-from runplane.api.models import TokenCreate, TokenCreated, TokenList
+from runplane.api.models import (
+    Health,
+    LogPage,
+    OutputFile,
+    OutputPage,
+    PoolList,
+    TokenCreate,
+    TokenCreated,
+    TokenList,
+    WorkerList,
+)
 from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
 from runplane.api.views import me_view, pool_view, run_view, token_view, worker_view
@@ -70,10 +80,10 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     )
 
 
-def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response[str]:
-    return Response(
-        status_code=status, content_type=content_types.APPLICATION_JSON, body=json.dumps(body), headers=headers
-    )
+def _json(status: int, body: BaseModel | Any, headers: dict[str, str] | None = None) -> Response[str]:
+    """A JSON answer; a response model is sent as its wire form."""
+    text = body.model_dump_json() if isinstance(body, BaseModel) else json.dumps(body)
+    return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=text, headers=headers)
 
 
 @app.exception_handler(errors.RunplaneError)  # type: ignore[untyped-decorator]
@@ -198,8 +208,8 @@ def _int_param(name: str, default: int, low: int, high: int) -> int:
 
 
 @app.get("/v1/health")
-def health() -> dict[str, Any]:
-    return {"status": "ok"}
+def health() -> Response[str]:
+    return _json(200, Health())
 
 
 @app.get("/v1/openapi.json")
@@ -248,7 +258,7 @@ def list_runs() -> Response[str]:
     views: list[str] = []
     size, cursor = 1024, page.next_cursor
     for run in page.runs:
-        text = json.dumps(run_view(run))
+        text = run_view(run).model_dump_json()
         wire = len(json.dumps(text))  # as the body's part in Lambda's response, escaped again
         if views and size + wire > MAX_PAGE_BYTES:
             cursor = store.cursor_after(page.runs[len(views) - 1], owner)
@@ -270,16 +280,16 @@ def _pool_record(pool: str) -> PoolRecord | None:
 
 
 @app.get("/v1/runs/<run_id>")
-def get_run(run_id: str) -> dict[str, Any]:
+def get_run(run_id: str) -> Response[str]:
     s = bootstrap.stack()
     run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
-    view = run_view(run)
+    reason = None
     if run.state == RunState.QUEUED:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
         pool = s.pools.get(run.queue)
         record = _pool_record(pool.name) if pool is not None else None
-        view["waiting_reason"] = explain_wait(pool, workers, run.waiting_reason, record, run)
-    return view
+        reason = explain_wait(pool, workers, run.waiting_reason, record, run)
+    return _json(200, run_view(run, waiting_reason=reason))
 
 
 @app.post("/v1/runs/<run_id>/kill")
@@ -290,18 +300,18 @@ def kill(run_id: str) -> Response[str]:
 
 
 @app.get("/v1/runs/<run_id>/logs")
-def logs(run_id: str) -> dict[str, Any]:
+def logs(run_id: str) -> Response[str]:
     s = bootstrap.stack()
     run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
     stream = app.current_event.get_query_string_value("stream") or "stdout"
     if stream not in ("stdout", "stderr"):
         raise errors.InvalidRequest("stream must be stdout or stderr")
     page = read_logs(s.objects, run, stream, _int_param("offset", 0, 0, 2**62))  # type: ignore[arg-type]
-    return {"data": page.data, "next_offset": page.next_offset, "complete": page.complete}
+    return _json(200, LogPage(data=page.data, next_offset=page.next_offset, complete=page.complete))
 
 
 @app.get("/v1/runs/<run_id>/outputs")
-def outputs(run_id: str) -> dict[str, Any]:
+def outputs(run_id: str) -> Response[str]:
     s = bootstrap.stack()
     run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
     page = read_outputs(
@@ -310,11 +320,12 @@ def outputs(run_id: str) -> dict[str, Any]:
         cursor=app.current_event.get_query_string_value("cursor"),
         limit=_int_param("limit", MAX_OUTPUTS_PAGE, 1, MAX_OUTPUTS_PAGE),
     )
-    return {"files": page.files, "next_cursor": page.next_cursor, "complete": run.state.terminal}
+    files = [OutputFile.model_validate(f) for f in page.files]
+    return _json(200, OutputPage(files=files, next_cursor=page.next_cursor, complete=run.state.terminal))
 
 
 @app.get("/v1/pools")
-def pools() -> dict[str, Any]:
+def pools() -> Response[str]:
     _principal("runs:read")
     s = bootstrap.stack()
     now = s.clock()
@@ -326,20 +337,21 @@ def pools() -> dict[str, Any]:
         backlog = s.store.count(pool.name, RunState.QUEUED)
         record = _pool_record(pool.name) or PoolRecord(pool=pool.name)
         out.append(pool_view(pool, backlog, by_pool.get(pool.name, []), record))
-    return {"pools": out}
+    return _json(200, PoolList(pools=out))
 
 
 @app.get("/v1/workers")
-def workers() -> dict[str, Any]:
+def workers() -> Response[str]:
     principal = _principal("runs:read")
     s = bootstrap.stack()
     now = s.clock()
-    return {"workers": [worker_view(w, now, s.settings.worker_stale_seconds, principal) for w in s.workers.list()]}
+    views = [worker_view(w, now, s.settings.worker_stale_seconds, principal) for w in s.workers.list()]
+    return _json(200, WorkerList(workers=views))
 
 
 @app.get("/v1/me")
-def me() -> dict[str, Any]:
-    return me_view(_principal()).model_dump(mode="json")
+def me() -> Response[str]:
+    return _json(200, me_view(_principal()))
 
 
 @app.post("/v1/tokens")
@@ -356,16 +368,15 @@ def create_token() -> Response[str]:
         created_by=principal.user,
         now=s.clock(),
     )
-    view = TokenCreated(**token_view(made.token).model_dump(), token=made.secret)
-    return _json(201, view.model_dump(mode="json"))
+    return _json(201, TokenCreated(**token_view(made.token).model_dump(), token=made.secret))
 
 
 @app.get("/v1/tokens")
-def list_tokens() -> dict[str, Any]:
+def list_tokens() -> Response[str]:
     _principal("admin")
     user = app.current_event.get_query_string_value("user")
     found = tenancy.list_tokens(bootstrap.stack().tokens, user)
-    return TokenList(tokens=[token_view(t) for t in found]).model_dump(mode="json")
+    return _json(200, TokenList(tokens=[token_view(t) for t in found]))
 
 
 @app.delete("/v1/tokens/<token_id>")

@@ -3,11 +3,22 @@ takes their schemas from here, so what is documented is what is checked."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import UTC, datetime
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
-from runplane.domain.models import NAME_PATTERN, TOKEN_ID_PATTERN, USER_PATTERN, Scope
+from runplane.domain.models import (
+    NAME_PATTERN,
+    TOKEN_ID_PATTERN,
+    USER_PATTERN,
+    Backend,
+    FailureReason,
+    RunSpec,
+    RunState,
+    Scope,
+    WorkerStatus,
+)
 
 
 class TokenCreate(BaseModel):
@@ -33,7 +44,7 @@ class TokenCreate(BaseModel):
 class Token(BaseModel):
     """A token as listed: never its secret."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     id: str = Field(pattern=TOKEN_ID_PATTERN)
     user: str
@@ -51,7 +62,7 @@ class TokenCreated(Token):
 
 
 class TokenList(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     tokens: list[Token]
 
@@ -59,9 +70,227 @@ class TokenList(BaseModel):
 class Me(BaseModel):
     """``GET /v1/me``: who the caller's token acts for."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     user: str
     groups: list[str]
     scopes: list[str]
     token_id: str | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses. The handlers build these and the OpenAPI document takes their schemas, so what the
+# API sends is what it documents (tests/integration/contracts/test_wire.py holds the two together).
+# Parsing ignores fields it does not know, so that a client keeps working with a newer server; the
+# document says exactly which fields the server sends.
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+Timestamp = Annotated[
+    datetime,
+    PlainSerializer(_iso, return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "date-time", "examples": ["2026-11-23T09:30:00.125Z"]}),
+]
+"""A moment in UTC: ISO 8601 with milliseconds and ``Z`` on the wire, an aware datetime in Python."""
+
+
+def timestamp(ts: float | None) -> datetime | None:
+    """A Unix time as the wire model's datetime (None stays None)."""
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
+
+
+class WireModel(BaseModel):
+    """A response body: unknown fields are ignored when read (a newer server may add some)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorDetail(WireModel):
+    code: str = Field(description="machine-readable, e.g. not_found, conflict, invalid_request")
+    message: str = Field(description="what is wrong, for a person")
+
+
+class ErrorBody(WireModel):
+    """Every answer that is not a success: ``{"error": {"code", "message"}}``."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"error": {"code": "not_found", "message": "run 'r-1' not found"}}]}
+    )
+
+    error: ErrorDetail
+
+
+class Health(WireModel):
+    status: Literal["ok"] = "ok"
+
+
+class RunFailure(WireModel):
+    reason: FailureReason = Field(description="one of the reasons README.md lists")
+    message: str
+
+
+class RunUsage(WireModel):
+    cpu_seconds: float | None = Field(default=None, description="CPU time used by the run's processes")
+    memory_peak: int | None = Field(default=None, description="bytes, the most the run's container held")
+    disk: int | None = Field(default=None, description="bytes written to outputs and scratch")
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds spent in each phase (pull, upload…)")
+
+
+class RunEvent(WireModel):
+    at: Timestamp
+    state: RunState | None = Field(default=None, description="the state entered, if the event is a transition")
+    message: str
+
+
+class RunView(WireModel):
+    """A run as the API shows it to its owner (or an admin)."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": "r-01jd7x0c5v3m9k2q8e4t6w1yzb",
+                    "name": "train",
+                    "state": "queued",
+                    "owner": "ada",
+                    "queue": "cpu",
+                    "spec": {"command": "python train.py", "resources": {"cpus": 2, "gpus": 0}},
+                    "attempt": 0,
+                    "max_attempts": 3,
+                    "worker_id": None,
+                    "created_at": "2026-11-23T09:30:00.125Z",
+                    "started_at": None,
+                    "finished_at": None,
+                    "exit_code": None,
+                    "failure": None,
+                    "waiting_reason": "no idle worker in pool cpu; starting one",
+                    "kill_requested": False,
+                    "usage": {"timings": {}},
+                    "events": [{"at": "2026-11-23T09:30:00.125Z", "state": "queued", "message": "submitted"}],
+                }
+            ]
+        },
+    )
+
+    id: str
+    name: str | None = Field(description="the name given at submit, if any")
+    state: RunState
+    owner: str
+    queue: str = Field(description="the pool it runs in")
+    spec: RunSpec = Field(description="what was submitted, with the pool's defaults not filled in")
+    attempt: int = Field(description="how many times a worker has claimed it (0: never yet)")
+    max_attempts: int = Field(description="claims allowed before a lost worker fails it")
+    worker_id: str | None
+    created_at: Timestamp
+    started_at: Timestamp | None
+    finished_at: Timestamp | None
+    exit_code: int | None = Field(description="the command's exit status, once it has one")
+    failure: RunFailure | None = Field(description="why it did not succeed (failed, killed, timed_out)")
+    waiting_reason: str | None = Field(description="queued only: why it is still waiting")
+    kill_requested: bool
+    usage: RunUsage
+    events: list[RunEvent] = Field(description="its timeline, oldest first")
+
+
+class RunPage(WireModel):
+    runs: list[RunView]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null: this was the last")
+
+
+class LogPage(WireModel):
+    data: str = Field(description="the bytes from offset on, as UTF-8 text")
+    next_offset: int = Field(description="where the next read starts")
+    complete: bool = Field(description="the run has ended and every byte of this stream has been read")
+
+
+class OutputFile(WireModel):
+    path: str = Field(description="relative to the run's /outputs")
+    size: int = Field(description="bytes")
+    url: str = Field(description="a presigned URL that downloads it for a limited time")
+
+
+class OutputPage(WireModel):
+    files: list[OutputFile]
+    next_cursor: str | None
+    complete: bool = Field(description="the run has ended: no more files will appear")
+
+
+class PoolShape(WireModel):
+    cpus: float
+    gpus: int
+    gpu_type: str | None
+    memory: int = Field(description="bytes")
+    disk: int = Field(description="bytes")
+    slots: int = Field(description="runs a worker takes at once")
+
+
+class PoolWorkerCounts(WireModel):
+    idle: int
+    busy: int
+    starting: int
+    draining: int
+
+
+class PoolLaunches(WireModel):
+    launched: int
+    failed: int
+    failed_in_a_row: int
+    last_launch_at: Timestamp | None
+
+
+class PoolView(WireModel):
+    name: str
+    backend: Backend
+    shape: PoolShape
+    min_workers: int
+    max_workers: int
+    default_image: str
+    default_time: float = Field(description="seconds a run gets when it names no time")
+    max_time: float = Field(description="the longest time a run may ask, in seconds")
+    backlog: int = Field(description="runs queued for this pool")
+    workers: PoolWorkerCounts
+    launches: PoolLaunches
+    last_error: str | None = Field(description="the last launch error, if any")
+    last_error_at: Timestamp | None
+    disabled: str | None = Field(description="why launches are paused (too many failures), if they are")
+    last_decision: str | None = Field(description="what the dispatcher last decided for this pool")
+
+
+class PoolList(WireModel):
+    pools: list[PoolView]
+
+
+class WorkerView(WireModel):
+    id: str
+    pool: str
+    status: WorkerStatus = Field(description="offline: no heartbeat for a while")
+    host: str
+    slots: int
+    free_slots: int
+    cpus: float
+    gpus: int
+    memory: int
+    free_cpus: float
+    free_gpus: int
+    gpu_ids: list[str]
+    cached_inputs: int
+    runs: list[str] = Field(description="the runs it holds (only yours, unless you are an admin)")
+    run_owners: dict[str, str]
+    runs_done: int
+    runs_left: int | None
+    started_at: Timestamp
+    heartbeat_at: Timestamp
+    backend_job_id: str | None
+    agent_version: str
+    tag: str | None
+    tag_exclusive: bool
+    group: str | None
+    network_refused: str | None = Field(description="why it takes no runs that ask for a network, if it does not")
+
+
+class WorkerList(WireModel):
+    workers: list[WorkerView]

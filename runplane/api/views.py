@@ -1,11 +1,24 @@
-"""How runs, workers and pools look on the wire. Times become ISO 8601 (UTC)."""
+"""How runs, workers and pools look on the wire: the domain's records turned into the response
+models of ``runplane.api.models`` (times become ISO 8601, UTC)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
-from runplane.api.models import Me, Token
+from runplane.api.models import (
+    Me,
+    PoolLaunches,
+    PoolShape,
+    PoolView,
+    PoolWorkerCounts,
+    RunEvent,
+    RunFailure,
+    RunUsage,
+    RunView,
+    Token,
+    WorkerView,
+    timestamp,
+)
 from runplane.domain.models import ApiToken, Pool, PoolRecord, Principal, Run, Worker
 
 
@@ -15,79 +28,81 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def run_view(run: Run) -> dict[str, Any]:
-    return {
-        "id": run.id,
-        "name": run.spec.name,
-        "state": str(run.state),
-        "owner": run.owner,
-        "queue": run.queue,
-        "spec": run.spec.model_dump(mode="json"),
-        "attempt": run.attempt,
-        "max_attempts": run.max_attempts,
-        "worker_id": run.worker_id,
-        "created_at": iso(run.created_at),
-        "started_at": iso(run.started_at),
-        "finished_at": iso(run.finished_at),
-        "exit_code": run.exit_code,
-        "failure": run.failure.model_dump(mode="json") if run.failure else None,
-        "waiting_reason": run.waiting_reason if run.state == "queued" else None,
-        "kill_requested": run.kill_requested,
-        "usage": run.usage.model_dump(mode="json"),
-        "events": [{"at": iso(e.at), "state": e.state, "message": e.message} for e in run.events],
-    }
+def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
+    """``run`` as its owner sees it; ``waiting_reason`` replaces the stored one (a queued run's
+    reason explained afresh)."""
+    return RunView(
+        id=run.id,
+        name=run.spec.name,
+        state=run.state,
+        owner=run.owner,
+        queue=run.queue,
+        spec=run.spec,
+        attempt=run.attempt,
+        max_attempts=run.max_attempts,
+        worker_id=run.worker_id,
+        created_at=timestamp(run.created_at),
+        started_at=timestamp(run.started_at),
+        finished_at=timestamp(run.finished_at),
+        exit_code=run.exit_code,
+        failure=RunFailure(reason=run.failure.reason, message=run.failure.message) if run.failure else None,
+        waiting_reason=(waiting_reason or run.waiting_reason) if run.state == "queued" else None,
+        kill_requested=run.kill_requested,
+        usage=RunUsage.model_validate(run.usage.model_dump()),
+        events=[RunEvent(at=timestamp(e.at), state=e.state, message=e.message) for e in run.events],
+    )
 
 
-def worker_view(worker: Worker, now: float, stale_after: float, viewer: Principal) -> dict[str, Any]:
+def worker_view(worker: Worker, now: float, stale_after: float, viewer: Principal) -> WorkerView:
     """A worker as ``viewer`` may see it: the ids of runs it holds are shown to their owners (and
     to admins) only."""
-    data = worker.model_dump(mode="json", exclude={"v"})
+    data = worker.model_dump(exclude={"v"})
     if not viewer.admin:
         data["run_owners"] = {r: o for r, o in worker.run_owners.items() if o == viewer.user}
         data["runs"] = [r for r in worker.runs if r in data["run_owners"]]
     if now - worker.heartbeat_at > stale_after:
         data["status"] = "offline"
-    data["started_at"] = iso(worker.started_at)
-    data["heartbeat_at"] = iso(worker.heartbeat_at)
-    return data
+    data["started_at"] = timestamp(worker.started_at)
+    data["heartbeat_at"] = timestamp(worker.heartbeat_at)
+    return WorkerView.model_validate(data)
 
 
-def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecord) -> dict[str, Any]:
+def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecord) -> PoolView:
     counts = {"idle": 0, "busy": 0, "starting": 0, "draining": 0}
     for worker in workers:
         if worker.status in counts:
             counts[worker.status] += 1
     registered = {w.id for w in workers}
     counts["starting"] += record.starting_among(registered)
-    return {
-        "name": pool.name,
-        "backend": pool.backend,
-        "shape": {
-            "cpus": pool.cpus,
-            "gpus": pool.gpus,
-            "gpu_type": pool.gpu_type,
-            "memory": pool.memory,
-            "disk": pool.disk,
-            "slots": pool.slots,
-        },
-        "min_workers": pool.min_workers,
-        "max_workers": pool.max_workers,
-        "default_image": pool.default_image,
-        "default_time": pool.default_time,
-        "max_time": pool.max_time,
-        "backlog": backlog,
-        "workers": counts,
-        "launches": {
-            "launched": record.launched,
-            "failed": record.failed_launches,
-            "failed_in_a_row": record.consecutive_failures,
-            "last_launch_at": iso(record.last_launch_at),
-        },
-        "last_error": record.last_error,
-        "last_error_at": iso(record.last_error_at),
-        "disabled": record.disabled_reason,
-        "last_decision": record.last_decision,
-    }
+    return PoolView(
+        name=pool.name,
+        backend=pool.backend,
+        shape=PoolShape(
+            cpus=pool.cpus,
+            gpus=pool.gpus,
+            gpu_type=pool.gpu_type,
+            memory=pool.memory,
+            disk=pool.disk,
+            slots=pool.slots,
+        ),
+        min_workers=pool.min_workers,
+        max_workers=pool.max_workers,
+        default_image=pool.default_image,
+        default_time=pool.default_time,
+        max_time=pool.max_time,
+        backlog=backlog,
+        workers=PoolWorkerCounts(**counts),
+        launches=PoolLaunches(
+            launched=record.launched,
+            failed=record.failed_launches,
+            failed_in_a_row=record.consecutive_failures,
+            last_launch_at=timestamp(record.last_launch_at),
+        ),
+        last_error=record.last_error,
+        last_error_at=timestamp(record.last_error_at),
+        disabled=record.disabled_reason,
+        last_decision=record.last_decision,
+    )
 
 
 def token_view(token: ApiToken) -> Token:

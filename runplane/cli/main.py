@@ -6,7 +6,6 @@ import enum
 import getpass
 import json
 import shlex
-import signal
 import sys
 import time
 import urllib.parse
@@ -14,10 +13,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Column, Table
 
 from runplane.cli.client import ApiError, Client
+from runplane.cli.common import CliError, err, out
+from runplane.cli.dev import dev
 
 app = typer.Typer(
     add_completion=False,
@@ -25,14 +25,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Run containerized jobs on pools of workers (AWS Batch, Azure Batch, Kubernetes, Slurm, local).",
 )
-out = Console()
-err = Console(stderr=True)
 LAST_RUN = Path("~/.runplane/last_run").expanduser()
 EXIT_BY_STATE = {"killed": 137, "timed_out": 124}
-
-
-class CliError(Exception):
-    pass
 
 
 def _version(show: bool) -> None:
@@ -532,72 +526,7 @@ def whoami(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     out.print(f"{me['user']}{groups}; scopes: {', '.join(me['scopes']) or 'none'}", highlight=False)
 
 
-class Cloud(enum.StrEnum):
-    aws = "aws"
-    azure = "azure"
-
-
-@app.command()
-def dev(
-    port: Annotated[int, typer.Option(help="port of the local API")] = 8080,
-    token: Annotated[str | None, typer.Option(help="admin API token to accept (default: a new random one)")] = None,
-    workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
-    pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
-    demo: Annotated[bool, typer.Option(help="submit one demo run once the stack is up")] = False,
-    cloud: Annotated[
-        Cloud,
-        typer.Option(
-            help="whose functions and stores: aws (moto's server) or azure (Azurite, the Azure Functions app)",
-        ),
-    ] = Cloud.aws,
-) -> None:
-    """Run the whole stack on this machine (moto or Azurite, API, dispatcher, local agents on Docker)."""
-    import logging
-
-    from runplane.devstack.stack import DevConfig, DevStack
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("runplane").setLevel(logging.INFO)
-    stack = DevStack(DevConfig(port=port, token=token, workers=workers, pools_file=pools_file, cloud=cloud.value))
-    try:
-        stack.start()
-    except OSError as e:
-        raise CliError(f"cannot start the local stack: {e}") from e
-    except ValueError as e:
-        raise CliError(str(e)) from e
-    err.print(
-        f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"
-        f"  token  {stack.token} (an admin's: `runplane token create USER` makes users' tokens)\n"
-        f"  {stack.services:<6} {stack.endpoint}\n"
-        f"Use it from another shell (the CLI finds this stack by itself):\n"
-        f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
-        f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
-        f"Ctrl-C stops it.",
-        highlight=False,
-        soft_wrap=True,
-    )
-
-    def on_term(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
-
-    signal.signal(signal.SIGTERM, on_term)
-    try:
-        if demo:
-            _demo(Client(stack.api_url, stack.token))
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        err.print("stopping…")
-    finally:
-        stack.stop()
-
-
-def _demo(client: Client) -> None:
-    run = client.request("POST", "/v1/runs", {"command": "echo hello from runplane; echo 42 > answer", "name": "demo"})
-    err.print(f"[bold]demo run {run['id']}[/bold]")
-    final = _follow(client, run["id"], streams=("stdout", "stderr"), show_states=True)
-    files = client.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]
-    err.print(f"demo run {final['state']}; outputs: {', '.join(f['path'] for f in files) or 'none'}")
+app.command()(dev)
 
 
 def main() -> None:

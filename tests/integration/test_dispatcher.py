@@ -126,7 +126,7 @@ def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backe
     # what a user sees: the run's waiting reason and the pool's view
     from runplane.api.views import pool_view
 
-    view = pool_view(pool, 2, [], record)
+    view = pool_view(pool, 2, [], record).model_dump(mode="json")
     assert view["disabled"] == record.disabled_reason
     assert view["launches"] == {
         "launched": 4,
