@@ -18,7 +18,9 @@ from runplane.domain.models import (
     RunState,
     Scope,
     WorkerStatus,
+    duration_or_text,
 )
+from runplane.domain.units import MAX_DURATION
 
 
 class TokenCreate(BaseModel):
@@ -36,9 +38,10 @@ class TokenCreate(BaseModel):
         max_length=3,
         description='what it may do; default ["runs:read", "runs:write"]',
     )
-    expires_in: str | Annotated[float, Field(gt=0)] | None = Field(
-        default=None, description='lifetime, e.g. "30d", "12h" or seconds; none: it does not expire'
-    )
+    expires_in: Annotated[
+        str | Annotated[float, Field(gt=0)] | None,
+        duration_or_text(0, MAX_DURATION, ["30d", "12h", 86400], exclusive=True),
+    ] = Field(default=None, description='lifetime, e.g. "30d", "12h" or seconds, up to a year; none: never expires')
 
 
 class Token(BaseModel):
@@ -50,8 +53,8 @@ class Token(BaseModel):
     user: str
     groups: list[str]
     scopes: list[Scope]
-    created_at: str = Field(description="ISO 8601, UTC")
-    expires_at: str | None = Field(description="ISO 8601, UTC; null: never")
+    created_at: str = Field(description="ISO 8601, UTC", json_schema_extra={"format": "date-time"})
+    expires_at: str | None = Field(description="ISO 8601, UTC; null: never", json_schema_extra={"format": "date-time"})
     created_by: str | None
 
 
@@ -158,7 +161,17 @@ class RunView(WireModel):
                     "state": "queued",
                     "owner": "ada",
                     "queue": "cpu",
-                    "spec": {"command": "python train.py", "resources": {"cpus": 2, "gpus": 0}},
+                    "spec": {
+                        "command": "python train.py",
+                        "image": "python:3.12",
+                        "name": "train",
+                        "queue": "cpu",
+                        "resources": {"cpus": 2, "gpus": 0, "memory": 4294967296, "disk": None, "time": 7200},
+                        "env": {"EPOCHS": "10"},
+                        "inputs": {},
+                        "network": False,
+                        "tag": None,
+                    },
                     "attempt": 0,
                     "max_attempts": 3,
                     "worker_id": None,
@@ -169,7 +182,7 @@ class RunView(WireModel):
                     "failure": None,
                     "waiting_reason": "no idle worker in pool cpu; starting one",
                     "kill_requested": False,
-                    "usage": {"timings": {}},
+                    "usage": {"cpu_seconds": None, "memory_peak": None, "disk": None, "timings": {}},
                     "events": [{"at": "2026-11-23T09:30:00.125Z", "state": "queued", "message": "submitted"}],
                 }
             ]

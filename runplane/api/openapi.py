@@ -1,70 +1,62 @@
-"""The OpenAPI 3.1 document of the HTTP API. Request bodies and the token answers take their
-schemas from the pydantic models (``RunSpec``, ``runplane.api.models``); every operation lists
-each status it can answer with, so a client (or a fuzzer) meets no undocumented one."""
+"""The OpenAPI 3.1 document of the HTTP API, generated from its pydantic models.
+
+Request bodies (``RunSpec``, ``TokenCreate``) have the schemas of what the API accepts (pydantic's
+validation mode: sizes and times may be text such as "512m" or "2h"); answers have the schemas of
+what it sends (serialization mode), made exact: every field is required and no other may appear,
+because the server always sends exactly the model's fields (a client that parses answers ignores
+fields it does not know, so it keeps working with a newer server). A model whose two schemas differ
+keeps its name for the request and is ``<name>View`` in answers (a run's spec: ``RunSpec`` in,
+``RunSpecView`` out). Every operation lists each status it can answer with, so a client (or a
+fuzzer) meets no undocumented one; tests/integration/contracts/test_wire.py drives every operation
+and checks each answer against this document.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
 from runplane import __version__
-from runplane.api.models import Me, TokenCreate, TokenCreated, TokenList
-from runplane.domain.models import FailureReason, RunSpec, RunState
+from runplane.api.models import (
+    ErrorBody,
+    Health,
+    LogPage,
+    Me,
+    OutputPage,
+    PoolList,
+    RunPage,
+    RunView,
+    TokenCreate,
+    TokenCreated,
+    TokenList,
+    WorkerList,
+)
+from runplane.domain.models import RunSpec, RunState
 
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
-        }
-    },
-}
+REF = "#/components/schemas/{model}"
+REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, TokenCreate)
+RESPONSES: tuple[type[BaseModel], ...] = (
+    RunView,
+    RunPage,
+    LogPage,
+    OutputPage,
+    PoolList,
+    WorkerList,
+    Health,
+    ErrorBody,
+    TokenCreated,
+    TokenList,
+    Me,
+)
+_NAMES = {"ErrorBody": "Error"}
+"""Components named other than their model."""
 
-_NULLABLE_STRING = {"type": ["string", "null"]}
-_TIME = {"type": "string", "format": "date-time"}
-_NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
-
-_RUN = {
-    "type": "object",
-    "required": ["id", "state", "owner", "queue", "spec", "attempt", "max_attempts", "created_at", "events"],
-    "properties": {
-        "id": {"type": "string"},
-        "name": _NULLABLE_STRING,
-        "state": {"type": "string", "enum": [s.value for s in RunState]},
-        "owner": {"type": "string"},
-        "queue": {"type": "string"},
-        "spec": {"$ref": "#/components/schemas/RunSpec"},
-        "attempt": {"type": "integer"},
-        "max_attempts": {"type": "integer"},
-        "worker_id": _NULLABLE_STRING,
-        "created_at": _TIME,
-        "started_at": _NULLABLE_TIME,
-        "finished_at": _NULLABLE_TIME,
-        "exit_code": {"type": ["integer", "null"]},
-        "failure": {
-            "type": ["object", "null"],
-            "properties": {
-                "reason": {"type": "string", "enum": [r.value for r in FailureReason]},
-                "message": {"type": "string"},
-            },
-        },
-        "waiting_reason": _NULLABLE_STRING,
-        "kill_requested": {"type": "boolean"},
-        "usage": {"type": "object"},
-        "events": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {"at": _TIME, "state": _NULLABLE_STRING, "message": {"type": "string"}},
-            },
-        },
-    },
-}
+_VALUES = frozenset({"examples", "default", "const", "enum"})
+"""Keywords whose values are data, not schemas: left alone when schemas are rewritten."""
 
 _DESCRIPTIONS = {
     200: "ok",
@@ -78,55 +70,136 @@ _DESCRIPTIONS = {
     409: "conflicts with the current state",
     413: "body too large",
     422: "values that are not acceptable",
+    503: "a backing service (database, queue, storage) failed; retry",
+}
+
+_RUN_EXAMPLES = {
+    "train": {
+        "summary": "sizes and the time limit as text",
+        "value": {
+            "command": "python train.py --epochs 10",
+            "image": "python:3.12",
+            "name": "train",
+            "queue": "default",
+            "resources": {"cpus": 2, "gpus": 0, "memory": "4g", "disk": "10g", "time": "2h"},
+            "env": {"EPOCHS": "10"},
+            "inputs": {"data": "s3://datasets/mnist/"},
+        },
+    },
+    "minimal": {"summary": "a command alone: the default pool, its image, its limits", "value": {"command": "echo hi"}},
+}
+_TOKEN_EXAMPLES = {
+    "user": {
+        "summary": "a user of the group vision for 90 days",
+        "value": {"user": "alice", "groups": ["vision"], "scopes": ["runs:read", "runs:write"], "expires_in": "90d"},
+    }
+}
+_DOCUMENT = {
+    "type": "object",
+    "description": "an OpenAPI 3.1 document",
+    "required": ["openapi", "info", "components", "security", "paths"],
+    "properties": {
+        "openapi": {"type": "string", "pattern": r"^3\.1\.\d+$"},
+        "info": {"type": "object", "required": ["title", "version"]},
+        "components": {"type": "object", "required": ["schemas"]},
+        "security": {"type": "array"},
+        "paths": {"type": "object"},
+    },
+    "additionalProperties": False,
 }
 
 
-def _errors(*codes: int) -> dict[str, Any]:
-    return {
-        str(c): {
-            "description": _DESCRIPTIONS[c],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
-        }
-        for c in codes
-    }
+def _definitions(models: tuple[type[BaseModel], ...], mode: Literal["validation", "serialization"]) -> dict[str, Any]:
+    """The JSON schemas of ``models`` and of everything they refer to, by name."""
+    _, top = models_json_schema([(m, mode) for m in models], ref_template=REF)
+    return dict(top.get("$defs", {}))
 
 
-def _ok(status: int, schema: dict[str, Any], description: str | None = None) -> dict[str, Any]:
+def _exact(schema: Any) -> Any:
+    """``schema`` with every object that lists properties closed (no others) and complete (each
+    one required): an answer carries every field of its model and nothing else."""
+    if isinstance(schema, list):
+        return [_exact(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _VALUES else _exact(v) for k, v in schema.items()}
+    if isinstance(out.get("properties"), dict):
+        out["required"] = list(out["properties"])
+        out["additionalProperties"] = False
+    return out
+
+
+def _renamed(schema: Any, names: Mapping[str, str]) -> Any:
+    """``schema`` with its references to ``names``' keys pointing at their values instead."""
+    if isinstance(schema, list):
+        return [_renamed(s, names) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in _VALUES else _renamed(v, names) for k, v in schema.items()}
+    ref = out.get("$ref")
+    if isinstance(ref, str) and ref.startswith(REF.format(model="")):
+        target = ref.removeprefix(REF.format(model=""))
+        out["$ref"] = REF.format(model=names.get(target, target))
+    return out
+
+
+def component_schemas() -> dict[str, Any]:
+    """Every schema the document's operations refer to, by component name."""
+    requests = _definitions(REQUESTS, "validation")
+    responses = {name: _exact(schema) for name, schema in _definitions(RESPONSES, "serialization").items()}
+    names = {name: _NAMES.get(name, name) for name in responses}
+    for name, schema in responses.items():
+        if name in requests and requests[name] != schema:
+            names[name] = f"{name}View"
+            description = f"{name} as answers show it: every field, sizes in bytes and times in seconds."
+            responses[name] = {**schema, "description": description}
+    # Schemas that are the same both ways (the states, the failure reasons) are shared.
     return {
-        str(status): {
-            "description": description or _DESCRIPTIONS[status],
-            "content": {"application/json": {"schema": schema}},
-        }
+        **requests,
+        **{names[n]: {**_renamed(s, names), "title": names[n]} for n, s in responses.items()},
     }
 
 
 def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
+    return {"$ref": REF.format(model=name)}
 
 
-def _body(name: str) -> dict[str, Any]:
-    return {"required": True, "content": {"application/json": {"schema": _ref(name)}}}
+def _errors(*codes: int) -> dict[str, Any]:
+    return {
+        str(c): {"description": _DESCRIPTIONS[c], "content": {"application/json": {"schema": _ref("Error")}}}
+        for c in codes
+    }
+
+
+def _ok(status: int, schema: str | dict[str, Any], description: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {
+        str(status): {
+            "description": description or _DESCRIPTIONS[status],
+            "content": {"application/json": {"schema": _ref(schema) if isinstance(schema, str) else schema}},
+            **extra,
+        }
+    }
+
+
+def _body(name: str, examples: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(name), "examples": examples}}}
 
 
 def _query(name: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
     return {"name": name, "in": "query", "schema": schema, "description": description}
 
 
-_RUN_ID = [{"name": "run_id", "in": "path", "required": True, "schema": {"type": "string"}}]
-_RUN_REF = _ref("Run")
+def _path(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+_RUN_ID = [_path("run_id")]
 _CURSOR = _query("cursor", {"type": "string"}, "the next_cursor of the previous page")
-# Every route but health and the document itself needs a token: 401 without one, 403 without the scope.
-_AUTH = (401, 403)
-
-
-def _models(*models: type[BaseModel]) -> dict[str, Any]:
-    """The JSON schemas of ``models`` (and what they refer to), keyed by name."""
-    schemas: dict[str, Any] = {}
-    for model in models:
-        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        schemas.update(schema.pop("$defs", {}))
-        schemas[model.__name__] = schema
-    return schemas
+_LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 500})
+_LOCATION = {"Location": {"description": "the run's address", "schema": {"type": "string"}}}
+# Every route but health and the document itself reads the token store (401 without a token, 503
+# when the store fails) and, all but /v1/me, needs a scope (403).
+_AUTH = (401, 403, 503)
 
 
 def _runs_paths() -> dict[str, Any]:
@@ -136,12 +209,17 @@ def _runs_paths() -> dict[str, Any]:
                 "operationId": "submitRun",
                 "summary": "Submit a run",
                 "parameters": [
-                    {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string", "maxLength": 200}}
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "description": "a retry with the same key and body returns the same run (200)",
+                    }
                 ],
-                "requestBody": _body("RunSpec"),
+                "requestBody": _body("RunSpec", _RUN_EXAMPLES),
                 "responses": {
-                    **_ok(201, _RUN_REF),
-                    **_ok(200, _RUN_REF, "replayed: the run this Idempotency-Key made"),
+                    **_ok(201, "RunView", headers=_LOCATION),
+                    **_ok(200, "RunView", "replayed: the run this Idempotency-Key made", headers=_LOCATION),
                     **_errors(400, *_AUTH, 404, 409, 413, 422),
                 },
             },
@@ -152,39 +230,26 @@ def _runs_paths() -> dict[str, Any]:
                     _query("state", {"type": "string", "enum": [s.value for s in RunState]}),
                     _query("queue", {"type": "string"}),
                     _query("owner", {"type": "string"}, "another user's runs (admins only)"),
-                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}),
+                    _LIMIT,
                     _CURSOR,
                 ],
-                "responses": {
-                    **_ok(
-                        200,
-                        {
-                            "type": "object",
-                            "required": ["runs", "next_cursor"],
-                            "properties": {
-                                "runs": {"type": "array", "items": _RUN_REF},
-                                "next_cursor": _NULLABLE_STRING,
-                            },
-                        },
-                    ),
-                    **_errors(400, *_AUTH, 422),
-                },
+                "responses": {**_ok(200, "RunPage"), **_errors(400, *_AUTH, 422)},
             },
         },
         "/v1/runs/{run_id}": {
             "get": {
                 "operationId": "getRun",
-                "summary": "One run",
+                "summary": "One run; a queued one says why it waits",
                 "parameters": _RUN_ID,
-                "responses": {**_ok(200, _RUN_REF), **_errors(*_AUTH, 404)},
+                "responses": {**_ok(200, "RunView"), **_errors(*_AUTH, 404)},
             }
         },
         "/v1/runs/{run_id}/kill": {
             "post": {
                 "operationId": "killRun",
-                "summary": "Kill a run",
+                "summary": "Kill a run: a queued one at once, a running one within seconds",
                 "parameters": _RUN_ID,
-                "responses": {**_ok(202, _RUN_REF), **_errors(*_AUTH, 404, 409)},
+                "responses": {**_ok(202, "RunView"), **_errors(*_AUTH, 404, 409)},
             }
         },
         "/v1/runs/{run_id}/logs": {
@@ -196,88 +261,48 @@ def _runs_paths() -> dict[str, Any]:
                     _query("stream", {"type": "string", "enum": ["stdout", "stderr"]}),
                     _query("offset", {"type": "integer", "minimum": 0}),
                 ],
-                "responses": {
-                    **_ok(
-                        200,
-                        {
-                            "type": "object",
-                            "required": ["data", "next_offset", "complete"],
-                            "properties": {
-                                "data": {"type": "string"},
-                                "next_offset": {"type": "integer"},
-                                "complete": {"type": "boolean"},
-                            },
-                        },
-                    ),
-                    **_errors(400, *_AUTH, 404, 422),
-                },
+                "responses": {**_ok(200, "LogPage"), **_errors(400, *_AUTH, 404, 422)},
             }
         },
         "/v1/runs/{run_id}/outputs": {
             "get": {
                 "operationId": "listOutputs",
                 "summary": "Output files with download URLs, a page at a time",
-                "parameters": [*_RUN_ID, _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}), _CURSOR],
-                "responses": {
-                    **_ok(
-                        200,
-                        {
-                            "type": "object",
-                            "required": ["files", "next_cursor", "complete"],
-                            "properties": {
-                                "files": {
-                                    "type": "array",
-                                    "items": {
-                                        "type": "object",
-                                        "required": ["path", "size", "url"],
-                                        "properties": {
-                                            "path": {"type": "string"},
-                                            "size": {"type": "integer"},
-                                            "url": {"type": "string"},
-                                        },
-                                    },
-                                },
-                                "next_cursor": _NULLABLE_STRING,
-                                "complete": {"type": "boolean"},
-                            },
-                        },
-                    ),
-                    **_errors(400, *_AUTH, 404, 422),
-                },
+                "parameters": [*_RUN_ID, _LIMIT, _CURSOR],
+                "responses": {**_ok(200, "OutputPage"), **_errors(400, *_AUTH, 404, 422)},
             }
         },
     }
 
 
 def _admin_paths() -> dict[str, Any]:
-    token_id = [{"name": "token_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     return {
         "/v1/me": {
             "get": {
                 "operationId": "whoAmI",
                 "summary": "Who the caller's token acts for (any valid token)",
-                "responses": {**_ok(200, _ref("Me")), **_errors(401)},
+                "responses": {**_ok(200, "Me"), **_errors(401, 503)},
             }
         },
         "/v1/tokens": {
             "post": {
                 "operationId": "createToken",
                 "summary": "Make a token for a user (admin); its secret is in this answer only",
-                "requestBody": _body("TokenCreate"),
-                "responses": {**_ok(201, _ref("TokenCreated")), **_errors(400, *_AUTH, 413, 422)},
+                "requestBody": _body("TokenCreate", _TOKEN_EXAMPLES),
+                "responses": {**_ok(201, "TokenCreated"), **_errors(400, *_AUTH, 413, 422)},
             },
             "get": {
                 "operationId": "listTokens",
                 "summary": "Every token, never a secret (admin)",
                 "parameters": [_query("user", {"type": "string"}, "only this user's")],
-                "responses": {**_ok(200, _ref("TokenList")), **_errors(*_AUTH)},
+                "responses": {**_ok(200, "TokenList"), **_errors(*_AUTH)},
             },
         },
         "/v1/tokens/{token_id}": {
             "delete": {
                 "operationId": "revokeToken",
                 "summary": "Revoke a token (admin): refused everywhere within seconds",
-                "parameters": token_id,
+                "parameters": [_path("token_id")],
                 "responses": {"204": {"description": _DESCRIPTIONS[204]}, **_errors(*_AUTH, 404)},
             }
         },
@@ -289,15 +314,15 @@ def _fleet_paths() -> dict[str, Any]:
         "/v1/pools": {
             "get": {
                 "operationId": "listPools",
-                "summary": "Pools with backlog and workers",
-                "responses": {**_ok(200, {"type": "object", "required": ["pools"]}), **_errors(*_AUTH)},
+                "summary": "Pools with backlog, workers and launches",
+                "responses": {**_ok(200, "PoolList"), **_errors(*_AUTH)},
             }
         },
         "/v1/workers": {
             "get": {
                 "operationId": "listWorkers",
                 "summary": "Workers and their last heartbeat (run ids: only your own runs')",
-                "responses": {**_ok(200, {"type": "object", "required": ["workers"]}), **_errors(*_AUTH)},
+                "responses": {**_ok(200, "WorkerList"), **_errors(*_AUTH)},
             }
         },
         "/v1/health": {
@@ -305,7 +330,7 @@ def _fleet_paths() -> dict[str, Any]:
                 "operationId": "health",
                 "summary": "Liveness",
                 "security": [],
-                "responses": _ok(200, {"type": "object"}),
+                "responses": _ok(200, "Health"),
             }
         },
         "/v1/openapi.json": {
@@ -313,7 +338,7 @@ def _fleet_paths() -> dict[str, Any]:
                 "operationId": "openapi",
                 "summary": "This document",
                 "security": [],
-                "responses": _ok(200, {"type": "object"}),
+                "responses": _ok(200, _DOCUMENT),
             }
         },
     }
@@ -321,16 +346,14 @@ def _fleet_paths() -> dict[str, Any]:
 
 @functools.cache
 def openapi_document() -> dict[str, Any]:
+    """The document, built once per process (on first use, never at import). Callers must not
+    change it."""
     return {
         "openapi": "3.1.0",
         "info": {"title": "runplane", "version": __version__},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                **_models(RunSpec, TokenCreate, TokenCreated, TokenList, Me),
-                "Run": _RUN,
-                "Error": _ERROR,
-            },
+            "schemas": component_schemas(),
         },
         "security": [{"bearer": []}],
         "paths": {**_runs_paths(), **_admin_paths(), **_fleet_paths()},

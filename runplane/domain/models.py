@@ -9,9 +9,9 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from runplane.domain.units import format_bytes, format_duration, parse_bytes, parse_duration
+from runplane.domain.units import MAX_SIZE, format_bytes, format_duration, parse_bytes, parse_duration
 
 MAX_RUN_TIME = 30 * 86400.0
 """The longest time limit a run may ask for (30 days)."""
@@ -140,6 +140,45 @@ def _duration(value: Any) -> Any:
     return parse_duration(value) if isinstance(value, str | int | float) else value
 
 
+SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*[kKmMgGtTpP]?[iI]?[bB]?\s*$"
+"""The strings ``parse_bytes`` reads ("512m", "2g", "1.5GiB"), as a JSON Schema pattern."""
+DURATION_PATTERN = r"^\s*(\d+(\.\d+)?|(\d+(\.\d+)?\s*([mM][sS]|[sSmMhHdD])\s*)+)\s*$"
+"""The strings ``parse_duration`` reads ("90s", "1h30m", "2d", "3600"), as a JSON Schema pattern."""
+
+
+def size_or_text(least: int, most: int, examples: list[Any]) -> WithJsonSchema:
+    """The request schema of a size a ``_size`` validator reads: bytes (a fraction is dropped) or
+    a string with a binary unit; ``least`` and ``most`` bound the bytes either way."""
+    return WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", "minimum": least, "maximum": most},
+                {"type": "string", "pattern": SIZE_PATTERN, "description": "k, m, g, t, p: powers of 1024"},
+                {"type": "null"},
+            ],
+            "examples": examples,
+        },
+        mode="validation",
+    )
+
+
+def duration_or_text(least: float, most: float, examples: list[Any], *, exclusive: bool = False) -> WithJsonSchema:
+    """The request schema of a duration a ``_duration`` validator reads: seconds or a string such
+    as "90s" or "1h30m" (ms, s, m, h, d); ``least`` and ``most`` bound the seconds either way."""
+    low = {"exclusiveMinimum": least} if exclusive else {"minimum": least}
+    return WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "number", **low, "maximum": most},
+                {"type": "string", "pattern": DURATION_PATTERN, "description": "units ms, s, m, h, d"},
+                {"type": "null"},
+            ],
+            "examples": examples,
+        },
+        mode="validation",
+    )
+
+
 class Resources(BaseModel):
     """What one run asks for. Sizes accept bytes or strings ("512m"); time accepts "90s", "1h"."""
 
@@ -147,13 +186,14 @@ class Resources(BaseModel):
 
     cpus: float = Field(default=1.0, ge=0.01, le=1024)
     gpus: int = Field(default=0, ge=0, le=64)
-    memory: int | None = Field(
-        default=None, gt=4 * 1024**2, le=1024**5, description="bytes, at least 4m; pool default when absent"
+    # Requests may give sizes and times as text; the schemas say so (answers hold numbers).
+    memory: Annotated[int | None, size_or_text(4 * 1024**2 + 1, MAX_SIZE, ["512m", "4g", 536870912])] = Field(
+        default=None, gt=4 * 1024**2, le=MAX_SIZE, description="bytes, at least 4m; pool default when absent"
     )
-    disk: int | None = Field(
-        default=None, gt=0, le=1024**5, description="bytes the run may write; pool default when absent"
+    disk: Annotated[int | None, size_or_text(1, MAX_SIZE, ["10g", 10737418240])] = Field(
+        default=None, gt=0, le=MAX_SIZE, description="bytes the run may write; pool default when absent"
     )
-    time: float | None = Field(
+    time: Annotated[float | None, duration_or_text(1, MAX_RUN_TIME, ["90s", "2h", "1h30m", 3600])] = Field(
         default=None, ge=1, le=MAX_RUN_TIME, description="seconds, 1 to 30 days; pool default when absent"
     )
 
@@ -275,6 +315,9 @@ class Run(BaseModel):
     failure: Failure | None = None
     usage: Usage = Field(default_factory=Usage)
     kill_requested: bool = False
+    kill_reason: str | None = None
+    """Why a kill was asked for, when not by a user (written with ``kill_requested``, e.g. "the
+    local stack stopped"); the worker's final message says it."""
     on_preemptible: bool = False
     waiting_reason: str | None = None
     request_hash: str | None = None

@@ -38,5 +38,8 @@ def test_every_failure_reason_is_produced_somewhere():
 
 
 def test_openapi_lists_the_failure_reasons():
-    failure = openapi_document()["components"]["schemas"]["Run"]["properties"]["failure"]
-    assert set(failure["properties"]["reason"]["enum"]) == {r.value for r in FailureReason}
+    schemas = openapi_document()["components"]["schemas"]
+    failure = schemas["RunView"]["properties"]["failure"]
+    assert {"$ref": "#/components/schemas/RunFailure"} in failure["anyOf"]
+    assert schemas["RunFailure"]["properties"]["reason"]["$ref"] == "#/components/schemas/FailureReason"
+    assert set(schemas["FailureReason"]["enum"]) == {r.value for r in FailureReason}

@@ -1,0 +1,442 @@
+"""Every answer of the HTTP API agrees with its OpenAPI document.
+
+Each operation is driven through a real front (the Lambda handler on moto's server, the Azure HTTP
+function on Azurite) to its successes and its failures. Every answer's status must be one its
+operation lists, and its body must match that status's schema exactly: the document's answer
+objects name every field and allow no other. A path the document has, asked with a method it
+lacks, must answer 405 with Allow; a path it lacks, 404. Every documented operation must be
+exercised here, and every route the resolver serves must be documented, so that no route slips by.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import validate as validate_openapi
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
+
+from runplane import bootstrap
+from runplane.api.http import app
+from runplane.api.openapi import openapi_document
+from runplane.domain.models import DURATION_PATTERN, SIZE_PATTERN, Worker
+from runplane.domain.units import parse_bytes, parse_duration
+from runplane.services.auth import register_token
+from runplane.services.logs import log_chunk_key, outputs_prefix
+from tests.conftest import POOLS_FILE
+
+DOC_URI = "urn:runplane:openapi"
+METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
+TOKENS = {"admin": "wire-admin", "alice": "wire-alice", "bob": "wire-bob", "reader": "wire-reader", "empty": "wire-eve"}
+Send = Callable[[str, str, dict[str, str], bytes], tuple[int, dict[str, str], bytes]]
+
+
+def _pointer(*parts: str) -> str:
+    return "#" + "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _body_schema(template: str, method: str, *where: str) -> str:
+    """Where the JSON schema of a request body (``"requestBody"``) or of an answer (``"responses",
+    "200"``) of an operation is."""
+    return _pointer("paths", template, method.lower(), *where, "content", "application/json", "schema")
+
+
+class Contract:
+    """An OpenAPI document as a judge of answers; remembers the statuses each operation gave."""
+
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+        self.registry = Registry().with_resource(DOC_URI, DRAFT202012.create_resource(doc))
+        self.templates = [
+            (re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(path)) + "$"), path) for path in doc["paths"]
+        ]
+        self.seen: dict[str, set[int]] = defaultdict(set)
+
+    def operations(self) -> dict[str, tuple[str, str]]:
+        """operationId -> (method, path template)."""
+        return {
+            op["operationId"]: (method, path)
+            for path, item in self.doc["paths"].items()
+            for method, op in item.items()
+            if method in METHODS
+        }
+
+    def validate(self, instance: Any, pointer: str, what: str) -> None:
+        """Assert that ``instance`` matches the schema at ``pointer`` in the document."""
+        validator = Draft202012Validator(
+            {"$ref": DOC_URI + pointer},
+            registry=self.registry,
+            format_checker=Draft202012Validator.FORMAT_CHECKER,
+        )
+        errors = [f"{'/'.join(map(str, e.absolute_path)) or '.'}: {e.message}" for e in validator.iter_errors(instance)]
+        assert not errors, f"{what} does not match {pointer}:\n" + "\n".join(errors[:10])
+
+    def request(self, method: str, path: str, body: Any) -> None:
+        """Assert that a body the API accepted is one the document accepts."""
+        template = self._template(path)
+        assert template is not None, f"{method} {path} succeeded but the document has no such path"
+        self.validate(body, _body_schema(template, method, "requestBody"), f"the accepted body of {method} {path}")
+
+    def _template(self, path: str) -> str | None:
+        return next((template for rx, template in self.templates if rx.match(path)), None)
+
+    def answer(self, method: str, path: str, status: int, headers: dict[str, str], data: bytes) -> str:
+        """Assert that one answer agrees with the document; return the operationId it answered
+        for (or "405"/"404" for a method or a path the document lacks)."""
+        what = f"{method} {path} -> {status}"
+        path = path.partition("?")[0]
+        template = self._template(path)
+        error_schema = _pointer("components", "schemas", "Error")
+        if template is None:
+            assert status == 404, f"{what}: a path the document lacks must answer 404"
+            self.validate(json.loads(data), error_schema, what)
+            return "404"
+        item = self.doc["paths"][template]
+        operation = item.get(method.lower())
+        if operation is None:
+            allowed = ", ".join(sorted(m.upper() for m in item if m in METHODS))
+            assert status == 405, f"{what}: {method} is not in the document for {template}, so it must answer 405"
+            assert headers.get("allow") == allowed, f"{what}: Allow is {headers.get('allow')!r}, not {allowed!r}"
+            self.validate(json.loads(data), error_schema, what)
+            return "405"
+        op_id, responses = operation["operationId"], operation["responses"]
+        assert str(status) in responses, f"{what}: {op_id} does not list {status} (it lists {sorted(responses)})"
+        response = responses[str(status)]
+        for header in response.get("headers", {}):
+            assert header.lower() in headers, f"{what}: the header {header} the document promises is missing"
+        if "content" not in response:
+            assert data == b"", f"{what}: the document says no body, the answer has {data[:200]!r}"
+        else:
+            assert headers.get("content-type", "").startswith("application/json"), f"{what}: {headers}"
+            self.validate(json.loads(data), _body_schema(template, method, "responses", str(status)), what)
+        self.seen[op_id].add(status)
+        return str(op_id)
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+
+class Wire:
+    """Sends requests through one front; every answer is judged by the contract on the way back."""
+
+    def __init__(self, send: Send, contract: Contract) -> None:
+        self.send, self.contract = send, contract
+
+    def __call__(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        who: str | None = "alice",
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        sent = dict(headers or {})
+        if who is not None:
+            sent["Authorization"] = f"Bearer {TOKENS[who]}"
+        raw = data if data is not None else (json.dumps(body).encode() if body is not None else b"")
+        if raw:
+            sent["Content-Type"] = "application/json"
+        status, got, out = self.send(method, path, sent, raw)
+        got = {k.lower(): v for k, v in got.items()}
+        self.contract.answer(method, path, status, got, out)
+        if body is not None and 200 <= status < 300:
+            self.contract.request(method, path.partition("?")[0], body)
+        return Answer(status, got, json.loads(out) if out else None)
+
+
+def _lambda_front() -> Send:
+    from functions.aws import api
+    from runplane.api.gateway import http_event, response_parts
+    from runplane.devstack.lambda_shim import LambdaContext
+
+    def send(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        path, _, query = path.partition("?")
+        event = http_event(method, path, query, headers, body, "127.0.0.1")
+        return response_parts(api.lambda_handler(event, LambdaContext(function_name="runplane-api")))
+
+    return send
+
+
+def _azure_front() -> Send:
+    import azure.functions as func
+
+    from functions.azure import api
+
+    function = api.http_api.build().get_user_function()
+
+    def send(method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str], bytes]:
+        route = path.partition("?")[0].removeprefix("/v1/")
+        req = func.HttpRequest(method=method, url=f"http://127.0.0.1:7071{path}", headers=headers,
+                               route_params={"path": route}, body=body)  # fmt: skip
+        answer = function(req)
+        return answer.status_code, dict(answer.headers), answer.get_body()
+
+    return send
+
+
+@pytest.fixture
+def wire(request, stack, monkeypatch):
+    """The process-wide stack the fronts use, on the contract suite's fresh stack (moto or
+    Azurite), with the users of TOKENS; yields a Wire through that cloud's front."""
+    settings = stack.settings
+    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RUNPLANE_CLOUD", settings.cloud)
+    monkeypatch.setenv("RUNPLANE_PREFIX", settings.prefix)
+    monkeypatch.setenv("RUNPLANE_POOLS", str(POOLS_FILE))
+    if settings.cloud == "azure":
+        monkeypatch.setenv("RUNPLANE_AZURE_STORAGE_CONNECTION_STRING", settings.azure_storage_connection_string)
+        send = _azure_front()
+    else:
+        monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", settings.aws_endpoint_url)
+        send = _lambda_front()
+    bootstrap.stack.cache_clear()
+    s = bootstrap.stack()
+    register_token(s.tokens, TOKENS["admin"], "root", scopes=["admin"])
+    register_token(s.tokens, TOKENS["alice"], "alice")
+    register_token(s.tokens, TOKENS["bob"], "bob")
+    register_token(s.tokens, TOKENS["reader"], "alice", scopes=["runs:read"])
+    register_token(s.tokens, TOKENS["empty"], "eve", scopes=[])
+    yield Wire(send, Contract(openapi_document()))
+    bootstrap.stack.cache_clear()
+
+
+PARKED = {"command": "echo hi", "queue": "parked"}
+
+
+def _runs(wire: Wire) -> str:
+    """Submit, list and read runs; returns the id of a queued run of alice's."""
+    submitted = wire("POST", "/v1/runs", {**PARKED, "name": "wire", "resources": {"memory": "256m", "time": "90s"}})
+    assert submitted.status == 201 and submitted.headers["location"] == f"/v1/runs/{submitted.body['id']}"
+    assert submitted.body["spec"]["resources"]["memory"] == 256 * 1024**2  # text in, bytes out
+    key = {"Idempotency-Key": f"wire-{time.time_ns()}"}
+    first = wire("POST", "/v1/runs", {**PARKED, "resources": {"disk": "1g", "time": 60}}, headers=key)
+    again = wire("POST", "/v1/runs", {**PARKED, "resources": {"disk": "1g", "time": 60}}, headers=key)
+    assert (first.status, again.status, again.body["id"]) == (201, 200, first.body["id"])
+    assert wire("POST", "/v1/runs", {**PARKED, "command": "other"}, headers=key).status == 409
+    assert wire("POST", "/v1/runs", {**PARKED, "resources": {"memory": "lots"}}).status == 422
+    assert wire("POST", "/v1/runs", data=b"{not json").status == 400
+    assert wire("POST", "/v1/runs", {**PARKED, "inputs": {"d": "run:r-nothing"}}).status == 404
+    assert wire("POST", "/v1/runs", {"command": "x" * 300_000}).status == 413
+    assert wire("POST", "/v1/runs", PARKED, who=None).status == 401
+    assert wire("POST", "/v1/runs", PARKED, who="reader").status == 403
+
+    page = wire("GET", "/v1/runs?limit=1")
+    assert page.status == 200 and len(page.body["runs"]) == 1 and page.body["next_cursor"]
+    rest = wire("GET", f"/v1/runs?limit=1&cursor={page.body['next_cursor']}")
+    assert rest.status == 200
+    assert [r["id"] for r in page.body["runs"] + rest.body["runs"]] == [first.body["id"], submitted.body["id"]]
+    assert wire("GET", "/v1/runs?state=queued&queue=parked").status == 200
+    assert wire("GET", "/v1/runs?limit=x").status == 400
+    assert wire("GET", "/v1/runs?cursor=not-a-cursor").status == 400
+    assert wire("GET", "/v1/runs?state=sleeping").status == 422
+    assert wire("GET", "/v1/runs?owner=bob").status == 403
+    assert wire("GET", "/v1/runs", who=None).status == 401
+
+    run_id = submitted.body["id"]
+    got = wire("GET", f"/v1/runs/{run_id}")
+    assert got.status == 200 and got.body["state"] == "queued" and got.body["waiting_reason"]
+    assert wire("GET", f"/v1/runs/{run_id}", who="bob").status == 404
+    assert wire("GET", "/v1/runs/r-nothing").status == 404
+    assert wire("GET", f"/v1/runs/{run_id}", who="empty").status == 403
+    return run_id
+
+
+def _logs_and_outputs(wire: Wire, run_id: str) -> None:
+    objects = bootstrap.stack().objects
+    objects.put_bytes(log_chunk_key(run_id, 0, "stdout", 0), b"hello\n")
+    objects.put_bytes(outputs_prefix(run_id, 0) + "model/weights.bin", b"\0" * 10)
+    logs = wire("GET", f"/v1/runs/{run_id}/logs?stream=stdout&offset=0")
+    assert logs.status == 200 and logs.body == {"data": "hello\n", "next_offset": 6, "complete": False}
+    assert wire("GET", f"/v1/runs/{run_id}/logs?offset=x").status == 400
+    assert wire("GET", f"/v1/runs/{run_id}/logs?stream=stdin").status == 422
+    assert wire("GET", f"/v1/runs/{run_id}/logs", who="bob").status == 404
+    outputs = wire("GET", f"/v1/runs/{run_id}/outputs?limit=10")
+    assert outputs.status == 200
+    assert [(f["path"], f["size"]) for f in outputs.body["files"]] == [("model/weights.bin", 10)]
+    assert wire("GET", f"/v1/runs/{run_id}/outputs?cursor=bad").status == 400
+    assert wire("GET", f"/v1/runs/{run_id}/outputs?limit=0").status == 422
+    assert wire("GET", "/v1/runs/r-nothing/outputs").status == 404
+    assert wire("GET", f"/v1/runs/{run_id}/outputs", who=None).status == 401
+
+
+def _fleet(wire: Wire, run_id: str) -> None:
+    now = time.time()
+    workers = bootstrap.stack().workers
+    workers.put(Worker(id="w-wire", pool="parked", status="busy", host="h", started_at=now, heartbeat_at=now,
+                       runs=[run_id], run_owners={run_id: "alice"}, agent_version="1"))  # fmt: skip
+    workers.put(Worker(id="w-gone", pool="parked", started_at=now - 9000, heartbeat_at=now - 9000))
+    listed = wire("GET", "/v1/workers")
+    assert listed.status == 200
+    by_id = {w["id"]: w for w in listed.body["workers"]}
+    assert by_id["w-wire"]["runs"] == [run_id] and by_id["w-gone"]["status"] == "offline"
+    assert [w["runs"] for w in wire("GET", "/v1/workers", who="bob").body["workers"]] == [[], []]
+    assert wire("GET", "/v1/workers", who="empty").status == 403
+    pools = wire("GET", "/v1/pools")
+    assert pools.status == 200
+    parked = next(p for p in pools.body["pools"] if p["name"] == "parked")
+    assert parked["backlog"] >= 2 and parked["workers"]["busy"] == 1
+    assert wire("GET", "/v1/pools", who=None).status == 401
+    assert wire("GET", "/v1/pools", who="empty").status == 403
+
+
+def _tokens(wire: Wire) -> None:
+    me = wire("GET", "/v1/me", who="empty")
+    assert me.status == 200 and me.body["user"] == "eve" and me.body["scopes"] == []
+    assert wire("GET", "/v1/me", who=None).status == 401
+    made = wire("POST", "/v1/tokens", {"user": "dora", "groups": ["vision"], "expires_in": "30d"}, who="admin")
+    assert made.status == 201 and made.body["token"] and made.body["expires_at"]
+    assert wire("POST", "/v1/tokens", {"user": "dora", "expires_in": 3600.5}, who="admin").status == 201
+    assert wire("POST", "/v1/tokens", {"user": "no one"}, who="admin").status == 422
+    assert wire("POST", "/v1/tokens", data=b"[]", who="admin").status == 400
+    assert wire("POST", "/v1/tokens", {"user": "x" * 300_000}, who="admin").status == 413
+    assert wire("POST", "/v1/tokens", {"user": "dora"}).status == 403
+    listed = wire("GET", "/v1/tokens?user=dora", who="admin")
+    assert listed.status == 200 and made.body["id"] in [t["id"] for t in listed.body["tokens"]]
+    assert wire("GET", "/v1/tokens", who="admin").status == 200
+    assert wire("GET", "/v1/tokens").status == 403
+    assert wire("DELETE", f"/v1/tokens/{made.body['id']}", who="admin").status == 204
+    assert wire("DELETE", f"/v1/tokens/{made.body['id']}", who="admin").status == 404
+    assert wire("DELETE", "/v1/tokens/not-a-token", who="admin").status == 404
+    assert wire("DELETE", "/v1/tokens/tok-0123456789abcdef", who="bob").status == 403
+
+
+def test_every_answer_agrees_with_the_document(wire):
+    assert wire("GET", "/v1/health", who=None).status == 200
+    document = wire("GET", "/v1/openapi.json", who=None)
+    assert document.status == 200 and document.body == json.loads(json.dumps(openapi_document()))
+    run_id = _runs(wire)
+    _logs_and_outputs(wire, run_id)
+    _fleet(wire, run_id)
+    _tokens(wire)
+
+    killed = wire("POST", f"/v1/runs/{run_id}/kill")
+    assert killed.status == 202 and killed.body["state"] == "killed" and killed.body["failure"]["reason"] == "killed"
+    assert wire("POST", f"/v1/runs/{run_id}/kill").status == 409
+    assert wire("POST", f"/v1/runs/{run_id}/kill", who="bob").status == 404
+    assert wire("POST", f"/v1/runs/{run_id}/kill", who="reader").status == 403
+    ended = wire("GET", f"/v1/runs/{run_id}/logs?offset=6")
+    assert ended.body == {"data": "", "next_offset": 6, "complete": True}
+    assert wire("GET", f"/v1/runs/{run_id}").body["waiting_reason"] is None
+
+    assert wire("DELETE", "/v1/runs").status == 405
+    assert wire("PUT", "/v1/health", who=None).status == 405
+    assert wire("POST", f"/v1/runs/{run_id}").status == 405
+    assert wire("GET", "/v1/nothing").status == 404
+
+    unexercised = set(wire.contract.operations()) - set(wire.contract.seen)
+    assert not unexercised, f"operations of the document this test never drove: {sorted(unexercised)}"
+
+
+# ------------------------------------------------------------------------------------------------
+# The document itself, and the judge: no service needed.
+
+
+def test_every_route_the_resolver_serves_is_documented_and_nothing_else():
+    routes = [*app._static_routes, *app._dynamic_routes]
+    served = {(route.method.lower(), re.sub(r"<(\w+)>", r"{\1}", route.path)) for route in routes}
+    documented = {(method, path) for method, path in Contract(openapi_document()).operations().values()}
+    assert len(served) >= 14  # the resolver's routes were found
+    assert served - documented == set(), "routes the document does not describe"
+    assert documented - served == set(), "operations no route serves"
+
+
+def _schemas(node: Any, where: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every schema object under ``node`` (an OpenAPI document or a schema), with where it is."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        if "type" in node or "$ref" in node or "anyOf" in node or "enum" in node or "const" in node:
+            found.append((where, node))
+        for key, value in node.items():
+            if key not in ("examples", "example", "default", "const", "enum"):
+                found += _schemas(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _schemas(value, f"{where}/{i}")
+    return found
+
+
+def test_the_document_is_openapi_3_1_with_exact_answers_and_true_examples():
+    doc = openapi_document()
+    assert doc["openapi"] == "3.1.0"
+    validate_openapi(copy.deepcopy(doc))
+    contract = Contract(doc)
+    components = doc["components"]["schemas"]
+    for name, schema in components.items():
+        assert re.fullmatch(r"[A-Z][A-Za-z]*", name), name
+        Draft202012Validator.check_schema(schema)
+        assert schema != {"type": "object"} and ("properties" in schema or "enum" in schema), f"{name} says nothing"
+        for i, example in enumerate(schema.get("examples", [])):
+            contract.validate(example, _pointer("components", "schemas", name), f"{name}'s example {i}")
+    # every object in an answer is closed and complete: the server sends exactly its model's fields
+    answers = [(f"/paths{w}", s) for w, s in _schemas(doc["paths"]) if "/responses/" in w]
+    refs = {s["$ref"].rsplit("/", 1)[1] for _, s in answers + _schemas(components) if "$ref" in s}
+    requests = {"RunSpec", "Resources", "TokenCreate"}
+    reached = [(f"#/components/schemas/{n}", components[n]) for n in refs - requests]
+    for where, schema in answers + [(w + sub, s) for w, top in reached for sub, s in _schemas(top)]:
+        if "properties" in schema:
+            assert schema.get("additionalProperties") is False, f"{where} lets an answer carry other fields"
+            assert set(schema.get("required", [])) == set(schema["properties"]), f"{where} has optional fields"
+    assert {n for n in refs if n.endswith("View")} >= {"RunView", "RunSpecView", "ResourcesView"}
+    # request examples are bodies the document accepts
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            content = op.get("requestBody", {}).get("content", {}).get("application/json")
+            if content is None:
+                continue
+            assert content["examples"], f"{method} {path} has no example"
+            for name, example in content["examples"].items():
+                pointer = _body_schema(path, method, "requestBody")
+                contract.validate(example["value"], pointer, f"{method} {path} example {name}")
+
+
+def test_the_judge_refuses_an_undocumented_status_or_field():
+    doc = copy.deepcopy(openapi_document())
+    ok = json.dumps({"status": "ok"}).encode()
+    headers = {"content-type": "application/json"}
+    assert Contract(doc).answer("GET", "/v1/health", 200, headers, ok) == "health"
+    with pytest.raises(AssertionError, match="health does not list 500"):
+        Contract(doc).answer("GET", "/v1/health", 500, headers, ok)
+    with pytest.raises(AssertionError, match="Additional properties"):
+        Contract(doc).answer("GET", "/v1/health", 200, headers, json.dumps({"status": "ok", "up": 1}).encode())
+    with pytest.raises(AssertionError, match="must answer 405"):
+        Contract(doc).answer("DELETE", "/v1/health", 404, headers, b'{"error": {"code": "x", "message": "y"}}')
+    del doc["paths"]["/v1/runs/{run_id}"]["get"]["responses"]["404"]
+    with pytest.raises(AssertionError, match=r"getRun does not list 404 \(it lists \['200', '401', '403', '503'\]\)"):
+        Contract(doc).answer("GET", "/v1/runs/r-1", 404, headers, b'{"error": {"code": "not_found", "message": "m"}}')
+
+
+@pytest.mark.parametrize(
+    ("pattern", "parse", "texts"),
+    [
+        (SIZE_PATTERN, parse_bytes, ["512m", "4g", "1.5GiB", " 2 g ", "10", "1kb", "1KiB", "3mB", "g", "1.g",
+                                     "1.5.5g", "-1m", "1x", "1 m b", "", "1e3", "1 kk"]),
+        (DURATION_PATTERN, parse_duration, ["90s", "1h30m", "2d", "1.5h", "10", " 1h 30m ", "1ms", "1H", "1m1m",
+                                            "3600.5", "1 m s", "1h30", "h", "", "1.5.5h", "-1s", "1e3", "1h,2m"]),
+    ],
+)  # fmt: skip
+def test_the_request_schema_reads_sizes_and_durations_as_the_api_does(pattern, parse, texts):
+    def parses(text: str) -> bool:
+        try:
+            parse(text)
+        except ValueError:
+            return False
+        return True
+
+    assert [t for t in texts if bool(re.search(pattern, t)) != parses(t)] == []
+    assert any(parses(t) for t in texts) and not all(parses(t) for t in texts)
