@@ -1,0 +1,92 @@
+"""runplane's Python SDK: submit runs, wait for them, follow their logs, download their outputs.
+
+    from runplane.client import Client
+
+    with Client() as client:
+        run = client.submit("echo hello", memory="512m").wait()
+        print(run.state, run.logs())
+
+``Client`` blocks; ``AsyncClient`` is the same for asyncio. Both parse answers into the API's own
+wire models (``RunView``, ``LogPage``, ...) and raise an ``ApiError`` subclass for every answer
+that is not a success. See docs/sdk.md. This package imports nothing but pydantic, httpx and the
+standard library (and runplane's wire models), so it is quick to import anywhere.
+"""
+
+from runplane.api.models import (
+    ErrorBody,
+    LogPage,
+    Me,
+    OutputFile,
+    OutputPage,
+    PoolView,
+    RunFailure,
+    RunPage,
+    RunView,
+    Token,
+    TokenCreated,
+    WorkerView,
+)
+from runplane.client._async import AsyncClient, AsyncRun
+from runplane.client._core import RawResponse, RetryPolicy
+from runplane.client._sync import Client, Run
+from runplane.client.config import Profile, config_path, list_profiles, load_profile, save_profile
+from runplane.client.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    ConnectionFailed,
+    DownloadFailed,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    RateLimited,
+    ServerError,
+    Unauthorized,
+    WaitTimeout,
+)
+from runplane.domain.models import Resources, RunSpec, RunState
+
+__all__ = [
+    "ApiError",
+    "AsyncClient",
+    "AsyncRun",
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "ConnectionFailed",
+    "DownloadFailed",
+    "ErrorBody",
+    "Forbidden",
+    "InvalidRequest",
+    "LogPage",
+    "Me",
+    "NotFound",
+    "OutputFile",
+    "OutputPage",
+    "PayloadTooLarge",
+    "PoolView",
+    "Profile",
+    "QuotaExceeded",
+    "RateLimited",
+    "RawResponse",
+    "Resources",
+    "RetryPolicy",
+    "Run",
+    "RunFailure",
+    "RunPage",
+    "RunSpec",
+    "RunState",
+    "RunView",
+    "ServerError",
+    "Token",
+    "TokenCreated",
+    "Unauthorized",
+    "WaitTimeout",
+    "WorkerView",
+    "config_path",
+    "list_profiles",
+    "load_profile",
+    "save_profile",
+]

@@ -1,0 +1,327 @@
+"""``AsyncClient`` and ``AsyncRun``: the asyncio flavour of ``Client`` and ``Run``, with the same
+names and behaviour (coroutines, and async iterators where those yield). Every decision lives in
+``_core``; this file only sends requests, sleeps and writes files."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from runplane.api.models import LogPage, Me, OutputFile, PoolView, RunPage, RunView, Token, TokenCreated, WorkerView
+from runplane.client._core import (
+    USER_AGENT,
+    Dropped,
+    Emit,
+    Exchange,
+    Fetch,
+    PartFile,
+    Pause,
+    Plan,
+    Plans,
+    Progress,
+    RawResponse,
+    Send,
+    StateSeen,
+    dropped,
+)
+from runplane.client._run import RunBase
+from runplane.client.errors import DownloadFailed
+from runplane.domain.models import Resources, RunState
+
+T = TypeVar("T")
+
+
+class _Result:
+    """Where ``AsyncClient._steps`` leaves its plan's return value (an async generator has none)."""
+
+    value: Any = None
+
+
+class AsyncClient:
+    """The asyncio client of the runplane API: ``Client``'s settings, methods and errors, as
+    coroutines. ``sleep`` replaces ``asyncio.sleep`` (tests). Use it as an async context manager,
+    or ``await close()``."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        profile: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 4,
+        transport: httpx.AsyncBaseTransport | None = None,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        self._plans = Plans(url, token, profile, timeout=timeout, retries=retries, random=random)
+        self.url: str = self._plans.url
+        self.token: str | None = self._plans.token
+        self.profile: str | None = self._plans.profile
+        self._sleep = sleep or asyncio.sleep
+        self._http = httpx.AsyncClient(transport=transport, timeout=timeout, follow_redirects=False)
+
+    def __repr__(self) -> str:
+        return f"AsyncClient(url={self.url!r}, profile={self.profile!r})"
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    # --- the driver: performs a plan's steps ----------------------------------------------
+
+    async def _steps(self, plan: Plan[Any], result: _Result | None = None) -> AsyncIterator[Any]:
+        """Perform ``plan``'s steps, yielding what it emits; its return value goes to ``result``."""
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    step = plan.send(reply)
+                except StopIteration as stop:
+                    if result is not None:
+                        result.value = stop.value
+                    return
+                reply = None
+                if isinstance(step, Emit):
+                    yield step.item
+                elif isinstance(step, Send):
+                    reply = await self._exchange(step)
+                elif isinstance(step, Pause):
+                    await self._sleep(step.seconds)
+                else:
+                    await self._fetch(step)
+        finally:
+            plan.close()
+
+    async def _drive(self, plan: Plan[T]) -> T:
+        """Perform a plan that emits nothing; return what it returns."""
+        result = _Result()
+        async for item in self._steps(plan, result):
+            raise TypeError(f"a plan run for its value emitted {item!r}")
+        return result.value  # type: ignore[no-any-return]
+
+    async def _exchange(self, step: Send) -> Exchange | Dropped:
+        try:
+            r = await self._http.request(**self._plans.http_args(step.request))
+        except httpx.TransportError as e:
+            return dropped(self.url, e)
+        return Exchange(r.status_code, r.headers, r.content)
+
+    async def _fetch(self, step: Fetch) -> None:
+        sink = PartFile(step)
+        try:
+            headers = {"User-Agent": USER_AGENT}
+            async with self._http.stream("GET", step.url, headers=headers, follow_redirects=True) as r:
+                sink.start(r.status_code, r.headers)
+                async for chunk in r.aiter_raw(1 << 20):
+                    sink.write(chunk)
+            sink.finish()
+        except (httpx.HTTPError, OSError, DownloadFailed) as e:
+            raise sink.fail(e) from None
+
+    # --- the raw escape hatch ---------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """See ``Client.request``."""
+        return (await self.request_with_status(method, path, body, query, headers)).body
+
+    async def request_with_status(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        """See ``Client.request_with_status``."""
+        return await self._drive(self._plans.raw(method, path, body, query, headers))
+
+    # --- runs -------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        command: str,
+        *,
+        image: str | None = None,
+        resources: Resources | Mapping[str, Any] | None = None,
+        cpus: float | None = None,
+        gpus: int | None = None,
+        memory: str | int | None = None,
+        disk: str | int | None = None,
+        time: str | float | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        inputs: Mapping[str, str] | None = None,
+        network: bool = False,
+        tag: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncRun:
+        """See ``Client.submit``."""
+        limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
+        plan = self._plans.submit(
+            command,
+            image=image,
+            resources=resources,
+            limits=limits,
+            queue=queue,
+            name=name,
+            env=env,
+            inputs=inputs,
+            network=network,
+            tag=tag,
+            idempotency_key=idempotency_key,
+        )
+        view, created = await self._drive(plan)
+        return AsyncRun(self, view, created)
+
+    async def get(self, run_id: str) -> AsyncRun:
+        return AsyncRun(self, await self._drive(self._plans.get(run_id)))
+
+    async def runs(
+        self,
+        *,
+        state: RunState | str | None = None,
+        queue: str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[AsyncRun]:
+        """See ``Client.runs``."""
+        async for view in self._steps(self._plans.runs(state, queue, owner, limit, page_size)):
+            yield AsyncRun(self, view)
+
+    async def runs_page(
+        self,
+        *,
+        state: RunState | str | None = None,
+        queue: str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> RunPage:
+        return await self._drive(self._plans.runs_page(state, queue, owner, limit, cursor))
+
+    async def kill(self, run_id: str) -> AsyncRun:
+        return AsyncRun(self, await self._drive(self._plans.kill(run_id)))
+
+    async def logs(self, run_id: str, stream: str = "stdout", offset: int = 0) -> LogPage:
+        return await self._drive(self._plans.logs(run_id, stream, offset))
+
+    async def outputs(self, run_id: str) -> AsyncIterator[OutputFile]:
+        async for file in self._steps(self._plans.outputs(run_id)):
+            yield file
+
+    async def download_file(self, url: str, dest: Path, *, progress: Progress | None = None) -> None:
+        """See ``Client.download_file``."""
+        done = 0
+
+        def on_chunk(n: int, length: int | None) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(done, length)
+
+        await self._fetch(Fetch(url, Path(dest), True, on_chunk))
+
+    # --- pools, workers, tokens -------------------------------------------------------------
+
+    async def pools(self) -> list[PoolView]:
+        return await self._drive(self._plans.pools())
+
+    async def workers(self) -> list[WorkerView]:
+        return await self._drive(self._plans.workers())
+
+    async def me(self) -> Me:
+        return await self._drive(self._plans.me())
+
+    async def health(self) -> None:
+        await self._drive(self._plans.health())
+
+    async def tokens(self, user: str | None = None) -> list[Token]:
+        return await self._drive(self._plans.tokens(user))
+
+    async def create_token(
+        self,
+        user: str,
+        *,
+        groups: tuple[str, ...] | list[str] = (),
+        scopes: list[str] | None = None,
+        expires_in: str | float | None = None,
+    ) -> TokenCreated:
+        return await self._drive(self._plans.create_token(user, groups, scopes, expires_in))
+
+    async def revoke_token(self, token_id: str) -> None:
+        await self._drive(self._plans.revoke_token(token_id))
+
+
+class AsyncRun(RunBase):
+    """``Run`` for ``AsyncClient``: the same methods as coroutines; ``follow`` and
+    ``follow_chunks`` are async iterators."""
+
+    def __init__(self, client: AsyncClient, view: RunView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    async def refresh(self) -> AsyncRun:
+        self.view = await self._client._drive(self._client._plans.get(self.view.id))
+        return self
+
+    async def wait(self, timeout: float | None = None, poll: float = 0.5) -> AsyncRun:
+        self.view = await self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
+        return self
+
+    async def logs(self, stream: str = "stdout") -> str:
+        return await self._client._drive(self._client._plans.all_logs(self.view.id, stream))
+
+    async def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> AsyncIterator[str]:
+        async for _, text in self.follow_chunks(streams, poll=poll):
+            yield text
+
+    async def follow_chunks(
+        self,
+        streams: tuple[str, ...] = ("stdout", "stderr"),
+        *,
+        on_state: Callable[[AsyncRun], None] | None = None,
+        poll: float = 0.5,
+    ) -> AsyncIterator[tuple[str, str]]:
+        result = _Result()
+        async for item in self._client._steps(self._client._plans.follow(self.view.id, tuple(streams), poll), result):
+            if isinstance(item, StateSeen):
+                self.view = item.view
+                if on_state is not None:
+                    on_state(self)
+            else:
+                yield item
+        self.view = result.value
+
+    async def kill(self) -> AsyncRun:
+        self.view = (await self._client.kill(self.view.id)).view
+        return self
+
+    def outputs(self) -> AsyncIterator[OutputFile]:
+        return self._client.outputs(self.view.id)
+
+    async def download(
+        self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
+    ) -> list[Path]:
+        return await self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))

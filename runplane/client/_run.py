@@ -1,0 +1,57 @@
+"""What ``Run`` and ``AsyncRun`` share: the run as last read, and access to its fields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runplane.api.models import RunFailure, RunView
+from runplane.domain.models import TERMINAL_STATES, RunState
+
+
+class RunBase:
+    """A run as last read (``.view``, a RunView). Its fields read as the run's own attributes
+    (``run.id``, ``run.state``, ``run.exit_code``, ``run.failure``, ``run.waiting_reason``, ...);
+    ``refresh`` reads it again. ``created``: ``submit`` made it (False: its Idempotency-Key
+    named an earlier run, or it was read rather than submitted)."""
+
+    view: RunView
+    created: bool
+
+    def __init__(self, view: RunView, created: bool = False) -> None:
+        self.view = view
+        self.created = created
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names the run itself lacks; "view" is looked up on the instance so
+        # that a half-built object (copy, pickle) does not recurse
+        if name.startswith("__") or "view" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["view"], name)
+
+    @property
+    def id(self) -> str:
+        return self.view.id
+
+    @property
+    def state(self) -> RunState:
+        return self.view.state
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.view.exit_code
+
+    @property
+    def failure(self) -> RunFailure | None:
+        return self.view.failure
+
+    @property
+    def waiting_reason(self) -> str | None:
+        return self.view.waiting_reason
+
+    @property
+    def done(self) -> bool:
+        """The run has ended: succeeded, failed, killed or timed_out."""
+        return self.view.state in TERMINAL_STATES
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.view.id!r}, state={self.view.state.value!r})"

@@ -1,0 +1,365 @@
+"""``Client`` and ``Run``: the blocking flavour. Every decision lives in ``_core``; this file only
+sends requests, sleeps and writes files."""
+
+from __future__ import annotations
+
+import time as time_module
+from collections.abc import Callable, Generator, Iterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from runplane.api.models import LogPage, Me, OutputFile, PoolView, RunPage, RunView, Token, TokenCreated, WorkerView
+from runplane.client._core import (
+    USER_AGENT,
+    Dropped,
+    Emit,
+    Exchange,
+    Fetch,
+    PartFile,
+    Pause,
+    Plan,
+    Plans,
+    Progress,
+    RawResponse,
+    Send,
+    StateSeen,
+    dropped,
+)
+from runplane.client._run import RunBase
+from runplane.client.errors import DownloadFailed
+from runplane.domain.models import Resources, RunState
+
+T = TypeVar("T")
+
+
+class Client:
+    """A blocking client of the runplane API.
+
+    ``url`` and ``token`` each come from the first place that gives one: the argument,
+    ``RUNPLANE_API_URL`` / ``RUNPLANE_TOKEN``, the profile (``profile``, ``RUNPLANE_PROFILE``, the
+    config file's ``default_profile`` or "default"), ``~/.runplane/dev.json`` (a running
+    ``runplane dev``); the URL defaults to ``http://127.0.0.1:8080``. Raises ValueError for a
+    named profile that does not exist, a config file that cannot be parsed, or a URL that is not
+    http(s).
+
+    Every method raises an ``ApiError`` subclass for an answer that is not a success
+    (``errors.py``). Requests that are safe to repeat are tried again, up to ``retries`` more
+    times, after no answer, a 429 or a 5xx (``RetryPolicy``). ``sleep`` and ``random`` replace
+    ``time.sleep`` and ``random.random`` (tests). Use it as a context manager, or ``close()`` it.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        profile: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: int = 4,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] | None = None,
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        self._plans = Plans(url, token, profile, timeout=timeout, retries=retries, random=random)
+        self.url: str = self._plans.url
+        self.token: str | None = self._plans.token
+        self.profile: str | None = self._plans.profile
+        self._sleep = sleep or time_module.sleep
+        self._http = httpx.Client(transport=transport, timeout=timeout, follow_redirects=False)
+
+    def __repr__(self) -> str:
+        return f"Client(url={self.url!r}, profile={self.profile!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- the driver: performs a plan's steps ----------------------------------------------
+
+    def _steps(self, plan: Plan[T]) -> Generator[Any, None, T]:
+        """Perform ``plan``'s steps, yielding what it emits; returns what it returns."""
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    step = plan.send(reply)
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                reply = None
+                if isinstance(step, Emit):
+                    yield step.item
+                elif isinstance(step, Send):
+                    reply = self._exchange(step)
+                elif isinstance(step, Pause):
+                    self._sleep(step.seconds)
+                else:
+                    self._fetch(step)
+        finally:
+            plan.close()
+
+    def _drive(self, plan: Plan[T]) -> T:
+        """Perform a plan that emits nothing; return what it returns."""
+        steps = self._steps(plan)
+        try:
+            item = next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        steps.close()
+        raise TypeError(f"a plan run for its value emitted {item!r}")
+
+    def _exchange(self, step: Send) -> Exchange | Dropped:
+        try:
+            r = self._http.request(**self._plans.http_args(step.request))
+        except httpx.TransportError as e:
+            return dropped(self.url, e)
+        return Exchange(r.status_code, r.headers, r.content)
+
+    def _fetch(self, step: Fetch) -> None:
+        sink = PartFile(step)
+        try:
+            with self._http.stream("GET", step.url, headers={"User-Agent": USER_AGENT}, follow_redirects=True) as r:
+                sink.start(r.status_code, r.headers)
+                for chunk in r.iter_raw(1 << 20):
+                    sink.write(chunk)
+            sink.finish()
+        except (httpx.HTTPError, OSError, DownloadFailed) as e:
+            raise sink.fail(e) from None
+
+    # --- the raw escape hatch ---------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """The parsed JSON body of a successful answer to ``method path`` (None when it has none);
+        raises ApiError for any other. Query values that are None are left out."""
+        return self.request_with_status(method, path, body, query, headers).body
+
+    def request_with_status(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        """Like ``request``, with the answer's HTTP status kept."""
+        return self._drive(self._plans.raw(method, path, body, query, headers))
+
+    # --- runs -------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        command: str,
+        *,
+        image: str | None = None,
+        resources: Resources | Mapping[str, Any] | None = None,
+        cpus: float | None = None,
+        gpus: int | None = None,
+        memory: str | int | None = None,
+        disk: str | int | None = None,
+        time: str | float | None = None,
+        queue: str | None = None,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        inputs: Mapping[str, str] | None = None,
+        network: bool = False,
+        tag: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
+        sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
+        one when none is given), so trying again after no answer makes no second run; with the
+        same ``idempotency_key`` and request, the earlier run comes back with ``created`` False.
+        Raises InvalidRequest for a request no pool can run, Conflict for a key used for a
+        different request."""
+        limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
+        plan = self._plans.submit(
+            command,
+            image=image,
+            resources=resources,
+            limits=limits,
+            queue=queue,
+            name=name,
+            env=env,
+            inputs=inputs,
+            network=network,
+            tag=tag,
+            idempotency_key=idempotency_key,
+        )
+        view, created = self._drive(plan)
+        return Run(self, view, created)
+
+    def get(self, run_id: str) -> Run:
+        """The run (NotFound for an unknown id or another user's run)."""
+        return Run(self, self._drive(self._plans.get(run_id)))
+
+    def runs(
+        self,
+        *,
+        state: RunState | str | None = None,
+        queue: str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Run]:
+        """Your runs (an admin: ``owner``'s), newest first, fetched ``page_size`` at a time (at
+        most 500), ending after ``limit`` runs if given."""
+        for view in self._steps(self._plans.runs(state, queue, owner, limit, page_size)):
+            yield Run(self, view)
+
+    def runs_page(
+        self,
+        *,
+        state: RunState | str | None = None,
+        queue: str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> RunPage:
+        """One page of runs; pass its ``next_cursor`` as ``cursor`` for the next."""
+        return self._drive(self._plans.runs_page(state, queue, owner, limit, cursor))
+
+    def kill(self, run_id: str) -> Run:
+        """Kill the run: a queued one at once, a running one within seconds (Conflict if it has
+        already ended)."""
+        return Run(self, self._drive(self._plans.kill(run_id)))
+
+    def logs(self, run_id: str, stream: str = "stdout", offset: int = 0) -> LogPage:
+        """One page of a log stream from byte ``offset``."""
+        return self._drive(self._plans.logs(run_id, stream, offset))
+
+    def outputs(self, run_id: str) -> Iterator[OutputFile]:
+        """Every output file of the run with a download URL (all pages)."""
+        yield from self._steps(self._plans.outputs(run_id))
+
+    def download_file(self, url: str, dest: Path, *, progress: Progress | None = None) -> None:
+        """Stream ``url`` (an output's presigned URL) to ``dest`` through ``dest.part``, renamed
+        when complete; ``progress(bytes_so_far, length_or_None)`` after each chunk. Raises
+        DownloadFailed."""
+        done = 0
+
+        def on_chunk(n: int, length: int | None) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(done, length)
+
+        self._fetch(Fetch(url, Path(dest), True, on_chunk))
+
+    # --- pools, workers, tokens -------------------------------------------------------------
+
+    def pools(self) -> list[PoolView]:
+        return self._drive(self._plans.pools())
+
+    def workers(self) -> list[WorkerView]:
+        return self._drive(self._plans.workers())
+
+    def me(self) -> Me:
+        """Who the token acts for."""
+        return self._drive(self._plans.me())
+
+    def health(self) -> None:
+        """Returns when the API answers; raises ConnectionFailed or ServerError otherwise."""
+        self._drive(self._plans.health())
+
+    def tokens(self, user: str | None = None) -> list[Token]:
+        """Tokens (of ``user``), never their secrets (admin)."""
+        return self._drive(self._plans.tokens(user))
+
+    def create_token(
+        self,
+        user: str,
+        *,
+        groups: tuple[str, ...] | list[str] = (),
+        scopes: list[str] | None = None,
+        expires_in: str | float | None = None,
+    ) -> TokenCreated:
+        """A token for ``user`` (admin); its secret (``.token``) is shown only in this answer.
+        Tried again only after a 429 or 503 (nothing was made), never after a broken connection."""
+        return self._drive(self._plans.create_token(user, groups, scopes, expires_in))
+
+    def revoke_token(self, token_id: str) -> None:
+        self._drive(self._plans.revoke_token(token_id))
+
+
+class Run(RunBase):
+    """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``, ``download``."""
+
+    def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    def refresh(self) -> Run:
+        """Read the run again; returns itself."""
+        self.view = self._client._drive(self._client._plans.get(self.view.id))
+        return self
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> Run:
+        """Until the run has ended (``done``); returns itself. Raises WaitTimeout after
+        ``timeout`` seconds."""
+        self.view = self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
+        return self
+
+    def logs(self, stream: str = "stdout") -> str:
+        """Everything ``stream`` holds so far."""
+        return self._client._drive(self._client._plans.all_logs(self.view.id, stream))
+
+    def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> Iterator[str]:
+        """The text of ``streams`` as it arrives, until the run has ended and all of it is read."""
+        for _, text in self.follow_chunks(streams, poll=poll):
+            yield text
+
+    def follow_chunks(
+        self,
+        streams: tuple[str, ...] = ("stdout", "stderr"),
+        *,
+        on_state: Callable[[Run], None] | None = None,
+        poll: float = 0.5,
+    ) -> Iterator[tuple[str, str]]:
+        """``(stream, text)`` as the streams grow: whole lines while the run goes, the rest at the
+        end. The run is kept up to date; ``on_state(run)`` is called whenever its state (or why
+        it waits) changes. Ends when the run has ended and every stream is read to its end."""
+        steps = self._client._steps(self._client._plans.follow(self.view.id, tuple(streams), poll))
+        while True:
+            try:
+                item = next(steps)
+            except StopIteration as stop:
+                self.view = stop.value
+                return
+            if isinstance(item, StateSeen):
+                self.view = item.view
+                if on_state is not None:
+                    on_state(self)
+            else:
+                yield item
+
+    def kill(self) -> Run:
+        """Kill it (see ``Client.kill``); returns itself."""
+        self.view = self._client.kill(self.view.id).view
+        return self
+
+    def outputs(self) -> Iterator[OutputFile]:
+        return self._client.outputs(self.view.id)
+
+    def download(self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None) -> list[Path]:
+        """Write every output file under ``dest`` and return their paths. Raises DownloadFailed,
+        before writing anything, for a path that would leave ``dest`` or an existing file of
+        another size; a file of the same size whose bytes differ is refused when it is reached.
+        ``force`` overwrites. ``progress(bytes_so_far, bytes_in_all)`` follows the whole
+        download."""
+        return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
