@@ -6,9 +6,11 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import Field, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "RUNPLANE_"
 
@@ -42,50 +44,146 @@ def parse_bucket_allowlist(text: str) -> dict[str, frozenset[str]]:
     return {group: frozenset(buckets) for group, buckets in data.items()}
 
 
-class StackSettings(BaseModel):
+class EnvironSource(PydanticBaseSettingsSource):
+    """The fields of ``settings_cls`` from ``environ`` (a mapping of environment variables), as
+    text for the model to parse: field ``name`` from ``<env_prefix><NAME>``, else from the first
+    variable of the model's ``env_fallbacks[name]`` that is not empty (with fallbacks, and with
+    the model's ``env_ignore_empty``, an empty variable counts as unset). Variables no field reads
+    are left alone, so a setting a newer release reads never stops an older one."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        super().__init__(settings_cls)
+        self.environ = environ
+
+    def env_names(self, field_name: str) -> tuple[str, ...]:
+        """The variables field ``field_name`` is read from, in order."""
+        fallbacks: Mapping[str, tuple[str, ...]] = getattr(self.settings_cls, "env_fallbacks", {})
+        return (self.config.get("env_prefix", "") + field_name.upper(), *fallbacks.get(field_name, ()))
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """(value or None, the variable it came from (the first one when none is set), False)."""
+        names = self.env_names(field_name)
+        # a field with fallbacks takes the first variable with a value
+        skip_empty = self.config.get("env_ignore_empty", False) or len(names) > 1
+        for name in names:
+            value = self.environ.get(name)
+            if value is not None and (value or not skip_empty):
+                return value, name, False
+        return None, names[0], False
+
+    def __call__(self) -> dict[str, Any]:
+        values: dict[str, Any] = {}
+        for name, field in self.settings_cls.model_fields.items():
+            value, _, _ = self.get_field_value(field, name)
+            if value is not None:
+                values[name] = value
+        return values
+
+
+class Settings(BaseSettings):
+    """One deployable's settings. ``from_env`` reads them from the environment; constructed
+    directly, only the values given count, never the environment (tests build them so)."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Settings from the environment (``os.environ`` when None), through ``EnvironSource``.
+        Raises pydantic.ValidationError; an error's ``loc`` is ``(field_name,)``, the field read from
+        ``<env_prefix><FIELD_NAME>``, or ``()`` for a rule between fields."""
+        return cls(**EnvironSource(cls, os.environ if environ is None else environ)())
+
+
+class StackSettings(Settings):
     """Where the stores are and how the control plane behaves. Shared by every deployable.
 
-    Each field is read from ``RUNPLANE_<FIELD>`` (upper case) by ``from_env``.
+    ``from_env`` reads each field from ``RUNPLANE_<FIELD>`` (upper case). README.md's table of
+    them is ``markdown_table()`` (``python -m runplane.settings``).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", frozen=True)
+    env_fallbacks: ClassVar[Mapping[str, tuple[str, ...]]] = {"aws_region": ("AWS_REGION", "AWS_DEFAULT_REGION")}
+    """Variables read, in order, for a field whose ``RUNPLANE_<FIELD>`` is unset or empty."""
 
-    cloud: Literal["aws", "azure"] = "aws"
-    prefix: str = "runplane"
-    runs_table: str = ""
-    workers_table: str = ""
-    tokens_table: str = ""
-    bucket: str = ""
-    pools_table: str = ""
-    aws_region: str = "us-east-1"
-    """``from_env``: ``RUNPLANE_AWS_REGION``, else ``AWS_REGION`` (what Lambda and ECS set), else
-    ``AWS_DEFAULT_REGION``, else us-east-1."""
-    aws_endpoint_url: str | None = None
-    """Another endpoint for every AWS API (LocalStack, moto's server, a VPC endpoint)."""
-    dynamodb_endpoint_url: str | None = None
-    """DynamoDB alone at another endpoint than ``aws_endpoint_url`` (DynamoDB Local, dynalite, a VPC
-    endpoint of DynamoDB); the queues, the bucket and Batch stay at ``aws_endpoint_url``."""
-    azure_storage_connection_string: str | None = None
-    """Azure: a storage connection string (Azurite's, or an account key's). Without one,
-    ``azure_storage_account`` is reached with the managed identity (DefaultAzureCredential)."""
-    azure_storage_account: str | None = None
-    azure_batch_account_url: str | None = None
-    """Azure Batch: ``https://<account>.<region>.batch.azure.com`` for pools with backend azure-batch."""
-    azure_batch_account_key: str | None = None
-    """Azure Batch shared key; without one the managed identity is used."""
-    pools: str = ""
-    """Pools as a file path or inline YAML/JSON; empty means the built-in one-machine pool."""
-    worker_stale_seconds: float = 30
-    rehint_seconds: float = 300
-    max_body_bytes: int = 256 * 1024
-    local_state_dir: str = "~/.runplane/local"
-    agent_args: str = ""
-    """Extra arguments for every launched agent, as shell words."""
-    input_buckets: str = ""
-    """Buckets (Azure: containers) runs may read ``s3://`` inputs from: a comma-separated list for
-    every user, or JSON mapping a group (or ``*``, everyone) to its list, e.g.
-    ``{"*": ["public-data"], "vision": ["vision-raw"]}``. Empty: no bucket at all. The stack's own
-    bucket is never allowed, whatever this says."""
+    cloud: Literal["aws", "azure"] = Field(
+        "aws", description="Where the stores are: `aws` (DynamoDB, SQS, S3) or `azure` (Tables, Queues, Blob storage)."
+    )
+    prefix: str = Field("runplane", description="The start of every resource name the stack derives.")
+    runs_table: str = Field("", description="The runs table; empty: derived from the prefix (AWS: `PREFIX-runs`).")
+    workers_table: str = Field(
+        "", description="The workers table; empty: derived from the prefix (AWS: `PREFIX-workers`)."
+    )
+    tokens_table: str = Field(
+        "", description="The tokens table; empty: derived from the prefix (AWS: `PREFIX-tokens`)."
+    )
+    bucket: str = Field(
+        "", description="The data bucket (Azure: container) of logs and outputs; empty: derived from the prefix."
+    )
+    pools_table: str = Field("", description="The pools' state table; empty: derived from the prefix.")
+    aws_region: str = Field(
+        "us-east-1",
+        description="The AWS region; unset or empty: `AWS_REGION` (what Lambda and ECS set), "
+        "else `AWS_DEFAULT_REGION`.",
+    )
+    aws_endpoint_url: str | None = Field(
+        None,
+        description="Another endpoint for every AWS API (LocalStack, moto's server, a VPC endpoint); "
+        "empty: AWS itself.",
+    )
+    dynamodb_endpoint_url: str | None = Field(
+        None,
+        description="DynamoDB alone at another endpoint (DynamoDB Local, dynalite, a VPC endpoint); the queues, "
+        "the bucket and Batch stay at `RUNPLANE_AWS_ENDPOINT_URL`. Empty: the same as the others.",
+    )
+    azure_storage_connection_string: str | None = Field(
+        None,
+        description="Azure: a storage connection string (Azurite's, or an account key's). Without one, "
+        "`RUNPLANE_AZURE_STORAGE_ACCOUNT` is reached with the managed identity.",
+    )
+    azure_storage_account: str | None = Field(
+        None, description="Azure: the storage account, reached with the managed identity (DefaultAzureCredential)."
+    )
+    azure_batch_account_url: str | None = Field(
+        None,
+        description="Azure Batch: `https://<account>.<region>.batch.azure.com`, for pools with backend `azure-batch`.",
+    )
+    azure_batch_account_key: str | None = Field(
+        None, description="Azure Batch: the account's shared key; without one the managed identity is used."
+    )
+    pools: str = Field(
+        "", description="The pools, as a file path or inline YAML/JSON; empty: the built-in one-machine pool."
+    )
+    worker_stale_seconds: float = Field(
+        30, description="A worker silent for longer than this (no heartbeat) counts as gone."
+    )
+    rehint_seconds: float = Field(
+        300, description="The reaper sends a queued run's hint again once the last one is this old."
+    )
+    max_body_bytes: int = Field(256 * 1024, description="The largest HTTP request body the API reads.")
+    local_state_dir: str = Field(
+        "~/.runplane/local", description="Backend `local`: where the agents it starts keep their logs."
+    )
+    agent_args: str = Field("", description="Extra arguments for every agent launched, as shell words.")
+    input_buckets: str = Field(
+        "",
+        description="Buckets (Azure: containers) runs may read `s3://` inputs from: a comma-separated list for every "
+        'user, or JSON mapping a group (or `*`, everyone) to its list, e.g. `{"*": ["public-data"], "vision": '
+        '["vision-raw"]}`. Empty: none. The stack\'s own bucket is never allowed.',
+    )
+
+    @field_validator("aws_endpoint_url", "dynamodb_endpoint_url", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
     def input_bucket_allowlist(self) -> dict[str, frozenset[str]]:
         """``input_buckets`` read: group (``*`` for everyone) -> the buckets its members may read.
@@ -110,19 +208,17 @@ class StackSettings(BaseModel):
             where = f"azure|{account}|{self.runs_table or self.prefix}"
         return hashlib.sha256(where.encode()).hexdigest()[:12]
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> StackSettings:
-        """Settings from the environment; raises pydantic.ValidationError naming a bad variable."""
-        env = os.environ if environ is None else environ
-        values: dict[str, str | None] = {
-            name: env[PREFIX + name.upper()] for name in cls.model_fields if PREFIX + name.upper() in env
-        }
-        for endpoint in ("aws_endpoint_url", "dynamodb_endpoint_url"):
-            if values.get(endpoint) == "":
-                values[endpoint] = None
-        region = values.get("aws_region") or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
-        if region:
-            values["aws_region"] = region
-        else:
-            values.pop("aws_region", None)
-        return cls.model_validate(values)
+
+def markdown_table(settings_cls: type[BaseSettings] = StackSettings) -> str:
+    """The fields of ``settings_cls`` as a Markdown table: variable, default, description."""
+    source = EnvironSource(settings_cls, {})
+    rows = ["| variable | default | what it sets |", "| --- | --- | --- |"]
+    for name, field in settings_cls.model_fields.items():
+        default = "" if field.default in (None, "") else f"`{field.default}`"
+        text = (field.description or "").replace("|", "\\|")
+        rows.append(f"| `{source.env_names(name)[0]}` | {default} | {text} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

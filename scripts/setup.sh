@@ -39,13 +39,30 @@ stamp=.venv/.installed-$hash-${want_test:+test}
 if [ ! -f "$stamp" ]; then
   echo "setup: installing Python packages into .venv"
   log=$(mktemp)
-  extra=""; [ "$want_test" = "--test" ] && extra="[test]"
+  # `make dev`: the local stack on either cloud; the tests: every extra and the test tools
+  extra="[local,azure]"; [ "$want_test" = "--test" ] && extra="[test]"
   if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".${extra}"; } >"$log" 2>&1; then
     cat "$log"; echo "setup: pip install failed"; exit 1
   fi
   rm -f "$log"
-  .venv/bin/python -c 'import runplane, worker_agent, moto, docker' # fail loudly if the install did not take
+  .venv/bin/python -c 'import runplane, worker_agent, moto, docker, azure.data.tables' # fail loudly if the install did not take
   rm -f .venv/.installed-*; touch "$stamp"
+fi
+# tests/integration/test_packaging.py installs the wheel with each extra into empty venvs, with uv
+# --offline from this cache: every package of every extra, at the versions of constraints.txt.
+packaging=.venv/packaging
+if [ "$want_test" = "--test" ] && [ ! -f "$packaging/cache/.primed-$hash" ]; then
+  echo "setup: caching the extras' packages for the packaging test"
+  rm -rf "$packaging"
+  log=$(mktemp)
+  uv() { UV_CACHE_DIR=$packaging/cache UV_PYTHON_DOWNLOADS=never .venv/bin/uv "$@"; }
+  if ! { uv venv -q --python .venv/bin/python "$packaging/venv" &&
+    uv pip install -q --python "$packaging/venv/bin/python" -r pyproject.toml --extra all &&
+    uv pip freeze -q --python "$packaging/venv/bin/python" >"$packaging/constraints.txt"; } >"$log" 2>&1; then
+    cat "$log"; echo "setup: uv pip install failed"; exit 1
+  fi
+  rm -rf "$log" "$packaging/venv"
+  touch "$packaging/cache/.primed-$hash"
 fi
 if [ "$want_test" = "--test" ]; then
   scripts/start-azurite.sh --install # into .azurite/; the tests start it

@@ -25,6 +25,7 @@ from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
 from worker_agent.network import NetworkCheck
 from worker_agent.resources import Allocator, Gpu, host_cpus
+from worker_agent.settings import default
 from worker_agent.trees import remove_tree
 from worker_agent.users import ImageUsers
 
@@ -44,22 +45,22 @@ class AgentConfig:
     pool: str
     worker_id: str
     work_dir: Path
-    slots: int = 1
-    memory: int = 0
-    idle_seconds: float | None = None
-    exit_after_num_runs: int | None = None
-    heartbeat_seconds: float = 5
-    lease_seconds: float = 30
-    poll_seconds: float = 5
-    pass_down_termination: bool = False
-    exit_on_exception: bool = False
-    preemptible: bool = False
+    slots: int = default("slots")
+    memory: int = 0  # bytes advertised; runplane-agent gives the machine's when --memory is not set
+    idle_seconds: float | None = default("idle_seconds")
+    exit_after_num_runs: int | None = default("exit_after_num_runs")
+    heartbeat_seconds: float = default("heartbeat_seconds")
+    lease_seconds: float = default("lease_seconds")
+    poll_seconds: float = default("poll_seconds")
+    pass_down_termination: bool = default("pass_down_termination")
+    exit_on_exception: bool = default("exit_on_exception")
+    preemptible: bool = default("preemptible")
     executor: ExecutorConfig | None = None  # None: the defaults, for this worker_id and work_dir
     cpuset: tuple[int, ...] = ()
     gpus: tuple[Gpu, ...] = ()
-    tag: str | None = None
-    tag_exclusive: bool = False
-    group: str | None = None
+    tag: str | None = default("tag")
+    tag_exclusive: bool = default("tag_exclusive")
+    group: str | None = default("group")
 
 
 class Agent:

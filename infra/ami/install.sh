@@ -261,7 +261,8 @@ else
   if [ $reinstall -eq 1 ] || [ ! -x $VENV/bin/runplane-agent ] || [ "$(cat "$marker" 2>/dev/null)" != "$want" ]; then
     [ -x $VENV/bin/python ] || "$PY" -m venv $VENV
     say "pip install $package into $VENV"
-    if ! $VENV/bin/python -m pip install -q --disable-pip-version-check --upgrade "$package"; then
+    # "runplane[agent]": the agent's extra, for whichever runplane $package names (a version, a wheel)
+    if ! $VENV/bin/python -m pip install -q --disable-pip-version-check --upgrade "$package" "runplane[agent]"; then
       die "pip install $package failed (name a wheel with --package PATH if runplane is not on your index)"
     fi
     printf '%s\n' "$want" >"$marker"

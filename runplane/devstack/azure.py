@@ -5,7 +5,6 @@ to the HTTP function, the events queue to the dispatcher's queue trigger, timers
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 from pathlib import Path
 
@@ -14,26 +13,26 @@ from runplane import bootstrap
 from runplane.adapters.azure.provision import provision
 from runplane.adapters.azure.queues import events_queue_name
 from runplane.bootstrap import Stack
+from runplane.devstack import azurite
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.functions_host import FunctionsHost, HostOptions
 
 HOST_JSON = Path(function_app.__file__).with_name("host.json")
-START_AZURITE = Path(__file__).resolve().parents[2] / "scripts" / "start-azurite.sh"
 
 
-def start_azurite(script: Path = START_AZURITE, timeout: float = 180) -> str:
-    """Azurite on 127.0.0.1 (started unless it answers, installed with npm if missing); returns
-    its connection string. Raises ValueError when that fails."""
-    if not script.exists():
-        raise ValueError(f"{script} is missing (it comes with a checkout); pass an Azure storage connection string")
+def start_azurite(timeout: float = 600) -> str:
+    """Azurite on 127.0.0.1 (``runplane.devstack.azurite``: reused when its ports answer, else
+    installed with npm if missing and started); returns its connection string. Raises ValueError
+    with one line when npm is missing, with the reason and Azurite's log when it does not start."""
     try:
-        done = subprocess.run([str(script)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise ValueError(f"Azurite did not start within {timeout:g} s") from e
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise ValueError(f"Azurite did not start: {done.stderr.strip()[-2000:]}")
-    return lines[-1]
+        return azurite.start_azurite(install_timeout=timeout)
+    except azurite.NpmMissing:
+        raise ValueError(
+            "runplane dev --cloud azure needs Azurite: install Node.js and npm (apt-get install -y nodejs npm), "
+            "or pass --azure-connection STRING"
+        ) from None
+    except azurite.AzuriteError as e:
+        raise ValueError(f"Azurite did not start: {e}") from e
 
 
 def ncrontab_every(seconds: float) -> str:

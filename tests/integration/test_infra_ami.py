@@ -11,14 +11,14 @@ import yaml
 
 from runplane.settings import StackSettings
 from tests.conftest import ROOT
-from worker_agent.main import FLAGS, SWITCHES, _env_name
+from worker_agent.settings import AgentSettings, env_name
 
 AMI = ROOT / "infra" / "ami"
 UNIT = AMI / "runplane-agent.service"
 INSTALL = AMI / "install.sh"
 USER_DATA = AMI / "user-data.yaml"
 DOCKERFILE = ROOT / "infra" / "agent-image" / "Dockerfile"
-AGENT_KEYS = {_env_name(name) for name, *_ in FLAGS} | {_env_name(name) for name, _ in SWITCHES}
+AGENT_KEYS = {env_name(name) for name in AgentSettings.model_fields}
 STACK_KEYS = {"RUNPLANE_" + name.upper() for name in StackSettings.model_fields}
 AGENT_BINARY = "/opt/runplane/bin/runplane-agent"
 
@@ -91,7 +91,7 @@ def test_unit_runs_the_agent_as_a_stable_worker_that_passes_runs_down():
     assert "--pass-down-termination" in argv
     flags = [arg[2:] for arg in argv[1:] if arg.startswith("--")]
     assert "pass-down-termination" in flags
-    assert set(flags) <= {name for name, *_ in FLAGS} | {name for name, _ in SWITCHES}, flags
+    assert {flag.replace("-", "_") for flag in flags} <= set(AgentSettings.model_fields), flags
     assert unit_values("EnvironmentFile") == ["/etc/runplane/agent.env"]
     assert "docker.service" in unit_values("Requires")
     assert any("docker.service" in v.split() for v in unit_values("After"))
@@ -176,7 +176,7 @@ def test_install_sh_options_map_to_agent_flags():
     assert [(option, key) for option, key in options if key not in AGENT_KEYS | STACK_KEYS] == []
     agent_options = [(option, key) for option, key in options if key.startswith("RUNPLANE_AGENT_")]
     assert agent_options, "install.sh maps no option to an agent flag"
-    assert [(option, key) for option, key in agent_options if key != _env_name(option)] == []
+    assert [(option, key) for option, key in agent_options if key != env_name(option)] == []
 
 
 def test_install_sh_parses():
@@ -241,7 +241,7 @@ def test_unit_makes_the_work_dirs_nosuid_mounts_outside_its_sandbox():
     ExecStartPre, outside the sandbox, does it for the same worker id before each start."""
     pre = [v for v in unit_values("ExecStartPre") if "--prepare-work-dir" in v]
     assert pre == [f"+{AGENT_BINARY} --id %H --prepare-work-dir"]
-    assert "prepare-work-dir" in {name for name, _ in SWITCHES}
+    assert AgentSettings.model_fields["prepare_work_dir"].annotation is bool
 
 
 def nvidia_setup() -> str:

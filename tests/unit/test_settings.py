@@ -1,0 +1,108 @@
+"""The stack's settings (``StackSettings``): read from RUNPLANE_* variables by ``from_env`` only,
+each error naming its variable, and documented in README.md by a table made from the fields."""
+
+import re
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from runplane.settings import StackSettings, markdown_table
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_table() -> str:
+    """The table of README.md's "Stack settings" section: its lines that start with '|'."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Stack settings\n") :]
+    section = section[: section.index("\n## ", 1)]
+    return "".join(line + "\n" for line in section.splitlines() if line.startswith("|"))
+
+
+def test_readme_lists_exactly_the_settings():
+    table = readme_table()
+    documented = re.findall(r"^\| `(RUNPLANE_[A-Z0-9_]+)` \|", table, re.MULTILINE)
+    assert documented == ["RUNPLANE_" + name.upper() for name in StackSettings.model_fields]
+    assert table == markdown_table(), "README.md's table is stale: paste the output of python -m runplane.settings"
+
+
+def test_every_setting_is_described():
+    assert [name for name, field in StackSettings.model_fields.items() if not field.description] == []
+
+
+def test_from_env_reads_each_variable_into_its_field():
+    texts = [name for name, field in StackSettings.model_fields.items() if field.default in ("", None)]
+    environ = {"RUNPLANE_" + name.upper(): "" for name in texts}
+    environ |= {
+        "RUNPLANE_CLOUD": "azure",
+        "RUNPLANE_PREFIX": "prod",
+        "RUNPLANE_WORKER_STALE_SECONDS": "45",
+        "RUNPLANE_MAX_BODY_BYTES": "1024",
+        "RUNPLANE_INPUT_BUCKETS": "public-data, shared",
+        "RUNPLANE_AWS_REGION": "eu-west-1",
+    }
+    settings = StackSettings.from_env(environ)
+    assert (settings.cloud, settings.prefix, settings.aws_region) == ("azure", "prod", "eu-west-1")
+    assert (settings.worker_stale_seconds, settings.max_body_bytes) == (45, 1024)
+    assert settings.input_bucket_allowlist() == {"*": frozenset({"public-data", "shared"})}
+    # an empty endpoint is no endpoint; other empty strings stay what they say
+    assert settings.aws_endpoint_url is None and settings.dynamodb_endpoint_url is None
+    assert settings.runs_table == settings.pools == ""
+    given = {"cloud", "prefix", "worker_stale_seconds", "max_body_bytes", "aws_region"}
+    assert settings.model_fields_set == {*texts, *given}  # what an agent launched is passed on
+
+
+def test_unknown_variables_are_ignored():
+    """A variable a newer release reads (or a typo) never stops a function from starting."""
+    settings = StackSettings.from_env({"RUNPLANE_PREFIX": "p", "RUNPLANE_NOT_A_SETTING": "1", "RUNPLANE_": "x"})
+    assert settings.prefix == "p"
+    assert settings.model_fields_set == {"prefix"}
+    with pytest.raises(ValidationError):
+        StackSettings(not_a_setting="1")  # constructed in code, a wrong name is a mistake
+
+
+@pytest.mark.parametrize(
+    ("environ", "region"),
+    [
+        ({}, "us-east-1"),
+        ({"AWS_DEFAULT_REGION": "ap-south-1"}, "ap-south-1"),
+        ({"AWS_REGION": "eu-west-1", "AWS_DEFAULT_REGION": "ap-south-1"}, "eu-west-1"),
+        ({"RUNPLANE_AWS_REGION": "sa-east-1", "AWS_REGION": "eu-west-1"}, "sa-east-1"),
+        ({"RUNPLANE_AWS_REGION": "", "AWS_REGION": "eu-west-1"}, "eu-west-1"),
+        ({"RUNPLANE_AWS_REGION": "", "AWS_REGION": "", "AWS_DEFAULT_REGION": ""}, "us-east-1"),
+    ],
+)
+def test_region_falls_back_to_what_aws_sets(environ, region):
+    assert StackSettings.from_env(environ).aws_region == region
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("RUNPLANE_WORKER_STALE_SECONDS", "soon"),
+        ("RUNPLANE_MAX_BODY_BYTES", "1.5"),
+        ("RUNPLANE_CLOUD", "gcp"),
+        ("RUNPLANE_INPUT_BUCKETS", "{not json"),
+    ],
+)
+def test_a_bad_value_names_its_variable(variable, value):
+    """The error's loc is the field: ``RUNPLANE_<FIELD>`` is the variable to name."""
+    with pytest.raises(ValidationError) as caught:
+        StackSettings.from_env({variable: value})
+    (error,) = caught.value.errors()
+    assert "RUNPLANE_" + "_".join(str(part) for part in error["loc"]).upper() == variable
+
+
+def test_only_from_env_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("RUNPLANE_PREFIX", "from-env")
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert (StackSettings().prefix, StackSettings().aws_region) == ("runplane", "us-east-1")
+    assert StackSettings(prefix="given").prefix == "given"
+    assert (StackSettings.from_env().prefix, StackSettings.from_env().aws_region) == ("from-env", "eu-west-1")
+
+
+def test_settings_are_frozen():
+    settings = StackSettings.from_env({})
+    with pytest.raises(ValidationError):
+        settings.prefix = "other"
