@@ -36,6 +36,7 @@ from worker_agent.logship import LogShipper
 from worker_agent.network import NetworkError, RunNetwork
 from worker_agent.outputs import upload_dir
 from worker_agent.resources import Allocation
+from worker_agent.settings import default
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
 from worker_agent.users import DEFAULT_RUN_AS, RUN_HOME, ImageUsers, RunAs, UnknownUser
@@ -51,21 +52,21 @@ _RUN_ID = re.compile(RUN_ID_PATTERN)
 class ExecutorConfig:
     worker_id: str
     work_dir: Path
-    kill_poll_seconds: float = 1.0
+    kill_poll_seconds: float = default("kill_poll_seconds")
     tick_seconds: float = 0.2
     log_flush_seconds: float = 1.0
     usage_seconds: float = 2.0
-    upload_deadline_seconds: float = 300
+    upload_deadline_seconds: float = default("upload_deadline_seconds")
     pids_limit: int = 4096
-    shm_size: str | None = None
-    run_user: str = "nobody"
+    shm_size: str | None = default("shm_size")
+    run_user: str = default("run_user")
     stack_id: str = ""
-    pull: str = "missing"  # missing | never
+    pull: str = default("pull")  # missing | never
     # the pool's containment (Pool.allow_root, max_output_files, max_log_size)
     allow_root: bool = False
     max_output_files: int = 100_000
     max_log_size: int = 1024**3
-    docker_log_size: str = "10m"  # Docker's own json log of a run: two files of at most this
+    docker_log_size: str = default("docker_log_size")  # Docker's own json log of a run: two files of at most this
     inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)
     disk_sample_share: float = 0.05  # the most of its time the agent spends walking a run's files
     max_disk_interval_seconds: float = 10.0  # and the longest a run goes between two disk checks
@@ -479,8 +480,13 @@ class RunExecutor:
         if self.flags.lease_lost.is_set():
             raise LeaseLost(f"run {self.run.id} attempt {self.run.attempt} was taken away")
         if self.flags.kill.is_set():
-            return Outcome(RunState.KILLED, FailureReason.KILLED, "killed on request before the container started")
+            return self._killed("killed on request before the container started")
         return None
+
+    def _killed(self, message: str) -> Outcome:
+        """A kill asked for in the store, saying why when the asker said (``Run.kill_reason``)."""
+        reason = self.run.kill_reason
+        return Outcome(RunState.KILLED, FailureReason.KILLED, f"{message}: {reason}" if reason else message)
 
     def _follow(self, logs: Any) -> None:
         """Ship stdout and stderr from the attached stream as they come, up to the pool's
@@ -589,7 +595,7 @@ class RunExecutor:
             if self.flags.requeue.is_set() and stopped is None:
                 stopped = Outcome(RunState.QUEUED, message="worker terminated")
             if self.flags.kill.is_set() and stopped is None:
-                stopped = Outcome(RunState.KILLED, FailureReason.KILLED, "killed on request")
+                stopped = self._killed("killed on request")
             if limit is not None and now - started > limit and stopped is None:
                 stopped = Outcome(
                     RunState.TIMED_OUT, FailureReason.TIME_LIMIT, f"exceeded its time limit of {format_duration(limit)}"

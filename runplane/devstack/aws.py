@@ -8,6 +8,8 @@ import logging
 import threading
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from functions.aws import api, dispatcher, reaper
 from runplane import bootstrap
 from runplane.adapters.aws.provision import provision
@@ -17,6 +19,7 @@ from runplane.bootstrap import Stack
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.lambda_shim import LambdaContext, scheduled_event, sqs_event
 from runplane.devstack.net import free_port
+from runplane.domain.errors import BackendError
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +53,18 @@ class AwsCloud(Cloud):
         }
 
     def provision(self, stack: Stack) -> None:
+        """Raises BackendError when the endpoint cannot be reached or refuses."""
         clients = bootstrap.aws_clients(stack.settings)
-        provision(
-            bootstrap.aws_names(stack.settings),
-            [p.name for p in stack.pools.pools],
-            clients["dynamodb"],
-            clients["sqs"],
-            clients["s3"],
-        )
+        try:
+            provision(
+                bootstrap.aws_names(stack.settings),
+                [p.name for p in stack.pools.pools],
+                clients["dynamodb"],
+                clients["sqs"],
+                clients["s3"],
+            )
+        except (BotoCoreError, ClientError) as e:
+            raise BackendError(f"provision stack at {self.endpoint}: {e}") from e
 
     def http(self, request: FrontRequest) -> FrontResponse:
         event = http_event(

@@ -15,25 +15,49 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+import docker
+import docker.errors
+import requests
 
 from runplane import bootstrap
+from runplane.compute.local import LocalCompute
 from runplane.devstack.cloud import Cloud, FrontRequest
 from runplane.devstack.net import free_port
-from runplane.domain.models import SCOPES
+from runplane.domain.errors import NotFound, RunplaneError
+from runplane.domain.models import SCOPES, PoolConfig, Run
 from runplane.domain.pools import dump_pools, load_pools
+from runplane.ports import RunStore, WorkerRegistry
+from runplane.services import runs
 from runplane.services.auth import new_token, register_token
+from runplane.services.runs import Clock
+from worker_agent.executor import LABEL, container_labels, remove_container
+from worker_agent.workdir import sweep_dead
 
-__all__ = ["DEV_FILE", "DevConfig", "DevStack", "free_port"]
+__all__ = ["DEV_FILE", "STOP_REASON", "DevConfig", "DevStack", "free_port"]
 
 log = logging.getLogger(__name__)
 MAX_REQUEST = 10 * 1024 * 1024
 DEV_FILE = Path("~/.runplane/dev.json").expanduser()
+STOP_REASON = "the local stack stopped"
+"""Why the runs a stopping stack kills were killed: their failure message says it."""
+# How long each step of stop() may take, about ten seconds in all: the front, the poller and the
+# schedule finish what they are doing; agents stop their killed runs' containers and record the
+# end (they look for kills every second); agents whose runs have ended exit by themselves (one in
+# a long poll takes seconds: it is killed instead); a killed agent's process goes.
+JOIN_SECONDS = 2.0
+RUNS_END_SECONDS = 5.0
+AGENT_EXIT_SECONDS = 1.0
+KILLED_GONE_SECONDS = 2.0
 
 
 @dataclass
@@ -48,7 +72,7 @@ class DevConfig:
     aws_endpoint_url: str | None = None
     """AWS: an endpoint serving DynamoDB/SQS/S3 (moto, LocalStack); none starts moto in-process."""
     azure_connection_string: str | None = None
-    """Azure: a storage connection string; none starts Azurite (scripts/start-azurite.sh)."""
+    """Azure: a storage connection string; none starts Azurite (runplane/devstack/azurite.py)."""
     prefix: str = "runplane"
     schedule_seconds: float = 5.0
     agent_args: str = ""
@@ -171,20 +195,33 @@ class _Front(BaseHTTPRequestHandler):
 
 
 class DevStack:
-    """Start with ``start()``; ``stop()`` ends agents and servers. Not re-entrant.
+    """Start with ``start()``; ``stop()`` ends runs, agents and servers. Not re-entrant.
 
     ``start`` raises ValueError for a configuration it cannot serve (an unknown cloud, a missing
-    SDK, Azurite that does not come up) and OSError when the port is taken.
+    SDK, Azurite that does not come up, stores that cannot be reached) and OSError when the port
+    is taken.
     """
 
     def __init__(self, config: DevConfig) -> None:
         if config.cloud not in CLOUDS:
             raise ValueError(f"unknown cloud {config.cloud!r}; choose one of {', '.join(CLOUDS)}")
+        if config.aws_endpoint_url and config.cloud != "aws":
+            raise ValueError("an AWS endpoint is for the aws cloud")
+        if config.azure_connection_string and config.cloud != "azure":
+            raise ValueError("an Azure storage connection string is for the azure cloud")
+        if config.aws_endpoint_url:
+            url = urlsplit(config.aws_endpoint_url)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ValueError(
+                    f"the AWS endpoint {config.aws_endpoint_url[:200]!r} is not an http:// or https:// URL"
+                )
         self.config = config
         self.token = config.token or new_token()
         self.cloud: Cloud | None = None
+        self._stack: bootstrap.Stack | None = None  # what the functions serve, once provisioned
         self._http: _Server | None = None
         self._stop = threading.Event()
+        self._stopped = False
         self._threads: list[threading.Thread] = []
         self.api_url = f"http://127.0.0.1:{config.port}"
         self.endpoint = ""
@@ -192,6 +229,11 @@ class DevStack:
     @property
     def services(self) -> str:
         return self.cloud.services if self.cloud is not None else ""
+
+    @property
+    def state_dir(self) -> Path:
+        """This stack's own directory: its agents' records, logs and work dirs."""
+        return self.config.state_dir / str(self.config.port)
 
     def _pools_text(self) -> str:
         pools = load_pools(self.config.pools_file or bootstrap.default_pools_text())
@@ -207,13 +249,12 @@ class DevStack:
         return dump_pools(pools)
 
     def _environment(self) -> dict[str, str]:
-        state = self.config.state_dir / str(self.config.port)
         return {
             "RUNPLANE_CLOUD": self.config.cloud,
             "RUNPLANE_PREFIX": self.config.prefix,
             "RUNPLANE_POOLS": self._pools_text(),
-            "RUNPLANE_LOCAL_STATE_DIR": str(state / "workers"),
-            "RUNPLANE_AGENT_WORK_DIR": str(state / "agents"),
+            "RUNPLANE_LOCAL_STATE_DIR": str(self.state_dir / "workers"),
+            "RUNPLANE_AGENT_WORK_DIR": str(self.state_dir / "agents"),
             "RUNPLANE_AGENT_ARGS": self.config.agent_args,
             "RUNPLANE_INPUT_BUCKETS": self.config.input_buckets,
             "RUNPLANE_WORKER_STALE_SECONDS": "30",
@@ -229,16 +270,22 @@ class DevStack:
         self.cloud = cloud = CLOUDS[self.config.cloud](self.config)
         http = self._bind(cloud)  # a busy port, too, fails before anything starts
         try:
-            environment.update(self.cloud.start())
-            self.endpoint = self.cloud.endpoint
-            os.environ.update(environment)
-            bootstrap.stack.cache_clear()
-            stack = bootstrap.stack()
-            self.cloud.provision(stack)
-            # the token `runplane dev` prints is an administrator's: it can make tokens for others
-            register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
+            try:
+                environment.update(cloud.start())
+                self.endpoint = cloud.endpoint
+                os.environ.update(environment)
+                bootstrap.stack.cache_clear()
+                stack = bootstrap.stack()
+                cloud.provision(stack)
+                # the token `runplane dev` prints is an administrator's: it can make tokens for others
+                register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
+                self._stack = stack
+            except RunplaneError as e:  # stores named by the caller that cannot be reached or used
+                raise ValueError(f"cannot use the {self.config.cloud} stores: {e}") from e
         except BaseException:
             http.server_close()
+            cloud.stop()
+            self.cloud = None  # nothing of this stack is left to stop
             raise
         self._http = http
         self.api_url = f"http://127.0.0.1:{self._http.server_address[1]}"
@@ -284,18 +331,144 @@ class DevStack:
             ) from None
 
     def stop(self) -> None:
+        """Stop the stack and leave nothing of it behind, in about ten seconds at most.
+
+        In order: no request is served and no worker starts any more; every unfinished run is
+        killed, its failure message saying that the local stack stopped (STOP_REASON) -- queued
+        runs at once, active ones by their agents, which stop their containers and record it;
+        the local agents are told to stop (SIGTERM) and killed (SIGKILL) when they are not gone
+        once their runs have ended, and what killed ones leave (their runs' containers, their
+        work dirs' mounts, their worker records) is cleared here; a run still unfinished then is
+        recorded killed here, no agent of it being left to write; last the stores' services
+        stop. Idempotent. Failures on the way are logged and the rest still goes.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()
         if self.cloud is None:
             return
-        stack = bootstrap.stack()
-        for pool in stack.pools.pools:
-            if pool.backend == "local":
-                backend = stack.backend(pool)
-                for job in backend.list(pool):
-                    backend.cancel(pool, job.id)
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+        deadline = time.monotonic() + JOIN_SECONDS
         for thread in self._threads:
-            thread.join(timeout=5)
-        self.cloud.stop()
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            if self._stack is not None:
+                self._end_runs(self._stack)
+        finally:
+            self.cloud.stop()
+
+    def _end_runs(self, stack: bootstrap.Stack) -> None:
+        store, clock = stack.store, stack.clock
+        left = [run for run in self._kill_all(store, stack.pools, clock) if run.state.active]
+        agents = [
+            (backend, pool)
+            for pool in stack.pools.pools
+            if pool.backend == "local" and isinstance(backend := stack.backend(pool), LocalCompute)
+        ]
+
+        def agents_gone() -> bool:
+            return not any(backend.list(pool) for backend, pool in agents)
+
+        # told to stop now, agents take no more runs and exit once theirs have ended
+        told = {job.worker_id for backend, pool in agents for job in backend.signal_all(pool, signal.SIGTERM)}
+        pending = {run.id for run in left}
+
+        def runs_ended() -> bool:
+            pending.difference_update([run_id for run_id in pending if _ended(store, run_id)])
+            return not pending
+
+        _wait(runs_ended, RUNS_END_SECONDS)
+        _wait(agents_gone, AGENT_EXIT_SECONDS)
+        killed = {job.worker_id for backend, pool in agents for job in backend.signal_all(pool, signal.SIGKILL)}
+        _wait(agents_gone, KILLED_GONE_SECONDS)
+        if killed and pending:  # else they were only waiting for work (a long poll), and their end is no news
+            log.warning(
+                "killed %d agent(s): their runs had not ended within %g s: %s",
+                len(killed),
+                RUNS_END_SECONDS,
+                ", ".join(sorted(killed)),
+            )
+        self._remove_containers(stack.settings.stack_id(), told | killed)
+        try:
+            sweep_dead(self.state_dir / "agents")
+        except OSError as e:
+            log.warning("could not remove the work dir mounts of the stopped agents: %s", e)
+        self._kill_all(store, stack.pools, clock, workers_gone=True)
+        for worker_id in killed:
+            _offline(stack.workers, worker_id)
+
+    @staticmethod
+    def _kill_all(store: RunStore, pools: PoolConfig, clock: Clock, workers_gone: bool = False) -> list[Run]:
+        """``runs.stop_all`` with STOP_REASON, said in the log."""
+        try:
+            written = runs.stop_all(store, pools, clock, STOP_REASON, workers_gone=workers_gone)
+        except RunplaneError as e:
+            log.warning("could not list the unfinished runs: %s", e)
+            return []
+        killed = [run for run in written if run.state.terminal]
+        flagged = [run for run in written if run.state.active]
+        if killed and workers_gone:
+            log.info("killed %d run(s) left unfinished by the stopped agents: %s", len(killed), _ids(killed))
+        elif killed:
+            log.info("killed %d queued run(s): %s", len(killed), _ids(killed))
+        if flagged:
+            log.info("stopping %d active run(s): %s", len(flagged), _ids(flagged))
+        return written
+
+    def _remove_containers(self, stack_id: str, worker_ids: Iterable[str]) -> None:
+        """Remove the containers (runs', network checks') that ``worker_ids`` made for this stack."""
+        ids = set(worker_ids)
+        if not ids:
+            return
+        client = None
+        try:
+            client = docker.from_env()
+            containers = client.containers.list(sparse=True, all=True, filters={"label": f"{LABEL}.stack={stack_id}"})
+            for container in containers:
+                labels = container_labels(container)
+                if (labels.get(f"{LABEL}.worker_id") or labels.get(f"{LABEL}.netcheck")) not in ids:
+                    continue  # another agent's (one started by hand against this stack)
+                left = remove_container(container, 10, time.monotonic, why="its agent was stopped with the local stack")
+                if left is not None:
+                    log.warning("could not remove container %s: %s", container.id, left)
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            log.warning("could not remove the containers of the stopped agents: %s", e)
+        finally:
+            if client is not None:
+                client.close()
+
+
+def _ids(found: list[Run]) -> str:
+    shown = ", ".join(run.id for run in found[:10])
+    return shown + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+
+
+def _ended(store: RunStore, run_id: str) -> bool:
+    try:
+        return store.get(run_id).state.terminal
+    except NotFound:
+        return True
+    except RunplaneError as e:
+        log.warning("could not read run %s: %s", run_id, e)
+        return False
+
+
+def _wait(done: Callable[[], bool], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _offline(registry: WorkerRegistry, worker_id: str) -> None:
+    """Record a killed agent's worker offline (it could not say so itself), so that a stack
+    started next on the same stores does not count on it."""
+    try:
+        worker = registry.get(worker_id)
+        registry.put(worker.model_copy(update={"status": "offline", "runs": [], "run_owners": {}}))
+    except NotFound:
+        return
+    except RunplaneError as e:
+        log.warning("could not record worker %s offline: %s", worker_id, e)

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from runplane.domain.errors import (
@@ -183,7 +183,15 @@ def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -
 
     Raises Conflict if the run has already finished.
     """
-    run = get_run(store, principal, run_id)
+    return _kill(store, get_run(store, principal, run_id), clock, who=principal.user)
+
+
+def _kill(store: RunStore, run: Run, clock: Clock, *, who: str | None = None, reason: str | None = None) -> Run:
+    """Kill ``run`` (queued: at once; active: flagged, with ``reason``, for its worker) asked by
+    user ``who`` or for ``reason``. Raises Conflict if it has already finished or changes state
+    too often."""
+    why = f" by {who}" if who else ""
+    because = f": {reason}" if reason else ""
     for _ in range(3):
         if run.state.terminal:
             raise Conflict(f"run {run.id} has already finished: {run.state}")
@@ -198,19 +206,77 @@ def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -
                         "finished_at": now,
                         "waiting_reason": None,
                         "failure": Failure(
-                            reason=FailureReason.KILLED, message=f"killed by {principal.user} before it started"
+                            reason=FailureReason.KILLED, message=f"killed{why} before it started{because}"
                         ),
                     },
-                    Event(at=now, state=RunState.KILLED, message=f"killed by {principal.user} while queued"),
+                    Event(at=now, state=RunState.KILLED, message=f"killed{why} while queued{because}"),
                 )
             if run.kill_requested:
                 return run
             return store.update(
                 run,
                 Expect(states=ACTIVE_STATES, attempt=run.attempt),
-                {"kill_requested": True},
-                Event(at=now, message=f"kill requested by {principal.user}"),
+                {"kill_requested": True, **({"kill_reason": reason} if reason else {})},
+                Event(at=now, message=f"kill requested{why}{because}"),
             )
         except ConditionFailed as e:
             run = e.details["run"]
-    raise Conflict(f"run {run_id} changed state too often; try again")
+    raise Conflict(f"run {run.id} changed state too often; try again")
+
+
+def unfinished_runs(store: RunStore, pools: PoolConfig) -> Iterator[Run]:
+    """Every queued or active run of ``pools``, pool by pool, as listed (each listing page read
+    before its runs are yielded; a run that changes state meanwhile may show up twice or not)."""
+    for pool in pools.pools:
+        for state in (RunState.QUEUED, *sorted(ACTIVE_STATES)):
+            cursor = None
+            while True:
+                page = store.list(queue=pool.name, state=state, limit=100, cursor=cursor)
+                yield from page.runs
+                if not page.next_cursor:
+                    break
+                cursor = page.next_cursor
+
+
+def stop_all(store: RunStore, pools: PoolConfig, clock: Clock, reason: str, *, workers_gone: bool = False) -> list[Run]:
+    """Kill every unfinished run of ``pools`` because of ``reason`` (an operator's act, e.g. "the
+    local stack stopped": no owner is checked), recording the reason in each run's end.
+
+    Queued runs are killed at once. Active runs are flagged (``kill_requested``, ``kill_reason``):
+    their workers stop them and record ``killed`` -- unless ``workers_gone`` (their workers were
+    stopped and can write nothing more): then they are recorded ``killed`` here. Returns the runs
+    as written: killed, or flagged and still active (left to their workers). A run that cannot be
+    written is logged and left as it is. Raises what the store raises for a listing.
+    """
+    written: list[Run] = []
+    for run in list(unfinished_runs(store, pools)):
+        try:
+            if workers_gone and run.state.active:
+                written.append(_end_killed(store, run, clock, reason))
+            else:
+                written.append(_kill(store, run, clock, reason=reason))
+        except (Conflict, ConditionFailed):
+            continue  # it ended meanwhile (or another writer keeps moving it)
+        except RunplaneError as e:
+            log.warning("could not kill run %s: %s", run.id, e)
+    return written
+
+
+def _end_killed(store: RunStore, run: Run, clock: Clock, reason: str) -> Run:
+    """Record an active run ``killed`` whose worker can no longer do it. Raises ConditionFailed
+    when the run moved on since it was read."""
+    now = clock()
+    message = f"killed: {reason}"
+    return store.update(
+        run,
+        Expect(states=ACTIVE_STATES, attempt=run.attempt, worker_id=run.worker_id),
+        {
+            "state": RunState.KILLED,
+            "finished_at": now,
+            "lease_expires_at": None,
+            "kill_requested": True,
+            "kill_reason": reason,
+            "failure": Failure(reason=FailureReason.KILLED, message=message),
+        },
+        Event(at=now, state=RunState.KILLED, message=message),
+    )

@@ -87,6 +87,20 @@ class LocalCompute(ComputeBackend):
             )
         return jobs
 
+    def signal_all(self, pool: Pool, sig: signal.Signals) -> list[BackendJob]:
+        """Send ``sig`` to every live agent of ``pool``; returns those it reached. Unlike
+        ``cancel``, their records stay: ``list`` shows each until it has exited. SIGTERM lets an
+        agent finish its runs first; SIGKILL ends it now, leaving its runs' containers, its work
+        dir's mounts and its worker record to whoever sent it."""
+        reached = []
+        for job in self.list(pool):
+            try:
+                os.kill(int(job.detail["pid"]), sig)
+            except ProcessLookupError:
+                continue
+            reached.append(job)
+        return reached
+
     def _reap(self) -> None:
         for pid, proc in list(self._children.items()):
             code = proc.poll()
