@@ -97,7 +97,7 @@ class OverheadBench:
         import docker
 
         from runplane import bootstrap
-        from runplane.cli.client import Client
+        from runplane.client import Client
 
         self.client = Client(api_url, "bench")
         self.store = bootstrap.stack().store

@@ -63,7 +63,7 @@ class E2EBench:
     def __init__(self, api_url: str) -> None:
         import docker
 
-        from runplane.cli.client import Client
+        from runplane.client import Client
 
         self.client = Client(api_url, "bench")
         self.docker = docker.from_env()

@@ -106,7 +106,7 @@ def main() -> None:
     scratch.chmod(0o777)
     samples: dict[str, list[float]] = {}
     with dev_stack(POOLS_YAML, agent_args=AGENT_ARGS, wait_agents=True, schedule_seconds=1.0) as stack:
-        from runplane.cli.client import Client
+        from runplane.client import Client
 
         client = Client(stack.api_url, "bench")
         for backend in backends:

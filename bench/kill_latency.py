@@ -41,7 +41,7 @@ def main() -> int:
     args = parser.parse_args()
     import docker
 
-    from runplane.cli.client import Client
+    from runplane.client import Client
 
     stopped: list[float] = []
     final: list[float] = []

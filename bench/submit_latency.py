@@ -51,7 +51,7 @@ class SubmitBench:
         from functions.aws import api
         from runplane import bootstrap
         from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
-        from runplane.cli.client import Client
+        from runplane.client import Client
         from runplane.devstack.lambda_shim import LambdaContext, http_event
         from runplane.services.auth import hash_token
 

@@ -24,7 +24,7 @@ import pytest
 
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
-from runplane.cli.client import ApiError, Client
+from runplane.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.domain.models import TERMINAL_STATES, Pool

@@ -1,13 +1,141 @@
-"""What every command module shares: the two consoles and the error a command raises for a
-one-line message."""
+"""What every command module shares: the two consoles, the exit codes, the error a command raises
+for a one-line message, JSON and table output, and the API client of the current invocation."""
 
 from __future__ import annotations
 
+import enum
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import typer
+from pydantic import BaseModel
 from rich.console import Console
+from rich.table import Column
+from rich.text import Text
+
+from runplane.client import (
+    ApiError,
+    BadRequest,
+    Client,
+    DownloadFailed,
+    InvalidRequest,
+    QuotaExceeded,
+    load_profile,
+)
 
 out = Console()
 err = Console(stderr=True)
 
+WIDE = 100_000
+"""The width of stdout when it is not a terminal: a pipe or a file gets every table row on one
+line, never cut or wrapped at 80 columns."""
+
+
+class ExitCode(enum.IntEnum):
+    """How ``runplane`` exits (README.md lists these; ``runplane --help`` too)."""
+
+    OK = 0
+    UNEXPECTED = 1
+    """runplane itself failed unexpectedly (a bug: RUNPLANE_DEBUG=1 shows the traceback)."""
+    USAGE = 2
+    """A bad flag or value, checked here or answered 400/422 by the API; no run id and no last run."""
+    REFUSED = 3
+    """The API refused the request: 401, 403, 404, 409, 413, 429, a quota."""
+    UNREACHABLE = 4
+    """The API could not be reached or failed (network, timeout, 5xx after retries)."""
+    RUN_FAILED = 5
+    """Under --wait: the run failed without an exit code of its own, or despite exit 0."""
+    TIMED_OUT = 124
+    KILLED = 137
+
 
 class CliError(Exception):
-    """A usage error, said in one line (exit 2)."""
+    """An error said in one line on stderr; the process exits with ``exit_code`` (a usage error
+    unless told otherwise)."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class Options:
+    """The global options of one invocation (``ctx.obj``)."""
+
+    profile: str | None = None
+
+
+def error_exit_code(e: ApiError) -> ExitCode:
+    """The exit code for an error of the API or of reaching it (README.md's table)."""
+    if isinstance(e, QuotaExceeded):
+        return ExitCode.REFUSED
+    if isinstance(e, BadRequest | InvalidRequest):
+        return ExitCode.USAGE
+    if isinstance(e, DownloadFailed) and e.code == "exists":  # refused here: --force or another DEST
+        return ExitCode.USAGE
+    if isinstance(e, DownloadFailed) and e.code == "unsafe_path":  # an output path that leaves DEST
+        return ExitCode.REFUSED
+    if 400 <= e.status < 500:
+        return ExitCode.REFUSED
+    return ExitCode.UNREACHABLE  # no answer, a 5xx after retries, an answer that is not the API's
+
+
+def client(ctx: typer.Context) -> Client:
+    """The API client of this invocation. ``--profile NAME`` takes that profile's URL and token
+    over RUNPLANE_API_URL/RUNPLANE_TOKEN (the flag is the more specific choice); otherwise the SDK
+    resolves them: the environment, RUNPLANE_PROFILE or the default profile, a running
+    ``runplane dev``."""
+    options = ctx.find_object(Options) or Options()
+    try:
+        if options.profile is None:
+            return Client()
+        profile = load_profile(options.profile)  # ValueError when there is no such profile
+        if profile is None:
+            return Client(profile=options.profile)
+        return Client(profile.url, profile.token, profile=options.profile)
+    except ValueError as e:  # a bad URL, profile name or config file
+        raise CliError(one_line(str(e))) from None
+
+
+def configure_output() -> None:
+    """Size stdout for where it goes: the terminal's width on a terminal, unlimited elsewhere."""
+    out.width = None if out.is_terminal else WIDE  # type: ignore[assignment]  # None: measure the terminal
+
+
+def one_line(message: str) -> str:
+    """``message`` on a single line (errors are always one line)."""
+    return " ".join(message.split())
+
+
+def say_error(message: str) -> None:
+    err.print(f"error: {one_line(message)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    """``data`` as JSON on stdout: plain (no colours, no wrapping), one document."""
+    if isinstance(data, BaseModel):
+        data = data.model_dump(mode="json")
+    print(json.dumps(data, indent=2), flush=True)
+
+
+def dumps(models: list[Any]) -> list[Any]:
+    return [m.model_dump(mode="json") for m in models]
+
+
+def cell(value: object) -> Text:
+    """A table cell that shows ``value`` as it is (never read as rich markup)."""
+    if value is None:
+        return Text("")
+    if isinstance(value, datetime):
+        return Text(when(value))
+    return Text(str(value))
+
+
+def when(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def id_column(title: str = "id") -> Column:
+    return Column(title, no_wrap=True, min_width=26)

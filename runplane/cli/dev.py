@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import enum
+import re
 import signal
 import time
 from typing import Annotated
 
 import typer
 
-from runplane.cli.client import Client
 from runplane.cli.common import CliError, err
+from runplane.cli.runs import follow
+from runplane.client import Client
 
 
 class Cloud(enum.StrEnum):
@@ -25,20 +27,64 @@ def dev(
     pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
     demo: Annotated[bool, typer.Option(help="submit one demo run once the stack is up")] = False,
     cloud: Annotated[
-        Cloud,
+        Cloud | None,
         typer.Option(
-            help="whose functions and stores: aws (moto's server) or azure (Azurite, the Azure Functions app)",
+            help="whose functions and stores: aws (moto's server) or azure (Azurite, the Azure Functions app); "
+            "default aws, or azure with --azure-connection",
+            show_default=False,
         ),
-    ] = Cloud.aws,
+    ] = None,
+    azure_connection: Annotated[
+        str | None,
+        typer.Option(
+            "--azure-connection",
+            envvar="RUNPLANE_AZURE_CONNECTION",
+            show_envvar=True,
+            help="the connection string of an Azure storage account (or an Azurite) to use instead of "
+            "starting Azurite; implies --cloud azure. The environment variable keeps an account key out "
+            "of the process list",
+            show_default=False,
+        ),
+    ] = None,
+    aws_endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--aws-endpoint",
+            help="an endpoint serving DynamoDB, SQS and S3 (a moto server, LocalStack) to use instead of "
+            "starting moto; implies --cloud aws",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
-    """Run the whole stack on this machine (moto or Azurite, API, dispatcher, local agents on Docker)."""
+    """Run the whole stack on this machine (moto or Azurite, API, dispatcher, local agents on Docker).
+
+    Ctrl-C (or SIGTERM) stops it: unfinished runs are killed and recorded so, and no agent or
+    run container is left behind.
+    """
     import logging
 
     from runplane.devstack.stack import DevConfig, DevStack
 
+    config = DevConfig(
+        port=port,
+        token=token,
+        workers=workers,
+        pools_file=pools_file,
+        cloud=_cloud(cloud, azure_connection, aws_endpoint),
+        aws_endpoint_url=aws_endpoint,
+        azure_connection_string=azure_connection,
+    )
+    try:
+        stack = DevStack(config)  # options that cannot go together fail here, before anything starts
+    except ValueError as e:
+        raise CliError(str(e)) from e
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("runplane").setLevel(logging.INFO)
-    stack = DevStack(DevConfig(port=port, token=token, workers=workers, pools_file=pools_file, cloud=cloud.value))
+
+    def on_term(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
     try:
         stack.start()
     except OSError as e:
@@ -48,35 +94,65 @@ def dev(
     err.print(
         f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"
         f"  token  {stack.token} (an admin's: `runplane token create USER` makes users' tokens)\n"
-        f"  {stack.services:<6} {stack.endpoint}\n"
+        f"  {stack.services:<6} {without_secrets(stack.endpoint)}\n"
         f"Use it from another shell (the CLI finds this stack by itself):\n"
         f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
         f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
-        f"Ctrl-C stops it.",
+        f"Ctrl-C stops it (and kills the runs that have not finished).",
         highlight=False,
         soft_wrap=True,
     )
-
-    def on_term(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
-
-    signal.signal(signal.SIGTERM, on_term)
     try:
         if demo:
             _demo(Client(stack.api_url, stack.token))
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        err.print("stopping…")
+        pass
     finally:
+        # Stopping takes a few seconds and must not be cut short half-way (agents and containers
+        # would be left): a second Ctrl-C or SIGTERM only says that it is under way.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _still_stopping)
+        err.print("stopping: killing the unfinished runs, then the agents…", highlight=False)
         stack.stop()
+        err.print("stopped", highlight=False)
+
+
+def _still_stopping(_signum: int, _frame: object) -> None:
+    err.print("still stopping (a few seconds more)…", highlight=False)
+
+
+def _cloud(cloud: Cloud | None, azure_connection: str | None, aws_endpoint: str | None) -> str:
+    """The cloud the options name. Raises CliError when they contradict each other."""
+    if azure_connection is not None and not azure_connection.strip():
+        raise CliError("--azure-connection is empty")
+    if aws_endpoint is not None and not aws_endpoint.strip():
+        raise CliError("--aws-endpoint is empty")
+    if azure_connection and aws_endpoint:
+        raise CliError("--azure-connection and --aws-endpoint name stores of two clouds: give one")
+    if azure_connection:
+        if cloud == Cloud.aws:
+            raise CliError("--azure-connection is for --cloud azure (it implies it: leave --cloud out)")
+        return Cloud.azure.value
+    if aws_endpoint:
+        if cloud == Cloud.azure:
+            raise CliError("--aws-endpoint is for --cloud aws (it implies it: leave --cloud out)")
+        return Cloud.aws.value
+    return (cloud or Cloud.aws).value
+
+
+_SECRET = re.compile(r"(?i)\b(AccountKey|SharedAccessSignature|SharedAccessKey)=[^;]*")
+
+
+def without_secrets(endpoint: str) -> str:
+    """``endpoint`` fit to print: a connection string's key or signature starred out."""
+    return _SECRET.sub(lambda m: f"{m.group(1)}=***", endpoint)
 
 
 def _demo(client: Client) -> None:
-    from runplane.cli.main import _follow
-
-    run = client.request("POST", "/v1/runs", {"command": "echo hello from runplane; echo 42 > answer", "name": "demo"})
-    err.print(f"[bold]demo run {run['id']}[/bold]")
-    final = _follow(client, run["id"], streams=("stdout", "stderr"), show_states=True)
-    files = client.request("GET", f"/v1/runs/{run['id']}/outputs")["files"]
-    err.print(f"demo run {final['state']}; outputs: {', '.join(f['path'] for f in files) or 'none'}")
+    run = client.submit("echo hello from runplane; echo 42 > answer", name="demo")
+    err.print(f"[bold]demo run {run.id}[/bold]")
+    follow(run, ("stdout", "stderr"), show_states=True)
+    files = ", ".join(output.path for output in run.outputs())
+    err.print(f"demo run {run.state}; outputs: {files or 'none'}", highlight=False)

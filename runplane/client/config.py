@@ -162,11 +162,11 @@ def resolve(url: str | None, token: str | None, profile: str | None) -> Resolved
     url = url or os.environ.get("RUNPLANE_API_URL") or None
     token = token or os.environ.get("RUNPLANE_TOKEN") or None
     used: str | None = None
-    # A profile asked for by name is read even when arguments and environment give both (one that
-    # does not exist is an error, not something to ignore); otherwise the file is read only when
-    # something is still missing, so a broken file does not stand in the way of explicit settings.
-    named = profile or os.environ.get("RUNPLANE_PROFILE")
-    found = load_profile(profile) if named or url is None or token is None else None
+    # A profile passed by name is read even when arguments and environment give both (one that does
+    # not exist is an error, not something to ignore); otherwise (RUNPLANE_PROFILE included) the
+    # file is read only when something is still missing, so that neither a broken file nor a
+    # profile about to be made by `runplane login` stands in the way of explicit settings.
+    found = load_profile(profile) if profile or url is None or token is None else None
     if found is not None and (url is None or token is None):
         used = found.name
         url, token = url or found.url, token or found.token

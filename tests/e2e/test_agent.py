@@ -266,7 +266,7 @@ def test_another_stacks_containers_are_left_alone(docker_client, alice, agents):
 
 
 def test_tags_and_groups_route_runs_to_the_right_worker(docker_client, alice, devstack, agents):
-    from runplane.cli.client import Client
+    from runplane.client import Client
     from runplane.services.auth import register_token
 
     register_token(bootstrap.stack().tokens, "carol-token", "carol", groups=["vision"])

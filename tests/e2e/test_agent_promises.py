@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from runplane import bootstrap
-from runplane.cli.client import ApiError
+from runplane.client import ApiError
 from tests.conftest import DATASETS, SHORT_LEASE, TERMINAL, TEST_IMAGE, wait_for, wait_state
 
 pytestmark = pytest.mark.docker

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from runplane.cli.client import Client
+from runplane.client import Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig
 from tests.conftest import api_status

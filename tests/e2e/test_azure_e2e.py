@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from runplane.cli.client import Client
+from runplane.client import Client
 from tests.conftest import TERMINAL, wait_for, wait_state
 from tests.gate import GATE, open_gate, output_dir
 

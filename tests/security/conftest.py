@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from runplane.cli.client import Client
+from runplane.client import Client
 
 
 @pytest.fixture(scope="module", params=["aws", "azure"])

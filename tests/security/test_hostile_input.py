@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from runplane.cli.client import Client
+from runplane.client import Client
 from tests.conftest import api_status
 from tests.security.conftest import bearer, raw
 

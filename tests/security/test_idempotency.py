@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runplane.cli.client import Response
+from runplane.client import RawResponse as Response
 from runplane.settings import PREFIX
 from tests.conftest import ROOT, register_users
 

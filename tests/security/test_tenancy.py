@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 
 from runplane.bootstrap import azure_names, build_stack
-from runplane.cli.client import Client
+from runplane.client import Client
 from runplane.settings import StackSettings
 from tests.conftest import DATASETS, TERMINAL, VISION_DATA, api_status, wait_for, wait_state
 from tests.security.conftest import bearer, raw

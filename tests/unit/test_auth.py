@@ -145,7 +145,7 @@ def test_token_lifetimes():
 
 
 def test_the_cli_offers_the_apis_scopes():
-    from runplane.cli.main import Scope
+    from runplane.cli.tokens import Scope
     from runplane.domain.models import SCOPES
 
     assert [s.value for s in Scope] == list(SCOPES)

@@ -139,10 +139,13 @@ def test_an_unknown_named_profile_is_an_error(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ValueError, match=r"no profile 'nope' in .*config\.toml \(profiles there: work\)"):
         Client(profile="nope")
     monkeypatch.setenv("RUNPLANE_PROFILE", "nope")
+    with pytest.raises(ValueError, match="no profile 'nope'"):  # needed and missing: never silently ignored
+        Client()
+    # URL and token given another way: the profile is not needed (`RUNPLANE_PROFILE=new runplane
+    # login URL` makes it)
     monkeypatch.setenv("RUNPLANE_API_URL", "http://127.0.0.1:1")
     monkeypatch.setenv("RUNPLANE_TOKEN", "t")
-    with pytest.raises(ValueError, match="no profile 'nope'"):  # asked for: never silently ignored
-        Client()
+    assert (Client().url, Client().profile) == ("http://127.0.0.1:1", None)
     monkeypatch.delenv("RUNPLANE_PROFILE")
     assert load_profile() is None  # "default" was not asked for by name: missing is fine
 

@@ -1,0 +1,67 @@
+"""``runplane pools`` and ``runplane workers``: where runs go and who runs them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from runplane.cli.common import cell, client, dumps, id_column, out, print_json, when
+
+JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(pools)
+    app.command()(workers)
+
+
+def pools(ctx: typer.Context, as_json: JSON = False) -> None:
+    """List pools: shape, backlog, workers, launches and the last launch error."""
+    found = client(ctx).pools()
+    if as_json:
+        print_json({"pools": dumps(found)})
+        return
+    table = Table("name", "backend", "shape", "workers (starting/idle/busy)", "min-max", "backlog", "launches (failed)")
+    problems = []
+    for p in found:
+        s, w = p.shape, p.workers
+        table.add_row(
+            *map(
+                cell,
+                (
+                    p.name + (" (disabled)" if p.disabled else ""),
+                    p.backend,
+                    f"{s.cpus:g} cpu, {s.gpus} gpu, {s.memory // 2**20} MiB",
+                    f"{w.starting}/{w.idle}/{w.busy}",
+                    f"{p.min_workers}-{p.max_workers}",
+                    p.backlog,
+                    f"{p.launches.launched} ({p.launches.failed})",
+                ),
+            )
+        )
+        if p.disabled:
+            problems.append(f"{p.name}: disabled: {p.disabled}")
+        elif p.last_error:
+            problems.append(f"{p.name}: last launch error at {when(p.last_error_at)}: {p.last_error}")
+    out.print(table)
+    for line in problems:
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def workers(ctx: typer.Context, as_json: JSON = False) -> None:
+    """List workers with their state and last heartbeat."""
+    found = client(ctx).workers()
+    if as_json:
+        print_json({"workers": dumps(found)})
+        return
+    table = Table(id_column(), "pool", "status", "slots free", "runs", "done", "heartbeat")
+    for w in found:
+        table.add_row(
+            *map(
+                cell,
+                (w.id, w.pool, w.status, f"{w.free_slots}/{w.slots}", ",".join(w.runs), w.runs_done, w.heartbeat_at),
+            )
+        )
+    out.print(table)

@@ -1,0 +1,150 @@
+"""``runplane token create|ls|revoke`` (administrators) and ``runplane whoami``."""
+
+from __future__ import annotations
+
+import enum
+import getpass
+import time
+from typing import Annotated
+
+import typer
+from rich.table import Column, Table
+from rich.text import Text
+
+from runplane.api.models import TokenCreated
+from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json
+
+JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
+
+token_app = typer.Typer(no_args_is_help=True, help="Make, list and revoke API tokens (administrators).")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(token_app, name="token")
+    app.command()(whoami)
+
+
+class Scope(enum.StrEnum):
+    """The API's scopes, as choices of ``--scope`` (runplane.domain.models.SCOPES; a unit test
+    holds the two together)."""
+
+    read = "runs:read"
+    write = "runs:write"
+    admin = "admin"
+
+
+@token_app.command("create")
+def token_create(
+    ctx: typer.Context,
+    user: Annotated[str, typer.Argument(help="the user the token acts for")],
+    group: Annotated[list[str] | None, typer.Option("--group", "-g", help="a group of the user, repeatable")] = None,
+    scope: Annotated[
+        list[Scope] | None, typer.Option("--scope", "-s", help="repeatable; default runs:read and runs:write")
+    ] = None,
+    expires: Annotated[str | None, typer.Option(help="lifetime, e.g. 30d or 12h (default: never)")] = None,
+    direct: Annotated[
+        bool,
+        typer.Option(
+            "--direct",
+            help="write to the stack's token store with your cloud credentials and RUNPLANE_* settings "
+            "instead of the API: how a deployed stack gets its first admin token",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the token's record (and secret) as JSON")] = False,
+) -> None:
+    """Make a token for USER; its secret is printed once and stored only as a hash."""
+    scopes = [s.value for s in scope] if scope else None
+    if direct:
+        made = _direct_token(user, group or [], scopes, expires)
+    else:
+        made = client(ctx).create_token(user, groups=group or [], scopes=scopes, expires_in=expires)
+    if as_json:
+        print_json(made)
+        return
+    out.print(made.token, markup=False, highlight=False)
+    expiry = f"expires {made.expires_at}" if made.expires_at else "does not expire"
+    groups = f", groups {', '.join(made.groups)}" if made.groups else ""
+    err.print(
+        f"{made.id}: {made.user}, scopes {', '.join(made.scopes)}{groups}; {expiry}. "
+        "The secret above is shown only now.",
+        style="dim",
+        markup=False,
+        highlight=False,
+    )
+
+
+def _direct_token(user: str, groups: list[str], scopes: list[str] | None, expires: str | None) -> TokenCreated:
+    # The stack (boto3 or the Azure SDKs) is imported only here: the CLI's other commands need
+    # none of it, and an install without it still runs them.
+    from pydantic import ValidationError
+
+    from runplane.api.views import token_view
+    from runplane.bootstrap import build_stack
+    from runplane.domain.errors import RunplaneError
+    from runplane.services.tenancy import create_token
+
+    try:
+        stack = build_stack()
+        made = create_token(
+            stack.tokens,
+            user=user,
+            groups=groups,
+            scopes=scopes,
+            expires_in=expires,
+            created_by=f"{getpass.getuser()} (runplane token create --direct)",
+            now=time.time(),
+        )
+    except RunplaneError as e:
+        raise CliError(e.message) from None
+    except ValidationError as e:  # a bad RUNPLANE_* setting
+        first = e.errors()[0]
+        where = "RUNPLANE_" + "_".join(str(p) for p in first["loc"]).upper()
+        raise CliError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+    except ValueError as e:  # a pools file that cannot be read
+        raise CliError(str(e).splitlines()[0]) from None
+    return TokenCreated(**token_view(made.token).model_dump(), token=made.secret)
+
+
+@token_app.command("ls")
+def token_ls(
+    ctx: typer.Context,
+    user: Annotated[str | None, typer.Option(help="only this user's tokens")] = None,
+    as_json: JSON = False,
+) -> None:
+    """List tokens (never their secrets)."""
+    tokens = client(ctx).tokens(user)
+    if as_json:
+        print_json({"tokens": dumps(tokens)})
+        return
+    table = Table(Column("id", no_wrap=True), "user", "groups", "scopes", "created", "expires", "by")
+    for t in tokens:
+        expires = t.expires_at[:19].replace("T", " ") if t.expires_at else "never"
+        created = t.created_at[:19].replace("T", " ")
+        table.add_row(
+            *map(cell, (t.id, t.user, ",".join(t.groups), ",".join(t.scopes), created, expires, t.created_by))
+        )
+    out.print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    ctx: typer.Context,
+    token_id: Annotated[str, typer.Argument(help="the token's id (tok-...), from runplane token ls")],
+    as_json: Annotated[bool, typer.Option("--json", help='print {"id": ..., "revoked": true}')] = False,
+) -> None:
+    """Revoke a token: every API instance refuses it within seconds."""
+    client(ctx).revoke_token(token_id)
+    if as_json:
+        print_json({"id": token_id, "revoked": True})
+        return
+    err.print(Text(f"{token_id}: revoked"), highlight=False)
+
+
+def whoami(ctx: typer.Context, as_json: JSON = False) -> None:
+    """Who your token acts for: user, groups and scopes."""
+    me = client(ctx).me()
+    if as_json:
+        print_json(me)
+        return
+    groups = f" (groups: {', '.join(me.groups)})" if me.groups else ""
+    out.print(f"{me.user}{groups}; scopes: {', '.join(me.scopes) or 'none'}", markup=False, highlight=False)

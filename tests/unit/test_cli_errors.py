@@ -1,0 +1,173 @@
+"""``runplane`` as a process, where no stack is needed: usage errors, an API that cannot be reached
+or fails, the exit codes of these, profiles without a server, and shell completion. Each error is
+one line on stderr starting ``error: ``, never a box or a traceback."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from runplane.cli.main import run_cli
+
+RUNPLANE = str(Path(sys.executable).with_name("runplane"))
+
+
+def runplane(*args: str, home: Path, env: dict[str, str] | None = None, stdin: str = "") -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
+    base = {**clean, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config")}
+    return subprocess.run(
+        [RUNPLANE, *args], capture_output=True, text=True, env={**base, **(env or {})}, input=stdin, timeout=60
+    )
+
+
+def in_process(args: list[str], home: Path, monkeypatch, capsys) -> subprocess.CompletedProcess:
+    """``runplane ARGS`` run in this process (as ``main`` runs it, quicker than a new one)."""
+    for name in [k for k in os.environ if k.startswith("RUNPLANE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    code = run_cli(args)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(["runplane", *args], code, captured.out, captured.err)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then let go)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def one_error_line(proc: subprocess.CompletedProcess, code: int) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.startswith("error: "), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stderr.strip()
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "command"),
+    [
+        (["run", "--memroy", "1g", "--", "x"], "error: No such option: --memroy", "run"),
+        (["ls", "--limit", "many"], "error: Invalid value for '--limit'", "ls"),
+        (["ls", "--state", "sleeping"], "error: Invalid value for '--state'", "ls"),
+        (["token", "create"], "error: Missing argument 'user'.", "token create"),
+        (["logs", "--tail", "-1"], "error: Invalid value for '--tail'", "logs"),
+        (["statsu"], "error: No such command 'statsu'.", ""),
+    ],
+)
+def test_mistyped_commands_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message, command):
+    line = one_error_line(in_process(args, tmp_path, monkeypatch, capsys), 2)
+    assert line.startswith(message)
+    assert line.endswith(f"({' '.join(['runplane', command]).strip()} --help)")  # where the usage is explained
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["kill", "--state", "queued", "r-1"], "error: --state goes with --all"),
+        (["kill", "--all", "r-1"], "error: give run ids or --all, not both"),
+        (["run", "--env", "NOEQUALS", "--", "x"], "error: --env must look like NAME=VALUE, got 'NOEQUALS'"),
+    ],
+)
+def test_bad_combinations_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):
+    assert one_error_line(in_process(args, tmp_path, monkeypatch, capsys), 2) == message
+
+
+def test_no_run_id_and_no_last_run_is_a_usage_error(tmp_path):
+    line = one_error_line(runplane("status", home=tmp_path, env={"RUNPLANE_API_URL": "http://127.0.0.1:1"}), 2)
+    assert line == "error: no run id given and no previous run to default to"
+
+
+def test_an_unknown_profile_or_url_is_a_usage_error(tmp_path):
+    line = one_error_line(runplane("--profile", "prod", "ls", home=tmp_path), 2)
+    assert line.startswith("error: no profile 'prod' in ") and str(tmp_path) in line
+    line = one_error_line(runplane("ls", home=tmp_path, env={"RUNPLANE_API_URL": "ftp://x"}), 2)
+    assert "http:// or https://" in line
+
+
+def test_an_unreachable_api_exits_4(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}"
+    line = one_error_line(runplane("ls", home=tmp_path, env={"RUNPLANE_API_URL": url, "RUNPLANE_TOKEN": "x"}), 4)
+    assert line.startswith(f"error: cannot reach {url}")
+
+
+class _Failing(BaseHTTPRequestHandler):
+    """An API that answers every request with a 503 (what a broken deployment does)."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"error": {"code": "unavailable", "message": "the API is down for maintenance"}}).encode()
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def failing_api() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_an_api_that_keeps_failing_exits_4(tmp_path, failing_api):
+    proc = runplane("ls", home=tmp_path, env={"RUNPLANE_API_URL": failing_api, "RUNPLANE_TOKEN": "x"})
+    assert one_error_line(proc, 4) == "error: the API is down for maintenance"
+
+
+def test_help_lists_the_exit_codes(tmp_path):
+    proc = runplane("--help", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.replace("│", " ").split())
+    for words in (
+        "2 a usage error",
+        "3 the API refused",
+        "4 the API could not be reached",
+        "124 timed out",
+        "137 killed",
+    ):
+        assert words in text
+
+
+def test_the_bash_completion_script_names_runplane(tmp_path):
+    proc = runplane("--show-completion", "bash", home=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "_RUNPLANE_COMPLETE=complete_bash" in proc.stdout
+    assert "complete -o default -F _runplane_completion runplane" in proc.stdout
+    words = {"COMP_WORDS": "runplane lo", "COMP_CWORD": "1", "_RUNPLANE_COMPLETE": "complete_bash"}
+    done = runplane(home=tmp_path, env=words)
+    assert done.stdout.split() == ["logs", "login"], done.stderr
+    states = runplane(home=tmp_path, env={**words, "COMP_WORDS": "runplane kill --state ", "COMP_CWORD": "3"})
+    assert states.stdout.split() == ["queued", "preparing", "running", "uploading"], states.stderr
+
+
+def test_profiles_without_a_config_file(tmp_path):
+    proc = runplane("profiles", "--json", home=tmp_path)
+    assert (proc.returncode, json.loads(proc.stdout)) == (0, [])
+    empty = runplane("profiles", home=tmp_path)
+    assert empty.returncode == 0 and "runplane login URL" in empty.stderr
+
+
+def test_login_checks_the_url_and_the_token_before_saving(tmp_path):
+    bad_url = runplane("login", "ftp://example", "--token", "t", home=tmp_path)
+    assert "http:// or https://" in one_error_line(bad_url, 2)
+    nothing = runplane("login", f"http://127.0.0.1:{closed_port()}", home=tmp_path, stdin="\n")
+    assert one_error_line(nothing, 2).startswith("error: no token")
+    unreachable = runplane("login", f"http://127.0.0.1:{closed_port()}", home=tmp_path, stdin="secret\n")
+    assert one_error_line(unreachable, 4).startswith("error: cannot reach")
+    assert not (tmp_path / ".config" / "runplane").exists()  # nothing saved
