@@ -153,7 +153,7 @@ def bare_container(
     from worker_agent.resources import Allocator, host_cpus
 
     res = run.spec.resources
-    config = ExecutorConfig(worker_id="bench-bare", work_dir=scratch, network_mode="host")
+    config = ExecutorConfig(worker_id="bench-bare", work_dir=scratch)
     allocation = Allocator(list(host_cpus())).allocate("bare", res.cpus, res.gpus)
     marks = [time.perf_counter()]
     mount = Path(tempfile.mkdtemp(dir=scratch))

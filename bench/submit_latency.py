@@ -13,7 +13,8 @@ Paths, measured in rotating order in every round so all see the same table and q
   request is timed right after it and reported as ``bare + token GetItem``.
 * handler: ``functions.aws.api.lambda_handler`` called in-process with an API Gateway v2 event.
 * http keep-alive: POST over one persistent HTTP/1.1 connection (boto3 pools its connections too).
-* http new connection: the CLI's ``Client`` (urllib, one connection per request), every 4th round.
+* http new connection: a new SDK ``Client`` (``runplane.client``) for each request, so a new
+  connection each time, as a short CLI command makes; every 4th round.
 
 RATIO is http keep-alive / bare.
 
@@ -116,8 +117,11 @@ class SubmitBench:
         return elapsed
 
     def new_connection_call(self) -> float:
+        from runplane.client import Client
+
         t = time.perf_counter()
-        self.client.request("POST", "/v1/runs", SPEC)
+        with Client(self.client.url, "bench", retries=0) as client:
+            client.request("POST", "/v1/runs", SPEC)
         return time.perf_counter() - t
 
     # -- rounds ---------------------------------------------------------------------------
@@ -215,7 +219,7 @@ def main() -> int:
     bare_auth = [b + a for b, a in zip(s["bare"], bench.auth, strict=True)]
     table(
         "submit latency (moto in-process on 127.0.0.1; keep-alive = one persistent HTTP/1.1 connection, "
-        "new connection = runplane Client/urllib)",
+        "new connection = a new runplane Client per request)",
         [
             ("bare: PutItem + 2x SendMessage", s["bare"]),
             ("bare + token GetItem", bare_auth),
