@@ -21,6 +21,7 @@ from runplane.ports import (
     ComputeBackend,
     ObjectStore,
     PoolStateStore,
+    QuotaStore,
     RunQueue,
     RunStore,
     TokenStore,
@@ -45,6 +46,7 @@ class Stack:
     workers: WorkerRegistry
     tokens: TokenStore
     pool_states: PoolStateStore
+    quotas: QuotaStore
     data_bucket: str
     """The bucket (Azure: container) of logs and outputs: never a run's input."""
     clock: Callable[[], float] = time.time
@@ -89,6 +91,7 @@ def _table_names(settings: StackSettings) -> dict[str, str]:
         "workers_table": settings.workers_table,
         "tokens_table": settings.tokens_table,
         "pools_table": settings.pools_table,
+        "quotas_table": settings.quotas_table,
     }
 
 
@@ -120,6 +123,7 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
     from runplane.adapters.azure.queues import StorageQueueRunQueue
     from runplane.adapters.azure.tables import (
         TablePoolStateStore,
+        TableQuotaStore,
         TableRunStore,
         TableTokenStore,
         TableWorkerRegistry,
@@ -135,6 +139,7 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
         workers=TableWorkerRegistry(tables.get_table_client(names.workers_table)),
         tokens=TableTokenStore(tables.get_table_client(names.tokens_table)),
         pool_states=TablePoolStateStore(tables.get_table_client(names.pools_table)),
+        quotas=TableQuotaStore(tables.get_table_client(names.quotas_table)),
         data_bucket=names.container,
     )
 
@@ -157,6 +162,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
         return _azure_stack(settings, clients)
     from runplane.adapters.aws.dynamodb import (
         DynamoPoolStateStore,
+        DynamoQuotaStore,
         DynamoRunStore,
         DynamoTokenStore,
         DynamoWorkerRegistry,
@@ -174,6 +180,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
         workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),
         tokens=DynamoTokenStore(names.tokens_table, clients["dynamodb"]),
         pool_states=DynamoPoolStateStore(names.pools_table, clients["dynamodb"]),
+        quotas=DynamoQuotaStore(names.quotas_table, clients["dynamodb"]),
         data_bucket=names.bucket,
     )
 

@@ -17,9 +17,12 @@ from runplane.domain.models import (
     Event,
     Pool,
     PoolRecord,
+    Quota,
+    QuotaKind,
     Run,
     RunMessage,
     RunState,
+    UsageRecord,
     Worker,
 )
 
@@ -216,6 +219,41 @@ class TokenStore(Protocol):
     def secret(self) -> bytes:
         """The stack's secret (32 random bytes), made on first use by a conditional write so
         that every instance of every function reads the same one. Never changes afterwards."""
+        ...
+
+
+class QuotaStore(Protocol):
+    """Quotas (written by admins) and usage records (written by whoever claims or ends a run),
+    one of each per user or group."""
+
+    def get(self, kind: QuotaKind, name: str) -> Quota | None:
+        """The quota of ``kind`` ``name``; None when there is none (or its record does not validate)."""
+        ...
+
+    def put(self, quota: Quota) -> None:
+        """Store a quota, replacing the one of the same kind and name."""
+        ...
+
+    def delete(self, kind: QuotaKind, name: str) -> bool:
+        """Remove a quota (its usage record stays); False when there was none. Idempotent."""
+        ...
+
+    def usage(self, kind: QuotaKind, name: str) -> UsageRecord:
+        """The stored usage record (strongly consistent), or a fresh one with ``version`` 0."""
+        ...
+
+    def save_usage(self, record: UsageRecord) -> UsageRecord:
+        """Store ``record`` if the stored version is still ``record.version`` (0: none stored);
+        returns the stored record (``version`` + 1). Raises ConditionFailed when another writer
+        got there first. Atomic."""
+        ...
+
+    def list_usage(self) -> list[UsageRecord]:
+        """Every usage record."""
+        ...
+
+    def list(self) -> list[Quota]:
+        """Every valid quota, users first, each kind sorted by name."""
         ...
 
 

@@ -129,6 +129,9 @@ class StackSettings(Settings):
         "", description="The data bucket (Azure: container) of logs and outputs; empty: derived from the prefix."
     )
     pools_table: str = Field("", description="The pools' state table; empty: derived from the prefix.")
+    quotas_table: str = Field(
+        "", description="The quotas and usage table; empty: derived from the prefix (AWS: `PREFIX-quotas`)."
+    )
     aws_region: str = Field(
         "us-east-1",
         description="The AWS region; unset or empty: `AWS_REGION` (what Lambda and ECS set), "

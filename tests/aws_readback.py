@@ -13,7 +13,7 @@ from runplane.adapters.aws.provision import AwsNames
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from tests.cfn_template import as_list, defaults, expanded_resources
 
-TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table")
+TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table")
 # What SQS gives a queue created without these attributes.
 SQS_DEFAULT_RETENTION_SECONDS = 345600
 SQS_DEFAULT_VISIBILITY_SECONDS = 30

@@ -145,7 +145,7 @@ def aws_dynalite_stack(moto_endpoint: str, dynalite_endpoint: str) -> Iterator[S
     names = aws_names(settings)
     provision(names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"])
     yield stack
-    for table in (names.runs_table, names.workers_table, names.tokens_table, names.pools_table):
+    for table in (names.runs_table, names.workers_table, names.tokens_table, names.pools_table, names.quotas_table):
         clients["dynamodb"].delete_table(TableName=table)
 
 

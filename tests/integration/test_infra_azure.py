@@ -338,7 +338,7 @@ def test_the_function_app_is_linux_python_311_with_an_identity_that_may_use_stor
 
 @pytest.mark.parametrize("prefix", ["runplane", "rp-dev1"])
 def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
-    """The agent's identity: table data on the runs and workers tables, blob data on the data
+    """The agent's identity: table data on the runs, workers and quotas tables, blob data on the data
     container, its pool queues' messages, sending to the poison and events queues. Never the
     account, the tokens or pools tables, or the Functions' package container."""
     arm = Arm(TEMPLATE, {"prefix": prefix, "poolNames": POOLS})
@@ -349,6 +349,7 @@ def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
     expected = {
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.runs_table}"),
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.workers_table}"),
+        (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.quotas_table}"),
         (BLOB_CONTRIBUTOR, f"{account}/blobServices/default/containers/{names.container}"),
         (QUEUE_SENDER, f"{account}/queueServices/default/queues/{events_queue_name(prefix)}"),
         *((queue_role, f"{account}/queueServices/default/queues/{q}") for q in pool_queues),

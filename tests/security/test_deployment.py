@@ -9,6 +9,7 @@ stack without TTL, PITR or bucket settings)."""
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import subprocess
 import sys
@@ -26,9 +27,11 @@ import yaml
 from botocore.validate import ParamValidator
 
 from runplane.adapters.aws import resources
+from runplane.adapters.aws.dynamodb import DynamoQuotaStore
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.s3 import S3ObjectStore
 from runplane.bootstrap import Stack, aws_clients, aws_names
+from runplane.domain.models import Hold, Quota
 from runplane.settings import StackSettings
 from tests.aws_readback import read_stack
 from tests.cfn_template import (
@@ -174,6 +177,7 @@ def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any
         "WorkersTable": "workers_table",
         "TokensTable": "tokens_table",
         "PoolsTable": "pools_table",
+        "QuotasTable": "quotas_table",
     }.items():
         props = declared[logical_id]["Properties"]
         ttl = props.get("TimeToLiveSpecification", {})
@@ -321,7 +325,15 @@ def _references(value: Any) -> set[str]:
     """The logical ids a statement's resources name (Ref, GetAtt, ${X.Arn} in a Sub)."""
     text = json.dumps(value)
     found = set()
-    for logical_id in ("RunsTable", "WorkersTable", "TokensTable", "PoolsTable", "DataBucket", "EventsQueue"):
+    for logical_id in (
+        "RunsTable",
+        "WorkersTable",
+        "TokensTable",
+        "PoolsTable",
+        "QuotasTable",
+        "DataBucket",
+        "EventsQueue",
+    ):
         if f'"{logical_id}"' in text or f"${{{logical_id}" in text:
             found.add(logical_id)
     return found
@@ -381,6 +393,7 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "WorkersTable",
         "PoolsTable",
         "TokensTable",
+        "QuotasTable",
         "DataBucket",
         "EventsQueue",
     }
@@ -390,8 +403,8 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "PoolsTable",
         "EventsQueue",
     }  # its event source
-    assert reached["ReaperFunction"] == {"RunsTable", "EventsQueue"}
-    assert reached["WorkerPolicy"] == {"RunsTable", "WorkersTable", "DataBucket", "EventsQueue"}
+    assert reached["ReaperFunction"] == {"RunsTable", "QuotasTable", "EventsQueue"}
+    assert reached["WorkerPolicy"] == {"RunsTable", "WorkersTable", "QuotasTable", "DataBucket", "EventsQueue"}
 
 
 def test_the_dispatcher_has_no_access_to_the_tokens_table(template: dict[str, Any]) -> None:
@@ -484,6 +497,136 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
                 assert statement["Condition"] == {"StringLike": {"s3:prefix": "runs/*"}}
     assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", "the bucket"}
     assert {"ApiUrl", "WorkerPolicy"} <= set(template["Outputs"])
+
+
+# ---- IAM: the quotas table, item by item ----------------------------------------------------
+
+QUOTA_WRITES = {"dynamodb:PutItem", "dynamodb:DeleteItem", "dynamodb:UpdateItem", "dynamodb:BatchWriteItem"}
+
+
+def _quota_statements(template: dict[str, Any], principal: str) -> list[dict[str, Any]]:
+    return [s for s in _all_statements(template)[principal] if "QuotasTable" in _references(s.get("Resource"))]
+
+
+def _allows(found: list[dict[str, Any]], action: str, key: str | None) -> bool:
+    """Whether one of ``found`` (statements on the quotas table) allows ``action`` on the item
+    ``key`` (None: no item, a Scan). The one condition these statements may carry is IAM's
+    ``ForAllValues:StringLike`` on ``dynamodb:LeadingKeys``; anything else fails the test."""
+    for statement in found:
+        if action not in as_list(statement["Action"]):
+            continue
+        condition = statement.get("Condition")
+        if condition is None:
+            return True
+        assert set(condition) == {"ForAllValues:StringLike"}, condition
+        assert set(condition["ForAllValues:StringLike"]) == {"dynamodb:LeadingKeys"}, condition
+        patterns = as_list(condition["ForAllValues:StringLike"]["dynamodb:LeadingKeys"])
+        if key is None or any(fnmatch.fnmatchcase(key, p) for p in patterns):
+            return True
+    return False
+
+
+def _quota_calls(aws_stack: Stack, use: Any) -> list[tuple[str, str | None]]:
+    """(IAM action, item key) of every request ``use(quotas)`` makes to the quotas table, on a
+    DynamoQuotaStore of the moto server."""
+    quotas = aws_stack.quotas
+    assert isinstance(quotas, DynamoQuotaStore)
+    calls: list[tuple[str, str | None]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        item = params.get("Key") or params.get("Item") or {}
+        calls.append((f"dynamodb:{model.name}", item["id"]["S"] if "id" in item else None))
+
+    quotas.client.meta.events.register("provide-client-params.dynamodb.*", record)
+    try:
+        use(quotas)
+    finally:
+        quotas.client.meta.events.unregister("provide-client-params.dynamodb.*", record)
+    assert calls
+    return calls
+
+
+def _reserve_and_release(quotas: Any) -> None:
+    """What a worker does around a run: read its quotas and usage, hold, release."""
+    hold = Hold(run_id="r-1", attempt=1, gpus=1, at=1.0)
+    for kind, name in (("user", "alice"), ("group", "vision")):
+        quotas.get(kind, name)
+        held = quotas.save_usage(quotas.usage(kind, name).model_copy(update={"holds": {hold.key: hold}}))
+        quotas.save_usage(held.model_copy(update={"holds": {}}))
+
+
+def _heal(quotas: Any) -> None:
+    """What the reaper does: find holds, release the stale ones."""
+    for record in quotas.list_usage():
+        quotas.save_usage(quotas.usage(record.kind, record.name).model_copy(update={"holds": {}}))
+
+
+def _administer(quotas: Any) -> None:
+    """What the API does: set, show, list and remove quotas, with their usage."""
+    quotas.put(Quota(kind="group", name="vision", max_gpus=2, updated_at=1.0))
+    quotas.get("group", "vision")
+    quotas.usage("group", "vision")
+    quotas.list()
+    quotas.list_usage()
+    quotas.delete("group", "vision")
+
+
+def _set_a_quota(quotas: Any) -> None:
+    quotas.put(Quota(kind="user", name="alice", max_gpus=1000, updated_at=1.0))
+
+
+def test_each_principal_may_do_what_it_does_with_quotas(template: dict[str, Any], aws_stack: Stack) -> None:
+    """The requests the quota store really makes (recorded on moto) for what each principal does
+    are all allowed by its statements, item by item: the workers hold and release, the reaper
+    heals holds, the API manages quotas and shows their usage."""
+    aws_stack.quotas.save_usage(aws_stack.quotas.usage("user", "bob"))  # something for the reaper to find
+    for principal, use in (
+        ("WorkerPolicy", _reserve_and_release),
+        ("ReaperFunction", _heal),
+        ("ApiFunction", _administer),
+    ):
+        found = _quota_statements(template, principal)
+        denied = [call for call in _quota_calls(aws_stack, use) if not _allows(found, *call)]
+        assert denied == [], f"{principal} may not {denied}"
+
+
+def test_only_the_api_writes_quotas_and_it_writes_no_usage(template: dict[str, Any], aws_stack: Stack) -> None:
+    """A worker (or a run that got hold of its credentials) and the reaper may write usage records
+    only, never a quota (which would lift their own limits); the API may write quotas only, never
+    the usage the workers keep. Nobody else reaches the table."""
+    set_quota = _quota_calls(aws_stack, _set_a_quota)
+    assert {action for action, _ in set_quota} == {"dynamodb:PutItem"}
+    hold_and_release = [c for c in _quota_calls(aws_stack, _reserve_and_release) if c[0] in QUOTA_WRITES]
+    assert hold_and_release
+    for principal in ("WorkerPolicy", "ReaperFunction"):
+        found = _quota_statements(template, principal)
+        assert not any(_allows(found, *call) for call in set_quota), f"{principal} may set a quota"
+        assert not any(_allows(found, "dynamodb:DeleteItem", key) for _, key in set_quota), principal
+    api = _quota_statements(template, "ApiFunction")
+    assert not any(_allows(api, *call) for call in hold_and_release), "the API may write usage records"
+    assert _quota_statements(template, "DispatcherFunction") == []
+    # every write on the table is limited to one kind of item
+    for principal in ("WorkerPolicy", "ReaperFunction", "ApiFunction"):
+        for statement in _quota_statements(template, principal):
+            if set(as_list(statement["Action"])) & QUOTA_WRITES:
+                assert "Condition" in statement, f"{principal}: {statement['Sid']} writes any item"
+
+
+def test_the_quota_grants_are_no_more_than_each_principal_uses(template: dict[str, Any]) -> None:
+    granted = {
+        principal: _actions_on(_all_statements(template)[principal], "QuotasTable")
+        for principal in ("WorkerPolicy", "ReaperFunction", "ApiFunction")
+    }
+    assert granted == {
+        "WorkerPolicy": {"dynamodb:GetItem", "dynamodb:PutItem"},
+        "ReaperFunction": {"dynamodb:GetItem", "dynamodb:Scan", "dynamodb:PutItem"},
+        "ApiFunction": {"dynamodb:GetItem", "dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"},
+    }
+    prefixes = {DynamoQuotaStore.QUOTA + "*", DynamoQuotaStore.USAGE + "*"}
+    for principal in granted:
+        for statement in _quota_statements(template, principal):
+            for patterns in statement.get("Condition", {}).get("ForAllValues:StringLike", {}).values():
+                assert set(as_list(patterns)) <= prefixes, f"{principal}: keys the store does not write"
 
 
 def test_the_documented_worker_policy_is_the_templates(template: dict[str, Any]) -> None:

@@ -3,9 +3,10 @@
 #
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
-# values): the runs table with its by_owner and by_queue_state indexes, the workers, tokens and
-# pools tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the bucket;
-# TTL on the workers table, point-in-time recovery on the runs and tokens tables, and the bucket's
+# values): the runs table with its by_owner and by_queue_state indexes, the workers, tokens, pools
+# and quotas tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the
+# bucket; TTL on the workers table, point-in-time recovery on the runs, tokens and quotas tables,
+# and the bucket's
 # encryption, public-access block, ownership, versioning, lifecycle and TLS-only policy.
 # Idempotent: what exists already is left as it is (the settings are applied again, which changes
 # nothing), so a restart with a persisted state is fine.
@@ -14,8 +15,10 @@
 #   RUNPLANE_PREFIX      resource name prefix                      (default: runplane)
 #   RUNPLANE_POOL_NAMES  comma-separated pool names                (default: default)
 #   RUNPLANE_RUNS_TABLE, RUNPLANE_WORKERS_TABLE, RUNPLANE_TOKENS_TABLE, RUNPLANE_POOLS_TABLE,
+#   RUNPLANE_QUOTAS_TABLE,
 #   RUNPLANE_BUCKET      override one name, as runplane's settings do (default: <prefix>-runs,
-#                        <prefix>-workers, <prefix>-tokens, <prefix>-pools, <prefix>-data)
+#                        <prefix>-workers, <prefix>-tokens, <prefix>-pools, <prefix>-quotas,
+#                        <prefix>-data)
 set -euo pipefail
 
 prefix=${RUNPLANE_PREFIX:-runplane}
@@ -24,6 +27,7 @@ runs_table=${RUNPLANE_RUNS_TABLE:-$prefix-runs}
 workers_table=${RUNPLANE_WORKERS_TABLE:-$prefix-workers}
 tokens_table=${RUNPLANE_TOKENS_TABLE:-$prefix-tokens}
 pools_table=${RUNPLANE_POOLS_TABLE:-$prefix-pools}
+quotas_table=${RUNPLANE_QUOTAS_TABLE:-$prefix-quotas}
 bucket=${RUNPLANE_BUCKET:-$prefix-data}
 region=${AWS_DEFAULT_REGION:-us-east-1}
 
@@ -127,8 +131,11 @@ create_table "$tokens_table" \
 create_table "$pools_table" \
   --key-schema AttributeName=pool,KeyType=HASH \
   --attribute-definitions AttributeName=pool,AttributeType=S
+create_table "$quotas_table" \
+  --key-schema AttributeName=id,KeyType=HASH \
+  --attribute-definitions AttributeName=id,AttributeType=S
 # The records that cannot be rebuilt (PITR_TABLES).
-for table in "$runs_table" "$tokens_table"; do
+for table in "$runs_table" "$tokens_table" "$quotas_table"; do
   apply "point-in-time recovery of $table" dynamodb update-continuous-backups --table-name "$table" \
     --point-in-time-recovery-specification PointInTimeRecoveryEnabled=true
 done

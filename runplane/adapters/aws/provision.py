@@ -38,6 +38,7 @@ class AwsNames:
     tokens_table: str = ""
     bucket: str = ""
     pools_table: str = ""
+    quotas_table: str = ""
 
     def __post_init__(self) -> None:
         for attr, suffix in (
@@ -46,6 +47,7 @@ class AwsNames:
             ("tokens_table", "tokens"),
             ("bucket", "data"),
             ("pools_table", "pools"),
+            ("quotas_table", "quotas"),
         ):
             if not getattr(self, attr):
                 object.__setattr__(self, attr, f"{self.prefix}-{suffix}")
@@ -105,6 +107,7 @@ def _tables(ddb: Any, names: AwsNames) -> None:
         "workers_table": _create_table(ddb, names.workers_table, "id", {"id": "S"}, []),
         "tokens_table": _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, []),
         "pools_table": _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, []),
+        "quotas_table": _create_table(ddb, names.quotas_table, "id", {"id": "S"}, []),
     }
     # Only on creation: DynamoDB refuses to enable TTL that is already enabled.
     if created["workers_table"]:

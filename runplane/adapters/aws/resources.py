@@ -26,9 +26,10 @@ MAX_RECEIVES = 5
 
 WORKERS_TTL_ATTRIBUTE = "expires_at"
 """The workers table's TTL attribute: a worker that stops heartbeating expires on its own."""
-PITR_TABLES = ("runs_table", "tokens_table")
+PITR_TABLES = ("runs_table", "tokens_table", "quotas_table")
 """The tables (``AwsNames`` fields) with point-in-time recovery: the records that cannot be
-rebuilt. Workers and pool records are rewritten every few seconds and need none."""
+rebuilt (runs, tokens, the quotas admins set and the use charged against them). Workers and pool
+records are rewritten every few seconds and need none."""
 
 # ---- S3: the data bucket ------------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ class AzureNames:
     tokens_table: str = ""
     container: str = ""
     pools_table: str = ""
+    quotas_table: str = ""
 
     def __post_init__(self) -> None:
         for attr, suffix in (
@@ -58,6 +59,7 @@ class AzureNames:
             ("workers_table", "workers"),
             ("tokens_table", "tokens"),
             ("pools_table", "pools"),
+            ("quotas_table", "quotas"),
         ):
             given = getattr(self, attr)
             if not given:
@@ -73,7 +75,7 @@ class AzureNames:
 
     @property
     def tables(self) -> tuple[str, ...]:
-        return self.runs_table, self.workers_table, self.tokens_table, self.pools_table
+        return self.runs_table, self.workers_table, self.tokens_table, self.pools_table, self.quotas_table
 
     def queues(self, pools: Iterable[str]) -> list[str]:
         """Every queue of the stack: each pool's and the events queue, each with its poison queue."""

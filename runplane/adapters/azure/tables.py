@@ -1,4 +1,4 @@
-"""Table storage adapters: runs (ETag compare-and-set), workers, tokens.
+"""Table storage adapters: runs (ETag compare-and-set), workers, tokens, pool records, quotas.
 
 Table storage has no secondary indexes and is only cheap to query within one partition, and an
 entity group transaction only spans one partition. The runs table is laid out so that what must
@@ -41,6 +41,7 @@ one is refused with PayloadTooLarge.
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import re
 import secrets
@@ -65,7 +66,18 @@ from runplane.domain.errors import (
     PayloadTooLarge,
     RunplaneError,
 )
-from runplane.domain.models import ApiToken, Event, PoolRecord, Run, RunState, Worker
+from runplane.domain.models import (
+    ApiToken,
+    Event,
+    PoolRecord,
+    Quota,
+    QuotaKind,
+    Run,
+    RunState,
+    UsageRecord,
+    Worker,
+    quota_key,
+)
 from runplane.ports import LIST_BUDGET, Expect, Page
 
 CHUNK_CHARS = 32_000
@@ -581,3 +593,132 @@ class TablePoolStateStore:
         except AzureError as e:
             raise _failure(e, "write pool record") from e
         return stored
+
+
+class TableQuotaStore:
+    """Quotas and usage records in one table: PartitionKey ``quota`` or ``usage``, RowKey the
+    escaped ``user:alice`` / ``group:vision``, the document as JSON. A usage record is written only
+    while its stored ``version`` is the one the writer read: created only if absent, replaced only
+    with the ETag read along with that version, so of two racing writers one fails."""
+
+    QUOTA, USAGE = "quota", "usage"
+
+    def __init__(self, table: TableClient) -> None:
+        self.table = table
+
+    def _query(self, partition: str, what: str) -> list[Any]:
+        try:
+            return list(self.table.query_entities("PartitionKey eq @pk", parameters={"pk": partition}))
+        except AzureError as e:
+            raise _failure(e, what) from e
+
+    def get(self, kind: QuotaKind, name: str) -> Quota | None:
+        subject = quota_key(kind, name)
+        return _quota(_get(self.table, self.QUOTA, key(subject), "read quota"), subject)
+
+    def put(self, quota: Quota) -> None:
+        entity = {"PartitionKey": self.QUOTA, "RowKey": key(quota.key), "doc": quota.model_dump_json()}
+        try:
+            self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        except AzureError as e:
+            raise _failure(e, "store quota") from e
+
+    def delete(self, kind: QuotaKind, name: str) -> bool:
+        row = key(quota_key(kind, name))
+        if _get(self.table, self.QUOTA, row, "delete quota") is None:
+            return False
+        try:
+            self.table.delete_entity(self.QUOTA, row)  # quiet when another delete came first
+        except AzureError as e:
+            raise _failure(e, "delete quota") from e
+        return True
+
+    def list(self) -> list[Quota]:
+        found = (_quota(e, _unkey(str(e["RowKey"]))) for e in self._query(self.QUOTA, "list quotas"))
+        return sorted((q for q in found if q is not None), key=_subject_order)
+
+    def _read_usage(self, kind: QuotaKind, name: str) -> tuple[UsageRecord, str]:
+        """The record and its ETag ("" when none is stored)."""
+        entity = _get(self.table, self.USAGE, key(quota_key(kind, name)), "read usage")
+        if entity is None:
+            return UsageRecord(kind=kind, name=name), ""
+        return _usage(entity, kind, name), str(entity.metadata["etag"])
+
+    def usage(self, kind: QuotaKind, name: str) -> UsageRecord:
+        return self._read_usage(kind, name)[0]
+
+    def save_usage(self, record: UsageRecord) -> UsageRecord:
+        stored = record.model_copy(update={"version": record.version + 1})
+        entity = {
+            "PartitionKey": self.USAGE,
+            "RowKey": key(record.key),
+            "version": stored.version,
+            **pack(stored.model_dump(mode="json"), f"usage of {record.key}"),
+        }
+        changed = ConditionFailed(f"usage of {record.key}: changed since version {record.version}", key=record.key)
+        current, etag = self._read_usage(record.kind, record.name)
+        if current.version != record.version:
+            raise changed
+        try:
+            if not etag:
+                self.table.create_entity(entity)
+            else:
+                self.table.update_entity(
+                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
+                )
+        except (ResourceExistsError, ResourceModifiedError) as e:
+            raise changed from e  # written since our read: every write bumps the version, so ours is stale
+        except ResourceNotFoundError as e:
+            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+                raise _failure(e, "write usage") from e
+            raise changed from e  # removed since our read
+        except AzureError as e:
+            raise _failure(e, "write usage") from e
+        return stored
+
+    def list_usage(self) -> builtins.list[UsageRecord]:  # ``list`` here is the method above
+        records = []
+        for entity in self._query(self.USAGE, "list usage"):
+            kind, _, name = _unkey(str(entity["RowKey"])).partition(":")
+            if kind in ("user", "group"):
+                records.append(_usage(entity, kind, name))  # type: ignore[arg-type]
+        return sorted(records, key=_subject_order)
+
+
+def _unkey(escaped: str) -> str:
+    """What ``key`` escaped, read back."""
+    return re.sub(r"(?:~[0-9A-F]{2})+", lambda m: bytes.fromhex(m.group().replace("~", "")).decode(), escaped)
+
+
+def _subject_order(subject: Quota | UsageRecord) -> tuple[bool, str]:
+    """Users first, each kind by name."""
+    return subject.kind != "user", subject.name
+
+
+def _quota(entity: Mapping[str, Any] | None, subject: str) -> Quota | None:
+    """The quota of an entity; None for none, or for one that does not hold a valid quota of
+    ``subject``."""
+    if not entity or "doc" not in entity:
+        return None
+    try:
+        quota = Quota.model_validate_json(str(entity["doc"]))
+    except ValueError:
+        return None
+    return quota if quota.key == subject else None
+
+
+def _usage(entity: Mapping[str, Any], kind: QuotaKind, name: str) -> UsageRecord:
+    """The usage record of an entity. One that does not hold a valid record of ``kind`` ``name``
+    reads as a fresh record at the stored version (0 when it has none), so the next write
+    replaces it."""
+    fresh = UsageRecord(kind=kind, name=name)
+    version = entity.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        return fresh
+    try:
+        record = UsageRecord.model_validate(unpack(entity))
+    except (ValueError, KeyError, TypeError):
+        record = None
+    if record is None or record.key != fresh.key or record.version != version:
+        return fresh.model_copy(update={"version": version})
+    return record

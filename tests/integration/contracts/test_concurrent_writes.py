@@ -1,4 +1,5 @@
-"""Contracts of conditional writes under concurrency: RunStore.update and PoolStateStore.save.
+"""Contracts of conditional writes under concurrency: RunStore.update, PoolStateStore.save and
+QuotaStore.save_usage.
 
 Several threads write the same record at once; a barrier lines them up so that their reads and
 writes overlap. Whatever the store does inside (a DynamoDB condition expression, a Table storage
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runplane.domain.errors import ConditionFailed
-from runplane.domain.models import ACTIVE_STATES, Event, PoolRecord, Run, RunSpec, RunState
+from runplane.domain.models import ACTIVE_STATES, Event, Hold, PoolRecord, Run, RunSpec, RunState
 from runplane.ports import Expect
 
 THREADS = 8
@@ -164,3 +165,53 @@ def test_pool_record_saves_from_one_read_exactly_one_wins(racing_stack):
     assert sum(e is not None for e in errors) == THREADS - 1
     assert stack.pool_states.get("default") == winners[0]
     assert winners[0].version == read.version + 1
+
+
+def test_usage_holds_at_once_never_pass_the_cap(racing_stack):
+    """Each thread reads the usage record and adds its hold only while fewer than two are held,
+    saving on the version it read and reading again when another write came first (as admission
+    does): from a record that does not exist yet, exactly two holds end up stored, each thread's
+    answer matches what is stored, and every write that won is in the record."""
+    quotas = racing_stack.quotas
+
+    def reserve(i):
+        while True:
+            record = quotas.usage("group", "vision")
+            if record.running >= 2:
+                return None
+            held = Hold(run_id=f"r-{i}", attempt=1, gpus=1, at=1000.0 + i)
+            try:
+                return quotas.save_usage(record.model_copy(update={"holds": {**record.holds, held.key: held}}))
+            except ConditionFailed:
+                continue
+
+    results, errors = race(THREADS, reserve)
+    assert errors == [None] * THREADS
+    won = sorted(f"r-{i}#1" for i, r in enumerate(results) if r is not None)
+    assert len(won) == 2
+    stored = quotas.usage("group", "vision")
+    assert sorted(stored.holds) == won
+    assert (stored.running, stored.gpus, stored.version) == (2, 2, 2)
+    assert sorted(r.version for r in results if r is not None) == [1, 2]
+
+
+def test_usage_writes_at_once_lose_nothing(racing_stack):
+    """Each thread adds one entry to a stored record, reading again whenever another write came
+    first: every entry is kept, and each write took its own version."""
+    quotas = racing_stack.quotas
+    start = quotas.save_usage(quotas.usage("user", "alice"))
+
+    def block(i):
+        while True:
+            record = quotas.usage("user", "alice")
+            try:
+                return quotas.save_usage(record.model_copy(update={"blocked": {**record.blocked, f"r-{i}": i}}))
+            except ConditionFailed:
+                continue
+
+    results, errors = race(THREADS, block)
+    assert errors == [None] * THREADS
+    assert sorted(r.version for r in results) == list(range(start.version + 1, start.version + THREADS + 1))
+    stored = quotas.usage("user", "alice")
+    assert stored.blocked == {f"r-{i}": i for i in range(THREADS)}
+    assert stored.version == start.version + THREADS
