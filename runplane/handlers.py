@@ -75,4 +75,6 @@ class PoolDispatcher:
 
 
 def run_reaper(stack: Stack) -> ReapReport:
-    return reap(stack.store, stack.queue, stack.pools, stack.clock(), stack.settings.rehint_seconds)
+    return reap(
+        stack.store, stack.queue, stack.pools, stack.clock(), stack.settings.rehint_seconds, quotas=stack.quotas
+    )

@@ -17,9 +17,9 @@ import requests
 
 from runplane import __version__
 from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import RunState, Worker, refuses
-from runplane.ports import Delivery, WorkerRegistry
-from runplane.services import lifecycle
+from runplane.domain.models import Run, RunState, Worker, refuses
+from runplane.ports import Delivery, Expect, WorkerRegistry
+from runplane.services import admission, lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_labels, holds, remove_container
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
@@ -246,6 +246,9 @@ class Agent:
             log.info("run %s does not fit this worker %s", run.id, never or "right now")
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
             return
+        if not self._admit(run, delivery):
+            self.allocator.release(run.id)
+            return
         try:
             claimed = lifecycle.claim(
                 self.ports.store,
@@ -256,8 +259,13 @@ class Agent:
                 self.clock(),
                 preemptible=self.config.preemptible,
             )
-        except ConditionFailed:
+        except ConditionFailed as e:
             self.allocator.release(run.id)
+            stored = e.details.get("run")
+            # the holds are the attempt's, not the worker's: one that another worker claimed (on a
+            # duplicate hint) keeps them, and that worker releases them when the attempt ends
+            if not isinstance(stored, Run) or stored.attempt != msg.attempt + 1:
+                self._unreserve(run, msg.attempt + 1)
             self.ports.queue.delete(self.config.pool, delivery)
             return
         self.ports.queue.delete(self.config.pool, delivery)
@@ -280,9 +288,50 @@ class Agent:
         log.info("run %s attempt %d claimed", claimed.id, claimed.attempt)
         executor.start()
 
+    def _admit(self, run: Run, delivery: Delivery) -> bool:
+        """Reserve room for the attempt the claim makes under its owner's and group's quotas.
+        False when there is none: the run stays queued with the reason, and its hint goes (the
+        release that makes room, or the reaper, sends a new one); or when the quota store failed
+        (the hint comes back after a delay)."""
+        if self.ports.quotas is None:
+            return True
+        try:
+            reason = admission.reserve(self.ports.quotas, run, run.attempt + 1, self.clock())
+        except Exception as e:  # whatever the quota store met: not now, and never the agent's end
+            log.warning("run %s: cannot reserve its quota now: %s", run.id, e)
+            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+            return False
+        if reason is None:
+            return True
+        log.info("run %s waits: %s", run.id, reason)
+        if run.waiting_reason != reason:
+            try:
+                self.ports.store.update(
+                    run, Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt), {"waiting_reason": reason}
+                )
+            except ConditionFailed:
+                pass  # claimed or ended meanwhile
+            except RunplaneError as e:
+                log.warning("run %s: could not record why it waits: %s", run.id, e)
+        self.ports.queue.delete(self.config.pool, delivery)
+        return False
+
+    def _unreserve(self, run: Run, attempt: int) -> None:
+        """Give back what attempt ``attempt`` of ``run`` holds under quotas, and re-send the hints
+        of runs that waited for that room. A failure is logged: the reaper releases what is left."""
+        if self.ports.quotas is None:
+            return
+        try:
+            blocked = admission.release(self.ports.quotas, run, attempt, self.clock())
+            if blocked:
+                admission.rehint(self.ports.store, self.ports.queue, blocked)
+        except Exception as e:  # whatever the quota store met: the slot is given back all the same
+            log.warning("run %s: could not release its quota hold (the reaper will): %s", run.id, e)
+
     def _done(self, executor: RunExecutor) -> None:
         self.allocator.release(executor.run.id)
         try:
+            self._unreserve(executor.run, executor.run.attempt)
             self._housekeeping()
         finally:  # the slot is free again whatever housekeeping met
             with self._lock:
@@ -411,6 +460,8 @@ class Agent:
                 recovered.append(run.id)
             except RunplaneError as e:
                 log.warning("could not hand back run %s: %s", run.id, e)
+                continue
+            self._unreserve(run, run.attempt)
         if recovered:
             log.info("handed back %d run(s) left by this worker's previous life: %s", len(recovered), recovered)
         self._remove_run_dirs()

@@ -27,7 +27,7 @@ from docker.types import LogConfig, Mount
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
 from runplane.domain.models import RUN_ID_PATTERN, FailureReason, Run, RunState, Usage
 from runplane.domain.units import format_bytes, format_duration
-from runplane.ports import ObjectStore, RunQueue, RunStore
+from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
 from runplane.services import lifecycle
 from runplane.services.logs import outputs_prefix
 from worker_agent.images import ImageCache
@@ -88,6 +88,8 @@ class Ports:
     store: RunStore
     queue: RunQueue
     objects: ObjectStore
+    quotas: QuotaStore | None = None
+    """Where claims reserve room under quotas (``services/admission.py``); None: no admission."""
 
 
 @dataclass

@@ -50,6 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import docker  # after argument checks, so --help and bad flags answer fast
 
     from runplane.bootstrap import build_stack
+    from runplane.services.admission import CachedQuotas
     from worker_agent.agent import Agent
     from worker_agent.executor import LABEL, Ports
     from worker_agent.images import ImageCache
@@ -108,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_network(network, settings.network_mode)
     agent = Agent(
         agent_config(settings, worker_id, work_dir, gpus, pool, stack.settings.stack_id(), prepared.inputs_view),
-        Ports(stack.store, stack.queue, stack.objects),
+        Ports(stack.store, stack.queue, stack.objects, CachedQuotas(stack.quotas)),
         stack.workers,
         client,
         time.time,

@@ -185,9 +185,13 @@ def explain_wait(
     run: Run | None = None,
 ) -> str:
     """Why a queued run is still waiting, in words, from the pool's live workers and record
-    (and, given the run, which of those workers would take it: tags, groups and networks)."""
+    (and, given the run, which of those workers would take it: tags, groups and networks). A
+    worker that found no room under a quota or budget said so in ``queued_as``: that is the
+    reason, however many workers are free."""
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
+    if queued_as and queued_as.startswith(("quota:", "budget:")):
+        return queued_as
     if run is not None:
         takers = [w for w in workers if w.refuses(run) is None]
         if not takers and run.spec.tag and not any(w.tag == run.spec.tag for w in workers):

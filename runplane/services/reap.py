@@ -1,5 +1,6 @@
 """The reaper: runs whose worker stopped renewing its lease go back to the queue (or fail),
-and queued runs whose hint may have been lost get a fresh one."""
+queued runs whose hint may have been lost get a fresh one, and quota holds left behind by
+attempts that are over are given back."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.models import ACTIVE_STATES, PoolConfig, Run, RunMessage, RunState
-from runplane.ports import Expect, RunQueue, RunStore
+from runplane.ports import Expect, QuotaStore, RunQueue, RunStore
+from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
 
 log = logging.getLogger(__name__)
@@ -20,6 +22,8 @@ class ReapReport:
     requeued: list[str] = field(default_factory=list)
     ended: list[str] = field(default_factory=list)
     rehinted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    """Quota holds (``run#attempt``) given back because their attempt was over."""
 
 
 def _runs(store: RunStore, queue: str, state: RunState) -> Iterator[Run]:
@@ -32,7 +36,18 @@ def _runs(store: RunStore, queue: str, state: RunState) -> Iterator[Run]:
         cursor = page.next_cursor
 
 
-def reap(store: RunStore, queue: RunQueue, pools: PoolConfig, now: float, rehint_after: float) -> ReapReport:
+def reap(
+    store: RunStore,
+    queue: RunQueue,
+    pools: PoolConfig,
+    now: float,
+    rehint_after: float,
+    *,
+    quotas: QuotaStore | None = None,
+) -> ReapReport:
+    """One pass: re-queue (or end) runs whose lease expired, re-hint queued runs not hinted for
+    ``rehint_after`` seconds, and, given ``quotas``, release the holds of attempts that are over
+    (``admission.heal``: a re-queued run's hold goes once it is older than the grace)."""
     report = ReapReport()
     for pool in pools.pools:
         for state in sorted(ACTIVE_STATES):
@@ -61,4 +76,9 @@ def reap(store: RunStore, queue: RunQueue, pools: PoolConfig, now: float, rehint
                 log.warning("could not re-hint run %s: %s", run.id, e)
                 continue
             report.rehinted.append(run.id)
+    if quotas is not None:
+        try:
+            report.released = heal(quotas, store, queue, now)
+        except RunplaneError as e:
+            log.warning("could not release stale quota holds: %s", e)
     return report

@@ -36,7 +36,8 @@ from runplane.domain.models import (
     RunState,
 )
 from runplane.domain.pools import choose_pool
-from runplane.ports import Expect, Page, RunQueue, RunStore
+from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore
+from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.inputs import InputPolicy
 
@@ -78,16 +79,21 @@ def submit_run(
     *,
     secret: bytes = b"",
     inputs: InputPolicy | None = None,
+    quotas: QuotaStore | None = None,
 ) -> Submitted:
     """Store a queued run and hint its pool queue. Same key, same request -> same run.
 
     ``secret`` is the stack's (needed with an ``idempotency_key``); ``inputs`` what runs may read
-    (default: no bucket). Raises Unschedulable/InvalidRequest when no pool fits or an input is
-    not allowed, NotFound for a ``run:`` input the caller cannot see, Conflict when the key was
-    used for a different request. A failed hint is logged, not raised: the run is stored, and the
+    (default: no bucket); ``quotas``, when given, refuse a run that could never start under its
+    owner's or group's quota. The run is charged to ``spec.group`` (one of the caller's groups),
+    else to the caller's only group, else to no group. Raises Unschedulable/InvalidRequest when no
+    pool fits, an input is not allowed, the group is not the caller's or a quota can never admit
+    the run, NotFound for a ``run:`` input the caller cannot see, Conflict when the key was used
+    for a different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
     pool = choose_pool(pools, spec.resources, spec.queue)
+    group = _group_of(principal, spec.group)
     _check_inputs(store, principal, spec, inputs or InputPolicy())
     now = clock()
     resolved = spec.model_copy(
@@ -97,10 +103,13 @@ def submit_run(
             "resources": pool.with_defaults(spec.resources),
         }
     )
+    if quotas is not None:
+        refuse_alone(quotas, principal.user, group, resolved.resources)
     run = Run(
         id=run_id_for(principal.user, idempotency_key, secret),
         owner=principal.user,
         owner_groups=sorted(principal.groups),
+        group=group,
         spec=resolved,
         queue=pool.name,
         created_at=now,
@@ -120,6 +129,17 @@ def submit_run(
         return Submitted(existing, created=False)
     _hint(queue, run)
     return Submitted(run, created=True)
+
+
+def _group_of(principal: Principal, asked: str | None) -> str | None:
+    """The group a run is charged to: ``asked``, which must be one of the caller's groups; else
+    the caller's only group; else none. Raises InvalidRequest for a group the caller is not in."""
+    if asked is not None:
+        if asked not in principal.groups:
+            raise InvalidRequest(f"you are not in group {asked}")
+        return asked
+    groups = set(principal.groups)
+    return groups.pop() if len(groups) == 1 else None
 
 
 def _check_inputs(store: RunStore, principal: Principal, spec: RunSpec, policy: InputPolicy) -> None:

@@ -1,5 +1,8 @@
 """Fixtures of the end-to-end suite."""
 
+import contextlib
+
+import docker.errors
 import pytest
 
 from tests.conftest import AgentProcess
@@ -19,10 +22,15 @@ def agents(tmp_path, devstack, docker_client):
         return agent
 
     yield start
+    # Every agent is stopped before any container is removed: agents may share an id (a restarted
+    # one), and a removal that meets a container its live agent is removing must not leave that
+    # agent running to take later tests' runs.
     for agent in started:
         agent.stop()
+    for worker_id in dict.fromkeys(agent.id for agent in started):
         for container in docker_client.containers.list(
-            all=True, sparse=True, filters={"label": f"io.runplane.worker_id={agent.id}"}
+            all=True, sparse=True, filters={"label": f"io.runplane.worker_id={worker_id}"}
         ):
-            container.remove(force=True)
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                container.remove(force=True)
     sweep_dead(tmp_path / "work")
