@@ -11,6 +11,7 @@ import binascii
 import json
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from aws_lambda_powertools import Logger, Metrics
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
@@ -24,6 +25,8 @@ from runplane.api.models import (
     OutputFile,
     OutputPage,
     PoolList,
+    QuotaLimits,
+    QuotaList,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -31,18 +34,19 @@ from runplane.api.models import (
 )
 from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
-from runplane.api.views import me_view, pool_view, run_view, token_view, worker_view
+from runplane.api.views import me_view, pool_view, quota_view, run_view, token_view, worker_view
 from runplane.domain import errors
 from runplane.domain.models import (
     RUN_ID_PATTERN,
     TOKEN_ID_PATTERN,
     PoolRecord,
     Principal,
+    QuotaKind,
     RunSpec,
     RunState,
     Worker,
 )
-from runplane.services import auth, runs, tenancy
+from runplane.services import auth, quota_admin, runs, tenancy
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import MAX_OUTPUTS_PAGE, read_logs, read_outputs
 
@@ -227,7 +231,16 @@ def submit() -> Response[str]:
     s = bootstrap.stack()
     secret = s.tokens.secret() if key is not None else b""
     result = runs.submit_run(
-        s.store, s.queue, s.pools, principal, spec, key, s.clock, secret=secret, inputs=s.input_policy
+        s.store,
+        s.queue,
+        s.pools,
+        principal,
+        spec,
+        key,
+        s.clock,
+        secret=secret,
+        inputs=s.input_policy,
+        quotas=s.quotas,
     )
     if result.created:
         metrics.add_metric(name="RunsSubmitted", unit=MetricUnit.Count, value=1)
@@ -386,3 +399,66 @@ def revoke_token(token_id: str) -> Response[str]:
         raise errors.NotFound(f"token {token_id[:80]!r} not found")
     tenancy.revoke_token(bootstrap.stack().tokens, token_id)
     return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
+
+
+def _subject(name: str) -> str:
+    """A user or group name as a path gives it (percent-encoded: ``alice%40example.com``); the
+    quota services check that it can be one."""
+    return unquote(name[:400], errors="replace")
+
+
+def _quota_answer(kind: QuotaKind, name: str) -> Response[str]:
+    s = bootstrap.stack()
+    found = quota_admin.get_quota(s.quotas, _principal("runs:read"), kind, _subject(name), s.clock)
+    return _json(200, quota_view(found))
+
+
+def _set_quota(kind: QuotaKind, name: str) -> Response[str]:
+    principal = _principal("admin")
+    request: QuotaLimits = _model(QuotaLimits, _body_object())
+    s = bootstrap.stack()
+    found = quota_admin.set_quota(s.quotas, principal, kind, _subject(name), request.model_dump(), s.clock)
+    return _json(200, quota_view(found))
+
+
+def _delete_quota(kind: QuotaKind, name: str) -> Response[str]:
+    principal = _principal("admin")
+    quota_admin.delete_quota(bootstrap.stack().quotas, principal, kind, _subject(name))
+    return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
+
+
+@app.get("/v1/quotas")
+def list_quotas() -> Response[str]:
+    s = bootstrap.stack()
+    found = quota_admin.list_quotas(s.quotas, _principal("runs:read"), s.clock)
+    return _json(200, QuotaList(quotas=[quota_view(q) for q in found]))
+
+
+@app.get("/v1/quotas/users/<user>")
+def get_user_quota(user: str) -> Response[str]:
+    return _quota_answer("user", user)
+
+
+@app.put("/v1/quotas/users/<user>")
+def set_user_quota(user: str) -> Response[str]:
+    return _set_quota("user", user)
+
+
+@app.delete("/v1/quotas/users/<user>")
+def delete_user_quota(user: str) -> Response[str]:
+    return _delete_quota("user", user)
+
+
+@app.get("/v1/quotas/groups/<group>")
+def get_group_quota(group: str) -> Response[str]:
+    return _quota_answer("group", group)
+
+
+@app.put("/v1/quotas/groups/<group>")
+def set_group_quota(group: str) -> Response[str]:
+    return _set_quota("group", group)
+
+
+@app.delete("/v1/quotas/groups/<group>")
+def delete_group_quota(group: str) -> Response[str]:
+    return _delete_quota("group", group)

@@ -14,6 +14,8 @@ from runplane.domain.models import (
     USER_PATTERN,
     Backend,
     FailureReason,
+    Period,
+    QuotaKind,
     RunSpec,
     RunState,
     Scope,
@@ -42,6 +44,40 @@ class TokenCreate(BaseModel):
         str | Annotated[float, Field(gt=0)] | None,
         duration_or_text(0, MAX_DURATION, ["30d", "12h", 86400], exclusive=True),
     ] = Field(default=None, description='lifetime, e.g. "30d", "12h" or seconds, up to a year; none: never expires')
+
+
+class QuotaLimits(BaseModel):
+    """``PUT /v1/quotas/users/{user}`` and ``.../groups/{group}``: the quota's limits (admins only).
+
+    The body replaces the quota whole: a limit left out (or null) does not apply, and ``{}``
+    makes a quota that limits nothing and only counts use. Numbers must be JSON numbers (no text,
+    no booleans), finite and not negative. Budgets are hours of the resource held (a run's gpus or
+    cpus times its wall-clock time) per calendar ``period`` in UTC; 0 refuses every run that asks
+    for any of it.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"max_running": 4, "max_gpus": 2, "gpu_hours": 200, "period": "month"}]},
+    )
+
+    max_running: int | None = Field(
+        default=None, ge=0, le=1_000_000, strict=True, description="runs started and not yet ended, at once"
+    )
+    max_gpus: int | None = Field(
+        default=None, ge=0, le=1_000_000, strict=True, description="GPUs held by running runs, at once"
+    )
+    max_cpus: float | None = Field(
+        default=None, ge=0, le=1_000_000, strict=True, description="cpus held by running runs, at once"
+    )
+    gpu_hours: float | None = Field(
+        default=None, ge=0, le=1e9, strict=True, description="GPU-hours per period (gpus x hours run)"
+    )
+    cpu_hours: float | None = Field(
+        default=None, ge=0, le=1e9, strict=True, description="cpu-hours per period (cpus x hours run)"
+    )
+    period: Period = Field(default="month", description="the calendar period (UTC) budgets are counted in")
 
 
 class Token(BaseModel):
@@ -171,7 +207,9 @@ class RunView(WireModel):
                         "inputs": {},
                         "network": False,
                         "tag": None,
+                        "group": "vision",
                     },
+                    "group": "vision",
                     "attempt": 0,
                     "max_attempts": 3,
                     "worker_id": None,
@@ -194,6 +232,7 @@ class RunView(WireModel):
     state: RunState
     owner: str
     queue: str = Field(description="the pool it runs in")
+    group: str | None = Field(description="the group it is charged to besides its owner (its quotas apply)")
     spec: RunSpec = Field(description="what was submitted, with the pool's defaults not filled in")
     attempt: int = Field(description="how many times a worker has claimed it (0: never yet)")
     max_attempts: int = Field(description="claims allowed before a lost worker fails it")
@@ -307,3 +346,63 @@ class WorkerView(WireModel):
 
 class WorkerList(WireModel):
     workers: list[WorkerView]
+
+
+class QuotaUsage(WireModel):
+    """What a user or group holds now and has used this period."""
+
+    running: int = Field(description="runs started and not yet ended")
+    gpus: int = Field(description="GPUs those runs hold")
+    cpus: float = Field(description="cpus those runs hold")
+    gpu_hours: float = Field(description="GPU-hours used this period: runs that ended, and those going so far")
+    cpu_hours: float = Field(description="cpu-hours used this period")
+    period: str = Field(description="the period counted: day:2026-11-23, week:2026-W48 or month:2026-11 (UTC)")
+
+
+class QuotaView(WireModel):
+    """A user's or a group's quota with its use. A limit that is null does not apply."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {
+                    "kind": "group",
+                    "name": "vision",
+                    "max_running": 4,
+                    "max_gpus": 2,
+                    "max_cpus": None,
+                    "gpu_hours": 200.0,
+                    "cpu_hours": None,
+                    "period": "month",
+                    "updated_at": "2026-11-23T09:30:00.125Z",
+                    "usage": {
+                        "running": 1,
+                        "gpus": 1,
+                        "cpus": 4.0,
+                        "gpu_hours": 12.5,
+                        "cpu_hours": 50.0,
+                        "period": "month:2026-11",
+                    },
+                }
+            ]
+        },
+    )
+
+    kind: QuotaKind
+    name: str = Field(description="the user, or the group")
+    max_running: int | None = Field(description="runs started and not yet ended, at once")
+    max_gpus: int | None = Field(description="GPUs held at once")
+    max_cpus: float | None = Field(description="cpus held at once")
+    gpu_hours: float | None = Field(description="GPU-hours per period")
+    cpu_hours: float | None = Field(description="cpu-hours per period")
+    period: Period = Field(description="the calendar period (UTC) budgets are counted in")
+    updated_at: Timestamp
+    usage: QuotaUsage
+
+
+class QuotaList(WireModel):
+    """``GET /v1/quotas``: every quota (an admin), or those that apply to the caller: their own and
+    their groups'. Users first, each kind by name."""
+
+    quotas: list[QuotaView]

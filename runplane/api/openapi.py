@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the HTTP API, generated from its pydantic models.
 
-Request bodies (``RunSpec``, ``TokenCreate``) have the schemas of what the API accepts (pydantic's
+Request bodies (``RunSpec``, ``TokenCreate``, ``QuotaLimits``) have the schemas of what the API accepts (pydantic's
 validation mode: sizes and times may be text such as "512m" or "2h"); answers have the schemas of
 what it sends (serialization mode), made exact: every field is required and no other may appear,
 because the server always sends exactly the model's fields (a client that parses answers ignores
@@ -28,6 +28,9 @@ from runplane.api.models import (
     Me,
     OutputPage,
     PoolList,
+    QuotaLimits,
+    QuotaList,
+    QuotaView,
     RunPage,
     RunView,
     TokenCreate,
@@ -38,7 +41,7 @@ from runplane.api.models import (
 from runplane.domain.models import RunSpec, RunState
 
 REF = "#/components/schemas/{model}"
-REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, TokenCreate)
+REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, TokenCreate, QuotaLimits)
 RESPONSES: tuple[type[BaseModel], ...] = (
     RunView,
     RunPage,
@@ -51,6 +54,8 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     TokenCreated,
     TokenList,
     Me,
+    QuotaView,
+    QuotaList,
 )
 _NAMES = {"ErrorBody": "Error"}
 """Components named other than their model."""
@@ -93,6 +98,14 @@ _TOKEN_EXAMPLES = {
         "summary": "a user of the group vision for 90 days",
         "value": {"user": "alice", "groups": ["vision"], "scopes": ["runs:read", "runs:write"], "expires_in": "90d"},
     }
+}
+_QUOTA_EXAMPLES = {
+    "caps": {
+        "summary": "at most 4 runs and 2 GPUs at once, 200 GPU-hours a month",
+        "value": {"max_running": 4, "max_gpus": 2, "gpu_hours": 200, "period": "month"},
+    },
+    "daily": {"summary": "100 cpu-hours a day", "value": {"cpu_hours": 100, "period": "day"}},
+    "count": {"summary": "no limit: only count use", "value": {}},
 }
 _DOCUMENT = {
     "type": "object",
@@ -309,6 +322,58 @@ def _admin_paths() -> dict[str, Any]:
     }
 
 
+def _quota_item(kind: str, param: str, what: str) -> dict[str, Any]:
+    """The three operations on one user's or group's quota."""
+    name = kind.capitalize()
+    parameters = [
+        {
+            "name": param,
+            "in": "path",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": f"the {what} (percent-encoded); a name that cannot be one is a quota that does not exist",
+        }
+    ]
+    return {
+        "get": {
+            "operationId": f"get{name}Quota",
+            "summary": f"A {what}'s quota and its use (an admin: any; a user: their own and their groups')",
+            "parameters": parameters,
+            "responses": {**_ok(200, "QuotaView"), **_errors(*_AUTH, 404)},
+        },
+        "put": {
+            "operationId": f"set{name}Quota",
+            "summary": f"Set a {what}'s quota (admin): the limits given replace all it had",
+            "parameters": parameters,
+            "requestBody": _body("QuotaLimits", _QUOTA_EXAMPLES),
+            "responses": {
+                **_ok(200, "QuotaView", "stored; with its use now"),
+                **_errors(400, *_AUTH, 413, 422),
+            },
+        },
+        "delete": {
+            "operationId": f"delete{name}Quota",
+            "summary": f"Remove a {what}'s quota (admin): its runs are no longer held to it",
+            "parameters": parameters,
+            "responses": {"204": {"description": _DESCRIPTIONS[204]}, **_errors(*_AUTH, 404)},
+        },
+    }
+
+
+def _quota_paths() -> dict[str, Any]:
+    return {
+        "/v1/quotas": {
+            "get": {
+                "operationId": "listQuotas",
+                "summary": "Quotas and their use: every one (an admin), or those that apply to you",
+                "responses": {**_ok(200, "QuotaList"), **_errors(*_AUTH)},
+            }
+        },
+        "/v1/quotas/users/{user}": _quota_item("user", "user", "user"),
+        "/v1/quotas/groups/{group}": _quota_item("group", "group", "group"),
+    }
+
+
 def _fleet_paths() -> dict[str, Any]:
     return {
         "/v1/pools": {
@@ -356,5 +421,5 @@ def openapi_document() -> dict[str, Any]:
             "schemas": component_schemas(),
         },
         "security": [{"bearer": []}],
-        "paths": {**_runs_paths(), **_admin_paths(), **_fleet_paths()},
+        "paths": {**_runs_paths(), **_admin_paths(), **_quota_paths(), **_fleet_paths()},
     }

@@ -11,6 +11,8 @@ from runplane.api.models import (
     PoolShape,
     PoolView,
     PoolWorkerCounts,
+    QuotaUsage,
+    QuotaView,
     RunEvent,
     RunFailure,
     RunUsage,
@@ -20,6 +22,7 @@ from runplane.api.models import (
     timestamp,
 )
 from runplane.domain.models import ApiToken, Pool, PoolRecord, Principal, Run, Worker
+from runplane.services.quota_admin import QuotaUse
 
 
 def iso(ts: float | None) -> str | None:
@@ -37,6 +40,7 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
         state=run.state,
         owner=run.owner,
         queue=run.queue,
+        group=run.group,
         spec=run.spec,
         attempt=run.attempt,
         max_attempts=run.max_attempts,
@@ -119,3 +123,27 @@ def token_view(token: ApiToken) -> Token:
 
 def me_view(principal: Principal) -> Me:
     return Me(user=principal.user, groups=principal.groups, scopes=principal.scopes, token_id=principal.token_id)
+
+
+def quota_view(found: QuotaUse) -> QuotaView:
+    """A quota with its use now (budgets in hours)."""
+    quota, use = found.quota, found.use
+    return QuotaView(
+        kind=quota.kind,
+        name=quota.name,
+        max_running=quota.max_running,
+        max_gpus=quota.max_gpus,
+        max_cpus=quota.max_cpus,
+        gpu_hours=quota.gpu_hours,
+        cpu_hours=quota.cpu_hours,
+        period=quota.period,
+        updated_at=timestamp(quota.updated_at),
+        usage=QuotaUsage(
+            running=use.running,
+            gpus=use.gpus,
+            cpus=use.cpus,
+            gpu_hours=use.gpu_hours,
+            cpu_hours=use.cpu_hours,
+            period=use.period,
+        ),
+    )

@@ -165,6 +165,9 @@ def run(
     queue: Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the run")] = None,
     tag: Annotated[str | None, typer.Option(help="only workers started with --tag TAG take it")] = None,
+    group: Annotated[
+        str | None, typer.Option(help="the group of yours it is charged to (default: your only group, if one)")
+    ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")
@@ -189,6 +192,7 @@ def run(
         queue=queue,
         name=name,
         tag=tag,
+        group=group,
         env=environment or None,
         inputs=named_inputs or None,
         network=network,
@@ -235,6 +239,7 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("name", view.name),
         ("state", view.state),
         ("queue", view.queue),
+        ("group", view.group),
         ("attempt", view.attempt),
         ("worker_id", view.worker_id),
         ("exit_code", view.exit_code),

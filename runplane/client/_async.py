@@ -12,7 +12,18 @@ from typing import Any, TypeVar
 
 import httpx
 
-from runplane.api.models import LogPage, Me, OutputFile, PoolView, RunPage, RunView, Token, TokenCreated, WorkerView
+from runplane.api.models import (
+    LogPage,
+    Me,
+    OutputFile,
+    PoolView,
+    QuotaView,
+    RunPage,
+    RunView,
+    Token,
+    TokenCreated,
+    WorkerView,
+)
 from runplane.client._core import (
     USER_AGENT,
     Dropped,
@@ -175,6 +186,7 @@ class AsyncClient:
         network: bool = False,
         tag: str | None = None,
         idempotency_key: str | None = None,
+        group: str | None = None,
     ) -> AsyncRun:
         """See ``Client.submit``."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
@@ -190,6 +202,7 @@ class AsyncClient:
             network=network,
             tag=tag,
             idempotency_key=idempotency_key,
+            group=group,
         )
         view, created = await self._drive(plan)
         return AsyncRun(self, view, created)
@@ -272,6 +285,42 @@ class AsyncClient:
 
     async def revoke_token(self, token_id: str) -> None:
         await self._drive(self._plans.revoke_token(token_id))
+
+    # --- quotas -----------------------------------------------------------------------------
+
+    async def quotas(self) -> list[QuotaView]:
+        """See ``Client.quotas``."""
+        return await self._drive(self._plans.quotas())
+
+    async def quota(self, subject: str) -> QuotaView:
+        """See ``Client.quota``."""
+        return await self._drive(self._plans.quota(subject))
+
+    async def set_quota(
+        self,
+        subject: str,
+        *,
+        max_running: int | None = None,
+        max_gpus: int | None = None,
+        max_cpus: float | None = None,
+        gpu_hours: float | None = None,
+        cpu_hours: float | None = None,
+        period: str | None = None,
+    ) -> QuotaView:
+        """See ``Client.set_quota``."""
+        limits = {
+            "max_running": max_running,
+            "max_gpus": max_gpus,
+            "max_cpus": max_cpus,
+            "gpu_hours": gpu_hours,
+            "cpu_hours": cpu_hours,
+            "period": period,
+        }
+        return await self._drive(self._plans.set_quota(subject, limits))
+
+    async def delete_quota(self, subject: str) -> None:
+        """See ``Client.delete_quota``."""
+        await self._drive(self._plans.delete_quota(subject))
 
 
 class AsyncRun(RunBase):

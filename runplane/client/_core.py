@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import random as random_module
 import time
 import uuid
@@ -33,6 +34,8 @@ from runplane.api.models import (
     OutputPage,
     PoolList,
     PoolView,
+    QuotaList,
+    QuotaView,
     RunPage,
     RunView,
     Token,
@@ -208,10 +211,11 @@ _KILL_PATH = "/v1/runs/"
 
 
 def repeatable(request: ApiRequest) -> bool:
-    """Whether sending ``request`` twice has the effect of sending it once: reads, deletes, a kill,
-    and a submit that carries an Idempotency-Key (the second finds the run the first made)."""
+    """Whether sending ``request`` twice has the effect of sending it once: reads, deletes, a PUT
+    (it stores the whole thing: a quota), a kill, and a submit that carries an Idempotency-Key
+    (the second finds the run the first made)."""
     method, path = request.method.upper(), request.path
-    if method in ("GET", "HEAD", "OPTIONS", "DELETE"):
+    if method in ("GET", "HEAD", "OPTIONS", "DELETE", "PUT"):
         return True
     if method != "POST":
         return False
@@ -374,9 +378,10 @@ class Plans:
         network: bool,
         tag: str | None,
         idempotency_key: str | None,
+        group: str | None = None,
     ) -> Plan[tuple[RunView, bool]]:
         """The run and whether it was made now (201) rather than found by its key (200)."""
-        body = submit_body(command, image, resources, limits, queue, name, env, inputs, network, tag)
+        body = submit_body(command, image, resources, limits, queue, name, env, inputs, network, tag, group)
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         response = yield from self.raw("POST", "/v1/runs", body, headers={"Idempotency-Key": key})
         return parse(RunView, response), response.status == 201
@@ -534,6 +539,34 @@ class Plans:
     def revoke_token(self, token_id: str) -> Plan[None]:
         yield from self.raw("DELETE", f"/v1/tokens/{_quote(token_id)}")
 
+    # quotas
+
+    def quotas(self) -> Plan[list[QuotaView]]:
+        return (yield from self._get(QuotaList, "/v1/quotas")).quotas
+
+    def quota(self, subject: str) -> Plan[QuotaView]:
+        return self._get(QuotaView, quota_path(subject))
+
+    def set_quota(self, subject: str, limits: Mapping[str, Any]) -> Plan[QuotaView]:
+        """Raises ValueError for a limit that is not a finite number (JSON has no other)."""
+        body = {k: v for k, v in limits.items() if v is not None}
+        for key, value in body.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{key} must be a finite number, got {value}")
+        return parse(QuotaView, (yield from self.raw("PUT", quota_path(subject), body)))
+
+    def delete_quota(self, subject: str) -> Plan[None]:
+        yield from self.raw("DELETE", quota_path(subject))
+
+
+def quota_path(subject: str) -> str:
+    """Where the quota of ``subject`` is: ``alice`` is the user alice, ``@vision`` the group
+    vision (a user name never starts with @). Raises ValueError for an empty one."""
+    kind, name = ("groups", subject[1:]) if subject.startswith("@") else ("users", subject)
+    if not name:
+        raise ValueError(f"{subject!r} names no user or group: give a user (alice) or a group (@vision)")
+    return f"/v1/quotas/{kind}/{_quote(name)}"
+
 
 def submit_body(
     command: str,
@@ -546,6 +579,7 @@ def submit_body(
     inputs: Mapping[str, str] | None,
     network: bool,
     tag: str | None,
+    group: str | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST /v1/runs``: only what was given (the API fills in the pool's defaults and
     checks every value, so a bad one comes back as InvalidRequest)."""
@@ -555,7 +589,7 @@ def submit_body(
         wanted = dict(resources or {})
     wanted.update({k: v for k, v in limits.items() if v is not None})
     body: dict[str, Any] = {"command": command}
-    optional = {"image": image, "queue": queue, "name": name, "tag": tag}
+    optional = {"image": image, "queue": queue, "name": name, "tag": tag, "group": group}
     body.update({k: v for k, v in optional.items() if v is not None})
     if wanted:
         body["resources"] = wanted

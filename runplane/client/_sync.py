@@ -11,7 +11,18 @@ from typing import Any, TypeVar
 
 import httpx
 
-from runplane.api.models import LogPage, Me, OutputFile, PoolView, RunPage, RunView, Token, TokenCreated, WorkerView
+from runplane.api.models import (
+    LogPage,
+    Me,
+    OutputFile,
+    PoolView,
+    QuotaView,
+    RunPage,
+    RunView,
+    Token,
+    TokenCreated,
+    WorkerView,
+)
 from runplane.client._core import (
     USER_AGENT,
     Dropped,
@@ -180,13 +191,16 @@ class Client:
         network: bool = False,
         tag: str | None = None,
         idempotency_key: str | None = None,
+        group: str | None = None,
     ) -> Run:
         """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
         sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
         one when none is given), so trying again after no answer makes no second run; with the
         same ``idempotency_key`` and request, the earlier run comes back with ``created`` False.
-        Raises InvalidRequest for a request no pool can run, Conflict for a key used for a
-        different request."""
+        ``group``: the group the run is charged to besides you (one of yours; default your only
+        group, if you have exactly one). Raises InvalidRequest for a request no pool can run, a
+        group that is not yours or a run that alone exceeds a quota, Conflict for a key used for
+        a different request."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
         plan = self._plans.submit(
             command,
@@ -200,6 +214,7 @@ class Client:
             network=network,
             tag=tag,
             idempotency_key=idempotency_key,
+            group=group,
         )
         view, created = self._drive(plan)
         return Run(self, view, created)
@@ -295,6 +310,46 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         self._drive(self._plans.revoke_token(token_id))
+
+    # --- quotas -----------------------------------------------------------------------------
+
+    def quotas(self) -> list[QuotaView]:
+        """Quotas with their use: every one (an admin), or those that apply to you (your own and
+        your groups')."""
+        return self._drive(self._plans.quotas())
+
+    def quota(self, subject: str) -> QuotaView:
+        """The quota of ``subject`` (a user, ``alice``, or a group, ``@vision``) with its use.
+        NotFound when there is none, or when it is not yours to see."""
+        return self._drive(self._plans.quota(subject))
+
+    def set_quota(
+        self,
+        subject: str,
+        *,
+        max_running: int | None = None,
+        max_gpus: int | None = None,
+        max_cpus: float | None = None,
+        gpu_hours: float | None = None,
+        cpu_hours: float | None = None,
+        period: str | None = None,
+    ) -> QuotaView:
+        """Set the quota of ``subject`` (``alice`` or ``@vision``; admin). The limits given replace
+        all it had: one left out does not apply. Budgets count per ``period`` (day, week or
+        month, UTC; default month). Raises InvalidRequest for a limit that is not acceptable."""
+        limits = {
+            "max_running": max_running,
+            "max_gpus": max_gpus,
+            "max_cpus": max_cpus,
+            "gpu_hours": gpu_hours,
+            "cpu_hours": cpu_hours,
+            "period": period,
+        }
+        return self._drive(self._plans.set_quota(subject, limits))
+
+    def delete_quota(self, subject: str) -> None:
+        """Remove the quota of ``subject`` (admin); NotFound when there is none."""
+        self._drive(self._plans.delete_quota(subject))
 
 
 class Run(RunBase):

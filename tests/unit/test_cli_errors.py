@@ -62,6 +62,8 @@ def one_error_line(proc: subprocess.CompletedProcess, code: int) -> str:
         (["token", "create"], "error: Missing argument 'user'.", "token create"),
         (["logs", "--tail", "-1"], "error: Invalid value for '--tail'", "logs"),
         (["statsu"], "error: No such command 'statsu'.", ""),
+        (["quota", "set", "alice", "--period", "year"], "error: Invalid value for '--period'", "quota set"),
+        (["quota", "set", "alice", "--max-gpus", "-1"], "error: Invalid value for '--max-gpus'", "quota set"),
     ],
 )
 def test_mistyped_commands_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message, command):
@@ -76,6 +78,13 @@ def test_mistyped_commands_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys
         (["kill", "--state", "queued", "r-1"], "error: --state goes with --all"),
         (["kill", "--all", "r-1"], "error: give run ids or --all, not both"),
         (["run", "--env", "NOEQUALS", "--", "x"], "error: --env must look like NAME=VALUE, got 'NOEQUALS'"),
+        (
+            ["quota", "set", "alice"],
+            "error: give at least one of --max-running, --max-gpus, --max-cpus, --gpu-hours, --cpu-hours, "
+            "--period (runplane quota rm removes a quota)",
+        ),
+        (["quota", "set", "alice", "--cpu-hours", "inf"], "error: --cpu-hours must be a finite number, got inf"),
+        (["quota", "show", "@"], "error: '@' names no user or group: give a user (alice) or a group (@vision)"),
     ],
 )
 def test_bad_combinations_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message):

@@ -36,7 +36,14 @@ from tests.conftest import POOLS_FILE
 
 DOC_URI = "urn:runplane:openapi"
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
-TOKENS = {"admin": "wire-admin", "alice": "wire-alice", "bob": "wire-bob", "reader": "wire-reader", "empty": "wire-eve"}
+TOKENS = {
+    "admin": "wire-admin",
+    "alice": "wire-alice",
+    "bob": "wire-bob",
+    "reader": "wire-reader",
+    "empty": "wire-eve",
+    "carol": "wire-carol",
+}
 Send = Callable[[str, str, dict[str, str], bytes], tuple[int, dict[str, str], bytes]]
 
 
@@ -194,7 +201,8 @@ def wire(request, stack, monkeypatch):
     """The process-wide stack the fronts use, on the contract suite's fresh stack (moto or
     Azurite), with the users of TOKENS; yields a Wire through that cloud's front."""
     settings = stack.settings
-    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
+    tables = ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_QUOTAS_TABLE")
+    for name in (*tables, "RUNPLANE_POOLS_TABLE", "RUNPLANE_BUCKET"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RUNPLANE_CLOUD", settings.cloud)
     monkeypatch.setenv("RUNPLANE_PREFIX", settings.prefix)
@@ -212,6 +220,7 @@ def wire(request, stack, monkeypatch):
     register_token(s.tokens, TOKENS["bob"], "bob")
     register_token(s.tokens, TOKENS["reader"], "alice", scopes=["runs:read"])
     register_token(s.tokens, TOKENS["empty"], "eve", scopes=[])
+    register_token(s.tokens, TOKENS["carol"], "carol", groups=["vision"])
     yield Wire(send, Contract(openapi_document()))
     bootstrap.stack.cache_clear()
 
@@ -316,6 +325,61 @@ def _tokens(wire: Wire) -> None:
     assert wire("DELETE", "/v1/tokens/tok-0123456789abcdef", who="bob").status == 403
 
 
+def _quotas(wire: Wire) -> None:
+    """Set, read, list and remove quotas of users and groups; a user sees only those that apply to
+    them, and another's answers as one that does not exist."""
+    caps = {"max_running": 2, "max_gpus": 1, "gpu_hours": 12.5, "period": "week"}
+    made = wire("PUT", "/v1/quotas/users/alice", caps, who="admin")
+    assert made.status == 200 and made.body["max_gpus"] == 1 and made.body["max_cpus"] is None
+    assert made.body["usage"]["running"] == 0 and made.body["usage"]["period"].startswith("week:")
+    assert wire("PUT", "/v1/quotas/groups/vision", {"cpu_hours": 100}, who="admin").status == 200
+    assert wire("PUT", "/v1/quotas/users/dora%40example.com", {}, who="admin").body["name"] == "dora@example.com"
+    assert wire("PUT", "/v1/quotas/users/alice", caps).status == 403
+    assert wire("PUT", "/v1/quotas/groups/vision", caps, who="carol").status == 403
+    assert wire("PUT", "/v1/quotas/users/alice", caps, who=None).status == 401
+    assert wire("PUT", "/v1/quotas/users/alice", {"max_gpus": -1}, who="admin").status == 422
+    assert wire("PUT", "/v1/quotas/groups/Not-A-Group", {}, who="admin").status == 422
+    assert wire("PUT", "/v1/quotas/groups/vision", data=b"[]", who="admin").status == 400
+    assert wire("PUT", "/v1/quotas/users/alice", {"x": "y" * 300_000}, who="admin").status == 413
+
+    assert wire("GET", "/v1/quotas/users/alice").body["gpu_hours"] == 12.5
+    assert wire("GET", "/v1/quotas/groups/vision", who="carol").body["cpu_hours"] == 100
+    hidden = wire("GET", "/v1/quotas/users/alice", who="bob")
+    missing = wire("GET", "/v1/quotas/users/nobody", who="admin")
+    assert (hidden.status, missing.status) == (404, 404)
+    assert wire("GET", "/v1/quotas/groups/vision").status == 404  # alice is not of the group
+    assert wire("GET", "/v1/quotas/users/bad%20name", who="admin").status == 404
+    assert wire("GET", "/v1/quotas/groups/vision", who="empty").status == 403
+    assert wire("GET", "/v1/quotas/users/alice", who=None).status == 401
+
+    every = wire("GET", "/v1/quotas", who="admin")
+    assert [(q["kind"], q["name"]) for q in every.body["quotas"]] == [
+        ("user", "alice"),
+        ("user", "dora@example.com"),
+        ("group", "vision"),
+    ]
+    assert [q["name"] for q in wire("GET", "/v1/quotas").body["quotas"]] == ["alice"]
+    assert [q["name"] for q in wire("GET", "/v1/quotas", who="carol").body["quotas"]] == ["vision"]
+    assert wire("GET", "/v1/quotas", who="bob").body == {"quotas": []}
+    assert wire("GET", "/v1/quotas", who="empty").status == 403
+    assert wire("GET", "/v1/quotas", who=None).status == 401
+
+    charged = wire("POST", "/v1/runs", PARKED, who="carol")
+    assert charged.status == 201 and charged.body["group"] == "vision"  # the only group of hers
+    assert wire("POST", "/v1/runs", {**PARKED, "group": "vision"}).status == 422  # not alice's
+    assert wire("POST", f"/v1/runs/{charged.body['id']}/kill", who="carol").status == 202
+
+    assert wire("DELETE", "/v1/quotas/groups/vision", who="carol").status == 403
+    assert wire("DELETE", "/v1/quotas/groups/vision", who="admin").status == 204
+    assert wire("DELETE", "/v1/quotas/groups/vision", who="admin").status == 404
+    assert wire("GET", "/v1/quotas/groups/vision", who="carol").status == 404
+    assert wire("DELETE", "/v1/quotas/users/alice").status == 403
+    assert wire("DELETE", "/v1/quotas/users/alice", who=None).status == 401
+    assert wire("DELETE", "/v1/quotas/users/alice", who="admin").status == 204
+    assert wire("DELETE", "/v1/quotas/users/-bad", who="admin").status == 404
+    assert wire("POST", "/v1/quotas", {}, who="admin").status == 405
+
+
 def test_every_answer_agrees_with_the_document(wire):
     assert wire("GET", "/v1/health", who=None).status == 200
     document = wire("GET", "/v1/openapi.json", who=None)
@@ -324,6 +388,7 @@ def test_every_answer_agrees_with_the_document(wire):
     _logs_and_outputs(wire, run_id)
     _fleet(wire, run_id)
     _tokens(wire)
+    _quotas(wire)
 
     killed = wire("POST", f"/v1/runs/{run_id}/kill")
     assert killed.status == 202 and killed.body["state"] == "killed" and killed.body["failure"]["reason"] == "killed"
