@@ -2,36 +2,61 @@
 
 Exit codes (README.md): 0 success; under ``--wait`` the run's own code, 5 when it has none, 124
 timed out, 137 killed; 2 usage (also 400/422 answers); 3 refused (401/403/404/409/...); 4
-unreachable. Errors are one line on stderr."""
+unreachable. Errors are one line on stderr.
 
+Each ``cli()`` is a process of its own, forked from an interpreter that has imported the CLI
+already (tests/forkserver.py), with its own arguments, environment, directory and pipes: the
+import, not the command, is most of a short invocation. The tests that watch a process as it runs
+(``logs -f``, a ``run --wait`` killed by another client, a terminal) start ``python -m
+runplane.cli`` itself."""
+
+import atexit
+import functools
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 import uuid
 
 import pytest
 
 from runplane.client import Client
 from tests.conftest import wait_for, wait_state
+from tests.forkserver import ForkServer
 
 pytestmark = pytest.mark.docker
 
 
+def clean_environ():
+    return {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
+
+
+_STARTING = threading.Lock()
+
+
+def cli_processes():
+    """The fork server of ``cli()``: started on first use, stopped when the tests end."""
+    with _STARTING:
+        return _cli_processes()
+
+
+@functools.cache
+def _cli_processes():
+    server = ForkServer([sys.executable], ["runplane.cli.main"], clean_environ())
+    atexit.register(server.stop)
+    return server
+
+
 def cli(devstack, *args, cwd=None, token="alice-token", home=None, timeout=120, env=None, stdin=None):
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
-    base = {**clean, "RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": token}
+    """``python -m runplane.cli ARGS`` as ``subprocess.run(capture_output=True, text=True)`` gives
+    it, talking to ``devstack`` with ``token``; ``home``: its HOME (profiles, the last run)."""
+    base = {**clean_environ(), "RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": token}
     if home is not None:
         base.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"))
-    return subprocess.run(
-        [sys.executable, "-m", "runplane.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env={**base, **(env or {})},
-        timeout=timeout,
-        input=stdin,
+    return cli_processes().run(
+        {"module": "runplane.cli"}, list(args), cwd=cwd, env={**base, **(env or {})}, timeout=timeout, input=stdin
     )
 
 
@@ -111,7 +136,7 @@ def test_logs_ls_kill(devstack, docker_client, tmp_path):
 @pytest.mark.slow
 def test_logs_tail(devstack, docker_client, tmp_path):
     """--tail N prints the last N lines; with -f it then follows the run to its end."""
-    proc = cli(devstack, "run", "--", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.5; done", home=tmp_path)
+    proc = cli(devstack, "run", "--", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.2; done", home=tmp_path)
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
     lines = lambda: cli(devstack, "logs", run_id, home=tmp_path).stdout.splitlines()  # noqa: E731

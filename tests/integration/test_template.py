@@ -8,6 +8,7 @@ the Lambda entrypoints.
 from __future__ import annotations
 
 import ast
+import contextlib
 import fnmatch
 import importlib
 import json
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,8 @@ from tests.cfn_template import (
     functions,
     load_template,
 )
+from tests.forkserver import HERE as FORKSERVER
+from tests.forkserver import ForkServer
 
 HOOK = ROOT / "localstack" / "init" / "ready.d" / "10-runplane.sh"
 SAM_VENV = ROOT / ".venv-sam"
@@ -108,6 +112,7 @@ def cfn_lint() -> Path:
 
 
 def test_cfn_lint_accepts_template() -> None:
+    """What `sam validate --lint` runs: cfn-lint, on the template."""
     done = run_tool([str(cfn_lint()), str(TEMPLATE)])
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -128,17 +133,11 @@ def test_cfn_lint_accepts_several_pools_with_symbols(tmp_path: Path) -> None:
 
 @pytest.mark.sam
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(
-    "args",
-    [
-        pytest.param(["--lint"], id="lint"),
-        # The SAM transform itself, on the template with Fn::ForEach expanded locally.
-        pytest.param(["--language-extensions"], id="transform"),
-    ],
-)
-def test_sam_validate(args: list[str]) -> None:
+def test_sam_validate() -> None:
+    """The SAM transform itself, on the template with Fn::ForEach expanded locally. (With --lint,
+    `sam validate` would run cfn-lint on the template, as test_cfn_lint_accepts_template does.)"""
     ensure_sam_venv()
-    done = run_tool([str(SAM), "validate", "--template-file", str(TEMPLATE), *args])
+    done = run_tool([str(SAM), "validate", "--template-file", str(TEMPLATE), "--language-extensions"])
     assert done.returncode == 0, done.stdout + done.stderr
     assert "is a valid SAM Template" in done.stdout + done.stderr
 
@@ -191,6 +190,7 @@ TABLES = {
     "WorkersTable": "workers_table",
     "TokensTable": "tokens_table",
     "PoolsTable": "pools_table",
+    "QuotasTable": "quotas_table",
 }
 
 
@@ -322,7 +322,7 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     runplane_vars = {n for n in _environment_names(template) if n.startswith(prefix)}
     unknown = {n for n in runplane_vars if n[len(prefix) :].lower() not in fields}
     assert not unknown, f"the template sets variables StackSettings does not read: {sorted(unknown)}"
-    needed = {"prefix", "runs_table", "workers_table", "tokens_table", "bucket", "pools"}
+    needed = {"prefix", "runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "bucket", "pools"}
     assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
     # And the settings really read them: every variable lands in its field.
     environ = {name: f"from-{name.lower()}" for name in runplane_vars}
@@ -337,6 +337,7 @@ def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> N
     assert variables["RUNPLANE_WORKERS_TABLE"] == {"Ref": "WorkersTable"}
     assert variables["RUNPLANE_TOKENS_TABLE"] == {"Ref": "TokensTable"}
     assert variables["RUNPLANE_POOLS_TABLE"] == {"Ref": "PoolsTable"}
+    assert variables["RUNPLANE_QUOTAS_TABLE"] == {"Ref": "QuotasTable"}
     assert variables["RUNPLANE_BUCKET"] == {"Ref": "DataBucket"}
     assert variables["RUNPLANE_PREFIX"] == {"Ref": "Prefix"}
     assert variables["RUNPLANE_POOLS"] == {"Ref": "PoolsJson"}
@@ -372,7 +373,7 @@ def test_functions_and_their_workers_get_the_stack_region(template: dict[str, An
 
 def test_hook_creates_the_same_names_and_indexes(provisioned: Provisioned) -> None:
     text = HOOK.read_text()
-    for suffix in ("runs", "workers", "tokens", "pools", "data"):
+    for suffix in ("runs", "workers", "tokens", "pools", "quotas", "data"):
         assert f"$prefix-{suffix}" in text
     assert '"$prefix-pool-$pool" "$pool_visibility"' in text
     assert '"$prefix-events" "$events_visibility"' in text
@@ -411,15 +412,50 @@ def test_hook_values_are_those_of_resources() -> None:
     }.items() <= values.items()
 
 
+def aws_cli_script() -> tuple[Path, list[str] | None]:
+    """The ``aws`` on PATH, seen through a pyenv shim: its path, and the interpreter of its
+    shebang when it is a Python script (the CLI's version 1), else None."""
+    found = shutil.which("aws")
+    assert found is not None, "the aws CLI is not on PATH: scripts/setup.sh --test installs it"
+    script = Path(found)
+    pyenv = shutil.which("pyenv")
+    with script.open("rb") as f:
+        head = f.read(4096).decode(errors="replace")
+    if pyenv and "pyenv" in head:
+        which = subprocess.run([pyenv, "which", "aws"], capture_output=True, text=True, timeout=60)
+        assert which.returncode == 0, which.stderr
+        script = Path(which.stdout.strip())
+    with script.open("rb") as f:
+        first = f.readline().decode(errors="replace")
+    return script, (first[2:].split() if first.startswith("#!") and "python" in first else None)
+
+
+@contextlib.contextmanager
+def awslocal(bin_dir: Path, endpoint: str, env: dict[str, str]) -> Iterator[Path]:
+    """``bin_dir/awslocal``: LocalStack's awslocal, played by the aws CLI against ``endpoint``.
+    The hook calls it some thirty times a run; each call is a process of the aws CLI forked from
+    one that has imported it (tests/forkserver.py), as the import is most of a call."""
+    script, interpreter = aws_cli_script()
+    shim = bin_dir / "awslocal"
+    if interpreter is None:  # not a Python script: each call starts it
+        shim.write_text(f'#!/bin/sh\nexec {script} --endpoint-url {endpoint} "$@"\n')
+        shim.chmod(0o755)
+        yield shim
+        return
+    server = ForkServer(interpreter, ["awscli.clidriver", "awscli.handlers"], env)
+    try:
+        client = f"{sys.executable} -I -S {FORKSERVER} --client {server.socket} --path {script}"
+        shim.write_text(f'#!/bin/sh\nexec {client} -- --endpoint-url {endpoint} "$@"\n')
+        shim.chmod(0o755)
+        yield shim
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_path: Path) -> None:
     """Run the hook (twice: it is idempotent) against moto's server, compare with provision().
     The aws CLI stands in for LocalStack's awslocal; scripts/setup.sh --test installs it."""
-    aws = shutil.which("aws")
-    assert aws is not None, "the aws CLI is not on PATH: scripts/setup.sh --test installs it"
-    shim = tmp_path / "awslocal"
-    shim.write_text(f'#!/bin/sh\nexec {aws} --endpoint-url {moto_endpoint} "$@"\n')
-    shim.chmod(0o755)
     tag = uuid.uuid4().hex[:8]
     hook, ref = AwsNames(prefix=f"hook{tag}"), AwsNames(prefix=f"ref{tag}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "AWS_"))}
@@ -431,9 +467,12 @@ def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_pat
         "RUNPLANE_PREFIX": hook.prefix,
         "RUNPLANE_POOL_NAMES": " , ".join(POOLS),
     }
-    for _ in range(2):
-        done = subprocess.run(["bash", str(HOOK)], env=env, capture_output=True, text=True, timeout=240, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
+    with awslocal(tmp_path, moto_endpoint, env):
+        for _ in range(2):
+            done = subprocess.run(
+                ["bash", str(HOOK)], env=env, capture_output=True, text=True, timeout=240, check=False
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
 
     session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
     ddb, sqs, s3 = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3"))
@@ -500,11 +539,13 @@ def test_sam_gives_each_function_only_the_templates_statements() -> None:
 @pytest.mark.slow
 def test_sam_build_packages_the_functions_and_nothing_else(tmp_path: Path) -> None:
     """`sam build` (makefile build method) gives each function its code and Lambda dependencies,
-    small enough for Lambda, importable with nothing else on the path."""
+    small enough for Lambda, importable with nothing else on the path. (--parallel: the three
+    builds, each a pip install, at once; each still has a directory of its own.)"""
     ensure_sam_venv()
     out = tmp_path / "build"
     done = run_tool(
-        [str(SAM), "build", "--language-extensions", "--build-in-source", "--build-dir", str(out)], timeout=600
+        [str(SAM), "build", "--language-extensions", "--build-in-source", "--parallel", "--build-dir", str(out)],
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name in ("ApiFunction", "DispatcherFunction", "ReaperFunction"):

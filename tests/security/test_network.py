@@ -216,9 +216,10 @@ def stand_in(docker_client, driver: str, tmp_path: Path) -> Iterator[StandIn]:
 def _remove_network(docker_client, network) -> None:
     """Remove the network and what is still on it (an agent may be removing it at the same time)."""
     for _ in range(50):
-        for container in docker_client.containers.list(all=True, filters={"network": network.id}):
+        # The low-level list does not inspect each container, which would race with its removal.
+        for container in docker_client.api.containers(all=True, quiet=True, filters={"network": network.id}):
             with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True)
+                docker_client.api.remove_container(container["Id"], force=True)
         try:
             network.remove()
             return
