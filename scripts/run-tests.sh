@@ -8,7 +8,7 @@ scripts/build-images.sh
 .venv/bin/ruff check runplane worker_agent functions tests bench
 .venv/bin/mypy
 set +e
-.venv/bin/python -m pytest -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -p no:cacheprovider --durations=30 "$@"
 rc=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a failure here, not a pass.
