@@ -52,6 +52,7 @@ bench: setup image
 	$(PY) bench/upload_throughput.py
 	$(PY) bench/kill_latency.py
 	$(PY) bench/dispatch_decision.py
+	$(PY) bench/admission.py
 	$(PY) bench/first_worker.py
 	$(PY) bench/containment_costs.py
 	$(PY) bench/network_cost.py

@@ -6,6 +6,7 @@ Every implementation of a port passes the same contract suite (tests/integration
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from runplane.domain.models import (
     ApiToken,
     DispatchEvent,
     Event,
+    Lane,
     Pool,
     PoolRecord,
     Quota,
@@ -89,6 +91,14 @@ class RunStore(Protocol):
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         """Number of runs of a queue in a state, counting at most ``cap``."""
+        ...
+
+    def head(self, queue: str, limit: int, priority: int | None = None) -> builtins.list[Run]:
+        """The first ``limit`` queued runs of ``queue`` (a pool) in the order they should start
+        (``run_rank``: higher priority, then smaller fair tag, then older, then id); with
+        ``priority``, only the runs of that priority. One query, whatever the length of the queue.
+        On DynamoDB it reads an index, which may lag a write by a moment: a run just claimed may
+        still show, so a caller claims conditionally as always."""
         ...
 
 
@@ -250,6 +260,16 @@ class QuotaStore(Protocol):
 
     def list_usage(self) -> list[UsageRecord]:
         """Every usage record."""
+        ...
+
+    def lane(self, pool: str, user: str) -> Lane:
+        """The user's lane in ``pool`` (strongly consistent), or a fresh one with ``version`` 0."""
+        ...
+
+    def save_lane(self, lane: Lane) -> Lane:
+        """Store ``lane`` if the stored version is still ``lane.version`` (0: none stored); returns
+        the stored lane (``version`` + 1). Raises ConditionFailed when another writer got there
+        first. Atomic."""
         ...
 
     def list(self) -> list[Quota]:

@@ -89,6 +89,10 @@ class AgentProcess:
 def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    from runplane.devstack.aws import atomic_dynamodb_items
+
+    atomic_dynamodb_items()
+
     for key, value in {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",

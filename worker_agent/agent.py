@@ -3,6 +3,7 @@ when told to, when idle, or after N runs."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
@@ -17,14 +18,14 @@ import requests
 
 from runplane import __version__
 from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import Run, RunState, Worker, refuses
+from runplane.domain.models import Run, RunState, Worker, refuses, run_rank
 from runplane.ports import Delivery, Expect, WorkerRegistry
 from runplane.services import admission, lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_labels, holds, remove_container
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
 from worker_agent.network import NetworkCheck
-from worker_agent.resources import Allocator, Gpu, host_cpus
+from worker_agent.resources import Allocation, Allocator, Gpu, host_cpus
 from worker_agent.settings import default
 from worker_agent.trees import remove_tree
 from worker_agent.users import ImageUsers
@@ -38,6 +39,9 @@ HOLD_SECONDS = 10
 # The most the agent waits at start for the engine to remove one container left by a previous
 # life (the engine goes on removing it after that); a run's own removal may take remove_seconds.
 STARTUP_REMOVE_SECONDS = 60.0
+# How many runs at the front of its pool's line a worker looks at when a hint comes: it starts the
+# first of them it can take, which may be ahead of the hinted run (docs/scheduling.md).
+PICK_WINDOW = 8
 
 
 @dataclass(frozen=True)
@@ -231,9 +235,9 @@ class Agent:
                      run.attempt + 1)  # fmt: skip
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
             return
-        not_ours = refuses(
-            self.config.tag, self.config.tag_exclusive, self.config.group, run, network_refused=self.network_refused
-        )
+        if self._take_ahead_of(run, delivery):
+            return
+        not_ours = self._refuses(run)
         if not_ours:
             log.debug("run %s is not for this worker: %s", run.id, not_ours)
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
@@ -249,11 +253,71 @@ class Agent:
         if not self._admit(run, delivery):
             self.allocator.release(run.id)
             return
+        claimed = self._claim(run, allocation)
+        self.ports.queue.delete(self.config.pool, delivery)
+        if claimed is not None:
+            self._start(claimed, allocation)
+
+    def _refuses(self, run: Run) -> str | None:
+        return refuses(
+            self.config.tag, self.config.tag_exclusive, self.config.group, run, network_refused=self.network_refused
+        )
+
+    def _take_ahead_of(self, hinted: Run, delivery: Delivery) -> bool:
+        """Start the first run queued ahead of ``hinted`` in the pool's line (``RunStore.head``,
+        the first PICK_WINDOW) that this worker can take, with the checks ``hinted`` would get;
+        then ``hinted``'s hint goes back to the queue at once, for another worker. False when
+        none ahead could start here (or the line could not be read): ``hinted`` is taken as its
+        hint says. Runs waiting for a quota or a budget are left alone: the release that makes
+        their room sends their hints again."""
         try:
-            claimed = lifecycle.claim(
+            line = self.ports.store.head(self.config.pool, PICK_WINDOW)
+        except RunplaneError as e:
+            log.warning("cannot read the line of pool %s: %s", self.config.pool, e)
+            return False
+        rank = run_rank(hinted)
+        for ahead in itertools.takewhile(lambda r: run_rank(r) < rank, line):
+            with self._lock:
+                ending_here = ahead.id in self.active
+            if (
+                ahead.id == hinted.id
+                or ending_here
+                or self._refuses(ahead)
+                or (ahead.waiting_reason or "").startswith(("quota:", "budget:"))
+            ):
+                continue
+            res = ahead.spec.resources
+            if self.allocator.fits_at_all(res.cpus, res.gpus):
+                continue
+            try:  # the line is read from an index that may lag: the run itself, as it is now
+                run = self.ports.store.get(ahead.id)
+            except RunplaneError:
+                continue
+            if run.state != RunState.QUEUED or run.attempt != ahead.attempt:
+                continue
+            allocation = self.allocator.allocate(run.id, res.cpus, res.gpus)
+            if allocation is None:
+                continue
+            if not self._reserve(run):
+                self.allocator.release(run.id)
+                continue
+            claimed = self._claim(run, allocation)
+            if claimed is None:
+                continue
+            log.info("run %s is ahead of run %s in line: taken first", run.id, hinted.id)
+            self.ports.queue.release(self.config.pool, delivery, 0)
+            self._start(claimed, allocation)
+            return True
+        return False
+
+    def _claim(self, run: Run, allocation: Allocation) -> Run | None:
+        """Claim the queued attempt of ``run`` (its room reserved, ``allocation`` made); None when
+        another write came first: the allocation and the holds are given back."""
+        try:
+            return lifecycle.claim(
                 self.ports.store,
                 run,
-                msg.attempt,
+                run.attempt,
                 self.config.worker_id,
                 self.config.lease_seconds,
                 self.clock(),
@@ -264,11 +328,11 @@ class Agent:
             stored = e.details.get("run")
             # the holds are the attempt's, not the worker's: one that another worker claimed (on a
             # duplicate hint) keeps them, and that worker releases them when the attempt ends
-            if not isinstance(stored, Run) or stored.attempt != msg.attempt + 1:
-                self._unreserve(run, msg.attempt + 1)
-            self.ports.queue.delete(self.config.pool, delivery)
-            return
-        self.ports.queue.delete(self.config.pool, delivery)
+            if not isinstance(stored, Run) or stored.attempt != run.attempt + 1:
+                self._unreserve(run, run.attempt + 1)
+            return None
+
+    def _start(self, claimed: Run, allocation: Allocation) -> None:
         executor = RunExecutor(
             claimed,
             self.ports,
@@ -293,14 +357,24 @@ class Agent:
         False when there is none: the run stays queued with the reason, and its hint goes (the
         release that makes room, or the reaper, sends a new one); or when the quota store failed
         (the hint comes back after a delay)."""
+        admitted = self._reserve(run)
+        if admitted is None:
+            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+        elif not admitted:
+            self.ports.queue.delete(self.config.pool, delivery)
+        return bool(admitted)
+
+    def _reserve(self, run: Run) -> bool | None:
+        """Reserve room for the attempt the claim makes under its owner's and group's quotas:
+        True when there is room (or no quota store); False when there is none, recorded as the
+        run's waiting reason; None when the quota store failed."""
         if self.ports.quotas is None:
             return True
         try:
             reason = admission.reserve(self.ports.quotas, run, run.attempt + 1, self.clock())
         except Exception as e:  # whatever the quota store met: not now, and never the agent's end
             log.warning("run %s: cannot reserve its quota now: %s", run.id, e)
-            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
-            return False
+            return None
         if reason is None:
             return True
         log.info("run %s waits: %s", run.id, reason)
@@ -313,7 +387,6 @@ class Agent:
                 pass  # claimed or ended meanwhile
             except RunplaneError as e:
                 log.warning("run %s: could not record why it waits: %s", run.id, e)
-        self.ports.queue.delete(self.config.pool, delivery)
         return False
 
     def _unreserve(self, run: Run, attempt: int) -> None:

@@ -24,6 +24,7 @@ import docker.errors
 import requests
 from docker.types import LogConfig, Mount
 
+from runplane.domain.accounting import Rates, charge
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
 from runplane.domain.models import RUN_ID_PATTERN, FailureReason, Run, RunState, Usage
 from runplane.domain.units import format_bytes, format_duration
@@ -66,6 +67,7 @@ class ExecutorConfig:
     allow_root: bool = False
     max_output_files: int = 100_000
     max_log_size: int = 1024**3
+    rates: Rates = field(default_factory=Rates)  # the pool's shape and price: what runs are charged
     docker_log_size: str = default("docker_log_size")  # Docker's own json log of a run: two files of at most this
     inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)
     disk_sample_share: float = 0.05  # the most of its time the agent spends walking a run's files
@@ -141,7 +143,9 @@ class RunExecutor:
         self.clock = clock
         self.on_done = on_done
         self.flags = _Flags()
-        self.usage = Usage()
+        # what earlier attempts used, carried on: the run's figures are of all its attempts
+        self.before = Usage(cpu_seconds=run.usage.cpu_seconds, gpu_seconds=run.usage.gpu_seconds, cost=run.usage.cost)
+        self.usage = self.before.model_copy(deep=True)
         self.container: Any = None
         # the run's id names its directory (made, chowned, removed): only an id that is one
         self.valid_id = _RUN_ID.fullmatch(run.id) is not None
@@ -243,13 +247,20 @@ class RunExecutor:
         message = f"container started on worker {self.config.worker_id}"
         self._set_run(lifecycle.advance(self.ports.store, run, RunState.RUNNING, started, message))
         outcome = self._watch(started, logs)
-        self.usage.timings["run"] = round(self.clock() - started, 3)
+        ran = self.usage.timings["run"] = round(self.clock() - started, 3)
+        self._charge(ran)
         if self.flags.lease_lost.is_set():
             raise LeaseLost(f"run {run.id} attempt {run.attempt} was taken away")
         if self.flags.requeue.is_set() and outcome.state != RunState.SUCCEEDED:
             self._flush_logs()
             lifecycle.requeue(
-                self.ports.store, self.ports.queue, self.run, self.clock(), "worker terminated", charge=False
+                self.ports.store,
+                self.ports.queue,
+                self.run,
+                self.clock(),
+                "worker terminated",
+                charge=False,
+                usage=self.usage,
             )
             return
         if not outcome.upload:  # over a limit, or the container may still run: nothing is read
@@ -605,6 +616,7 @@ class RunExecutor:
             if now >= next_usage:
                 next_usage = now + self.config.usage_seconds
                 self._sample_usage()
+                self._charge(now - started)  # the heartbeat records it: a lost attempt counts so far
             stopped = stopped or sampler.over or self._log_limit()
             if stopped is not None:
                 return stopped
@@ -697,9 +709,16 @@ class RunExecutor:
                 sample = None
         if sample is not None:
             if sample.cpu_seconds is not None:
-                self.usage.cpu_seconds = round(sample.cpu_seconds, 3)
+                self.usage.cpu_seconds = round((self.before.cpu_seconds or 0.0) + sample.cpu_seconds, 3)
             if sample.memory_peak is not None:
                 self.usage.memory_peak = max(self.usage.memory_peak or 0, sample.memory_peak)
+
+    def _charge(self, ran: float) -> None:
+        """Record GPU-seconds and cost of earlier attempts plus ``ran`` seconds of this one."""
+        gpu_seconds, cost = charge(self.run.spec.resources, self.config.rates, ran)
+        self.usage.gpu_seconds = round((self.before.gpu_seconds or 0.0) + gpu_seconds, 3)
+        if cost is not None:
+            self.usage.cost = (self.before.cost or 0.0) + cost
 
     def _check_disk(self, cancelled: Callable[[], bool] | None = None) -> Outcome | None:
         """Everything the run wrote against its limits: its output directory, its home directory

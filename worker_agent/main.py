@@ -17,6 +17,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
+from runplane.domain.accounting import Rates
 from runplane.domain.errors import RunplaneError
 from runplane.extras import requirement
 from worker_agent.preemption import PreemptionWatcher, make_probe
@@ -207,6 +208,7 @@ def agent_config(
             allow_root=pool.allow_root,
             max_output_files=pool.max_output_files,
             max_log_size=pool.max_log_size,
+            rates=Rates(cpus=pool.cpus, gpus=pool.gpus, price_per_hour=pool.price_per_hour),
             docker_log_size=settings.docker_log_size,
             inputs_view=inputs_view,
         ),

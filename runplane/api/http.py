@@ -27,6 +27,7 @@ from runplane.api.models import (
     PoolList,
     QuotaLimits,
     QuotaList,
+    SetPriority,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -34,7 +35,7 @@ from runplane.api.models import (
 )
 from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
-from runplane.api.views import me_view, pool_view, quota_view, run_view, token_view, worker_view
+from runplane.api.views import me_view, pool_view, quota_view, run_view, token_view, usage_view, worker_view
 from runplane.domain import errors
 from runplane.domain.models import (
     RUN_ID_PATTERN,
@@ -46,7 +47,7 @@ from runplane.domain.models import (
     RunState,
     Worker,
 )
-from runplane.services import auth, quota_admin, runs, tenancy
+from runplane.services import auth, quota_admin, runs, tenancy, usage
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import MAX_OUTPUTS_PAGE, read_logs, read_outputs
 
@@ -312,6 +313,15 @@ def kill(run_id: str) -> Response[str]:
     return _json(202, run_view(runs.kill_run(s.store, principal, _run_id(run_id), s.clock)))
 
 
+@app.post("/v1/runs/<run_id>/priority")
+def set_priority(run_id: str) -> Response[str]:
+    principal = _principal("runs:write")
+    request: SetPriority = _model(SetPriority, _body_object())
+    s = bootstrap.stack()
+    run = runs.set_priority(s.store, s.pools, principal, _run_id(run_id), request.priority, s.clock)
+    return _json(200, run_view(run))
+
+
 @app.get("/v1/runs/<run_id>/logs")
 def logs(run_id: str) -> Response[str]:
     s = bootstrap.stack()
@@ -462,3 +472,28 @@ def set_group_quota(group: str) -> Response[str]:
 @app.delete("/v1/quotas/groups/<group>")
 def delete_group_quota(group: str) -> Response[str]:
     return _delete_quota("group", group)
+
+
+def _moment(name: str) -> float | None:
+    raw = app.current_event.get_query_string_value(name)
+    return None if raw is None else usage.parse_moment(name, raw)
+
+
+@app.get("/v1/usage")
+def usage_report() -> Response[str]:
+    principal = _principal("runs:read")
+    query = app.current_event.get_query_string_value
+    s = bootstrap.stack()
+    report = usage.usage_report(
+        s.store,
+        s.pools,
+        principal,
+        user=query("user") or None,
+        group=query("group") or None,
+        pool=query("pool") or None,
+        since=_moment("since"),
+        until=_moment("until"),
+        by=usage.parse_by(query("by")),
+        clock=s.clock,
+    )
+    return _json(200, usage_view(report))

@@ -80,6 +80,19 @@ class QuotaLimits(BaseModel):
     period: Period = Field(default="month", description="the calendar period (UTC) budgets are counted in")
 
 
+class SetPriority(BaseModel):
+    """``POST /v1/runs/{run_id}/priority``: the priority a queued run takes from now on.
+
+    A user may give a priority up to the run's pool's ``max_user_priority``; an admin, any. The
+    number must be a JSON integer (no text, no fraction, no boolean)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"priority": 80}]})
+
+    priority: int = Field(
+        ge=0, le=100, strict=True, description="0..100: the run starts before every waiting run of lower priority"
+    )
+
+
 class Token(BaseModel):
     """A token as listed: never its secret."""
 
@@ -172,7 +185,15 @@ class RunFailure(WireModel):
 
 
 class RunUsage(WireModel):
-    cpu_seconds: float | None = Field(default=None, description="CPU time used by the run's processes")
+    cpu_seconds: float | None = Field(default=None, description="CPU time used by the run's processes, all attempts")
+    gpu_seconds: float | None = Field(
+        default=None, description="its GPUs times the seconds its container ran, all attempts (null: it never ran)"
+    )
+    cost: float | None = Field(
+        default=None,
+        description="its pool's price_per_hour times the hours its container ran times its share of a worker "
+        "(the larger of its part of the worker's GPUs and of its cpus), all attempts; null on a pool without a price",
+    )
     memory_peak: int | None = Field(default=None, description="bytes, the most the run's container held")
     disk: int | None = Field(default=None, description="bytes written to outputs and scratch")
     timings: dict[str, float] = Field(default_factory=dict, description="seconds spent in each phase (pull, upload…)")
@@ -208,6 +229,7 @@ class RunView(WireModel):
                         "network": False,
                         "tag": None,
                         "group": "vision",
+                        "priority": 50,
                     },
                     "group": "vision",
                     "attempt": 0,
@@ -219,8 +241,16 @@ class RunView(WireModel):
                     "exit_code": None,
                     "failure": None,
                     "waiting_reason": "no idle worker in pool cpu; starting one",
+                    "priority": 50,
                     "kill_requested": False,
-                    "usage": {"cpu_seconds": None, "memory_peak": None, "disk": None, "timings": {}},
+                    "usage": {
+                        "cpu_seconds": None,
+                        "gpu_seconds": None,
+                        "cost": None,
+                        "memory_peak": None,
+                        "disk": None,
+                        "timings": {},
+                    },
                     "events": [{"at": "2026-11-23T09:30:00.125Z", "state": "queued", "message": "submitted"}],
                 }
             ]
@@ -243,6 +273,7 @@ class RunView(WireModel):
     exit_code: int | None = Field(description="the command's exit status, once it has one")
     failure: RunFailure | None = Field(description="why it did not succeed (failed, killed, timed_out)")
     waiting_reason: str | None = Field(description="queued only: why it is still waiting")
+    priority: int = Field(description="0..100: in its pool, it starts before every waiting run of lower priority")
     kill_requested: bool
     usage: RunUsage
     events: list[RunEvent] = Field(description="its timeline, oldest first")
@@ -406,3 +437,53 @@ class QuotaList(WireModel):
     their groups'. Users first, each kind by name."""
 
     quotas: list[QuotaView]
+
+
+UsageBy = Literal["user", "group", "pool"]
+"""What a usage report's rows are per."""
+
+
+class UsageRow(WireModel):
+    """What the runs of one user, group or pool used."""
+
+    key: str | None = Field(description="the user, the group (null: runs charged to no group) or the pool")
+    runs: int = Field(description="runs submitted in the window")
+    cpu_seconds: float = Field(description="CPU time their processes used")
+    gpu_seconds: float = Field(description="their GPUs times the seconds their containers ran")
+    cost: float | None = Field(description="what they cost (null: none ran on a pool with a price)")
+
+
+class UsageReport(WireModel):
+    """``GET /v1/usage``: what the runs submitted in ``[since, until)`` used, per ``by``, with the
+    totals. A user sees only their own runs; an admin anyone's. Runs under way count with what
+    they used so far."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {
+                    "by": "pool",
+                    "since": "2026-11-01T00:00:00.000Z",
+                    "until": "2026-11-23T09:30:00.125Z",
+                    "user": "ada",
+                    "group": None,
+                    "pool": None,
+                    "rows": [
+                        {"key": "cpu", "runs": 12, "cpu_seconds": 4210.5, "gpu_seconds": 0.0, "cost": 1.84},
+                        {"key": "gpu", "runs": 3, "cpu_seconds": 900.0, "gpu_seconds": 7200.0, "cost": 24.0},
+                    ],
+                    "total": {"key": None, "runs": 15, "cpu_seconds": 5110.5, "gpu_seconds": 7200.0, "cost": 25.84},
+                }
+            ]
+        },
+    )
+
+    by: UsageBy = Field(description="what the rows are per")
+    since: Timestamp = Field(description="the window's start: runs submitted at or after it count")
+    until: Timestamp = Field(description="the window's end: runs submitted before it count")
+    user: str | None = Field(description="only this user's runs (a user's own report: always themselves)")
+    group: str | None = Field(description="only runs charged to this group")
+    pool: str | None = Field(description="only runs of this pool")
+    rows: list[UsageRow] = Field(description="one per user, group or pool, by key")
+    total: UsageRow = Field(description="all rows together (key null)")

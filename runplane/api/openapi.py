@@ -1,14 +1,15 @@
 """The OpenAPI 3.1 document of the HTTP API, generated from its pydantic models.
 
-Request bodies (``RunSpec``, ``TokenCreate``, ``QuotaLimits``) have the schemas of what the API accepts (pydantic's
-validation mode: sizes and times may be text such as "512m" or "2h"); answers have the schemas of
-what it sends (serialization mode), made exact: every field is required and no other may appear,
-because the server always sends exactly the model's fields (a client that parses answers ignores
-fields it does not know, so it keeps working with a newer server). A model whose two schemas differ
-keeps its name for the request and is ``<name>View`` in answers (a run's spec: ``RunSpec`` in,
-``RunSpecView`` out). Every operation lists each status it can answer with, so a client (or a
-fuzzer) meets no undocumented one; tests/integration/contracts/test_wire.py drives every operation
-and checks each answer against this document.
+Request bodies (``RunSpec``, ``SetPriority``, ``TokenCreate``, ``QuotaLimits``) have the schemas of
+what the API accepts (pydantic's validation mode: sizes and times may be text such as "512m" or
+"2h"); answers have the schemas of what it sends (serialization mode), made exact: every field is
+required and no other may appear, because the server always sends exactly the model's fields (a
+client that parses answers ignores fields it does not know, so it keeps working with a newer
+server). A model whose two schemas differ keeps its name for the request and is ``<name>View`` in
+answers (a run's spec: ``RunSpec`` in, ``RunSpecView`` out). Every operation lists each status it
+can answer with, so a client (or a fuzzer) meets no undocumented one;
+tests/integration/contracts/test_wire.py drives every operation and checks each answer against this
+document.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ from runplane.api.models import (
     QuotaView,
     RunPage,
     RunView,
+    SetPriority,
     TokenCreate,
     TokenCreated,
     TokenList,
+    UsageReport,
     WorkerList,
 )
 from runplane.domain.models import RunSpec, RunState
 
 REF = "#/components/schemas/{model}"
-REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, TokenCreate, QuotaLimits)
+REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, SetPriority, TokenCreate, QuotaLimits)
 RESPONSES: tuple[type[BaseModel], ...] = (
     RunView,
     RunPage,
@@ -56,6 +59,7 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     Me,
     QuotaView,
     QuotaList,
+    UsageReport,
 )
 _NAMES = {"ErrorBody": "Error"}
 """Components named other than their model."""
@@ -93,6 +97,14 @@ _RUN_EXAMPLES = {
     },
     "minimal": {"summary": "a command alone: the default pool, its image, its limits", "value": {"command": "echo hi"}},
 }
+_PRIORITY_EXAMPLES = {
+    "urgent": {"summary": "ahead of every waiting run of priority 79 or less", "value": {"priority": 80}},
+    "later": {"summary": "behind the others: a run that can wait", "value": {"priority": 10}},
+}
+_PRIORITY_403 = (
+    "the token lacks the scope this needs, or a caller who is not an admin asks a priority above the "
+    "pool's max_user_priority"
+)
 _TOKEN_EXAMPLES = {
     "user": {
         "summary": "a user of the group vision for 90 days",
@@ -194,6 +206,12 @@ def _ok(status: int, schema: str | dict[str, Any], description: str | None = Non
     }
 
 
+def _forbidden(responses: dict[str, Any], description: str) -> dict[str, Any]:
+    """``responses`` with the 403's description replaced (an operation refused for more than a
+    missing scope)."""
+    return {**responses, "403": {**responses["403"], "description": description}}
+
+
 def _body(name: str, examples: dict[str, Any]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": _ref(name), "examples": examples}}}
 
@@ -230,11 +248,14 @@ def _runs_paths() -> dict[str, Any]:
                     }
                 ],
                 "requestBody": _body("RunSpec", _RUN_EXAMPLES),
-                "responses": {
-                    **_ok(201, "RunView", headers=_LOCATION),
-                    **_ok(200, "RunView", "replayed: the run this Idempotency-Key made", headers=_LOCATION),
-                    **_errors(400, *_AUTH, 404, 409, 413, 422),
-                },
+                "responses": _forbidden(
+                    {
+                        **_ok(201, "RunView", headers=_LOCATION),
+                        **_ok(200, "RunView", "replayed: the run this Idempotency-Key made", headers=_LOCATION),
+                        **_errors(400, *_AUTH, 404, 409, 413, 422),
+                    },
+                    _PRIORITY_403,
+                ),
             },
             "get": {
                 "operationId": "listRuns",
@@ -263,6 +284,21 @@ def _runs_paths() -> dict[str, Any]:
                 "summary": "Kill a run: a queued one at once, a running one within seconds",
                 "parameters": _RUN_ID,
                 "responses": {**_ok(202, "RunView"), **_errors(*_AUTH, 404, 409)},
+            }
+        },
+        "/v1/runs/{run_id}/priority": {
+            "post": {
+                "operationId": "setRunPriority",
+                "summary": "Change a queued run's priority (a user: up to the pool's max_user_priority)",
+                "parameters": _RUN_ID,
+                "requestBody": _body("SetPriority", _PRIORITY_EXAMPLES),
+                "responses": _forbidden(
+                    {
+                        **_ok(200, "RunView", "changed; the run as it is now"),
+                        **_errors(400, *_AUTH, 404, 409, 413, 422),
+                    },
+                    _PRIORITY_403,
+                ),
             }
         },
         "/v1/runs/{run_id}/logs": {
@@ -374,6 +410,29 @@ def _quota_paths() -> dict[str, Any]:
     }
 
 
+_MOMENT = {"type": "string", "examples": ["2026-11-01", "2026-11-01T09:30:00Z", "1793491200"]}
+
+
+def _usage_paths() -> dict[str, Any]:
+    return {
+        "/v1/usage": {
+            "get": {
+                "operationId": "getUsage",
+                "summary": "What runs submitted in a window used, per user, group or pool: yours (an admin: anyone's)",
+                "parameters": [
+                    _query("user", {"type": "string"}, "only this user's runs; another user's: admins only (403)"),
+                    _query("group", {"type": "string"}, "only runs charged to this group"),
+                    _query("pool", {"type": "string"}, "only runs of this pool"),
+                    _query("since", _MOMENT, "ISO 8601 (UTC if no zone) or Unix seconds; default: this month (UTC)"),
+                    _query("until", _MOMENT, "ISO 8601 or Unix seconds, exclusive; default: now"),
+                    _query("by", {"type": "string", "enum": ["user", "group", "pool"]}, "rows per (default: user)"),
+                ],
+                "responses": {**_ok(200, "UsageReport"), **_errors(400, *_AUTH, 422)},
+            }
+        }
+    }
+
+
 def _fleet_paths() -> dict[str, Any]:
     return {
         "/v1/pools": {
@@ -421,5 +480,5 @@ def openapi_document() -> dict[str, Any]:
             "schemas": component_schemas(),
         },
         "security": [{"bearer": []}],
-        "paths": {**_runs_paths(), **_admin_paths(), **_quota_paths(), **_fleet_paths()},
+        "paths": {**_runs_paths(), **_admin_paths(), **_quota_paths(), **_usage_paths(), **_fleet_paths()},
     }

@@ -18,11 +18,14 @@ from runplane.api.models import (
     RunUsage,
     RunView,
     Token,
+    UsageReport,
+    UsageRow,
     WorkerView,
     timestamp,
 )
 from runplane.domain.models import ApiToken, Pool, PoolRecord, Principal, Run, Worker
 from runplane.services.quota_admin import QuotaUse
+from runplane.services.usage import Report, Row
 
 
 def iso(ts: float | None) -> str | None:
@@ -51,6 +54,7 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
         exit_code=run.exit_code,
         failure=RunFailure(reason=run.failure.reason, message=run.failure.message) if run.failure else None,
         waiting_reason=(waiting_reason or run.waiting_reason) if run.state == "queued" else None,
+        priority=run.spec.priority,
         kill_requested=run.kill_requested,
         usage=RunUsage.model_validate(run.usage.model_dump()),
         events=[RunEvent(at=timestamp(e.at), state=e.state, message=e.message) for e in run.events],
@@ -146,4 +150,29 @@ def quota_view(found: QuotaUse) -> QuotaView:
             cpu_hours=use.cpu_hours,
             period=use.period,
         ),
+    )
+
+
+def _usage_row(row: Row) -> UsageRow:
+    """A row of a usage report, its sums rounded off (to the millisecond, the nano-unit of cost)."""
+    cost = None if row.cost is None else round(row.cost, 9)
+    return UsageRow(
+        key=row.key,
+        runs=row.runs,
+        cpu_seconds=round(row.cpu_seconds, 3),
+        gpu_seconds=round(row.gpu_seconds, 3),
+        cost=cost,
+    )
+
+
+def usage_view(report: Report) -> UsageReport:
+    return UsageReport(
+        by=report.by,
+        since=datetime.fromtimestamp(report.since, UTC),
+        until=datetime.fromtimestamp(report.until, UTC),
+        user=report.user,
+        group=report.group,
+        pool=report.pool,
+        rows=[_usage_row(r) for r in report.rows],
+        total=_usage_row(report.total),
     )

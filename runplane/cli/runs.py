@@ -1,4 +1,4 @@
-"""``runplane run``, ``status``, ``ls``, ``logs``, ``kill`` and ``download``: your runs."""
+"""``runplane run``, ``status``, ``ls``, ``logs``, ``kill``, ``priority`` and ``download``: your runs."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ def register(app: typer.Typer) -> None:
     app.command("ls")(list_runs)
     app.command()(logs)
     app.command()(kill)
+    app.command()(priority)
     app.command()(download)
 
 
@@ -168,6 +169,16 @@ def run(
     group: Annotated[
         str | None, typer.Option(help="the group of yours it is charged to (default: your only group, if one)")
     ] = None,
+    priority: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            max=100,
+            help="0..100 (default 50): starts before waiting runs of lower priority; "
+            "above the pool's max_user_priority only for admins",
+            show_default=False,
+        ),
+    ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")
@@ -193,6 +204,7 @@ def run(
         name=name,
         tag=tag,
         group=group,
+        priority=priority,
         env=environment or None,
         inputs=named_inputs or None,
         network=network,
@@ -240,6 +252,7 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("state", view.state),
         ("queue", view.queue),
         ("group", view.group),
+        ("priority", view.priority),
         ("attempt", view.attempt),
         ("worker_id", view.worker_id),
         ("exit_code", view.exit_code),
@@ -388,6 +401,21 @@ def kill(
         print_json({"runs": dumps(killed)})
     if failed:
         raise typer.Exit(failed)
+
+
+def priority(
+    ctx: typer.Context,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="run id")],
+    value: Annotated[int, typer.Argument(metavar="N", min=0, max=100, help="the new priority, 0..100")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the run as it is now")] = False,
+) -> None:
+    """Change a queued run's priority: it moves in its pool's line at once (a user may go up to
+    the pool's max_user_priority; an admin, to 100)."""
+    view = client(ctx).set_priority(run_id, value).view
+    if as_json:
+        print_json(view)
+        return
+    err.print(f"{view.id}: priority {view.priority}", markup=False, highlight=False)
 
 
 def _kill_all(api: Client, states: list[LiveState]) -> list[RunView]:

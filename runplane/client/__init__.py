@@ -26,6 +26,8 @@ from runplane.api.models import (
     RunView,
     Token,
     TokenCreated,
+    UsageReport,
+    UsageRow,
     WorkerView,
 )
 from runplane.client._async import AsyncClient, AsyncRun
@@ -87,6 +89,8 @@ __all__ = [
     "Token",
     "TokenCreated",
     "Unauthorized",
+    "UsageReport",
+    "UsageRow",
     "WaitTimeout",
     "WorkerView",
     "config_path",

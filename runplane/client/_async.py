@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from runplane.api.models import (
     RunView,
     Token,
     TokenCreated,
+    UsageReport,
     WorkerView,
 )
 from runplane.client._core import (
@@ -187,6 +189,7 @@ class AsyncClient:
         tag: str | None = None,
         idempotency_key: str | None = None,
         group: str | None = None,
+        priority: int | None = None,
     ) -> AsyncRun:
         """See ``Client.submit``."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
@@ -203,6 +206,7 @@ class AsyncClient:
             tag=tag,
             idempotency_key=idempotency_key,
             group=group,
+            priority=priority,
         )
         view, created = await self._drive(plan)
         return AsyncRun(self, view, created)
@@ -236,6 +240,10 @@ class AsyncClient:
 
     async def kill(self, run_id: str) -> AsyncRun:
         return AsyncRun(self, await self._drive(self._plans.kill(run_id)))
+
+    async def set_priority(self, run_id: str, priority: int) -> AsyncRun:
+        """See ``Client.set_priority``."""
+        return AsyncRun(self, await self._drive(self._plans.set_priority(run_id, priority)))
 
     async def logs(self, run_id: str, stream: str = "stdout", offset: int = 0) -> LogPage:
         return await self._drive(self._plans.logs(run_id, stream, offset))
@@ -322,6 +330,22 @@ class AsyncClient:
         """See ``Client.delete_quota``."""
         await self._drive(self._plans.delete_quota(subject))
 
+    # --- usage ------------------------------------------------------------------------------
+
+    async def usage(
+        self,
+        *,
+        user: str | None = None,
+        group: str | None = None,
+        pool: str | None = None,
+        since: datetime | float | str | None = None,
+        until: datetime | float | str | None = None,
+        by: str = "user",
+    ) -> UsageReport:
+        """See ``Client.usage``."""
+        filters = {"user": user, "group": group, "pool": pool, "since": since, "until": until, "by": by}
+        return await self._drive(self._plans.usage(filters))
+
 
 class AsyncRun(RunBase):
     """``Run`` for ``AsyncClient``: the same methods as coroutines; ``follow`` and
@@ -365,6 +389,10 @@ class AsyncRun(RunBase):
 
     async def kill(self) -> AsyncRun:
         self.view = (await self._client.kill(self.view.id)).view
+        return self
+
+    async def set_priority(self, priority: int) -> AsyncRun:
+        self.view = (await self._client.set_priority(self.view.id, priority)).view
         return self
 
     def outputs(self) -> AsyncIterator[OutputFile]:

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Generic, TypeVar
 from urllib.parse import quote
@@ -41,6 +42,7 @@ from runplane.api.models import (
     Token,
     TokenCreated,
     TokenList,
+    UsageReport,
     WorkerList,
     WorkerView,
 )
@@ -207,13 +209,13 @@ def parse(model: type[M], response: RawResponse) -> M:
 
 # --- retries --------------------------------------------------------------------------------
 
-_KILL_PATH = "/v1/runs/"
+_RUN_PATH = "/v1/runs/"
 
 
 def repeatable(request: ApiRequest) -> bool:
     """Whether sending ``request`` twice has the effect of sending it once: reads, deletes, a PUT
-    (it stores the whole thing: a quota), a kill, and a submit that carries an Idempotency-Key
-    (the second finds the run the first made)."""
+    (it stores the whole thing: a quota), a kill, a priority set (to a number, not by one) and a
+    submit that carries an Idempotency-Key (the second finds the run the first made)."""
     method, path = request.method.upper(), request.path
     if method in ("GET", "HEAD", "OPTIONS", "DELETE", "PUT"):
         return True
@@ -221,7 +223,7 @@ def repeatable(request: ApiRequest) -> bool:
         return False
     if path == "/v1/runs":
         return any(k.lower() == "idempotency-key" for k in request.headers)
-    return path.startswith(_KILL_PATH) and path.endswith("/kill") and path.count("/") == 4
+    return path.startswith(_RUN_PATH) and path.endswith(("/kill", "/priority")) and path.count("/") == 4
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
@@ -379,9 +381,10 @@ class Plans:
         tag: str | None,
         idempotency_key: str | None,
         group: str | None = None,
+        priority: int | None = None,
     ) -> Plan[tuple[RunView, bool]]:
         """The run and whether it was made now (201) rather than found by its key (200)."""
-        body = submit_body(command, image, resources, limits, queue, name, env, inputs, network, tag, group)
+        body = submit_body(command, image, resources, limits, queue, name, env, inputs, network, tag, group, priority)
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         response = yield from self.raw("POST", "/v1/runs", body, headers={"Idempotency-Key": key})
         return parse(RunView, response), response.status == 201
@@ -391,6 +394,10 @@ class Plans:
 
     def kill(self, run_id: str) -> Plan[RunView]:
         return parse(RunView, (yield from self.raw("POST", f"/v1/runs/{_quote(run_id)}/kill")))
+
+    def set_priority(self, run_id: str, priority: int) -> Plan[RunView]:
+        body = {"priority": priority}
+        return parse(RunView, (yield from self.raw("POST", f"/v1/runs/{_quote(run_id)}/priority", body)))
 
     def runs_page(
         self,
@@ -558,6 +565,25 @@ class Plans:
     def delete_quota(self, subject: str) -> Plan[None]:
         yield from self.raw("DELETE", quota_path(subject))
 
+    # usage
+
+    def usage(self, filters: Mapping[str, Any]) -> Plan[UsageReport]:
+        """Raises ValueError for a moment that is not a datetime, a finite number or a string."""
+        query = {k: moment(k, v) if k in ("since", "until") else v for k, v in filters.items()}
+        return self._get(UsageReport, "/v1/usage", query)
+
+
+def moment(name: str, value: datetime | float | str | None) -> str | None:
+    """A moment as the API reads it: a datetime as ISO 8601 (a naive one is UTC), a number as
+    Unix seconds, a string as it is (``2026-11-01``). Raises ValueError for anything else."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return repr(value)
+    raise ValueError(f"{name} must be a datetime, Unix seconds or an ISO 8601 string, got {value!r}")
+
 
 def quota_path(subject: str) -> str:
     """Where the quota of ``subject`` is: ``alice`` is the user alice, ``@vision`` the group
@@ -580,6 +606,7 @@ def submit_body(
     network: bool,
     tag: str | None,
     group: str | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST /v1/runs``: only what was given (the API fills in the pool's defaults and
     checks every value, so a bad one comes back as InvalidRequest)."""
@@ -589,7 +616,7 @@ def submit_body(
         wanted = dict(resources or {})
     wanted.update({k: v for k, v in limits.items() if v is not None})
     body: dict[str, Any] = {"command": command}
-    optional = {"image": image, "queue": queue, "name": name, "tag": tag, "group": group}
+    optional = {"image": image, "queue": queue, "name": name, "tag": tag, "group": group, "priority": priority}
     body.update({k: v for k, v in optional.items() if v is not None})
     if wanted:
         body["resources"] = wanted

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time as time_module
 from collections.abc import Callable, Generator, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -21,6 +22,7 @@ from runplane.api.models import (
     RunView,
     Token,
     TokenCreated,
+    UsageReport,
     WorkerView,
 )
 from runplane.client._core import (
@@ -192,15 +194,18 @@ class Client:
         tag: str | None = None,
         idempotency_key: str | None = None,
         group: str | None = None,
+        priority: int | None = None,
     ) -> Run:
         """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
         sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
         one when none is given), so trying again after no answer makes no second run; with the
         same ``idempotency_key`` and request, the earlier run comes back with ``created`` False.
         ``group``: the group the run is charged to besides you (one of yours; default your only
-        group, if you have exactly one). Raises InvalidRequest for a request no pool can run, a
-        group that is not yours or a run that alone exceeds a quota, Conflict for a key used for
-        a different request."""
+        group, if you have exactly one). ``priority``: 0..100 (default 50), its place in its pool's
+        line; above the pool's ``max_user_priority`` only for admins. Raises InvalidRequest for a
+        request no pool can run, a group that is not yours or a run that alone exceeds a quota,
+        Forbidden for a priority above what you may give, Conflict for a key used for a
+        different request."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
         plan = self._plans.submit(
             command,
@@ -215,6 +220,7 @@ class Client:
             tag=tag,
             idempotency_key=idempotency_key,
             group=group,
+            priority=priority,
         )
         view, created = self._drive(plan)
         return Run(self, view, created)
@@ -253,6 +259,13 @@ class Client:
         """Kill the run: a queued one at once, a running one within seconds (Conflict if it has
         already ended)."""
         return Run(self, self._drive(self._plans.kill(run_id)))
+
+    def set_priority(self, run_id: str, priority: int) -> Run:
+        """Give a queued run ``priority`` (0..100): it moves in its pool's line at once. Raises
+        Forbidden above the pool's ``max_user_priority`` (unless you are an admin), Conflict when
+        the run is no longer queued, NotFound for an unknown id or another user's run,
+        InvalidRequest for a number out of range."""
+        return Run(self, self._drive(self._plans.set_priority(run_id, priority)))
 
     def logs(self, run_id: str, stream: str = "stdout", offset: int = 0) -> LogPage:
         """One page of a log stream from byte ``offset``."""
@@ -351,9 +364,30 @@ class Client:
         """Remove the quota of ``subject`` (admin); NotFound when there is none."""
         self._drive(self._plans.delete_quota(subject))
 
+    # --- usage ------------------------------------------------------------------------------
+
+    def usage(
+        self,
+        *,
+        user: str | None = None,
+        group: str | None = None,
+        pool: str | None = None,
+        since: datetime | float | str | None = None,
+        until: datetime | float | str | None = None,
+        by: str = "user",
+    ) -> UsageReport:
+        """What the runs submitted in ``[since, until)`` used (CPU- and GPU-seconds, cost), per
+        ``by`` (``user``, ``group`` or ``pool``), with the totals. Yours only, unless you are an
+        admin (another user's: Forbidden). ``since`` and ``until`` are datetimes (naive: UTC), Unix
+        seconds or ISO 8601 strings; by default the month so far (UTC). Raises BadRequest for a
+        moment the API cannot read, InvalidRequest for an unknown ``by`` or pool."""
+        filters = {"user": user, "group": group, "pool": pool, "since": since, "until": until, "by": by}
+        return self._drive(self._plans.usage(filters))
+
 
 class Run(RunBase):
-    """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``, ``download``."""
+    """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``,
+    ``set_priority``, ``download``."""
 
     def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
         super().__init__(view, created)
@@ -406,6 +440,11 @@ class Run(RunBase):
     def kill(self) -> Run:
         """Kill it (see ``Client.kill``); returns itself."""
         self.view = self._client.kill(self.view.id).view
+        return self
+
+    def set_priority(self, priority: int) -> Run:
+        """Change its priority while it is queued (see ``Client.set_priority``); returns itself."""
+        self.view = self._client.set_priority(self.view.id, priority).view
         return self
 
     def outputs(self) -> Iterator[OutputFile]:

@@ -225,6 +225,14 @@ class RunSpec(BaseModel):
         description="the group the run is charged to, besides its owner (one of the caller's groups; "
         "default: the caller's only group, if there is exactly one)",
     )
+    priority: int = Field(
+        default=50,
+        ge=0,
+        le=100,
+        strict=True,  # a JSON integer: no text, no fraction, no boolean
+        description="0..100: in a pool, a run starts before every waiting run of lower priority; above the "
+        "pool's max_user_priority (default 50) only for admins",
+    )
 
     @field_validator("command")
     @classmethod
@@ -284,6 +292,12 @@ class Usage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cpu_seconds: float | None = None
+    """CPU time of the run's processes, all attempts together."""
+    gpu_seconds: float | None = None
+    """Its GPUs times the seconds its container ran, all attempts together (``accounting.charge``)."""
+    cost: float | None = None
+    """Its pool's ``price_per_hour`` times the hours its container ran times its share of a worker,
+    all attempts together; None on a pool without a price."""
     memory_peak: int | None = None
     disk: int | None = None
     timings: dict[str, float] = Field(default_factory=dict)
@@ -330,7 +344,25 @@ class Run(BaseModel):
     waiting_reason: str | None = None
     request_hash: str | None = None
     hinted_at: float | None = None
+    fair_tag: float = 0.0
+    """The run's place among the queued runs of its pool and priority (start-time fair queueing:
+    docs/scheduling.md), set at submit; ``rank_key`` orders a pool's queued runs by it."""
     events: list[Event] = Field(default_factory=list)
+
+
+def rank_key(priority: int, fair_tag: float, created_at: float, run_id: str) -> str:
+    """The order in which a pool's queued runs start, as a string that sorts the same way: the
+    higher priority first, then the smaller fair tag, then the older run, then the id."""
+    return f"{100 - priority:03d}#{fair_tag:020.6f}#{created_at:017.6f}#{run_id}"
+
+
+def run_rank(run: Run) -> str:
+    return rank_key(run.spec.priority, run.fair_tag, run.created_at, run.id)
+
+
+def rank_prefix(priority: int) -> str:
+    """How the rank of every run of ``priority`` begins (``rank_key``)."""
+    return f"{100 - priority:03d}#"
 
 
 class RunMessage(BaseModel):
@@ -394,6 +426,19 @@ class Pool(BaseModel):
         default=100_000, ge=1, description="files a run may write: output directory, home and container layer together"
     )
     max_log_size: int = Field(default=1024**3, ge=1024, description="bytes of stdout+stderr a run may write")
+    max_user_priority: int = Field(
+        default=50, ge=0, le=100, description="the highest priority a user who is not an admin may give a run"
+    )
+    fair_share_half_life: float = Field(
+        default=3600,
+        gt=0,
+        le=365 * 86400,
+        description="seconds in which a user's lead over the others in this pool (runs submitted ahead of "
+        "them) halves; docs/scheduling.md",
+    )
+    price_per_hour: float | None = Field(
+        default=None, ge=0, le=1e6, description="what one worker of this pool costs an hour; runs record their cost"
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
     _sizes = field_validator("memory", "disk", "max_log_size", mode="before")(staticmethod(_size))
@@ -728,3 +773,20 @@ class UsageRecord(BaseModel):
     @property
     def cpus(self) -> float:
         return sum(h.cpus for h in self.holds.values())
+
+
+class Lane(BaseModel):
+    """A user's place in the fair share of one pool (docs/scheduling.md): the fair tag the user's
+    next run would take, ``tag``, and the ``lead`` over the pool's line that the user had at
+    ``at``, which halves every ``Pool.fair_share_half_life``. Every write is conditional on
+    ``version`` (0: the record must not exist yet), like a usage record's."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    v: int = SCHEMA_VERSION
+    pool: str
+    user: str
+    tag: float = 0.0
+    lead: float = 0.0
+    at: float = 0.0
+    version: int = 0

@@ -20,6 +20,7 @@ from runplane.domain.models import (
     MAX_RUN_TIME,
     DispatchEvent,
     Hold,
+    Lane,
     Period,
     Quota,
     QuotaKind,
@@ -137,6 +138,12 @@ class CachedQuotas:
 
     def list_usage(self) -> list[UsageRecord]:
         return self.inner.list_usage()
+
+    def lane(self, pool: str, user: str) -> Lane:
+        return self.inner.lane(pool, user)
+
+    def save_lane(self, lane: Lane) -> Lane:
+        return self.inner.save_lane(lane)
 
     def list(self) -> list[Quota]:  # last: below it, ``list`` in an annotation is this method
         return self.inner.list()

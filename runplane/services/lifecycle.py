@@ -18,6 +18,7 @@ from runplane.domain.models import (
     Run,
     RunMessage,
     RunState,
+    Usage,
     states_leading_to,
 )
 from runplane.ports import Expect, RunQueue, RunStore
@@ -100,15 +101,18 @@ def requeue(
     why: str,
     expect: Expect | None = None,
     charge: bool = True,
+    usage: Usage | None = None,
 ) -> Run:
     """Put an active run back in its queue for another attempt, or fail it when none is left.
 
     ``charge=False`` is for hand-backs that are not the run's doing (its worker was told to
     stop, was preempted, or restarted): the attempt number still grows, but one more attempt is
     allowed, up to FREE_REQUEUES. A kill requested before the worker went away ends the run
-    ``killed``. Raises ConditionFailed (or LeaseLost through callers) if the run moved on meanwhile.
+    ``killed``. ``usage``, when given, is recorded with it (what the attempt used, as its worker
+    measured it). Raises ConditionFailed (or LeaseLost through callers) if the run moved on meanwhile.
     """
     expect = expect or _mine(run, ACTIVE_STATES)
+    used = {"usage": usage} if usage is not None else {}
     max_attempts = run.max_attempts
     if not charge and max_attempts - run.attempt < FREE_REQUEUES:
         max_attempts += 1
@@ -121,6 +125,7 @@ def requeue(
                 "finished_at": now,
                 "lease_expires_at": None,
                 "failure": Failure(reason=FailureReason.KILLED, message=f"killed; {why}"),
+                **used,
             },
             Event(at=now, state=RunState.KILLED, message=f"killed; {why}"),
         )
@@ -134,6 +139,7 @@ def requeue(
                 "finished_at": now,
                 "lease_expires_at": None,
                 "failure": Failure(reason=FailureReason.WORKER_LOST, message=message),
+                **used,
             },
             Event(at=now, state=RunState.FAILED, message=message),
         )
@@ -147,6 +153,7 @@ def requeue(
             "hinted_at": now,
             "max_attempts": max_attempts,
             "waiting_reason": f"re-queued after attempt {run.attempt}: {why}",
+            **used,
         },
         Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),
     )

@@ -28,6 +28,7 @@ from runplane.domain.models import (
     Event,
     Failure,
     FailureReason,
+    Pool,
     PoolConfig,
     Principal,
     Run,
@@ -40,6 +41,7 @@ from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.inputs import InputPolicy
+from runplane.services.scheduling import fair_tag
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +90,13 @@ def submit_run(
     owner's or group's quota. The run is charged to ``spec.group`` (one of the caller's groups),
     else to the caller's only group, else to no group. Raises Unschedulable/InvalidRequest when no
     pool fits, an input is not allowed, the group is not the caller's or a quota can never admit
-    the run, NotFound for a ``run:`` input the caller cannot see, Conflict when the key was used
-    for a different request. A failed hint is logged, not raised: the run is stored, and the
+    the run, NotFound for a ``run:`` input the caller cannot see, Forbidden when a caller who is
+    not an admin asks a priority above the pool's ``max_user_priority``, Conflict when the key was
+    used for a different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
     pool = choose_pool(pools, spec.resources, spec.queue)
+    _check_priority(principal, pool, spec.priority)
     group = _group_of(principal, spec.group)
     _check_inputs(store, principal, spec, inputs or InputPolicy())
     now = clock()
@@ -105,6 +109,8 @@ def submit_run(
     )
     if quotas is not None:
         refuse_alone(quotas, principal.user, group, resolved.resources)
+    # with a quota store, runs of one priority take turns between users; without, first come first served
+    tag = fair_tag(store, quotas, pool, principal.user, resolved.priority, now) if quotas is not None else 0.0
     run = Run(
         id=run_id_for(principal.user, idempotency_key, secret),
         owner=principal.user,
@@ -114,6 +120,7 @@ def submit_run(
         queue=pool.name,
         created_at=now,
         request_hash=_request_hash(spec),
+        fair_tag=tag,
         hinted_at=now,
         waiting_reason=f"waiting for a worker of pool {pool.name}",
         events=[Event(at=now, state=RunState.QUEUED, message=f"submitted to pool {pool.name}")],
@@ -129,6 +136,15 @@ def submit_run(
         return Submitted(existing, created=False)
     _hint(queue, run)
     return Submitted(run, created=True)
+
+
+def _check_priority(principal: Principal, pool: Pool | None, priority: int) -> None:
+    """Users may give a run of ``pool`` a priority up to the pool's ``max_user_priority`` (a pool
+    that is no longer configured: the default one); admins, any. Raises Forbidden."""
+    most = pool.max_user_priority if pool is not None else Pool.model_fields["max_user_priority"].default
+    if priority > most and not principal.admin:
+        where = f"pool {pool.name}" if pool is not None else "this pool"
+        raise Forbidden(f"priority {priority} is above {most}, the most {where} allows users; only admins may set more")
 
 
 def _group_of(principal: Principal, asked: str | None) -> str | None:
@@ -204,6 +220,34 @@ def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -
     Raises Conflict if the run has already finished.
     """
     return _kill(store, get_run(store, principal, run_id), clock, who=principal.user)
+
+
+def set_priority(
+    store: RunStore, pools: PoolConfig, principal: Principal, run_id: str, priority: int, clock: Clock
+) -> Run:
+    """Give a queued run of the caller's (an admin: anyone's) ``priority``: its place in its pool's
+    line moves at once (the store ranks queued runs by priority). Setting the priority it already
+    has writes nothing. Raises NotFound (no such run, or another user's), Forbidden (a caller who
+    is not an admin asking above the pool's ``max_user_priority``) and Conflict (the run is no
+    longer queued, or changes too often)."""
+    run = get_run(store, principal, run_id)
+    _check_priority(principal, pools.get(run.queue), priority)
+    for _ in range(3):
+        if run.state != RunState.QUEUED:
+            raise Conflict(f"run {run.id} is {run.state}: only a queued run's priority can change")
+        old = run.spec.priority
+        if old == priority:
+            return run
+        try:
+            return store.update(
+                run,
+                Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt),
+                {"spec": run.spec.model_copy(update={"priority": priority})},
+                Event(at=clock(), message=f"priority {old} -> {priority} by {principal.user}"),
+            )
+        except ConditionFailed as e:
+            run = e.details["run"]
+    raise Conflict(f"run {run.id} changed too often; try again")
 
 
 def _kill(store: RunStore, run: Run, clock: Clock, *, who: str | None = None, reason: str | None = None) -> Run:

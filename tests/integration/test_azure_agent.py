@@ -37,3 +37,33 @@ def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_p
     assert read_logs(stack.objects, done, "stderr", 0).data == "oops\n"
     assert stack.store.count("manual", RunState.QUEUED) == 0
     assert stack.queue.receive("manual", 10, wait_seconds=0, visibility_seconds=30) == []
+
+
+def test_an_agent_of_an_azure_stack_takes_the_first_run_in_line(azure_stack, docker_client, tmp_path):
+    """The hint it receives first is of a run of priority 10; a run of priority 90 came later and
+    is first in line: that is the one it starts (its one run), and the other stays queued."""
+    stack = azure_stack
+    admin = Principal(user="admin", scopes=["runs:read", "runs:write", "admin"])
+
+    def submit(priority):
+        spec = RunSpec(command="echo hello", queue="manual", priority=priority)
+        return submit_run(stack.store, stack.queue, stack.pools, admin, spec, None, time.time, quotas=stack.quotas).run
+
+    low, high = submit(10), submit(90)
+    assert [r.id for r in stack.store.head("manual", 10)] == [high.id, low.id]
+    env = {
+        **os.environ,
+        "RUNPLANE_CLOUD": "azure",
+        "RUNPLANE_PREFIX": stack.settings.prefix,
+        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
+        "RUNPLANE_POOLS": str(POOLS_FILE),
+    }
+    agent = AgentProcess(tmp_path, "--exit-after-num-runs", "1", worker_id="azure-w2", env=env)
+    try:
+        assert agent.wait(60) == 0, agent.log.read_text()[-3000:]
+    finally:
+        agent.stop()
+    done = wait_for(lambda: (r := stack.store.get(high.id)).state.terminal and r, 10, 0.1, "the run to end")
+    assert (done.state, done.worker_id) == (RunState.SUCCEEDED, "azure-w2")
+    assert stack.store.get(low.id).state == RunState.QUEUED
+    assert [r.id for r in stack.store.head("manual", 10)] == [low.id]

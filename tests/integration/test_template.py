@@ -27,7 +27,7 @@ import boto3
 import pytest
 
 from runplane.adapters.aws import resources
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, DynamoWorkerRegistry
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK, DynamoWorkerRegistry
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
@@ -205,7 +205,7 @@ def test_tables_match_provision(template: dict[str, Any], provisioned: Provision
         assert table_shape(declared[logical_id]["Properties"]) == table_shape(described), logical_id
     assert template_stack(template, POOLS)["tables"] == provisioned.found["tables"]
     runs = provisioned.found["tables"]["runs_table"]
-    assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE}
+    assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE, BY_RANK}
 
 
 def test_table_settings_are_those_of_resources(provisioned: Provisioned) -> None:
@@ -391,6 +391,7 @@ def test_hook_creates_the_same_names_and_indexes(provisioned: Provisioned) -> No
         "AttributeName=created_at,AttributeType=N",
         "AttributeName=qs,AttributeType=S",
         "AttributeName=owner,AttributeType=S",
+        "AttributeName=rank,AttributeType=S",
     ):
         assert key in text
 

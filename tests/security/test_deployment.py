@@ -480,7 +480,10 @@ def test_the_reaper_queries_and_updates_runs_and_sends_hints(template: dict[str,
 
 def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, Any]) -> None:
     found = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
-    assert _actions_on(found, "RunsTable") == {"dynamodb:GetItem", "dynamodb:UpdateItem"}
+    assert _actions_on(found, "RunsTable") == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"}
+    # the table itself is never queried or scanned; of its indexes, only its pool's line in order
+    queries = [s for s in found if "dynamodb:Query" in as_list(s["Action"])]
+    assert [s["Resource"] for s in queries] == [{"Fn::Sub": "${RunsTable.Arn}/index/by_rank"}]
     assert _actions_on(found, "WorkersTable") == {"dynamodb:PutItem", "dynamodb:GetItem"}
     objects = [s for s in found if "DataBucket" in _references(s["Resource"])]
     granted = set()
@@ -571,6 +574,11 @@ def _administer(quotas: Any) -> None:
     quotas.delete("group", "vision")
 
 
+def _move_a_lane(quotas: Any) -> None:
+    """What the API does at submit with a quota store: read the user's lane in the pool, move it."""
+    quotas.save_lane(quotas.lane("gpu", "alice"))
+
+
 def _set_a_quota(quotas: Any) -> None:
     quotas.put(Quota(kind="user", name="alice", max_gpus=1000, updated_at=1.0))
 
@@ -584,6 +592,7 @@ def test_each_principal_may_do_what_it_does_with_quotas(template: dict[str, Any]
         ("WorkerPolicy", _reserve_and_release),
         ("ReaperFunction", _heal),
         ("ApiFunction", _administer),
+        ("ApiFunction", _move_a_lane),
     ):
         found = _quota_statements(template, principal)
         denied = [call for call in _quota_calls(aws_stack, use) if not _allows(found, *call)]
@@ -604,6 +613,13 @@ def test_only_the_api_writes_quotas_and_it_writes_no_usage(template: dict[str, A
         assert not any(_allows(found, "dynamodb:DeleteItem", key) for _, key in set_quota), principal
     api = _quota_statements(template, "ApiFunction")
     assert not any(_allows(api, *call) for call in hold_and_release), "the API may write usage records"
+    # a worker that wrote lanes could move its own runs to the front of the line
+    lanes = [c for c in _quota_calls(aws_stack, _move_a_lane) if c[0] in QUOTA_WRITES]
+    assert lanes
+    assert all(key is not None and key.startswith(DynamoQuotaStore.LANE) for _, key in lanes)
+    for principal in ("WorkerPolicy", "ReaperFunction"):
+        found = _quota_statements(template, principal)
+        assert not any(_allows(found, *call) for call in lanes), f"{principal} may move a lane"
     assert _quota_statements(template, "DispatcherFunction") == []
     # every write on the table is limited to one kind of item
     for principal in ("WorkerPolicy", "ReaperFunction", "ApiFunction"):
@@ -622,7 +638,7 @@ def test_the_quota_grants_are_no_more_than_each_principal_uses(template: dict[st
         "ReaperFunction": {"dynamodb:GetItem", "dynamodb:Scan", "dynamodb:PutItem"},
         "ApiFunction": {"dynamodb:GetItem", "dynamodb:Scan", "dynamodb:PutItem", "dynamodb:DeleteItem"},
     }
-    prefixes = {DynamoQuotaStore.QUOTA + "*", DynamoQuotaStore.USAGE + "*"}
+    prefixes = {DynamoQuotaStore.QUOTA + "*", DynamoQuotaStore.USAGE + "*", DynamoQuotaStore.LANE + "*"}
     for principal in granted:
         for statement in _quota_statements(template, principal):
             for patterns in statement.get("Condition", {}).get("ForAllValues:StringLike", {}).values():

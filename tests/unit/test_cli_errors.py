@@ -64,6 +64,7 @@ def one_error_line(proc: subprocess.CompletedProcess, code: int) -> str:
         (["statsu"], "error: No such command 'statsu'.", ""),
         (["quota", "set", "alice", "--period", "year"], "error: Invalid value for '--period'", "quota set"),
         (["quota", "set", "alice", "--max-gpus", "-1"], "error: Invalid value for '--max-gpus'", "quota set"),
+        (["usage", "--by", "colour"], "error: Invalid value for '--by'", "usage"),
     ],
 )
 def test_mistyped_commands_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, args, message, command):

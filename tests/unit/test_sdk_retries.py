@@ -225,6 +225,13 @@ def test_kill_is_retried_after_a_dropped_connection(server: Script, client: Clie
     assert [s.path for s in server.seen] == ["/v1/runs/r-1/kill"] * 2
 
 
+def test_a_priority_set_is_retried_after_a_dropped_connection(server: Script, client: Client) -> None:
+    """It sets a number rather than adding to one: sending it twice does what sending it once does."""
+    server.play(DROP, Answer(200, RUN))
+    assert client.set_priority("r-1", 70).id == RUN["id"]
+    assert [(s.path, json.loads(s.body)) for s in server.seen] == [("/v1/runs/r-1/priority", {"priority": 70})] * 2
+
+
 def test_a_raw_submit_without_a_key_is_not_retried_after_a_drop(server: Script, client: Client) -> None:
     server.play(DROP, Answer(201, RUN))
     with pytest.raises(ConnectionFailed):

@@ -3,8 +3,8 @@
 #
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
-# values): the runs table with its by_owner and by_queue_state indexes, the workers, tokens, pools
-# and quotas tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the
+# values): the runs table with its by_owner, by_queue_state and by_rank indexes, the workers,
+# tokens, pools and quotas tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the
 # bucket; TTL on the workers table, point-in-time recovery on the runs, tokens and quotas tables,
 # and the bucket's
 # encryption, public-access block, ownership, versioning, lifecycle and TLS-only policy.
@@ -111,13 +111,16 @@ queue_with_dlq() {  # name, visibility: creates name-dlq, then name redriving to
 create_table "$runs_table" \
   --key-schema AttributeName=id,KeyType=HASH \
   --attribute-definitions AttributeName=id,AttributeType=S AttributeName=owner,AttributeType=S \
-    AttributeName=qs,AttributeType=S AttributeName=created_at,AttributeType=N \
+    AttributeName=qs,AttributeType=S AttributeName=created_at,AttributeType=N AttributeName=rank,AttributeType=S \
   --global-secondary-indexes '[
     {"IndexName": "by_owner",
      "KeySchema": [{"AttributeName": "owner", "KeyType": "HASH"}, {"AttributeName": "created_at", "KeyType": "RANGE"}],
      "Projection": {"ProjectionType": "ALL"}},
     {"IndexName": "by_queue_state",
      "KeySchema": [{"AttributeName": "qs", "KeyType": "HASH"}, {"AttributeName": "created_at", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "ALL"}},
+    {"IndexName": "by_rank",
+     "KeySchema": [{"AttributeName": "qs", "KeyType": "HASH"}, {"AttributeName": "rank", "KeyType": "RANGE"}],
      "Projection": {"ProjectionType": "ALL"}}]'
 create_table "$workers_table" \
   --key-schema AttributeName=id,KeyType=HASH \

@@ -21,14 +21,19 @@ from runplane.domain.models import (
     RUN_ID_PATTERN,
     ApiToken,
     Event,
+    Lane,
     PoolRecord,
     Quota,
     QuotaKind,
     Run,
+    RunSpec,
     RunState,
     UsageRecord,
     Worker,
     quota_key,
+    rank_key,
+    rank_prefix,
+    run_rank,
 )
 from runplane.ports import LIST_BUDGET, Expect, Page
 
@@ -37,6 +42,7 @@ _de = TypeDeserializer()
 
 BY_OWNER = "by_owner"
 BY_QUEUE_STATE = "by_queue_state"
+BY_RANK = "by_rank"
 
 
 def _to_dynamo(value: Any) -> dict[str, Any]:
@@ -68,7 +74,9 @@ def _translate(e: Exception, what: str) -> Exception:
 
 
 class DynamoRunStore:
-    """Runs in one table keyed by ``id``, with two indexes: by owner and by queue+state."""
+    """Runs in one table keyed by ``id``, with three indexes: by owner, by queue+state (newest
+    first) and by rank (queue+state, then ``rank``: ``run_rank`` of the run, the order a pool's
+    queued runs start in)."""
 
     def __init__(self, table: str, client: Any, list_budget: int = LIST_BUDGET) -> None:
         self.table = table
@@ -78,12 +86,14 @@ class DynamoRunStore:
     def _item(self, run: Run) -> dict[str, Any]:
         data = run.model_dump(mode="json")
         data["qs"] = _qs(run.queue, run.state)
+        data["rank"] = run_rank(run)
         return {k: _to_dynamo(v) for k, v in data.items()}
 
     @staticmethod
     def _run(item: Mapping[str, Any]) -> Run:
         data = _from_item(item)
         data.pop("qs", None)
+        data.pop("rank", None)
         return Run.model_validate(data)
 
     def create(self, run: Run) -> Run:
@@ -124,6 +134,15 @@ class DynamoRunStore:
             names["#qs"] = "qs"
             values[":qs"] = {"S": _qs(run.queue, changes["state"])}
             sets.append("#qs = :qs")
+        # What the rank is made of: priority and fair tag change only here, id and created_at never.
+        # Unless they change, the stored rank stays; a run stored before ranks existed gets one.
+        spec = changes.get("spec", run.spec)
+        priority = (spec if isinstance(spec, RunSpec) else RunSpec.model_validate(spec)).priority
+        names["#rank"] = "rank"
+        tag = float(changes.get("fair_tag", run.fair_tag))
+        values[":rank"] = {"S": rank_key(priority, tag, run.created_at, run.id)}
+        moves = "spec" in changes or "fair_tag" in changes
+        sets.append("#rank = :rank" if moves else "#rank = if_not_exists(#rank, :rank)")
         if event is not None:
             names["#events"] = "events"
             values[":ev"] = _to_dynamo([event.model_dump(mode="json")])
@@ -241,6 +260,32 @@ class DynamoRunStore:
 
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
         return cursor_after(run, owner)
+
+    def head(self, queue: str, limit: int, priority: int | None = None) -> builtins.list[Run]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": BY_RANK,
+            "KeyConditionExpression": "#k = :k",
+            "ExpressionAttributeNames": {"#k": "qs"},
+            "ExpressionAttributeValues": {":k": {"S": _qs(queue, RunState.QUEUED)}},
+            "ScanIndexForward": True,
+        }
+        if priority is not None:
+            kwargs["KeyConditionExpression"] += " AND begins_with(#r, :r)"
+            kwargs["ExpressionAttributeNames"]["#r"] = "rank"
+            kwargs["ExpressionAttributeValues"][":r"] = {"S": rank_prefix(priority)}
+        runs: builtins.list[Run] = []
+        while len(runs) < limit:
+            kwargs["Limit"] = limit - len(runs)
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise _translate(e, "read the head of the queue") from e
+            runs.extend(self._run(item) for item in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:  # a page stops at 1 MB: big runs may need more than one
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return runs[:limit]
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         kwargs: dict[str, Any] = {
@@ -490,10 +535,11 @@ class DynamoPoolStateStore:
 
 class DynamoQuotaStore:
     """Quotas and usage records in one table keyed by ``id``: ``quota#user:alice`` holds alice's
-    quota, ``usage#user:alice`` what she holds and has used; each document as JSON. A usage record
-    is written only while its stored ``version`` is the one the writer read."""
+    quota, ``usage#user:alice`` what she holds and has used, ``lane#gpu#alice`` her place in the
+    fair share of pool gpu; each document as JSON. Usage records and lanes are written only while
+    their stored ``version`` is the one the writer read."""
 
-    QUOTA, USAGE = "quota#", "usage#"
+    QUOTA, USAGE, LANE = "quota#", "usage#", "lane#"
 
     def __init__(self, table: str, client: Any) -> None:
         self.table = table
@@ -553,27 +599,36 @@ class DynamoQuotaStore:
 
     def save_usage(self, record: UsageRecord) -> UsageRecord:
         stored = record.model_copy(update={"version": record.version + 1})
-        item = {
-            "id": {"S": self.USAGE + record.key},
-            "version": {"N": str(stored.version)},
-            "doc": {"S": stored.model_dump_json()},
-        }
+        self._put_versioned(self.USAGE + record.key, record.version, stored.model_dump_json(), f"usage of {record.key}")
+        return stored
+
+    def _put_versioned(self, item_id: str, version: int, doc: str, what: str) -> None:
+        """Put ``doc`` at ``version`` + 1 if the stored version is ``version`` (0: none stored, or an
+        item without one). Raises ConditionFailed when it is not."""
+        item = {"id": {"S": item_id}, "version": {"N": str(version + 1)}, "doc": {"S": doc}}
         condition: dict[str, Any] = {"ExpressionAttributeNames": {"#v": "version"}}
-        if record.version == 0:  # none stored yet (or an item that is no usage record)
+        if version == 0:
             condition["ConditionExpression"] = "attribute_not_exists(#v)"
         else:
             condition["ConditionExpression"] = "#v = :v"
-            condition["ExpressionAttributeValues"] = {":v": {"N": str(record.version)}}
+            condition["ExpressionAttributeValues"] = {":v": {"N": str(version)}}
         try:
             self.client.put_item(TableName=self.table, Item=item, **condition)
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
-                raise ConditionFailed(
-                    f"usage of {record.key}: changed since version {record.version}", key=record.key
-                ) from e
-            raise _translate(e, "write usage") from e
+                raise ConditionFailed(f"{what}: changed since version {version}", key=item_id.partition("#")[2]) from e
+            raise _translate(e, f"write {what}") from e
         except BotoCoreError as e:
-            raise _translate(e, "write usage") from e
+            raise _translate(e, f"write {what}") from e
+
+    def lane(self, pool: str, user: str) -> Lane:
+        item = self._read(f"{self.LANE}{pool}#{user}", "read lane")
+        return _lane(item, pool, user)
+
+    def save_lane(self, lane: Lane) -> Lane:
+        stored = lane.model_copy(update={"version": lane.version + 1})
+        item_id, what = f"{self.LANE}{lane.pool}#{lane.user}", f"lane {lane.pool}/{lane.user}"
+        self._put_versioned(item_id, lane.version, stored.model_dump_json(), what)
         return stored
 
     def list_usage(self) -> builtins.list[UsageRecord]:  # ``list`` here is the method above
@@ -600,6 +655,25 @@ def _quota(item: Mapping[str, Any] | None, key: str) -> Quota | None:
     except (ValueError, KeyError):
         return None
     return quota if quota.key == key else None
+
+
+def _lane(item: Mapping[str, Any] | None, pool: str, user: str) -> Lane:
+    """The lane of an item. None, or an item that does not hold a valid lane of ``pool`` and
+    ``user``, reads as a fresh lane at the stored version, so the next write replaces it."""
+    fresh = Lane(pool=pool, user=user)
+    if not item:
+        return fresh
+    try:
+        version = int(item["version"]["N"])
+    except (KeyError, ValueError):
+        return fresh
+    try:
+        lane = Lane.model_validate_json(item["doc"]["S"])
+    except (ValueError, KeyError):
+        return fresh.model_copy(update={"version": version})
+    if (lane.pool, lane.user, lane.version) != (pool, user, version):
+        return fresh.model_copy(update={"version": version})
+    return lane
 
 
 def _usage(item: Mapping[str, Any] | None, kind: QuotaKind, name: str) -> UsageRecord:

@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 
 from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 
@@ -101,8 +101,12 @@ def _tables(ddb: Any, names: AwsNames) -> None:
             ddb,
             names.runs_table,
             "id",
-            {"id": "S", "owner": "S", "qs": "S", "created_at": "N"},
-            [_index(BY_OWNER, "owner", "created_at"), _index(BY_QUEUE_STATE, "qs", "created_at")],
+            {"id": "S", "owner": "S", "qs": "S", "created_at": "N", "rank": "S"},
+            [
+                _index(BY_OWNER, "owner", "created_at"),
+                _index(BY_QUEUE_STATE, "qs", "created_at"),
+                _index(BY_RANK, "qs", "rank"),
+            ],
         ),
         "workers_table": _create_table(ddb, names.workers_table, "id", {"id": "S"}, []),
         "tokens_table": _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, []),

@@ -9,13 +9,16 @@ PartitionKey          RowKey                           entity
 ====================  ===============================  ==================================================
 ``q:{queue}``         ``run:{id}``                     the run: the truth, replaced only with its ETag
 ``q:{queue}``         ``s:{state}:{newest}:{id}``      a copy of the run, for listing by queue and state
+``q:{queue}``         ``r:{rank}``                     a copy of a queued run: the queue's line, in order
 ``id:{id}``           ``""``                           the run's queue: where ``get(id)`` finds it
 ``o:{owner}``         ``{newest}:{id}``                the owner's index: points at the run's queue
 ====================  ===============================  ==================================================
 
-``newest`` is an inverted creation time, so a range scan returns newest first.
+``newest`` is an inverted creation time, so a range scan returns newest first. ``rank`` is
+``run_rank(run)`` (escaped), the order a pool's queued runs start in; the ``r:`` copy exists exactly
+while the run is queued, so ``head`` is a range scan of the ``r:`` rows.
 
-A run and its state copy live in the queue's partition, and every write replaces both in one
+A run and its copies live in the queue's partition, and every write replaces them in one
 transaction conditional on the run's ETag: listing and counting by queue and state are range scans
 of one partition that are exact at all times, with nothing to repair. The alternative, a partition
 per run, makes the queue+state index a separate partition that no transaction can update with the
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import itertools
 import json
 import re
 import secrets
@@ -69,6 +73,7 @@ from runplane.domain.errors import (
 from runplane.domain.models import (
     ApiToken,
     Event,
+    Lane,
     PoolRecord,
     Quota,
     QuotaKind,
@@ -77,6 +82,8 @@ from runplane.domain.models import (
     UsageRecord,
     Worker,
     quota_key,
+    rank_prefix,
+    run_rank,
 )
 from runplane.ports import LIST_BUDGET, Expect, Page
 
@@ -211,14 +218,21 @@ class TableRunStore:
     def _copy_key(cls, run: Run) -> str:
         return f"{cls._state_prefix(run.state)}{newest_first(run.created_at)}:{key(run.id)}"
 
+    @staticmethod
+    def _rank_key(run: Run) -> str | None:
+        """The RowKey of the run's copy in its queue's line; None when it is not queued."""
+        return f"r:{key(run_rank(run))}" if run.state == RunState.QUEUED else None
+
     @classmethod
-    def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The run and its state copy."""
+    def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
+        """The run, its state copy and, while it is queued, its copy in the line."""
         body = {"state": str(run.state), **pack(run.model_dump(mode="json"), f"run {run.id}")}
         partition = cls._partition(run.queue)
+        rank = cls._rank_key(run)
         return (
             {"PartitionKey": partition, "RowKey": f"run:{key(run.id)}", **body},
             {"PartitionKey": partition, "RowKey": cls._copy_key(run), **body},
+            {"PartitionKey": partition, "RowKey": rank, **body} if rank is not None else None,
         )
 
     def _read(self, queue: str, run_id: str) -> tuple[Run, str]:
@@ -247,7 +261,7 @@ class TableRunStore:
     # -- the port -------------------------------------------------------------------------
 
     def create(self, run: Run) -> Run:
-        main, copy = self._entities(run)  # PayloadTooLarge before anything is written
+        main, copy, ranked = self._entities(run)  # PayloadTooLarge before anything is written
         try:
             self.table.create_entity({"PartitionKey": f"id:{key(run.id)}", "RowKey": "", "queue": run.queue})
         except ResourceExistsError:
@@ -272,7 +286,9 @@ class TableRunStore:
                     "queue": run.queue,
                 }
             )
-            self.table.submit_transaction([("create", main), ("create", copy)])
+            self.table.submit_transaction(
+                [("create", main), ("create", copy), *([("create", ranked)] if ranked is not None else [])]
+            )
         except TableTransactionError as e:
             if error_code(e) == TableErrorCode.ENTITY_ALREADY_EXISTS:
                 existing, _ = self._read(run.queue, run.id)
@@ -289,6 +305,7 @@ class TableRunStore:
         for field in changes:
             if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
                 raise ValueError(f"cannot update field {field!r}")
+        unranked = False  # a run queued before lines existed has no copy in the line to remove
         for _ in range(MAX_WRITE_TRIES):
             current, etag = self._read(run.queue, run.id)
             if not _holds(current, expect):
@@ -298,7 +315,7 @@ class TableRunStore:
             if event is not None:
                 data["events"].append(event.model_dump(mode="json"))
             new = Run.model_validate(data)
-            main, copy = self._entities(new)
+            main, copy, ranked = self._entities(new)
             operations: list[Any] = [
                 (
                     "update",
@@ -310,11 +327,20 @@ class TableRunStore:
             if old_copy != copy["RowKey"]:
                 operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old_copy}))
             operations.append(("upsert", copy, {"mode": UpdateMode.REPLACE}))
+            old_rank = self._rank_key(current)
+            removes_rank = old_rank is not None and old_rank != (ranked or {}).get("RowKey") and not unranked
+            if removes_rank:
+                operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old_rank}))
+            if ranked is not None:
+                operations.append(("upsert", ranked, {"mode": UpdateMode.REPLACE}))
             try:
                 self.table.submit_transaction(operations)
             except TableTransactionError as e:
                 if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
                     continue  # another write came between our read and ours: check again
+                if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND and removes_rank:
+                    unranked = True  # nothing was written: write it again without that removal
+                    continue
                 raise _failure(e, "update run") from e
             except AzureError as e:
                 raise _failure(e, "update run") from e
@@ -403,6 +429,14 @@ class TableRunStore:
             yield from entities
         except AzureError as e:
             raise _failure(e, what) from e
+
+    def head(self, queue: str, limit: int, priority: int | None = None) -> builtins.list[Run]:
+        if limit <= 0:
+            return []
+        prefix = "r:" + (key(rank_prefix(priority)) if priority is not None else "")
+        before = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every one with the prefix
+        rows = self._scan(self._partition(queue), prefix, before, min(limit, 1000), "read the head of the queue")
+        return [Run.model_validate(unpack(entity)) for entity in itertools.islice(rows, limit)]
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         if cap <= 0:
@@ -597,11 +631,12 @@ class TablePoolStateStore:
 
 class TableQuotaStore:
     """Quotas and usage records in one table: PartitionKey ``quota`` or ``usage``, RowKey the
-    escaped ``user:alice`` / ``group:vision``, the document as JSON. A usage record is written only
-    while its stored ``version`` is the one the writer read: created only if absent, replaced only
-    with the ETag read along with that version, so of two racing writers one fails."""
+    escaped ``user:alice`` / ``group:vision``, the document as JSON; and lanes, PartitionKey
+    ``lane``, RowKey the escaped ``{pool}:{user}``. Usage records and lanes are written only while
+    their stored ``version`` is the one the writer read: created only if absent, replaced only with
+    the ETag read along with that version, so of two racing writers one fails."""
 
-    QUOTA, USAGE = "quota", "usage"
+    QUOTA, USAGE, LANE = "quota", "usage", "lane"
 
     def __init__(self, table: TableClient) -> None:
         self.table = table
@@ -659,6 +694,12 @@ class TableQuotaStore:
         current, etag = self._read_usage(record.kind, record.name)
         if current.version != record.version:
             raise changed
+        self._write_versioned(entity, etag, changed, "write usage")
+        return stored
+
+    def _write_versioned(self, entity: dict[str, Any], etag: str, changed: ConditionFailed, what: str) -> None:
+        """Create ``entity`` (no ``etag``: none was read) or replace the one read with ``etag``;
+        raises ``changed`` when it was written (or removed) since that read."""
         try:
             if not etag:
                 self.table.create_entity(entity)
@@ -670,10 +711,35 @@ class TableQuotaStore:
             raise changed from e  # written since our read: every write bumps the version, so ours is stale
         except ResourceNotFoundError as e:
             if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise _failure(e, "write usage") from e
+                raise _failure(e, what) from e
             raise changed from e  # removed since our read
         except AzureError as e:
-            raise _failure(e, "write usage") from e
+            raise _failure(e, what) from e
+
+    def _read_lane(self, pool: str, user: str) -> tuple[Lane, str]:
+        """The lane and its ETag ("" when none is stored)."""
+        entity = _get(self.table, self.LANE, f"{key(pool)}:{key(user)}", "read lane")
+        if entity is None:
+            return Lane(pool=pool, user=user), ""
+        return _lane(entity, pool, user), str(entity.metadata["etag"])
+
+    def lane(self, pool: str, user: str) -> Lane:
+        return self._read_lane(pool, user)[0]
+
+    def save_lane(self, lane: Lane) -> Lane:
+        stored = lane.model_copy(update={"version": lane.version + 1})
+        what = f"lane {lane.pool}/{lane.user}"
+        entity = {
+            "PartitionKey": self.LANE,
+            "RowKey": f"{key(lane.pool)}:{key(lane.user)}",
+            "version": stored.version,
+            **pack(stored.model_dump(mode="json"), what),
+        }
+        changed = ConditionFailed(f"{what}: changed since version {lane.version}", key=f"{lane.pool}:{lane.user}")
+        current, etag = self._read_lane(lane.pool, lane.user)
+        if current.version != lane.version:
+            raise changed
+        self._write_versioned(entity, etag, changed, "write lane")
         return stored
 
     def list_usage(self) -> builtins.list[UsageRecord]:  # ``list`` here is the method above
@@ -705,6 +771,22 @@ def _quota(entity: Mapping[str, Any] | None, subject: str) -> Quota | None:
     except ValueError:
         return None
     return quota if quota.key == subject else None
+
+
+def _lane(entity: Mapping[str, Any], pool: str, user: str) -> Lane:
+    """The lane of an entity. One that does not hold a valid lane of ``pool`` and ``user`` reads
+    as a fresh lane at the stored version (0 when it has none), so the next write replaces it."""
+    fresh = Lane(pool=pool, user=user)
+    version = entity.get("version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        return fresh
+    try:
+        lane = Lane.model_validate(unpack(entity))
+    except (ValueError, KeyError, TypeError):
+        return fresh.model_copy(update={"version": version})
+    if (lane.pool, lane.user, lane.version) != (pool, user, version):
+        return fresh.model_copy(update={"version": version})
+    return lane
 
 
 def _usage(entity: Mapping[str, Any], kind: QuotaKind, name: str) -> UsageRecord:

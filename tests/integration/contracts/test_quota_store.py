@@ -6,7 +6,7 @@ import json
 import pytest
 
 from runplane.domain.errors import ConditionFailed
-from runplane.domain.models import Hold, Quota, UsageRecord
+from runplane.domain.models import Hold, Lane, Quota, UsageRecord
 
 
 def quota(kind, name, **limits):
@@ -179,3 +179,39 @@ def test_a_usage_record_that_does_not_validate_reads_fresh_and_is_replaced(stack
     assert stored.version == 5
     assert quotas.usage("user", "alice") == stored
     assert [(r.name, r.running) for r in quotas.list_usage()] == [("alice", 1), ("eve", 0)]
+
+
+# ---- lanes: a user's place in the fair share of one pool ----------------------------------------
+
+
+def test_lanes_start_fresh_and_chain_versions(stack):
+    quotas = stack.quotas
+    assert quotas.lane("gpu", "alice") == Lane(pool="gpu", user="alice")
+    first = quotas.save_lane(Lane(pool="gpu", user="alice", tag=3.0, lead=3.0, at=100.0))
+    assert first.version == 1
+    assert quotas.lane("gpu", "alice") == first
+    second = quotas.save_lane(first.model_copy(update={"tag": 4.5, "lead": 1.25, "at": 200.5}))
+    assert second.version == 2
+    assert quotas.lane("gpu", "alice") == second
+    # one lane per pool and user; a user name with odd characters is a user like any other
+    assert quotas.lane("cpu", "alice").version == 0
+    assert quotas.lane("gpu", "bob").version == 0
+    odd = quotas.save_lane(Lane(pool="gpu", user="a.b@example.com", tag=1.0))
+    assert quotas.lane("gpu", "a.b@example.com") == odd
+    # lanes are neither quotas nor usage records
+    assert quotas.list() == [] and quotas.list_usage() == []
+
+
+def test_save_lane_with_a_stale_version_fails(stack):
+    quotas = stack.quotas
+    mine = quotas.lane("gpu", "alice")
+    theirs = quotas.lane("gpu", "alice")
+    stored = quotas.save_lane(theirs.model_copy(update={"tag": 1.0}))
+    with pytest.raises(ConditionFailed):
+        quotas.save_lane(mine.model_copy(update={"tag": 9.0}))  # version 0: one exists
+    with pytest.raises(ConditionFailed):
+        quotas.save_lane(stored.model_copy(update={"version": 5}))  # a version never stored
+    with pytest.raises(ConditionFailed):
+        quotas.save_lane(Lane(pool="gpu", user="bob", version=1))  # none stored at all
+    assert quotas.lane("gpu", "alice") == stored
+    assert quotas.lane("gpu", "bob").version == 0

@@ -380,6 +380,46 @@ def _quotas(wire: Wire) -> None:
     assert wire("POST", "/v1/quotas", {}, who="admin").status == 405
 
 
+def _usage(wire: Wire) -> None:
+    """Usage reports: a user's own, an admin's of anyone, and the refusals."""
+    mine = wire("GET", "/v1/usage?by=pool&since=2000-01-01")
+    assert mine.status == 200 and mine.body["user"] == "alice"
+    assert "parked" in [row["key"] for row in mine.body["rows"]] and mine.body["total"]["runs"] >= 2
+    every = wire("GET", "/v1/usage?since=946684800&until=2100-01-01T00:00:00Z&by=user", who="admin")
+    assert every.status == 200 and {"alice", "carol"} <= {row["key"] for row in every.body["rows"]}
+    assert wire("GET", "/v1/usage?by=group&group=vision", who="carol").status == 200
+    assert wire("GET", "/v1/usage?user=bob").status == 403
+    assert wire("GET", "/v1/usage?since=yesterday").status == 400
+    assert wire("GET", "/v1/usage?by=colour").status == 422
+    assert wire("GET", "/v1/usage?pool=nowhere").status == 422
+    assert wire("GET", "/v1/usage", who="empty").status == 403
+    assert wire("GET", "/v1/usage", who=None).status == 401
+
+
+def _priority(wire: Wire, run_id: str) -> None:
+    """Priorities at submit and on a queued run: a user up to the pool's max_user_priority (50 on
+    parked), an admin any; another user's run answers as one that does not exist."""
+    path = f"/v1/runs/{run_id}/priority"
+    lowered = wire("POST", path, {"priority": 20})
+    assert lowered.status == 200 and (lowered.body["priority"], lowered.body["spec"]["priority"]) == (20, 20)
+    assert wire("POST", path, {"priority": 51}).status == 403
+    assert wire("POST", path, {"priority": 90}, who="admin").body["priority"] == 90
+    assert wire("POST", path, {"priority": 30}, who="bob").status == 404
+    assert wire("POST", "/v1/runs/r-nothing/priority", {"priority": 30}).status == 404
+    assert wire("POST", path, {"priority": 30}, who="reader").status == 403
+    assert wire("POST", path, {"priority": 30}, who=None).status == 401
+    assert wire("POST", path, {"priority": 101}).status == 422
+    assert wire("POST", path, {"priority": "high"}).status == 422
+    assert wire("POST", path, data=b"[]").status == 400
+    assert wire("POST", path, {"priority": 1, "x": "y" * 300_000}).status == 413
+    assert wire("GET", path).status == 405
+    assert wire("POST", "/v1/runs", {**PARKED, "priority": 51}).status == 403
+    urgent = wire("POST", "/v1/runs", {**PARKED, "priority": 95}, who="admin")
+    assert urgent.status == 201 and urgent.body["priority"] == 95
+    assert wire("POST", f"/v1/runs/{urgent.body['id']}/kill", who="admin").status == 202
+    assert wire("POST", f"/v1/runs/{urgent.body['id']}/priority", {"priority": 1}, who="admin").status == 409
+
+
 def test_every_answer_agrees_with_the_document(wire):
     assert wire("GET", "/v1/health", who=None).status == 200
     document = wire("GET", "/v1/openapi.json", who=None)
@@ -389,6 +429,8 @@ def test_every_answer_agrees_with_the_document(wire):
     _fleet(wire, run_id)
     _tokens(wire)
     _quotas(wire)
+    _usage(wire)
+    _priority(wire, run_id)
 
     killed = wire("POST", f"/v1/runs/{run_id}/kill")
     assert killed.status == 202 and killed.body["state"] == "killed" and killed.body["failure"]["reason"] == "killed"

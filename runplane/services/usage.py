@@ -1,0 +1,199 @@
+"""Usage reports: what runs used, per user, group or pool, over a window of time.
+
+A run counts in the window it was submitted in (``created_at`` in ``[since, until)``), with the
+figures its agent recorded (``Run.usage``: CPU-seconds, GPU-seconds and cost, all attempts
+together; a run under way with what it used so far). A user sees only their own runs; asking for
+another user's is refused (403) rather than answered with an empty report, so that a script that
+asks for the wrong user learns it. Admins see anyone's.
+
+What a report reads: the runs submitted since ``since``, newest first, stopping at the first one
+older than the window. One user's (every report of a user who is not an admin): through the runs
+table's owner index. An admin's report of every user: each pool's runs through the queue-and-state
+index, one listing per pool and state, so its cost grows with the runs of all users since
+``since``; a report that would read more than MAX_REPORT_RUNS runs is refused and asks for a
+shorter window (or one user, or one pool).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal, cast, get_args
+
+from runplane.domain.errors import BadRequest, Forbidden, InvalidRequest
+from runplane.domain.models import PoolConfig, Principal, Run, RunState
+from runplane.ports import RunStore
+
+Clock = Callable[[], float]
+By = Literal["user", "group", "pool"]
+
+MAX_REPORT_RUNS = 50_000
+"""The most runs one report reads."""
+PAGE = 500
+"""Runs asked for per listing call."""
+LATEST = 253402300799.0
+"""9999-12-31T23:59:59Z: the latest moment a window may name."""
+
+# Forward in the lifecycle, terminal states last: a run that moves on while an admin-wide report
+# lists the states meets the listing again further on (its later copy counts), so only a run
+# handed back to the queue meanwhile can be missed.
+_STATE_ORDER = (
+    RunState.QUEUED,
+    RunState.PREPARING,
+    RunState.RUNNING,
+    RunState.UPLOADING,
+    *(s for s in RunState if s.terminal),
+)
+
+
+@dataclass
+class Row:
+    """What the runs of one key used."""
+
+    key: str | None
+    runs: int = 0
+    cpu_seconds: float = 0.0
+    gpu_seconds: float = 0.0
+    cost: float | None = None
+
+    def add(self, run: Run) -> None:
+        self.runs += 1
+        self.cpu_seconds += run.usage.cpu_seconds or 0.0
+        self.gpu_seconds += run.usage.gpu_seconds or 0.0
+        if run.usage.cost is not None:
+            self.cost = (self.cost or 0.0) + run.usage.cost
+
+
+@dataclass
+class Report:
+    by: By
+    since: float
+    until: float
+    user: str | None
+    group: str | None
+    pool: str | None
+    rows: list[Row] = field(default_factory=list)
+    total: Row = field(default_factory=lambda: Row(None))
+
+
+def parse_by(raw: str | None) -> By:
+    """``by`` as a query gives it (default ``user``). Raises InvalidRequest for another value."""
+    if raw is None or raw == "":
+        return "user"
+    if raw in get_args(By):
+        return cast(By, raw)
+    raise InvalidRequest(f"by must be user, group or pool, not {raw[:40]!r}")
+
+
+def parse_moment(name: str, raw: str) -> float:
+    """A moment given as ISO 8601 (``2026-11-01``, ``2026-11-01T09:30:00Z``; UTC when it names no
+    zone) or as Unix seconds (``1793491200``). Raises BadRequest for anything else."""
+    text = raw.strip()
+    wrong = BadRequest(
+        f"{name} must be an ISO 8601 date or time (2026-11-01, 2026-11-01T09:30:00Z) or Unix seconds, not {raw[:40]!r}"
+    )
+    if not text or len(text) > 64:
+        raise wrong
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            moment = datetime.fromisoformat(text.replace("z", "Z"))
+        except ValueError as e:
+            raise wrong from e
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        seconds = moment.timestamp()
+    if not math.isfinite(seconds) or not 0 <= seconds <= LATEST:
+        raise BadRequest(f"{name} must be between 1970-01-01 and 9999-12-31, not {raw[:40]!r}")
+    return seconds
+
+
+def month_start(now: float) -> float:
+    """The start of the calendar month (UTC) that ``now`` falls in: a report's default ``since``."""
+    moment = datetime.fromtimestamp(now, UTC)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
+
+
+def usage_report(
+    store: RunStore,
+    pools: PoolConfig,
+    principal: Principal,
+    *,
+    user: str | None = None,
+    group: str | None = None,
+    pool: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    by: By = "user",
+    clock: Clock,
+) -> Report:
+    """What the runs submitted in ``[since, until)`` (default: from the start of this month, UTC,
+    until now) used, per ``by``, optionally only ``user``'s, those charged to ``group`` or those
+    of ``pool``. Raises Forbidden when a user who is not an admin asks for another user's,
+    InvalidRequest for an unknown pool, a window that ends before it starts, or one that holds
+    more than MAX_REPORT_RUNS runs."""
+    if not principal.admin:
+        if user is not None and user != principal.user:
+            raise Forbidden(f"only admins may read another user's usage; {principal.user} may read their own")
+        user = principal.user
+    if pool is not None and pools.get(pool) is None:
+        names = ", ".join(p.name for p in pools.pools)
+        raise InvalidRequest(f"no pool {pool[:80]!r}; pools are {names}")
+    now = clock()
+    start = month_start(now) if since is None else since
+    end = now if until is None else until
+    if end < start:
+        raise InvalidRequest("until is before since: the window would be empty")
+    rows: dict[str | None, Row] = {}
+    total = Row(None)
+    for run in _runs(store, pools, user, pool, start, end):
+        if group is not None and run.group != group:
+            continue
+        key = {"user": run.owner, "group": run.group, "pool": run.queue}[by]
+        rows.setdefault(key, Row(key)).add(run)
+        total.add(run)
+    ordered = sorted(rows.values(), key=lambda r: (r.key is None, r.key or ""))
+    return Report(by, start, end, user, group, pool, ordered, total)
+
+
+def _runs(
+    store: RunStore, pools: PoolConfig, user: str | None, pool: str | None, since: float, until: float
+) -> Iterator[Run]:
+    """Every run submitted in ``[since, until)`` of ``user`` (or of every user) and of ``pool`` (or
+    of every pool), each once."""
+    read = 0
+
+    def listing(owner: str | None = None, queue: str | None = None, state: RunState | None = None) -> Iterator[Run]:
+        nonlocal read
+        cursor: str | None = None
+        while True:
+            page = store.list(owner=owner, queue=queue, state=state, limit=PAGE, cursor=cursor)
+            for run in page.runs:
+                read += 1
+                if read > MAX_REPORT_RUNS:
+                    raise InvalidRequest(
+                        f"the window holds more than {MAX_REPORT_RUNS} runs: "
+                        "ask for a shorter one, one user or one pool"
+                    )
+                if run.created_at < since:  # newest first: the rest are older still
+                    return
+                if run.created_at < until:
+                    yield run
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    if user is not None:
+        for run in listing(owner=user):
+            if pool is None or run.queue == pool:
+                yield run
+        return
+    latest: dict[str, Run] = {}
+    for name in [pool] if pool is not None else [p.name for p in pools.pools]:
+        for state in _STATE_ORDER:
+            for run in listing(queue=name, state=state):
+                latest[run.id] = run
+    yield from latest.values()
