@@ -118,7 +118,7 @@ def queued_runs(pool: Any, n_runs: int, n_users: int, now: float, seed: int) -> 
     for k, owner in enumerate(owners):
         at = now - 3600 + 3600 * k / n_runs
         virtual = first if first is not None else 0.0
-        lane = lanes.get(owner, Lane(pool=pool.name, user=owner))
+        lane = lanes.get(owner, Lane(pool=pool.name, user=owner, priority=resolved.priority))
         tag = virtual + scheduling.lead(lane, virtual, at, pool.fair_share_half_life)
         lanes[owner] = lane.model_copy(
             update={"tag": tag + 1, "lead": tag + 1 - virtual, "at": at, "version": lane.version + 1}
@@ -340,7 +340,7 @@ class SubmitPaths:
         """What a submit with quotas on adds, one store call at a time (reads only)."""
         for label, call in (
             ("head", lambda: self.stack.store.head(POOL, 1, 50)),
-            ("lane", lambda: self.stack.quotas.lane(POOL, "quser")),
+            ("lane", lambda: self.stack.quotas.lane(POOL, "quser", 50)),
             ("quota", lambda: self.stack.quotas.get("user", "quser")),
         ):
             t = time.perf_counter()

@@ -262,8 +262,9 @@ class QuotaStore(Protocol):
         """Every usage record."""
         ...
 
-    def lane(self, pool: str, user: str) -> Lane:
-        """The user's lane in ``pool`` (strongly consistent), or a fresh one with ``version`` 0."""
+    def lane(self, pool: str, user: str, priority: int) -> Lane:
+        """The user's lane in ``pool`` at ``priority`` (strongly consistent), or a fresh one with
+        ``version`` 0."""
         ...
 
     def save_lane(self, lane: Lane) -> Lane:

@@ -18,7 +18,7 @@ import requests
 
 from runplane import __version__
 from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import Run, RunState, Worker, refuses, run_rank
+from runplane.domain.models import Run, RunMessage, RunState, Worker, refuses, run_rank
 from runplane.ports import Delivery, Expect, WorkerRegistry
 from runplane.services import admission, lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_labels, holds, remove_container
@@ -254,9 +254,12 @@ class Agent:
             self.allocator.release(run.id)
             return
         claimed = self._claim(run, allocation)
-        self.ports.queue.delete(self.config.pool, delivery)
         if claimed is not None:
-            self._start(claimed, allocation)
+            self._start(claimed, allocation)  # first: a queue error must not leave it claimed, unstarted
+        try:
+            self.ports.queue.delete(self.config.pool, delivery)
+        except RunplaneError as e:
+            log.warning("run %s: its hint was not deleted (it comes back, stale): %s", run.id, e)
 
     def _refuses(self, run: Run) -> str | None:
         return refuses(
@@ -266,7 +269,8 @@ class Agent:
     def _take_ahead_of(self, hinted: Run, delivery: Delivery) -> bool:
         """Start the first run queued ahead of ``hinted`` in the pool's line (``RunStore.head``,
         the first PICK_WINDOW) that this worker can take, with the checks ``hinted`` would get;
-        then ``hinted``'s hint goes back to the queue at once, for another worker. False when
+        then ``hinted`` is hinted afresh, for another worker at once (a fresh message: handing
+        this delivery back would count one more receive towards the dead-letter queue). False when
         none ahead could start here (or the line could not be read): ``hinted`` is taken as its
         hint says. Runs waiting for a quota or a budget are left alone: the release that makes
         their room sends their hints again."""
@@ -305,8 +309,12 @@ class Agent:
             if claimed is None:
                 continue
             log.info("run %s is ahead of run %s in line: taken first", run.id, hinted.id)
-            self.ports.queue.release(self.config.pool, delivery, 0)
-            self._start(claimed, allocation)
+            self._start(claimed, allocation)  # first: a queue error must not leave it claimed, unstarted
+            try:
+                self.ports.queue.send(self.config.pool, RunMessage(run_id=hinted.id, attempt=hinted.attempt))
+                self.ports.queue.delete(self.config.pool, delivery)
+            except RunplaneError as e:
+                log.warning("run %s: its hint was not passed on (the reaper re-sends hints): %s", hinted.id, e)
             return True
         return False
 

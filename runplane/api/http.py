@@ -318,7 +318,7 @@ def set_priority(run_id: str) -> Response[str]:
     principal = _principal("runs:write")
     request: SetPriority = _model(SetPriority, _body_object())
     s = bootstrap.stack()
-    run = runs.set_priority(s.store, s.pools, principal, _run_id(run_id), request.priority, s.clock)
+    run = runs.set_priority(s.store, s.pools, principal, _run_id(run_id), request.priority, s.clock, quotas=s.quotas)
     return _json(200, run_view(run))
 
 

@@ -350,10 +350,17 @@ class Run(BaseModel):
     events: list[Event] = Field(default_factory=list)
 
 
+MAX_FAIR_TAG = 9_999_999_999_999.0
+"""The largest fair tag a rank holds (13 digits before the point)."""
+
+
 def rank_key(priority: int, fair_tag: float, created_at: float, run_id: str) -> str:
     """The order in which a pool's queued runs start, as a string that sorts the same way: the
-    higher priority first, then the smaller fair tag, then the older run, then the id."""
-    return f"{100 - priority:03d}#{fair_tag:020.6f}#{created_at:017.6f}#{run_id}"
+    higher priority first, then the smaller fair tag, then the older run, then the id. The tag is
+    held within its fixed width (0 to ``MAX_FAIR_TAG``) so that the strings always sort as the
+    numbers do."""
+    tag = min(max(fair_tag, 0.0), MAX_FAIR_TAG)
+    return f"{100 - priority:03d}#{tag:020.6f}#{created_at:017.6f}#{run_id}"
 
 
 def run_rank(run: Run) -> str:
@@ -776,7 +783,8 @@ class UsageRecord(BaseModel):
 
 
 class Lane(BaseModel):
-    """A user's place in the fair share of one pool (docs/scheduling.md): the fair tag the user's
+    """A user's place in the fair share of one pool at one priority (docs/scheduling.md; each
+    priority is a line of its own, with its own virtual time): the fair tag the user's
     next run would take, ``tag``, and the ``lead`` over the pool's line that the user had at
     ``at``, which halves every ``Pool.fair_share_half_life``. Every write is conditional on
     ``version`` (0: the record must not exist yet), like a usage record's."""
@@ -785,6 +793,7 @@ class Lane(BaseModel):
 
     v: int = SCHEMA_VERSION
     pool: str
+    priority: int = Field(ge=0, le=100)
     user: str
     tag: float = 0.0
     lead: float = 0.0

@@ -139,8 +139,8 @@ class CachedQuotas:
     def list_usage(self) -> list[UsageRecord]:
         return self.inner.list_usage()
 
-    def lane(self, pool: str, user: str) -> Lane:
-        return self.inner.lane(pool, user)
+    def lane(self, pool: str, user: str, priority: int) -> Lane:
+        return self.inner.lane(pool, user, priority)
 
     def save_lane(self, lane: Lane) -> Lane:
         return self.inner.save_lane(lane)

@@ -109,17 +109,25 @@ def submit_run(
     )
     if quotas is not None:
         refuse_alone(quotas, principal.user, group, resolved.resources)
+    run_id = run_id_for(principal.user, idempotency_key, secret)
+    request_hash = _request_hash(spec)
+    if idempotency_key is not None:
+        # a retried submit answers with its run before it takes a place in the line
+        try:
+            return _replay(queue, store.get(run_id), principal.user, request_hash)
+        except NotFound:
+            pass
     # with a quota store, runs of one priority take turns between users; without, first come first served
     tag = fair_tag(store, quotas, pool, principal.user, resolved.priority, now) if quotas is not None else 0.0
     run = Run(
-        id=run_id_for(principal.user, idempotency_key, secret),
+        id=run_id,
         owner=principal.user,
         owner_groups=sorted(principal.groups),
         group=group,
         spec=resolved,
         queue=pool.name,
         created_at=now,
-        request_hash=_request_hash(spec),
+        request_hash=request_hash,
         fair_tag=tag,
         hinted_at=now,
         waiting_reason=f"waiting for a worker of pool {pool.name}",
@@ -127,15 +135,20 @@ def submit_run(
     )
     try:
         store.create(run)
-    except AlreadyExists as e:
-        existing: Run = e.details["run"]
-        if existing.owner != principal.user or existing.request_hash != run.request_hash:
-            raise Conflict("Idempotency-Key was already used for a different request") from e
-        if existing.state == RunState.QUEUED:
-            _hint(queue, existing)
-        return Submitted(existing, created=False)
+    except AlreadyExists as e:  # a retry that raced this one
+        return _replay(queue, e.details["run"], principal.user, request_hash)
     _hint(queue, run)
     return Submitted(run, created=True)
+
+
+def _replay(queue: RunQueue, existing: Run, user: str, request_hash: str) -> Submitted:
+    """The answer to a submit whose Idempotency-Key made ``existing``: that run (hinted again while
+    queued), or Conflict when the key was used for a different request."""
+    if existing.owner != user or existing.request_hash != request_hash:
+        raise Conflict("Idempotency-Key was already used for a different request")
+    if existing.state == RunState.QUEUED:
+        _hint(queue, existing)
+    return Submitted(existing, created=False)
 
 
 def _check_priority(principal: Principal, pool: Pool | None, priority: int) -> None:
@@ -223,27 +236,44 @@ def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -
 
 
 def set_priority(
-    store: RunStore, pools: PoolConfig, principal: Principal, run_id: str, priority: int, clock: Clock
+    store: RunStore,
+    pools: PoolConfig,
+    principal: Principal,
+    run_id: str,
+    priority: int,
+    clock: Clock,
+    *,
+    quotas: QuotaStore | None = None,
 ) -> Run:
     """Give a queued run of the caller's (an admin: anyone's) ``priority``: its place in its pool's
-    line moves at once (the store ranks queued runs by priority). Setting the priority it already
-    has writes nothing. Raises NotFound (no such run, or another user's), Forbidden (a caller who
-    is not an admin asking above the pool's ``max_user_priority``) and Conflict (the run is no
-    longer queued, or changes too often)."""
+    line moves at once (the store ranks queued runs by priority). With ``quotas``, the run takes a
+    new fair tag at its new priority from its owner's lane there, like a run submitted now (a
+    backlog queued at a quiet priority and raised goes behind the runs already waiting at the new
+    one). Setting the priority it already has writes nothing. Raises NotFound (no such run, or
+    another user's), Conflict (the run is no longer queued, whatever the priority asked, or changes
+    too often) and Forbidden (a caller who is not an admin asking above the pool's
+    ``max_user_priority``)."""
     run = get_run(store, principal, run_id)
-    _check_priority(principal, pools.get(run.queue), priority)
+    pool = pools.get(run.queue)
+    tag: float | None = None
     for _ in range(3):
         if run.state != RunState.QUEUED:
             raise Conflict(f"run {run.id} is {run.state}: only a queued run's priority can change")
+        _check_priority(principal, pool, priority)
         old = run.spec.priority
         if old == priority:
             return run
+        now = clock()
+        if tag is None:  # once: a retry keeps the place taken in the lane
+            tag = run.fair_tag
+            if quotas is not None and pool is not None:
+                tag = fair_tag(store, quotas, pool, run.owner, priority, now)
         try:
             return store.update(
                 run,
                 Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt),
-                {"spec": run.spec.model_copy(update={"priority": priority})},
-                Event(at=clock(), message=f"priority {old} -> {priority} by {principal.user}"),
+                {"spec": run.spec.model_copy(update={"priority": priority}), "fair_tag": tag},
+                Event(at=now, message=f"priority {old} -> {priority} by {principal.user}"),
             )
         except ConditionFailed as e:
             run = e.details["run"]

@@ -1,10 +1,12 @@
 """The order a pool's queued runs start in: fair tags at submit (docs/scheduling.md).
 
 Within one priority, runs start in the order of their fair tag (start-time fair queueing). The
-pool's *virtual time* V is the tag of the first queued run of that priority (0 when none waits).
-Each user has a lane per pool (``Lane``): the tag their next run would take and the lead they had
-over the line, which halves every ``Pool.fair_share_half_life`` seconds. A run's tag is V plus the
-user's lead, and the lane moves one past it: a user who queued 500 runs holds tags V..V+499, and a
+pool's *virtual time* V is the tag of the first queued run of that priority that is waiting for
+the first time and not held back by a quota (a re-queued run keeps its old, lower tag; a run that
+waits for its quota may wait long), else of the first queued run, else 0. Each user has a lane per
+pool and priority (``Lane``): the tag their next run would take and the lead they had over the
+line, which halves every ``Pool.fair_share_half_life`` seconds. A run's tag is V plus the user's
+lead, and the lane moves one past it: a user who queued 500 runs holds tags V..V+499, and a
 newcomer's first run gets V, so it starts within the next two.
 """
 
@@ -33,17 +35,37 @@ def lead(lane: Lane, virtual: float, now: float, half_life: float) -> float:
     return max(0.0, min(lane.tag - virtual, decayed))
 
 
+PICK_WINDOW_FOR_V = 8
+"""How many of a line's first runs are read to find the one whose tag is the line's virtual time."""
+
+
+def virtual_time(store: RunStore, pool: str, priority: int) -> float:
+    """The virtual time of ``pool``'s line at ``priority``: the tag of its first run that waits for
+    the first time and not for a quota, else of its first run, else 0 (one head query). A store
+    that cannot answer (say, an index still being built) costs fairness, not the submit: 0."""
+    try:
+        line = store.head(pool, PICK_WINDOW_FOR_V, priority)
+    except RunplaneError as e:
+        log.warning("line of pool %s at priority %s not read; fair tags start at 0: %s", pool, priority, e)
+        return 0.0
+    for run in line:
+        if run.attempt == 0 and not (run.waiting_reason or "").startswith(("quota:", "budget:")):
+            return run.fair_tag
+    return line[0].fair_tag if line else 0.0
+
+
 def fair_tag(store: RunStore, quotas: QuotaStore, pool: Pool, user: str, priority: int, now: float) -> float:
-    """The fair tag of a run ``user`` submits now to ``pool`` at ``priority``, moving the user's
-    lane past it. One head query, one lane read and one conditional lane write; a write lost to a
-    racing submit of the same user reads the lane again (``MAX_TRIES`` in all). The quota store
-    failing costs fairness, never the submit: the run then takes the tag computed so far."""
-    first = store.head(pool.name, 1, priority)
-    virtual = first[0].fair_tag if first else 0.0
+    """The fair tag of a run ``user`` submits now to ``pool`` at ``priority`` (or a queued run of
+    theirs moves to ``priority``: it goes in line like a run submitted now), moving the user's
+    lane at that priority past it. One head query, one lane read and one conditional lane write; a
+    write lost to a racing submit of the same user reads the lane again (``MAX_TRIES`` in all).
+    The run store or the quota store failing costs fairness, never the submit: the run then takes
+    the tag computed so far."""
+    virtual = virtual_time(store, pool.name, priority)
     tag = virtual
     for _ in range(MAX_TRIES):
         try:
-            lane = quotas.lane(pool.name, user)
+            lane = quotas.lane(pool.name, user, priority)
             tag = virtual + lead(lane, virtual, now, pool.fair_share_half_life)
             quotas.save_lane(lane.model_copy(update={"tag": tag + 1, "lead": tag + 1 - virtual, "at": now}))
         except ConditionFailed:

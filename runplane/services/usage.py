@@ -10,8 +10,9 @@ What a report reads: the runs submitted since ``since``, newest first, stopping 
 older than the window. One user's (every report of a user who is not an admin): through the runs
 table's owner index. An admin's report of every user: each pool's runs through the queue-and-state
 index, one listing per pool and state, so its cost grows with the runs of all users since
-``since``; a report that would read more than MAX_REPORT_RUNS runs is refused and asks for a
-shorter window (or one user, or one pool).
+``since``. A report that would read more than MAX_REPORT_RUNS runs (a user's own included) is
+refused (422) and asks for a narrower window (or one user, or one pool): no request makes the API
+read more runs than that.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from runplane.ports import RunStore
 Clock = Callable[[], float]
 By = Literal["user", "group", "pool"]
 
-MAX_REPORT_RUNS = 50_000
-"""The most runs one report reads."""
+MAX_REPORT_RUNS = 5_000
+"""The most runs one report reads (whoever asks it)."""
 PAGE = 500
 """Runs asked for per listing call."""
 LATEST = 253402300799.0
@@ -129,12 +130,13 @@ def usage_report(
     until: float | None = None,
     by: By = "user",
     clock: Clock,
+    max_runs: int = MAX_REPORT_RUNS,
 ) -> Report:
     """What the runs submitted in ``[since, until)`` (default: from the start of this month, UTC,
     until now) used, per ``by``, optionally only ``user``'s, those charged to ``group`` or those
     of ``pool``. Raises Forbidden when a user who is not an admin asks for another user's,
-    InvalidRequest for an unknown pool, a window that ends before it starts, or one that holds
-    more than MAX_REPORT_RUNS runs."""
+    InvalidRequest for an unknown pool, a window that ends before it starts, or a report that
+    would read more than ``max_runs`` runs (listings stop at the first run older than ``since``)."""
     if not principal.admin:
         if user is not None and user != principal.user:
             raise Forbidden(f"only admins may read another user's usage; {principal.user} may read their own")
@@ -149,7 +151,7 @@ def usage_report(
         raise InvalidRequest("until is before since: the window would be empty")
     rows: dict[str | None, Row] = {}
     total = Row(None)
-    for run in _runs(store, pools, user, pool, start, end):
+    for run in _runs(store, pools, user, pool, start, end, max_runs):
         if group is not None and run.group != group:
             continue
         key = {"user": run.owner, "group": run.group, "pool": run.queue}[by]
@@ -160,23 +162,23 @@ def usage_report(
 
 
 def _runs(
-    store: RunStore, pools: PoolConfig, user: str | None, pool: str | None, since: float, until: float
+    store: RunStore, pools: PoolConfig, user: str | None, pool: str | None, since: float, until: float, max_runs: int
 ) -> Iterator[Run]:
     """Every run submitted in ``[since, until)`` of ``user`` (or of every user) and of ``pool`` (or
-    of every pool), each once."""
+    of every pool), each once, reading at most ``max_runs`` runs (InvalidRequest past that)."""
     read = 0
 
     def listing(owner: str | None = None, queue: str | None = None, state: RunState | None = None) -> Iterator[Run]:
         nonlocal read
         cursor: str | None = None
         while True:
-            page = store.list(owner=owner, queue=queue, state=state, limit=PAGE, cursor=cursor)
+            page = store.list(owner=owner, queue=queue, state=state, limit=min(PAGE, max_runs + 1), cursor=cursor)
             for run in page.runs:
                 read += 1
-                if read > MAX_REPORT_RUNS:
+                if read > max_runs:
                     raise InvalidRequest(
-                        f"the window holds more than {MAX_REPORT_RUNS} runs: "
-                        "ask for a shorter one, one user or one pool"
+                        f"this report would read more than {max_runs} runs: narrow the window "
+                        "(a later since or an earlier until), or ask for one user or one pool"
                     )
                 if run.created_at < since:  # newest first: the rest are older still
                     return

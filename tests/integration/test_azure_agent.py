@@ -67,3 +67,7 @@ def test_an_agent_of_an_azure_stack_takes_the_first_run_in_line(azure_stack, doc
     assert (done.state, done.worker_id) == (RunState.SUCCEEDED, "azure-w2")
     assert stack.store.get(low.id).state == RunState.QUEUED
     assert [r.id for r in stack.store.head("manual", 10)] == [low.id]
+    # the low run's hint was passed on as a fresh message: handed back, its receives would count
+    # towards the poison queue although nothing is wrong with it
+    hints = stack.queue.receive("manual", 10, wait_seconds=0, visibility_seconds=30)
+    assert [d.receive_count for d in hints if d.message.run_id == low.id] == [1]

@@ -1,7 +1,8 @@
 """Fair tags at submit (runplane/services/scheduling.py), on the real stores: a user's runs take
 tags one after another from the pool's line, a newcomer's first run takes the line's own, a lead
-halves every half-life, and submits of one user at once never share a tag. Racing submits run on
-dynalite and Azurite (see ``racing_stack``)."""
+halves every half-life, a user's lanes at two priorities are apart, a run moved to another
+priority goes in line there like a run submitted now, and submits of one user at once never share
+a tag. Racing submits run on dynalite and Azurite (see ``racing_stack``)."""
 
 import calendar
 import threading
@@ -9,9 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from runplane.domain.errors import RunplaneError
 from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.ports import Expect
 from runplane.services import lifecycle
-from runplane.services.runs import submit_run
+from runplane.services.runs import set_priority, submit_run
 from runplane.services.scheduling import fair_tag
 
 IMPLEMENTATIONS = ["aws-moto", "azure-azurite"]
@@ -33,14 +36,27 @@ def racing_stack(request):
     return request.getfixturevalue(_RACING_STACKS[request.param])
 
 
-def submit(stack, user, now=NOW, priority=50, quotas=True):
-    spec = RunSpec(command="true", queue="parked", priority=priority)
+SECRET = b"s" * 32
+
+
+def principal_of(user, priority=50):
     # above the pool's max_user_priority only an admin may submit
-    scopes = ["runs:read", "runs:write"] + (["admin"] if priority > 50 else [])
-    principal = Principal(user=user, scopes=scopes)
+    return Principal(user=user, scopes=["runs:read", "runs:write"] + (["admin"] if priority > 50 else []))
+
+
+def submit(stack, user, now=NOW, priority=50, quotas=True, key=None):
+    spec = RunSpec(command="true", queue="parked", priority=priority)
     store_quotas = stack.quotas if quotas else None
     return submit_run(
-        stack.store, stack.queue, stack.pools, principal, spec, None, lambda: now, quotas=store_quotas
+        stack.store,
+        stack.queue,
+        stack.pools,
+        principal_of(user, priority),
+        spec,
+        key,
+        lambda: now,
+        secret=SECRET,
+        quotas=store_quotas,
     ).run
 
 
@@ -77,7 +93,7 @@ def test_a_lead_halves_every_half_life(stack):
         start(stack, run)
     # nothing waits: the line is at 0 again; half of alice's lead is left an hour on
     assert submit(stack, "alice", NOW + HALF_LIFE).fair_tag == pytest.approx(2.0)
-    lane = stack.quotas.lane("parked", "alice")
+    lane = stack.quotas.lane("parked", "alice", 50)
     assert (lane.tag, lane.lead, lane.at) == (pytest.approx(3.0), pytest.approx(3.0), NOW + HALF_LIFE)
     # the line is at alice's run now: bob's first goes in line with it
     assert submit(stack, "bob", NOW + HALF_LIFE).fair_tag == pytest.approx(2.0)
@@ -99,9 +115,9 @@ def test_each_priority_has_a_line_of_its_own(stack):
         submit(stack, "alice", NOW, priority=50)
     assert submit(stack, "bob", NOW, priority=50).fair_tag == 0
     urgent = submit(stack, "bob", NOW, priority=90)
-    assert urgent.fair_tag == 1  # nothing waits at 90, and bob's lead is 1
+    assert urgent.fair_tag == 0  # nothing waits at 90, and bob has no lead there
     assert [r.id for r in stack.store.head("parked", 1)] == [urgent.id]
-    assert line(stack, 90) == [("bob", 1)]
+    assert line(stack, 90) == [("bob", 0)]
     owners = [owner for owner, _ in line(stack, 50)]  # one moment, one tag: the ids decide between them
     assert sorted(owners[:2]) == ["alice", "bob"] and owners[2:] == ["alice", "alice"]
 
@@ -115,7 +131,69 @@ def test_fair_tag_reads_the_line_of_the_pool_and_priority_once(stack):
     assert fair_tag(stack.store, stack.quotas, pool, "dave", 50, NOW) == 0
     assert fair_tag(stack.store, stack.quotas, pool, "dave", 50, NOW) == 1
     assert fair_tag(stack.store, stack.quotas, pool, "erin", 10, NOW) == 0
-    assert stack.quotas.lane("parked", "dave").version == 2
+    assert stack.quotas.lane("parked", "dave", 50).version == 2
+    assert stack.quotas.lane("parked", "erin", 10).version == 1
+
+
+def test_a_submit_at_another_priority_leaves_the_users_lane_at_the_first(stack):
+    for _ in range(3):
+        submit(stack, "alice", NOW)  # tags 0, 1, 2 at 50
+    assert submit(stack, "alice", NOW, priority=90).fair_tag == 0  # a line of its own, a lane of its own
+    assert submit(stack, "alice", NOW).fair_tag == 3
+    lanes = {p: stack.quotas.lane("parked", "alice", p) for p in (50, 90)}
+    assert {p: (lane.tag, lane.version) for p, lane in lanes.items()} == {50: (4, 4), 90: (1, 1)}
+
+
+def test_a_run_raised_to_a_busy_priority_goes_in_line_there_like_a_run_submitted_now(stack):
+    """A backlog queued at a quiet priority, whose tags are low there, and then raised, goes
+    behind the runs already waiting at the new priority, in turn with them: it cannot cut in."""
+    bob = [submit(stack, "bob", NOW) for _ in range(5)]  # tags 0..4 at 50
+    for run in bob[:3]:
+        start(stack, run)  # the line at 50 is at bob's 3 now
+    carol = submit(stack, "carol", NOW + 0.001)
+    assert carol.fair_tag == 3
+    alice = [submit(stack, "alice", NOW + 0.01, priority=20) for _ in range(3)]
+    assert [r.fair_tag for r in alice] == [0, 1, 2]  # nothing else waits at 20
+    owner = principal_of("alice")
+    raised = [
+        set_priority(stack.store, stack.pools, owner, r.id, 50, lambda: NOW + 0.02, quotas=stack.quotas) for r in alice
+    ]
+    assert [r.fair_tag for r in raised] == [3, 4, 5]
+    assert [r.fair_tag for r in map(stack.store.get, [r.id for r in alice])] == [3, 4, 5]
+    assert [who for who, _ in line(stack, 50)] == ["bob", "carol", "alice", "bob", "alice", "alice"]
+    assert line(stack, 20) == []
+    assert stack.quotas.lane("parked", "alice", 50).tag == 6
+
+
+def test_the_line_is_read_past_runs_that_came_back_or_wait_for_a_quota(stack):
+    """A run handed back to the queue keeps its old, low tag, and a run held back by a quota may
+    wait long: neither sets the line's virtual time, which would go back for everyone after."""
+    alice = [submit(stack, "alice", NOW) for _ in range(4)]  # tags 0..3
+    back = start(stack, alice[0])
+    start(stack, alice[1])
+    lifecycle.requeue(stack.store, stack.queue, back, NOW, "worker lost", charge=False)  # tag 0, attempt 1
+    held = stack.store.get(alice[2].id)
+    stack.store.update(
+        held,
+        Expect(states=frozenset({RunState.QUEUED}), attempt=held.attempt),
+        {"waiting_reason": "quota: user alice runs 1 of at most 1 run(s) at once"},
+    )
+    assert [tag for _, tag in line(stack)] == [0, 2, 3]
+    assert submit(stack, "bob", NOW).fair_tag == 3  # alice's 3, not the re-queued 0 nor the held 2
+    # when only such runs wait, the first of them is the line's
+    for run in stack.store.head("parked", 10):
+        if run.fair_tag >= 3:
+            start(stack, run)
+    assert submit(stack, "carol", NOW).fair_tag == 0
+
+
+def test_a_replayed_submit_leaves_the_lane_as_it_was(stack):
+    first = submit(stack, "alice", NOW, key="k1")
+    lane = stack.quotas.lane("parked", "alice", 50)
+    again = submit(stack, "alice", NOW + 1, key="k1")
+    assert (again.id, again.fair_tag) == (first.id, first.fair_tag)
+    assert stack.quotas.lane("parked", "alice", 50) == lane
+    assert submit(stack, "alice", NOW, key="k2").fair_tag == 1
 
 
 def test_submits_of_one_user_at_once_never_share_a_tag(racing_stack):
@@ -129,5 +207,19 @@ def test_submits_of_one_user_at_once_never_share_a_tag(racing_stack):
     with ThreadPoolExecutor(3) as pool:
         tags = sorted(pool.map(one, range(3)))
     assert tags == [0, 1, 2]
-    assert stack.quotas.lane("parked", "alice").version == 3
+    assert stack.quotas.lane("parked", "alice", 50).version == 3
     assert stack.store.count("parked", RunState.QUEUED) == 3
+
+
+def test_a_line_that_cannot_be_read_costs_fairness_not_the_submit(aws_stack):
+    """A stack upgraded in place builds its by_rank index for a while: queries of it fail. Submits
+    go on, tagged from the start of the line (0) plus the user's lead."""
+    stack = aws_stack
+    dynamodb = stack.store.client
+    dynamodb.update_table(
+        TableName=stack.store.table, GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": "by_rank"}}]
+    )
+    with pytest.raises(RunplaneError):
+        stack.store.head("parked", 1)
+    assert [submit(stack, "alice", NOW).fair_tag for _ in range(2)] == [0, 1]
+    assert stack.store.count("parked", RunState.QUEUED) == 2

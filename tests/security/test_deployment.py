@@ -575,8 +575,9 @@ def _administer(quotas: Any) -> None:
 
 
 def _move_a_lane(quotas: Any) -> None:
-    """What the API does at submit with a quota store: read the user's lane in the pool, move it."""
-    quotas.save_lane(quotas.lane("gpu", "alice"))
+    """What the API does at submit with a quota store: read the user's lane in the pool at the
+    run's priority, move it."""
+    quotas.save_lane(quotas.lane("gpu", "alice", 50))
 
 
 def _set_a_quota(quotas: Any) -> None:

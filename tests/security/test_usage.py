@@ -11,6 +11,10 @@ import uuid
 import pytest
 
 from runplane.client import Client
+from runplane.domain.errors import InvalidRequest
+from runplane.domain.models import Principal, RunSpec
+from runplane.services.runs import submit_run
+from runplane.services.usage import usage_report
 from tests.conftest import TERMINAL, api_status, wait_state
 from tests.security.conftest import bearer, raw
 
@@ -151,3 +155,24 @@ def test_wrong_methods_are_405_with_allow(front):
     status, headers, answer = raw(front, "POST", "/v1/usage", b"{}", bearer("admin"))
     assert (status, headers["allow"]) == (405, "GET")
     assert answer["error"]["code"] == "method_not_allowed"
+
+
+@pytest.fixture(params=["aws-moto", "azure-azurite"])
+def stack(request):
+    return request.getfixturevalue({"aws-moto": "aws_stack", "azure-azurite": "azure_stack"}[request.param])
+
+
+def test_a_report_reads_at_most_max_runs_runs(stack):
+    """No report makes the API read more than the service's cap of runs, not even a user's own:
+    past it the answer is a 422 that asks for a narrower window. A listing stops at the first run
+    older than the window, so the runs before it cost nothing."""
+    owner = Principal(user=fresh("u"), scopes=["runs:read", "runs:write"])
+    for at in (1000.0, 1001.0, 1002.0, 2000.0, 2001.0):
+        submit_run(stack.store, stack.queue, stack.pools, owner, RunSpec(**PARKED), None, lambda at=at: at)
+    clock = lambda: 3000.0  # noqa: E731
+    with pytest.raises(InvalidRequest, match=r"would read more than 3 runs: narrow the window"):
+        usage_report(stack.store, stack.pools, owner, since=0.0, clock=clock, max_runs=3)
+    # the two runs since 1500 and the one older run that ends the listing: three read
+    recent = usage_report(stack.store, stack.pools, owner, since=1500.0, clock=clock, max_runs=3)
+    assert recent.total.runs == 2
+    assert usage_report(stack.store, stack.pools, owner, since=0.0, clock=clock).total.runs == 5

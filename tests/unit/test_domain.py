@@ -10,6 +10,7 @@ from runplane.domain.models import (
     RunSpec,
     RunState,
     can_transition,
+    rank_key,
     states_leading_to,
 )
 from runplane.domain.pools import choose_pool, load_pools
@@ -174,3 +175,13 @@ def test_which_workers_take_a_run_by_tag_and_group():
     assert refuses(None, False, "vision", run(groups=["nlp", "vision"])) is None
     worker = Worker(id="w", pool="p", started_at=0, heartbeat_at=0, tag="a100-box", tag_exclusive=True)
     assert worker.refuses(tagged) is None and worker.refuses(plain) is not None
+
+
+def test_rank_keys_sort_as_their_tags_whatever_the_tag():
+    """A tag beyond the rank's fixed width, or below 0, is held at its edge: the strings never
+    sort out of the numbers' order (an unclamped 1e13 sorts before 5.0)."""
+    tags = [-3.0, 0.0, 5.0, 9_999_999_999_998.0, 1e13, 1e20]
+    keys = [rank_key(50, tag, 100.0, "r-a") for tag in tags]
+    assert sorted(keys) == keys
+    assert len({len(k) for k in keys}) == 1
+    assert rank_key(50, 1e20, 100.0, "r-a") < rank_key(40, 0.0, 100.0, "r-a")

@@ -535,8 +535,8 @@ class DynamoPoolStateStore:
 
 class DynamoQuotaStore:
     """Quotas and usage records in one table keyed by ``id``: ``quota#user:alice`` holds alice's
-    quota, ``usage#user:alice`` what she holds and has used, ``lane#gpu#alice`` her place in the
-    fair share of pool gpu; each document as JSON. Usage records and lanes are written only while
+    quota, ``usage#user:alice`` what she holds and has used, ``lane#gpu#50#alice`` her place in the
+    fair share of pool gpu at priority 50; each document as JSON. Usage records and lanes are written only while
     their stored ``version`` is the one the writer read."""
 
     QUOTA, USAGE, LANE = "quota#", "usage#", "lane#"
@@ -621,13 +621,14 @@ class DynamoQuotaStore:
         except BotoCoreError as e:
             raise _translate(e, f"write {what}") from e
 
-    def lane(self, pool: str, user: str) -> Lane:
-        item = self._read(f"{self.LANE}{pool}#{user}", "read lane")
-        return _lane(item, pool, user)
+    def lane(self, pool: str, user: str, priority: int) -> Lane:
+        item = self._read(f"{self.LANE}{pool}#{priority}#{user}", "read lane")
+        return _lane(item, pool, user, priority)
 
     def save_lane(self, lane: Lane) -> Lane:
         stored = lane.model_copy(update={"version": lane.version + 1})
-        item_id, what = f"{self.LANE}{lane.pool}#{lane.user}", f"lane {lane.pool}/{lane.user}"
+        item_id = f"{self.LANE}{lane.pool}#{lane.priority}#{lane.user}"
+        what = f"lane {lane.pool}/{lane.priority}/{lane.user}"
         self._put_versioned(item_id, lane.version, stored.model_dump_json(), what)
         return stored
 
@@ -657,10 +658,11 @@ def _quota(item: Mapping[str, Any] | None, key: str) -> Quota | None:
     return quota if quota.key == key else None
 
 
-def _lane(item: Mapping[str, Any] | None, pool: str, user: str) -> Lane:
-    """The lane of an item. None, or an item that does not hold a valid lane of ``pool`` and
-    ``user``, reads as a fresh lane at the stored version, so the next write replaces it."""
-    fresh = Lane(pool=pool, user=user)
+def _lane(item: Mapping[str, Any] | None, pool: str, user: str, priority: int) -> Lane:
+    """The lane of an item. None, or an item that does not hold a valid lane of ``pool``,
+    ``user`` and ``priority``, reads as a fresh lane at the stored version, so the next write
+    replaces it."""
+    fresh = Lane(pool=pool, user=user, priority=priority)
     if not item:
         return fresh
     try:
@@ -671,7 +673,7 @@ def _lane(item: Mapping[str, Any] | None, pool: str, user: str) -> Lane:
         lane = Lane.model_validate_json(item["doc"]["S"])
     except (ValueError, KeyError):
         return fresh.model_copy(update={"version": version})
-    if (lane.pool, lane.user, lane.version) != (pool, user, version):
+    if (lane.pool, lane.user, lane.priority, lane.version) != (pool, user, priority, version):
         return fresh.model_copy(update={"version": version})
     return lane
 

@@ -305,9 +305,12 @@ class TableRunStore:
         for field in changes:
             if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
                 raise ValueError(f"cannot update field {field!r}")
-        unranked = False  # a run queued before lines existed has no copy in the line to remove
+        # the ETag of a read whose run had no copy in the line to remove (queued before lines
+        # existed): known of that version only, as another writer may have written the copy since
+        unranked_at: str | None = None
         for _ in range(MAX_WRITE_TRIES):
             current, etag = self._read(run.queue, run.id)
+            unranked = unranked_at == etag
             if not _holds(current, expect):
                 raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
             data = current.model_dump(mode="json")
@@ -339,7 +342,7 @@ class TableRunStore:
                 if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
                     continue  # another write came between our read and ours: check again
                 if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND and removes_rank:
-                    unranked = True  # nothing was written: write it again without that removal
+                    unranked_at = etag  # nothing was written: write it again without that removal
                     continue
                 raise _failure(e, "update run") from e
             except AzureError as e:
@@ -632,9 +635,10 @@ class TablePoolStateStore:
 class TableQuotaStore:
     """Quotas and usage records in one table: PartitionKey ``quota`` or ``usage``, RowKey the
     escaped ``user:alice`` / ``group:vision``, the document as JSON; and lanes, PartitionKey
-    ``lane``, RowKey the escaped ``{pool}:{user}``. Usage records and lanes are written only while
-    their stored ``version`` is the one the writer read: created only if absent, replaced only with
-    the ETag read along with that version, so of two racing writers one fails."""
+    ``lane``, RowKey ``{pool}:{priority}:{user}`` (pool and user escaped). Usage records and lanes
+    are written only while their stored ``version`` is the one the writer read: created only if
+    absent, replaced only with the ETag read along with that version, so of two racing writers one
+    fails."""
 
     QUOTA, USAGE, LANE = "quota", "usage", "lane"
 
@@ -716,27 +720,28 @@ class TableQuotaStore:
         except AzureError as e:
             raise _failure(e, what) from e
 
-    def _read_lane(self, pool: str, user: str) -> tuple[Lane, str]:
+    def _read_lane(self, pool: str, user: str, priority: int) -> tuple[Lane, str]:
         """The lane and its ETag ("" when none is stored)."""
-        entity = _get(self.table, self.LANE, f"{key(pool)}:{key(user)}", "read lane")
+        entity = _get(self.table, self.LANE, _lane_key(pool, user, priority), "read lane")
         if entity is None:
-            return Lane(pool=pool, user=user), ""
-        return _lane(entity, pool, user), str(entity.metadata["etag"])
+            return Lane(pool=pool, user=user, priority=priority), ""
+        return _lane(entity, pool, user, priority), str(entity.metadata["etag"])
 
-    def lane(self, pool: str, user: str) -> Lane:
-        return self._read_lane(pool, user)[0]
+    def lane(self, pool: str, user: str, priority: int) -> Lane:
+        return self._read_lane(pool, user, priority)[0]
 
     def save_lane(self, lane: Lane) -> Lane:
         stored = lane.model_copy(update={"version": lane.version + 1})
-        what = f"lane {lane.pool}/{lane.user}"
+        what = f"lane {lane.pool}/{lane.priority}/{lane.user}"
         entity = {
             "PartitionKey": self.LANE,
-            "RowKey": f"{key(lane.pool)}:{key(lane.user)}",
+            "RowKey": _lane_key(lane.pool, lane.user, lane.priority),
             "version": stored.version,
             **pack(stored.model_dump(mode="json"), what),
         }
-        changed = ConditionFailed(f"{what}: changed since version {lane.version}", key=f"{lane.pool}:{lane.user}")
-        current, etag = self._read_lane(lane.pool, lane.user)
+        subject = f"{lane.pool}:{lane.priority}:{lane.user}"
+        changed = ConditionFailed(f"{what}: changed since version {lane.version}", key=subject)
+        current, etag = self._read_lane(lane.pool, lane.user, lane.priority)
         if current.version != lane.version:
             raise changed
         self._write_versioned(entity, etag, changed, "write lane")
@@ -749,6 +754,10 @@ class TableQuotaStore:
             if kind in ("user", "group"):
                 records.append(_usage(entity, kind, name))  # type: ignore[arg-type]
         return sorted(records, key=_subject_order)
+
+
+def _lane_key(pool: str, user: str, priority: int) -> str:
+    return f"{key(pool)}:{priority}:{key(user)}"
 
 
 def _unkey(escaped: str) -> str:
@@ -773,10 +782,11 @@ def _quota(entity: Mapping[str, Any] | None, subject: str) -> Quota | None:
     return quota if quota.key == subject else None
 
 
-def _lane(entity: Mapping[str, Any], pool: str, user: str) -> Lane:
-    """The lane of an entity. One that does not hold a valid lane of ``pool`` and ``user`` reads
-    as a fresh lane at the stored version (0 when it has none), so the next write replaces it."""
-    fresh = Lane(pool=pool, user=user)
+def _lane(entity: Mapping[str, Any], pool: str, user: str, priority: int) -> Lane:
+    """The lane of an entity. One that does not hold a valid lane of ``pool``, ``user`` and
+    ``priority`` reads as a fresh lane at the stored version (0 when it has none), so the next
+    write replaces it."""
+    fresh = Lane(pool=pool, user=user, priority=priority)
     version = entity.get("version")
     if isinstance(version, bool) or not isinstance(version, int):
         return fresh
@@ -784,7 +794,7 @@ def _lane(entity: Mapping[str, Any], pool: str, user: str) -> Lane:
         lane = Lane.model_validate(unpack(entity))
     except (ValueError, KeyError, TypeError):
         return fresh.model_copy(update={"version": version})
-    if (lane.pool, lane.user, lane.version) != (pool, user, version):
+    if (lane.pool, lane.user, lane.priority, lane.version) != (pool, user, priority, version):
         return fresh.model_copy(update={"version": version})
     return lane
 

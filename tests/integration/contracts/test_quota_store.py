@@ -181,37 +181,48 @@ def test_a_usage_record_that_does_not_validate_reads_fresh_and_is_replaced(stack
     assert [(r.name, r.running) for r in quotas.list_usage()] == [("alice", 1), ("eve", 0)]
 
 
-# ---- lanes: a user's place in the fair share of one pool ----------------------------------------
+# ---- lanes: a user's place in the fair share of one pool at one priority -------------------------
 
 
 def test_lanes_start_fresh_and_chain_versions(stack):
     quotas = stack.quotas
-    assert quotas.lane("gpu", "alice") == Lane(pool="gpu", user="alice")
-    first = quotas.save_lane(Lane(pool="gpu", user="alice", tag=3.0, lead=3.0, at=100.0))
+    assert quotas.lane("gpu", "alice", 50) == Lane(pool="gpu", user="alice", priority=50)
+    first = quotas.save_lane(Lane(pool="gpu", user="alice", priority=50, tag=3.0, lead=3.0, at=100.0))
     assert first.version == 1
-    assert quotas.lane("gpu", "alice") == first
+    assert quotas.lane("gpu", "alice", 50) == first
     second = quotas.save_lane(first.model_copy(update={"tag": 4.5, "lead": 1.25, "at": 200.5}))
     assert second.version == 2
-    assert quotas.lane("gpu", "alice") == second
-    # one lane per pool and user; a user name with odd characters is a user like any other
-    assert quotas.lane("cpu", "alice").version == 0
-    assert quotas.lane("gpu", "bob").version == 0
-    odd = quotas.save_lane(Lane(pool="gpu", user="a.b@example.com", tag=1.0))
-    assert quotas.lane("gpu", "a.b@example.com") == odd
+    assert quotas.lane("gpu", "alice", 50) == second
+    # one lane per pool, priority and user; a user name with odd characters is a user like any other
+    assert quotas.lane("cpu", "alice", 50).version == 0
+    assert quotas.lane("gpu", "bob", 50).version == 0
+    assert quotas.lane("gpu", "alice", 5).version == 0
+    assert quotas.lane("gpu", "alice", 0).version == 0
+    odd = quotas.save_lane(Lane(pool="gpu", user="a.b@example.com", priority=50, tag=1.0))
+    assert quotas.lane("gpu", "a.b@example.com", 50) == odd
     # lanes are neither quotas nor usage records
     assert quotas.list() == [] and quotas.list_usage() == []
 
 
+def test_lanes_of_one_user_at_two_priorities_are_apart(stack):
+    quotas = stack.quotas
+    high = quotas.save_lane(Lane(pool="gpu", user="alice", priority=90, tag=7.0, lead=7.0, at=1.0))
+    low = quotas.save_lane(Lane(pool="gpu", user="alice", priority=9, tag=2.0, lead=2.0, at=1.0))
+    assert quotas.save_lane(low.model_copy(update={"tag": 3.0})).version == 2
+    assert quotas.lane("gpu", "alice", 90) == high
+    assert quotas.lane("gpu", "alice", 9).tag == 3.0
+
+
 def test_save_lane_with_a_stale_version_fails(stack):
     quotas = stack.quotas
-    mine = quotas.lane("gpu", "alice")
-    theirs = quotas.lane("gpu", "alice")
+    mine = quotas.lane("gpu", "alice", 50)
+    theirs = quotas.lane("gpu", "alice", 50)
     stored = quotas.save_lane(theirs.model_copy(update={"tag": 1.0}))
     with pytest.raises(ConditionFailed):
         quotas.save_lane(mine.model_copy(update={"tag": 9.0}))  # version 0: one exists
     with pytest.raises(ConditionFailed):
         quotas.save_lane(stored.model_copy(update={"version": 5}))  # a version never stored
     with pytest.raises(ConditionFailed):
-        quotas.save_lane(Lane(pool="gpu", user="bob", version=1))  # none stored at all
-    assert quotas.lane("gpu", "alice") == stored
-    assert quotas.lane("gpu", "bob").version == 0
+        quotas.save_lane(Lane(pool="gpu", user="bob", priority=50, version=1))  # none stored at all
+    assert quotas.lane("gpu", "alice", 50) == stored
+    assert quotas.lane("gpu", "bob", 50).version == 0
