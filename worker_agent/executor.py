@@ -24,6 +24,7 @@ import docker.errors
 import requests
 from docker.types import LogConfig, Mount
 
+from runplane.domain import retries
 from runplane.domain.accounting import Rates, charge
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
 from runplane.domain.models import RUN_ID_PATTERN, FailureReason, Run, RunState, Usage
@@ -804,15 +805,31 @@ class RunExecutor:
                 usage=self.usage,
             )
         else:
-            new = lifecycle.fail(
-                self.ports.store,
-                run,
-                outcome.reason or FailureReason.AGENT_ERROR,
-                outcome.message,
-                self.clock(),
-                exit_code=outcome.exit_code,
-                usage=self.usage,
-            )
+            reason = outcome.reason or FailureReason.AGENT_ERROR
+            decision = retries.decide(run, reason, self.config.rates.memory or None)
+            if decision is not None and decision.retry:
+                new = lifecycle.retry(
+                    self.ports.store,
+                    self.ports.queue,
+                    run,
+                    reason,
+                    outcome.message,
+                    decision.note,
+                    self.clock(),
+                    memory=decision.memory,
+                    usage=self.usage,
+                )
+            else:
+                message = outcome.message if decision is None else f"{outcome.message}; {decision.note}"
+                new = lifecycle.fail(
+                    self.ports.store,
+                    run,
+                    reason,
+                    message,
+                    self.clock(),
+                    exit_code=outcome.exit_code,
+                    usage=self.usage,
+                )
         self._set_run(new)
 
     def _cleanup(self) -> None:

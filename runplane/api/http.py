@@ -43,6 +43,7 @@ from runplane.domain.models import (
     PoolRecord,
     Principal,
     QuotaKind,
+    Run,
     RunSpec,
     RunState,
     Worker,
@@ -212,6 +213,16 @@ def _int_param(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
+def _attempt(run: Run) -> int:
+    """The attempt whose logs or outputs are asked for: ``?attempt=`` (1 to the run's latest) or
+    its latest. Raises BadRequest/InvalidRequest."""
+    if app.current_event.get_query_string_value("attempt") is None:
+        return run.attempt
+    if run.attempt < 1:
+        raise errors.InvalidRequest(f"run {run.id} has not had an attempt yet")
+    return _int_param("attempt", run.attempt, 1, run.attempt)
+
+
 @app.get("/v1/health")
 def health() -> Response[str]:
     return _json(200, Health())
@@ -329,7 +340,8 @@ def logs(run_id: str) -> Response[str]:
     stream = app.current_event.get_query_string_value("stream") or "stdout"
     if stream not in ("stdout", "stderr"):
         raise errors.InvalidRequest("stream must be stdout or stderr")
-    page = read_logs(s.objects, run, stream, _int_param("offset", 0, 0, 2**62))  # type: ignore[arg-type]
+    offset = _int_param("offset", 0, 0, 2**62)
+    page = read_logs(s.objects, run, stream, offset, attempt=_attempt(run))  # type: ignore[arg-type]
     return _json(200, LogPage(data=page.data, next_offset=page.next_offset, complete=page.complete))
 
 
@@ -337,14 +349,17 @@ def logs(run_id: str) -> Response[str]:
 def outputs(run_id: str) -> Response[str]:
     s = bootstrap.stack()
     run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
+    attempt = _attempt(run)
     page = read_outputs(
         s.objects,
         run,
         cursor=app.current_event.get_query_string_value("cursor"),
         limit=_int_param("limit", MAX_OUTPUTS_PAGE, 1, MAX_OUTPUTS_PAGE),
+        attempt=attempt,
     )
     files = [OutputFile.model_validate(f) for f in page.files]
-    return _json(200, OutputPage(files=files, next_cursor=page.next_cursor, complete=run.state.terminal))
+    complete = run.state.terminal or attempt < run.attempt
+    return _json(200, OutputPage(files=files, next_cursor=page.next_cursor, complete=complete))
 
 
 @app.get("/v1/pools")

@@ -230,6 +230,7 @@ class RunView(WireModel):
                         "tag": None,
                         "group": "vision",
                         "priority": 50,
+                        "retry": {"attempts": 3, "on": ["nonzero_exit"], "memory_factor": None},
                     },
                     "group": "vision",
                     "attempt": 0,
@@ -265,7 +266,10 @@ class RunView(WireModel):
     group: str | None = Field(description="the group it is charged to besides its owner (its quotas apply)")
     spec: RunSpec = Field(description="what was submitted, with the pool's defaults not filled in")
     attempt: int = Field(description="how many times a worker has claimed it (0: never yet)")
-    max_attempts: int = Field(description="claims allowed before a lost worker fails it")
+    max_attempts: int = Field(
+        description="the most attempts: its retry rule's, else 3 (a worker handing it back, preempted or told to "
+        "stop, adds one)"
+    )
     worker_id: str | None
     created_at: Timestamp
     started_at: Timestamp | None

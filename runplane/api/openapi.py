@@ -226,6 +226,9 @@ def _path(name: str) -> dict[str, Any]:
 
 _RUN_ID = [_path("run_id")]
 _CURSOR = _query("cursor", {"type": "string"}, "the next_cursor of the previous page")
+_ATTEMPT = _query(
+    "attempt", {"type": "integer", "minimum": 1}, "which attempt's (1 to the run's attempt; default: the latest)"
+)
 _LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 500})
 _LOCATION = {"Location": {"description": "the run's address", "schema": {"type": "string"}}}
 # Every route but health and the document itself reads the token store (401 without a token, 503
@@ -309,6 +312,7 @@ def _runs_paths() -> dict[str, Any]:
                     *_RUN_ID,
                     _query("stream", {"type": "string", "enum": ["stdout", "stderr"]}),
                     _query("offset", {"type": "integer", "minimum": 0}),
+                    _ATTEMPT,
                 ],
                 "responses": {**_ok(200, "LogPage"), **_errors(400, *_AUTH, 404, 422)},
             }
@@ -317,7 +321,7 @@ def _runs_paths() -> dict[str, Any]:
             "get": {
                 "operationId": "listOutputs",
                 "summary": "Output files with download URLs, a page at a time",
-                "parameters": [*_RUN_ID, _LIMIT, _CURSOR],
+                "parameters": [*_RUN_ID, _LIMIT, _CURSOR, _ATTEMPT],
                 "responses": {**_ok(200, "OutputPage"), **_errors(400, *_AUTH, 404, 422)},
             }
         },

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -109,6 +109,20 @@ def pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return result
 
 
+def retry_rule(attempts: int | None, on: list[str] | None, memory_factor: float | None) -> dict[str, Any] | None:
+    """The ``retry`` of a submit from ``--attempts``, ``--retry-on`` and ``--memory-factor`` (the
+    API checks the reasons and the factor). Raises CliError for the last two without the first."""
+    reasons = [r.strip() for item in on or [] for r in item.split(",") if r.strip()]
+    if attempts is None:
+        if reasons or memory_factor is not None:
+            raise CliError("--retry-on and --memory-factor go with --attempts N")
+        return None
+    rule: dict[str, Any] = {"attempts": attempts, "on": reasons}
+    if memory_factor is not None:
+        rule["memory_factor"] = memory_factor
+    return rule
+
+
 def state_line(view: RunView) -> str:
     state = view.state
     if state == "queued":
@@ -179,6 +193,31 @@ def run(
             show_default=False,
         ),
     ] = None,
+    attempts: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=10,
+            help="retry: the most times it goes, 1..10 (a lost worker is always retried within these)",
+            show_default=False,
+        ),
+    ] = None,
+    retry_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--retry-on",
+            help="retry: a failure reason that runs it again (nonzero_exit, out_of_memory, …); repeatable or "
+            "comma-separated; needs --attempts",
+            show_default=False,
+        ),
+    ] = None,
+    memory_factor: Annotated[
+        float | None,
+        typer.Option(
+            help="retry: an out_of_memory attempt goes again with its memory times this; needs --attempts",
+            show_default=False,
+        ),
+    ] = None,
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
     inputs: Annotated[
         list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")
@@ -192,6 +231,7 @@ def run(
 ) -> None:
     """Submit a run; with --wait, follow it to its end and exit as it did."""
     environment, named_inputs = pairs(env, "--env"), pairs(inputs, "--input")
+    retry = retry_rule(attempts, retry_on, memory_factor)
     submitted = client(ctx).submit(
         command_line(command),
         image=image,
@@ -205,6 +245,7 @@ def run(
         tag=tag,
         group=group,
         priority=priority,
+        retry=retry,
         env=environment or None,
         inputs=named_inputs or None,
         network=network,
@@ -253,7 +294,8 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("queue", view.queue),
         ("group", view.group),
         ("priority", view.priority),
-        ("attempt", view.attempt),
+        ("attempt", f"{view.attempt} of {view.max_attempts}" if view.attempt else None),
+        ("retry", view.spec.retry and _rule_text(view.spec.retry.model_dump())),
         ("worker_id", view.worker_id),
         ("exit_code", view.exit_code),
         ("created_at", view.created_at.isoformat()),
@@ -270,6 +312,11 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
     out.print(table)
     for event in view.events:
         out.print(Text.assemble("  ", (event.at.isoformat(), "dim"), " ", event.message), highlight=False)
+
+
+def _rule_text(rule: dict[str, Any]) -> str:
+    text = f"up to {rule['attempts']} attempts on {', '.join(rule['on']) or 'a lost worker only'}"
+    return text + (f"; out_of_memory grows memory x{rule['memory_factor']:g}" if rule.get("memory_factor") else "")
 
 
 def list_runs(
@@ -300,6 +347,9 @@ def logs(
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing until the run ends")] = False,
     stderr: Annotated[bool, typer.Option("--stderr", help="the stderr stream instead of stdout")] = False,
     tail: Annotated[int | None, typer.Option(min=0, help="only the last N lines (then follow, with -f)")] = None,
+    attempt: Annotated[
+        int | None, typer.Option(min=1, help="an earlier attempt's logs (default: the latest)", show_default=False)
+    ] = None,
     as_json: Annotated[
         bool,
         typer.Option("--json", help="print {data, next_offset, complete} (with -f: one such line per read)"),
@@ -311,7 +361,7 @@ def logs(
     stream = "stderr" if stderr else "stdout"
     whole = tail is not None or as_json  # needs all of it before printing any; else page by page
     parts, offset, complete = [], 0, False
-    for page in _pages_so_far(api, rid, stream):
+    for page in _pages_so_far(api, rid, stream, attempt):
         offset, complete = page.next_offset, page.complete
         if whole:
             parts.append(page.data)
@@ -324,7 +374,7 @@ def logs(
             return
         _write_log(data, offset, complete, as_json)
     while follow and not complete:
-        page = api.logs(rid, stream, offset)
+        page = api.logs(rid, stream, offset, attempt=attempt)
         if page.data or page.complete:
             _write_log(page.data, page.next_offset, page.complete, as_json)
         else:
@@ -332,11 +382,11 @@ def logs(
         offset, complete = page.next_offset, page.complete
 
 
-def _pages_so_far(api: Client, run_id: str, stream: str) -> Iterator[LogPage]:
-    """The pages of ``stream`` from its start up to what it holds now."""
+def _pages_so_far(api: Client, run_id: str, stream: str, attempt: int | None = None) -> Iterator[LogPage]:
+    """The pages of ``stream`` (of ``attempt``; default the latest) from its start up to what it holds now."""
     offset = 0
     while True:
-        page = api.logs(run_id, stream, offset)
+        page = api.logs(run_id, stream, offset, attempt=attempt)
         yield page
         if page.complete or not page.data or page.next_offset == offset:
             return

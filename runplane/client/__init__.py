@@ -50,7 +50,7 @@ from runplane.client.errors import (
     Unauthorized,
     WaitTimeout,
 )
-from runplane.domain.models import Resources, RunSpec, RunState
+from runplane.domain.models import Resources, RetryRule, RunSpec, RunState
 
 __all__ = [
     "ApiError",
@@ -79,6 +79,7 @@ __all__ = [
     "RawResponse",
     "Resources",
     "RetryPolicy",
+    "RetryRule",
     "Run",
     "RunFailure",
     "RunPage",

@@ -44,7 +44,7 @@ from runplane.client._core import (
 )
 from runplane.client._run import RunBase
 from runplane.client.errors import DownloadFailed
-from runplane.domain.models import Resources, RunState
+from runplane.domain.models import Resources, RetryRule, RunState
 
 T = TypeVar("T")
 
@@ -190,6 +190,7 @@ class AsyncClient:
         idempotency_key: str | None = None,
         group: str | None = None,
         priority: int | None = None,
+        retry: RetryRule | Mapping[str, Any] | None = None,
     ) -> AsyncRun:
         """See ``Client.submit``."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
@@ -207,6 +208,7 @@ class AsyncClient:
             idempotency_key=idempotency_key,
             group=group,
             priority=priority,
+            retry=retry,
         )
         view, created = await self._drive(plan)
         return AsyncRun(self, view, created)
@@ -245,11 +247,13 @@ class AsyncClient:
         """See ``Client.set_priority``."""
         return AsyncRun(self, await self._drive(self._plans.set_priority(run_id, priority)))
 
-    async def logs(self, run_id: str, stream: str = "stdout", offset: int = 0) -> LogPage:
-        return await self._drive(self._plans.logs(run_id, stream, offset))
+    async def logs(
+        self, run_id: str, stream: str = "stdout", offset: int = 0, *, attempt: int | None = None
+    ) -> LogPage:
+        return await self._drive(self._plans.logs(run_id, stream, offset, attempt))
 
-    async def outputs(self, run_id: str) -> AsyncIterator[OutputFile]:
-        async for file in self._steps(self._plans.outputs(run_id)):
+    async def outputs(self, run_id: str, *, attempt: int | None = None) -> AsyncIterator[OutputFile]:
+        async for file in self._steps(self._plans.outputs(run_id, attempt)):
             yield file
 
     async def download_file(self, url: str, dest: Path, *, progress: Progress | None = None) -> None:
@@ -363,8 +367,8 @@ class AsyncRun(RunBase):
         self.view = await self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
         return self
 
-    async def logs(self, stream: str = "stdout") -> str:
-        return await self._client._drive(self._client._plans.all_logs(self.view.id, stream))
+    async def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:
+        return await self._client._drive(self._client._plans.all_logs(self.view.id, stream, attempt))
 
     async def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> AsyncIterator[str]:
         async for _, text in self.follow_chunks(streams, poll=poll):
@@ -395,8 +399,8 @@ class AsyncRun(RunBase):
         self.view = (await self._client.set_priority(self.view.id, priority)).view
         return self
 
-    def outputs(self) -> AsyncIterator[OutputFile]:
-        return self._client.outputs(self.view.id)
+    def outputs(self, *, attempt: int | None = None) -> AsyncIterator[OutputFile]:
+        return self._client.outputs(self.view.id, attempt=attempt)
 
     async def download(
         self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None

@@ -48,7 +48,7 @@ from runplane.api.models import (
 )
 from runplane.client.config import resolve
 from runplane.client.errors import ApiError, ConnectionFailed, DownloadFailed, WaitTimeout, error_from_answer
-from runplane.domain.models import TERMINAL_STATES, Resources, RunState
+from runplane.domain.models import TERMINAL_STATES, Resources, RetryRule, RunState
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -382,9 +382,12 @@ class Plans:
         idempotency_key: str | None,
         group: str | None = None,
         priority: int | None = None,
+        retry: RetryRule | Mapping[str, Any] | None = None,
     ) -> Plan[tuple[RunView, bool]]:
         """The run and whether it was made now (201) rather than found by its key (200)."""
         body = submit_body(command, image, resources, limits, queue, name, env, inputs, network, tag, group, priority)
+        if retry is not None:
+            body["retry"] = retry.model_dump(exclude_unset=True) if isinstance(retry, RetryRule) else dict(retry)
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         response = yield from self.raw("POST", "/v1/runs", body, headers={"Idempotency-Key": key})
         return parse(RunView, response), response.status == 201
@@ -429,24 +432,26 @@ class Plans:
                 return
             cursor = page.next_cursor
 
-    def logs(self, run_id: str, stream: str, offset: int) -> Plan[LogPage]:
-        return self._get(LogPage, f"/v1/runs/{_quote(run_id)}/logs", {"stream": stream, "offset": offset})
+    def logs(self, run_id: str, stream: str, offset: int, attempt: int | None = None) -> Plan[LogPage]:
+        query = {"stream": stream, "offset": offset, "attempt": attempt}
+        return self._get(LogPage, f"/v1/runs/{_quote(run_id)}/logs", query)
 
-    def all_logs(self, run_id: str, stream: str) -> Plan[str]:
-        """Everything ``stream`` holds so far."""
+    def all_logs(self, run_id: str, stream: str, attempt: int | None = None) -> Plan[str]:
+        """Everything ``stream`` (of ``attempt``; default the latest) holds so far."""
         parts, offset = [], 0
         while True:
-            page = yield from self.logs(run_id, stream, offset)
+            page = yield from self.logs(run_id, stream, offset, attempt)
             parts.append(page.data)
             if page.complete or page.next_offset == offset or not page.data:
                 return "".join(parts)
             offset = page.next_offset
 
-    def outputs(self, run_id: str) -> Plan[None]:
-        """Emits every OutputFile of the run, page after page."""
+    def outputs(self, run_id: str, attempt: int | None = None) -> Plan[None]:
+        """Emits every OutputFile of the run (of ``attempt``; default the latest), page after page."""
         cursor: str | None = None
         while True:
-            page = yield from self._get(OutputPage, f"/v1/runs/{_quote(run_id)}/outputs", {"cursor": cursor})
+            query = {"cursor": cursor, "attempt": attempt}
+            page = yield from self._get(OutputPage, f"/v1/runs/{_quote(run_id)}/outputs", query)
             for file in page.files:
                 yield Emit(file)
             if not page.next_cursor:

@@ -43,7 +43,7 @@ from runplane.client._core import (
 )
 from runplane.client._run import RunBase
 from runplane.client.errors import DownloadFailed
-from runplane.domain.models import Resources, RunState
+from runplane.domain.models import Resources, RetryRule, RunState
 
 T = TypeVar("T")
 
@@ -195,6 +195,7 @@ class Client:
         idempotency_key: str | None = None,
         group: str | None = None,
         priority: int | None = None,
+        retry: RetryRule | Mapping[str, Any] | None = None,
     ) -> Run:
         """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
         sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
@@ -205,7 +206,8 @@ class Client:
         line; above the pool's ``max_user_priority`` only for admins. Raises InvalidRequest for a
         request no pool can run, a group that is not yours or a run that alone exceeds a quota,
         Forbidden for a priority above what you may give, Conflict for a key used for a
-        different request."""
+        different request. ``retry``: when it goes again after failing, e.g. ``{"attempts": 3,
+        "on": ["nonzero_exit"], "memory_factor": 2}`` (a ``RetryRule``; docs/workflows.md)."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
         plan = self._plans.submit(
             command,
@@ -221,6 +223,7 @@ class Client:
             idempotency_key=idempotency_key,
             group=group,
             priority=priority,
+            retry=retry,
         )
         view, created = self._drive(plan)
         return Run(self, view, created)
@@ -267,13 +270,13 @@ class Client:
         InvalidRequest for a number out of range."""
         return Run(self, self._drive(self._plans.set_priority(run_id, priority)))
 
-    def logs(self, run_id: str, stream: str = "stdout", offset: int = 0) -> LogPage:
-        """One page of a log stream from byte ``offset``."""
-        return self._drive(self._plans.logs(run_id, stream, offset))
+    def logs(self, run_id: str, stream: str = "stdout", offset: int = 0, *, attempt: int | None = None) -> LogPage:
+        """One page of a log stream from byte ``offset``, of ``attempt`` (default: the latest)."""
+        return self._drive(self._plans.logs(run_id, stream, offset, attempt))
 
-    def outputs(self, run_id: str) -> Iterator[OutputFile]:
-        """Every output file of the run with a download URL (all pages)."""
-        yield from self._steps(self._plans.outputs(run_id))
+    def outputs(self, run_id: str, *, attempt: int | None = None) -> Iterator[OutputFile]:
+        """Every output file of the run (of ``attempt``; default the latest) with a download URL."""
+        yield from self._steps(self._plans.outputs(run_id, attempt))
 
     def download_file(self, url: str, dest: Path, *, progress: Progress | None = None) -> None:
         """Stream ``url`` (an output's presigned URL) to ``dest`` through ``dest.part``, renamed
@@ -404,9 +407,10 @@ class Run(RunBase):
         self.view = self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
         return self
 
-    def logs(self, stream: str = "stdout") -> str:
-        """Everything ``stream`` holds so far."""
-        return self._client._drive(self._client._plans.all_logs(self.view.id, stream))
+    def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:
+        """Everything ``stream`` holds so far (of ``attempt``; default the latest: an earlier
+        attempt's logs are kept when a retry rule runs it again)."""
+        return self._client._drive(self._client._plans.all_logs(self.view.id, stream, attempt))
 
     def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> Iterator[str]:
         """The text of ``streams`` as it arrives, until the run has ended and all of it is read."""
@@ -447,8 +451,8 @@ class Run(RunBase):
         self.view = self._client.set_priority(self.view.id, priority).view
         return self
 
-    def outputs(self) -> Iterator[OutputFile]:
-        return self._client.outputs(self.view.id)
+    def outputs(self, *, attempt: int | None = None) -> Iterator[OutputFile]:
+        return self._client.outputs(self.view.id, attempt=attempt)
 
     def download(self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None) -> list[Path]:
         """Write every output file under ``dest`` and return their paths. Raises DownloadFailed,

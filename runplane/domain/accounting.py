@@ -14,6 +14,8 @@ class Rates:
 
     cpus: float = 0.0
     gpus: int = 0
+    memory: int = 0
+    """Bytes of memory a worker has: the most an out_of_memory retry grows a run's limit to."""
     price_per_hour: float | None = None
 
 

@@ -125,6 +125,48 @@ class FailureReason(StrEnum):
     AGENT_ERROR = "agent_error"
 
 
+NEVER_RETRIED = frozenset({FailureReason.KILLED})
+"""Reasons no retry rule may name: a kill is the user's word."""
+RETRY_REASONS = [r.value for r in FailureReason if r not in NEVER_RETRIED]
+DEFAULT_MAX_ATTEMPTS = 3
+"""Claims a run without a retry rule may take: a lost worker is retried twice."""
+
+
+class RetryRule(BaseModel):
+    """When a run that ended badly is queued again (docs/workflows.md). A lost worker is retried
+    within ``attempts`` whatever ``on`` holds (it is never the run's doing), and a preempted
+    worker's run is queued again without using one up."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    attempts: int = Field(ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10")
+    on: list[Literal[tuple(RETRY_REASONS)]] = Field(  # type: ignore[valid-type]
+        default_factory=list,
+        max_length=len(RETRY_REASONS),
+        description="failure reasons that queue the run again (any but killed); worker_lost always does",
+    )
+    memory_factor: float | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="an out_of_memory attempt is retried with its memory limit times this, up to the pool's "
+        "memory (out_of_memory need not be in on)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: Any) -> Any:
+        """YAML 1.1 reads the key ``on`` of a pools file as the boolean true: it means ``on``."""
+        if isinstance(data, dict) and True in data and "on" not in data:
+            data = {("on" if key is True else key): value for key, value in data.items()}
+        return data
+
+    @field_validator("on")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+
 class Failure(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -234,6 +276,12 @@ class RunSpec(BaseModel):
         "pool's max_user_priority (default 50) only for admins",
     )
 
+    retry: RetryRule | None = Field(
+        default=None,
+        description="when the run is queued again after it failed; default: the pool's rule, else a lost "
+        "worker is retried up to 3 attempts and nothing else is",
+    )
+
     @field_validator("command")
     @classmethod
     def _command(cls, value: str) -> str:
@@ -327,7 +375,7 @@ class Run(BaseModel):
     queue: str
     state: RunState = RunState.QUEUED
     attempt: int = 0
-    max_attempts: int = 3
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     worker_id: str | None = None
     lease_expires_at: float | None = None
     created_at: float
@@ -445,6 +493,9 @@ class Pool(BaseModel):
     )
     price_per_hour: float | None = Field(
         default=None, ge=0, le=1e6, description="what one worker of this pool costs an hour; runs record their cost"
+    )
+    retry: RetryRule | None = Field(
+        default=None, description="the retry rule of runs that bring none of their own (docs/workflows.md)"
     )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 

@@ -93,6 +93,49 @@ def fail(store: RunStore, run: Run, reason: FailureReason, message: str, now: fl
     return advance(store, run, state, now, message, failure=Failure(reason=reason, message=message), **changes)
 
 
+def retry(
+    store: RunStore,
+    queue: RunQueue,
+    run: Run,
+    reason: FailureReason,
+    message: str,
+    note: str,
+    now: float,
+    *,
+    memory: int | None = None,
+    usage: Usage | None = None,
+) -> Run:
+    """Queue a held run again after its attempt ended with ``reason`` (``message``), as its retry
+    rule asked (``retries.decide``: ``note``): same id, the next claim makes the next attempt,
+    whose logs and outputs are kept apart from this one's. ``memory`` is the next attempt's memory
+    limit when it grows. Raises LeaseLost if it is no longer held by this attempt."""
+    changes: dict[str, Any] = {
+        "state": RunState.QUEUED,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "hinted_at": now,
+        "exit_code": None,
+        "waiting_reason": f"attempt {run.attempt} ended {reason}; {note}; waiting for a worker of pool {run.queue}",
+    }
+    if usage is not None:
+        changes["usage"] = usage
+    if memory is not None:
+        resources = run.spec.resources.model_copy(update={"memory": memory})
+        changes["spec"] = run.spec.model_copy(update={"resources": resources})
+    try:
+        updated = store.update(
+            run,
+            _mine(run, ACTIVE_STATES),
+            changes,
+            Event(at=now, state=RunState.QUEUED, message=f"attempt {run.attempt} ended {reason}: {message}; {note}"),
+        )
+    except ConditionFailed as e:
+        raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot be retried: {e.message}") from e
+    queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
+    queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+    return updated
+
+
 def requeue(
     store: RunStore,
     queue: RunQueue,

@@ -41,9 +41,19 @@ class LogPage:
     complete: bool
 
 
-def read_logs(objects: ObjectStore, run: Run, stream: Stream, offset: int, max_bytes: int = MAX_READ) -> LogPage:
-    """Bytes of ``stream`` from ``offset`` on; ``complete`` once the run ended and all is read."""
-    prefix = log_prefix(run.id, run.attempt, stream)
+def read_logs(
+    objects: ObjectStore,
+    run: Run,
+    stream: Stream,
+    offset: int,
+    max_bytes: int = MAX_READ,
+    *,
+    attempt: int | None = None,
+) -> LogPage:
+    """Bytes of ``stream`` of ``attempt`` (default: the latest) from ``offset`` on; ``complete``
+    once that attempt is over and all is read."""
+    attempt = run.attempt if attempt is None else attempt
+    prefix = log_prefix(run.id, attempt, stream)
     chunks = [(int(o.key[len(prefix) :]), o) for o in objects.list(prefix) if o.key[len(prefix) :].isdigit()]
     total = max((start + o.size for start, o in chunks), default=0)
     out = bytearray()
@@ -59,7 +69,7 @@ def read_logs(objects: ObjectStore, run: Run, stream: Stream, offset: int, max_b
         position += len(piece)
         if len(out) >= max_bytes:
             break
-    complete = run.state.terminal and position >= total
+    complete = (run.state.terminal or attempt < run.attempt) and position >= total
     return LogPage(out.decode("utf-8", errors="replace"), position, complete)
 
 
@@ -87,10 +97,13 @@ def _store_cursor(cursor: str) -> str:
     return inner
 
 
-def read_outputs(objects: ObjectStore, run: Run, cursor: str | None, limit: int) -> OutputsPage:
-    """A page of the run's output files with download URLs, in path order, from where ``cursor``
-    (a ``next_cursor``) left off. Raises BadRequest for a cursor this listing did not make."""
-    prefix = outputs_prefix(run.id, run.attempt)
+def read_outputs(
+    objects: ObjectStore, run: Run, cursor: str | None, limit: int, *, attempt: int | None = None
+) -> OutputsPage:
+    """A page of the output files of ``attempt`` (default: the run's latest) with download URLs,
+    in path order, from where ``cursor`` (a ``next_cursor``) left off. Raises BadRequest for a
+    cursor this listing did not make."""
+    prefix = outputs_prefix(run.id, run.attempt if attempt is None else attempt)
     found, after = objects.list_page(prefix, _store_cursor(cursor) if cursor else None, min(limit, MAX_OUTPUTS_PAGE))
     files = [{"path": o.key[len(prefix) :], "size": o.size, "url": objects.url(o.key)} for o in found]
     next_cursor = base64.urlsafe_b64encode(json.dumps({"c": after}).encode()).decode() if after else None

@@ -22,6 +22,7 @@ from runplane.domain.errors import (
 )
 from runplane.domain.models import (
     ACTIVE_STATES,
+    DEFAULT_MAX_ATTEMPTS,
     NAME_PATTERN,
     USER_PATTERN,
     DispatchEvent,
@@ -105,6 +106,7 @@ def submit_run(
             "image": spec.image or pool.default_image,
             "queue": pool.name,
             "resources": pool.with_defaults(spec.resources),
+            "retry": spec.retry or pool.retry,
         }
     )
     if quotas is not None:
@@ -129,6 +131,7 @@ def submit_run(
         created_at=now,
         request_hash=request_hash,
         fair_tag=tag,
+        max_attempts=resolved.retry.attempts if resolved.retry is not None else DEFAULT_MAX_ATTEMPTS,
         hinted_at=now,
         waiting_reason=f"waiting for a worker of pool {pool.name}",
         events=[Event(at=now, state=RunState.QUEUED, message=f"submitted to pool {pool.name}")],

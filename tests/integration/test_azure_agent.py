@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.domain.models import Principal, RetryRule, RunSpec, RunState
 from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run
 from tests.conftest import POOLS_FILE, AgentProcess, wait_for
@@ -71,3 +71,27 @@ def test_an_agent_of_an_azure_stack_takes_the_first_run_in_line(azure_stack, doc
     # towards the poison queue although nothing is wrong with it
     hints = stack.queue.receive("manual", 10, wait_seconds=0, visibility_seconds=30)
     assert [d.receive_count for d in hints if d.message.run_id == low.id] == [1]
+
+
+def test_an_agent_of_an_azure_stack_retries_what_the_rule_names(azure_stack, docker_client, tmp_path):
+    stack = azure_stack
+    command = 'echo "try $RUNPLANE_ATTEMPT"; [ "$RUNPLANE_ATTEMPT" -ge 2 ] || exit 3'
+    spec = RunSpec(command=command, queue="manual", retry=RetryRule(attempts=2, on=["nonzero_exit"]))
+    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
+    env = {
+        **os.environ,
+        "RUNPLANE_CLOUD": "azure",
+        "RUNPLANE_PREFIX": stack.settings.prefix,
+        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
+        "RUNPLANE_POOLS": str(POOLS_FILE),
+    }
+    agent = AgentProcess(tmp_path, "--exit-after-num-runs", "2", worker_id="azure-w3", env=env)
+    try:
+        assert agent.wait(90) == 0, agent.log.read_text()[-3000:]
+    finally:
+        agent.stop()
+    done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
+    assert (done.state, done.attempt, done.exit_code) == (RunState.SUCCEEDED, 2, 0)
+    assert read_logs(stack.objects, done, "stdout", 0, attempt=1).data == "try 1\n"
+    assert read_logs(stack.objects, done, "stdout", 0).data == "try 2\n"
+    assert any(e.message.startswith("attempt 1 ended nonzero_exit: ") for e in done.events)

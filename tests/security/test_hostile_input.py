@@ -60,6 +60,16 @@ HOSTILE = [
     (body(env={"GCONV_PATH": "/tmp"}), 422, "'GCONV_PATH' changes the dynamic loader"),
     (body(image="busybox\nFROM evil"), 422, "image: must be printable text on one line"),
     (body(name="x" * 201), 422, "name: String should have at most 200 characters"),
+    (body(retry={"attempts": 0}), 422, "retry.attempts: Input should be greater than or equal to 1"),
+    (body(retry={"attempts": 11}), 422, "retry.attempts: Input should be less than or equal to 10"),
+    (body(retry={"attempts": "3"}), 422, "retry.attempts: Input should be a valid integer"),
+    (body(retry={"attempts": 3, "on": ["killed"]}), 422, "retry.on.0: Input should be"),
+    (body(retry={"attempts": 3, "on": ["x" * 5000]}), 422, "retry.on.0: Input should be"),
+    (body(retry={"attempts": 3, "on": "nonzero_exit"}), 422, "retry.on: Input should be a valid list"),
+    (body(retry={"attempts": 3, "memory_factor": 0.5}), 422, "retry.memory_factor: Input should be greater"),
+    (b'{"command": "x", "retry": {"attempts": 2, "memory_factor": NaN}}', 400, "NaN is not a number"),
+    (body(retry={"attempts": 2, "when": "always"}), 422, "retry.when: Extra inputs are not permitted"),
+    (body(retry=[3]), 422, "retry: Input should be a valid dictionary"),
 ]
 
 
