@@ -245,6 +245,9 @@ class Hints:
     def delete(self, queue: str, delivery: Any) -> None:
         pass
 
+    def send(self, queue: str, message: Any) -> None:
+        pass  # the fresh hint of a run passed over: a queue write outside the decision
+
 
 def admission_rounds(big: Line, small: Line, warmup: int, n: int) -> dict[str, list[float]]:
     from runplane.adapters.aws.dynamodb import BY_RANK
