@@ -36,6 +36,8 @@ class Expect:
     states: frozenset[RunState] | None = None
     attempt: int | None = None
     worker_id: str | None = None
+    unkilled: bool = False
+    """True: only while no kill was requested (a retry must not queue a run its owner killed)."""
 
 
 LIST_BUDGET = 1000

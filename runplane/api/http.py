@@ -50,7 +50,7 @@ from runplane.domain.models import (
 )
 from runplane.services import auth, quota_admin, runs, tenancy, usage
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
-from runplane.services.logs import MAX_OUTPUTS_PAGE, read_logs, read_outputs
+from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs
 
 logger = Logger(service="runplane-api")
 metrics = Metrics(namespace="runplane", service="api")
@@ -213,11 +213,11 @@ def _int_param(name: str, default: int, low: int, high: int) -> int:
     return value
 
 
-def _attempt(run: Run) -> int:
-    """The attempt whose logs or outputs are asked for: ``?attempt=`` (1 to the run's latest) or
-    its latest. Raises BadRequest/InvalidRequest."""
+def _attempt(run: Run) -> int | None:
+    """The attempt whose logs or outputs are asked for: ``?attempt=`` (1 to the run's latest), or
+    None for its latest. Raises BadRequest/InvalidRequest."""
     if app.current_event.get_query_string_value("attempt") is None:
-        return run.attempt
+        return None
     if run.attempt < 1:
         raise errors.InvalidRequest(f"run {run.id} has not had an attempt yet")
     return _int_param("attempt", run.attempt, 1, run.attempt)
@@ -358,8 +358,7 @@ def outputs(run_id: str) -> Response[str]:
         attempt=attempt,
     )
     files = [OutputFile.model_validate(f) for f in page.files]
-    complete = run.state.terminal or attempt < run.attempt
-    return _json(200, OutputPage(files=files, next_cursor=page.next_cursor, complete=complete))
+    return _json(200, OutputPage(files=files, next_cursor=page.next_cursor, complete=attempt_over(run, attempt)))
 
 
 @app.get("/v1/pools")

@@ -16,6 +16,7 @@ from runplane.domain.models import (
     FailureReason,
     Period,
     QuotaKind,
+    RetryRule,
     RunSpec,
     RunState,
     Scope,
@@ -338,6 +339,10 @@ class PoolView(WireModel):
     default_image: str
     default_time: float = Field(description="seconds a run gets when it names no time")
     max_time: float = Field(description="the longest time a run may ask, in seconds")
+    max_user_priority: int = Field(description="the highest priority a user who is not an admin may give its runs")
+    fair_share_half_life: float = Field(description="seconds in which a user's lead over the others halves")
+    price_per_hour: float | None = Field(description="what one worker costs an hour, if the pool has a price")
+    retry: RetryRule | None = Field(description="the retry rule of runs that bring none of their own")
     backlog: int = Field(description="runs queued for this pool")
     workers: PoolWorkerCounts
     launches: PoolLaunches

@@ -98,6 +98,10 @@ def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecor
         default_image=pool.default_image,
         default_time=pool.default_time,
         max_time=pool.max_time,
+        max_user_priority=pool.max_user_priority,
+        fair_share_half_life=pool.fair_share_half_life,
+        price_per_hour=pool.price_per_hour,
+        retry=pool.retry,
         backlog=backlog,
         workers=PoolWorkerCounts(**counts),
         launches=PoolLaunches(

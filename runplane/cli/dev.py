@@ -85,6 +85,9 @@ def dev(
         raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
 
     signal.signal(signal.SIGTERM, on_term)
+    # SIGINT too, explicitly: a process started in the background of a script inherits SIGINT
+    # ignored, and Python then leaves it so; `kill -INT` must stop the stack all the same
+    signal.signal(signal.SIGINT, on_term)
     try:
         stack.start()
     except OSError as e:

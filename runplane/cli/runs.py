@@ -373,13 +373,31 @@ def logs(
             print_json({"data": data, "next_offset": offset, "complete": complete})
             return
         _write_log(data, offset, complete, as_json)
+    # following the latest attempt: read the attempt going now by its number, so that a retry
+    # never reads the next attempt's logs from this one's offset; once it is over, the next one
+    pinned = attempt
     while follow and not complete:
-        page = api.logs(rid, stream, offset, attempt=attempt)
+        if pinned is None:  # the latest attempt: which one is it?
+            current = api.get(rid)
+            if not current.view.attempt:  # none yet
+                if current.done:
+                    break
+                time.sleep(POLL)
+                continue
+            pinned = current.view.attempt
+        page = api.logs(rid, stream, offset, attempt=pinned)
+        offset, complete = page.next_offset, page.complete
+        if complete and attempt is None:
+            current = api.get(rid)
+            if not current.done:  # over, and the run goes again: wait for its next attempt
+                complete = False
+                if current.view.attempt > pinned:
+                    pinned, offset = current.view.attempt, 0
+                page = page.model_copy(update={"complete": False})
         if page.data or page.complete:
             _write_log(page.data, page.next_offset, page.complete, as_json)
         else:
             time.sleep(POLL)
-        offset, complete = page.next_offset, page.complete
 
 
 def _pages_so_far(api: Client, run_id: str, stream: str, attempt: int | None = None) -> Iterator[LogPage]:

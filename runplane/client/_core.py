@@ -484,22 +484,34 @@ class Plans:
                 last = _seen(view)
                 yield Emit(StateSeen(view))
             if attempt is not None and view.attempt != attempt:
-                for stream, reader in readers.items():  # a new attempt writes its logs anew
+                for stream, reader in readers.items():  # the end of the attempt that is over, then the next one's
+                    yield from self._read_on(run_id, stream, reader, attempt, ended=True)
                     yield from _emit(stream, reader.restart())
             attempt = view.attempt
-            for stream, reader in readers.items():
-                while not reader.complete:
-                    page = yield from self.logs(run_id, stream, reader.offset)
-                    yield from _emit(stream, reader.add(page))
-                    if not page.data:
-                        break
+            for stream, reader in readers.items():  # this attempt's own logs, whatever came since the read
+                yield from self._read_on(run_id, stream, reader, attempt, ended=view.state in TERMINAL_STATES)
             if all(r.complete for r in readers.values()):
-                if view.state not in TERMINAL_STATES:  # complete: it ended after it was read above
+                if view.state not in TERMINAL_STATES:  # complete: it ended, or goes again, since the read
                     view = yield from self.get(run_id)
                     if _seen(view) != last:
+                        last = _seen(view)
                         yield Emit(StateSeen(view))
-                return view
+                if view.state in TERMINAL_STATES and view.attempt == attempt:
+                    return view
             yield Pause(poll)
+
+    def _read_on(self, run_id: str, stream: str, reader: _StreamReader, attempt: int, ended: bool) -> Plan[None]:
+        """Read ``stream`` of ``attempt`` as far as it goes now. Before its first attempt a run has
+        no logs: none are read (a read of the latest could meet the first attempt's, which are
+        read from their start once the run shows it), and the stream is complete if it ``ended``."""
+        if attempt == 0:
+            reader.complete = ended
+            return
+        while not reader.complete:
+            page = yield from self.logs(run_id, stream, reader.offset, attempt)
+            yield from _emit(stream, reader.add(page))
+            if not page.data:
+                return
 
     def download(self, run_id: str, dest: Path | str, force: bool, progress: Progress | None) -> Plan[list[Path]]:
         """Every output file under ``dest``. Checks all of them before writing any: a path that

@@ -147,7 +147,7 @@ class RetryRule(BaseModel):
     )
     memory_factor: float | None = Field(
         default=None,
-        ge=1,
+        gt=1,
         le=64,
         description="an out_of_memory attempt is retried with its memory limit times this, up to the pool's "
         "memory (out_of_memory need not be in on)",

@@ -6,9 +6,11 @@ state of a newer attempt; it gets LeaseLost instead.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from typing import Any
 
-from runplane.domain.errors import ConditionFailed, LeaseLost
+from runplane.domain.errors import ConditionFailed, LeaseLost, RunplaneError
 from runplane.domain.models import (
     ACTIVE_STATES,
     DispatchEvent,
@@ -22,6 +24,8 @@ from runplane.domain.models import (
     states_leading_to,
 )
 from runplane.ports import Expect, RunQueue, RunStore
+
+log = logging.getLogger(__name__)
 
 
 def claim(
@@ -108,7 +112,9 @@ def retry(
     """Queue a held run again after its attempt ended with ``reason`` (``message``), as its retry
     rule asked (``retries.decide``: ``note``): same id, the next claim makes the next attempt,
     whose logs and outputs are kept apart from this one's. ``memory`` is the next attempt's memory
-    limit when it grows. Raises LeaseLost if it is no longer held by this attempt."""
+    limit when it grows. The write holds only while no kill was requested: a kill that came after
+    this worker last read the run ends it here, as ``reason``, not retried. A failed hint is
+    logged (the reaper sends it again). Raises LeaseLost if it is no longer held by this attempt."""
     changes: dict[str, Any] = {
         "state": RunState.QUEUED,
         "worker_id": None,
@@ -125,14 +131,26 @@ def retry(
     try:
         updated = store.update(
             run,
-            _mine(run, ACTIVE_STATES),
+            replace(_mine(run, ACTIVE_STATES), unkilled=True),
             changes,
             Event(at=now, state=RunState.QUEUED, message=f"attempt {run.attempt} ended {reason}: {message}; {note}"),
         )
     except ConditionFailed as e:
+        current = e.details.get("run")
+        if (
+            isinstance(current, Run)
+            and (current.attempt, current.worker_id) == (run.attempt, run.worker_id)
+            and current.state in ACTIVE_STATES
+            and current.kill_requested
+        ):
+            ended = {"usage": usage} if usage is not None else {}
+            return fail(store, current, reason, f"{message}; not retried: it was killed", now, **ended)
         raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot be retried: {e.message}") from e
-    queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
-    queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+    try:
+        queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
+        queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+    except RunplaneError as e:
+        log.warning("run %s queued again but its hint failed (the reaper sends it again): %s", run.id, e)
     return updated
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runplane.domain.errors import BadRequest
-from runplane.domain.models import Run
+from runplane.domain.models import Run, RunState
 from runplane.ports import ObjectStore
 
 Stream = Literal["stdout", "stderr"]
@@ -52,6 +52,7 @@ def read_logs(
 ) -> LogPage:
     """Bytes of ``stream`` of ``attempt`` (default: the latest) from ``offset`` on; ``complete``
     once that attempt is over and all is read."""
+    over = attempt_over(run, attempt)
     attempt = run.attempt if attempt is None else attempt
     prefix = log_prefix(run.id, attempt, stream)
     chunks = [(int(o.key[len(prefix) :]), o) for o in objects.list(prefix) if o.key[len(prefix) :].isdigit()]
@@ -69,8 +70,18 @@ def read_logs(
         position += len(piece)
         if len(out) >= max_bytes:
             break
-    complete = (run.state.terminal or attempt < run.attempt) and position >= total
+    complete = over and position >= total
     return LogPage(out.decode("utf-8", errors="replace"), position, complete)
+
+
+def attempt_over(run: Run, attempt: int | None) -> bool:
+    """Whether ``attempt`` of ``run`` (None: its latest, which a later claim may follow) is over:
+    the run ended, a later attempt began, or the run waits for its next one."""
+    if run.state.terminal:
+        return True
+    if attempt is None:
+        return False
+    return attempt < run.attempt or run.state == RunState.QUEUED
 
 
 @dataclass(frozen=True)
@@ -83,17 +94,22 @@ MAX_OUTPUTS_PAGE = 500
 """Output files listed at most in one answer: paths and URLs of 1 KiB names stay under 5 MB."""
 
 
-def _store_cursor(cursor: str) -> str:
-    """The object store's cursor an outputs ``next_cursor`` holds. Raises BadRequest."""
+def _store_cursor(cursor: str, attempt: int) -> str:
+    """The object store's cursor an outputs ``next_cursor`` of ``attempt`` holds. Raises BadRequest,
+    also for a cursor of another attempt (the run went again between two pages)."""
     try:
         if len(cursor) > 4096:
             raise ValueError
         data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        inner = data["c"]
-        if set(data) != {"c"} or not isinstance(inner, str) or not inner or not inner.isprintable():
+        inner, made_for = data["c"], data.get("a", attempt)
+        if set(data) - {"c", "a"} or not isinstance(inner, str) or not inner or not inner.isprintable():
             raise ValueError
-    except (ValueError, TypeError, KeyError, binascii.Error) as e:
+    except (ValueError, TypeError, KeyError, AttributeError, binascii.Error) as e:
         raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+    if made_for != attempt:
+        raise BadRequest(
+            f"cursor is of attempt {made_for}'s outputs, not attempt {attempt}'s: list again from the start"
+        )
     return inner
 
 
@@ -103,8 +119,10 @@ def read_outputs(
     """A page of the output files of ``attempt`` (default: the run's latest) with download URLs,
     in path order, from where ``cursor`` (a ``next_cursor``) left off. Raises BadRequest for a
     cursor this listing did not make."""
-    prefix = outputs_prefix(run.id, run.attempt if attempt is None else attempt)
-    found, after = objects.list_page(prefix, _store_cursor(cursor) if cursor else None, min(limit, MAX_OUTPUTS_PAGE))
+    attempt = run.attempt if attempt is None else attempt
+    prefix = outputs_prefix(run.id, attempt)
+    start = _store_cursor(cursor, attempt) if cursor else None
+    found, after = objects.list_page(prefix, start, min(limit, MAX_OUTPUTS_PAGE))
     files = [{"path": o.key[len(prefix) :], "size": o.size, "url": objects.url(o.key)} for o in found]
-    next_cursor = base64.urlsafe_b64encode(json.dumps({"c": after}).encode()).decode() if after else None
+    next_cursor = base64.urlsafe_b64encode(json.dumps({"c": after, "a": attempt}).encode()).decode() if after else None
     return OutputsPage(files, next_cursor)

@@ -62,7 +62,11 @@ def run_id_for(owner: str, idempotency_key: str | None, secret: bytes) -> str:
 
 
 def _request_hash(spec: RunSpec) -> str:
-    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    """What an Idempotency-Key's request was. Fields added since the first version are left out
+    while unset, so that a submit retried across an upgrade still finds its run."""
+    added_since = {"retry"} if spec.retry is None else set()
+    data = spec.model_dump(mode="json", exclude=added_since)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

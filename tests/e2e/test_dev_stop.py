@@ -71,6 +71,9 @@ def start_dev(tmp_path: Path, docker_client: Any) -> Iterator[Any]:
                 stdout=out,
                 stderr=out,
                 env=env,
+                # started as a script's background job is: with SIGINT ignored, which Python keeps
+                # unless told otherwise; SIGINT must stop it all the same
+                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
             )
         dev = Dev(proc, log, home / ".runplane" / "dev" / str(port))
         started.append(dev)

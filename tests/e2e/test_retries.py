@@ -89,3 +89,23 @@ def test_a_run_that_never_went_has_no_attempt_to_read(alice):
         assert alice.logs(run.id).data == ""  # the latest, none yet
     finally:
         run.kill()
+
+
+def test_pools_show_their_rules_for_runs(alice):
+    pools = {p.name: p for p in alice.pools()}
+    assert pools["big"].retry == RetryRule(attempts=2, on=["time_limit"])
+    assert pools["big"].max_user_priority == 70
+    assert (pools["default"].retry, pools["default"].max_user_priority) == (None, 50)
+    assert pools["default"].price_per_hour == 3.6 and pools["big"].price_per_hour is None
+    assert pools["default"].fair_share_half_life == 3600
+
+
+def test_following_a_retried_run_shows_each_attempt_whole_and_once(alice):
+    run = alice.submit(
+        'echo "try $RUNPLANE_ATTEMPT begins"; sleep 1; echo "try $RUNPLANE_ATTEMPT ends"; '
+        '[ "$RUNPLANE_ATTEMPT" -ge 2 ] || exit 3',
+        retry={"attempts": 2, "on": ["nonzero_exit"]},
+    )
+    text = "".join(run.follow(poll=0.2))
+    assert text == "try 1 begins\ntry 1 ends\ntry 2 begins\ntry 2 ends\n"
+    assert (run.view.state, run.view.attempt) == ("succeeded", 2)

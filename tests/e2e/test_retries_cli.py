@@ -46,3 +46,14 @@ def test_bad_rules_are_one_line(devstack, tmp_path, args, message):
     token = new_user(devstack, tmp_path, "retry")
     line = one_error_line(cli(devstack, "run", "--queue", "parked", *args, "--", "x", token=token, home=tmp_path), 2)
     assert line.startswith(message), line
+
+
+def test_logs_follow_goes_on_to_the_next_attempt(devstack, tmp_path):
+    token = new_user(devstack, tmp_path, "retry")
+    script = 'echo "try $RUNPLANE_ATTEMPT"; sleep 2; [ "$RUNPLANE_ATTEMPT" -ge 2 ] || exit 3'
+    made = cli(
+        devstack, "run", "--attempts", "2", "--retry-on", "nonzero_exit", "--", script, token=token, home=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    followed = cli(devstack, "logs", "-f", made.stdout.strip(), token=token, home=tmp_path, timeout=180)
+    assert (followed.returncode, followed.stdout) == (0, "try 1\ntry 2\n"), followed.stderr

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from runplane.adapters.aws.provision import provision
+from runplane.bootstrap import aws_clients, aws_names
 from runplane.domain.errors import RunplaneError
 from runplane.domain.models import Principal, RunSpec, RunState
 from runplane.ports import Expect
@@ -223,3 +225,24 @@ def test_a_line_that_cannot_be_read_costs_fairness_not_the_submit(aws_stack):
         stack.store.head("parked", 1)
     assert [submit(stack, "alice", NOW).fair_tag for _ in range(2)] == [0, 1]
     assert stack.store.count("parked", RunState.QUEUED) == 2
+
+
+def test_provision_gives_a_table_of_an_earlier_version_its_line(aws_stack):
+    """A runs table made before lines existed (no by_rank index): provisioning the stack again,
+    as runplane dev or a LocalStack init hook does, adds the index, and the queued runs written
+    since read in order."""
+    stack = aws_stack
+    dynamodb = stack.store.client
+    dynamodb.update_table(
+        TableName=stack.store.table, GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": "by_rank"}}]
+    )
+    names = aws_names(stack.settings)
+    clients = aws_clients(stack.settings)
+    provision(names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"])
+    indexes = dynamodb.describe_table(TableName=stack.store.table)["Table"]["GlobalSecondaryIndexes"]
+    assert "by_rank" in {i["IndexName"] for i in indexes}
+    first, second = submit(stack, "alice", NOW), submit(stack, "bob", NOW + 1)
+    assert [r.id for r in stack.store.head("parked", 10)] == [first.id, second.id]
+    provision(
+        names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"]
+    )  # again: nothing to add

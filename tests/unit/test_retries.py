@@ -102,3 +102,15 @@ def test_a_pools_file_in_yaml_may_write_on_as_it_reads(tmp_path):
     )
     (pool,) = load_pools(str(path)).pools
     assert pool.retry == RetryRule(attempts=2, on=["nonzero_exit"])
+
+
+def test_a_submit_without_a_rule_has_the_request_hash_it_had_before_rules_existed():
+    import hashlib
+    import json
+
+    from runplane.services.runs import _request_hash
+
+    spec = RunSpec(command="python train.py", resources=Resources(cpus=2))
+    before = {k: v for k, v in spec.model_dump(mode="json").items() if k != "retry"}
+    assert _request_hash(spec) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert _request_hash(spec) != _request_hash(spec.model_copy(update={"retry": RetryRule(attempts=2)}))

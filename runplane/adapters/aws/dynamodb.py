@@ -164,6 +164,10 @@ class DynamoRunStore:
             names["#worker"] = "worker_id"
             values[":worker"] = {"S": expect.worker_id}
             conditions.append("#worker = :worker")
+        if expect.unkilled:
+            names["#killed"] = "kill_requested"
+            values[":killed"] = {"BOOL": True}
+            conditions.append("(attribute_not_exists(#killed) OR #killed <> :killed)")
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "Key": {"id": {"S": run.id}},

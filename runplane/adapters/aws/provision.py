@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +55,8 @@ class AwsNames:
 
 
 def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes: list[dict[str, Any]]) -> bool:
-    """Create the table unless it exists; True when this call created it."""
+    """Create the table unless it exists; True when this call created it. A table that exists
+    gets the indexes it lacks (one made by an earlier version)."""
     kwargs: dict[str, Any] = {
         "TableName": name,
         "KeySchema": [{"AttributeName": key, "KeyType": "HASH"}],
@@ -68,11 +70,38 @@ def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes:
     except ClientError as e:
         if error_code(e) != "ResourceInUseException":
             raise
+        _add_indexes(ddb, name, attrs, indexes)
         return False
     # moto and LocalStack answer ACTIVE at once; DynamoDB says CREATING for a few seconds.
     if created.get("TableDescription", {}).get("TableStatus") != "ACTIVE":
         ddb.get_waiter("table_exists").wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 30})
     return True
+
+
+def _add_indexes(ddb: Any, name: str, attrs: dict[str, str], indexes: list[dict[str, Any]]) -> None:
+    """Add to the existing table ``name`` each of ``indexes`` it does not have, one at a time (as
+    DynamoDB allows), waiting for each to be built. Items written before an index existed are in
+    it once it is built: DynamoDB backfills a new index."""
+    if not indexes:
+        return
+    table = ddb.describe_table(TableName=name)["Table"]
+    have = {index["IndexName"] for index in table.get("GlobalSecondaryIndexes", [])}
+    for index in indexes:
+        if index["IndexName"] in have:
+            continue
+        keys = [k["AttributeName"] for k in index["KeySchema"]]
+        log.warning("table %s has no index %s (made by an earlier version): adding it", name, index["IndexName"])
+        ddb.update_table(
+            TableName=name,
+            AttributeDefinitions=[{"AttributeName": a, "AttributeType": attrs[a]} for a in keys],
+            GlobalSecondaryIndexUpdates=[{"Create": index}],
+        )
+        for _ in range(300):
+            described = ddb.describe_table(TableName=name)["Table"].get("GlobalSecondaryIndexes", [])
+            status = next((i.get("IndexStatus") for i in described if i["IndexName"] == index["IndexName"]), None)
+            if status in (None, "ACTIVE"):
+                break
+            time.sleep(2)
 
 
 def _index(name: str, hash_key: str, range_key: str) -> dict[str, Any]:

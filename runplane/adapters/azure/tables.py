@@ -192,6 +192,7 @@ def _holds(run: Run, expect: Expect) -> bool:
         (expect.states is None or run.state in expect.states)
         and (expect.attempt is None or run.attempt == expect.attempt)
         and (expect.worker_id is None or run.worker_id == expect.worker_id)
+        and not (expect.unkilled and run.kill_requested)
     )
 
 

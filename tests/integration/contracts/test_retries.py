@@ -4,10 +4,11 @@ retry it. Submit resolves the rule: the run's own, else its pool's."""
 
 import pytest
 
-from runplane.domain.errors import LeaseLost
+from runplane.domain.errors import BadRequest, LeaseLost
 from runplane.domain.models import FailureReason, Principal, Resources, RetryRule, RunSpec, RunState
 from runplane.services import lifecycle
-from runplane.services.runs import submit_run
+from runplane.services.logs import log_chunk_key, outputs_prefix, read_logs, read_outputs
+from runplane.services.runs import kill_run, submit_run
 
 ALICE = Principal(user="alice", scopes=["runs:read", "runs:write"])
 MiB = 1024**2
@@ -79,3 +80,43 @@ def test_submit_takes_the_runs_rule_else_its_pools(stack):
     assert own.spec.retry.attempts == 5 and own.max_attempts == 5
     plain = submitted(stack)
     assert plain.spec.retry is None and plain.max_attempts == 3
+
+
+def test_a_kill_that_came_after_the_worker_last_read_the_run_is_not_undone_by_a_retry(stack):
+    run = submitted(stack, retry=RetryRule(attempts=3, on=["nonzero_exit"]))
+    held = lifecycle.claim(stack.store, run, 0, "w1", 60.0, NOW)
+    held = lifecycle.advance(stack.store, held, RunState.RUNNING, NOW + 1, "started")
+    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, NOW + 1, "uploading")
+    stack.queue.receive("default", 10, 0, 30)  # the submit's hint
+    kill_run(stack.store, ALICE, run.id, lambda: NOW + 2)  # the worker's copy still says no kill
+    ended = lifecycle.retry(
+        stack.store, stack.queue, held, FailureReason.NONZERO_EXIT, "exited 1", "retried as attempt 2 of 3", NOW + 3
+    )
+    stored = stack.store.get(run.id)
+    assert stored == ended
+    assert (stored.state, stored.attempt, stored.failure.reason) == (RunState.FAILED, 1, FailureReason.NONZERO_EXIT)
+    assert stored.failure.message == "exited 1; not retried: it was killed"
+    assert stack.queue.receive("default", 10, 1, 30) == []  # nothing hinted: it never goes again
+
+
+def test_an_attempts_outputs_are_paged_with_cursors_of_that_attempt(stack):
+    run = submitted(stack)
+    for attempt in (1, 2):
+        for name in ("a", "b"):
+            stack.objects.put_bytes(f"{outputs_prefix(run.id, attempt)}{name}", f"{attempt}{name}".encode())
+    second = run.model_copy(update={"attempt": 2, "state": RunState.QUEUED})
+    first_page = read_outputs(stack.objects, second, None, 1, attempt=1)
+    assert [f["path"] for f in first_page.files] == ["a"]
+    assert [f["path"] for f in read_outputs(stack.objects, second, first_page.next_cursor, 1, attempt=1).files] == ["b"]
+    with pytest.raises(BadRequest, match="cursor is of attempt 1's outputs, not attempt 2's"):
+        read_outputs(stack.objects, second, first_page.next_cursor, 1)  # the latest: attempt 2
+
+
+def test_an_earlier_attempts_logs_are_complete_once_read_and_the_latest_while_it_waits_is_not(stack):
+    run = submitted(stack)
+    stack.objects.put_bytes(log_chunk_key(run.id, 1, "stdout", 0), b"try 1\n")
+    waiting = run.model_copy(update={"attempt": 1, "state": RunState.QUEUED})  # retried, not yet claimed again
+    asked = read_logs(stack.objects, waiting, "stdout", 0, attempt=1)
+    assert (asked.data, asked.complete) == ("try 1\n", True)
+    latest = read_logs(stack.objects, waiting, "stdout", 0)  # a follower of the latest waits for the next
+    assert (latest.data, latest.complete) == ("try 1\n", False)
