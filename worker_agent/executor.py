@@ -818,6 +818,7 @@ class RunExecutor:
                     self.clock(),
                     memory=decision.memory,
                     usage=self.usage,
+                    exit_code=outcome.exit_code,
                 )
             else:
                 message = outcome.message if decision is None else f"{outcome.message}; {decision.note}"

@@ -153,14 +153,6 @@ class RetryRule(BaseModel):
         "memory (out_of_memory need not be in on)",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_on(cls, data: Any) -> Any:
-        """YAML 1.1 reads the key ``on`` of a pools file as the boolean true: it means ``on``."""
-        if isinstance(data, dict) and True in data and "on" not in data:
-            data = {("on" if key is True else key): value for key, value in data.items()}
-        return data
-
     @field_validator("on")
     @classmethod
     def _unique(cls, value: list[str]) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ def load_pools(text_or_path: str) -> PoolConfig:
         import yaml  # only for YAML files: it costs the Lambda cold start otherwise
 
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_yaml_1_2_loader(yaml))  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as e:
             raise ValueError(f"{source}: not valid YAML/JSON: {e}") from e
     if isinstance(data, list):
@@ -77,3 +78,21 @@ def choose_pool(config: PoolConfig, resources: Resources, queue: str | None) -> 
             f"the largest pool is {largest.shape()}"
         )
     return min(fitting, key=_size_key)
+
+
+def _yaml_1_2_loader(yaml: Any) -> Any:
+    """A SafeLoader whose booleans are YAML 1.2's (true, false): PyYAML reads YAML 1.1, where
+    ``on``, ``off``, ``yes`` and ``no`` are booleans too, so that a retry rule's key ``on:`` would
+    come out as True. The pools' models read "yes" or "on" as true where they want a boolean."""
+
+    class Loader(yaml.SafeLoader):  # type: ignore[misc]
+        pass
+
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+    )
+    return Loader

@@ -108,6 +108,7 @@ def retry(
     *,
     memory: int | None = None,
     usage: Usage | None = None,
+    exit_code: int | None = None,
 ) -> Run:
     """Queue a held run again after its attempt ended with ``reason`` (``message``), as its retry
     rule asked (``retries.decide``: ``note``): same id, the next claim makes the next attempt,
@@ -143,7 +144,7 @@ def retry(
             and current.state in ACTIVE_STATES
             and current.kill_requested
         ):
-            ended = {"usage": usage} if usage is not None else {}
+            ended: dict[str, Any] = {"exit_code": exit_code} | ({"usage": usage} if usage is not None else {})
             return fail(store, current, reason, f"{message}; not retried: it was killed", now, **ended)
         raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot be retried: {e.message}") from e
     try:

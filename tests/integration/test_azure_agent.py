@@ -15,10 +15,9 @@ from tests.conftest import POOLS_FILE, AgentProcess, wait_for
 pytestmark = pytest.mark.docker
 
 
-def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_path):
-    stack = azure_stack
-    spec = RunSpec(command="echo hello from azure; echo oops >&2; exit 3", queue="manual")
-    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
+def run_agent(stack, tmp_path, worker_id, runs, seconds):
+    """An agent of ``stack``'s pool "manual", configured by RUNPLANE_* settings alone, until it
+    has done ``runs`` runs (at most ``seconds``)."""
     env = {
         **os.environ,
         "RUNPLANE_CLOUD": "azure",
@@ -26,11 +25,18 @@ def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_p
         "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
         "RUNPLANE_POOLS": str(POOLS_FILE),
     }
-    agent = AgentProcess(tmp_path, "--exit-after-num-runs", "1", worker_id="azure-w1", env=env)
+    agent = AgentProcess(tmp_path, "--exit-after-num-runs", str(runs), worker_id=worker_id, env=env)
     try:
-        assert agent.wait(60) == 0, agent.log.read_text()[-3000:]
+        assert agent.wait(seconds) == 0, agent.log.read_text()[-3000:]
     finally:
         agent.stop()
+
+
+def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_path):
+    stack = azure_stack
+    spec = RunSpec(command="echo hello from azure; echo oops >&2; exit 3", queue="manual")
+    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
+    run_agent(stack, tmp_path, "azure-w1", runs=1, seconds=60)
     done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
     assert (done.state, done.exit_code, done.worker_id, done.attempt) == (RunState.FAILED, 3, "azure-w1", 1)
     assert read_logs(stack.objects, done, "stdout", 0).data == "hello from azure\n"
@@ -51,18 +57,7 @@ def test_an_agent_of_an_azure_stack_takes_the_first_run_in_line(azure_stack, doc
 
     low, high = submit(10), submit(90)
     assert [r.id for r in stack.store.head("manual", 10)] == [high.id, low.id]
-    env = {
-        **os.environ,
-        "RUNPLANE_CLOUD": "azure",
-        "RUNPLANE_PREFIX": stack.settings.prefix,
-        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
-        "RUNPLANE_POOLS": str(POOLS_FILE),
-    }
-    agent = AgentProcess(tmp_path, "--exit-after-num-runs", "1", worker_id="azure-w2", env=env)
-    try:
-        assert agent.wait(60) == 0, agent.log.read_text()[-3000:]
-    finally:
-        agent.stop()
+    run_agent(stack, tmp_path, "azure-w2", runs=1, seconds=60)
     done = wait_for(lambda: (r := stack.store.get(high.id)).state.terminal and r, 10, 0.1, "the run to end")
     assert (done.state, done.worker_id) == (RunState.SUCCEEDED, "azure-w2")
     assert stack.store.get(low.id).state == RunState.QUEUED
@@ -78,18 +73,7 @@ def test_an_agent_of_an_azure_stack_retries_what_the_rule_names(azure_stack, doc
     command = 'echo "try $RUNPLANE_ATTEMPT"; [ "$RUNPLANE_ATTEMPT" -ge 2 ] || exit 3'
     spec = RunSpec(command=command, queue="manual", retry=RetryRule(attempts=2, on=["nonzero_exit"]))
     run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
-    env = {
-        **os.environ,
-        "RUNPLANE_CLOUD": "azure",
-        "RUNPLANE_PREFIX": stack.settings.prefix,
-        "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": stack.settings.azure_storage_connection_string,
-        "RUNPLANE_POOLS": str(POOLS_FILE),
-    }
-    agent = AgentProcess(tmp_path, "--exit-after-num-runs", "2", worker_id="azure-w3", env=env)
-    try:
-        assert agent.wait(90) == 0, agent.log.read_text()[-3000:]
-    finally:
-        agent.stop()
+    run_agent(stack, tmp_path, "azure-w3", runs=2, seconds=90)
     done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
     assert (done.state, done.attempt, done.exit_code) == (RunState.SUCCEEDED, 2, 0)
     assert read_logs(stack.objects, done, "stdout", 0, attempt=1).data == "try 1\n"

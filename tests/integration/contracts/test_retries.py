@@ -90,12 +90,20 @@ def test_a_kill_that_came_after_the_worker_last_read_the_run_is_not_undone_by_a_
     stack.queue.receive("default", 10, 0, 30)  # the submit's hint
     kill_run(stack.store, ALICE, run.id, lambda: NOW + 2)  # the worker's copy still says no kill
     ended = lifecycle.retry(
-        stack.store, stack.queue, held, FailureReason.NONZERO_EXIT, "exited 1", "retried as attempt 2 of 3", NOW + 3
+        stack.store,
+        stack.queue,
+        held,
+        FailureReason.NONZERO_EXIT,
+        "exited 1",
+        "retried as attempt 2 of 3",
+        NOW + 3,
+        exit_code=1,
     )
     stored = stack.store.get(run.id)
     assert stored == ended
     assert (stored.state, stored.attempt, stored.failure.reason) == (RunState.FAILED, 1, FailureReason.NONZERO_EXIT)
     assert stored.failure.message == "exited 1; not retried: it was killed"
+    assert stored.exit_code == 1
     assert stack.queue.receive("default", 10, 1, 30) == []  # nothing hinted: it never goes again
 
 
