@@ -24,11 +24,13 @@ from runplane.ports import (
     QuotaStore,
     RunQueue,
     RunStore,
+    SweepStore,
     TokenStore,
     WorkerRegistry,
 )
 from runplane.services.auth import CachedTokens
 from runplane.services.inputs import InputPolicy
+from runplane.services.sweeps import SweepPorts
 from runplane.settings import StackSettings
 
 
@@ -47,6 +49,7 @@ class Stack:
     tokens: TokenStore
     pool_states: PoolStateStore
     quotas: QuotaStore
+    sweeps: SweepStore
     data_bucket: str
     """The bucket (Azure: container) of logs and outputs: never a run's input."""
     clock: Callable[[], float] = time.time
@@ -59,6 +62,10 @@ class Stack:
 
     def agent_args(self, pool: Pool) -> list[str]:
         return agent_args_for(pool, self.settings.agent_args)
+
+    @functools.cached_property
+    def sweep_ports(self) -> SweepPorts:
+        return SweepPorts(self.store, self.sweeps, self.queue, self.pools, self.workers, self.clock, self.quotas)
 
     @functools.cached_property
     def input_policy(self) -> InputPolicy:
@@ -121,6 +128,7 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
     clients = clients or azure_clients(settings)
     from runplane.adapters.azure.blob import BlobObjectStore
     from runplane.adapters.azure.queues import StorageQueueRunQueue
+    from runplane.adapters.azure.sweeps import TableSweepStore
     from runplane.adapters.azure.tables import (
         TablePoolStateStore,
         TableQuotaStore,
@@ -134,6 +142,7 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
     return _stack(
         settings,
         store=TableRunStore(tables.get_table_client(names.runs_table)),
+        sweeps=TableSweepStore(tables.get_table_client(names.runs_table)),
         queue=StorageQueueRunQueue(names.prefix, clients.queues),
         objects=BlobObjectStore(names.container, clients.blobs, clients.account_key),
         workers=TableWorkerRegistry(tables.get_table_client(names.workers_table)),
@@ -169,12 +178,14 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     )
     from runplane.adapters.aws.s3 import S3ObjectStore
     from runplane.adapters.aws.sqs import SqsRunQueue
+    from runplane.adapters.aws.sweeps import DynamoSweepStore
 
     clients = clients or aws_clients(settings)
     names = aws_names(settings)
     return _stack(
         settings,
         store=DynamoRunStore(names.runs_table, clients["dynamodb"]),
+        sweeps=DynamoSweepStore(names.runs_table, clients["dynamodb"]),
         queue=SqsRunQueue(names.prefix, clients["sqs"]),
         objects=S3ObjectStore(names.bucket, clients["s3"]),
         workers=DynamoWorkerRegistry(names.workers_table, clients["dynamodb"]),

@@ -9,8 +9,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from runplane.bootstrap import Stack
-from runplane.domain.errors import InvalidRequest, RunplaneError
+from runplane.domain.errors import InvalidRequest, NotFound, RunplaneError
 from runplane.domain.models import DispatchEvent
+from runplane.services import sweeps
 from runplane.services.dispatch import Decision, DispatchPorts, dispatch_pool
 from runplane.services.reap import ReapReport, reap
 
@@ -23,6 +24,7 @@ class PoolDispatcher:
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.results: dict[str, Decision | RunplaneError] = {}
+        self.sweeps_moved: set[str] = set()
 
     def pool(self, name: str) -> Decision:
         if name not in self.results:
@@ -56,12 +58,32 @@ class PoolDispatcher:
             except ValidationError:
                 log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
                 return None
+            if event.sweep is not None:
+                self.sweep(event.sweep)
             if self.stack.pools.get(event.pool) is None:
                 log.warning("ignoring event for unknown pool %s", event.pool)
                 return None
             return self.pool(event.pool)
 
         return handle
+
+    def sweep(self, sweep_id: str) -> None:
+        """Move a sweep on once per invocation (a member of it ended). An unknown sweep is
+        ignored; a store failure raises (the event is tried again)."""
+        if sweep_id in self.sweeps_moved:
+            return
+        try:
+            sweeps.advance(self.stack.sweep_ports, sweep_id)
+        except NotFound:
+            log.warning("ignoring event for unknown sweep %.80s", sweep_id)
+        self.sweeps_moved.add(sweep_id)
+
+    def all_sweeps(self) -> dict[str, str]:
+        """The scheduled pass over unfinished sweeps (what a lost event would have done)."""
+        try:
+            return sweeps.advance_unfinished(self.stack.sweep_ports)
+        except RunplaneError as e:
+            return {"error": e.message}
 
     def all_pools(self) -> dict[str, str]:
         """The scheduled pass: every pool, failures reported rather than raised."""

@@ -27,6 +27,7 @@ from runplane.domain.models import (
     UsageRecord,
     Worker,
 )
+from runplane.domain.sweeps import Sweep
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,35 @@ class RunStore(Protocol):
         ``priority``, only the runs of that priority. One query, whatever the length of the queue.
         On DynamoDB it reads an index, which may lag a write by a moment: a run just claimed may
         still show, so a caller claims conditionally as always."""
+        ...
+
+
+class SweepStore(Protocol):
+    """Sweep records (runplane.domain.sweeps): every write but the first is conditional on the
+    record's ``version``."""
+
+    def create(self, sweep: Sweep) -> Sweep:
+        """Store a new sweep (``version`` 1 is returned). Raises AlreadyExists (with
+        ``details['sweep']``) if the id is taken, PayloadTooLarge if the record is too big."""
+        ...
+
+    def get(self, sweep_id: str) -> Sweep:
+        """Strongly consistent read. Raises NotFound."""
+        ...
+
+    def save(self, sweep: Sweep) -> Sweep:
+        """Replace the sweep if the stored version is still ``sweep.version``; returns it with
+        ``version`` + 1. Raises ConditionFailed (with ``details['sweep']``, the stored one) when
+        another writer got there first."""
+        ...
+
+    def list(self, owner: str, limit: int = 50, cursor: str | None = None) -> tuple[builtins.list[Sweep], str | None]:
+        """The owner's sweeps, newest first, and the cursor of the next page (None: no more). A
+        cursor this listing did not make raises BadRequest."""
+        ...
+
+    def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
+        """Up to ``limit`` sweeps of any owner that have not finished, oldest first."""
         ...
 
 

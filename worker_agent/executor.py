@@ -832,6 +832,7 @@ class RunExecutor:
                     usage=self.usage,
                 )
         self._set_run(new)
+        lifecycle.ended(self.ports.queue, new)
 
     def _cleanup(self) -> None:
         """Release the run's inputs, remove its container and its directory. Each step is on its
@@ -992,6 +993,8 @@ def container_spec(
     res = run.spec.resources
     env = dict(run.spec.env)
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
+    if run.sweep_id is not None:
+        env.update({"RUNPLANE_SWEEP_ID": run.sweep_id, "RUNPLANE_SWEEP_INDEX": str(run.sweep_index)})
     allocation = allocation or Allocation((), ())
     env.update(allocation.environment())
     mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind")]

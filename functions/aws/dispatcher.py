@@ -1,4 +1,5 @@
-"""Lambda for the dispatcher: SQS batches of pool events (partial failures), and a schedule."""
+"""Lambda for the dispatcher: SQS batches of pool and sweep events (partial failures), and a schedule
+(every pool, every unfinished sweep)."""
 
 from typing import Any
 
@@ -15,7 +16,7 @@ logger = Logger(service="runplane-dispatcher")
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     dispatcher = PoolDispatcher(bootstrap.stack())
     if "Records" not in event:  # the schedule
-        return {"pools": dispatcher.all_pools()}
+        return {"pools": dispatcher.all_pools(), "sweeps": dispatcher.all_sweeps()}
     processor = BatchProcessor(event_type=EventType.SQS)
     response = process_partial_response(
         event=event, record_handler=dispatcher.record_handler(), processor=processor, context=context

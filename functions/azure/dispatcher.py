@@ -27,4 +27,5 @@ def dispatcher_events(msg: func.QueueMessage) -> None:
 @bp.function_name("dispatcher_schedule")
 @bp.timer_trigger(arg_name="timer", schedule="%RunplaneSchedule%")
 def dispatcher_schedule(timer: func.TimerRequest) -> None:
-    log.debug("scheduled dispatch: %s", PoolDispatcher(bootstrap.stack()).all_pools())
+    dispatcher = PoolDispatcher(bootstrap.stack())
+    log.debug("scheduled dispatch: %s; sweeps: %s", dispatcher.all_pools(), dispatcher.all_sweeps())

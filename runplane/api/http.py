@@ -28,6 +28,9 @@ from runplane.api.models import (
     QuotaLimits,
     QuotaList,
     SetPriority,
+    SweepPage,
+    SweepPatch,
+    SweepRetried,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -35,7 +38,16 @@ from runplane.api.models import (
 )
 from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
-from runplane.api.views import me_view, pool_view, quota_view, run_view, token_view, usage_view, worker_view
+from runplane.api.views import (
+    me_view,
+    pool_view,
+    quota_view,
+    run_view,
+    sweep_view,
+    token_view,
+    usage_view,
+    worker_view,
+)
 from runplane.domain import errors
 from runplane.domain.models import (
     RUN_ID_PATTERN,
@@ -48,7 +60,8 @@ from runplane.domain.models import (
     RunState,
     Worker,
 )
-from runplane.services import auth, quota_admin, runs, tenancy, usage
+from runplane.domain.sweeps import Sweep, SweepSpec
+from runplane.services import auth, lifecycle, quota_admin, runs, sweeps, tenancy, usage
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs
 
@@ -233,13 +246,18 @@ def openapi() -> dict[str, Any]:
     return openapi_document()
 
 
+def _idempotency_key() -> str | None:
+    key = app.current_event.get_header_value("idempotency-key")
+    if key is not None and not 1 <= len(key) <= 200:
+        raise errors.InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+    return key
+
+
 @app.post("/v1/runs")
 def submit() -> Response[str]:
     principal = _principal("runs:write")
     spec = _model(RunSpec, _body_object())
-    key = app.current_event.get_header_value("idempotency-key")
-    if key is not None and not 1 <= len(key) <= 200:
-        raise errors.InvalidRequest("Idempotency-Key must be 1 to 200 characters")
+    key = _idempotency_key()
     s = bootstrap.stack()
     secret = s.tokens.secret() if key is not None else b""
     result = runs.submit_run(
@@ -269,6 +287,9 @@ def list_runs() -> Response[str]:
         states = [s.value for s in RunState]
         raise errors.InvalidRequest(f"unknown state {str(state_raw)[:40]!r}; states are {states}") from e
     store = bootstrap.stack().store
+    sweep_id = app.current_event.get_query_string_value("sweep")
+    if sweep_id is not None:
+        return _sweep_members(principal, sweep_id, state)
     owner = app.current_event.get_query_string_value("owner") or principal.user
     page = runs.list_runs(
         store,
@@ -290,8 +311,33 @@ def list_runs() -> Response[str]:
             break
         views.append(text)
         size += wire
+    return _run_page(views, cursor)
+
+
+def _run_page(views: list[str], cursor: str | None) -> Response[str]:
     body = '{"runs": [' + ", ".join(views) + "], " + f'"next_cursor": {json.dumps(cursor)}' + "}"
     return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=body)
+
+
+def _sweep_members(principal: Principal, sweep_id: str, state: RunState | None) -> Response[str]:
+    """``GET /v1/runs?sweep=ID``: the members released so far, in index order."""
+    query = app.current_event.get_query_string_value
+    if query("owner") or query("queue"):
+        raise errors.InvalidRequest("sweep cannot be combined with owner or queue")
+    ports = bootstrap.stack().sweep_ports
+    sweep = sweeps.get_sweep(ports, principal, _sweep_id(sweep_id))
+    found, cursor = sweeps.members(ports, sweep, state, _int_param("limit", 50, 1, 500), query("cursor"))
+    views: list[str] = []
+    size = 1024
+    for run in found:
+        text = run_view(run).model_dump_json()
+        wire = len(json.dumps(text))
+        if views and size + wire > MAX_PAGE_BYTES:
+            cursor = str(run.sweep_index)
+            break
+        views.append(text)
+        size += wire
+    return _run_page(views, cursor)
 
 
 def _pool_record(pool: str) -> PoolRecord | None:
@@ -321,7 +367,9 @@ def get_run(run_id: str) -> Response[str]:
 def kill(run_id: str) -> Response[str]:
     principal = _principal("runs:write")
     s = bootstrap.stack()
-    return _json(202, run_view(runs.kill_run(s.store, principal, _run_id(run_id), s.clock)))
+    run = runs.kill_run(s.store, principal, _run_id(run_id), s.clock)
+    lifecycle.ended(s.queue, run)  # a sweep member killed while queued frees its place now
+    return _json(202, run_view(run))
 
 
 @app.post("/v1/runs/<run_id>/priority")
@@ -511,3 +559,71 @@ def usage_report() -> Response[str]:
         clock=s.clock,
     )
     return _json(200, usage_view(report))
+
+
+def _sweep_id(sweep_id: str) -> str:
+    """A sweep id as a path gives it; one that cannot be an id is a sweep that does not exist."""
+    if not _RUN_ID.fullmatch(sweep_id):
+        raise errors.NotFound(f"sweep {sweep_id[:80]!r} not found")
+    return sweep_id
+
+
+def _sweep_answer(status: int, sweep: Sweep, headers: dict[str, str] | None = None) -> Response[str]:
+    ports = bootstrap.stack().sweep_ports
+    return _json(status, sweep_view(sweep, sweeps.progress(ports, sweep)), headers)
+
+
+@app.post("/v1/sweeps")
+def create_sweep() -> Response[str]:
+    principal = _principal("runs:write")
+    spec = _model(SweepSpec, _body_object())
+    key = _idempotency_key()
+    s = bootstrap.stack()
+    secret = s.tokens.secret() if key is not None else b""
+    result = sweeps.create_sweep(s.sweep_ports, principal, spec, key, secret=secret, inputs=s.input_policy)
+    if result.created:
+        metrics.add_metric(name="SweepsCreated", unit=MetricUnit.Count, value=1)
+    return _sweep_answer(201 if result.created else 200, result.sweep, {"Location": f"/v1/sweeps/{result.sweep.id}"})
+
+
+@app.get("/v1/sweeps")
+def list_sweeps() -> Response[str]:
+    principal = _principal("runs:read")
+    query = app.current_event.get_query_string_value
+    found, cursor = sweeps.list_sweeps(
+        bootstrap.stack().sweep_ports,
+        principal,
+        query("owner") or None,
+        _int_param("limit", 20, 1, 100),
+        query("cursor"),
+    )
+    return _json(200, SweepPage(sweeps=[sweep_view(sweep) for sweep in found], next_cursor=cursor))
+
+
+@app.get("/v1/sweeps/<sweep_id>")
+def get_sweep(sweep_id: str) -> Response[str]:
+    principal = _principal("runs:read")
+    return _sweep_answer(200, sweeps.get_sweep(bootstrap.stack().sweep_ports, principal, _sweep_id(sweep_id)))
+
+
+@app.patch("/v1/sweeps/<sweep_id>")
+def patch_sweep(sweep_id: str) -> Response[str]:
+    principal = _principal("runs:write")
+    request: SweepPatch = _model(SweepPatch, _body_object())
+    ports = bootstrap.stack().sweep_ports
+    return _sweep_answer(200, sweeps.set_max_parallel(ports, principal, _sweep_id(sweep_id), request.max_parallel))
+
+
+@app.post("/v1/sweeps/<sweep_id>/kill")
+def kill_sweep(sweep_id: str) -> Response[str]:
+    principal = _principal("runs:write")
+    return _sweep_answer(202, sweeps.kill_sweep(bootstrap.stack().sweep_ports, principal, _sweep_id(sweep_id)))
+
+
+@app.post("/v1/sweeps/<sweep_id>/retry")
+def retry_sweep(sweep_id: str) -> Response[str]:
+    principal = _principal("runs:write")
+    ports = bootstrap.stack().sweep_ports
+    sweep, again = sweeps.retry_sweep(ports, principal, _sweep_id(sweep_id))
+    view = sweep_view(sweep, sweeps.progress(ports, sweep))
+    return _json(200, SweepRetried(**view.model_dump(), retried=again))

@@ -23,6 +23,7 @@ from runplane.domain.models import (
     WorkerStatus,
     duration_or_text,
 )
+from runplane.domain.sweeps import MAX_SWEEP, SweepSpec
 from runplane.domain.units import MAX_DURATION
 
 
@@ -254,6 +255,8 @@ class RunView(WireModel):
                         "timings": {},
                     },
                     "events": [{"at": "2026-11-23T09:30:00.125Z", "state": "queued", "message": "submitted"}],
+                    "sweep_id": None,
+                    "sweep_index": None,
                 }
             ]
         },
@@ -282,6 +285,51 @@ class RunView(WireModel):
     kill_requested: bool
     usage: RunUsage
     events: list[RunEvent] = Field(description="its timeline, oldest first")
+    sweep_id: str | None = Field(default=None, description="the sweep it is a member of, if any")
+    sweep_index: int | None = Field(default=None, description="its index in that sweep (0-based)")
+
+
+class SweepPatch(BaseModel):
+    """``PATCH /v1/sweeps/{id}``: how many members may be out at once, while it goes."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"max_parallel": 4}]})
+
+    max_parallel: int | None = Field(
+        ge=1,
+        le=MAX_SWEEP,
+        strict=True,
+        description="null: as many as the pool can run; members out beyond a lowered cap go on",
+    )
+
+
+class SweepView(WireModel):
+    """A sweep and where its members are; counts are kept on the sweep, not counted from its runs."""
+
+    id: str
+    name: str | None
+    owner: str
+    queue: str = Field(description="the pool its members run in")
+    size: int = Field(description="members")
+    max_parallel: int | None = Field(description="the most members out at once (null: what the pool can run)")
+    counts: dict[RunState, int] = Field(
+        description="members by the state of their latest try (members not released yet count as queued)"
+    )
+    failures: dict[FailureReason, int] = Field(description="members whose latest try did not succeed, by reason")
+    waiting: int = Field(description="members not released to their pool yet (held by max_parallel or capacity)")
+    killed: bool
+    created_at: Timestamp
+    finished_at: Timestamp | None = Field(description="when every member's latest try had ended")
+    spec: SweepSpec = Field(description="what was submitted, with the template's pool defaults filled in")
+    events: list[RunEvent] = Field(description="its timeline: made, killed, members run again, finished")
+
+
+class SweepRetried(SweepView):
+    retried: int = Field(description="members run again by this request")
+
+
+class SweepPage(WireModel):
+    sweeps: list[SweepView]
+    next_cursor: str | None = Field(description="pass as cursor for the next page; null: this was the last")
 
 
 class RunPage(WireModel):

@@ -35,6 +35,10 @@ from runplane.api.models import (
     RunPage,
     RunView,
     SetPriority,
+    SweepPage,
+    SweepPatch,
+    SweepRetried,
+    SweepView,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -42,9 +46,10 @@ from runplane.api.models import (
     WorkerList,
 )
 from runplane.domain.models import RunSpec, RunState
+from runplane.domain.sweeps import SweepSpec
 
 REF = "#/components/schemas/{model}"
-REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, SetPriority, TokenCreate, QuotaLimits)
+REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, SetPriority, TokenCreate, QuotaLimits, SweepSpec, SweepPatch)
 RESPONSES: tuple[type[BaseModel], ...] = (
     RunView,
     RunPage,
@@ -60,6 +65,9 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     QuotaView,
     QuotaList,
     UsageReport,
+    SweepView,
+    SweepRetried,
+    SweepPage,
 )
 _NAMES = {"ErrorBody": "Error"}
 """Components named other than their model."""
@@ -267,10 +275,15 @@ def _runs_paths() -> dict[str, Any]:
                     _query("state", {"type": "string", "enum": [s.value for s in RunState]}),
                     _query("queue", {"type": "string"}),
                     _query("owner", {"type": "string"}, "another user's runs (admins only)"),
+                    _query(
+                        "sweep",
+                        {"type": "string"},
+                        "the members of this sweep released so far, in index order (not with owner or queue)",
+                    ),
                     _LIMIT,
                     _CURSOR,
                 ],
-                "responses": {**_ok(200, "RunPage"), **_errors(400, *_AUTH, 422)},
+                "responses": {**_ok(200, "RunPage"), **_errors(400, *_AUTH, 404, 422)},
             },
         },
         "/v1/runs/{run_id}": {
@@ -323,6 +336,93 @@ def _runs_paths() -> dict[str, Any]:
                 "summary": "Output files with download URLs, a page at a time",
                 "parameters": [*_RUN_ID, _LIMIT, _CURSOR, _ATTEMPT],
                 "responses": {**_ok(200, "OutputPage"), **_errors(400, *_AUTH, 404, 422)},
+            }
+        },
+    }
+
+
+_SWEEP_EXAMPLES = {
+    "grid": {
+        "summary": "3 learning rates times 2 seeds, at most 2 at once",
+        "value": {
+            "name": "lr-search",
+            "run": {"command": "python train.py --lr $LR --seed $SEED", "resources": {"gpus": 1, "time": "2h"}},
+            "parameters": {"LR": [0.1, 0.01, 0.001], "SEED": [1, 2]},
+            "max_parallel": 2,
+        },
+    },
+    "repeat": {
+        "summary": "the same run 100 times (RUNPLANE_SWEEP_INDEX tells them apart)",
+        "value": {"run": {"command": "python eval.py --shard $RUNPLANE_SWEEP_INDEX"}, "count": 100},
+    },
+}
+_SWEEP_ID = [_path("sweep_id")]
+
+
+def _sweep_paths() -> dict[str, Any]:
+    return {
+        "/v1/sweeps": {
+            "post": {
+                "operationId": "createSweep",
+                "summary": "Make a sweep: one run per point of a parameter grid (times count), up to 10,000",
+                "parameters": [
+                    {
+                        "name": "Idempotency-Key",
+                        "in": "header",
+                        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                        "description": "a retry with the same key and body returns the same sweep (200)",
+                    }
+                ],
+                "requestBody": _body("SweepSpec", _SWEEP_EXAMPLES),
+                "responses": _forbidden(
+                    {
+                        **_ok(201, "SweepView"),
+                        **_ok(200, "SweepView", "replayed: the sweep this Idempotency-Key made"),
+                        **_errors(400, *_AUTH, 404, 409, 413, 422),
+                    },
+                    _PRIORITY_403,
+                ),
+            },
+            "get": {
+                "operationId": "listSweeps",
+                "summary": "Your sweeps (an admin: anyone's), newest first, counted as last recorded",
+                "parameters": [
+                    _query("owner", {"type": "string"}, "another user's sweeps (admins only)"),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
+                    _CURSOR,
+                ],
+                "responses": {**_ok(200, "SweepPage"), **_errors(400, *_AUTH, 422)},
+            },
+        },
+        "/v1/sweeps/{sweep_id}": {
+            "get": {
+                "operationId": "getSweep",
+                "summary": "One sweep: members by state and failure reason",
+                "parameters": _SWEEP_ID,
+                "responses": {**_ok(200, "SweepView"), **_errors(*_AUTH, 404)},
+            },
+            "patch": {
+                "operationId": "updateSweep",
+                "summary": "Change max_parallel while the sweep goes",
+                "parameters": _SWEEP_ID,
+                "requestBody": _body("SweepPatch", {"four": {"summary": "4 at once", "value": {"max_parallel": 4}}}),
+                "responses": {**_ok(200, "SweepView"), **_errors(400, *_AUTH, 404, 409, 413, 422)},
+            },
+        },
+        "/v1/sweeps/{sweep_id}/kill": {
+            "post": {
+                "operationId": "killSweep",
+                "summary": "End every unfinished member (running ones within seconds)",
+                "parameters": _SWEEP_ID,
+                "responses": {**_ok(202, "SweepView"), **_errors(*_AUTH, 404, 409)},
+            }
+        },
+        "/v1/sweeps/{sweep_id}/retry": {
+            "post": {
+                "operationId": "retrySweep",
+                "summary": "Run again the members whose latest try failed, was killed or timed out",
+                "parameters": _SWEEP_ID,
+                "responses": {**_ok(200, "SweepRetried"), **_errors(*_AUTH, 404, 409, 413)},
             }
         },
     }
@@ -484,5 +584,12 @@ def openapi_document() -> dict[str, Any]:
             "schemas": component_schemas(),
         },
         "security": [{"bearer": []}],
-        "paths": {**_runs_paths(), **_admin_paths(), **_quota_paths(), **_usage_paths(), **_fleet_paths()},
+        "paths": {
+            **_runs_paths(),
+            **_sweep_paths(),
+            **_admin_paths(),
+            **_quota_paths(),
+            **_usage_paths(),
+            **_fleet_paths(),
+        },
     }

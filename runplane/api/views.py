@@ -17,14 +17,17 @@ from runplane.api.models import (
     RunFailure,
     RunUsage,
     RunView,
+    SweepView,
     Token,
     UsageReport,
     UsageRow,
     WorkerView,
     timestamp,
 )
-from runplane.domain.models import ApiToken, Pool, PoolRecord, Principal, Run, Worker
+from runplane.domain.models import ApiToken, FailureReason, Pool, PoolRecord, Principal, Run, RunState, Worker
+from runplane.domain.sweeps import PENDING, Sweep
 from runplane.services.quota_admin import QuotaUse
+from runplane.services.sweeps import Progress
 from runplane.services.usage import Report, Row
 
 
@@ -58,6 +61,34 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
         kill_requested=run.kill_requested,
         usage=RunUsage.model_validate(run.usage.model_dump()),
         events=[RunEvent(at=timestamp(e.at), state=e.state, message=e.message) for e in run.events],
+        sweep_id=run.sweep_id,
+        sweep_index=run.sweep_index,
+    )
+
+
+def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
+    """``sweep`` with its members counted: live (``progress``, open members read), or as its
+    record last saw them."""
+    if progress is None:
+        counts, failures = sweep.tally()
+        waiting = sweep.status.count(PENDING)
+    else:
+        counts, failures, waiting = progress.counts, progress.failures, progress.waiting
+    return SweepView(
+        id=sweep.id,
+        name=sweep.spec.name,
+        owner=sweep.owner,
+        queue=sweep.queue,
+        size=sweep.size,
+        max_parallel=sweep.max_parallel,
+        counts={RunState(k): v for k, v in counts.items() if v},
+        failures={FailureReason(k): v for k, v in failures.items() if v},
+        waiting=waiting,
+        killed=sweep.killed,
+        created_at=timestamp(sweep.created_at),
+        finished_at=timestamp(sweep.finished_at),
+        spec=sweep.spec,
+        events=[RunEvent(at=timestamp(e.at), state=e.state, message=e.message) for e in sweep.events],
     )
 
 

@@ -59,6 +59,17 @@ def control_character(text: str) -> str | None:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+def check_env_name(key: str) -> None:
+    """Raise ValueError when ``key`` may not be a run's environment variable: not a valid name,
+    the reserved RUNPLANE_ prefix, or a variable that changes the dynamic loader."""
+    if not _ENV_KEY.fullmatch(key):
+        raise ValueError(f"environment variable name {key[:80]!r} is not valid")
+    if key.upper().startswith("RUNPLANE_"):
+        raise ValueError(f"environment variable {key!r}: the RUNPLANE_ prefix is reserved")
+    if key.upper().startswith(_LOADER_PREFIXES) or key.upper() in _LOADER_NAMES:
+        raise ValueError(f"environment variable {key!r} changes the dynamic loader; set it in the image or the command")
+
+
 class RunState(StrEnum):
     QUEUED = "queued"
     PREPARING = "preparing"
@@ -297,14 +308,7 @@ class RunSpec(BaseModel):
         if len(value) > MAX_ENV:
             raise ValueError(f"at most {MAX_ENV} environment variables")
         for key, text in value.items():
-            if not _ENV_KEY.fullmatch(key):
-                raise ValueError(f"environment variable name {key!r} is not valid")
-            if key.upper().startswith("RUNPLANE_"):
-                raise ValueError(f"environment variable {key!r}: the RUNPLANE_ prefix is reserved")
-            if key.upper().startswith(_LOADER_PREFIXES) or key.upper() in _LOADER_NAMES:
-                raise ValueError(
-                    f"environment variable {key!r} changes the dynamic loader; set it in the image or the command"
-                )
+            check_env_name(key)
             bad = control_character(text)
             if bad:
                 raise ValueError(f"environment variable {key!r} holds the control character {bad}")
@@ -365,6 +369,9 @@ class Run(BaseModel):
     """The group the run is charged to (its quotas apply), resolved at submit; None: the owner only."""
     spec: RunSpec
     queue: str
+    sweep_id: str | None = None
+    """The sweep the run is a member of (docs/workflows.md), and its index there."""
+    sweep_index: int | None = None
     state: RunState = RunState.QUEUED
     attempt: int = 0
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
@@ -430,6 +437,8 @@ class DispatchEvent(BaseModel):
     v: int = SCHEMA_VERSION
     pool: str
     reason: str = "submitted"
+    sweep: str | None = None
+    """A member of this sweep ended: the sweep may release its next members."""
 
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]

@@ -222,3 +222,14 @@ def requeue(
     queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
     queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
     return updated
+
+
+def ended(queue: RunQueue, run: Run) -> None:
+    """Tell the dispatcher that a sweep member ended (its sweep may release the next member).
+    Quiet on failure: the dispatcher's schedule moves every unfinished sweep on."""
+    if run.sweep_id is None or not run.state.terminal:
+        return
+    try:
+        queue.notify(DispatchEvent(pool=run.queue, reason="sweep member ended", sweep=run.sweep_id))
+    except RunplaneError as e:
+        log.warning("run %s ended; could not tell its sweep %s: %s", run.id, run.sweep_id, e)

@@ -224,14 +224,21 @@ def list_runs(
     """The caller's runs, newest first; an admin may list another ``owner``'s. Raises Forbidden
     (another user's, without admin), InvalidRequest (a name that cannot be a user or a pool) and
     BadRequest (a cursor this listing did not make)."""
+    owner = check_listing_owner(principal, owner)
+    if queue is not None and not re.fullmatch(NAME_PATTERN, queue):
+        raise InvalidRequest(f"queue {queue[:80]!r} is not a pool name")
+    return store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
+
+
+def check_listing_owner(principal: Principal, owner: str | None) -> str:
+    """Whose runs (or sweeps) a listing shows: the caller's, or ``owner``'s for an admin. Raises
+    Forbidden (another user's, without admin) and InvalidRequest (not a user name)."""
     owner = owner or principal.user
     if owner != principal.user and not principal.admin:
         raise Forbidden("listing another user's runs needs the admin scope")
     if not re.fullmatch(USER_PATTERN, owner):
         raise InvalidRequest(f"owner {owner[:80]!r} is not a user name")
-    if queue is not None and not re.fullmatch(NAME_PATTERN, queue):
-        raise InvalidRequest(f"queue {queue[:80]!r} is not a pool name")
-    return store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
+    return owner
 
 
 def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -> Run:

@@ -401,6 +401,7 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "RunsTable",
         "WorkersTable",
         "PoolsTable",
+        "QuotasTable",  # lanes only: a released sweep member's place in line
         "EventsQueue",
     }  # its event source
     assert reached["ReaperFunction"] == {"RunsTable", "QuotasTable", "EventsQueue"}
@@ -594,6 +595,7 @@ def test_each_principal_may_do_what_it_does_with_quotas(template: dict[str, Any]
         ("ReaperFunction", _heal),
         ("ApiFunction", _administer),
         ("ApiFunction", _move_a_lane),
+        ("DispatcherFunction", _move_a_lane),  # a sweep's released member
     ):
         found = _quota_statements(template, principal)
         denied = [call for call in _quota_calls(aws_stack, use) if not _allows(found, *call)]
@@ -621,9 +623,11 @@ def test_only_the_api_writes_quotas_and_it_writes_no_usage(template: dict[str, A
     for principal in ("WorkerPolicy", "ReaperFunction"):
         found = _quota_statements(template, principal)
         assert not any(_allows(found, *call) for call in lanes), f"{principal} may move a lane"
-    assert _quota_statements(template, "DispatcherFunction") == []
+    dispatcher = _quota_statements(template, "DispatcherFunction")
+    assert not any(_allows(dispatcher, *call) for call in set_quota), "the dispatcher may set a quota"
+    assert not any(_allows(dispatcher, *call) for call in hold_and_release), "the dispatcher may write usage"
     # every write on the table is limited to one kind of item
-    for principal in ("WorkerPolicy", "ReaperFunction", "ApiFunction"):
+    for principal in ("WorkerPolicy", "ReaperFunction", "ApiFunction", "DispatcherFunction"):
         for statement in _quota_statements(template, principal):
             if set(as_list(statement["Action"])) & QUOTA_WRITES:
                 assert "Condition" in statement, f"{principal}: {statement['Sid']} writes any item"

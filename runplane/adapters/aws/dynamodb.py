@@ -116,7 +116,7 @@ class DynamoRunStore:
             resp = self.client.get_item(TableName=self.table, Key={"id": {"S": run_id}}, ConsistentRead=True)
         except (ClientError, BotoCoreError) as e:
             raise _translate(e, "read run") from e
-        if "Item" not in resp:
+        if "Item" not in resp or "kind" in resp["Item"]:  # a sweep's record shares the table
             raise NotFound(f"run {run_id} not found")
         return self._run(resp["Item"])
 

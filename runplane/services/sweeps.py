@@ -1,0 +1,484 @@
+"""Sweeps: creating one, moving it on (releasing members as room frees), kill, retry, views.
+
+``advance`` is the one writer of a sweep's member status. It is called wherever something may
+have changed for a sweep: when it is made, killed, retried or its ``max_parallel`` changes (by the
+API), when one of its members ends (the dispatcher, on the event the member's worker or the API
+sends), and on the dispatcher's schedule for every unfinished sweep (what an event lost would
+have done). It reads the sweep and its open members, records the ones that ended, releases
+pending members while there is room, and writes the sweep conditionally on its version; only
+then does it create the released members' runs, whose ids are fixed by (sweep, index, try), so a
+second ``advance`` racing or following a crash creates the same runs, never others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runplane.domain.errors import (
+    AlreadyExists,
+    BadRequest,
+    ConditionFailed,
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    RunplaneError,
+)
+from runplane.domain.models import (
+    DEFAULT_MAX_ATTEMPTS,
+    Event,
+    FailureReason,
+    PoolConfig,
+    Principal,
+    Run,
+    RunState,
+)
+from runplane.domain.pools import choose_pool
+from runplane.domain.sweeps import (
+    MAX_SWEEP,
+    OPEN,
+    PENDING,
+    SUCCEEDED,
+    Sweep,
+    SweepSpec,
+    ended_code,
+    state_of,
+)
+from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
+from runplane.services.admission import refuse_alone
+from runplane.services.inputs import InputPolicy
+from runplane.services.runs import _check_inputs, _check_priority, _group_of, _hint, _kill, check_listing_owner
+from runplane.services.scheduling import fair_tag
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+MAX_OPEN = 500
+"""The most members of one sweep out at once, whatever its pool could run."""
+UNFINISHED_PER_PASS = 100
+KILLED = ended_code(RunState.KILLED, FailureReason.KILLED)
+
+
+@dataclass(frozen=True)
+class SweepPorts:
+    store: RunStore
+    sweeps: SweepStore
+    queue: RunQueue
+    pools: PoolConfig
+    workers: WorkerRegistry
+    clock: Clock
+    quotas: QuotaStore | None = None
+
+
+@dataclass(frozen=True)
+class Created:
+    sweep: Sweep
+    created: bool
+
+
+def sweep_id_for(owner: str, idempotency_key: str | None, secret: bytes) -> str:
+    """A random id, or one keyed with the stack's secret from (owner, key) so that a retried
+    create finds its sweep and nobody can compute another user's."""
+    if idempotency_key is None:
+        return "s-" + uuid.uuid4().hex[:24]
+    if not secret:
+        raise ValueError("a sweep id derived from an Idempotency-Key needs the stack's secret")
+    digest = hmac.new(secret, f"sweep\0{owner}\0{idempotency_key}".encode(), hashlib.sha256).hexdigest()
+    return "s-" + digest[:24]
+
+
+def _request_hash(spec: SweepSpec) -> str:
+    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def create_sweep(
+    ports: SweepPorts,
+    principal: Principal,
+    spec: SweepSpec,
+    idempotency_key: str | None,
+    *,
+    secret: bytes = b"",
+    inputs: InputPolicy | None = None,
+) -> Created:
+    """Store a sweep of ``spec.size`` members and release the first ones. The template is checked
+    once, as a run submit checks a run (pool, priority, group, inputs, quotas): every member shares
+    it. Same key, same request -> same sweep; a key used for another request is a Conflict."""
+    template = spec.run
+    pool = choose_pool(ports.pools, template.resources, template.queue)
+    _check_priority(principal, pool, template.priority)
+    group = _group_of(principal, template.group)
+    _check_inputs(ports.store, principal, template, inputs or InputPolicy())
+    resolved = template.model_copy(
+        update={
+            "image": template.image or pool.default_image,
+            "queue": pool.name,
+            "resources": pool.with_defaults(template.resources),
+            "retry": template.retry or pool.retry,
+        }
+    )
+    if ports.quotas is not None:
+        refuse_alone(ports.quotas, principal.user, group, resolved.resources)
+    sweep_id = sweep_id_for(principal.user, idempotency_key, secret)
+    request_hash = _request_hash(spec)
+    if idempotency_key is not None:
+        try:
+            return _replay(ports.sweeps.get(sweep_id), principal.user, request_hash)
+        except NotFound:
+            pass
+    now = ports.clock()
+    sweep = Sweep(
+        id=sweep_id,
+        owner=principal.user,
+        owner_groups=sorted(principal.groups),
+        group=group,
+        spec=spec.model_copy(update={"run": resolved}),
+        queue=pool.name,
+        created_at=now,
+        max_parallel=spec.max_parallel,
+        status=PENDING * spec.size,
+        request_hash=request_hash,
+        events=[Event(at=now, message=f"created with {spec.size} members in pool {pool.name}")],
+    )
+    try:
+        stored = ports.sweeps.create(sweep)
+    except AlreadyExists as e:
+        return _replay(e.details["sweep"], principal.user, request_hash)
+    return Created(_advance_quietly(ports, stored), created=True)
+
+
+def _replay(existing: Sweep, user: str, request_hash: str) -> Created:
+    if existing.owner != user or existing.request_hash != request_hash:
+        raise Conflict("Idempotency-Key was already used for a different request")
+    return Created(existing, created=False)
+
+
+def _advance_quietly(ports: SweepPorts, sweep: Sweep) -> Sweep:
+    """``advance`` after a write the caller has made: its failure is logged, not raised (the
+    dispatcher's schedule moves every unfinished sweep on)."""
+    try:
+        return advance(ports, sweep.id)
+    except RunplaneError as e:
+        log.warning("sweep %s: could not release members now (the schedule will): %s", sweep.id, e)
+        return sweep
+
+
+def get_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
+    """The caller's sweep (an admin: anyone's). Another user's answers as one that does not exist."""
+    sweep = ports.sweeps.get(sweep_id)
+    if sweep.owner != principal.user and not principal.admin:
+        raise NotFound(f"sweep {sweep_id} not found")
+    return sweep
+
+
+def list_sweeps(
+    ports: SweepPorts, principal: Principal, owner: str | None, limit: int, cursor: str | None
+) -> tuple[list[Sweep], str | None]:
+    owner = check_listing_owner(principal, owner)
+    return ports.sweeps.list(owner, limit, cursor)
+
+
+def window(ports: SweepPorts, sweep: Sweep, now: float, stale_after: float = 120.0) -> int:
+    """How many members may be out at once: ``max_parallel``, else twice what the pool can run
+    at once (its most workers, or the workers it has when more, times their slots), so that a
+    worker that frees a slot finds the next member already queued; at most ``MAX_OPEN``."""
+    if sweep.max_parallel is not None:
+        return min(sweep.max_parallel, MAX_OPEN)
+    pool = ports.pools.get(sweep.queue)
+    if pool is None:
+        return 1
+    try:
+        alive = [w for w in ports.workers.list(pool.name) if now - w.heartbeat_at <= stale_after]
+    except RunplaneError:
+        alive = []
+    slots = max(pool.max_workers * pool.slots, sum(w.slots for w in alive), 1)
+    return min(2 * slots, MAX_OPEN)
+
+
+def advance(ports: SweepPorts, sweep_id: str) -> Sweep:
+    """Move the sweep on (see the module docstring); returns it as written. Raises NotFound, and
+    what the stores raise."""
+    for _ in range(8):
+        sweep = ports.sweeps.get(sweep_id)
+        if sweep.finished_at is not None:
+            return sweep
+        now = ports.clock()
+        status, live, missing = _look(ports, sweep)
+        create = _plan(ports, sweep, status, missing, now)
+        text = "".join(status)
+        done = PENDING not in text and OPEN not in text
+        saved = sweep
+        if text != sweep.status or done:
+            changes: dict[str, object] = {"status": text}
+            if done:
+                changes["finished_at"] = now
+                changes["events"] = [*sweep.events, Event(at=now, message=_summary(text))]
+            try:
+                saved = ports.sweeps.save(sweep.model_copy(update=changes))
+            except ConditionFailed:
+                continue  # another writer moved it: read it again
+        for index in create:
+            _release(ports, saved, index, now)
+        ended_now = False
+        if saved.killed:
+            for run in live:
+                try:
+                    ended_now |= _kill(
+                        ports.store, run, ports.clock, reason=f"sweep {saved.id} was killed"
+                    ).state.terminal
+                except (Conflict, ConditionFailed):
+                    continue
+        if ended_now:
+            continue  # queued members were killed at once: record them
+        return saved
+    raise Conflict(f"sweep {sweep_id} changed too often; try again")
+
+
+def _look(ports: SweepPorts, sweep: Sweep) -> tuple[list[str], list[Run], list[int]]:
+    """The sweep's status with its open members that ended recorded, the runs of those still
+    going, and the open members whose run was never made."""
+    status = list(sweep.status)
+    live: list[Run] = []
+    missing: list[int] = []
+    for index in sweep.indices(OPEN):
+        try:
+            run = ports.store.get(sweep.member_id(index))
+        except NotFound:
+            missing.append(index)  # released by a write whose runs were not all made
+            continue
+        if run.state.terminal:
+            status[index] = ended_code(run.state, run.failure.reason if run.failure else None)
+        else:
+            live.append(run)
+    return status, live, missing
+
+
+def _plan(ports: SweepPorts, sweep: Sweep, status: list[str], missing: list[int], now: float) -> list[int]:
+    """Mark in ``status`` what this pass does: a killed sweep's members that have no run end
+    killed; otherwise pending members are released while there is room. Returns the members
+    whose runs are to be made."""
+    if sweep.killed:
+        for index, code in enumerate(status):
+            if code == PENDING or index in missing:
+                status[index] = KILLED
+        return []
+    create = list(missing)
+    room = window(ports, sweep, now) - status.count(OPEN)
+    for index, code in enumerate(status):
+        if room <= 0:
+            break
+        if code == PENDING:
+            status[index] = OPEN
+            create.append(index)
+            room -= 1
+    return create
+
+
+def _summary(status: str) -> str:
+    good = status.count(SUCCEEDED)
+    return f"finished: {good} of {len(status)} members succeeded"
+
+
+def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0) -> Run:
+    """The run of member ``index``'s latest try: the template with the member's parameters."""
+    template = sweep.spec.run
+    tries = sweep.tries.get(str(index), 1)
+    base = sweep.spec.name or template.name or sweep.id
+    spec = template.model_copy(
+        update={"env": {**template.env, **sweep.spec.point(index)}, "name": f"{base}[{index}]"[:200]}
+    )
+    again = f", try {tries}" if tries > 1 else ""
+    return Run(
+        id=sweep.member_id(index),
+        owner=sweep.owner,
+        owner_groups=list(sweep.owner_groups),
+        group=sweep.group,
+        spec=spec,
+        queue=sweep.queue,
+        sweep_id=sweep.id,
+        sweep_index=index,
+        created_at=now,
+        fair_tag=tag,
+        max_attempts=template.retry.attempts if template.retry is not None else DEFAULT_MAX_ATTEMPTS,
+        hinted_at=now,
+        waiting_reason=f"waiting for a worker of pool {sweep.queue}",
+        events=[Event(at=now, state=RunState.QUEUED, message=f"released by sweep {sweep.id} (member {index}{again})")],
+    )
+
+
+def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> None:
+    """Make member ``index``'s run and hint it; a run made already (a racing or earlier advance)
+    is left as it is."""
+    tag = 0.0
+    pool = ports.pools.get(sweep.queue)
+    if ports.quotas is not None and pool is not None:
+        tag = fair_tag(ports.store, ports.quotas, pool, sweep.owner, sweep.spec.run.priority, now)
+    run = member_run(sweep, index, now, tag)
+    try:
+        ports.store.create(run)
+    except AlreadyExists:
+        return
+    _hint(ports.queue, run)
+
+
+def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
+    """End every unfinished member: those not released are killed at once, queued ones too, and
+    running ones are told to stop. Raises Conflict when the sweep has finished."""
+    sweep = get_sweep(ports, principal, sweep_id)
+    for _ in range(8):
+        if sweep.finished_at is not None:
+            raise Conflict(f"sweep {sweep.id} has already finished")
+        if sweep.killed:
+            break
+        now = ports.clock()
+        try:
+            sweep = ports.sweeps.save(
+                sweep.model_copy(
+                    update={
+                        "killed": True,
+                        "events": [*sweep.events, Event(at=now, message=f"killed by {principal.user}")],
+                    }
+                )
+            )
+            break
+        except ConditionFailed as e:
+            sweep = e.details["sweep"]
+    return advance(ports, sweep.id)
+
+
+def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple[Sweep, int]:
+    """Run again the members whose latest try failed, was killed or timed out (each as a new run,
+    its next try); returns the sweep and how many go again."""
+    sweep = get_sweep(ports, principal, sweep_id)
+    for _ in range(8):
+        again = [i for i, code in enumerate(sweep.status) if state_of(code) not in (None, RunState.SUCCEEDED)]
+        if not again:
+            return sweep, 0
+        now = ports.clock()
+        status = list(sweep.status)
+        tries = dict(sweep.tries)
+        for index in again:
+            status[index] = PENDING
+            tries[str(index)] = tries.get(str(index), 1) + 1
+        event = Event(at=now, message=f"{len(again)} members run again, by {principal.user}")
+        try:
+            sweep = ports.sweeps.save(
+                sweep.model_copy(
+                    update={
+                        "status": "".join(status),
+                        "tries": tries,
+                        "killed": False,
+                        "finished_at": None,
+                        "events": [*sweep.events, event],
+                    }
+                )
+            )
+        except ConditionFailed as e:
+            sweep = e.details["sweep"]
+            continue
+        return _advance_quietly(ports, sweep), len(again)
+    raise Conflict(f"sweep {sweep_id} changed too often; try again")
+
+
+def set_max_parallel(ports: SweepPorts, principal: Principal, sweep_id: str, most: int | None) -> Sweep:
+    """Change how many members may be out at once (None: as many as the pool can run). Members out
+    beyond a lowered cap go on; no more are released until the sweep is under it."""
+    if most is not None and not 1 <= most <= MAX_SWEEP:
+        raise InvalidRequest(f"max_parallel must be between 1 and {MAX_SWEEP}")
+    sweep = get_sweep(ports, principal, sweep_id)
+    for _ in range(8):
+        if sweep.max_parallel == most:
+            return sweep
+        now = ports.clock()
+        event = Event(
+            at=now, message=f"max_parallel {sweep.max_parallel or 'none'} -> {most or 'none'} by {principal.user}"
+        )
+        try:
+            sweep = ports.sweeps.save(sweep.model_copy(update={"max_parallel": most, "events": [*sweep.events, event]}))
+        except ConditionFailed as e:
+            sweep = e.details["sweep"]
+            continue
+        return _advance_quietly(ports, sweep)
+    raise Conflict(f"sweep {sweep_id} changed too often; try again")
+
+
+@dataclass(frozen=True)
+class Progress:
+    counts: dict[str, int]
+    failures: dict[str, int]
+    waiting: int
+    """Members not released yet."""
+
+
+def progress(ports: SweepPorts, sweep: Sweep) -> Progress:
+    """Members by the state of their latest try (the open ones read live: at most the sweep's
+    window), finished ones by failure reason, and how many wait to be released."""
+    counts, failures = sweep.tally()
+    waiting = sweep.status.count(PENDING)
+    for index in sweep.indices(OPEN):
+        try:
+            run = ports.store.get(sweep.member_id(index))
+        except NotFound:
+            continue  # released a moment ago: queued
+        if run.state == RunState.QUEUED:
+            continue
+        counts[str(RunState.QUEUED)] -= 1
+        counts[str(run.state)] = counts.get(str(run.state), 0) + 1
+        if run.state.terminal and run.failure is not None:
+            failures[str(run.failure.reason)] = failures.get(str(run.failure.reason), 0) + 1
+    return Progress({k: v for k, v in counts.items() if v}, failures, waiting)
+
+
+def members(
+    ports: SweepPorts,
+    sweep: Sweep,
+    state: RunState | None,
+    limit: int,
+    cursor: str | None,
+    budget: int = 1000,
+) -> tuple[list[Run], str | None]:
+    """The sweep's member runs (latest tries) in index order, from ``cursor`` (an index), those in
+    ``state`` only when given; members not released have no run and are left out. Reads at most
+    ``budget`` members a call: the page may come back short with a cursor to go on."""
+    start = 0
+    if cursor:
+        if not cursor.isdigit() or len(cursor) > 6 or int(cursor) > sweep.size:
+            raise BadRequest("cursor is not valid; pass the next_cursor of a previous page")
+        start = int(cursor)
+    found: list[Run] = []
+    read = 0
+    for index in range(start, sweep.size):
+        code = sweep.status[index]
+        known = state_of(code)  # None: not released, or out (its run says)
+        if code == PENDING or (state is not None and known is not None and known != state):
+            continue
+        if read >= budget:
+            return found, str(index)
+        read += 1
+        try:
+            run = ports.store.get(sweep.member_id(index))
+        except NotFound:
+            continue
+        if state is not None and run.state != state:
+            continue
+        found.append(run)
+        if len(found) >= limit:
+            return found, str(index + 1) if index + 1 < sweep.size else None
+    return found, None
+
+
+def advance_unfinished(ports: SweepPorts) -> dict[str, str]:
+    """The schedule's pass: move every unfinished sweep on (up to ``UNFINISHED_PER_PASS``)."""
+    out: dict[str, str] = {}
+    for sweep in ports.sweeps.unfinished(UNFINISHED_PER_PASS):
+        try:
+            moved = advance(ports, sweep.id)
+            out[sweep.id] = "finished" if moved.finished_at is not None else f"{moved.status.count(OPEN)} out"
+        except RunplaneError as e:
+            out[sweep.id] = f"error: {e.message}"
+    return out
