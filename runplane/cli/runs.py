@@ -505,8 +505,26 @@ def download(
     dest: Annotated[Path, typer.Argument(metavar="DEST", help="directory to write the outputs into")] = Path(),
     force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"files": [...]}, the files written')] = False,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="a sweep's outputs instead: member N's in DEST/N", show_default=False),
+    ] = None,
 ) -> None:
     """Download a run's output files (a progress bar on a terminal; the paths written on stdout)."""
+    if sweep is not None:
+        if run_id is not None and dest != Path():
+            raise CliError("give a run or --sweep SWEEP, not both (runplane download --sweep SWEEP DEST)")
+        if run_id is not None:  # the one argument is DEST
+            dest = Path(run_id)
+        from runplane.cli.sweeps import download_sweep
+
+        files = download_sweep(client(ctx), sweep, dest, force)
+        if as_json:
+            print_json({"files": [str(p) for p in files]})
+            return
+        for path in files:
+            out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+        return
     found = client(ctx).get(run_id_or_last(run_id))
     if err.is_terminal and not as_json:
         with Progress(

@@ -24,15 +24,17 @@ from runplane.api.models import (
     RunFailure,
     RunPage,
     RunView,
+    SweepRetried,
+    SweepView,
     Token,
     TokenCreated,
     UsageReport,
     UsageRow,
     WorkerView,
 )
-from runplane.client._async import AsyncClient, AsyncRun
+from runplane.client._async import AsyncClient, AsyncRun, AsyncSweep
 from runplane.client._core import RawResponse, RetryPolicy
-from runplane.client._sync import Client, Run
+from runplane.client._sync import Client, Run, Sweep
 from runplane.client.config import Profile, config_path, list_profiles, load_profile, save_profile
 from runplane.client.errors import (
     ApiError,
@@ -56,6 +58,7 @@ __all__ = [
     "ApiError",
     "AsyncClient",
     "AsyncRun",
+    "AsyncSweep",
     "BadRequest",
     "Client",
     "Conflict",
@@ -87,6 +90,9 @@ __all__ = [
     "RunState",
     "RunView",
     "ServerError",
+    "Sweep",
+    "SweepRetried",
+    "SweepView",
     "Token",
     "TokenCreated",
     "Unauthorized",

@@ -5,7 +5,7 @@ names and behaviour (coroutines, and async iterators where those yield). Every d
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -21,6 +21,7 @@ from runplane.api.models import (
     QuotaView,
     RunPage,
     RunView,
+    SweepView,
     Token,
     TokenCreated,
     UsageReport,
@@ -41,8 +42,9 @@ from runplane.client._core import (
     Send,
     StateSeen,
     dropped,
+    sweep_run_body,
 )
-from runplane.client._run import RunBase
+from runplane.client._run import RunBase, SweepBase
 from runplane.client.errors import DownloadFailed
 from runplane.domain.models import Resources, RetryRule, RunState
 
@@ -212,6 +214,52 @@ class AsyncClient:
         )
         view, created = await self._drive(plan)
         return AsyncRun(self, view, created)
+
+    async def submit_sweep(
+        self,
+        command: str,
+        *,
+        parameters: Mapping[str, Sequence[Any]] | None = None,
+        count: int | None = None,
+        max_parallel: int | None = None,
+        sweep_name: str | None = None,
+        idempotency_key: str | None = None,
+        **run: Any,
+    ) -> AsyncSweep:
+        """See ``Client.submit_sweep``."""
+        plan = self._plans.create_sweep(
+            sweep_run_body(command, run),
+            parameters=parameters,
+            count=count,
+            max_parallel=max_parallel,
+            name=sweep_name,
+            idempotency_key=idempotency_key,
+        )
+        view, created = await self._drive(plan)
+        return AsyncSweep(self, view, created)
+
+    async def sweep(self, sweep_id: str) -> AsyncSweep:
+        return AsyncSweep(self, await self._drive(self._plans.sweep(sweep_id)))
+
+    async def sweeps(self, *, owner: str | None = None, limit: int | None = None) -> AsyncIterator[AsyncSweep]:
+        async for view in self._steps(self._plans.sweeps(owner, limit)):
+            yield AsyncSweep(self, view)
+
+    async def kill_sweep(self, sweep_id: str) -> AsyncSweep:
+        return AsyncSweep(self, await self._drive(self._plans.kill_sweep(sweep_id)))
+
+    async def retry_sweep(self, sweep_id: str) -> tuple[AsyncSweep, int]:
+        answer = await self._drive(self._plans.retry_sweep(sweep_id))
+        return AsyncSweep(self, answer), answer.retried
+
+    async def set_max_parallel(self, sweep_id: str, max_parallel: int | None) -> AsyncSweep:
+        return AsyncSweep(self, await self._drive(self._plans.set_max_parallel(sweep_id, max_parallel)))
+
+    async def members(
+        self, sweep_id: str, *, state: RunState | str | None = None, page_size: int = 100
+    ) -> AsyncIterator[AsyncRun]:
+        async for view in self._steps(self._plans.members(sweep_id, state, page_size)):
+            yield AsyncRun(self, view)
 
     async def get(self, run_id: str) -> AsyncRun:
         return AsyncRun(self, await self._drive(self._plans.get(run_id)))
@@ -406,3 +454,46 @@ class AsyncRun(RunBase):
         self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
     ) -> list[Path]:
         return await self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+
+class AsyncSweep(SweepBase):
+    """``Sweep`` for ``AsyncClient``."""
+
+    def __init__(self, client: AsyncClient, view: SweepView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    async def refresh(self) -> AsyncSweep:
+        self.view = await self._client._drive(self._client._plans.sweep(self.view.id))
+        return self
+
+    async def wait(
+        self,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        *,
+        on_progress: Callable[[AsyncSweep], None] | None = None,
+    ) -> AsyncSweep:
+        result = _Result()
+        async for view in self._client._steps(self._client._plans.wait_sweep(self.view.id, timeout, poll), result):
+            self.view = view
+            if on_progress is not None:
+                on_progress(self)
+        self.view = result.value
+        return self
+
+    async def kill(self) -> AsyncSweep:
+        self.view = (await self._client.kill_sweep(self.view.id)).view
+        return self
+
+    async def retry(self) -> int:
+        sweep, count = await self._client.retry_sweep(self.view.id)
+        self.view = sweep.view
+        return count
+
+    async def set_max_parallel(self, max_parallel: int | None) -> AsyncSweep:
+        self.view = (await self._client.set_max_parallel(self.view.id, max_parallel)).view
+        return self
+
+    def members(self, *, state: RunState | str | None = None) -> AsyncIterator[AsyncRun]:
+        return self._client.members(self.view.id, state=state)

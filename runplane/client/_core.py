@@ -17,7 +17,7 @@ import math
 import random as random_module
 import time
 import uuid
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +39,9 @@ from runplane.api.models import (
     QuotaView,
     RunPage,
     RunView,
+    SweepPage,
+    SweepRetried,
+    SweepView,
     Token,
     TokenCreated,
     TokenList,
@@ -61,6 +64,7 @@ BACKOFF_CAP = 5.0
 RETRY_AFTER_CAP = 30.0
 """The longest a server's Retry-After is obeyed for."""
 MAX_RUNS_PAGE = 500
+MAX_SWEEPS_PAGE = 100
 """The most runs the API lists in one page."""
 LINE_HOLD = 64 * 1024
 """``follow`` holds back a partial line until it is this long, then hands it over as it is."""
@@ -432,6 +436,82 @@ class Plans:
                 return
             cursor = page.next_cursor
 
+    # sweeps
+
+    def create_sweep(
+        self,
+        run: Mapping[str, Any],
+        *,
+        parameters: Mapping[str, Sequence[Any]] | None,
+        count: int | None,
+        max_parallel: int | None,
+        name: str | None,
+        idempotency_key: str | None,
+    ) -> Plan[tuple[SweepView, bool]]:
+        """The sweep and whether it was made now (201) rather than found by its key (200)."""
+        body: dict[str, Any] = {"run": dict(run)}
+        if parameters:
+            body["parameters"] = {k: list(v) for k, v in parameters.items()}
+        optional = {"count": count, "max_parallel": max_parallel, "name": name}
+        body.update({k: v for k, v in optional.items() if v is not None})
+        key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
+        response = yield from self.raw("POST", "/v1/sweeps", body, headers={"Idempotency-Key": key})
+        return parse(SweepView, response), response.status == 201
+
+    def sweep(self, sweep_id: str) -> Plan[SweepView]:
+        return self._get(SweepView, f"/v1/sweeps/{_quote(sweep_id)}")
+
+    def sweeps(self, owner: str | None, limit: int | None) -> Plan[None]:
+        """Emits SweepViews, newest first, at most ``limit`` of them."""
+        cursor: str | None = None
+        seen = 0
+        while limit is None or seen < limit:
+            query = {"owner": owner, "limit": MAX_SWEEPS_PAGE, "cursor": cursor}
+            page = yield from self._get(SweepPage, "/v1/sweeps", query)
+            for view in page.sweeps:
+                if limit is not None and seen >= limit:
+                    return
+                yield Emit(view)
+                seen += 1
+            if not page.next_cursor or not page.sweeps:
+                return
+            cursor = page.next_cursor
+
+    def kill_sweep(self, sweep_id: str) -> Plan[SweepView]:
+        return parse(SweepView, (yield from self.raw("POST", f"/v1/sweeps/{_quote(sweep_id)}/kill")))
+
+    def retry_sweep(self, sweep_id: str) -> Plan[SweepRetried]:
+        return parse(SweepRetried, (yield from self.raw("POST", f"/v1/sweeps/{_quote(sweep_id)}/retry")))
+
+    def set_max_parallel(self, sweep_id: str, most: int | None) -> Plan[SweepView]:
+        body = {"max_parallel": most}
+        return parse(SweepView, (yield from self.raw("PATCH", f"/v1/sweeps/{_quote(sweep_id)}", body)))
+
+    def members(self, sweep_id: str, state: RunState | str | None, page_size: int) -> Plan[None]:
+        """Emits the RunViews of a sweep's members released so far, in index order."""
+        cursor: str | None = None
+        while True:
+            query = {"sweep": sweep_id, "state": state, "limit": min(page_size, MAX_RUNS_PAGE), "cursor": cursor}
+            page = yield from self._get(RunPage, "/v1/runs", query)
+            for view in page.runs:
+                yield Emit(view)
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
+
+    def wait_sweep(self, sweep_id: str, timeout: float | None, poll: float) -> Plan[SweepView]:
+        """Read the sweep until it has finished; emits each view read (for progress)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            view = yield from self.sweep(sweep_id)
+            yield Emit(view)
+            if view.finished_at is not None:
+                return view
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(0, "wait_timeout", f"sweep {sweep_id} has not finished after {timeout:g}s")
+            yield Pause(poll if left is None else min(poll, left))
+
     def logs(self, run_id: str, stream: str, offset: int, attempt: int | None = None) -> Plan[LogPage]:
         query = {"stream": stream, "offset": offset, "attempt": attempt}
         return self._get(LogPage, f"/v1/runs/{_quote(run_id)}/logs", query)
@@ -643,6 +723,55 @@ def submit_body(
         body["inputs"] = dict(inputs)
     if network:
         body["network"] = True
+    return body
+
+
+_RUN_OPTIONS = frozenset(
+    {
+        "image",
+        "resources",
+        "cpus",
+        "gpus",
+        "memory",
+        "disk",
+        "time",
+        "queue",
+        "name",
+        "env",
+        "inputs",
+        "network",
+        "tag",
+        "group",
+        "priority",
+        "retry",
+    }
+)
+
+
+def sweep_run_body(command: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A sweep's template: what ``submit`` would send for ``command`` with ``options`` (its
+    keyword arguments). Raises TypeError for an option ``submit`` does not take."""
+    unknown = sorted(set(options) - _RUN_OPTIONS)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments {unknown}")
+    limits = {k: options.get(k) for k in ("cpus", "gpus", "memory", "disk", "time")}
+    body = submit_body(
+        command,
+        options.get("image"),
+        options.get("resources"),
+        limits,
+        options.get("queue"),
+        options.get("name"),
+        options.get("env"),
+        options.get("inputs"),
+        bool(options.get("network", False)),
+        options.get("tag"),
+        options.get("group"),
+        options.get("priority"),
+    )
+    retry = options.get("retry")
+    if retry is not None:
+        body["retry"] = retry.model_dump(exclude_unset=True) if isinstance(retry, RetryRule) else dict(retry)
     return body
 
 

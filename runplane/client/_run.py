@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runplane.api.models import RunFailure, RunView
+from runplane.api.models import RunFailure, RunView, SweepView
 from runplane.domain.models import TERMINAL_STATES, RunState
 
 
@@ -55,3 +55,33 @@ class RunBase:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(id={self.view.id!r}, state={self.view.state.value!r})"
+
+
+class SweepBase:
+    """A sweep as last read (``.view``, a SweepView); its fields read as its own attributes
+    (``sweep.id``, ``sweep.counts``, ``sweep.failures``, ``sweep.waiting``, ...)."""
+
+    view: SweepView
+    created: bool
+
+    def __init__(self, view: SweepView, created: bool = False) -> None:
+        self.view = view
+        self.created = created
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or "view" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["view"], name)
+
+    @property
+    def id(self) -> str:
+        return self.view.id
+
+    @property
+    def done(self) -> bool:
+        """Every member's latest try has ended."""
+        return self.view.finished_at is not None
+
+    def __repr__(self) -> str:
+        counts = ", ".join(f"{state.value}={n}" for state, n in sorted(self.view.counts.items()))
+        return f"{type(self).__name__}(id={self.view.id!r}, size={self.view.size}, {counts})"

@@ -4,7 +4,7 @@ sends requests, sleeps and writes files."""
 from __future__ import annotations
 
 import time as time_module
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +20,7 @@ from runplane.api.models import (
     QuotaView,
     RunPage,
     RunView,
+    SweepView,
     Token,
     TokenCreated,
     UsageReport,
@@ -40,8 +41,9 @@ from runplane.client._core import (
     Send,
     StateSeen,
     dropped,
+    sweep_run_body,
 )
-from runplane.client._run import RunBase
+from runplane.client._run import RunBase, SweepBase
 from runplane.client.errors import DownloadFailed
 from runplane.domain.models import Resources, RetryRule, RunState
 
@@ -227,6 +229,62 @@ class Client:
         )
         view, created = self._drive(plan)
         return Run(self, view, created)
+
+    def submit_sweep(
+        self,
+        command: str,
+        *,
+        parameters: Mapping[str, Sequence[Any]] | None = None,
+        count: int | None = None,
+        max_parallel: int | None = None,
+        sweep_name: str | None = None,
+        idempotency_key: str | None = None,
+        **run: Any,
+    ) -> Sweep:
+        """Make a sweep of ``command``: one run per combination of ``parameters`` values (each
+        name is an environment variable of its runs), times ``count``; at most ``max_parallel``
+        out at once. ``run`` takes what ``submit`` takes (``image``, ``gpus``, ``memory``,
+        ``queue``, ``env``, ``retry``, ...). Members also get RUNPLANE_SWEEP_ID and
+        RUNPLANE_SWEEP_INDEX. Raises InvalidRequest for more than 10,000 members or a template
+        no pool can run (docs/workflows.md)."""
+        plan = self._plans.create_sweep(
+            sweep_run_body(command, run),
+            parameters=parameters,
+            count=count,
+            max_parallel=max_parallel,
+            name=sweep_name,
+            idempotency_key=idempotency_key,
+        )
+        view, created = self._drive(plan)
+        return Sweep(self, view, created)
+
+    def sweep(self, sweep_id: str) -> Sweep:
+        """The sweep (NotFound for an unknown id or another user's)."""
+        return Sweep(self, self._drive(self._plans.sweep(sweep_id)))
+
+    def sweeps(self, *, owner: str | None = None, limit: int | None = None) -> Iterator[Sweep]:
+        """Your sweeps (an admin: ``owner``'s), newest first, counted as last recorded."""
+        for view in self._steps(self._plans.sweeps(owner, limit)):
+            yield Sweep(self, view)
+
+    def kill_sweep(self, sweep_id: str) -> Sweep:
+        """End every unfinished member (Conflict once the sweep has finished)."""
+        return Sweep(self, self._drive(self._plans.kill_sweep(sweep_id)))
+
+    def retry_sweep(self, sweep_id: str) -> tuple[Sweep, int]:
+        """Run again the members whose latest try failed, was killed or timed out; returns the
+        sweep and how many go again."""
+        answer = self._drive(self._plans.retry_sweep(sweep_id))
+        return Sweep(self, answer), answer.retried
+
+    def set_max_parallel(self, sweep_id: str, max_parallel: int | None) -> Sweep:
+        """How many members may be out at once from now on (None: what the pool can run)."""
+        return Sweep(self, self._drive(self._plans.set_max_parallel(sweep_id, max_parallel)))
+
+    def members(self, sweep_id: str, *, state: RunState | str | None = None, page_size: int = 100) -> Iterator[Run]:
+        """The sweep's member runs released so far (their latest tries), in index order."""
+        for view in self._steps(self._plans.members(sweep_id, state, page_size)):
+            yield Run(self, view)
 
     def get(self, run_id: str) -> Run:
         """The run (NotFound for an unknown id or another user's run)."""
@@ -461,3 +519,47 @@ class Run(RunBase):
         ``force`` overwrites. ``progress(bytes_so_far, bytes_in_all)`` follows the whole
         download."""
         return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+
+class Sweep(SweepBase):
+    """A sweep, with its client: ``refresh``, ``wait``, ``kill``, ``retry``, ``members``."""
+
+    def __init__(self, client: Client, view: SweepView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    def refresh(self) -> Sweep:
+        self.view = self._client._drive(self._client._plans.sweep(self.view.id))
+        return self
+
+    def wait(
+        self, timeout: float | None = None, poll: float = 1.0, *, on_progress: Callable[[Sweep], None] | None = None
+    ) -> Sweep:
+        """Until every member has ended; ``on_progress(sweep)`` after each read. Raises
+        WaitTimeout after ``timeout`` seconds."""
+        steps = self._client._steps(self._client._plans.wait_sweep(self.view.id, timeout, poll))
+        while True:
+            try:
+                self.view = next(steps)
+            except StopIteration as stop:
+                self.view = stop.value
+                return self
+            if on_progress is not None:
+                on_progress(self)
+
+    def kill(self) -> Sweep:
+        self.view = self._client.kill_sweep(self.view.id).view
+        return self
+
+    def retry(self) -> int:
+        """Run the failed, killed and timed-out members again; how many go."""
+        sweep, count = self._client.retry_sweep(self.view.id)
+        self.view = sweep.view
+        return count
+
+    def set_max_parallel(self, max_parallel: int | None) -> Sweep:
+        self.view = self._client.set_max_parallel(self.view.id, max_parallel).view
+        return self
+
+    def members(self, *, state: RunState | str | None = None) -> Iterator[Run]:
+        return self._client.members(self.view.id, state=state)
