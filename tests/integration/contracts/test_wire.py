@@ -420,6 +420,48 @@ def _priority(wire: Wire, run_id: str) -> None:
     assert wire("POST", f"/v1/runs/{urgent.body['id']}/priority", {"priority": 1}, who="admin").status == 409
 
 
+def _sweeps(wire: Wire) -> None:
+    """Sweeps: made (and replayed by key), read, listed, their members listed, max_parallel
+    changed, killed, retried; another user's sweep answers as one that does not exist."""
+    body = {"run": PARKED, "parameters": {"LR": [0.1, "x"], "ON": [True]}, "count": 2, "max_parallel": 1}
+    made = wire("POST", "/v1/sweeps", body, headers={"Idempotency-Key": "sweep-1"})
+    assert made.status == 201 and made.body["size"] == 4 and made.body["waiting"] == 3
+    assert made.body["counts"] == {"queued": 4} and made.body["spec"]["run"]["queue"] == "parked"
+    again = wire("POST", "/v1/sweeps", body, headers={"Idempotency-Key": "sweep-1"})
+    assert again.status == 200 and again.body["id"] == made.body["id"]
+    assert wire("POST", "/v1/sweeps", {**body, "count": 3}, headers={"Idempotency-Key": "sweep-1"}).status == 409
+    path = f"/v1/sweeps/{made.body['id']}"
+    assert wire("GET", path).body["id"] == made.body["id"]
+    assert wire("GET", path, who="bob").status == 404
+    assert wire("GET", path, who=None).status == 401
+    assert wire("GET", "/v1/sweeps/s-nothing").status == 404
+    listed = wire("GET", "/v1/sweeps?limit=1")
+    assert [s["id"] for s in listed.body["sweeps"]] == [made.body["id"]]
+    assert wire("GET", "/v1/sweeps?owner=alice", who="bob").status == 403
+    members = wire("GET", f"/v1/runs?sweep={made.body['id']}")
+    assert [(r["sweep_id"], r["sweep_index"]) for r in members.body["runs"]] == [(made.body["id"], 0)]
+    assert members.body["runs"][0]["spec"]["env"] == {"LR": "0.1", "ON": "true"}
+    assert wire("GET", f"/v1/runs?sweep={made.body['id']}", who="bob").status == 404
+    assert wire("GET", f"/v1/runs?sweep={made.body['id']}&cursor=x").status == 400
+    assert wire("GET", f"/v1/runs?sweep={made.body['id']}&queue=parked").status == 422
+    wider = wire("PATCH", path, {"max_parallel": 2})
+    assert wider.status == 200 and (wider.body["max_parallel"], wider.body["waiting"]) == (2, 2)
+    assert wire("PATCH", path, {"max_parallel": 0}).status == 422
+    assert wire("PATCH", path, {"max_parallel": 2}, who="bob").status == 404
+    assert wire("PATCH", path, {"max_parallel": 2}, who="reader").status == 403
+    assert wire("POST", "/v1/sweeps", {"run": PARKED, "count": 10_001}).status == 422
+    assert wire("POST", "/v1/sweeps", {"run": PARKED}, who="reader").status == 403
+    assert wire("POST", f"{path}/kill", who="bob").status == 404
+    killed = wire("POST", f"{path}/kill")
+    assert killed.status == 202 and killed.body["killed"] and killed.body["counts"] == {"killed": 4}
+    assert wire("POST", f"{path}/kill").status == 409
+    retried = wire("POST", f"{path}/retry")
+    assert retried.status == 200 and retried.body["retried"] == 4 and retried.body["waiting"] == 2
+    assert wire("POST", f"{path}/retry", who="bob").status == 404
+    assert wire("POST", f"{path}/kill").status == 202
+    assert wire("DELETE", path).status == 405
+
+
 def test_every_answer_agrees_with_the_document(wire):
     assert wire("GET", "/v1/health", who=None).status == 200
     document = wire("GET", "/v1/openapi.json", who=None)
@@ -431,6 +473,7 @@ def test_every_answer_agrees_with_the_document(wire):
     _quotas(wire)
     _usage(wire)
     _priority(wire, run_id)
+    _sweeps(wire)
 
     killed = wire("POST", f"/v1/runs/{run_id}/kill")
     assert killed.status == 202 and killed.body["state"] == "killed" and killed.body["failure"]["reason"] == "killed"
