@@ -56,6 +56,7 @@ bench: setup image
 	$(PY) bench/first_worker.py
 	$(PY) bench/containment_costs.py
 	$(PY) bench/network_cost.py
+	$(PY) bench/sweeps.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml
