@@ -129,6 +129,10 @@ class SweepStore(Protocol):
         cursor this listing did not make raises BadRequest."""
         ...
 
+    def cursor_after(self, sweep: Sweep) -> str:
+        """The cursor that continues its owner's listing after ``sweep`` (one the listing returned)."""
+        ...
+
     def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
         """Up to ``limit`` sweeps of any owner that have not finished, oldest first."""
         ...

@@ -31,6 +31,7 @@ from runplane.api.models import (
     SweepPage,
     SweepPatch,
     SweepRetried,
+    SweepView,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -590,14 +591,22 @@ def create_sweep() -> Response[str]:
 def list_sweeps() -> Response[str]:
     principal = _principal("runs:read")
     query = app.current_event.get_query_string_value
+    ports = bootstrap.stack().sweep_ports
     found, cursor = sweeps.list_sweeps(
-        bootstrap.stack().sweep_ports,
-        principal,
-        query("owner") or None,
-        _int_param("limit", 20, 1, 100),
-        query("cursor"),
+        ports, principal, query("owner") or None, _int_param("limit", 20, 1, 100), query("cursor")
     )
-    return _json(200, SweepPage(sweeps=[sweep_view(sweep) for sweep in found], next_cursor=cursor))
+    # Pages are capped by size too (a sweep's spec may be large): one cut short goes on after its last.
+    views: list[SweepView] = []
+    size = 1024
+    for sweep in found:
+        view = sweep_view(sweep)
+        wire = len(json.dumps(view.model_dump_json()))
+        if views and size + wire > MAX_PAGE_BYTES:
+            cursor = ports.sweeps.cursor_after(found[len(views) - 1])
+            break
+        views.append(view)
+        size += wire
+    return _json(200, SweepPage(sweeps=views, next_cursor=cursor))
 
 
 @app.get("/v1/sweeps/<sweep_id>")

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from runplane.domain.models import (
+    MAX_ENV,
     SCHEMA_VERSION,
     Event,
     FailureReason,
@@ -29,6 +30,11 @@ MAX_SWEEP = 10_000
 """The most members one sweep may have."""
 MAX_PARAMETERS = 32
 MAX_VALUE_CHARS = 1000
+MAX_RECORD_BYTES = 340 * 1024
+"""The largest a sweep's record may grow (DynamoDB holds 400 KB an item): checked at create with
+room for every member's next tries and a full timeline."""
+MAX_EVENTS = 50
+"""A sweep's timeline keeps its first event and the latest ones, this many in all."""
 
 PENDING = "."
 """Not released yet: no run exists for the member's current try."""
@@ -147,6 +153,8 @@ class SweepSpec(BaseModel):
         clash = sorted(set(self.parameters) & set(self.run.env))
         if clash:
             raise ValueError(f"parameters {clash} are also in run.env; give each once")
+        if len(self.parameters) + len(self.run.env) > MAX_ENV:
+            raise ValueError(f"run.env and parameters hold more than {MAX_ENV} environment variables together")
         grid = math.prod(len(v) for v in self.parameters.values()) if self.parameters else 1
         total = grid * (self.count or 1)
         if total > MAX_SWEEP:
@@ -206,6 +214,16 @@ class Sweep(BaseModel):
         """The run id of member ``index``'s latest try."""
         tries = self.tries.get(str(index), 1)
         return f"{self.id}-{index}" + (f"-{tries}" if tries > 1 else "")
+
+    def largest_bytes(self) -> int:
+        """How big its record can grow: as it is, plus a try count for every member and a full
+        timeline."""
+        return len(self.model_dump_json().encode()) + self.size * 14 + MAX_EVENTS * 300
+
+    def with_event(self, event: Event) -> list[Event]:
+        """Its events with ``event`` added: the first kept, then the latest (``MAX_EVENTS``)."""
+        events = [*self.events, event]
+        return events if len(events) <= MAX_EVENTS else [events[0], *events[-(MAX_EVENTS - 1) :]]
 
     def indices(self, code: str) -> list[int]:
         return [i for i, c in enumerate(self.status) if c == code]

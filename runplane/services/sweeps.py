@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,19 +28,24 @@ from runplane.domain.errors import (
     Conflict,
     InvalidRequest,
     NotFound,
+    PayloadTooLarge,
     RunplaneError,
 )
 from runplane.domain.models import (
     DEFAULT_MAX_ATTEMPTS,
+    DispatchEvent,
     Event,
+    Failure,
     FailureReason,
     PoolConfig,
     Principal,
     Run,
+    RunMessage,
     RunState,
 )
 from runplane.domain.pools import choose_pool
 from runplane.domain.sweeps import (
+    MAX_RECORD_BYTES,
     MAX_SWEEP,
     OPEN,
     PENDING,
@@ -52,7 +58,7 @@ from runplane.domain.sweeps import (
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
 from runplane.services.admission import refuse_alone
 from runplane.services.inputs import InputPolicy
-from runplane.services.runs import _check_inputs, _check_priority, _group_of, _hint, _kill, check_listing_owner
+from runplane.services.runs import _check_inputs, _check_priority, _group_of, _kill, check_listing_owner
 from runplane.services.scheduling import fair_tag
 
 log = logging.getLogger(__name__)
@@ -145,6 +151,11 @@ def create_sweep(
         request_hash=request_hash,
         events=[Event(at=now, message=f"created with {spec.size} members in pool {pool.name}")],
     )
+    if sweep.largest_bytes() > MAX_RECORD_BYTES:
+        raise PayloadTooLarge(
+            f"the sweep would take {sweep.largest_bytes()} bytes to keep; at most {MAX_RECORD_BYTES}: "
+            "fewer or shorter parameter values, or a shorter template"
+        )
     try:
         stored = ports.sweeps.create(sweep)
     except AlreadyExists as e:
@@ -217,15 +228,18 @@ def advance(ports: SweepPorts, sweep_id: str) -> Sweep:
             changes: dict[str, object] = {"status": text}
             if done:
                 changes["finished_at"] = now
-                changes["events"] = [*sweep.events, Event(at=now, message=_summary(text))]
+                changes["events"] = sweep.with_event(Event(at=now, message=_summary(text)))
             try:
                 saved = ports.sweeps.save(sweep.model_copy(update=changes))
             except ConditionFailed:
                 continue  # another writer moved it: read it again
-        for index in create:
-            _release(ports, saved, index, now)
+        released = [index for index in create if _release(ports, saved, index, now)]
+        if released:
+            _wake(ports, saved)
         ended_now = False
         if saved.killed:
+            for index in missing:  # a pass that released it may still be making its run
+                ended_now |= _bury(ports, saved, index, now)
             for run in live:
                 try:
                     ended_now |= _kill(
@@ -262,9 +276,9 @@ def _plan(ports: SweepPorts, sweep: Sweep, status: list[str], missing: list[int]
     """Mark in ``status`` what this pass does: a killed sweep's members that have no run end
     killed; otherwise pending members are released while there is room. Returns the members
     whose runs are to be made."""
-    if sweep.killed:
+    if sweep.killed:  # members never released end here; released ones without a run, in ``_bury``
         for index, code in enumerate(status):
-            if code == PENDING or index in missing:
+            if code == PENDING:
                 status[index] = KILLED
         return []
     create = list(missing)
@@ -311,9 +325,9 @@ def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0) -> Run:
     )
 
 
-def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> None:
-    """Make member ``index``'s run and hint it; a run made already (a racing or earlier advance)
-    is left as it is."""
+def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
+    """Make member ``index``'s run and hint its pool; False when a run was made already (by a
+    racing or earlier pass: left as it is)."""
     tag = 0.0
     pool = ports.pools.get(sweep.queue)
     if ports.quotas is not None and pool is not None:
@@ -322,8 +336,46 @@ def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> None:
     try:
         ports.store.create(run)
     except AlreadyExists:
-        return
-    _hint(ports.queue, run)
+        return False
+    try:
+        ports.queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
+    except RunplaneError as e:
+        log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
+    return True
+
+
+def _wake(ports: SweepPorts, sweep: Sweep) -> None:
+    """One nudge for the dispatcher for all the members a pass released."""
+    try:
+        ports.queue.notify(DispatchEvent(pool=sweep.queue, reason="sweep released members"))
+    except RunplaneError as e:
+        log.warning("sweep %s: could not wake the dispatcher: %s", sweep.id, e)
+
+
+def _bury(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
+    """A killed sweep's released member that has no run: store its run as killed (so that a pass
+    still making it finds it taken), or kill the run that pass made. True when the member's run
+    has ended (the next read records it)."""
+    run = member_run(sweep, index, now)
+    message = f"killed with sweep {sweep.id} before it started"
+    buried = run.model_copy(
+        update={
+            "state": RunState.KILLED,
+            "finished_at": now,
+            "waiting_reason": None,
+            "failure": Failure(reason=FailureReason.KILLED, message=message),
+            "events": [*run.events, Event(at=now, state=RunState.KILLED, message=message)],
+        }
+    )
+    try:
+        ports.store.create(buried)
+        return True
+    except AlreadyExists as e:
+        made: Run = e.details["run"]
+    try:
+        return _kill(ports.store, made, ports.clock, reason=f"sweep {sweep.id} was killed").state.terminal
+    except (Conflict, ConditionFailed):
+        return True
 
 
 def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
@@ -341,13 +393,15 @@ def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
                 sweep.model_copy(
                     update={
                         "killed": True,
-                        "events": [*sweep.events, Event(at=now, message=f"killed by {principal.user}")],
+                        "events": sweep.with_event(Event(at=now, message=f"killed by {principal.user}")),
                     }
                 )
             )
             break
         except ConditionFailed as e:
             sweep = e.details["sweep"]
+    else:
+        raise Conflict(f"sweep {sweep_id} changed too often; try again")
     return advance(ports, sweep.id)
 
 
@@ -374,7 +428,7 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
                         "tries": tries,
                         "killed": False,
                         "finished_at": None,
-                        "events": [*sweep.events, event],
+                        "events": sweep.with_event(event),
                     }
                 )
             )
@@ -399,7 +453,9 @@ def set_max_parallel(ports: SweepPorts, principal: Principal, sweep_id: str, mos
             at=now, message=f"max_parallel {sweep.max_parallel or 'none'} -> {most or 'none'} by {principal.user}"
         )
         try:
-            sweep = ports.sweeps.save(sweep.model_copy(update={"max_parallel": most, "events": [*sweep.events, event]}))
+            sweep = ports.sweeps.save(
+                sweep.model_copy(update={"max_parallel": most, "events": sweep.with_event(event)})
+            )
         except ConditionFailed as e:
             sweep = e.details["sweep"]
             continue
@@ -447,7 +503,7 @@ def members(
     ``budget`` members a call: the page may come back short with a cursor to go on."""
     start = 0
     if cursor:
-        if not cursor.isdigit() or len(cursor) > 6 or int(cursor) > sweep.size:
+        if not re.fullmatch(r"[0-9]{1,6}", cursor) or int(cursor) > sweep.size:
             raise BadRequest("cursor is not valid; pass the next_cursor of a previous page")
         start = int(cursor)
     found: list[Run] = []

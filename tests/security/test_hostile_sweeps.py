@@ -40,6 +40,12 @@ HOSTILE = [
     (sweep(parameters={f"P{i}": [1] for i in range(33)}), 422, "at most 32 parameters"),
     (sweep(parameters=["A"]), 422, "parameters: Input should be a valid dictionary"),
     (json.dumps({"run": {**PARKED, "env": {"A": "1"}}, "parameters": {"A": [2]}}).encode(), 422, "also in run.env"),
+    (
+        json.dumps({"run": {**PARKED, "env": {f"E{i}": "x" for i in range(256)}}, "parameters": {"P": [1]}}).encode(),
+        422,
+        "more than 256 environment variables together",
+    ),
+    (sweep(parameters={"A": ["x" * 1000] * 200}, count=50), 413, "bytes to keep"),
     (sweep(name="a\nb"), 422, "name: must be printable text on one line"),
     (sweep(extra=1), 422, "extra: Extra inputs are not permitted"),
     (b'{"count": 2}', 422, "run: Field required"),
@@ -110,7 +116,7 @@ def test_crafted_sweep_cursors_are_400(front, user, cursor):
     assert (status, code) == (400, "bad_request") and "cursor is not valid" in message
 
 
-@pytest.mark.parametrize("cursor", ["-1", "x", "99999999", "1e3", "00000001"])
+@pytest.mark.parametrize("cursor", ["-1", "x", "99999999", "1e3", "00000001", "\u00b2", "\u0663"])
 def test_crafted_member_cursors_are_400(front, user, cursor):
     alice = user("alice")
     made = alice.request("POST", "/v1/sweeps", {"run": PARKED, "count": 2})

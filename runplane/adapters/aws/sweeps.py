@@ -120,6 +120,14 @@ class DynamoSweepStore:
             return sweeps, None
         return sweeps, _encode_cursor({"id": last["id"], "owner": last["owner"], "created_at": last["created_at"]})
 
+    def cursor_after(self, sweep: Sweep) -> str:
+        key = {
+            "id": {"S": sweep.id},
+            "owner": {"S": owner_key(sweep.owner)},
+            "created_at": {"N": repr(sweep.created_at)},
+        }
+        return _encode_cursor(key)
+
     def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
         kwargs: dict[str, Any] = {
             "TableName": self.table,

@@ -142,6 +142,9 @@ class TableSweepStore:
             raise _failure(e, "list sweeps") from e
         return sweeps, None
 
+    def cursor_after(self, sweep: Sweep) -> str:
+        return _encode_cursor(f"{newest_first(sweep.created_at)}:{key(sweep.id)}", _owner_cursor(sweep.owner))
+
     def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
         markers = self.table.query_entities(
             "PartitionKey eq @pk and RowKey gt @after and RowKey lt @before",

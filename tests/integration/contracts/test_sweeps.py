@@ -231,3 +231,25 @@ def test_a_member_run_lost_between_the_release_and_its_create_is_made_by_the_nex
     moved = sweeps.advance(ports, made.id)
     assert moved.status == "oo" + PENDING * 4
     assert stack.store.get(made.member_id(1)).sweep_index == 1
+
+
+def test_a_listing_goes_on_after_any_sweep_it_returned(stack):
+    for i in range(4):
+        stack.sweeps.create(record(f"s-{i}", created_at=1000.0 + i))
+    page, _ = stack.sweeps.list("alice", limit=4)
+    rest, _ = stack.sweeps.list("alice", limit=4, cursor=stack.sweeps.cursor_after(page[1]))
+    assert [s.id for s in rest] == ["s-1", "s-0"]
+
+
+def test_a_kill_racing_a_release_ends_the_member_whose_run_was_not_made_yet(stack, ports):
+    made = sweeps.create_sweep(ports, ALICE, grid(max_parallel=1), None).sweep
+    stored = stack.sweeps.get(made.id)
+    # a pass wrote member 1 out and has not made its run when the kill lands
+    stack.sweeps.save(stored.model_copy(update={"status": "oo" + PENDING * 4, "max_parallel": 2}))
+    killed = sweeps.kill_sweep(ports, ALICE, made.id)
+    assert killed.finished_at is not None and killed.tally()[0] == {"killed": 6}
+    buried = stack.store.get(made.member_id(1))
+    assert buried.state == RunState.KILLED and "before it started" in buried.failure.message
+    # the pass that was making it finds the id taken: nothing runs
+    assert sweeps._release(ports, killed, 1, 2000.0) is False
+    assert stack.store.get(made.member_id(1)).state == RunState.KILLED
