@@ -8,25 +8,35 @@ from runplane.api.models import RunFailure, RunView, SweepView
 from runplane.domain.models import TERMINAL_STATES, RunState
 
 
-class RunBase:
+class _Viewed:
+    """A record as last read (``.view``), whose fields read as its own attributes; ``created``:
+    this client's request made it (False: an Idempotency-Key named an earlier one, or it was read)."""
+
+    view: Any
+    created: bool
+
+    def __init__(self, view: Any, created: bool = False) -> None:
+        self.view = view
+        self.created = created
+
+    def __getattr__(self, name: str) -> Any:
+        # only called for names the record itself lacks; "view" is looked up on the instance so
+        # that a half-built object (copy, pickle) does not recurse
+        if name.startswith("__") or "view" not in self.__dict__:
+            raise AttributeError(name)
+        return getattr(self.__dict__["view"], name)
+
+
+class RunBase(_Viewed):
     """A run as last read (``.view``, a RunView). Its fields read as the run's own attributes
     (``run.id``, ``run.state``, ``run.exit_code``, ``run.failure``, ``run.waiting_reason``, ...);
     ``refresh`` reads it again. ``created``: ``submit`` made it (False: its Idempotency-Key
     named an earlier run, or it was read rather than submitted)."""
 
     view: RunView
-    created: bool
 
     def __init__(self, view: RunView, created: bool = False) -> None:
-        self.view = view
-        self.created = created
-
-    def __getattr__(self, name: str) -> Any:
-        # only called for names the run itself lacks; "view" is looked up on the instance so
-        # that a half-built object (copy, pickle) does not recurse
-        if name.startswith("__") or "view" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["view"], name)
+        super().__init__(view, created)
 
     @property
     def id(self) -> str:
@@ -57,21 +67,14 @@ class RunBase:
         return f"{type(self).__name__}(id={self.view.id!r}, state={self.view.state.value!r})"
 
 
-class SweepBase:
+class SweepBase(_Viewed):
     """A sweep as last read (``.view``, a SweepView); its fields read as its own attributes
     (``sweep.id``, ``sweep.counts``, ``sweep.failures``, ``sweep.waiting``, ...)."""
 
     view: SweepView
-    created: bool
 
     def __init__(self, view: SweepView, created: bool = False) -> None:
-        self.view = view
-        self.created = created
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or "view" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["view"], name)
+        super().__init__(view, created)
 
     @property
     def id(self) -> str:

@@ -5,6 +5,7 @@ Azurite), with the users of ``tests.conftest.register_users``."""
 import json
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 
@@ -20,6 +21,13 @@ def front(request):
 def user(front):
     """``user("bob")``: a client with ``bob-token`` on this front."""
     return lambda name: Client(front.api_url, f"{name}-token")
+
+
+@pytest.fixture(scope="module")
+def mallory(front, user):
+    """A user of this module's own, with no runs of any other test: (client, its token)."""
+    made = user("admin").request("POST", "/v1/tokens", {"user": f"mallory-{uuid.uuid4().hex[:8]}"})
+    return Client(front.api_url, made["token"]), made["token"]
 
 
 def raw(front, method, path, body=None, headers=None):

@@ -5,7 +5,6 @@ import base64
 import http.client
 import json
 import urllib.parse
-import uuid
 
 import pytest
 
@@ -71,13 +70,6 @@ HOSTILE = [
     (body(retry={"attempts": 2, "when": "always"}), 422, "retry.when: Extra inputs are not permitted"),
     (body(retry=[3]), 422, "retry: Input should be a valid dictionary"),
 ]
-
-
-@pytest.fixture(scope="module")
-def mallory(front, user):
-    """A user of this module's own, with no runs of any other test: (client, its token)."""
-    made = user("admin").request("POST", "/v1/tokens", {"user": f"mallory-{uuid.uuid4().hex[:8]}"})
-    return Client(front.api_url, made["token"]), made["token"]
 
 
 @pytest.mark.parametrize(("data", "status", "fragment"), HOSTILE, ids=range(len(HOSTILE)))

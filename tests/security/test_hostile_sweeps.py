@@ -4,11 +4,9 @@ one that does not exist, and cursors and ids not made here are refused."""
 
 import base64
 import json
-import uuid
 
 import pytest
 
-from runplane.client import Client
 from tests.conftest import api_status
 from tests.security.conftest import bearer, raw
 
@@ -54,12 +52,6 @@ HOSTILE = [
     (json.dumps({"run": {**PARKED, "inputs": {"d": "run:r-000000000000000000000000"}}}).encode(), 404, "not found"),
     (json.dumps({"run": {**PARKED, "priority": 99}}).encode(), 403, "priority 99 is above 50"),
 ]
-
-
-@pytest.fixture(scope="module")
-def mallory(front, user):
-    made = user("admin").request("POST", "/v1/tokens", {"user": f"mallory-{uuid.uuid4().hex[:8]}"})
-    return Client(front.api_url, made["token"]), made["token"]
 
 
 @pytest.mark.parametrize(("data", "status", "fragment"), HOSTILE, ids=range(len(HOSTILE)))
