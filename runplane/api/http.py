@@ -28,10 +28,8 @@ from runplane.api.models import (
     QuotaLimits,
     QuotaList,
     SetPriority,
-    SweepPage,
     SweepPatch,
     SweepRetried,
-    SweepView,
     TokenCreate,
     TokenCreated,
     TokenList,
@@ -301,18 +299,25 @@ def list_runs() -> Response[str]:
         limit=_int_param("limit", 50, 1, 500),
         cursor=app.current_event.get_query_string_value("cursor"),
     )
-    # Pages are capped by size too: a page cut short continues after its last run.
-    views: list[str] = []
-    size, cursor = 1024, page.next_cursor
-    for run in page.runs:
-        text = run_view(run).model_dump_json()
-        wire = len(json.dumps(text))  # as the body's part in Lambda's response, escaped again
-        if views and size + wire > MAX_PAGE_BYTES:
-            cursor = store.cursor_after(page.runs[len(views) - 1], owner)
-            break
-        views.append(text)
-        size += wire
+    views, cut = _within_page([run_view(run) for run in page.runs])
+    cursor = page.next_cursor if cut is None else store.cursor_after(page.runs[cut - 1], owner)
     return _run_page(views, cursor)
+
+
+def _within_page(views: list[BaseModel]) -> tuple[list[str], int | None]:
+    """The views, as JSON, that fit one list page (``MAX_PAGE_BYTES`` as Lambda's response carries
+    them: the body is a JSON string there, escaped again), and the index of the first left out
+    (None: all fit). A page cut short goes on after its last item."""
+    texts: list[str] = []
+    size = 1024
+    for view in views:
+        text = view.model_dump_json()
+        wire = len(json.dumps(text))
+        if texts and size + wire > MAX_PAGE_BYTES:
+            return texts, len(texts)
+        texts.append(text)
+        size += wire
+    return texts, None
 
 
 def _run_page(views: list[str], cursor: str | None) -> Response[str]:
@@ -328,17 +333,8 @@ def _sweep_members(principal: Principal, sweep_id: str, state: RunState | None) 
     ports = bootstrap.stack().sweep_ports
     sweep = sweeps.get_sweep(ports, principal, _sweep_id(sweep_id))
     found, cursor = sweeps.members(ports, sweep, state, _int_param("limit", 50, 1, 500), query("cursor"))
-    views: list[str] = []
-    size = 1024
-    for run in found:
-        text = run_view(run).model_dump_json()
-        wire = len(json.dumps(text))
-        if views and size + wire > MAX_PAGE_BYTES:
-            cursor = str(run.sweep_index)
-            break
-        views.append(text)
-        size += wire
-    return _run_page(views, cursor)
+    views, cut = _within_page([run_view(run) for run in found])
+    return _run_page(views, cursor if cut is None else str(found[cut].sweep_index))
 
 
 def _pool_record(pool: str) -> PoolRecord | None:
@@ -595,18 +591,10 @@ def list_sweeps() -> Response[str]:
     found, cursor = sweeps.list_sweeps(
         ports, principal, query("owner") or None, _int_param("limit", 20, 1, 100), query("cursor")
     )
-    # Pages are capped by size too (a sweep's spec may be large): one cut short goes on after its last.
-    views: list[SweepView] = []
-    size = 1024
-    for sweep in found:
-        view = sweep_view(sweep)
-        wire = len(json.dumps(view.model_dump_json()))
-        if views and size + wire > MAX_PAGE_BYTES:
-            cursor = ports.sweeps.cursor_after(found[len(views) - 1])
-            break
-        views.append(view)
-        size += wire
-    return _json(200, SweepPage(sweeps=views, next_cursor=cursor))
+    texts, cut = _within_page([sweep_view(sweep) for sweep in found])  # a sweep's spec may be large
+    cursor = cursor if cut is None else ports.sweeps.cursor_after(found[cut - 1])
+    body = '{"sweeps": [' + ", ".join(texts) + "], " + f'"next_cursor": {json.dumps(cursor)}' + "}"
+    return Response(status_code=200, content_type=content_types.APPLICATION_JSON, body=body)
 
 
 @app.get("/v1/sweeps/<sweep_id>")

@@ -49,16 +49,18 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 
-def run_id_for(owner: str, idempotency_key: str | None, secret: bytes) -> str:
-    """A random id, or one derived from (owner, key) so a retried submit finds its run. The
-    derivation is keyed with the stack's secret: nobody can compute another user's run id from a
-    key they know or guess."""
+def run_id_for(owner: str, idempotency_key: str | None, secret: bytes, kind: str = "run") -> str:
+    """A random id, or one derived from (owner, key) so a retried submit finds its run (``kind``
+    ``sweep``: its sweep, ids ``s-``). The derivation is keyed with the stack's secret: nobody can
+    compute another user's id from a key they know or guess."""
+    prefix = "s-" if kind == "sweep" else "r-"
     if idempotency_key is None:
-        return "r-" + uuid.uuid4().hex[:24]
+        return prefix + uuid.uuid4().hex[:24]
     if not secret:
-        raise ValueError("a run id derived from an Idempotency-Key needs the stack's secret")
-    digest = hmac.new(secret, f"{owner}\0{idempotency_key}".encode(), hashlib.sha256).hexdigest()
-    return "r-" + digest[:24]
+        raise ValueError(f"a {kind} id derived from an Idempotency-Key needs the stack's secret")
+    salt = "" if kind == "run" else f"{kind}\0"  # run ids stay what they were
+    digest = hmac.new(secret, f"{salt}{owner}\0{idempotency_key}".encode(), hashlib.sha256).hexdigest()
+    return prefix + digest[:24]
 
 
 def _request_hash(spec: RunSpec) -> str:
@@ -100,21 +102,8 @@ def submit_run(
     used for a different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
-    pool = choose_pool(pools, spec.resources, spec.queue)
-    _check_priority(principal, pool, spec.priority)
-    group = _group_of(principal, spec.group)
-    _check_inputs(store, principal, spec, inputs or InputPolicy())
+    pool, group, resolved = admit_spec(store, pools, principal, spec, inputs, quotas)
     now = clock()
-    resolved = spec.model_copy(
-        update={
-            "image": spec.image or pool.default_image,
-            "queue": pool.name,
-            "resources": pool.with_defaults(spec.resources),
-            "retry": spec.retry or pool.retry,
-        }
-    )
-    if quotas is not None:
-        refuse_alone(quotas, principal.user, group, resolved.resources)
     run_id = run_id_for(principal.user, idempotency_key, secret)
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
@@ -146,6 +135,34 @@ def submit_run(
         return _replay(queue, e.details["run"], principal.user, request_hash)
     _hint(queue, run)
     return Submitted(run, created=True)
+
+
+def admit_spec(
+    store: RunStore,
+    pools: PoolConfig,
+    principal: Principal,
+    spec: RunSpec,
+    inputs: InputPolicy | None,
+    quotas: QuotaStore | None,
+) -> tuple[Pool, str | None, RunSpec]:
+    """What a submit checks of a run before anything is stored (``submit_run`` says what it
+    raises), and the run's pool, the group it is charged to and its spec with the pool's defaults
+    filled in (image, queue, resources, retry rule)."""
+    pool = choose_pool(pools, spec.resources, spec.queue)
+    _check_priority(principal, pool, spec.priority)
+    group = _group_of(principal, spec.group)
+    _check_inputs(store, principal, spec, inputs or InputPolicy())
+    resolved = spec.model_copy(
+        update={
+            "image": spec.image or pool.default_image,
+            "queue": pool.name,
+            "resources": pool.with_defaults(spec.resources),
+            "retry": spec.retry or pool.retry,
+        }
+    )
+    if quotas is not None:
+        refuse_alone(quotas, principal.user, group, resolved.resources)
+    return pool, group, resolved
 
 
 def _replay(queue: RunQueue, existing: Run, user: str, request_hash: str) -> Submitted:

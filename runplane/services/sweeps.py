@@ -13,11 +13,9 @@ second ``advance`` racing or following a crash creates the same runs, never othe
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import re
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,7 +41,6 @@ from runplane.domain.models import (
     RunMessage,
     RunState,
 )
-from runplane.domain.pools import choose_pool
 from runplane.domain.sweeps import (
     MAX_RECORD_BYTES,
     MAX_SWEEP,
@@ -56,9 +53,8 @@ from runplane.domain.sweeps import (
     state_of,
 )
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
-from runplane.services.admission import refuse_alone
 from runplane.services.inputs import InputPolicy
-from runplane.services.runs import _check_inputs, _check_priority, _group_of, _kill, check_listing_owner
+from runplane.services.runs import _kill, admit_spec, check_listing_owner, run_id_for
 from runplane.services.scheduling import fair_tag
 
 log = logging.getLogger(__name__)
@@ -88,17 +84,6 @@ class Created:
     created: bool
 
 
-def sweep_id_for(owner: str, idempotency_key: str | None, secret: bytes) -> str:
-    """A random id, or one keyed with the stack's secret from (owner, key) so that a retried
-    create finds its sweep and nobody can compute another user's."""
-    if idempotency_key is None:
-        return "s-" + uuid.uuid4().hex[:24]
-    if not secret:
-        raise ValueError("a sweep id derived from an Idempotency-Key needs the stack's secret")
-    digest = hmac.new(secret, f"sweep\0{owner}\0{idempotency_key}".encode(), hashlib.sha256).hexdigest()
-    return "s-" + digest[:24]
-
-
 def _request_hash(spec: SweepSpec) -> str:
     return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
@@ -115,22 +100,8 @@ def create_sweep(
     """Store a sweep of ``spec.size`` members and release the first ones. The template is checked
     once, as a run submit checks a run (pool, priority, group, inputs, quotas): every member shares
     it. Same key, same request -> same sweep; a key used for another request is a Conflict."""
-    template = spec.run
-    pool = choose_pool(ports.pools, template.resources, template.queue)
-    _check_priority(principal, pool, template.priority)
-    group = _group_of(principal, template.group)
-    _check_inputs(ports.store, principal, template, inputs or InputPolicy())
-    resolved = template.model_copy(
-        update={
-            "image": template.image or pool.default_image,
-            "queue": pool.name,
-            "resources": pool.with_defaults(template.resources),
-            "retry": template.retry or pool.retry,
-        }
-    )
-    if ports.quotas is not None:
-        refuse_alone(ports.quotas, principal.user, group, resolved.resources)
-    sweep_id = sweep_id_for(principal.user, idempotency_key, secret)
+    pool, group, resolved = admit_spec(ports.store, ports.pools, principal, spec.run, inputs, ports.quotas)
+    sweep_id = run_id_for(principal.user, idempotency_key, secret, kind="sweep")
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
         try:
