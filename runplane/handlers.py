@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from runplane.bootstrap import Stack
 from runplane.domain.errors import InvalidRequest, NotFound, RunplaneError
-from runplane.domain.models import DispatchEvent
-from runplane.services import sweeps
+from runplane.domain.models import SWEEP_PREFIX, DispatchEvent
+from runplane.services import dependencies, sweeps
 from runplane.services.dispatch import Decision, DispatchPorts, dispatch_pool
 from runplane.services.reap import ReapReport, reap
 
@@ -25,6 +25,7 @@ class PoolDispatcher:
         self.stack = stack
         self.results: dict[str, Decision | RunplaneError] = {}
         self.sweeps_moved: set[str] = set()
+        self.upstreams_told: set[str] = set()
 
     def pool(self, name: str) -> Decision:
         if name not in self.results:
@@ -60,6 +61,8 @@ class PoolDispatcher:
                 return None
             if event.sweep is not None:
                 self.sweep(event.sweep)
+            if event.upstream is not None:
+                self.upstream(event.upstream)
             if self.stack.pools.get(event.pool) is None:
                 log.warning("ignoring event for unknown pool %s", event.pool)
                 return None
@@ -77,6 +80,29 @@ class PoolDispatcher:
         except NotFound:
             log.warning("ignoring event for unknown sweep %.80s", sweep_id)
         self.sweeps_moved.add(sweep_id)
+
+    def upstream(self, upstream: str) -> None:
+        """A run or sweep (``sweep:<id>``) ended: resolve what waits for it, once per invocation.
+        A store failure raises (the event is tried again)."""
+        if upstream in self.upstreams_told:
+            return
+        ports = self.stack.sweep_ports.waits
+        for dependent in dependencies.dependents_of(ports, upstream):
+            if dependent.startswith(SWEEP_PREFIX):
+                self.sweep(dependent.removeprefix(SWEEP_PREFIX))
+                continue
+            try:
+                dependencies.resolve(ports, dependent)
+            except NotFound:
+                continue
+        self.upstreams_told.add(upstream)
+
+    def all_waiting(self) -> dict[str, int] | dict[str, str]:
+        """The scheduled pass over waiting runs (what a lost event would have done)."""
+        try:
+            return dependencies.resolve_waiting(self.stack.sweep_ports.waits)
+        except RunplaneError as e:
+            return {"error": e.message}
 
     def all_sweeps(self) -> dict[str, str]:
         """The scheduled pass over unfinished sweeps (what a lost event would have done)."""

@@ -39,6 +39,9 @@ class Expect:
     worker_id: str | None = None
     unkilled: bool = False
     """True: only while no kill was requested (a retry must not queue a run its owner killed)."""
+    waiting: bool | None = None
+    """True: only while the run still waits for other runs (``waiting_on`` not empty); False: only
+    while it does not (a claim never takes a waiting run)."""
 
 
 LIST_BUDGET = 1000
@@ -101,7 +104,21 @@ class RunStore(Protocol):
         (``run_rank``: higher priority, then smaller fair tag, then older, then id); with
         ``priority``, only the runs of that priority. One query, whatever the length of the queue.
         On DynamoDB it reads an index, which may lag a write by a moment: a run just claimed may
-        still show, so a caller claims conditionally as always."""
+        still show, so a caller claims conditionally as always. Runs that wait for other runs
+        (``listed_state`` ``waiting``) are not in the line, nor counted or listed as queued by
+        queue: ``waiting`` lists them."""
+        ...
+
+    def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:
+        """Queued runs of ``queue`` that still wait for other runs, newest first, a page of up to
+        ``limit`` (the cursor goes on)."""
+        ...
+
+    def follow(self, run_id: str, dependent: str) -> Run:
+        """Add ``dependent`` (a run id, or ``sweep:<id>``) to the run's ``dependents`` while the
+        run has not ended, atomically beside any other write; return the run as stored. Adding one
+        that is there already writes nothing. Raises NotFound, ConditionFailed (with
+        ``details['run']``) once the run has ended, and Conflict when MAX_DEPENDENTS wait already."""
         ...
 
 

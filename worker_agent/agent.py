@@ -219,7 +219,8 @@ class Agent:
         except NotFound:
             self.ports.queue.delete(self.config.pool, delivery)
             return
-        if run.state != RunState.QUEUED or run.attempt != msg.attempt or self._stop.is_set():
+        # a run that still waits for other runs is not to be taken: its release sends a new hint
+        if run.state != RunState.QUEUED or run.attempt != msg.attempt or run.waiting_on or self._stop.is_set():
             if self._stop.is_set():
                 self.ports.queue.release(self.config.pool, delivery, 0)  # for another worker, now
                 return

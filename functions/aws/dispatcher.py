@@ -16,7 +16,8 @@ logger = Logger(service="runplane-dispatcher")
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     dispatcher = PoolDispatcher(bootstrap.stack())
     if "Records" not in event:  # the schedule
-        return {"pools": dispatcher.all_pools(), "sweeps": dispatcher.all_sweeps()}
+        waiting = dispatcher.all_waiting()  # first: runs it releases are dispatched in this pass
+        return {"waiting": waiting, "pools": dispatcher.all_pools(), "sweeps": dispatcher.all_sweeps()}
     processor = BatchProcessor(event_type=EventType.SQS)
     response = process_partial_response(
         event=event, record_handler=dispatcher.record_handler(), processor=processor, context=context

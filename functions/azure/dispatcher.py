@@ -28,4 +28,7 @@ def dispatcher_events(msg: func.QueueMessage) -> None:
 @bp.timer_trigger(arg_name="timer", schedule="%RunplaneSchedule%")
 def dispatcher_schedule(timer: func.TimerRequest) -> None:
     dispatcher = PoolDispatcher(bootstrap.stack())
-    log.debug("scheduled dispatch: %s; sweeps: %s", dispatcher.all_pools(), dispatcher.all_sweeps())
+    waiting = dispatcher.all_waiting()  # first: runs it releases are dispatched in this pass
+    log.debug(
+        "scheduled dispatch: %s; sweeps: %s; waiting: %s", dispatcher.all_pools(), dispatcher.all_sweeps(), waiting
+    )

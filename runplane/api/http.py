@@ -60,7 +60,7 @@ from runplane.domain.models import (
     Worker,
 )
 from runplane.domain.sweeps import Sweep, SweepSpec
-from runplane.services import auth, lifecycle, quota_admin, runs, sweeps, tenancy, usage
+from runplane.services import auth, dependencies, lifecycle, quota_admin, runs, sweeps, tenancy, usage
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs
 
@@ -270,6 +270,7 @@ def submit() -> Response[str]:
         secret=secret,
         inputs=s.input_policy,
         quotas=s.quotas,
+        sweeps=s.sweeps,
     )
     if result.created:
         metrics.add_metric(name="RunsSubmitted", unit=MetricUnit.Count, value=1)
@@ -352,7 +353,9 @@ def get_run(run_id: str) -> Response[str]:
     s = bootstrap.stack()
     run = runs.get_run(s.store, _principal("runs:read"), _run_id(run_id))
     reason = None
-    if run.state == RunState.QUEUED:
+    if run.state == RunState.QUEUED and run.waiting_on:
+        reason = dependencies.describe(s.sweep_ports.waits, run)
+    elif run.state == RunState.QUEUED:
         workers = alive_workers(s.workers, run.queue, s.clock(), s.settings.worker_stale_seconds)
         pool = s.pools.get(run.queue)
         record = _pool_record(pool.name) if pool is not None else None

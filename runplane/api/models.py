@@ -233,6 +233,8 @@ class RunView(WireModel):
                         "group": "vision",
                         "priority": 50,
                         "retry": {"attempts": 3, "on": ["nonzero_exit"], "memory_factor": None},
+                        "after": [],
+                        "after_sweep": None,
                     },
                     "group": "vision",
                     "attempt": 0,
@@ -244,6 +246,7 @@ class RunView(WireModel):
                     "exit_code": None,
                     "failure": None,
                     "waiting_reason": "no idle worker in pool cpu; starting one",
+                    "waiting_on": [],
                     "priority": 50,
                     "kill_requested": False,
                     "usage": {
@@ -281,6 +284,11 @@ class RunView(WireModel):
     exit_code: int | None = Field(description="the command's exit status, once it has one")
     failure: RunFailure | None = Field(description="why it did not succeed (failed, killed, timed_out)")
     waiting_reason: str | None = Field(description="queued only: why it is still waiting")
+    waiting_on: list[str] = Field(
+        default_factory=list,
+        description="queued only: the runs (and sweep, as sweep:<id>) it still waits for before it can start; "
+        "while any is left it holds no worker and no quota",
+    )
     priority: int = Field(description="0..100: in its pool, it starts before every waiting run of lower priority")
     kill_requested: bool
     usage: RunUsage
@@ -316,6 +324,10 @@ class SweepView(WireModel):
     )
     failures: dict[FailureReason, int] = Field(description="members whose latest try did not succeed, by reason")
     waiting: int = Field(description="members not released to their pool yet (held by max_parallel or capacity)")
+    waiting_for: str | None = Field(
+        default=None,
+        description="why no member is released yet: the run or sweep it waits for (after, after_sweep, run: inputs)",
+    )
     killed: bool
     created_at: Timestamp
     finished_at: Timestamp | None = Field(description="when every member's latest try had ended")

@@ -104,6 +104,14 @@ _RUN_EXAMPLES = {
         },
     },
     "minimal": {"summary": "a command alone: the default pool, its image, its limits", "value": {"command": "echo hi"}},
+    "after": {
+        "summary": "waits for a run's outputs (queued, holding no worker, until that run has succeeded)",
+        "value": {
+            "command": "python evaluate.py /inputs/model",
+            "inputs": {"model": "run:r-4f9c2a7be0d14d3aa1c05e21/checkpoints"},
+            "after": ["r-8d1e0b5c9a7f4e2b8c6d3a10"],
+        },
+    },
 }
 _PRIORITY_EXAMPLES = {
     "urgent": {"summary": "ahead of every waiting run of priority 79 or less", "value": {"priority": 80}},

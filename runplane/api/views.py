@@ -57,6 +57,7 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
         exit_code=run.exit_code,
         failure=RunFailure(reason=run.failure.reason, message=run.failure.message) if run.failure else None,
         waiting_reason=(waiting_reason or run.waiting_reason) if run.state == "queued" else None,
+        waiting_on=list(run.waiting_on) if run.state == "queued" else [],
         priority=run.spec.priority,
         kill_requested=run.kill_requested,
         usage=RunUsage.model_validate(run.usage.model_dump()),
@@ -72,8 +73,11 @@ def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
     if progress is None:
         counts, failures = sweep.tally()
         waiting = sweep.status.count(PENDING)
+        held = sweep.waiting_on and sweep.finished_at is None and not sweep.killed
+        waiting_for = f"waiting for {', '.join(sweep.waiting_on)}" if held else None
     else:
         counts, failures, waiting = progress.counts, progress.failures, progress.waiting
+        waiting_for = progress.waiting_for
     return SweepView(
         id=sweep.id,
         name=sweep.spec.name,
@@ -84,6 +88,7 @@ def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
         counts={RunState(k): v for k, v in counts.items() if v},
         failures={FailureReason(k): v for k, v in failures.items() if v},
         waiting=waiting,
+        waiting_for=waiting_for,
         killed=sweep.killed,
         created_at=timestamp(sweep.created_at),
         finished_at=timestamp(sweep.finished_at),

@@ -109,6 +109,28 @@ def pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return result
 
 
+def run_ids(values: list[str] | None) -> list[str] | None:
+    """The run ids of ``--after`` (repeatable, or comma-separated); None when none is given.
+    The API checks each (yours, and not ended without success)."""
+    ids = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    return ids or None
+
+
+AFTER = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--after",
+        help="a run of yours to wait for: it stays queued, holding no worker, until that run has succeeded "
+        "(fails dependency_failed if it does not); repeatable or comma-separated",
+        show_default=False,
+    ),
+]
+AFTER_SWEEP = Annotated[
+    str | None,
+    typer.Option(help="a sweep of yours to wait for: until every member has succeeded", show_default=False),
+]
+
+
 def retry_rule(attempts: int | None, on: list[str] | None, memory_factor: float | None) -> dict[str, Any] | None:
     """The ``retry`` of a submit from ``--attempts``, ``--retry-on`` and ``--memory-factor`` (the
     API checks the reasons and the factor). Raises CliError for the last two without the first."""
@@ -223,6 +245,8 @@ def run(
         list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")
     ] = None,
     network: Annotated[bool, typer.Option("--network", help="give the run a network")] = False,
+    after: AFTER = None,
+    after_sweep: AFTER_SWEEP = None,
     idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two runs")] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="stream logs and exit with the run's exit code")] = False,
     as_json: Annotated[
@@ -249,6 +273,8 @@ def run(
         env=environment or None,
         inputs=named_inputs or None,
         network=network,
+        after=run_ids(after),
+        after_sweep=after_sweep,
         idempotency_key=idempotency_key,
     )
     remember(submitted.id)
@@ -296,6 +322,7 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("priority", view.priority),
         ("attempt", f"{view.attempt} of {view.max_attempts}" if view.attempt else None),
         ("retry", view.spec.retry and _rule_text(view.spec.retry.model_dump())),
+        ("waiting_on", ", ".join(view.waiting_on) or None),
         ("worker_id", view.worker_id),
         ("exit_code", view.exit_code),
         ("created_at", view.created_at.isoformat()),

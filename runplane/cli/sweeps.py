@@ -13,7 +13,7 @@ from rich.text import Text
 
 from runplane.api.models import SweepView
 from runplane.cli.common import CliError, ExitCode, cell, client, err, id_column, out, print_json, when
-from runplane.cli.runs import command_line, pairs, retry_rule
+from runplane.cli.runs import AFTER, AFTER_SWEEP, command_line, pairs, retry_rule, run_ids
 from runplane.client import Client, RunState, Sweep
 
 app = typer.Typer(no_args_is_help=True, help="Sweeps: one run per point of a parameter grid.")
@@ -79,6 +79,8 @@ def run(
     env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
     inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>")] = None,
     network: Annotated[bool, typer.Option("--network", help="give the runs a network")] = False,
+    after: AFTER = None,
+    after_sweep: AFTER_SWEEP = None,
     idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two")] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until it has finished")] = False,
     as_json: JSON = False,
@@ -108,6 +110,8 @@ def run(
         env=pairs(env, "--env") or None,
         inputs=pairs(inputs, "--input") or None,
         network=network,
+        after=run_ids(after),
+        after_sweep=after_sweep,
     )
     if not made.created:
         err.print(f"already made as {made.id} (same --idempotency-key)", markup=False, highlight=False)

@@ -193,8 +193,10 @@ class AsyncClient:
         group: str | None = None,
         priority: int | None = None,
         retry: RetryRule | Mapping[str, Any] | None = None,
+        after: Sequence[Any] | None = None,
+        after_sweep: Any = None,
     ) -> AsyncRun:
-        """See ``Client.submit``."""
+        """See ``Client.submit`` (``after``, ``after_sweep``: what it waits for)."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
         plan = self._plans.submit(
             command,
@@ -211,6 +213,8 @@ class AsyncClient:
             group=group,
             priority=priority,
             retry=retry,
+            after=after,
+            after_sweep=after_sweep,
         )
         view, created = await self._drive(plan)
         return AsyncRun(self, view, created)

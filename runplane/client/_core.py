@@ -387,11 +387,14 @@ class Plans:
         group: str | None = None,
         priority: int | None = None,
         retry: RetryRule | Mapping[str, Any] | None = None,
+        after: Sequence[Any] | None = None,
+        after_sweep: Any = None,
     ) -> Plan[tuple[RunView, bool]]:
         """The run and whether it was made now (201) rather than found by its key (200)."""
         body = submit_body(command, image, resources, limits, queue, name, env, inputs, network, tag, group, priority)
         if retry is not None:
             body["retry"] = retry.model_dump(exclude_unset=True) if isinstance(retry, RetryRule) else dict(retry)
+        add_waits(body, after, after_sweep)
         key = idempotency_key if idempotency_key is not None else str(uuid.uuid4())
         response = yield from self.raw("POST", "/v1/runs", body, headers={"Idempotency-Key": key})
         return parse(RunView, response), response.status == 201
@@ -744,8 +747,25 @@ _RUN_OPTIONS = frozenset(
         "group",
         "priority",
         "retry",
+        "after",
+        "after_sweep",
     }
 )
+
+
+def id_of(item: Any) -> str:
+    """A run's or sweep's id: given as text, or as the object the SDK returned (``.id``)."""
+    return item if isinstance(item, str) else str(item.id)
+
+
+def add_waits(body: dict[str, Any], after: Sequence[Any] | None, after_sweep: Any) -> None:
+    """Put ``after`` (runs, or their ids) and ``after_sweep`` (a sweep, or its id) in ``body``."""
+    if after:
+        if isinstance(after, str):
+            raise TypeError("after takes a list of runs or run ids")
+        body["after"] = [id_of(run) for run in after]
+    if after_sweep is not None:
+        body["after_sweep"] = id_of(after_sweep)
 
 
 def sweep_run_body(command: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -772,6 +792,7 @@ def sweep_run_body(command: str, options: Mapping[str, Any]) -> dict[str, Any]:
     retry = options.get("retry")
     if retry is not None:
         body["retry"] = retry.model_dump(exclude_unset=True) if isinstance(retry, RetryRule) else dict(retry)
+    add_waits(body, options.get("after"), options.get("after_sweep"))
     return body
 
 

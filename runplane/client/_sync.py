@@ -198,6 +198,8 @@ class Client:
         group: str | None = None,
         priority: int | None = None,
         retry: RetryRule | Mapping[str, Any] | None = None,
+        after: Sequence[Any] | None = None,
+        after_sweep: Any = None,
     ) -> Run:
         """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
         sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
@@ -209,7 +211,10 @@ class Client:
         request no pool can run, a group that is not yours or a run that alone exceeds a quota,
         Forbidden for a priority above what you may give, Conflict for a key used for a
         different request. ``retry``: when it goes again after failing, e.g. ``{"attempts": 3,
-        "on": ["nonzero_exit"], "memory_factor": 2}`` (a ``RetryRule``; docs/workflows.md)."""
+        "on": ["nonzero_exit"], "memory_factor": 2}`` (a ``RetryRule``; docs/workflows.md).
+        ``after``: runs (or run ids) of yours it waits for, ``after_sweep``: a sweep (or its id)
+        of yours: it stays queued, holding no worker, until each has succeeded, and ends failed
+        (``dependency_failed``) if one does not; a ``run:<id>`` input waits the same way."""
         limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
         plan = self._plans.submit(
             command,
@@ -226,6 +231,8 @@ class Client:
             group=group,
             priority=priority,
             retry=retry,
+            after=after,
+            after_sweep=after_sweep,
         )
         view, created = self._drive(plan)
         return Run(self, view, created)

@@ -16,6 +16,12 @@ from runplane.domain.units import MAX_SIZE, format_bytes, format_duration, parse
 MAX_RUN_TIME = 30 * 86400.0
 """The longest time limit a run may ask for (30 days)."""
 MAX_INPUTS = 64
+MAX_UPSTREAMS = 32
+"""The most runs one run may wait for in ``after`` (``run:`` inputs count apart, up to MAX_INPUTS)."""
+SWEEP_PREFIX = "sweep:"
+"""How a sweep is named among the runs a run waits for, or that wait for a run."""
+MAX_DEPENDENTS = 1000
+"""The most runs and sweeps that may wait for one run or sweep."""
 MAX_ENV = 256
 
 SCHEMA_VERSION = 1
@@ -134,10 +140,12 @@ class FailureReason(StrEnum):
     CONTAINER_ERROR = "container_error"
     GPU_UNAVAILABLE = "gpu_unavailable"
     AGENT_ERROR = "agent_error"
+    DEPENDENCY_FAILED = "dependency_failed"
 
 
-NEVER_RETRIED = frozenset({FailureReason.KILLED})
-"""Reasons no retry rule may name: a kill is the user's word."""
+NEVER_RETRIED = frozenset({FailureReason.KILLED, FailureReason.DEPENDENCY_FAILED})
+"""Reasons no retry rule may name: a kill is the user's word, and a run whose upstream failed
+never ran (running it again would wait on the same failure)."""
 RETRY_REASONS = [r.value for r in FailureReason if r not in NEVER_RETRIED]
 DEFAULT_MAX_ATTEMPTS = 3
 """Claims a run without a retry rule may take: a lost worker is retried twice."""
@@ -284,6 +292,28 @@ class RunSpec(BaseModel):
         description="when the run is queued again after it failed; default: the pool's rule, else a lost "
         "worker is retried up to 3 attempts and nothing else is",
     )
+    after: list[Annotated[str, Field(pattern=f"^{RUN_ID_PATTERN}$")]] = Field(
+        default_factory=list,
+        max_length=MAX_UPSTREAMS,
+        description="runs of yours this run waits for: it stays queued, holding no worker and no quota, until "
+        "each has succeeded, and ends failed (dependency_failed) if one does not. A run:<id> input waits "
+        "the same way",
+    )
+    after_sweep: str | None = Field(
+        default=None,
+        pattern=f"^{RUN_ID_PATTERN}$",
+        description="a sweep of yours this run waits for: released once every member has succeeded, "
+        "failed (dependency_failed) once the sweep finishes otherwise",
+    )
+
+    def upstreams(self) -> list[str]:
+        """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
+        inputs, ``after``, then ``after_sweep`` (as ``sweep:<id>``)."""
+        found = [source[4:].partition("/")[0] for source in self.inputs.values() if source.startswith("run:")]
+        found += self.after
+        if self.after_sweep is not None:
+            found.append(SWEEP_PREFIX + self.after_sweep)
+        return list(dict.fromkeys(found))
 
     @field_validator("command")
     @classmethod
@@ -389,6 +419,11 @@ class Run(BaseModel):
     local stack stopped"); the worker's final message says it."""
     on_preemptible: bool = False
     waiting_reason: str | None = None
+    waiting_on: list[str] = Field(default_factory=list)
+    """The runs (and sweep) it waits for that had not succeeded when last looked at: while any is
+    left, the run is queued but out of its pool's line (``listed_state``: ``waiting``)."""
+    dependents: list[str] = Field(default_factory=list)
+    """Runs and sweeps that wait for this run, told when it ends."""
     request_hash: str | None = None
     hinted_at: float | None = None
     fair_tag: float = 0.0
@@ -408,6 +443,16 @@ def rank_key(priority: int, fair_tag: float, created_at: float, run_id: str) -> 
     numbers do."""
     tag = min(max(fair_tag, 0.0), MAX_FAIR_TAG)
     return f"{100 - priority:03d}#{tag:020.6f}#{created_at:017.6f}#{run_id}"
+
+
+WAITING = "waiting"
+"""How a queued run that waits for other runs is listed in its pool: apart from the line."""
+
+
+def listed_state(run: Run) -> str:
+    """Where a run is filed in its pool's listings: its state, or ``WAITING`` for a queued run
+    that still waits for other runs (no worker may take it, and it is no one's backlog)."""
+    return WAITING if run.state == RunState.QUEUED and run.waiting_on else str(run.state)
 
 
 def run_rank(run: Run) -> str:
@@ -439,6 +484,8 @@ class DispatchEvent(BaseModel):
     reason: str = "submitted"
     sweep: str | None = None
     """A member of this sweep ended: the sweep may release its next members."""
+    upstream: str | None = None
+    """This run or sweep ended: the runs and sweeps waiting for it may go (or fail)."""
 
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]

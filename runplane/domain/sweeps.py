@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from runplane.domain.models import (
+    MAX_DEPENDENTS,
     MAX_ENV,
     SCHEMA_VERSION,
     Event,
@@ -57,6 +58,7 @@ _REASON_CODES: dict[FailureReason, str] = {
     FailureReason.CONTAINER_ERROR: "k",
     FailureReason.GPU_UNAVAILABLE: "l",
     FailureReason.AGENT_ERROR: "m",
+    FailureReason.DEPENDENCY_FAILED: "n",
 }
 _CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}
 
@@ -202,6 +204,11 @@ class Sweep(BaseModel):
     tries: dict[str, int] = Field(default_factory=dict)
     """Member index -> its latest try, for members run again (absent: 1)."""
     killed: bool = False
+    waiting_on: list[str] = Field(default_factory=list)
+    """The runs (and sweep) it waits for that had not succeeded when last looked at: no member is
+    released while any is left."""
+    dependents: list[str] = Field(default_factory=list)
+    """Runs and sweeps that wait for this sweep, told when it finishes."""
     request_hash: str | None = None
     version: int = 0
     events: list[Event] = Field(default_factory=list)
@@ -218,7 +225,7 @@ class Sweep(BaseModel):
     def largest_bytes(self) -> int:
         """How big its record can grow: as it is, plus a try count for every member and a full
         timeline."""
-        return len(self.model_dump_json().encode()) + self.size * 14 + MAX_EVENTS * 300
+        return len(self.model_dump_json().encode()) + self.size * 14 + MAX_EVENTS * 300 + MAX_DEPENDENTS * 80
 
     def with_event(self, event: Event) -> list[Event]:
         """Its events with ``event`` added: the first kept, then the latest (``MAX_EVENTS``)."""

@@ -43,7 +43,7 @@ def claim(
     """
     return store.update(
         run,
-        Expect(states=frozenset({RunState.QUEUED}), attempt=attempt),
+        Expect(states=frozenset({RunState.QUEUED}), attempt=attempt, waiting=False),
         {
             "state": RunState.PREPARING,
             "attempt": attempt + 1,
@@ -171,7 +171,8 @@ def requeue(
     stop, was preempted, or restarted): the attempt number still grows, but one more attempt is
     allowed, up to FREE_REQUEUES. A kill requested before the worker went away ends the run
     ``killed``. ``usage``, when given, is recorded with it (what the attempt used, as its worker
-    measured it). Raises ConditionFailed (or LeaseLost through callers) if the run moved on meanwhile.
+    measured it). A run it ends tells what waits for it (``ended``). Raises ConditionFailed (or
+    LeaseLost through callers) if the run moved on meanwhile.
     """
     expect = expect or _mine(run, ACTIVE_STATES)
     used = {"usage": usage} if usage is not None else {}
@@ -179,7 +180,7 @@ def requeue(
     if not charge and max_attempts - run.attempt < FREE_REQUEUES:
         max_attempts += 1
     if run.kill_requested:
-        return store.update(
+        done = store.update(
             run,
             expect,
             {
@@ -191,9 +192,11 @@ def requeue(
             },
             Event(at=now, state=RunState.KILLED, message=f"killed; {why}"),
         )
+        ended(queue, done)
+        return done
     if run.attempt >= max_attempts:
         message = f"{why}; no attempts left ({run.attempt} of {max_attempts} used)"
-        return store.update(
+        done = store.update(
             run,
             expect,
             {
@@ -205,6 +208,8 @@ def requeue(
             },
             Event(at=now, state=RunState.FAILED, message=message),
         )
+        ended(queue, done)
+        return done
     updated = store.update(
         run,
         expect,
@@ -225,11 +230,20 @@ def requeue(
 
 
 def ended(queue: RunQueue, run: Run) -> None:
-    """Tell the dispatcher that a sweep member ended (its sweep may release the next member).
-    Quiet on failure: the dispatcher's schedule moves every unfinished sweep on."""
-    if run.sweep_id is None or not run.state.terminal:
+    """Tell the dispatcher that ``run`` ended, when something waits for that: its sweep (which may
+    release the next member) or runs and sweeps that wait for it (``services.dependencies``).
+    ``run`` is the run as its final write returned it, so a dependent added before that write is
+    seen. Quiet on failure: the dispatcher's schedule moves sweeps and waiting runs on anyway."""
+    if not run.state.terminal or (run.sweep_id is None and not run.dependents):
         return
     try:
-        queue.notify(DispatchEvent(pool=run.queue, reason="sweep member ended", sweep=run.sweep_id))
+        queue.notify(
+            DispatchEvent(
+                pool=run.queue,
+                reason="run ended",
+                sweep=run.sweep_id,
+                upstream=run.id if run.dependents else None,
+            )
+        )
     except RunplaneError as e:
-        log.warning("run %s ended; could not tell its sweep %s: %s", run.id, run.sweep_id, e)
+        log.warning("run %s ended; could not tell what waits for it: %s", run.id, e)

@@ -12,7 +12,7 @@ from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.models import ACTIVE_STATES, PoolConfig, Run, RunMessage, RunState
 from runplane.ports import Expect, QuotaStore, RunQueue, RunStore
 from runplane.services.admission import heal
-from runplane.services.lifecycle import ended, requeue
+from runplane.services.lifecycle import requeue
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,6 @@ def reap(
                     log.warning("could not reap run %s: %s", run.id, e)
                     continue
                 (report.requeued if updated.state == RunState.QUEUED else report.ended).append(run.id)
-                ended(queue, updated)  # a sweep member: its sweep may release the next
         for run in _runs(store, pool.name, RunState.QUEUED):
             if run.hinted_at is not None and now - run.hinted_at < rehint_after:
                 continue

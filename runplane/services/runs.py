@@ -38,9 +38,11 @@ from runplane.domain.models import (
     RunState,
 )
 from runplane.domain.pools import choose_pool
-from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore
+from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore, SweepStore
+from runplane.services import dependencies
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
+from runplane.services.dependencies import WaitPorts
 from runplane.services.inputs import InputPolicy
 from runplane.services.scheduling import fair_tag
 
@@ -67,6 +69,8 @@ def _request_hash(spec: RunSpec) -> str:
     """What an Idempotency-Key's request was. Fields added since the first version are left out
     while unset, so that a submit retried across an upgrade still finds its run."""
     added_since = {"retry"} if spec.retry is None else set()
+    added_since |= {"after"} if not spec.after else set()
+    added_since |= {"after_sweep"} if spec.after_sweep is None else set()
     data = spec.model_dump(mode="json", exclude=added_since)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -89,8 +93,13 @@ def submit_run(
     secret: bytes = b"",
     inputs: InputPolicy | None = None,
     quotas: QuotaStore | None = None,
+    sweeps: SweepStore | None = None,
 ) -> Submitted:
     """Store a queued run and hint its pool queue. Same key, same request -> same run.
+
+    A run whose ``run:`` inputs, ``after`` or ``after_sweep`` (read from ``sweeps``) name runs or
+    a sweep that have not succeeded yet is stored waiting for them, out of its pool's line, and
+    hinted only once they have (``services.dependencies``).
 
     ``secret`` is the stack's (needed with an ``idempotency_key``); ``inputs`` what runs may read
     (default: no bucket); ``quotas``, when given, refuse a run that could never start under its
@@ -102,18 +111,25 @@ def submit_run(
     used for a different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
-    pool, group, resolved = admit_spec(store, pools, principal, spec, inputs, quotas)
-    now = clock()
+    waits = WaitPorts(store, sweeps, queue, pools, clock, quotas)
     run_id = run_id_for(principal.user, idempotency_key, secret)
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
-        # a retried submit answers with its run before it takes a place in the line
+        # a retried submit answers with its run before it is checked again or takes a place in
+        # the line (what it waits for may have ended since: it got its answer then)
         try:
-            return _replay(queue, store.get(run_id), principal.user, request_hash)
+            return _replay(waits, store.get(run_id), principal.user, request_hash)
         except NotFound:
             pass
+    admitted = admit_spec(store, pools, principal, spec, inputs, quotas, sweeps)
+    pool, group, resolved = admitted.pool, admitted.group, admitted.spec
+    now = clock()
     # with a quota store, runs of one priority take turns between users; without, first come first served
-    tag = fair_tag(store, quotas, pool, principal.user, resolved.priority, now) if quotas is not None else 0.0
+    # (a run that waits for others takes its place when it is released)
+    waiting = dependencies.judge(waits, admitted.waiting_on) if admitted.waiting_on else None
+    tag = 0.0
+    if quotas is not None and waiting is None:
+        tag = fair_tag(store, quotas, pool, principal.user, resolved.priority, now)
     run = Run(
         id=run_id,
         owner=principal.user,
@@ -129,12 +145,32 @@ def submit_run(
         waiting_reason=f"waiting for a worker of pool {pool.name}",
         events=[Event(at=now, state=RunState.QUEUED, message=f"submitted to pool {pool.name}")],
     )
+    if waiting is not None:
+        run.waiting_on = admitted.waiting_on
+        run.waiting_reason = waiting.reason or run.waiting_reason
     try:
         store.create(run)
     except AlreadyExists as e:  # a retry that raced this one
-        return _replay(queue, e.details["run"], principal.user, request_hash)
+        return _replay(waits, e.details["run"], principal.user, request_hash)
+    if run.waiting_on:
+        dependencies.follow(waits, run.id, run.waiting_on)
+        try:
+            return Submitted(dependencies.resolve(waits, run), created=True)
+        except RunplaneError as e:  # stored and followed: the dispatcher's schedule resolves it
+            log.warning("run %s stored but could not be resolved now: %s", run.id, e)
+            return Submitted(run, created=True)
     _hint(queue, run)
     return Submitted(run, created=True)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    pool: Pool
+    group: str | None
+    spec: RunSpec
+    """The spec with the pool's defaults filled in."""
+    waiting_on: list[str]
+    """The runs (and sweep) it names that have not succeeded yet."""
 
 
 def admit_spec(
@@ -144,14 +180,20 @@ def admit_spec(
     spec: RunSpec,
     inputs: InputPolicy | None,
     quotas: QuotaStore | None,
-) -> tuple[Pool, str | None, RunSpec]:
+    sweeps: SweepStore | None = None,
+) -> Admitted:
     """What a submit checks of a run before anything is stored (``submit_run`` says what it
-    raises), and the run's pool, the group it is charged to and its spec with the pool's defaults
-    filled in (image, queue, resources, retry rule)."""
+    raises), and the run's pool, the group it is charged to, its spec with the pool's defaults
+    filled in (image, queue, resources, retry rule) and what it waits for."""
     pool = choose_pool(pools, spec.resources, spec.queue)
     _check_priority(principal, pool, spec.priority)
     group = _group_of(principal, spec.group)
-    _check_inputs(store, principal, spec, inputs or InputPolicy())
+    policy = inputs or InputPolicy()
+    for name, source in spec.inputs.items():
+        if not source.startswith("run:"):
+            policy.check(name, source, principal.groups)
+    # the runs a run: input names are checked here, with those it waits for (the worker checks again)
+    waiting_on = dependencies.admit(store, sweeps, principal, spec)
     resolved = spec.model_copy(
         update={
             "image": spec.image or pool.default_image,
@@ -162,16 +204,23 @@ def admit_spec(
     )
     if quotas is not None:
         refuse_alone(quotas, principal.user, group, resolved.resources)
-    return pool, group, resolved
+    return Admitted(pool, group, resolved, waiting_on)
 
 
-def _replay(queue: RunQueue, existing: Run, user: str, request_hash: str) -> Submitted:
+def _replay(waits: WaitPorts, existing: Run, user: str, request_hash: str) -> Submitted:
     """The answer to a submit whose Idempotency-Key made ``existing``: that run (hinted again while
-    queued), or Conflict when the key was used for a different request."""
+    queued; one that waits for runs follows them and is resolved again, finishing a submit that
+    stopped half-way), or Conflict when the key was used for a different request."""
     if existing.owner != user or existing.request_hash != request_hash:
         raise Conflict("Idempotency-Key was already used for a different request")
-    if existing.state == RunState.QUEUED:
-        _hint(queue, existing)
+    if existing.state == RunState.QUEUED and existing.waiting_on:
+        dependencies.follow(waits, existing.id, existing.waiting_on)
+        try:
+            existing = dependencies.resolve(waits, existing)
+        except RunplaneError as e:
+            log.warning("run %s could not be resolved now: %s", existing.id, e)
+    elif existing.state == RunState.QUEUED:
+        _hint(waits.queue, existing)
     return Submitted(existing, created=False)
 
 
@@ -193,25 +242,6 @@ def _group_of(principal: Principal, asked: str | None) -> str | None:
         return asked
     groups = set(principal.groups)
     return groups.pop() if len(groups) == 1 else None
-
-
-def _check_inputs(store: RunStore, principal: Principal, spec: RunSpec, policy: InputPolicy) -> None:
-    """``s3://`` inputs must be allowed by the operator's policy; ``run:<id>`` inputs must name a
-    run of the caller's own (admins included: the worker reads it as the run's owner). The bytes
-    are read at run time, where the agent checks both again."""
-    for name, source in spec.inputs.items():
-        if not source.startswith("run:"):
-            policy.check(name, source, principal.groups)
-            continue
-        run_id = source[4:].partition("/")[0]
-        try:
-            source_run = store.get(run_id)
-        except NotFound:
-            source_run = None
-        if source_run is None or source_run.owner != principal.user:
-            raise NotFound(f"input {name}: run {run_id} not found")
-        if source_run.state.terminal and source_run.state != RunState.SUCCEEDED:
-            raise InvalidRequest(f"input {name}: run {run_id} ended {source_run.state}; it has no outputs to use")
 
 
 def _hint(queue: RunQueue, run: Run) -> None:
@@ -297,7 +327,8 @@ def set_priority(
         now = clock()
         if tag is None:  # once: a retry keeps the place taken in the lane
             tag = run.fair_tag
-            if quotas is not None and pool is not None:
+            # a run that waits for others takes its place in the lane when it is released
+            if quotas is not None and pool is not None and not run.waiting_on:
                 tag = fair_tag(store, quotas, pool, run.owner, priority, now)
         try:
             return store.update(
@@ -361,6 +392,13 @@ def unfinished_runs(store: RunStore, pools: PoolConfig) -> Iterator[Run]:
                 if not page.next_cursor:
                     break
                 cursor = page.next_cursor
+        cursor = None
+        while True:
+            page = store.waiting(pool.name, 100, cursor)
+            yield from page.runs
+            if not page.next_cursor:
+                break
+            cursor = page.next_cursor
 
 
 def stop_all(store: RunStore, pools: PoolConfig, clock: Clock, reason: str, *, workers_gone: bool = False) -> list[Run]:

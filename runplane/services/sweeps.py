@@ -31,6 +31,7 @@ from runplane.domain.errors import (
 )
 from runplane.domain.models import (
     DEFAULT_MAX_ATTEMPTS,
+    SWEEP_PREFIX,
     DispatchEvent,
     Event,
     Failure,
@@ -53,6 +54,8 @@ from runplane.domain.sweeps import (
     state_of,
 )
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
+from runplane.services import dependencies, lifecycle
+from runplane.services.dependencies import WaitPorts
 from runplane.services.inputs import InputPolicy
 from runplane.services.runs import _kill, admit_spec, check_listing_owner, run_id_for
 from runplane.services.scheduling import fair_tag
@@ -65,6 +68,7 @@ MAX_OPEN = 500
 """The most members of one sweep out at once, whatever its pool could run."""
 UNFINISHED_PER_PASS = 100
 KILLED = ended_code(RunState.KILLED, FailureReason.KILLED)
+DEPENDENCY_FAILED = ended_code(RunState.FAILED, FailureReason.DEPENDENCY_FAILED)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class SweepPorts:
     clock: Clock
     quotas: QuotaStore | None = None
 
+    @property
+    def waits(self) -> WaitPorts:
+        return WaitPorts(self.store, self.sweeps, self.queue, self.pools, self.clock, self.quotas)
+
 
 @dataclass(frozen=True)
 class Created:
@@ -85,7 +93,12 @@ class Created:
 
 
 def _request_hash(spec: SweepSpec) -> str:
-    return hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+    """What an Idempotency-Key's request was; the template's fields added since sweeps came are
+    left out while unset, so that a create retried across an upgrade still finds its sweep."""
+    added_since = {"after"} if not spec.run.after else set()
+    added_since |= {"after_sweep"} if spec.run.after_sweep is None else set()
+    data = spec.model_dump(mode="json", exclude={"run": added_since} if added_since else None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def create_sweep(
@@ -100,7 +113,6 @@ def create_sweep(
     """Store a sweep of ``spec.size`` members and release the first ones. The template is checked
     once, as a run submit checks a run (pool, priority, group, inputs, quotas): every member shares
     it. Same key, same request -> same sweep; a key used for another request is a Conflict."""
-    pool, group, resolved = admit_spec(ports.store, ports.pools, principal, spec.run, inputs, ports.quotas)
     sweep_id = run_id_for(principal.user, idempotency_key, secret, kind="sweep")
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
@@ -108,6 +120,8 @@ def create_sweep(
             return _replay(ports.sweeps.get(sweep_id), principal.user, request_hash)
         except NotFound:
             pass
+    admitted = admit_spec(ports.store, ports.pools, principal, spec.run, inputs, ports.quotas, ports.sweeps)
+    pool, group, resolved = admitted.pool, admitted.group, admitted.spec
     now = ports.clock()
     sweep = Sweep(
         id=sweep_id,
@@ -120,6 +134,7 @@ def create_sweep(
         max_parallel=spec.max_parallel,
         status=PENDING * spec.size,
         request_hash=request_hash,
+        waiting_on=admitted.waiting_on,
         events=[Event(at=now, message=f"created with {spec.size} members in pool {pool.name}")],
     )
     if sweep.largest_bytes() > MAX_RECORD_BYTES:
@@ -131,6 +146,7 @@ def create_sweep(
         stored = ports.sweeps.create(sweep)
     except AlreadyExists as e:
         return _replay(e.details["sweep"], principal.user, request_hash)
+    dependencies.follow(ports.waits, SWEEP_PREFIX + stored.id, stored.waiting_on)
     return Created(_advance_quietly(ports, stored), created=True)
 
 
@@ -191,19 +207,25 @@ def advance(ports: SweepPorts, sweep_id: str) -> Sweep:
             return sweep
         now = ports.clock()
         status, live, missing = _look(ports, sweep)
-        create = _plan(ports, sweep, status, missing, now)
+        changes: dict[str, object] = {}
+        held, noted = _gate(ports, sweep, status, changes, now)
+        create = [] if held else _plan(ports, sweep, status, missing, now)
         text = "".join(status)
         done = PENDING not in text and OPEN not in text
         saved = sweep
-        if text != sweep.status or done:
-            changes: dict[str, object] = {"status": text}
+        if text != sweep.status or done or changes:
+            changes["status"] = text
             if done:
                 changes["finished_at"] = now
-                changes["events"] = sweep.with_event(Event(at=now, message=_summary(text)))
+                noted = _noted(noted, Event(at=now, message=_summary(text)))
+            if noted is not sweep:
+                changes["events"] = noted.events
             try:
                 saved = ports.sweeps.save(sweep.model_copy(update=changes))
             except ConditionFailed:
                 continue  # another writer moved it: read it again
+            if done and saved.dependents:
+                _tell_dependents(ports, saved)
         released = [index for index in create if _release(ports, saved, index, now)]
         if released:
             _wake(ports, saved)
@@ -213,15 +235,40 @@ def advance(ports: SweepPorts, sweep_id: str) -> Sweep:
                 ended_now |= _bury(ports, saved, index, now)
             for run in live:
                 try:
-                    ended_now |= _kill(
-                        ports.store, run, ports.clock, reason=f"sweep {saved.id} was killed"
-                    ).state.terminal
+                    killed = _kill(ports.store, run, ports.clock, reason=f"sweep {saved.id} was killed")
                 except (Conflict, ConditionFailed):
                     continue
+                if killed.state.terminal and killed.dependents:
+                    lifecycle.ended(ports.queue, killed)  # what waits for the member fails
+                ended_now |= killed.state.terminal
         if ended_now:
             continue  # queued members were killed at once: record them
         return saved
     raise Conflict(f"sweep {sweep_id} changed too often; try again")
+
+
+def _gate(
+    ports: SweepPorts, sweep: Sweep, status: list[str], changes: dict[str, object], now: float
+) -> tuple[bool, Sweep]:
+    """For a sweep that waits for runs or a sweep: whether its members are held back still,
+    and the sweep with what changed noted on its timeline. Once one of them ended without
+    success, every member (none was released) is marked ``dependency_failed`` in ``status``;
+    ``changes`` gets what it still waits for."""
+    if not sweep.waiting_on or sweep.killed:
+        return False, sweep
+    verdict = dependencies.judge(ports.waits, sweep.waiting_on)
+    if verdict.failed is not None:  # ``waiting_on`` stays: a retry of the sweep fails them again
+        for index, code in enumerate(status):
+            if code == PENDING:
+                status[index] = DEPENDENCY_FAILED
+        message = f"{verdict.failed}; its members end {FailureReason.DEPENDENCY_FAILED}"
+        return False, _noted(sweep, Event(at=now, message=message))
+    if verdict.waiting:
+        if verdict.waiting != sweep.waiting_on:
+            changes["waiting_on"] = verdict.waiting
+        return True, sweep
+    changes["waiting_on"] = []
+    return False, _noted(sweep, Event(at=now, message="everything it waited for succeeded: releasing members"))
 
 
 def _look(ports: SweepPorts, sweep: Sweep) -> tuple[list[str], list[Run], list[int]]:
@@ -262,6 +309,19 @@ def _plan(ports: SweepPorts, sweep: Sweep, status: list[str], missing: list[int]
             create.append(index)
             room -= 1
     return create
+
+
+def _noted(sweep: Sweep, event: Event) -> Sweep:
+    return sweep.model_copy(update={"events": sweep.with_event(event)})
+
+
+def _tell_dependents(ports: SweepPorts, sweep: Sweep) -> None:
+    """A sweep that finished tells the runs and sweeps that wait for it (through the
+    dispatcher). Quiet on failure: the dispatcher's schedule resolves waiting runs anyway."""
+    try:
+        ports.queue.notify(DispatchEvent(pool=sweep.queue, reason="sweep finished", upstream=SWEEP_PREFIX + sweep.id))
+    except RunplaneError as e:
+        log.warning("sweep %s finished; could not tell what waits for it: %s", sweep.id, e)
 
 
 def _summary(status: str) -> str:
@@ -381,7 +441,13 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
     its next try); returns the sweep and how many go again."""
     sweep = get_sweep(ports, principal, sweep_id)
     for _ in range(8):
-        again = [i for i, code in enumerate(sweep.status) if state_of(code) not in (None, RunState.SUCCEEDED)]
+        # members that never ran because what the sweep waits for failed would only fail again
+        never = DEPENDENCY_FAILED if sweep.waiting_on else None
+        again = [
+            i
+            for i, code in enumerate(sweep.status)
+            if state_of(code) not in (None, RunState.SUCCEEDED) and code != never
+        ]
         if not again:
             return sweep, 0
         now = ports.clock()
@@ -440,6 +506,8 @@ class Progress:
     failures: dict[str, int]
     waiting: int
     """Members not released yet."""
+    waiting_for: str | None = None
+    """Why none is: what the sweep waits for."""
 
 
 def progress(ports: SweepPorts, sweep: Sweep) -> Progress:
@@ -458,7 +526,11 @@ def progress(ports: SweepPorts, sweep: Sweep) -> Progress:
         counts[str(run.state)] = counts.get(str(run.state), 0) + 1
         if run.state.terminal and run.failure is not None:
             failures[str(run.failure.reason)] = failures.get(str(run.failure.reason), 0) + 1
-    return Progress({k: v for k, v in counts.items() if v}, failures, waiting)
+    waiting_for = None
+    if sweep.waiting_on and sweep.finished_at is None and not sweep.killed:
+        verdict = dependencies.judge(ports.waits, sweep.waiting_on)
+        waiting_for = verdict.reason or verdict.failed
+    return Progress({k: v for k, v in counts.items() if v}, failures, waiting, waiting_for)
 
 
 def members(

@@ -111,6 +111,11 @@ def test_a_submit_without_a_rule_has_the_request_hash_it_had_before_rules_existe
     from runplane.services.runs import _request_hash
 
     spec = RunSpec(command="python train.py", resources=Resources(cpus=2))
-    before = {k: v for k, v in spec.model_dump(mode="json").items() if k != "retry"}
+    before = {k: v for k, v in spec.model_dump(mode="json").items() if k not in ("retry", "after", "after_sweep")}
     assert _request_hash(spec) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     assert _request_hash(spec) != _request_hash(spec.model_copy(update={"retry": RetryRule(attempts=2)}))
+
+
+def test_a_retry_rule_may_not_name_dependency_failed():
+    with pytest.raises(ValidationError):
+        RetryRule(attempts=3, on=["dependency_failed"])

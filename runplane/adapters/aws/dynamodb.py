@@ -16,9 +16,11 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, NotFound
+from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, Conflict, NotFound
 from runplane.domain.models import (
+    MAX_DEPENDENTS,
     RUN_ID_PATTERN,
+    WAITING,
     ApiToken,
     Event,
     Lane,
@@ -30,6 +32,7 @@ from runplane.domain.models import (
     RunState,
     UsageRecord,
     Worker,
+    listed_state,
     quota_key,
     rank_key,
     rank_prefix,
@@ -85,7 +88,7 @@ class DynamoRunStore:
 
     def _item(self, run: Run) -> dict[str, Any]:
         data = run.model_dump(mode="json")
-        data["qs"] = _qs(run.queue, run.state)
+        data["qs"] = _qs(run.queue, listed_state(run))
         data["rank"] = run_rank(run)
         return {k: _to_dynamo(v) for k, v in data.items()}
 
@@ -130,9 +133,12 @@ class DynamoRunStore:
             names[f"#f{i}"] = field
             values[f":v{i}"] = _to_dynamo(_jsonable(value))
             sets.append(f"#f{i} = :v{i}")
-        if "state" in changes:
+        if "state" in changes or "waiting_on" in changes:
+            # a queued run that still waits for others is filed apart from the line (a change of
+            # ``waiting_on`` alone is made only to a queued run: its write expects that state)
+            filed = run.model_copy(update={k: changes[k] for k in ("state", "waiting_on") if k in changes})
             names["#qs"] = "qs"
-            values[":qs"] = {"S": _qs(run.queue, changes["state"])}
+            values[":qs"] = {"S": _qs(run.queue, listed_state(filed))}
             sets.append("#qs = :qs")
         # What the rank is made of: priority and fair tag change only here, id and created_at never.
         # Unless they change, the stored rank stays; a run stored before ranks existed gets one.
@@ -148,26 +154,7 @@ class DynamoRunStore:
             values[":ev"] = _to_dynamo([event.model_dump(mode="json")])
             values[":empty"] = {"L": []}
             sets.append("#events = list_append(if_not_exists(#events, :empty), :ev)")
-        conditions = ["attribute_exists(#id)"]
-        if expect.states is not None:
-            names["#state"] = "state"
-            keys = []
-            for i, state in enumerate(sorted(expect.states)):
-                values[f":s{i}"] = {"S": str(state)}
-                keys.append(f":s{i}")
-            conditions.append(f"#state IN ({', '.join(keys)})")
-        if expect.attempt is not None:
-            names["#attempt"] = "attempt"
-            values[":attempt"] = {"N": str(expect.attempt)}
-            conditions.append("#attempt = :attempt")
-        if expect.worker_id is not None:
-            names["#worker"] = "worker_id"
-            values[":worker"] = {"S": expect.worker_id}
-            conditions.append("#worker = :worker")
-        if expect.unkilled:
-            names["#killed"] = "kill_requested"
-            values[":killed"] = {"BOOL": True}
-            conditions.append("(attribute_not_exists(#killed) OR #killed <> :killed)")
+        conditions = ["attribute_exists(#id)", *_conditions(expect, names, values)]
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "Key": {"id": {"S": run.id}},
@@ -192,12 +179,47 @@ class DynamoRunStore:
             raise _translate(e, "update run") from e
         return self._run(resp["Attributes"])
 
+    def follow(self, run_id: str, dependent: str) -> Run:
+        unfinished = [str(s) for s in RunState if not s.terminal]
+        values: dict[str, Any] = {f":s{i}": {"S": s} for i, s in enumerate(unfinished)}
+        values |= {":d": {"L": [{"S": dependent}]}, ":one": {"S": dependent}, ":empty": {"L": []}}
+        values[":most"] = {"N": str(MAX_DEPENDENTS)}
+        states = ", ".join(f":s{i}" for i in range(len(unfinished)))
+        try:
+            resp = self.client.update_item(
+                TableName=self.table,
+                Key={"id": {"S": run_id}},
+                UpdateExpression="SET #deps = list_append(if_not_exists(#deps, :empty), :d)",
+                ConditionExpression=(
+                    f"attribute_exists(#id) AND attribute_not_exists(#kind) AND #state IN ({states})"
+                    " AND (attribute_not_exists(#deps) OR (NOT contains(#deps, :one) AND size(#deps) < :most))"
+                ),
+                ExpressionAttributeNames={"#id": "id", "#kind": "kind", "#state": "state", "#deps": "dependents"},
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise _translate(e, "follow run") from e
+            current = self.get(run_id)  # raises NotFound when there is no such run
+            if dependent in current.dependents:
+                return current
+            if current.state.terminal:
+                raise ConditionFailed(f"run {run_id} has ended: {current.state}", run=current) from e
+            raise Conflict(f"run {run_id} already has {MAX_DEPENDENTS} runs and sweeps waiting for it") from e
+        except BotoCoreError as e:
+            raise _translate(e, "follow run") from e
+        return self._run(resp["Attributes"])
+
+    def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:
+        return self.list(queue=queue, state=WAITING, limit=limit, cursor=cursor)
+
     def list(
         self,
         *,
         owner: str | None = None,
         queue: str | None = None,
-        state: RunState | None = None,
+        state: RunState | str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -312,6 +334,36 @@ class DynamoRunStore:
         return min(total, cap)
 
 
+def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -> builtins.list[str]:
+    """The condition expressions of ``expect`` (its names and values added to ``names``, ``values``)."""
+    conditions: builtins.list[str] = []
+    if expect.states is not None:
+        names["#state"] = "state"
+        keys = []
+        for i, state in enumerate(sorted(expect.states)):
+            values[f":s{i}"] = {"S": str(state)}
+            keys.append(f":s{i}")
+        conditions.append(f"#state IN ({', '.join(keys)})")
+    if expect.attempt is not None:
+        names["#attempt"] = "attempt"
+        values[":attempt"] = {"N": str(expect.attempt)}
+        conditions.append("#attempt = :attempt")
+    if expect.worker_id is not None:
+        names["#worker"] = "worker_id"
+        values[":worker"] = {"S": expect.worker_id}
+        conditions.append("#worker = :worker")
+    if expect.unkilled:
+        names["#killed"] = "kill_requested"
+        values[":killed"] = {"BOOL": True}
+        conditions.append("(attribute_not_exists(#killed) OR #killed <> :killed)")
+    if expect.waiting is not None:
+        names["#waits"] = "waiting_on"
+        values[":nothing"] = {"N": "0"}
+        waits = "(attribute_exists(#waits) AND size(#waits) > :nothing)"
+        conditions.append(waits if expect.waiting else f"NOT {waits}")
+    return conditions
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
@@ -327,7 +379,7 @@ def _encode_cursor(key: dict[str, Any]) -> str:
 def cursor_after(run: Run, owner: str | None) -> str:
     """The cursor of a page that ends with ``run``: of the owner's listing when ``owner`` is
     given, else of the run's queue and state."""
-    key_attr, value = ("owner", owner) if owner is not None else ("qs", _qs(run.queue, run.state))
+    key_attr, value = ("owner", owner) if owner is not None else ("qs", _qs(run.queue, listed_state(run)))
     return base64.urlsafe_b64encode(
         json.dumps({"id": run.id, key_attr: value, "created_at": run.created_at}).encode()
     ).decode()

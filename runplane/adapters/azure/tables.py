@@ -10,6 +10,8 @@ PartitionKey          RowKey                           entity
 ``q:{queue}``         ``run:{id}``                     the run: the truth, replaced only with its ETag
 ``q:{queue}``         ``s:{state}:{newest}:{id}``      a copy of the run, for listing by queue and state
 ``q:{queue}``         ``r:{rank}``                     a copy of a queued run: the queue's line, in order
+                                                       (not of one that waits for other runs: it is
+                                                       filed under ``s:waiting:``)
 ``id:{id}``           ``""``                           the run's queue: where ``get(id)`` finds it
 ``o:{owner}``         ``{newest}:{id}``                the owner's index: points at the run's queue
 ====================  ===============================  ==================================================
@@ -71,6 +73,8 @@ from runplane.domain.errors import (
     RunplaneError,
 )
 from runplane.domain.models import (
+    MAX_DEPENDENTS,
+    WAITING,
     ApiToken,
     Event,
     Lane,
@@ -81,6 +85,7 @@ from runplane.domain.models import (
     RunState,
     UsageRecord,
     Worker,
+    listed_state,
     quota_key,
     rank_prefix,
     run_rank,
@@ -193,6 +198,7 @@ def _holds(run: Run, expect: Expect) -> bool:
         and (expect.attempt is None or run.attempt == expect.attempt)
         and (expect.worker_id is None or run.worker_id == expect.worker_id)
         and not (expect.unkilled and run.kill_requested)
+        and (expect.waiting is None or bool(run.waiting_on) == expect.waiting)
     )
 
 
@@ -217,12 +223,13 @@ class TableRunStore:
 
     @classmethod
     def _copy_key(cls, run: Run) -> str:
-        return f"{cls._state_prefix(run.state)}{newest_first(run.created_at)}:{key(run.id)}"
+        return f"{cls._state_prefix(listed_state(run))}{newest_first(run.created_at)}:{key(run.id)}"
 
     @staticmethod
     def _rank_key(run: Run) -> str | None:
-        """The RowKey of the run's copy in its queue's line; None when it is not queued."""
-        return f"r:{key(run_rank(run))}" if run.state == RunState.QUEUED else None
+        """The RowKey of the run's copy in its queue's line; None when it is not queued, or
+        waits for other runs."""
+        return f"r:{key(run_rank(run))}" if listed_state(run) == RunState.QUEUED else None
 
     @classmethod
     def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
@@ -306,14 +313,42 @@ class TableRunStore:
         for field in changes:
             if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
                 raise ValueError(f"cannot update field {field!r}")
+
+        def change(current: Run) -> Mapping[str, Any]:
+            if not _holds(current, expect):
+                raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
+            return changes
+
+        return self._rewrite(run, change, event)
+
+    def follow(self, run_id: str, dependent: str) -> Run:
+        def change(current: Run) -> Mapping[str, Any] | None:
+            if dependent in current.dependents:
+                return None
+            if current.state.terminal:
+                raise ConditionFailed(f"run {run_id} has ended: {current.state}", run=current)
+            if len(current.dependents) >= MAX_DEPENDENTS:
+                raise Conflict(f"run {run_id} already has {MAX_DEPENDENTS} runs and sweeps waiting for it")
+            return {"dependents": [*current.dependents, dependent]}
+
+        return self._rewrite(self.get(run_id), change, None)
+
+    def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:
+        return self.list(queue=queue, state=WAITING, limit=limit, cursor=cursor)
+
+    def _rewrite(self, run: Run, change: Callable[[Run], Mapping[str, Any] | None], event: Event | None) -> Run:
+        """Read the run, ask ``change`` what to set in it as it is now (None: nothing; it raises
+        to refuse), and write the run and its copies back with the ETag read, reading again when
+        another write came between."""
         # the ETag of a read whose run had no copy in the line to remove (queued before lines
         # existed): known of that version only, as another writer may have written the copy since
         unranked_at: str | None = None
         for _ in range(MAX_WRITE_TRIES):
             current, etag = self._read(run.queue, run.id)
             unranked = unranked_at == etag
-            if not _holds(current, expect):
-                raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
+            changes = change(current)
+            if changes is None:
+                return current
             data = current.model_dump(mode="json")
             data.update({field: _jsonable(value) for field, value in changes.items()})
             if event is not None:
@@ -356,7 +391,7 @@ class TableRunStore:
         *,
         owner: str | None = None,
         queue: str | None = None,
-        state: RunState | None = None,
+        state: RunState | str | None = None,
         limit: int = 50,
         cursor: str | None = None,
     ) -> Page:
@@ -375,7 +410,7 @@ class TableRunStore:
         return Page(runs, None)
 
     def _list_owner(
-        self, owner: str, queue: str | None, state: RunState | None, limit: int, cursor: str | None
+        self, owner: str, queue: str | None, state: RunState | str | None, limit: int, cursor: str | None
     ) -> Page:
         after = _decode_cursor(cursor, "", owner) if cursor else ""
         runs: list[Run] = []

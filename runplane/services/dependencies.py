@@ -1,0 +1,326 @@
+"""Runs that wait for runs: a run (or a sweep) whose ``run:`` inputs, ``after`` or ``after_sweep``
+name runs or a sweep that have not succeeded yet waits for them.
+
+A waiting run is ``queued`` but filed apart from its pool's line (``listed_state``: ``waiting``):
+no hint is sent for it, no worker can take it and it is nobody's backlog, so it holds neither a
+worker nor a quota. Its ``waiting_on`` lists what it still waits for, and each of those lists it
+among its ``dependents`` (``RunStore.follow``, atomic beside the worker's own writes; a sweep's
+record, conditional on its version), so that the end of an upstream tells the dispatcher
+(``lifecycle.ended``), which ``resolve``s each dependent: released into the line once all it
+waits for succeeded, ended ``failed`` (``dependency_failed``, naming the upstream) as soon as one
+ended otherwise, else left waiting with its reason brought up to date.
+
+Order makes it race-free: the waiting run is stored first, then it follows each upstream, then it
+is resolved once. An upstream that ends before it is followed is seen by that resolve; one that
+ends after it is followed lists the run among the dependents its end tells. The dispatcher's
+schedule resolves every waiting run too (``resolve_waiting``), so a lost event costs one period.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound, RunplaneError
+from runplane.domain.models import (
+    MAX_DEPENDENTS,
+    SWEEP_PREFIX,
+    DispatchEvent,
+    Event,
+    Failure,
+    FailureReason,
+    PoolConfig,
+    Principal,
+    Run,
+    RunMessage,
+    RunSpec,
+    RunState,
+    listed_state,
+)
+from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
+from runplane.ports import Expect, QuotaStore, RunQueue, RunStore, SweepStore
+from runplane.services.lifecycle import ended
+from runplane.services.scheduling import fair_tag
+
+log = logging.getLogger(__name__)
+
+WAITING_PER_PASS = 200
+"""Waiting runs per listing page of the dispatcher's schedule."""
+
+
+@dataclass(frozen=True)
+class WaitPorts:
+    store: RunStore
+    sweeps: SweepStore | None
+    queue: RunQueue
+    pools: PoolConfig
+    clock: Callable[[], float]
+    quotas: QuotaStore | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the runs (and sweep) a run waits for say now."""
+
+    failed: str | None
+    """Why it can never go: which one ended without success, and how (None: none did)."""
+    waiting: list[str]
+    """Those that have not ended yet."""
+    reason: str | None
+    """Why it waits, for its ``waiting_reason`` (None: it waits for nothing)."""
+
+
+def _name(upstream: str) -> str:
+    if upstream.startswith(SWEEP_PREFIX):
+        return f"sweep {upstream.removeprefix(SWEEP_PREFIX)}"
+    return f"run {upstream}"
+
+
+def _look(ports: WaitPorts, upstream: str) -> tuple[str | None, str | None]:
+    """``(None, None)`` when ``upstream`` succeeded; ``(what it is doing, None)`` while it goes;
+    ``(None, how it ended)`` when it ended otherwise (or is gone)."""
+    if upstream.startswith(SWEEP_PREFIX):
+        sweep_id = upstream.removeprefix(SWEEP_PREFIX)
+        try:
+            if ports.sweeps is None:
+                raise NotFound(f"sweep {sweep_id} not found")
+            return _sweep_says(ports.sweeps.get(sweep_id))
+        except NotFound:
+            return None, f"sweep {sweep_id} no longer exists"
+    try:
+        return _run_says(ports.store.get(upstream))
+    except NotFound:
+        return None, f"run {upstream} no longer exists"
+
+
+def _run_says(run: Run) -> tuple[str | None, str | None]:
+    if run.state == RunState.SUCCEEDED:
+        return None, None
+    if not run.state.terminal:
+        return listed_state(run), None
+    how = f" ({run.failure.reason}: {run.failure.message[:200]})" if run.failure else ""
+    return None, f"run {run.id} ended {run.state}{how}"
+
+
+def _sweep_says(sweep: Sweep) -> tuple[str | None, str | None]:
+    good = sweep.status.count(SUCCEEDED)
+    if sweep.finished_at is None:
+        done = sum(1 for code in sweep.status if code not in (PENDING, OPEN))
+        return f"{done} of {sweep.size} members done", None
+    if good == sweep.size:
+        return None, None
+    how = "was killed" if sweep.killed else "finished"
+    return None, f"sweep {sweep.id} {how} with {sweep.size - good} of {sweep.size} members not succeeded"
+
+
+def judge(ports: WaitPorts, upstreams: list[str]) -> Verdict:
+    """Look at each of ``upstreams`` (in order) and say whether the waiter may go."""
+    waiting: list[tuple[str, str]] = []
+    for upstream in upstreams:
+        doing, failed = _look(ports, upstream)
+        if failed is not None:
+            return Verdict(failed=failed, waiting=[], reason=None)
+        if doing is not None:
+            waiting.append((upstream, doing))
+    if not waiting:
+        return Verdict(failed=None, waiting=[], reason=None)
+    first, doing = waiting[0]
+    more = f" and {len(waiting) - 1} more" if len(waiting) > 1 else ""
+    return Verdict(failed=None, waiting=[u for u, _ in waiting], reason=f"waiting for {_name(first)} ({doing}){more}")
+
+
+def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec: RunSpec) -> list[str]:
+    """At submit: each run and sweep that ``spec`` waits for must be the caller's own (admins
+    included: the worker reads a ``run:`` input as the run's owner) and must not have ended
+    without success. Returns those that have not succeeded yet: what the run waits for. Raises
+    NotFound (none such, or another user's), InvalidRequest (it ended otherwise: the run would
+    fail at once) and Conflict (MAX_DEPENDENTS wait for it already)."""
+    inputs_of = {
+        source[4:].partition("/")[0]: name for name, source in spec.inputs.items() if source.startswith("run:")
+    }
+    pending: list[str] = []
+    for upstream in spec.upstreams():
+        where = f"input {inputs_of[upstream]}" if upstream in inputs_of else "after"
+        if upstream.startswith(SWEEP_PREFIX):
+            sweep_id = upstream.removeprefix(SWEEP_PREFIX)
+            where = "after_sweep"
+            try:
+                if sweeps is None:
+                    raise NotFound(f"sweep {sweep_id} not found")
+                sweep: Sweep | None = sweeps.get(sweep_id)
+            except NotFound:
+                sweep = None
+            if sweep is None or sweep.owner != principal.user:
+                raise NotFound(f"{where}: sweep {sweep_id} not found")
+            (doing, failed), dependents = _sweep_says(sweep), sweep.dependents
+        else:
+            try:
+                run: Run | None = store.get(upstream)
+            except NotFound:
+                run = None
+            if run is None or run.owner != principal.user:
+                raise NotFound(f"{where}: run {upstream} not found")
+            if upstream in inputs_of and run.state.terminal and run.state != RunState.SUCCEEDED:
+                raise InvalidRequest(f"{where}: run {upstream} ended {run.state}; it has no outputs to use")
+            (doing, failed), dependents = _run_says(run), run.dependents
+        if failed is not None:
+            raise InvalidRequest(f"{where}: {failed}; a run waiting for it could never start")
+        if doing is not None:
+            if len(dependents) >= MAX_DEPENDENTS:
+                raise Conflict(f"{where}: {MAX_DEPENDENTS} runs and sweeps already wait for {_name(upstream)}")
+            pending.append(upstream)
+    return pending
+
+
+def follow(ports: WaitPorts, dependent: str, upstreams: list[str]) -> None:
+    """Have each of ``upstreams`` list ``dependent`` (a run id or ``sweep:<id>``) among those its
+    end tells. One that has ended (or is gone) is left: the resolve that follows sees it. A write
+    that fails is logged: the schedule resolves the dependent anyway."""
+    for upstream in upstreams:
+        try:
+            if upstream.startswith(SWEEP_PREFIX):
+                _follow_sweep(ports, upstream.removeprefix(SWEEP_PREFIX), dependent)
+            else:
+                ports.store.follow(upstream, dependent)
+        except (ConditionFailed, NotFound):
+            continue
+        except RunplaneError as e:
+            log.warning("%s could not follow %s (the schedule resolves it): %s", dependent, _name(upstream), e)
+
+
+def _follow_sweep(ports: WaitPorts, sweep_id: str, dependent: str) -> None:
+    if ports.sweeps is None:
+        return
+    for _ in range(8):
+        sweep = ports.sweeps.get(sweep_id)
+        if sweep.finished_at is not None or dependent in sweep.dependents:
+            return
+        if len(sweep.dependents) >= MAX_DEPENDENTS:
+            raise Conflict(f"{MAX_DEPENDENTS} runs and sweeps already wait for sweep {sweep_id}")
+        try:
+            ports.sweeps.save(sweep.model_copy(update={"dependents": [*sweep.dependents, dependent]}))
+            return
+        except ConditionFailed:
+            continue
+    raise Conflict(f"sweep {sweep_id} changed too often to add {dependent} to what waits for it")
+
+
+def resolve(ports: WaitPorts, run: Run | str) -> Run:
+    """Release ``run`` (or the run of that id) into its pool's line if all it waits for
+    succeeded, end it ``dependency_failed`` if one ended otherwise, else bring its
+    ``waiting_reason`` up to date. A run that waits for nothing, or is no longer queued, is
+    returned as it is. Raises NotFound and what the stores raise."""
+    current = ports.store.get(run) if isinstance(run, str) else run
+    for _ in range(5):
+        if current.state != RunState.QUEUED or not current.waiting_on:
+            return current
+        verdict = judge(ports, current.waiting_on)
+        now = ports.clock()
+        # only while it still waits: a run released (or ended) by a racing resolve is left as it is
+        expect = Expect(states=frozenset({RunState.QUEUED}), attempt=current.attempt, waiting=True)
+        try:
+            if verdict.failed is not None:
+                message = f"{verdict.failed}; this run waited for it"
+                done = ports.store.update(
+                    current,
+                    expect,
+                    {
+                        "state": RunState.FAILED,
+                        "finished_at": now,
+                        "waiting_reason": None,
+                        "failure": Failure(reason=FailureReason.DEPENDENCY_FAILED, message=message),
+                    },
+                    Event(at=now, state=RunState.FAILED, message=message),
+                )
+                ended(ports.queue, done)  # what waits for this run fails in turn
+                return done
+            if not verdict.waiting:
+                return _release(ports, current, expect, now)
+            if verdict.waiting != current.waiting_on or verdict.reason != current.waiting_reason:
+                return ports.store.update(
+                    current, expect, {"waiting_on": verdict.waiting, "waiting_reason": verdict.reason}
+                )
+            return current
+        except ConditionFailed as e:
+            current = e.details["run"]
+    return current
+
+
+def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
+    """Put a run whose upstreams all succeeded in its pool's line, taking its place in the
+    owner's lane now (its waiting time earned no place), and hint it."""
+    tag = run.fair_tag
+    pool = ports.pools.get(run.queue)
+    if ports.quotas is not None and pool is not None:
+        tag = fair_tag(ports.store, ports.quotas, pool, run.owner, run.spec.priority, now)
+    released = ports.store.update(
+        run,
+        expect,
+        {
+            "waiting_on": [],
+            "waiting_reason": f"waiting for a worker of pool {run.queue}",
+            "hinted_at": now,
+            "fair_tag": tag,
+        },
+        Event(at=now, message=f"everything it waited for succeeded: released to pool {run.queue}"),
+    )
+    try:
+        ports.queue.send(released.queue, RunMessage(run_id=released.id, attempt=released.attempt))
+        ports.queue.notify(DispatchEvent(pool=released.queue, reason="released"))
+    except RunplaneError as e:
+        log.warning("run %s released but its hint failed (the reaper re-sends it): %s", run.id, e)
+    return released
+
+
+def describe(ports: WaitPorts, run: Run) -> str | None:
+    """Why a waiting run waits, as things are now (read only: ``resolve`` acts on it)."""
+    if not run.waiting_on:
+        return None
+    verdict = judge(ports, run.waiting_on)
+    if verdict.failed is not None:
+        return f"{verdict.failed}; this run ends {FailureReason.DEPENDENCY_FAILED} at the dispatcher's next look"
+    if not verdict.waiting:
+        return "everything it waited for succeeded; it is being released to its pool"
+    return verdict.reason
+
+
+def dependents_of(ports: WaitPorts, upstream: str) -> list[str]:
+    """What waits for ``upstream`` (a run id or ``sweep:<id>``), as it lists them; none when it
+    is gone."""
+    try:
+        if upstream.startswith(SWEEP_PREFIX):
+            if ports.sweeps is None:
+                return []
+            return list(ports.sweeps.get(upstream.removeprefix(SWEEP_PREFIX)).dependents)
+        return list(ports.store.get(upstream).dependents)
+    except NotFound:
+        return []
+
+
+def resolve_waiting(ports: WaitPorts, per_pool: int = WAITING_PER_PASS) -> dict[str, int]:
+    """The schedule's pass: resolve every waiting run of every pool, each read afresh (a listing
+    may lag), page by page. Returns, per pool, how many were looked at; a run that cannot be
+    resolved is logged, a pool whose listing fails is left to the next pass."""
+    seen: dict[str, int] = {}
+    for pool in ports.pools.pools:
+        cursor: str | None = None
+        while True:
+            try:
+                page = ports.store.waiting(pool.name, per_pool, cursor)
+            except RunplaneError as e:
+                log.warning("cannot list the waiting runs of pool %s: %s", pool.name, e)
+                break
+            for run in page.runs:
+                try:
+                    resolve(ports, run.id)
+                except NotFound:
+                    continue
+                except RunplaneError as e:
+                    log.warning("could not resolve waiting run %s: %s", run.id, e)
+            if page.runs:
+                seen[pool.name] = seen.get(pool.name, 0) + len(page.runs)
+            if not page.next_cursor:
+                break
+            cursor = page.next_cursor
+    return seen
