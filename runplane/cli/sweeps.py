@@ -141,6 +141,8 @@ def summary(view: SweepView) -> str:
     line = f"{view.id}: " + ", ".join(parts) + f" of {view.size}"
     if view.waiting:
         line += f" ({view.waiting} not released yet)"
+    if view.waiting_for:
+        line += f"; {view.waiting_for}"
     if view.failures:
         line += "; failures: " + ", ".join(f"{r.value} {n}" for r, n in sorted(view.failures.items()))
     return line

@@ -60,6 +60,22 @@ def test_a_run_waits_for_every_member_of_a_sweep(alice):
     assert finished.counts == {"succeeded": 3} and done.started_at >= finished.finished_at
 
 
+def test_a_sweep_waits_for_a_run_and_its_status_says_so(devstack, alice, tmp_path):
+    first = alice.submit("sleep 3; echo 7 > seed")
+    wait_for(lambda: first.refresh().view.state == "running", timeout=120, what="the first run to run")
+    made = cli(
+        devstack, "sweep", "run", "--json", "--param", "I=1,2", "--after", first.id, "--", "echo $I", home=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    sweep_id = json.loads(made.stdout)["id"]
+    shown = cli(devstack, "sweep", "status", "--once", sweep_id, home=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert f"(2 not released yet); waiting for run {first.id} (running)" in shown.stdout
+    done = alice.sweep(sweep_id).wait(timeout=180).view
+    assert done.counts == {"succeeded": 2}
+    assert min(m.view.started_at for m in alice.members(sweep_id)) >= first.refresh().view.finished_at
+
+
 def test_the_cli_submits_runs_that_wait(devstack, tmp_path):
     token = new_user(devstack, tmp_path, "waits")
     first = cli(devstack, "run", "--json", "--", "sleep 2; echo one > out", token=token, home=tmp_path)
