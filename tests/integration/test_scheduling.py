@@ -13,7 +13,7 @@ import pytest
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import aws_clients, aws_names
 from runplane.domain.errors import RunplaneError
-from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.domain.models import Principal, RunSpec, RunState, Worker
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.runs import set_priority, submit_run
@@ -246,3 +246,21 @@ def test_provision_gives_a_table_of_an_earlier_version_its_line(aws_stack):
     provision(
         names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"]
     )  # again: nothing to add
+
+
+def test_provision_gives_a_workers_table_of_an_earlier_version_its_pool_index(aws_stack):
+    """A workers table made before the by_pool index: provisioning again adds it, and a pool's
+    workers (written before and after) are read through it, none of another pool's."""
+    stack = aws_stack
+    dynamodb = stack.store.client
+    table = aws_names(stack.settings).workers_table
+    dynamodb.update_table(TableName=table, GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": "by_pool"}}])
+    stack.workers.put(Worker(id="w-a", pool="default", started_at=NOW, heartbeat_at=NOW))
+    names, clients = aws_names(stack.settings), aws_clients(stack.settings)
+    provision(names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"])
+    indexes = dynamodb.describe_table(TableName=table)["Table"]["GlobalSecondaryIndexes"]
+    assert [i["IndexName"] for i in indexes] == ["by_pool"]
+    for worker_id, pool in (("w-b", "default"), ("w-c", "parked")):
+        stack.workers.put(Worker(id=worker_id, pool=pool, started_at=NOW, heartbeat_at=NOW))
+    assert [w.id for w in stack.workers.list("default")] == ["w-a", "w-b"]
+    assert [w.id for w in stack.workers.list()] == ["w-a", "w-b", "w-c"]

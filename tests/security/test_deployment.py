@@ -472,6 +472,18 @@ def test_the_api_manages_tokens_but_cannot_change_other_tables_wholesale(templat
     assert not {"dynamodb:DeleteItem", "dynamodb:Scan"} & _actions_on(found, "RunsTable")
 
 
+def test_the_dispatcher_reads_a_pools_workers_through_the_by_pool_index_and_cannot_scan_them(
+    template: dict[str, Any],
+) -> None:
+    found = function_statements(template, "DispatcherFunction")
+    assert _actions_on(found, "WorkersTable") == {"dynamodb:Query"}
+    resources = {json.dumps(s["Resource"]) for s in found if "WorkersTable" in _references(s.get("Resource"))}
+    assert resources == {json.dumps({"Fn::Sub": "${WorkersTable.Arn}/index/by_pool"})}
+    table = template["Resources"]["WorkersTable"]["Properties"]
+    [index] = table["GlobalSecondaryIndexes"]
+    assert (index["IndexName"], [k["AttributeName"] for k in index["KeySchema"]]) == ("by_pool", ["pool", "id"])
+
+
 def test_the_reaper_queries_and_updates_runs_and_sends_hints(template: dict[str, Any]) -> None:
     found = function_statements(template, "ReaperFunction")
     assert _actions_on(found, "RunsTable") == {"dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:GetItem"}

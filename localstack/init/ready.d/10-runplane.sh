@@ -3,7 +3,7 @@
 #
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
-# values): the runs table with its by_owner, by_queue_state and by_rank indexes, the workers,
+# values): the runs table with its by_owner, by_queue_state and by_rank indexes, the workers (by_pool),
 # tokens, pools and quotas tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the
 # bucket; TTL on the workers table, point-in-time recovery on the runs, tokens and quotas tables,
 # and the bucket's
@@ -124,7 +124,11 @@ create_table "$runs_table" \
      "Projection": {"ProjectionType": "ALL"}}]'
 create_table "$workers_table" \
   --key-schema AttributeName=id,KeyType=HASH \
-  --attribute-definitions AttributeName=id,AttributeType=S
+  --attribute-definitions AttributeName=id,AttributeType=S AttributeName=pool,AttributeType=S \
+  --global-secondary-indexes '[
+    {"IndexName": "by_pool",
+     "KeySchema": [{"AttributeName": "pool", "KeyType": "HASH"}, {"AttributeName": "id", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "ALL"}}]'
 # Workers expire on their own when they stop sending heartbeats.
 apply "TTL of $workers_table" dynamodb update-time-to-live --table-name "$workers_table" \
   --time-to-live-specification "Enabled=true,AttributeName=$ttl_attribute" -- "already enabled"

@@ -46,6 +46,8 @@ _de = TypeDeserializer()
 BY_OWNER = "by_owner"
 BY_QUEUE_STATE = "by_queue_state"
 BY_RANK = "by_rank"
+BY_POOL = "by_pool"
+"""The workers table's index: a pool's workers."""
 
 
 def _to_dynamo(value: Any) -> dict[str, Any]:
@@ -437,14 +439,19 @@ class DynamoWorkerRegistry:
         return _worker(resp["Item"])
 
     def list(self, pool: str | None = None) -> list[Worker]:
+        """Every worker (a scan), or a pool's (one query of the ``by_pool`` index: its cost does not
+        grow with the workers of other pools)."""
         kwargs: dict[str, Any] = {"TableName": self.table}
+        operation = "scan"
         if pool is not None:
-            kwargs["FilterExpression"] = "#p = :p"
+            operation = "query"
+            kwargs["IndexName"] = BY_POOL
+            kwargs["KeyConditionExpression"] = "#p = :p"
             kwargs["ExpressionAttributeNames"] = {"#p": "pool"}
             kwargs["ExpressionAttributeValues"] = {":p": {"S": pool}}
         workers: list[Worker] = []
         try:
-            for page in self.client.get_paginator("scan").paginate(**kwargs):
+            for page in self.client.get_paginator(operation).paginate(**kwargs):
                 workers.extend(_worker(item) for item in page.get("Items", []))
         except (ClientError, BotoCoreError) as e:
             raise _translate(e, "list workers") from e

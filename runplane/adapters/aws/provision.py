@@ -22,7 +22,7 @@ from botocore.exceptions import ClientError
 
 from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_QUEUE_STATE, BY_RANK
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 
@@ -137,7 +137,9 @@ def _tables(ddb: Any, names: AwsNames) -> None:
                 _index(BY_RANK, "qs", "rank"),
             ],
         ),
-        "workers_table": _create_table(ddb, names.workers_table, "id", {"id": "S"}, []),
+        "workers_table": _create_table(
+            ddb, names.workers_table, "id", {"id": "S", "pool": "S"}, [_index(BY_POOL, "pool", "id")]
+        ),
         "tokens_table": _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, []),
         "pools_table": _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, []),
         "quotas_table": _create_table(ddb, names.quotas_table, "id", {"id": "S"}, []),
