@@ -57,6 +57,7 @@ bench: setup image
 	$(PY) bench/containment_costs.py
 	$(PY) bench/network_cost.py
 	$(PY) bench/sweeps.py
+	$(PY) bench/listing.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml
