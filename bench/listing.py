@@ -21,13 +21,10 @@ from typing import Any
 from _common import dev_stack, median, table
 
 TARGET_PAGE = 0.100  # seconds, on moto
-POOLS_YAML = (
-    "pools:\n"
-    + "".join(
-        f"  - {{name: {name}, backend: local, cpus: 2, memory: 4g, max_workers: 0, "
-        "default_image: runplane/test-busybox:1}\n"
-        for name in ("default", "gpu", "big", "small")
-    )
+POOLS_YAML = "pools:\n" + "".join(
+    f"  - {{name: {name}, backend: local, cpus: 2, memory: 4g, max_workers: 0, "
+    "default_image: runplane/test-busybox:1}\n"
+    for name in ("default", "gpu", "big", "small")
 )
 STATES = ["succeeded", "failed", "killed", "queued"]
 
