@@ -123,6 +123,12 @@ def judge(ports: WaitPorts, upstreams: list[str]) -> Verdict:
             return Verdict(failed=failed, waiting=[], reason=None)
         if doing is not None:
             waiting.append((upstream, doing))
+    return _pending(waiting)
+
+
+def _pending(waiting: list[tuple[str, str]]) -> Verdict:
+    """The verdict on a waiter none of whose upstreams failed: ``waiting`` holds those still
+    going, each with what it is doing."""
     if not waiting:
         return Verdict(failed=None, waiting=[], reason=None)
     first, doing = waiting[0]
@@ -130,16 +136,17 @@ def judge(ports: WaitPorts, upstreams: list[str]) -> Verdict:
     return Verdict(failed=None, waiting=[u for u, _ in waiting], reason=f"waiting for {_name(first)} ({doing}){more}")
 
 
-def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec: RunSpec) -> list[str]:
+def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec: RunSpec) -> Verdict:
     """At submit: each run and sweep that ``spec`` waits for must be the caller's own (admins
     included: the worker reads a ``run:`` input as the run's owner) and must not have ended
-    without success. Returns those that have not succeeded yet: what the run waits for. Raises
+    without success. Returns what the run waits for (those not succeeded yet) and why, from the
+    records read here. Raises
     NotFound (none such, or another user's), InvalidRequest (it ended otherwise: the run would
     fail at once) and Conflict (MAX_DEPENDENTS wait for it already)."""
     inputs_of = {
         source[4:].partition("/")[0]: name for name, source in spec.inputs.items() if source.startswith("run:")
     }
-    pending: list[str] = []
+    pending: list[tuple[str, str]] = []
     for upstream in spec.upstreams():
         where = f"input {inputs_of[upstream]}" if upstream in inputs_of else "after"
         if upstream.startswith(SWEEP_PREFIX):
@@ -169,8 +176,8 @@ def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec
         if doing is not None:
             if len(dependents) >= MAX_DEPENDENTS:
                 raise Conflict(f"{where}: {MAX_DEPENDENTS} runs and sweeps already wait for {_name(upstream)}")
-            pending.append(upstream)
-    return pending
+            pending.append((upstream, doing))
+    return _pending(pending)
 
 
 def follow(ports: WaitPorts, dependent: str, upstreams: list[str]) -> None:

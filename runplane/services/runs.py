@@ -126,9 +126,8 @@ def submit_run(
     now = clock()
     # with a quota store, runs of one priority take turns between users; without, first come first served
     # (a run that waits for others takes its place when it is released)
-    waiting = dependencies.judge(waits, admitted.waiting_on) if admitted.waiting_on else None
     tag = 0.0
-    if quotas is not None and waiting is None:
+    if quotas is not None and not admitted.waiting_on:
         tag = fair_tag(store, quotas, pool, principal.user, resolved.priority, now)
     run = Run(
         id=run_id,
@@ -145,9 +144,9 @@ def submit_run(
         waiting_reason=f"waiting for a worker of pool {pool.name}",
         events=[Event(at=now, state=RunState.QUEUED, message=f"submitted to pool {pool.name}")],
     )
-    if waiting is not None:
+    if admitted.waiting_on:
         run.waiting_on = admitted.waiting_on
-        run.waiting_reason = waiting.reason or run.waiting_reason
+        run.waiting_reason = admitted.waiting_reason
     try:
         store.create(run)
     except AlreadyExists as e:  # a retry that raced this one
@@ -171,6 +170,8 @@ class Admitted:
     """The spec with the pool's defaults filled in."""
     waiting_on: list[str]
     """The runs (and sweep) it names that have not succeeded yet."""
+    waiting_reason: str | None
+    """Why it waits for them (None: it waits for nothing)."""
 
 
 def admit_spec(
@@ -193,7 +194,7 @@ def admit_spec(
         if not source.startswith("run:"):
             policy.check(name, source, principal.groups)
     # the runs a run: input names are checked here, with those it waits for (the worker checks again)
-    waiting_on = dependencies.admit(store, sweeps, principal, spec)
+    waits = dependencies.admit(store, sweeps, principal, spec)
     resolved = spec.model_copy(
         update={
             "image": spec.image or pool.default_image,
@@ -204,7 +205,7 @@ def admit_spec(
     )
     if quotas is not None:
         refuse_alone(quotas, principal.user, group, resolved.resources)
-    return Admitted(pool, group, resolved, waiting_on)
+    return Admitted(pool, group, resolved, waits.waiting, waits.reason)
 
 
 def _replay(waits: WaitPorts, existing: Run, user: str, request_hash: str) -> Submitted:

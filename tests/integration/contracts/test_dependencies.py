@@ -10,22 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound
-from runplane.domain.models import DispatchEvent, FailureReason, Principal, RunSpec, RunState
+from runplane.domain.models import DispatchEvent, FailureReason, RunSpec, RunState
 from runplane.domain.sweeps import PENDING, SweepSpec
 from runplane.handlers import PoolDispatcher
 from runplane.services import dependencies, lifecycle, runs, sweeps
-
-ALICE = Principal(user="alice", scopes=["runs:read", "runs:write"])
-BOB = Principal(user="bob", scopes=["runs:read", "runs:write"])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        self.now += 0.001
-        return self.now
+from tests.integration.contracts.test_sweeps import ALICE, BOB, Clock
 
 
 @pytest.fixture
