@@ -7,7 +7,9 @@ import logging
 import math
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -99,7 +101,7 @@ def dev_stack(
         )
         t0 = time.perf_counter()
         stack.start()
-        print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {stack.endpoint} (in-process)")
+        print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {stack.endpoint}")
         try:
             yield stack
         finally:
@@ -108,6 +110,28 @@ def dev_stack(
             wait_exit(agents)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def dynalite(work: Path) -> Iterator[str]:
+    """A dynalite of this script's own on a free loopback port (scripts/start-dynalite.sh, which
+    installs it into .dynalite/ first if needed), stopped on exit; yields its endpoint."""
+    state = work / "dynalite"
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "start-dynalite.sh"), str(state)],
+        env={**os.environ, "DYNALITE_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"dynalite did not start (or run with --dynamodb moto):\n{done.stderr}")
+    pid = int((state / "dynalite.pid").read_text())
+    try:
+        yield done.stdout.strip().splitlines()[-1]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
 
 
 def p90(samples: Sequence[float]) -> float:

@@ -50,17 +50,14 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import random
-import signal
-import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, dev_stack, median, p90, ratio_line, table
+from _common import dev_stack, dynalite, median, p90, ratio_line, table
 
 POOLS_YAML = (
     "pools: [{name: default, backend: local, cpus: 2, memory: 4g, max_workers: 0, "
@@ -383,28 +380,6 @@ class SubmitPaths:
                 self.reset()
             for path in paths[i % len(paths) :] + paths[: i % len(paths)]:
                 path()
-
-
-@contextlib.contextmanager
-def dynalite(work: Path) -> Iterator[str]:
-    """A dynalite of this script's own on a free loopback port (scripts/start-dynalite.sh, which
-    installs it into .dynalite/ first if needed), stopped on exit; yields its endpoint."""
-    state = work / "dynalite"
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "start-dynalite.sh"), str(state)],
-        env={**os.environ, "DYNALITE_PORT": "0"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"dynalite did not start (or run with --dynamodb moto --runs 2000):\n{done.stderr}")
-    pid = int((state / "dynalite.pid").read_text())
-    try:
-        yield done.stdout.strip().splitlines()[-1]
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
 
 
 def main() -> int:

@@ -5,7 +5,6 @@ and auth are therefore those of the AWS API by construction.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -14,11 +13,6 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 
 from runplane.api.gateway import http_event, response_parts
 from runplane.api.http import app
-
-# Powertools keeps the request being resolved on the resolver's class, and the Python worker
-# runs synchronous functions on a thread pool: resolve one request at a time per process, or a
-# request could read another's headers (its token). Scale out with FUNCTIONS_WORKER_PROCESS_COUNT.
-_RESOLVING = threading.Lock()
 
 
 def client_ip(forwarded_for: str | None) -> str:
@@ -49,7 +43,6 @@ def to_response(result: dict[str, Any]) -> func.HttpResponse:
 
 def handle(req: func.HttpRequest) -> func.HttpResponse:
     """Serve one request with the API's resolver."""
-    event = to_event(req)
-    with _RESOLVING:
-        result = app.resolve(event, LambdaContext())
-    return to_response(result)
+    # the Python worker runs synchronous functions on a thread pool: the resolver keeps each
+    # thread's request apart (runplane/api/resolver.py), so requests are served side by side
+    return to_response(app.resolve(to_event(req), LambdaContext()))

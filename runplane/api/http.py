@@ -13,9 +13,8 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from aws_lambda_powertools import Logger, Metrics
-from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response, content_types
-from aws_lambda_powertools.metrics import MetricUnit
+from aws_lambda_powertools import Logger
+from aws_lambda_powertools.event_handler import Response, content_types
 from pydantic import BaseModel, ValidationError
 
 from runplane import bootstrap
@@ -35,8 +34,9 @@ from runplane.api.models import (
     TokenList,
     WorkerList,
 )
-from runplane.api.observability import make_tracer
+from runplane.api.observability import emit, make_tracer
 from runplane.api.openapi import openapi_document
+from runplane.api.resolver import ConcurrentResolver
 from runplane.api.views import (
     me_view,
     pool_view,
@@ -65,9 +65,8 @@ from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs
 
 logger = Logger(service="runplane-api")
-metrics = Metrics(namespace="runplane", service="api")
 tracer = make_tracer("runplane-api")
-app = APIGatewayHttpResolver()
+app = ConcurrentResolver()
 
 MAX_DEPTH = 32
 """The deepest nesting of arrays and objects a body may have."""
@@ -273,7 +272,7 @@ def submit() -> Response[str]:
         sweeps=s.sweeps,
     )
     if result.created:
-        metrics.add_metric(name="RunsSubmitted", unit=MetricUnit.Count, value=1)
+        emit("RunsSubmitted", 1, "api")
     return _json(201 if result.created else 200, run_view(result.run), {"Location": f"/v1/runs/{result.run.id}"})
 
 
@@ -582,7 +581,7 @@ def create_sweep() -> Response[str]:
     secret = s.tokens.secret() if key is not None else b""
     result = sweeps.create_sweep(s.sweep_ports, principal, spec, key, secret=secret, inputs=s.input_policy)
     if result.created:
-        metrics.add_metric(name="SweepsCreated", unit=MetricUnit.Count, value=1)
+        emit("SweepsCreated", 1, "api")
     return _sweep_answer(201 if result.created else 200, result.sweep, {"Location": f"/v1/sweeps/{result.sweep.id}"})
 
 

@@ -19,7 +19,7 @@ from runplane.api.gateway import http_event, response_parts
 from runplane.bootstrap import Stack
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.lambda_shim import LambdaContext, scheduled_event, sqs_event
-from runplane.devstack.net import free_port
+from runplane.devstack.moto_process import MotoProcess
 from runplane.domain.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -54,22 +54,13 @@ class AwsCloud(Cloud):
 
     def __init__(self, endpoint_url: str | None = None) -> None:
         self.endpoint = endpoint_url or ""
-        self._moto: Any = None
-        # Powertools keeps the request being resolved on the resolver's class; Lambda runs one
-        # request per sandbox, so the threaded front takes them one at a time too.
-        self._resolving = threading.Lock()
+        self._moto: MotoProcess | None = None
         self._events: tuple[Any, str, str] | None = None
 
     def start(self) -> dict[str, str]:
-        if not self.endpoint:
-            from moto.server import ThreadedMotoServer
-
-            atomic_dynamodb_items()
-            logging.getLogger("werkzeug").setLevel(logging.ERROR)
-            port = free_port()
-            self._moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-            self._moto.start()
-            self.endpoint = f"http://127.0.0.1:{port}"
+        if not self.endpoint:  # moto in a process of its own (moto_process.py)
+            self._moto = MotoProcess()
+            self.endpoint = self._moto.start()
         return {
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
@@ -96,8 +87,9 @@ class AwsCloud(Cloud):
         event = http_event(
             request.method, request.path, request.query, request.headers, request.body, request.client_ip
         )
-        with self._resolving:
-            result = api.lambda_handler(event, LambdaContext(function_name="runplane-api"))
+        # one thread per request, as Lambda runs one sandbox per concurrent request (the
+        # resolver keeps each thread's request apart: runplane/api/resolver.py)
+        result = api.lambda_handler(event, LambdaContext(function_name="runplane-api"))
         return FrontResponse(*response_parts(result))
 
     def poll_events(self, stop: threading.Event) -> None:

@@ -1,0 +1,142 @@
+"""moto's server (DynamoDB, SQS, S3 on one loopback port) in a process of its own.
+
+The local stack's API, dispatcher and reaper run in ``runplane dev``'s process; moto answering
+every agent's calls in that same interpreter would share one GIL with them, and at sweep scale
+(many runs a second on a few workers) moto's own work is most of the stack's: in a process of its
+own it has a core to itself, as the cloud's services do. The child applies each DynamoDB request
+whole (``atomic_dynamodb_items``), and exits when its parent does: it serves until its standard
+input closes.
+
+    python -m runplane.devstack.moto_process --port 5000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from runplane.devstack.net import free_port
+from runplane.domain.errors import BackendError
+
+READY = "moto ready"
+START_SECONDS = 60.0
+
+
+class MotoProcess:
+    """A moto server child process on a free loopback port."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+
+    def start(self) -> str:
+        """Start the child and return its endpoint once it answers; BackendError if it does not."""
+        port = free_port()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "runplane.devstack.moto_process", "--port", str(port)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # the child prints READY once serving, or dies
+        if line.strip() != READY:
+            code = self.process.poll()
+            self.stop()
+            raise BackendError(f"moto's server did not start (exit {code}): {line.strip()[:200]}")
+        self.endpoint = f"http://127.0.0.1:{port}"
+        return self.endpoint
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()  # the child's signal to stop
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+COUNTS_ENV = "RUNPLANE_MOTO_COUNTS"
+"""A file the server writes, when it stops, with how many requests of each service and action it
+answered ({"dynamodb.Query": 12, ...}), and again on each SIGUSR1: the benchmarks' count of
+store round trips."""
+
+
+def _count_requests(path: str) -> None:
+    import atexit
+    import collections
+    import json
+    import threading
+
+    from moto.core.responses import BaseResponse
+
+    counts: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    original = BaseResponse.call_action
+
+    def counted(self: BaseResponse) -> Any:
+        with lock:
+            counts[f"{type(self).__module__.split('.')[1]}.{self._get_action()}"] += 1
+        return original(self)
+
+    BaseResponse.call_action = counted  # type: ignore[method-assign]
+
+    def write() -> None:
+        with lock, open(path, "w") as f:
+            json.dump(dict(counts), f)
+
+    atexit.register(write)
+    signal.signal(signal.SIGUSR1, lambda *_: write())  # a count so far, on request
+
+
+def serve(port: int) -> None:
+    from moto.server import ThreadedMotoServer
+
+    from runplane.devstack.aws import atomic_dynamodb_items
+
+    atomic_dynamodb_items()
+    if os.environ.get(COUNTS_ENV):
+        _count_requests(os.environ[COUNTS_ENV])
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    deadline = time.monotonic() + START_SECONDS
+    import socket
+
+    while True:  # serving once the port takes a connection
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    print(READY, flush=True)
+    try:
+        sys.stdin.read()  # until the parent closes it, or is gone
+    finally:
+        server.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="moto's server for the local stack")
+    parser.add_argument("--port", type=int, required=True)
+    serve(parser.parse_args().port)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
