@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
+import docker.errors
+import requests
+
+from runplane.domain.errors import RunplaneError
 from runplane.ports import ObjectStore
 from runplane.services.logs import log_chunk_key
+
+log = logging.getLogger(__name__)
 
 
 class LogShipper:
@@ -68,3 +76,71 @@ class LogShipper:
                 del self._buffer[: len(data)]
                 self._flushed += len(data)
                 self._last_flush = self.clock()
+
+
+class RunLogs:
+    """A run's stdout and stderr: read from the container's attached output stream as it comes
+    (``follow``, on a thread of its own), kept up to ``max_log_size`` bytes in all, and shipped
+    by one LogShipper per stream. ``received`` counts every byte the stream gave, those dropped
+    past the limit too (``limits.log_over`` holds it against the limit)."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        run_id: str,
+        attempt: int,
+        clock: Callable[[], float],
+        flush_seconds: float,
+        max_log_size: int,
+    ) -> None:
+        self.run_id = run_id
+        self.max_log_size = max_log_size
+        self.received = 0
+        self.kept = 0  # written by the follower thread only
+        self.shippers = {s: LogShipper(objects, run_id, attempt, s, clock, flush_seconds) for s in ("stdout", "stderr")}
+
+    def follow(self, stream: Any) -> None:
+        """Ship stdout and stderr from the attached ``stream`` (demultiplexed: pairs of bytes or
+        None) as they come, and read on to the end: the engine writes to this stream as the
+        container writes, so a stream left unread would hold the container (and its kill) up."""
+        try:
+            for out, err in stream:
+                for name, data in (("stdout", out), ("stderr", err)):
+                    if data:
+                        self.ship(name, data)
+        except (docker.errors.APIError, requests.RequestException, OSError) as e:
+            log.warning("run %s: the output stream ended early: %s", self.run_id, e)
+        finally:
+            stream.close()
+
+    def ship(self, stream: str, data: bytes) -> None:
+        """Take in ``data``, at most up to the log limit, and drop the rest. A full buffer is
+        uploaded here, which holds the container's output back meanwhile: the agent's memory stays
+        bounded whatever a run prints."""
+        self.received += len(data)
+        room = self.max_log_size - self.kept
+        if len(data) > room:
+            data = data[: max(room, 0)]
+        if not data:
+            return
+        self.kept += len(data)
+        shipper = self.shippers[stream]
+        shipper.write(data)
+        if shipper.pending() >= shipper.max_buffer:
+            self._flush(shipper)
+
+    def flush(self, only_due: bool = False) -> None:
+        """Upload what waits (with ``only_due``, only where it is due); a failed upload is logged
+        and its bytes wait for the next flush."""
+        for shipper in self.shippers.values():
+            if not only_due or shipper.due():
+                self._flush(shipper)
+
+    def stderr_tail(self) -> bytes:
+        return bytes(self.shippers["stderr"].tail)
+
+    def _flush(self, shipper: LogShipper) -> None:
+        try:
+            shipper.flush()
+        except RunplaneError as e:
+            log.warning("run %s: log upload failed (will retry): %s", self.run_id, e)

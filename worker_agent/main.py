@@ -53,10 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runplane.bootstrap import build_stack
     from runplane.services.admission import CachedQuotas
     from worker_agent.agent import Agent
-    from worker_agent.executor import LABEL, Ports
+    from worker_agent.container_spec import LABEL
     from worker_agent.images import ImageCache
     from worker_agent.inputs import InputCache
     from worker_agent.network import check_network
+    from worker_agent.run_config import Ports
     from worker_agent.selflog import LogUploader
 
     worker_id = settings.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -175,7 +176,7 @@ def agent_config(
     """The agent's configuration: ``settings`` and what was found out at start (the worker's id
     and directory, the GPUs, the pool's containment, the stack, the input cache's view)."""
     from worker_agent.agent import AgentConfig
-    from worker_agent.executor import ExecutorConfig
+    from worker_agent.run_config import ExecutorConfig
 
     return AgentConfig(
         pool=settings.pool,

@@ -1,5 +1,5 @@
-"""A container's cpu time and peak memory, read from its cgroup (v1 or v2) or the Docker API; the
-size of what a run wrote, by walking directories."""
+"""A container's cpu time and peak memory, read from its cgroup (v1 or v2) or the Docker API, and
+what a run used in all (``Meter``); the size of what a run wrote, by walking directories."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runplane.domain.accounting import Rates, charge
+from runplane.domain.models import Resources, Usage
 from worker_agent.trees import Unwalkable, scan
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -62,6 +64,31 @@ def from_stats(stats: dict[str, Any]) -> Sample:
     mem = stats.get("memory_stats", {})
     peak = mem.get("max_usage") or mem.get("usage")
     return Sample(cpu / 1e9 if cpu else None, int(peak) if peak else None)
+
+
+class Meter:
+    """What a run used, in ``usage``: the figures of its earlier attempts (``before``), carried on,
+    plus this attempt's as sampled and charged. ``usage`` is one object, updated in place: the
+    heartbeat records it as it is."""
+
+    def __init__(self, before: Usage) -> None:
+        self.before = Usage(cpu_seconds=before.cpu_seconds, gpu_seconds=before.gpu_seconds, cost=before.cost)
+        self.usage = self.before.model_copy(deep=True)
+
+    def sample(self, sample: Sample | None) -> None:
+        if sample is None:
+            return
+        if sample.cpu_seconds is not None:
+            self.usage.cpu_seconds = round((self.before.cpu_seconds or 0.0) + sample.cpu_seconds, 3)
+        if sample.memory_peak is not None:
+            self.usage.memory_peak = max(self.usage.memory_peak or 0, sample.memory_peak)
+
+    def charge(self, resources: Resources, rates: Rates, ran: float) -> None:
+        """Record GPU-seconds and cost of earlier attempts plus ``ran`` seconds of this one."""
+        gpu_seconds, cost = charge(resources, rates, ran)
+        self.usage.gpu_seconds = round((self.before.gpu_seconds or 0.0) + gpu_seconds, 3)
+        if cost is not None:
+            self.usage.cost = (self.before.cost or 0.0) + cost
 
 
 @dataclass

@@ -89,11 +89,27 @@ def advance(store: RunStore, run: Run, new: RunState, now: float, message: str, 
         raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot become {new}: {e.message}") from e
 
 
-def fail(store: RunStore, run: Run, reason: FailureReason, message: str, now: float, **changes: Any) -> Run:
-    state = {
-        FailureReason.KILLED: RunState.KILLED,
-        FailureReason.TIME_LIMIT: RunState.TIMED_OUT,
-    }.get(reason, RunState.FAILED)
+def fail(
+    store: RunStore,
+    run: Run,
+    reason: FailureReason,
+    message: str,
+    now: float,
+    *,
+    state: RunState | None = None,
+    **changes: Any,
+) -> Run:
+    """End a held run with ``failure = {reason, message}``, as ``state`` when its ender decided it
+    (the agent's ``Outcome``), else as ``reason`` says: ``killed``, ``timed_out`` or ``failed``.
+    Raises ValueError for a ``state`` that is not a final one of failure, and LeaseLost if the run
+    is no longer held by this attempt."""
+    if state is None:
+        state = {
+            FailureReason.KILLED: RunState.KILLED,
+            FailureReason.TIME_LIMIT: RunState.TIMED_OUT,
+        }.get(reason, RunState.FAILED)
+    elif not state.terminal or state == RunState.SUCCEEDED:
+        raise ValueError(f"a run cannot fail as {state}")
     return advance(store, run, state, now, message, failure=Failure(reason=reason, message=message), **changes)
 
 
@@ -109,13 +125,15 @@ def retry(
     memory: int | None = None,
     usage: Usage | None = None,
     exit_code: int | None = None,
+    state: RunState | None = None,
 ) -> Run:
     """Queue a held run again after its attempt ended with ``reason`` (``message``), as its retry
     rule asked (``retries.decide``: ``note``): same id, the next claim makes the next attempt,
     whose logs and outputs are kept apart from this one's. ``memory`` is the next attempt's memory
     limit when it grows. The write holds only while no kill was requested: a kill that came after
-    this worker last read the run ends it here, as ``reason``, not retried. A failed hint is
-    logged (the reaper sends it again). Raises LeaseLost if it is no longer held by this attempt."""
+    this worker last read the run ends it here, as ``reason`` (in ``state``, as ``fail`` does),
+    not retried. A failed hint is logged (the reaper sends it again). Raises LeaseLost if it is no
+    longer held by this attempt."""
     changes: dict[str, Any] = {
         "state": RunState.QUEUED,
         "worker_id": None,
@@ -145,7 +163,8 @@ def retry(
             and current.kill_requested
         ):
             ended: dict[str, Any] = {"exit_code": exit_code} | ({"usage": usage} if usage is not None else {})
-            return fail(store, current, reason, f"{message}; not retried: it was killed", now, **ended)
+            why = f"{message}; not retried: it was killed"
+            return fail(store, current, reason, why, now, state=state, **ended)
         raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot be retried: {e.message}") from e
     try:
         queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from runplane.domain.models import Principal, RunSpec, RunState
 from runplane.services.runs import submit_run
 from worker_agent.agent import Agent, AgentConfig
-from worker_agent.executor import Ports
+from worker_agent.run_config import Ports
 
 
 def test_a_run_still_ending_here_is_left_for_another_worker(aws_stack, tmp_path: Path):

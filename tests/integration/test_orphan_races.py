@@ -24,7 +24,9 @@ from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE, wait_for
 from tests.gate import GATE, open_gate
 from worker_agent.agent import Agent, AgentConfig
-from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_name
+from worker_agent.container_spec import LABEL, container_name
+from worker_agent.executor import RunExecutor
+from worker_agent.run_config import ExecutorConfig, Ports
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker

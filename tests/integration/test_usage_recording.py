@@ -10,7 +10,8 @@ from runplane.domain.models import Principal, RunSpec, RunState, Usage
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
-from worker_agent.executor import ExecutorConfig, Ports, RunExecutor
+from worker_agent.executor import RunExecutor
+from worker_agent.run_config import ExecutorConfig, Ports
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker

@@ -30,8 +30,11 @@ from runplane.services import lifecycle
 from runplane.services.logs import log_prefix, outputs_prefix
 from tests.conftest import TEST_IMAGE, wait_for
 from tests.gate import GATE, open_gate
-from worker_agent.executor import ExecutorConfig, Ports, RunExecutor, container_name, remove_container
+from worker_agent.container_spec import container_name
+from worker_agent.containers import remove_container
+from worker_agent.executor import RunExecutor
 from worker_agent.inputs import InputCache
+from worker_agent.run_config import ExecutorConfig, Ports
 from worker_agent.users import NOBODY, ImageUsers
 from worker_agent.workdir import SAFE, covering, parse_mountinfo, prepare, read_mountinfo, sweep_dead
 

@@ -13,8 +13,8 @@ import pytest
 from runplane.domain.models import Pool
 from runplane.domain.units import parse_bytes
 from worker_agent.agent import AgentConfig
-from worker_agent.executor import ExecutorConfig
 from worker_agent.main import agent_config
+from worker_agent.run_config import ExecutorConfig
 from worker_agent.settings import AgentSettings, UsageError, env_name, flag_name, parse
 
 CORE = min(os.sched_getaffinity(0))

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from worker_agent.agent import Agent, AgentConfig
-from worker_agent.executor import ExecutorConfig, Ports
+from worker_agent.run_config import ExecutorConfig, Ports
 
 
 def _agent(tmp_path: Path, executor: ExecutorConfig | None = None) -> Agent:

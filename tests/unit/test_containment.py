@@ -11,8 +11,10 @@ import pytest
 from docker.types import Mount
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.executor import CAPABILITIES, ExecutorConfig, container_spec, disk_interval
+from worker_agent.container_spec import CAPABILITIES, container_spec
+from worker_agent.disk import disk_interval
 from worker_agent.outputs import collect, upload_dir
+from worker_agent.run_config import ExecutorConfig
 from worker_agent.trees import MAX_DEPTH, remove_tree
 from worker_agent.usage import walk
 from worker_agent.users import (

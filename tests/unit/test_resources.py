@@ -7,8 +7,10 @@ import pytest
 from docker.types import DeviceRequest, LogConfig, Mount
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.executor import ExecutorConfig, _create_failure, container_name, container_spec
+from worker_agent.container_spec import container_name, container_spec
+from worker_agent.containers import create_failure
 from worker_agent.resources import Allocation, Allocator, Gpu, _smi_gpus, parse_nvidia_smi, parse_set, select_gpus
+from worker_agent.run_config import ExecutorConfig
 
 SMI = """0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 81559
 1, GPU-bbbbbbbb-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 81559
@@ -149,9 +151,9 @@ def test_missing_nvidia_runtime_is_a_clear_reason():
     error = docker.errors.APIError(
         "500", explanation='could not select device driver "nvidia" with capabilities: [[gpu]]'
     )
-    outcome = _create_failure(error, Allocation(cpus=(0,), gpus=(GPUS[0],)))
+    outcome = create_failure(error, Allocation(cpus=(0,), gpus=(GPUS[0],)))
     assert outcome.reason == "gpu_unavailable"
     assert GPUS[0].uuid in outcome.message
     assert "no working NVIDIA runtime" in outcome.message
-    other = _create_failure(docker.errors.APIError("500", explanation="no space left"), None)
+    other = create_failure(docker.errors.APIError("500", explanation="no space left"), None)
     assert other.reason == "container_error"

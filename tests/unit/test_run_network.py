@@ -14,7 +14,7 @@ import pytest
 
 from runplane.domain.models import Pool, Run, RunSpec, Worker, refuses
 from runplane.services.dispatch import explain_wait
-from worker_agent.executor import ExecutorConfig, container_name, container_spec
+from worker_agent.container_spec import container_name, container_spec
 from worker_agent.network import (
     _PROBE_SCRIPT,
     CLOSED,
@@ -31,6 +31,7 @@ from worker_agent.network import (
     ruleset,
     uncontainable,
 )
+from worker_agent.run_config import ExecutorConfig
 
 # /proc/net/fib_trie and /proc/net/if_inet6 of a host with eth0 192.0.2.2 and a bridge
 FIB_TRIE = """Main:

@@ -1,0 +1,124 @@
+"""What a run's container is made of (``containers.create`` keywords), its name, and the labels
+by which the agent knows its containers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+from docker.types import LogConfig, Mount
+
+from runplane.domain.models import Run
+from worker_agent.resources import Allocation
+from worker_agent.run_config import ExecutorConfig
+from worker_agent.users import DEFAULT_RUN_AS, RUN_HOME, RunAs
+
+OUTPUT_MOUNT = "/runplane/output"
+LABEL = "io.runplane"
+CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
+"""What a root run keeps (only on a pool with ``allow_root``); a run that is not root gets none."""
+DOCKER_LOG_FILES = 2
+
+
+def container_name(stack_id: str, run_id: str, attempt: int) -> str:
+    """The name of a run's container: opaque, since every container on a run network learns the
+    names of the others from Docker's DNS (a reverse lookup of an address answers it), and run
+    ids are their owners' only. The agent computes it (a retried create) and finds its containers
+    by their labels, which hold the run id."""
+    digest = hashlib.sha256(f"{stack_id}\0{run_id}\0{attempt}".encode()).hexdigest()[:32]
+    return f"runplane-{digest}"
+
+
+def container_labels(container: Any) -> dict[str, str]:
+    """A container's labels, from a listing (sparse) or an inspect alike."""
+    attrs = container.attrs or {}
+    labels = attrs.get("Labels") if "Labels" in attrs else (attrs.get("Config") or {}).get("Labels")
+    return dict(labels or {})
+
+
+def holds(run: Run, worker_id: str | None, attempt: int | str | None) -> bool:
+    """Whether, as ``run`` was read from the store, worker ``worker_id`` holds its ``attempt``:
+    only the container of that worker and attempt may run for it (one made by any other worker
+    or attempt is no longer of use)."""
+    held = worker_id is not None and run.worker_id == worker_id and str(run.attempt) == str(attempt)
+    return held and not run.state.terminal
+
+
+def container_spec(
+    run: Run,
+    image: str,
+    config: ExecutorConfig,
+    output_dir: Path,
+    allocation: Allocation | None,
+    inputs: dict[str, Path] | None = None,
+    run_as: RunAs = DEFAULT_RUN_AS,
+    home_dir: Path | None = None,
+    *,
+    inputs_on_safe_mount: bool = False,
+) -> dict[str, Any]:
+    """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
+    ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
+    ``home_dir`` is mounted as HOME when ``run_as`` asks for one (and the run sets no HOME).
+    Mounts are a list (``docker.types.Mount``), one per target: two inputs of the same source
+    are two mounts. ``inputs_on_safe_mount``: the input paths are on a read-only nosuid,nodev
+    mount (the inputs view), so they are bound without Docker's read-only, which runc applies by
+    a remount that drops nosuid and nodev; read-only they stay, from the mount they come from."""
+    res = run.spec.resources
+    env = dict(run.spec.env)
+    env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
+    if run.sweep_id is not None:
+        env.update({"RUNPLANE_SWEEP_ID": run.sweep_id, "RUNPLANE_SWEEP_INDEX": str(run.sweep_index)})
+    allocation = allocation or Allocation((), ())
+    env.update(allocation.environment())
+    mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind")]
+    if run_as.home and home_dir is not None and "HOME" not in run.spec.env:
+        env["HOME"] = run_as.home
+        mounts.append(Mount(RUN_HOME, str(home_dir), type="bind"))
+    for name, path in sorted((inputs or {}).items()):
+        mounts.append(Mount(f"/inputs/{name}", str(path), type="bind", read_only=not inputs_on_safe_mount))
+    spec: dict[str, Any] = {
+        "image": image,
+        "entrypoint": ["/bin/sh", "-c"],
+        "command": [run.spec.command],
+        "name": container_name(config.stack_id, run.id, run.attempt),
+        "working_dir": OUTPUT_MOUNT,
+        "environment": env,
+        "mounts": mounts,
+        # every run starts without a network; a networked one gets its run network from
+        # RunNetwork.release once its rules are in (network.py)
+        "network_mode": "none",
+        "mem_limit": res.memory,
+        "memswap_limit": res.memory,
+        "pids_limit": config.pids_limit,
+        "user": run_as.user,
+        "cap_drop": ["ALL"],
+        "cap_add": CAPABILITIES if run_as.root else [],
+        "security_opt": ["no-new-privileges"],
+        "privileged": False,
+        "labels": {
+            f"{LABEL}.run_id": run.id,
+            f"{LABEL}.attempt": str(run.attempt),
+            f"{LABEL}.worker_id": config.worker_id,
+            f"{LABEL}.stack": config.stack_id,
+        },
+        # the agent ships the output itself (attached); Docker's own copy stays small
+        "log_config": LogConfig(
+            type="json-file", config={"max-size": config.docker_log_size, "max-file": str(DOCKER_LOG_FILES)}
+        ),
+        "detach": True,
+        **allocation.docker_kwargs(int(res.cpus * 1e9)),
+    }
+    if config.shm_size:
+        spec["shm_size"] = config.shm_size
+    return spec
+
+
+def on_read_only_safe_mount(path: Path) -> bool:
+    """Whether ``path`` lies on a read-only, nosuid, nodev mount (the input cache's view)."""
+    try:
+        flags = os.statvfs(path).f_flag
+    except OSError:
+        return False
+    return flags & (os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV) == os.ST_RDONLY | os.ST_NOSUID | os.ST_NODEV

@@ -1,0 +1,279 @@
+"""The Docker engine as one run uses it: its image, and its container from create to removal.
+
+The executor makes no Docker call of its own: every call a run makes is here, but for those of
+its network (network.py) and of its image's accounts (users.py). Every engine error is
+translated, into an ``Outcome`` where the run ends of it, else into a log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests
+
+from runplane.domain.errors import LeaseLost
+from runplane.domain.models import FailureReason, Run, RunState
+from runplane.domain.units import format_duration
+from worker_agent.container_spec import LABEL, container_labels
+from worker_agent.outcome import Outcome
+from worker_agent.resources import Allocation
+from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
+
+log = logging.getLogger(__name__)
+
+
+class RunContainer:
+    """Attempt ``run.attempt`` of ``run`` on the engine of ``client``: ``image`` once
+    ``ensure_image`` found it, ``container`` once ``create`` made it (None before), ``stream`` its
+    attached output. A container that is killed gets ``stop_seconds`` to exit; removing it may
+    take ``remove_seconds``."""
+
+    def __init__(
+        self,
+        client: docker.DockerClient,
+        run: Run,
+        worker_id: str,
+        clock: Callable[[], float],
+        sleep: Callable[[float], None] = time.sleep,
+        *,
+        stop_seconds: float = 30.0,
+        remove_seconds: float = 600.0,
+    ) -> None:
+        self.client = client
+        self.run_id, self.attempt, self.worker_id = run.id, run.attempt, worker_id
+        self.clock, self.sleep = clock, sleep
+        self.stop_seconds, self.remove_seconds = stop_seconds, remove_seconds
+        self.image: Any = None
+        self.container: Any = None
+        self.stream: Any = None
+
+    def ensure_image(self, image: str, pull: str) -> Outcome | None:
+        """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``)."""
+        try:
+            self.image = self.client.images.get(image)
+            return None
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as e:
+            return Outcome(
+                RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"cannot inspect image {image}: {explain(e)}"
+            )
+        if pull == "never":
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.IMAGE_NOT_FOUND,
+                f"image {image} is not on this worker and pulling is off",
+            )
+        try:
+            self.image = self.client.images.pull(image)
+            return None
+        except (docker.errors.APIError, requests.RequestException) as e:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.IMAGE_NOT_FOUND,
+                f"image {image} is not on this worker and could not be pulled: {explain(e)}",
+            )
+
+    def create(self, spec: dict[str, Any], held: Callable[[], bool], allocation: Allocation | None) -> Outcome | None:
+        """Create the container of ``spec`` and attach to its output before it starts: every byte,
+        straight from the container, whatever Docker's own (capped, rotated) log file keeps. A
+        name already taken is taken back when ``held()`` (the store, read now, says this worker
+        holds the attempt); else this raises LeaseLost and the namesake stays."""
+        try:
+            self.container = self._create(spec, held)
+            self.stream = self.container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        except docker.errors.APIError as e:
+            return create_failure(e, allocation)
+        return None
+
+    def start(self, allocation: Allocation | None) -> Outcome | None:
+        try:
+            self.container.start()
+        except docker.errors.APIError as e:
+            self.stream.close()
+            return create_failure(e, allocation, "start")
+        return None
+
+    def waiter(self) -> tuple[threading.Event, dict[str, Any]]:
+        """Wait for the container to exit on a thread of its own: the event is set once it has,
+        and the dict holds the engine's answer (``StatusCode``), or ``Error`` when the wait failed."""
+        exited = threading.Event()
+        result: dict[str, Any] = {}
+
+        def wait() -> None:
+            try:
+                result.update(self.container.wait())
+            except (docker.errors.APIError, requests.RequestException) as e:
+                result["Error"] = str(e)
+            exited.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        return exited, result
+
+    def kill(self) -> None:
+        """Kill the container; a kill that fails is logged (``exited_state`` sees what came of it)."""
+        try:
+            self.container.kill()
+        except docker.errors.APIError as e:
+            if "is not running" not in str(e):
+                log.warning("run %s: kill failed: %s", self.run_id, e)
+        except requests.RequestException as e:
+            log.warning("run %s: kill failed: %s", self.run_id, e)
+
+    def exited_state(self, exited: threading.Event) -> tuple[dict[str, Any] | None, str | None]:
+        """The container's state once it has exited (None: it is gone from the engine), or why it
+        cannot be said to have exited: it still runs ``stop_seconds`` after being killed (once
+        more), or its state cannot be read. A wait that failed, a kill that failed or a process
+        that ignores SIGKILL (uninterruptible sleep) all end here, never in an upload."""
+        deadline = self.clock() + self.stop_seconds
+        killed = False
+        while True:
+            try:
+                self.container.reload()
+            except docker.errors.NotFound:
+                return None, None
+            except (docker.errors.APIError, requests.RequestException) as e:
+                why = f"its state cannot be read: {explain(e)}"
+            else:
+                state: dict[str, Any] = self.container.attrs.get("State") or {}
+                if state.get("Running") is False and not state.get("Restarting"):
+                    return state, None
+                why = f"it is still {state.get('Status') or 'running'}"
+            if self.clock() >= deadline:
+                return None, why
+            if not killed:
+                killed = True
+                log.warning("run %s: the container has not exited (%s): killing it", self.run_id, why)
+                self.kill()
+            if exited.is_set():  # the wait ended (or failed) before: look again in a while
+                self.sleep(0.2)
+            else:
+                exited.wait(0.2)
+
+    def sample(self) -> Sample | None:
+        """Its cpu time and peak memory: from its cgroup when this agent sees it, else the engine's stats."""
+        sample = read_cgroup(self.container.id)
+        if sample is None:
+            try:
+                sample = from_stats(self.container.stats(stream=False, one_shot=True))
+            except (docker.errors.APIError, requests.RequestException):
+                sample = None
+        return sample
+
+    def layer_size(self, most: int | None, entries: int | None, cancelled: Callable[[], bool] | None) -> Tree:
+        """The container's writable layer: its overlay upper directory walked from here when this
+        agent can see it (as cheap as Docker's own count, and it stops early), else the
+        ``SizeRw`` the engine counts (which has no count of files)."""
+        data = (self.container.attrs.get("GraphDriver") or {}).get("Data") or {}
+        upper = data.get("UpperDir")
+        if upper and Path(upper).is_dir():
+            return walk(upper, most, entries, cancelled)
+        try:
+            found = self.client.api.containers(all=True, filters={"id": self.container.id}, size=True)
+        except (docker.errors.APIError, requests.RequestException) as e:
+            log.warning("run %s: cannot size the container's file system: %s", self.run_id, e)
+            return Tree()
+        return Tree(size=int((found[0] if found else {}).get("SizeRw") or 0))
+
+    def remove(self, why: str) -> None:
+        """Close the output stream and remove the container, if there is one; what is left is logged."""
+        if self.stream is not None:
+            with contextlib.suppress(OSError, requests.RequestException):
+                self.stream.close()
+        if self.container is not None:
+            left = remove_container(self.container, self.remove_seconds, self.clock, self.sleep, why=why)
+            if left is not None:
+                log.warning("run %s: could not remove its container: %s", self.run_id, left)
+
+    def _create(self, spec: dict[str, Any], held: Callable[[], bool]) -> Any:
+        try:
+            return self.client.containers.create(**spec)
+        except docker.errors.APIError as e:
+            if e.status_code != 409:
+                raise
+        self._take_name_back(spec["name"], held)
+        return self.client.containers.create(**spec)
+
+    def _take_name_back(self, name: str, held: Callable[[], bool]) -> None:
+        """The name of this attempt's container is taken: by a container of this attempt that
+        another worker made (a store that let two claims of one attempt through) or an earlier
+        life of this worker left. It is removed only if the store says this worker holds the
+        attempt (then its maker does not: one worker holds an attempt); otherwise the run is
+        given up (LeaseLost) and the container, perhaps that of the worker holding the run, stays."""
+        try:
+            namesake = self.client.containers.get(name)
+        except docker.errors.NotFound:
+            return  # gone meanwhile
+        if not held():
+            maker = container_labels(namesake).get(f"{LABEL}.worker_id")
+            raise LeaseLost(
+                f"run {self.run_id} attempt {self.attempt} is not held by this worker (a container of worker "
+                f"{maker} has its name)"
+            )
+        why = f"worker {self.worker_id} holds attempt {self.attempt} of its run and needs its name"
+        left = remove_container(namesake, self.remove_seconds, self.clock, self.sleep, why=why)
+        if left is not None:
+            log.warning("run %s: could not remove container %s: %s", self.run_id, namesake.id, left)
+
+
+def remove_container(
+    container: Any,
+    seconds: float,
+    clock: Callable[[], float],
+    sleep: Callable[[float], None] = time.sleep,
+    *,
+    why: str = "the agent is done with it",
+) -> str | None:
+    """Remove ``container`` (killed first if it runs), taking up to ``seconds``: a request that
+    fails or times out (removing a layer of millions of files outlasts the client's timeout,
+    and the engine goes on with it) is tried again, and one the engine answers "already in
+    progress" is waited on, until the container is gone. Returns why it is not gone, or None;
+    never raises. Logs one INFO line first: the container's run, attempt and worker, and ``why``."""
+    labels = container_labels(container)
+    log.info(
+        "removing container %s (run %s attempt %s, made by worker %s): %s",
+        str(container.id)[:12],
+        labels.get(f"{LABEL}.run_id", "-"),
+        labels.get(f"{LABEL}.attempt", "-"),
+        labels.get(f"{LABEL}.worker_id", "-"),
+        why,
+    )
+    deadline = clock() + seconds
+    while True:
+        try:
+            container.remove(force=True)
+            return None
+        except docker.errors.NotFound:
+            return None
+        except (docker.errors.APIError, requests.RequestException) as e:
+            if clock() >= deadline:
+                return f"not removed within {format_duration(seconds)}: {explain(e)}"
+        sleep(min(0.5, max(deadline - clock(), 0.0)))
+
+
+def create_failure(e: docker.errors.APIError, allocation: Allocation | None, verb: str = "create") -> Outcome:
+    text = explain(e)
+    if allocation is not None and allocation.gpus and ("device driver" in text or "nvidia" in text.lower()):
+        ids = ",".join(g.uuid for g in allocation.gpus)
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.GPU_UNAVAILABLE,
+            f"GPUs {ids} could not be given to the container: this worker's Docker engine has no "
+            f"working NVIDIA runtime ({text})",
+        )
+    return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot {verb} container: {text}")
+
+
+def explain(e: Exception) -> str:
+    """What an engine error says, in its own words."""
+    if isinstance(e, docker.errors.APIError):
+        return str(e.explanation or e)
+    return str(e)

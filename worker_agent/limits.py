@@ -1,0 +1,162 @@
+"""What a run's figures mean: whether it is over a limit, and how it ended. Pure: no I/O.
+
+The executor observes (the clock, the store's kill and lease, the walks of its files, the bytes
+of its output, the engine's word on its exited container) and asks here what that comes to:
+an ``Outcome``, or None while the run may go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from runplane.domain.models import FailureReason, Run, RunState
+from runplane.domain.units import format_bytes, format_duration
+from worker_agent.outcome import Outcome
+from worker_agent.run_config import ExecutorConfig
+from worker_agent.usage import Tree
+
+REMOVED = "the container was removed from the Docker engine while it ran (not by runplane)"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A run's own limits (``RunSpec.resources``) and its pool's (``max_output_files``,
+    ``max_log_size``). None: no such limit."""
+
+    time: float | None = None
+    disk: int | None = None
+    memory: int | None = None
+    max_output_files: int = 100_000
+    max_log_size: int = 1024**3
+
+    @classmethod
+    def of(cls, run: Run, config: ExecutorConfig) -> Limits:
+        res = run.spec.resources
+        return cls(res.time, res.disk, res.memory, config.max_output_files, config.max_log_size)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one look at a running run found."""
+
+    elapsed: float
+    """Seconds since its container started."""
+    log_bytes: int = 0
+    """What it wrote to stdout and stderr together, the bytes dropped past the log limit too."""
+    disk: Outcome | None = None
+    """What the latest check of its files found over a limit (``disk_over``)."""
+    lease_lost: bool = False
+    """The store says this worker no longer holds the attempt."""
+    requeue: bool = False
+    """This worker was told to stop and hand its runs back."""
+    kill: bool = False
+    kill_reason: str | None = None
+    """Why the kill was asked for, when its asker said (``Run.kill_reason``)."""
+
+
+def killed(message: str, reason: str | None) -> Outcome:
+    """A kill asked for in the store, saying why when the asker said."""
+    return Outcome(RunState.KILLED, FailureReason.KILLED, f"{message}: {reason}" if reason else message)
+
+
+def stop(seen: Seen, limits: Limits) -> Outcome | None:
+    """Why the running run must be stopped now, or None. The first that holds wins: a lost lease,
+    a hand-back (``queued``, not a final state: the run goes to its queue again), a kill, the
+    time limit, the disk limits, the log limit."""
+    if seen.lease_lost:
+        return Outcome(RunState.FAILED, FailureReason.WORKER_LOST, "lease lost")
+    if seen.requeue:
+        return Outcome(RunState.QUEUED, message="worker terminated")
+    if seen.kill:
+        return killed("killed on request", seen.kill_reason)
+    if limits.time is not None and seen.elapsed > limits.time:
+        return Outcome(
+            RunState.TIMED_OUT, FailureReason.TIME_LIMIT, f"exceeded its time limit of {format_duration(limits.time)}"
+        )
+    return seen.disk or log_over(seen.log_bytes, limits)
+
+
+def log_over(log_bytes: int, limits: Limits) -> Outcome | None:
+    """Over ``max_log_size``: the run is stopped, and its log keeps what came before."""
+    if log_bytes <= limits.max_log_size:
+        return None
+    return Outcome(
+        RunState.FAILED,
+        FailureReason.LOG_LIMIT,
+        f"wrote more than {format_bytes(limits.max_log_size)} to stdout and stderr, the pool's "
+        "max_log_size: stopped (the log keeps what came before the limit)",
+    )
+
+
+def disk_over(output: Tree, home: Tree, layer: Tree, limits: Limits) -> Outcome | None:
+    """What the run wrote (its output directory, its home directory and its container's writable
+    layer, as walked) against its disk limit, by apparent size, and against the pool's
+    ``max_output_files``, by count of the three together. What could not be walked counts as
+    over, never as 0. An Outcome over a limit uploads nothing."""
+    trees = [("output directory", output), ("container file system", layer), ("home", home)]
+    unreadable = "; ".join(f"{name}: {tree.unreadable}" for name, tree in trees if tree.unreadable)
+    if unreadable:
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.DISK_LIMIT,
+            f"what it wrote cannot be counted ({unreadable}), so it counts as over its disk limit",
+            upload=False,
+        )
+    most = limits.max_output_files
+    if output.entries + home.entries + layer.entries > most:
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.DISK_LIMIT,
+            f"wrote more than {most} files and directories (output directory, home and container file system "
+            "together), the pool's max_output_files",
+            upload=False,
+        )
+    total = output.size + home.size + layer.size
+    if limits.disk is None or total <= limits.disk:
+        return None
+    detail = ", ".join(f"{name} {format_bytes(tree.size)}" for name, tree in trees if tree.size)
+    more = "more than " if output.stopped or home.stopped or layer.stopped else ""
+    return Outcome(
+        RunState.FAILED,
+        FailureReason.DISK_LIMIT,
+        f"wrote {more}{format_bytes(total)} ({detail}), over the {format_bytes(limits.disk)} disk limit",
+        upload=False,
+    )
+
+
+def ended(
+    stopped: Outcome | None, state: dict[str, Any], result: dict[str, Any], limits: Limits, stderr_tail: bytes = b""
+) -> Outcome:
+    """How the run ended, from the engine's word on its exited container: ``state`` (the
+    inspected ``State``) and ``result`` (the wait's answer, with ``Error`` when the wait failed).
+    ``stopped``: why it was stopped, or found over a limit after it exited; it stands, with the
+    exit code, unless the container was removed under it. ``stderr_tail``: the last bytes of its
+    stderr, whose last line a nonzero exit quotes."""
+    if state.get("Status") in ("removing", "dead"):  # someone ran `docker rm -f` on it
+        return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, REMOVED)
+    exit_code = result.get("StatusCode", state.get("ExitCode"))
+    if stopped is not None:
+        return replace(stopped, exit_code=exit_code)
+    if state.get("OOMKilled"):
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.OUT_OF_MEMORY,
+            f"ran out of memory: the container used its whole {format_bytes(limits.memory or 0)} memory limit "
+            "and the kernel stopped it (OOM)",
+            exit_code,
+        )
+    if result.get("Error") or state.get("Error"):
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.CONTAINER_ERROR,
+            f"container error: {result.get('Error') or state.get('Error')}",
+            exit_code,
+        )
+    if exit_code == 0:
+        return Outcome(RunState.SUCCEEDED, None, "command exited with code 0", 0)
+    tail = stderr_tail[-300:].decode(errors="replace").strip()
+    message = f"command exited with code {exit_code}"
+    if tail:
+        message += f"; stderr ends with: {tail.splitlines()[-1][:200]}"
+    return Outcome(RunState.FAILED, FailureReason.NONZERO_EXIT, message, exit_code)

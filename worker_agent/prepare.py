@@ -1,0 +1,155 @@
+"""What a run needs before its container is made: its image, who runs it, its directories and
+its inputs."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import docker.errors
+import requests
+
+from runplane.domain.models import FailureReason, Run, RunState, Usage
+from worker_agent.containers import RunContainer, explain
+from worker_agent.images import ImageCache
+from worker_agent.inputs import InputCache, InputUnavailable
+from worker_agent.outcome import Outcome
+from worker_agent.run_config import ExecutorConfig
+from worker_agent.users import DEFAULT_RUN_AS, ImageUsers, UnknownUser
+
+log = logging.getLogger(__name__)
+
+
+class RunSetup:
+    """Makes one claimed run ready on this worker: ``prepare`` gets its image (through ``box``),
+    reads who runs it from the image's own account files (``users``, the agent's), makes its
+    directories and fetches its inputs from the agent's ``inputs`` cache; ``release`` lets the
+    inputs go again. ``run_as``, ``mounts`` and the directories are what its container is made
+    of. The time each step took goes into ``usage.timings`` (``pull``, ``inputs``)."""
+
+    def __init__(
+        self,
+        run: Run,
+        config: ExecutorConfig,
+        box: RunContainer,
+        users: ImageUsers,
+        clock: Callable[[], float],
+        usage: Usage,
+        images: ImageCache | None = None,
+        inputs: InputCache | None = None,
+    ) -> None:
+        self.run = run
+        self.config = config
+        self.box = box
+        self.users = users
+        self.clock = clock
+        self.usage = usage
+        self.images = images
+        self.inputs = inputs
+        self.run_as = DEFAULT_RUN_AS
+        self.mounts: dict[str, Path] = {}
+        self.input_keys: list[str] = []
+        self.run_dir = config.work_dir / "runs" / f"{run.id}-{run.attempt}"
+        self.output_dir = self.run_dir / "output"
+        self.home_dir = self.run_dir / "home"
+
+    @property
+    def own_home(self) -> bool:
+        """The run gets a home directory of its own (its image's is not writable for its user,
+        and it sets no HOME itself)."""
+        return self.run_as.home is not None and "HOME" not in self.run.spec.env
+
+    def prepare(self) -> Outcome | None:
+        """The image, who runs it, the run's directories and its inputs; an Outcome if the run
+        ends here."""
+        image = self.run.spec.image or ""
+        t0 = self.clock()
+        outcome = self.box.ensure_image(image, self.config.pull)
+        if outcome is None and self.images is not None:
+            try:
+                self.images.used(image)
+            except OSError as e:  # bookkeeping for pruning; never a reason to fail the run
+                log.warning("run %s: could not record image use: %s", self.run.id, e)
+        if outcome is None:
+            outcome = self._resolve_user()
+        self.usage.timings["pull"] = round(self.clock() - t0, 3)
+        if outcome is None:
+            outcome = self._make_dirs()
+        if outcome is None:
+            outcome = self._fetch_inputs()
+        return outcome
+
+    def release(self) -> None:
+        """Let go of the run's inputs; one that cannot be released is logged."""
+        for key in self.input_keys:
+            if self.inputs is not None:
+                try:
+                    self.inputs.release(key, self._user)
+                except OSError as e:
+                    log.warning("run %s: could not release input %s: %s", self.run.id, key, e)
+
+    def _resolve_user(self) -> Outcome | None:
+        """Who the command runs as, from the image's own account files (users.py)."""
+        image = self.run.spec.image
+        try:
+            self.run_as = self.users.run_as(self.box.image, self.config.run_user, self.config.allow_root)
+        except UnknownUser as e:
+            return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, f"image {image}: {e.message}")
+        except (docker.errors.APIError, requests.RequestException) as e:
+            return Outcome(
+                RunState.FAILED, FailureReason.CONTAINER_ERROR, f"cannot read the users of image {image}: {explain(e)}"
+            )
+        return None
+
+    def _make_dirs(self) -> Outcome | None:
+        """The run's directories: 0700 and the run's uid's, in a 0700 ``runs`` directory."""
+        uid, gid = self.run_as.uid, self.run_as.gid
+        dirs = [self.run_dir, self.output_dir] + ([self.home_dir] if self.own_home else [])
+        try:
+            self.run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for path in dirs:
+                path.mkdir(mode=0o700, exist_ok=True)
+                os.chown(path, uid, gid)
+                path.chmod(0o700)
+        except PermissionError as e:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.AGENT_ERROR,
+                f"cannot give the run's directory to uid {uid}: the agent runs as uid {os.geteuid()} and must be "
+                f"root to run commands as another user (or use --run-user {os.geteuid()}:{os.getegid()}): {e}",
+            )
+        return None
+
+    def _fetch_inputs(self) -> Outcome | None:
+        run = self.run
+        if not run.spec.inputs:
+            return None
+        t0 = self.clock()
+        if self.inputs is None:
+            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, "this worker has no input cache")
+        try:
+            for name, source in sorted(run.spec.inputs.items()):
+                fetched = self.inputs.fetch(source, self._user, owner=run.owner, groups=run.owner_groups)
+                self.input_keys.append(fetched.key)
+                self.mounts[name] = self._input_path(fetched.path)
+        except InputUnavailable as e:
+            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"input unavailable: {e.message}")
+        finally:
+            self.usage.timings["inputs"] = round(self.clock() - t0, 3)
+        return None
+
+    def _input_path(self, path: Path) -> Path:
+        """``path`` (in the cache) seen through the read-only nosuid,nodev view, if there is one."""
+        view = self.config.inputs_view
+        if view is None or self.inputs is None:
+            return path
+        try:
+            return view / path.resolve().relative_to(self.inputs.root.resolve())
+        except ValueError:
+            return path
+
+    @property
+    def _user(self) -> str:
+        return f"{self.config.worker_id}--{self.run.id}-{self.run.attempt}"

@@ -1,0 +1,46 @@
+"""What an executor is given: its settings, and the stack's ports its run uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runplane.domain.accounting import Rates
+from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
+from worker_agent.settings import default
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    worker_id: str
+    work_dir: Path
+    kill_poll_seconds: float = default("kill_poll_seconds")
+    tick_seconds: float = 0.2
+    log_flush_seconds: float = 1.0
+    usage_seconds: float = 2.0
+    upload_deadline_seconds: float = default("upload_deadline_seconds")
+    pids_limit: int = 4096
+    shm_size: str | None = default("shm_size")
+    run_user: str = default("run_user")
+    stack_id: str = ""
+    pull: str = default("pull")  # missing | never
+    # the pool's containment (Pool.allow_root, max_output_files, max_log_size)
+    allow_root: bool = False
+    max_output_files: int = 100_000
+    max_log_size: int = 1024**3
+    rates: Rates = field(default_factory=Rates)  # the pool's shape and price: what runs are charged
+    docker_log_size: str = default("docker_log_size")  # Docker's own json log of a run: two files of at most this
+    inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)
+    disk_sample_share: float = 0.05  # the most of its time the agent spends walking a run's files
+    max_disk_interval_seconds: float = 10.0  # and the longest a run goes between two disk checks
+    stop_seconds: float = 30.0  # how long a killed container may take to exit; past it, nothing uploads
+    remove_seconds: float = 600.0  # how long removing a container may take (a layer of millions of files)
+
+
+@dataclass
+class Ports:
+    store: RunStore
+    queue: RunQueue
+    objects: ObjectStore
+    quotas: QuotaStore | None = None
+    """Where claims reserve room under quotas (``services/admission.py``); None: no admission."""

@@ -1,0 +1,115 @@
+"""The one writer of a run's state on this worker: every state an attempt moves through here,
+and its end, is written by ``RunStateWriter``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from runplane.domain import retries
+from runplane.domain.errors import NotFound
+from runplane.domain.models import FailureReason, Run, RunState, Usage
+from runplane.ports import RunQueue, RunStore
+from runplane.services import lifecycle
+from worker_agent.container_spec import holds
+from worker_agent.outcome import Outcome
+
+
+class RunStateWriter:
+    """One attempt's record as this worker last read or wrote it (``run``), and its writes. Each
+    write is conditional on the attempt and this worker (``lifecycle``): one that fails raises
+    LeaseLost, and nothing is written. ``memory_cap`` is the most memory a worker of the run's
+    pool has (an out_of_memory retry grows the limit at most to it)."""
+
+    def __init__(
+        self,
+        run: Run,
+        store: RunStore,
+        queue: RunQueue,
+        clock: Callable[[], float],
+        memory_cap: int | None = None,
+    ) -> None:
+        self._run = run
+        self._store = store
+        self._queue = queue
+        self._clock = clock
+        self._memory_cap = memory_cap
+        self._lock = threading.Lock()
+
+    @property
+    def run(self) -> Run:
+        with self._lock:
+            return self._run
+
+    def seen(self, run: Run) -> None:
+        """Take in a fresher copy of the stored run (from a heartbeat or a poll)."""
+        with self._lock:
+            self._run = run
+
+    def holds_attempt(self, worker_id: str) -> bool:
+        """Whether the store, read now, says ``worker_id`` holds this attempt."""
+        run = self.run
+        try:
+            stored = self._store.get(run.id)
+        except NotFound:
+            return False
+        return holds(stored, worker_id, run.attempt)
+
+    def running(self, now: float, message: str) -> None:
+        self.seen(lifecycle.advance(self._store, self.run, RunState.RUNNING, now, message))
+
+    def uploading(self, message: str) -> None:
+        self.seen(lifecycle.advance(self._store, self.run, RunState.UPLOADING, self._clock(), message))
+
+    def requeue(self, why: str, usage: Usage) -> None:
+        """Hand the run back to its queue, not charged to it (``lifecycle.requeue``)."""
+        lifecycle.requeue(self._store, self._queue, self.run, self._clock(), why, charge=False, usage=usage)
+
+    def finish(self, outcome: Outcome, usage: Usage) -> None:
+        """Write how the attempt ended: ``outcome.state``, or, for a failure its retry rule names
+        (``retries.decide``), the run queued again for its next attempt. Then tell what waits
+        for the run that it ended."""
+        run = self.run
+        if outcome.state == RunState.SUCCEEDED:
+            new = lifecycle.advance(
+                self._store,
+                run,
+                RunState.SUCCEEDED,
+                self._clock(),
+                outcome.message,
+                exit_code=outcome.exit_code,
+                usage=usage,
+            )
+        else:
+            new = self._fail(run, outcome, usage)
+        self.seen(new)
+        lifecycle.ended(self._queue, new)
+
+    def _fail(self, run: Run, outcome: Outcome, usage: Usage) -> Run:
+        reason = outcome.reason or FailureReason.AGENT_ERROR
+        decision = retries.decide(run, reason, self._memory_cap)
+        if decision is not None and decision.retry:
+            return lifecycle.retry(
+                self._store,
+                self._queue,
+                run,
+                reason,
+                outcome.message,
+                decision.note,
+                self._clock(),
+                memory=decision.memory,
+                usage=usage,
+                exit_code=outcome.exit_code,
+                state=outcome.state,
+            )
+        message = outcome.message if decision is None else f"{outcome.message}; {decision.note}"
+        return lifecycle.fail(
+            self._store,
+            run,
+            reason,
+            message,
+            self._clock(),
+            state=outcome.state,
+            exit_code=outcome.exit_code,
+            usage=usage,
+        )

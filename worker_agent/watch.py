@@ -1,0 +1,117 @@
+"""One started container, watched until it exits or must be stopped: its output followed, its
+use sampled and charged, its files and time held against its limits, the store polled."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+
+from runplane.domain.errors import LeaseLost
+from runplane.domain.models import FailureReason, RunState
+from runplane.domain.units import format_duration
+from worker_agent import limits
+from worker_agent.containers import RunContainer
+from worker_agent.control import RunControl
+from worker_agent.disk import DiskSampler
+from worker_agent.limits import Limits, Seen
+from worker_agent.logship import RunLogs
+from worker_agent.outcome import Outcome
+from worker_agent.run_config import ExecutorConfig
+from worker_agent.usage import Meter
+
+DiskCheck = Callable[[Callable[[], bool] | None], Outcome | None]
+
+
+class Watch:
+    """Watches the container of ``box`` (created, attached and started). ``check_disk`` checks
+    what the run wrote (``disk.check_disk``); it runs on a thread of its own while the run goes,
+    and once more after it exited."""
+
+    def __init__(
+        self,
+        box: RunContainer,
+        logs: RunLogs,
+        meter: Meter,
+        control: RunControl,
+        config: ExecutorConfig,
+        clock: Callable[[], float],
+        check_disk: DiskCheck,
+    ) -> None:
+        self.box, self.logs, self.meter, self.control = box, logs, meter, control
+        self.config, self.clock, self.check_disk = config, clock, check_disk
+
+    def __call__(self, started: float) -> Outcome:
+        """How the run ended (``limits.ended``), its container started at ``started``."""
+        exited, result = self.box.waiter()
+        follower = threading.Thread(target=self.logs.follow, args=(self.box.stream,), daemon=True)
+        follower.start()
+        # the disk is walked on a thread of its own: a long walk never holds up a kill or a limit
+        sampler = DiskSampler(self.check_disk, self.config, self.clock, f"disk-{self.control.run.id}")
+        try:
+            stopped = self._until_exit(started, exited, sampler)
+            sampler.stop()
+            if stopped is not None:
+                self.box.kill()
+                exited.wait(self.config.stop_seconds)
+        finally:
+            sampler.stop()
+            sampler.join()
+        self.meter.sample(self.box.sample())
+        follower.join(timeout=5)
+        self.logs.flush()
+        state, running = self.box.exited_state(exited)
+        if running is not None:  # nothing of the run is read while it may still be writing
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                f"the container did not stop within {format_duration(self.config.stop_seconds)} of being "
+                f"killed ({running})",
+                upload=False,
+            )
+        if state is None:
+            return Outcome(RunState.FAILED, FailureReason.CONTAINER_ERROR, limits.REMOVED)
+        # a run may write past a limit and end before a sample sees it: look once more, now that
+        # nothing in it moves any more
+        over = self.check_disk(None) or limits.log_over(self.logs.received, self.limits)
+        return limits.ended(stopped or over, state, result, self.limits, self.logs.stderr_tail())
+
+    @property
+    def limits(self) -> Limits:
+        return Limits.of(self.control.run, self.config)
+
+    def _until_exit(self, started: float, exited: threading.Event, sampler: DiskSampler) -> Outcome | None:
+        """Watch the running container until it exits (None) or must be stopped (why)."""
+        next_poll = next_usage = self.clock()
+        while not exited.wait(self.config.tick_seconds):
+            now = self.clock()
+            lease_lost = False
+            if now >= next_poll:
+                next_poll = now + self.config.kill_poll_seconds
+                try:
+                    self.control.poll()
+                except LeaseLost:
+                    lease_lost = True
+            seen = self._seen(now - started, lease_lost)
+            if now >= next_usage:
+                next_usage = now + self.config.usage_seconds
+                self.meter.sample(self.box.sample())
+                # the heartbeat records it: a lost attempt counts so far
+                self.meter.charge(self.control.run.spec.resources, self.config.rates, now - started)
+            # the flags as they stood before the sample, the disk's and the log's word as they stand after it
+            seen = replace(seen, disk=sampler.over, log_bytes=self.logs.received)
+            stopped = limits.stop(seen, self.limits)
+            if stopped is not None:
+                return stopped
+            self.logs.flush(only_due=True)
+        return None
+
+    def _seen(self, elapsed: float, lease_lost: bool) -> Seen:
+        control = self.control
+        return Seen(
+            elapsed=elapsed,
+            lease_lost=lease_lost,
+            requeue=control.requeue.is_set(),
+            kill=control.kill.is_set(),
+            kill_reason=control.run.kill_reason,
+        )
