@@ -58,6 +58,8 @@ bench: setup image
 	$(PY) bench/network_cost.py
 	$(PY) bench/sweeps.py
 	$(PY) bench/listing.py
+	$(PY) bench/submit_throughput.py
+	$(PY) bench/throughput.py
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml

@@ -61,7 +61,8 @@ class SubmitBench:
         self.http_event = http_event
         settings = bootstrap.stack().settings
         self.names = bootstrap.aws_names(settings)
-        self.ddb = boto3.client("dynamodb", endpoint_url=endpoint, region_name="us-east-1")
+        tables = settings.dynamodb_endpoint_url or endpoint  # the tables' own endpoint, when set
+        self.ddb = boto3.client("dynamodb", endpoint_url=tables, region_name="us-east-1")
         self.sqs = boto3.client("sqs", endpoint_url=endpoint, region_name="us-east-1")
         self.pool_url = self.sqs.get_queue_url(QueueName=pool_queue_name(settings.prefix, "default"))["QueueUrl"]
         self.events_url = self.sqs.get_queue_url(QueueName=events_queue_name(settings.prefix))["QueueUrl"]
