@@ -97,6 +97,7 @@ class Agent:
         self.users = ImageUsers(docker_client, {f"{LABEL}.stack": self.executor_config.stack_id})
         self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
         self.active: dict[str, RunExecutor] = {}
+        self.leaving: list[RunExecutor] = []  # runs over whose container and directory may still be going
         self.cached_inputs = inputs.entries() if inputs is not None else 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -182,11 +183,12 @@ class Agent:
         return ""
 
     def _drain(self) -> None:
-        """Wait for the runs under way. A run whose thread is gone is not waited on (its
-        executor always gives its slot back; this is in case it could not)."""
+        """Wait for the runs under way, and for the removal of those over. A run whose thread is
+        gone is not waited on (its executor always gives its slot back; this is in case it could not)."""
         while True:
             with self._lock:
-                threads = [e.thread for e in self.active.values() if e.thread and e.thread.is_alive()]
+                executors = [*self.active.values(), *self.leaving]
+                threads = [e.thread for e in executors if e.thread and e.thread.is_alive()]
             if not threads:
                 return
             for t in threads:
@@ -214,6 +216,7 @@ class Agent:
 
     def _take(self, delivery: Delivery) -> None:
         msg = delivery.message
+        received = self.clock()
         try:
             run = self.ports.store.get(msg.run_id)
         except NotFound:
@@ -236,7 +239,7 @@ class Agent:
                      run.attempt + 1)  # fmt: skip
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
             return
-        if self._take_ahead_of(run, delivery):
+        if self._take_ahead_of(run, delivery, received):
             return
         not_ours = self._refuses(run)
         if not_ours:
@@ -256,7 +259,7 @@ class Agent:
             return
         claimed = self._claim(run, allocation)
         if claimed is not None:
-            self._start(claimed, allocation)  # first: a queue error must not leave it claimed, unstarted
+            self._start(claimed, allocation, received)  # first: a queue error must not leave it claimed, unstarted
         try:
             self.ports.queue.delete(self.config.pool, delivery)
         except RunplaneError as e:
@@ -267,7 +270,7 @@ class Agent:
             self.config.tag, self.config.tag_exclusive, self.config.group, run, network_refused=self.network_refused
         )
 
-    def _take_ahead_of(self, hinted: Run, delivery: Delivery) -> bool:
+    def _take_ahead_of(self, hinted: Run, delivery: Delivery, received: float) -> bool:
         """Start the first run queued ahead of ``hinted`` in the pool's line (``RunStore.head``,
         the first PICK_WINDOW) that this worker can take, with the checks ``hinted`` would get;
         then ``hinted`` is hinted afresh, for another worker at once (a fresh message: handing
@@ -310,7 +313,7 @@ class Agent:
             if claimed is None:
                 continue
             log.info("run %s is ahead of run %s in line: taken first", run.id, hinted.id)
-            self._start(claimed, allocation)  # first: a queue error must not leave it claimed, unstarted
+            self._start(claimed, allocation, received)  # first: a queue error must not leave it claimed, unstarted
             try:
                 self.ports.queue.send(self.config.pool, RunMessage(run_id=hinted.id, attempt=hinted.attempt))
                 self.ports.queue.delete(self.config.pool, delivery)
@@ -341,7 +344,9 @@ class Agent:
                 self._unreserve(run, run.attempt + 1)
             return None
 
-    def _start(self, claimed: Run, allocation: Allocation) -> None:
+    def _start(self, claimed: Run, allocation: Allocation, received: float) -> None:
+        """Start the executor of ``claimed``, whose hint came at ``received`` (its ``claim`` timing:
+        the line read, its room reserved, the claim written)."""
         executor = RunExecutor(
             claimed,
             self.ports,
@@ -355,6 +360,7 @@ class Agent:
             self.network,
             users=self.users,
         )
+        executor.usage.timings["claim"] = round(self.clock() - received, 3)
         with self._lock:
             self.active[claimed.id] = executor
             self.claimed += 1
@@ -418,6 +424,8 @@ class Agent:
         finally:  # the slot is free again whatever housekeeping met
             with self._lock:
                 self.active.pop(executor.run.id, None)
+                # its container and directory may still be being removed: stopping waits for that
+                self.leaving = [e for e in self.leaving if e.thread and e.thread.is_alive()] + [executor]
                 self.finished += 1
                 self.last_busy = self.clock()
             self._slot_freed.set()

@@ -46,6 +46,7 @@ class RunContainer:
         *,
         stop_seconds: float = 30.0,
         remove_seconds: float = 600.0,
+        timings: dict[str, float] | None = None,
     ) -> None:
         self.client = client
         self.run_id, self.attempt, self.worker_id = run.id, run.attempt, worker_id
@@ -54,6 +55,9 @@ class RunContainer:
         self.image: Any = None
         self.container: Any = None
         self.stream: Any = None
+        self.started = False
+        self.exited = False
+        self.timings = {} if timings is None else timings  # seconds its create and start took
 
     def ensure_image(self, image: str, pull: str) -> Outcome | None:
         """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``)."""
@@ -87,20 +91,31 @@ class RunContainer:
         straight from the container, whatever Docker's own (capped, rotated) log file keeps. A
         name already taken is taken back when ``held()`` (the store, read now, says this worker
         holds the attempt); else this raises LeaseLost and the namesake stays."""
+        t0 = self.clock()
         try:
             self.container = self._create(spec, held)
             self.stream = self.container.attach(stdout=True, stderr=True, stream=True, logs=False, demux=True)
         except docker.errors.APIError as e:
             return create_failure(e, allocation)
+        self.timings["create"] = round(self.clock() - t0, 3)
         return None
 
     def start(self, allocation: Allocation | None) -> Outcome | None:
+        t0 = self.clock()
         try:
             self.container.start()
         except docker.errors.APIError as e:
             self.stream.close()
             return create_failure(e, allocation, "start")
+        self.started = True
+        self.timings["start"] = round(self.clock() - t0, 3)
         return None
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing of the run runs any more: no container, one never started, or one seen exited
+        (or gone). A container that may still run is not quiet until it is removed."""
+        return self.container is None or not self.started or self.exited
 
     def waiter(self) -> tuple[threading.Event, dict[str, Any]]:
         """Wait for the container to exit on a thread of its own: the event is set once it has,
@@ -139,12 +154,14 @@ class RunContainer:
             try:
                 self.container.reload()
             except docker.errors.NotFound:
+                self.exited = True
                 return None, None
             except (docker.errors.APIError, requests.RequestException) as e:
                 why = f"its state cannot be read: {explain(e)}"
             else:
                 state: dict[str, Any] = self.container.attrs.get("State") or {}
                 if state.get("Running") is False and not state.get("Restarting"):
+                    self.exited = True
                     return state, None
                 why = f"it is still {state.get('Status') or 'running'}"
             if self.clock() >= deadline:

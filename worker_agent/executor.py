@@ -1,13 +1,11 @@
 """One run on this worker: prepare, run the container, watch it, upload, write the final state.
 
-The executor owns the run from claim to final state. It stops the container first and
-uploads afterwards (kill is never held up by outputs), and every store write checks the
-attempt and worker, so a run taken away from this worker is abandoned, not overwritten.
-Its parts: ``prepare`` (image, user, directories, inputs), ``containers`` (every Docker call),
-``watch`` (the running container: ``logship`` its output, ``disk`` its files, ``control`` the
-store's word), ``limits`` (what the figures mean) and ``run_state`` (the one writer of the run's
-state).
-"""
+The executor owns the run from claim to final state. It stops the container first and uploads
+afterwards (kill is never held up by outputs), and every store write checks the attempt and worker,
+so a run taken away from this worker is abandoned, not overwritten. Its parts: ``prepare`` (image,
+user, directories, inputs), ``containers`` (every Docker call), ``watch`` (the running container:
+``logship`` its output, ``disk`` its files, ``control`` the store's word), ``limits`` (what the
+figures mean) and ``run_state`` (the one writer of the run's state)."""
 
 from __future__ import annotations
 
@@ -47,7 +45,7 @@ from worker_agent.run_config import ExecutorConfig, Ports
 from worker_agent.run_state import RunStateWriter
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
-from worker_agent.users import ImageUsers, RunAs
+from worker_agent.users import ImageUsers
 from worker_agent.watch import Watch
 
 if TYPE_CHECKING:
@@ -108,6 +106,7 @@ class RunExecutor:
             sleep,
             stop_seconds=config.stop_seconds,
             remove_seconds=config.remove_seconds,
+            timings=self.usage.timings,
         )
         self.setup = RunSetup(run, config, self.box, users, clock, self.usage, images, inputs)
         # the run's id names its directory (made, chowned, removed): only an id that is one
@@ -126,9 +125,7 @@ class RunExecutor:
         """The run's container on the engine, once made (None before)."""
         return self.box.container
 
-    @property
-    def run_as(self) -> RunAs:
-        return self.setup.run_as
+    run_as = property(lambda self: self.setup.run_as, doc="who the run's command runs as")
 
     # -- control from other threads -------------------------------------------------------
 
@@ -151,20 +148,30 @@ class RunExecutor:
 
     def run_safely(self) -> None:
         try:
+            self.execute()
+        except LeaseLost as e:
+            log.warning("run %s: %s; abandoning it", self.run.id, e)
+        except Exception as e:  # the run must end in a state even if this agent has a bug
+            log.exception("run %s: agent error", self.run.id)
             try:
-                self.execute()
-            except LeaseLost as e:
-                log.warning("run %s: %s; abandoning it", self.run.id, e)
-            except Exception as e:  # the run must end in a state even if this agent has a bug
-                log.exception("run %s: agent error", self.run.id)
-                try:
-                    self._final(Outcome(RunState.FAILED, FailureReason.AGENT_ERROR, f"worker agent error: {e}"))
-                except RunplaneError as final_error:
-                    log.error("run %s: could not record the failure: %s", self.run.id, final_error)
-            finally:
-                self._cleanup()
-        finally:  # whatever cleaning up met: the agent gets its slot back
-            self.on_done(self)
+                self._final(Outcome(RunState.FAILED, FailureReason.AGENT_ERROR, f"worker agent error: {e}"))
+            except RunplaneError as final_error:
+                log.error("run %s: could not record the failure: %s", self.run.id, final_error)
+        finally:
+            self._leave()
+
+    def _leave(self) -> None:
+        """Release its inputs, then give the slot back and clean up: the slot first when nothing of
+        the run runs any more (the next run starts while its container goes), else last, once its
+        container is removed by force. A step that fails does not stop the others."""
+        steps = [self.setup.release, lambda: self.on_done(self), self._cleanup]
+        if not self.box.quiet:
+            steps[1:] = steps[:0:-1]
+        for step in steps:
+            try:
+                step()
+            except Exception:  # the slot must come back whatever cleaning up met
+                log.exception("run %s: error while leaving it", self.run.id)
 
     def execute(self) -> None:
         run = self.run
@@ -282,10 +289,8 @@ class RunExecutor:
         self.state.finish(outcome, self.usage)
 
     def _cleanup(self) -> None:
-        """Release the run's inputs, remove its container and its directory. Each step is on its
-        own: one that fails is logged and the others still go (what is left, a later start of
-        this worker removes)."""
-        self.setup.release()
+        """Remove the run's container and its directory; what is left, a later start of this
+        worker removes."""
         self.box.remove(f"its attempt is over on this worker (the run as last read here: {self.run.state})")
         if self.valid_id:
             left = remove_tree(self.run_dir)
