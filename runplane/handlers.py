@@ -8,11 +8,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from runplane import metrics
 from runplane.bootstrap import Stack
 from runplane.domain.errors import InvalidRequest, NotFound, RunplaneError
 from runplane.domain.models import SWEEP_PREFIX, DispatchEvent
 from runplane.services import dependencies, sweeps
-from runplane.services.dispatch import Decision, DispatchPorts, dispatch_pool
+from runplane.services.dispatch import Decision, DispatchPorts, PoolFigures, dispatch_pool
 from runplane.services.reap import ReapReport, reap
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,10 @@ class PoolDispatcher:
                 )
             except RunplaneError as e:
                 self.results[name] = e
+            result = self.results[name]
+            figures = result.figures if isinstance(result, Decision) else result.details.get("figures")
+            if isinstance(figures, PoolFigures):
+                metrics.pool_figures(name, figures)
         result = self.results[name]
         if isinstance(result, RunplaneError):
             raise result
@@ -59,6 +64,11 @@ class PoolDispatcher:
             except ValidationError:
                 log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
                 return None
+            if event.ended is not None:
+                end = event.ended
+                metrics.run_ended(event.pool, end.state, end.reason, end.to_running)
+                if event.sweep is None and event.upstream is None:
+                    return None  # a slot freed: nothing to launch (idle workers leave by themselves)
             if event.sweep is not None:
                 self.sweep(event.sweep)
             if event.upstream is not None:

@@ -24,6 +24,7 @@ from runplane.services import admission, lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_labels, holds, remove_container
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
+from worker_agent.metrics import AgentMetrics, Gauges
 from worker_agent.network import NetworkCheck
 from worker_agent.resources import Allocation, Allocator, Gpu, host_cpus
 from worker_agent.settings import default
@@ -98,6 +99,7 @@ class Agent:
         self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
         self.active: dict[str, RunExecutor] = {}
         self.leaving: list[RunExecutor] = []  # runs over whose container and directory may still be going
+        self.metrics = AgentMetrics(config.pool, config.worker_id)
         self.cached_inputs = inputs.entries() if inputs is not None else 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -418,6 +420,7 @@ class Agent:
 
     def _done(self, executor: RunExecutor) -> None:
         self.allocator.release(executor.run.id)
+        self.metrics.run_ended(executor.run, executor.usage.timings)
         try:
             self._unreserve(executor.run, executor.run.attempt)
             self._housekeeping()
@@ -430,6 +433,12 @@ class Agent:
                 self.last_busy = self.clock()
             self._slot_freed.set()
         log.info("run %s ended %s", executor.run.id, executor.run.state)
+
+    def gauges(self) -> Gauges:
+        """What this worker has now, for its metrics."""
+        with self._lock:
+            active = len(self.active)
+        return Gauges(slots=self.config.slots, active=active, gpus=len(self.config.gpus))
 
     def _housekeeping(self) -> None:
         """Keep the input cache and the image cache under their limits (between runs)."""

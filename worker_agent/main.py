@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 from runplane.domain.accounting import Rates
 from runplane.domain.errors import RunplaneError
 from runplane.extras import requirement
+from worker_agent.metrics import serve as serve_metrics
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import Gpu, detect_gpus, host_cpus, select_gpus
 from worker_agent.settings import AgentSettings, UsageError, parse
@@ -27,7 +28,7 @@ from worker_agent.workdir import WorkDir, WorkDirError, engine_shares_our_mounts
 
 if TYPE_CHECKING:
     from runplane.domain.models import Pool
-    from worker_agent.agent import AgentConfig
+    from worker_agent.agent import Agent, AgentConfig
     from worker_agent.network import NetworkCheck
 
 
@@ -137,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("runplane.agent").info("worker %s serving pool %s", worker_id, settings.pool)
+    _serve_metrics(settings, agent, prepared.release)
     if settings.preemption_watch:
         PreemptionWatcher(
             make_probe(settings.preemption_watch, settings.metadata_url),
@@ -148,6 +150,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         uploader.stop()
     prepared.release()
     _exit_now(1 if agent.failed else 0)
+
+
+def _serve_metrics(settings: AgentSettings, agent: Agent, release: Callable[[], None]) -> None:
+    """Serve the agent's metrics when --metrics-port asks; if it cannot, say why, ``release`` the
+    work directory and exit 2 before any run is taken."""
+    if settings.metrics_port is None:
+        return
+    try:
+        server = serve_metrics(agent.metrics, agent.gauges, settings.metrics_address, settings.metrics_port)
+    except OSError as e:
+        print(
+            f"runplane-agent: error: cannot serve metrics on {settings.metrics_address}:{settings.metrics_port}: {e}",
+            file=sys.stderr,
+        )
+        release()
+        raise SystemExit(2) from e
+    host, port = server.server_address[:2]
+    logging.getLogger("runplane.agent").info("metrics on http://%s:%s/metrics", host, port)
 
 
 def _log_network(network: NetworkCheck, mode: str) -> None:

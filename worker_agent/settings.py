@@ -182,6 +182,10 @@ class AgentSettings(Settings):
     log_upload_prefix: str | None = Field(
         None, description="upload this agent's own log to object storage under this prefix"
     )
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve this worker's figures as Prometheus text on this port (/metrics)"
+    )
+    metrics_address: str = Field("127.0.0.1", description="the address --metrics-port listens on")
     log_level: Annotated[Literal["DEBUG", "INFO", "WARNING", "ERROR"], BeforeValidator(_upper)] = Field(
         "INFO", description="DEBUG, INFO, WARNING or ERROR"
     )
@@ -280,6 +284,7 @@ def _message(error: ErrorDetails, from_env: set[str]) -> str:
         "bool_parsing": f"{given!r} is not a switch value (1, true, yes or 0, false, no)",
         "greater_than": "must be positive" if ctx.get("gt") == 0 else f"must be more than {ctx.get('gt')}",
         "greater_than_equal": f"must be at least {ctx.get('ge')}",
+        "less_than_equal": f"must be at most {ctx.get('le')}",
         "literal_error": f"must be {ctx.get('expected')}",
     }.get(error["type"], text)
     # messages of shared parsers may name the flag already

@@ -34,7 +34,7 @@ from runplane.api.models import (
     TokenList,
     WorkerList,
 )
-from runplane.api.observability import emit, make_tracer
+from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
 from runplane.api.resolver import ConcurrentResolver
 from runplane.api.views import (
@@ -60,6 +60,7 @@ from runplane.domain.models import (
     Worker,
 )
 from runplane.domain.sweeps import Sweep, SweepSpec
+from runplane.metrics import emit
 from runplane.services import auth, dependencies, lifecycle, quota_admin, runs, sweeps, tenancy, usage
 from runplane.services.dispatch import alive_workers, explain_wait, fresh
 from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs

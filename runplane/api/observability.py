@@ -1,8 +1,4 @@
-"""Powertools Metrics and Tracer for the functions, without paying for X-Ray when tracing is off.
-
-Metrics leave as CloudWatch embedded metric format (EMF) documents on stdout, one per metric, at
-once (``emit``): nothing is kept between calls, so threads serving requests side by side never
-publish each other's figures, and a metric is never lost to a handler that raised.
+"""Powertools Tracer for the functions, without paying for X-Ray when tracing is off.
 
 Powertools' Tracer imports the X-Ray SDK (about 200 ms) even when tracing is disabled, because
 it builds its default provider eagerly. When tracing is off (outside Lambda, or by
@@ -16,28 +12,7 @@ from collections.abc import AsyncGenerator, Generator, Sequence
 from typing import Any
 
 from aws_lambda_powertools import Tracer
-from aws_lambda_powertools.metrics import MetricUnit, single_metric
-from aws_lambda_powertools.metrics.functions import is_metrics_disabled
 from aws_lambda_powertools.tracing.base import BaseProvider, BaseSegment
-
-NAMESPACE = "runplane"
-
-UNITS = {"count": MetricUnit.Count, "seconds": MetricUnit.Seconds, "milliseconds": MetricUnit.Milliseconds}
-
-
-def emit(name: str, value: float, service: str, unit: str = "count", **dimensions: str) -> None:
-    """Publish one metric of ``service`` (api, dispatcher, reaper) with ``dimensions`` (pool,
-    state, reason...) as its own EMF document (none with POWERTOOLS_METRICS_DISABLED set)."""
-    if is_metrics_disabled():
-        return
-    with single_metric(
-        name=name,
-        unit=UNITS[unit],
-        value=value,
-        namespace=NAMESPACE,
-        default_dimensions={"service": service, **dimensions},
-    ):
-        pass
 
 
 class _NullSegment(BaseSegment):

@@ -474,8 +474,19 @@ class RunMessage(BaseModel):
     attempt: int
 
 
+class RunEnd(BaseModel):
+    """How a run ended, as its end event carries it to the dispatcher's metrics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: RunState
+    reason: FailureReason | None = None
+    to_running: float | None = Field(default=None, ge=0)
+    """Seconds from its submit to its first start; None when it never started."""
+
+
 class DispatchEvent(BaseModel):
-    """A nudge for the dispatcher that a pool's backlog changed."""
+    """A nudge for the dispatcher that a pool's backlog changed, or that a run ended."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -486,6 +497,8 @@ class DispatchEvent(BaseModel):
     """A member of this sweep ended: the sweep may release its next members."""
     upstream: str | None = None
     """This run or sweep ended: the runs and sweeps waiting for it may go (or fail)."""
+    ended: RunEnd | None = None
+    """A run ended thus (its metrics)."""
 
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]

@@ -8,6 +8,8 @@ dispatchers never both launch), and acts.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import math
 import re
@@ -39,9 +41,22 @@ class PoolFacts:
 
 
 @dataclass(frozen=True)
+class PoolFigures:
+    """What one dispatcher pass saw of a pool and did (its metrics: ``runplane.metrics``)."""
+
+    backlog: int
+    workers: Mapping[str, int] = field(default_factory=dict)
+    """Workers by status: starting (launched, not registered yet), idle, busy, draining, offline."""
+    launched: int = 0
+    launch_failed: bool = False
+
+
+@dataclass(frozen=True)
 class Decision:
     launch: int
     reason: str
+    figures: PoolFigures | None = None
+    """Set by a pass that looked at the pool (not by one that left it to another dispatcher)."""
 
 
 def plan_launches(pool: Pool, facts: PoolFacts) -> Decision:
@@ -306,9 +321,24 @@ def dispatch_pool(
             ports.backend.cancel(pool, job_id)
         except RunplaneError as e:
             log.error("pool %s: cancel of job %s failed: %s", pool.name, job_id, e)
+    figures = PoolFigures(facts.backlog, _by_status(known, facts.workers, len(rec.starting)), decision.launch)
     if decision.launch:
-        _launch(pool, ports, rec, decision, agent_args, now)
-    return decision
+        try:
+            _launch(pool, ports, rec, decision, agent_args, now)
+        except RunplaneError as e:
+            launched = len(e.details.get("jobs") or [])
+            e.details["figures"] = dataclasses.replace(figures, launched=launched, launch_failed=True)
+            raise
+    return dataclasses.replace(decision, figures=figures)
+
+
+def _by_status(known: Sequence[Worker], alive: Sequence[Worker], starting: int) -> dict[str, int]:
+    """Workers by status: registered and fresh by their own word, stale ones offline, and the
+    launched jobs not registered yet starting."""
+    counts: collections.Counter[str] = collections.Counter(str(w.status) for w in alive)
+    counts["offline"] += len(known) - len(alive)
+    counts["starting"] += starting
+    return dict(counts)
 
 
 def _launch(

@@ -18,6 +18,7 @@ from runplane.domain.models import (
     Failure,
     FailureReason,
     Run,
+    RunEnd,
     RunMessage,
     RunState,
     Usage,
@@ -249,12 +250,19 @@ def requeue(
 
 
 def ended(queue: RunQueue, run: Run) -> None:
-    """Tell the dispatcher that ``run`` ended, when something waits for that: its sweep (which may
-    release the next member) or runs and sweeps that wait for it (``services.dependencies``).
-    ``run`` is the run as its final write returned it, so a dependent added before that write is
-    seen. Quiet on failure: the dispatcher's schedule moves sweeps and waiting runs on anyway."""
-    if not run.state.terminal or (run.sweep_id is None and not run.dependents):
+    """Tell the dispatcher that ``run`` ended: for its metrics (``RunEnd``), and for what waits for
+    it: its sweep (which may release the next member) or runs and sweeps that wait for it
+    (``services.dependencies``). ``run`` is the run as its final write returned it, so a dependent
+    added before that write is seen. Quiet on failure: the dispatcher's schedule moves sweeps and
+    waiting runs on anyway (the metric is lost)."""
+    if not run.state.terminal:
         return
+    started = next((e.at for e in run.events if e.state == RunState.RUNNING), None)
+    end = RunEnd(
+        state=run.state,
+        reason=run.failure.reason if run.failure else None,
+        to_running=None if started is None else max(0.0, started - run.created_at),
+    )
     try:
         queue.notify(
             DispatchEvent(
@@ -262,7 +270,8 @@ def ended(queue: RunQueue, run: Run) -> None:
                 reason="run ended",
                 sweep=run.sweep_id,
                 upstream=run.id if run.dependents else None,
+                ended=end,
             )
         )
     except RunplaneError as e:
-        log.warning("run %s ended; could not tell what waits for it: %s", run.id, e)
+        log.warning("run %s ended; could not tell the dispatcher: %s", run.id, e)

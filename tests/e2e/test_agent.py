@@ -321,3 +321,32 @@ def test_the_pools_containment_settings_reach_its_agents(docker_client, alice, d
         assert logs(alice, root["id"]) == "0\n"  # the pool allows root and this agent takes it up
     finally:
         agent.stop()
+
+
+def test_metrics_port_serves_the_workers_figures_after_real_runs(docker_client, alice, agents):
+    import urllib.request
+
+    from runplane.devstack.net import free_port
+
+    port = free_port()
+    agent = agents("--metrics-port", str(port), "--slots", "2")
+
+    def scrape():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                return resp.read().decode()
+        except OSError:  # not listening yet
+            return ""
+
+    wait_for(lambda: "runplane_worker_slots" in scrape(), 30, 0.1, "the metrics endpoint")
+    labels = f'pool="manual",worker="{agent.id}"'
+    assert f"runplane_worker_slots{{{labels}}} 2\n" in scrape()
+    runs = [submit(alice, "true"), submit(alice, "exit 3")]
+    assert [wait_state(alice, r["id"], TERMINAL)["state"] for r in runs] == ["succeeded", "failed"]
+    ended = f"runplane_worker_runs_ended_total{{{labels},state="
+    wait_for(lambda: f'{ended}"failed",reason="nonzero_exit"}} 1\n' in scrape(), 30, 0.1, "the failed run counted")
+    text = scrape()
+    assert f'{ended}"succeeded",reason="none"}} 1\n' in text
+    assert f"runplane_worker_seconds_to_running_count{{{labels}}} 2\n" in text
+    assert f"runplane_worker_claim_seconds_count{{{labels}}} 2\n" in text
+    assert f"runplane_worker_runs_active{{{labels}}} 0\n" in text

@@ -12,7 +12,7 @@ from runplane import bootstrap
 from runplane.adapters.aws.provision import provision
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
-from runplane.domain.models import Pool, Principal, RunSpec, RunState
+from runplane.domain.models import FailureReason, Pool, Principal, RunSpec, RunState
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.reap import reap
@@ -191,3 +191,80 @@ def test_lost_preemptible_worker_does_not_use_up_an_attempt(aws_stack):
     held = lifecycle.claim(s.store, after, 1, "w-2", lease_seconds=-1, now=time.time())
     reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
     assert s.store.get(run.id).failure.reason == "worker_lost"
+
+
+def _sqs(*bodies):
+    template = load_event("sqs_dispatch.json")["Records"][0]
+    return {"Records": [{**template, "messageId": f"m-{i}", "body": json.dumps(b)} for i, b in enumerate(bodies)]}
+
+
+def _published(capsys):
+    """(metric name, value, dimensions) of the EMF documents the handler printed."""
+    out = []
+    for line in capsys.readouterr().out.splitlines():
+        if line.startswith('{"_aws"'):
+            doc = json.loads(line)
+            [directive] = doc["_aws"]["CloudWatchMetrics"]
+            name = directive["Metrics"][0]["Name"]
+            out.append((name, doc[name][0], {k: doc[k] for k in directive["Dimensions"][0] if k != "service"}))
+    return out
+
+
+def test_the_dispatcher_publishes_each_pools_figures_and_each_runs_end(handler_stack, capsys, monkeypatch):
+    from functions.aws import dispatcher
+
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    alice = Principal(user="alice")
+    store, queue = handler_stack.store, handler_stack.queue
+    runs = [
+        submit_run(store, queue, handler_stack.pools, alice, RunSpec(command="x"), None, time.time).run
+        for _ in range(3)
+    ]
+    # one of them runs 2 s after its submit and ends out of memory: its end event, as a worker sends it
+    held = lifecycle.claim(store, runs[0], 0, "w1", 60.0, runs[0].created_at + 1)
+    held = lifecycle.advance(store, held, RunState.RUNNING, runs[0].created_at + 2, "started")
+    done = lifecycle.fail(store, held, FailureReason.OUT_OF_MEMORY, "oom", runs[0].created_at + 5)
+    sent = []
+    monkeypatch.setattr(queue, "notify", sent.append)
+    lifecycle.ended(queue, done)
+    [end] = sent
+    assert (end.pool, end.ended.state, end.ended.reason, end.ended.to_running) == (
+        "default", RunState.FAILED, FailureReason.OUT_OF_MEMORY, 2.0
+    )  # fmt: skip
+    capsys.readouterr()
+
+    only_end = dispatcher.lambda_handler(_sqs(end.model_dump(mode="json")), LambdaContext())
+    assert only_end == {"batchItemFailures": []}
+    got = _published(capsys)
+    assert got == [
+        ("RunsEnded", 1.0, {"pool": "default", "state": "failed", "reason": "out_of_memory"}),
+        ("SecondsToRunning", 2.0, {"pool": "default"}),
+    ]  # an end alone launches nothing: the pool is not looked at
+    pool = handler_stack.pools.get("default")
+    assert handler_stack.backend(pool).list(pool) == []
+
+    dispatcher.lambda_handler(_sqs({"v": 1, "pool": "default", "reason": "submitted"}), LambdaContext())
+    got = {(name, dims.get("status")): value for name, value, dims in _published(capsys)}
+    assert got[("QueueDepth", None)] == 2.0  # the two still queued
+    assert got[("WorkersLaunched", None)] == 2.0
+    assert got[("Workers", "starting")] == 0.0  # counted from the pass's record, before its launch
+    assert ("LaunchFailures", None) not in got
+
+
+def test_a_launch_the_backend_refuses_is_published_as_a_launch_failure(handler_stack, capsys, monkeypatch, tmp_path):
+    from functions.aws import dispatcher
+
+    monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
+    handler_stack.backends["local"] = LocalCompute(tmp_path / "w", command=[str(tmp_path / "no-such-agent")])
+    submit_run(
+        handler_stack.store, handler_stack.queue, handler_stack.pools, Principal(user="alice"), RunSpec(command="x"),
+        None, time.time,
+    )  # fmt: skip
+    capsys.readouterr()
+    from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
+
+    with pytest.raises(BatchProcessingError):  # the whole batch failed: tried again later
+        dispatcher.lambda_handler(_sqs({"v": 1, "pool": "default", "reason": "submitted"}), LambdaContext())
+    got = {name: value for name, value, _ in _published(capsys)}
+    assert (got["QueueDepth"], got["LaunchFailures"]) == (1.0, 1.0)
+    assert "WorkersLaunched" not in got

@@ -47,6 +47,8 @@ SAMPLES = {
     "run_user": ("1000:1000", "1000:1000"),
     "docker_log_size": ("1m", "1048576"),
     "log_upload_prefix": ("agents", "agents"),
+    "metrics_port": ("9464", 9464),
+    "metrics_address": ("0.0.0.0", "0.0.0.0"),
     "log_level": ("debug", "DEBUG"),
 } | {name: (None, True) for name in SWITCHES}
 NEEDS = {"tag_exclusive": ["--tag", "a100-box"]}  # flags a sample needs beside it
@@ -142,6 +144,9 @@ def test_the_real_environment_is_read(monkeypatch):
         ([*POOL, "--cpuset", "0-4095"], "--cpuset: cores "),
         ([*POOL, "--cpuset", "GPU-1"], "--cpuset: 'GPU-1' is not a core index"),
         ([*POOL, "--gpuset", "3-1"], "--gpuset: range '3-1' runs backwards"),
+        ([*POOL, "--metrics-port", "70000"], "--metrics-port: must be at most 65535"),
+        ([*POOL, "--metrics-port", "-1"], "--metrics-port: must be at least 0"),
+        ([*POOL, "--metrics-port", "http"], "--metrics-port: 'http' is not a whole number"),
         ([*POOL, "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
         (["--pool"], "argument --pool: expected one argument"),
     ],

@@ -90,7 +90,9 @@ def test_a_success_records_its_exit_code_and_no_failure():
     w.finish(Outcome(RunState.SUCCEEDED, None, "command exited with code 0", 0), Usage(gpu_seconds=2.0))
     assert (store.run.state, store.run.exit_code, store.run.failure) == (RunState.SUCCEEDED, 0, None)
     assert store.run.usage.gpu_seconds == 2.0
-    assert queue.notified == []  # nothing waits for it
+    # nothing waits for it: its end is told for the dispatcher's metrics alone
+    [end] = queue.notified
+    assert (end.sweep, end.upstream, end.ended.state, end.ended.reason) == (None, None, RunState.SUCCEEDED, None)
 
 
 def test_a_failure_without_a_reason_is_an_agent_error():
