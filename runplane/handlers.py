@@ -64,15 +64,15 @@ class PoolDispatcher:
             except ValidationError:
                 log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
                 return None
-            if event.ended is not None:
-                end = event.ended
-                metrics.run_ended(event.pool, end.state, end.reason, end.to_running)
-                if event.sweep is None and event.upstream is None:
-                    return None  # a slot freed: nothing to launch (idle workers leave by themselves)
             if event.sweep is not None:
                 self.sweep(event.sweep)
             if event.upstream is not None:
                 self.upstream(event.upstream)
+            if event.ended is not None:  # once what waits for it was told (a failure retries the record)
+                end = event.ended
+                metrics.run_ended(event.pool, end.state, end.reason, end.to_running)
+                if event.sweep is None and event.upstream is None:
+                    return None  # a slot freed: nothing to launch (idle workers leave by themselves)
             if self.stack.pools.get(event.pool) is None:
                 log.warning("ignoring event for unknown pool %s", event.pool)
                 return None

@@ -420,8 +420,8 @@ class Agent:
 
     def _done(self, executor: RunExecutor) -> None:
         self.allocator.release(executor.run.id)
-        self.metrics.run_ended(executor.run, executor.usage.timings)
         try:
+            self.metrics.run_ended(executor.run, executor.usage.timings)
             self._unreserve(executor.run, executor.run.attempt)
             self._housekeeping()
         finally:  # the slot is free again whatever housekeeping met

@@ -102,19 +102,20 @@ class RunContainer:
 
     def start(self, allocation: Allocation | None) -> Outcome | None:
         t0 = self.clock()
+        self.started = True  # asked: a start whose answer is lost may have started it all the same
         try:
             self.container.start()
         except docker.errors.APIError as e:
+            self.started = False  # refused by the engine: it never ran
             self.stream.close()
             return create_failure(e, allocation, "start")
-        self.started = True
         self.timings["start"] = round(self.clock() - t0, 3)
         return None
 
     @property
     def quiet(self) -> bool:
-        """Nothing of the run runs any more: no container, one never started, or one seen exited
-        (or gone). A container that may still run is not quiet until it is removed."""
+        """Nothing of the run runs any more: no container, one whose start the engine refused (or
+        never asked), or one seen exited (or gone). One that may still run is not quiet."""
         return self.container is None or not self.started or self.exited
 
     def waiter(self) -> tuple[threading.Event, dict[str, Any]]:

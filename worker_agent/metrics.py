@@ -44,7 +44,10 @@ class AgentMetrics:
         self.claim = [0.0, 0]
 
     def run_ended(self, run: Run, timings: dict[str, float]) -> None:
-        """Count ``run``'s end here (its attempt on this worker), with its waits."""
+        """Count ``run``'s end here, with its waits: an attempt that ended here without ending the
+        run (handed back, taken away) is not counted."""
+        if not run.state.terminal:
+            return
         started = next((e.at for e in run.events if e.state == RunState.RUNNING), None)
         with self._lock:
             self.ended[(str(run.state), str(run.failure.reason) if run.failure else "none")] += 1
@@ -60,7 +63,7 @@ class AgentMetrics:
 
         def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-            lines.extend(f"{name}{{{self.labels}{extra}}} {value:g}" for extra, value in samples)
+            lines.extend(f"{name}{{{self.labels}{extra}}} {_number(value)}" for extra, value in samples)
 
         with self._lock:
             ended = sorted(self.ended.items())
@@ -79,8 +82,8 @@ class AgentMetrics:
             ("runplane_worker_claim_seconds", claim, "Seconds from a run's hint received to claimed."),
         ):
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} summary"])
-            lines.append(f"{name}_sum{{{self.labels}}} {total:g}")
-            lines.append(f"{name}_count{{{self.labels}}} {count:g}")
+            lines.append(f"{name}_sum{{{self.labels}}} {_number(total)}")
+            lines.append(f"{name}_count{{{self.labels}}} {_number(count)}")
         return "\n".join(lines) + "\n"
 
 
@@ -107,6 +110,12 @@ def serve(metrics: AgentMetrics, gauges: Callable[[], Gauges], address: str, por
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+def _number(value: float) -> str:
+    """A sample's value in full: a whole number without a point, else every digit a float has."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def _escape(value: str) -> str:

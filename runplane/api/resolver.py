@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
+from aws_lambda_powertools.event_handler.api_gateway import Route
 from aws_lambda_powertools.utilities.data_classes import APIGatewayProxyEventV2
 from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 
@@ -30,10 +31,13 @@ class _Request(threading.local):
 
 
 class ConcurrentResolver(APIGatewayHttpResolver):
-    """``APIGatewayHttpResolver`` whose request state is the calling thread's own."""
+    """``APIGatewayHttpResolver`` whose request state is the calling thread's own, and whose routes
+    build their middleware chain once even when their first requests come at the same moment
+    (Powertools builds it on a route's first call, unguarded: built twice, it breaks the route)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._request = _Request()
+        self._building = threading.Lock()
         super().__init__(*args, **kwargs)
 
     @property  # type: ignore[override]
@@ -68,6 +72,13 @@ class ConcurrentResolver(APIGatewayHttpResolver):
     @processed_stack_frames.setter
     def processed_stack_frames(self, value: list[str]) -> None:
         self._request.frames = value
+
+    def _call_route(self, route: Route, route_arguments: dict[str, str]) -> Any:
+        if not route._middleware_stack_built:
+            with self._building:
+                if not route._middleware_stack_built:
+                    route._build_middleware_stack(router_middlewares=self._router_middlewares, app=self)
+        return super()._call_route(route, route_arguments)
 
     def resolve(self, event: Mapping[str, Any], context: Any) -> dict[str, Any]:
         raw = event.raw_event if isinstance(event, BaseProxyEvent) else event

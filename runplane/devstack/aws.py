@@ -113,11 +113,17 @@ class AwsCloud(Cloud):
                 sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
 
     def fire_schedule(self) -> None:
-        for handler, name in ((reaper.lambda_handler, "reaper"), (dispatcher.lambda_handler, "dispatcher")):
-            try:
-                handler(scheduled_event(f"runplane-{name}"), LambdaContext(f"runplane-{name}"))
-            except Exception:
-                log.exception("scheduled %s failed", name)
+        for name in ("reaper", "dispatcher"):
+            self.fire(name)
+
+    @staticmethod
+    def fire(name: str) -> None:
+        """One scheduled invocation of the reaper or the dispatcher; a failure is logged."""
+        handler = {"reaper": reaper.lambda_handler, "dispatcher": dispatcher.lambda_handler}[name]
+        try:
+            handler(scheduled_event(f"runplane-{name}"), LambdaContext(f"runplane-{name}"))
+        except Exception:
+            log.exception("scheduled %s failed", name)
 
     def stop(self) -> None:
         if self._moto is not None:

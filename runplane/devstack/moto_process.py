@@ -7,21 +7,21 @@ own it has a core to itself, as the cloud's services do. The child applies each 
 whole (``atomic_dynamodb_items``), and exits when its parent does: it serves until its standard
 input closes.
 
-    python -m runplane.devstack.moto_process --port 5000
+    python -m runplane.devstack.moto_process --port 0      # prints "moto ready PORT" once serving
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
-from runplane.devstack.net import free_port
 from runplane.domain.errors import BackendError
 
 READY = "moto ready"
@@ -36,21 +36,24 @@ class MotoProcess:
         self.endpoint = ""
 
     def start(self) -> str:
-        """Start the child and return its endpoint once it answers; BackendError if it does not."""
-        port = free_port()
+        """Start the child and return its endpoint once it serves; BackendError if it does not
+        within START_SECONDS (the child is stopped then)."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "runplane.devstack.moto_process", "--port", str(port)],
+            [sys.executable, "-m", "runplane.devstack.moto_process", "--port", "0"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,  # a Ctrl-C of `runplane dev` must not stop it before the stack
         )
         assert self.process.stdout is not None
-        line = self.process.stdout.readline()  # the child prints READY once serving, or dies
-        if line.strip() != READY:
+        ready, _, _ = select.select([self.process.stdout], [], [], START_SECONDS)
+        line = self.process.stdout.readline() if ready else ""  # READY and the port it took, or EOF
+        word, _, port = line.strip().rpartition(" ")
+        if word != READY or not port.isdigit():
             code = self.process.poll()
             self.stop()
-            raise BackendError(f"moto's server did not start (exit {code}): {line.strip()[:200]}")
+            raise BackendError(f"moto's server did not start (exit {code}): {line.strip()[:200] or 'no answer'}")
         self.endpoint = f"http://127.0.0.1:{port}"
         return self.endpoint
 
@@ -59,7 +62,8 @@ class MotoProcess:
         if process is None:
             return
         if process.stdin is not None:
-            process.stdin.close()  # the child's signal to stop
+            with contextlib.suppress(OSError):
+                process.stdin.close()  # the child's signal to stop
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
@@ -112,19 +116,8 @@ def serve(port: int) -> None:
         _count_requests(os.environ[COUNTS_ENV])
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    deadline = time.monotonic() + START_SECONDS
-    import socket
-
-    while True:  # serving once the port takes a connection
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-    print(READY, flush=True)
+    server.start()  # bound and listening once it returns (port 0: the kernel picks a free one)
+    print(READY, server.get_host_and_port()[1], flush=True)
     try:
         sys.stdin.read()  # until the parent closes it, or is gone
     finally:

@@ -70,7 +70,7 @@ class DevConfig:
     cloud: str = "aws"
     """Whose functions and stores: "aws" (moto) or "azure" (Azurite)."""
     aws_endpoint_url: str | None = None
-    """AWS: an endpoint serving DynamoDB/SQS/S3 (moto, LocalStack); none starts moto in-process."""
+    """AWS: an endpoint serving DynamoDB/SQS/S3 (moto, LocalStack); none starts moto (a process of its own)."""
     azure_connection_string: str | None = None
     """Azure: a storage connection string; none starts Azurite (runplane/devstack/azurite.py)."""
     prefix: str = "runplane"
@@ -80,6 +80,9 @@ class DevConfig:
     """Buckets runs may read inputs from (RUNPLANE_INPUT_BUCKETS; see StackSettings)."""
     state_dir: Path = field(default_factory=lambda: Path("~/.runplane/dev").expanduser())
     write_dev_file: bool = True
+    functions: bool = True
+    """Run the dispatcher (on the events queue and the schedule) and the reaper here; False leaves
+    them to processes of their own (``python -m runplane.devstack.functions_process``, AWS)."""
 
 
 def _aws(config: DevConfig) -> Cloud:
@@ -290,8 +293,9 @@ class DevStack:
         self._http = http
         self.api_url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._spawn(self._http.serve_forever, "http-front")
-        self._spawn(self._poll_events, "dispatch-poller")
-        self._spawn(self._schedule, "schedule")
+        if self.config.functions:
+            self._spawn(self._poll_events, "dispatch-poller")
+            self._spawn(self._schedule, "schedule")
         if self.config.write_dev_file:
             DEV_FILE.parent.mkdir(parents=True, exist_ok=True)
             DEV_FILE.unlink(missing_ok=True)  # made anew 0600: it holds an admin token

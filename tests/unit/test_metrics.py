@@ -119,3 +119,14 @@ def test_the_metrics_endpoint_serves_metrics_and_nothing_else():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_large_figures_keep_every_digit_and_attempts_handed_back_are_not_ends():
+    m = AgentMetrics("cpu", "w-1")
+    m.run_ended(run(RunState.QUEUED, started=101.0), {"claim": 1.0})  # handed back: not an end
+    assert "runs_ended_total{" not in m.render(Gauges(slots=1, active=0, gpus=0))
+    m.to_running = [1234567.125, 2_000_001]
+    text = m.render(Gauges(slots=1234567, active=0, gpus=0))
+    assert 'runplane_worker_slots{pool="cpu",worker="w-1"} 1234567\n' in text
+    assert 'runplane_worker_seconds_to_running_sum{pool="cpu",worker="w-1"} 1234567.125\n' in text
+    assert 'runplane_worker_seconds_to_running_count{pool="cpu",worker="w-1"} 2000001\n' in text

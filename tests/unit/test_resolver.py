@@ -63,3 +63,37 @@ def test_an_event_wrapped_in_its_proxy_class_is_resolved_the_same():
     event = APIGatewayProxyEventV2(http_event("GET", "/who", "", {"X-User": "carol"}, b"", "127.0.0.1"))
     answer = app.resolve(event, None)
     assert answer["statusCode"] == 200 and '"carol"' in answer["body"]
+
+
+def test_routes_first_called_at_the_same_moment_all_keep_working():
+    """Each route builds its middleware chain on its first call; two first calls at once must not
+    build it twice (a chain built twice answers every later call with a 500)."""
+    import sys
+
+    app = ConcurrentResolver()
+    names = [f"r{i}" for i in range(150)]
+    for name in names:
+        app.get(f"/{name}")(lambda name=name: {"route": name})
+    failures = []
+    start = threading.Barrier(6, timeout=10)
+
+    def call_all():
+        start.wait()
+        for name in names:  # all in the same order: each route's first calls come together
+            answer = app.resolve(http_event("GET", f"/{name}", "", {}, b"", "127.0.0.1"), None)
+            if answer["statusCode"] != 200:
+                failures.append((name, answer["statusCode"]))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: first calls overlap
+    try:
+        threads = [threading.Thread(target=call_all) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+    for name in names:  # and afterwards, one by one
+        assert app.resolve(http_event("GET", f"/{name}", "", {}, b"", "127.0.0.1"), None)["statusCode"] == 200
