@@ -277,7 +277,12 @@ def _check(report: Report, starts: collections.Counter[tuple[str, str]], say: Ca
         report.attempts[run.attempt] += 1  # claims made: the attempts it used
         if ended not in ("succeeded", "failed/worker_lost"):
             report.unexpected.append(f"{run_id}: {ended}: {run.failure.message if run.failure else ''}"[:200])
+        claims = [e for e in run.events if e.state == RunState.PREPARING]
+        if len(claims) != run.attempt:  # one claim per attempt, each its own
+            report.doubled.append(f"{run_id}: {len(claims)} claims for {run.attempt} attempts")
         running = sum(1 for e in run.events if e.state == RunState.RUNNING)
+        if running > run.attempt:
+            report.doubled.append(f"{run_id}: {running} starts written for {run.attempt} attempts")
         seen = sum(n for (started_run, _), n in starts.items() if started_run == run_id)
         if seen < running:  # each attempt that ran started a container the engine told of
             report.unseen.append(f"{run_id}: {running} attempts ran, {seen} starts seen")

@@ -26,7 +26,7 @@ def test_interleaved_requests_of_two_users_each_see_only_their_own(front):
         client = users[name]
         try:
             start.wait()
-            for round_ in range(4):
+            for round_ in range(2):
                 seen.append((name, "me", client.request("GET", "/v1/me")["user"]))
                 run = client.request("POST", "/v1/runs", {**PARKED, "name": f"{tag}-{name}-{i}-{round_}"})
                 seen.append((name, "owner", client.request("GET", f"/v1/runs/{run['id']}")["owner"]))
@@ -40,13 +40,13 @@ def test_interleaved_requests_of_two_users_each_see_only_their_own(front):
     for t in threads:
         t.join(120)
     assert not errors, errors[:3]
-    assert len(seen) == 16 * 4 * 3
+    assert len(seen) == 16 * 2 * 3
     for name, what, got in seen:
         assert got == (401 if what == "stranger" else name), (name, what, got)
     for name, client in users.items():
         mine = [r for r in client.request("GET", "/v1/runs", query={"limit": 200})["runs"]
-                if r["name"].startswith(tag)]  # fmt: skip
-        assert len(mine) == 8 * 4 and all(r["name"].startswith(f"{tag}-{name}-") for r in mine)
+                if (r["name"] or "").startswith(tag)]  # fmt: skip
+        assert len(mine) == 8 * 2 and all(r["name"].startswith(f"{tag}-{name}-") for r in mine)
         for r in mine:
             client.request("POST", f"/v1/runs/{r['id']}/kill")
 
