@@ -24,7 +24,7 @@ for every run to end. Then it checks:
 It prints the counts by state and failure reason, the kills, and the four checks, and exits 1 if
 a check failed.
 
-    python bench/soak.py [--runs 1000] [--agents 4] [--kill-every 6] [--seed N]
+    python bench/soak.py [--runs 1000] [--agents 4] [--kill-every 6] [--seed N] [--dynamodb dynalite|moto]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import dev_stack
+from _common import dev_stack, dynalite
 
 IMAGE = "runplane/test-busybox:1"
 POOL = "soak"
@@ -342,8 +342,18 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=4, help="worker agents, one slot each (default 4)")
     parser.add_argument("--kill-every", type=float, default=6.0, help="most seconds between kills (default 6)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the runs' lengths and the kills")
+    parser.add_argument(
+        "--dynamodb",
+        choices=("dynalite", "moto"),
+        default="dynalite",
+        help="where the tables are (default dynalite: moto's queries read whole tables, see README)",
+    )
     args = parser.parse_args()
-    report = soak(args.runs, args.agents, args.kill_every, args.seed)
+    with contextlib.ExitStack() as stacks:
+        if args.dynamodb == "dynalite":
+            work = Path(stacks.enter_context(tempfile.TemporaryDirectory(prefix="runplane-soak-")))
+            os.environ["RUNPLANE_DYNAMODB_ENDPOINT_URL"] = stacks.enter_context(dynalite(work))
+        report = soak(args.runs, args.agents, args.kill_every, args.seed)
     for line in report.lines():
         print(line)
     print(f"RESULT soak: {'ok' if report.ok else 'FAILED'} (target: 0 lost, 0 doubled, 0 missing)")

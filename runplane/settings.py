@@ -169,7 +169,9 @@ class StackSettings(Settings):
         30, description="A worker silent for longer than this (no heartbeat) counts as gone."
     )
     rehint_seconds: float = Field(
-        300, description="The reaper sends a queued run's hint again once the last one is this old."
+        300,
+        description="The reaper sends a queued run's hint again once the last one is this old (the first 32 "
+        "runs of each pool's line).",
     )
     max_body_bytes: int = Field(256 * 1024, description="The largest HTTP request body the API reads.")
     local_state_dir: str = Field(

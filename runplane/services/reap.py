@@ -26,6 +26,10 @@ class ReapReport:
     """Quota holds (``run#attempt``) given back because their attempt was over."""
 
 
+REHINT_WINDOW = 32
+"""The most queued runs of a pool one reaper pass re-hints: those first in line."""
+
+
 def _runs(store: RunStore, queue: str, state: RunState) -> Iterator[Run]:
     cursor = None
     while True:
@@ -45,9 +49,10 @@ def reap(
     *,
     quotas: QuotaStore | None = None,
 ) -> ReapReport:
-    """One pass: re-queue (or end) runs whose lease expired, re-hint queued runs not hinted for
-    ``rehint_after`` seconds, and, given ``quotas``, release the holds of attempts that are over
-    (``admission.heal``: a re-queued run's hold goes once it is older than the grace)."""
+    """One pass: re-queue (or end) runs whose lease expired, re-hint the first REHINT_WINDOW runs
+    in each pool's line not hinted for ``rehint_after`` seconds, and, given ``quotas``, release
+    the holds of attempts that are over (``admission.heal``: a re-queued run's hold goes once it
+    is older than the grace)."""
     report = ReapReport()
     for pool in pools.pools:
         for state in sorted(ACTIVE_STATES):
@@ -64,7 +69,10 @@ def reap(
                     log.warning("could not reap run %s: %s", run.id, e)
                     continue
                 (report.requeued if updated.state == RunState.QUEUED else report.ended).append(run.id)
-        for run in _runs(store, pool.name, RunState.QUEUED):
+        # the head of the line only: an agent starts the first run in line it can take, whatever
+        # run its hint names, so what keeps a pool moving is a hint for each free slot, not one for
+        # every queued run; re-hinting a long backlog would flood the queue with stale hints
+        for run in store.head(pool.name, REHINT_WINDOW):
             if run.hinted_at is not None and now - run.hinted_at < rehint_after:
                 continue
             try:

@@ -268,3 +268,21 @@ def test_a_launch_the_backend_refuses_is_published_as_a_launch_failure(handler_s
     got = {name: value for name, value, _ in _published(capsys)}
     assert (got["QueueDepth"], got["LaunchFailures"]) == (1.0, 1.0)
     assert "WorkersLaunched" not in got
+
+
+def test_reap_rehints_only_the_head_of_a_long_line(aws_stack):
+    from runplane.services.reap import REHINT_WINDOW
+
+    s = aws_stack
+    alice = Principal(user="a")
+    runs = [
+        submit_run(s.store, s.queue, s.pools, alice, RunSpec(command="x"), None, lambda i=i: 1000.0 + i).run
+        for i in range(REHINT_WINDOW + 8)
+    ]
+    while got := s.queue.receive("default", 10, 0, 30):  # every hint got lost
+        for d in got:
+            s.queue.delete("default", d)
+    report = reap(s.store, s.queue, s.pools, 1_000_000.0, rehint_after=3600)
+    line = [r.id for r in s.store.head("default", len(runs))]
+    assert sorted(report.rehinted) == sorted(line[:REHINT_WINDOW])  # the first in line, no more
+    assert set(line) == {r.id for r in runs}
