@@ -134,6 +134,31 @@ def dynalite(work: Path) -> Iterator[str]:
             os.kill(pid, signal.SIGTERM)
 
 
+def add_dynamodb_option(parser: Any) -> None:
+    """``--dynamodb dynalite|moto``: where a benchmark's tables are (see ``tables_on``)."""
+    parser.add_argument(
+        "--dynamodb",
+        choices=("dynalite", "moto"),
+        default="dynalite",
+        help="where the tables are (default dynalite: moto's queries read whole tables, see bench/README.md)",
+    )
+
+
+@contextlib.contextmanager
+def tables_on(where: str) -> Iterator[None]:
+    """With ``where`` "dynalite", the stacks started inside keep their DynamoDB tables on a
+    dynalite of their own (``RUNPLANE_DYNAMODB_ENDPOINT_URL``), their queues and bucket on moto."""
+    if where != "dynalite":
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="runplane-bench-") as work, dynalite(Path(work)) as endpoint:
+        os.environ["RUNPLANE_DYNAMODB_ENDPOINT_URL"] = endpoint
+        try:
+            yield
+        finally:
+            os.environ.pop("RUNPLANE_DYNAMODB_ENDPOINT_URL", None)
+
+
 def p90(samples: Sequence[float]) -> float:
     """The 90th percentile (nearest rank), so small samples still give an observed value."""
     ordered = sorted(samples)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import dev_stack, dynalite
+from _common import add_dynamodb_option, dev_stack, tables_on
 
 IMAGE = "runplane/test-busybox:1"
 POOL = "soak"
@@ -342,17 +342,9 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=4, help="worker agents, one slot each (default 4)")
     parser.add_argument("--kill-every", type=float, default=6.0, help="most seconds between kills (default 6)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the runs' lengths and the kills")
-    parser.add_argument(
-        "--dynamodb",
-        choices=("dynalite", "moto"),
-        default="dynalite",
-        help="where the tables are (default dynalite: moto's queries read whole tables, see README)",
-    )
+    add_dynamodb_option(parser)
     args = parser.parse_args()
-    with contextlib.ExitStack() as stacks:
-        if args.dynamodb == "dynalite":
-            work = Path(stacks.enter_context(tempfile.TemporaryDirectory(prefix="runplane-soak-")))
-            os.environ["RUNPLANE_DYNAMODB_ENDPOINT_URL"] = stacks.enter_context(dynalite(work))
+    with tables_on(args.dynamodb):
         report = soak(args.runs, args.agents, args.kill_every, args.seed)
     for line in report.lines():
         print(line)

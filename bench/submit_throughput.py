@@ -21,12 +21,10 @@ import argparse
 import contextlib
 import http.client
 import os
-import tempfile
 import threading
 import time
-from pathlib import Path
 
-from _common import dev_stack, dynalite, median, ratio_line
+from _common import add_dynamodb_option, dev_stack, median, ratio_line, tables_on
 from submit_latency import POOLS_YAML, SubmitBench
 
 TARGET = 1.3
@@ -68,12 +66,10 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
     parser.add_argument("--total", type=int, default=400, help="submits per round (default 400)")
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds of each path (default 3)")
-    parser.add_argument("--dynamodb", choices=("dynalite", "moto"), default="dynalite")
+    add_dynamodb_option(parser)
     args = parser.parse_args()
     with contextlib.ExitStack() as stacks:
-        if args.dynamodb == "dynalite":
-            work = Path(stacks.enter_context(tempfile.TemporaryDirectory(prefix="runplane-bench-")))
-            os.environ["RUNPLANE_DYNAMODB_ENDPOINT_URL"] = stacks.enter_context(dynalite(work))
+        stacks.enter_context(tables_on(args.dynamodb))
         stack = stacks.enter_context(dev_stack(POOLS_YAML, schedule_seconds=3600))
         bench = SubmitBench(stack.endpoint, stack.api_url)
 

@@ -22,7 +22,6 @@ each run waited (submitted -> claimed, from its events) and the agents' CPU-seco
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -37,7 +36,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from _common import agent_pids, bare_container, dev_stack, dynalite, median, p90, ratio_line, table
+from _common import (
+    add_dynamodb_option,
+    agent_pids,
+    bare_container,
+    dev_stack,
+    median,
+    p90,
+    ratio_line,
+    table,
+    tables_on,
+)
 
 from runplane import bootstrap
 from runplane.devstack.moto_process import COUNTS_ENV
@@ -236,17 +245,9 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=1, help="slots per worker (default 1)")
     parser.add_argument("--clients", type=int, default=8, help="threads submitting (default 8)")
     parser.add_argument("--rounds", type=int, default=2, help="measured rounds (default 2)")
-    parser.add_argument(
-        "--dynamodb",
-        choices=("dynalite", "moto"),
-        default="dynalite",
-        help="where the tables are (default dynalite: on moto its server is the bottleneck, see README)",
-    )
+    add_dynamodb_option(parser)
     args = parser.parse_args()
-    with contextlib.ExitStack() as stacks:
-        if args.dynamodb == "dynalite":
-            work = Path(stacks.enter_context(tempfile.TemporaryDirectory(prefix="runplane-bench-")))
-            os.environ["RUNPLANE_DYNAMODB_ENDPOINT_URL"] = stacks.enter_context(dynalite(work))
+    with tables_on(args.dynamodb):
         return measure(args)
 
 
