@@ -4,8 +4,10 @@ after 10,000 runs (of many users and states) and 200 workers (of several pools) 
 same run. RATIO large / small per read: a read whose cost grew with the store shows it.
 
 * ``GET /v1/runs``: the caller's newest page (50), and of one state;
-* ``GET /v1/runs/{id}`` of a queued run (its waiting reason reads its pool's workers and record);
-* ``GET /v1/pools`` and ``GET /v1/workers`` (these show every worker: they read them all).
+* ``GET /v1/runs/{id}`` of a queued run (its waiting reason reads its pool's workers and record:
+  it grows with that pool's workers, 50 here, and with no other);
+* ``GET /v1/pools`` (the dispatcher's last count of each pool: one read a pool);
+* ``GET /v1/workers`` (a page of 100) and ``GET /v1/workers?pool=default`` (a pool's, one page).
 
     python bench/listing.py [--rounds 30] [--runs 10000] [--workers 200]
 """
@@ -87,7 +89,8 @@ def main() -> None:
             "GET /v1/runs?state=failed": lambda: client.request("GET", "/v1/runs", query={"state": "failed"}),
             "GET /v1/runs/{id} (queued)": lambda: client.request("GET", f"/v1/runs/{queued}"),
             "GET /v1/pools": lambda: client.request("GET", "/v1/pools"),
-            "GET /v1/workers": lambda: client.request("GET", "/v1/workers"),
+            "GET /v1/workers (a page)": lambda: client.request("GET", "/v1/workers"),
+            "GET /v1/workers?pool=default": lambda: client.request("GET", "/v1/workers", query={"pool": "default"}),
         }
         for call in reads.values():
             call()  # warm

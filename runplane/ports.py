@@ -241,6 +241,12 @@ class WorkerRegistry(Protocol):
 
     def list(self, pool: str | None = None) -> list[Worker]: ...
 
+    def page(self, pool: str | None, limit: int, after: str | None = None) -> tuple[builtins.list[Worker], str | None]:
+        """Up to ``limit`` workers (of ``pool``) following the one with id ``after``, and the id to
+        pass as ``after`` for the next page (None: this was the last). The order is the store's
+        own, stable from page to page; a page costs what it holds, whatever the number of workers."""
+        ...
+
     def delete(self, worker_id: str) -> None:
         """Idempotent."""
         ...

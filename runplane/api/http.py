@@ -38,6 +38,7 @@ from runplane.api.observability import make_tracer
 from runplane.api.openapi import openapi_document
 from runplane.api.resolver import ConcurrentResolver
 from runplane.api.views import (
+    live_counts,
     me_view,
     pool_view,
     quota_view,
@@ -49,6 +50,7 @@ from runplane.api.views import (
 )
 from runplane.domain import errors
 from runplane.domain.models import (
+    NAME_PATTERN,
     RUN_ID_PATTERN,
     TOKEN_ID_PATTERN,
     PoolRecord,
@@ -57,12 +59,11 @@ from runplane.domain.models import (
     Run,
     RunSpec,
     RunState,
-    Worker,
 )
 from runplane.domain.sweeps import Sweep, SweepSpec
 from runplane.metrics import emit
 from runplane.services import auth, dependencies, lifecycle, quota_admin, runs, sweeps, tenancy, usage
-from runplane.services.dispatch import alive_workers, explain_wait, fresh
+from runplane.services.dispatch import alive_workers, explain_wait
 from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs
 
 logger = Logger(service="runplane-api")
@@ -70,6 +71,7 @@ tracer = make_tracer("runplane-api")
 app = ConcurrentResolver()
 
 MAX_DEPTH = 32
+MAX_WORKERS_PAGE = 100
 """The deepest nesting of arrays and objects a body may have."""
 MAX_PAGE_BYTES = 5 * 1024 * 1024
 """The largest list page as it travels in Lambda's response (its body is a JSON string there, so
@@ -411,27 +413,50 @@ def outputs(run_id: str) -> Response[str]:
 
 @app.get("/v1/pools")
 def pools() -> Response[str]:
+    """Each pool's backlog and workers as its dispatcher last counted them (one read per pool,
+    whatever the number of runs and workers); a pool no pass has counted yet is counted here."""
     _principal("runs:read")
     s = bootstrap.stack()
-    now = s.clock()
-    by_pool: dict[str, list[Worker]] = {}
-    for worker in fresh(s.workers.list(), now, s.settings.worker_stale_seconds):  # one read for all pools
-        by_pool.setdefault(worker.pool, []).append(worker)
     out = []
     for pool in s.pools.pools:
-        backlog = s.store.count(pool.name, RunState.QUEUED)
         record = _pool_record(pool.name) or PoolRecord(pool=pool.name)
-        out.append(pool_view(pool, backlog, by_pool.get(pool.name, []), record))
+        if record.counted_at is not None and record.backlog is not None:
+            out.append(pool_view(pool, record.backlog, record.workers, record))
+            continue
+        workers = alive_workers(s.workers, pool.name, s.clock(), s.settings.worker_stale_seconds)
+        backlog = s.store.count(pool.name, RunState.QUEUED)
+        out.append(pool_view(pool, backlog, live_counts(workers, record), record))
     return _json(200, PoolList(pools=out))
 
 
 @app.get("/v1/workers")
 def workers() -> Response[str]:
+    """A page of workers (of ``?pool=``), ``?limit=`` (default 100) at a time."""
     principal = _principal("runs:read")
+    query = app.current_event.get_query_string_value
+    pool, cursor = query("pool"), query("cursor")
+    if pool is not None and not re.fullmatch(NAME_PATTERN, pool):
+        raise errors.InvalidRequest("pool must be a pool name: lowercase letters, digits and '-'")
     s = bootstrap.stack()
+    limit = _int_param("limit", MAX_WORKERS_PAGE, 1, 500)
+    found, after = s.workers.page(pool, limit, None if cursor is None else _worker_after(cursor))
     now = s.clock()
-    views = [worker_view(w, now, s.settings.worker_stale_seconds, principal) for w in s.workers.list()]
-    return _json(200, WorkerList(workers=views))
+    views = [worker_view(w, now, s.settings.worker_stale_seconds, principal) for w in found]
+    next_cursor = None if after is None else base64.urlsafe_b64encode(after.encode()).decode().rstrip("=")
+    return _json(200, WorkerList(workers=views, next_cursor=next_cursor))
+
+
+def _worker_after(cursor: str) -> str:
+    """The worker id a workers cursor carries (base64url, so any id travels in a query string)."""
+    try:
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,344}", cursor):
+            raise ValueError(cursor)
+        after = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not after or not after.isprintable():
+            raise ValueError(after)
+    except ValueError as e:
+        raise errors.InvalidRequest("cursor must be the next_cursor of the previous page") from e
+    return after
 
 
 @app.get("/v1/me")

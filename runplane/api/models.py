@@ -403,8 +403,12 @@ class PoolView(WireModel):
     fair_share_half_life: float = Field(description="seconds in which a user's lead over the others halves")
     price_per_hour: float | None = Field(description="what one worker costs an hour, if the pool has a price")
     retry: RetryRule | None = Field(description="the retry rule of runs that bring none of their own")
-    backlog: int = Field(description="runs queued for this pool")
-    workers: PoolWorkerCounts
+    backlog: int = Field(description="runs queued for this pool, as of counted_at")
+    workers: PoolWorkerCounts = Field(description="its workers by status, as of counted_at")
+    counted_at: Timestamp | None = Field(
+        description="when the dispatcher last counted backlog and workers (on every pass that saw them change, "
+        "and at least once a minute); null: counted by this request, no pass has yet"
+    )
     launches: PoolLaunches
     last_error: str | None = Field(description="the last launch error, if any")
     last_error_at: Timestamp | None
@@ -446,6 +450,9 @@ class WorkerView(WireModel):
 
 class WorkerList(WireModel):
     workers: list[WorkerView]
+    next_cursor: str | None = Field(
+        default=None, description="pass as cursor for the next page; null: this was the last"
+    )
 
 
 class QuotaUsage(WireModel):

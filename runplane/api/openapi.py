@@ -45,7 +45,7 @@ from runplane.api.models import (
     UsageReport,
     WorkerList,
 )
-from runplane.domain.models import RunSpec, RunState
+from runplane.domain.models import NAME_PATTERN, RunSpec, RunState
 from runplane.domain.sweeps import SweepSpec
 
 REF = "#/components/schemas/{model}"
@@ -550,15 +550,20 @@ def _fleet_paths() -> dict[str, Any]:
         "/v1/pools": {
             "get": {
                 "operationId": "listPools",
-                "summary": "Pools with backlog, workers and launches",
+                "summary": "Pools with backlog, workers (as the dispatcher last counted them) and launches",
                 "responses": {**_ok(200, "PoolList"), **_errors(*_AUTH)},
             }
         },
         "/v1/workers": {
             "get": {
                 "operationId": "listWorkers",
-                "summary": "Workers and their last heartbeat (run ids: only your own runs')",
-                "responses": {**_ok(200, "WorkerList"), **_errors(*_AUTH)},
+                "summary": "Workers and their last heartbeat (run ids: only your own runs'), a page at a time",
+                "parameters": [
+                    _query("pool", {"type": "string", "pattern": NAME_PATTERN}, "only this pool's"),
+                    _query("limit", {"type": "integer", "minimum": 1, "maximum": 500}, "default 100"),
+                    _CURSOR,
+                ],
+                "responses": {**_ok(200, "WorkerList"), **_errors(400, *_AUTH, 422)},
             }
         },
         "/v1/health": {

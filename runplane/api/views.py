@@ -3,6 +3,7 @@ models of ``runplane.api.models`` (times become ISO 8601, UTC)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from runplane.api.models import (
@@ -111,13 +112,18 @@ def worker_view(worker: Worker, now: float, stale_after: float, viewer: Principa
     return WorkerView.model_validate(data)
 
 
-def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecord) -> PoolView:
+def live_counts(workers: list[Worker], record: PoolRecord) -> dict[str, int]:
+    """A pool's live workers by status, counting launched ones not registered yet as starting."""
     counts = {"idle": 0, "busy": 0, "starting": 0, "draining": 0}
     for worker in workers:
         if worker.status in counts:
             counts[worker.status] += 1
-    registered = {w.id for w in workers}
-    counts["starting"] += record.starting_among(registered)
+    counts["starting"] += record.starting_among({w.id for w in workers})
+    return counts
+
+
+def pool_view(pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolRecord) -> PoolView:
+    """``pool`` with its backlog and workers by status (``counts``), and its record."""
     return PoolView(
         name=pool.name,
         backend=pool.backend,
@@ -139,7 +145,8 @@ def pool_view(pool: Pool, backlog: int, workers: list[Worker], record: PoolRecor
         price_per_hour=pool.price_per_hour,
         retry=pool.retry,
         backlog=backlog,
-        workers=PoolWorkerCounts(**counts),
+        workers=PoolWorkerCounts(**{status: counts.get(status, 0) for status in PoolWorkerCounts.model_fields}),
+        counted_at=timestamp(record.counted_at),
         launches=PoolLaunches(
             launched=record.launched,
             failed=record.failed_launches,

@@ -46,13 +46,20 @@ def pools(ctx: typer.Context, as_json: JSON = False) -> None:
         elif p.last_error:
             problems.append(f"{p.name}: last launch error at {when(p.last_error_at)}: {p.last_error}")
     out.print(table)
+    counted = [p.counted_at for p in found if p.counted_at is not None]
+    if counted:
+        out.print(f"backlog and workers as the dispatcher counted them, the oldest at {when(min(counted))}")
     for line in problems:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def workers(ctx: typer.Context, as_json: JSON = False) -> None:
+def workers(
+    ctx: typer.Context,
+    pool: Annotated[str | None, typer.Option("--pool", help="only this pool's workers")] = None,
+    as_json: JSON = False,
+) -> None:
     """List workers with their state and last heartbeat."""
-    found = client(ctx).workers()
+    found = client(ctx).workers(pool)
     if as_json:
         print_json({"workers": dumps(found)})
         return

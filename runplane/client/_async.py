@@ -325,8 +325,9 @@ class AsyncClient:
     async def pools(self) -> list[PoolView]:
         return await self._drive(self._plans.pools())
 
-    async def workers(self) -> list[WorkerView]:
-        return await self._drive(self._plans.workers())
+    async def workers(self, pool: str | None = None) -> list[WorkerView]:
+        """Every worker (of ``pool``), read a page at a time."""
+        return await self._drive(self._plans.workers(pool))
 
     async def me(self) -> Me:
         return await self._drive(self._plans.me())

@@ -64,6 +64,7 @@ BACKOFF_CAP = 5.0
 RETRY_AFTER_CAP = 30.0
 """The longest a server's Retry-After is obeyed for."""
 MAX_RUNS_PAGE = 500
+MAX_WORKERS_PAGE = 500
 MAX_SWEEPS_PAGE = 100
 """The most runs the API lists in one page."""
 LINE_HOLD = 64 * 1024
@@ -621,8 +622,16 @@ class Plans:
     def pools(self) -> Plan[list[PoolView]]:
         return (yield from self._get(PoolList, "/v1/pools")).pools
 
-    def workers(self) -> Plan[list[WorkerView]]:
-        return (yield from self._get(WorkerList, "/v1/workers")).workers
+    def workers(self, pool: str | None) -> Plan[list[WorkerView]]:
+        found: list[WorkerView] = []
+        cursor: str | None = None
+        while True:
+            query = {"pool": pool, "limit": MAX_WORKERS_PAGE, "cursor": cursor}
+            page = yield from self._get(WorkerList, "/v1/workers", query)
+            found.extend(page.workers)
+            if not page.next_cursor or not page.workers:
+                return found
+            cursor = page.next_cursor
 
     def me(self) -> Plan[Me]:
         return self._get(Me, "/v1/me")

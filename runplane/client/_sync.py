@@ -362,8 +362,9 @@ class Client:
     def pools(self) -> list[PoolView]:
         return self._drive(self._plans.pools())
 
-    def workers(self) -> list[WorkerView]:
-        return self._drive(self._plans.workers())
+    def workers(self, pool: str | None = None) -> list[WorkerView]:
+        """Every worker (of ``pool``), read a page at a time."""
+        return self._drive(self._plans.workers(pool))
 
     def me(self) -> Me:
         """Who the token acts for."""

@@ -659,6 +659,13 @@ class PoolRecord(BaseModel):
     """Backend job id -> the launched worker, until its agent registers or the job ends."""
     last_decision: str | None = None
     decided_at: float | None = None
+    backlog: int | None = None
+    """Runs queued for the pool when a dispatcher last counted (None: never counted)."""
+    workers: dict[str, int] = Field(default_factory=dict)
+    """Workers by status at that count: starting, idle, busy, draining, offline."""
+    counted_at: float | None = None
+    """When ``backlog`` and ``workers`` were counted; a pass rewrites them when they change, and
+    at least every ``FIGURES_REFRESH_SECONDS`` (runplane.services.dispatch) while they do not."""
 
     def starting_among(self, registered: set[str]) -> int:
         """Launched workers whose agent is not among ``registered`` yet."""

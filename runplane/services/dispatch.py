@@ -26,6 +26,9 @@ CLAIM_SECONDS = 120.0
 """How long a launch claim keeps other dispatchers off a pool (a crashed claimer frees it then)."""
 LIST_GRACE_SECONDS = 60.0
 """Engines may list a job a little after accepting it; until then a missing job is not a failure."""
+FIGURES_REFRESH_SECONDS = 50.0
+"""A pass rewrites the record's backlog and worker counts when they changed, or when they are
+older than this though unchanged (under the one-minute schedule, so ``counted_at`` stays recent)."""
 
 
 @dataclass(frozen=True)
@@ -306,8 +309,12 @@ def dispatch_pool(
         retry_at=(rec.disabled_at + pool.retry_disabled_seconds) if rec.disabled_at is not None else None,
     )
     decision = plan_launches(pool, facts)
-    changed = rec != record or decision.launch > 0 or _gist(decision.reason) != _gist(record.last_decision)
+    figures = PoolFigures(facts.backlog, _by_status(known, facts.workers, len(rec.starting)), decision.launch)
+    recount = _recount(rec, figures, now)
+    changed = recount or rec != record or decision.launch > 0 or _gist(decision.reason) != _gist(record.last_decision)
     rec.last_decision, rec.decided_at = decision.reason, now
+    if changed:  # a write carries the figures it saw, so the pools view never shows older ones than the decision
+        rec.backlog, rec.workers, rec.counted_at = figures.backlog, _nonzero(figures.workers), now
     if decision.launch:
         rec.launching_since = rec.last_launch_at = now
     if changed:
@@ -321,7 +328,6 @@ def dispatch_pool(
             ports.backend.cancel(pool, job_id)
         except RunplaneError as e:
             log.error("pool %s: cancel of job %s failed: %s", pool.name, job_id, e)
-    figures = PoolFigures(facts.backlog, _by_status(known, facts.workers, len(rec.starting)), decision.launch)
     if decision.launch:
         try:
             _launch(pool, ports, rec, decision, agent_args, now)
@@ -330,6 +336,18 @@ def dispatch_pool(
             e.details["figures"] = dataclasses.replace(figures, launched=launched, launch_failed=True)
             raise
     return dataclasses.replace(decision, figures=figures)
+
+
+def _recount(record: PoolRecord, figures: PoolFigures, now: float) -> bool:
+    """Whether the record's backlog and worker counts need rewriting: they changed, or were
+    counted more than ``FIGURES_REFRESH_SECONDS`` ago."""
+    if record.counted_at is None or now - record.counted_at >= FIGURES_REFRESH_SECONDS:
+        return True
+    return (record.backlog, record.workers) != (figures.backlog, _nonzero(figures.workers))
+
+
+def _nonzero(counts: Mapping[str, int]) -> dict[str, int]:
+    return {status: n for status, n in sorted(counts.items()) if n}
 
 
 def _by_status(known: Sequence[Worker], alive: Sequence[Worker], starting: int) -> dict[str, int]:
@@ -360,6 +378,8 @@ def _launch(
         after.launched += len(launched)
         for job in launched:
             after.starting[job.id] = StartingJob(worker_id=job.worker_id, launched_at=now)
+        if launched and after.counted_at is not None:
+            after.workers["starting"] = after.workers.get("starting", 0) + len(launched)
         if error is not None:  # one refused call is one failure, however many workers it asked for
             count_failures(pool, after, [f"launch failed: {error.message}"], now)
         try:

@@ -178,3 +178,34 @@ def test_local_host_retries_a_failing_event_then_poisons_it(stack, azure_host, a
     assert poison_queue_name(name) == f"{name}-poison"
     poisoned = list(QueueClient.from_connection_string(azurite, poison_queue_name(name)).peek_messages(5))
     assert [DispatchEvent.model_validate_json(base64.b64decode(m.content)).pool for m in poisoned] == ["broken"]
+
+
+def test_the_pools_view_shows_the_dispatchers_last_count_without_counting(stack):
+    """The view reads what the dispatcher's last pass counted (one read a pool, whatever the number
+    of runs and workers) and says when; a pool no pass has counted yet is counted by the view."""
+    from runplane.services.dispatch import DispatchPorts, dispatch_pool
+
+    def parked():
+        status, _, body = call_lambda("GET", "/v1/pools", headers=ALICE)
+        assert status == 200
+        [view] = [p for p in json.loads(body)["pools"] if p["name"] == "parked"]
+        _, _, again = call_azure("GET", "/v1/pools", headers=ALICE)  # the other front answers the same
+        assert [p for p in json.loads(again)["pools"] if p["name"] == "parked"] == [view]
+        return view
+
+    def submit(n):
+        for _ in range(n):
+            spec = RunSpec.model_validate({"command": "x", "queue": "parked"})
+            submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time)
+
+    submit(2)
+    assert (parked()["backlog"], parked()["counted_at"]) == (2, None)  # no pass yet: counted now
+    pool = stack.pools.get("parked")
+    ports = DispatchPorts(stack.store, stack.workers, stack.pool_states, stack.backend(pool))
+    dispatch_pool(pool, ports, [], time.time(), 30)
+    counted = parked()
+    assert counted["backlog"] == 2 and counted["counted_at"] is not None
+    submit(1)  # no pass since: the view still shows the last count, and when it was made
+    assert parked() == counted
+    dispatch_pool(pool, ports, [], time.time(), 30)
+    assert parked()["backlog"] == 3 and parked()["counted_at"] >= counted["counted_at"]

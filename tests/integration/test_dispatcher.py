@@ -9,8 +9,14 @@ import pytest
 
 from runplane.compute.local import LocalCompute
 from runplane.domain.errors import ConditionFailed
-from runplane.domain.models import Pool, PoolRecord, Principal, RunSpec
-from runplane.services.dispatch import CLAIM_SECONDS, DispatchPorts, dispatch_pool, explain_wait
+from runplane.domain.models import Pool, PoolRecord, Principal, RunSpec, Worker
+from runplane.services.dispatch import (
+    CLAIM_SECONDS,
+    FIGURES_REFRESH_SECONDS,
+    DispatchPorts,
+    dispatch_pool,
+    explain_wait,
+)
 from runplane.services.runs import submit_run
 from tests.conftest import wait_for
 
@@ -126,7 +132,7 @@ def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backe
     # what a user sees: the run's waiting reason and the pool's view
     from runplane.api.views import pool_view
 
-    view = pool_view(pool, 2, [], record).model_dump(mode="json")
+    view = pool_view(pool, 2, {}, record).model_dump(mode="json")
     assert view["disabled"] == record.disabled_reason
     assert view["launches"] == {
         "launched": 4,
@@ -158,3 +164,28 @@ def test_a_job_whose_agent_never_registers_is_cancelled(aws_stack, pool, backend
     assert record.last_error == (
         f"the agent of worker {job.worker_id} did not register within 60s of its job starting; job {job.id} cancelled"
     )
+
+
+def test_a_pass_records_the_backlog_and_workers_it_counted_and_rewrites_them_only_when_needed(aws_stack, backends):
+    """The pools view reads these figures instead of counting: a pass writes them when they
+    changed, or once they are FIGURES_REFRESH_SECONDS old; a pass that saw the same writes nothing."""
+    pool = aws_stack.pools.get("default").model_copy(update={"max_workers": 0, "min_workers": 0})
+    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backends())
+    queue_runs(aws_stack, pool.name, 3)
+    now = time.time()
+    aws_stack.workers.put(Worker(id="w-idle", pool=pool.name, started_at=now, heartbeat_at=now))
+    aws_stack.workers.put(Worker(id="w-busy", pool=pool.name, status="busy", started_at=now, heartbeat_at=now))
+    aws_stack.workers.put(Worker(id="w-gone", pool=pool.name, started_at=now - 999, heartbeat_at=now - 999))
+    decision = dispatch_pool(pool, ports, [], now, 30)
+    first = aws_stack.pool_states.get(pool.name)
+    assert (first.backlog, first.workers, first.counted_at) == (3, {"busy": 1, "idle": 1, "offline": 1}, now)
+    assert decision.figures is not None and decision.figures.backlog == 3
+    dispatch_pool(pool, ports, [], now + 1, 30)
+    assert aws_stack.pool_states.get(pool.name).version == first.version  # nothing changed: no write
+    queue_runs(aws_stack, pool.name, 1)
+    dispatch_pool(pool, ports, [], now + 2, 30)
+    second = aws_stack.pool_states.get(pool.name)
+    assert (second.backlog, second.counted_at, second.version) == (4, now + 2, first.version + 1)
+    dispatch_pool(pool, ports, [], now + 2 + FIGURES_REFRESH_SECONDS, 30)  # the same, but old: rewritten
+    third = aws_stack.pool_states.get(pool.name)
+    assert (third.backlog, third.counted_at) == (4, now + 2 + FIGURES_REFRESH_SECONDS)

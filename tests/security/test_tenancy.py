@@ -266,6 +266,48 @@ def test_workers_show_only_the_callers_run_ids(front, user, docker_client):
     wait_state(user("alice"), run["id"], TERMINAL, timeout=60)
 
 
+def test_workers_come_a_page_at_a_time_and_bad_paging_is_refused(front, user):
+    """Five workers of a pool of their own, two a page: every worker once, alice sees her run ids
+    only on every page; a bad pool, cursor or limit is a 4xx with a message."""
+    from runplane.domain.models import Worker
+
+    pool, now = f"pg-{uuid.uuid4().hex[:8]}", time.time()
+    workers = _stack_of(front).workers
+    for i in range(5):
+        owner = ("alice", "bob")[i % 2]
+        held = f"r-{pool}-{i}"
+        workers.put(
+            Worker(
+                id=f"w-{pool}-{i}", pool=pool, started_at=now, heartbeat_at=now, runs=[held], run_owners={held: owner}
+            )
+        )
+    seen, cursor, pages = [], None, 0
+    while True:
+        page = user("alice").request("GET", "/v1/workers", query={"pool": pool, "limit": 2, "cursor": cursor})
+        pages += 1
+        assert len(page["workers"]) <= 2 and {w["pool"] for w in page["workers"]} <= {pool}
+        for w in page["workers"]:
+            assert set(w["run_owners"].values()) <= {"alice"} and all(r in w["run_owners"] for r in w["runs"])
+        seen += [w["id"] for w in page["workers"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == [f"w-{pool}-{i}" for i in range(5)] and pages == 3
+    for query, status, needle in (
+        ({"pool": "../etc"}, 422, "pool must be a pool name"),
+        ({"pool": "A" * 300}, 422, "pool must be a pool name"),
+        ({"cursor": "not a cursor!"}, 422, "cursor must be the next_cursor"),
+        ({"cursor": "AA"}, 422, "cursor must be the next_cursor"),  # decodes to a NUL byte
+        ({"cursor": "x" * 400}, 422, "cursor must be the next_cursor"),
+        ({"limit": 0}, 422, "limit must be between 1 and 500"),
+        ({"limit": "ten"}, 400, "limit must be an integer"),
+    ):
+        got = api_status(lambda q=query: user("alice").request("GET", "/v1/workers", query=q))
+        assert (got[0], needle in got[2]) == (status, True), (query, got)
+    for i in range(5):
+        workers.delete(f"w-{pool}-{i}")
+
+
 def test_run_ids_cannot_be_computed_from_an_idempotency_key(devstack, azure_devstack):
     """The same user and key give different ids on two stacks (each keys the derivation with its own
     secret), and neither is the plain hash anyone could compute."""

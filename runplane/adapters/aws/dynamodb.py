@@ -457,6 +457,31 @@ class DynamoWorkerRegistry:
             raise _translate(e, "list workers") from e
         return sorted(workers, key=lambda w: w.id)
 
+    def page(self, pool: str | None, limit: int, after: str | None = None) -> tuple[builtins.list[Worker], str | None]:
+        """A scan (or, for a pool, a query of ``by_pool``: in id order) that stops at ``limit``."""
+        kwargs: dict[str, Any] = {"TableName": self.table, "Limit": limit}
+        operation = self.client.scan
+        if pool is not None:
+            operation = self.client.query
+            kwargs["IndexName"] = BY_POOL
+            kwargs["KeyConditionExpression"] = "#p = :p"
+            kwargs["ExpressionAttributeNames"] = {"#p": "pool"}
+            kwargs["ExpressionAttributeValues"] = {":p": {"S": pool}}
+        if after is not None:
+            kwargs["ExclusiveStartKey"] = {"id": {"S": after}, **({"pool": {"S": pool}} if pool is not None else {})}
+        workers: builtins.list[Worker] = []
+        try:
+            while len(workers) < limit:  # a page may stop short of Limit at 1 MB
+                kwargs["Limit"] = limit - len(workers)
+                resp = operation(**kwargs)
+                workers.extend(_worker(item) for item in resp.get("Items", []))
+                if "LastEvaluatedKey" not in resp:
+                    return workers, None
+                kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "list workers") from e
+        return workers, workers[-1].id if workers else None
+
     def delete(self, worker_id: str) -> None:
         try:
             self.client.delete_item(TableName=self.table, Key={"id": {"S": worker_id}})

@@ -549,6 +549,28 @@ class TableWorkerRegistry:
                 raise _failure(e, "list workers") from e
         return sorted(workers, key=lambda w: w.id)
 
+    def page(self, pool: str | None, limit: int, after: str | None = None) -> tuple[builtins.list[Worker], str | None]:
+        """In id order from the one after ``after``; stops reading once ``limit`` + 1 are found.
+        A pool's page skips other pools' records on the way: Table storage has no index on it."""
+        query, parameters = "PartitionKey eq @pk", {"pk": self.PARTITION}
+        if after is not None:
+            query += " and RowKey gt @after"
+            parameters["after"] = key(after)
+        if pool is not None:
+            query += " and pool eq @pool"
+            parameters["pool"] = pool
+        now = self.clock()
+        workers: builtins.list[Worker] = []
+        try:
+            for entity in self.table.query_entities(query, parameters=parameters, results_per_page=limit + 1):
+                if float(entity["expires_at"]) >= now:
+                    workers.append(Worker.model_validate(unpack(entity)))
+                    if len(workers) > limit:
+                        return workers[:limit], workers[limit - 1].id
+        except AzureError as e:
+            raise _failure(e, "list workers") from e
+        return workers, None
+
     def delete(self, worker_id: str) -> None:
         try:
             self.table.delete_entity(self.PARTITION, key(worker_id))

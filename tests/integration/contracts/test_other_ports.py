@@ -133,6 +133,38 @@ def test_worker_registry(stack):
         stack.workers.get("w-1")
 
 
+def test_worker_registry_pages_cover_every_worker_once(stack):
+    """Pages of three: each worker on exactly one page, a pool's pages hold only its workers, and
+    a cursor past the end, or naming a worker that is gone, is not an error."""
+    for i in range(8):
+        stack.workers.put(Worker(id=f"w-p{i}", pool=("default", "parked")[i % 2], started_at=1.0, heartbeat_at=2.0))
+
+    def walk(pool):
+        pages, after = [], None
+        while True:
+            found, after = stack.workers.page(pool, 3, after)
+            pages.append([w.id for w in found])
+            assert len(found) <= 3
+            if after is None:
+                return pages
+            assert len(pages) < 10, "the pages never end"
+
+    every = walk(None)
+    assert sorted(sum(every, [])) == [f"w-p{i}" for i in range(8)]
+    assert all(len(page) == 3 for page in every[:-1])
+    parked = walk("parked")
+    assert sorted(sum(parked, [])) == ["w-p1", "w-p3", "w-p5", "w-p7"]
+    assert stack.workers.page("nowhere", 3) == ([], None)
+    stack.workers.delete("w-p2")
+    cut = every[0][-1]  # a cursor naming a worker that has gone since still resumes after it
+    stack.workers.delete(cut)
+    rest, after = [], cut
+    while after is not None:
+        found, after = stack.workers.page(None, 3, after)
+        rest += [w.id for w in found]
+    assert sorted(rest) == sorted(w for w in sum(every[1:], []) if w != "w-p2")
+
+
 def token(token_id, user="alice", created_at=1.0, **extra):
     return ApiToken(id=token_id, user=user, scopes=["runs:read"], created_at=created_at, **extra)
 
