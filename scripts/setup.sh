@@ -21,6 +21,8 @@ if [ "$want_test" = "--test" ]; then
   # Azurite (the Azure Storage emulator) for the Azure adapters' tests and dynalite (DynamoDB's API,
   # with atomic conditional writes) for the AWS adapters' race tests: npm packages
   command -v npx >/dev/null || need+=(nodejs npm)
+  # the dashboard's browser tests (tests/e2e/test_dashboard.py): Debian's Chromium, driven by Playwright
+  [ -x /usr/bin/chromium ] || need+=(chromium)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"

@@ -12,3 +12,9 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 @bp.route(route="v1/{*path}", auth_level=func.AuthLevel.ANONYMOUS)  # every method, as API Gateway's ANY
 def http_api(req: func.HttpRequest) -> func.HttpResponse:
     return azure_front.handle(req)
+
+
+@bp.function_name("ui")
+@bp.route(route="ui/{*path}", auth_level=func.AuthLevel.ANONYMOUS)  # the dashboard's files (runplane/api/ui.py)
+def http_ui(req: func.HttpRequest) -> func.HttpResponse:
+    return azure_front.handle(req)

@@ -18,6 +18,7 @@ from aws_lambda_powertools.event_handler import Response, content_types
 from pydantic import BaseModel, ValidationError
 
 from runplane import bootstrap
+from runplane.api import ui
 from runplane.api.models import (
     Health,
     LogPage,
@@ -69,6 +70,7 @@ from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, re
 logger = Logger(service="runplane-api")
 tracer = make_tracer("runplane-api")
 app = ConcurrentResolver()
+app.include_router(ui.router)  # the dashboard's files under /ui/
 
 MAX_DEPTH = 32
 MAX_WORKERS_PAGE = 100

@@ -7,6 +7,7 @@ import re
 import signal
 import time
 from typing import Annotated
+from urllib.parse import quote
 
 import typer
 
@@ -97,6 +98,7 @@ def dev(
     err.print(
         f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"
         f"  token  {stack.token} (an admin's: `runplane token create USER` makes users' tokens)\n"
+        f"  UI     {dashboard_link(stack.api_url, stack.token)}\n"
         f"  {stack.services:<6} {without_secrets(stack.endpoint)}\n"
         f"Use it from another shell (the CLI finds this stack by itself):\n"
         f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
@@ -120,6 +122,12 @@ def dev(
         err.print("stopping: killing the unfinished runs, then the agents…", highlight=False)
         stack.stop()
         err.print("stopped", highlight=False)
+
+
+def dashboard_link(api_url: str, token: str) -> str:
+    """The dashboard's address that signs in with ``token``: it rides in the fragment, which the
+    browser never sends to a server (the page keeps it for the tab and takes it out of the bar)."""
+    return f"{api_url}/ui#token={quote(token, safe='')}"
 
 
 def _still_stopping(_signum: int, _frame: object) -> None:

@@ -34,10 +34,12 @@ def bindings():
 def test_one_app_holds_the_api_dispatcher_and_reaper():
     assert isinstance(function_app.app, func.FunctionApp)  # what the host indexes
     found = bindings()
-    assert set(found) == {"api", "dispatcher_events", "dispatcher_schedule", "reaper"}
+    assert set(found) == {"api", "ui", "dispatcher_events", "dispatcher_schedule", "reaper"}
     http = found["api"]
     assert (http["route"], http["authLevel"].lower()) == ("v1/{*path}", "anonymous")
     assert "methods" not in http  # every method reaches the API, as with API Gateway's ANY
+    assert (found["ui"]["route"], found["ui"]["authLevel"].lower()) == ("ui/{*path}", "anonymous")
+    assert "methods" not in found["ui"]  # the API answers 405 itself
     queue = found["dispatcher_events"]
     assert (queue["type"], queue["queueName"], queue["connection"]) == (
         "queueTrigger",

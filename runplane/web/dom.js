@@ -1,0 +1,120 @@
+// Building the page: every text from the API goes in as a text node, never as markup.
+
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") node.addEventListener(key.slice(2), value);
+    else if (key === "class") node.className = value;
+    else if (key === "checked" || key === "value" || key === "disabled") node[key] = value;
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  append(node, children);
+  return node;
+}
+
+export function append(node, children) {
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+export function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value !== null && value !== undefined) node.setAttribute(key, String(value));
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+export function replace(node, ...children) {
+  node.replaceChildren();
+  return append(node, children);
+}
+
+export const TERMINAL = ["succeeded", "failed", "killed", "timed_out"];
+export const STATES = ["queued", "preparing", "running", "uploading", ...TERMINAL];
+
+export function badge(state) {
+  return h("span", { class: `state state-${state}` }, state.replace("_", " "));
+}
+
+export function seconds(value) {
+  if (value === null || value === undefined || Number.isNaN(value)) return "–";
+  if (value < 1) return `${Math.round(value * 1000)} ms`;
+  if (value < 60) return `${value.toFixed(1)} s`;
+  if (value < 3600) return `${Math.floor(value / 60)} m ${Math.round(value % 60)} s`;
+  return `${Math.floor(value / 3600)} h ${Math.round((value % 3600) / 60)} m`;
+}
+
+export function bytes(value) {
+  if (value === null || value === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let n = value;
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return `${i ? n.toFixed(1) : n} ${units[i]}`;
+}
+
+export function when(iso) {
+  if (!iso) return "–";
+  const d = new Date(iso);
+  return h("time", { datetime: iso, title: iso }, d.toLocaleString(undefined, { dateStyle: "short", timeStyle: "medium" }));
+}
+
+export function ago(iso) {
+  if (!iso) return "–";
+  const s = (Date.now() - new Date(iso).getTime()) / 1000;
+  return h("time", { datetime: iso, title: iso }, `${seconds(Math.max(0, s))} ago`);
+}
+
+export function duration(run) {
+  if (!run.started_at) return null;
+  const end = run.finished_at ? new Date(run.finished_at) : new Date();
+  return (end - new Date(run.started_at)) / 1000;
+}
+
+export function hours(secs) {
+  return secs === null || secs === undefined ? "–" : (secs / 3600).toFixed(2);
+}
+
+export function runLink(id, text) {
+  return h("a", { href: `#/runs/${encodeURIComponent(id)}` }, text ?? id);
+}
+
+export function message(kind, text) {
+  return h("p", { class: `msg msg-${kind}`, role: kind === "error" ? "alert" : "status" }, text);
+}
+
+export function table(headers, rows, attrs = {}) {
+  return h(
+    "div",
+    { class: "table-wrap" },
+    h("table", attrs, h("thead", {}, h("tr", {}, headers.map((t) => h("th", { scope: "col" }, t)))), h("tbody", {}, rows)),
+  );
+}
+
+// A query string of the page's own hash (#/runs?state=failed) as a URLSearchParams, and back.
+export function hashQuery() {
+  const at = location.hash.indexOf("?");
+  return new URLSearchParams(at < 0 ? "" : location.hash.slice(at + 1));
+}
+
+export function setHashQuery(path, params) {
+  const clean = new URLSearchParams();
+  for (const [k, v] of params) if (v) clean.set(k, v);
+  const text = clean.toString();
+  const hash = `#${path}${text ? `?${text}` : ""}`;
+  if (location.hash !== hash) location.hash = hash;
+}

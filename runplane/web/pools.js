@@ -1,0 +1,100 @@
+// Pools and workers: backlog, workers by state, launches and their last error; each worker's
+// slots, GPUs, runs and heartbeat.
+import { get } from "./api.js";
+import { ago, bytes, h, message, replace, runLink, table, when } from "./dom.js";
+
+const REFRESH_MS = 5000;
+const WORKER_PAGES = 10;
+
+async function allWorkers() {
+  const out = [];
+  let cursor = null;
+  for (let i = 0; i < WORKER_PAGES; i += 1) {
+    const page = await get("/v1/workers", cursor ? { cursor } : {});
+    out.push(...page.workers);
+    cursor = page.next_cursor; // absent on a server that sends every worker at once
+    if (!cursor) return { workers: out, more: false };
+  }
+  return { workers: out, more: true };
+}
+
+function poolRow(p) {
+  const shape = `${p.shape.cpus} CPU · ${p.shape.gpus} GPU${p.shape.gpu_type ? ` (${p.shape.gpu_type})` : ""} · ${bytes(p.shape.memory)} · ${p.shape.slots} slot(s)`;
+  return h(
+    "tr",
+    { "data-pool": p.name, class: p.disabled ? "disabled" : null },
+    h("th", { scope: "row" }, h("a", { href: `#/runs?queue=${encodeURIComponent(p.name)}` }, p.name)),
+    h("td", {}, p.backend),
+    h("td", {}, shape),
+    h("td", { class: "num" }, p.backlog),
+    h("td", { class: "num" }, `${p.workers.starting} / ${p.workers.idle} / ${p.workers.busy} / ${p.workers.draining}`),
+    h("td", { class: "num" }, `${p.min_workers}–${p.max_workers}`),
+    h("td", { class: "num" }, `${p.launches.launched} (${p.launches.failed} failed)`),
+    h("td", {}, when(p.launches.last_launch_at)),
+    h("td", { class: "reason" }, p.last_error ? [p.last_error, " ", h("span", { class: "hint" }, when(p.last_error_at))] : "–"),
+    h("td", { class: "reason" }, p.disabled ? h("strong", {}, p.disabled) : "–"),
+    h("td", { class: "reason" }, p.last_decision || "–", p.counted_at ? h("div", { class: "hint" }, "counted ", ago(p.counted_at)) : null),
+  );
+}
+
+function workerRow(w) {
+  const used = w.slots - w.free_slots;
+  return h(
+    "tr",
+    { "data-worker": w.id },
+    h("td", { class: "id" }, h("code", {}, w.id)),
+    h("td", {}, w.pool),
+    h("td", {}, h("span", { class: `wstate wstate-${w.status}` }, w.status)),
+    h("td", {}, w.host),
+    h("td", { class: "num" }, `${used}/${w.slots}`),
+    h("td", { class: "num" }, `${w.gpus - w.free_gpus}/${w.gpus}`, w.gpu_ids.length ? h("div", { class: "hint" }, w.gpu_ids.join(", ")) : null),
+    h("td", {}, w.runs.length ? w.runs.map((id, i) => [i ? ", " : "", runLink(id)]) : "–"),
+    h("td", { class: "num" }, w.runs_done),
+    h("td", {}, ago(w.heartbeat_at)),
+    h("td", {}, w.network_refused ? `no network: ${w.network_refused}` : w.tag || "–"),
+  );
+}
+
+export function poolsPage(main) {
+  let stopped = false;
+  let timer = null;
+  const poolsBox = h("div", {}, "Loading…");
+  const workersBox = h("div", {}, "Loading…");
+  replace(
+    main,
+    h("h1", {}, "Pools and workers"),
+    h("section", { "aria-labelledby": "h-pools" }, h("h2", { id: "h-pools" }, "Pools"), poolsBox),
+    h("section", { "aria-labelledby": "h-workers" }, h("h2", { id: "h-workers" }, "Workers"), workersBox),
+  );
+  async function load() {
+    clearTimeout(timer);
+    const [pools, workers] = await Promise.allSettled([get("/v1/pools"), allWorkers()]);
+    if (stopped) return;
+    replace(
+      poolsBox,
+      pools.status === "fulfilled"
+        ? table(
+            ["Pool", "Backend", "Shape", "Backlog", "Starting / idle / busy / draining", "Min–max", "Launches", "Last launch", "Last launch error", "Disabled", "Last decision"],
+            pools.value.pools.map(poolRow),
+            { "aria-label": "Pools" },
+          )
+        : message("error", pools.reason.message),
+    );
+    if (workers.status === "fulfilled") {
+      const { workers: list, more } = workers.value;
+      replace(
+        workersBox,
+        list.length
+          ? table(["Worker", "Pool", "Status", "Host", "Slots used", "GPUs used", "Runs", "Done", "Heartbeat", "Notes"], list.map(workerRow), { "aria-label": "Workers" })
+          : h("p", {}, "No workers."),
+        more ? h("p", { class: "hint" }, `The first ${list.length} workers are shown.`) : null,
+      );
+    } else replace(workersBox, message("error", workers.reason.message));
+    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+  }
+  load();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}

@@ -1,0 +1,295 @@
+// One run: its state and why, where its time went, what it asked for and used, its inputs,
+// outputs and logs (followed live, searchable), and kill / retry.
+import { get, post } from "./api.js";
+import { badge, bytes, duration, h, message, replace, runLink, seconds, svg, TERMINAL, table, when } from "./dom.js";
+import { resubmit } from "./runs.js";
+
+const REFRESH_MS = 1500;
+const LOG_MS = 1000;
+const MAX_LOG = 4 * 1024 * 1024; // characters kept per stream; older ones are dropped
+
+// The phases of the run from its state changes: [name, start, end] in seconds since submit.
+export function phases(run, now = Date.now()) {
+  const t0 = new Date(run.created_at).getTime();
+  const marks = run.events.filter((e) => e.state).map((e) => [e.state, new Date(e.at).getTime()]);
+  const out = [];
+  marks.forEach(([state, at], i) => {
+    if (TERMINAL.includes(state)) return;
+    const end = i + 1 < marks.length ? marks[i + 1][1] : run.finished_at ? new Date(run.finished_at).getTime() : now;
+    out.push([state, (at - t0) / 1000, (Math.max(end, at) - t0) / 1000]);
+  });
+  return out;
+}
+
+function waterfall(run) {
+  const rows = phases(run);
+  let at = 0; // the worker's steps, one after another from submit
+  const steps = Object.entries(run.usage.timings || {}).map(([name, secs]) => [name, at, (at += secs), "timing"]);
+  const total = Math.max(0.001, at, ...rows.map((r) => r[2]));
+  const width = 640;
+  const left = 110;
+  const rowH = 22;
+  const lines = [...rows.map(([name, a, b]) => [name, a, b, "phase"]), ...steps];
+  const height = lines.length * rowH + 24;
+  const x = (s) => left + (s / total) * (width - left - 80);
+  const drawing = svg(
+    "svg",
+    { viewBox: `0 0 ${width} ${height}`, class: "waterfall", role: "img", "aria-label": "Where the run's time went" },
+    lines.map(([name, a, b, kind], i) => {
+      const y = i * rowH + 4;
+      return svg(
+        "g",
+        { class: `bar ${kind} state-${name}` },
+        svg("text", { x: 4, y: y + 14, class: "label" }, kind === "timing" ? `· ${name}` : name),
+        svg("rect", { x: x(a), y, width: Math.max(2, x(b) - x(a)), height: rowH - 6, rx: 3 }),
+        svg("text", { x: x(b) + 6, y: y + 14, class: "value" }, seconds(b - a)),
+      );
+    }),
+    svg("line", { x1: left, x2: left, y1: 0, y2: height - 20, class: "axis" }),
+    svg("text", { x: left, y: height - 6, class: "value" }, "submitted"),
+    svg("text", { x: width - 80, y: height - 6, class: "value" }, `+${seconds(total)}`),
+  );
+  return h(
+    "section",
+    { "aria-labelledby": "h-time" },
+    h("h2", { id: "h-time" }, "Where the time went"),
+    rows.length ? drawing : h("p", {}, "No state changes yet."),
+    h("p", { class: "hint" }, "Bars are the run's states from its timeline; rows marked · are the worker's measured steps, laid end to end."),
+  );
+}
+
+function resources(run) {
+  const r = run.spec.resources || {};
+  const u = run.usage;
+  const ran = duration(run);
+  const cpusUsed = u.cpu_seconds !== null && ran ? (u.cpu_seconds / ran).toFixed(2) : "–";
+  const rows = [
+    ["CPUs", r.cpus ?? "pool default", `${cpusUsed} on average (${seconds(u.cpu_seconds)} CPU time)`],
+    ["GPUs", r.gpus ?? 0, u.gpu_seconds !== null ? `${seconds(u.gpu_seconds)} GPU time` : "–"],
+    ["Memory", r.memory ? bytes(r.memory) : "pool default", `${bytes(u.memory_peak)} peak`],
+    ["Disk", r.disk ? bytes(r.disk) : "pool default", bytes(u.disk)],
+    ["Time", r.time ? seconds(r.time) : "pool default", seconds(ran)],
+    ["Cost", "", u.cost === null ? "–" : u.cost.toFixed(4)],
+  ];
+  return h(
+    "section",
+    { "aria-labelledby": "h-res" },
+    h("h2", { id: "h-res" }, "Resources: asked and used"),
+    table(["", "Asked", "Used"], rows.map((cells) => h("tr", {}, h("th", { scope: "row" }, cells[0]), h("td", {}, cells[1]), h("td", {}, cells[2])))),
+  );
+}
+
+function sourceLink(source) {
+  const m = /^run:([^/]+)(.*)$/.exec(source);
+  return m ? h("span", {}, runLink(m[1], `run:${m[1]}`), m[2]) : h("code", {}, source);
+}
+
+function links(run) {
+  const inputs = Object.entries(run.spec.inputs || {});
+  const after = run.spec.after || [];
+  return h(
+    "section",
+    { "aria-labelledby": "h-in" },
+    h("h2", { id: "h-in" }, "Inputs and dependencies"),
+    inputs.length
+      ? h("ul", {}, inputs.map(([path, source]) => h("li", {}, h("code", {}, path), " ← ", sourceLink(source))))
+      : h("p", {}, "No inputs."),
+    after.length ? h("p", {}, "Starts after: ", after.map((id, i) => [i ? ", " : "", runLink(id)])) : null,
+    run.spec.after_sweep ? h("p", {}, "Starts after sweep ", h("a", { href: `#/sweeps/${encodeURIComponent(run.spec.after_sweep)}` }, run.spec.after_sweep)) : null,
+    run.waiting_on.length ? h("p", {}, "Still waiting on: ", run.waiting_on.join(", ")) : null,
+  );
+}
+
+function logView(runId, stream) {
+  let offset = 0;
+  let text = "";
+  let timer = null;
+  let stopped = false;
+  const pre = h("pre", { class: "log", tabindex: "0", "aria-label": `${stream} of the run` });
+  const search = h("input", { type: "search", id: `search-${stream}`, onchange: draw, oninput: draw });
+  const follow = h("input", { type: "checkbox", id: `follow-${stream}`, checked: true });
+  const state = h("span", { class: "hint" });
+
+  function draw() {
+    const needle = search.value.toLowerCase();
+    if (!needle) pre.textContent = text;
+    else {
+      const lines = text.split("\n").filter((line) => line.toLowerCase().includes(needle));
+      pre.textContent = lines.join("\n");
+      state.textContent = `${lines.length} matching line(s)`;
+    }
+    if (follow.checked) pre.scrollTop = pre.scrollHeight;
+  }
+
+  async function poll() {
+    try {
+      const page = await get(`/v1/runs/${encodeURIComponent(runId)}/logs`, { stream, offset });
+      if (stopped) return;
+      if (page.data) {
+        text = (text + page.data).slice(-MAX_LOG);
+        offset = page.next_offset;
+        draw();
+      }
+      if (!search.value) state.textContent = page.complete ? "complete" : "following…";
+      if (page.complete) return;
+    } catch (error) {
+      state.textContent = error.message;
+    }
+    if (!stopped) timer = setTimeout(poll, LOG_MS);
+  }
+  poll();
+  const node = h(
+    "section",
+    { class: "logbox", "aria-labelledby": `h-${stream}` },
+    h("h3", { id: `h-${stream}` }, stream),
+    h(
+      "div",
+      { class: "log-tools" },
+      h("label", { for: `search-${stream}` }, "Search"),
+      search,
+      h("span", { class: "check" }, follow, h("label", { for: `follow-${stream}` }, "Follow")),
+      state,
+    ),
+    pre,
+  );
+  return {
+    node,
+    stop() {
+      stopped = true;
+      clearTimeout(timer);
+    },
+  };
+}
+
+async function outputs(runId, box) {
+  try {
+    const page = await get(`/v1/runs/${encodeURIComponent(runId)}/outputs`);
+    replace(
+      box,
+      page.files.length
+        ? h("ul", { class: "outputs" }, page.files.map((f) => h("li", {}, h("a", { href: f.url, download: f.path.split("/").pop(), rel: "noreferrer" }, f.path), ` (${bytes(f.size)})`)))
+        : h("p", {}, page.complete ? "No outputs." : "None yet."),
+      page.next_cursor ? h("p", { class: "hint" }, "More files than shown; list them with the CLI.") : null,
+    );
+    return page.complete;
+  } catch (error) {
+    replace(box, message("error", error.message));
+    return true;
+  }
+}
+
+export function runPage(main, runId, session) {
+  let timer = null;
+  let stopped = false;
+  let logs = null;
+  let outputsDone = false;
+  const head = h("div", {});
+  const details = h("div", {});
+  const outputsBox = h("div", {}, "Loading…");
+  const notice = h("div", { class: "notice", "aria-live": "polite" });
+  const logsBox = h("div", { class: "logs" });
+  const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill");
+  const retryButton = h("button", { type: "button", onclick: retry }, "Retry");
+  let current = null;
+
+  replace(main, h("p", {}, "Loading…"));
+
+  async function kill() {
+    if (!confirm(`Kill run ${runId}?`)) return;
+    try {
+      current = await post(`/v1/runs/${encodeURIComponent(runId)}/kill`);
+      replace(notice, message("ok", "Kill asked for."));
+      draw();
+    } catch (error) {
+      replace(notice, message("error", error.message));
+    }
+  }
+
+  async function retry() {
+    try {
+      const made = await resubmit(current);
+      location.hash = `#/runs/${encodeURIComponent(made.id)}`;
+    } catch (error) {
+      replace(notice, message("error", error.message));
+    }
+  }
+
+  function draw() {
+    const run = current;
+    const ended = TERMINAL.includes(run.state);
+    killButton.disabled = ended || run.kill_requested;
+    const reason = run.failure
+      ? `${run.failure.reason}: ${run.failure.message}`
+      : run.state === "queued"
+        ? run.waiting_reason || (run.waiting_on.length ? `waiting on ${run.waiting_on.join(", ")}` : "")
+        : "";
+    replace(
+      head,
+      h("h1", {}, run.name || "(no name)", " ", badge(run.state)),
+      h("p", { class: "id" }, h("code", {}, run.id)),
+      reason ? h("p", { class: `reason ${run.failure ? "failed" : ""}` }, reason) : null,
+      h("div", { class: "actions" }, killButton, retryButton),
+    );
+    const facts = [
+      ["Owner", run.owner],
+      ["Queue", run.queue],
+      ["Group", run.group || "–"],
+      ["Priority", run.priority],
+      ["Attempt", `${run.attempt} of ${run.max_attempts}`],
+      ["Worker", run.worker_id || "–"],
+      ["Exit code", run.exit_code ?? "–"],
+      ["Image", run.spec.image || "pool default"],
+      ["Command", h("code", {}, run.spec.command)],
+      ["Created", when(run.created_at)],
+      ["Started", when(run.started_at)],
+      ["Finished", when(run.finished_at)],
+      ["Sweep", run.sweep_id ? h("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}` }, `${run.sweep_id} #${run.sweep_index}`) : "–"],
+    ];
+    replace(
+      details,
+      h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+      waterfall(run),
+      resources(run),
+      links(run),
+    );
+  }
+
+  async function load() {
+    clearTimeout(timer);
+    try {
+      current = await get(`/v1/runs/${encodeURIComponent(runId)}`);
+    } catch (error) {
+      if (stopped) return;
+      if (error.status === 404) {
+        replace(main, h("h1", {}, "Run not found"), message("error", error.message), h("a", { href: "#/runs" }, "Back to runs"));
+        return;
+      }
+      replace(notice, message("error", error.message));
+      timer = setTimeout(load, REFRESH_MS);
+      return;
+    }
+    if (stopped) return;
+    if (!logs) {
+      logs = [logView(runId, "stdout"), logView(runId, "stderr")];
+      replace(logsBox, logs.map((l) => l.node));
+      replace(
+        main,
+        head,
+        notice,
+        details,
+        h("section", { "aria-labelledby": "h-out" }, h("h2", { id: "h-out" }, "Outputs"), outputsBox),
+        h("section", { "aria-labelledby": "h-logs" }, h("h2", { id: "h-logs" }, "Logs"), logsBox),
+      );
+    }
+    draw();
+    if (!outputsDone) outputsDone = await outputs(runId, outputsBox);
+    if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(load, REFRESH_MS);
+  }
+
+  load();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+    for (const l of logs || []) l.stop();
+  };
+}

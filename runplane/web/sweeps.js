@@ -1,0 +1,186 @@
+// Sweeps: the list, and one sweep's progress, failures by reason, members by state, retry and kill.
+import { get, post } from "./api.js";
+import { badge, h, message, replace, STATES, svg, table, when } from "./dom.js";
+
+const REFRESH_MS = 3000;
+const MEMBER_PAGES = 20; // at most 20 pages of 500 members drawn
+
+function progressBar(sweep) {
+  const width = 600;
+  let x = 0;
+  const parts = [];
+  for (const state of STATES) {
+    const n = sweep.counts[state] || 0;
+    if (!n) continue;
+    const w = (n / Math.max(1, sweep.size)) * width;
+    parts.push(svg("rect", { x, y: 0, width: w, height: 18, class: `fill state-${state}` }, svg("title", {}, `${state}: ${n}`)));
+    x += w;
+  }
+  return svg("svg", { viewBox: `0 0 ${width} 18`, class: "progress", role: "img", "aria-label": "Members by state" }, parts);
+}
+
+function countsText(sweep) {
+  return STATES.filter((s) => sweep.counts[s]).map((s) => `${s} ${sweep.counts[s]}`).join(" · ");
+}
+
+export function sweepsPage(main, session) {
+  let stopped = false;
+  let timer = null;
+  const owner = h("input", { id: "s-owner", type: "search", onchange: load });
+  const body = h("div", {}, "Loading…");
+  replace(
+    main,
+    h("h1", {}, "Sweeps"),
+    session.admin ? h("form", { class: "filters", onsubmit: (e) => e.preventDefault() }, h("label", { for: "s-owner" }, "Owner"), owner) : null,
+    body,
+  );
+  async function load() {
+    clearTimeout(timer);
+    try {
+      const { sweeps } = await get("/v1/sweeps", { owner: owner.value.trim(), limit: 100 });
+      if (stopped) return;
+      replace(
+        body,
+        sweeps.length
+          ? table(
+              ["Name", "Id", "Queue", "Size", "Progress", "Failures", "Created"],
+              sweeps.map((s) =>
+                h(
+                  "tr",
+                  {},
+                  h("td", {}, h("a", { href: `#/sweeps/${encodeURIComponent(s.id)}` }, s.name || "(no name)")),
+                  h("td", { class: "id" }, h("code", {}, s.id)),
+                  h("td", {}, s.queue),
+                  h("td", { class: "num" }, s.size),
+                  h("td", {}, progressBar(s), h("div", { class: "hint" }, countsText(s))),
+                  h("td", {}, Object.entries(s.failures).map(([r, n]) => `${r} ${n}`).join(", ") || "–"),
+                  h("td", {}, when(s.created_at)),
+                ),
+              ),
+              { "aria-label": "Sweeps" },
+            )
+          : h("p", {}, "No sweeps."),
+      );
+    } catch (error) {
+      if (!stopped) replace(body, message("error", error.message));
+    }
+    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+  }
+  load();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
+async function members(id) {
+  const out = [];
+  let cursor = null;
+  for (let i = 0; i < MEMBER_PAGES; i += 1) {
+    const page = await get("/v1/runs", { sweep: id, limit: 500, cursor });
+    out.push(...page.runs);
+    cursor = page.next_cursor;
+    if (!cursor) break;
+  }
+  return out;
+}
+
+export function sweepPage(main, id, session) {
+  let stopped = false;
+  let timer = null;
+  const head = h("div", {});
+  const notice = h("div", { class: "notice", "aria-live": "polite" });
+  const body = h("div", {});
+  const retryButton = h("button", { type: "button", onclick: retry }, "Retry failed members");
+  const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill sweep");
+  replace(main, h("p", {}, "Loading…"));
+  let drawn = false;
+
+  async function retry() {
+    try {
+      const answer = await post(`/v1/sweeps/${encodeURIComponent(id)}/retry`);
+      replace(notice, message("ok", `${answer.retried} member(s) run again.`));
+      load();
+    } catch (error) {
+      replace(notice, message("error", error.message));
+    }
+  }
+
+  async function kill() {
+    if (!confirm(`Kill sweep ${id}?`)) return;
+    try {
+      await post(`/v1/sweeps/${encodeURIComponent(id)}/kill`);
+      replace(notice, message("ok", "Kill asked for."));
+      load();
+    } catch (error) {
+      replace(notice, message("error", error.message));
+    }
+  }
+
+  function draw(sweep, runs) {
+    const failed = (sweep.counts.failed || 0) + (sweep.counts.timed_out || 0) + (sweep.counts.killed || 0);
+    retryButton.disabled = failed === 0 || sweep.killed;
+    killButton.disabled = sweep.killed || !!sweep.finished_at;
+    replace(
+      head,
+      h("h1", {}, sweep.name || "(no name)", sweep.killed ? " " : null, sweep.killed ? badge("killed") : null),
+      h("p", { class: "id" }, h("code", {}, sweep.id), ` · queue ${sweep.queue} · ${sweep.size} members`, sweep.max_parallel ? ` · at most ${sweep.max_parallel} at once` : ""),
+      sweep.waiting_for ? h("p", { class: "reason" }, `waiting for ${sweep.waiting_for}`) : null,
+      h("div", { class: "actions" }, retryButton, killButton),
+    );
+    const released = new Map(runs.map((r) => [r.sweep_index, r]));
+    const cells = [];
+    for (let i = 0; i < sweep.size; i += 1) {
+      const run = released.get(i);
+      cells.push(
+        run
+          ? h("a", { class: `cell state-${run.state}`, href: `#/runs/${encodeURIComponent(run.id)}`, title: `#${i} ${run.name || ""} ${run.state}`, "aria-label": `member ${i}: ${run.state}` })
+          : h("span", { class: "cell waiting", title: `#${i} not released yet` }),
+      );
+    }
+    replace(
+      body,
+      h("section", { "aria-labelledby": "h-prog" }, h("h2", { id: "h-prog" }, "Progress"), progressBar(sweep), h("p", {}, countsText(sweep), sweep.waiting ? ` (${sweep.waiting} not released yet)` : "")),
+      h(
+        "section",
+        { "aria-labelledby": "h-fail" },
+        h("h2", { id: "h-fail" }, "Failures by reason"),
+        Object.keys(sweep.failures).length
+          ? table(["Reason", "Members"], Object.entries(sweep.failures).map(([r, n]) => h("tr", {}, h("td", {}, r), h("td", { class: "num" }, n))))
+          : h("p", {}, "None."),
+      ),
+      h("section", { "aria-labelledby": "h-grid" }, h("h2", { id: "h-grid" }, "Members"), h("div", { class: "grid", role: "list", "aria-label": "Members by state" }, cells.map((c) => h("span", { role: "listitem" }, c))), legend()),
+      h("section", { "aria-labelledby": "h-ev" }, h("h2", { id: "h-ev" }, "Timeline"), h("ul", {}, sweep.events.map((e) => h("li", {}, when(e.at), " ", e.message)))),
+    );
+  }
+
+  async function load() {
+    clearTimeout(timer);
+    try {
+      const sweep = await get(`/v1/sweeps/${encodeURIComponent(id)}`);
+      const runs = await members(id);
+      if (stopped) return;
+      if (!drawn) replace(main, head, notice, body);
+      drawn = true;
+      draw(sweep, runs);
+      if (sweep.finished_at && !sweep.waiting) return;
+    } catch (error) {
+      if (stopped) return;
+      if (error.status === 404) {
+        replace(main, h("h1", {}, "Sweep not found"), message("error", error.message), h("a", { href: "#/sweeps" }, "Back to sweeps"));
+        return;
+      }
+      replace(notice, message("error", error.message));
+    }
+    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+  }
+  load();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+
+function legend() {
+  return h("p", { class: "legend" }, STATES.map((s) => h("span", {}, h("span", { class: `cell state-${s}` }), s)), h("span", {}, h("span", { class: "cell waiting" }), "not released"));
+}

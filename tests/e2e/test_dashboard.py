@@ -1,0 +1,278 @@
+"""The dashboard in a real browser: Debian's Chromium, driven by Playwright, against the local
+stack (``runplane dev``'s) with real runs on the real Docker engine. One browser for the module;
+each test gets a fresh tab signed in the way a user is: by the link ``runplane dev`` prints."""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runplane.cli.dev import dashboard_link
+from tests.conftest import TERMINAL, wait_state
+
+pytestmark = pytest.mark.docker
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 30_000
+SHOTS = os.environ.get("RUNPLANE_DASHBOARD_SHOTS")
+"""A folder to save each page's picture in (docs/ keeps them as docs/dashboard-*.png)."""
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: scripts/setup.sh --test installs Debian's chromium")
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=WAIT_MS)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield chromium
+        chromium.close()
+
+
+class Tab:
+    """A browser tab on the stack, with what the page said went wrong and every URL it asked for."""
+
+    def __init__(self, browser, base: str, width: int = 1280, height: int = 800) -> None:
+        self.base = base
+        self.context = browser.new_context(viewport={"width": width, "height": height})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.urls: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.page.on("request", lambda r: self.urls.append(r.url))
+        self.page.on("dialog", lambda d: d.accept())
+
+    def sign_in(self, token: str, route: str = "/runs") -> None:
+        self.page.goto(dashboard_link(self.base, token))  # the link `runplane dev` prints
+        self.page.wait_for_url(re.compile(r"#/runs$"))
+        if route != "/runs":
+            self.go(route)
+
+    def go(self, route: str) -> None:
+        self.page.evaluate("route => { location.hash = route }", f"#{route}")
+
+    def close(self) -> None:
+        self.context.close()
+
+
+@pytest.fixture
+def tab(browser, devstack):
+    opened: list[Tab] = []
+
+    def open_tab(**kwargs) -> Tab:
+        t = Tab(browser, devstack.api_url, **kwargs)
+        opened.append(t)
+        return t
+
+    yield open_tab
+    for t in opened:
+        # the token never travels in a URL a server sees, and the page did nothing wrong
+        assert not [u for u in t.urls if "token" in u.split("#")[0]], t.urls
+        assert t.errors == [], t.errors
+        t.close()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def row(page, run_id):
+    return page.locator(f'tr[data-run="{run_id}"]')
+
+
+def test_the_printed_link_signs_in_and_a_run_appears_changes_state_and_its_log_arrives(tab, alice):
+    from playwright.sync_api import expect
+
+    t = tab()
+    t.sign_in("alice-token")
+    page = t.page
+    assert "alice-token" not in page.url  # taken out of the address bar at once
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") == "alice-token"
+    expect(page.locator("#who")).to_contain_text("alice")
+
+    name = unique("web")
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {"command": "echo first-line; sleep 2; echo second-line; echo 42 > answer", "name": name},
+    )
+    line = row(page, run["id"])
+    expect(line).to_be_visible()  # the table refreshes by itself
+    expect(line.locator(".state")).to_have_text(re.compile("preparing|running|uploading|succeeded"))
+    line.get_by_role("link", name=name).click()
+    page.wait_for_url(re.compile(f"#/runs/{run['id']}$"))
+    expect(page.get_by_role("heading", level=1)).to_contain_text(name)
+    stdout = page.get_by_label("stdout of the run")
+    expect(stdout).to_contain_text("first-line")
+    expect(stdout).to_contain_text("second-line")  # arrives while the page is open
+    expect(page.locator("h1 .state")).to_have_text("succeeded")
+    expect(page.get_by_role("link", name="answer")).to_have_attribute("href", re.compile("answer"))
+    expect(page.locator("svg.waterfall g.bar")).not_to_have_count(0)
+    expect(page.locator("svg.waterfall")).to_contain_text("running")
+
+    page.get_by_label("Search").first.fill("second")
+    expect(stdout).to_have_text("second-line")
+
+
+def test_a_running_run_is_killed_from_its_page(tab, alice):
+    from playwright.sync_api import expect
+
+    run = alice.request("POST", "/v1/runs", {"command": "sleep 60", "name": unique("doomed")})
+    wait_state(alice, run["id"], {"running"})
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")
+    page = t.page
+    expect(page.locator("h1 .state")).to_have_text("running")
+    page.get_by_role("button", name="Kill").click()
+    expect(page.locator("h1 .state")).to_have_text("killed")
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "killed"
+    expect(page.get_by_role("button", name="Kill")).to_be_disabled()
+
+
+def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
+    from playwright.sync_api import expect
+
+    ok = alice.request("POST", "/v1/runs", {"command": "true", "name": unique("fine")})
+    bad = alice.request("POST", "/v1/runs", {"command": "exit 3", "name": unique("broken")})
+    for r in (ok, bad):
+        wait_state(alice, r["id"], TERMINAL)
+    t = tab()
+    t.sign_in("alice-token")
+    page = t.page
+    expect(row(page, bad["id"])).to_be_visible()
+    page.get_by_label("State").select_option("succeeded")
+    page.wait_for_url(re.compile(r"#/runs\?state=succeeded$"))
+    expect(row(page, ok["id"])).to_be_visible()
+    expect(row(page, bad["id"])).to_have_count(0)
+    assert set(page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.dataset.state)")) == {"succeeded"}
+
+    t.go("/runs?failed=1")  # a shared view opens as it was left
+    expect(page.get_by_label("Failed only")).to_be_checked()
+    expect(row(page, bad["id"])).to_contain_text("nonzero_exit")
+    expect(row(page, ok["id"])).to_have_count(0)
+    page.get_by_label("Name").fill(bad["name"])
+    page.get_by_label("Name").press("Enter")
+    page.wait_for_url(re.compile(f"name={bad['name']}"))
+    expect(page.locator("tbody tr")).to_have_count(1)
+
+
+def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
+    from playwright.sync_api import expect
+
+    # odd members fail on their first try only
+    first_try = '[ "$RUNPLANE_RUN_ID" != "$RUNPLANE_SWEEP_ID-$RUNPLANE_SWEEP_INDEX" ]'
+    name = unique("grid")
+    sweep = alice.submit_sweep(f"{first_try} || [ $((RUNPLANE_SWEEP_INDEX % 2)) -eq 0 ]", count=4, sweep_name=name)
+    sweep.wait(timeout=120, poll=0.3)
+    t = tab()
+    t.sign_in("alice-token", "/sweeps")
+    page = t.page
+    page.get_by_role("link", name=name).click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(name)
+    expect(page.locator("section", has=page.get_by_role("heading", name="Failures by reason"))).to_contain_text(
+        "nonzero_exit"
+    )
+    expect(page.locator(".grid .cell.state-failed")).to_have_count(2)
+    page.get_by_role("button", name="Retry failed members").click()
+    expect(page.locator(".notice")).to_contain_text("2 member(s) run again")
+    expect(page.locator(".grid .cell.state-succeeded")).to_have_count(4, timeout=90_000)
+    assert sweep.refresh().view.counts == {"succeeded": 4}
+
+
+def test_another_users_run_is_not_found(tab, bob):
+    from playwright.sync_api import expect
+
+    theirs = bob.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": "bobs"})
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{theirs['id']}")
+    expect(t.page.get_by_role("heading", level=1)).to_have_text("Run not found")
+    t.go("/sweeps/..%2F..%2Fv1%2Fme")
+    expect(t.page.get_by_role("heading", level=1)).to_have_text("Sweep not found")
+    t.errors.clear()  # the browser logs each 404 it was answered
+
+
+def test_a_page_without_a_token_asks_for_one(tab):
+    from playwright.sync_api import expect
+
+    t = tab()
+    page = t.page
+    page.goto(f"{t.base}/ui/#/runs")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    page.get_by_label("Token").fill("not-a-token")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_contain_text("refused")
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") is None
+    page.get_by_label("Token").fill("alice-token")
+    page.get_by_label("Token").press("Enter")
+    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    t.errors.clear()  # the browser logs the 401 it was answered
+
+
+def test_markup_in_a_run_name_and_its_log_is_shown_as_text(tab, alice):
+    from playwright.sync_api import expect
+
+    name = "<img src=x onerror=window.pwned=1>"
+    run = alice.request(
+        "POST", "/v1/runs", {"command": "echo '<script>window.pwned=2</script><b>bold</b>'", "name": name}
+    )
+    wait_state(alice, run["id"], TERMINAL)
+    t = tab()
+    t.sign_in("alice-token")
+    page = t.page
+    expect(row(page, run["id"])).to_contain_text(name)
+    t.go(f"/runs/{run['id']}")
+    expect(page.get_by_label("stdout of the run")).to_have_text("<script>window.pwned=2</script><b>bold</b>\n")
+    assert page.evaluate("window.pwned") is None
+    assert page.locator("main img, main script, pre b").count() == 0
+
+
+def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice, devstack):
+    from playwright.sync_api import expect
+
+    run = alice.request("POST", "/v1/runs", {"command": "echo shown; echo 1 > out", "name": unique("shot")})
+    wait_state(alice, run["id"], TERMINAL)
+    sweeps = alice.request("GET", "/v1/sweeps", query={"limit": 1})["sweeps"]
+    pages = {"runs": "/runs", "run": f"/runs/{run['id']}", "pools": "/pools", "usage": "/usage"}
+    if sweeps:
+        pages["sweep"] = f"/sweeps/{sweeps[0]['id']}"
+    for width, height, suffix in ((1280, 800, ""), (390, 844, "-phone")):
+        t = tab(width=width, height=height)
+        t.sign_in("alice-token")
+        for name, route in pages.items():
+            t.go(route)
+            expect(t.page.get_by_role("heading", level=1)).not_to_have_text("Loading…")
+            t.page.wait_for_load_state("networkidle")  # the page has drawn its answers
+            wide = t.page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert wide <= 0, f"{name} at {width}px is {wide}px wider than the window"
+            if SHOTS:
+                t.page.screenshot(path=str(Path(SHOTS) / f"dashboard-{name}{suffix}.png"))
+    # keyboard: the skip link, then the pages by Tab and Enter, focus drawn
+    t = tab()
+    t.sign_in("alice-token")
+    page = t.page
+    page.locator("body").focus()
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("link", name="Runs", exact=True)).to_be_focused()
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile("#/sweeps$"))
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline == "solid"
