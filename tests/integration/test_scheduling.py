@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from runplane.adapters.aws.dynamodb import _to_dynamo as dynamodb_value
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import aws_clients, aws_names
 from runplane.domain.errors import RunplaneError
@@ -264,3 +265,27 @@ def test_provision_gives_a_workers_table_of_an_earlier_version_its_pool_index(aw
         stack.workers.put(Worker(id=worker_id, pool=pool, started_at=NOW, heartbeat_at=NOW))
     assert [w.id for w in stack.workers.list("default")] == ["w-a", "w-b"]
     assert [w.id for w in stack.workers.list()] == ["w-a", "w-b", "w-c"]
+
+
+def test_workers_written_one_attribute_a_field_are_still_read(aws_stack):
+    """Items written before the record became one document (an older agent's heartbeat) read
+    back the same, by id, in a pool's listing and on a page."""
+    stack = aws_stack
+    old = Worker(
+        id="w-old",
+        pool="default",
+        slots=2,
+        free_slots=1,
+        runs=["r-1"],
+        run_owners={"r-1": "alice"},
+        gpu_ids=["0"],
+        started_at=NOW,
+        heartbeat_at=NOW,
+    )
+    item = {k: dynamodb_value(v) for k, v in old.model_dump(mode="json").items()}
+    item["expires_at"] = {"N": str(int(NOW) + 3600)}
+    stack.store.client.put_item(TableName=aws_names(stack.settings).workers_table, Item=item)
+    stack.workers.put(Worker(id="w-new", pool="default", started_at=NOW, heartbeat_at=NOW))
+    assert stack.workers.get("w-old") == old
+    assert [w for w in stack.workers.list("default") if w.id == "w-old"] == [old]
+    assert {w.id for w in stack.workers.page("default", 10)[0]} == {"w-old", "w-new"}

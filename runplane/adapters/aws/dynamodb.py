@@ -414,7 +414,9 @@ def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]
 
 
 class DynamoWorkerRegistry:
-    """Worker heartbeats; stale records expire through the table's TTL attribute."""
+    """Worker heartbeats; stale records expire through the table's TTL attribute. An item holds
+    the keys (``id``, and ``pool`` for the index), ``expires_at`` and the record as one JSON
+    document, which a listing reads back in one piece."""
 
     def __init__(self, table: str, client: Any, ttl_seconds: int = 3600) -> None:
         self.table = table
@@ -422,8 +424,12 @@ class DynamoWorkerRegistry:
         self.ttl_seconds = ttl_seconds
 
     def put(self, worker: Worker) -> None:
-        item = {k: _to_dynamo(v) for k, v in worker.model_dump(mode="json").items()}
-        item["expires_at"] = {"N": str(int(time.time()) + self.ttl_seconds)}
+        item = {
+            "id": {"S": worker.id},
+            "pool": {"S": worker.pool},
+            "expires_at": {"N": str(int(time.time()) + self.ttl_seconds)},
+            "doc": {"S": worker.model_dump_json()},
+        }
         try:
             self.client.put_item(TableName=self.table, Item=item)
         except (ClientError, BotoCoreError) as e:
@@ -490,7 +496,9 @@ class DynamoWorkerRegistry:
 
 
 def _worker(item: Mapping[str, Any]) -> Worker:
-    data = _from_item(item)
+    if "doc" in item:
+        return Worker.model_validate_json(item["doc"]["S"])
+    data = _from_item(item)  # written with one attribute a field, before the document
     data.pop("expires_at", None)
     return Worker.model_validate(data)
 
