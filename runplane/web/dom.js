@@ -86,7 +86,8 @@ export function duration(run) {
 }
 
 export function hours(secs) {
-  return secs === null || secs === undefined ? "–" : (secs / 3600).toFixed(2);
+  if (secs === null || secs === undefined) return "–";
+  return secs > 0 && secs < 36 ? "< 0.01" : (secs / 3600).toFixed(2);
 }
 
 export function runLink(id, text) {

@@ -19,19 +19,18 @@ async function allWorkers() {
 }
 
 function poolRow(p) {
-  const shape = `${p.shape.cpus} CPU · ${p.shape.gpus} GPU${p.shape.gpu_type ? ` (${p.shape.gpu_type})` : ""} · ${bytes(p.shape.memory)} · ${p.shape.slots} slot(s)`;
+  const s = p.shape;
+  const shape = `${s.cpus} CPU · ${s.gpus} GPU${s.gpu_type ? ` ${s.gpu_type}` : ""} · ${bytes(s.memory)} · ${s.slots} slot${s.slots === 1 ? "" : "s"}`;
+  const w = p.workers;
   return h(
     "tr",
     { "data-pool": p.name, class: p.disabled ? "disabled" : null },
-    h("th", { scope: "row" }, h("a", { href: `#/runs?queue=${encodeURIComponent(p.name)}` }, p.name)),
-    h("td", {}, p.backend),
-    h("td", {}, shape),
+    h("th", { scope: "row" }, h("a", { href: `#/runs?queue=${encodeURIComponent(p.name)}` }, p.name), h("div", { class: "hint" }, p.backend)),
+    h("td", { class: "shape" }, shape),
     h("td", { class: "num" }, p.backlog),
-    h("td", { class: "num" }, `${p.workers.starting} / ${p.workers.idle} / ${p.workers.busy} / ${p.workers.draining}`),
-    h("td", { class: "num" }, `${p.min_workers}–${p.max_workers}`),
-    h("td", { class: "num" }, `${p.launches.launched} (${p.launches.failed} failed)`),
-    h("td", {}, when(p.launches.last_launch_at)),
-    h("td", { class: "reason" }, p.last_error ? [p.last_error, " ", h("span", { class: "hint" }, when(p.last_error_at))] : "–"),
+    h("td", { class: "num" }, `${w.starting} / ${w.idle} / ${w.busy} / ${w.draining}`, h("div", { class: "hint" }, `min ${p.min_workers}, max ${p.max_workers}`)),
+    h("td", { class: "num" }, `${p.launches.launched}`, p.launches.failed ? h("span", { class: "bad" }, ` (${p.launches.failed} failed)`) : null, h("div", { class: "hint" }, p.launches.last_launch_at ? ["last ", ago(p.launches.last_launch_at)] : "never")),
+    h("td", { class: "reason" }, p.last_error ? [p.last_error, h("div", { class: "hint" }, when(p.last_error_at))] : "–"),
     h("td", { class: "reason" }, p.disabled ? h("strong", {}, p.disabled) : "–"),
     h("td", { class: "reason" }, p.last_decision || "–", p.counted_at ? h("div", { class: "hint" }, "counted ", ago(p.counted_at)) : null),
   );
@@ -74,7 +73,7 @@ export function poolsPage(main) {
       poolsBox,
       pools.status === "fulfilled"
         ? table(
-            ["Pool", "Backend", "Shape", "Backlog", "Starting / idle / busy / draining", "Min–max", "Launches", "Last launch", "Last launch error", "Disabled", "Last decision"],
+            ["Pool", "Shape", "Backlog", "Workers (starting/idle/busy/draining)", "Launches", "Last launch error", "Disabled", "Last decision"],
             pools.value.pools.map(poolRow),
             { "aria-label": "Pools" },
           )

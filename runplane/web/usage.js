@@ -83,7 +83,7 @@ export function usagePage(main, session) {
       replace(
         report,
         rows.length ? [h("h3", {}, "GPU-hours"), barChart(rows, "gpu_seconds", `GPU-hours by ${by}`), h("h3", {}, "CPU-hours"), barChart(rows, "cpu_seconds", `CPU-hours by ${by}`)] : h("p", {}, "No runs in this window."),
-        table([by, "Runs", "CPU-hours", "GPU-hours", "Cost"], [...rows.map((row) => line(row, false)), line(r.total, true)], { "aria-label": `Usage by ${by}` }),
+        table([by[0].toUpperCase() + by.slice(1), "Runs", "CPU-hours", "GPU-hours", "Cost"], [...rows.map((row) => line(row, false)), line(r.total, true)], { "aria-label": `Usage by ${by}` }),
       );
     })
     .catch((e) => replace(report, message("error", e.message)));
@@ -95,7 +95,7 @@ export function usagePage(main, session) {
       return get("/v1/usage", { by: "pool", since: since.toISOString(), until: until.toISOString() }).then((r) => ({ label: since.toISOString().slice(5, 10), total: r.total }));
     }),
   )
-    .then((list) => replace(trend, daysChart(list), h("p", { class: "legend" }, h("span", { class: "swatch cpu" }), "CPU-hours ", h("span", { class: "swatch gpu" }), "GPU-hours")))
+    .then((list) => replace(trend, list.some((d) => d.total.cpu_seconds || d.total.gpu_seconds) ? daysChart(list) : h("p", {}, "Nothing used in these days."), h("p", { class: "legend" }, h("span", { class: "swatch cpu" }), "CPU-hours ", h("span", { class: "swatch gpu" }), "GPU-hours")))
     .catch((e) => replace(trend, message("error", e.message)));
   get("/v1/quotas")
     .then(({ quotas: list }) =>
