@@ -8,6 +8,10 @@ py=${PYTHON:-python3}
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup-sam: Python 3.11 or newer is needed"; exit 1; }
 venv=.venv-sam
 packages=(aws-sam-cli cfn-lint)
+# One install at a time: scripts/run-tests.sh starts one beside the tests, and a test that needs
+# the tools runs this script too, which waits here until that install is done.
+exec 9<"$0"
+flock 9
 if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi

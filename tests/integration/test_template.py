@@ -95,9 +95,8 @@ def run_tool(args: list[str], timeout: float = 180) -> subprocess.CompletedProce
 
 
 def ensure_sam_venv() -> None:
-    """A clean machine gets the SAM venv here (about a minute, once)."""
-    if SAM.exists():
-        return
+    """A clean machine gets the SAM venv here (about a minute, once), or waits for the install
+    scripts/run-tests.sh started beside the tests (the script takes a lock; done, it only checks)."""
     done = run_tool(["bash", str(ROOT / "scripts" / "setup-sam.sh")], timeout=600)
     assert done.returncode == 0, f"scripts/setup-sam.sh failed:\n{done.stdout}\n{done.stderr}"
     assert SAM.exists()
