@@ -35,7 +35,7 @@ export function runsPage(main, session) {
 
   const status = h("div", { class: "status-line" });
   const notice = h("div", { class: "notice", "aria-live": "polite" });
-  const body = h("tbody", {});
+  const body = h("tbody", {}, h("tr", {}, h("td", { colspan: 10 }, "Loading…")));
   const pager = h("div", { class: "pager" });
   const killButton = h("button", { type: "button", disabled: true, onclick: () => bulk("kill") }, "Kill selected");
   const retryButton = h("button", { type: "button", disabled: true, onclick: () => bulk("retry") }, "Retry selected");
@@ -85,16 +85,16 @@ export function runsPage(main, session) {
     h("span", { class: "check" }, failed, h("label", { for: "f-failed" }, "Failed only")),
   );
 
-  const headers = ["", "Name", "Id", "State", "Queue", session.admin ? "Owner" : null, "Priority", "Created", "Duration", "Reason"].filter(
-    (x) => x !== null,
-  );
+  // columns marked "wide" are left out on a narrow screen (the run's page has them all)
+  const columns = [["", ""], ["Name", ""], ["Id", "wide"], ["State", ""], ["Queue", "wide"], session.admin ? ["Owner", "wide"] : null, ["Priority", "wide"], ["Created", "wide"], ["Duration", ""], ["Reason", ""]];
+  const headers = columns.filter((x) => x !== null);
   const tableNode = h(
     "div",
     { class: "table-wrap" },
     h(
       "table",
       { class: "runs", "aria-label": "Runs" },
-      h("thead", {}, h("tr", {}, headers.map((t, i) => h("th", { scope: "col" }, i === 0 ? all : t)))),
+      h("thead", {}, h("tr", {}, headers.map(([t, cls], i) => h("th", { scope: "col", class: cls || null }, i === 0 ? all : t)))),
       body,
     ),
   );
@@ -134,12 +134,12 @@ export function runsPage(main, session) {
     const cells = [
       h("td", {}, box),
       h("td", { class: "name" }, runLink(run.id, run.name || "(no name)")),
-      h("td", { class: "id" }, h("code", { title: run.id }, run.id.length > 16 ? `${run.id.slice(0, 14)}…` : run.id)),
+      h("td", { class: "id wide" }, h("code", { title: run.id }, run.id.length > 16 ? `${run.id.slice(0, 14)}…` : run.id)),
       h("td", {}, badge(run.state)),
-      h("td", {}, run.queue),
-      session.admin ? h("td", {}, run.owner) : null,
-      h("td", { class: "num" }, run.priority),
-      h("td", { class: "when" }, when(run.created_at)),
+      h("td", { class: "wide" }, run.queue),
+      session.admin ? h("td", { class: "wide" }, run.owner) : null,
+      h("td", { class: "num wide" }, run.priority),
+      h("td", { class: "when wide" }, when(run.created_at)),
       h("td", { class: "num" }, seconds(duration(run))),
       h("td", { class: "reason" }, reasonOf(run)),
     ];
