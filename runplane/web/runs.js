@@ -1,8 +1,10 @@
 // Runs: the caller's runs (an admin: any user's), filtered by what the URL holds, refreshed live.
 import { get, post } from "./api.js";
-import { badge, duration, h, hashQuery, message, replace, runLink, seconds, setHashQuery, STATES, when } from "./dom.js";
+import { badge, duration, h, hashQuery, message, replace, runLink, seconds, setHashQuery, STATES, TERMINAL, when } from "./dom.js";
 
 const PAGE = 50;
+const MAX_MATCHING = 5000;
+const AT_ONCE = 8; // requests in flight at once for a bulk action
 const REFRESH_MS = 2000;
 
 function reasonOf(run) {
@@ -37,8 +39,10 @@ export function runsPage(main, session) {
   const notice = h("div", { class: "notice", "aria-live": "polite" });
   const body = h("tbody", {}, h("tr", {}, h("td", { colspan: 10 }, "Loading…")));
   const pager = h("div", { class: "pager" });
-  const killButton = h("button", { type: "button", disabled: true, onclick: () => bulk("kill") }, "Kill selected");
-  const retryButton = h("button", { type: "button", disabled: true, onclick: () => bulk("retry") }, "Retry selected");
+  const killButton = h("button", { type: "button", disabled: true, onclick: () => bulk("kill", selectedRuns()) }, "Kill selected");
+  const retryButton = h("button", { type: "button", disabled: true, onclick: () => bulk("retry", selectedRuns()) }, "Retry selected");
+  const killAll = h("button", { type: "button", class: "danger", onclick: () => everyMatching("kill") }, "Kill all matching");
+  const retryAll = h("button", { type: "button", onclick: () => everyMatching("retry") }, "Retry all matching");
   const all = h("input", { type: "checkbox", "aria-label": "Select every run on this page", onchange: () => selectAll(all.checked) });
 
   function update(key, value) {
@@ -102,7 +106,7 @@ export function runsPage(main, session) {
     main,
     h("h1", {}, "Runs"),
     form,
-    h("div", { class: "actions" }, killButton, retryButton),
+    h("div", { class: "actions" }, killButton, retryButton, killAll, retryAll),
     notice,
     status,
     tableNode,
@@ -171,13 +175,18 @@ export function runsPage(main, session) {
     load();
   }
 
-  async function load() {
-    clearTimeout(timer);
-    const query = { limit: PAGE, cursor: cursors[cursors.length - 1], state: filters.state };
+  // the API's own filters; name and "failed only" narrow what it sends (it has no such filter)
+  function apiQuery(limit, cursor) {
+    const query = { limit, cursor, state: filters.state };
     if (filters.sweep) query.sweep = filters.sweep;
     else Object.assign(query, { queue: filters.queue, owner: filters.owner });
+    return query;
+  }
+
+  async function load() {
+    clearTimeout(timer);
     try {
-      const answer = await get("/v1/runs", query);
+      const answer = await get("/v1/runs", apiQuery(PAGE, cursors[cursors.length - 1]));
       if (stopped) return;
       page = answer.runs;
       nextCursor = answer.next_cursor;
@@ -190,13 +199,45 @@ export function runsPage(main, session) {
     if (!stopped) timer = setTimeout(load, REFRESH_MS);
   }
 
-  async function bulk(action) {
-    const chosen = page.filter((run) => selected.has(run.id));
+  function selectedRuns() {
+    return page.filter((run) => selected.has(run.id));
+  }
+
+  // Every run the filters match, on every page (up to MAX_MATCHING): kill takes those that have
+  // not ended, retry those that ended without succeeding.
+  async function everyMatching(action) {
+    const found = [];
+    let cursor = null;
+    try {
+      do {
+        const answer = await get("/v1/runs", apiQuery(500, cursor));
+        found.push(...shown(answer.runs));
+        cursor = answer.next_cursor;
+      } while (cursor && found.length < MAX_MATCHING);
+    } catch (error) {
+      replace(notice, message("error", error.message));
+      return;
+    }
+    const ended = (run) => TERMINAL.includes(run.state);
+    const chosen = found.filter((run) => (action === "kill" ? !ended(run) : ended(run) && run.state !== "succeeded"));
+    if (!chosen.length) {
+      replace(notice, message("ok", action === "kill" ? "No matching run is still going." : "No matching run failed."));
+      return;
+    }
+    bulk(action, chosen, action === "kill" ? "that have not ended" : "that did not succeed");
+  }
+
+  async function bulk(action, chosen, which = "") {
     const verb = action === "kill" ? "Kill" : "Retry";
-    if (!chosen.length || !confirm(`${verb} ${chosen.length} run(s)?`)) return;
-    const results = await Promise.allSettled(
-      chosen.map((run) => (action === "kill" ? post(`/v1/runs/${encodeURIComponent(run.id)}/kill`) : resubmit(run))),
-    );
+    if (!chosen.length || !confirm(`${verb} ${chosen.length} run(s)${which ? ` ${which}` : ""}?`)) return;
+    const results = [];
+    for (let i = 0; i < chosen.length; i += AT_ONCE) {
+      replace(notice, `${verb}: ${i} of ${chosen.length}…`);
+      const batch = chosen.slice(i, i + AT_ONCE);
+      results.push(
+        ...(await Promise.allSettled(batch.map((run) => (action === "kill" ? post(`/v1/runs/${encodeURIComponent(run.id)}/kill`) : resubmit(run))))),
+      );
+    }
     const failures = results.filter((r) => r.status === "rejected").map((r) => r.reason.message);
     selected.clear();
     replace(

@@ -89,7 +89,22 @@ def tab(browser, devstack):
 
 
 def unique(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+    return f"ui-{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_run_left_waiting(devstack):
+    """The runs these tests leave queued (on the pool that never gets a worker) are killed after
+    them, so that no other test of the session meets them."""
+    yield
+    from runplane.client import Client
+
+    for token in ("alice-token", "bob-token"):
+        client = Client(devstack.api_url, token)
+        page = client.request("GET", "/v1/runs", query={"state": "queued", "queue": "parked", "limit": 500})
+        for run in page["runs"]:
+            if (run["name"] or "").startswith("ui-"):
+                client.request("POST", f"/v1/runs/{run['id']}/kill")
 
 
 def row(page, run_id):
@@ -173,6 +188,60 @@ def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
     expect(page.locator("tbody tr")).to_have_count(1)
 
 
+def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits(tab, alice):
+    from playwright.sync_api import expect
+
+    prefix = unique("parked")
+    waiting = [
+        alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": f"{prefix}-{i}"})
+        for i in range(3)
+    ]
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{waiting[0]['id']}")
+    page = t.page
+    why = alice.request("GET", f"/v1/runs/{waiting[0]['id']}")["waiting_reason"]
+    assert why
+    expect(page.locator("p.reason")).to_have_text(why)
+
+    t.go(f"/runs?queue=parked&name={prefix}")
+    expect(page.locator("tbody tr")).to_have_count(3)
+    page.get_by_role("button", name="Kill all matching").click()
+    expect(page.locator(".notice")).to_contain_text("Kill: 3 done")
+    for run in waiting:
+        assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "killed"
+    expect(page.locator("tbody tr[data-state=killed]")).to_have_count(3)
+
+
+def test_the_runs_table_refreshes_without_moving_the_page(tab, alice):
+    from playwright.sync_api import expect
+
+    for i in range(3):
+        alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique(f"filler{i}")})
+    t = tab(width=1280, height=300)
+    t.sign_in("alice-token")
+    page = t.page
+    expect(page.locator("tbody tr[data-run]")).not_to_have_count(0)
+    page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+    scrolled = page.evaluate("window.scrollY")
+    assert scrolled > 0
+    before = page.locator(".status-line").inner_text()
+    expect(page.locator(".status-line")).not_to_have_text(before)  # refreshed since
+    assert page.evaluate("window.scrollY") == scrolled
+
+
+def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice):
+    from playwright.sync_api import expect
+
+    run = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("owned")})
+    t = tab()
+    t.sign_in("admin-token", "/runs?owner=alice")
+    page = t.page
+    expect(page.locator("#who")).to_contain_text("admin")
+    expect(page.get_by_role("columnheader", name="Owner")).to_be_visible()
+    expect(row(page, run["id"])).to_contain_text("alice")
+    expect(page.get_by_label("Owner")).to_have_value("alice")
+
+
 def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
     from playwright.sync_api import expect
 
@@ -202,7 +271,7 @@ def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
 def test_another_users_run_is_not_found(tab, bob):
     from playwright.sync_api import expect
 
-    theirs = bob.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": "bobs"})
+    theirs = bob.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("bobs")})
     t = tab()
     t.sign_in("alice-token", f"/runs/{theirs['id']}")
     expect(t.page.get_by_role("heading", level=1)).to_have_text("Run not found")

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from runplane.bootstrap import build_stack
+from runplane.cli.dev import dashboard_link
 from runplane.client import Client
 from runplane.devstack.stack import free_port
 from runplane.domain.models import FailureReason, RunState
@@ -88,6 +89,9 @@ def start_dev(tmp_path: Path, docker_client: Any) -> Iterator[Any]:
 
         found = wait_for(up, 120, 0.2, "runplane dev to serve")
         dev.client = Client(found["api_url"], found["token"])
+        # the dashboard's link, which signs in with the token in its fragment
+        wait_for(lambda: "UI " in dev.output(), 10, 0.05, "runplane dev to print its lines")
+        assert f"UI     {dashboard_link(found['api_url'], found['token'])}\n" in dev.output()
         return dev
 
     yield start
