@@ -71,8 +71,9 @@ def container_spec(
     if run.sweep_id is not None:
         env.update({"RUNPLANE_SWEEP_ID": run.sweep_id, "RUNPLANE_SWEEP_INDEX": str(run.sweep_index)})
     allocation = allocation or Allocation((), ())
-    env.update(allocation.environment())
-    mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind")]
+    gpus = config.gpu_access.container_kwargs(allocation.gpus)
+    env.update(config.gpu_access.environment(allocation.gpus, run.spec.env))
+    mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind"), *gpus.pop("mounts", [])]
     if run_as.home and home_dir is not None and "HOME" not in run.spec.env:
         env["HOME"] = run_as.home
         mounts.append(Mount(RUN_HOME, str(home_dir), type="bind"))
@@ -109,6 +110,7 @@ def container_spec(
         ),
         "detach": True,
         **allocation.docker_kwargs(int(res.cpus * 1e9)),
+        **gpus,
     }
     if config.shm_size:
         spec["shm_size"] = config.shm_size

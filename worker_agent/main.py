@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, NoReturn
 from runplane.domain.accounting import Rates
 from runplane.domain.errors import RunplaneError
 from runplane.extras import requirement
+from worker_agent.gpu_access import GpuAccess, GpuModeError, choose, gather
 from worker_agent.metrics import serve as serve_metrics
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import Gpu, detect_gpus, host_cpus, select_gpus
@@ -27,6 +28,8 @@ from worker_agent.settings import AgentSettings, UsageError, parse
 from worker_agent.workdir import WorkDir, WorkDirError, engine_shares_our_mounts, prepare
 
 if TYPE_CHECKING:
+    import docker
+
     from runplane.domain.models import Pool
     from worker_agent.agent import Agent, AgentConfig
     from worker_agent.network import NetworkCheck
@@ -88,8 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"runplane-agent: error: cannot reach the Docker engine: {e}", file=sys.stderr)
         return 1
     try:
-        gpus = select_gpus(detect_gpus(), settings.gpuset)
-    except ValueError as e:
+        gpus, gpu_access = _gpus(settings, client)
+    except ValueError as e:  # a --gpuset GPU not here, or a --gpu-mode this host cannot serve
         print(f"runplane-agent: error: {e}", file=sys.stderr)
         return 2
     # run directories on a nosuid,nodev mount, found or made (workdir.py); else exit 2
@@ -111,7 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     _log_network(network, settings.network_mode)
     agent = Agent(
-        agent_config(settings, worker_id, work_dir, gpus, pool, stack.settings.stack_id(), prepared.inputs_view),
+        agent_config(
+            settings, worker_id, work_dir, gpus, pool, stack.settings.stack_id(), prepared.inputs_view, gpu_access
+        ),
         Ports(stack.store, stack.queue, stack.objects, CachedQuotas(stack.quotas)),
         stack.workers,
         client,
@@ -192,6 +197,7 @@ def agent_config(
     pool: Pool,
     stack_id: str,
     inputs_view: Path | None,
+    gpu_access: GpuAccess | None = None,
 ) -> AgentConfig:
     """The agent's configuration: ``settings`` and what was found out at start (the worker's id
     and directory, the GPUs, the pool's containment, the stack, the input cache's view)."""
@@ -232,8 +238,31 @@ def agent_config(
             rates=Rates(cpus=pool.cpus, gpus=pool.gpus, memory=pool.memory, price_per_hour=pool.price_per_hour),
             docker_log_size=settings.docker_log_size,
             inputs_view=inputs_view,
+            gpu_access=gpu_access or GpuAccess(),
         ),
     )
+
+
+def _gpus(settings: AgentSettings, client: docker.DockerClient) -> tuple[list[Gpu], GpuAccess | None]:
+    """The GPUs runs may use (``--gpuset`` of those detected) and how they get them here
+    (gpu_access.py), said in the log. Where ``--gpu-mode auto`` finds no way to give them, this
+    worker offers none, and says why. Raises ValueError for a ``--gpuset`` GPU not here, and
+    GpuModeError (one) for a named mode this host cannot serve."""
+    log = logging.getLogger("runplane.agent")
+    gpus = select_gpus(detect_gpus(), settings.gpuset)
+    if not gpus:
+        return [], None
+    info, version = client.info(), client.version().get("Version", "")
+    facts = gather(info, version, driver_dir=settings.gpu_driver_dir)
+    try:
+        access = choose(settings.gpu_mode, gpus, facts)
+    except GpuModeError as e:
+        if settings.gpu_mode != "auto":
+            raise
+        log.warning("%s: this worker offers no GPU (start it with --gpu-mode to insist on one)", e)
+        return [], None
+    log.info("GPU mode %s for %d GPU(s): %s", access.describe(), len(gpus), ", ".join(g.uuid for g in gpus))
+    return gpus, access
 
 
 def _exit_now(status: int) -> NoReturn:

@@ -1,8 +1,8 @@
 """This worker's CPUs and GPUs, and handing them out to runs without sharing.
 
-Each run gets its own CPU cores (``cpuset_cpus``) and its own GPUs (a Docker device request
-with explicit device ids plus ``NVIDIA_VISIBLE_DEVICES``); a run that does not fit what is
-free now waits for it rather than oversubscribing the worker.
+Each run gets its own CPU cores (``cpuset_cpus``) and its own GPUs (given to its container as
+the host's GPU mode says: gpu_access.py); a run that does not fit what is free now waits for it
+rather than oversubscribing the worker.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 
@@ -23,6 +24,12 @@ class Gpu:
     uuid: str
     name: str = ""
     memory: int = 0  # bytes
+    minor: int | None = None
+    """The driver's minor number: the N of /dev/nvidiaN (unknown: taken to be the index)."""
+
+    @property
+    def node(self) -> int:
+        return self.index if self.minor is None else self.minor
 
 
 def _nvml_gpus() -> list[Gpu] | None:
@@ -41,12 +48,17 @@ def _nvml_gpus() -> list[Gpu] | None:
             uuid = pynvml.nvmlDeviceGetUUID(handle)
             name = pynvml.nvmlDeviceGetName(handle)
             memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            try:
+                minor: int | None = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+            except pynvml.NVMLError:
+                minor = None
             gpus.append(
                 Gpu(
                     i,
                     uuid if isinstance(uuid, str) else uuid.decode(),
                     name if isinstance(name, str) else name.decode(),
                     memory,
+                    minor,
                 )
             )
         return gpus
@@ -82,12 +94,35 @@ def _smi_gpus(run: Callable[[list[str]], str] | None = None) -> list[Gpu] | None
 
 
 def detect_gpus() -> list[Gpu]:
-    """GPUs of this host through NVML, else nvidia-smi; none when neither answers."""
+    """GPUs of this host through NVML, else nvidia-smi; none when neither answers. A GPU whose
+    minor number NVML did not give takes the one the driver lists under /proc."""
     for probe in (_nvml_gpus, _smi_gpus):
         found = probe()
         if found is not None:
-            return found
+            return with_minors(found, driver_minors())
     return []
+
+
+def driver_minors(root: str = "/proc/driver/nvidia/gpus") -> dict[str, int]:
+    """GPU UUID -> minor number, from the driver's ``information`` file of each GPU."""
+    minors: dict[str, int] = {}
+    try:
+        files = sorted(Path(root).glob("*/information"))
+    except OSError:
+        return minors
+    for path in files:
+        try:
+            fields = dict(line.split(":", 1) for line in path.read_text().splitlines() if ":" in line)
+        except (OSError, ValueError):
+            continue
+        uuid, minor = fields.get("GPU UUID", "").strip(), fields.get("Device Minor", "").strip()
+        if uuid and minor.isdigit():
+            minors[uuid] = int(minor)
+    return minors
+
+
+def with_minors(gpus: Sequence[Gpu], minors: dict[str, int]) -> list[Gpu]:
+    return [g if g.minor is not None or g.uuid not in minors else replace(g, minor=minors[g.uuid]) for g in gpus]
 
 
 def parse_set(text: str, what: str) -> list[str]:
@@ -138,21 +173,11 @@ class Allocation:
     gpus: tuple[Gpu, ...]
 
     def docker_kwargs(self, nano_cpus: int) -> dict[str, Any]:
-        """What the container gets: its own cores and, with GPUs, a device request naming them."""
+        """What the container gets of the CPU: its own cores (its GPUs: ``gpu_access``)."""
         kwargs: dict[str, Any] = {"nano_cpus": nano_cpus}
         if self.cpus:
             kwargs["cpuset_cpus"] = ",".join(str(c) for c in self.cpus)
-        if self.gpus:
-            from docker.types import DeviceRequest
-
-            ids = [g.uuid for g in self.gpus]
-            kwargs["device_requests"] = [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]
         return kwargs
-
-    def environment(self) -> dict[str, str]:
-        if not self.gpus:
-            return {"NVIDIA_VISIBLE_DEVICES": "void"}
-        return {"NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in self.gpus)}
 
 
 @dataclass

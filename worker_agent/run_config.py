@@ -7,6 +7,7 @@ from pathlib import Path
 
 from runplane.domain.accounting import Rates
 from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
+from worker_agent.gpu_access import GpuAccess
 from worker_agent.settings import default
 
 
@@ -35,6 +36,7 @@ class ExecutorConfig:
     max_disk_interval_seconds: float = 10.0  # and the longest a run goes between two disk checks
     stop_seconds: float = 30.0  # how long a killed container may take to exit; past it, nothing uploads
     remove_seconds: float = 600.0  # how long removing a container may take (a layer of millions of files)
+    gpu_access: GpuAccess = field(default_factory=GpuAccess)  # how a run's GPUs reach its container
 
 
 @dataclass

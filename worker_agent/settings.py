@@ -119,6 +119,17 @@ class AgentSettings(Settings):
     gpuset: Annotated[tuple[str, ...] | None, BeforeValidator(_gpus)] = Field(
         None, description="GPUs runs may use, as indices or UUIDs, e.g. 0,1 (default: all detected)"
     )
+    gpu_mode: Literal["auto", "nvidia-runtime", "cdi", "devices"] = Field(
+        "auto",
+        description="how runs get their GPUs: nvidia-runtime (the NVIDIA container toolkit), cdi (an engine that "
+        "reads CDI specs), devices (no runtime: the run's /dev/nvidiaN and the driver's libraries, bound "
+        "read-only), or auto (the first of these that works here)",
+    )
+    gpu_driver_dir: str | None = Field(
+        None,
+        description="for --gpu-mode devices: where the driver's libraries and tools are (default: the loader "
+        "cache and PATH)",
+    )
     memory: Size = Field(None, description="memory to advertise, e.g. 64g (default: all)")
     shm_size: str | None = Field(None, description="size of /dev/shm in run containers, e.g. 1g")
     work_dir: str = Field(

@@ -1,14 +1,19 @@
-"""On the real engine (which has no NVIDIA runtime here): a run given a GPU fails with a clear
-reason, through the agent's own executor, and leaves no container behind."""
+"""On the real engine (which has no NVIDIA runtime here), through the agent's own executor: a run
+given a GPU fails with a clear reason and leaves no container behind; in devices mode, against
+fake GPU device nodes, a run sees its own GPU's node and the driver's files, nothing more."""
 
+import os
+import stat
 import time
 
 import pytest
 
 from runplane.domain.models import Principal, RunSpec, RunState
 from runplane.services import lifecycle
+from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run
 from worker_agent.executor import RunExecutor
+from worker_agent.gpu_access import GpuModeError, choose, gather
 from worker_agent.resources import Allocation, Gpu
 from worker_agent.run_config import ExecutorConfig, Ports
 from worker_agent.users import ImageUsers
@@ -39,3 +44,76 @@ def test_gpu_run_without_nvidia_runtime_fails_gpu_unavailable(docker_client, aws
     assert "no working NVIDIA runtime" in final.failure.message
     label = f"io.runplane.run_id={run.id}"
     assert docker_client.containers.list(all=True, sparse=True, filters={"label": label}) == []
+
+
+def _run_with_gpus(s, docker_client, tmp_path, command, gpus, access):
+    spec = RunSpec.model_validate({"command": command, "queue": "manual", "resources": {"memory": "64m"}})
+    queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
+    run = lifecycle.claim(s.store, queued, 0, "w-gpu", lease_seconds=60, now=time.time())
+    config = ExecutorConfig(
+        worker_id="w-gpu", work_dir=tmp_path / "work", stack_id=s.settings.stack_id(), gpu_access=access
+    )
+    executor = RunExecutor(
+        run,
+        Ports(s.store, s.queue, s.objects),
+        docker_client,
+        config,
+        time.time,
+        allocation=Allocation((0,), tuple(gpus)),
+        users=ImageUsers(docker_client),
+    )
+    executor.run_safely()
+    final = s.store.get(run.id)
+    return final, read_logs(s.objects, final, "stdout", 0).data
+
+
+def test_devices_mode_gives_a_run_its_own_nodes_and_the_driver_read_only(docker_client, aws_stack, tmp_path):
+    """No runtime at all: fake GPU nodes (made with mknod, as the null device) for two GPUs and the
+    control nodes, and a fake driver directory. The run given the second GPU sees its node and the
+    control nodes only, can use them, reads the driver's files and cannot change them."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        os.mknod(dev / name, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        os.chmod(dev / name, 0o666)  # as the driver makes them, whatever the umask
+    driver = tmp_path / "driver"
+    (driver / "lib64").mkdir(parents=True)
+    (driver / "lib64" / "libcuda.so.1").write_text("not really a driver\n")
+    (driver / "bin").mkdir()
+    smi = driver / "bin" / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: Fake (UUID: '$NVIDIA_VISIBLE_DEVICES')'\n")
+    smi.chmod(0o755)
+    gpus = [Gpu(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000"), Gpu(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000")]
+    facts = gather({}, docker_client.version()["Version"], dev_dir=str(dev), driver_dir=str(driver))
+    access = choose("devices", gpus, facts)
+    command = (
+        "ls /dev | grep nvidia | tr '\\n' ' '; echo; "
+        "echo x > /dev/nvidia1 && echo node-writable; "
+        "cat /usr/local/nvidia/lib64/libcuda.so.1; "
+        "(echo y > /usr/local/nvidia/lib64/libcuda.so.1) 2>/dev/null || echo driver-read-only; "
+        "/usr/local/nvidia/bin/nvidia-smi; echo cuda=$CUDA_VISIBLE_DEVICES; echo ld=$LD_LIBRARY_PATH"
+    )
+    final, out = _run_with_gpus(aws_stack, docker_client, tmp_path, command, gpus[1:], access)
+    assert final.state == RunState.SUCCEEDED, final.failure
+    lines = out.splitlines()
+    assert lines[0].split() == ["nvidia-uvm", "nvidia1", "nvidiactl"]  # not nvidia0: the other GPU's
+    assert lines[1:] == [
+        "node-writable",
+        "not really a driver",
+        "driver-read-only",
+        f"GPU 0: Fake (UUID: {gpus[1].uuid})",
+        f"cuda={gpus[1].uuid}",
+        "ld=/usr/local/nvidia/lib64",
+    ]
+    assert (driver / "lib64" / "libcuda.so.1").read_text() == "not really a driver\n"
+
+
+def test_a_gpu_mode_that_cannot_serve_is_refused_before_any_run(docker_client, tmp_path):
+    """This engine has no NVIDIA runtime, and the host no GPU node: named modes say so."""
+    gpus = [Gpu(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000")]
+    facts = gather(docker_client.info(), docker_client.version()["Version"], dev_dir=str(tmp_path))
+    with pytest.raises(GpuModeError, match=r"--gpu-mode devices: no .*/nvidia0"):
+        choose("devices", gpus, facts)
+    if "nvidia" not in facts.runtimes and facts.hook is None:
+        with pytest.raises(GpuModeError, match="--gpu-mode nvidia-runtime: the engine has no nvidia runtime"):
+            choose("nvidia-runtime", gpus, facts)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from worker_agent.gpu_access import GpuAccess
 from worker_agent.resources import Allocator, _nvml_gpus, _smi_gpus, detect_gpus, select_gpus
 from worker_agent.usage import read_cgroup
 
@@ -60,12 +61,12 @@ def test_every_gpu_goes_to_one_run_and_the_request_names_it():
     assert sorted(g.uuid for a in allocations for g in a.gpus) == sorted(g.uuid for g in gpus)
     assert allocator.allocate("one-too-many", cpus=1, gpus=1) is None  # waits, never shares
     first = allocations[0]
-    kwargs = first.docker_kwargs(nano_cpus=10**9)
-    (request,) = kwargs["device_requests"]
+    access = GpuAccess("nvidia-runtime")
+    (request,) = access.container_kwargs(first.gpus)["device_requests"]
     assert request["Driver"] == "nvidia"
     assert request["DeviceIDs"] == [first.gpus[0].uuid]
     assert request["Capabilities"] == [["gpu"]]
-    assert first.environment() == {"NVIDIA_VISIBLE_DEVICES": first.gpus[0].uuid}
+    assert access.environment(first.gpus, {}) == {"NVIDIA_VISIBLE_DEVICES": first.gpus[0].uuid}
     allocator.release("r0")
     again = allocator.allocate("next", cpus=1, gpus=1)
     assert again is not None and again.gpus == first.gpus

@@ -142,6 +142,9 @@ def test_the_wheel_carries_what_runplane_dev_reads(wheel: Path) -> None:
         "runplane/devstack/pools.yaml",
         "runplane/devstack/azurite.py",
         "runplane/py.typed",
+        "runplane/web/index.html",  # the dashboard (runplane/api/ui.py)
+        "runplane/web/app.js",
+        "runplane/web/app.css",
         "functions/azure/host.json",
         "functions/aws/requirements.txt",
         "worker_agent/main.py",
