@@ -84,6 +84,11 @@ function sourceLink(source) {
   return m ? h("span", {}, runLink(m[1], `run:${m[1]}`), m[2]) : h("code", {}, source);
 }
 
+// what a run waits for: a run id, or sweep:<id>
+function waitLink(id) {
+  return id.startsWith("sweep:") ? h("a", { href: `#/sweeps/${encodeURIComponent(id.slice(6))}` }, id) : runLink(id);
+}
+
 function links(run) {
   const inputs = Object.entries(run.spec.inputs || {});
   const after = run.spec.after || [];
@@ -96,7 +101,7 @@ function links(run) {
       : h("p", {}, "No inputs."),
     after.length ? h("p", {}, "Starts after: ", after.map((id, i) => [i ? ", " : "", runLink(id)])) : null,
     run.spec.after_sweep ? h("p", {}, "Starts after sweep ", h("a", { href: `#/sweeps/${encodeURIComponent(run.spec.after_sweep)}` }, run.spec.after_sweep)) : null,
-    run.waiting_on.length ? h("p", {}, "Still waiting on: ", run.waiting_on.join(", ")) : null,
+    run.waiting_on.length ? h("p", {}, "Still waiting on: ", run.waiting_on.map((id, i) => [i ? ", " : "", waitLink(id)])) : null,
   );
 }
 

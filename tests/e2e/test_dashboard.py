@@ -212,6 +212,32 @@ def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits
     expect(page.locator("tbody tr[data-state=killed]")).to_have_count(3)
 
 
+def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
+    from playwright.sync_api import expect
+
+    first = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("first")})
+    then = alice.request(
+        "POST",
+        "/v1/runs",
+        {
+            "command": "cat /inputs/data",
+            "queue": "parked",
+            "name": unique("then"),
+            "after": [first["id"]],
+            "inputs": {"data": f"run:{first['id']}/answer"},
+        },
+    )
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{then['id']}")
+    page = t.page
+    inputs = page.locator("section", has=page.get_by_role("heading", name="Inputs and dependencies"))
+    expect(inputs).to_contain_text("Still waiting on")
+    expect(inputs.get_by_role("link", name=f"run:{first['id']}")).to_be_visible()
+    inputs.get_by_role("link", name=first["id"], exact=True).first.click()
+    page.wait_for_url(re.compile(f"#/runs/{first['id']}$"))
+    expect(page.get_by_role("heading", level=1)).to_contain_text(first["name"])
+
+
 def test_the_runs_table_refreshes_without_moving_the_page(tab, alice):
     from playwright.sync_api import expect
 
@@ -331,6 +357,12 @@ def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice,
             t.go(route)
             expect(t.page.get_by_text("Loading…")).to_have_count(0)  # every part has drawn its answer
             expect(t.page.locator(".msg-error")).to_have_count(0)
+            if name == "pools":  # the pool that ran the run, and the worker that ran it
+                expect(t.page.locator('tr[data-pool="default"]')).to_contain_text("local")
+                worker = alice.request("GET", f"/v1/runs/{run['id']}")["worker_id"]
+                expect(t.page.locator(f'tr[data-worker="{worker}"]')).to_contain_text("default")
+            if name == "usage":
+                expect(t.page.get_by_role("table", name="Usage by pool")).to_contain_text("default")
             wide = t.page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
             assert wide <= 0, f"{name} at {width}px is {wide}px wider than the window"
             if SHOTS and (not suffix or name in ("runs", "run")):
