@@ -5,6 +5,7 @@ import json
 import re
 import urllib.request
 import uuid
+from itertools import chain
 
 import pytest
 
@@ -150,10 +151,10 @@ def test_worker_registry_pages_cover_every_worker_once(stack):
             assert len(pages) < 10, "the pages never end"
 
     every = walk(None)
-    assert sorted(sum(every, [])) == [f"w-p{i}" for i in range(8)]
+    assert sorted(chain.from_iterable(every)) == [f"w-p{i}" for i in range(8)]
     assert all(len(page) == 3 for page in every[:-1])
     parked = walk("parked")
-    assert sorted(sum(parked, [])) == ["w-p1", "w-p3", "w-p5", "w-p7"]
+    assert sorted(chain.from_iterable(parked)) == ["w-p1", "w-p3", "w-p5", "w-p7"]
     assert stack.workers.page("nowhere", 3) == ([], None)
     stack.workers.delete("w-p2")
     cut = every[0][-1]  # a cursor naming a worker that has gone since still resumes after it
@@ -162,7 +163,7 @@ def test_worker_registry_pages_cover_every_worker_once(stack):
     while after is not None:
         found, after = stack.workers.page(None, 3, after)
         rest += [w.id for w in found]
-    assert sorted(rest) == sorted(w for w in sum(every[1:], []) if w != "w-p2")
+    assert sorted(rest) == sorted(w for w in chain.from_iterable(every[1:]) if w != "w-p2")
 
 
 def token(token_id, user="alice", created_at=1.0, **extra):
