@@ -1,6 +1,6 @@
 // The dashboard's entry: sign-in by token, the top bar, and routing between pages by the hash.
 import { api, get, token } from "./api.js";
-import { h, message, replace } from "./dom.js";
+import { h, keepFocus, message, replace } from "./dom.js";
 import { poolsPage } from "./pools.js";
 import { runPage } from "./run.js";
 import { runsPage } from "./runs.js";
@@ -72,7 +72,10 @@ function show() {
   for (const [pattern, render] of routes) {
     const match = pattern.exec(path);
     if (match) {
-      leave = render(match) || null;
+      document.title = `${nav.querySelector(`[data-page="${page}"]`)?.textContent || "runplane"} · runplane`;
+      keepFocus(main, () => {
+        leave = render(match) || null;
+      });
       return;
     }
   }

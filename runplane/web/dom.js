@@ -119,3 +119,23 @@ export function setHashQuery(path, params) {
   const hash = `#${path}${text ? `?${text}` : ""}`;
   if (location.hash !== hash) location.hash = hash;
 }
+
+// What identifies a control across a redraw that builds it anew: its kind, target, name and text.
+function focusKey(el) {
+  return [el.tagName, el.getAttribute("href"), el.getAttribute("aria-label"), el.id, el.textContent].join("|");
+}
+
+// Redraws inside `root` with `draw()`; a control that had the focus and was drawn anew gets it
+// back, so live refreshes never take the keyboard's place away.
+export function keepFocus(root, draw) {
+  const active = document.activeElement;
+  const key = active && active !== document.body && root.contains(active) ? focusKey(active) : null;
+  draw();
+  if (!key || root.contains(active)) return;
+  for (const el of root.querySelectorAll("a, button, input, select, textarea, pre[tabindex]")) {
+    if (focusKey(el) === key) {
+      el.focus({ preventScroll: true });
+      return;
+    }
+  }
+}

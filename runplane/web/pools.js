@@ -1,7 +1,7 @@
 // Pools and workers: backlog, workers by state, launches and their last error; each worker's
 // slots, GPUs, runs and heartbeat.
 import { get } from "./api.js";
-import { ago, bytes, h, message, replace, runLink, table, when } from "./dom.js";
+import { ago, bytes, h, keepFocus, message, replace, runLink, table, when } from "./dom.js";
 
 const REFRESH_MS = 5000;
 const WORKER_PAGES = 10;
@@ -69,6 +69,10 @@ export function poolsPage(main) {
     clearTimeout(timer);
     const [pools, workers] = await Promise.allSettled([get("/v1/pools"), allWorkers()]);
     if (stopped) return;
+    keepFocus(main, () => draw(pools, workers));
+    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+  }
+  function draw(pools, workers) {
     replace(
       poolsBox,
       pools.status === "fulfilled"
@@ -89,7 +93,6 @@ export function poolsPage(main) {
         more ? h("p", { class: "hint" }, `The first ${list.length} workers are shown.`) : null,
       );
     } else replace(workersBox, message("error", workers.reason.message));
-    if (!stopped) timer = setTimeout(load, REFRESH_MS);
   }
   load();
   return () => {

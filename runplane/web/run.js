@@ -1,7 +1,7 @@
 // One run: its state and why, where its time went, what it asked for and used, its inputs,
 // outputs and logs (followed live, searchable), and kill / retry.
 import { get, post } from "./api.js";
-import { badge, bytes, duration, h, message, replace, runLink, seconds, svg, TERMINAL, table, when } from "./dom.js";
+import { badge, bytes, duration, h, keepFocus, message, replace, runLink, seconds, svg, TERMINAL, table, when } from "./dom.js";
 import { resubmit } from "./runs.js";
 
 const REFRESH_MS = 1500;
@@ -204,7 +204,7 @@ export function runPage(main, runId, session) {
     try {
       current = await post(`/v1/runs/${encodeURIComponent(runId)}/kill`);
       replace(notice, message("ok", "Kill asked for."));
-      draw();
+      keepFocus(main, draw);
     } catch (error) {
       replace(notice, message("error", error.message));
     }
@@ -286,7 +286,7 @@ export function runPage(main, runId, session) {
         h("section", { "aria-labelledby": "h-logs" }, h("h2", { id: "h-logs" }, "Logs"), logsBox),
       );
     }
-    draw();
+    keepFocus(main, draw);
     if (!outputsDone) outputsDone = await outputs(runId, outputsBox);
     if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(load, REFRESH_MS);
   }

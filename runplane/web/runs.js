@@ -1,6 +1,6 @@
 // Runs: the caller's runs (an admin: any user's), filtered by what the URL holds, refreshed live.
 import { get, post } from "./api.js";
-import { badge, duration, h, hashQuery, message, replace, runLink, seconds, setHashQuery, STATES, TERMINAL, when } from "./dom.js";
+import { badge, duration, h, hashQuery, keepFocus, message, replace, runLink, seconds, setHashQuery, STATES, TERMINAL, when } from "./dom.js";
 
 const PAGE = 50;
 const MAX_MATCHING = 5000;
@@ -158,7 +158,7 @@ export function runsPage(main, session) {
 
   function render() {
     const runs = shown(page);
-    replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: headers.length }, "No runs match.")));
+    keepFocus(body, () => replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: headers.length }, "No runs match."))));
     all.checked = runs.length > 0 && runs.every((r) => selected.has(r.id));
     buttons();
     replace(

@@ -1,6 +1,6 @@
 // Sweeps: the list, and one sweep's progress, failures by reason, members by state, retry and kill.
 import { get, post } from "./api.js";
-import { badge, h, message, replace, STATES, svg, table, when } from "./dom.js";
+import { badge, h, keepFocus, message, replace, STATES, svg, table, when } from "./dom.js";
 
 const REFRESH_MS = 3000;
 const MEMBER_PAGES = 20; // at most 20 pages of 500 members drawn
@@ -39,7 +39,7 @@ export function sweepsPage(main, session) {
     try {
       const { sweeps } = await get("/v1/sweeps", { owner: owner.value.trim(), limit: 100 });
       if (stopped) return;
-      replace(
+      keepFocus(body, () => replace(
         body,
         sweeps.length
           ? table(
@@ -60,7 +60,7 @@ export function sweepsPage(main, session) {
               { "aria-label": "Sweeps" },
             )
           : h("p", {}, "No sweeps."),
-      );
+      ));
     } catch (error) {
       if (!stopped) replace(body, message("error", error.message));
     }
@@ -162,7 +162,7 @@ export function sweepPage(main, id, session) {
       if (stopped) return;
       if (!drawn) replace(main, head, notice, body);
       drawn = true;
-      draw(sweep, runs);
+      keepFocus(main, () => draw(sweep, runs));
       if (sweep.finished_at && !sweep.waiting) return;
     } catch (error) {
       if (stopped) return;

@@ -238,7 +238,7 @@ def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
     expect(page.get_by_role("heading", level=1)).to_contain_text(first["name"])
 
 
-def test_the_runs_table_refreshes_without_moving_the_page(tab, alice):
+def test_the_runs_table_refreshes_without_moving_the_page_or_the_focus(tab, alice):
     from playwright.sync_api import expect
 
     for i in range(3):
@@ -248,11 +248,14 @@ def test_the_runs_table_refreshes_without_moving_the_page(tab, alice):
     page = t.page
     expect(page.locator("tbody tr[data-run]")).not_to_have_count(0)
     page.evaluate("window.scrollTo(0, document.documentElement.scrollHeight)")
+    box = page.locator("tbody tr[data-run] input[type=checkbox]").last
+    box.focus()
     scrolled = page.evaluate("window.scrollY")
     assert scrolled > 0
     before = page.locator(".status-line").inner_text()
     expect(page.locator(".status-line")).not_to_have_text(before)  # refreshed since
     assert page.evaluate("window.scrollY") == scrolled
+    expect(box).to_be_focused()  # the keyboard keeps its place
 
 
 def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice):
