@@ -139,3 +139,10 @@ export function keepFocus(root, draw) {
     }
   }
 }
+
+// Calls `fn` now, or once the tab is shown again: a hidden page asks the API for nothing.
+export function whenShown(fn) {
+  if (!document.hidden) return fn();
+  document.addEventListener("visibilitychange", () => fn(), { once: true });
+  return undefined;
+}

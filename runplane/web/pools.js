@@ -1,7 +1,7 @@
 // Pools and workers: backlog, workers by state, launches and their last error; each worker's
 // slots, GPUs, runs and heartbeat.
 import { get } from "./api.js";
-import { ago, bytes, h, keepFocus, message, replace, runLink, table, when } from "./dom.js";
+import { ago, bytes, h, keepFocus, message, replace, runLink, table, when, whenShown } from "./dom.js";
 
 const REFRESH_MS = 5000;
 const WORKER_PAGES = 10;
@@ -70,7 +70,7 @@ export function poolsPage(main) {
     const [pools, workers] = await Promise.allSettled([get("/v1/pools"), allWorkers()]);
     if (stopped) return;
     keepFocus(main, () => draw(pools, workers));
-    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
   function draw(pools, workers) {
     replace(

@@ -1,7 +1,7 @@
 // One run: its state and why, where its time went, what it asked for and used, its inputs,
 // outputs and logs (followed live, searchable), and kill / retry.
 import { get, post } from "./api.js";
-import { badge, bytes, duration, h, keepFocus, message, replace, runLink, seconds, svg, TERMINAL, table, when } from "./dom.js";
+import { badge, bytes, duration, h, keepFocus, message, replace, runLink, seconds, svg, TERMINAL, table, when, whenShown } from "./dom.js";
 import { resubmit } from "./runs.js";
 
 const REFRESH_MS = 1500;
@@ -140,7 +140,7 @@ function logView(runId, stream) {
     } catch (error) {
       state.textContent = error.message;
     }
-    if (!stopped) timer = setTimeout(poll, LOG_MS);
+    if (!stopped) timer = setTimeout(() => whenShown(poll), LOG_MS);
   }
   poll();
   const node = h(
@@ -270,7 +270,7 @@ export function runPage(main, runId, session) {
         return;
       }
       replace(notice, message("error", error.message));
-      timer = setTimeout(load, REFRESH_MS);
+      timer = setTimeout(() => whenShown(load), REFRESH_MS);
       return;
     }
     if (stopped) return;
@@ -288,7 +288,7 @@ export function runPage(main, runId, session) {
     }
     keepFocus(main, draw);
     if (!outputsDone) outputsDone = await outputs(runId, outputsBox);
-    if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(load, REFRESH_MS);
+    if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
 
   load();

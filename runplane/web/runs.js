@@ -1,6 +1,6 @@
 // Runs: the caller's runs (an admin: any user's), filtered by what the URL holds, refreshed live.
 import { get, post } from "./api.js";
-import { badge, duration, h, hashQuery, keepFocus, message, replace, runLink, seconds, setHashQuery, STATES, TERMINAL, when } from "./dom.js";
+import { badge, duration, h, hashQuery, keepFocus, message, replace, runLink, seconds, setHashQuery, STATES, TERMINAL, when, whenShown } from "./dom.js";
 
 const PAGE = 50;
 const MAX_MATCHING = 5000;
@@ -196,7 +196,7 @@ export function runsPage(main, session) {
       if (stopped) return;
       replace(status, message("error", error.message));
     }
-    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
 
   function selectedRuns() {

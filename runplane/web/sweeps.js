@@ -1,6 +1,6 @@
 // Sweeps: the list, and one sweep's progress, failures by reason, members by state, retry and kill.
 import { get, post } from "./api.js";
-import { badge, h, keepFocus, message, replace, STATES, svg, table, when } from "./dom.js";
+import { badge, h, keepFocus, message, replace, STATES, svg, table, when, whenShown } from "./dom.js";
 
 const REFRESH_MS = 3000;
 const MEMBER_PAGES = 20; // at most 20 pages of 500 members drawn
@@ -26,19 +26,43 @@ function countsText(sweep) {
 export function sweepsPage(main, session) {
   let stopped = false;
   let timer = null;
-  const owner = h("input", { id: "s-owner", type: "search", onchange: load });
+  const cursors = [null]; // the cursor of each page seen, for going back
+  const owner = h("input", {
+    id: "s-owner",
+    type: "search",
+    onchange: () => {
+      cursors.splice(1);
+      load();
+    },
+  });
   const body = h("div", {}, "Loading…");
+  const pager = h("div", { class: "pager" });
   replace(
     main,
     h("h1", {}, "Sweeps"),
     session.admin ? h("form", { class: "filters", onsubmit: (e) => e.preventDefault() }, h("label", { for: "s-owner" }, "Owner"), owner) : null,
     body,
+    pager,
   );
+  function go(next) {
+    if (next) cursors.push(next);
+    else cursors.pop();
+    load();
+  }
   async function load() {
     clearTimeout(timer);
     try {
-      const { sweeps } = await get("/v1/sweeps", { owner: owner.value.trim(), limit: 100 });
+      const answer = await get("/v1/sweeps", { owner: owner.value.trim(), limit: 50, cursor: cursors[cursors.length - 1] });
+      const sweeps = answer.sweeps;
       if (stopped) return;
+      keepFocus(pager, () =>
+        replace(
+          pager,
+          h("button", { type: "button", disabled: cursors.length < 2, onclick: () => go(null) }, "‹ Newer"),
+          h("span", {}, `page ${cursors.length}`),
+          h("button", { type: "button", disabled: !answer.next_cursor, onclick: () => go(answer.next_cursor) }, "Older ›"),
+        ),
+      );
       keepFocus(body, () => replace(
         body,
         sweeps.length
@@ -64,7 +88,7 @@ export function sweepsPage(main, session) {
     } catch (error) {
       if (!stopped) replace(body, message("error", error.message));
     }
-    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
   load();
   return () => {
@@ -172,7 +196,7 @@ export function sweepPage(main, id, session) {
       }
       replace(notice, message("error", error.message));
     }
-    if (!stopped) timer = setTimeout(load, REFRESH_MS);
+    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
   load();
   return () => {
