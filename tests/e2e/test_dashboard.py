@@ -65,7 +65,15 @@ class Tab:
             self.go(route)
 
     def go(self, route: str) -> None:
-        self.page.evaluate("route => { location.hash = route }", f"#{route}")
+        """Follows ``#route``, back once the page has drawn it (the app draws on ``hashchange``)."""
+        self.page.evaluate(
+            """route => new Promise(done => {
+                if (location.hash === route) return done();
+                addEventListener("hashchange", () => setTimeout(done), { once: true });
+                location.hash = route;
+            })""",
+            f"#{route}",
+        )
 
     def close(self) -> None:
         self.context.close()
@@ -399,3 +407,8 @@ def test_the_azure_front_serves_the_same_page(tab, azure_devstack):
     row(t.page, run["id"]).get_by_role("link").click()
     expect(t.page.get_by_label("stdout of the run")).to_have_text("from-azure\n")
     expect(t.page.locator("h1 .state")).to_have_text("succeeded")
+    for route in ("/sweeps", "/pools", "/usage"):  # every other page draws on this front too
+        t.go(route)
+        expect(t.page.get_by_text("Loading…")).to_have_count(0)
+        expect(t.page.locator(".msg-error")).to_have_count(0)
+    expect(t.page.get_by_role("table", name="Usage by pool")).to_contain_text("default")
