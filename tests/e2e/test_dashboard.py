@@ -10,8 +10,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect, sync_playwright
 
 from runplane.cli.dev import dashboard_link
+from runplane.client import Client
 from tests.conftest import TERMINAL, wait_state
 
 pytestmark = pytest.mark.docker
@@ -35,8 +37,6 @@ SHOTS = os.environ.get("RUNPLANE_DASHBOARD_SHOTS")
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: scripts/setup.sh --test installs Debian's chromium")
-    from playwright.sync_api import expect, sync_playwright
-
     expect.set_options(timeout=WAIT_MS)
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
@@ -92,6 +92,8 @@ def tab(browser, devstack):
     for t in opened:
         # the token never travels in a URL a server sees, and the page did nothing wrong
         assert not [u for u in t.urls if "token" in u.split("#")[0]], t.urls
+        # nothing but the stack itself (no CDN, no font, no other host)
+        assert not [u for u in t.urls if not u.startswith((f"{t.base}/", "data:"))], t.urls
         assert t.errors == [], t.errors
         t.close()
 
@@ -105,8 +107,6 @@ def _no_run_left_waiting(devstack):
     """The runs these tests leave queued (on the pool that never gets a worker) are killed after
     them, so that no other test of the session meets them."""
     yield
-    from runplane.client import Client
-
     for token in ("alice-token", "bob-token"):
         client = Client(devstack.api_url, token)
         page = client.request("GET", "/v1/runs", query={"state": "queued", "queue": "parked", "limit": 500})
@@ -120,8 +120,6 @@ def row(page, run_id):
 
 
 def test_the_printed_link_signs_in_and_a_run_appears_changes_state_and_its_log_arrives(tab, alice):
-    from playwright.sync_api import expect
-
     t = tab()
     t.sign_in("alice-token")
     page = t.page
@@ -155,8 +153,6 @@ def test_the_printed_link_signs_in_and_a_run_appears_changes_state_and_its_log_a
 
 
 def test_a_running_run_is_killed_from_its_page(tab, alice):
-    from playwright.sync_api import expect
-
     run = alice.request("POST", "/v1/runs", {"command": "sleep 60", "name": unique("doomed")})
     wait_state(alice, run["id"], {"running"})
     t = tab()
@@ -170,8 +166,6 @@ def test_a_running_run_is_killed_from_its_page(tab, alice):
 
 
 def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
-    from playwright.sync_api import expect
-
     ok = alice.request("POST", "/v1/runs", {"command": "true", "name": unique("fine")})
     bad = alice.request("POST", "/v1/runs", {"command": "exit 3", "name": unique("broken")})
     for r in (ok, bad):
@@ -197,8 +191,6 @@ def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
 
 
 def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits(tab, alice):
-    from playwright.sync_api import expect
-
     prefix = unique("parked")
     waiting = [
         alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": f"{prefix}-{i}"})
@@ -221,8 +213,6 @@ def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits
 
 
 def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
-    from playwright.sync_api import expect
-
     first = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("first")})
     then = alice.request(
         "POST",
@@ -247,8 +237,6 @@ def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
 
 
 def test_the_runs_table_refreshes_without_moving_the_page_or_the_focus(tab, alice):
-    from playwright.sync_api import expect
-
     for i in range(3):
         alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique(f"filler{i}")})
     t = tab(width=1280, height=300)
@@ -267,8 +255,6 @@ def test_the_runs_table_refreshes_without_moving_the_page_or_the_focus(tab, alic
 
 
 def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice):
-    from playwright.sync_api import expect
-
     run = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("owned")})
     t = tab()
     t.sign_in("admin-token", "/runs?owner=alice")
@@ -280,8 +266,6 @@ def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice):
 
 
 def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
-    from playwright.sync_api import expect
-
     # odd members fail on their first try only
     first_try = '[ "$RUNPLANE_RUN_ID" != "$RUNPLANE_SWEEP_ID-$RUNPLANE_SWEEP_INDEX" ]'
     name = unique("grid")
@@ -306,8 +290,6 @@ def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
 
 
 def test_another_users_run_is_not_found(tab, bob):
-    from playwright.sync_api import expect
-
     theirs = bob.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("bobs")})
     t = tab()
     t.sign_in("alice-token", f"/runs/{theirs['id']}")
@@ -318,8 +300,6 @@ def test_another_users_run_is_not_found(tab, bob):
 
 
 def test_a_page_without_a_token_asks_for_one(tab):
-    from playwright.sync_api import expect
-
     t = tab()
     page = t.page
     page.goto(f"{t.base}/ui/#/runs")
@@ -335,8 +315,6 @@ def test_a_page_without_a_token_asks_for_one(tab):
 
 
 def test_markup_in_a_run_name_and_its_log_is_shown_as_text(tab, alice):
-    from playwright.sync_api import expect
-
     name = "<img src=x onerror=window.pwned=1>"
     run = alice.request(
         "POST", "/v1/runs", {"command": "echo '<script>window.pwned=2</script><b>bold</b>'", "name": name}
@@ -353,8 +331,6 @@ def test_markup_in_a_run_name_and_its_log_is_shown_as_text(tab, alice):
 
 
 def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice, devstack):
-    from playwright.sync_api import expect
-
     run = alice.request("POST", "/v1/runs", {"command": "echo shown; echo 1 > out", "name": unique("shot")})
     wait_state(alice, run["id"], TERMINAL)
     sweeps = alice.request("GET", "/v1/sweeps", query={"limit": 1})["sweeps"]
@@ -395,10 +371,6 @@ def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice,
 
 
 def test_the_azure_front_serves_the_same_page(tab, azure_devstack):
-    from playwright.sync_api import expect
-
-    from runplane.client import Client
-
     alice = Client(azure_devstack.api_url, "alice-token")
     run = alice.request("POST", "/v1/runs", {"command": "echo from-azure", "name": unique("azure")})
     t = tab(azure_devstack.api_url)
