@@ -105,7 +105,7 @@ function links(run) {
   );
 }
 
-function logView(runId, stream) {
+function logView(runId, stream, attempt) {
   let offset = 0;
   let text = "";
   let timer = null;
@@ -128,7 +128,7 @@ function logView(runId, stream) {
 
   async function poll() {
     try {
-      const page = await get(`/v1/runs/${encodeURIComponent(runId)}/logs`, { stream, offset });
+      const page = await get(`/v1/runs/${encodeURIComponent(runId)}/logs`, { stream, offset, attempt });
       if (stopped) return;
       if (page.data) {
         text = (text + page.data).slice(-MAX_LOG);
@@ -166,9 +166,9 @@ function logView(runId, stream) {
   };
 }
 
-async function outputs(runId, box) {
+async function outputs(runId, box, attempt) {
   try {
-    const page = await get(`/v1/runs/${encodeURIComponent(runId)}/outputs`);
+    const page = await get(`/v1/runs/${encodeURIComponent(runId)}/outputs`, { attempt });
     replace(
       box,
       page.files.length
@@ -196,6 +196,29 @@ export function runPage(main, runId, session) {
   const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill");
   const retryButton = h("button", { type: "button", onclick: retry }, "Retry");
   let current = null;
+  let logsAttempt = null; // the attempt the log views show (its number, even when "latest" was asked)
+  const attemptSelect = h("select", { id: "attempt", onchange: () => showAttempt() }, h("option", { value: "" }, "latest"));
+
+  // Logs and outputs of the attempt chosen; "latest" follows a run that is tried again.
+  function showAttempt() {
+    for (const l of logs || []) l.stop();
+    const chosen = attemptSelect.value ? Number(attemptSelect.value) : undefined;
+    logsAttempt = chosen ?? current.attempt;
+    logs = [logView(runId, "stdout", chosen), logView(runId, "stderr", chosen)];
+    replace(logsBox, logs.map((l) => l.node));
+    outputsDone = false;
+    replace(outputsBox, "Loading…");
+    outputs(runId, outputsBox, chosen).then((done) => {
+      outputsDone = done;
+    });
+  }
+
+  function attemptOptions(run) {
+    if (attemptSelect.options.length === run.attempt + 1) return;
+    const value = attemptSelect.value;
+    replace(attemptSelect, h("option", { value: "" }, "latest"), Array.from({ length: run.attempt }, (_, i) => h("option", { value: i + 1 }, `${i + 1}`)));
+    attemptSelect.value = value;
+  }
 
   replace(main, h("p", {}, "Loading…"));
 
@@ -275,19 +298,22 @@ export function runPage(main, runId, session) {
     }
     if (stopped) return;
     if (!logs) {
-      logs = [logView(runId, "stdout"), logView(runId, "stderr")];
-      replace(logsBox, logs.map((l) => l.node));
+      showAttempt();
       replace(
         main,
         head,
         notice,
         details,
+        h("div", { class: "filters" }, h("label", { for: "attempt" }, "Attempt"), attemptSelect),
         h("section", { "aria-labelledby": "h-out" }, h("h2", { id: "h-out" }, "Outputs"), outputsBox),
         h("section", { "aria-labelledby": "h-logs" }, h("h2", { id: "h-logs" }, "Logs"), logsBox),
       );
+    } else if (!attemptSelect.value && current.attempt !== logsAttempt) {
+      showAttempt(); // tried again: the latest attempt's logs start from their beginning
     }
+    attemptOptions(current);
     keepFocus(main, draw);
-    if (!outputsDone) outputsDone = await outputs(runId, outputsBox);
+    if (!outputsDone) outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined);
     if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
 

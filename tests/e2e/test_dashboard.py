@@ -165,6 +165,26 @@ def test_a_running_run_is_killed_from_its_page(tab, alice):
     expect(page.get_by_role("button", name="Kill")).to_be_disabled()
 
 
+def test_a_run_tried_twice_shows_each_attempts_logs(tab, alice):
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {
+            "command": "echo attempt-$RUNPLANE_ATTEMPT; exit 1",
+            "name": unique("twice"),
+            "retry": {"attempts": 2, "on": ["nonzero_exit"]},
+        },
+    )
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")  # open while it is tried: "latest" follows
+    page = t.page
+    stdout = page.get_by_label("stdout of the run")
+    expect(page.locator("h1 .state")).to_have_text("failed")
+    expect(stdout).to_have_text("attempt-2\n")
+    page.get_by_label("Attempt").select_option("1")
+    expect(stdout).to_have_text("attempt-1\n")
+
+
 def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
     ok = alice.request("POST", "/v1/runs", {"command": "true", "name": unique("fine")})
     bad = alice.request("POST", "/v1/runs", {"command": "exit 3", "name": unique("broken")})
