@@ -41,7 +41,10 @@ POLL = 0.02
 
 
 def live_worker(client, pool: str) -> bool:
-    return any(w["pool"] == pool and w["status"] != "offline" for w in client.request("GET", "/v1/workers")["workers"])
+    return any(
+        w["pool"] == pool and w["status"] != "offline"
+        for w in client.request("GET", "/v1/workers", query={"pool": pool})["workers"]
+    )
 
 
 def wait(predicate, timeout: float, what: str) -> None:

@@ -231,8 +231,7 @@ def wait_workers(api_url: str, count: int, timeout: float = 60) -> None:
     client = Client(api_url, "bench")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        workers = client.request("GET", "/v1/workers")["workers"]
-        if sum(1 for w in workers if w["status"] in ("idle", "busy")) >= count:
+        if sum(1 for w in client.workers() if w.status in ("idle", "busy")) >= count:  # every page
             return
         time.sleep(0.2)
     raise RuntimeError(f"fewer than {count} workers up after {timeout:.0f}s")

@@ -9,9 +9,11 @@ scripts/build-images.sh
 # The type check and the SAM tools' install (for the template tests, which wait for it) run beside
 # the tests, which spend much of their time waiting on containers; the type check's verdict counts.
 mypy_log=$(mktemp)
+sam_log=$(mktemp)
+# what is still running beside the tests when they end (or are interrupted) is stopped
+trap 'kill $(jobs -p) 2>/dev/null; rm -f "$mypy_log" "$sam_log"' EXIT
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-sam_log=$(mktemp)
 scripts/setup-sam.sh >"$sam_log" 2>&1 &
 set +e
 .venv/bin/python -m pytest -p no:cacheprovider --durations=30 "$@"
@@ -20,7 +22,6 @@ wait "$mypy_pid"
 mypy_rc=$?
 set -e
 cat "$mypy_log"
-rm -f "$mypy_log" "$sam_log"
 # pytest exits 5 when nothing was collected: that is a failure here, not a pass.
 [ $rc -eq 5 ] && echo "run-tests: no tests were collected" >&2
 [ $mypy_rc -ne 0 ] && echo "run-tests: mypy found errors (above)" >&2 && [ $rc -eq 0 ] && rc=1

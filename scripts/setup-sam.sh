@@ -10,7 +10,7 @@ venv=.venv-sam
 packages=(aws-sam-cli cfn-lint)
 # One install at a time: scripts/run-tests.sh starts one beside the tests, and a test that needs
 # the tools runs this script too, which waits here until that install is done.
-exec 9<"$0"
+exec 9<scripts/setup-sam.sh  # (this script, from the repository's root, where it runs)
 flock 9
 if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ def container_spec(
     home_dir: Path | None = None,
     *,
     inputs_on_safe_mount: bool = False,
+    image_env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
     ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
@@ -72,7 +74,7 @@ def container_spec(
         env.update({"RUNPLANE_SWEEP_ID": run.sweep_id, "RUNPLANE_SWEEP_INDEX": str(run.sweep_index)})
     allocation = allocation or Allocation((), ())
     gpus = config.gpu_access.container_kwargs(allocation.gpus)
-    env.update(config.gpu_access.environment(allocation.gpus, run.spec.env))
+    env.update(config.gpu_access.environment(allocation.gpus, {**(image_env or {}), **run.spec.env}))
     mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind"), *gpus.pop("mounts", [])]
     if run_as.home and home_dir is not None and "HOME" not in run.spec.env:
         env["HOME"] = run_as.home
@@ -115,6 +117,12 @@ def container_spec(
     if config.shm_size:
         spec["shm_size"] = config.shm_size
     return spec
+
+
+def image_environment(attrs: Mapping[str, Any]) -> dict[str, str]:
+    """The variables an image sets (its ``Config.Env``, ``NAME=value`` each)."""
+    pairs = ((attrs.get("Config") or {}).get("Env")) or []
+    return dict(p.split("=", 1) for p in pairs if isinstance(p, str) and "=" in p)
 
 
 def on_read_only_safe_mount(path: Path) -> bool:

@@ -27,6 +27,7 @@ from worker_agent.container_spec import (
     container_name,
     container_spec,
     holds,
+    image_environment,
     on_read_only_safe_mount,
 )
 from worker_agent.containers import RunContainer, remove_container
@@ -221,6 +222,7 @@ class RunExecutor:
             setup.run_as,
             self.home_dir.resolve() if setup.own_home else None,
             inputs_on_safe_mount=all(on_read_only_safe_mount(p) for p in setup.mounts.values()),
+            image_env=image_environment(self.box.image.attrs),
         )
         if run.spec.network:  # hook: the agent's run network, the command behind a gate (network.py)
             if self.network is None:

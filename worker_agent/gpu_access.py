@@ -5,14 +5,17 @@
   libraries);
 * ``cdi``: a device request for the ``cdi`` driver naming ``nvidia.com/gpu=<uuid>`` (an engine
   that reads Container Device Interface specs: Docker 25 and newer with CDI on, or any other
-  CDI-aware engine; the spec is made once per host by ``nvidia-ctk cdi generate``);
-* ``devices``: no runtime at all: the run's own ``/dev/nvidiaN`` nodes, the shared control nodes
-  (``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``, ``nvidia-modeset``, those present), and the
-  driver's user-space libraries and tools bound read-only under ``/usr/local/nvidia``.
+  CDI-aware engine; the spec is made per host by ``nvidia-ctk cdi generate``, and must name GPUs
+  by UUID: an index is the host's, which an agent inside a Slurm job or a pod may not see);
+* ``devices``: no runtime at all: the run's own ``/dev/nvidiaN`` nodes (N the GPU's minor number,
+  from NVML or the driver, never guessed), the shared control nodes (``nvidiactl`` and
+  ``nvidia-uvm``, and ``nvidia-uvm-tools``, ``nvidia-modeset`` where present), and the driver's
+  user-space libraries and tools bound read-only under ``/usr/local/nvidia``.
 
 ``choose`` settles ``--gpu-mode`` (``auto`` takes the first of the three that works here, in that
-order) from facts gathered once at start (``HostFacts``); ``GpuAccess`` then gives each run's
-container what its mode needs. In every mode a run sees its own GPUs' device nodes only, and
+order) from facts gathered once at start (``HostFacts``) and, given a ``probe``, a test container
+the engine must start with the mode's request; ``GpuAccess`` then gives each run's container what
+its mode needs. In every mode a run sees its own GPUs' device nodes only, and
 ``NVIDIA_VISIBLE_DEVICES`` (and, but for the runtime mode, ``CUDA_VISIBLE_DEVICES``) names the
 GPUs it was given, whatever the run set them to.
 """
@@ -50,7 +53,8 @@ DRIVER_TOOLS = ("nvidia-smi", "nvidia-debugdump")
 LIB_DIR = "/usr/local/nvidia/lib64"
 BIN_DIR = "/usr/local/nvidia/bin"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
-HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-cli")
+HOOK = "nvidia-container-runtime-hook"
+REQUIRED_NODES = ("nvidiactl", "nvidia-uvm")
 
 
 class GpuModeError(ValueError):
@@ -71,8 +75,6 @@ class GpuAccess:
     """The control nodes present under ``dev_dir`` (``devices`` mode)."""
     driver_files: tuple[DriverFile, ...] = ()
     """The driver's libraries and tools to bind read-only (``devices`` mode)."""
-    cdi_by_index: bool = False
-    """The CDI spec names GPUs by index only (``nvidia.com/gpu=0``), not by UUID."""
 
     def container_kwargs(self, gpus: Sequence[Gpu]) -> dict[str, Any]:
         """What ``containers.create`` gets for ``gpus`` (nothing for none)."""
@@ -84,16 +86,17 @@ class GpuAccess:
             ids = [g.uuid for g in gpus]
             return {"device_requests": [DeviceRequest(driver="nvidia", device_ids=ids, capabilities=[["gpu"]])]}
         if self.mode == "cdi":
-            names = [cdi_name(g, self.cdi_by_index) for g in gpus]
-            return {"device_requests": [DeviceRequest(driver="cdi", device_ids=names)]}
-        nodes = [f"nvidia{g.node}" for g in gpus] + list(self.control_nodes)
+            return {"device_requests": [DeviceRequest(driver="cdi", device_ids=[cdi_name(g) for g in gpus])]}
+        if any(g.minor is None for g in gpus):
+            raise ValueError("devices mode needs each GPU's minor number")  # choose() never allows it
+        nodes = [f"nvidia{g.minor}" for g in gpus] + list(self.control_nodes)
         return {
             "devices": [f"{self.dev_dir}/{name}:/dev/{name}:rw" for name in nodes],
             "mounts": [Mount(f.container, f.host, type="bind", read_only=True) for f in self.driver_files],
         }
 
-    def environment(self, gpus: Sequence[Gpu], asked: Mapping[str, str]) -> dict[str, str]:
-        """The variables that name the run's GPUs (``asked``: the run's own variables)."""
+    def environment(self, gpus: Sequence[Gpu], inherited: Mapping[str, str]) -> dict[str, str]:
+        """The variables that name the run's GPUs (``inherited``: the image's and the run's own)."""
         if not gpus:
             return {"NVIDIA_VISIBLE_DEVICES": "void"}  # even where nvidia is the engine's default runtime
         ids = ",".join(g.uuid for g in gpus)
@@ -101,7 +104,7 @@ class GpuAccess:
         if self.mode != "nvidia-runtime":
             env["CUDA_VISIBLE_DEVICES"] = ids
         if self.mode == "devices" and self.driver_files:
-            own = asked.get("LD_LIBRARY_PATH")
+            own = inherited.get("LD_LIBRARY_PATH")
             env["LD_LIBRARY_PATH"] = f"{own}:{LIB_DIR}" if own else LIB_DIR
         return env
 
@@ -116,8 +119,8 @@ class GpuAccess:
         )
 
 
-def cdi_name(gpu: Gpu, by_index: bool = False) -> str:
-    return f"nvidia.com/gpu={gpu.index if by_index else gpu.uuid}"
+def cdi_name(gpu: Gpu) -> str:
+    return f"nvidia.com/gpu={gpu.uuid}"
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class HostFacts:
     runtimes: tuple[str, ...] = ()
     """The engine's runtimes (``docker info``); ``nvidia`` where the toolkit configured it."""
     hook: str | None = None
-    """The NVIDIA container toolkit's hook or CLI, if on PATH (what the ``nvidia`` driver calls)."""
+    """The NVIDIA container toolkit's hook, if on PATH (what the engine's ``nvidia`` driver calls)."""
     engine_version: str = ""
     cdi_enabled: bool = False
     """The engine reads CDI specs (Docker reports its spec directories once CDI is on)."""
@@ -142,24 +145,30 @@ class HostFacts:
     """name -> host path of each driver tool found."""
 
 
-def choose(requested: str, gpus: Sequence[Gpu], facts: HostFacts) -> GpuAccess:
-    """The access for ``--gpu-mode requested`` on a host with ``facts``. A named mode that does not
-    work here raises GpuModeError saying why; ``auto`` takes the first that works, and raises
-    (with each mode's reason) when none does."""
-    if requested != "auto":
-        if requested not in MODES:
-            raise GpuModeError(f"--gpu-mode: {requested!r} is not one of auto, {', '.join(MODES)}")
-        mode: Mode = requested
-        problem = _problem(mode, gpus, facts)
-        if problem:
-            raise GpuModeError(f"--gpu-mode {mode}: {problem}")
-        return _access(mode, gpus, facts)
+Probe = Callable[[dict[str, Any]], str | None]
+"""Starts a throwaway container with these extra arguments; None if the engine started it, else
+the engine's words."""
+
+
+def choose(requested: str, gpus: Sequence[Gpu], facts: HostFacts, probe: Probe | None = None) -> GpuAccess:
+    """The access for ``--gpu-mode requested`` on a host with ``facts``: a mode the facts allow
+    and, given ``probe``, for which the engine starts a test container with the first GPU. A named
+    mode that does not work here raises GpuModeError saying why; ``auto`` takes the first that
+    works, and raises (with each mode's reason) when none does."""
+    if requested != "auto" and requested not in MODES:
+        raise GpuModeError(f"--gpu-mode: {requested!r} is not one of auto, {', '.join(MODES)}")
     reasons = []
-    for mode in MODES:
-        problem = _problem(mode, gpus, facts)
+    for mode in MODES if requested == "auto" else (requested,):
+        problem = _problem(mode, gpus, facts)  # type: ignore[arg-type]
+        access = _access(mode, facts)  # type: ignore[arg-type]
+        if problem is None and probe is not None:
+            refused = probe(access.container_kwargs(gpus[:1]))
+            problem = None if refused is None else f"the engine refused a test container with it: {refused}"
         if problem is None:
-            return _access(mode, gpus, facts)
+            return access
         reasons.append(f"{mode}: {problem}")
+    if requested != "auto":
+        raise GpuModeError(f"--gpu-mode {reasons[0]}")
     raise GpuModeError("no GPU mode works on this host: " + "; ".join(reasons))
 
 
@@ -167,24 +176,28 @@ def _problem(mode: Mode, gpus: Sequence[Gpu], facts: HostFacts) -> str | None:
     if mode == "nvidia-runtime":
         if "nvidia" in facts.runtimes or facts.hook:
             return None
-        return f"the engine has no nvidia runtime and none of {', '.join(HOOKS)} is on PATH"
+        return f"the engine has no nvidia runtime and {HOOK} is not on PATH"
     if mode == "cdi":
         major = _major(facts.engine_version)
         if major is not None and major < 25:
             return f"Docker {facts.engine_version} reads no CDI specs (25 or newer does)"
         if not facts.cdi_enabled:
             return 'the engine has CDI off (Docker: "features": {"cdi": true} in daemon.json)'
-        if all(cdi_name(g) in facts.cdi_gpus for g in gpus) or all(cdi_name(g, True) in facts.cdi_gpus for g in gpus):
-            return None
         missing = [g.uuid for g in gpus if cdi_name(g) not in facts.cdi_gpus]
         if missing:
-            return f"no CDI spec in {' or '.join(CDI_DIRS)} names {', '.join(missing)} (nvidia-ctk cdi generate)"
+            return (
+                f"no CDI spec in {' or '.join(CDI_DIRS)} names {', '.join(missing)} by UUID "
+                "(nvidia-ctk cdi generate --device-name-strategy=uuid)"
+            )
         return None
-    missing_nodes = [f"nvidia{g.node}" for g in gpus if f"nvidia{g.node}" not in facts.dev_nodes]
-    if "nvidiactl" not in facts.dev_nodes:
-        missing_nodes.append("nvidiactl")
+    unknown = [g.uuid for g in gpus if g.minor is None]
+    if unknown:
+        return f"the minor number of {', '.join(unknown)} is unknown (neither NVML nor /proc/driver/nvidia gave it)"
+    missing_nodes = [f"nvidia{g.minor}" for g in gpus if f"nvidia{g.minor}" not in facts.dev_nodes]
+    missing_nodes += [n for n in REQUIRED_NODES if n not in facts.dev_nodes]
     if missing_nodes:
-        return f"no {', '.join(facts.dev_dir + '/' + n for n in missing_nodes)}"
+        hint = " (nvidia-modprobe -u -c=0 makes the control nodes)" if set(missing_nodes) & set(REQUIRED_NODES) else ""
+        return f"no {', '.join(facts.dev_dir + '/' + n for n in missing_nodes)}{hint}"
     if "libcuda.so.1" not in facts.libraries:
         return "no libcuda.so.1 in the loader cache or --gpu-driver-dir"
     return None
@@ -195,9 +208,7 @@ def _major(version: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _access(mode: Mode, gpus: Sequence[Gpu], facts: HostFacts) -> GpuAccess:
-    if mode == "cdi":
-        return GpuAccess(mode, cdi_by_index=not all(cdi_name(g) in facts.cdi_gpus for g in gpus))
+def _access(mode: Mode, facts: HostFacts) -> GpuAccess:
     if mode != "devices":
         return GpuAccess(mode)
     files = [DriverFile(host, f"{LIB_DIR}/{soname}") for soname, host in sorted(facts.libraries.items())]
@@ -233,7 +244,7 @@ def gather(
         tools = {name: path for name in DRIVER_TOOLS if (path := which(name))}
     return HostFacts(
         runtimes=tuple(sorted((engine_info.get("Runtimes") or {}).keys())),
-        hook=next((path for name in HOOKS if (path := which(name))), None),
+        hook=which(HOOK),
         engine_version=engine_version,
         cdi_enabled=bool(spec_dirs),
         cdi_gpus=tuple(sorted(cdi_devices(spec_dirs or list(cdi_dirs)))),
@@ -280,9 +291,9 @@ def driver_files_in(directory: Path) -> tuple[dict[str, str], dict[str, str]]:
         for entry in entries:
             name = entry.name
             if name in DRIVER_TOOLS and os.access(entry, os.X_OK):
-                tools.setdefault(name, str(entry))
+                tools.setdefault(name, os.path.realpath(entry))
             elif any(re.fullmatch(re.escape(lib) + r"\.\d+", name) for lib in DRIVER_LIBRARIES):
-                libraries.setdefault(name, str(entry))
+                libraries.setdefault(name, os.path.realpath(entry))  # the file a link names, bound as itself
     return libraries, tools
 
 

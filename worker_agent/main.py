@@ -4,6 +4,7 @@ variables RUNPLANE_AGENT_<FLAG> that may stand for them, are the fields of ``Age
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -15,12 +16,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runplane.domain.accounting import Rates
 from runplane.domain.errors import RunplaneError
 from runplane.extras import requirement
-from worker_agent.gpu_access import GpuAccess, GpuModeError, choose, gather
+from worker_agent.gpu_access import GpuAccess, GpuModeError, Probe, choose, gather
 from worker_agent.metrics import serve as serve_metrics
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import Gpu, detect_gpus, host_cpus, select_gpus
@@ -90,11 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except docker.errors.DockerException as e:
         print(f"runplane-agent: error: cannot reach the Docker engine: {e}", file=sys.stderr)
         return 1
-    try:
-        gpus, gpu_access = _gpus(settings, client)
-    except ValueError as e:  # a --gpuset GPU not here, or a --gpu-mode this host cannot serve
-        print(f"runplane-agent: error: {e}", file=sys.stderr)
-        return 2
     # run directories on a nosuid,nodev mount, found or made (workdir.py); else exit 2
     try:
         prepared = _prepare_work_dir(work_dir, root / "cache", settings.allow_suid_work_dir)
@@ -113,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         labels={f"{LABEL}.netcheck": worker_id, f"{LABEL}.stack": stack.settings.stack_id()},
     )
     _log_network(network, settings.network_mode)
+    # after the network check, which pulls the pool's image: GPU modes are tried with it
+    labels = {f"{LABEL}.gpucheck": worker_id, f"{LABEL}.stack": stack.settings.stack_id()}
+    found = _gpus_or_status(settings, pool, client, _gpu_probe(client, pool.default_image, labels))
+    if isinstance(found, int):
+        return found
+    gpus, gpu_access = found
     agent = Agent(
         agent_config(
             settings, worker_id, work_dir, gpus, pool, stack.settings.stack_id(), prepared.inputs_view, gpu_access
@@ -243,11 +245,30 @@ def agent_config(
     )
 
 
-def _gpus(settings: AgentSettings, client: docker.DockerClient) -> tuple[list[Gpu], GpuAccess | None]:
+def _gpus_or_status(
+    settings: AgentSettings, pool: Pool, client: docker.DockerClient, probe: Probe | None
+) -> tuple[list[Gpu], GpuAccess | None] | int:
+    """``_gpus``, or the exit status after saying why not: 1 for a GPU mode this host cannot
+    serve (or a GPU pool's worker that can serve none), 2 for a ``--gpuset`` GPU not here."""
+    try:
+        return _gpus(settings, pool, client, probe)
+    except GpuModeError as e:
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"runplane-agent: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _gpus(
+    settings: AgentSettings, pool: Pool, client: docker.DockerClient, probe: Probe | None
+) -> tuple[list[Gpu], GpuAccess | None]:
     """The GPUs runs may use (``--gpuset`` of those detected) and how they get them here
-    (gpu_access.py), said in the log. Where ``--gpu-mode auto`` finds no way to give them, this
-    worker offers none, and says why. Raises ValueError for a ``--gpuset`` GPU not here, and
-    GpuModeError (one) for a named mode this host cannot serve."""
+    (gpu_access.py), said in the log. Where ``--gpu-mode auto`` finds no way to give them, a
+    worker of a pool without GPUs offers none, and says why. Raises ValueError for a ``--gpuset``
+    GPU not here, and GpuModeError for a named mode this host cannot serve, or for a GPU pool's
+    worker that can serve none (exiting, it counts as a failed launch, so the pool is not filled
+    with workers that take no run)."""
     log = logging.getLogger("runplane.agent")
     gpus = select_gpus(detect_gpus(), settings.gpuset)
     if not gpus:
@@ -255,14 +276,47 @@ def _gpus(settings: AgentSettings, client: docker.DockerClient) -> tuple[list[Gp
     info, version = client.info(), client.version().get("Version", "")
     facts = gather(info, version, driver_dir=settings.gpu_driver_dir)
     try:
-        access = choose(settings.gpu_mode, gpus, facts)
+        access = choose(settings.gpu_mode, gpus, facts, probe)
     except GpuModeError as e:
-        if settings.gpu_mode != "auto":
+        if settings.gpu_mode != "auto" or pool.gpus:
             raise
         log.warning("%s: this worker offers no GPU (start it with --gpu-mode to insist on one)", e)
         return [], None
     log.info("GPU mode %s for %d GPU(s): %s", access.describe(), len(gpus), ", ".join(g.uuid for g in gpus))
     return gpus, access
+
+
+def _gpu_probe(client: docker.DockerClient, image: str, labels: dict[str, str]) -> Probe | None:
+    """Starts ``true`` in ``image`` with a GPU mode's arguments (None: the image is not here, so
+    modes are chosen by what the host shows alone)."""
+    import docker.errors
+    import requests
+
+    from worker_agent.containers import explain
+
+    try:
+        client.images.get(image)
+    except docker.errors.DockerException:
+        logging.getLogger("runplane.agent").warning("no image %s to try GPU modes with: chosen unstarted", image)
+        return None
+
+    def probe(extra: dict[str, Any]) -> str | None:
+        container = None
+        try:
+            container = client.containers.create(
+                image, ["true"], entrypoint=["/bin/sh", "-c"], network_mode="none", labels=labels, **extra
+            )
+            container.start()
+            status = container.wait(timeout=60).get("StatusCode")
+            return None if status == 0 else f"the test container exited {status}"
+        except (docker.errors.DockerException, requests.RequestException) as e:
+            return explain(e)
+        finally:
+            if container is not None:
+                with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
+                    container.remove(force=True)
+
+    return probe
 
 
 def _exit_now(status: int) -> NoReturn:

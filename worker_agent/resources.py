@@ -25,11 +25,7 @@ class Gpu:
     name: str = ""
     memory: int = 0  # bytes
     minor: int | None = None
-    """The driver's minor number: the N of /dev/nvidiaN (unknown: taken to be the index)."""
-
-    @property
-    def node(self) -> int:
-        return self.index if self.minor is None else self.minor
+    """The driver's minor number: the N of /dev/nvidiaN (None: unknown)."""
 
 
 def _nvml_gpus() -> list[Gpu] | None:

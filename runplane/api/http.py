@@ -64,7 +64,7 @@ from runplane.domain.models import (
 from runplane.domain.sweeps import Sweep, SweepSpec
 from runplane.metrics import emit
 from runplane.services import auth, dependencies, lifecycle, quota_admin, runs, sweeps, tenancy, usage
-from runplane.services.dispatch import alive_workers, explain_wait
+from runplane.services.dispatch import FIGURES_STALE_SECONDS, alive_workers, explain_wait
 from runplane.services.logs import MAX_OUTPUTS_PAGE, attempt_over, read_logs, read_outputs
 
 logger = Logger(service="runplane-api")
@@ -73,8 +73,9 @@ app = ConcurrentResolver()
 app.include_router(ui.router)  # the dashboard's files under /ui/
 
 MAX_DEPTH = 32
-MAX_WORKERS_PAGE = 100
 """The deepest nesting of arrays and objects a body may have."""
+MAX_WORKERS_PAGE = 100
+"""The workers a page holds unless ``?limit=`` says otherwise."""
 MAX_PAGE_BYTES = 5 * 1024 * 1024
 """The largest list page as it travels in Lambda's response (its body is a JSON string there, so
 quotes and backslashes count twice): under Lambda's 6 MB limit."""
@@ -416,18 +417,22 @@ def outputs(run_id: str) -> Response[str]:
 @app.get("/v1/pools")
 def pools() -> Response[str]:
     """Each pool's backlog and workers as its dispatcher last counted them (one read per pool,
-    whatever the number of runs and workers); a pool no pass has counted yet is counted here."""
+    whatever the number of runs and workers); a pool no pass has counted, or none lately (its
+    dispatcher failing, say), is counted here."""
     _principal("runs:read")
     s = bootstrap.stack()
     out = []
     for pool in s.pools.pools:
         record = _pool_record(pool.name) or PoolRecord(pool=pool.name)
-        if record.counted_at is not None and record.backlog is not None:
+        counted = record.counted_at is not None and s.clock() - record.counted_at <= FIGURES_STALE_SECONDS
+        if counted and record.backlog is not None:
             out.append(pool_view(pool, record.backlog, record.workers, record))
             continue
         workers = alive_workers(s.workers, pool.name, s.clock(), s.settings.worker_stale_seconds)
         backlog = s.store.count(pool.name, RunState.QUEUED)
-        out.append(pool_view(pool, backlog, live_counts(workers, record), record))
+        out.append(
+            pool_view(pool, backlog, live_counts(workers, record), record.model_copy(update={"counted_at": None}))
+        )
     return _json(200, PoolList(pools=out))
 
 

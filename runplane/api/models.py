@@ -407,7 +407,7 @@ class PoolView(WireModel):
     workers: PoolWorkerCounts = Field(description="its workers by status, as of counted_at")
     counted_at: Timestamp | None = Field(
         description="when the dispatcher last counted backlog and workers (on every pass that saw them change, "
-        "and at least once a minute); null: counted by this request, no pass has yet"
+        "and at least once a minute); null: counted by this request, as no pass has in the last 3 minutes"
     )
     launches: PoolLaunches
     last_error: str | None = Field(description="the last launch error, if any")

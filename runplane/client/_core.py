@@ -64,9 +64,10 @@ BACKOFF_CAP = 5.0
 RETRY_AFTER_CAP = 30.0
 """The longest a server's Retry-After is obeyed for."""
 MAX_RUNS_PAGE = 500
-MAX_WORKERS_PAGE = 500
-MAX_SWEEPS_PAGE = 100
 """The most runs the API lists in one page."""
+MAX_WORKERS_PAGE = 500
+"""The most workers the API lists in one page."""
+MAX_SWEEPS_PAGE = 100
 LINE_HOLD = 64 * 1024
 """``follow`` holds back a partial line until it is this long, then hands it over as it is."""
 

@@ -29,6 +29,8 @@ LIST_GRACE_SECONDS = 60.0
 FIGURES_REFRESH_SECONDS = 50.0
 """A pass rewrites the record's backlog and worker counts when they changed, or when they are
 older than this though unchanged (under the one-minute schedule, so ``counted_at`` stays recent)."""
+FIGURES_STALE_SECONDS = 180.0
+"""Figures older than this are not shown as the pool's: the pools view counts for itself then."""
 
 
 @dataclass(frozen=True)
@@ -275,12 +277,14 @@ class DispatchPorts:
 
 
 def dispatch_pool(
-    pool: Pool, ports: DispatchPorts, agent_args: Sequence[str], now: float, stale_after: float
+    pool: Pool, ports: DispatchPorts, agent_args: Sequence[str], now: float, stale_after: float, *, tries: int = 3
 ) -> Decision:
     """Look at one pool, bring its record up to date, and launch what it needs.
 
     Idempotent under duplicate events and concurrent invocations: the launch is claimed with a
-    conditional write on the pool's record, and a dispatcher that loses the write backs off.
+    conditional write on the pool's record. A dispatcher that loses the write backs off, unless
+    it meant to launch: then it reads the record again and decides anew (``tries`` passes in
+    all), since the write it lost may have been another pass's recount, not a launch.
     Raises RunplaneError if the backend fails (the failure is counted on the record first).
     """
     record = ports.states.get(pool.name)
@@ -321,6 +325,8 @@ def dispatch_pool(
         try:
             rec = ports.states.save(rec)
         except ConditionFailed:
+            if decision.launch and tries > 1:  # perhaps only a pass that recounted: look again
+                return dispatch_pool(pool, ports, agent_args, now, stale_after, tries=tries - 1)
             return Decision(0, f"another dispatcher is handling pool {pool.name}")
     for job_id in reconciled.cancel:
         log.warning("pool %s: cancelling job %s: its agent never registered", pool.name, job_id)

@@ -209,3 +209,7 @@ def test_the_pools_view_shows_the_dispatchers_last_count_without_counting(stack)
     assert parked() == counted
     dispatch_pool(pool, ports, [], time.time(), 30)
     assert parked()["backlog"] == 3 and parked()["counted_at"] >= counted["counted_at"]
+    # figures no pass has renewed for minutes (a dispatcher failing) are not shown: counted live
+    old = stack.pool_states.get("parked")
+    stack.pool_states.save(old.model_copy(update={"backlog": 999, "counted_at": time.time() - 3600}))
+    assert (parked()["backlog"], parked()["counted_at"]) == (3, None)

@@ -189,3 +189,32 @@ def test_a_pass_records_the_backlog_and_workers_it_counted_and_rewrites_them_onl
     dispatch_pool(pool, ports, [], now + 2 + FIGURES_REFRESH_SECONDS, 30)  # the same, but old: rewritten
     third = aws_stack.pool_states.get(pool.name)
     assert (third.backlog, third.counted_at) == (4, now + 2 + FIGURES_REFRESH_SECONDS)
+
+
+def test_a_launch_that_loses_its_write_to_a_recount_looks_again_and_launches(aws_stack, pool, backends):
+    """Another pass rewrote the record's figures between this pass's read and its launch claim:
+    the claim fails, and this pass reads the record again and launches, instead of dropping the
+    launch until the next event."""
+    queue_runs(aws_stack, pool.name, 2)
+    states = aws_stack.pool_states
+
+    class RecountInBetween:
+        raced = False
+
+        def get(self, name):
+            return states.get(name)
+
+        def save(self, record):
+            if not self.raced:  # the other pass's recount lands first
+                self.raced = True
+                states.save(states.get(record.pool).model_copy(update={"backlog": 99, "counted_at": time.time()}))
+            return states.save(record)
+
+    racy = RecountInBetween()
+    backend = backends()
+    decision = dispatch_pool(
+        pool, DispatchPorts(aws_stack.store, aws_stack.workers, racy, backend), [], time.time(), 30
+    )
+    assert racy.raced and decision.launch == 2, decision.reason
+    assert len(backend.list(pool)) == 2
+    assert states.get(pool.name).backlog == 2  # and its own count replaced the other's

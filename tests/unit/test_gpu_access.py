@@ -8,7 +8,7 @@ import pytest
 from docker.types import DeviceRequest, Mount
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.container_spec import container_spec
+from worker_agent.container_spec import container_spec, image_environment
 from worker_agent.gpu_access import (
     BIN_DIR,
     LIB_DIR,
@@ -52,14 +52,12 @@ def test_nvidia_runtime_names_the_runs_gpus_in_a_device_request():
     assert access.environment([B], {}) == {"NVIDIA_VISIBLE_DEVICES": B.uuid}
 
 
-def test_cdi_names_each_gpu_by_uuid_or_where_the_spec_has_only_indices_by_index():
+def test_cdi_names_each_gpu_by_uuid():
     assert GpuAccess("cdi").container_kwargs([A, B]) == {
         "device_requests": [
             DeviceRequest(driver="cdi", device_ids=[f"nvidia.com/gpu={A.uuid}", f"nvidia.com/gpu={B.uuid}"])
         ]
     }
-    by_index = GpuAccess("cdi", cdi_by_index=True).container_kwargs([B])
-    assert by_index == {"device_requests": [DeviceRequest(driver="cdi", device_ids=["nvidia.com/gpu=1"])]}
     assert GpuAccess("cdi").environment([B], {}) == {"NVIDIA_VISIBLE_DEVICES": B.uuid, "CUDA_VISIBLE_DEVICES": B.uuid}
 
 
@@ -77,8 +75,10 @@ def test_devices_gives_the_runs_own_nodes_the_control_nodes_and_the_driver_read_
         "CUDA_VISIBLE_DEVICES": B.uuid,
         "LD_LIBRARY_PATH": LIB_DIR,
     }
-    # the run's own library path is kept, the driver's after it
+    # the image's library path is kept, the driver's after it
     assert DEVICES.environment([A, B], {"LD_LIBRARY_PATH": "/opt/lib"})["LD_LIBRARY_PATH"] == f"/opt/lib:{LIB_DIR}"
+    with pytest.raises(ValueError, match="minor number"):
+        DEVICES.container_kwargs([Gpu(0, "GPU-no-minor")])
     assert DEVICES.environment([A, B], {})["CUDA_VISIBLE_DEVICES"] == f"{A.uuid},{B.uuid}"
 
 
@@ -100,9 +100,11 @@ def test_a_run_cannot_name_other_gpus_than_its_own(tmp_path):
         created_at=0,
     )
     config = ExecutorConfig(worker_id="w", work_dir=tmp_path, gpu_access=DEVICES)
-    spec = container_spec(run, "img", config, Path("/o"), Allocation(cpus=(0,), gpus=(B,)))
+    image_env = image_environment({"Config": {"Env": ["PATH=/bin", "LD_LIBRARY_PATH=/opt/conda/lib"]}})
+    spec = container_spec(run, "img", config, Path("/o"), Allocation(cpus=(0,), gpus=(B,)), image_env=image_env)
     assert spec["environment"]["NVIDIA_VISIBLE_DEVICES"] == B.uuid
     assert spec["environment"]["CUDA_VISIBLE_DEVICES"] == B.uuid
+    assert spec["environment"]["LD_LIBRARY_PATH"] == f"/opt/conda/lib:{LIB_DIR}"  # the image's, then the driver's
     assert [d for d in spec["devices"] if "/dev/nvidia" in d and d.split(":")[1][len("/dev/nvidia") :].isdigit()] == [
         "/host/dev/nvidia3:/dev/nvidia3:rw"
     ]
@@ -124,8 +126,24 @@ def test_auto_takes_the_first_mode_that_works_here():
         DriverFile("/lib/libcuda.so.1", f"{LIB_DIR}/libcuda.so.1"),
         DriverFile("/usr/bin/nvidia-smi", f"{BIN_DIR}/nvidia-smi"),
     )
+    # a spec naming GPUs by index only is not used: an index is the host's, not the agent's
     index_only = HostFacts(**{**no_runtime.__dict__, "cdi_gpus": ("nvidia.com/gpu=0", "nvidia.com/gpu=1")})
-    assert choose("auto", [B], index_only) == GpuAccess("cdi", cdi_by_index=True)
+    assert choose("auto", [B], index_only).mode == "devices"
+
+
+def test_auto_goes_on_when_the_engine_refuses_a_modes_test_container():
+    """The facts can look right (a runtime named nvidia) where the engine still cannot serve it:
+    the test container decides."""
+    tried = []
+
+    def probe(extra):
+        tried.append(extra)
+        return 'could not select device driver "nvidia"' if extra["device_requests"][0]["Driver"] == "nvidia" else None
+
+    assert choose("auto", [A, B], WORKING, probe).mode == "cdi"
+    assert [t["device_requests"][0]["DeviceIDs"] for t in tried] == [[A.uuid], [f"nvidia.com/gpu={A.uuid}"]]
+    with pytest.raises(GpuModeError, match="--gpu-mode nvidia-runtime: the engine refused a test container"):
+        choose("nvidia-runtime", [A], WORKING, probe)
 
 
 def test_a_named_mode_this_host_cannot_serve_says_what_is_missing():
@@ -135,11 +153,13 @@ def test_a_named_mode_this_host_cannot_serve_says_what_is_missing():
     with pytest.raises(GpuModeError, match=r"--gpu-mode cdi: Docker 20\.10\.24 reads no CDI specs"):
         choose("cdi", [A], bare)
     no_spec = HostFacts(engine_version="28.2.2", cdi_enabled=True)
-    with pytest.raises(GpuModeError, match=f"no CDI spec in /etc/cdi or /var/run/cdi names {A.uuid}"):
+    with pytest.raises(GpuModeError, match=f"no CDI spec in /etc/cdi or /var/run/cdi names {A.uuid} by UUID"):
         choose("cdi", [A], no_spec)
-    with pytest.raises(GpuModeError, match="--gpu-mode devices: no /dev/nvidia2, /dev/nvidiactl"):
+    with pytest.raises(GpuModeError, match="--gpu-mode devices: no /dev/nvidia2, /dev/nvidiactl, /dev/nvidia-uvm"):
         choose("devices", [A], bare)
-    nodes_only = HostFacts(dev_nodes=("nvidia2", "nvidiactl"))
+    with pytest.raises(GpuModeError, match="the minor number of GPU-x is unknown"):
+        choose("devices", [Gpu(0, "GPU-x")], WORKING)
+    nodes_only = HostFacts(dev_nodes=("nvidia2", "nvidiactl", "nvidia-uvm"))
     with pytest.raises(GpuModeError, match=r"no libcuda\.so\.1 in the loader cache or --gpu-driver-dir"):
         choose("devices", [A], nodes_only)
     with pytest.raises(GpuModeError, match=r"no GPU mode works on this host: nvidia-runtime: .*; cdi: .*; devices: "):
@@ -216,5 +236,5 @@ def test_minor_numbers_come_from_the_driver_where_nvml_gave_none(tmp_path):
     minors = driver_minors(str(tmp_path))
     assert minors == {A.uuid: 5, B.uuid: 4}
     plain = [Gpu(0, A.uuid), Gpu(1, B.uuid), Gpu(2, "GPU-cccc")]
-    assert [g.node for g in with_minors(plain, minors)] == [5, 4, 2]
+    assert [g.minor for g in with_minors(plain, minors)] == [5, 4, None]
     assert driver_minors(str(tmp_path / "absent")) == {}
