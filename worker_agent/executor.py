@@ -291,8 +291,7 @@ class RunExecutor:
         self.state.finish(outcome, self.usage)
 
     def _cleanup(self) -> None:
-        """Remove the run's container and its directory; what is left, a later start of this
-        worker removes."""
+        """Remove the run's container and directory; what is left, a later start here removes."""
         self.box.remove(f"its attempt is over on this worker (the run as last read here: {self.run.state})")
         if self.valid_id:
             left = remove_tree(self.run_dir)
