@@ -70,10 +70,17 @@ export function runsPage(main, session) {
       for (const pool of pools) if (pool.name !== filters.queue) queueSelect.append(h("option", { value: pool.name }, pool.name));
     })
     .catch(() => {});
-  const text = (id, key, label) => {
-    const input = h("input", { id, type: "search", value: filters[key], onchange: () => update(key, input.value.trim()) });
+  const text = (id, key, label, list) => {
+    const input = h("input", { id, type: "search", value: filters[key], list, onchange: () => update(key, input.value.trim()) });
     return [h("label", { for: id }, label), input];
   };
+  // an admin picks the owner among the users that hold tokens
+  const users = h("datalist", { id: "f-users" });
+  if (session.admin) {
+    get("/v1/tokens")
+      .then(({ tokens }) => replace(users, [...new Set(tokens.map((t) => t.user))].sort().map((u) => h("option", { value: u }))))
+      .catch(() => {});
+  }
   const failed = h("input", { id: "f-failed", type: "checkbox", checked: filters.failed, onchange: () => update("failed", failed.checked) });
 
   const form = h(
@@ -85,7 +92,7 @@ export function runsPage(main, session) {
     queueSelect,
     text("f-sweep", "sweep", "Sweep"),
     text("f-name", "name", "Name"),
-    session.admin ? text("f-owner", "owner", "Owner") : null,
+    session.admin ? [text("f-owner", "owner", "Owner", "f-users"), users] : null,
     h("span", { class: "check" }, failed, h("label", { for: "f-failed" }, "Failed only")),
   );
 
