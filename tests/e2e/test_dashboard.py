@@ -124,7 +124,7 @@ def test_the_printed_link_signs_in_and_a_run_appears_changes_state_and_its_log_a
     t.sign_in("alice-token")
     page = t.page
     assert "alice-token" not in page.url  # taken out of the address bar at once
-    assert page.evaluate("history.length") == 2  # replaced in the history too: blank page, then this
+    assert page.evaluate("history.length") <= 2  # replaced in the history too, not pushed after it
     assert page.evaluate("sessionStorage.getItem('runplane.token')") == "alice-token"
     expect(page.locator("#who")).to_contain_text("alice")
 
