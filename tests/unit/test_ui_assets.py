@@ -12,6 +12,7 @@ from functions.azure import function_app
 from runplane.api import ui
 from runplane.api.gateway import http_event, response_parts
 from runplane.api.http import app
+from runplane.api.openapi import openapi_document
 from runplane.devstack.functions_host import FunctionsHost, HostOptions
 
 WEB = Path(ui.__file__).parents[1] / "web"
@@ -116,3 +117,15 @@ def test_paths_that_leave_the_folder_or_name_no_file_are_404(front, host, path):
 def test_only_get_reads_the_files(front, host):
     status, headers, _ = fetch(front, host, "POST", "/ui/app.js")
     assert (status, headers.get("allow")) == (405, "GET")
+
+
+def test_the_page_calls_only_routes_the_api_documents():
+    documented = [
+        re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(path)) + "$") for path in openapi_document()["paths"]
+    ]
+    called = set()
+    for js in WEB.glob("*.js"):
+        for literal in re.findall(r'"(/v1/[^"]*)"|`(/v1/[^`]*)`', js.read_text()):
+            called.add(re.sub(r"\$\{[^}]*\}", "ID", "".join(literal)))
+    assert len(called) >= 10  # the page's calls were found
+    assert not [path for path in called if not any(p.match(path) for p in documented)], called
