@@ -119,6 +119,8 @@ export function sweepPage(main, id, session) {
   const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill sweep");
   replace(main, h("p", {}, "Loading…"));
   let drawn = false;
+  let seen = null; // what the members were last read for
+  let runs = [];
 
   async function retry() {
     try {
@@ -182,7 +184,12 @@ export function sweepPage(main, id, session) {
     clearTimeout(timer);
     try {
       const sweep = await get(`/v1/sweeps/${encodeURIComponent(id)}`);
-      const runs = await members(id);
+      // the members are read again only when the sweep's counts say something moved
+      const signature = JSON.stringify([sweep.counts, sweep.waiting, sweep.events.length]);
+      if (signature !== seen) {
+        runs = await members(id);
+        seen = signature;
+      }
       if (stopped) return;
       if (!drawn) replace(main, head, notice, body);
       drawn = true;
