@@ -188,6 +188,7 @@ export function runPage(main, runId, session) {
   let stopped = false;
   let logs = null;
   let outputsDone = false;
+  let outputsState = null; // the run's state when its outputs were last read
   const head = h("div", {});
   const details = h("div", {});
   const outputsBox = h("div", {}, "Loading…");
@@ -207,6 +208,7 @@ export function runPage(main, runId, session) {
     logs = [logView(runId, "stdout", chosen), logView(runId, "stderr", chosen)];
     replace(logsBox, logs.map((l) => l.node));
     outputsDone = false;
+    outputsState = current.state;
     replace(outputsBox, "Loading…");
     outputs(runId, outputsBox, chosen).then((done) => {
       outputsDone = done;
@@ -313,7 +315,11 @@ export function runPage(main, runId, session) {
     }
     attemptOptions(current);
     keepFocus(main, draw);
-    if (!outputsDone) outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined);
+    // outputs appear as a run uploads: read again when its state moves, until it has ended
+    if (!outputsDone && current.state !== outputsState) {
+      outputsState = current.state;
+      outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined);
+    }
     if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(() => whenShown(load), REFRESH_MS);
   }
 
