@@ -424,4 +424,4 @@ def test_staged_package_is_indexed_as_the_host_would(tmp_path):
     assert indexed.returncode == 0, indexed.stderr
     where, names = indexed.stdout.splitlines()
     assert Path(where).is_relative_to(stage)
-    assert names.split() == ["api", "dispatcher_events", "dispatcher_schedule", "reaper"]
+    assert names.split() == ["api", "dispatcher_events", "dispatcher_schedule", "reaper", "ui"]
