@@ -22,8 +22,8 @@ from runplane.domain.models import RunState
 from tests.conftest import FAST, SHORT_LEASE, TERMINAL, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-RUNS = 60
-MAX_KILLS = 25  # bench/soak.py goes on for longer, and kills the dispatcher and the reaper too
+RUNS = 40
+MAX_KILLS = 16  # bench/soak.py goes on for longer, and kills the dispatcher and the reaper too
 # how a killed worker's run goes back to the queue: its lease lapses, or the worker comes back
 LOSS = re.compile(r"re-queued: (worker chaos-\d stopped renewing its lease|its worker restarted)")
 KEEP = Path(tempfile.gettempdir()) / "runplane-chaos-logs"

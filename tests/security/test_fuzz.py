@@ -3,10 +3,11 @@ not list) on each cloud's local stack, as an administrator: no 5xx, no status co
 type the document does not declare, answers that match their schemas, 405s that carry Allow.
 
 Runs go to pools that never get a worker, so fuzzed commands never reach Docker. Each phase
-(examples, coverage, fuzzing with up to 25 cases an operation, stateful) runs once, to its end,
+(examples, coverage, fuzzing with up to 18 cases an operation, stateful) runs once, to its end,
 with a fixed seed, so that CI explores the same inputs every time however fast the machine is;
-``RUNPLANE_FUZZ_SEED`` picks another seed and ``RUNPLANE_FUZZ_SECONDS`` a longer run (fuzzing
-and stateful testing repeat until that time is spent). Not checked: that every schema-valid
+``RUNPLANE_FUZZ_SEED`` picks another seed, ``RUNPLANE_FUZZ_EXAMPLES`` more cases an operation,
+and ``RUNPLANE_FUZZ_SECONDS`` a longer run (fuzzing and stateful testing repeat until that time
+is spent). Not checked: that every schema-valid
 request is accepted and every invalid one refused (the document does not express every rule the
 models check, such as control characters in commands).
 """
@@ -70,7 +71,7 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_undocumented_answer(fuzz_stack, tmp
         "--exclude-checks",
         "positive_data_acceptance,negative_data_rejection",
         "--max-examples",
-        "25",
+        os.environ.get("RUNPLANE_FUZZ_EXAMPLES", "18"),
         *(["--max-time", seconds] if seconds else []),
         "--seed",
         os.environ.get("RUNPLANE_FUZZ_SEED", "20261123"),
