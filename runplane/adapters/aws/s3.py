@@ -78,11 +78,10 @@ class S3ObjectStore:
         return self if bucket == self.bucket else S3ObjectStore(bucket, self.client)
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:
-        return str(
-            self.client.generate_presigned_url(
-                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_seconds
-            )
-        )
+        """A presigned GET whose answer is a download (``Content-Disposition: attachment``): an
+        output a run wrote as HTML is saved, never shown as a page from the bucket's origin."""
+        params = {"Bucket": self.bucket, "Key": key, "ResponseContentDisposition": "attachment"}
+        return str(self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_seconds))
 
 
 def _info(obj: dict[str, Any]) -> ObjectInfo:

@@ -120,6 +120,7 @@ class BlobObjectStore:
         return BlobObjectStore(bucket, self.client, self.account_key, self.clock)
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:
+        """A read SAS whose answer is a download (``Content-Disposition: attachment``), as on AWS."""
         now = self.clock()
         expiry = datetime.fromtimestamp(now + max(1, min(MAX_SAS_SECONDS, expires_seconds)), UTC)
         blob = self.client.get_blob_client(self.container, key)
@@ -132,6 +133,7 @@ class BlobObjectStore:
                 account_key=self.account_key,
                 permission=permission,
                 expiry=expiry,
+                content_disposition="attachment",
             )
         else:
             sas = generate_blob_sas(
@@ -141,6 +143,7 @@ class BlobObjectStore:
                 user_delegation_key=self._delegation_key(now, expiry),
                 permission=permission,
                 expiry=expiry,
+                content_disposition="attachment",
             )
         return f"{blob.url}?{sas}"
 

@@ -95,6 +95,7 @@ def test_objects_put_get_list_url(stack, tmp_path):
     assert stack.objects.get_bytes("runs/a/logs/1/stdout/0000000000000006") == b"world"
     with urllib.request.urlopen(stack.objects.url("runs/a/logs/1/stdout/0000000000000000"), timeout=10) as r:
         assert r.read() == b"hello "
+        assert r.headers["Content-Disposition"] == "attachment"  # a browser saves it, never shows it as a page
     back = tmp_path / "back.bin"
     stack.objects.download_file("runs/a/outputs/1/big.bin", back)
     assert back.read_bytes() == big.read_bytes()
