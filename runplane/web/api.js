@@ -3,11 +3,21 @@
 const KEY = "runplane.token";
 
 export class ApiError extends Error {
-  constructor(status, code, text) {
+  constructor(status, code, text, retryAfter = null) {
     super(text);
     this.status = status;
     this.code = code;
+    this.retryAfter = retryAfter; // milliseconds the server asked to wait, or null
   }
+}
+
+// A Retry-After header (seconds, or an HTTP date) in milliseconds, or null.
+export function retryAfterMs(header, now = Date.now()) {
+  if (!header) return null;
+  const trimmed = header.trim();
+  if (/^\d+$/.test(trimmed)) return Number(trimmed) * 1000;
+  const at = Date.parse(trimmed);
+  return Number.isNaN(at) ? null : Math.max(0, at - now);
 }
 
 export const token = {
@@ -23,13 +33,18 @@ export async function api(method, path, { query, body } = {}) {
   }
   const headers = { Authorization: `Bearer ${token.get() || ""}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(url, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    cache: "no-store",
-    credentials: "omit",
-  });
+  let response;
+  try {
+    response = await fetch(url, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store",
+      credentials: "omit",
+    });
+  } catch {
+    throw new ApiError(0, "unreachable", "The API cannot be reached.");
+  }
   const text = await response.text();
   let data = null;
   try {
@@ -39,7 +54,7 @@ export async function api(method, path, { query, body } = {}) {
   }
   if (!response.ok) {
     const error = data && data.error ? data.error : { code: "http_error", message: `HTTP ${response.status}` };
-    const failure = new ApiError(response.status, error.code, error.message);
+    const failure = new ApiError(response.status, error.code, error.message, retryAfterMs(response.headers.get("Retry-After")));
     if (response.status === 401) window.dispatchEvent(new CustomEvent("runplane:unauthorized", { detail: failure }));
     throw failure;
   }

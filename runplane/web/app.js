@@ -14,12 +14,35 @@ const session = { me: null, admin: false };
 let leave = null; // what the page on screen stops (timers) when another is shown
 
 // A link that logs in carries the token in its fragment (#token=...), which no server sees; it is
-// kept for this tab only and taken out of the address bar at once.
+// kept for this tab only and taken out of the address bar at once. A link never swaps the token
+// this tab already signed in with unless its user says so. Answers why the token form is needed,
+// or null.
 function takeTokenFromFragment() {
-  if (!location.hash.startsWith("#token=")) return;
-  const value = decodeURIComponent(location.hash.slice("#token=".length));
-  if (value) token.set(value);
+  if (!location.hash.startsWith("#token=")) return null;
+  const raw = location.hash.slice("#token=".length);
   history.replaceState(null, "", `${location.pathname}${location.search}#/runs`);
+  let value;
+  try {
+    value = decodeURIComponent(raw).trim();
+  } catch (error) {
+    if (!(error instanceof URIError)) throw error;
+    return "The link's token is not valid (it was cut or mangled); paste the token instead.";
+  }
+  const held = token.get();
+  if (!value || value === held) return null;
+  if (held && !confirm("This link signs in with another token, maybe as another user. Sign in with it instead of the one this tab uses?")) return null;
+  token.set(value);
+  return null;
+}
+
+// Takes a sign-in link's token; asks for one when the link's was unusable.
+function enter() {
+  const problem = takeTokenFromFragment();
+  if (problem) {
+    session.me = null;
+    return signIn(problem);
+  }
+  return start();
 }
 
 function signIn(reason) {
@@ -120,12 +143,10 @@ window.addEventListener("runplane:unauthorized", (event) => {
 });
 window.addEventListener("hashchange", () => {
   if (location.hash.startsWith("#token=")) {
-    takeTokenFromFragment();
-    start();
+    enter();
     return;
   }
   if (session.me) show();
 });
 
-takeTokenFromFragment();
-start();
+enter();

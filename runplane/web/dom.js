@@ -146,3 +146,77 @@ export function whenShown(fn) {
   document.addEventListener("visibilitychange", () => fn(), { once: true });
   return undefined;
 }
+
+// A URL from the API as a link target: only http(s) addresses and the page's own "#/" routes;
+// anything else (javascript:, data:, a relative path) is null, and is shown as text.
+export function safeHref(url) {
+  if (typeof url !== "string") return null;
+  if (url.startsWith("#/")) return url;
+  try {
+    const parsed = new URL(url);
+    return parsed.protocol === "http:" || parsed.protocol === "https:" ? parsed.href : null;
+  } catch {
+    return null;
+  }
+}
+
+// Puts a message in `node` unless the same one is already there, so a screen reader hears an
+// error once when it appears or changes, not again on every refresh that meets it.
+export function say(node, kind, text) {
+  const shown = node.firstElementChild;
+  if (shown && shown.dataset.kind === kind && shown.textContent === text) return;
+  const note = message(kind, text);
+  note.dataset.kind = kind;
+  replace(node, note);
+}
+
+// How long a refresh loop waits after its `failures`-th error in a row: the server's Retry-After
+// when it sent one, else doubling from `every` up to `cap`. Errors that waiting cannot mend (a
+// refused filter, say) keep the ordinary pace.
+export function backoff(error, every, failures, cap = 60_000) {
+  const status = error && error.status;
+  const transient = status === undefined || status === 0 || status === 429 || status >= 500;
+  if (!transient) return every;
+  const grown = Math.min(cap, every * 2 ** Math.min(failures, 16));
+  return error.retryAfter ? Math.max(grown, Math.min(error.retryAfter, 10 * cap)) : grown;
+}
+
+// A page's refresh loop. `step(current)` reads and draws, and answers how long to wait before
+// the next read (or false to stop); `current()` says whether its reply is still the one wanted.
+// Calling `now()` starts a read at once: the reply of a read it overtakes is dropped, and only
+// the latest read arms the timer, so a page never runs two loops. Errors go to `onError` and
+// make the loop wait longer (see backoff).
+export function refresher(step, { every, onError = () => {}, cap }) {
+  let seq = 0;
+  let timer = null;
+  let stopped = false;
+  let failures = 0;
+  async function now() {
+    clearTimeout(timer);
+    timer = null;
+    const mine = ++seq;
+    const current = () => !stopped && mine === seq;
+    let wait = every;
+    try {
+      const next = await step(current);
+      if (!current()) return;
+      failures = 0;
+      if (next === false) return;
+      if (typeof next === "number") wait = next;
+    } catch (error) {
+      if (!current()) return;
+      failures += 1;
+      onError(error);
+      wait = backoff(error, every, failures, cap);
+    }
+    timer = setTimeout(() => whenShown(() => mine === seq && !stopped && now()), wait);
+  }
+  return {
+    now,
+    stop() {
+      stopped = true;
+      seq += 1;
+      clearTimeout(timer);
+    },
+  };
+}

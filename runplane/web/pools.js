@@ -1,7 +1,7 @@
 // Pools and workers: backlog, workers by state, launches and their last error; each worker's
 // slots, GPUs, runs and heartbeat.
 import { get } from "./api.js";
-import { ago, bytes, h, keepFocus, message, replace, runLink, table, when, whenShown } from "./dom.js";
+import { ago, bytes, h, keepFocus, refresher, replace, runLink, say, table, when } from "./dom.js";
 
 const REFRESH_MS = 5000;
 const WORKER_PAGES = 10;
@@ -55,8 +55,6 @@ function workerRow(w) {
 }
 
 export function poolsPage(main) {
-  let stopped = false;
-  let timer = null;
   const poolsBox = h("div", {}, "Loading…");
   const workersBox = h("div", {}, "Loading…");
   replace(
@@ -65,24 +63,28 @@ export function poolsPage(main) {
     h("section", { "aria-labelledby": "h-pools" }, h("h2", { id: "h-pools" }, "Pools"), poolsBox),
     h("section", { "aria-labelledby": "h-workers" }, h("h2", { id: "h-workers" }, "Workers"), workersBox),
   );
-  async function load() {
-    clearTimeout(timer);
-    const [pools, workers] = await Promise.allSettled([get("/v1/pools"), allWorkers()]);
-    if (stopped) return;
-    keepFocus(main, () => draw(pools, workers));
-    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
-  }
+  // one loop; each part draws its own error, and a failed read makes the loop wait longer
+  const loop = refresher(
+    async (current) => {
+      const [pools, workers] = await Promise.allSettled([get("/v1/pools"), allWorkers()]);
+      if (!current()) return;
+      keepFocus(main, () => draw(pools, workers));
+      const failed = [pools, workers].find((r) => r.status === "rejected");
+      if (failed) throw failed.reason;
+    },
+    { every: REFRESH_MS },
+  );
   function draw(pools, workers) {
-    replace(
-      poolsBox,
-      pools.status === "fulfilled"
-        ? table(
-            ["Pool", "Shape", "Backlog", "Workers (starting/idle/busy/draining)", "Launches", "Last launch error", "Disabled", "Last decision"],
-            pools.value.pools.map(poolRow),
-            { "aria-label": "Pools" },
-          )
-        : message("error", pools.reason.message),
-    );
+    if (pools.status === "fulfilled") {
+      replace(
+        poolsBox,
+        table(
+          ["Pool", "Shape", "Backlog", "Workers (starting/idle/busy/draining)", "Launches", "Last launch error", "Disabled", "Last decision"],
+          pools.value.pools.map(poolRow),
+          { "aria-label": "Pools" },
+        ),
+      );
+    } else say(poolsBox, "error", pools.reason.message);
     if (workers.status === "fulfilled") {
       const { workers: list, more } = workers.value;
       replace(
@@ -92,11 +94,8 @@ export function poolsPage(main) {
           : h("p", {}, "No workers."),
         more ? h("p", { class: "hint" }, `The first ${list.length} workers are shown.`) : null,
       );
-    } else replace(workersBox, message("error", workers.reason.message));
+    } else say(workersBox, "error", workers.reason.message);
   }
-  load();
-  return () => {
-    stopped = true;
-    clearTimeout(timer);
-  };
+  loop.now();
+  return () => loop.stop();
 }

@@ -1,11 +1,12 @@
 // One run: its state and why, where its time went, what it asked for and used, its inputs,
 // outputs and logs (followed live, searchable), and kill / retry.
 import { get, post } from "./api.js";
-import { badge, bytes, duration, h, keepFocus, message, replace, runLink, seconds, svg, TERMINAL, table, when, whenShown } from "./dom.js";
-import { resubmit } from "./runs.js";
+import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runLink, safeHref, say, seconds, svg, TERMINAL, table, when } from "./dom.js";
+import { RETRY_MEANS, resubmit, retryable } from "./runs.js";
 
 const REFRESH_MS = 1500;
 const LOG_MS = 1000;
+const LOG_IDLE_MS = 8000; // the longest wait between log reads that found nothing new
 const MAX_LOG = 4 * 1024 * 1024; // characters kept per stream; older ones are dropped
 
 // The phases of the run from its state changes: [name, start, end] in seconds since submit.
@@ -79,9 +80,18 @@ function resources(run) {
   );
 }
 
+// a run: input links to that run, an http(s) address to itself; anything else is only text
 function sourceLink(source) {
   const m = /^run:([^/]+)(.*)$/.exec(source);
-  return m ? h("span", {}, runLink(m[1], `run:${m[1]}`), m[2]) : h("code", {}, source);
+  if (m) return h("span", {}, runLink(m[1], `run:${m[1]}`), m[2]);
+  const href = safeHref(source);
+  return href ? h("a", { href, rel: "noreferrer" }, source) : h("code", {}, source);
+}
+
+// an output's download link, when its address is an http(s) one; else its path as text
+function outputLink(file) {
+  const href = safeHref(file.url);
+  return href ? h("a", { href, download: file.path.split("/").pop(), rel: "noreferrer" }, file.path) : h("code", {}, file.path);
 }
 
 // what a run waits for: a run id, or sweep:<id>
@@ -105,11 +115,13 @@ function links(run) {
   );
 }
 
+// A stream's log, read from `start()` on (not while the run waits in its queue); reads that find
+// nothing new come further apart, up to LOG_IDLE_MS, and errors make them wait longer still.
 function logView(runId, stream, attempt) {
   let offset = 0;
   let text = "";
-  let timer = null;
-  let stopped = false;
+  let idle = 0; // reads in a row that found nothing new
+  let started = false;
   const pre = h("pre", { class: "log", tabindex: "0", "aria-label": `${stream} of the run` });
   const search = h("input", { type: "search", id: `search-${stream}`, onchange: draw, oninput: draw });
   const follow = h("input", { type: "checkbox", id: `follow-${stream}`, checked: true });
@@ -126,23 +138,22 @@ function logView(runId, stream, attempt) {
     if (follow.checked) pre.scrollTop = pre.scrollHeight;
   }
 
-  async function poll() {
-    try {
+  const loop = refresher(
+    async (current) => {
       const page = await get(`/v1/runs/${encodeURIComponent(runId)}/logs`, { stream, offset, attempt });
-      if (stopped) return;
+      if (!current()) return undefined;
       if (page.data) {
         text = (text + page.data).slice(-MAX_LOG);
         offset = page.next_offset;
         draw();
       }
+      idle = page.data ? 0 : idle + 1;
       if (!search.value) state.textContent = page.complete ? "complete" : "following…";
-      if (page.complete) return;
-    } catch (error) {
-      state.textContent = error.message;
-    }
-    if (!stopped) timer = setTimeout(() => whenShown(poll), LOG_MS);
-  }
-  poll();
+      return page.complete ? false : Math.min(LOG_IDLE_MS, LOG_MS * 2 ** Math.min(idle, 8));
+    },
+    { every: LOG_MS, onError: (error) => (state.textContent = error.message) },
+  );
+  state.textContent = "waiting for the run to start…";
   const node = h(
     "section",
     { class: "logbox", "aria-labelledby": `h-${stream}` },
@@ -159,10 +170,12 @@ function logView(runId, stream, attempt) {
   );
   return {
     node,
-    stop() {
-      stopped = true;
-      clearTimeout(timer);
+    start() {
+      if (started) return;
+      started = true;
+      loop.now();
     },
+    stop: () => loop.stop(),
   };
 }
 
@@ -172,7 +185,7 @@ async function outputs(runId, box, attempt) {
     replace(
       box,
       page.files.length
-        ? h("ul", { class: "outputs" }, page.files.map((f) => h("li", {}, h("a", { href: f.url, download: f.path.split("/").pop(), rel: "noreferrer" }, f.path), ` (${bytes(f.size)})`)))
+        ? h("ul", { class: "outputs" }, page.files.map((f) => h("li", {}, outputLink(f), ` (${bytes(f.size)})`)))
         : h("p", {}, page.complete ? "No outputs." : "None yet."),
       page.next_cursor ? h("p", { class: "hint" }, "More files than shown; list them with the CLI.") : null,
     );
@@ -184,8 +197,6 @@ async function outputs(runId, box, attempt) {
 }
 
 export function runPage(main, runId, session) {
-  let timer = null;
-  let stopped = false;
   let logs = null;
   let outputsDone = false;
   let outputsState = null; // the run's state when its outputs were last read
@@ -195,7 +206,7 @@ export function runPage(main, runId, session) {
   const notice = h("div", { class: "notice", "aria-live": "polite" });
   const logsBox = h("div", { class: "logs" });
   const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill");
-  const retryButton = h("button", { type: "button", onclick: retry }, "Retry");
+  const retryButton = h("button", { type: "button", title: RETRY_MEANS, onclick: retry }, "Retry");
   let current = null;
   let logsAttempt = null; // the attempt the log views show (its number, even when "latest" was asked)
   const attemptSelect = h("select", { id: "attempt", onchange: () => showAttempt() }, h("option", { value: "" }, "latest"));
@@ -207,12 +218,19 @@ export function runPage(main, runId, session) {
     logsAttempt = chosen ?? current.attempt;
     logs = [logView(runId, "stdout", chosen), logView(runId, "stderr", chosen)];
     replace(logsBox, logs.map((l) => l.node));
+    startLogs();
     outputsDone = false;
     outputsState = current.state;
     replace(outputsBox, "Loading…");
     outputs(runId, outputsBox, chosen).then((done) => {
       outputsDone = done;
     });
+  }
+
+  // an attempt has logs once its run leaves the queue; an earlier attempt has them already
+  function startLogs() {
+    const chosen = attemptSelect.value ? Number(attemptSelect.value) : current.attempt;
+    if (current.state !== "queued" || chosen < current.attempt) for (const l of logs) l.start();
   }
 
   function attemptOptions(run) {
@@ -236,6 +254,7 @@ export function runPage(main, runId, session) {
   }
 
   async function retry() {
+    if (!confirm(`Retry run ${runId}? ${RETRY_MEANS}`)) return;
     try {
       const made = await resubmit(current);
       location.hash = `#/runs/${encodeURIComponent(made.id)}`;
@@ -248,6 +267,7 @@ export function runPage(main, runId, session) {
     const run = current;
     const ended = TERMINAL.includes(run.state);
     killButton.disabled = ended || run.kill_requested;
+    retryButton.disabled = !retryable(run);
     const reason = run.failure
       ? `${run.failure.reason}: ${run.failure.message}`
       : run.state === "queued"
@@ -259,6 +279,7 @@ export function runPage(main, runId, session) {
       h("p", { class: "id" }, h("code", {}, run.id)),
       reason ? h("p", { class: `reason ${run.failure ? "failed" : ""}` }, reason) : null,
       h("div", { class: "actions" }, killButton, retryButton),
+      retryable(run) ? h("p", { class: "hint" }, RETRY_MEANS) : null,
     );
     const facts = [
       ["Owner", run.owner],
@@ -284,21 +305,19 @@ export function runPage(main, runId, session) {
     );
   }
 
-  async function load() {
-    clearTimeout(timer);
+  // one loop; a reply overtaken by a newer read (after a kill) is dropped
+  async function step(isCurrent) {
+    let run;
     try {
-      current = await get(`/v1/runs/${encodeURIComponent(runId)}`);
+      run = await get(`/v1/runs/${encodeURIComponent(runId)}`);
     } catch (error) {
-      if (stopped) return;
-      if (error.status === 404) {
-        replace(main, h("h1", {}, "Run not found"), message("error", error.message), h("a", { href: "#/runs" }, "Back to runs"));
-        return;
-      }
-      replace(notice, message("error", error.message));
-      timer = setTimeout(() => whenShown(load), REFRESH_MS);
-      return;
+      if (error.status !== 404) throw error;
+      if (isCurrent()) replace(main, h("h1", {}, "Run not found"), message("error", error.message), h("a", { href: "#/runs" }, "Back to runs"));
+      return false;
     }
-    if (stopped) return;
+    if (!isCurrent()) return undefined;
+    current = run;
+    if (notice.firstElementChild?.dataset.kind === "error") replace(notice); // read again: the error is over
     if (!logs) {
       showAttempt();
       replace(
@@ -312,7 +331,7 @@ export function runPage(main, runId, session) {
       );
     } else if (!attemptSelect.value && current.attempt !== logsAttempt) {
       showAttempt(); // tried again: the latest attempt's logs start from their beginning
-    }
+    } else startLogs();
     attemptOptions(current);
     keepFocus(main, draw);
     // outputs appear as a run uploads: read again when its state moves, until it has ended
@@ -320,13 +339,19 @@ export function runPage(main, runId, session) {
       outputsState = current.state;
       outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined);
     }
-    if (!stopped && !(TERMINAL.includes(current.state) && outputsDone)) timer = setTimeout(() => whenShown(load), REFRESH_MS);
+    return TERMINAL.includes(current.state) && outputsDone ? false : undefined;
   }
+  const loop = refresher(step, {
+    every: REFRESH_MS,
+    onError: (error) => {
+      if (!logs) replace(main, notice);
+      say(notice, "error", error.message);
+    },
+  });
 
-  load();
+  loop.now();
   return () => {
-    stopped = true;
-    clearTimeout(timer);
+    loop.stop();
     for (const l of logs || []) l.stop();
   };
 }

@@ -1,6 +1,6 @@
 // Runs: the caller's runs (an admin: any user's), filtered by what the URL holds, refreshed live.
 import { get, post } from "./api.js";
-import { badge, duration, h, hashQuery, keepFocus, message, replace, runLink, seconds, setHashQuery, STATES, TERMINAL, when, whenShown } from "./dom.js";
+import { badge, duration, h, hashQuery, keepFocus, message, refresher, replace, runLink, say, seconds, setHashQuery, STATES, TERMINAL, when } from "./dom.js";
 
 const PAGE = 50;
 const MAX_MATCHING = 5000;
@@ -13,9 +13,26 @@ function reasonOf(run) {
   return "";
 }
 
-// The run's spec, submitted again as a new run (what "retry" means for one run).
+// The run's spec, submitted again as a new run by the one signed in (what "retry" means): the new
+// run is not linked to the first and is no member of its sweep.
 export function resubmit(run) {
   return post("/v1/runs", run.spec);
+}
+
+// Only a run that ended without succeeding (failed, killed, timed out) is tried again.
+export const retryable = (run) => TERMINAL.includes(run.state) && run.state !== "succeeded";
+export const RETRY_MEANS = "A retry submits the same spec again as a new run of yours: it is not linked to the original and is not a member of its sweep.";
+
+// The filters in words, for a question that asks before acting on what they choose.
+export function describeFilters(filters) {
+  const parts = [];
+  if (filters.state) parts.push(`state ${filters.state}`);
+  if (filters.queue) parts.push(`queue ${filters.queue}`);
+  if (filters.sweep) parts.push(`sweep ${filters.sweep}`);
+  if (filters.owner) parts.push(`owner ${filters.owner}`);
+  if (filters.name) parts.push(`name containing "${filters.name}"`);
+  if (filters.failed) parts.push("failed only");
+  return parts.length ? parts.join(", ") : "no filter";
 }
 
 export function runsPage(main, session) {
@@ -28,26 +45,38 @@ export function runsPage(main, session) {
     failed: params.get("failed") === "1",
     owner: params.get("owner") || "",
   };
+  // the API refuses a sweep with an owner or a queue: the sweep wins and the others are let go,
+  // in the URL too, so the page never shows a filter it does not apply
+  let dropped = "";
+  if (filters.sweep && (filters.owner || filters.queue)) {
+    dropped = `The sweep filter cannot be combined with ${[filters.owner ? "owner" : "", filters.queue ? "queue" : ""].filter(Boolean).join(" or ")}; showing the whole sweep.`;
+    filters.owner = "";
+    filters.queue = "";
+    const clean = new URLSearchParams(params);
+    clean.delete("owner");
+    clean.delete("queue");
+    history.replaceState(null, "", `#/runs?${clean}`);
+  }
   const cursors = [null]; // the cursor of each page seen, for going back
-  let page = [];
+  let page = null;
   let nextCursor = null;
-  const selected = new Set();
-  let timer = null;
-  let stopped = false;
+  const selected = new Map(); // id -> the run as it was shown when ticked
 
   const status = h("div", { class: "status-line" });
   const notice = h("div", { class: "notice", "aria-live": "polite" });
   const body = h("tbody", {}, h("tr", {}, h("td", { colspan: 10 }, "Loading…")));
   const pager = h("div", { class: "pager" });
-  const killButton = h("button", { type: "button", disabled: true, onclick: () => bulk("kill", selectedRuns()) }, "Kill selected");
-  const retryButton = h("button", { type: "button", disabled: true, onclick: () => bulk("retry", selectedRuns()) }, "Retry selected");
+  const killButton = h("button", { type: "button", disabled: true, onclick: () => bulkSelected("kill") }, "Kill selected");
+  const retryButton = h("button", { type: "button", disabled: true, title: RETRY_MEANS, onclick: () => bulkSelected("retry") }, "Retry selected");
   const killAll = h("button", { type: "button", class: "danger", onclick: () => everyMatching("kill") }, "Kill all matching");
   const retryAll = h("button", { type: "button", onclick: () => everyMatching("retry") }, "Retry all matching");
-  const all = h("input", { type: "checkbox", "aria-label": "Select every run on this page", onchange: () => selectAll(all.checked) });
+  const all = h("input", { type: "checkbox", "aria-label": "Select every run shown", onchange: () => selectAll(all.checked) });
 
   function update(key, value) {
     const next = new URLSearchParams();
-    for (const [k, v] of Object.entries({ ...filters, [key]: value })) {
+    const chosen = { ...filters, [key]: value };
+    if (chosen.sweep) Object.assign(chosen, { owner: "", queue: "" }); // the API takes a sweep alone
+    for (const [k, v] of Object.entries(chosen)) {
       if (k === "failed") {
         if (v) next.set(k, "1");
       } else if (v) next.set(k, v);
@@ -62,7 +91,7 @@ export function runsPage(main, session) {
     STATES.map((s) => h("option", { value: s }, s)),
   );
   stateSelect.value = filters.state;
-  const queueSelect = h("select", { id: "f-queue", onchange: () => update("queue", queueSelect.value) }, h("option", { value: "" }, "any"));
+  const queueSelect = h("select", { id: "f-queue", disabled: !!filters.sweep, title: filters.sweep ? "not with a sweep" : null, onchange: () => update("queue", queueSelect.value) }, h("option", { value: "" }, "any"));
   if (filters.queue) queueSelect.append(h("option", { value: filters.queue }, filters.queue));
   queueSelect.value = filters.queue;
   get("/v1/pools")
@@ -70,8 +99,8 @@ export function runsPage(main, session) {
       for (const pool of pools) if (pool.name !== filters.queue) queueSelect.append(h("option", { value: pool.name }, pool.name));
     })
     .catch(() => {});
-  const text = (id, key, label, list) => {
-    const input = h("input", { id, type: "search", value: filters[key], list, onchange: () => update(key, input.value.trim()) });
+  const text = (id, key, label, list, disabled = false) => {
+    const input = h("input", { id, type: "search", value: filters[key], list, disabled, title: disabled ? "not with a sweep" : null, onchange: () => update(key, input.value.trim()) });
     return [h("label", { for: id }, label), input];
   };
   // an admin picks the owner among the users that hold tokens
@@ -92,7 +121,7 @@ export function runsPage(main, session) {
     queueSelect,
     text("f-sweep", "sweep", "Sweep"),
     text("f-name", "name", "Name"),
-    session.admin ? [text("f-owner", "owner", "Owner", "f-users"), users] : null,
+    session.admin ? [text("f-owner", "owner", "Owner", "f-users", !!filters.sweep), users] : null,
     h("span", { class: "check" }, failed, h("label", { for: "f-failed" }, "Failed only")),
   );
 
@@ -114,15 +143,17 @@ export function runsPage(main, session) {
     h("h1", {}, "Runs"),
     form,
     h("div", { class: "actions" }, killButton, retryButton, killAll, retryAll),
+    h("p", { class: "hint" }, RETRY_MEANS),
     notice,
     status,
     tableNode,
     pager,
   );
 
+  // only the rows on screen: what the name and "failed only" filters hide is never chosen
   function selectAll(on) {
-    for (const run of page) if (on) selected.add(run.id);
-    if (!on) selected.clear();
+    selected.clear();
+    if (on) for (const run of shown(page || [])) selected.set(run.id, run);
     render();
   }
 
@@ -137,7 +168,7 @@ export function runsPage(main, session) {
       checked: selected.has(run.id),
       "aria-label": `Select ${run.name || run.id}`,
       onchange: () => {
-        if (box.checked) selected.add(run.id);
+        if (box.checked) selected.set(run.id, run);
         else selected.delete(run.id);
         buttons();
       },
@@ -158,28 +189,40 @@ export function runsPage(main, session) {
   }
 
   function buttons() {
-    killButton.disabled = retryButton.disabled = selected.size === 0;
-    killButton.textContent = `Kill selected (${selected.size})`;
-    retryButton.textContent = `Retry selected (${selected.size})`;
+    const runs = [...selected.values()];
+    const live = runs.filter((r) => !TERMINAL.includes(r.state)).length;
+    const again = runs.filter(retryable).length;
+    killButton.disabled = live === 0;
+    retryButton.disabled = again === 0;
+    killButton.textContent = `Kill selected (${live})`;
+    retryButton.textContent = `Retry selected (${again})`;
   }
 
   function render() {
-    const runs = shown(page);
-    keepFocus(body, () => replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: headers.length }, "No runs match."))));
+    const runs = shown(page || []);
+    for (const run of runs) if (selected.has(run.id)) selected.set(run.id, run); // their state now
+    const empty = page === null ? "Loading…" : "No runs match.";
+    keepFocus(body, () => replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: headers.length }, empty))));
     all.checked = runs.length > 0 && runs.every((r) => selected.has(r.id));
     buttons();
-    replace(
-      pager,
-      h("button", { type: "button", disabled: cursors.length < 2, onclick: () => go(-1) }, "‹ Newer"),
-      h("span", {}, `page ${cursors.length}`),
-      h("button", { type: "button", disabled: !nextCursor, onclick: () => go(1) }, "Older ›"),
+    keepFocus(pager, () =>
+      replace(
+        pager,
+        h("button", { type: "button", disabled: cursors.length < 2, onclick: () => go(-1) }, "‹ Newer"),
+        h("span", {}, `page ${cursors.length}`),
+        h("button", { type: "button", disabled: !nextCursor, onclick: () => go(1) }, "Older ›"),
+      ),
     );
   }
 
   function go(step) {
     if (step > 0) cursors.push(nextCursor);
     else cursors.pop();
-    load();
+    selected.clear(); // a selection is of the rows in sight; another page starts with none
+    page = null; // drawn as "Loading…" until the page asked for arrives
+    nextCursor = null; // known again with it
+    render();
+    loop.now();
   }
 
   // the API's own filters; name and "failed only" narrow what it sends (it has no such filter)
@@ -190,53 +233,57 @@ export function runsPage(main, session) {
     return query;
   }
 
-  async function load() {
-    clearTimeout(timer);
-    try {
+  // one loop; the reply to a page left behind (paging on, a slow answer) is dropped
+  const loop = refresher(
+    async (current) => {
       const answer = await get("/v1/runs", apiQuery(PAGE, cursors[cursors.length - 1]));
-      if (stopped) return;
+      if (!current()) return;
       page = answer.runs;
       nextCursor = answer.next_cursor;
       replace(status, `Updated ${new Date().toLocaleTimeString()}`);
       render();
-    } catch (error) {
-      if (stopped) return;
-      replace(status, message("error", error.message));
-    }
-    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
+    },
+    { every: REFRESH_MS, onError: (error) => say(status, "error", error.message) },
+  );
+
+  function bulkSelected(action) {
+    const runs = [...selected.values()];
+    const chosen = runs.filter(action === "kill" ? (r) => !TERMINAL.includes(r.state) : retryable);
+    const skipped = runs.length - chosen.length;
+    const why = action === "kill" ? "already ended" : "did not end without succeeding";
+    bulk(action, chosen, `selected on page ${cursors.length} (filters: ${describeFilters(filters)})${skipped ? `; ${skipped} other selected run(s) ${why} and are left alone` : ""}`);
   }
 
-  function selectedRuns() {
-    return page.filter((run) => selected.has(run.id));
-  }
-
-  // Every run the filters match, on every page (up to MAX_MATCHING): kill takes those that have
-  // not ended, retry those that ended without succeeding.
+  // Every run the filters match, on every page, up to MAX_MATCHING runs read: kill takes those
+  // that have not ended, retry those that ended without succeeding.
   async function everyMatching(action) {
     const found = [];
     let cursor = null;
+    let read = 0;
     try {
       do {
         const answer = await get("/v1/runs", apiQuery(500, cursor));
+        read += answer.runs.length;
         found.push(...shown(answer.runs));
         cursor = answer.next_cursor;
-      } while (cursor && found.length < MAX_MATCHING);
+      } while (cursor && read < MAX_MATCHING);
     } catch (error) {
       replace(notice, message("error", error.message));
       return;
     }
-    const ended = (run) => TERMINAL.includes(run.state);
-    const chosen = found.filter((run) => (action === "kill" ? !ended(run) : ended(run) && run.state !== "succeeded"));
+    const capped = cursor ? ` Only the newest ${read} runs were read (at most ${MAX_MATCHING}); older ones are left alone.` : "";
+    const chosen = found.filter(action === "kill" ? (run) => !TERMINAL.includes(run.state) : retryable);
     if (!chosen.length) {
-      replace(notice, message("ok", action === "kill" ? "No matching run is still going." : "No matching run failed."));
+      replace(notice, message("ok", (action === "kill" ? "No matching run is still going." : "No matching run ended without succeeding.") + capped));
       return;
     }
-    bulk(action, chosen, action === "kill" ? "that have not ended" : "that did not succeed");
+    bulk(action, chosen, `${action === "kill" ? "that have not ended" : "that ended without succeeding"} (filters: ${describeFilters(filters)}).${capped}`, capped);
   }
 
-  async function bulk(action, chosen, which = "") {
+  async function bulk(action, chosen, which, capped = "") {
     const verb = action === "kill" ? "Kill" : "Retry";
-    if (!chosen.length || !confirm(`${verb} ${chosen.length} run(s)${which ? ` ${which}` : ""}?`)) return;
+    const also = action === "retry" ? ` ${RETRY_MEANS}` : "";
+    if (!chosen.length || !confirm(`${verb} ${chosen.length} run(s) ${which}${also}`)) return;
     const results = [];
     for (let i = 0; i < chosen.length; i += AT_ONCE) {
       replace(notice, `${verb}: ${i} of ${chosen.length}…`);
@@ -249,14 +296,13 @@ export function runsPage(main, session) {
     selected.clear();
     replace(
       notice,
-      message(failures.length ? "error" : "ok", `${verb}: ${results.length - failures.length} done${failures.length ? `, ${failures.length} refused: ${failures[0]}` : ""}`),
+      message(failures.length ? "error" : "ok", `${verb}: ${results.length - failures.length} done${failures.length ? `, ${failures.length} refused: ${failures[0]}` : ""}.${capped}`),
     );
-    load();
+    render();
+    loop.now();
   }
 
-  load();
-  return () => {
-    stopped = true;
-    clearTimeout(timer);
-  };
+  if (dropped) replace(notice, message("error", dropped));
+  loop.now();
+  return () => loop.stop();
 }

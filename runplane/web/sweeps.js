@@ -1,6 +1,6 @@
 // Sweeps: the list, and one sweep's progress, failures by reason, members by state, retry and kill.
 import { get, post } from "./api.js";
-import { badge, h, keepFocus, message, replace, STATES, svg, table, when, whenShown } from "./dom.js";
+import { badge, h, keepFocus, message, refresher, replace, say, STATES, svg, table, when } from "./dom.js";
 
 const REFRESH_MS = 3000;
 const MEMBER_PAGES = 20; // at most 20 pages of 500 members drawn
@@ -24,77 +24,70 @@ function countsText(sweep) {
 }
 
 export function sweepsPage(main, session) {
-  let stopped = false;
-  let timer = null;
   const cursors = [null]; // the cursor of each page seen, for going back
   const owner = h("input", {
     id: "s-owner",
     type: "search",
     onchange: () => {
       cursors.splice(1);
-      load();
+      loop.now();
     },
   });
   const body = h("div", {}, "Loading…");
+  const notice = h("div", { class: "notice" });
   const pager = h("div", { class: "pager" });
   replace(
     main,
     h("h1", {}, "Sweeps"),
     session.admin ? h("form", { class: "filters", onsubmit: (e) => e.preventDefault() }, h("label", { for: "s-owner" }, "Owner"), owner) : null,
+    notice,
     body,
     pager,
   );
   function go(next) {
     if (next) cursors.push(next);
     else cursors.pop();
-    load();
+    loop.now();
   }
-  async function load() {
-    clearTimeout(timer);
-    try {
-      const answer = await get("/v1/sweeps", { owner: owner.value.trim(), limit: 50, cursor: cursors[cursors.length - 1] });
-      const sweeps = answer.sweeps;
-      if (stopped) return;
-      keepFocus(pager, () =>
-        replace(
-          pager,
-          h("button", { type: "button", disabled: cursors.length < 2, onclick: () => go(null) }, "‹ Newer"),
-          h("span", {}, `page ${cursors.length}`),
-          h("button", { type: "button", disabled: !answer.next_cursor, onclick: () => go(answer.next_cursor) }, "Older ›"),
-        ),
-      );
-      keepFocus(body, () => replace(
-        body,
-        sweeps.length
-          ? table(
-              ["Name", "Id", "Queue", "Size", "Progress", "Failures", "Created"],
-              sweeps.map((s) =>
-                h(
-                  "tr",
-                  {},
-                  h("td", {}, h("a", { href: `#/sweeps/${encodeURIComponent(s.id)}` }, s.name || "(no name)")),
-                  h("td", { class: "id" }, h("code", {}, s.id)),
-                  h("td", {}, s.queue),
-                  h("td", { class: "num" }, s.size),
-                  h("td", {}, progressBar(s), h("div", { class: "hint" }, countsText(s))),
-                  h("td", {}, Object.entries(s.failures).map(([r, n]) => `${r} ${n}`).join(", ") || "–"),
-                  h("td", {}, when(s.created_at)),
-                ),
+  // one loop; a reply overtaken by a newer read (paging, the owner changed) is dropped
+  const loop = refresher(async (current) => {
+    const answer = await get("/v1/sweeps", { owner: owner.value.trim(), limit: 50, cursor: cursors[cursors.length - 1] });
+    const sweeps = answer.sweeps;
+    if (!current()) return;
+    replace(notice);
+    keepFocus(pager, () =>
+      replace(
+        pager,
+        h("button", { type: "button", disabled: cursors.length < 2, onclick: () => go(null) }, "‹ Newer"),
+        h("span", {}, `page ${cursors.length}`),
+        h("button", { type: "button", disabled: !answer.next_cursor, onclick: () => go(answer.next_cursor) }, "Older ›"),
+      ),
+    );
+    keepFocus(body, () => replace(
+      body,
+      sweeps.length
+        ? table(
+            ["Name", "Id", "Queue", "Size", "Progress", "Failures", "Created"],
+            sweeps.map((s) =>
+              h(
+                "tr",
+                {},
+                h("td", {}, h("a", { href: `#/sweeps/${encodeURIComponent(s.id)}` }, s.name || "(no name)")),
+                h("td", { class: "id" }, h("code", {}, s.id)),
+                h("td", {}, s.queue),
+                h("td", { class: "num" }, s.size),
+                h("td", {}, progressBar(s), h("div", { class: "hint" }, countsText(s))),
+                h("td", {}, Object.entries(s.failures).map(([r, n]) => `${r} ${n}`).join(", ") || "–"),
+                h("td", {}, when(s.created_at)),
               ),
-              { "aria-label": "Sweeps" },
-            )
-          : h("p", {}, "No sweeps."),
-      ));
-    } catch (error) {
-      if (!stopped) replace(body, message("error", error.message));
-    }
-    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
-  }
-  load();
-  return () => {
-    stopped = true;
-    clearTimeout(timer);
-  };
+            ),
+            { "aria-label": "Sweeps" },
+          )
+        : h("p", {}, "No sweeps."),
+    ));
+  }, { every: REFRESH_MS, onError: (error) => say(notice, "error", error.message) });
+  loop.now();
+  return () => loop.stop();
 }
 
 async function members(id) {
@@ -110,8 +103,6 @@ async function members(id) {
 }
 
 export function sweepPage(main, id, session) {
-  let stopped = false;
-  let timer = null;
   const head = h("div", {});
   const notice = h("div", { class: "notice", "aria-live": "polite" });
   const body = h("div", {});
@@ -126,7 +117,7 @@ export function sweepPage(main, id, session) {
     try {
       const answer = await post(`/v1/sweeps/${encodeURIComponent(id)}/retry`);
       replace(notice, message("ok", `${answer.retried} member(s) run again.`));
-      load();
+      loop.now();
     } catch (error) {
       replace(notice, message("error", error.message));
     }
@@ -137,7 +128,7 @@ export function sweepPage(main, id, session) {
     try {
       await post(`/v1/sweeps/${encodeURIComponent(id)}/kill`);
       replace(notice, message("ok", "Kill asked for."));
-      load();
+      loop.now();
     } catch (error) {
       replace(notice, message("error", error.message));
     }
@@ -180,36 +171,39 @@ export function sweepPage(main, id, session) {
     );
   }
 
-  async function load() {
-    clearTimeout(timer);
-    try {
-      const sweep = await get(`/v1/sweeps/${encodeURIComponent(id)}`);
+  // one loop; a reply overtaken by a newer read (after retry or kill) is dropped
+  const loop = refresher(
+    async (current) => {
+      let sweep;
+      try {
+        sweep = await get(`/v1/sweeps/${encodeURIComponent(id)}`);
+      } catch (error) {
+        if (error.status !== 404) throw error;
+        if (current()) replace(main, h("h1", {}, "Sweep not found"), message("error", error.message), h("a", { href: "#/sweeps" }, "Back to sweeps"));
+        return false;
+      }
       // the members are read again only when the sweep's counts say something moved
       const signature = JSON.stringify([sweep.counts, sweep.waiting, sweep.events.length]);
-      if (signature !== seen) {
-        runs = await members(id);
-        seen = signature;
-      }
-      if (stopped) return;
+      let found = runs;
+      if (signature !== seen) found = await members(id);
+      if (!current()) return undefined;
+      runs = found;
+      seen = signature;
       if (!drawn) replace(main, head, notice, body);
       drawn = true;
       keepFocus(main, () => draw(sweep, runs));
-      if (sweep.finished_at && !sweep.waiting) return;
-    } catch (error) {
-      if (stopped) return;
-      if (error.status === 404) {
-        replace(main, h("h1", {}, "Sweep not found"), message("error", error.message), h("a", { href: "#/sweeps" }, "Back to sweeps"));
-        return;
-      }
-      replace(notice, message("error", error.message));
-    }
-    if (!stopped) timer = setTimeout(() => whenShown(load), REFRESH_MS);
-  }
-  load();
-  return () => {
-    stopped = true;
-    clearTimeout(timer);
-  };
+      return sweep.finished_at && !sweep.waiting ? false : undefined;
+    },
+    {
+      every: REFRESH_MS,
+      onError: (error) => {
+        if (!drawn) replace(main, notice);
+        say(notice, "error", error.message);
+      },
+    },
+  );
+  loop.now();
+  return () => loop.stop();
 }
 
 function legend() {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -45,7 +46,8 @@ def browser():
 
 
 class Tab:
-    """A browser tab on the stack, with what the page said went wrong and every URL it asked for."""
+    """A browser tab on the stack, with what the page said went wrong, every URL it asked for and
+    every question it asked (``confirm``), answered with ``answer``."""
 
     def __init__(self, browser, base: str, width: int = 1280, height: int = 800) -> None:
         self.base = base
@@ -56,7 +58,16 @@ class Tab:
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
         self.page.on("request", lambda r: self.urls.append(r.url))
-        self.page.on("dialog", lambda d: d.accept())
+        self.dialogs: list[str] = []
+        self.answer = True
+        self.page.on("dialog", self._dialog)
+
+    def _dialog(self, dialog) -> None:
+        self.dialogs.append(dialog.message)
+        if self.answer:
+            dialog.accept()
+        else:
+            dialog.dismiss()
 
     def sign_in(self, token: str, route: str = "/runs") -> None:
         self.page.goto(dashboard_link(self.base, token))  # the link `runplane dev` prints
@@ -144,7 +155,8 @@ def test_the_printed_link_signs_in_and_a_run_appears_changes_state_and_its_log_a
     expect(stdout).to_contain_text("first-line")
     expect(stdout).to_contain_text("second-line")  # arrives while the page is open
     expect(page.locator("h1 .state")).to_have_text("succeeded")
-    expect(page.get_by_role("link", name="answer")).to_have_attribute("href", re.compile("answer"))
+    expect(page.get_by_role("button", name="Retry")).to_be_disabled()  # nothing to try again
+    expect(page.get_by_role("link", name="answer")).to_have_attribute("href", re.compile("^https?://.*answer"))
     expect(page.locator("svg.waterfall g.bar")).not_to_have_count(0)
     expect(page.locator("svg.waterfall")).to_contain_text("running")
 
@@ -163,6 +175,8 @@ def test_a_running_run_is_killed_from_its_page(tab, alice):
     expect(page.locator("h1 .state")).to_have_text("killed")
     assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "killed"
     expect(page.get_by_role("button", name="Kill")).to_be_disabled()
+    expect(page.get_by_role("button", name="Retry")).to_be_enabled()  # it ended without succeeding
+    expect(page.locator("main")).to_contain_text("not linked to the original")
 
 
 def test_a_run_tried_twice_shows_each_attempts_logs(tab, alice):
@@ -204,10 +218,20 @@ def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
     expect(page.get_by_label("Failed only")).to_be_checked()
     expect(row(page, bad["id"])).to_contain_text("nonzero_exit")
     expect(row(page, ok["id"])).to_have_count(0)
-    page.get_by_label("Name").fill(bad["name"])
-    page.get_by_label("Name").press("Enter")
+    name = page.get_by_label("Name", exact=True)
+    name.fill(bad["name"])
+    name.press("Enter")
     page.wait_for_url(re.compile(f"name={bad['name']}"))
+    expect(row(page, bad["id"])).to_be_visible()
     expect(page.locator("tbody tr")).to_have_count(1)
+    # select-all takes the one row in sight, not the page's runs the filters hide
+    t.answer = False
+    page.get_by_label("Select every run shown").check()
+    page.get_by_role("button", name="Retry selected (1)").click()
+    assert len(t.dialogs) == 1
+    assert t.dialogs[0].startswith("Retry 1 run(s) selected on page 1"), t.dialogs
+    assert f'name containing "{bad["name"]}"' in t.dialogs[0] and "failed only" in t.dialogs[0]
+    assert "not linked to the original" in t.dialogs[0]
 
 
 def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits(tab, alice):
@@ -223,10 +247,23 @@ def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits
     assert why
     expect(page.locator("p.reason")).to_have_text(why)
 
+    # select-all then kill acts on the rows shown only, and says so before
+    t.go(f"/runs?queue=parked&name={prefix}-1")
+    expect(row(page, waiting[1]["id"])).to_be_visible()
+    expect(page.locator("tbody tr")).to_have_count(1)
+    page.get_by_label("Select every run shown").check()
+    page.get_by_role("button", name="Kill selected (1)").click()
+    expect(page.locator(".notice")).to_contain_text("Kill: 1 done")
+    assert t.dialogs[-1].startswith("Kill 1 run(s) selected on page 1"), t.dialogs
+    assert f'queue parked, name containing "{prefix}-1"' in t.dialogs[-1]
+    states = [alice.request("GET", f"/v1/runs/{run['id']}")["state"] for run in waiting]
+    assert states == ["queued", "killed", "queued"]
+
     t.go(f"/runs?queue=parked&name={prefix}")
-    expect(page.locator("tbody tr")).to_have_count(3)
+    expect(page.locator("tbody tr[data-run]")).to_have_count(3)
     page.get_by_role("button", name="Kill all matching").click()
-    expect(page.locator(".notice")).to_contain_text("Kill: 3 done")
+    expect(page.locator(".notice")).to_contain_text("Kill: 2 done")
+    assert t.dialogs[-1].startswith("Kill 2 run(s) that have not ended"), t.dialogs
     for run in waiting:
         assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "killed"
     expect(page.locator("tbody tr[data-state=killed]")).to_have_count(3)
@@ -250,6 +287,8 @@ def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
     page = t.page
     inputs = page.locator("section", has=page.get_by_role("heading", name="Inputs and dependencies"))
     expect(inputs).to_contain_text("Still waiting on")
+    expect(page.locator(".logbox").first).to_contain_text("waiting for the run to start")
+    assert not [u for u in t.urls if f"/v1/runs/{then['id']}/logs" in u]  # a queued run has none yet
     expect(inputs.get_by_role("link", name=f"run:{first['id']}")).to_be_visible()
     inputs.get_by_role("link", name=first["id"], exact=True).first.click()
     page.wait_for_url(re.compile(f"#/runs/{first['id']}$"))
@@ -273,9 +312,33 @@ def test_the_runs_table_refreshes_without_moving_the_page_or_the_focus(tab, alic
     assert page.evaluate("window.scrollY") == scrolled
     expect(box).to_be_focused()  # the keyboard keeps its place
 
+    # an API that is unwell: the loop waits as long as it asks (Retry-After), and the error is
+    # put on the page once, not announced again on every refresh
+    asked: list[float] = []
 
-def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice):
+    def unwell(route):
+        asked.append(time.monotonic())
+        route.fulfill(status=503, headers={"Retry-After": "3"}, json={"error": {"code": "busy", "message": "busy"}})
+
+    runs = re.compile(r"/v1/runs\?")
+    page.route(runs, unwell)
+    alert = page.locator(".status-line [role=alert]")
+    expect(alert).to_have_text("busy")
+    alert.evaluate("el => { el.dataset.first = 'yes'; }")
+    with page.expect_request(runs, timeout=10_000):
+        pass
+    expect(alert).to_have_count(1)
+    expect(alert).to_have_attribute("data-first", "yes")  # the same message, not a new one
+    assert len(asked) == 2 and asked[1] - asked[0] >= 2.9, asked  # not before the server said
+    page.unroute(runs)
+    t.errors.clear()  # the browser logs each 503 it was answered
+
+
+def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice, bob):
     run = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("owned")})
+    theirs = bob.request(
+        "POST", "/v1/sweeps", {"run": {"command": "true", "queue": "parked", "name": unique("bobs")}, "count": 1}
+    )
     t = tab()
     t.sign_in("admin-token", "/runs?owner=alice")
     page = t.page
@@ -284,6 +347,28 @@ def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice):
     expect(row(page, run["id"])).to_contain_text("alice")
     expect(page.get_by_label("Owner")).to_have_value("alice")
     expect(page.locator("#f-users option[value=bob]")).to_have_count(1)  # users to choose from
+
+    # a sweep is read whole (the API takes no owner or queue with it): the page says so and
+    # shows no owner filter it does not apply
+    t.go(f"/runs?owner=alice&queue=parked&sweep={theirs['id']}")
+    expect(page.locator(".notice")).to_contain_text("cannot be combined with owner or queue")
+    assert page.evaluate("location.hash") == f"#/runs?sweep={theirs['id']}"
+    expect(page.get_by_label("Owner")).to_have_value("")
+    expect(page.get_by_label("Owner")).to_be_disabled()
+    expect(page.get_by_label("Queue")).to_be_disabled()
+    expect(page.locator("tbody tr[data-run]")).to_have_count(1)
+    expect(page.locator("tbody tr[data-run]")).to_contain_text("bob")
+    bob.request("POST", f"/v1/sweeps/{theirs['id']}/kill")
+
+    # one refresh loop, however often the list is asked to read again
+    t.go("/sweeps")
+    expect(page.get_by_text("Loading…")).to_have_count(0)
+    page.evaluate("""() => { const owner = document.getElementById("s-owner");
+        for (let i = 0; i < 5; i += 1) owner.dispatchEvent(new Event("change")); }""")
+    page.wait_for_timeout(500)  # the five reads are answered
+    count = len([u for u in t.urls if "/v1/sweeps?" in u])
+    page.wait_for_timeout(6500)  # two periods of the sweeps' refresh
+    assert len([u for u in t.urls if "/v1/sweeps?" in u]) - count <= 3
 
 
 def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
@@ -333,6 +418,49 @@ def test_a_page_without_a_token_asks_for_one(tab):
     page.get_by_label("Token").press("Enter")
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
     t.errors.clear()  # the browser logs the 401 it was answered
+
+    # a link with another token asks before it signs this tab in as someone else
+    t.answer = False
+    page.goto(dashboard_link(t.base, "bob-token"))
+    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    assert len(t.dialogs) == 1 and "another token" in t.dialogs[0], t.dialogs
+    expect(page.locator("#who")).to_contain_text("alice")
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") == "alice-token"
+    t.answer = True
+    page.goto(dashboard_link(t.base, "bob-token"))
+    expect(page.locator("#who")).to_contain_text("bob")
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") == "bob-token"
+    page.goto(dashboard_link(t.base, "bob-token"))  # the same token: nothing to ask
+    expect(page.locator("#who")).to_contain_text("bob")
+    assert len(t.dialogs) == 2
+
+    # a link whose token cannot be read (cut mid-escape) asks for the token instead
+    page.goto(f"{t.base}/ui#token=%E0%A4%A")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    expect(page.get_by_role("alert")).to_contain_text("not valid")
+    assert "token=" not in page.url
+
+
+def test_only_web_addresses_become_links_and_errors_make_the_page_wait_longer(tab):
+    t = tab()
+    t.sign_in("alice-token")
+    links, waits = t.page.evaluate(
+        """async () => {
+            const dom = await import("/ui/dom.js");
+            const api = await import("/ui/api.js");
+            const links = ["javascript:alert(1)", "JaVaScRiPt:alert(1)", "data:text/html,x", "/v1/me", "vbscript:x",
+                           "https://bucket.example/out?sig=1", "http://127.0.0.1/x", "#/runs/r1"].map(dom.safeHref);
+            const every = 1000;
+            const waits = [
+                dom.backoff({ status: 503 }, every, 1), dom.backoff({ status: 503 }, every, 3),
+                dom.backoff({ status: 0 }, every, 30), dom.backoff({ status: 429, retryAfter: 20000 }, every, 1),
+                dom.backoff({ status: 400 }, every, 5), api.retryAfterMs("7"), api.retryAfterMs("soon"),
+            ];
+            return [links, waits];
+        }"""
+    )
+    assert links == [None] * 5 + ["https://bucket.example/out?sig=1", "http://127.0.0.1/x", "#/runs/r1"]
+    assert waits == [2000, 8000, 60_000, 20_000, 1000, 7000, None]
 
 
 def test_markup_in_a_run_name_and_its_log_is_shown_as_text(tab, alice):

@@ -129,3 +129,29 @@ def test_the_page_calls_only_routes_the_api_documents():
             called.add(re.sub(r"\$\{[^}]*\}", "ID", "".join(literal)))
     assert len(called) >= 10  # the page's calls were found
     assert not [path for path in called if not any(p.match(path) for p in documented)], called
+
+
+def test_a_link_target_is_the_pages_own_route_or_an_address_that_safe_href_let_through():
+    """An address from the API (an output's download URL, an input) becomes a link only through
+    ``safeHref``, which passes http(s) alone: a ``javascript:`` URL is never made clickable."""
+    targets = []
+    for js in WEB.glob("*.js"):
+        text = js.read_text()
+        targets += [(js.name, m) for m in re.findall(r"\bhref: ([^,}]+)", text)]
+        if re.search(r"\{ href[,\s}]", text):  # the shorthand: `href` must come from safeHref there
+            assert re.search(r"const href = safeHref\(", text), js.name
+    assert len(targets) >= 8  # the page's links were found
+    unsafe = [(name, t) for name, t in targets if not re.match(r'["`]#/|href$', t.strip())]
+    assert not unsafe, unsafe
+
+
+def test_every_refresh_loop_is_the_one_that_drops_stale_replies_and_backs_off():
+    """Pages refresh through ``refresher`` alone: no page arms its own timer, so no page runs two
+    loops, answers to an overtaken read are dropped, and errors make the loop wait longer."""
+    for js in WEB.glob("*.js"):
+        text = js.read_text()
+        if js.name == "dom.js":
+            continue
+        assert "setTimeout(" not in text and "setInterval(" not in text, js.name
+    dom = (WEB / "dom.js").read_text()
+    assert dom.count("setTimeout(") == 1 and "mine === seq" in dom
