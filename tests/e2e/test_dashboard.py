@@ -462,6 +462,28 @@ def test_only_web_addresses_become_links_and_errors_make_the_page_wait_longer(ta
     assert links == [None] * 5 + ["https://bucket.example/out?sig=1", "http://127.0.0.1/x", "#/runs/r1"]
     assert waits == [2000, 8000, 60_000, 20_000, 1000, 7000, None]
 
+    # three reads started at once (a user paging fast), answered last first: only the last one's
+    # reply is drawn, and only it arms the next read, so one loop goes on
+    drawn, reads = t.page.evaluate(
+        """async () => {
+            const { refresher } = await import("/ui/dom.js");
+            const answers = [];
+            const drawn = [];
+            let reads = 0;
+            const loop = refresher(async (current) => {
+                const n = ++reads;
+                await new Promise((done) => answers.push(done));
+                if (current()) drawn.push(n);
+            }, { every: 30 });
+            loop.now(); loop.now(); loop.now();
+            for (const answer of [...answers].reverse()) answer();
+            await new Promise((done) => setTimeout(done, 300));
+            loop.stop();
+            return [drawn, reads];
+        }"""
+    )
+    assert (drawn, reads) == ([3], 4)
+
 
 def test_markup_in_a_run_name_and_its_log_is_shown_as_text(tab, alice):
     name = "<img src=x onerror=window.pwned=1>"
