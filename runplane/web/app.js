@@ -12,6 +12,7 @@ const nav = document.getElementById("nav");
 const who = document.getElementById("who");
 const session = { me: null, admin: false };
 let leave = null; // what the page on screen stops (timers) when another is shown
+let entry = 0; // each sign-in and each start counts; a start overtaken by a newer one draws nothing
 
 // A link that logs in carries the token in its fragment (#token=...), which no server sees; it is
 // kept for this tab only and taken out of the address bar at once. A link never swaps the token
@@ -46,6 +47,7 @@ function enter() {
 }
 
 function signIn(reason) {
+  entry += 1;
   stopPage();
   nav.hidden = true;
   replace(who);
@@ -124,13 +126,17 @@ async function topBar() {
 
 async function start() {
   if (!token.get()) return signIn();
+  const mine = ++entry;
+  let me;
   try {
-    session.me = await api("GET", "/v1/me");
+    me = await api("GET", "/v1/me");
   } catch (error) {
-    if (error.status === 401) return; // the unauthorized listener asks again
+    if (error.status === 401 || mine !== entry) return; // the unauthorized listener asks again
     replace(main, message("error", `The API cannot be reached: ${error.message}`));
     return;
   }
+  if (mine !== entry) return;
+  session.me = me;
   session.admin = session.me.scopes.includes("admin");
   nav.hidden = false;
   topBar();

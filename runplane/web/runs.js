@@ -200,7 +200,10 @@ export function runsPage(main, session) {
 
   function render() {
     const runs = shown(page || []);
-    for (const run of runs) if (selected.has(run.id)) selected.set(run.id, run); // their state now
+    // the selection follows the rows: a ticked run keeps its newest state, and one that left the
+    // rows (it no longer matches) is no longer chosen
+    const now = new Map(runs.map((run) => [run.id, run]));
+    if (page !== null) for (const id of [...selected.keys()]) if (now.has(id)) selected.set(id, now.get(id)); else selected.delete(id);
     const empty = page === null ? "Loading…" : "No runs match.";
     keepFocus(body, () => replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: headers.length }, empty))));
     all.checked = runs.length > 0 && runs.every((r) => selected.has(r.id));
