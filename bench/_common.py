@@ -129,6 +129,11 @@ def dynalite(work: Path) -> Iterator[str]:
     pid = int((state / "dynalite.pid").read_text())
     try:
         yield done.stdout.strip().splitlines()[-1]
+    except BaseException:  # whether it still runs, and what it said: a benchmark that fails on it shows both
+        alive = Path(f"/proc/{pid}").exists()
+        tail = (state / "dynalite.log").read_text(errors="replace")[-3000:] if (state / "dynalite.log").exists() else ""
+        print(f"dynalite (pid {pid}) {'is running' if alive else 'has exited'}; its log ends:\n{tail}", file=sys.stderr)
+        raise
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
