@@ -11,7 +11,7 @@ scripts/build-images.sh
 mypy_log=$(mktemp)
 sam_log=$(mktemp)
 # what is still running beside the tests when they end (or are interrupted) is stopped
-trap 'kill $(jobs -p) 2>/dev/null; rm -f "$mypy_log" "$sam_log"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -f "$mypy_log" "$sam_log"' EXIT
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 scripts/setup-sam.sh >"$sam_log" 2>&1 &
