@@ -21,31 +21,6 @@ from worker_agent.users import ImageUsers
 pytestmark = pytest.mark.docker
 
 
-def test_gpu_run_without_nvidia_runtime_fails_gpu_unavailable(docker_client, aws_stack, tmp_path):
-    s = aws_stack
-    spec = RunSpec.model_validate({"command": "true", "queue": "manual", "resources": {"memory": "64m"}})
-    queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
-    run = lifecycle.claim(s.store, queued, 0, "w-gpu", lease_seconds=60, now=time.time())
-    gpu = Gpu(0, "GPU-00000000-0000-0000-0000-000000000000")
-    config = ExecutorConfig(worker_id="w-gpu", work_dir=tmp_path, stack_id=s.settings.stack_id())
-    executor = RunExecutor(
-        run,
-        Ports(s.store, s.queue, s.objects),
-        docker_client,
-        config,
-        time.time,
-        allocation=Allocation((0,), (gpu,)),
-        users=ImageUsers(docker_client),
-    )
-    executor.run_safely()  # in this thread: create, start (refused by the engine), final state
-    final = s.store.get(run.id)
-    assert final.state == RunState.FAILED
-    assert final.failure is not None and final.failure.reason == "gpu_unavailable"
-    assert "no working NVIDIA runtime" in final.failure.message
-    label = f"io.runplane.run_id={run.id}"
-    assert docker_client.containers.list(all=True, sparse=True, filters={"label": label}) == []
-
-
 def _run_with_gpus(s, docker_client, tmp_path, command, gpus, access):
     spec = RunSpec.model_validate({"command": command, "queue": "manual", "resources": {"memory": "64m"}})
     queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
@@ -65,6 +40,17 @@ def _run_with_gpus(s, docker_client, tmp_path, command, gpus, access):
     executor.run_safely()
     final = s.store.get(run.id)
     return final, read_logs(s.objects, final, "stdout", 0).data
+
+
+def test_gpu_run_without_nvidia_runtime_fails_gpu_unavailable(docker_client, aws_stack, tmp_path):
+    gpu = Gpu(0, "GPU-00000000-0000-0000-0000-000000000000")
+    # in this thread: create, start (refused by the engine), final state
+    final, _ = _run_with_gpus(aws_stack, docker_client, tmp_path, "true", [gpu], GpuAccess())
+    assert final.state == RunState.FAILED
+    assert final.failure is not None and final.failure.reason == "gpu_unavailable"
+    assert "no working NVIDIA runtime" in final.failure.message
+    label = f"io.runplane.run_id={final.id}"
+    assert docker_client.containers.list(all=True, sparse=True, filters={"label": label}) == []
 
 
 def test_devices_mode_gives_a_run_its_own_nodes_and_the_driver_read_only(docker_client, aws_stack, tmp_path):
