@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -121,16 +122,39 @@ def aws_stack(moto_endpoint: str) -> Stack:
     return stack
 
 
+def _stop_service(pid: int, name: str) -> None:
+    """SIGTERM to a service this session started, SIGKILL when it is still there after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if Path(f"/proc/{pid}").exists():
+            logging.getLogger(__name__).warning("%s (pid %d) ignored SIGTERM: killed", name, pid)
+            os.kill(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="session")
-def dynalite_endpoint() -> str:
-    """dynalite (DynamoDB's API in Node.js, in memory) on 127.0.0.1, installed and started by
-    scripts/start-dynalite.sh if needed; returns its endpoint URL. Unlike moto's DynamoDB it
-    applies each item's conditional writes atomically when they race, as DynamoDB does."""
-    done = subprocess.run([str(ROOT / "scripts" / "start-dynalite.sh")], capture_output=True, text=True, timeout=600)
+def dynalite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """dynalite (DynamoDB's API in Node.js, in memory) of this test session's own, on a free
+    loopback port (scripts/start-dynalite.sh, which installs it first if needed), stopped when the
+    session ends: a dynalite some other process started is never used, nor left behind. Unlike
+    moto's DynamoDB it applies each item's conditional writes atomically when they race, as
+    DynamoDB does."""
+    state = tmp_path_factory.mktemp("dynalite")
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "start-dynalite.sh"), str(state)],
+        env={**os.environ, "DYNALITE_PORT": "0"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         pytest.fail(f"could not start dynalite:\n{done.stdout}\n{done.stderr}")
-    return lines[-1]
+    pid = int((state / "dynalite.pid").read_text())
+    yield lines[-1]
+    _stop_service(pid, "dynalite")
 
 
 @pytest.fixture
@@ -154,15 +178,36 @@ def aws_dynalite_stack(moto_endpoint: str, dynalite_endpoint: str) -> Iterator[S
 
 
 @pytest.fixture(scope="session")
-def azurite() -> str:
-    """Azurite (Blob, Queue, Table) on 127.0.0.1, installed and started by scripts/start-azurite.sh
-    if needed; returns its storage connection string."""
-    from runplane.devstack.azure import start_azurite
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azurite (Blob, Queue, Table) of this test session's own, on free loopback ports (installed
+    first if needed, as scripts/start-azurite.sh does), stopped when the session ends: an Azurite
+    some other process started is never used, nor left behind. Its ports are in the environment
+    (AZURITE_*_PORT) meanwhile, so that whatever starts Azurite finds this one. Returns its storage
+    connection string."""
+    from runplane.devstack.azurite import AzuriteError, Ports, default_prefix, start_azurite
 
+    chosen: list[int] = []
+    while len(chosen) < 3:
+        port = free_port()
+        if port not in chosen:
+            chosen.append(port)
+    ports = Ports(*chosen)
+    state = tmp_path_factory.mktemp("azurite")
     try:
-        return start_azurite(timeout=600)
-    except ValueError as e:
+        connection = start_azurite(state, default_prefix(), ports, install_timeout=600)
+    except AzuriteError as e:
         pytest.fail(f"could not start Azurite: {e}")
+    pid = int((state / "azurite.pid").read_text())
+    names = {f"AZURITE_{kind}_PORT": str(port) for kind, port in zip(("BLOB", "QUEUE", "TABLE"), chosen, strict=True)}
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(names)
+    yield connection
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    _stop_service(pid, "Azurite")
 
 
 @pytest.fixture
