@@ -32,6 +32,17 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 py=${PYTHON:-python3}
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python 3.11 or newer is needed"; exit 1; }
+# Azurite and dynalite (npm packages) install beside the Python packages: npm spends most of its
+# time unpacking, and neither waits on the other. Each logs to a file of its own, shown if it fails.
+npm_jobs=()
+if [ "$want_test" = "--test" ]; then
+  npm_logs=$(mktemp -d)
+  trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$npm_logs"' EXIT
+  for tool in azurite dynalite; do
+    scripts/start-$tool.sh --install >"$npm_logs/$tool" 2>&1 & # into .$tool/; the tests start it
+    npm_jobs+=("$tool:$!")
+  done
+fi
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
@@ -43,8 +54,10 @@ if [ ! -f "$stamp" ]; then
   log=$(mktemp)
   # `make dev`: the local stack on either cloud; the tests: every extra and the test tools
   extra="[local,azure]"; [ "$want_test" = "--test" ] && extra="[test]"
-  if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e ".${extra}"; } >"$log" 2>&1; then
-    cat "$log"; echo "setup: pip install failed"; exit 1
+  # uv (a wheel of its own, from pip) resolves and installs them, many at once, from its cache
+  if ! { .venv/bin/python -m pip install -q "uv>=0.4" &&
+    .venv/bin/uv pip install -q --python .venv/bin/python -e ".${extra}"; } >"$log" 2>&1; then
+    cat "$log"; echo "setup: installing the Python packages failed"; exit 1
   fi
   rm -f "$log"
   .venv/bin/python -c 'import runplane, worker_agent, moto, docker, azure.data.tables' # fail loudly if the install did not take
@@ -65,10 +78,6 @@ if [ "$want_test" = "--test" ] && [ ! -f "$packaging/cache/.primed-$hash" ]; the
   fi
   rm -rf "$log" "$packaging/venv"
   touch "$packaging/cache/.primed-$hash"
-fi
-if [ "$want_test" = "--test" ]; then
-  scripts/start-azurite.sh --install # into .azurite/; the tests start it
-  scripts/start-dynalite.sh --install # into .dynalite/; the tests start it
 fi
 # cloud-init, for `cloud-init schema` in the tests: Debian's package unpacked into .venv/cloud-init,
 # not installed. Installing it would enable its boot services, which on a real machine's next boot
@@ -100,3 +109,8 @@ fi
 if [ -w /usr/local/bin ]; then
   for cmd in runplane runplane-agent; do ln -sf "$PWD/.venv/bin/$cmd" "/usr/local/bin/$cmd"; done
 fi
+for job in "${npm_jobs[@]}"; do
+  if ! wait "${job#*:}"; then
+    cat "$npm_logs/${job%%:*}"; echo "setup: installing ${job%%:*} failed"; exit 1
+  fi
+done
