@@ -538,13 +538,33 @@ def _fixtures_needed(item: pytest.Item) -> set[str] | None:
     return needed
 
 
+# Services one machine has one of, shared by whichever tests use them: the Docker engine (and what
+# tests check is left on it), the one-node Slurm, and the local stacks' agents on that engine.
+ENGINE_MARKERS = {"docker", "slurm", "devstack"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "engine: in a module with a test that uses the Docker engine, Slurm or a local stack (set by "
+        "tests/conftest.py); scripts/run-tests.sh runs these in one process and the rest beside it",
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with the services its fixtures bring up (SERVICE_MARKERS). Then fast suites
+    """Mark each test with the services its fixtures bring up (SERVICE_MARKERS), and every test of
+    a module that has one using the engine, Slurm or a local stack with ``engine``. Then fast suites
     first; the e2e suite last, because its local stack (started on first use) keeps polling in the
     background and owns the process-wide handler settings from then on."""
+    engine_modules = set()
     for item in items:
         needed = _fixtures_needed(item)
         for fixture, marker in sorted(SERVICE_MARKERS.items()):
             if needed is None or fixture in needed:
                 item.add_marker(marker)
+        if any(item.get_closest_marker(marker) for marker in ENGINE_MARKERS):  # set here or by hand
+            engine_modules.add(item.path)
+    for item in items:
+        if item.path in engine_modules:  # a module's fixtures are set up in one process only
+            item.add_marker("engine")
     items.sort(key=lambda item: _ORDER.get(Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0], 1))

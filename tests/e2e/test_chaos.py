@@ -1,4 +1,4 @@
-"""Chaos: 60 short runs, 3 agents SIGKILLed and restarted at random every few seconds (at most
+"""Chaos: 40 short runs, 3 agents SIGKILLed and restarted at random every few seconds (at most
 MAX_KILLS times, then left alone). Every run must end in exactly one terminal state, no attempt
 may run twice, every succeeded run must have its outputs, and every run that did not succeed
 must have lost each of its attempts to a killed worker."""
