@@ -15,8 +15,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 def test_a_small_soak_loses_doubles_and_misses_nothing():
+    # seed 6: the chaos's first three kills are an agent, the dispatcher and an agent (with a random
+    # seed, a soak this short, about three kills, killed no agent about one time in sixteen)
+    soak = ["--runs", "24", "--agents", "3", "--kill-every", "3", "--seed", "6"]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--runs", "24", "--agents", "3", "--kill-every", "3"],
+        [sys.executable, str(ROOT / "bench" / "soak.py"), *soak],
         capture_output=True,
         text=True,
         timeout=280,
