@@ -68,12 +68,12 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
 # `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set: the function code and
-# its run-time dependencies only, never the local virtualenvs.
+# its run-time dependencies only, never the local virtualenvs. The sources are copied without
+# __pycache__ (tar), which a Python running meanwhile may be writing to.
 build-ApiFunction build-DispatcherFunction build-ReaperFunction:
 	python3 -m pip install --quiet --disable-pip-version-check --target "$(ARTIFACTS_DIR)" -r functions/aws/requirements.txt
 	mkdir -p "$(ARTIFACTS_DIR)/functions"
-	cp -r runplane "$(ARTIFACTS_DIR)/"
-	cp -r functions/__init__.py functions/aws "$(ARTIFACTS_DIR)/functions/"
+	set -o pipefail; tar -c --exclude=__pycache__ runplane functions/__init__.py functions/aws | tar -x -C "$(ARTIFACTS_DIR)"
 	find "$(ARTIFACTS_DIR)" -name __pycache__ -prune -exec rm -rf {} +
 
 # The Azure Functions app as `func azure functionapp publish` takes it (infra/azure/README.md):
@@ -82,7 +82,6 @@ AZURE_PACKAGE ?= build/azure-functions
 azure-package:
 	rm -rf "$(AZURE_PACKAGE)" && mkdir -p "$(AZURE_PACKAGE)/functions"
 	cp functions/azure/function_app.py functions/azure/host.json functions/azure/requirements.txt "$(AZURE_PACKAGE)/"
-	cp -r runplane "$(AZURE_PACKAGE)/"
-	cp -r functions/__init__.py functions/azure "$(AZURE_PACKAGE)/functions/"
+	set -o pipefail; tar -c --exclude=__pycache__ runplane functions/__init__.py functions/azure | tar -x -C "$(AZURE_PACKAGE)"
 	rm -f "$(AZURE_PACKAGE)"/functions/azure/local.settings.json*
 	find "$(AZURE_PACKAGE)" -name __pycache__ -prune -exec rm -rf {} +

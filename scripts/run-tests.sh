@@ -18,8 +18,25 @@ scripts/build-images.sh
 mypy_log=$(mktemp)
 sam_log=$(mktemp)
 logs=$(mktemp -d)
-# what is still running beside the tests when they end (or are interrupted) is stopped
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$mypy_log" "$sam_log" "$logs"' EXIT
+rest_pid=""
+shown=""
+# What is still running beside the tests when they end (or are interrupted) is stopped: the other
+# pytest with SIGINT, as Ctrl-C would, so that its fixtures stop the services they started, and
+# what it printed is shown.
+# shellcheck disable=SC2317 # called by the EXIT trap
+finish() {
+  if [ -n "$rest_pid" ] && kill -INT "$rest_pid" 2>/dev/null; then
+    wait "$rest_pid" 2>/dev/null || true
+  fi
+  if [ -z "$shown" ] && [ -s "$logs/rest" ]; then
+    echo "---- the tests beside the engine's, as far as they got ----"
+    tail -n 200 "$logs/rest"
+  fi
+  # shellcheck disable=SC2046 # pids, one word each
+  kill $(jobs -p) 2>/dev/null || true
+  rm -rf "$mypy_log" "$sam_log" "$logs"
+}
+trap finish EXIT
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 scripts/setup-sam.sh >"$sam_log" 2>&1 &
@@ -28,7 +45,7 @@ pytest=(.venv/bin/python -m pytest -p no:cacheprovider --durations=30)
 # "N passed, N failed, N skipped" of a pytest run's summary line, for the total of the two
 counts() {
   local line
-  line=$(grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$1" | tail -n 1)
+  line=$(grep -aE '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$1" | tail -n 1)
   for word in passed failed error skipped; do
     grep -oE "[0-9]+ ${word}" <<<"$line" | cut -d' ' -f1 || echo 0
   done
@@ -36,15 +53,21 @@ counts() {
 
 set +e
 if [ $# -eq 0 ]; then
-  "${pytest[@]}" -m "not engine" >"$logs/rest" 2>&1 &
+  # a job started with & ignores SIGINT in a script: this one takes it back (see finish)
+  (
+    trap - INT
+    exec "${pytest[@]}" -m "not engine" >"$logs/rest" 2>&1
+  ) &
   rest_pid=$!
   "${pytest[@]}" -m engine 2>&1 | tee "$logs/engine"
   rc=${PIPESTATUS[0]}
   wait "$rest_pid"
   rest_rc=$?
+  rest_pid=""
   echo
   echo "---- the tests beside the engine's (-m 'not engine') ----"
   cat "$logs/rest"
+  shown=1
   for run in engine:$rc rest:$rest_rc; do
     [ "${run#*:}" -eq 5 ] && echo "run-tests: the ${run%%:*} tests: none were collected" >&2
   done

@@ -32,19 +32,25 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 py=${PYTHON:-python3}
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "setup: Python 3.11 or newer is needed"; exit 1; }
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv .venv
+fi
 # Azurite and dynalite (npm packages) install beside the Python packages: npm spends most of its
-# time unpacking, and neither waits on the other. Each logs to a file of its own, shown if it fails.
+# time unpacking, and neither waits on the other. Each logs to a file of its own, shown if it fails,
+# and runs in a process group of its own, stopped whole (npm included) if this script stops first.
 npm_jobs=()
 if [ "$want_test" = "--test" ]; then
   npm_logs=$(mktemp -d)
-  trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$npm_logs"' EXIT
+  # shellcheck disable=SC2317 # called by the EXIT trap
+  stop_npm() {
+    for job in "${npm_jobs[@]}"; do kill -- "-${job#*:}" 2>/dev/null || true; done
+    rm -rf "$npm_logs"
+  }
+  trap stop_npm EXIT
   for tool in azurite dynalite; do
-    scripts/start-$tool.sh --install >"$npm_logs/$tool" 2>&1 & # into .$tool/; the tests start it
+    setsid scripts/start-$tool.sh --install >"$npm_logs/$tool" 2>&1 & # into .$tool/; the tests start it
     npm_jobs+=("$tool:$!")
   done
-fi
-if [ ! -x .venv/bin/python ]; then
-  "$py" -m venv .venv
 fi
 hash=$(sha256sum pyproject.toml | cut -c1-12)
 stamp=.venv/.installed-$hash-${want_test:+test}
@@ -114,3 +120,4 @@ for job in "${npm_jobs[@]}"; do
     cat "$npm_logs/${job%%:*}"; echo "setup: installing ${job%%:*} failed"; exit 1
   fi
 done
+npm_jobs=() # all done: nothing for the trap to stop

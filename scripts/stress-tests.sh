@@ -5,7 +5,7 @@
 #   scripts/stress-tests.sh [RUNS]        HOGS=N to choose the number of busy loops
 # Exits 0 only if every run passed. Logs stay in the printed directory.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 root=$(pwd)
 runs=${1:-3}
 hogs=${HOGS:-$(nproc)}
@@ -40,7 +40,9 @@ for i in $(seq "$runs"); do
   (cd "$work/runplane" && CI=true make test </dev/null >"$work/run-$i.log" 2>&1)
   rc=$?
   secs=$(( $(date +%s) - start ))
-  result=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$work/run-$i.log" | tail -1 | tr -d '=' | xargs)
+  # make test's own total of its two pytest runs, else the one run's summary line
+  result=$(grep -aE '^total: [0-9]+ passed' "$work/run-$i.log" | tail -1)
+  [ -n "$result" ] || result=$(grep -aE '^=+ .*(passed|failed|error).* in [0-9.]+s' "$work/run-$i.log" | tail -1 | tr -d '=' | xargs)
   summary+=("run $i: exit $rc after ${secs}s: ${result:-no pytest summary}")
   echo "${summary[-1]}"
   [ "$rc" -eq 0 ] || { failed=1; grep -E '^(FAILED|ERROR) ' "$work/run-$i.log" | head -20; }

@@ -123,13 +123,25 @@ def aws_stack(moto_endpoint: str) -> Stack:
 
 
 def _stop_service(pid: int, name: str) -> None:
-    """SIGTERM to a service this session started, SIGKILL when it is still there after 10 s."""
+    """SIGTERM to a service this session started (``name`` in its command line: a pid that has
+    gone and been reused is left alone), SIGKILL when it is still there after 10 s."""
+
+    def running() -> bool:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return False
+        return stat.rpartition(")")[2].split()[0] not in ("Z", "X") and name.lower().encode() in command
+
+    if not running():
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        while running() and time.monotonic() < deadline:
             time.sleep(0.05)
-        if Path(f"/proc/{pid}").exists():
+        if running():
             logging.getLogger(__name__).warning("%s (pid %d) ignored SIGTERM: killed", name, pid)
             os.kill(pid, signal.SIGKILL)
 
