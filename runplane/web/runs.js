@@ -70,7 +70,7 @@ export function runsPage(main, session) {
   const retryButton = h("button", { type: "button", disabled: true, title: RETRY_MEANS, onclick: () => bulkSelected("retry") }, "Retry selected");
   const killAll = h("button", { type: "button", class: "danger", onclick: () => everyMatching("kill") }, "Kill all matching");
   const retryAll = h("button", { type: "button", onclick: () => everyMatching("retry") }, "Retry all matching");
-  const all = h("input", { type: "checkbox", "aria-label": "Select every run shown", onchange: () => selectAll(all.checked) });
+  const all = h("input", { type: "checkbox", "aria-label": "Select every run shown", disabled: true, onchange: () => selectAll(all.checked) });
 
   function update(key, value) {
     const next = new URLSearchParams();
@@ -207,6 +207,7 @@ export function runsPage(main, session) {
     const empty = page === null ? "Loading…" : "No runs match.";
     keepFocus(body, () => replace(body, runs.length ? runs.map(row) : h("tr", {}, h("td", { colspan: headers.length }, empty))));
     all.checked = runs.length > 0 && runs.every((r) => selected.has(r.id));
+    all.disabled = runs.length === 0; // nothing shown (or still loading): nothing to select
     buttons();
     keepFocus(pager, () =>
       replace(
