@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from runplane.domain.cursors import decode_cursor
 from runplane.domain.errors import BadRequest
 from runplane.domain.models import Run, RunState
 from runplane.ports import ObjectStore
@@ -98,9 +99,7 @@ def _store_cursor(cursor: str, attempt: int) -> str:
     """The object store's cursor an outputs ``next_cursor`` of ``attempt`` holds. Raises BadRequest,
     also for a cursor of another attempt (the run went again between two pages)."""
     try:
-        if len(cursor) > 4096:
-            raise ValueError
-        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        data = decode_cursor(cursor, most=4096)
         inner, made_for = data["c"], data.get("a", attempt)
         if set(data) - {"c", "a"} or not isinstance(inner, str) or not inner or not inner.isprintable():
             raise ValueError

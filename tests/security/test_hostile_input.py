@@ -193,6 +193,21 @@ def test_output_cursors_that_were_not_made_here_are_400(user):
         assert (status, code) == (400, "bad_request"), cursor
 
 
+DEEP = base64.urlsafe_b64encode(b"[" * 1530).decode()  # 2,040 characters: under every cursor's length cap
+
+
+def test_a_cursor_nested_past_the_parsers_depth_is_400_on_every_listing(front, user):
+    """A cursor of ~1,530 nested brackets exhausts the JSON parser's recursion: a 400 on every
+    listing that takes a cursor, never a 500."""
+    assert len(DEEP) < 2048
+    alice = user("alice")
+    run = alice.request("POST", "/v1/runs", PARKED)
+    for path in ("/v1/runs", "/v1/sweeps", f"/v1/runs/{run['id']}/outputs", "/v1/workers"):
+        status, code, message = api_status(lambda: alice.request("GET", path, query={"cursor": DEEP}))  # noqa: B023
+        assert status in (400, 422) and code in ("bad_request", "invalid_request"), (path, status, code, message)
+        assert "cursor" in message, path
+
+
 def test_list_pages_stay_under_5_mb_and_lose_nothing(front, user):
     """Runs of about 230 KB each (the body limit allows 256 KiB): 50 to a page would be over 11 MB,
     past Lambda's 6 MB; pages stop before 5 MB and the cursor continues after the last run shown."""

@@ -16,6 +16,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
+from runplane.domain.cursors import decode_cursor
 from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, Conflict, NotFound
 from runplane.domain.models import (
     MAX_DEPENDENTS,
@@ -394,9 +395,7 @@ def _decode_cursor(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]
     """The start key a cursor holds, checked to be one of this very listing (same index, same
     partition): anything else is a BadRequest, never a query DynamoDB would refuse."""
     try:
-        if len(cursor) > 2048:
-            raise ValueError
-        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))  # NaN and Infinity fail the range check
+        data = decode_cursor(cursor)  # NaN and Infinity fail the range check
         if (
             not isinstance(data, dict)
             or set(data) != {"id", key_attr, "created_at"}

@@ -62,6 +62,7 @@ from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModif
 from azure.data.tables import TableClient, TableErrorCode, TableTransactionError, UpdateMode
 
 from runplane.adapters.azure.errors import error_code
+from runplane.domain.cursors import decode_cursor
 from runplane.domain.errors import (
     AlreadyExists,
     BackendError,
@@ -167,9 +168,7 @@ def _decode_cursor(cursor: str, prefix: str, owner: str | None = None) -> str:
     """The row key a cursor holds, checked to be a key of this very listing (an owner's listing
     names its owner): anything else is a BadRequest, never a query Table storage would refuse."""
     try:
-        if len(cursor) > 2048:
-            raise ValueError
-        data = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+        data = decode_cursor(cursor)
         after = data["after"]
         if (
             not isinstance(after, str)
