@@ -51,7 +51,8 @@ class AgentConfig:
     worker_id: str
     work_dir: Path
     slots: int = default("slots")
-    memory: int = 0  # bytes advertised; runplane-agent gives the machine's when --memory is not set
+    memory: int = 0  # bytes runs may set aside in all (0: uncounted); runplane-agent gives --memory or the pool's
+    disk: int = 0  # bytes of disk runs may set aside in all (0: uncounted); runplane-agent gives --disk or the pool's
     idle_seconds: float | None = default("idle_seconds")
     exit_after_num_runs: int | None = default("exit_after_num_runs")
     heartbeat_seconds: float = default("heartbeat_seconds")
@@ -96,7 +97,7 @@ class Agent:
             raise ValueError("the executor's worker_id and work_dir must be the agent's")
         # who each image's runs run as, read once per image for all this agent's runs
         self.users = ImageUsers(docker_client, {f"{LABEL}.stack": self.executor_config.stack_id})
-        self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus))
+        self.allocator = Allocator(list(config.cpuset or host_cpus()), list(config.gpus), config.memory, config.disk)
         self.active: dict[str, RunExecutor] = {}
         self.leaving: list[RunExecutor] = []  # runs over whose container and directory may still be going
         self.metrics = AgentMetrics(config.pool, config.worker_id)
@@ -249,8 +250,8 @@ class Agent:
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
             return
         res = run.spec.resources
-        never = self.allocator.fits_at_all(res.cpus, res.gpus)
-        allocation = None if never else self.allocator.allocate(run.id, res.cpus, res.gpus)
+        never = self.allocator.fits_at_all(res.cpus, res.gpus, res.memory, res.disk)
+        allocation = None if never else self.allocator.allocate(run.id, res.cpus, res.gpus, res.memory, res.disk)
         if allocation is None:
             # not now (or never) on this worker: back to the queue for another worker or later
             log.info("run %s does not fit this worker %s", run.id, never or "right now")
@@ -297,7 +298,7 @@ class Agent:
             ):
                 continue
             res = ahead.spec.resources
-            if self.allocator.fits_at_all(res.cpus, res.gpus):
+            if self.allocator.fits_at_all(res.cpus, res.gpus, res.memory, res.disk):
                 continue
             try:  # the line is read from an index that may lag: the run itself, as it is now
                 run = self.ports.store.get(ahead.id)
@@ -305,7 +306,7 @@ class Agent:
                 continue
             if run.state != RunState.QUEUED or run.attempt != ahead.attempt:
                 continue
-            allocation = self.allocator.allocate(run.id, res.cpus, res.gpus)
+            allocation = self.allocator.allocate(run.id, res.cpus, res.gpus, res.memory, res.disk)
             if allocation is None:
                 continue
             if not self._reserve(run):

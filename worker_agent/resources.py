@@ -1,8 +1,9 @@
-"""This worker's CPUs and GPUs, and handing them out to runs without sharing.
+"""This worker's CPUs, GPUs, memory and disk, and handing them out to runs without sharing.
 
 Each run gets its own CPU cores (``cpuset_cpus``) and its own GPUs (given to its container as
-the host's GPU mode says: gpu_access.py); a run that does not fit what is free now waits for it
-rather than oversubscribing the worker.
+the host's GPU mode says: gpu_access.py), and sets aside the memory and disk it asks for out of
+what the worker offers; a run that does not fit what is free now waits for it rather than
+oversubscribing the worker.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from runplane.domain.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -165,8 +168,12 @@ def select_gpus(detected: Sequence[Gpu], gpuset: Sequence[str] | None) -> list[G
 
 @dataclass(frozen=True)
 class Allocation:
+    """What one run holds on this worker, given back whole by ``Allocator.release``."""
+
     cpus: tuple[int, ...]
     gpus: tuple[Gpu, ...]
+    memory: int = 0  # bytes set aside
+    disk: int = 0  # bytes set aside
 
     def docker_kwargs(self, nano_cpus: int) -> dict[str, Any]:
         """What the container gets of the CPU: its own cores (its GPUs: ``gpu_access``)."""
@@ -178,24 +185,38 @@ class Allocation:
 
 @dataclass
 class Allocator:
-    """Hands out whole CPU cores and GPUs to runs; thread-safe; never shares."""
+    """Hands out whole CPU cores and GPUs, and bytes of memory and disk, to runs; thread-safe;
+    never shares. ``memory`` and ``disk`` are what this worker offers its runs in all; 0 leaves
+    that one uncounted (a worker built without a pool's shape)."""
 
     cpus: list[int]
     gpus: list[Gpu] = field(default_factory=list)
+    memory: int = 0
+    disk: int = 0
     _used: dict[str, Allocation] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def fits_at_all(self, cpus: float, gpus: int) -> str | None:
+    def fits_at_all(self, cpus: float, gpus: int, memory: int | None = None, disk: int | None = None) -> str | None:
         """Why a run could never fit this worker, or None."""
         if math.ceil(cpus) > len(self.cpus):
             return f"asks {cpus:g} cpus; this worker has {len(self.cpus)}"
         if gpus > len(self.gpus):
             return f"asks {gpus} gpus; this worker has {len(self.gpus)}"
+        if self.memory and (memory or 0) > self.memory:
+            return f"asks {format_bytes(memory or 0)} memory; this worker has {format_bytes(self.memory)}"
+        if self.disk and (disk or 0) > self.disk:
+            return f"asks {format_bytes(disk or 0)} disk; this worker has {format_bytes(self.disk)}"
         return None
 
-    def allocate(self, run_id: str, cpus: float, gpus: int) -> Allocation | None:
-        """Reserve cores and GPUs for ``run_id``; None if not enough is free right now."""
+    def allocate(
+        self, run_id: str, cpus: float, gpus: int, memory: int | None = None, disk: int | None = None
+    ) -> Allocation | None:
+        """Reserve cores, GPUs, memory and disk for ``run_id``; None if not enough is free right
+        now. A run that asks no memory or disk (a record written before they were filled in)
+        sets none aside."""
         need_cpus = max(1, math.ceil(cpus))
+        need_memory = (memory or 0) if self.memory else 0
+        need_disk = (disk or 0) if self.disk else 0
         with self._lock:
             used_cpus = {c for a in self._used.values() for c in a.cpus}
             used_gpus = {g.uuid for a in self._used.values() for g in a.gpus}
@@ -203,11 +224,16 @@ class Allocator:
             free_gpus = [g for g in self.gpus if g.uuid not in used_gpus]
             if len(free_cpus) < need_cpus or len(free_gpus) < gpus:
                 return None
-            allocation = Allocation(tuple(free_cpus[:need_cpus]), tuple(free_gpus[:gpus]))
+            if need_memory > self.memory - sum(a.memory for a in self._used.values()):
+                return None
+            if need_disk > self.disk - sum(a.disk for a in self._used.values()):
+                return None
+            allocation = Allocation(tuple(free_cpus[:need_cpus]), tuple(free_gpus[:gpus]), need_memory, need_disk)
             self._used[run_id] = allocation
             return allocation
 
     def release(self, run_id: str) -> None:
+        """Give back all that ``run_id`` holds (nothing if it holds nothing)."""
         with self._lock:
             self._used.pop(run_id, None)
 
@@ -216,3 +242,10 @@ class Allocator:
             used_cpus = sum(len(a.cpus) for a in self._used.values())
             used_gpus = sum(len(a.gpus) for a in self._used.values())
         return len(self.cpus) - used_cpus, len(self.gpus) - used_gpus
+
+    def free_bytes(self) -> tuple[int, int]:
+        """Memory and disk not set aside now (0 where uncounted)."""
+        with self._lock:
+            memory = sum(a.memory for a in self._used.values())
+            disk = sum(a.disk for a in self._used.values())
+        return (self.memory - memory if self.memory else 0), (self.disk - disk if self.disk else 0)

@@ -130,7 +130,16 @@ class AgentSettings(Settings):
         description="for --gpu-mode devices: where the driver's libraries and tools are (default: the loader "
         "cache and PATH)",
     )
-    memory: Size = Field(None, description="memory to advertise, e.g. 64g (default: all)")
+    memory: Size = Field(
+        None,
+        description="memory this worker's runs may set aside in all, each what it asks, e.g. 64g (default: the "
+        "pool's memory, at most this machine's)",
+    )
+    disk: Size = Field(
+        None,
+        description="disk this worker's runs may set aside in all, each what it asks (inputs and what it writes), "
+        "e.g. 500g (default: the pool's disk)",
+    )
     shm_size: str | None = Field(None, description="size of /dev/shm in run containers, e.g. 1g")
     work_dir: str = Field(
         "~/.runplane/agent", description="where run directories and the input cache live (may be shared)"

@@ -31,6 +31,7 @@ SAMPLES = {
     "gpu_mode": ("devices", "devices"),
     "gpu_driver_dir": ("/opt/nvidia", "/opt/nvidia"),
     "memory": ("8g", 8 * 2**30),
+    "disk": ("200g", 200 * 2**30),
     "shm_size": ("1g", "1g"),
     "work_dir": ("/srv/runplane", "/srv/runplane"),
     "max_work_dir_size": ("100g", 100 * 2**30),
@@ -55,9 +56,10 @@ SAMPLES = {
 } | {name: (None, True) for name in SWITCHES}
 NEEDS = {"tag_exclusive": ["--tag", "a100-box"]}  # flags a sample needs beside it
 POOL = ["--pool", "p"]
-# what the configs hold resolved: the worker's own directory under --work-dir, and all the
-# memory and every core this process may use when --memory or --cpuset is not given
-RESOLVED = {"work_dir", "memory", "cpuset"}
+# what the configs hold resolved: the worker's own directory under --work-dir, the pool's memory
+# (at most the machine's) and disk, and every core this process may use when --memory, --disk or
+# --cpuset is not given
+RESOLVED = {"work_dir", "memory", "disk", "cpuset"}
 
 
 def agent(*args, env=None, timeout=60):
@@ -226,13 +228,17 @@ def test_the_agent_config_carries_the_settings(tmp_path):
             if field.name in AgentSettings.model_fields.keys() - RESOLVED:
                 assert getattr(part, field.name) == getattr(settings, field.name), field.name
     assert (config.worker_id, config.work_dir) == ("w-7", tmp_path / "w-7")
-    assert (config.memory, config.cpuset) == (8 * 2**30, (CORE,))
+    assert (config.memory, config.disk, config.cpuset) == (8 * 2**30, 200 * 2**30, (CORE,))
     assert (executor.worker_id, executor.work_dir, executor.stack_id) == ("w-7", tmp_path / "w-7", "stack1")
     assert (executor.allow_root, executor.max_output_files, executor.max_log_size) == (True, 7, 2**20)
     assert executor.inputs_view == tmp_path / "view"
-    # what is not given is found: all the memory and every core this process may use
+    # what is not given is found: the pool's memory and disk, and every core this process may use
     default = agent_config(parse(POOL, environ={}), "w-1", tmp_path, (), pool, "s", None)
-    assert default.memory > 0 and default.cpuset == tuple(sorted(os.sched_getaffinity(0)))
+    assert (default.memory, default.disk) == (2**30, pool.disk) and default.cpuset == tuple(
+        sorted(os.sched_getaffinity(0))
+    )
+    huge = pool.model_copy(update={"memory": 2**60})  # more than this machine: the machine's
+    assert 0 < agent_config(parse(POOL, environ={}), "w-1", tmp_path, (), huge, "s", None).memory < 2**60
 
 
 def test_bad_pools_setting_is_one_line(tmp_path):

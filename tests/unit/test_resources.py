@@ -75,6 +75,41 @@ def test_allocator_never_shares_and_waits_when_full():
     assert alloc.fits_at_all(4, 2) is None
 
 
+def test_allocator_sets_memory_and_disk_aside_per_run():
+    """Memory and disk are handed out like cores: a run that asks all of the worker's memory (or
+    disk) keeps the next one waiting, however many cores are free, until it gives them back."""
+    g = 2**30
+    alloc = Allocator(cpus=[0, 1, 2, 3], memory=8 * g, disk=100 * g)
+    whole = alloc.allocate("r1", cpus=1, gpus=0, memory=8 * g, disk=10 * g)
+    assert whole is not None and (whole.memory, whole.disk) == (8 * g, 10 * g)
+    assert alloc.allocate("r2", cpus=1, gpus=0, memory=1, disk=g) is None  # no memory left: waits
+    assert alloc.free() == (3, 0) and alloc.free_bytes() == (0, 90 * g)
+    alloc.release("r1")  # given back whole
+    assert alloc.free_bytes() == (8 * g, 100 * g)
+    disks = [alloc.allocate(f"d{i}", cpus=1, gpus=0, memory=g, disk=40 * g) for i in range(3)]
+    assert disks[0] is not None and disks[1] is not None and disks[2] is None  # 40g + 40g, 20g left
+    assert "d2" not in alloc._used  # a refusal holds nothing
+    assert alloc.allocate("d2", cpus=1, gpus=0, memory=g, disk=20 * g) is not None  # exactly what is left
+    assert alloc.free_bytes() == (5 * g, 0)
+    assert alloc.fits_at_all(1, 0, 9 * g, g) == "asks 9g memory; this worker has 8g"
+    assert alloc.fits_at_all(1, 0, g, 101 * g) == "asks 101g disk; this worker has 100g"
+    assert alloc.fits_at_all(1, 0, 8 * g, 100 * g) is None
+
+
+def test_allocator_leaves_uncounted_what_it_was_not_given():
+    """A worker given no memory or disk (0) sets none aside; a run record without memory or disk
+    (written before they were filled in) sets none aside either, and still takes its cores."""
+    uncounted = Allocator(cpus=[0, 1])
+    assert uncounted.fits_at_all(1, 0, 2**60, 2**60) is None
+    first = uncounted.allocate("r1", cpus=1, gpus=0, memory=2**60, disk=2**60)
+    assert first is not None and (first.memory, first.disk) == (0, 0)
+    assert uncounted.allocate("r2", cpus=1, gpus=0, memory=2**60, disk=2**60) is not None
+    counted = Allocator(cpus=[0, 1], memory=2**30, disk=2**30)
+    old = counted.allocate("old", cpus=1, gpus=0, memory=None, disk=None)
+    assert old is not None and (old.memory, old.disk) == (0, 0)
+    assert counted.allocate("new", cpus=1, gpus=0, memory=2**30, disk=2**30) is not None
+
+
 def run(**resources):
     return Run(
         id="r-1",
