@@ -55,6 +55,23 @@ _LOADER_NAMES = frozenset(
 )
 
 
+# Characters that change how text is shown without being seen: the bidirectional controls (marks,
+# embeddings, overrides, isolates) and the invisible spaces and joiners. A name or a command holding
+# one can read differently on a screen from what is stored and run ("Trojan Source"). Commands keep
+# the two joiners (U+200C, U+200D): scripts such as Persian and emoji sequences need them.
+_BIDI_AND_INVISIBLE = "\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
+_HIDDEN_IN_COMMAND = re.compile(f"[{_BIDI_AND_INVISIBLE}]")
+_HIDDEN_IN_NAME = re.compile(f"[{_BIDI_AND_INVISIBLE}\u00ad\u200c\u200d]")
+
+
+def hidden_character(text: str, *, in_command: bool = False) -> str | None:
+    """The first character of ``text`` that changes how it is shown without being seen (a
+    bidirectional control, an invisible space; in a name also a joiner or a soft hyphen), as
+    ``\\uNNNN``, or None."""
+    match = (_HIDDEN_IN_COMMAND if in_command else _HIDDEN_IN_NAME).search(text)
+    return None if match is None else f"\\u{ord(match.group()):04x}"
+
+
 def control_character(text: str) -> str | None:
     """The first control character (other than tab, newline, carriage return) or lone surrogate
     in ``text``, as ``\\xNN`` or ``\\uNNNN``, or None."""
@@ -323,6 +340,9 @@ class RunSpec(BaseModel):
         bad = control_character(value)
         if bad:
             raise ValueError(f"command holds the control character {bad}")
+        hidden = hidden_character(value, in_command=True)
+        if hidden:
+            raise ValueError(f"command holds {hidden}, a character that changes how text is shown without being seen")
         return value
 
     @field_validator("name", "image")
@@ -330,6 +350,9 @@ class RunSpec(BaseModel):
     def _printable(cls, value: str | None) -> str | None:
         if value is not None and (control_character(value) or "\n" in value or "\r" in value or "\t" in value):
             raise ValueError("must be printable text on one line")
+        hidden = None if value is None else hidden_character(value)
+        if hidden:
+            raise ValueError(f"holds {hidden}, a character that changes how text is shown without being seen")
         return value
 
     @field_validator("env")

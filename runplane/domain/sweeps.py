@@ -25,6 +25,7 @@ from runplane.domain.models import (
     RunState,
     check_env_name,
     control_character,
+    hidden_character,
 )
 
 MAX_SWEEP = 10_000
@@ -129,6 +130,9 @@ class SweepSpec(BaseModel):
     def _printable(cls, value: str | None) -> str | None:
         if value is not None and (control_character(value) or any(c in value for c in "\n\r\t")):
             raise ValueError("must be printable text on one line")
+        hidden = None if value is None else hidden_character(value)
+        if hidden:
+            raise ValueError(f"holds {hidden}, a character that changes how text is shown without being seen")
         return value
 
     @field_validator("parameters")

@@ -45,6 +45,7 @@ HOSTILE = [
     ),
     (sweep(parameters={"A": ["x" * 1000] * 200}, count=50), 413, "bytes to keep"),
     (sweep(name="a\nb"), 422, "name: must be printable text on one line"),
+    (sweep(name="grid\u2067x"), 422, "name: holds \\u2067"),
     (sweep(extra=1), 422, "extra: Extra inputs are not permitted"),
     (b'{"count": 2}', 422, "run: Field required"),
     (json.dumps({"run": {**PARKED, "env": {"LD_AUDIT": "x"}}}).encode(), 422, "changes the dynamic loader"),

@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -138,7 +139,11 @@ def test_a_revoked_token_is_refused_by_every_api_instance_after_the_cache_ttl(de
     header = f"Bearer {made['token']}"
     assert authenticate(other.tokens, header).user == "leaver"  # now in that instance's cache
     admin.request("DELETE", f"/v1/tokens/{made['id']}")
-    assert CACHE_SECONDS <= 5
+    # what README and docs/security.md promise is this very TTL
+    root = Path(__file__).resolve().parents[2]
+    promised = f"within {CACHE_SECONDS:g} s"
+    assert promised in (root / "README.md").read_text()
+    assert promised in (root / "docs" / "security.md").read_text()
     now[0] += CACHE_SECONDS - 0.5
     assert authenticate(other.tokens, header).user == "leaver"  # still inside the TTL: cached
     now[0] += 0.5
