@@ -18,7 +18,7 @@ from worker_agent.limits import Limits, Seen
 from worker_agent.logship import RunLogs
 from worker_agent.outcome import Outcome
 from worker_agent.run_config import ExecutorConfig
-from worker_agent.usage import Meter
+from worker_agent.usage import Meter, read_cgroup
 
 DiskCheck = Callable[[Callable[[], bool] | None], Outcome | None]
 
@@ -98,6 +98,11 @@ class Watch:
                 self.meter.sample(self.box.sample())
                 # the heartbeat records it: a lost attempt counts so far
                 self.meter.charge(self.control.run.spec.resources, self.config.rates, now - started)
+            else:
+                # the cgroup's figures go with the container when it exits, before any look after
+                # the exit: read them (two small files) every tick, so that what the run used up to
+                # its last tick counts, not only up to its last full sample
+                self.meter.sample(read_cgroup(self.box.container.id))
             # the flags as they stood before the sample, the disk's and the log's word as they stand after it
             seen = replace(seen, disk=sampler.over, log_bytes=self.logs.received)
             stopped = limits.stop(seen, self.limits)

@@ -1,5 +1,7 @@
-"""What the agent's executor records of a run's use at its end, on the real engine: GPU-seconds
-and cost from the pool's shape and price, added to what earlier attempts used."""
+"""What the agent's executor records of a run's use at its end, on the real engine: the cpu time
+its container used, as measured (a run that computes shows what its own process counted, an idle
+one next to none); GPU-seconds and cost from the pool's shape and price, added to what earlier
+attempts used."""
 
 import time
 
@@ -9,12 +11,17 @@ from runplane.domain.accounting import Rates
 from runplane.domain.models import Principal, RunSpec, RunState, Usage
 from runplane.ports import Expect
 from runplane.services import lifecycle
+from runplane.services.logs import outputs_prefix
 from runplane.services.runs import submit_run
 from worker_agent.executor import RunExecutor
 from worker_agent.run_config import ExecutorConfig, Ports
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
+
+# computes for about a second of cpu, then writes the utime and stime of its own shell (clock
+# ticks of 1/100 s) to its output "ticks": what the kernel counted for it, known without the agent
+BURN = "i=0; while [ $i -lt 1200000 ]; do i=$((i+1)); done; cut -d' ' -f14,15 /proc/$$/stat > ticks"
 
 
 def run_to_its_end(s, docker_client, tmp_path, body, rates, earlier=None):
@@ -36,7 +43,7 @@ def run_to_its_end(s, docker_client, tmp_path, body, rates, earlier=None):
 def test_gpu_seconds_and_cost_are_added_to_those_of_earlier_attempts(docker_client, aws_stack, tmp_path):
     # asks one of the pool's two GPUs (the engine here has none: the executor is given no
     # allocation, so the container runs without a device, and is charged for what it asked)
-    body = {"command": "echo hi", "queue": "big", "resources": {"gpus": 1, "cpus": 0.5, "memory": "64m"}}
+    body = {"command": "sleep 0.5", "queue": "big", "resources": {"gpus": 1, "cpus": 0.5, "memory": "64m"}}
     earlier = Usage(cpu_seconds=2.0, gpu_seconds=100.0, cost=1.0)  # as an earlier attempt left it
     rates = Rates(cpus=2, gpus=2, price_per_hour=7.2)
     final = run_to_its_end(aws_stack, docker_client, tmp_path, body, rates, earlier)
@@ -44,10 +51,25 @@ def test_gpu_seconds_and_cost_are_added_to_those_of_earlier_attempts(docker_clie
     assert ran > 0
     assert final.usage.gpu_seconds == pytest.approx(100.0 + ran, abs=1e-3)  # 1 GPU for as long as it ran
     assert final.usage.cost == pytest.approx(1.0 + 7.2 * ran / 3600 * 0.5)  # half the worker: 1 of 2 GPUs
-    assert final.usage.cpu_seconds is not None and final.usage.cpu_seconds >= 2.0  # carried on, never lost
+    cpu = final.usage.cpu_seconds
+    assert cpu is not None and 2.0 < cpu < 2.0 + ran  # its own (measured, above 0) added on; under 1 cpu
 
 
 def test_a_pool_without_a_price_records_no_cost(docker_client, aws_stack, tmp_path):
     body = {"command": "echo hi", "queue": "manual", "resources": {"memory": "64m"}}
     final = run_to_its_end(aws_stack, docker_client, tmp_path, body, Rates(cpus=2))
     assert (final.usage.gpu_seconds, final.usage.cost) == (0.0, None)
+
+
+def test_the_cpu_time_recorded_is_what_the_container_used(docker_client, aws_stack, tmp_path):
+    busy = run_to_its_end(aws_stack, docker_client, tmp_path, {"command": BURN, "queue": "manual"}, Rates(cpus=2))
+    ticks = aws_stack.objects.get_bytes(outputs_prefix(busy.id, busy.attempt) + "ticks").split()
+    counted = sum(int(t) for t in ticks) / 100  # what the kernel counted for the loop's shell alone
+    assert counted >= 0.5, ticks  # the loop did compute
+    cpu = busy.usage.cpu_seconds
+    # the container's cgroup goes when it exits: what it used after the agent's last look (one
+    # tick, 0.2 s, on one cpu) is not seen; what the kernel counted for its other processes is
+    assert cpu is not None and counted - 0.35 <= cpu <= counted + 0.5, (cpu, counted)
+
+    idle = run_to_its_end(aws_stack, docker_client, tmp_path, {"command": "sleep 1", "queue": "manual"}, Rates(cpus=2))
+    assert idle.usage.cpu_seconds is not None and 0 < idle.usage.cpu_seconds < 0.1, idle.usage
