@@ -21,12 +21,16 @@ def test_usage_of_real_runs_through_the_cli_and_the_sdk(devstack, tmp_path):
     with Client(devstack.api_url, "admin-token") as admin:
         token = admin.create_token(name, groups=["lab"]).token
     user = Client(devstack.api_url, token)
-    ran = [user.submit("sh -c 'echo one; echo two >&2'", queue="default").id for _ in range(2)]
+    # each computes for about 0.15 s of cpu, then idles long enough for its agent to look at its cgroup
+    busy = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 0.5; echo one; echo two >&2"
+    ran = [user.submit(busy, queue="default").id for _ in range(2)]
     parked = user.submit("echo never", queue="parked").id
     runs = [wait_state(user, run_id, TERMINAL, timeout=120) for run_id in ran]
     assert [r["state"] for r in runs] == ["succeeded", "succeeded"]
     cost = sum(r["usage"]["cost"] for r in runs)
-    cpu = sum(r["usage"]["cpu_seconds"] or 0 for r in runs)
+    measured = [r["usage"]["cpu_seconds"] for r in runs]
+    assert all(c is not None and c >= 0.05 for c in measured), measured  # the loops', as their agents measured
+    cpu = sum(measured)
     assert cost > 0
 
     shown = cli(devstack, "usage", "--by", "pool", "--json", token=token, home=tmp_path)

@@ -40,12 +40,27 @@ def people(front, user):
     return make
 
 
+# computes for about 0.15 s of cpu, then idles long enough for the agent to look at its cgroup
+BUSY = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; sleep 0.5; echo {}"
+
+
+def cpu(run):
+    """A run's cpu time as its agent measured it: a run that ran has a figure, and one above 0;
+    one that never started has none, which a report counts as 0."""
+    figure = run["usage"]["cpu_seconds"]
+    if "run" not in (run["usage"].get("timings") or {}):
+        assert figure is None, run["id"]
+        return 0.0
+    assert figure is not None and figure > 0, (run["id"], run["usage"])
+    return figure
+
+
 def sums(runs):
     """What a report's row says of ``runs`` (their views), from the runs' own figures."""
     costs = [r["usage"]["cost"] for r in runs if r["usage"]["cost"] is not None]
     return {
         "runs": len(runs),
-        "cpu_seconds": pytest.approx(sum(r["usage"]["cpu_seconds"] or 0 for r in runs), abs=1e-3),
+        "cpu_seconds": pytest.approx(sum(cpu(r) for r in runs), abs=1e-3),
         "gpu_seconds": pytest.approx(sum(r["usage"]["gpu_seconds"] or 0 for r in runs), abs=1e-3),
         "cost": pytest.approx(sum(costs)) if costs else None,
     }
@@ -61,7 +76,7 @@ def test_a_report_sums_the_runs_own_usage(front, user, people):
     group = fresh("g")
     ada, ada_name = people(groups=[group])
     bob, bob_name = people()
-    done = [ada.request("POST", "/v1/runs", {"command": f"echo {i}", "queue": "default"}) for i in range(2)]
+    done = [ada.request("POST", "/v1/runs", {"command": BUSY.format(i), "queue": "default"}) for i in range(2)]
     parked = ada.request("POST", "/v1/runs", PARKED)
     bobs = bob.request("POST", "/v1/runs", PARKED)
     done = [wait_state(ada, r["id"], TERMINAL, timeout=120) for r in done]
@@ -69,6 +84,7 @@ def test_a_report_sums_the_runs_own_usage(front, user, people):
     for r in done:  # what the agent recorded: its share of the worker (1 of 2 cpus) for as long as it ran
         ran = r["usage"]["timings"]["run"]
         assert r["usage"]["gpu_seconds"] == 0
+        assert cpu(r) >= 0.05  # the loop's, measured
         assert r["usage"]["cost"] == pytest.approx(PRICE * ran / 3600 * 0.5)
     parked = ada.request("GET", f"/v1/runs/{parked['id']}")
 
