@@ -12,7 +12,7 @@ import requests
 
 from runplane.domain.errors import RunplaneError
 from runplane.ports import ObjectStore
-from runplane.services.logs import log_chunk_key
+from runplane.services.logs import MAX_CHUNK, log_chunk_key
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +64,22 @@ class LogShipper:
         return pending > 0 and (pending >= self.max_buffer or self.clock() - self._last_flush >= self.flush_seconds)
 
     def flush(self) -> None:
-        """Upload the buffered bytes. Raises BackendError; the bytes stay buffered for a retry."""
+        """Upload the buffered bytes, in chunks of at most ``MAX_CHUNK`` (so that a reader finds
+        each page's next chunk by its name). Raises BackendError; what was not uploaded stays
+        buffered for a retry."""
         with self._flush_lock:
             with self._lock:
-                if not self._buffer:
-                    return
-                data = bytes(self._buffer)
-                offset = self._flushed
-            self.objects.put_bytes(log_chunk_key(self.run_id, self.attempt, self.stream, offset), data)
-            with self._lock:
-                del self._buffer[: len(data)]
-                self._flushed += len(data)
-                self._last_flush = self.clock()
+                waiting = len(self._buffer)
+            while waiting > 0:
+                with self._lock:
+                    data = bytes(self._buffer[: min(waiting, MAX_CHUNK)])
+                    offset = self._flushed
+                self.objects.put_bytes(log_chunk_key(self.run_id, self.attempt, self.stream, offset), data)
+                with self._lock:
+                    del self._buffer[: len(data)]
+                    self._flushed += len(data)
+                    self._last_flush = self.clock()
+                waiting -= len(data)
 
 
 class RunLogs:

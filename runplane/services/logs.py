@@ -1,7 +1,14 @@
 """Where logs and outputs live in object storage, and reading them back.
 
 Logs are written as chunks named by their byte offset, so they can be read while the run
-is still going: ``runs/<id>/logs/<attempt>/<stream>/<offset:016d>``.
+is still going: ``runs/<id>/logs/<attempt>/<stream>/<offset:016d>``. One writer (the agent that
+holds the attempt) uploads them in order, each starting where the one before ended.
+
+A read costs what it returns, never what the stream holds: it fetches the chunk that starts at its
+offset by name, then the next by name, and so on (at most ``MAX_CHUNKS_READ``), listing nothing. Only
+an offset where no chunk starts (one inside a chunk, or the end) is looked up by listing: a few keys
+of the decimal blocks around it (``_chunk_before``), at most ``PROBE`` keys per request and at most
+10 requests per digit of the name, however many chunks the stream holds.
 """
 
 from __future__ import annotations
@@ -13,14 +20,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runplane.domain.cursors import decode_cursor
-from runplane.domain.errors import BadRequest
+from runplane.domain.errors import BadRequest, NotFound
 from runplane.domain.models import Run, RunState
-from runplane.ports import ObjectStore
+from runplane.ports import ObjectInfo, ObjectStore
 
 Stream = Literal["stdout", "stderr"]
 MAX_READ = 512 * 1024
 """The most bytes of a log one read returns. As JSON a byte may take up to six characters (an
 invalid one becomes \\ufffd), seven inside Lambda's response: 3.5 MB, under its 6 MB limit."""
+MAX_CHUNK = MAX_READ
+"""The largest chunk the agent writes: a page holds at least one whole chunk, so every next_offset a
+read returns is where a chunk starts (found by its name). Older agents wrote larger ones: a page cuts
+such a chunk, and the read after it looks the chunk up."""
+MAX_CHUNKS_READ = 64
+"""Chunks one read fetches at most: a read is at most this many GETs, however small the chunks are
+(a run that prints a byte a second leaves a chunk a second)."""
+PROBE = 10
+"""Keys listed per request while looking up the chunk that holds an offset."""
+_DIGITS = 16
 
 
 def log_prefix(run_id: str, attempt: int, stream: str) -> str:
@@ -51,28 +68,90 @@ def read_logs(
     *,
     attempt: int | None = None,
 ) -> LogPage:
-    """Bytes of ``stream`` of ``attempt`` (default: the latest) from ``offset`` on; ``complete``
-    once that attempt is over and all is read."""
+    """Bytes of ``stream`` of ``attempt`` (default: the latest) from ``offset`` on, at most
+    ``max_bytes`` of them from at most ``MAX_CHUNKS_READ`` chunks; ``complete`` once that attempt is
+    over and all is read. A page ends where a chunk starts unless its first chunk alone is larger."""
     over = attempt_over(run, attempt)
     attempt = run.attempt if attempt is None else attempt
     prefix = log_prefix(run.id, attempt, stream)
-    chunks = [(int(o.key[len(prefix) :]), o) for o in objects.list(prefix) if o.key[len(prefix) :].isdigit()]
-    total = max((start + o.size for start, o in chunks), default=0)
+    start, data = offset, _chunk(objects, prefix + _name(offset))
+    if data is None:
+        holder = _chunk_before(objects, prefix, offset)
+        if holder is not None and _start(prefix, holder) + holder.size > offset:
+            start, data = _start(prefix, holder), _chunk(objects, holder.key)
     out = bytearray()
-    position = offset
-    for start, info in chunks:
-        end = start + info.size
-        if end <= position or start > position:
-            continue
-        data = objects.get_bytes(info.key)
+    position, fetched, at_end = offset, 1, not data
+    while data:
         piece = data[position - start :]
-        piece = piece[: max_bytes - len(out)]
+        room = max_bytes - len(out)
+        if len(piece) > room:
+            if not out:  # a chunk larger than a page (an older agent's): cut it
+                out += piece[:room]
+                position += room
+            break
         out += piece
         position += len(piece)
-        if len(out) >= max_bytes:
+        if fetched >= MAX_CHUNKS_READ or len(out) >= max_bytes:
             break
-    complete = over and position >= total
-    return LogPage(out.decode("utf-8", errors="replace"), position, complete)
+        start, data = position, _chunk(objects, prefix + _name(position))
+        fetched += 1
+        at_end = not data
+    return LogPage(out.decode("utf-8", errors="replace"), position, over and at_end)
+
+
+def _name(offset: int) -> str:
+    return f"{offset:0{_DIGITS}d}"
+
+
+def _start(prefix: str, info: ObjectInfo) -> int:
+    return int(info.key[len(prefix) :])
+
+
+def _chunk(objects: ObjectStore, key: str) -> bytes | None:
+    try:
+        return objects.get_bytes(key)
+    except NotFound:
+        return None
+
+
+def _probe(objects: ObjectStore, prefix: str, part: str) -> tuple[list[ObjectInfo], bool]:
+    """The first ``PROBE`` chunks whose names start with ``part``, and whether there are more."""
+    found, more = objects.list_page(prefix + part, None, PROBE)
+    return [o for o in found if o.key[len(prefix) :].isdigit() and len(o.key) - len(prefix) == _DIGITS], bool(more)
+
+
+def _chunk_before(objects: ObjectStore, prefix: str, offset: int) -> ObjectInfo | None:
+    """The chunk that starts last at or before ``offset``, or None. Names are fixed-width decimal,
+    so the chunks of a decimal block of offsets share a name's prefix: from the smallest block
+    around ``offset`` outwards, a block is listed, and when it holds more than one probe shows (all
+    before ``offset``), its parts below ``offset``'s are searched from the nearest down."""
+    digits = _name(offset)
+    for level in range(1, _DIGITS + 1):
+        block = digits[: _DIGITS - level]
+        found, more = _probe(objects, prefix, block)
+        before = [o for o in found if _start(prefix, o) <= offset]
+        if not more or len(before) < len(found):
+            if before:
+                return before[-1]
+            continue
+        for digit in range(int(digits[_DIGITS - level]) - 1, -1, -1):
+            last = _last_chunk(objects, prefix, block + str(digit))
+            if last is not None:
+                return last
+        return before[-1] if before else None
+    return None
+
+
+def _last_chunk(objects: ObjectStore, prefix: str, part: str) -> ObjectInfo | None:
+    """The last chunk whose name starts with ``part``: its parts are searched from the top down."""
+    found, more = _probe(objects, prefix, part)
+    if not more:
+        return found[-1] if found else None
+    for digit in range(9, -1, -1):
+        last = _last_chunk(objects, prefix, part + str(digit))
+        if last is not None:
+            return last
+    return None
 
 
 def attempt_over(run: Run, attempt: int | None) -> bool:
