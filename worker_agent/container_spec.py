@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from docker.types import LogConfig, Mount
+from docker.types import DriverConfig, LogConfig, Mount
 
 from runplane.domain.models import Run
 from worker_agent.resources import Allocation
@@ -21,6 +22,8 @@ LABEL = "io.runplane"
 CAPABILITIES = ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID"]
 """What a root run keeps (only on a pool with ``allow_root``); a run that is not root gets none."""
 DOCKER_LOG_FILES = 2
+MAX_IMAGE_VOLUMES = 64
+"""The most ``VOLUME`` paths an image of a run may declare (each is a directory and a mount)."""
 
 
 def container_name(stack_id: str, run_id: str, attempt: int) -> str:
@@ -59,6 +62,7 @@ def container_spec(
     *,
     inputs_on_safe_mount: bool = False,
     image_env: Mapping[str, str] | None = None,
+    volumes: Mapping[str, Path] | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
     ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
@@ -66,7 +70,9 @@ def container_spec(
     Mounts are a list (``docker.types.Mount``), one per target: two inputs of the same source
     are two mounts. ``inputs_on_safe_mount``: the input paths are on a read-only nosuid,nodev
     mount (the inputs view), so they are bound without Docker's read-only, which runc applies by
-    a remount that drops nosuid and nodev; read-only they stay, from the mount they come from."""
+    a remount that drops nosuid and nodev; read-only they stay, from the mount they come from.
+    ``volumes``: the image's ``VOLUME`` paths, each to its directory in the run directory
+    (``volume_mounts``); one at a path mounted already is left to that mount, as Docker does."""
     res = run.spec.resources
     env = dict(run.spec.env)
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
@@ -81,6 +87,7 @@ def container_spec(
         mounts.append(Mount(RUN_HOME, str(home_dir), type="bind"))
     for name, path in sorted((inputs or {}).items()):
         mounts.append(Mount(f"/inputs/{name}", str(path), type="bind", read_only=not inputs_on_safe_mount))
+    mounts += volume_mounts(volumes or {}, {posixpath.normpath(m["Target"]) for m in mounts})
     spec: dict[str, Any] = {
         "image": image,
         "entrypoint": ["/bin/sh", "-c"],
@@ -117,6 +124,30 @@ def container_spec(
     if config.shm_size:
         spec["shm_size"] = config.shm_size
     return spec
+
+
+def image_volumes(attrs: Mapping[str, Any]) -> list[str]:
+    """The paths an image declares with ``VOLUME`` (its ``Config.Volumes``), in order."""
+    declared = (attrs.get("Config") or {}).get("Volumes") or {}
+    return sorted(str(path) for path in declared) if isinstance(declared, Mapping) else []
+
+
+def volume_mounts(volumes: Mapping[str, Path], taken: set[str]) -> list[Mount]:
+    """A mount for each of an image's ``VOLUME`` paths not in ``taken``: an anonymous volume of
+    the local driver whose data is ``volumes[path]``, a directory in the run directory. Docker
+    would make each a volume of its own under its data root, outside the run's disk limit and
+    kept when the container goes; bound into the run directory, what the run writes there counts
+    against ``disk`` and goes with the run. Still a volume (not a bind), the engine copies what
+    the image holds at the path into it on start, ownership and mode too, as for any volume; and
+    an anonymous one, it goes with its container (``remove(v=True)``)."""
+    mounts, taken = [], set(taken)
+    for target, source in sorted(volumes.items()):
+        if posixpath.normpath(target) in taken:
+            continue
+        taken.add(posixpath.normpath(target))
+        driver = DriverConfig("local", {"type": "none", "o": "bind", "device": str(source)})
+        mounts.append(Mount(target, None, type="volume", driver_config=driver))
+    return mounts
 
 
 def image_environment(attrs: Mapping[str, Any]) -> dict[str, str]:

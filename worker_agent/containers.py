@@ -29,6 +29,12 @@ from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
 
 log = logging.getLogger(__name__)
 
+ENGINE_FILE_ALLOWANCE = 64 * 1024
+"""What the engine itself writes in each of the files it binds into a container (a few hundred
+bytes: localhost, the container's address, the host's resolver) is not counted as the run's:
+the first this many bytes of each."""
+
+
 
 class RunContainer:
     """Attempt ``run.attempt`` of ``run`` on the engine of ``client``: ``image`` once
@@ -58,6 +64,7 @@ class RunContainer:
         self.started = False
         self.exited = False
         self.timings = {} if timings is None else timings  # seconds its create and start took
+        self._engine_paths: list[str] | None = None
 
     def ensure_image(self, image: str, pull: str) -> Outcome | None:
         """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``)."""
@@ -189,7 +196,35 @@ class RunContainer:
     def layer_size(self, most: int | None, entries: int | None, cancelled: Callable[[], bool] | None) -> Tree:
         """The container's writable layer: its overlay upper directory walked from here when this
         agent can see it (as cheap as Docker's own count, and it stops early), else the
-        ``SizeRw`` the engine counts (which has no count of files)."""
+        ``SizeRw`` the engine counts (which has no count of files); and the engine's files bound
+        into it beyond what the engine writes there (``engine_files``)."""
+        layer = self._layer(most, entries, cancelled)
+        files = self.engine_files()
+        return Tree(layer.size + files.size, layer.entries + files.entries, layer.stopped, layer.unreadable)
+
+    def engine_files(self) -> Tree:
+        """The files the engine binds into the container writable, its ``/etc/hosts``,
+        ``/etc/hostname`` and ``/etc/resolv.conf``: kept in the engine's own directory of the
+        container, outside its layer, and root in the container can write them (a run that is
+        not root cannot: they are root's, 0644). What each holds past ``ENGINE_FILE_ALLOWANCE``
+        counts as the run's. Sized where this agent sees them; their paths are known once the
+        container has started."""
+        if self._engine_paths is None:
+            try:
+                attrs = self.client.api.inspect_container(self.container.id)
+            except (docker.errors.APIError, requests.RequestException):
+                return Tree()  # asked again at the next check
+            paths = [str(attrs.get(key) or "") for key in ("HostsPath", "HostnamePath", "ResolvConfPath")]
+            if not all(paths):
+                return Tree()  # not started yet
+            self._engine_paths = paths
+        files = Tree()
+        for path in self._engine_paths:
+            with contextlib.suppress(OSError):
+                files.size += max(Path(path).stat().st_size - ENGINE_FILE_ALLOWANCE, 0)
+        return files
+
+    def _layer(self, most: int | None, entries: int | None, cancelled: Callable[[], bool] | None) -> Tree:
         data = (self.container.attrs.get("GraphDriver") or {}).get("Data") or {}
         upper = data.get("UpperDir")
         if upper and Path(upper).is_dir():
@@ -250,7 +285,8 @@ def remove_container(
     *,
     why: str = "the agent is done with it",
 ) -> str | None:
-    """Remove ``container`` (killed first if it runs), taking up to ``seconds``: a request that
+    """Remove ``container`` (killed first if it runs) with its anonymous volumes (those of its
+    image's ``VOLUME`` paths), taking up to ``seconds``: a request that
     fails or times out (removing a layer of millions of files outlasts the client's timeout,
     and the engine goes on with it) is tried again, and one the engine answers "already in
     progress" is waited on, until the container is gone. Returns why it is not gone, or None;
@@ -267,7 +303,7 @@ def remove_container(
     deadline = clock() + seconds
     while True:
         try:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
             return None
         except docker.errors.NotFound:
             return None

@@ -23,21 +23,29 @@ def check_disk(
     limits: Limits,
     usage: Usage,
     cancelled: Callable[[], bool] | None = None,
+    *,
+    volumes_dir: Path | None = None,
 ) -> Outcome | None:
     """Everything the run wrote against its limits (``limits.disk_over``): its output directory,
-    its home directory (``home_dir``, when it has one of its own) and its container's writable
-    layer. The walks stop once past a limit, or once ``cancelled()``; then it says nothing. What
-    they found in all goes into ``usage.disk``."""
+    its home directory (``home_dir``, when it has one of its own), the directories of its image's
+    ``VOLUME`` paths (``volumes_dir``, when it has any) and its container's writable layer, with
+    the engine's files bound into it (``layer_size``). The walks stop once past a limit, or once
+    ``cancelled()``; then it says nothing. What they found in all goes into ``usage.disk``."""
     limit, most = limits.disk, limits.max_output_files
     output = walk(output_dir, limit, most, cancelled)
     home = Tree()
     if home_dir is not None:
         home = walk(home_dir, _rest(limit, output.size), _rest(most, output.entries), cancelled)
-    layer = layer_size(_rest(limit, output.size + home.size), _rest(most, output.entries + home.entries), cancelled)
+    volumes = Tree()
+    if volumes_dir is not None:
+        size, entries = output.size + home.size, output.entries + home.entries
+        volumes = walk(volumes_dir, _rest(limit, size), _rest(most, entries), cancelled)
+    size, entries = output.size + home.size + volumes.size, output.entries + home.entries + volumes.entries
+    layer = layer_size(_rest(limit, size), _rest(most, entries), cancelled)
     if cancelled is not None and cancelled():
         return None
-    usage.disk = output.size + home.size + layer.size
-    return disk_over(output, home, layer, limits)
+    usage.disk = size + layer.size
+    return disk_over(output, home, layer, limits, volumes)
 
 
 class DiskSampler:

@@ -223,6 +223,7 @@ class RunExecutor:
             self.home_dir.resolve() if setup.own_home else None,
             inputs_on_safe_mount=all(on_read_only_safe_mount(p) for p in setup.mounts.values()),
             image_env=image_environment(self.box.image.attrs),
+            volumes={path: d.resolve() for path, d in setup.volumes.items()},
         )
         if run.spec.network:  # hook: the agent's run network, the command behind a gate (network.py)
             if self.network is None:
@@ -262,8 +263,15 @@ class RunExecutor:
 
     def _check_disk(self, cancelled: Callable[[], bool] | None = None) -> Outcome | None:
         home = self.home_dir if self.setup.own_home else None
+        volumes = self.setup.volumes_dir if self.setup.volumes else None
         return check_disk(
-            self.output_dir, home, self.box.layer_size, Limits.of(self.run, self.config), self.usage, cancelled
+            self.output_dir,
+            home,
+            self.box.layer_size,
+            Limits.of(self.run, self.config),
+            self.usage,
+            cancelled,
+            volumes_dir=volumes,
         )
 
     def _upload(self, outcome: Outcome) -> Outcome:

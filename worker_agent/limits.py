@@ -89,12 +89,13 @@ def log_over(log_bytes: int, limits: Limits) -> Outcome | None:
     )
 
 
-def disk_over(output: Tree, home: Tree, layer: Tree, limits: Limits) -> Outcome | None:
-    """What the run wrote (its output directory, its home directory and its container's writable
-    layer, as walked) against its disk limit, by apparent size, and against the pool's
-    ``max_output_files``, by count of the three together. What could not be walked counts as
-    over, never as 0. An Outcome over a limit uploads nothing."""
-    trees = [("output directory", output), ("container file system", layer), ("home", home)]
+def disk_over(output: Tree, home: Tree, layer: Tree, limits: Limits, volumes: Tree | None = None) -> Outcome | None:
+    """What the run wrote (its output directory, its home directory, its container's writable
+    layer and its image's ``VOLUME`` paths, as walked) against its disk limit, by apparent size,
+    and against the pool's ``max_output_files``, by count of them all together. What could not
+    be walked counts as over, never as 0. An Outcome over a limit uploads nothing."""
+    volumes = volumes or Tree()
+    trees = [("output directory", output), ("container file system", layer), ("home", home), ("volumes", volumes)]
     unreadable = "; ".join(f"{name}: {tree.unreadable}" for name, tree in trees if tree.unreadable)
     if unreadable:
         return Outcome(
@@ -104,19 +105,19 @@ def disk_over(output: Tree, home: Tree, layer: Tree, limits: Limits) -> Outcome 
             upload=False,
         )
     most = limits.max_output_files
-    if output.entries + home.entries + layer.entries > most:
+    if sum(tree.entries for _, tree in trees) > most:
         return Outcome(
             RunState.FAILED,
             FailureReason.DISK_LIMIT,
-            f"wrote more than {most} files and directories (output directory, home and container file system "
-            "together), the pool's max_output_files",
+            f"wrote more than {most} files and directories (output directory, home, volumes and container file "
+            "system together), the pool's max_output_files",
             upload=False,
         )
-    total = output.size + home.size + layer.size
+    total = sum(tree.size for _, tree in trees)
     if limits.disk is None or total <= limits.disk:
         return None
     detail = ", ".join(f"{name} {format_bytes(tree.size)}" for name, tree in trees if tree.size)
-    more = "more than " if output.stopped or home.stopped or layer.stopped else ""
+    more = "more than " if any(tree.stopped for _, tree in trees) else ""
     return Outcome(
         RunState.FAILED,
         FailureReason.DISK_LIMIT,

@@ -452,7 +452,7 @@ class RunNetwork:
             raise NetworkError(f"the probe container failed: {_explain(e)}") from e
         finally:
             with contextlib.suppress(docker.errors.APIError, requests.RequestException):
-                container.remove(force=True)
+                container.remove(force=True, v=True)
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -588,7 +588,7 @@ def _create(client: docker.DockerClient, spec: dict[str, Any]) -> Any:
     except docker.errors.APIError as e:
         if e.status_code != 409:
             raise
-        client.containers.get(spec["name"]).remove(force=True)  # left by an earlier life of this worker
+        client.containers.get(spec["name"]).remove(force=True, v=True)  # left by an earlier life of this worker
         return client.containers.create(**spec)
 
 

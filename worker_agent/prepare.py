@@ -12,6 +12,7 @@ import docker.errors
 import requests
 
 from runplane.domain.models import FailureReason, Run, RunState, Usage
+from worker_agent.container_spec import MAX_IMAGE_VOLUMES, image_volumes
 from worker_agent.containers import RunContainer, explain
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache, InputUnavailable
@@ -50,10 +51,13 @@ class RunSetup:
         self.inputs = inputs
         self.run_as = DEFAULT_RUN_AS
         self.mounts: dict[str, Path] = {}
+        self.volumes: dict[str, Path] = {}
+        """Each ``VOLUME`` path of the image, to its directory under ``volumes_dir``."""
         self.input_keys: list[str] = []
         self.run_dir = config.work_dir / "runs" / f"{run.id}-{run.attempt}"
         self.output_dir = self.run_dir / "output"
         self.home_dir = self.run_dir / "home"
+        self.volumes_dir = self.run_dir / "volumes"
 
     @property
     def own_home(self) -> bool:
@@ -113,6 +117,7 @@ class RunSetup:
                 path.mkdir(mode=0o700, exist_ok=True)
                 os.chown(path, uid, gid)
                 path.chmod(0o700)
+            return self._make_volume_dirs()
         except PermissionError as e:
             return Outcome(
                 RunState.FAILED,
@@ -120,6 +125,27 @@ class RunSetup:
                 f"cannot give the run's directory to uid {uid}: the agent runs as uid {os.geteuid()} and must be "
                 f"root to run commands as another user (or use --run-user {os.geteuid()}:{os.getegid()}): {e}",
             )
+        return None
+
+    def _make_volume_dirs(self) -> Outcome | None:
+        """A directory in the run directory for each ``VOLUME`` path of its image, named by its
+        place in the list (never by the path, which the image's maker chose): ``volumes_dir``,
+        the agent's, 0700, and in it one 0755 directory each, as Docker makes a volume's, which
+        the engine gives the owner and mode of the image's own directory when it copies that in."""
+        paths = image_volumes(self.box.image.attrs)
+        if len(paths) > MAX_IMAGE_VOLUMES:
+            return Outcome(
+                RunState.FAILED,
+                FailureReason.CONTAINER_ERROR,
+                f"image {self.run.spec.image} declares {len(paths)} VOLUME paths, more than the "
+                f"{MAX_IMAGE_VOLUMES} a run may have",
+            )
+        if paths:
+            self.volumes_dir.mkdir(mode=0o700, exist_ok=True)
+        for number, path in enumerate(paths):
+            self.volumes[path] = self.volumes_dir / str(number)
+            self.volumes[path].mkdir(exist_ok=True)
+            self.volumes[path].chmod(0o755)  # whatever the umask
         return None
 
     def _fetch_inputs(self) -> Outcome | None:

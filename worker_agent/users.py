@@ -246,7 +246,7 @@ class ImageUsers:
             return RunAs(uid, gid, home)
         finally:
             with contextlib.suppress(docker.errors.APIError):
-                container.remove(force=True)
+                container.remove(force=True, v=True)
 
 
 def _text(data: bytes | None) -> str:

@@ -8,10 +8,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from docker.types import Mount
+from docker.types import DriverConfig, Mount
 
 from runplane.domain.models import Run, RunSpec
-from worker_agent.container_spec import CAPABILITIES, container_spec
+from worker_agent.container_spec import CAPABILITIES, container_spec, image_volumes
 from worker_agent.disk import disk_interval
 from worker_agent.outputs import collect, upload_dir
 from worker_agent.run_config import ExecutorConfig
@@ -422,6 +422,35 @@ def test_two_inputs_of_one_source_are_two_mounts(tmp_path):
         ("/inputs/a", str(same), True),
         ("/inputs/b", str(same), True),
     ]
+
+
+def test_an_images_volumes_are_bound_from_the_run_directory_where_nothing_else_is_mounted(tmp_path):
+    """Each VOLUME path is an anonymous volume of the local driver bound to its directory in the
+    run directory (counted, removed with it); one at a path mounted already, in any spelling,
+    is left to that mount, and two spellings of one path make one mount."""
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
+    volumes = {
+        "/scratch": Path("/r/volumes/0"),
+        "/scratch/": Path("/r/volumes/1"),
+        "/runplane/output/": Path("/r/volumes/2"),
+        "/inputs/data": Path("/r/volumes/3"),
+    }
+    spec = container_spec(_run(), "img", config, Path("/o"), None, {"data": Path("/c")}, volumes=volumes)
+    made = [m for m in spec["mounts"] if m["Type"] == "volume"]
+    assert made == [
+        Mount(
+            "/scratch",
+            None,
+            type="volume",
+            driver_config=DriverConfig("local", {"type": "none", "o": "bind", "device": "/r/volumes/0"}),
+        )
+    ]
+    assert [m["Target"] for m in spec["mounts"]] == ["/runplane/output", "/inputs/data", "/scratch"]
+
+
+def test_an_images_volumes_are_read_in_order():
+    assert image_volumes({"Config": {"Volumes": {"/b": {}, "/a": {}}}}) == ["/a", "/b"]
+    assert image_volumes({"Config": {"Volumes": None}}) == image_volumes({}) == []
 
 
 def test_a_dead_agents_mounts_are_swept_and_a_live_ones_kept(tmp_path):

@@ -116,14 +116,24 @@ def test_more_bytes_than_the_disk_limit_name_each_tree_and_upload_nothing():
     assert stopped is not None and stopped.message.startswith("wrote more than 11m (output directory 11m)")
 
 
-def test_more_entries_than_max_output_files_count_the_three_trees_together():
-    assert disk_over(Tree(entries=50), Tree(entries=25), Tree(entries=25), LIMITS) is None
-    outcome = disk_over(Tree(entries=50), Tree(entries=25), Tree(entries=26), LIMITS)
+def test_what_the_images_volumes_hold_counts_with_the_rest():
+    under = disk_over(Tree(size=4 * MiB), Tree(), Tree(size=MiB), LIMITS, Tree(size=5 * MiB))
+    assert under is None
+    outcome = disk_over(Tree(size=4 * MiB), Tree(), Tree(size=MiB), LIMITS, Tree(size=6 * MiB, stopped=True))
+    assert outcome is not None
+    assert outcome.message == (
+        "wrote more than 11m (output directory 4m, container file system 1m, volumes 6m), over the 10m disk limit"
+    )
+
+
+def test_more_entries_than_max_output_files_count_the_trees_together():
+    assert disk_over(Tree(entries=50), Tree(entries=25), Tree(entries=15), LIMITS, Tree(entries=10)) is None
+    outcome = disk_over(Tree(entries=50), Tree(entries=25), Tree(entries=15), LIMITS, Tree(entries=11))
     assert outcome == Outcome(
         RunState.FAILED,
         FailureReason.DISK_LIMIT,
-        "wrote more than 100 files and directories (output directory, home and container file system together), "
-        "the pool's max_output_files",
+        "wrote more than 100 files and directories (output directory, home, volumes and container file system "
+        "together), the pool's max_output_files",
         upload=False,
     )
 
