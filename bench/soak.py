@@ -8,8 +8,9 @@ second). ``--runs`` runs are submitted through the API, each ``sleep D; echo TOK
 with D one of 0, 0.2, 1 and 3 s and a token of its own. Meanwhile a chaos thread kills one of
 those processes (chosen at random) every 1 to ``--kill-every`` seconds with SIGKILL and starts it
 again after up to a second (an agent under the same id and work directory, as a service manager
-would). Once every run was submitted and half of them ended the chaos stops, and the script waits
-for every run to end. Then it checks:
+would). With ``--force-agent-kill`` its first kill is of an agent while it runs one of the 3 s
+runs, so that at least one run loses an attempt whatever the seed. Once every run was submitted
+and half of them ended the chaos stops, and the script waits for every run to end. Then it checks:
 
 * every run is in a terminal state, with exactly one terminal event (none lost), and that state
   is ``succeeded``, or ``failed`` with ``worker_lost`` when worker deaths used up its attempts;
@@ -19,12 +20,17 @@ for every run to end. Then it checks:
   Attempts of one run may overlap: a killed agent's container runs on until its agent comes
   back and stops it, while the run's next attempt, on another worker, already started;
 * every succeeded run's ``out.txt`` in object storage is its own token (none missing);
-* every message in the pool queue's dead-letter queue names a run that ended.
+* every message in the pool queue's dead-letter queue names a run that ended;
+* every run that went back to its queue did so because its worker died (its lease lapsed, or the
+  worker came back), and, with ``--force-agent-kill``, at least one run lost an attempt so and
+  went back to its queue for another.
 
-It prints the counts by state and failure reason, the kills, and the four checks, and exits 1 if
-a check failed.
+It prints the seed (a fresh one unless ``--seed`` is given: the same seed replays the same runs
+and kills), the counts by state and failure reason, the kills, the runs retried after a lost
+attempt, and the checks, and exits 1 if a check failed.
 
-    python bench/soak.py [--runs 1000] [--agents 4] [--kill-every 6] [--seed N] [--dynamodb dynalite|moto]
+    python bench/soak.py [--runs 1000] [--agents 4] [--kill-every 6] [--seed N] [--force-agent-kill]
+                         [--dynamodb dynalite|moto]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import collections
 import contextlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -58,11 +65,15 @@ AGENT_FLAGS = [
     "--pull", "never", "--network-mode", "host", "--upload-deadline-seconds", "30",
 ]  # fmt: skip
 DURATIONS = (0, 0.2, 1, 3)
+# why a run went back to its queue when its worker died: its lease lapsed, or the worker came back
+LOSS = re.compile(r"re-queued: (worker soak-\d+ stopped renewing its lease|its worker restarted)")
 
 
 @dataclass
 class Report:
     runs: int
+    seed: int = 0
+    force_agent_kill: bool = False
     seconds: float = 0.0
     states: collections.Counter[str] = field(default_factory=collections.Counter)
     kills: collections.Counter[str] = field(default_factory=collections.Counter)
@@ -73,6 +84,11 @@ class Report:
     stray_dead_letters: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     unseen: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    """Runs that lost an attempt to a worker's death and went back to their queue for another."""
+    requeued_otherwise: list[str] = field(default_factory=list)
+    forced: str = ""
+    """The forced first kill: whose, during which run."""
     dead_letters: int = 0
     tokens: dict[str, str] = field(default_factory=dict)
     """Each run's token, by run id."""
@@ -80,12 +96,15 @@ class Report:
     @property
     def ok(self) -> bool:
         checks = (self.lost, self.doubled, self.missing, self.stray_dead_letters, self.unexpected, self.unseen)
-        return not any(checks)
+        retried = bool(self.retried) or not self.force_agent_kill
+        return not any(checks) and not self.requeued_otherwise and retried
 
     def lines(self) -> list[str]:
         return [
+            f"seed {self.seed} (the same runs and kills again: --seed {self.seed})",
             f"{self.runs} runs in {self.seconds:.0f}s; kills: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(self.kills.items())),
+            + ", ".join(f"{k} {v}" for k, v in sorted(self.kills.items()))
+            + (f"; first: {self.forced}" if self.forced else ""),
             "ended: " + ", ".join(f"{k} {v}" for k, v in sorted(self.states.items())),
             "attempts used: " + ", ".join(f"{k}: {v} runs" for k, v in sorted(self.attempts.items())),
             f"lost (not ended, or not exactly one terminal event): {len(self.lost)} {self.lost[:5]}",
@@ -96,6 +115,10 @@ class Report:
             f"ended otherwise than succeeded or out of attempts to worker deaths: {len(self.unexpected)} "
             f"{self.unexpected[:5]}",
             f"started more often than the engine said (its events not all read): {len(self.unseen)} {self.unseen[:5]}",
+            f"retried after an attempt lost to a worker's death: {len(self.retried)} {self.retried[:5]}"
+            + (" (a kill was forced: at least 1 expected)" if self.force_agent_kill else ""),
+            f"re-queued for another reason than a worker's death: {len(self.requeued_otherwise)} "
+            f"{self.requeued_otherwise[:5]}",
         ]
 
 
@@ -132,10 +155,15 @@ def soak(
     seed: int | None = None,
     timeout: float | None = None,
     say: Callable[[str], None] = print,
+    force_agent_kill: bool = False,
 ) -> Report:
-    """Run the soak on a local stack of its own; the report says what the checks found."""
+    """Run the soak on a local stack of its own; the report says what the checks found. ``seed``:
+    the runs' lengths and the kills (None: a fresh one, which the report names)."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**32)
+    say(f"seed {seed}")
     rng = random.Random(seed)
-    report = Report(runs)
+    report = Report(runs, seed, force_agent_kill)
     work = Path(tempfile.mkdtemp(prefix="runplane-soak-"))
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
     with dev_stack(POOLS_YAML, functions=False, token="soak") as stack:
@@ -177,13 +205,26 @@ def _drive(
 ) -> Report:
     from runplane import bootstrap
     from runplane.client import Client
+    from runplane.domain.models import RunState
 
     store = bootstrap.stack().store
     client = threading.local()
     specs = [(i, rng.choice(DURATIONS), f"soak-{i}-{rng.getrandbits(32):08x}") for i in range(runs)]
     stop_chaos = threading.Event()
     chaos_rng = random.Random(rng.getrandbits(64))  # its own: the submit threads never draw from it
-    chaos = threading.Thread(target=_chaos, args=(procs, chaos_rng, kill_every, stop_chaos, report), daemon=True)
+    long_runs: list[str] = []  # the 3 s runs, once submitted
+    agents = {f"soak-{p.name.removeprefix('agent-')}": p for p in procs if p.name.startswith("agent-")}
+
+    def running_long() -> tuple[Process, str] | None:
+        """An agent and the 3 s run it runs now, if any: killing it costs that run an attempt."""
+        for run_id in list(long_runs):
+            run = store.get(run_id)
+            if run.state == RunState.RUNNING and run.worker_id in agents:
+                return agents[run.worker_id], run_id
+        return None
+
+    first = running_long if report.force_agent_kill else None
+    chaos = threading.Thread(target=_chaos, args=(procs, chaos_rng, kill_every, stop_chaos, report, first), daemon=True)
     t0 = time.monotonic()
     chaos.start()
 
@@ -197,6 +238,7 @@ def _drive(
     with ThreadPoolExecutor(8) as pool:
         submitted = list(pool.map(submit, specs))
     tokens = dict(submitted)
+    long_runs += [run_id for (run_id, _), (_, duration, _) in zip(submitted, specs, strict=True) if duration == 3]
     say(f"submitted {runs} runs in {time.monotonic() - t0:.0f}s")
     left = list(tokens)
     last_say = time.monotonic()
@@ -216,7 +258,26 @@ def _drive(
     return report
 
 
-def _chaos(procs: list[Process], rng: random.Random, kill_every: float, stop: threading.Event, report: Report) -> None:
+def _chaos(
+    procs: list[Process],
+    rng: random.Random,
+    kill_every: float,
+    stop: threading.Event,
+    report: Report,
+    first: Callable[[], tuple[Process, str] | None] | None = None,
+) -> None:
+    if first is not None:  # the first kill: an agent while it runs a 3 s run
+        found = None
+        while found is None and not stop.wait(0.2):
+            found = first()
+        if found is None:
+            return
+        victim, run_id = found
+        victim.kill()
+        report.kills[victim.name.split("-")[0]] += 1
+        report.forced = f"{victim.name} while it ran {run_id}"
+        stop.wait(rng.uniform(0.0, 1.0))
+        victim.start()
     while not stop.wait(rng.uniform(1.0, kill_every)):
         victim = rng.choice(procs)
         victim.kill()
@@ -286,6 +347,10 @@ def _check(report: Report, starts: collections.Counter[tuple[str, str]], say: Ca
         seen = sum(n for (started_run, _), n in starts.items() if started_run == run_id)
         if seen < running:  # each attempt that ran started a container the engine told of
             report.unseen.append(f"{run_id}: {running} attempts ran, {seen} starts seen")
+        requeues = [e.message for e in run.events if e.message.startswith("re-queued")]
+        report.requeued_otherwise += [f"{run_id}: {m}"[:200] for m in requeues if not LOSS.fullmatch(m)]
+        if any(LOSS.fullmatch(m) for m in requeues):
+            report.retried.append(f"{run_id} ({run.attempt} attempts, {ended})")
         if run.state == RunState.SUCCEEDED:
             try:
                 data = stack.objects.get_bytes(outputs_prefix(run.id, run.attempt) + "out.txt")
@@ -341,14 +406,21 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=1000, help="runs (default 1000)")
     parser.add_argument("--agents", type=int, default=4, help="worker agents, one slot each (default 4)")
     parser.add_argument("--kill-every", type=float, default=6.0, help="most seconds between kills (default 6)")
-    parser.add_argument("--seed", type=int, default=None, help="seed of the runs' lengths and the kills")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="seed of the runs' lengths and the kills (default: fresh)"
+    )
+    parser.add_argument(
+        "--force-agent-kill",
+        action="store_true",
+        help="kill an agent first while it runs a 3 s run, and fail unless some run was retried after it",
+    )
     add_dynamodb_option(parser)
     args = parser.parse_args()
     with tables_on(args.dynamodb):
-        report = soak(args.runs, args.agents, args.kill_every, args.seed)
+        report = soak(args.runs, args.agents, args.kill_every, args.seed, force_agent_kill=args.force_agent_kill)
     for line in report.lines():
         print(line)
-    print(f"RESULT soak: {'ok' if report.ok else 'FAILED'} (target: 0 lost, 0 doubled, 0 missing)")
+    print(f"RESULT soak: {'ok' if report.ok else 'FAILED'} (target: 0 lost, 0 doubled, 0 missing; seed {report.seed})")
     return 0 if report.ok else 1
 
 
