@@ -207,8 +207,9 @@ class ObjectStore(Protocol):
         """Raises NotFound."""
         ...
 
-    def download_file(self, key: str, path: Path) -> None:
-        """Raises NotFound."""
+    def download_file(self, key: str, path: Path, max_bytes: int | None = None) -> None:
+        """Raises NotFound; PayloadTooLarge when the object holds more than ``max_bytes`` (the
+        download stops once past it, and leaves no file)."""
         ...
 
     def list_page(self, prefix: str, cursor: str | None, limit: int) -> tuple[list[ObjectInfo], str | None]:

@@ -22,6 +22,7 @@ import requests
 from runplane.domain.errors import LeaseLost
 from runplane.domain.models import FailureReason, Run, RunState
 from runplane.domain.units import format_duration
+from worker_agent import images
 from worker_agent.container_spec import LABEL, container_labels
 from worker_agent.outcome import Outcome
 from worker_agent.resources import Allocation
@@ -33,7 +34,6 @@ ENGINE_FILE_ALLOWANCE = 64 * 1024
 """What the engine itself writes in each of the files it binds into a container (a few hundred
 bytes: localhost, the container's address, the host's resolver) is not counted as the run's:
 the first this many bytes of each."""
-
 
 
 class RunContainer:
@@ -66,11 +66,12 @@ class RunContainer:
         self.timings = {} if timings is None else timings  # seconds its create and start took
         self._engine_paths: list[str] | None = None
 
-    def ensure_image(self, image: str, pull: str) -> Outcome | None:
-        """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``)."""
+    def ensure_image(self, image: str, pull: str, max_bytes: int | None = None) -> Outcome | None:
+        """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``); one larger
+        than ``max_bytes`` (the pool's ``max_image_size``) is refused (images.py)."""
         try:
             self.image = self.client.images.get(image)
-            return None
+            return self._refuse_too_large(image, max_bytes, pulled=False)
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.APIError as e:
@@ -84,14 +85,23 @@ class RunContainer:
                 f"image {image} is not on this worker and pulling is off",
             )
         try:
-            self.image = self.client.images.pull(image)
-            return None
+            self.image = images.pull(self.client, image, max_bytes)
+            return self._refuse_too_large(image, max_bytes, pulled=True)
+        except images.ImageTooLarge as e:
+            return Outcome(RunState.FAILED, FailureReason.IMAGE_TOO_LARGE, str(e))
         except (docker.errors.APIError, requests.RequestException) as e:
             return Outcome(
                 RunState.FAILED,
                 FailureReason.IMAGE_NOT_FOUND,
                 f"image {image} is not on this worker and could not be pulled: {explain(e)}",
             )
+
+    def _refuse_too_large(self, image: str, max_bytes: int | None, pulled: bool) -> Outcome | None:
+        why = images.too_large(self.client, image, self.image, max_bytes, pulled)
+        if why is None:
+            return None
+        self.image = None
+        return Outcome(RunState.FAILED, FailureReason.IMAGE_TOO_LARGE, why)
 
     def create(self, spec: dict[str, Any], held: Callable[[], bool], allocation: Allocation | None) -> Outcome | None:
         """Create the container of ``spec`` and attach to its output before it starts: every byte,

@@ -1,4 +1,5 @@
-"""Least-recently-used pruning of the Docker images this worker's runs used, under a size limit."""
+"""The images of runs: pulled under the pool's size cap, and least-recently-used pruning of those
+this worker's runs used, under a size limit."""
 
 from __future__ import annotations
 
@@ -15,8 +16,59 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker.utils import parse_repository_tag
+
+from runplane.domain.units import format_bytes
 
 log = logging.getLogger(__name__)
+
+
+class ImageTooLarge(Exception):
+    """An image over its pool's ``max_image_size``; the message says how large it is."""
+
+
+def too_large(client: docker.DockerClient, name: str, image: Any, max_bytes: int | None, pulled: bool) -> str | None:
+    """Why ``image`` (called ``name``) is over ``max_bytes`` as the engine counts its size (its
+    layers unpacked, as ``docker images`` shows), or None. One this worker ``pulled`` for it is
+    removed again (unless a container uses it): it must not stay on the worker."""
+    size = int(image.attrs.get("Size") or 0)
+    if max_bytes is None or size <= max_bytes:
+        return None
+    if pulled:
+        try:
+            client.images.remove(image.id, force=False)
+        except docker.errors.APIError as e:  # in use, or tagged elsewhere: left for the cache's pruning
+            log.info("keeping image %s: %s", name, getattr(e, "explanation", e))
+    return f"image {name} is {format_bytes(size)}, larger than the pool's max_image_size {format_bytes(max_bytes)}"
+
+
+def pull(client: docker.DockerClient, name: str, max_bytes: int | None) -> Any:
+    """Pull image ``name``. With ``max_bytes``, the pull is given up once the layers the registry
+    announces pass it (their compressed sizes: an image at most that large may still be larger
+    once unpacked, which ``too_large`` checks): the engine stops a pull whose client went away,
+    so no more of it is downloaded. Raises ImageTooLarge, docker.errors.APIError (also for an
+    error the engine reports in the middle of the pull) or requests.RequestException."""
+    if max_bytes is None:
+        return client.images.pull(name)
+    repository, tag = parse_repository_tag(name)
+    tag = tag or "latest"
+    events = client.api.pull(repository, tag=tag, stream=True, decode=True)
+    announced: dict[str, int] = {}
+    try:
+        for event in events:
+            if event.get("error"):
+                raise docker.errors.APIError(str(event["error"]))
+            total = (event.get("progressDetail") or {}).get("total")
+            if event.get("status") == "Downloading" and isinstance(total, int) and event.get("id"):
+                announced[str(event["id"])] = total
+                if sum(announced.values()) > max_bytes:
+                    raise ImageTooLarge(
+                        f"image {name} has more than {format_bytes(sum(announced.values()))} of layers to download, "
+                        f"larger than the pool's max_image_size {format_bytes(max_bytes)}: its pull was given up"
+                    )
+    finally:
+        events.close()  # drops the connection: a pull given up stops on the engine too
+    return client.images.get(f"{repository}{'@' if tag.startswith('sha256:') else ':'}{tag}")
 
 
 class ImageCache:

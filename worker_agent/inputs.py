@@ -24,8 +24,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runplane.domain.errors import InvalidRequest, NotFound, RunplaneError
+from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
 from runplane.domain.models import RunState
+from runplane.domain.units import format_bytes
 from runplane.ports import ObjectStore, RunStore
 from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix
@@ -40,12 +41,14 @@ class InputUnavailable(RunplaneError):
 
 @dataclass(frozen=True)
 class Resolved:
-    """Where an input's bytes are: objects under ``prefix`` in ``store`` (one object if ``single``)."""
+    """Where an input's bytes are: objects under ``prefix`` in ``store`` (one object if ``single``),
+    ``size`` bytes in all as the store lists them."""
 
     store: ObjectStore
     prefix: str
     single: bool
     version: str
+    size: int = 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class Fetched:
     path: Path
     key: str
     downloaded: bool
+    size: int = 0
+    """Bytes of the input, as the store listed them (the cached copy holds just these)."""
 
 
 @contextlib.contextmanager
@@ -119,40 +124,47 @@ class InputCache:
         exact = [o for o in objects if o.key == key]
         if exact and not key.endswith("/"):
             obj = exact[0]
-            return Resolved(store, key, True, f"{obj.key}:{obj.size}:{obj.etag}")
+            return Resolved(store, key, True, f"{obj.key}:{obj.size}:{obj.etag}", obj.size)
         prefix = key if key.endswith("/") or not key else key + "/"
         inside = [o for o in objects if o.key.startswith(prefix)]
         if not inside:
             raise InputUnavailable(f"{source}: nothing there")
         version = "\n".join(f"{o.key}:{o.size}:{o.etag}" for o in inside)
-        return Resolved(store, prefix, False, version)
+        return Resolved(store, prefix, False, version, sum(o.size for o in inside))
 
     # -- the cache ------------------------------------------------------------------------
 
-    def fetch(self, source: str, user: str, *, owner: str, groups: Iterable[str] = ()) -> Fetched:
+    def fetch(
+        self, source: str, user: str, *, owner: str, groups: Iterable[str] = (), max_bytes: int | None = None
+    ) -> Fetched:
         """The input's local path for a run of ``owner`` (see ``resolve``), downloaded unless a
         complete copy is cached; registers ``user`` so the entry is not evicted until ``release``.
-        Raises InputUnavailable."""
+        An input of more than ``max_bytes`` (what the run's disk has left for it) is refused
+        before a byte is read, as the store lists its size, and its download stops once past it
+        (an object that grew since). Raises InputUnavailable."""
         resolved = self.resolve(source, owner, groups)
+        if max_bytes is not None and resolved.size > max_bytes:
+            raise InputUnavailable(_too_large(source, f"is {format_bytes(resolved.size)}", max_bytes))
         key = hashlib.sha256(f"{source}\n{resolved.version}".encode()).hexdigest()[:32]
         entry = self.root / key
         downloaded = False
         with _locked(self.root / f"{key}.lock"):
             if not (entry / "done").exists():
                 shutil.rmtree(entry, ignore_errors=True)
-                self._download(resolved, entry, source)
+                self._download(resolved, entry, source, max_bytes)
                 downloaded = True
             (entry / "users").mkdir(exist_ok=True)
             (entry / "users" / user).touch()
             os.utime(entry / "done")  # the LRU clock
-        return Fetched(entry / "content", key, downloaded)
+        return Fetched(entry / "content", key, downloaded, resolved.size)
 
-    def _download(self, resolved: Resolved, entry: Path, source: str) -> None:
+    def _download(self, resolved: Resolved, entry: Path, source: str, max_bytes: int | None = None) -> None:
         tmp = self.root / f".partial-{uuid.uuid4().hex}"
+        left = max_bytes
         try:
             if resolved.single:
                 tmp.mkdir(parents=True)
-                resolved.store.download_file(resolved.prefix, tmp / "content")
+                resolved.store.download_file(resolved.prefix, tmp / "content", left)
             else:
                 for obj in resolved.store.list(resolved.prefix):
                     rel = obj.key[len(resolved.prefix) :]
@@ -160,11 +172,15 @@ class InputCache:
                     if not rel or not target.is_relative_to((tmp / "content").resolve()):
                         continue
                     target.parent.mkdir(parents=True, exist_ok=True)
-                    resolved.store.download_file(obj.key, target)
+                    resolved.store.download_file(obj.key, target, left)
+                    if left is not None:
+                        left -= target.stat().st_size
             for path in (tmp / "content").rglob("*") if not resolved.single else [tmp / "content"]:
                 path.chmod(0o755 if path.is_dir() else 0o644)
             (tmp / "done").write_text(source)
             tmp.rename(entry)
+        except PayloadTooLarge as e:
+            raise InputUnavailable(_too_large(source, "grew since it was listed", max_bytes or 0)) from e
         except RunplaneError as e:
             raise InputUnavailable(f"{source}: download failed: {e.message}") from e
         except OSError as e:
@@ -211,3 +227,7 @@ class InputCache:
         if removed:
             log.info("evicted %d cached input(s); cache now %d bytes", len(removed), total)
         return removed
+
+
+def _too_large(source: str, what: str, max_bytes: int) -> str:
+    return f"{source} {what}, more than the {format_bytes(max_bytes)} of the run's disk left for its inputs"

@@ -238,6 +238,7 @@ def agent_config(
             allow_root=pool.allow_root,
             max_output_files=pool.max_output_files,
             max_log_size=pool.max_log_size,
+            max_image_size=pool.max_image_size,
             rates=Rates(cpus=pool.cpus, gpus=pool.gpus, memory=pool.memory, price_per_hour=pool.price_per_hour),
             docker_log_size=settings.docker_log_size,
             inputs_view=inputs_view,

@@ -54,6 +54,7 @@ class RunSetup:
         self.volumes: dict[str, Path] = {}
         """Each ``VOLUME`` path of the image, to its directory under ``volumes_dir``."""
         self.input_keys: list[str] = []
+        self.input_bytes = 0  # what its inputs hold, counted against its disk
         self.run_dir = config.work_dir / "runs" / f"{run.id}-{run.attempt}"
         self.output_dir = self.run_dir / "output"
         self.home_dir = self.run_dir / "home"
@@ -70,7 +71,7 @@ class RunSetup:
         ends here."""
         image = self.run.spec.image or ""
         t0 = self.clock()
-        outcome = self.box.ensure_image(image, self.config.pull)
+        outcome = self.box.ensure_image(image, self.config.pull, self.config.max_image_size)
         if outcome is None and self.images is not None:
             try:
                 self.images.used(image)
@@ -155,10 +156,14 @@ class RunSetup:
         t0 = self.clock()
         if self.inputs is None:
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, "this worker has no input cache")
+        disk = run.spec.resources.disk  # the inputs' bytes count against it
         try:
             for name, source in sorted(run.spec.inputs.items()):
-                fetched = self.inputs.fetch(source, self._user, owner=run.owner, groups=run.owner_groups)
+                left = None if disk is None else max(disk - self.input_bytes, 0)
+                groups = run.owner_groups
+                fetched = self.inputs.fetch(source, self._user, owner=run.owner, groups=groups, max_bytes=left)
                 self.input_keys.append(fetched.key)
+                self.input_bytes += fetched.size
                 self.mounts[name] = self._input_path(fetched.path)
         except InputUnavailable as e:
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"input unavailable: {e.message}")

@@ -25,10 +25,11 @@ class ExecutorConfig:
     run_user: str = default("run_user")
     stack_id: str = ""
     pull: str = default("pull")  # missing | never
-    # the pool's containment (Pool.allow_root, max_output_files, max_log_size)
+    # the pool's containment (Pool.allow_root, max_output_files, max_log_size, max_image_size)
     allow_root: bool = False
     max_output_files: int = 100_000
     max_log_size: int = 1024**3
+    max_image_size: int | None = None  # the pool's: larger images are refused (images.py)
     rates: Rates = field(default_factory=Rates)  # the pool's shape and price: what runs are charged
     docker_log_size: str = default("docker_log_size")  # Docker's own json log of a run: two files of at most this
     inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)

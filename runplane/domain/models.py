@@ -146,6 +146,7 @@ class FailureReason(StrEnum):
 
     NONZERO_EXIT = "nonzero_exit"
     IMAGE_NOT_FOUND = "image_not_found"
+    IMAGE_TOO_LARGE = "image_too_large"
     OUT_OF_MEMORY = "out_of_memory"
     TIME_LIMIT = "time_limit"
     DISK_LIMIT = "disk_limit"
@@ -565,6 +566,12 @@ class Pool(BaseModel):
         default=100_000, ge=1, description="files a run may write: output directory, home and container layer together"
     )
     max_log_size: int = Field(default=1024**3, ge=1024, description="bytes of stdout+stderr a run may write")
+    max_image_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="the largest image a run may use, unpacked (as docker images shows); a larger one ends the run "
+        "image_too_large, and its pull is given up once the layers announced pass it (none: any size)",
+    )
     max_user_priority: int = Field(
         default=50, ge=0, le=100, description="the highest priority a user who is not an admin may give a run"
     )
@@ -583,7 +590,7 @@ class Pool(BaseModel):
     )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
-    _sizes = field_validator("memory", "disk", "max_log_size", mode="before")(staticmethod(_size))
+    _sizes = field_validator("memory", "disk", "max_log_size", "max_image_size", mode="before")(staticmethod(_size))
     _times = field_validator(
         "default_time",
         "max_time",

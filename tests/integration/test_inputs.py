@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from runplane.domain.errors import PayloadTooLarge
 from runplane.domain.models import Run, RunSpec, RunState
 from runplane.ports import Expect
 from runplane.services.inputs import InputPolicy
@@ -119,6 +120,42 @@ def test_unfinished_run_is_unavailable(cache, aws_stack):
     run = finished_run(aws_stack, state=RunState.RUNNING)
     with pytest.raises(InputUnavailable, match="is running, not succeeded"):
         cache.fetch(f"run:{run.id}", "u", **OWNER)
+
+
+def test_an_input_larger_than_the_room_left_is_refused_before_it_is_read(cache, aws_stack, datasets):
+    """The store's listed size is held against what the run's disk has left, for an object, a
+    prefix (all its objects together) and a run's outputs: nothing is downloaded."""
+    bucket = datasets.bucket
+    with pytest.raises(InputUnavailable, match=rf"s3://{bucket}/data/set is 2000, more than the 1k of the run's"):
+        cache.fetch(f"s3://{bucket}/data/set", "u", **OWNER, max_bytes=1024)
+    run = finished_run(aws_stack, files={"w.bin": b"w" * 2048})
+    with pytest.raises(InputUnavailable, match=r"is 2k, more than the 2047 of the run's disk left for its inputs"):
+        cache.fetch(f"run:{run.id}", "u", **OWNER, max_bytes=2047)
+    assert not list(cache.root.glob("*/done")) and not list(cache.root.glob(".partial-*"))
+    exact = cache.fetch(f"run:{run.id}", "u", **OWNER, max_bytes=2048)  # exactly what is left: taken
+    assert (exact.size, (exact.path / "w.bin").stat().st_size) == (2048, 2048)
+
+
+def test_an_input_that_grew_since_it_was_listed_stops_downloading(cache, datasets):
+    """An object replaced by a larger one between its listing and its download: the download
+    stops once past the room left, and nothing of it stays in the cache."""
+    source = f"s3://{datasets.bucket}/data/train.csv"
+    resolved = cache.resolve(source, "a")
+    datasets.put_bytes("data/train.csv", b"z" * (4 * 1024**2))
+    with pytest.raises(InputUnavailable, match="grew since it was listed, more than the 1m of the run's disk"):
+        cache._download(resolved, cache.root / "entry", source, 1024**2)
+    assert not (cache.root / "entry").exists() and not list(cache.root.glob(".partial-*"))
+
+
+@pytest.mark.parametrize("cloud", ["aws_stack", "azure_stack"])
+def test_a_download_stops_past_its_most_bytes_on_both_clouds(request, cloud, tmp_path):
+    objects = request.getfixturevalue(cloud).objects
+    objects.put_bytes("big/blob", b"b" * (3 * 1024**2))
+    with pytest.raises(PayloadTooLarge, match="object big/blob holds"):
+        objects.download_file("big/blob", tmp_path / "blob", max_bytes=1024**2)
+    assert list(tmp_path.iterdir()) == []  # no file, not even a part of one
+    objects.download_file("big/blob", tmp_path / "blob", max_bytes=3 * 1024**2)  # exactly: downloaded
+    assert (tmp_path / "blob").stat().st_size == 3 * 1024**2
 
 
 def test_eviction_is_lru_and_spares_entries_in_use(cache, datasets):

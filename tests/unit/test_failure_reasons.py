@@ -51,6 +51,9 @@ ELSEWHERE: dict[FailureReason, list[str]] = {
     # through a real agent on Docker, or a real store, seen through the API or the store
     FailureReason.NONZERO_EXIT: ["tests/e2e/test_runs.py::test_nonzero_exit_fails_with_code_and_stderr_tail"],
     FailureReason.IMAGE_NOT_FOUND: ["tests/e2e/test_runs.py::test_missing_image"],
+    FailureReason.IMAGE_TOO_LARGE: [
+        "tests/security/test_worker_reservations.py::test_an_image_over_the_pools_cap_is_refused"
+    ],
     FailureReason.OUT_OF_MEMORY: ["tests/e2e/test_runs.py::test_memory_limit_is_out_of_memory"],
     FailureReason.TIME_LIMIT: ["tests/e2e/test_runs.py::test_time_limit"],
     FailureReason.DISK_LIMIT: ["tests/e2e/test_agent.py::test_disk_limit"],

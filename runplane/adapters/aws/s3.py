@@ -10,10 +10,14 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.domain.errors import BackendError, NotFound
+from runplane.domain.errors import BackendError, NotFound, PayloadTooLarge
 from runplane.ports import ObjectInfo
 
 _TRANSFER = TransferConfig(multipart_threshold=16 * 1024**2, multipart_chunksize=16 * 1024**2, max_concurrency=4)
+
+
+class _TooLarge(Exception):
+    """A download past its ``max_bytes``, raised in the transfer's progress callback."""
 
 
 class S3ObjectStore:
@@ -43,9 +47,20 @@ class S3ObjectStore:
         except BotoCoreError as e:
             raise BackendError(f"download {key}: {e}") from e
 
-    def download_file(self, key: str, path: Path) -> None:
+    def download_file(self, key: str, path: Path, max_bytes: int | None = None) -> None:
+        received = 0
+
+        def count(n: int) -> None:  # called as parts arrive: raising stops the transfer
+            nonlocal received
+            received += n
+            if max_bytes is not None and received > max_bytes:
+                raise _TooLarge
+
         try:
-            self.client.download_file(self.bucket, key, str(path), Config=_TRANSFER)
+            self.client.download_file(self.bucket, key, str(path), Config=_TRANSFER, Callback=count)
+        except _TooLarge:
+            path.unlink(missing_ok=True)
+            raise PayloadTooLarge(f"object {key} holds more than {max_bytes} bytes") from None
         except ClientError as e:
             if error_code(e) in ("NoSuchKey", "404"):
                 raise NotFound(f"object {key} not found") from e

@@ -14,7 +14,7 @@ from azure.core.exceptions import AzureError, HttpResponseError
 from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelegationKey, generate_blob_sas
 
 from runplane.adapters.azure.errors import error_code
-from runplane.domain.errors import BackendError, BadRequest, NotFound
+from runplane.domain.errors import BackendError, BadRequest, NotFound, PayloadTooLarge
 from runplane.ports import ObjectInfo
 
 CONCURRENCY = 4
@@ -77,11 +77,14 @@ class BlobObjectStore:
         except AzureError as e:
             raise self._fail(e, "download", key) from e
 
-    def download_file(self, key: str, path: Path) -> None:
+    def download_file(self, key: str, path: Path, max_bytes: int | None = None) -> None:
         # Into a file beside the target, renamed when complete: a failed download leaves nothing.
         part = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
         try:
             download = self.client.get_blob_client(self.container, key).download_blob(max_concurrency=CONCURRENCY)
+            # the first answer gives the blob's size; the rest is read of that same version (etag)
+            if max_bytes is not None and download.size > max_bytes:
+                raise PayloadTooLarge(f"object {key} holds {download.size} bytes, more than {max_bytes}")
             with part.open("wb") as f:
                 download.readinto(f)
             part.replace(path)
