@@ -43,6 +43,16 @@ class Expect:
     """True: only while the run still waits for other runs (``waiting_on`` not empty); False: only
     while it does not (a claim never takes a waiting run)."""
 
+    def holds(self, run: Run) -> bool:
+        """Whether ``run`` meets these conditions."""
+        return (
+            (self.states is None or run.state in self.states)
+            and (self.attempt is None or run.attempt == self.attempt)
+            and (self.worker_id is None or run.worker_id == self.worker_id)
+            and not (self.unkilled and run.kill_requested)
+            and (self.waiting is None or bool(run.waiting_on) == self.waiting)
+        )
+
 
 LIST_BUDGET = 1000
 """The most runs one filtered listing call reads, so that no request's work grows with a user's

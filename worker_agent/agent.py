@@ -17,7 +17,7 @@ import docker.errors
 import requests
 
 from runplane import __version__
-from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound, RunplaneError
+from runplane.domain.errors import BackendError, ConditionFailed, LeaseLost, NotFound, RunplaneError
 from runplane.domain.models import Run, RunMessage, RunState, Worker, refuses, run_rank
 from runplane.ports import Delivery, Expect, WorkerRegistry
 from runplane.services import admission, lifecycle
@@ -43,6 +43,11 @@ STARTUP_REMOVE_SECONDS = 60.0
 # How many runs at the front of its pool's line a worker looks at when a hint comes: it starts the
 # first of them it can take, which may be ahead of the hinted run (docs/scheduling.md).
 PICK_WINDOW = 8
+
+
+class ClaimLater(Exception):
+    """A claim the store failed to answer: what was reserved for it is given back, and its run is
+    offered again."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +265,11 @@ class Agent:
         if not self._admit(run, delivery):
             self.allocator.release(run.id)
             return
-        claimed = self._claim(run, allocation)
+        try:
+            claimed = self._claim(run, allocation)
+        except ClaimLater:
+            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+            return
         if claimed is not None:
             self._start(claimed, allocation, received)  # first: a queue error must not leave it claimed, unstarted
         try:
@@ -312,7 +321,10 @@ class Agent:
             if not self._reserve(run):
                 self.allocator.release(run.id)
                 continue
-            claimed = self._claim(run, allocation)
+            try:
+                claimed = self._claim(run, allocation)
+            except ClaimLater:
+                continue  # its own hint brings it back
             if claimed is None:
                 continue
             log.info("run %s is ahead of run %s in line: taken first", run.id, hinted.id)
@@ -326,8 +338,12 @@ class Agent:
         return False
 
     def _claim(self, run: Run, allocation: Allocation) -> Run | None:
-        """Claim the queued attempt of ``run`` (its room reserved, ``allocation`` made); None when
-        another write came first: the allocation and the holds are given back."""
+        """Claim the queued attempt of ``run`` (its room reserved, ``allocation`` made). On any
+        error, what was reserved for it here (``allocation``, whatever it holds, and its quota
+        holds) is given back first. None when another write came first, or when the store refused
+        the claim: a refusal is no race, and no retry changes it, so the run ends ``failed``
+        (``agent_error``) rather than being offered to every worker again. Raises ClaimLater when
+        the store failed (the claim may be tried again), and what it met besides a RunplaneError."""
         try:
             return lifecycle.claim(
                 self.ports.store,
@@ -346,6 +362,47 @@ class Agent:
             if not isinstance(stored, Run) or stored.attempt != run.attempt + 1:
                 self._unreserve(run, run.attempt + 1)
             return None
+        except BackendError as e:
+            mine = self._claimed_after_all(run)  # the write may have landed before its answer was lost
+            if mine is not None:
+                return mine
+            self._give_back(run)
+            log.warning("run %s: its claim failed (it is offered again): %s", run.id, e.message)
+            raise ClaimLater(run.id) from e
+        except RunplaneError as e:
+            self._give_back(run)
+            self._end_unclaimable(run, e)
+            return None
+        except BaseException:
+            self._give_back(run)
+            raise
+
+    def _give_back(self, run: Run) -> None:
+        """Give back all that was reserved for the claim of ``run``: its allocation on this worker
+        and its quota holds."""
+        self.allocator.release(run.id)
+        self._unreserve(run, run.attempt + 1)
+
+    def _claimed_after_all(self, run: Run) -> Run | None:
+        """``run`` as stored when this worker holds the attempt its claim asked for, else None."""
+        try:
+            stored = self.ports.store.get(run.id)
+        except RunplaneError:
+            return None
+        held = (stored.attempt, stored.worker_id) == (run.attempt + 1, self.config.worker_id)
+        return stored if held and stored.state == RunState.PREPARING else None
+
+    def _end_unclaimable(self, run: Run, refusal: RunplaneError) -> None:
+        """End ``run``, whose claim the store refused (``refusal``), failed; a run that moved on
+        meanwhile is left to whoever moved it, and a failed write to the run's next hint."""
+        message = f"worker {self.config.worker_id} could not claim it: {refusal.message}"
+        log.error("run %s: %s; it ends failed", run.id, message)
+        try:
+            lifecycle.unclaimable(self.ports.store, self.ports.queue, run, message, self.clock())
+        except ConditionFailed:
+            pass
+        except RunplaneError as e:
+            log.warning("run %s: could not record that it cannot be claimed: %s", run.id, e)
 
     def _start(self, claimed: Run, allocation: Allocation, received: float) -> None:
         """Start the executor of ``claimed``, whose hint came at ``received`` (its ``claim`` timing:

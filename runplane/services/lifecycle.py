@@ -10,7 +10,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
-from runplane.domain.errors import ConditionFailed, LeaseLost, RunplaneError
+from runplane.domain.errors import BadRequest, ConditionFailed, LeaseLost, PayloadTooLarge, RunplaneError
 from runplane.domain.models import (
     ACTIVE_STATES,
     DispatchEvent,
@@ -55,6 +55,30 @@ def claim(
         },
         Event(at=now, state=RunState.PREPARING, message=f"attempt {attempt + 1} claimed by worker {worker_id}"),
     )
+
+
+def unclaimable(store: RunStore, queue: RunQueue, run: Run, message: str, now: float) -> Run:
+    """End a queued ``run`` whose claim its store refuses (a refusal no retry changes, unlike a
+    lost race) as ``failed`` (``agent_error``, ``message``), so that it is not offered to worker
+    after worker. Should the store refuse that write too, the run is written with its timeline cut
+    to its first event and this one: a write smaller than the claim. Tells what waits for it
+    (``ended``). Raises ConditionFailed when the run is no longer queued at its attempt, and what
+    the store raises for the smaller write."""
+    event = Event(at=now, state=RunState.FAILED, message=message)
+    expect = Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt)
+    changes: dict[str, Any] = {
+        "state": RunState.FAILED,
+        "finished_at": now,
+        "waiting_reason": None,
+        "failure": Failure(reason=FailureReason.AGENT_ERROR, message=message),
+    }
+    try:
+        done = store.update(run, expect, changes, event)
+    except (BadRequest, PayloadTooLarge) as e:
+        log.warning("run %s: its end was refused too (%s); writing it with its timeline cut", run.id, e.message)
+        done = store.update(run, expect, {**changes, "events": [*run.events[:1], event]})
+    ended(queue, done)
+    return done
 
 
 FREE_REQUEUES = 20

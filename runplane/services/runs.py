@@ -38,6 +38,7 @@ from runplane.domain.models import (
     RunState,
 )
 from runplane.domain.pools import choose_pool
+from runplane.domain.records import check_spec
 from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore, SweepStore
 from runplane.services import dependencies
 from runplane.services.admission import refuse_alone
@@ -186,6 +187,7 @@ def admit_spec(
     """What a submit checks of a run before anything is stored (``submit_run`` says what it
     raises), and the run's pool, the group it is charged to, its spec with the pool's defaults
     filled in (image, queue, resources, retry rule) and what it waits for."""
+    check_spec(spec)  # PayloadTooLarge: every write the run needs must fit its record
     pool = choose_pool(pools, spec.resources, spec.queue)
     _check_priority(principal, pool, spec.priority)
     group = _group_of(principal, spec.group)

@@ -42,6 +42,7 @@ from runplane.domain.models import (
     RunMessage,
     RunState,
 )
+from runplane.domain.records import check_spec, largest_member
 from runplane.domain.sweeps import (
     MAX_RECORD_BYTES,
     MAX_SWEEP,
@@ -122,6 +123,7 @@ def create_sweep(
             pass
     admitted = admit_spec(ports.store, ports.pools, principal, spec.run, inputs, ports.quotas, ports.sweeps)
     pool, group, resolved = admitted.pool, admitted.group, admitted.spec
+    check_spec(largest_member(spec.model_copy(update={"run": resolved})), "a member's run spec")
     now = ports.clock()
     sweep = Sweep(
         id=sweep_id,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import builtins
 import json
+import logging
 import re
 import secrets
 import time
@@ -39,7 +40,10 @@ from runplane.domain.models import (
     rank_prefix,
     run_rank,
 )
+from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
 from runplane.ports import LIST_BUDGET, Expect, Page
+
+log = logging.getLogger(__name__)
 
 _ser = TypeSerializer()
 _de = TypeDeserializer()
@@ -74,9 +78,25 @@ def _qs(queue: str, state: RunState | str) -> str:
 
 
 def _translate(e: Exception, what: str) -> Exception:
-    if isinstance(e, ClientError) and error_code(e) == "ValidationException":
-        return BadRequest(f"{what}: {e}")
-    return BackendError(f"{what} failed: {e}")
+    """Our error for what DynamoDB (or botocore) answered: its code decides, and its own words
+    (which may name tables, keys and attributes) are logged here, never carried to an answer."""
+    code = error_code(e) if isinstance(e, ClientError) else e.__class__.__name__
+    log.warning("%s: DynamoDB answered %s: %s", what, code, e)
+    if code == "ValidationException":
+        return BadRequest(f"{what}: the store refused the request")
+    return BackendError(f"{what} failed: {code}")
+
+
+MAX_TIMELINE_TRIES = 20
+"""How often a write whose run's full timeline changed under it reads it again and tries again."""
+
+
+class _TimelineMoved(Exception):
+    """A run's timeline changed between its read and a write that replaces it whole."""
+
+    def __init__(self, current: Run) -> None:
+        super().__init__(current.id)
+        self.current = current
 
 
 class DynamoRunStore:
@@ -127,12 +147,29 @@ class DynamoRunStore:
         return self._run(resp["Item"])
 
     def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        for field in changes:
+            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
+                raise ValueError(f"cannot update field {field!r}")
+        bounded = bound_changes(changes)
+        seen = run.events
+        for _ in range(MAX_TIMELINE_TRIES):
+            try:
+                return self._update(run, expect, bounded, event, seen)
+            except _TimelineMoved as moved:
+                seen = moved.current.events
+        raise BackendError(f"update run {run.id}: {MAX_TIMELINE_TRIES} concurrent writes won over this one; retry")
+
+    def _update(
+        self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None, seen: builtins.list[Event]
+    ) -> Run:
+        """One conditional write of ``changes`` and ``event``, where ``seen`` is the run's timeline
+        as last read. Below ``MAX_RUN_EVENTS`` the event is appended; at it, the timeline is written
+        whole (``add_event``), on the condition that it is still the one read. Raises _TimelineMoved
+        when only that condition failed, ConditionFailed when ``expect`` does not hold."""
         names: dict[str, str] = {"#id": "id"}
         values: dict[str, Any] = {}
         sets: list[str] = []
         for i, (field, value) in enumerate(changes.items()):
-            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
-                raise ValueError(f"cannot update field {field!r}")
             names[f"#f{i}"] = field
             values[f":v{i}"] = _to_dynamo(_jsonable(value))
             sets.append(f"#f{i} = :v{i}")
@@ -152,12 +189,23 @@ class DynamoRunStore:
         values[":rank"] = {"S": rank_key(priority, tag, run.created_at, run.id)}
         moves = "spec" in changes or "fair_tag" in changes
         sets.append("#rank = :rank" if moves else "#rank = if_not_exists(#rank, :rank)")
-        if event is not None:
-            names["#events"] = "events"
-            values[":ev"] = _to_dynamo([event.model_dump(mode="json")])
-            values[":empty"] = {"L": []}
-            sets.append("#events = list_append(if_not_exists(#events, :empty), :ev)")
         conditions = ["attribute_exists(#id)", *_conditions(expect, names, values)]
+        if event is not None and "events" not in changes:
+            names["#events"] = "events"
+            if len(seen) < MAX_RUN_EVENTS:
+                values[":ev"] = _to_dynamo([add_event([], event)[0].model_dump(mode="json")])
+                values[":empty"] = {"L": []}
+                values[":room"] = {"N": str(MAX_RUN_EVENTS)}
+                sets.append("#events = list_append(if_not_exists(#events, :empty), :ev)")
+                conditions.append("(attribute_not_exists(#events) OR size(#events) < :room)")
+            else:  # full: the first event and the latest ones, if the timeline is still the one read
+                last = seen[-1]
+                names |= {"#at": "at", "#message": "message"}
+                values[":events"] = _to_dynamo([e.model_dump(mode="json") for e in add_event(seen, event)])
+                values |= {":seen": {"N": str(len(seen))}, ":at": _to_dynamo(last.at), ":message": {"S": last.message}}
+                sets.append("#events = :events")
+                tail = f"#events[{len(seen) - 1}]"
+                conditions.append(f"size(#events) = :seen AND {tail}.#at = :at AND {tail}.#message = :message")
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "Key": {"id": {"S": run.id}},
@@ -174,6 +222,8 @@ class DynamoRunStore:
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
                 current = self.get(run.id)  # raises NotFound when the run is gone
+                if "#events" in names and expect.holds(current):
+                    raise _TimelineMoved(current) from e
                 raise ConditionFailed(
                     f"run {run.id} is {current.state} at attempt {current.attempt}", run=current
                 ) from e
@@ -370,6 +420,8 @@ def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "model_dump"):
         return value.model_dump(mode="json")
+    if isinstance(value, builtins.list):
+        return [_jsonable(v) for v in value]
     if isinstance(value, RunState):
         return str(value)
     return value

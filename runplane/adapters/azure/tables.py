@@ -49,6 +49,7 @@ import base64
 import builtins
 import itertools
 import json
+import logging
 import re
 import secrets
 import threading
@@ -91,7 +92,10 @@ from runplane.domain.models import (
     rank_prefix,
     run_rank,
 )
+from runplane.domain.records import add_event, bound_changes
 from runplane.ports import LIST_BUDGET, Expect, Page
+
+log = logging.getLogger(__name__)
 
 CHUNK_CHARS = 32_000
 MAX_CHUNKS = 15
@@ -135,12 +139,15 @@ def unpack(entity: Mapping[str, Any]) -> Any:
 
 
 def _failure(e: AzureError, what: str) -> RunplaneError:
+    """Our error for what Table storage answered: its code decides, and its own words (which may
+    name accounts, tables and keys) are logged here, never carried to an answer."""
     code = error_code(e)
+    log.warning("%s: Table storage answered %s: %s", what, code or e.__class__.__name__, e.message)
     if code in _TOO_LARGE:
-        return PayloadTooLarge(f"{what}: too large for Table storage ({code})")
+        return PayloadTooLarge(f"{what}: the record is too large for Table storage")
     if code == TableErrorCode.TABLE_NOT_FOUND:
         return BackendError(f"{what} failed: the table does not exist; was the stack provisioned?")
-    return BackendError(f"{what} failed: {code or e.__class__.__name__}: {e.message}")
+    return BackendError(f"{what} failed: {code or e.__class__.__name__}")
 
 
 def _get(table: TableClient, partition: str, row: str, what: str) -> Any | None:
@@ -189,16 +196,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, RunState):
         return str(value)
     return value
-
-
-def _holds(run: Run, expect: Expect) -> bool:
-    return (
-        (expect.states is None or run.state in expect.states)
-        and (expect.attempt is None or run.attempt == expect.attempt)
-        and (expect.worker_id is None or run.worker_id == expect.worker_id)
-        and not (expect.unkilled and run.kill_requested)
-        and (expect.waiting is None or bool(run.waiting_on) == expect.waiting)
-    )
 
 
 class TableRunStore:
@@ -312,11 +309,12 @@ class TableRunStore:
         for field in changes:
             if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
                 raise ValueError(f"cannot update field {field!r}")
+        bounded = bound_changes(changes)
 
         def change(current: Run) -> Mapping[str, Any]:
-            if not _holds(current, expect):
+            if not expect.holds(current):
                 raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
-            return changes
+            return bounded
 
         return self._rewrite(run, change, event)
 
@@ -350,9 +348,9 @@ class TableRunStore:
                 return current
             data = current.model_dump(mode="json")
             data.update({field: _jsonable(value) for field, value in changes.items()})
-            if event is not None:
-                data["events"].append(event.model_dump(mode="json"))
             new = Run.model_validate(data)
+            if event is not None:  # the timeline keeps its first event and the latest ones
+                new.events = add_event(new.events, event)
             main, copy, ranked = self._entities(new)
             operations: list[Any] = [
                 (

@@ -1,0 +1,179 @@
+"""A run's record stays bounded whatever its owner does, so that a kill and a final state can
+always be written: its spec is refused past ``MAX_SPEC_BYTES`` (413, naming the limit), its
+timeline keeps its first event and the latest ones, and a worker whose claim the store refuses
+gives back what it reserved and ends the run ``failed`` instead of meeting it again and again.
+
+Through both clouds' local stacks (``front``) and on both clouds' stores (moto's DynamoDB, which
+holds 400 KB an item, and Azurite's Table storage)."""
+
+import contextlib
+import time
+import uuid
+
+import pytest
+
+from runplane.client import Client, Conflict
+from runplane.domain.errors import BadRequest, PayloadTooLarge
+from runplane.domain.models import Event, FailureReason, Principal, Quota, Run, RunMessage, RunSpec, RunState
+from runplane.domain.records import MAX_RUN_EVENTS, MAX_SPEC_BYTES, json_size
+from runplane.ports import Expect
+from runplane.services import runs
+from runplane.services.reap import reap
+from tests.conftest import api_status
+from worker_agent.agent import Agent, AgentConfig
+from worker_agent.run_config import Ports
+
+PARKED = {"command": "echo hi", "queue": "parked"}
+
+
+@pytest.fixture
+def owner(front, user):
+    """A user of this test's own: (client, user name)."""
+    name = f"b-{uuid.uuid4().hex[:8]}"
+    made = user("admin").request("POST", "/v1/tokens", {"user": name})
+    client = Client(front.api_url, made["token"])
+    yield client, name
+    for view in client.request("GET", "/v1/runs", query={"state": "queued"})["runs"]:
+        with contextlib.suppress(Conflict):
+            client.request("POST", f"/v1/runs/{view['id']}/kill")
+
+
+def padded(body, size):
+    """``body`` with an environment variable that makes its spec ``size`` bytes as JSON, as
+    stored with the pool's defaults (the test pools' image and resources)."""
+    spec = RunSpec.model_validate({**body, "env": {"PAD": ""}})
+    base = json_size(spec.model_dump(mode="json"))
+    return {**body, "env": {"PAD": "x" * (size - base)}}
+
+
+def test_a_spec_past_the_limit_is_refused_with_the_limit(owner):
+    client, _ = owner
+    fits = padded(PARKED, MAX_SPEC_BYTES)
+    assert client.request("POST", "/v1/runs", fits)["state"] == "queued"
+    for body in (
+        padded(PARKED, MAX_SPEC_BYTES + 1),
+        {**PARKED, "command": "echo " + "\U0001f600" * 12_000},  # 48 KB of UTF-8, 144 KB escaped
+    ):
+        status, code, message = api_status(lambda body=body: client.request("POST", "/v1/runs", body))
+        assert (status, code) == (413, "payload_too_large")
+        assert f"at most {MAX_SPEC_BYTES}" in message and "the run's spec is" in message
+    assert len(client.request("GET", "/v1/runs")["runs"]) == 1
+
+
+def test_a_sweep_whose_members_could_pass_the_limit_is_refused(owner):
+    client, _ = owner
+    template = padded(PARKED, MAX_SPEC_BYTES - 20_000)
+    sweep = {"run": template, "parameters": {f"P{i}": ["b" * 1000, "a"] if i < 3 else ["b" * 1000] for i in range(30)}}
+    status, code, message = api_status(lambda: client.request("POST", "/v1/sweeps", sweep))
+    assert (status, code) == (413, "payload_too_large")
+    assert "a member's run spec is" in message and f"at most {MAX_SPEC_BYTES}" in message
+    assert client.request("GET", "/v1/sweeps")["sweeps"] == []
+
+
+def test_priority_changes_cannot_make_a_run_unkillable(owner):
+    """The worst the API allows: the largest spec, a timeline filled by priority changes and
+    more, then a kill (as the owner)."""
+    client, name = owner
+    run = client.request("POST", "/v1/runs", padded(PARKED, MAX_SPEC_BYTES))
+    for i in range(MAX_RUN_EVENTS + 1):
+        view = client.request("POST", f"/v1/runs/{run['id']}/priority", {"priority": 10 + i % 2})
+    events = view["events"]
+    assert len(events) == MAX_RUN_EVENTS
+    assert events[0]["message"] == "submitted to pool parked"
+    assert [e["message"] for e in events[-2:]] == [f"priority 10 -> 11 by {name}", f"priority 11 -> 10 by {name}"]
+    killed = client.request("POST", f"/v1/runs/{run['id']}/kill")
+    assert killed["state"] == "killed"
+    assert len(killed["events"]) == MAX_RUN_EVENTS and killed["events"][-1]["state"] == "killed"
+    assert killed["events"][0]["message"] == "submitted to pool parked"
+
+
+# -- on the stores ----------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["aws", "azure"])
+def stack(request):
+    """The AWS adapters with their tables on dynalite, which sizes items as DynamoDB does (moto
+    counts an attribute that a write replaces twice, old and new), or the Azure ones on Azurite."""
+    return request.getfixturevalue("aws_dynalite_stack" if request.param == "aws" else "azure_stack")
+
+
+def _run(events, pad, queue="parked", state=RunState.QUEUED):
+    spec = RunSpec(command="echo hi", queue=queue, image="runplane/test-busybox:1", env={"PAD": "x" * pad})
+    return Run(id=f"r-{uuid.uuid4().hex[:24]}", owner="alice", spec=spec, queue=queue, created_at=time.time(),
+               events=events, state=state)  # fmt: skip
+
+
+def at_the_limit(store, events, queue="parked"):
+    """A queued run with ``events``, stored past the API's checks (as a release before them could
+    store it) and grown to within a few bytes of what its store holds. The runs that find the
+    limit are stored killed (a state of as many letters), out of the pool's line."""
+    low, high = 0, 500_000  # padding that fits, padding that does not
+    while high - low > 8:
+        middle = (low + high) // 2
+        try:
+            store.create(_run(events, middle, queue, RunState.KILLED))
+        except (BadRequest, PayloadTooLarge):
+            high = middle
+        else:
+            low = middle
+    run = _run(events, low, queue)
+    store.create(run)
+    return run
+
+
+def test_a_run_grown_to_its_stores_limit_is_still_killable(stack):
+    """The timeline an older release let grow (thousands of priority changes) next to a large
+    spec: a kill keeps the first event and the latest ones, and is written."""
+    events = [Event(at=1.0 + i, message=f"priority {i % 2} -> {(i + 1) % 2} by alice") for i in range(2400)]
+    run = at_the_limit(stack.store, events)
+    killed = runs.kill_run(stack.store, Principal(user="alice"), run.id, time.time)
+    assert killed.state == RunState.KILLED
+    stored = stack.store.get(run.id)
+    assert stored.state == RunState.KILLED and len(stored.events) == MAX_RUN_EVENTS
+    assert stored.events[0] == events[0] and stored.events[-2] == events[-1]
+    assert stored.events[-1].message == "killed by alice while queued"
+
+
+def test_a_full_timeline_written_from_a_stale_read_loses_no_event(stack):
+    store = stack.store
+    first = Event(at=1.0, state=RunState.QUEUED, message="submitted to pool parked")
+    run = store.create(_run([first], 10))
+    stale = run
+    for i in range(MAX_RUN_EVENTS + 5):
+        run = store.update(run, Expect(states=frozenset({RunState.QUEUED})), {}, Event(at=2.0 + i, message=f"e{i}"))
+    assert len(run.events) == MAX_RUN_EVENTS
+    # a writer that read the run before it filled up appends behind the latest event, not over it
+    done = store.update(stale, Expect(states=frozenset({RunState.QUEUED})), {}, Event(at=500.0, message="late"))
+    assert [e.message for e in done.events[-3:]] == [f"e{MAX_RUN_EVENTS + 3}", f"e{MAX_RUN_EVENTS + 4}", "late"]
+    assert done.events[0] == first and len(done.events) == MAX_RUN_EVENTS
+    assert store.get(run.id).events == done.events
+
+
+def test_an_agent_whose_claim_is_refused_gives_back_and_the_run_ends_failed(stack, tmp_path):
+    """A run the store cannot take one more event for (a large record of an older release): the
+    claim is refused, the worker's cores and the owner's quota hold are given back, the run ends
+    failed with a reason and no store text, and neither it nor the reaper offers it again."""
+    stack.quotas.put(Quota(kind="user", name="alice", max_running=5, updated_at=time.time()))
+    events = [Event(at=1.0, state=RunState.QUEUED, message="submitted to pool default")]
+    events += [Event(at=2.0 + i, message="x" * 900) for i in range(MAX_RUN_EVENTS - 10)]
+    run = at_the_limit(stack.store, events, queue="default")
+    with pytest.raises((BadRequest, PayloadTooLarge)):  # what the claim would write does not fit
+        stack.store.update(run, Expect(), {"worker_id": "w-refused"}, Event(at=3.0, message="claimed"))
+    stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
+    config = AgentConfig(pool="default", worker_id="w-refused", work_dir=tmp_path / "w", cpuset=(0, 1))
+    ports = Ports(stack.store, stack.queue, stack.objects, stack.quotas)
+    agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
+    (delivery,) = stack.queue.receive("default", 1, 5, visibility_seconds=30)
+
+    agent._take(delivery)
+
+    ended = stack.store.get(run.id)
+    assert (ended.state, ended.attempt, ended.worker_id) == (RunState.FAILED, 0, None)
+    assert ended.failure is not None and ended.failure.reason == FailureReason.AGENT_ERROR
+    assert ended.failure.message.startswith("worker w-refused could not claim it: ")
+    for store_words in ("ValidationException", "Item size", "EntityTooLarge", "PropertyValueTooLarge"):
+        assert store_words not in ended.failure.message
+    assert agent.allocator.free() == (2, 0) and agent.active == {} and agent.claimed == 0
+    assert stack.quotas.usage("user", "alice").holds == {}
+    reap(stack.store, stack.queue, stack.pools, time.time() + 3600, rehint_after=0, quotas=stack.quotas)
+    assert stack.queue.receive("default", 10, 1, visibility_seconds=30) == []
