@@ -12,10 +12,12 @@ import pytest
 
 from runplane import bootstrap
 from runplane.adapters.aws.sqs import pool_queue_name
-from runplane.domain.models import PoolConfig, RunMessage
+from runplane.domain.models import PoolConfig, RunMessage, RunState
 from runplane.services.reap import reap
 from tests.conftest import DATASETS, TERMINAL, wait_for, wait_state
 from tests.gate import GATE, open_gate, output_dir
+from tests.security import test_network as contained
+from tests.security.test_network import start_agent  # noqa: F401  (a fixture of this module's too)
 
 pytestmark = pytest.mark.docker
 
@@ -223,11 +225,22 @@ def test_sigkilled_worker_run_is_requeued_and_finished_by_another(docker_client,
     assert outputs(alice, run["id"]) == {"attempt": b"2\n"}
 
 
-def test_network_off_by_default(docker_client, alice):
-    run = submit(alice, "cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | sort | tr '\\n' ' '")
-    done = wait_state(alice, run["id"], TERMINAL)
-    assert done["state"] == "succeeded"
-    assert read_all(alice, run["id"]).split() == ["lo"]
+def test_network_off_by_default(docker_client, aws_stack, request, tmp_path):
+    """A run that does not ask for a network has none, on an agent whose runs' network reaches a
+    host: a network namespace of this test's own with a stand-in server (tests/security/
+    test_network.py), which a run that asks for the network does reach. (The engine here has no
+    default bridge: a run left on the engine's default network would see only lo too.)"""
+    with contained.stand_in(docker_client, "macvlan", tmp_path) as host:
+        request.getfixturevalue("start_agent")("--network-mode", host.network)
+        probe = "cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' ' | sort | tr '\\n' ' '; echo; " + (
+            contained.PROBE.format(targets=host.other)
+        )
+        runs = {net: contained.submit(aws_stack, probe, network=net) for net in (True, False)}
+        done = {net: contained.finished(aws_stack, run) for net, run in runs.items()}
+        assert [done[net].state for net in (True, False)] == [RunState.SUCCEEDED] * 2, done
+        seen = {net: contained.stdout(aws_stack, run).splitlines() for net, run in done.items()}
+        assert seen[True] == ["eth0 lo ", f"{host.other} reached"]  # this agent's runs' network works
+        assert seen[False] == ["lo ", f"{host.other} blocked"]
 
 
 def test_container_sees_neither_docker_socket_nor_agent_env(docker_client, alice):
