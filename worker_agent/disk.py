@@ -25,13 +25,15 @@ def check_disk(
     cancelled: Callable[[], bool] | None = None,
     *,
     volumes_dir: Path | None = None,
+    inputs: int = 0,
 ) -> Outcome | None:
     """Everything the run wrote against its limits (``limits.disk_over``): its output directory,
     its home directory (``home_dir``, when it has one of its own), the directories of its image's
     ``VOLUME`` paths (``volumes_dir``, when it has any) and its container's writable layer, with
-    the engine's files bound into it (``layer_size``). The walks stop once past a limit, or once
-    ``cancelled()``; then it says nothing. What they found in all goes into ``usage.disk``."""
-    limit, most = limits.disk, limits.max_output_files
+    the engine's files bound into it (``layer_size``); and the ``inputs`` bytes it was given,
+    which count against its disk too. The walks stop once past a limit, or once ``cancelled()``;
+    then it says nothing. What they found in all goes into ``usage.disk``."""
+    limit, most = _rest(limits.disk, inputs), limits.max_output_files
     output = walk(output_dir, limit, most, cancelled)
     home = Tree()
     if home_dir is not None:
@@ -45,7 +47,7 @@ def check_disk(
     if cancelled is not None and cancelled():
         return None
     usage.disk = size + layer.size
-    return disk_over(output, home, layer, limits, volumes)
+    return disk_over(output, home, layer, limits, volumes, Tree(size=inputs))
 
 
 class DiskSampler:

@@ -272,6 +272,7 @@ class RunExecutor:
             self.usage,
             cancelled,
             volumes_dir=volumes,
+            inputs=self.setup.input_bytes,
         )
 
     def _upload(self, outcome: Outcome) -> Outcome:

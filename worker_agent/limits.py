@@ -89,13 +89,18 @@ def log_over(log_bytes: int, limits: Limits) -> Outcome | None:
     )
 
 
-def disk_over(output: Tree, home: Tree, layer: Tree, limits: Limits, volumes: Tree | None = None) -> Outcome | None:
+def disk_over(
+    output: Tree, home: Tree, layer: Tree, limits: Limits, volumes: Tree | None = None, inputs: Tree | None = None
+) -> Outcome | None:
     """What the run wrote (its output directory, its home directory, its container's writable
-    layer and its image's ``VOLUME`` paths, as walked) against its disk limit, by apparent size,
-    and against the pool's ``max_output_files``, by count of them all together. What could not
-    be walked counts as over, never as 0. An Outcome over a limit uploads nothing."""
+    layer and its image's ``VOLUME`` paths, as walked) with its ``inputs`` (their bytes) against
+    its disk limit, by apparent size, and against the pool's ``max_output_files``, by count of
+    what it wrote. What could not be walked counts as over, never as 0. An Outcome over a limit
+    uploads nothing."""
     volumes = volumes or Tree()
     trees = [("output directory", output), ("container file system", layer), ("home", home), ("volumes", volumes)]
+    inputs = inputs or Tree()
+    trees.append(("inputs", inputs))
     unreadable = "; ".join(f"{name}: {tree.unreadable}" for name, tree in trees if tree.unreadable)
     if unreadable:
         return Outcome(
@@ -121,7 +126,8 @@ def disk_over(output: Tree, home: Tree, layer: Tree, limits: Limits, volumes: Tr
     return Outcome(
         RunState.FAILED,
         FailureReason.DISK_LIMIT,
-        f"wrote {more}{format_bytes(total)} ({detail}), over the {format_bytes(limits.disk)} disk limit",
+        f"{'holds, with its inputs,' if inputs.size else 'wrote'} {more}{format_bytes(total)} ({detail}), over the "
+        f"{format_bytes(limits.disk)} disk limit",
         upload=False,
     )
 

@@ -84,6 +84,17 @@ def ended(stack, run: Run, timeout: float = 60) -> Run:
     return wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, timeout, 0.1, f"run {run.id} to end")
 
 
+def finished_run(stack, files: dict[str, bytes]) -> Run:
+    """A succeeded run of alice's with ``files`` as its outputs (the source of ``run:`` inputs)."""
+    run = stack.store.create(
+        Run(id=f"r-src{uuid.uuid4().hex[:8]}", owner="alice", queue="manual", created_at=1, attempt=1,
+            spec=RunSpec(command="x"))
+    )  # fmt: skip
+    for path, data in files.items():
+        stack.objects.put_bytes(outputs_prefix(run.id, 1) + path, data)
+    return stack.store.update(run, Expect(), {"state": RunState.SUCCEEDED})
+
+
 def test_a_run_asking_all_of_a_workers_memory_has_the_worker_to_itself(aws_stack, agent):
     """Two slots and two cores, but one run holds all 2g of the worker's memory: a second such
     run stays queued while it runs (the worker passes its hint back), and starts once it is over.
@@ -111,18 +122,7 @@ def test_an_input_larger_than_the_runs_disk_is_input_unavailable_naming_both_siz
     """A 2m output of the user's own finished run, as the input of a run with 1m of disk: refused
     before a byte of it is downloaded, as the store lists its size. Before, it was downloaded whole,
     outside of what the run's disk counts."""
-    source = aws_stack.store.create(
-        Run(
-            id=f"r-src{uuid.uuid4().hex[:8]}",
-            owner="alice",
-            queue="manual",
-            created_at=1,
-            attempt=1,
-            spec=RunSpec(command="x"),
-        )
-    )
-    aws_stack.objects.put_bytes(outputs_prefix(source.id, 1) + "weights.bin", b"w" * (2 * 1024**2))
-    aws_stack.store.update(source, Expect(), {"state": RunState.SUCCEEDED})
+    source = finished_run(aws_stack, {"weights.bin": b"w" * (2 * 1024**2)})
     run = submit(aws_stack, "true", resources={"disk": "1m"}, inputs={"w": f"run:{source.id}/weights.bin"})
     done = ended(aws_stack, run)
     assert done.failure is not None, done.state
@@ -130,6 +130,18 @@ def test_an_input_larger_than_the_runs_disk_is_input_unavailable_naming_both_siz
     assert "weights.bin is 2m, more than the 1m of the run's disk" in done.failure.message
     cached = [p for p in (tmp_path / "work").rglob("*") if p.is_file() and p.stat().st_size >= 1024**2]
     assert cached == []  # nothing of it on the worker
+
+
+def test_what_a_run_writes_counts_with_its_inputs_against_its_disk(aws_stack, agent):
+    """Given 2m of inputs on a 3m disk, a run that writes 1.5m is over: its inputs are on the
+    worker's disk all the while it runs. Before, only what it wrote was counted."""
+    source = finished_run(aws_stack, {"weights.bin": b"w" * (2 * 1024**2)})
+    command = "head -c 1572864 /dev/zero > out.bin"
+    run = submit(aws_stack, command, resources={"disk": "3m"}, inputs={"w": f"run:{source.id}/weights.bin"})
+    done = ended(aws_stack, run)
+    assert done.failure is not None, done.state
+    assert (done.state, done.failure.reason) == (RunState.FAILED, "disk_limit")
+    assert "with its inputs" in done.failure.message and "inputs 2m" in done.failure.message
 
 
 def make_image(client: Any, tag: str, size: int) -> Any:

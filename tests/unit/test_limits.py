@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runplane.domain.models import FailureReason, Resources, Run, RunSpec, RunState
+from runplane.domain.models import FailureReason, Resources, Run, RunSpec, RunState, Usage
+from worker_agent.disk import check_disk
 from worker_agent.limits import Limits, Seen, disk_over, ended, killed, log_over, stop
 from worker_agent.outcome import Outcome
 from worker_agent.run_config import ExecutorConfig
@@ -124,6 +125,24 @@ def test_what_the_images_volumes_hold_counts_with_the_rest():
     assert outcome.message == (
         "wrote more than 11m (output directory 4m, container file system 1m, volumes 6m), over the 10m disk limit"
     )
+
+
+def test_a_runs_inputs_count_against_its_disk_with_what_it_wrote(tmp_path):
+    """A run given 6m of inputs on a 10m disk has 4m left to write: its inputs are on the worker's
+    disk all the while it runs, set aside out of what it asked."""
+    assert disk_over(Tree(size=4 * MiB), Tree(), Tree(), LIMITS, inputs=Tree(size=6 * MiB)) is None
+    outcome = disk_over(Tree(size=4 * MiB), Tree(), Tree(size=1), LIMITS, inputs=Tree(size=6 * MiB))
+    assert outcome is not None and outcome.reason == FailureReason.DISK_LIMIT
+    assert outcome.message == (
+        "holds, with its inputs, 10.0m (output directory 4m, container file system 1, inputs 6m), "
+        "over the 10m disk limit"
+    )
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "f").write_bytes(b"x" * (5 * MiB))
+    usage = Usage()
+    walked = check_disk(tmp_path / "out", None, lambda *_: Tree(), LIMITS, usage, inputs=6 * MiB)
+    assert walked is not None and "inputs 6m" in walked.message and usage.disk == 5 * MiB  # what it wrote
+    assert check_disk(tmp_path / "out", None, lambda *_: Tree(), LIMITS, Usage(), inputs=5 * MiB) is None
 
 
 def test_more_entries_than_max_output_files_count_the_trees_together():
