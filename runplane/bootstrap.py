@@ -29,6 +29,7 @@ from runplane.ports import (
     WorkerRegistry,
 )
 from runplane.services.auth import CachedTokens
+from runplane.services.authority import Owners
 from runplane.services.inputs import InputPolicy
 from runplane.services.sweeps import SweepPorts
 from runplane.settings import StackSettings
@@ -65,7 +66,18 @@ class Stack:
 
     @functools.cached_property
     def sweep_ports(self) -> SweepPorts:
-        return SweepPorts(self.store, self.sweeps, self.queue, self.pools, self.workers, self.clock, self.quotas)
+        owners = Owners(self.tokens, self.clock)
+        return SweepPorts(
+            self.store,
+            self.sweeps,
+            self.queue,
+            self.pools,
+            self.workers,
+            self.clock,
+            self.quotas,
+            owners=owners,
+            inputs=self.input_policy,
+        )
 
     @functools.cached_property
     def input_policy(self) -> InputPolicy:

@@ -25,6 +25,7 @@ from runplane.domain.models import (
     RunMessage,
     RunState,
     UsageRecord,
+    UserRecord,
     Worker,
 )
 from runplane.domain.sweeps import Sweep
@@ -294,6 +295,15 @@ class TokenStore(Protocol):
 
     def delete(self, token_id: str) -> bool:
         """Remove the token with this id; False when there is none. Idempotent."""
+        ...
+
+    def user(self, name: str) -> UserRecord | None:
+        """What an administrator set for user ``name``; None when nothing was (or its record does
+        not validate)."""
+        ...
+
+    def put_user(self, record: UserRecord) -> None:
+        """Store ``record``, replacing the user's earlier one. Never listed among the tokens."""
         ...
 
     def secret(self) -> bytes:

@@ -33,6 +33,7 @@ from runplane.api.models import (
     TokenCreate,
     TokenCreated,
     TokenList,
+    UserSettings,
     WorkerList,
 )
 from runplane.api.observability import make_tracer
@@ -47,6 +48,7 @@ from runplane.api.views import (
     sweep_view,
     token_view,
     usage_view,
+    user_view,
     worker_view,
 )
 from runplane.domain import errors
@@ -382,7 +384,9 @@ def set_priority(run_id: str) -> Response[str]:
     principal = _principal("runs:write")
     request: SetPriority = _model(SetPriority, _body_object())
     s = bootstrap.stack()
-    run = runs.set_priority(s.store, s.pools, principal, _run_id(run_id), request.priority, s.clock, quotas=s.quotas)
+    run = runs.set_priority(
+        s.store, s.pools, principal, _run_id(run_id), request.priority, s.clock, quotas=s.quotas, inputs=s.input_policy
+    )
     return _json(200, run_view(run))
 
 
@@ -503,6 +507,22 @@ def revoke_token(token_id: str) -> Response[str]:
         raise errors.NotFound(f"token {token_id[:80]!r} not found")
     tenancy.revoke_token(bootstrap.stack().tokens, token_id)
     return Response(status_code=204, content_type=content_types.APPLICATION_JSON, body="")
+
+
+@app.get("/v1/users/<user>")
+def get_user(user: str) -> Response[str]:
+    _principal("admin")
+    s = bootstrap.stack()
+    return _json(200, user_view(tenancy.get_user(s.tokens, _subject(user), s.clock())))
+
+
+@app.put("/v1/users/<user>")
+def set_user(user: str) -> Response[str]:
+    principal = _principal("admin")
+    request: UserSettings = _model(UserSettings, _body_object())
+    s = bootstrap.stack()
+    found = tenancy.set_default_group(s.tokens, _subject(user), request.default_group, by=principal.user, now=s.clock())
+    return _json(200, user_view(found))
 
 
 def _subject(name: str) -> str:

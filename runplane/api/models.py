@@ -130,6 +130,35 @@ class Me(BaseModel):
     groups: list[str]
     scopes: list[str]
     token_id: str | None
+    default_group: str | None = Field(
+        default=None, description="the group a run naming none is charged to, for a token of several groups"
+    )
+
+
+class UserSettings(BaseModel):
+    """``PUT /v1/users/{user}``: what an administrator sets for a user (admins only)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    default_group: str | None = Field(
+        pattern=NAME_PATTERN,
+        description="the group the user's runs and sweeps are charged to when they name none and their token "
+        "carries several groups; one of the user's groups; null: none (a run must then name its group)",
+    )
+
+
+class UserView(BaseModel):
+    """``GET``/``PUT /v1/users/{user}``: a user's groups now and what an administrator set."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    user: str
+    groups: list[str] = Field(description="the groups of the user's tokens that have not expired")
+    default_group: str | None
+    updated_at: str | None = Field(
+        default=None, description="ISO 8601, UTC; null: never set", json_schema_extra={"format": "date-time"}
+    )
+    updated_by: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,6 +345,9 @@ class SweepView(WireModel):
     id: str
     name: str | None
     owner: str
+    group: str | None = Field(
+        default=None, description="the group its members are charged to besides their owner (its quotas apply)"
+    )
     queue: str = Field(description="the pool its members run in")
     size: int = Field(description="members")
     max_parallel: int | None = Field(description="the most members out at once (null: what the pool can run)")

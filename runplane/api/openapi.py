@@ -43,13 +43,23 @@ from runplane.api.models import (
     TokenCreated,
     TokenList,
     UsageReport,
+    UserSettings,
+    UserView,
     WorkerList,
 )
 from runplane.domain.models import NAME_PATTERN, RunSpec, RunState
 from runplane.domain.sweeps import SweepSpec
 
 REF = "#/components/schemas/{model}"
-REQUESTS: tuple[type[BaseModel], ...] = (RunSpec, SetPriority, TokenCreate, QuotaLimits, SweepSpec, SweepPatch)
+REQUESTS: tuple[type[BaseModel], ...] = (
+    RunSpec,
+    SetPriority,
+    TokenCreate,
+    UserSettings,
+    QuotaLimits,
+    SweepSpec,
+    SweepPatch,
+)
 RESPONSES: tuple[type[BaseModel], ...] = (
     RunView,
     RunPage,
@@ -61,6 +71,7 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     ErrorBody,
     TokenCreated,
     TokenList,
+    UserView,
     Me,
     QuotaView,
     QuotaList,
@@ -121,6 +132,15 @@ _PRIORITY_403 = (
     "the token lacks the scope this needs, or a caller who is not an admin asks a priority above the "
     "pool's max_user_priority"
 )
+_RELEASE_403 = (
+    "the token lacks the scope this needs, the sweep's owner is no longer in the group it is charged to or "
+    "allowed its inputs, or a caller who is not an admin would release members at a priority above the "
+    "pool's max_user_priority"
+)
+_USER_EXAMPLES = {
+    "default": {"summary": "runs naming no group are charged to vision", "value": {"default_group": "vision"}},
+    "none": {"summary": "no default: a run must name its group", "value": {"default_group": None}},
+}
 _TOKEN_EXAMPLES = {
     "user": {
         "summary": "a user of the group vision for 90 days",
@@ -321,7 +341,7 @@ def _runs_paths() -> dict[str, Any]:
                         **_ok(200, "RunView", "changed; the run as it is now"),
                         **_errors(400, *_AUTH, 404, 409, 413, 422),
                     },
-                    _PRIORITY_403,
+                    _PRIORITY_403 + ", or its owner is no longer in the group it is charged to or allowed its inputs",
                 ),
             }
         },
@@ -414,7 +434,9 @@ def _sweep_paths() -> dict[str, Any]:
                 "summary": "Change max_parallel while the sweep goes",
                 "parameters": _SWEEP_ID,
                 "requestBody": _body("SweepPatch", {"four": {"summary": "4 at once", "value": {"max_parallel": 4}}}),
-                "responses": {**_ok(200, "SweepView"), **_errors(400, *_AUTH, 404, 409, 413, 422)},
+                "responses": _forbidden(
+                    {**_ok(200, "SweepView"), **_errors(400, *_AUTH, 404, 409, 413, 422)}, _RELEASE_403
+                ),
             },
         },
         "/v1/sweeps/{sweep_id}/kill": {
@@ -430,7 +452,7 @@ def _sweep_paths() -> dict[str, Any]:
                 "operationId": "retrySweep",
                 "summary": "Run again the members whose latest try failed, was killed or timed out",
                 "parameters": _SWEEP_ID,
-                "responses": {**_ok(200, "SweepRetried"), **_errors(*_AUTH, 404, 409, 413)},
+                "responses": _forbidden({**_ok(200, "SweepRetried"), **_errors(*_AUTH, 404, 409, 413)}, _RELEASE_403),
             }
         },
     }
@@ -466,6 +488,21 @@ def _admin_paths() -> dict[str, Any]:
                 "parameters": [_path("token_id")],
                 "responses": {"204": {"description": _DESCRIPTIONS[204]}, **_errors(*_AUTH, 404)},
             }
+        },
+        "/v1/users/{user}": {
+            "get": {
+                "operationId": "getUser",
+                "summary": "A user's groups (those of their tokens now) and default group (admin)",
+                "parameters": [_path("user")],
+                "responses": {**_ok(200, "UserView"), **_errors(*_AUTH, 404, 422)},
+            },
+            "put": {
+                "operationId": "setUser",
+                "summary": "Set a user's default group (admin): the group their runs naming none are charged to",
+                "parameters": [_path("user")],
+                "requestBody": _body("UserSettings", _USER_EXAMPLES),
+                "responses": {**_ok(200, "UserView"), **_errors(400, *_AUTH, 404, 413, 422)},
+            },
         },
     }
 

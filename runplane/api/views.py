@@ -22,6 +22,7 @@ from runplane.api.models import (
     Token,
     UsageReport,
     UsageRow,
+    UserView,
     WorkerView,
     timestamp,
 )
@@ -29,6 +30,7 @@ from runplane.domain.models import ApiToken, FailureReason, Pool, PoolRecord, Pr
 from runplane.domain.sweeps import PENDING, Sweep
 from runplane.services.quota_admin import QuotaUse
 from runplane.services.sweeps import Progress
+from runplane.services.tenancy import UserFacts
 from runplane.services.usage import Report, Row
 
 
@@ -83,6 +85,7 @@ def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
         id=sweep.id,
         name=sweep.spec.name,
         owner=sweep.owner,
+        group=sweep.group,
         queue=sweep.queue,
         size=sweep.size,
         max_parallel=sweep.max_parallel,
@@ -173,7 +176,24 @@ def token_view(token: ApiToken) -> Token:
 
 
 def me_view(principal: Principal) -> Me:
-    return Me(user=principal.user, groups=principal.groups, scopes=principal.scopes, token_id=principal.token_id)
+    return Me(
+        user=principal.user,
+        groups=principal.groups,
+        scopes=principal.scopes,
+        token_id=principal.token_id,
+        default_group=principal.default_group,
+    )
+
+
+def user_view(facts: UserFacts) -> UserView:
+    record = facts.record
+    return UserView(
+        user=facts.user,
+        groups=facts.groups,
+        default_group=record.default_group if record is not None else None,
+        updated_at=iso(record.updated_at) if record is not None else None,
+        updated_by=record.updated_by if record is not None else None,
+    )
 
 
 def quota_view(found: QuotaUse) -> QuotaView:

@@ -1,4 +1,5 @@
-"""``runplane token create|ls|revoke`` (administrators) and ``runplane whoami``."""
+"""``runplane token create|ls|revoke`` and ``runplane user show|set`` (administrators) and
+``runplane whoami``."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from runplane.api.models import TokenCreated
+from runplane.api.models import TokenCreated, UserView
 from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
 
 token_app = typer.Typer(no_args_is_help=True, help="Make, list and revoke API tokens (administrators).")
+user_app = typer.Typer(no_args_is_help=True, help="A user's groups and default group (administrators).")
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(token_app, name="token")
+    app.add_typer(user_app, name="user")
     app.command()(whoami)
 
 
@@ -140,6 +143,41 @@ def token_revoke(
     err.print(Text(f"{token_id}: revoked"), highlight=False)
 
 
+def _print_user(found: UserView, as_json: bool) -> None:
+    if as_json:
+        print_json(found)
+        return
+    groups = ", ".join(found.groups) or "none"
+    out.print(
+        f"{found.user}: groups {groups}; default group {found.default_group or 'none'}", markup=False, highlight=False
+    )
+
+
+@user_app.command("show")
+def user_show(ctx: typer.Context, user: Annotated[str, typer.Argument(help="the user")], as_json: JSON = False) -> None:
+    """A user's groups (those of their tokens now) and default group."""
+    _print_user(client(ctx).user(user), as_json)
+
+
+@user_app.command("set")
+def user_set(
+    ctx: typer.Context,
+    user: Annotated[str, typer.Argument(help="the user")],
+    default_group: Annotated[
+        str | None,
+        typer.Option(help="charge the user's runs and sweeps that name no group to this one of their groups"),
+    ] = None,
+    no_default_group: Annotated[
+        bool, typer.Option("--no-default-group", help="no default: a user in several groups names one per run")
+    ] = False,
+    as_json: JSON = False,
+) -> None:
+    """Set a user's default group (a user in several groups otherwise names one with each run)."""
+    if (default_group is None) == (not no_default_group):
+        raise CliError("give --default-group GROUP or --no-default-group")
+    _print_user(client(ctx).set_default_group(user, default_group), as_json)
+
+
 def whoami(ctx: typer.Context, as_json: JSON = False) -> None:
     """Who your token acts for: user, groups and scopes."""
     me = client(ctx).me()
@@ -147,4 +185,6 @@ def whoami(ctx: typer.Context, as_json: JSON = False) -> None:
         print_json(me)
         return
     groups = f" (groups: {', '.join(me.groups)})" if me.groups else ""
+    if me.default_group:
+        groups += f" (default group: {me.default_group})"
     out.print(f"{me.user}{groups}; scopes: {', '.join(me.scopes) or 'none'}", markup=False, highlight=False)

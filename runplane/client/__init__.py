@@ -30,6 +30,7 @@ from runplane.api.models import (
     TokenCreated,
     UsageReport,
     UsageRow,
+    UserView,
     WorkerView,
 )
 from runplane.client._async import AsyncClient, AsyncRun, AsyncSweep
@@ -98,6 +99,7 @@ __all__ = [
     "Unauthorized",
     "UsageReport",
     "UsageRow",
+    "UserView",
     "WaitTimeout",
     "WorkerView",
     "config_path",

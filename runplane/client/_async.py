@@ -25,6 +25,7 @@ from runplane.api.models import (
     Token,
     TokenCreated,
     UsageReport,
+    UserView,
     WorkerView,
 )
 from runplane.client._core import (
@@ -350,6 +351,14 @@ class AsyncClient:
 
     async def revoke_token(self, token_id: str) -> None:
         await self._drive(self._plans.revoke_token(token_id))
+
+    async def user(self, user: str) -> UserView:
+        """See ``Client.user``."""
+        return await self._drive(self._plans.user(user))
+
+    async def set_default_group(self, user: str, group: str | None) -> UserView:
+        """See ``Client.set_default_group``."""
+        return await self._drive(self._plans.set_default_group(user, group))
 
     # --- quotas -----------------------------------------------------------------------------
 

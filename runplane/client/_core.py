@@ -46,6 +46,7 @@ from runplane.api.models import (
     TokenCreated,
     TokenList,
     UsageReport,
+    UserView,
     WorkerList,
     WorkerView,
 )
@@ -655,6 +656,12 @@ class Plans:
 
     def revoke_token(self, token_id: str) -> Plan[None]:
         yield from self.raw("DELETE", f"/v1/tokens/{_quote(token_id)}")
+
+    def user(self, user: str) -> Plan[UserView]:
+        return self._get(UserView, f"/v1/users/{_quote(user)}")
+
+    def set_default_group(self, user: str, group: str | None) -> Plan[UserView]:
+        return parse(UserView, (yield from self.raw("PUT", f"/v1/users/{_quote(user)}", {"default_group": group})))
 
     # quotas
 

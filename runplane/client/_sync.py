@@ -24,6 +24,7 @@ from runplane.api.models import (
     Token,
     TokenCreated,
     UsageReport,
+    UserView,
     WorkerView,
 )
 from runplane.client._core import (
@@ -392,6 +393,15 @@ class Client:
 
     def revoke_token(self, token_id: str) -> None:
         self._drive(self._plans.revoke_token(token_id))
+
+    def user(self, user: str) -> UserView:
+        """A user's groups (those of their tokens now) and default group (admin)."""
+        return self._drive(self._plans.user(user))
+
+    def set_default_group(self, user: str, group: str | None) -> UserView:
+        """Charge ``user``'s runs and sweeps that name no group to ``group`` when their token
+        carries several (admin); None: no default, they must name one."""
+        return self._drive(self._plans.set_default_group(user, group))
 
     # --- quotas -----------------------------------------------------------------------------
 

@@ -159,6 +159,7 @@ class FailureReason(StrEnum):
     GPU_UNAVAILABLE = "gpu_unavailable"
     AGENT_ERROR = "agent_error"
     DEPENDENCY_FAILED = "dependency_failed"
+    NOT_PERMITTED = "not_permitted"
 
 
 NEVER_RETRIED = frozenset({FailureReason.KILLED, FailureReason.DEPENDENCY_FAILED})
@@ -761,6 +762,9 @@ class Principal(BaseModel):
     """None unless given: a caller holds only what its token grants."""
     groups: list[str] = Field(default_factory=list)
     token_id: str | None = None
+    default_group: str | None = None
+    """The group a run of this caller is charged to when it names none and the caller is in
+    several (an administrator's setting, ``UserRecord``); only while it is one of ``groups``."""
 
     def can(self, scope: str) -> bool:
         """Whether the caller holds ``scope``; ``admin`` holds every scope."""
@@ -796,18 +800,49 @@ class ApiToken(BaseModel):
         return Principal(user=self.user, scopes=list(self.scopes), groups=list(self.groups), token_id=self.id)
 
 
+class UserRecord(BaseModel):
+    """What an administrator set for a user (``PUT /v1/users/{user}``), stored beside the tokens.
+
+    Read tolerantly (another release may have written it); a record that does not validate is
+    read as none: the user has no default group."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    v: int = SCHEMA_VERSION
+    user: str = Field(pattern=USER_PATTERN)
+    default_group: str | None = Field(default=None, pattern=NAME_PATTERN)
+    """The group the user's runs and sweeps are charged to when they name none and their token
+    carries several groups (one of them: a default the token does not carry is not used)."""
+    updated_at: float = Field(default=0.0, ge=0, lt=1e11)
+    updated_by: str | None = Field(default=None, max_length=200)
+
+    @classmethod
+    def read(cls, doc: str | None) -> UserRecord | None:
+        """The record stored as ``doc`` (JSON); None for none, or for one that does not validate."""
+        if doc is None:
+            return None
+        try:
+            return cls.model_validate_json(doc)
+        except ValueError:
+            return None
+
+
 def refuses(
     tag: str | None, tag_exclusive: bool, group: str | None, run: Run, *, network_refused: str | None = None
 ) -> str | None:
     """Why a worker with ``tag``/``group`` does not take ``run``, or None if it does.
 
     A tagged run goes only to workers with that tag; a worker with a tag also takes untagged runs
-    unless it is tag-exclusive; a worker with a group takes only runs of that group's members; a
+    unless it is tag-exclusive; a worker with a group takes only runs charged to that group (a
+    member's run charged to another of their groups, or to none, is not the group's to pay for); a
     worker that cannot keep runs from the metadata service and the host (``network_refused``, why)
     takes no run that asks for a network.
     """
     if group is not None and group not in run.owner_groups:
         return f"this worker serves group {group} only and {run.owner} is not in it"
+    if group is not None and run.group != group:
+        charged = f"group {run.group}" if run.group is not None else "no group"
+        return f"this worker serves group {group} only and the run is charged to {charged}"
     if run.spec.tag is not None and run.spec.tag != tag:
         return f"the run asks for a worker tagged {run.spec.tag}"
     if run.spec.tag is None and tag_exclusive:

@@ -60,6 +60,7 @@ _REASON_CODES: dict[FailureReason, str] = {
     FailureReason.GPU_UNAVAILABLE: "l",
     FailureReason.AGENT_ERROR: "m",
     FailureReason.DEPENDENCY_FAILED: "n",
+    FailureReason.NOT_PERMITTED: "q",  # "o" is OPEN, "s" SUCCEEDED
     FailureReason.IMAGE_TOO_LARGE: "p",
 }
 _CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from runplane.domain.errors import Forbidden, NotFound, Unauthorized
-from runplane.domain.models import ApiToken, Principal, Run, Scope
+from runplane.domain.models import ApiToken, Principal, Run, Scope, UserRecord
 from runplane.ports import TokenStore
 
 CACHE_SECONDS = 4.0
@@ -34,8 +34,12 @@ class CachedTokens:
         self.ttl = ttl
         self.clock = clock
         self._hits: dict[str, tuple[float, ApiToken]] = {}
+        self._users: dict[str, tuple[float, UserRecord | None]] = {}
         self._secret: bytes | None = None
         self._lock = threading.Lock()
+        self.changes = 0
+        """How many writes went through this instance: what reads tokens in bulk (``authority.Owners``)
+        reads them again after one, as this instance's own lookups do at once."""
 
     def lookup(self, token_hash: str) -> ApiToken | None:
         now = self.clock()
@@ -56,6 +60,7 @@ class CachedTokens:
         self.inner.put(token_hash, token)
         with self._lock:
             self._hits.pop(token_hash, None)
+            self.changes += 1
 
     def list(self) -> list[ApiToken]:
         return self.inner.list()
@@ -63,9 +68,28 @@ class CachedTokens:
     def delete(self, token_id: str) -> bool:
         found = self.inner.delete(token_id)
         with self._lock:
+            self.changes += 1
             for token_hash in [h for h, (_, t) in self._hits.items() if t.id == token_id]:
                 del self._hits[token_hash]
         return found
+
+    def user(self, name: str) -> UserRecord | None:
+        now = self.clock()
+        hit = self._users.get(name)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1]
+        record = self.inner.user(name)
+        with self._lock:
+            if len(self._users) > 10000:
+                self._users.clear()
+            self._users[name] = (now, record)
+        return record
+
+    def put_user(self, record: UserRecord) -> None:
+        self.inner.put_user(record)
+        with self._lock:
+            self._users.pop(record.user, None)
+            self.changes += 1
 
     def secret(self) -> bytes:
         if self._secret is None:
@@ -123,7 +147,12 @@ def authenticate(tokens: TokenStore, authorization: str | None, now: float | Non
         raise Unauthorized("token is not valid")
     if record.expired(time.time() if now is None else now):
         raise Unauthorized("token has expired; ask an administrator for a new one")
-    return record.principal()
+    principal = record.principal()
+    if len(set(record.groups)) > 1:  # only then does a default group decide anything
+        settings = tokens.user(record.user)
+        if settings is not None and settings.default_group in record.groups:
+            principal.default_group = settings.default_group
+    return principal
 
 
 def require(principal: Principal, scope: str) -> None:

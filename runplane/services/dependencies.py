@@ -40,6 +40,8 @@ from runplane.domain.models import (
 )
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.ports import Expect, QuotaStore, RunQueue, RunStore, SweepStore
+from runplane.services.authority import Owners, still_allowed
+from runplane.services.inputs import InputPolicy
 from runplane.services.lifecycle import ended
 from runplane.services.scheduling import fair_tag
 
@@ -57,6 +59,10 @@ class WaitPorts:
     pools: PoolConfig
     clock: Callable[[], float]
     quotas: QuotaStore | None = None
+    owners: Owners | None = None
+    """Who the owners are now: a run released here is checked against them (None: not checked)."""
+    inputs: InputPolicy | None = None
+    """What runs may read, checked again at release with the owner's groups now."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,29 @@ def resolve(ports: WaitPorts, run: Run | str) -> Run:
 
 def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
     """Put a run whose upstreams all succeeded in its pool's line, taking its place in the
-    owner's lane now (its waiting time earned no place), and hint it."""
+    owner's lane now (its waiting time earned no place), and hint it: with the groups its owner
+    has now (``ports.owners``), or ended ``not_permitted`` when they no longer allow its group or
+    its inputs."""
+    groups = run.owner_groups
+    if ports.owners is not None:
+        owner = ports.owners.principal(run.owner)
+        why = still_allowed(owner, run.spec, run.group, ports.inputs)
+        if why is not None:
+            message = f"not released: {why}"
+            done = ports.store.update(
+                run,
+                expect,
+                {
+                    "state": RunState.FAILED,
+                    "finished_at": now,
+                    "waiting_reason": None,
+                    "failure": Failure(reason=FailureReason.NOT_PERMITTED, message=message),
+                },
+                Event(at=now, state=RunState.FAILED, message=message),
+            )
+            ended(ports.queue, done)  # what waits for this run fails in turn
+            return done
+        groups = owner.groups
     tag = run.fair_tag
     pool = ports.pools.get(run.queue)
     if ports.quotas is not None and pool is not None:
@@ -269,6 +297,7 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
             "waiting_reason": f"waiting for a worker of pool {run.queue}",
             "hinted_at": now,
             "fair_tag": tag,
+            "owner_groups": groups,
         },
         Event(at=now, message=f"everything it waited for succeeded: released to pool {run.queue}"),
     )

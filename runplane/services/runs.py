@@ -43,6 +43,7 @@ from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore, SweepSt
 from runplane.services import dependencies
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
+from runplane.services.authority import charged_group, check_caller
 from runplane.services.dependencies import WaitPorts
 from runplane.services.inputs import InputPolicy
 from runplane.services.scheduling import fair_tag
@@ -105,11 +106,13 @@ def submit_run(
     ``secret`` is the stack's (needed with an ``idempotency_key``); ``inputs`` what runs may read
     (default: no bucket); ``quotas``, when given, refuse a run that could never start under its
     owner's or group's quota. The run is charged to ``spec.group`` (one of the caller's groups),
-    else to the caller's only group, else to no group. Raises Unschedulable/InvalidRequest when no
-    pool fits, an input is not allowed, the group is not the caller's or a quota can never admit
-    the run, NotFound for a ``run:`` input the caller cannot see, Forbidden when a caller who is
-    not an admin asks a priority above the pool's ``max_user_priority``, Conflict when the key was
-    used for a different request. A failed hint is logged, not raised: the run is stored, and the
+    else to the caller's only group, else to the default group an administrator set for a caller
+    in several (``authority.charged_group``), else to no group. Raises Unschedulable/InvalidRequest
+    when no pool fits, an input is not allowed, the group is not the caller's (or a caller in
+    several groups names none and has no default) or a quota can never admit the run, NotFound
+    for a ``run:`` input the caller cannot see, Forbidden when a caller who is not an admin asks a
+    priority above the pool's ``max_user_priority``, Conflict when the key was used for a
+    different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
     waits = WaitPorts(store, sweeps, queue, pools, clock, quotas)
@@ -190,7 +193,7 @@ def admit_spec(
     check_spec(spec)  # PayloadTooLarge: every write the run needs must fit its record
     pool = choose_pool(pools, spec.resources, spec.queue)
     _check_priority(principal, pool, spec.priority)
-    group = _group_of(principal, spec.group)
+    group = charged_group(principal, spec.group)
     policy = inputs or InputPolicy()
     for name, source in spec.inputs.items():
         if not source.startswith("run:"):
@@ -234,17 +237,6 @@ def _check_priority(principal: Principal, pool: Pool | None, priority: int) -> N
     if priority > most and not principal.admin:
         where = f"pool {pool.name}" if pool is not None else "this pool"
         raise Forbidden(f"priority {priority} is above {most}, the most {where} allows users; only admins may set more")
-
-
-def _group_of(principal: Principal, asked: str | None) -> str | None:
-    """The group a run is charged to: ``asked``, which must be one of the caller's groups; else
-    the caller's only group; else none. Raises InvalidRequest for a group the caller is not in."""
-    if asked is not None:
-        if asked not in principal.groups:
-            raise InvalidRequest(f"you are not in group {asked}")
-        return asked
-    groups = set(principal.groups)
-    return groups.pop() if len(groups) == 1 else None
 
 
 def _hint(queue: RunQueue, run: Run) -> None:
@@ -308,6 +300,7 @@ def set_priority(
     clock: Clock,
     *,
     quotas: QuotaStore | None = None,
+    inputs: InputPolicy | None = None,
 ) -> Run:
     """Give a queued run of the caller's (an admin: anyone's) ``priority``: its place in its pool's
     line moves at once (the store ranks queued runs by priority). With ``quotas``, the run takes a
@@ -316,8 +309,10 @@ def set_priority(
     one). Setting the priority it already has writes nothing. Raises NotFound (no such run, or
     another user's), Conflict (the run is no longer queued, whatever the priority asked, or changes
     too often) and Forbidden (a caller who is not an admin asking above the pool's
-    ``max_user_priority``)."""
+    ``max_user_priority``, or an owner no longer allowed the run's group or inputs: ``inputs``)."""
     run = get_run(store, principal, run_id)
+    if run.owner == principal.user:  # the owner's authority now, not the one recorded at submit
+        check_caller(principal, run.spec, run.group, inputs)
     pool = pools.get(run.queue)
     tag: float | None = None
     for _ in range(3):

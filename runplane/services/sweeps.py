@@ -56,9 +56,10 @@ from runplane.domain.sweeps import (
 )
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
 from runplane.services import dependencies, lifecycle
+from runplane.services.authority import Owners, check_caller, still_allowed
 from runplane.services.dependencies import WaitPorts
 from runplane.services.inputs import InputPolicy
-from runplane.services.runs import _kill, admit_spec, check_listing_owner, run_id_for
+from runplane.services.runs import _check_priority, _kill, admit_spec, check_listing_owner, run_id_for
 from runplane.services.scheduling import fair_tag
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,16 @@ class SweepPorts:
     workers: WorkerRegistry
     clock: Clock
     quotas: QuotaStore | None = None
+    owners: Owners | None = None
+    """Who the owners are now: members released later are checked against them (None: not checked)."""
+    inputs: InputPolicy | None = None
+    """What runs may read, checked again when a member is released or a sweep retried."""
 
     @property
     def waits(self) -> WaitPorts:
-        return WaitPorts(self.store, self.sweeps, self.queue, self.pools, self.clock, self.quotas)
+        return WaitPorts(
+            self.store, self.sweeps, self.queue, self.pools, self.clock, self.quotas, self.owners, self.inputs
+        )
 
 
 @dataclass(frozen=True)
@@ -331,8 +338,9 @@ def _summary(status: str) -> str:
     return f"finished: {good} of {len(status)} members succeeded"
 
 
-def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0) -> Run:
-    """The run of member ``index``'s latest try: the template with the member's parameters."""
+def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0, groups: list[str] | None = None) -> Run:
+    """The run of member ``index``'s latest try: the template with the member's parameters, its
+    owner in ``groups`` (the groups they have now; None: those recorded with the sweep)."""
     template = sweep.spec.run
     tries = sweep.tries.get(str(index), 1)
     base = sweep.spec.name or template.name or sweep.id
@@ -343,7 +351,7 @@ def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0) -> Run:
     return Run(
         id=sweep.member_id(index),
         owner=sweep.owner,
-        owner_groups=list(sweep.owner_groups),
+        owner_groups=list(sweep.owner_groups if groups is None else groups),
         group=sweep.group,
         spec=spec,
         queue=sweep.queue,
@@ -360,12 +368,21 @@ def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0) -> Run:
 
 def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     """Make member ``index``'s run and hint its pool; False when a run was made already (by a
-    racing or earlier pass: left as it is)."""
+    racing or earlier pass: left as it is), or when the owner's groups now (``ports.owners``) no
+    longer allow the sweep's group or inputs: then its run is made ended ``not_permitted``."""
+    groups = None
+    if ports.owners is not None:
+        owner = ports.owners.principal(sweep.owner)
+        why = still_allowed(owner, sweep.spec.run, sweep.group, ports.inputs)
+        if why is not None:
+            _refuse(ports, sweep, index, now, why)
+            return False
+        groups = owner.groups
     tag = 0.0
     pool = ports.pools.get(sweep.queue)
     if ports.quotas is not None and pool is not None:
         tag = fair_tag(ports.store, ports.quotas, pool, sweep.owner, sweep.spec.run.priority, now)
-    run = member_run(sweep, index, now, tag)
+    run = member_run(sweep, index, now, tag, groups)
     try:
         ports.store.create(run)
     except AlreadyExists:
@@ -375,6 +392,27 @@ def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     except RunplaneError as e:
         log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
     return True
+
+
+def _refuse(ports: SweepPorts, sweep: Sweep, index: int, now: float, why: str) -> None:
+    """Store member ``index``'s run ended ``not_permitted`` (never queued: no worker sees it), and
+    tell the dispatcher, whose next ``advance`` records it."""
+    run = member_run(sweep, index, now)
+    message = f"not released: {why}"
+    refused = run.model_copy(
+        update={
+            "state": RunState.FAILED,
+            "finished_at": now,
+            "waiting_reason": None,
+            "failure": Failure(reason=FailureReason.NOT_PERMITTED, message=message),
+            "events": [*run.events, Event(at=now, state=RunState.FAILED, message=message)],
+        }
+    )
+    try:
+        ports.store.create(refused)
+    except AlreadyExists:
+        return  # a racing pass made its run first: left as it is
+    lifecycle.ended(ports.queue, refused)
 
 
 def _wake(ports: SweepPorts, sweep: Sweep) -> None:
@@ -438,10 +476,28 @@ def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
     return advance(ports, sweep.id)
 
 
+def check_release(ports: SweepPorts, principal: Principal, sweep: Sweep) -> list[str]:
+    """Admission again, for a request that releases more of ``sweep``: its owner must still be in
+    the group it is charged to and allowed its inputs -- the caller's token now when the caller is
+    the owner; for an administrator acting on another's sweep, the owner's tokens as the store
+    holds them now -- and the caller may still give its priority. Returns the owner's groups now.
+    Raises Forbidden."""
+    owner: Principal | None = principal
+    if principal.user != sweep.owner:
+        owner = ports.owners.principal(sweep.owner) if ports.owners is not None else None
+    _check_priority(principal, ports.pools.get(sweep.queue), sweep.spec.run.priority)
+    if owner is None:
+        return list(sweep.owner_groups)
+    check_caller(owner, sweep.spec.run, sweep.group, ports.inputs)
+    return sorted(set(owner.groups))
+
+
 def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple[Sweep, int]:
     """Run again the members whose latest try failed, was killed or timed out (each as a new run,
-    its next try); returns the sweep and how many go again."""
+    its next try, with the owner's groups now); returns the sweep and how many go again. Raises
+    Forbidden when the owner may no longer run the sweep (``check_release``)."""
     sweep = get_sweep(ports, principal, sweep_id)
+    groups = check_release(ports, principal, sweep)
     for _ in range(8):
         # members that never ran because what the sweep waits for failed would only fail again
         never = DEPENDENCY_FAILED if sweep.waiting_on else None
@@ -467,6 +523,7 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
                         "tries": tries,
                         "killed": False,
                         "finished_at": None,
+                        "owner_groups": groups,
                         "events": sweep.with_event(event),
                     }
                 )
@@ -480,10 +537,12 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
 
 def set_max_parallel(ports: SweepPorts, principal: Principal, sweep_id: str, most: int | None) -> Sweep:
     """Change how many members may be out at once (None: as many as the pool can run). Members out
-    beyond a lowered cap go on; no more are released until the sweep is under it."""
+    beyond a lowered cap go on; no more are released until the sweep is under it. Raises Forbidden
+    when the owner may no longer run the sweep (``check_release``)."""
     if most is not None and not 1 <= most <= MAX_SWEEP:
         raise InvalidRequest(f"max_parallel must be between 1 and {MAX_SWEEP}")
     sweep = get_sweep(ports, principal, sweep_id)
+    check_release(ports, principal, sweep)
     for _ in range(8):
         if sweep.max_parallel == most:
             return sweep

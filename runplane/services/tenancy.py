@@ -19,6 +19,7 @@ from runplane.domain.models import (
     USER_PATTERN,
     ApiToken,
     Scope,
+    UserRecord,
 )
 from runplane.domain.units import parse_duration
 from runplane.ports import TokenStore
@@ -102,3 +103,42 @@ def revoke_token(tokens: TokenStore, token_id: str) -> None:
     """Remove a token; every API instance refuses it within seconds. Raises NotFound."""
     if not tokens.delete(token_id):
         raise NotFound(f"token {token_id} not found")
+
+
+@dataclass(frozen=True)
+class UserFacts:
+    user: str
+    groups: list[str]
+    """The groups of the user's tokens that have not expired."""
+    record: UserRecord | None
+    """What an administrator set for them (None: nothing)."""
+
+
+def _check_user(user: str) -> None:
+    if not re.fullmatch(USER_PATTERN, user):
+        raise InvalidRequest(f"user {user[:80]!r} is not valid: 1-64 letters, digits and . _ @ -, starting with one")
+
+
+def get_user(tokens: TokenStore, user: str, now: float) -> UserFacts:
+    """A user's groups now and their settings. Raises InvalidRequest (not a user name) and NotFound
+    (no token of theirs and nothing set)."""
+    _check_user(user)
+    theirs = [t for t in tokens.list() if t.user == user]
+    groups = sorted({g for t in theirs if not t.expired(now) for g in t.groups})
+    record = tokens.user(user)
+    if not theirs and record is None:
+        raise NotFound(f"user {user} not found")
+    return UserFacts(user, groups, record)
+
+
+def set_default_group(tokens: TokenStore, user: str, group: str | None, *, by: str, now: float) -> UserFacts:
+    """Charge ``user``'s runs and sweeps that name no group to ``group`` when their token carries
+    several (None: no default; they must name one). The group must be one of the user's groups
+    now. Raises InvalidRequest (not a user name, or a group that is not theirs) and NotFound."""
+    facts = get_user(tokens, user, now)
+    if group is not None and group not in facts.groups:
+        theirs = ", ".join(facts.groups) or "none"
+        raise InvalidRequest(f"{user} is not in group {group} (their groups: {theirs})")
+    record = UserRecord(user=user, default_group=group, updated_at=now, updated_by=by)
+    tokens.put_user(record)
+    return UserFacts(user, facts.groups, record)

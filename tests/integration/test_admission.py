@@ -347,7 +347,9 @@ def test_group_resolution_at_submit(stack):
     both = user("erin", ["vision", "audio"])
     assert submit(stack, carol).group == "vision"  # the only group
     assert stack.store.get(submit(stack, carol).id).group == "vision"
-    assert submit(stack, both).group is None  # more than one: none unless named
+    with pytest.raises(InvalidRequest, match=r"^you are in several groups \(audio, vision\): name the one to charge"):
+        submit(stack, both)  # more than one: named, or the default an administrator set
+    assert submit(stack, both.model_copy(update={"default_group": "audio"})).group == "audio"
     assert submit(stack, both, group="audio").group == "audio"
     assert submit(stack, ALICE).group is None
     with pytest.raises(InvalidRequest, match=r"^you are not in group vision$"):

@@ -57,6 +57,7 @@ def test_an_admin_makes_lists_and_revokes_tokens(front, user):
         "groups": ["nlp", "vision"],
         "scopes": ["runs:read", "runs:write"],
         "token_id": made["id"],
+        "default_group": None,
     }
     listed = admin.request("GET", "/v1/tokens", query={"user": "dora"})["tokens"]
     assert [t["id"] for t in listed] == [made["id"]]
@@ -196,6 +197,7 @@ def test_a_token_with_no_scopes_can_do_nothing(front, user):
         "groups": [],
         "scopes": [],
         "token_id": empty.request("GET", "/v1/me")["token_id"],
+        "default_group": None,
     }
     for method, path in [
         ("POST", "/v1/runs"),

@@ -160,9 +160,9 @@ def test_pool_accepts_human_units():
 def test_which_workers_take_a_run_by_tag_and_group():
     from runplane.domain.models import Run, RunSpec, Worker, refuses
 
-    def run(tag=None, groups=()):
+    def run(tag=None, groups=(), group=None):
         spec = RunSpec.model_validate({"command": "x", **({"tag": tag} if tag else {})})
-        return Run(id="r", owner="ann", owner_groups=list(groups), spec=spec, queue="p", created_at=0)
+        return Run(id="r", owner="ann", owner_groups=list(groups), group=group, spec=spec, queue="p", created_at=0)
 
     plain, tagged = run(), run(tag="a100-box")
     assert refuses(None, False, None, plain) is None
@@ -172,7 +172,14 @@ def test_which_workers_take_a_run_by_tag_and_group():
     assert refuses("a100-box", True, None, plain) == "this worker takes only runs tagged a100-box"
     assert refuses("other", False, None, tagged) == "the run asks for a worker tagged a100-box"
     assert refuses(None, False, "vision", plain) == "this worker serves group vision only and ann is not in it"
-    assert refuses(None, False, "vision", run(groups=["nlp", "vision"])) is None
+    # a group's worker takes only runs charged to the group, not any run of one of its members
+    assert refuses(None, False, "vision", run(groups=["nlp", "vision"], group="vision")) is None
+    assert refuses(None, False, "vision", run(groups=["nlp", "vision"], group="nlp")) == (
+        "this worker serves group vision only and the run is charged to group nlp"
+    )
+    assert refuses(None, False, "vision", run(groups=["nlp", "vision"])) == (
+        "this worker serves group vision only and the run is charged to no group"
+    )
     worker = Worker(id="w", pool="p", started_at=0, heartbeat_at=0, tag="a100-box", tag_exclusive=True)
     assert worker.refuses(tagged) is None and worker.refuses(plain) is not None
 

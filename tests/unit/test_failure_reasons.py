@@ -77,6 +77,11 @@ ELSEWHERE: dict[FailureReason, list[str]] = {
         "tests/integration/contracts/test_dependencies.py::"
         "test_a_run_waiting_for_a_failed_run_ends_dependency_failed_and_so_does_what_waits_for_it"
     ],
+    FailureReason.NOT_PERMITTED: [
+        "tests/security/test_authority.py::test_a_member_released_after_its_owner_left_the_group_ends_not_permitted",
+        "tests/security/test_authority.py::"
+        "test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charged_to_it",
+    ],
 }
 """Per reason, tests elsewhere that drive a run to it through the whole path and assert it."""
 

@@ -33,6 +33,7 @@ from runplane.domain.models import (
     RunSpec,
     RunState,
     UsageRecord,
+    UserRecord,
     Worker,
     listed_state,
     quota_key,
@@ -559,6 +560,8 @@ class DynamoTokenStore:
     secret is one more item, under a key no hash can take."""
 
     SECRET_KEY = "stack-secret"  # noqa: S105 - a key name, not a secret
+    USER_PREFIX = "user:"
+    """Users' records (``UserRecord``) are items under ``user:<name>``: no SHA-256 is one."""
 
     def __init__(self, table: str, client: Any) -> None:
         self.table = table
@@ -590,7 +593,7 @@ class DynamoTokenStore:
         return items
 
     def list(self) -> list[ApiToken]:
-        tokens = [_token(item) for item in self._scan() if item["token_hash"]["S"] != self.SECRET_KEY]
+        tokens = [_token(item) for item in self._scan() if "doc" in item]
         return sorted((t for t in tokens if t is not None), key=lambda t: (t.created_at, t.id))
 
     def delete(self, token_id: str) -> bool:
@@ -605,6 +608,22 @@ class DynamoTokenStore:
             except (ClientError, BotoCoreError) as e:
                 raise _translate(e, "delete token") from e
         return bool(found)
+
+    def user(self, name: str) -> UserRecord | None:
+        key = {"token_hash": {"S": self.USER_PREFIX + name}}
+        try:
+            item = self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item")
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "read user") from e
+        return UserRecord.read(item.get("user_doc", {}).get("S") if item else None)
+
+    def put_user(self, record: UserRecord) -> None:
+        # "user_doc", not "doc": a release that lists tokens reads no token in it
+        item = {"token_hash": {"S": self.USER_PREFIX + record.user}, "user_doc": {"S": record.model_dump_json()}}
+        try:
+            self.client.put_item(TableName=self.table, Item=item)
+        except (ClientError, BotoCoreError) as e:
+            raise _translate(e, "store user") from e
 
     def secret(self) -> bytes:
         key = {"token_hash": {"S": self.SECRET_KEY}}

@@ -86,6 +86,7 @@ from runplane.domain.models import (
     Run,
     RunState,
     UsageRecord,
+    UserRecord,
     Worker,
     listed_state,
     quota_key,
@@ -580,6 +581,8 @@ class TableTokenStore:
     JSON. The stack's own secret is one more entity, under a key no hash can take."""
 
     SECRET_KEY = "stack-secret"  # noqa: S105 - a key name, not a secret
+    USER_ROW = "user"
+    """Users' records (``UserRecord``) are entities under (the user's name, ``user``): tokens' rows are ``""``."""
 
     def __init__(self, table: TableClient) -> None:
         self.table = table
@@ -603,7 +606,8 @@ class TableTokenStore:
             raise _failure(e, "list tokens") from e
 
     def list(self) -> list[ApiToken]:
-        found = [_token(e) for e in self._query("PartitionKey ne @secret", {"secret": self.SECRET_KEY})]
+        query = "PartitionKey ne @secret and RowKey eq ''"
+        found = [_token(e) for e in self._query(query, {"secret": self.SECRET_KEY})]
         return sorted((t for t in found if t is not None), key=lambda t: (t.created_at, t.id))
 
     def delete(self, token_id: str) -> bool:
@@ -614,6 +618,18 @@ class TableTokenStore:
             except AzureError as e:
                 raise _failure(e, "delete token") from e
         return bool(found)
+
+    def user(self, name: str) -> UserRecord | None:
+        entity = _get(self.table, key(name), self.USER_ROW, "read user")
+        return UserRecord.read(str(entity["user_doc"]) if entity and "user_doc" in entity else None)
+
+    def put_user(self, record: UserRecord) -> None:
+        # "user_doc", not "doc": a release that lists tokens reads no token in it
+        entity = {"PartitionKey": key(record.user), "RowKey": self.USER_ROW, "user_doc": record.model_dump_json()}
+        try:
+            self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        except AzureError as e:
+            raise _failure(e, "store user") from e
 
     def secret(self) -> bytes:
         for _ in range(2):

@@ -319,6 +319,17 @@ def _tokens(wire: Wire) -> None:
     assert listed.status == 200 and made.body["id"] in [t["id"] for t in listed.body["tokens"]]
     assert wire("GET", "/v1/tokens", who="admin").status == 200
     assert wire("GET", "/v1/tokens").status == 403
+    shown = wire("PUT", "/v1/users/dora", {"default_group": "vision"}, who="admin")
+    assert shown.status == 200 and shown.body["default_group"] == "vision" and shown.body["groups"] == ["vision"]
+    assert wire("GET", "/v1/users/dora", who="admin").body == shown.body
+    assert wire("PUT", "/v1/users/dora", {"default_group": "nlp"}, who="admin").status == 422  # not hers
+    assert wire("PUT", "/v1/users/dora", {"default_group": "Vision"}, who="admin").status == 422
+    assert wire("PUT", "/v1/users/dora", data=b"[]", who="admin").status == 400
+    assert wire("PUT", "/v1/users/dora", {"default_group": "x" * 300_000}, who="admin").status == 413
+    assert wire("PUT", "/v1/users/dora", {"default_group": None}).status == 403
+    assert wire("GET", "/v1/users/nobody", who="admin").status == 404
+    assert wire("GET", "/v1/users/no%20one", who="admin").status == 422
+    assert wire("GET", "/v1/users/dora").status == 403
     assert wire("DELETE", f"/v1/tokens/{made.body['id']}", who="admin").status == 204
     assert wire("DELETE", f"/v1/tokens/{made.body['id']}", who="admin").status == 404
     assert wire("DELETE", "/v1/tokens/not-a-token", who="admin").status == 404

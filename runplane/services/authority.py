@@ -1,0 +1,107 @@
+"""Authority checked when it is used: the group a run is charged to, and what a user may do now.
+
+A run or a sweep records its owner's groups when it is made, but a group can be taken away while
+it waits. So every later release (a retry, a change of a sweep's ``max_parallel``, a waiting run
+released by the dispatcher, a sweep member released as room frees) asks again, with the caller's
+token or, where no caller is in the request, with the owner's tokens as the token store holds
+them now: the group charged must still be the owner's, and each input must still be one the
+owner's groups may read. What fails ends ``not_permitted`` (or is refused, to a caller, with 403).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+from runplane.domain.errors import Forbidden, InvalidRequest
+from runplane.domain.models import Principal, RunSpec
+from runplane.ports import TokenStore
+from runplane.services.auth import CACHE_SECONDS, CachedTokens
+from runplane.services.inputs import InputPolicy
+
+Clock = Callable[[], float]
+
+
+def charged_group(principal: Principal, asked: str | None) -> str | None:
+    """The group a run of ``principal`` is charged to: ``asked``, which must be one of the caller's
+    groups; else the caller's only group; else, for a caller in several, the default group an
+    administrator set for them; else none (a caller in no group). Raises InvalidRequest for a group
+    the caller is not in, and for a caller in several groups who names none and has no default."""
+    groups = sorted(set(principal.groups))
+    if asked is not None:
+        if asked not in groups:
+            raise InvalidRequest(f"you are not in group {asked}")
+        return asked
+    if len(groups) <= 1:
+        return groups[0] if groups else None
+    if principal.default_group in groups:
+        return principal.default_group
+    raise InvalidRequest(
+        f"you are in several groups ({', '.join(groups)}): name the one to charge with group "
+        "(or ask an administrator to set your default group)"
+    )
+
+
+def still_allowed(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> str | None:
+    """Why ``principal`` may no longer release a run of ``spec`` charged to ``group`` (no longer in
+    that group, or an input their groups may no longer read), or None when they may."""
+    if group is not None and group not in principal.groups:
+        return f"{principal.user} is no longer in group {group}, which it is charged to"
+    policy = inputs or InputPolicy()
+    for name, source in spec.inputs.items():
+        if source.startswith("run:"):
+            continue  # another run's outputs: the owner's own, checked again by the worker
+        try:
+            policy.check(name, source, principal.groups)
+        except InvalidRequest as e:
+            return e.message
+    return None
+
+
+def check_caller(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> None:
+    """Raise Forbidden, saying why, unless ``principal`` may release a run of ``spec`` charged to
+    ``group`` now."""
+    why = still_allowed(principal, spec, group, inputs)
+    if why is not None:
+        raise Forbidden(f"not allowed any more: {why}")
+
+
+class Owners:
+    """The owners of runs as the token store says now, for releases with no caller in the request.
+
+    A user's groups are those of their tokens that have not expired (none left: no group); their
+    default group is their ``UserRecord``'s. What the tokens say is kept ``ttl`` seconds (what an
+    API instance trusts a token for anyway), so a pass that releases many runs reads them once; a
+    token written or revoked through this process's ``CachedTokens`` is seen at once."""
+
+    def __init__(self, tokens: TokenStore, clock: Clock, ttl: float = CACHE_SECONDS) -> None:
+        self.tokens = tokens
+        self.clock = clock
+        self.ttl = ttl
+        self._seen: tuple[float, int, Mapping[str, list[str]]] | None = None
+        self._lock = threading.Lock()
+
+    def _changes(self) -> int:
+        return self.tokens.changes if isinstance(self.tokens, CachedTokens) else 0
+
+    def principal(self, user: str) -> Principal:
+        """``user`` with the groups their tokens carry now (no scopes: it acts for no request).
+        Raises what the token store raises."""
+        now = self.clock()
+        with self._lock:
+            seen = self._seen
+        changes = self._changes()
+        if seen is None or now - seen[0] >= self.ttl or changes != seen[1]:
+            groups: dict[str, set[str]] = {}
+            for token in self.tokens.list():
+                if not token.expired(now):
+                    groups.setdefault(token.user, set()).update(token.groups)
+            seen = (now, changes, {name: sorted(found) for name, found in groups.items()})
+            with self._lock:
+                self._seen = seen
+        current = list(seen[2].get(user, []))
+        default = None
+        if len(current) > 1:
+            record = self.tokens.user(user)
+            default = record.default_group if record is not None else None
+        return Principal(user=user, groups=current, default_group=default)

@@ -1,0 +1,157 @@
+"""Authority is checked when it is used, not when a run or a sweep was made. A user removed from a
+group cannot retry or widen a sweep charged to it, nor move a queued run of it, nor retry members
+that read a bucket only that group may read; and what is released later with no caller in the
+request (a waiting run whose upstream succeeded, a sweep member as room frees) is checked against
+the owner's tokens as the token store holds them then: what they no longer allow ends
+``not_permitted``, never runs charged to a group its owner left. Runs already out are not touched.
+
+Through the real API and dispatcher on both clouds' local stacks (``front``), and the dispatcher's
+own handling of an upstream's end on both clouds' stores. Every test makes users and groups of its
+own."""
+
+import time
+import uuid
+
+import pytest
+
+from runplane.client import Client
+from runplane.domain.models import FailureReason, RunSpec, RunState
+from runplane.handlers import PoolDispatcher
+from runplane.services import lifecycle
+from runplane.services.auth import authenticate, register_token
+from runplane.services.runs import submit_run
+from tests.conftest import VISION_DATA, api_status, wait_for
+
+PARKED = {"command": "echo hi", "queue": "parked"}
+
+
+def fresh(prefix):
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def tokens(front, user):
+    """``tokens(name, groups)``: a new token of user ``name`` with those groups, as (client, its id)."""
+    admin = user("admin")
+
+    def make(name, groups):
+        made = admin.request("POST", "/v1/tokens", {"user": name, "groups": list(groups)})
+        return Client(front.api_url, made["token"]), made["id"]
+
+    return make
+
+
+def removed(user, tokens, name, token_id, groups):
+    """``name`` taken out of a group: the token that carried it revoked, one of ``groups`` made."""
+    user("admin").request("DELETE", f"/v1/tokens/{token_id}")
+    return tokens(name, groups)[0]
+
+
+def test_a_user_removed_from_a_group_cannot_retry_widen_or_move_what_is_charged_to_it(user, tokens):
+    group, other, name = fresh("g"), fresh("g"), fresh("u")
+    owner, token_id = tokens(name, [group])
+    made = owner.request("POST", "/v1/sweeps", {"run": PARKED, "count": 2, "max_parallel": 1})
+    queued = owner.request("POST", "/v1/runs", PARKED)
+    assert made["group"] == queued["group"] == group
+    owner.request("POST", f"/v1/sweeps/{made['id']}/kill")
+
+    moved = removed(user, tokens, name, token_id, [other])
+    for method, path, body in (
+        ("POST", f"/v1/sweeps/{made['id']}/retry", None),
+        ("PATCH", f"/v1/sweeps/{made['id']}", {"max_parallel": 2}),
+        ("POST", f"/v1/runs/{queued['id']}/priority", {"priority": 60}),
+    ):
+        status, code, message = api_status(lambda m=method, p=path, b=body: moved.request(m, p, b))
+        assert (status, code) == (403, "forbidden"), (path, status, message)
+        assert f"{name} is no longer in group {group}" in message, message
+    sweep = moved.request("GET", f"/v1/sweeps/{made['id']}")
+    assert (sweep["counts"], sweep["waiting"], sweep["max_parallel"]) == ({"killed": 2}, 0, 1)
+    assert moved.request("GET", f"/v1/runs?sweep={made['id']}&state=queued")["runs"] == []
+    assert moved.request("GET", f"/v1/runs/{queued['id']}")["spec"]["priority"] == queued["spec"]["priority"]
+    moved.request("POST", f"/v1/runs/{queued['id']}/kill")  # a kill is never refused
+
+    back, _ = tokens(name, [group])  # back in the group: the same requests go through
+    again = back.request("POST", f"/v1/sweeps/{made['id']}/retry")
+    assert (again["retried"], again["group"]) == (2, group)
+    back.request("POST", f"/v1/sweeps/{made['id']}/kill")
+
+
+def test_retrying_members_that_read_a_group_only_bucket_needs_the_group_still(user, tokens):
+    """A sweep charged to the user's own group reads a bucket the operator allows only to vision:
+    once the user is out of vision, its members are not released again."""
+    mine, name = fresh("g"), fresh("u")
+    owner, token_id = tokens(name, ["vision", mine])
+    template = {**PARKED, "group": mine, "inputs": {"data": f"s3://{VISION_DATA}/set/"}}
+    made = owner.request("POST", "/v1/sweeps", {"run": template, "count": 1})
+    owner.request("POST", f"/v1/sweeps/{made['id']}/kill")
+
+    moved = removed(user, tokens, name, token_id, [mine])
+    status, code, message = api_status(lambda: moved.request("POST", f"/v1/sweeps/{made['id']}/retry"))
+    assert (status, code) == (403, "forbidden") and f"bucket {VISION_DATA}" in message, message
+    assert moved.request("GET", f"/v1/sweeps/{made['id']}")["counts"] == {"killed": 1}
+
+
+def test_a_member_released_after_its_owner_left_the_group_ends_not_permitted(user, tokens):
+    """Nobody asks for the release: the dispatcher makes it when a member ends and room frees."""
+    group, other, name = fresh("g"), fresh("g"), fresh("u")
+    owner, token_id = tokens(name, [group])
+    made = owner.request("POST", "/v1/sweeps", {"run": PARKED, "count": 2, "max_parallel": 1})
+    (first,) = owner.request("GET", f"/v1/runs?sweep={made['id']}")["runs"]
+    assert first["state"] == "queued" and first["group"] == group  # out before: not touched
+
+    moved = removed(user, tokens, name, token_id, [other])
+    moved.request("POST", f"/v1/runs/{first['id']}/kill")  # room frees: the next member is released
+
+    def finished():
+        sweep = moved.request("GET", f"/v1/sweeps/{made['id']}")
+        return sweep if sweep["finished_at"] else None
+
+    sweep = wait_for(finished, 60, 0.2, "the sweep to finish")
+    assert sweep["failures"] == {"killed": 1, "not_permitted": 1}
+    second = next(r for r in moved.request("GET", f"/v1/runs?sweep={made['id']}")["runs"] if r["id"] != first["id"])
+    assert (second["state"], second["failure"]["reason"], second["worker_id"]) == ("failed", "not_permitted", None)
+    assert f"{name} is no longer in group {group}" in second["failure"]["message"]
+
+
+@pytest.fixture(params=["aws_stack", "azure_stack"])
+def stack(request):
+    return request.getfixturevalue(request.param)
+
+
+def end_well(stack, run):
+    """What a worker does with a run that succeeds; the end tells the dispatcher."""
+    held = lifecycle.claim(stack.store, run, run.attempt, "w1", 60.0, time.time())
+    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
+    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
+    return lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")
+
+
+def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charged_to_it(stack):
+    group, other = fresh("g"), fresh("g")
+    register_token(stack.tokens, "leaver-1", "leaver", groups=[group])
+    register_token(stack.tokens, "stayer-1", "stayer", groups=[group])
+    leaver, stayer = authenticate(stack.tokens, "Bearer leaver-1"), authenticate(stack.tokens, "Bearer stayer-1")
+
+    def submit(who, **spec):
+        spec = RunSpec.model_validate({**PARKED, **spec})
+        return submit_run(stack.store, stack.queue, stack.pools, who, spec, None, time.time, sweeps=stack.sweeps).run
+
+    upstream, other_upstream = submit(leaver), submit(stayer)
+    waiting = submit(leaver, after=[upstream.id])
+    control = submit(stayer, after=[other_upstream.id])
+    assert waiting.group == control.group == group and waiting.waiting_on == [upstream.id]
+
+    (held,) = [t for t in stack.tokens.list() if t.user == "leaver"]
+    stack.tokens.delete(held.id)  # leaver leaves the group
+    register_token(stack.tokens, "leaver-2", "leaver", groups=[other])
+    dispatcher = PoolDispatcher(stack)
+    for done in (end_well(stack, stack.store.get(upstream.id)), end_well(stack, stack.store.get(other_upstream.id))):
+        dispatcher.upstream(done.id)
+
+    refused = stack.store.get(waiting.id)
+    assert (refused.state, refused.worker_id) == (RunState.FAILED, None)
+    assert refused.failure is not None and refused.failure.reason == FailureReason.NOT_PERMITTED
+    assert f"leaver is no longer in group {group}" in refused.failure.message
+    released = stack.store.get(control.id)  # its owner is still in the group: released as ever
+    assert (released.state, released.waiting_on, released.owner_groups) == (RunState.QUEUED, [], [group])
+    assert {d.message.run_id for d in stack.queue.receive("parked", 10, 1, 30)} >= {control.id}
