@@ -4,15 +4,17 @@ type the document does not declare, answers that match their schemas, 405s that 
 
 Runs go to pools that never get a worker, so fuzzed commands never reach Docker. Each phase
 (examples, coverage, fuzzing with up to 18 cases an operation, stateful) runs once, to its end,
-with a fixed seed, so that CI explores the same inputs every time however fast the machine is;
-``RUNPLANE_FUZZ_SEED`` picks another seed, ``RUNPLANE_FUZZ_EXAMPLES`` more cases an operation,
-and ``RUNPLANE_FUZZ_SECONDS`` a longer run (fuzzing and stateful testing repeat until that time
-is spent). Not checked: that every schema-valid
+with a seed that is a fresh one each time, so that every run of the suite explores other inputs
+(however fast the machine is, one seed makes the same inputs): it is printed, and a failure names
+it; ``RUNPLANE_FUZZ_SEED`` replays one. ``RUNPLANE_FUZZ_EXAMPLES`` asks for more cases an
+operation, and ``RUNPLANE_FUZZ_SECONDS`` a longer run (fuzzing and stateful testing repeat until
+that time is spent). Not checked: that every schema-valid
 request is accepted and every invalid one refused (the document does not express every rule the
 models check, such as control characters in commands).
 """
 
 import os
+import random
 import subprocess
 import sys
 import uuid
@@ -60,6 +62,9 @@ def fuzz_stack(request, tmp_path):
 
 def test_fuzzing_the_api_finds_no_5xx_and_no_undocumented_answer(fuzz_stack, tmp_path):
     seconds = os.environ.get("RUNPLANE_FUZZ_SECONDS")
+    seed = os.environ.get("RUNPLANE_FUZZ_SEED") or str(random.SystemRandom().randrange(2**32))
+    again = f"seed {seed}: again with RUNPLANE_FUZZ_SEED={seed}"
+    print(f"fuzz seed {seed}")
     cmd = [
         str(SCHEMATHESIS),
         "run",
@@ -74,7 +79,7 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_undocumented_answer(fuzz_stack, tmp
         os.environ.get("RUNPLANE_FUZZ_EXAMPLES", "18"),
         *(["--max-time", seconds] if seconds else []),
         "--seed",
-        os.environ.get("RUNPLANE_FUZZ_SEED", "20261123"),
+        seed,
         "--request-timeout",
         "20",
         "--no-color",
@@ -82,6 +87,6 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_undocumented_answer(fuzz_stack, tmp
         str(tmp_path / "reports"),
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=float(seconds or 0) + 300, cwd=tmp_path)
-    assert done.returncode == 0, f"{done.stdout[-12000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, f"{again}\n{done.stdout[-12000:]}\n{done.stderr[-3000:]}"
     log = (tmp_path / "devstack.log").read_text()
-    assert "unhandled error" not in log, log[-5000:]
+    assert "unhandled error" not in log, f"{again}\n{log[-5000:]}"
