@@ -152,6 +152,8 @@ class DynamoRunStore:
             if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
                 raise ValueError(f"cannot update field {field!r}")
         bounded = bound_changes(changes)
+        if event is not None and "events" in bounded:  # a timeline given whole: the event goes last
+            bounded["events"], event = add_event(bounded["events"], event), None
         seen = run.events
         for _ in range(MAX_TIMELINE_TRIES):
             try:
@@ -191,7 +193,7 @@ class DynamoRunStore:
         moves = "spec" in changes or "fair_tag" in changes
         sets.append("#rank = :rank" if moves else "#rank = if_not_exists(#rank, :rank)")
         conditions = ["attribute_exists(#id)", *_conditions(expect, names, values)]
-        if event is not None and "events" not in changes:
+        if event is not None:
             names["#events"] = "events"
             if len(seen) < MAX_RUN_EVENTS:
                 values[":ev"] = _to_dynamo([add_event([], event)[0].model_dump(mode="json")])
