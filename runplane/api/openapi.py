@@ -48,6 +48,7 @@ from runplane.api.models import (
     WorkerList,
 )
 from runplane.domain.models import NAME_PATTERN, RunSpec, RunState
+from runplane.domain.records import MAX_SPEC_BYTES
 from runplane.domain.sweeps import SweepSpec
 
 REF = "#/components/schemas/{model}"
@@ -96,7 +97,7 @@ _DESCRIPTIONS = {
     403: "the token lacks the scope this needs",
     404: "no such thing, or one of another user's",
     409: "conflicts with the current state",
-    413: "body too large",
+    413: f"body too large, or a run's spec over {MAX_SPEC_BYTES} bytes as JSON (a sweep's largest member too)",
     422: "values that are not acceptable",
     503: "a backing service (database, queue, storage) failed; retry",
 }

@@ -11,7 +11,10 @@ import time
 import uuid
 
 import pytest
+from azure.data.tables import TableClient
 
+from runplane.adapters.aws.dynamodb import DynamoRunStore
+from runplane.adapters.azure.tables import TableRunStore
 from runplane.client import Client, Conflict
 from runplane.domain.errors import BadRequest, PayloadTooLarge
 from runplane.domain.models import Event, FailureReason, Principal, Quota, Run, RunMessage, RunSpec, RunState
@@ -20,7 +23,7 @@ from runplane.ports import Expect
 from runplane.services import runs
 from runplane.services.reap import reap
 from tests.conftest import api_status
-from worker_agent.agent import Agent, AgentConfig
+from worker_agent.agent import Agent, AgentConfig, ClaimLater
 from worker_agent.run_config import Ports
 
 PARKED = {"command": "echo hi", "queue": "parked"}
@@ -177,3 +180,29 @@ def test_an_agent_whose_claim_is_refused_gives_back_and_the_run_ends_failed(stac
     assert stack.quotas.usage("user", "alice").holds == {}
     reap(stack.store, stack.queue, stack.pools, time.time() + 3600, rehint_after=0, quotas=stack.quotas)
     assert stack.queue.receive("default", 10, 1, visibility_seconds=30) == []
+
+
+def test_a_claim_the_store_fails_to_answer_is_given_back_and_offered_again(request, stack, tmp_path):
+    """A store that fails (here: the worker's store names a table that is not there) is no
+    refusal: the cores and the quota hold go back, the run stays queued as it was, and the agent
+    hands its hint back (``ClaimLater``) for another try."""
+    if request.node.callspec.params["stack"] == "aws":
+        broken = DynamoRunStore("no-such-table", stack.store.client)
+    else:
+        connection = stack.settings.azure_storage_connection_string
+        broken = TableRunStore(TableClient.from_connection_string(connection, "nosuchtable"))
+    stack.quotas.put(Quota(kind="user", name="alice", max_running=5, updated_at=time.time()))
+    run = stack.store.create(_run([Event(at=1.0, message="submitted")], 10, queue="default"))
+    config = AgentConfig(pool="default", worker_id="w-failing", work_dir=tmp_path / "w", cpuset=(0, 1))
+    agent = Agent(config, Ports(broken, stack.queue, stack.objects, stack.quotas), registry=None, docker_client=None,
+                  clock=time.time)  # type: ignore[arg-type]  # fmt: skip
+    allocation = agent.allocator.allocate(run.id, 1, 0)
+    assert allocation is not None and agent._reserve(run) is True
+    assert list(stack.quotas.usage("user", "alice").holds) == [f"{run.id}#1"]
+
+    with pytest.raises(ClaimLater):
+        agent._claim(run, allocation)
+
+    assert agent.allocator.free() == (2, 0) and agent.claimed == 0
+    assert stack.quotas.usage("user", "alice").holds == {}
+    assert stack.store.get(run.id) == run
