@@ -4,6 +4,7 @@ one line on stderr starting ``error: ``, never a box or a traceback."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from runplane.api.models import RunView
 from runplane.cli.main import run_cli
+from tests.conftest import wait_for
 
 RUNPLANE = str(Path(sys.executable).with_name("runplane"))
 
@@ -181,3 +184,85 @@ def test_login_checks_the_url_and_the_token_before_saving(tmp_path):
     unreachable = runplane("login", f"http://127.0.0.1:{closed_port()}", home=tmp_path, stdin="secret\n")
     assert one_error_line(unreachable, 4).startswith("error: cannot reach")
     assert not (tmp_path / ".config" / "runplane").exists()  # nothing saved
+
+
+class _Going(BaseHTTPRequestHandler):
+    """An API whose one run goes on for ever: a submit answers it queued, a read says it is
+    running its first attempt, its logs are empty and not complete. Each request's path is kept in ``server.paths``."""
+
+    def _answer(self, status: int, body: dict) -> None:
+        self.server.paths.append(self.path)  # type: ignore[attr-defined]
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        if "/logs" in self.path:
+            self._answer(200, {"data": "", "next_offset": 0, "complete": False})
+        else:
+            self._answer(200, dict(RUN, name="café ☃", state="running", attempt=1))
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._answer(201, RUN)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+RUN = RunView.model_json_schema()["examples"][0]
+
+
+@pytest.fixture
+def going_api() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Going)
+    server.paths = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["run", "--wait", "--", "sleep 600"], f"stopped following {RUN['id']}; it goes on (runplane kill {RUN['id']}"),
+        (["logs", "-f", RUN["id"]], ""),  # as `tail -f`: nothing to add
+    ],
+)
+def test_ctrl_c_while_following_exits_130(tmp_path, going_api, args, said):
+    """SIGINT (Ctrl-C) while ``run --wait`` or ``logs -f`` follows a run that goes on: exit 130,
+    at most one line, no traceback; nothing asks the API to kill the run."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
+    url = f"http://127.0.0.1:{going_api.server_address[1]}"
+    env = {**clean, "HOME": str(tmp_path), "RUNPLANE_API_URL": url, "RUNPLANE_TOKEN": "x", "PYTHONIOENCODING": "utf-8"}
+    proc = subprocess.Popen([RUNPLANE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        # a second read of the logs: the CLI is in its loop of reading and waiting
+        wait_for(lambda: sum("/logs" in p for p in going_api.paths) >= 2, 30, 0.05, "the CLI to follow the logs")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith(said) if said else lines == []
+    assert not any(p.endswith("/kill") for p in going_api.paths)
+
+
+def test_an_unexpected_failure_exits_1_and_shows_the_traceback_only_when_asked(tmp_path, going_api):
+    """A failure runplane has no answer for (here: a run's name that a terminal limited to ASCII
+    cannot print) is one line and exit 1; RUNPLANE_DEBUG=1 shows its traceback."""
+    url = f"http://127.0.0.1:{going_api.server_address[1]}"
+    env = {"RUNPLANE_API_URL": url, "RUNPLANE_TOKEN": "x", "PYTHONIOENCODING": "ascii"}
+    line = one_error_line(runplane("status", RUN["id"], home=tmp_path, env=env), 1)
+    assert line.startswith("error: runplane failed unexpectedly: UnicodeEncodeError: ")
+    assert line.endswith("(RUNPLANE_DEBUG=1 shows the traceback)")
+    debug = runplane("status", RUN["id"], home=tmp_path, env={**env, "RUNPLANE_DEBUG": "1"})
+    assert debug.returncode == 1
+    assert "Traceback (most recent call last)" in debug.stderr and "UnicodeEncodeError" in debug.stderr

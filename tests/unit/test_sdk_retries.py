@@ -1,6 +1,7 @@
 """The SDK's retries and error mapping against a real HTTP server on loopback that answers as a
 test scripts it: 503s and 429s before a success, a connection dropped mid-request, bodies that
-are not the API's error shape. The client's sleep and random are injected, so nothing waits."""
+are not the API's error shape; and downloads of outputs whose paths would leave the directory
+asked for. The client's sleep and random are injected, so nothing waits."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from runplane.client import (
     Client,
     Conflict,
     ConnectionFailed,
+    DownloadFailed,
     InvalidRequest,
     NotFound,
     QuotaExceeded,
@@ -324,3 +327,47 @@ def test_the_async_client_retries_the_same_way(server: Script) -> None:
     assert run.created and len(keys) == 1
     assert sleeps == [0.2, 0.4]
     assert len(server.seen) == 1  # the token's POST: once
+
+
+def outputs(server: Script, *paths: str) -> Answer:
+    """An output listing of ``paths``, each downloadable from ``server`` (4 bytes)."""
+    files = [{"path": p, "size": 4, "url": f"{server.url}/bucket/{i}"} for i, p in enumerate(paths)]
+    return Answer(200, {"files": files, "next_cursor": None, "complete": True})
+
+
+@pytest.mark.parametrize("hostile", ["../../x", "a/../../x", "/tmp/x", "link/x", "."])
+def test_a_download_never_writes_outside_its_directory(server: Script, client: Client, tmp_path: Path, hostile: str):
+    """An output path that leaves DEST (climbing out, absolute, through a symlink DEST holds, or
+    DEST itself) refuses the whole download before any file is written, the good ones too."""
+    dest, away = tmp_path / "dest", tmp_path / "away"
+    dest.mkdir()
+    away.mkdir()
+    (dest / "link").symlink_to(away)
+    hostile = hostile.replace("/tmp", str(away)) if hostile.startswith("/") else hostile
+    server.play(Answer(200, RUN), outputs(server, "fine.txt", hostile), Answer(200, b"data"))
+    run = client.get(RUN["id"])
+    with pytest.raises(DownloadFailed) as refused:
+        run.download(dest)
+    assert refused.value.code == "unsafe_path"
+    assert f"refusing output path {hostile!r}: it leaves {dest}" in refused.value.message
+    assert [s.path.split("?")[0] for s in server.seen] == [f"/v1/runs/{RUN['id']}", f"/v1/runs/{RUN['id']}/outputs"]
+    assert sorted(p.name for p in dest.iterdir()) == ["link"] and list(away.iterdir()) == []
+    # the same listing without the hostile path downloads
+    server.play(outputs(server, "fine.txt", "deep/er.txt"), Answer(200, b"data"))
+    assert run.download(dest) == [dest / "fine.txt", dest / "deep" / "er.txt"]
+    assert (dest / "deep" / "er.txt").read_bytes() == b"data"
+
+
+def test_the_async_client_refuses_the_same_paths(server: Script, tmp_path: Path) -> None:
+    async def main() -> None:
+        async with AsyncClient(server.url, "t") as client:
+            server.play(Answer(200, RUN), outputs(server, "fine.txt", "../x"), Answer(200, b"data"))
+            run = await client.get(RUN["id"])
+            with pytest.raises(DownloadFailed, match=r"refusing output path '\.\./x'"):
+                await run.download(tmp_path / "dest")
+            server.play(outputs(server, "fine.txt"), Answer(200, b"data"))
+            assert await run.download(tmp_path / "dest") == [tmp_path / "dest" / "fine.txt"]
+
+    asyncio.run(main())
+    assert not (tmp_path / "x").exists()
+    assert (tmp_path / "dest" / "fine.txt").read_bytes() == b"data"
