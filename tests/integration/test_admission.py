@@ -218,6 +218,31 @@ def test_a_new_period_starts_at_zero(stack):
     assert (record.period, record.cpu_seconds) == ("day:2026-12-01", HOUR / 2)
 
 
+def test_a_week_is_an_iso_week_in_utc_from_monday(stack):
+    """A weekly budget goes on across the end of a month and of a year (2026's ISO week 53 runs
+    from Monday 28 December to Sunday 3 January) and starts at zero on Monday 00:00 UTC."""
+    q = stack.quotas
+    q.put(quota("user", "alice", cpu_hours=1.5, period="week"))
+    first, second = submit(stack, seconds=HOUR), submit(stack, seconds=HOUR)
+    thursday = float(calendar.timegm((2026, 12, 31, 10, 0, 0)))
+    assert reserve(q, first, 1, thursday) is None
+    release(q, first, 1, thursday + HOUR)
+    assert q.usage("user", "alice").period == "week:2026-W53"
+    new_year, sunday_night = (
+        float(calendar.timegm((2027, 1, 1, 10, 0, 0))),
+        float(calendar.timegm((2027, 1, 3, 23, 59, 59))),
+    )
+    for still_that_week in (new_year, sunday_night):
+        assert reserve(q, second, 1, still_that_week) == (
+            "budget: alice has 0.5 of 1.5 CPU-hours left this week, this run may need 1"
+        )
+    monday = sunday_night + 1
+    assert reserve(q, second, 1, monday) is None
+    release(q, second, 1, monday + HOUR / 2)
+    record = q.usage("user", "alice")
+    assert (record.period, record.cpu_seconds) == ("week:2027-W01", HOUR / 2)
+
+
 def test_budget_messages_name_the_period(stack):
     q = stack.quotas
     q.put(quota("user", "alice", cpu_hours=0.5, period="week"))

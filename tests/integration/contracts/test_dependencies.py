@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound
-from runplane.domain.models import DispatchEvent, FailureReason, RunSpec, RunState
+from runplane.domain.models import MAX_DEPENDENTS, DispatchEvent, FailureReason, RunSpec, RunState
 from runplane.domain.sweeps import PENDING, SweepSpec
 from runplane.handlers import PoolDispatcher
+from runplane.ports import Expect
 from runplane.services import dependencies, lifecycle, runs, sweeps
 from tests.integration.contracts.test_sweeps import ALICE, BOB, Clock
 
@@ -212,6 +213,24 @@ def test_follow_adds_a_dependent_once_while_the_run_goes(stack, ports, monkeypat
         stack.store.follow(up.id, "r-d")
     with pytest.raises(NotFound):
         stack.store.follow("r-nosuchrun", "r-d")
+
+
+def test_the_real_cap_on_what_waits_for_a_run(stack, ports):
+    """At the real MAX_DEPENDENTS (docs/workflows.md: 1,000) of the longest kind (sweeps), the
+    record still fits the store and takes a worker's writes; one more is a 409 at submit and in
+    the store. The first 999 are written at once: the cap is what is tested, not 999 submits."""
+    assert MAX_DEPENDENTS == 1000
+    up = submit(stack, ports)
+    many = [f"sweep:s-{i:024x}" for i in range(MAX_DEPENDENTS - 1)]
+    stack.store.update(up, Expect(states=frozenset({RunState.QUEUED})), {"dependents": many})
+    last = submit(stack, ports, after=[up.id])
+    assert stack.store.get(up.id).dependents == [*many, last.id]
+    with pytest.raises(Conflict, match=f"after: 1000 runs and sweeps already wait for run {up.id}"):
+        submit(stack, ports, after=[up.id])
+    with pytest.raises(Conflict):
+        stack.store.follow(up.id, "r-" + "f" * 24)
+    held = lifecycle.claim(stack.store, stack.store.get(up.id), 0, "w1", 60.0, 1000.0)
+    assert len(held.dependents) == MAX_DEPENDENTS
 
 
 def test_a_waiting_run_can_be_killed_and_the_kill_of_all_reaches_it(stack, ports):

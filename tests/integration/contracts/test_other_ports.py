@@ -11,6 +11,8 @@ import pytest
 
 from runplane.domain.errors import NotFound
 from runplane.domain.models import ApiToken, RunMessage, Worker
+from runplane.services.auth import authenticate, hash_token
+from runplane.services.tenancy import create_token
 
 
 def test_queue_send_receive_delete(stack):
@@ -205,6 +207,32 @@ def test_token_store_fails_closed_on_records_that_are_not_tokens(stack, request)
     powerless = tokens.lookup("bad2")
     assert powerless is not None and powerless.scopes == [] and not powerless.principal().can("runs:read")
     assert [t.id for t in tokens.list()] == ["tok-00000000000000c1"]
+
+
+def raw_token_records(stack, request):
+    """Every record of the token table as the store holds it, read past the adapter."""
+    tokens = stack.tokens.inner
+    if request.node.callspec.params["stack"] == "aws-moto":
+        return tokens.client.scan(TableName=tokens.table)["Items"]
+    return [dict(entity) for entity in tokens.table.list_entities()]
+
+
+def test_tokens_are_stored_only_as_hashes(stack, request):
+    """What ``POST /v1/tokens`` stores: the SHA-256 of the secret as the record's key and no
+    trace of the secret itself anywhere in the table (read directly); the secret still signs in."""
+    made = [
+        create_token(stack.tokens, user=user, groups=["vision"], created_by="admin", now=1000.0)
+        for user in ("alice", "bob")
+    ]
+    stack.tokens.inner.secret()  # the stack's own item is in the same table
+    records = raw_token_records(stack, request)
+    assert len(records) == 3
+    text = json.dumps(records, default=str)
+    for new in made:
+        assert new.secret.startswith("rp_") and new.secret not in text
+        assert new.secret.removeprefix("rp_") not in text
+        assert hash_token(new.secret) in text
+        assert authenticate(stack.tokens.inner, f"Bearer {new.secret}", now=1001.0).user == new.token.user
 
 
 def test_the_stack_secret_is_made_once(stack):
