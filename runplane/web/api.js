@@ -26,12 +26,14 @@ export const token = {
   clear: () => sessionStorage.removeItem(KEY),
 };
 
-export async function api(method, path, { query, body } = {}) {
+// A call with the tab's token; or with ``bearer``, a token the tab does not hold (yet), whose
+// refusal signs nobody out.
+export async function api(method, path, { query, body, bearer } = {}) {
   const url = new URL(path, location.origin);
   for (const [k, v] of Object.entries(query || {})) {
     if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, String(v));
   }
-  const headers = { Authorization: `Bearer ${token.get() || ""}` };
+  const headers = { Authorization: `Bearer ${bearer ?? (token.get() || "")}` };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let response;
   try {
@@ -55,7 +57,7 @@ export async function api(method, path, { query, body } = {}) {
   if (!response.ok) {
     const error = data && data.error ? data.error : { code: "http_error", message: `HTTP ${response.status}` };
     const failure = new ApiError(response.status, error.code, error.message, retryAfterMs(response.headers.get("Retry-After")));
-    if (response.status === 401) window.dispatchEvent(new CustomEvent("runplane:unauthorized", { detail: failure }));
+    if (response.status === 401 && bearer === undefined) window.dispatchEvent(new CustomEvent("runplane:unauthorized", { detail: failure }));
     throw failure;
   }
   return data;

@@ -14,12 +14,13 @@ const session = { me: null, admin: false };
 let leave = null; // what the page on screen stops (timers) when another is shown
 let entry = 0; // each sign-in and each start counts; a start overtaken by a newer one draws nothing
 
-// A link that logs in carries the token in its fragment (#token=...), which no server sees; it is
-// kept for this tab only and taken out of the address bar at once. A link never swaps the token
-// this tab already signed in with unless its user says so. Answers why the token form is needed,
-// or null.
+// A link that signs in carries the token in its fragment (#token=...), which no server sees; it is
+// taken out of the address bar at once. It signs in only once the tab's user agrees, on a page
+// that shows whom the token acts for: a link someone else sent would otherwise sign this tab in
+// as them, and what the user then submits or uploads would be theirs (login CSRF). Answers the
+// link's token, waiting for that answer; a reason the token form is needed; or nothing.
 function takeTokenFromFragment() {
-  if (!location.hash.startsWith("#token=")) return null;
+  if (!location.hash.startsWith("#token=")) return {};
   const raw = location.hash.slice("#token=".length);
   history.replaceState(null, "", `${location.pathname}${location.search}#/runs`);
   let value;
@@ -27,23 +28,74 @@ function takeTokenFromFragment() {
     value = decodeURIComponent(raw).trim();
   } catch (error) {
     if (!(error instanceof URIError)) throw error;
-    return "The link's token is not valid (it was cut or mangled); paste the token instead.";
+    return { problem: "The link's token is not valid (it was cut or mangled); paste the token instead." };
   }
-  const held = token.get();
-  if (!value || value === held) return null;
-  if (held && !confirm("This link signs in with another token, maybe as another user. Sign in with it instead of the one this tab uses?")) return null;
-  token.set(value);
-  return null;
+  if (!value || value === token.get()) return {};
+  return { offered: value };
 }
 
-// Takes a sign-in link's token; asks for one when the link's was unusable.
+// Takes a sign-in link's token once its user agrees; asks for one when the link's was unusable.
 function enter() {
-  const problem = takeTokenFromFragment();
+  const { problem, offered } = takeTokenFromFragment();
   if (problem) {
     session.me = null;
     return signIn(problem);
   }
+  if (offered) return offerLink(offered);
   return start();
+}
+
+// Shows whom a link's token acts for, and signs in with it only on a click.
+async function offerLink(offered) {
+  const mine = ++entry;
+  const held = token.get();
+  stopPage();
+  nav.hidden = true;
+  replace(who);
+  replace(main, h("p", {}, "Loading…"));
+  const current = held ? api("GET", "/v1/me", { bearer: held }).then((me) => me.user, () => null) : null;
+  let them;
+  try {
+    them = await api("GET", "/v1/me", { bearer: offered });
+  } catch (error) {
+    if (mine !== entry) return;
+    if (error.status !== 401) {
+      replace(main, message("error", `The API cannot be reached: ${error.message}`));
+      return;
+    }
+    if (token.get()) return start();
+    session.me = null;
+    return signIn(`The link's token was refused: ${error.message}`);
+  }
+  const now = await current;
+  if (mine !== entry) return;
+  const accept = h("button", { type: "submit" }, `Sign in as ${them.user}`);
+  const refuse = h("button", { type: "button" }, held ? `Stay signed in${now ? ` as ${now}` : ""}` : "Cancel");
+  const form = h(
+    "form",
+    { class: "signin", "aria-labelledby": "link-title" },
+    h("h1", { id: "link-title" }, "Sign in with this link?"),
+    h(
+      "p",
+      {},
+      "The link signs in as ",
+      h("strong", { id: "link-user" }, them.user),
+      them.scopes.includes("admin") ? " (an admin)" : "",
+      ".",
+    ),
+    now ? h("p", {}, "This tab is signed in as ", h("strong", {}, now), ".") : null,
+    h("p", {}, "Use only a link you asked for: a link from someone else signs you in as them, and what you submit is theirs."),
+    h("div", { class: "actions" }, accept, refuse),
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    accept.blur(); // the pages start as on a fresh load, not from a button they do not have
+    token.set(offered);
+    start();
+  });
+  refuse.addEventListener("click", () => (token.get() ? start() : signIn()));
+  replace(main, form);
+  accept.focus();
 }
 
 function signIn(reason) {
@@ -57,7 +109,7 @@ function signIn(reason) {
     { class: "signin", "aria-labelledby": "signin-title" },
     h("h1", { id: "signin-title" }, "Sign in"),
     reason ? message("error", reason) : null,
-    h("p", {}, "Paste an API token (", h("code", {}, "runplane dev"), " prints a link that signs in directly)."),
+    h("p", {}, "Paste an API token (", h("code", {}, "runplane dev"), " prints a link that signs in with one click)."),
     h("label", { for: "token" }, "Token"),
     input,
     h("button", { type: "submit" }, "Sign in"),

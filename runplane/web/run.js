@@ -2,7 +2,7 @@
 // outputs and logs (followed live, searchable), and kill / retry.
 import { get, post } from "./api.js";
 import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runLink, safeHref, say, seconds, svg, TERMINAL, table, when } from "./dom.js";
-import { RETRY_MEANS, resubmit, retryable } from "./runs.js";
+import { OWNER_RETRIES, RETRY_MEANS, resubmit, retryable, unsuccessful } from "./runs.js";
 
 const REFRESH_MS = 1500;
 const LOG_MS = 1000;
@@ -267,7 +267,8 @@ export function runPage(main, runId, session) {
     const run = current;
     const ended = TERMINAL.includes(run.state);
     killButton.disabled = ended || run.kill_requested;
-    retryButton.disabled = !retryable(run);
+    retryButton.disabled = !retryable(run, session);
+    retryButton.title = unsuccessful(run) && !retryable(run, session) ? OWNER_RETRIES : RETRY_MEANS;
     const reason = run.failure
       ? `${run.failure.reason}: ${run.failure.message}`
       : run.state === "queued"
@@ -279,7 +280,7 @@ export function runPage(main, runId, session) {
       h("p", { class: "id" }, h("code", {}, run.id)),
       reason ? h("p", { class: `reason ${run.failure ? "failed" : ""}` }, reason) : null,
       h("div", { class: "actions" }, killButton, retryButton),
-      retryable(run) ? h("p", { class: "hint" }, RETRY_MEANS) : null,
+      retryable(run, session) ? h("p", { class: "hint" }, RETRY_MEANS) : unsuccessful(run) ? h("p", { class: "hint" }, OWNER_RETRIES) : null,
     );
     const facts = [
       ["Owner", run.owner],

@@ -20,8 +20,13 @@ export function resubmit(run) {
 }
 
 // Only a run that ended without succeeding (failed, killed, timed out) is tried again.
-export const retryable = (run) => TERMINAL.includes(run.state) && run.state !== "succeeded";
+export const unsuccessful = (run) => TERMINAL.includes(run.state) && run.state !== "succeeded";
+// A retry is a new run of the one who asks, charged to them and run with their groups: another
+// user's run (an admin sees them all) is retried by its owner only, never made the admin's.
+export const yours = (run, session) => run.owner === session.me.user;
+export const retryable = (run, session) => unsuccessful(run) && yours(run, session);
 export const RETRY_MEANS = "A retry submits the same spec again as a new run of yours: it is not linked to the original and is not a member of its sweep.";
+export const OWNER_RETRIES = "Only its owner can retry another user's run: a retry would submit it again as a run of yours.";
 
 // The filters in words, for a question that asks before acting on what they choose.
 export function describeFilters(filters) {
@@ -69,7 +74,9 @@ export function runsPage(main, session) {
   const killButton = h("button", { type: "button", disabled: true, onclick: () => bulkSelected("kill") }, "Kill selected");
   const retryButton = h("button", { type: "button", disabled: true, title: RETRY_MEANS, onclick: () => bulkSelected("retry") }, "Retry selected");
   const killAll = h("button", { type: "button", class: "danger", onclick: () => everyMatching("kill") }, "Kill all matching");
-  const retryAll = h("button", { type: "button", onclick: () => everyMatching("retry") }, "Retry all matching");
+  // an admin's filter on another user's runs matches no run the admin may retry
+  const theirs = Boolean(filters.owner) && filters.owner !== session.me.user;
+  const retryAll = h("button", { type: "button", disabled: theirs, title: theirs ? OWNER_RETRIES : RETRY_MEANS, onclick: () => everyMatching("retry") }, "Retry all matching");
   const all = h("input", { type: "checkbox", "aria-label": "Select every run shown", disabled: true, onchange: () => selectAll(all.checked) });
 
   function update(key, value) {
@@ -191,7 +198,7 @@ export function runsPage(main, session) {
   function buttons() {
     const runs = [...selected.values()];
     const live = runs.filter((r) => !TERMINAL.includes(r.state)).length;
-    const again = runs.filter(retryable).length;
+    const again = runs.filter((r) => retryable(r, session)).length;
     killButton.disabled = live === 0;
     retryButton.disabled = again === 0;
     killButton.textContent = `Kill selected (${live})`;
@@ -252,9 +259,9 @@ export function runsPage(main, session) {
 
   function bulkSelected(action) {
     const runs = [...selected.values()];
-    const chosen = runs.filter(action === "kill" ? (r) => !TERMINAL.includes(r.state) : retryable);
+    const chosen = runs.filter(action === "kill" ? (r) => !TERMINAL.includes(r.state) : (r) => retryable(r, session));
     const skipped = runs.length - chosen.length;
-    const why = action === "kill" ? "already ended" : "did not end without succeeding";
+    const why = action === "kill" ? "already ended" : "did not end without succeeding, or are other users' (only their owners retry them)";
     bulk(action, chosen, `selected on page ${cursors.length} (filters: ${describeFilters(filters)})${skipped ? `; ${skipped} other selected run(s) ${why} and are left alone` : ""}`);
   }
 
@@ -276,12 +283,14 @@ export function runsPage(main, session) {
       return;
     }
     const capped = cursor ? ` Only the newest ${read} runs were read (at most ${MAX_MATCHING}); older ones are left alone.` : "";
-    const chosen = found.filter(action === "kill" ? (run) => !TERMINAL.includes(run.state) : retryable);
+    const chosen = found.filter(action === "kill" ? (run) => !TERMINAL.includes(run.state) : (run) => retryable(run, session));
+    const others = action === "retry" ? found.filter((run) => unsuccessful(run) && !yours(run, session)).length : 0;
+    const left = others ? ` ${others} matching run(s) of other users are left alone: ${OWNER_RETRIES}` : "";
     if (!chosen.length) {
-      replace(notice, message("ok", (action === "kill" ? "No matching run is still going." : "No matching run ended without succeeding.") + capped));
+      replace(notice, message("ok", (action === "kill" ? "No matching run is still going." : "No matching run of yours ended without succeeding.") + left + capped));
       return;
     }
-    bulk(action, chosen, `${action === "kill" ? "that have not ended" : "that ended without succeeding"} (filters: ${describeFilters(filters)}).${capped}`, capped);
+    bulk(action, chosen, `${action === "kill" ? "that have not ended" : "of yours that ended without succeeding"} (filters: ${describeFilters(filters)}).${left}${capped}`, capped);
   }
 
   async function bulk(action, chosen, which, capped = "") {

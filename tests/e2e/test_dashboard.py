@@ -72,6 +72,8 @@ class Tab:
     def sign_in(self, token: str, route: str = "/runs") -> None:
         self.page.goto(dashboard_link(self.base, token))  # the link `runplane dev` prints
         self.page.wait_for_url(re.compile(r"#/runs$"))
+        self.page.get_by_role("button", name=re.compile(r"^Sign in as ")).click()  # the one click it asks
+        expect(self.page.locator("#who")).not_to_be_empty()
         if route != "/runs":
             self.go(route)
 
@@ -373,6 +375,36 @@ def test_an_admin_sees_a_users_runs_with_their_owner(tab, alice, bob):
     assert len([u for u in t.urls if "/v1/sweeps?" in u]) - count <= 3
 
 
+def test_an_admin_never_retries_another_users_runs_as_the_admins(tab, alice, devstack):
+    """A retry submits the spec again as a run of whoever asks (their quota, groups and outputs): an
+    admin's page leaves another user's runs to their owner, says so, and submits nothing."""
+    name = unique("theirs")
+    run = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": name})
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    sweep = alice.request(
+        "POST", "/v1/sweeps", {"run": {"command": "true", "queue": "parked", "name": name}, "count": 1}
+    )
+    alice.request("POST", f"/v1/sweeps/{sweep['id']}/kill")
+    t = tab()
+    t.sign_in("admin-token", f"/runs?owner=alice&name={name}")
+    page = t.page
+    expect(row(page, run["id"])).to_contain_text("killed")
+    expect(page.get_by_role("button", name="Retry all matching")).to_be_disabled()
+    page.get_by_label("Select every run shown").click()
+    expect(page.get_by_role("button", name="Retry selected (0)")).to_be_disabled()
+
+    t.go(f"/runs?sweep={sweep['id']}")  # a sweep is listed whole, whoever owns it
+    expect(page.locator("tbody tr[data-run]")).to_contain_text("killed")
+    page.get_by_role("button", name="Retry all matching").click()
+    expect(page.locator(".notice")).to_contain_text("1 matching run(s) of other users are left alone")
+    t.go(f"/runs/{run['id']}")
+    expect(page.get_by_role("button", name="Retry", exact=True)).to_be_disabled()
+    expect(page.get_by_text("Only its owner can retry")).to_be_visible()
+    assert t.dialogs == []
+    made = Client(devstack.api_url, "admin-token").request("GET", "/v1/runs", query={"limit": 100})
+    assert [r for r in made["runs"] if r["name"] == name] == []
+
+
 def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
     # odd members fail on their first try only
     first_try = '[ "$RUNPLANE_RUN_ID" != "$RUNPLANE_SWEEP_ID-$RUNPLANE_SWEEP_INDEX" ]'
@@ -421,26 +453,54 @@ def test_a_page_without_a_token_asks_for_one(tab):
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
     t.errors.clear()  # the browser logs the 401 it was answered
 
-    # a link with another token asks before it signs this tab in as someone else
-    t.answer = False
+    # a link with another token says whom it signs in as, and changes nothing unless told to
     page.goto(dashboard_link(t.base, "bob-token"))
+    expect(page.locator("#link-user")).to_have_text("bob")
+    expect(page.locator(".signin")).to_contain_text("This tab is signed in as alice")
+    page.get_by_role("button", name="Stay signed in as alice").click()
     expect(page.get_by_role("heading", name="Runs")).to_be_visible()
-    assert len(t.dialogs) == 1 and "another token" in t.dialogs[0], t.dialogs
     expect(page.locator("#who")).to_contain_text("alice")
     assert page.evaluate("sessionStorage.getItem('runplane.token')") == "alice-token"
-    t.answer = True
     page.goto(dashboard_link(t.base, "bob-token"))
+    page.get_by_role("button", name="Sign in as bob").click()
     expect(page.locator("#who")).to_contain_text("bob")
     assert page.evaluate("sessionStorage.getItem('runplane.token')") == "bob-token"
     page.goto(dashboard_link(t.base, "bob-token"))  # the same token: nothing to ask
-    expect(page.locator("#who")).to_contain_text("bob")
-    assert len(t.dialogs) == 2
+    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    expect(page.locator("#link-user")).to_have_count(0)
+    assert t.dialogs == []
 
     # a link whose token cannot be read (cut mid-escape) asks for the token instead
     page.goto(f"{t.base}/ui#token=%E0%A4%A")
     expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
     expect(page.get_by_role("alert")).to_contain_text("not valid")
     assert "token=" not in page.url
+
+
+def test_a_link_opened_in_a_fresh_tab_signs_in_only_when_told_whom_as(tab):
+    """A link someone else sent (login CSRF) must not sign a fresh tab in as its token's user: the
+    page says whom it signs in as, and keeps nothing until that is accepted."""
+    t = tab()
+    page = t.page
+    page.goto(dashboard_link(t.base, "bob-token"))
+    expect(page.locator("#link-user")).to_have_text("bob")
+    assert "token=" not in page.url
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") is None
+    expect(page.locator("#nav")).to_be_hidden()
+    assert not [u for u in t.urls if "/v1/" in u and "/v1/me" not in u]  # nothing read as bob
+    page.get_by_role("button", name="Cancel").click()
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") is None
+
+    page.goto(dashboard_link(t.base, "not-a-token"))
+    expect(page.get_by_role("alert")).to_contain_text("The link's token was refused")
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") is None
+    t.errors.clear()  # the browser logs the 401 it was answered
+
+    page.goto(dashboard_link(t.base, "bob-token"))
+    page.get_by_role("button", name="Sign in as bob").click()
+    expect(page.locator("#who")).to_contain_text("bob")
+    assert page.evaluate("sessionStorage.getItem('runplane.token')") == "bob-token"
 
 
 def test_only_web_addresses_become_links_and_errors_make_the_page_wait_longer(tab):
@@ -531,6 +591,8 @@ def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice,
     t = tab()
     t.sign_in("alice-token")
     page = t.page
+    page.reload()  # a signed-in tab as it loads, focus nowhere yet (the sign-in took a click)
+    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
     page.locator("body").focus()
     page.keyboard.press("Tab")
     expect(page.get_by_role("link", name="Skip to content")).to_be_focused()
