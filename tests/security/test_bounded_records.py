@@ -17,10 +17,23 @@ from runplane.adapters.aws.dynamodb import DynamoRunStore
 from runplane.adapters.azure.tables import TableRunStore
 from runplane.client import Client, Conflict
 from runplane.domain.errors import BadRequest, PayloadTooLarge
-from runplane.domain.models import Event, FailureReason, Principal, Quota, Run, RunMessage, RunSpec, RunState
-from runplane.domain.records import MAX_RUN_EVENTS, MAX_SPEC_BYTES, json_size
+from runplane.domain.models import (
+    MAX_DEPENDENTS,
+    MAX_INPUTS,
+    MAX_UPSTREAMS,
+    SWEEP_PREFIX,
+    Event,
+    FailureReason,
+    Principal,
+    Quota,
+    Run,
+    RunMessage,
+    RunSpec,
+    RunState,
+)
+from runplane.domain.records import MAX_MESSAGE_CHARS, MAX_RUN_EVENTS, MAX_SPEC_BYTES, json_size, largest_run_bytes
 from runplane.ports import Expect
-from runplane.services import runs
+from runplane.services import lifecycle, runs
 from runplane.services.reap import reap
 from tests.conftest import api_status
 from worker_agent.agent import Agent, AgentConfig, ClaimLater
@@ -206,3 +219,40 @@ def test_a_claim_the_store_fails_to_answer_is_given_back_and_offered_again(reque
     assert agent.allocator.free() == (2, 0) and agent.claimed == 0
     assert stack.quotas.usage("user", "alice").holds == {}
     assert stack.store.get(run.id) == run
+
+
+def test_the_largest_record_the_api_allows_takes_a_kill_and_its_end(stack):
+    """Everything of a run at the most the API lets it hold: a spec of ``MAX_SPEC_BYTES``, a full
+    timeline of the longest messages, 1,000 runs and sweeps waiting for it, all it may wait for
+    and 32 groups. It is claimed, runs, is asked to stop and ends, on both stores."""
+    store = stack.store
+    long = "m" * MAX_MESSAGE_CHARS
+    spec = RunSpec(command="echo hi", queue="default", image="runplane/test-busybox:1", env={"PAD": ""})
+    spec.env["PAD"] = "x" * (MAX_SPEC_BYTES - json_size(spec.model_dump(mode="json")))
+    assert json_size(spec.model_dump(mode="json")) == MAX_SPEC_BYTES
+    run = Run(
+        id=f"r-{uuid.uuid4().hex[:24]}",
+        owner="alice",
+        owner_groups=[f"g{i:02d}" + "g" * 45 for i in range(32)],
+        group="g00" + "g" * 45,
+        spec=spec,
+        queue="default",
+        created_at=time.time(),
+        dependents=[f"{SWEEP_PREFIX}s-{i:062d}" for i in range(MAX_DEPENDENTS)],
+        events=[Event(at=1e9 + i, state=RunState.QUEUED, message=long) for i in range(MAX_RUN_EVENTS)],
+        waiting_reason=long,
+    )
+    largest = json_size(run.model_dump(mode="json")) + len(run.id) * (MAX_UPSTREAMS + MAX_INPUTS + 1)
+    assert largest_run_bytes() > largest
+    store.create(run)
+    now = time.time()
+    run = lifecycle.claim(store, run, 0, "w-" + "w" * 62, 30, now)
+    run = lifecycle.advance(store, run, RunState.RUNNING, now, long)
+    run = runs.kill_run(store, Principal(user="alice"), run.id, time.time)
+    assert run.kill_requested
+    ended = lifecycle.fail(store, run, FailureReason.KILLED, long + long, now, usage=run.usage)
+    stored = store.get(run.id)
+    assert stored == ended and stored.state == RunState.KILLED and len(stored.events) == MAX_RUN_EVENTS
+    assert stored.failure is not None and stored.failure.message.endswith("\u2026")
+    assert MAX_MESSAGE_CHARS - 12 < json_size(stored.failure.message) - 2 <= MAX_MESSAGE_CHARS
+    assert [e.state for e in stored.events[-3:]] == [RunState.RUNNING, None, RunState.KILLED]
