@@ -52,7 +52,8 @@ def test_a_user_removed_from_a_group_cannot_retry_widen_or_move_what_is_charged_
     owner, token_id = tokens(name, [group])
     made = owner.request("POST", "/v1/sweeps", {"run": PARKED, "count": 2, "max_parallel": 1})
     queued = owner.request("POST", "/v1/runs", PARKED)
-    assert made["group"] == queued["group"] == group
+    (member,) = owner.request("GET", f"/v1/runs?sweep={made['id']}")["runs"]
+    assert member["group"] == queued["group"] == group
     owner.request("POST", f"/v1/sweeps/{made['id']}/kill")
 
     moved = removed(user, tokens, name, token_id, [other])
