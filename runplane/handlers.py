@@ -10,23 +10,45 @@ from pydantic import ValidationError
 
 from runplane import metrics
 from runplane.bootstrap import Stack
-from runplane.domain.errors import InvalidRequest, NotFound, RunplaneError
-from runplane.domain.models import SWEEP_PREFIX, DispatchEvent
+from runplane.domain.errors import InvalidRequest, NotFound, OutOfTime, RunplaneError
+from runplane.domain.models import SWEEP_PREFIX, DispatchEvent, PoolRecord
 from runplane.services import dependencies, sweeps
+from runplane.services.budget import Budget, metered
 from runplane.services.dispatch import Decision, DispatchPorts, PoolFigures, dispatch_pool
 from runplane.services.reap import ReapReport, reap
+from runplane.services.sweeps import SweepPorts
 
 log = logging.getLogger(__name__)
 
 
-class PoolDispatcher:
-    """Dispatches each pool at most once per invocation, however many events name it."""
+SCHEDULE_RECORD = "@schedule"
+"""The pool-state record where the schedule keeps where its last pass stopped (no pool's name)."""
+TIME_LEFT_MARGIN = 10.0
+"""Seconds an invocation keeps in hand: a record met later is failed alone (and tried again)."""
 
-    def __init__(self, stack: Stack) -> None:
+
+class PoolDispatcher:
+    """Dispatches each pool at most once per invocation, however many events name it. Work on
+    waiting runs and sweeps is bounded: ``schedule_calls`` a pass and ``event_calls`` an
+    event (the stack's settings by default).
+    ``time_left`` (seconds, the host's) makes a record met too late fail alone, so that one long
+    event never times the others of its batch out."""
+
+    def __init__(
+        self,
+        stack: Stack,
+        *,
+        schedule_calls: int | None = None,
+        event_calls: int | None = None,
+        time_left: Callable[[], float] | None = None,
+    ) -> None:
         self.stack = stack
+        self.schedule_calls = schedule_calls or stack.settings.schedule_calls
+        self.event_calls = event_calls or stack.settings.event_calls
+        self.time_left = time_left
         self.results: dict[str, Decision | RunplaneError] = {}
-        self.sweeps_moved: set[str] = set()
-        self.upstreams_told: set[str] = set()
+        self.sweeps_moved: set[tuple[str, int | None]] = set()
+        self.upstreams_told: set[tuple[str, int]] = set()
 
     def pool(self, name: str) -> Decision:
         if name not in self.results:
@@ -56,18 +78,22 @@ class PoolDispatcher:
         return result
 
     def record_handler(self) -> Callable[[Any], Decision | None]:
-        """For a batch processor: one queue record (``.body``) -> dispatch its pool."""
+        """For a batch processor: one queue record (``.body``) -> dispatch its pool. Each record
+        has its own budget; one that raises fails alone."""
 
         def handle(record: Any) -> Decision | None:
+            if self.time_left is not None and self.time_left() < TIME_LEFT_MARGIN:
+                raise OutOfTime("too little time left in this invocation; the event is tried again")
             try:
                 event = DispatchEvent.model_validate_json(record.body)
             except ValidationError:
                 log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
                 return None
+            budget = Budget(self.event_calls)
             if event.sweep is not None:
-                self.sweep(event.sweep)
+                self.sweep(event.sweep, event.member, budget)
             if event.upstream is not None:
-                self.upstream(event.upstream)
+                self.upstream(event.upstream, event.skip, budget, pool=event.pool)
             if event.ended is not None:  # once what waits for it was told (a failure retries the record)
                 end = event.ended
                 metrics.run_ended(event.pool, end.state, end.reason, end.to_running)
@@ -80,44 +106,120 @@ class PoolDispatcher:
 
         return handle
 
-    def sweep(self, sweep_id: str) -> None:
-        """Move a sweep on once per invocation (a member of it ended). An unknown sweep is
+    def _ports(self, budget: Budget | None) -> SweepPorts:
+        ports = self.stack.sweep_ports
+        return ports if budget is None else metered(ports, budget)
+
+    def sweep(self, sweep_id: str, member: int | None = None, budget: Budget | None = None) -> None:
+        """Move a sweep on once per invocation and member whose end this is. An unknown sweep is
         ignored; a store failure raises (the event is tried again)."""
-        if sweep_id in self.sweeps_moved:
+        if (sweep_id, member) in self.sweeps_moved:
             return
         try:
-            sweeps.advance(self.stack.sweep_ports, sweep_id)
+            sweeps.advance(self._ports(budget), sweep_id, member)
         except NotFound:
             log.warning("ignoring event for unknown sweep %.80s", sweep_id)
-        self.sweeps_moved.add(sweep_id)
+        self.sweeps_moved.add((sweep_id, member))
 
-    def upstream(self, upstream: str) -> None:
-        """A run or sweep (``sweep:<id>``) ended: resolve what waits for it, once per invocation.
-        A store failure raises (the event is tried again)."""
-        if upstream in self.upstreams_told:
+    def upstream(self, upstream: str, skip: int = 0, budget: Budget | None = None, *, pool: str | None = None) -> None:
+        """A run or sweep (``sweep:<id>``) ended: resolve what waits for it, from the ``skip``-th on,
+        while ``budget`` affords the next; an event to the dispatcher carries the rest. A store
+        failure raises (the event is tried again)."""
+        if (upstream, skip) in self.upstreams_told:
             return
-        ports = self.stack.sweep_ports.waits
-        for dependent in dependencies.dependents_of(ports, upstream):
+        budget = budget or Budget(self.event_calls)
+        waits = self._ports(budget).waits
+        found = dependencies.dependents_of(waits, upstream)
+        for place in range(skip, len(found)):
+            dependent = found[place]
+            first = place == skip  # each event tells one at least, whatever it costs: the chain always moves
             if dependent.startswith(SWEEP_PREFIX):
-                self.sweep(dependent.removeprefix(SWEEP_PREFIX))
+                if not first and not budget.affords(sweeps.ADVANCE_CALLS):
+                    self._go_on(upstream, place, pool)
+                    break
+                self.sweep(dependent.removeprefix(SWEEP_PREFIX), budget=budget)
                 continue
+            if not first and not budget.affords(dependencies.RESOLVE_CALLS):
+                self._go_on(upstream, place, pool)
+                break
             try:
-                dependencies.resolve(ports, dependent)
+                run = waits.store.get(dependent)
+                if not first and not budget.affords(dependencies.resolve_cost(run) - 1):  # read already
+                    self._go_on(upstream, place, pool)
+                    break
+                dependencies.resolve(waits, run)
             except NotFound:
                 continue
-        self.upstreams_told.add(upstream)
+        self.upstreams_told.add((upstream, skip))
+
+    def _go_on(self, upstream: str, skip: int, pool: str | None) -> None:
+        """Leave what waits for ``upstream`` from the ``skip``-th on to an event of its own (on
+        ``pool``'s behalf: the pool of the event that told of the end)."""
+        if pool is None:
+            pool = self.stack.pools.pools[0].name if self.stack.pools.pools else "default"
+        self.stack.queue.notify(DispatchEvent(pool=pool, reason="dependents continue", upstream=upstream, skip=skip))
+
+    def schedule(self) -> dict[str, Any]:
+        """The scheduled pass: every pool first, then waiting runs (half of ``schedule_calls``) and
+        unfinished sweeps (the rest), each going on where the previous pass stopped (kept in the
+        ``SCHEDULE_RECORD`` record). What a lost event would have done happens within passes;
+        however many waiting runs or sweeps one tenant has, the pools are dispatched."""
+        pools = self.all_pools()
+        try:
+            record: PoolRecord | None = self.stack.pool_states.get(SCHEDULE_RECORD)
+        except RunplaneError as e:
+            log.warning("where the last scheduled pass stopped is unknown; starting over: %s", e)
+            record = None
+        resume = dict(record.resume) if record is not None else {}
+        first = Budget(self.schedule_calls // 2)
+        waiting = self._waiting_pass(first, resume)
+        then = Budget(self.schedule_calls - first.used)
+        moved = self._sweeps_pass(then, resume)
+        if record is not None and resume != record.resume:
+            try:
+                self.stack.pool_states.save(record.model_copy(update={"resume": resume}))
+            except RunplaneError as e:  # another pass wrote first: the next goes on from where that one stopped
+                log.info("where this pass stopped was not kept: %s", e)
+        return {"pools": pools, "waiting": waiting, "sweeps": moved, "calls": first.used + then.used}
+
+    def _waiting_pass(self, budget: Budget, resume: dict[str, str]) -> dict[str, int] | dict[str, str]:
+        """Waiting runs within ``budget``, from and then to ``resume``'s ``waiting_*``."""
+        start = None
+        if "waiting_pool" in resume:
+            start = dependencies.Mark(resume["waiting_pool"], resume.get("waiting_cursor") or None)
+        try:
+            done = dependencies.resolve_waiting(self._ports(budget).waits, budget, start)
+        except RunplaneError as e:
+            return {"error": e.message}
+        resume.pop("waiting_pool", None)
+        resume.pop("waiting_cursor", None)
+        if done.resume is not None:
+            resume["waiting_pool"] = done.resume.pool
+            if done.resume.cursor:
+                resume["waiting_cursor"] = done.resume.cursor
+        return done.seen
+
+    def _sweeps_pass(self, budget: Budget, resume: dict[str, str]) -> dict[str, str]:
+        """Unfinished sweeps within ``budget``, from and then to ``resume``'s ``sweeps_skip``."""
+        skip = int(resume["sweeps_skip"]) if resume.get("sweeps_skip", "").isdigit() else 0
+        try:
+            went = sweeps.advance_unfinished(self._ports(budget), budget, skip)
+        except RunplaneError as e:
+            return {"error": e.message}
+        resume["sweeps_skip"] = str(went.resume)
+        return went.moved
 
     def all_waiting(self) -> dict[str, int] | dict[str, str]:
-        """The scheduled pass over waiting runs (what a lost event would have done)."""
+        """A whole pass over waiting runs (no budget), as a lost event would have done."""
         try:
-            return dependencies.resolve_waiting(self.stack.sweep_ports.waits)
+            return dependencies.resolve_waiting(self.stack.sweep_ports.waits).seen
         except RunplaneError as e:
             return {"error": e.message}
 
     def all_sweeps(self) -> dict[str, str]:
-        """The scheduled pass over unfinished sweeps (what a lost event would have done)."""
+        """A pass over unfinished sweeps (no budget), as a lost event would have done."""
         try:
-            return sweeps.advance_unfinished(self.stack.sweep_ports)
+            return sweeps.advance_unfinished(self.stack.sweep_ports).moved
         except RunplaneError as e:
             return {"error": e.message}
 

@@ -173,6 +173,18 @@ class StackSettings(Settings):
         description="The reaper sends a queued run's hint again once the last one is this old (the first 32 "
         "runs of each pool's line).",
     )
+    schedule_calls: int = Field(
+        2000,
+        ge=1,
+        description="Store and queue calls one scheduled dispatcher pass spends on waiting runs and sweeps, after "
+        "its pools; the next pass goes on where it stopped (docs/scheduling.md).",
+    )
+    event_calls: int = Field(
+        1000,
+        ge=1,
+        description="Store and queue calls one dispatcher event spends on the runs and sweeps that wait for a run "
+        "or sweep that ended; an event of its own goes on with the rest.",
+    )
     max_body_bytes: int = Field(256 * 1024, description="The largest HTTP request body the API reads.")
     local_state_dir: str = Field(
         "~/.runplane/local", description="Backend `local`: where the agents it starts keep their logs."

@@ -1,7 +1,9 @@
 """The dispatcher: one invocation per pool event on the events queue, and a timer.
 
 A failing event raises, so the host makes the message visible again after host.json's
-``visibilityTimeout`` and moves it to ``<queue>-poison`` after ``maxDequeueCount`` tries.
+``visibilityTimeout`` and moves it to ``<queue>-poison`` after ``maxDequeueCount`` tries. Each
+message is an invocation of its own (``batchSize`` 1): one event's failure is never another's, and
+the work of each is bounded (``runplane.handlers.EVENT_CALLS``).
 """
 
 import logging
@@ -27,8 +29,5 @@ def dispatcher_events(msg: func.QueueMessage) -> None:
 @bp.function_name("dispatcher_schedule")
 @bp.timer_trigger(arg_name="timer", schedule="%RunplaneSchedule%")
 def dispatcher_schedule(timer: func.TimerRequest) -> None:
-    dispatcher = PoolDispatcher(bootstrap.stack())
-    waiting = dispatcher.all_waiting()  # first: runs it releases are dispatched in this pass
-    log.debug(
-        "scheduled dispatch: %s; sweeps: %s; waiting: %s", dispatcher.all_pools(), dispatcher.all_sweeps(), waiting
-    )
+    # pools first, then waiting runs and sweeps within a budget of calls, from where the last pass stopped
+    log.debug("scheduled dispatch: %s", PoolDispatcher(bootstrap.stack()).schedule())

@@ -73,6 +73,13 @@ class LeaseLost(RunplaneError):
     code = "lease_lost"
 
 
+class OutOfTime(RunplaneError):
+    """The invocation is about to end: the work is left for another (its queue offers it again)."""
+
+    code = "out_of_time"
+    retryable = True
+
+
 class BackendError(RunplaneError):
     """A cloud or compute service failed; usually worth a retry."""
 

@@ -511,19 +511,26 @@ class RunEnd(BaseModel):
 
 
 class DispatchEvent(BaseModel):
-    """A nudge for the dispatcher that a pool's backlog changed, or that a run ended."""
+    """A nudge for the dispatcher that a pool's backlog changed, or that a run ended. Read
+    tolerantly: an event another release wrote, with fields this one does not know, is still the
+    nudge it was (dropping it would leave its sweep or waiting runs to the schedule)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     v: int = SCHEMA_VERSION
     pool: str
     reason: str = "submitted"
     sweep: str | None = None
     """A member of this sweep ended: the sweep may release its next members."""
+    member: int | None = Field(default=None, ge=0)
+    """With ``sweep``: which member ended (its sweep reads that one first)."""
     upstream: str | None = None
     """This run or sweep ended: the runs and sweeps waiting for it may go (or fail)."""
     ended: RunEnd | None = None
     """A run ended thus (its metrics)."""
+    skip: int = Field(default=0, ge=0)
+    """With ``upstream``: how many of what waits for it earlier events told already (the rest is
+    told in bounded chunks, one event each)."""
 
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
@@ -588,6 +595,15 @@ class Pool(BaseModel):
     )
     retry: RetryRule | None = Field(
         default=None, description="the retry rule of runs that bring none of their own (docs/workflows.md)"
+    )
+    max_waiting_runs: int = Field(
+        default=1000,
+        ge=0,
+        le=100_000,
+        description="runs of one user that may wait for other runs in this pool at once; docs/scheduling.md",
+    )
+    max_open_sweeps: int = Field(
+        default=100, ge=0, le=10_000, description="unfinished sweeps one user may have in this pool at once"
     )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
@@ -697,6 +713,9 @@ class PoolRecord(BaseModel):
     counted_at: float | None = None
     """When ``backlog`` and ``workers`` were counted; a pass rewrites them when they change, and
     at least every ``FIGURES_REFRESH_SECONDS`` (runplane.services.dispatch) while they do not."""
+    resume: dict[str, str] = Field(default_factory=dict)
+    """Only in the schedule's own record (``SCHEDULE_RECORD``): where its bounded passes over
+    waiting runs and sweeps stopped, so that the next one goes on from there."""
 
     def starting_among(self, registered: set[str]) -> int:
         """Launched workers whose agent is not among ``registered`` yet."""

@@ -13,7 +13,8 @@ ended otherwise, else left waiting with its reason brought up to date.
 Order makes it race-free: the waiting run is stored first, then it follows each upstream, then it
 is resolved once. An upstream that ends before it is followed is seen by that resolve; one that
 ends after it is followed lists the run among the dependents its end tells. The dispatcher's
-schedule resolves every waiting run too (``resolve_waiting``), so a lost event costs one period.
+schedule resolves waiting runs too (``resolve_waiting``, within a budget of calls, each pass going
+on where the last stopped), so a lost event costs a few periods at most.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound, RunplaneError
+from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, InvalidRequest, NotFound, RunplaneError
 from runplane.domain.models import (
     MAX_DEPENDENTS,
+    MAX_INPUTS,
+    MAX_UPSTREAMS,
     SWEEP_PREFIX,
     DispatchEvent,
     Event,
     Failure,
     FailureReason,
+    Pool,
     PoolConfig,
     Principal,
     Run,
@@ -41,13 +45,14 @@ from runplane.domain.models import (
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.ports import Expect, QuotaStore, RunQueue, RunStore, SweepStore
 from runplane.services.authority import Owners, still_allowed
+from runplane.services.budget import Budget
 from runplane.services.inputs import InputPolicy
 from runplane.services.lifecycle import ended
-from runplane.services.scheduling import fair_tag
+from runplane.services.scheduling import MAX_TRIES, fair_tag
 
 log = logging.getLogger(__name__)
 
-WAITING_PER_PASS = 200
+WAITING_PER_PASS = 100
 """Waiting runs per listing page of the dispatcher's schedule."""
 
 
@@ -184,6 +189,20 @@ def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec
                 raise Conflict(f"{where}: {MAX_DEPENDENTS} runs and sweeps already wait for {_name(upstream)}")
             pending.append((upstream, doing))
     return _pending(pending)
+
+
+def check_waiting_cap(store: RunStore, pool: Pool, user: str) -> None:
+    """Refuse (InvalidRequest, naming the cap) one more waiting run of ``user`` in ``pool`` when
+    they have ``pool.max_waiting_runs`` already. Counted among the user's queued runs of the pool
+    that one owner listing reads (at most ``LIST_BUDGET`` runs examined, newest first): exact for
+    anyone whose waiting runs are among their newest ``LIST_BUDGET`` runs."""
+    page = store.list(owner=user, queue=pool.name, state=RunState.QUEUED, limit=pool.max_waiting_runs + 1)
+    waiting = sum(1 for run in page.runs if run.waiting_on)
+    if waiting >= pool.max_waiting_runs:
+        raise InvalidRequest(
+            f"you have {waiting} runs waiting for other runs in pool {pool.name}; at most "
+            f"{pool.max_waiting_runs} may wait at once: wait for some to start, or kill some"
+        )
 
 
 def follow(ports: WaitPorts, dependent: str, upstreams: list[str]) -> None:
@@ -334,29 +353,79 @@ def dependents_of(ports: WaitPorts, upstream: str) -> list[str]:
         return []
 
 
-def resolve_waiting(ports: WaitPorts, per_pool: int = WAITING_PER_PASS) -> dict[str, int]:
-    """The schedule's pass: resolve every waiting run of every pool, each read afresh (a listing
-    may lag), page by page. Returns, per pool, how many were looked at; a run that cannot be
-    resolved is logged, a pool whose listing fails is left to the next pass."""
+MAX_WAITS = MAX_UPSTREAMS + MAX_INPUTS + 1
+"""The most runs and sweeps one run (or a sweep's template) can wait for: ``after``, ``run:`` inputs
+and ``after_sweep``."""
+RESOLVE_CALLS = 2 + 2 * MAX_TRIES + 3
+"""Calls one resolve makes besides reading what the run waits for: the run, and its release (the
+line's head, the owner's lane read and written up to ``MAX_TRIES`` times, the write, the hint and
+the dispatcher's nudge); failing it or noting its reason costs less."""
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Where a bounded pass over waiting runs stopped: a pool, and the listing's cursor in it
+    (None: from its newest)."""
+
+    pool: str
+    cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class WaitingPass:
+    seen: dict[str, int]
+    """Per pool, how many waiting runs were looked at."""
+    resume: Mark | None
+    """Where the next pass goes on (None: from the first pool; this pass went round)."""
+
+
+def resolve_cost(run: Run) -> int:
+    """The most store and queue calls ``resolve`` makes for ``run`` (one try, no race)."""
+    return RESOLVE_CALLS + len(run.waiting_on)
+
+
+def resolve_waiting(
+    ports: WaitPorts, budget: Budget | None = None, start: Mark | None = None, per_page: int = WAITING_PER_PASS
+) -> WaitingPass:
+    """The schedule's pass: resolve waiting runs pool by pool, each read afresh (a listing may lag),
+    page by page, from ``start``, while ``budget`` (calls) affords the next listing or the next
+    run's ``resolve_cost``. Give ``ports`` metered with ``budget`` (``services.budget``). Returns
+    what was looked at and where to go on: every waiting run of every pool is reached in turn,
+    however many one user made. A run that cannot be resolved is logged, a pool whose listing
+    fails is left to the next pass."""
+    budget = budget or Budget(1 << 62)
+    names = [pool.name for pool in ports.pools.pools]
+    first = names.index(start.pool) if start is not None and start.pool in names else 0
+    cursor = start.cursor if start is not None and start.pool in names else None
     seen: dict[str, int] = {}
-    for pool in ports.pools.pools:
-        cursor: str | None = None
+    for name in names[first:] + names[:first]:
         while True:
+            if seen and not budget.affords(1 + RESOLVE_CALLS):
+                return WaitingPass(seen, Mark(name, cursor))
             try:
-                page = ports.store.waiting(pool.name, per_pool, cursor)
+                page = ports.store.waiting(name, per_page, cursor)
+            except BadRequest as e:  # a cursor of a listing that changed since (an upgrade): from the newest
+                if cursor is None:
+                    log.warning("cannot list the waiting runs of pool %s: %s", name, e)
+                    break
+                cursor = None
+                continue
             except RunplaneError as e:
-                log.warning("cannot list the waiting runs of pool %s: %s", pool.name, e)
+                log.warning("cannot list the waiting runs of pool %s: %s", name, e)
                 break
-            for run in page.runs:
+            for index, run in enumerate(page.runs):
+                if seen and not budget.affords(resolve_cost(run)):  # the first always goes: passes move on
+                    after = ports.store.cursor_after(page.runs[index - 1]) if index else cursor
+                    return WaitingPass(seen, Mark(name, after))
+                seen[name] = seen.get(name, 0) + 1
                 try:
                     resolve(ports, run.id)
                 except NotFound:
                     continue
                 except RunplaneError as e:
                     log.warning("could not resolve waiting run %s: %s", run.id, e)
-            if page.runs:
-                seen[pool.name] = seen.get(pool.name, 0) + len(page.runs)
             if not page.next_cursor:
                 break
             cursor = page.next_cursor
-    return seen
+        cursor = None
+    return WaitingPass(seen, None)

@@ -31,6 +31,9 @@ FIGURES_REFRESH_SECONDS = 50.0
 older than this though unchanged (under the one-minute schedule, so ``counted_at`` stays recent)."""
 FIGURES_STALE_SECONDS = 180.0
 """Figures older than this are not shown as the pool's: the pools view counts for itself then."""
+POOL_CALLS = 21
+"""The most store calls one ``dispatch_pool`` makes: the pool's record, its workers, its backlog
+and the record's write a try (3 tries), and up to 5 writes and 4 reads to record a launch."""
 
 
 @dataclass(frozen=True)

@@ -293,6 +293,7 @@ def ended(queue: RunQueue, run: Run) -> None:
                 pool=run.queue,
                 reason="run ended",
                 sweep=run.sweep_id,
+                member=run.sweep_index if run.sweep_id is not None else None,
                 upstream=run.id if run.dependents else None,
                 ended=end,
             )

@@ -127,6 +127,8 @@ def submit_run(
             pass
     admitted = admit_spec(store, pools, principal, spec, inputs, quotas, sweeps)
     pool, group, resolved = admitted.pool, admitted.group, admitted.spec
+    if admitted.waiting_on:  # waiting runs cost the dispatcher's schedule: a user has a cap of them
+        dependencies.check_waiting_cap(store, pool, principal.user)
     now = clock()
     # with a quota store, runs of one priority take turns between users; without, first come first served
     # (a run that waits for others takes its place when it is released)

@@ -36,6 +36,7 @@ from runplane.domain.models import (
     Event,
     Failure,
     FailureReason,
+    Pool,
     PoolConfig,
     Principal,
     Run,
@@ -57,10 +58,11 @@ from runplane.domain.sweeps import (
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
 from runplane.services import dependencies, lifecycle
 from runplane.services.authority import Owners, check_caller, still_allowed
-from runplane.services.dependencies import WaitPorts
+from runplane.services.budget import Budget
+from runplane.services.dependencies import MAX_WAITS, WaitPorts
 from runplane.services.inputs import InputPolicy
 from runplane.services.runs import _check_priority, _kill, admit_spec, check_listing_owner, run_id_for
-from runplane.services.scheduling import fair_tag
+from runplane.services.scheduling import MAX_TRIES, fair_tag
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,18 @@ Clock = Callable[[], float]
 MAX_OPEN = 500
 """The most members of one sweep out at once, whatever its pool could run."""
 UNFINISHED_PER_PASS = 100
+LOOK_PER_ADVANCE = 100
+"""The most open members one try of ``advance`` reads."""
+RELEASE_PER_ADVANCE = 25
+"""The most members one try of ``advance`` releases (the next go on at the next event)."""
+ROTATE_SECONDS = 60.0
+"""How long ``advance`` keeps reading the same window of a sweep's open members (the schedule's period)."""
+ADVANCE_CALLS = (
+    1 + MAX_WAITS + 1 + LOOK_PER_ADVANCE + 3 + max(RELEASE_PER_ADVANCE * (2 + 2 * MAX_TRIES + 3), 3 * LOOK_PER_ADVANCE)
+)
+"""The most store and queue calls one try of ``advance`` makes: the sweep, what it waits for, the
+pool's workers, the open members it reads, its write, and then releases (each: the line's head, the
+owner's lane, the policy, the run, its hint) or, for a killed sweep, kills."""
 KILLED = ended_code(RunState.KILLED, FailureReason.KILLED)
 DEPENDENCY_FAILED = ended_code(RunState.FAILED, FailureReason.DEPENDENCY_FAILED)
 
@@ -131,6 +145,7 @@ def create_sweep(
     admitted = admit_spec(ports.store, ports.pools, principal, spec.run, inputs, ports.quotas, ports.sweeps)
     pool, group, resolved = admitted.pool, admitted.group, admitted.spec
     check_spec(largest_member(spec.model_copy(update={"run": resolved})), "a member's run spec")
+    check_open_cap(ports.sweeps, pool, principal.user)
     now = ports.clock()
     sweep = Sweep(
         id=sweep_id,
@@ -157,6 +172,27 @@ def create_sweep(
         return _replay(e.details["sweep"], principal.user, request_hash)
     dependencies.follow(ports.waits, SWEEP_PREFIX + stored.id, stored.waiting_on)
     return Created(_advance_quietly(ports, stored), created=True)
+
+
+OPEN_CAP_PAGES = 5
+"""Pages of a user's sweeps (newest first) read to count their unfinished ones against a cap."""
+
+
+def check_open_cap(sweeps: SweepStore, pool: Pool, user: str) -> None:
+    """Refuse (InvalidRequest, naming the cap) one more sweep of ``user`` in ``pool`` when they
+    have ``pool.max_open_sweeps`` unfinished there already: each costs the dispatcher's schedule a
+    look per pass. Counted among the user's newest ``OPEN_CAP_PAGES`` pages of sweeps."""
+    found, cursor = 0, None
+    for _ in range(OPEN_CAP_PAGES):
+        page, cursor = sweeps.list(user, 100, cursor)
+        found += sum(1 for sweep in page if sweep.finished_at is None and sweep.queue == pool.name)
+        if found >= pool.max_open_sweeps or cursor is None:
+            break
+    if found >= pool.max_open_sweeps:
+        raise InvalidRequest(
+            f"you have {found} unfinished sweeps in pool {pool.name}; at most {pool.max_open_sweeps} may be "
+            "open at once: wait for some to finish, or kill some"
+        )
 
 
 def _replay(existing: Sweep, user: str, request_hash: str) -> Created:
@@ -207,15 +243,18 @@ def window(ports: SweepPorts, sweep: Sweep, now: float, stale_after: float = 120
     return min(2 * slots, MAX_OPEN)
 
 
-def advance(ports: SweepPorts, sweep_id: str) -> Sweep:
-    """Move the sweep on (see the module docstring); returns it as written. Raises NotFound, and
-    what the stores raise."""
+def advance(ports: SweepPorts, sweep_id: str, member: int | None = None) -> Sweep:
+    """Move the sweep on (see the module docstring); returns it as written. Each try reads at most
+    ``LOOK_PER_ADVANCE`` open members (``member`` first, the member whose end this is, then a window
+    that moves on every ``ROTATE_SECONDS``) and releases at most ``RELEASE_PER_ADVANCE``, asking
+    the dispatcher for another advance when more could go. Raises NotFound, and what the stores
+    raise."""
     for _ in range(8):
         sweep = ports.sweeps.get(sweep_id)
         if sweep.finished_at is not None:
             return sweep
         now = ports.clock()
-        status, live, missing = _look(ports, sweep)
+        status, live, missing = _look(ports, sweep, _looked_at(sweep, member, now))
         changes: dict[str, object] = {}
         held, noted = _gate(ports, sweep, status, changes, now)
         create = [] if held else _plan(ports, sweep, status, missing, now)
@@ -237,7 +276,7 @@ def advance(ports: SweepPorts, sweep_id: str) -> Sweep:
                 _tell_dependents(ports, saved)
         released = [index for index in create if _release(ports, saved, index, now)]
         if released:
-            _wake(ports, saved)
+            _wake(ports, saved, more=len(create) >= RELEASE_PER_ADVANCE and PENDING in saved.status)
         ended_now = False
         if saved.killed:
             for index in missing:  # a pass that released it may still be making its run
@@ -280,13 +319,26 @@ def _gate(
     return False, _noted(sweep, Event(at=now, message="everything it waited for succeeded: releasing members"))
 
 
-def _look(ports: SweepPorts, sweep: Sweep) -> tuple[list[str], list[Run], list[int]]:
-    """The sweep's status with its open members that ended recorded, the runs of those still
-    going, and the open members whose run was never made."""
+def _looked_at(sweep: Sweep, member: int | None, now: float) -> list[int]:
+    """The open members one try of ``advance`` reads: ``member`` (when open), then a window of
+    the others that starts ``LOOK_PER_ADVANCE`` further every ``ROTATE_SECONDS``, so that the
+    schedule's passes reach every open member in turn, however many are out."""
+    out = sweep.indices(OPEN)
+    first = [member] if member is not None and member in out else []
+    rest = [index for index in out if index not in first]
+    if len(rest) + len(first) > LOOK_PER_ADVANCE:
+        start = (int(now // ROTATE_SECONDS) * LOOK_PER_ADVANCE) % len(rest)
+        rest = (rest[start:] + rest[:start])[: LOOK_PER_ADVANCE - len(first)]
+    return first + rest
+
+
+def _look(ports: SweepPorts, sweep: Sweep, indices: list[int]) -> tuple[list[str], list[Run], list[int]]:
+    """The sweep's status with those of its open members ``indices`` that ended recorded, the
+    runs of those still going, and those whose run was never made."""
     status = list(sweep.status)
     live: list[Run] = []
     missing: list[int] = []
-    for index in sweep.indices(OPEN):
+    for index in indices:
         try:
             run = ports.store.get(sweep.member_id(index))
         except NotFound:
@@ -309,7 +361,7 @@ def _plan(ports: SweepPorts, sweep: Sweep, status: list[str], missing: list[int]
                 status[index] = KILLED
         return []
     create = list(missing)
-    room = window(ports, sweep, now) - status.count(OPEN)
+    room = min(window(ports, sweep, now) - status.count(OPEN), RELEASE_PER_ADVANCE - len(create))
     for index, code in enumerate(status):
         if room <= 0:
             break
@@ -415,10 +467,13 @@ def _refuse(ports: SweepPorts, sweep: Sweep, index: int, now: float, why: str) -
     lifecycle.ended(ports.queue, refused)
 
 
-def _wake(ports: SweepPorts, sweep: Sweep) -> None:
-    """One nudge for the dispatcher for all the members a pass released."""
+def _wake(ports: SweepPorts, sweep: Sweep, more: bool = False) -> None:
+    """One nudge for the dispatcher for all the members a pass released; with ``more``, it moves
+    the sweep on again (the next ``RELEASE_PER_ADVANCE`` members: one event each, bounded)."""
     try:
-        ports.queue.notify(DispatchEvent(pool=sweep.queue, reason="sweep released members"))
+        ports.queue.notify(
+            DispatchEvent(pool=sweep.queue, reason="sweep released members", sweep=sweep.id if more else None)
+        )
     except RunplaneError as e:
         log.warning("sweep %s: could not wake the dispatcher: %s", sweep.id, e)
 
@@ -632,13 +687,30 @@ def members(
     return found, None
 
 
-def advance_unfinished(ports: SweepPorts) -> dict[str, str]:
-    """The schedule's pass: move every unfinished sweep on (up to ``UNFINISHED_PER_PASS``)."""
+@dataclass(frozen=True)
+class SweepsPass:
+    moved: dict[str, str]
+    """Per sweep looked at: how it stands, or the error."""
+    resume: int
+    """How many of the oldest unfinished sweeps the next pass passes over (0: from the oldest)."""
+
+
+def advance_unfinished(ports: SweepPorts, budget: Budget | None = None, skip: int = 0) -> SweepsPass:
+    """The schedule's pass: move unfinished sweeps on, oldest first, from the ``skip``-th of the
+    ``UNFINISHED_PER_PASS`` oldest, while ``budget`` (calls; give ``ports`` metered with it)
+    affords one more ``advance`` try (``ADVANCE_CALLS``). Returns what moved and where the next
+    pass goes on, so that passes reach every unfinished sweep in turn."""
+    budget = budget or Budget(1 << 62)
     out: dict[str, str] = {}
-    for sweep in ports.sweeps.unfinished(UNFINISHED_PER_PASS):
+    unfinished = ports.sweeps.unfinished(UNFINISHED_PER_PASS)
+    if skip >= len(unfinished):
+        skip = 0
+    for place, sweep in enumerate(unfinished[skip:] + unfinished[:skip]):
+        if out and not budget.affords(ADVANCE_CALLS):  # the first always goes: passes move on
+            return SweepsPass(out, (skip + place) % len(unfinished))
         try:
             moved = advance(ports, sweep.id)
             out[sweep.id] = "finished" if moved.finished_at is not None else f"{moved.status.count(OPEN)} out"
         except RunplaneError as e:
             out[sweep.id] = f"error: {e.message}"
-    return out
+    return SweepsPass(out, 0)

@@ -1,0 +1,283 @@
+"""One tenant's flood of waiting runs cannot starve the dispatcher for everyone, on both clouds'
+stores (moto, Azurite) through the dispatcher's own entrypoints (the Lambda handler, the Azure
+functions), every call to the stores and queues counted by a wrapper around the real adapters: a
+scheduled pass dispatches the pools first and spends at most its budget on waiting runs, going on
+where it stopped so that passes reach them all; the end of a run that many runs wait for is told
+in bounded chunks, one event each. On both fronts, a user's waiting runs and unfinished sweeps
+have a cap, and going past it is a 422 that names it."""
+
+import base64
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import azure.functions as func
+import pytest
+from azure.functions.timer import TimerRequest
+
+from runplane import bootstrap
+from runplane.client import Client
+from runplane.compute.local import LocalCompute
+from runplane.devstack.lambda_shim import LambdaContext
+from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
+from runplane.services import lifecycle
+from runplane.services.runs import submit_run
+from tests.conftest import api_status
+
+EVENTS = Path(__file__).resolve().parents[1] / "events"
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+POOLS = """
+pools:
+  - {name: default, backend: local, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
+  - {name: parked, backend: local, cpus: 2, memory: 4g, max_workers: 0, default_image: img}
+  - {name: capped, backend: local, cpus: 2, memory: 3g, max_workers: 0, default_image: img}
+"""
+PASS_CALLS = 100
+"""RUNPLANE_SCHEDULE_CALLS here: what one pass may spend on waiting runs and sweeps."""
+EVENT_CALLS = 150
+"""RUNPLANE_EVENT_CALLS here: what one event may spend on what waits for a run."""
+POOL_CALLS = 21
+"""docs/scheduling.md: the most calls one pool's dispatch makes (4 a try, 3 tries, 9 to record a launch)."""
+RESOLVE_CALLS = 11 + 97
+"""docs/scheduling.md: the most one waiting run's resolve makes (what a pass may overrun its budget by)."""
+FLOOD = 150
+MALLORY, BOB = Principal(user="mallory"), Principal(user="bob")
+
+
+class Counting:
+    """A port whose every call is recorded as (port, method, first argument) before it is made."""
+
+    def __init__(self, port, name, calls):
+        self._port, self._name, self._calls = port, name, calls
+
+    def __getattr__(self, attr):
+        found = getattr(self._port, attr)
+        if not callable(found):
+            return found
+
+        def call(*args, **kwargs):
+            self._calls.append((self._name, attr, args[0] if args else None))
+            return found(*args, **kwargs)
+
+        return call
+
+
+@pytest.fixture(params=["aws", "azure"])
+def counted(request, monkeypatch, tmp_path):
+    """The process-wide stack the dispatcher's entrypoints use, on a fresh moto or Azurite stack,
+    with small budgets, sleeping processes for workers, and its stores and queues counted:
+    (stack, calls)."""
+    base = request.getfixturevalue(f"{request.param}_stack").settings
+    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RUNPLANE_CLOUD", base.cloud)
+    monkeypatch.setenv("RUNPLANE_PREFIX", base.prefix)
+    monkeypatch.setenv("RUNPLANE_POOLS", POOLS)
+    monkeypatch.setenv("RUNPLANE_SCHEDULE_CALLS", str(PASS_CALLS))
+    monkeypatch.setenv("RUNPLANE_EVENT_CALLS", str(EVENT_CALLS))
+    if base.cloud == "azure":
+        monkeypatch.setenv("RUNPLANE_AZURE_STORAGE_CONNECTION_STRING", base.azure_storage_connection_string)
+    else:
+        monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", base.aws_endpoint_url)
+    bootstrap.stack.cache_clear()
+    stack = bootstrap.stack()
+    backend = LocalCompute(tmp_path / "workers", command=SLEEPER)
+    stack.backends["local"] = backend
+    calls = []
+    for name in ("store", "sweeps", "queue", "quotas", "workers", "pool_states", "tokens"):
+        setattr(stack, name, Counting(getattr(stack, name), name, calls))
+    yield stack, calls
+    pool = stack.pools.get("default")
+    for job in backend.list(pool):
+        backend.cancel(pool, job.id)
+    bootstrap.stack.cache_clear()
+
+
+def scheduled_pass(stack):
+    """One run of the dispatcher's schedule, as the cloud's host starts it."""
+    if stack.settings.cloud == "aws":
+        from functions.aws import dispatcher
+
+        dispatcher.lambda_handler(json.loads((EVENTS / "schedule.json").read_text()), LambdaContext())
+    else:
+        from functions.azure import dispatcher
+
+        dispatcher.dispatcher_schedule.build().get_user_function()(TimerRequest())
+
+
+def deliver(stack, event):
+    """One dispatcher event, as the cloud's host hands it over; returns what the AWS handler
+    reports failed."""
+    body = event.model_dump_json()
+    if stack.settings.cloud == "aws":
+        from functions.aws import dispatcher
+
+        template = json.loads((EVENTS / "sqs_dispatch.json").read_text())["Records"][0]
+        got = dispatcher.lambda_handler({"Records": [{**template, "messageId": "m-0", "body": body}]}, LambdaContext())
+        return got["batchItemFailures"]
+    from functions.azure import dispatcher
+
+    dispatcher.dispatcher_events.build().get_user_function()(func.QueueMessage(id="m-0", body=body.encode()))
+    return []
+
+
+def sent_events(stack):
+    """The dispatcher events waiting on the events queue (read off it, past the counting)."""
+    queue = stack.queue._port
+    found = []
+    if stack.settings.cloud == "aws":
+        from runplane.adapters.aws.sqs import events_queue_name
+
+        url = queue._url(events_queue_name(stack.settings.prefix))
+        while got := queue.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages", []):
+            found += [DispatchEvent.model_validate_json(m["Body"]) for m in got]
+            for m in got:
+                queue.client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        return found
+    from runplane.adapters.azure.queues import events_queue_name
+
+    client = queue.client.get_queue_client(events_queue_name(stack.settings.prefix))
+    while got := list(client.receive_messages(max_messages=32)):
+        found += [DispatchEvent.model_validate_json(base64.b64decode(m.content)) for m in got]
+        for m in got:
+            client.delete_message(m)
+    return found
+
+
+def waiting_flood(stack, count):
+    """An upstream run of mallory's that never starts, and ``count`` runs of hers waiting for it,
+    stored directly (what ``count`` submits would store)."""
+    up = submit_run(
+        stack.store, stack.queue, stack.pools, MALLORY, RunSpec(command="x", queue="parked"), None, time.time
+    ).run
+    first = submit_run(
+        stack.store,
+        stack.queue,
+        stack.pools,
+        MALLORY,
+        RunSpec(command="x", queue="parked", after=[up.id]),
+        None,
+        time.time,
+    ).run
+    assert first.waiting_on == [up.id]
+    flood = [first]
+    for i in range(1, count):
+        run = first.model_copy(update={"id": f"r-{uuid.uuid4().hex[:24]}", "created_at": first.created_at + i})
+        flood.append(stack.store.create(run))
+    return up, flood
+
+
+def test_a_flood_of_waiting_runs_leaves_every_pass_bounded_and_other_pools_dispatched(counted):
+    stack, calls = counted
+    _, flood = waiting_flood(stack, FLOOD)
+    bobs = submit_run(stack.store, stack.queue, stack.pools, BOB, RunSpec(command="x"), None, time.time).run
+    assert bobs.queue == "default"
+    bound = PASS_CALLS + RESOLVE_CALLS + POOL_CALLS * len(stack.pools.pools) + 2  # + the pass's own record
+    looked: set[str] = set()
+    passes = []
+    for _ in range(12):
+        calls.clear()
+        scheduled_pass(stack)
+        passes.append(len(calls))
+        assert len(calls) <= bound, f"a pass made {len(calls)} calls; at most {bound}"
+        looked |= {arg for port, method, arg in calls if (port, method) == ("store", "get")}
+        if len(passes) == 1:  # bob's run got its worker in the very first pass, mallory's flood or not
+            default = stack.pools.get("default")
+            assert len(stack.backend(default).list(default)) == 1
+        if {r.id for r in flood} <= looked:
+            break
+    print(f"calls per pass over {FLOOD} waiting runs: {passes}")
+    missed = {r.id for r in flood} - looked
+    assert not missed, f"{len(missed)} waiting runs never looked at in {len(passes)} passes of {passes} calls"
+    assert len(passes) > 1, "one pass looked at the whole flood: no bound was kept"
+
+
+def test_the_end_of_a_run_many_runs_wait_for_is_told_in_bounded_chunks(counted):
+    stack, calls = counted
+    up, flood = waiting_flood(stack, 40)
+    for run in flood:
+        stack.store.follow(up.id, run.id)
+    held = lifecycle.claim(stack.store, stack.store.get(up.id), 0, "w1", 60.0, time.time())
+    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
+    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
+    lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")
+    sent_events(stack)  # what came before: submits' nudges
+    event = DispatchEvent(pool="parked", reason="run ended", upstream=up.id)
+    chunks = []
+    for _ in range(10):
+        calls.clear()
+        assert deliver(stack, event) == []
+        chunks.append(len(calls))
+        assert len(calls) <= EVENT_CALLS + RESOLVE_CALLS + POOL_CALLS, chunks
+        released = [r for r in flood if not stack.store.get(r.id).waiting_on]
+        more = [e for e in sent_events(stack) if e.upstream == up.id]
+        if not more:
+            break
+        assert len(more) == 1 and more[0].skip == len(released), (more, len(released))
+        event = more[0]
+    print(f"calls per event telling {len(flood)} runs that waited: {chunks}")
+    assert len(chunks) > 1, f"one event told all {len(flood)} runs that waited ({chunks[0]} calls)"
+    assert all(stack.store.get(r.id).waiting_on == [] for r in flood), "a run that waited was never told"
+
+
+class Running(LambdaContext):
+    """An invocation whose time left is read off a list, one value a look."""
+
+    def __init__(self, left_ms):
+        super().__init__()
+        self.left_ms = list(left_ms)
+
+    def get_remaining_time_in_millis(self):
+        return self.left_ms.pop(0) if len(self.left_ms) > 1 else self.left_ms[0]
+
+
+# an Azure queue message is an invocation of its own (batchSize 1 in host.json): there is no batch
+@pytest.mark.parametrize("counted", ["aws"], indirect=True)
+def test_an_event_met_too_late_in_a_batch_fails_alone_and_the_others_are_done(counted):
+    stack, _ = counted
+    from functions.aws import dispatcher
+
+    submit_run(stack.store, stack.queue, stack.pools, BOB, RunSpec(command="x"), None, time.time)
+    template = json.loads((EVENTS / "sqs_dispatch.json").read_text())["Records"][0]
+    body = DispatchEvent(pool="default").model_dump_json()
+    batch = {"Records": [{**template, "messageId": f"m-{i}", "body": body} for i in range(2)]}
+    # the first record is met with a minute left, the second with 5 s: too late to start it
+    got = dispatcher.lambda_handler(batch, Running([60_000, 5_000]))
+    assert got == {"batchItemFailures": [{"itemIdentifier": "m-1"}]}
+    default = stack.pools.get("default")
+    assert len(stack.backend(default).list(default)) == 1  # the first was done
+
+
+def fresh_user(front, who):
+    made = who.request("POST", "/v1/tokens", {"user": f"flood-{uuid.uuid4().hex[:8]}"})
+    return Client(front.api_url, made["token"])
+
+
+CAPPED = {"command": "true", "queue": "capped"}
+
+
+def test_a_users_waiting_runs_and_open_sweeps_have_a_cap_named_in_the_refusal(front, user):
+    admin = user("admin")
+    flooder, other = fresh_user(front, admin), fresh_user(front, admin)
+    up = flooder.request("POST", "/v1/runs", CAPPED)
+    first = [flooder.request("POST", "/v1/runs", {**CAPPED, "after": [up["id"]]}) for _ in range(2)]
+    assert all(run["waiting_on"] == [up["id"]] for run in first)
+    status, code, message = api_status(lambda: flooder.request("POST", "/v1/runs", {**CAPPED, "after": [up["id"]]}))
+    assert (status, code) == (422, "invalid_request"), message
+    assert "at most 2 may wait" in message and "pool capped" in message
+    # the cap is the user's: another's waiting runs go on
+    theirs = other.request("POST", "/v1/runs", CAPPED)
+    assert other.request("POST", "/v1/runs", {**CAPPED, "after": [theirs["id"]]})["waiting_on"] == [theirs["id"]]
+    # it counts runs that wait now: one killed makes room
+    flooder.request("POST", f"/v1/runs/{first[0]['id']}/kill")
+    assert flooder.request("POST", "/v1/runs", {**CAPPED, "after": [up["id"]]})["waiting_on"] == [up["id"]]
+
+    sweep = {"run": CAPPED, "count": 2, "max_parallel": 1}
+    made = flooder.request("POST", "/v1/sweeps", sweep)
+    status, code, message = api_status(lambda: flooder.request("POST", "/v1/sweeps", sweep))
+    assert (status, code) == (422, "invalid_request"), message
+    assert "at most 1 may be open" in message
+    flooder.request("POST", f"/v1/sweeps/{made['id']}/kill")
+    assert flooder.request("POST", "/v1/sweeps", sweep)["id"] != made["id"]
