@@ -1,13 +1,16 @@
 """The bounds of a run's record (runplane.domain.records) and the stores' errors, which carry our
-words and never the store's own."""
+words (and the store's error code) and never the store's own words."""
 
 import json
 
 import pytest
 from azure.core.exceptions import HttpResponseError
+from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import ClientError
 
 from runplane.adapters.aws.dynamodb import _translate
+from runplane.adapters.aws.s3 import _failed as s3_failed
+from runplane.adapters.azure.blob import BlobObjectStore
 from runplane.adapters.azure.tables import MAX_RUN_CHARS, _failure
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
 from runplane.domain.models import Event, Failure, FailureReason, RunSpec
@@ -119,3 +122,21 @@ def test_table_storage_errors_carry_no_store_text():
         answer.error_code = code
         error = _failure(answer, "update run")
         assert isinstance(error, kind) and error.message == message
+
+
+def test_object_store_errors_carry_their_code_and_no_store_text():
+    said = "Access Denied for arn:aws:s3:::lab-secret-bucket/key RequestId 1234"
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": said}}, "GetObject")
+    error = s3_failed(denied, "download", "runs/r-1/x")
+    assert error.message == "download runs/r-1/x: AccessDenied"
+    try:  # the transfer manager wraps the client's error in one of its own
+        try:
+            raise denied
+        except ClientError as e:
+            raise S3UploadFailedError(f"Failed to upload: {said}") from e
+    except S3UploadFailedError as wrapped:
+        assert s3_failed(wrapped, "upload", "k").message == "upload k: AccessDenied"
+    answer = HttpResponseError(message="Server failed to authenticate the request. account devstoreaccount1")
+    answer.error_code = "AuthenticationFailed"
+    blob = BlobObjectStore("outputs", client=None)  # type: ignore[arg-type]
+    assert blob._fail(answer, "download", "runs/r-1/x").message == "download runs/r-1/x: AuthenticationFailed"

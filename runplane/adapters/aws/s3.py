@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,20 @@ from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import BackendError, NotFound, PayloadTooLarge
 from runplane.ports import ObjectInfo
 
+log = logging.getLogger(__name__)
+
 _TRANSFER = TransferConfig(multipart_threshold=16 * 1024**2, multipart_chunksize=16 * 1024**2, max_concurrency=4)
+
+
+def _failed(e: Exception, what: str, key: str) -> BackendError:
+    """Our error for what S3 (or botocore) answered: its code, never its words, which stay in our
+    log (a failure's message reaches users, as a run's input or output that could not move)."""
+    cause: BaseException | None = e
+    while cause is not None and not isinstance(cause, ClientError):  # the transfer manager wraps them
+        cause = cause.__cause__ or cause.__context__
+    code = (error_code(cause) if cause is not None else "") or e.__class__.__name__
+    log.warning("%s %s: S3 answered %s: %s", what, key, code, e)
+    return BackendError(f"{what} {key}: {code}")
 
 
 class _TooLarge(Exception):
@@ -29,13 +43,13 @@ class S3ObjectStore:
         try:
             self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
         except (ClientError, BotoCoreError) as e:
-            raise BackendError(f"upload {key}: {e}") from e
+            raise _failed(e, "upload", key) from e
 
     def put_file(self, key: str, path: Path) -> None:
         try:
             self.client.upload_file(str(path), self.bucket, key, Config=_TRANSFER)
         except (ClientError, BotoCoreError, S3UploadFailedError) as e:  # the transfer manager wraps errors
-            raise BackendError(f"upload {key}: {e}") from e
+            raise _failed(e, "upload", key) from e
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -43,9 +57,9 @@ class S3ObjectStore:
         except ClientError as e:
             if error_code(e) in ("NoSuchKey", "404"):
                 raise NotFound(f"object {key} not found") from e
-            raise BackendError(f"download {key}: {e}") from e
+            raise _failed(e, "download", key) from e
         except BotoCoreError as e:
-            raise BackendError(f"download {key}: {e}") from e
+            raise _failed(e, "download", key) from e
 
     def download_file(self, key: str, path: Path, max_bytes: int | None = None) -> None:
         received = 0
@@ -64,9 +78,9 @@ class S3ObjectStore:
         except ClientError as e:
             if error_code(e) in ("NoSuchKey", "404"):
                 raise NotFound(f"object {key} not found") from e
-            raise BackendError(f"download {key}: {e}") from e
+            raise _failed(e, "download", key) from e
         except BotoCoreError as e:
-            raise BackendError(f"download {key}: {e}") from e
+            raise _failed(e, "download", key) from e
 
     def list_page(self, prefix: str, cursor: str | None, limit: int) -> tuple[list[ObjectInfo], str | None]:
         # the cursor is the last key of the previous page: S3 starts after it, inside the prefix
@@ -76,7 +90,7 @@ class S3ObjectStore:
         try:
             resp = self.client.list_objects_v2(**kwargs)
         except (ClientError, BotoCoreError) as e:
-            raise BackendError(f"list {prefix}: {e}") from e
+            raise _failed(e, "list", prefix) from e
         found = [_info(o) for o in resp.get("Contents", [])]
         return found, found[-1].key if found and resp.get("IsTruncated") else None
 
@@ -86,7 +100,7 @@ class S3ObjectStore:
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix):
                 out.extend(_info(o) for o in page.get("Contents", []))
         except (ClientError, BotoCoreError) as e:
-            raise BackendError(f"list {prefix}: {e}") from e
+            raise _failed(e, "list", prefix) from e
         return sorted(out, key=lambda o: o.key)
 
     def within(self, bucket: str) -> S3ObjectStore:

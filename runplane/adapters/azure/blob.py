@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -16,6 +17,8 @@ from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelega
 from runplane.adapters.azure.errors import error_code
 from runplane.domain.errors import BackendError, BadRequest, NotFound, PayloadTooLarge
 from runplane.ports import ObjectInfo
+
+log = logging.getLogger(__name__)
 
 CONCURRENCY = 4
 DELEGATION_KEY_SECONDS = 7 * 24 * 3600
@@ -54,7 +57,9 @@ class BlobObjectStore:
             return NotFound(f"object {key} not found")
         if code == "ContainerNotFound":
             return BackendError(f"{what} {key}: container {self.container} does not exist")
-        return BackendError(f"{what} {key}: {code or e.__class__.__name__}: {e.message}")
+        # what Blob storage said stays in our log: a failure's message reaches users (a run's end)
+        log.warning("%s %s: Blob storage answered %s: %s", what, key, code or e.__class__.__name__, e.message)
+        return BackendError(f"{what} {key}: {code or e.__class__.__name__}")
 
     def put_bytes(self, key: str, data: bytes) -> None:
         try:
