@@ -58,6 +58,7 @@ bench: setup image
 	$(PY) bench/network_cost.py
 	$(PY) bench/sweeps.py
 	$(PY) bench/listing.py
+	$(PY) bench/log_reads.py
 	$(PY) bench/submit_throughput.py
 	$(PY) bench/throughput.py
 
