@@ -16,6 +16,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from docker import auth
 from docker.utils import parse_repository_tag
 
 from runplane.domain.units import format_bytes
@@ -36,7 +37,7 @@ def too_large(client: docker.DockerClient, name: str, image: Any, max_bytes: int
         return None
     if pulled:
         try:
-            client.images.remove(image.id, force=False)
+            client.images.remove(name, force=False)  # the name pulled; the image too unless named otherwise
         except docker.errors.APIError as e:  # in use, or tagged elsewhere: left for the cache's pruning
             log.info("keeping image %s: %s", name, getattr(e, "explanation", e))
     return f"image {name} is {format_bytes(size)}, larger than the pool's max_image_size {format_bytes(max_bytes)}"
@@ -52,10 +53,17 @@ def pull(client: docker.DockerClient, name: str, max_bytes: int | None) -> Any:
         return client.images.pull(name)
     repository, tag = parse_repository_tag(name)
     tag = tag or "latest"
-    events = client.api.pull(repository, tag=tag, stream=True, decode=True)
+    api = client.api  # as api.pull does it, but holding the response, to hang up on the engine
+    headers = {}
+    header = auth.get_config_header(api, auth.resolve_repository_name(repository)[0])
+    if header:
+        headers["X-Registry-Auth"] = header
+    params = {"fromImage": repository, "tag": tag}
+    response = api._post(api._url("/images/create"), params=params, headers=headers, stream=True, timeout=None)
+    api._raise_for_status(response)
     announced: dict[str, int] = {}
     try:
-        for event in events:
+        for event in api._stream_helper(response, decode=True):
             if event.get("error"):
                 raise docker.errors.APIError(str(event["error"]))
             total = (event.get("progressDetail") or {}).get("total")
@@ -67,7 +75,7 @@ def pull(client: docker.DockerClient, name: str, max_bytes: int | None) -> Any:
                         f"larger than the pool's max_image_size {format_bytes(max_bytes)}: its pull was given up"
                     )
     finally:
-        events.close()  # drops the connection: a pull given up stops on the engine too
+        response.close()  # hangs up: a pull given up stops on the engine too
     return client.images.get(f"{repository}{'@' if tag.startswith('sha256:') else ':'}{tag}")
 
 

@@ -167,6 +167,7 @@ def test_an_image_over_the_pools_cap_is_refused(aws_stack, agent, docker_client)
         assert (done.state, done.failure.reason) == (RunState.FAILED, "image_too_large")
         assert re.search(rf"image {tag} is 4(\.0)?m, larger than the pool's max_image_size 3m", done.failure.message)
         assert docker_client.containers.list(all=True, filters={"ancestor": image.id}) == []
+        assert docker_client.images.get(tag).id == image.id  # not the agent's to remove: it did not pull it
         under = ended(aws_stack, submit(aws_stack, "true"))
         assert under.state == RunState.SUCCEEDED, under.failure
     finally:
