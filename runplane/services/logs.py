@@ -74,6 +74,8 @@ def read_logs(
     over = attempt_over(run, attempt)
     attempt = run.attempt if attempt is None else attempt
     prefix = log_prefix(run.id, attempt, stream)
+    if offset >= 10**_DIGITS:  # past any name, and any log
+        return LogPage("", offset, over)
     start, data = offset, _chunk(objects, prefix + _name(offset))
     if data is None:
         holder = _chunk_before(objects, prefix, offset)

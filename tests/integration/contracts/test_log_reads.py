@@ -105,6 +105,9 @@ def test_an_offset_inside_a_chunk_is_found_with_a_few_keys(stack):
     objects.reset()
     past = read_logs(objects, run, "stdout", len(written) + 12345)
     assert (past.data, past.next_offset, past.complete) == ("", len(written) + 12345, True)
+    objects.reset()
+    assert read_logs(objects, run, "stdout", 2**62).next_offset == 2**62  # the largest the API takes
+    assert objects.listed == 0
 
 
 def test_a_log_an_older_agent_wrote_in_large_chunks_reads_whole(stack):
