@@ -235,24 +235,26 @@ def _drive(
         body = {"command": f"sleep {duration}; echo {token} > out.txt", "queue": POOL, "name": f"soak-{i}"}
         return client.c.request("POST", "/v1/runs", body)["id"], token
 
-    with ThreadPoolExecutor(8) as pool:
-        submitted = list(pool.map(submit, specs))
-    tokens = dict(submitted)
-    long_runs += [run_id for (run_id, _), (_, duration, _) in zip(submitted, specs, strict=True) if duration == 3]
-    say(f"submitted {runs} runs in {time.monotonic() - t0:.0f}s")
-    left = list(tokens)
-    last_say = time.monotonic()
-    while left and time.monotonic() - t0 < timeout:
-        time.sleep(0.5)
-        left = [run_id for run_id in left if not store.get(run_id).state.terminal]
-        if len(left) <= runs // 2 and not stop_chaos.is_set():
-            stop_chaos.set()
-            say(f"half ended after {time.monotonic() - t0:.0f}s: chaos stops ({sum(report.kills.values())} kills)")
-        if time.monotonic() - last_say > 15:
-            last_say = time.monotonic()
-            say(f"  {runs - len(left)} of {runs} ended after {time.monotonic() - t0:.0f}s")
-    stop_chaos.set()
-    chaos.join()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            submitted = list(pool.map(submit, specs))
+        tokens = dict(submitted)
+        long_runs += [run_id for (run_id, _), (_, duration, _) in zip(submitted, specs, strict=True) if duration == 3]
+        say(f"submitted {runs} runs in {time.monotonic() - t0:.0f}s")
+        left = list(tokens)
+        last_say = time.monotonic()
+        while left and time.monotonic() - t0 < timeout:
+            time.sleep(0.5)
+            left = [run_id for run_id in left if not store.get(run_id).state.terminal]
+            if len(left) <= runs // 2 and not stop_chaos.is_set():
+                stop_chaos.set()
+                say(f"half ended after {time.monotonic() - t0:.0f}s: chaos stops ({sum(report.kills.values())} kills)")
+            if time.monotonic() - last_say > 15:
+                last_say = time.monotonic()
+                say(f"  {runs - len(left)} of {runs} ended after {time.monotonic() - t0:.0f}s")
+    finally:  # on an error too: no process is killed, or started again, after this
+        stop_chaos.set()
+        chaos.join()
     report.seconds = time.monotonic() - t0
     report.tokens = tokens
     return report
