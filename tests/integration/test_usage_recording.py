@@ -1,7 +1,7 @@
 """What the agent's executor records of a run's use at its end, on the real engine: the cpu time
 its container used, as measured (a run that computes shows what its own process counted, an idle
 one next to none); GPU-seconds and cost from the pool's shape and price, added to what earlier
-attempts used."""
+attempts used; peak memory and disk; and the cgroup reader behind cpu and memory, on this host."""
 
 import time
 
@@ -13,8 +13,10 @@ from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.logs import outputs_prefix
 from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE, wait_for
 from worker_agent.executor import RunExecutor
 from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.usage import CGROUP_ROOT, from_stats, read_cgroup
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
@@ -73,3 +75,39 @@ def test_the_cpu_time_recorded_is_what_the_container_used(docker_client, aws_sta
 
     idle = run_to_its_end(aws_stack, docker_client, tmp_path, {"command": "sleep 1", "queue": "manual"}, Rates(cpus=2))
     assert idle.usage.cpu_seconds is not None and 0 < idle.usage.cpu_seconds < 0.1, idle.usage
+
+
+MIB = 2**20
+
+
+def test_the_cgroup_reader_reads_a_real_container_on_this_host(docker_client):
+    """``read_cgroup`` on this host's layout (this CI's engine runs cgroup v1: memory and cpuacct
+    under ``docker/<id>``): a container that holds 48 MiB in /dev/shm (charged to its memory
+    cgroup) and spins reads as at least that peak and some cpu time, as the engine's own stats say."""
+    version = "v2" if (CGROUP_ROOT / "cgroup.controllers").exists() else "v1"
+    spin = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"
+    command = f"dd if=/dev/zero of=/dev/shm/x bs=1M count=48 2>/dev/null; {spin}; echo ready; sleep 60"
+    container = docker_client.containers.run(
+        TEST_IMAGE, ["sh", "-c", command], detach=True, network_mode="none", mem_limit="256m", shm_size="128m"
+    )
+    try:
+        wait_for(lambda: b"ready" in container.logs(), 60, 0.1, "the container to fill its memory")
+        sample = read_cgroup(container.id)
+        assert sample is not None, f"no cgroup of container {container.id} found on this cgroup {version} host"
+        assert sample.memory_peak is not None and 48 * MIB <= sample.memory_peak <= 256 * MIB, (version, sample)
+        assert sample.cpu_seconds is not None and 0.01 < sample.cpu_seconds < 60, (version, sample)
+        engine = from_stats(container.stats(stream=False))
+        assert engine.memory_peak is not None and engine.memory_peak >= 48 * MIB  # the engine agrees
+    finally:
+        container.remove(force=True)
+    assert read_cgroup(container.id) is None  # gone with its container
+
+
+def test_peak_memory_and_disk_are_recorded(docker_client, aws_stack, tmp_path):
+    """A run that holds 40 MiB of memory for a while and writes 3 MiB of outputs records a peak
+    of at least 40 MiB and a disk of 3 MiB (its home and its layer hold next to nothing)."""
+    command = "dd if=/dev/zero of=/dev/shm/x bs=1M count=40 && dd if=/dev/zero of=big bs=1M count=3 && sleep 1"
+    body = {"command": command, "queue": "manual", "resources": {"memory": "256m"}}
+    usage = run_to_its_end(aws_stack, docker_client, tmp_path, body, Rates(cpus=2)).usage
+    assert usage.memory_peak is not None and 40 * MIB <= usage.memory_peak <= 256 * MIB, usage
+    assert usage.disk is not None and 3 * MIB <= usage.disk < 4 * MIB, usage
