@@ -255,6 +255,32 @@ def test_tokens_and_whoami(devstack, tmp_path):
     assert one_error_line(gone, 3).startswith(f"error: token {token['id']} not found")
 
 
+def test_an_admin_sets_a_users_default_group(devstack, tmp_path):
+    name = f"gina-{uuid.uuid4().hex[:6]}"
+    made = cli(devstack, "token", "create", name, "-g", "vision", "-g", "nlp", token="admin-token", home=tmp_path)
+    secret = made.stdout.strip()
+    refused = cli(devstack, "run", "--queue", "parked", "--", "x", token=secret, home=tmp_path)
+    assert "you are in several groups (nlp, vision)" in one_error_line(refused, 2)
+    set_ = cli(devstack, "user", "set", name, "--default-group", "vision", "--json", token="admin-token", home=tmp_path)
+    assert set_.returncode == 0, set_.stderr
+    stored = json.loads(set_.stdout)
+    assert (stored["default_group"], stored["groups"]) == ("vision", ["nlp", "vision"])
+    shown = cli(devstack, "user", "show", name, token="admin-token", home=tmp_path)
+    assert shown.stdout.strip() == f"{name}: groups nlp, vision; default group vision"
+    me = cli(devstack, "whoami", token=secret, home=tmp_path)
+    assert me.stdout.strip() == f"{name} (groups: nlp, vision) (default group: vision); scopes: runs:read, runs:write"
+    ran = cli(devstack, "run", "--json", "--queue", "parked", "--", "x", token=secret, home=tmp_path)
+    run = json.loads(ran.stdout)
+    assert run["group"] == "vision"
+    cli(devstack, "kill", run["id"], token=secret, home=tmp_path)
+    neither = cli(devstack, "user", "set", name, token="admin-token", home=tmp_path)
+    assert one_error_line(neither, 2) == "error: give --default-group GROUP or --no-default-group"
+    cleared = cli(devstack, "user", "set", name, "--no-default-group", "--json", token="admin-token", home=tmp_path)
+    assert json.loads(cleared.stdout)["default_group"] is None
+    denied = cli(devstack, "user", "show", name, token=secret, home=tmp_path)
+    assert one_error_line(denied, 3).startswith(f"error: token of {name} lacks the 'admin' permission")
+
+
 @pytest.mark.slow
 def test_every_command_speaks_json(devstack, docker_client, tmp_path):
     """--json prints one JSON document on stdout (logs -f: one per line), nothing else."""
