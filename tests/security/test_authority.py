@@ -65,6 +65,9 @@ def test_a_user_removed_from_a_group_cannot_retry_widen_or_move_what_is_charged_
         status, code, message = api_status(lambda m=method, p=path, b=body: moved.request(m, p, b))
         assert (status, code) == (403, "forbidden"), (path, status, message)
         assert f"{name} is no longer in group {group}" in message, message
+    # an administrator retrying it for them is held to the owner's groups now, not the admin's
+    status, code, message = api_status(lambda: user("admin").request("POST", f"/v1/sweeps/{made['id']}/retry"))
+    assert (status, code) == (403, "forbidden") and f"{name} is no longer in group {group}" in message, message
     sweep = moved.request("GET", f"/v1/sweeps/{made['id']}")
     assert (sweep["counts"], sweep["waiting"], sweep["max_parallel"]) == ({"killed": 2}, 0, 1)
     assert moved.request("GET", f"/v1/runs?sweep={made['id']}&state=queued")["runs"] == []
