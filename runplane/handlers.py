@@ -116,7 +116,7 @@ class PoolDispatcher:
         if (sweep_id, member) in self.sweeps_moved:
             return
         try:
-            sweeps.advance(self._ports(budget), sweep_id, member)
+            sweeps.advance(self._ports(budget), sweep_id, member, budget)
         except NotFound:
             log.warning("ignoring event for unknown sweep %.80s", sweep_id)
         self.sweeps_moved.add((sweep_id, member))
@@ -134,7 +134,7 @@ class PoolDispatcher:
             dependent = found[place]
             first = place == skip  # each event tells one at least, whatever it costs: the chain always moves
             if dependent.startswith(SWEEP_PREFIX):
-                if not first and not budget.affords(sweeps.ADVANCE_CALLS):
+                if not first and not budget.affords(sweeps.LOOK_CALLS + sweeps.RELEASE_CALLS):
                     self._go_on(upstream, place, pool)
                     break
                 self.sweep(dependent.removeprefix(SWEEP_PREFIX), budget=budget)
@@ -200,13 +200,21 @@ class PoolDispatcher:
         return done.seen
 
     def _sweeps_pass(self, budget: Budget, resume: dict[str, str]) -> dict[str, str]:
-        """Unfinished sweeps within ``budget``, from and then to ``resume``'s ``sweeps_skip``."""
-        skip = int(resume["sweeps_skip"]) if resume.get("sweeps_skip", "").isdigit() else 0
+        """Unfinished sweeps within ``budget``, from and then to ``resume``'s ``sweeps_after``
+        (the creation time and id of the last sweep a pass looked at)."""
+        after: tuple[float, str] | None = None
+        created, _, sweep_id = resume.get("sweeps_after", "").partition(" ")
         try:
-            went = sweeps.advance_unfinished(self._ports(budget), budget, skip)
+            after = (float(created), sweep_id) if sweep_id else None
+        except ValueError:
+            after = None
+        try:
+            went = sweeps.advance_unfinished(self._ports(budget), budget, after)
         except RunplaneError as e:
             return {"error": e.message}
-        resume["sweeps_skip"] = str(went.resume)
+        resume.pop("sweeps_after", None)
+        if went.resume is not None:
+            resume["sweeps_after"] = f"{went.resume[0]!r} {went.resume[1]}"
         return went.moved
 
     def all_waiting(self) -> dict[str, int] | dict[str, str]:

@@ -161,8 +161,9 @@ class SweepStore(Protocol):
         """The cursor that continues its owner's listing after ``sweep`` (one the listing returned)."""
         ...
 
-    def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
-        """Up to ``limit`` sweeps of any owner that have not finished, oldest first."""
+    def unfinished(self, limit: int = 100, after: tuple[float, str] | None = None) -> builtins.list[Sweep]:
+        """Up to ``limit`` sweeps of any owner that have not finished, oldest first (by creation
+        time, then id); with ``after`` (a sweep's ``(created_at, id)``), those after it only."""
         ...
 
 

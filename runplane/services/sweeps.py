@@ -57,7 +57,7 @@ from runplane.domain.sweeps import (
 )
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
 from runplane.services import dependencies, lifecycle
-from runplane.services.authority import Owners, check_caller, still_allowed
+from runplane.services.authority import Owners, check_caller
 from runplane.services.budget import Budget
 from runplane.services.dependencies import MAX_WAITS, WaitPorts
 from runplane.services.inputs import InputPolicy
@@ -77,12 +77,16 @@ RELEASE_PER_ADVANCE = 25
 """The most members one try of ``advance`` releases (the next go on at the next event)."""
 ROTATE_SECONDS = 60.0
 """How long ``advance`` keeps reading the same window of a sweep's open members (the schedule's period)."""
-ADVANCE_CALLS = (
-    1 + MAX_WAITS + 1 + LOOK_PER_ADVANCE + 3 + max(RELEASE_PER_ADVANCE * (2 + 2 * MAX_TRIES + 3), 3 * LOOK_PER_ADVANCE)
-)
-"""The most store and queue calls one try of ``advance`` makes: the sweep, what it waits for, the
-pool's workers, the open members it reads, its write, and then releases (each: the line's head, the
-owner's lane, the policy, the run, its hint) or, for a killed sweep, kills."""
+LOOK_CALLS = 1 + MAX_WAITS + 1 + LOOK_PER_ADVANCE + 3
+"""The most store and queue calls one try of ``advance`` makes before it releases or kills: the
+sweep, what it waits for, the pool's workers, the open members it reads, its write and nudges."""
+RELEASE_CALLS = 2 + 2 * MAX_TRIES + 3
+"""The most one member's release makes: the line's head, the owner's lane read and written up to
+``MAX_TRIES`` times, the owner's groups, the run and its hint."""
+KILL_CALLS = 3
+"""The most one member's kill makes: its write, a read after a race, and the end's nudge."""
+ADVANCE_CALLS = LOOK_CALLS + max(RELEASE_PER_ADVANCE * RELEASE_CALLS, LOOK_PER_ADVANCE * KILL_CALLS)
+"""The most one try of ``advance`` makes without a budget: its look, then releases or kills."""
 KILLED = ended_code(RunState.KILLED, FailureReason.KILLED)
 DEPENDENCY_FAILED = ended_code(RunState.FAILED, FailureReason.DEPENDENCY_FAILED)
 
@@ -243,13 +247,17 @@ def window(ports: SweepPorts, sweep: Sweep, now: float, stale_after: float = 120
     return min(2 * slots, MAX_OPEN)
 
 
-def advance(ports: SweepPorts, sweep_id: str, member: int | None = None) -> Sweep:
+def advance(ports: SweepPorts, sweep_id: str, member: int | None = None, budget: Budget | None = None) -> Sweep:
     """Move the sweep on (see the module docstring); returns it as written. Each try reads at most
     ``LOOK_PER_ADVANCE`` open members (``member`` first, the member whose end this is, then a window
     that moves on every ``ROTATE_SECONDS``) and releases at most ``RELEASE_PER_ADVANCE``, asking
-    the dispatcher for another advance when more could go. Raises NotFound, and what the stores
-    raise."""
-    for _ in range(8):
+    the dispatcher for another advance when more could go. With ``budget`` (that ``ports`` are
+    metered with), it releases or kills only while the budget affords one more (one at least), and
+    tries again after a race only while it affords a whole try: members marked out whose runs are
+    not made yet are made by the next advance. Raises NotFound, and what the stores raise."""
+    for attempt in range(8):
+        if attempt and budget is not None and not budget.affords(LOOK_CALLS):
+            return ports.sweeps.get(sweep_id)  # the next event or pass goes on
         sweep = ports.sweeps.get(sweep_id)
         if sweep.finished_at is not None:
             return sweep
@@ -274,25 +282,46 @@ def advance(ports: SweepPorts, sweep_id: str, member: int | None = None) -> Swee
                 continue  # another writer moved it: read it again
             if done and saved.dependents:
                 _tell_dependents(ports, saved)
-        released = [index for index in create if _release(ports, saved, index, now)]
-        if released:
-            _wake(ports, saved, more=len(create) >= RELEASE_PER_ADVANCE and PENDING in saved.status)
-        ended_now = False
-        if saved.killed:
-            for index in missing:  # a pass that released it may still be making its run
-                ended_now |= _bury(ports, saved, index, now)
-            for run in live:
-                try:
-                    killed = _kill(ports.store, run, ports.clock, reason=f"sweep {saved.id} was killed")
-                except (Conflict, ConditionFailed):
-                    continue
-                if killed.state.terminal and killed.dependents:
-                    lifecycle.ended(ports.queue, killed)  # what waits for the member fails
-                ended_now |= killed.state.terminal
+        _release_all(ports, saved, create, now, budget)
+        ended_now = _end_killed(ports, saved, missing, live, now, budget) if saved.killed else False
         if ended_now:
             continue  # queued members were killed at once: record them
         return saved
     raise Conflict(f"sweep {sweep_id} changed too often; try again")
+
+
+def _release_all(ports: SweepPorts, sweep: Sweep, create: list[int], now: float, budget: Budget | None) -> None:
+    """Make the runs of members ``create`` (while ``budget`` affords one more; one at least) and
+    nudge the dispatcher once, asking it to move the sweep on again when more could go."""
+    released, more = 0, len(create) >= RELEASE_PER_ADVANCE and PENDING in sweep.status
+    for place, index in enumerate(create):
+        if place and budget is not None and not budget.affords(RELEASE_CALLS):
+            more = True  # the rest are out with no run yet: the next advance makes them
+            break
+        released += _release(ports, sweep, index, now)
+    if released:
+        _wake(ports, sweep, more=more)
+
+
+def _end_killed(
+    ports: SweepPorts, sweep: Sweep, missing: list[int], live: list[Run], now: float, budget: Budget | None
+) -> bool:
+    """A killed sweep's members: those out with no run are stored killed, the runs of those read
+    killed (while ``budget`` affords one more; one at least). True when one ended now."""
+    ended_now = False
+    for index in missing:  # a pass that released it may still be making its run
+        ended_now |= _bury(ports, sweep, index, now)
+    for place, run in enumerate(live):
+        if place and budget is not None and not budget.affords(KILL_CALLS):
+            break
+        try:
+            killed = _kill(ports.store, run, ports.clock, reason=f"sweep {sweep.id} was killed")
+        except (Conflict, ConditionFailed):
+            continue
+        if killed.state.terminal and killed.dependents:
+            lifecycle.ended(ports.queue, killed)  # what waits for the member fails
+        ended_now |= killed.state.terminal
+    return ended_now
 
 
 def _gate(
@@ -424,8 +453,7 @@ def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     longer allow the sweep's group or inputs: then its run is made ended ``not_permitted``."""
     groups = None
     if ports.owners is not None:
-        owner = ports.owners.principal(sweep.owner)
-        why = still_allowed(owner, sweep.spec.run, sweep.group, ports.inputs)
+        owner, why = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
         if why is not None:
             _refuse(ports, sweep, index, now, why)
             return False
@@ -537,12 +565,13 @@ def check_release(ports: SweepPorts, principal: Principal, sweep: Sweep) -> list
     the owner; for an administrator acting on another's sweep, the owner's tokens as the store
     holds them now -- and the caller may still give its priority. Returns the owner's groups now.
     Raises Forbidden."""
-    owner: Principal | None = principal
-    if principal.user != sweep.owner:
-        owner = ports.owners.principal(sweep.owner) if ports.owners is not None else None
     _check_priority(principal, ports.pools.get(sweep.queue), sweep.spec.run.priority)
-    if owner is None:
+    if principal.user == sweep.owner:
+        check_caller(principal, sweep.spec.run, sweep.group, ports.inputs)
+        return sorted(set(principal.groups))
+    if ports.owners is None:
         return list(sweep.owner_groups)
+    owner, _ = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
     check_caller(owner, sweep.spec.run, sweep.group, ports.inputs)
     return sorted(set(owner.groups))
 
@@ -687,30 +716,44 @@ def members(
     return found, None
 
 
+def look_cost(sweep: Sweep) -> int:
+    """The most calls one try of ``advance`` makes on ``sweep`` (as listed) before it releases or
+    kills; what those cost is bounded by the budget it is given."""
+    return 1 + len(sweep.waiting_on) + 1 + min(len(sweep.indices(OPEN)) + 1, LOOK_PER_ADVANCE) + 3
+
+
 @dataclass(frozen=True)
 class SweepsPass:
     moved: dict[str, str]
     """Per sweep looked at: how it stands, or the error."""
-    resume: int
-    """How many of the oldest unfinished sweeps the next pass passes over (0: from the oldest)."""
+    resume: tuple[float, str] | None
+    """The ``(created_at, id)`` of the last sweep looked at, where the next pass goes on (None:
+    from the oldest; this pass went round)."""
 
 
-def advance_unfinished(ports: SweepPorts, budget: Budget | None = None, skip: int = 0) -> SweepsPass:
-    """The schedule's pass: move unfinished sweeps on, oldest first, from the ``skip``-th of the
-    ``UNFINISHED_PER_PASS`` oldest, while ``budget`` (calls; give ``ports`` metered with it)
-    affords one more ``advance`` try (``ADVANCE_CALLS``). Returns what moved and where the next
-    pass goes on, so that passes reach every unfinished sweep in turn."""
+def advance_unfinished(
+    ports: SweepPorts, budget: Budget | None = None, after: tuple[float, str] | None = None
+) -> SweepsPass:
+    """The schedule's pass: move unfinished sweeps on, oldest first, from the one after ``after``
+    (``UNFINISHED_PER_PASS`` listed at most), while ``budget`` (calls; give ``ports`` metered with
+    it) affords one more ``advance`` try's look (``look_cost``) and one release, the releases and
+    kills of each bounded by what is left; the first always goes. Returns what
+    moved and where the next pass goes on, so that passes reach every unfinished sweep in turn,
+    however many one user has."""
     budget = budget or Budget(1 << 62)
     out: dict[str, str] = {}
-    unfinished = ports.sweeps.unfinished(UNFINISHED_PER_PASS)
-    if skip >= len(unfinished):
-        skip = 0
-    for place, sweep in enumerate(unfinished[skip:] + unfinished[:skip]):
-        if out and not budget.affords(ADVANCE_CALLS):  # the first always goes: passes move on
-            return SweepsPass(out, (skip + place) % len(unfinished))
+    listed = ports.sweeps.unfinished(UNFINISHED_PER_PASS, after)
+    if not listed and after is not None:  # past the newest: round again from the oldest
+        after = None
+        listed = ports.sweeps.unfinished(UNFINISHED_PER_PASS)
+    last: tuple[float, str] | None = None
+    for sweep in listed:
+        if out and not budget.affords(look_cost(sweep) + RELEASE_CALLS):
+            return SweepsPass(out, last)
+        last = (sweep.created_at, sweep.id)
         try:
-            moved = advance(ports, sweep.id)
+            moved = advance(ports, sweep.id, budget=budget)
             out[sweep.id] = "finished" if moved.finished_at is not None else f"{moved.status.count(OPEN)} out"
         except RunplaneError as e:
             out[sweep.id] = f"error: {e.message}"
-    return SweepsPass(out, 0)
+    return SweepsPass(out, last if len(listed) >= UNFINISHED_PER_PASS else None)

@@ -1,9 +1,10 @@
-"""One tenant's flood of waiting runs cannot starve the dispatcher for everyone, on both clouds'
-stores (moto, Azurite) through the dispatcher's own entrypoints (the Lambda handler, the Azure
-functions), every call to the stores and queues counted by a wrapper around the real adapters: a
-scheduled pass dispatches the pools first and spends at most its budget on waiting runs, going on
-where it stopped so that passes reach them all; the end of a run that many runs wait for is told
-in bounded chunks, one event each. On both fronts, a user's waiting runs and unfinished sweeps
+"""One tenant's flood of waiting runs or sweeps cannot starve the dispatcher for everyone, on both
+clouds' stores (moto, Azurite) through the dispatcher's own entrypoints (the Lambda handler, the
+Azure functions), every call to the stores and queues counted by a wrapper around the real
+adapters: a scheduled pass dispatches the pools first and spends at most its budget on waiting runs
+and open sweeps, going on where it stopped, so that passes reach them all and another user's with
+them; the end of a run that many runs wait for is told in bounded chunks, one event each; an event
+met too late in a batch fails alone. On both fronts, a user's waiting runs and unfinished sweeps
 have a cap, and going past it is a 422 that names it."""
 
 import base64
@@ -22,8 +23,10 @@ from runplane.client import Client
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
+from runplane.domain.sweeps import PENDING, Sweep, SweepSpec
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
+from runplane.services.sweeps import create_sweep
 from tests.conftest import api_status
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
@@ -43,6 +46,10 @@ POOL_CALLS = 21
 RESOLVE_CALLS = 11 + 97
 """docs/scheduling.md: the most one waiting run's resolve makes (what a pass may overrun its budget by)."""
 FLOOD = 150
+OPEN_FLOOD = 105
+"""More than the 100 oldest unfinished sweeps a pass lists."""
+ADVANCE_CALLS = 502
+"""docs/scheduling.md: the most one try of a sweep's advance makes (what a pass may overrun by)."""
 MALLORY, BOB = Principal(user="mallory"), Principal(user="bob")
 
 
@@ -231,6 +238,42 @@ class Running(LambdaContext):
 
     def get_remaining_time_in_millis(self):
         return self.left_ms.pop(0) if len(self.left_ms) > 1 else self.left_ms[0]
+
+
+def test_a_flood_of_open_sweeps_leaves_every_pass_bounded_and_another_users_sweep_moved_on(counted):
+    stack, calls = counted
+    up, _ = waiting_flood(stack, 1)
+    template = SweepSpec(run=RunSpec(command="x", queue="parked", after=[up.id]), count=3)
+    for i in range(OPEN_FLOOD):  # older than bob's, each waiting for a run that never starts
+        stack.sweeps.create(
+            Sweep(
+                id=f"s-{uuid.uuid4().hex[:24]}",
+                owner="mallory",
+                spec=template,
+                queue="parked",
+                created_at=time.time() - 1000 + i,
+                status=PENDING * 3,
+                waiting_on=[up.id],
+            )
+        )
+    bobs = create_sweep(stack.sweep_ports, BOB, SweepSpec(run=RunSpec(command="x", queue="parked")), None).sweep
+    member = stack.store.get(bobs.member_id(0))
+    held = lifecycle.claim(stack.store, member, 0, "w1", 60.0, time.time())
+    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
+    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
+    lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")  # its event was lost
+    bound = PASS_CALLS + ADVANCE_CALLS + POOL_CALLS * len(stack.pools.pools) + 2
+    passes = []
+    for _ in range(12):
+        calls.clear()
+        scheduled_pass(stack)
+        passes.append(len(calls))
+        assert len(calls) <= bound, f"a pass made {len(calls)} calls; at most {bound}"
+        if stack.sweeps.get(bobs.id).finished_at is not None:
+            break
+    print(f"calls per pass over {OPEN_FLOOD} open sweeps of another user: {passes}")
+    assert stack.sweeps.get(bobs.id).finished_at is not None, f"bob's sweep never moved on in {passes}"
+    assert len(passes) > 1, "one pass moved every sweep on: no bound was kept"
 
 
 # an Azure queue message is an invocation of its own (batchSize 1 in host.json): there is no batch

@@ -102,6 +102,8 @@ def test_the_published_worst_cases_are_the_codes():
         "RESOLVE_CALLS": dependencies.RESOLVE_CALLS,
         "MAX_WAITS": dependencies.MAX_WAITS,
         "ADVANCE_CALLS": sweeps.ADVANCE_CALLS,
+        "LOOK_CALLS": sweeps.LOOK_CALLS,
+        "RELEASE_CALLS": sweeps.RELEASE_CALLS,
         "LOOK_PER_ADVANCE": sweeps.LOOK_PER_ADVANCE,
         "RELEASE_PER_ADVANCE": sweeps.RELEASE_PER_ADVANCE,
         "POOL_CALLS": dispatch.POOL_CALLS,

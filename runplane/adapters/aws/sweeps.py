@@ -128,7 +128,7 @@ class DynamoSweepStore:
         }
         return _encode_cursor(key)
 
-    def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
+    def unfinished(self, limit: int = 100, after: tuple[float, str] | None = None) -> builtins.list[Sweep]:
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "IndexName": BY_QUEUE_STATE,
@@ -137,6 +137,13 @@ class DynamoSweepStore:
             "ScanIndexForward": True,
             "Limit": max(1, limit),
         }
+        if after is not None:  # a position in the index: the sweep there may have finished since
+            created_at, sweep_id = after
+            kwargs["ExclusiveStartKey"] = {
+                "id": {"S": sweep_id},
+                "qs": {"S": OPEN},
+                "created_at": {"N": repr(created_at)},
+            }
         try:
             resp = self.client.query(**kwargs)
         except (ClientError, BotoCoreError) as e:

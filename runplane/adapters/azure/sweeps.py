@@ -40,7 +40,11 @@ PARTITION = "sweeps"
 
 
 def _open_key(sweep: Sweep) -> str:
-    return f"open:{sweep.created_at:017.6f}:{key(sweep.id)}"
+    return _marker(sweep.created_at, sweep.id)
+
+
+def _marker(created_at: float, sweep_id: str) -> str:
+    return f"open:{created_at:017.6f}:{key(sweep_id)}"
 
 
 def _owner_cursor(owner: str) -> str:
@@ -145,10 +149,11 @@ class TableSweepStore:
     def cursor_after(self, sweep: Sweep) -> str:
         return _encode_cursor(f"{newest_first(sweep.created_at)}:{key(sweep.id)}", _owner_cursor(sweep.owner))
 
-    def unfinished(self, limit: int = 100) -> builtins.list[Sweep]:
+    def unfinished(self, limit: int = 100, after: tuple[float, str] | None = None) -> builtins.list[Sweep]:
+        start = _marker(*after) if after is not None else "open:"
         markers = self.table.query_entities(
             "PartitionKey eq @pk and RowKey gt @after and RowKey lt @before",
-            parameters={"pk": PARTITION, "after": "open:", "before": "open;"},
+            parameters={"pk": PARTITION, "after": start, "before": "open;"},
             results_per_page=min(max(limit, 1), 1000),
             select=["RowKey"],
         )

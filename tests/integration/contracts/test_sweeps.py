@@ -82,6 +82,17 @@ def test_an_owners_sweeps_list_newest_first_by_pages_and_unfinished_ones_any_own
     assert sorted(s.id for s in stack.sweeps.unfinished()) == ["s-0", "s-1", "s-3", "s-4", "s-bob"]
 
 
+def test_unfinished_sweeps_go_on_after_a_given_one_oldest_first_even_one_that_finished_since(stack):
+    for i in range(4):
+        stack.sweeps.create(record(f"s-{i}", created_at=1000.0 + i))
+    assert [s.id for s in stack.sweeps.unfinished(2)] == ["s-0", "s-1"]
+    assert [s.id for s in stack.sweeps.unfinished(2, after=(1001.0, "s-1"))] == ["s-2", "s-3"]
+    done = stack.sweeps.get("s-2")
+    stack.sweeps.save(done.model_copy(update={"finished_at": 3000.0, "status": "sss"}))
+    assert [s.id for s in stack.sweeps.unfinished(5, after=(1002.0, "s-2"))] == ["s-3"]
+    assert stack.sweeps.unfinished(5, after=(1003.0, "s-3")) == []
+
+
 def grid(**extra):
     return SweepSpec(
         name="grid",
