@@ -350,3 +350,26 @@ def test_metrics_port_serves_the_workers_figures_after_real_runs(docker_client, 
     assert f"runplane_worker_seconds_to_running_count{{{labels}}} 2\n" in text
     assert f"runplane_worker_claim_seconds_count{{{labels}}} 2\n" in text
     assert f"runplane_worker_runs_active{{{labels}}} 0\n" in text
+
+
+def test_a_metrics_port_in_use_is_one_line_and_exit_2(docker_client, agents, tmp_path):
+    """README: a port that cannot be taken is one line on stderr and exit status 2; the agent's
+    work directory is let go first (no mount of it is left)."""
+    import socket
+
+    from worker_agent.workdir import parse_mountinfo, read_mountinfo
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        agent = agents("--metrics-port", str(port))
+        assert agent.wait(60) == 2
+    said = agent.log.read_text()
+    errors = [line for line in said.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"runplane-agent: error: cannot serve metrics on 127.0.0.1:{port}: "
+    )
+    assert "Traceback" not in said
+    work = str(tmp_path / "work")
+    assert [m.mount_point for m in parse_mountinfo(read_mountinfo()) if m.mount_point.startswith(work)] == []

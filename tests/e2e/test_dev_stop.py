@@ -6,13 +6,15 @@ stack is left: no agent process, no run container, no work dir mount.
 The real CLI runs as a process of its own, with a HOME of its own (it writes its dev.json there).
 On AWS it runs moto in its own process, as `make dev` does, so the runs' records go with it: the
 stack's log says what it killed, and the agent's log how the run ended. On Azure it uses the test
-session's Azurite (``--azure-connection``), so the records are read back after it has exited."""
+session's Azurite (``--azure-connection``), so the records are read back after it has exited;
+there it also runs its demo run first (``--demo``, as `make dev` does)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,7 +204,16 @@ def test_ctrl_c_kills_the_runs_and_leaves_nothing_behind_even_when_pressed_twice
 
 
 def test_sigterm_records_every_run_killed_on_an_existing_azure_storage(start_dev, docker_client, azurite):
-    dev = start_dev("--azure-connection", azurite)
+    dev = start_dev("--azure-connection", azurite, "--demo")
+    # --demo (what `make dev` runs): one run, followed to its end, with its output named
+    wait_for(lambda: "; outputs: " in dev.output(), 120, 0.1, "the demo run to end")
+    said = dev.output()
+    demo = re.search(r"^demo run (r-[0-9a-f]+)$", said, re.MULTILINE)
+    assert demo is not None, said[-3000:]
+    assert "hello from runplane\n" in said and "demo run succeeded; outputs: answer\n" in said
+    assert dev.client is not None
+    run = dev.client.get(demo.group(1))
+    assert (run.state, [f.path for f in run.outputs()]) == (RunState.SUCCEEDED, ["answer"])
     going = runs_going(dev, docker_client)
 
     assert stop_with(dev, signal.SIGTERM) == 0

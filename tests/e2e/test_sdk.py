@@ -18,6 +18,7 @@ import pytest
 from runplane.client import (
     AsyncClient,
     AsyncRun,
+    AsyncSweep,
     BadRequest,
     Client,
     Conflict,
@@ -270,6 +271,42 @@ def test_the_async_client(devstack, docker_client):
             assert len([r async for r in client.runs(limit=2, page_size=1)]) == 2
             with pytest.raises(NotFound):
                 await client.get("r-nope")
+
+    asyncio.run(main())
+
+
+def test_the_async_client_sweeps_and_downloads(devstack, docker_client, tmp_path):
+    """docs/sdk.md: ``AsyncClient`` has the sweeps of ``Client`` as coroutines, and downloads."""
+
+    async def main() -> None:
+        async with AsyncClient(devstack.api_url, "alice-token") as client:
+            key = f"sweep-{uuid.uuid4()}"
+            made = await client.submit_sweep(
+                "echo $N > n; test $N = 1", parameters={"N": [1, 2]}, max_parallel=2, idempotency_key=key
+            )
+            assert isinstance(made, AsyncSweep) and made.created and made.view.size == 2
+            again = await client.submit_sweep(
+                "echo $N > n; test $N = 1", parameters={"N": [1, 2]}, max_parallel=2, idempotency_key=key
+            )
+            assert (again.id, again.created) == (made.id, False)
+            progress: list[int] = []
+            done = await made.wait(timeout=120, poll=0.2, on_progress=lambda s: progress.append(s.view.size))
+            assert done is made and made.done and progress
+            assert (made.view.counts[RunState.SUCCEEDED], made.view.counts[RunState.FAILED]) == (1, 1)
+            assert made.view.failures == {"nonzero_exit": 1}
+            assert made.id in {s.id async for s in client.sweeps(limit=50)}
+            assert (await client.sweep(made.id)).view.counts == made.view.counts
+            (good,) = [r async for r in made.members(state="succeeded")]
+            assert isinstance(good, AsyncRun) and good.view.spec.env["N"] == "1"
+            files = await good.download(tmp_path / "out")
+            assert files == [tmp_path / "out" / "n"] and files[0].read_text() == "1\n"
+            (output,) = [f async for f in good.outputs()]
+            await client.download_file(output.url, tmp_path / "again")
+            assert (tmp_path / "again").read_text() == "1\n"
+            assert await made.retry() == 1  # the failed member, as a new run
+            assert made.view.counts.get(RunState.FAILED, 0) == 0 and not made.done  # as the answer says
+            await made.kill()
+            assert made.view.killed
 
     asyncio.run(main())
 
