@@ -29,22 +29,14 @@ TIME_LEFT_MARGIN = 10.0
 
 class PoolDispatcher:
     """Dispatches each pool at most once per invocation, however many events name it. Work on
-    waiting runs and sweeps is bounded: ``schedule_calls`` a pass and ``event_calls`` an
-    event (the stack's settings by default).
-    ``time_left`` (seconds, the host's) makes a record met too late fail alone, so that one long
-    event never times the others of its batch out."""
+    waiting runs and sweeps is bounded by the stack's ``schedule_calls`` a pass and
+    ``event_calls`` an event. ``time_left`` (seconds, the host's) makes a record met too late fail
+    alone, so that one long event never times the others of its batch out."""
 
-    def __init__(
-        self,
-        stack: Stack,
-        *,
-        schedule_calls: int | None = None,
-        event_calls: int | None = None,
-        time_left: Callable[[], float] | None = None,
-    ) -> None:
+    def __init__(self, stack: Stack, *, time_left: Callable[[], float] | None = None) -> None:
         self.stack = stack
-        self.schedule_calls = schedule_calls or stack.settings.schedule_calls
-        self.event_calls = event_calls or stack.settings.event_calls
+        self.schedule_calls = stack.settings.schedule_calls
+        self.event_calls = stack.settings.event_calls
         self.time_left = time_left
         self.results: dict[str, Decision | RunplaneError] = {}
         self.sweeps_moved: set[tuple[str, int | None]] = set()
@@ -221,13 +213,6 @@ class PoolDispatcher:
         """A whole pass over waiting runs (no budget), as a lost event would have done."""
         try:
             return dependencies.resolve_waiting(self.stack.sweep_ports.waits).seen
-        except RunplaneError as e:
-            return {"error": e.message}
-
-    def all_sweeps(self) -> dict[str, str]:
-        """A pass over unfinished sweeps (no budget), as a lost event would have done."""
-        try:
-            return sweeps.advance_unfinished(self.stack.sweep_ports).moved
         except RunplaneError as e:
             return {"error": e.message}
 
