@@ -188,7 +188,8 @@ def test_login_checks_the_url_and_the_token_before_saving(tmp_path):
 
 class _Going(BaseHTTPRequestHandler):
     """An API whose one run goes on for ever: a submit answers it queued, a read says it is
-    running its first attempt, its logs are empty and not complete. Each request's path is kept in ``server.paths``."""
+    running its first attempt, its logs are empty and not complete, its outputs hold a path that
+    leaves any directory. Each request's path is kept in ``server.paths``."""
 
     def _answer(self, status: int, body: dict) -> None:
         self.server.paths.append(self.path)  # type: ignore[attr-defined]
@@ -200,7 +201,10 @@ class _Going(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self) -> None:
-        if "/logs" in self.path:
+        if "/outputs" in self.path:  # a listing with a path that climbs out of any directory
+            files = [{"path": p, "size": 1, "url": "http://127.0.0.1:1/x"} for p in ("fine", "../escape")]
+            self._answer(200, {"files": files, "next_cursor": None, "complete": True})
+        elif "/logs" in self.path:
             self._answer(200, {"data": "", "next_offset": 0, "complete": False})
         else:
             self._answer(200, dict(RUN, name="café ☃", state="running", attempt=1))
@@ -266,3 +270,12 @@ def test_an_unexpected_failure_exits_1_and_shows_the_traceback_only_when_asked(t
     debug = runplane("status", RUN["id"], home=tmp_path, env={**env, "RUNPLANE_DEBUG": "1"})
     assert debug.returncode == 1
     assert "Traceback (most recent call last)" in debug.stderr and "UnicodeEncodeError" in debug.stderr
+
+
+def test_a_download_whose_output_path_leaves_dest_exits_3(tmp_path, going_api):
+    """README: an output path that leaves DEST is a refusal (exit 3), one line; nothing is written."""
+    env = {"RUNPLANE_API_URL": f"http://127.0.0.1:{going_api.server_address[1]}", "RUNPLANE_TOKEN": "x"}
+    dest = tmp_path / "dest"
+    proc = runplane("download", RUN["id"], str(dest), home=tmp_path / "home", env=env)
+    assert one_error_line(proc, 3) == f"error: refusing output path '../escape': it leaves {dest}"
+    assert not (tmp_path / "escape").exists() and not (dest / "fine").exists()
