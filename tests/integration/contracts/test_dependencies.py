@@ -233,6 +233,22 @@ def test_the_real_cap_on_what_waits_for_a_run(stack, ports):
     assert len(held.dependents) == MAX_DEPENDENTS
 
 
+def test_the_real_cap_on_what_waits_for_a_sweep(stack, ports):
+    """The same cap on a sweep: at 1,000 (the largest sweep record) it is still saved; one more
+    is a 409 at submit."""
+    made = sweeps.create_sweep(ports, ALICE, grid(), None).sweep
+    many = [f"sweep:s-{i:024x}" for i in range(MAX_DEPENDENTS - 1)]
+    stack.sweeps.save(stack.sweeps.get(made.id).model_copy(update={"dependents": many}))
+    last = submit(stack, ports, after_sweep=made.id)
+    assert stack.sweeps.get(made.id).dependents == [*many, last.id]
+    with pytest.raises(Conflict, match=f"after_sweep: 1000 runs and sweeps already wait for sweep {made.id}"):
+        submit(stack, ports, after_sweep=made.id)
+    # one that got past the check at submit (a race) is not added either
+    dependencies.follow(dependencies.WaitPorts(stack.store, stack.sweeps, stack.queue, stack.pools, ports.clock),
+                        "r-" + "f" * 24, [f"sweep:{made.id}"])  # fmt: skip
+    assert sweeps.advance(ports, made.id).dependents == [*many, last.id]  # and takes its own writes
+
+
 def test_a_waiting_run_can_be_killed_and_the_kill_of_all_reaches_it(stack, ports):
     up = submit(stack, ports)
     waiting = submit(stack, ports, after=[up.id])
