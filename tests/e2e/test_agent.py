@@ -373,3 +373,17 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_2(docker_client, agents, tmp
     assert "Traceback" not in said
     work = str(tmp_path / "work")
     assert [m.mount_point for m in parse_mountinfo(read_mountinfo()) if m.mount_point.startswith(work)] == []
+
+
+def test_exit_on_exception_ends_the_agent_with_status_1(docker_client, alice, agents):
+    """README: with --exit-on-exception an unexpected error while taking a run ends the agent
+    (status 1, the error in its log). The error is real: this agent's runs table does not exist."""
+    agent = agents("--exit-on-exception", env={**os.environ, "RUNPLANE_RUNS_TABLE": "e2e-no-such-table"})
+    run = submit(alice, "true")
+    try:
+        assert agent.wait(60) == 1
+    finally:
+        alice.request("POST", f"/v1/runs/{run['id']}/kill")  # no later test's agent takes it
+    said = agent.log.read_text()
+    assert "error while taking a run; exiting (--exit-on-exception)" in said
+    assert "read run failed" in said
