@@ -144,6 +144,8 @@ def pool_view(pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolR
         default_time=pool.default_time,
         max_time=pool.max_time,
         max_user_priority=pool.max_user_priority,
+        max_waiting_runs=pool.max_waiting_runs,
+        max_open_sweeps=pool.max_open_sweeps,
         fair_share_half_life=pool.fair_share_half_life,
         price_per_hour=pool.price_per_hour,
         retry=pool.retry,

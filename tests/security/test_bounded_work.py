@@ -304,6 +304,8 @@ CAPPED = {"command": "true", "queue": "capped"}
 def test_a_users_waiting_runs_and_open_sweeps_have_a_cap_named_in_the_refusal(front, user):
     admin = user("admin")
     flooder, other = fresh_user(front, admin), fresh_user(front, admin)
+    [capped] = [p for p in flooder.request("GET", "/v1/pools")["pools"] if p["name"] == "capped"]
+    assert (capped["max_waiting_runs"], capped["max_open_sweeps"]) == (2, 1)  # the caps are shown
     up = flooder.request("POST", "/v1/runs", CAPPED)
     first = [flooder.request("POST", "/v1/runs", {**CAPPED, "after": [up["id"]]}) for _ in range(2)]
     assert all(run["waiting_on"] == [up["id"]] for run in first)
