@@ -69,29 +69,31 @@ def check_caller(principal: Principal, spec: RunSpec, group: str | None, inputs:
 class Owners:
     """The owners of runs as the token store says now, for releases with no caller in the request.
 
-    A user's groups are those of their tokens that have not expired (none left: no group); their
-    default group is their ``UserRecord``'s. What the tokens say is kept ``ttl`` seconds (what an
-    API instance trusts a token for anyway), so a pass that releases many runs reads them once; a
-    token written or revoked through this process's ``CachedTokens`` is seen at once."""
+    A user's groups are those of their tokens that have not expired (none left: no group). What the
+    tokens say is kept ``ttl`` seconds (what an API instance trusts a token for anyway), so a pass
+    that releases many runs reads them once; a token written or revoked through this process's
+    ``CachedTokens`` is seen at once. A refusal is made only on what was read less than
+    ``fresh_for`` seconds ago (``allows``): a token made since on another instance is not missed."""
 
-    def __init__(self, tokens: TokenStore, clock: Clock, ttl: float = CACHE_SECONDS) -> None:
+    def __init__(self, tokens: TokenStore, clock: Clock, ttl: float = CACHE_SECONDS, fresh_for: float = 1.0) -> None:
         self.tokens = tokens
         self.clock = clock
         self.ttl = ttl
+        self.fresh_for = fresh_for
         self._seen: tuple[float, int, Mapping[str, list[str]]] | None = None
         self._lock = threading.Lock()
 
     def _changes(self) -> int:
         return self.tokens.changes if isinstance(self.tokens, CachedTokens) else 0
 
-    def principal(self, user: str) -> Principal:
-        """``user`` with the groups their tokens carry now (no scopes: it acts for no request).
-        Raises what the token store raises."""
+    def principal(self, user: str, *, within: float | None = None) -> Principal:
+        """``user`` with the groups their tokens carry (no scopes: it acts for no request), as read
+        at most ``within`` seconds ago (default ``ttl``). Raises what the token store raises."""
         now = self.clock()
         with self._lock:
             seen = self._seen
         changes = self._changes()
-        if seen is None or now - seen[0] >= self.ttl or changes != seen[1]:
+        if seen is None or now - seen[0] >= (self.ttl if within is None else within) or changes != seen[1]:
             groups: dict[str, set[str]] = {}
             for token in self.tokens.list():
                 if not token.expired(now):
@@ -99,9 +101,17 @@ class Owners:
             seen = (now, changes, {name: sorted(found) for name, found in groups.items()})
             with self._lock:
                 self._seen = seen
-        current = list(seen[2].get(user, []))
-        default = None
-        if len(current) > 1:
-            record = self.tokens.user(user)
-            default = record.default_group if record is not None else None
-        return Principal(user=user, groups=current, default_group=default)
+        return Principal(user=user, groups=list(seen[2].get(user, [])))
+
+    def allows(
+        self, user: str, spec: RunSpec, group: str | None, inputs: InputPolicy | None
+    ) -> tuple[Principal, str | None]:
+        """``user`` as their tokens say now, and why they may no longer release a run of ``spec``
+        charged to ``group`` (None: they may; ``still_allowed``). Raises what the token store
+        raises."""
+        owner = self.principal(user)
+        why = still_allowed(owner, spec, group, inputs)
+        if why is not None:  # refused on a view up to ttl old: look again before it counts
+            owner = self.principal(user, within=self.fresh_for)
+            why = still_allowed(owner, spec, group, inputs)
+        return owner, why

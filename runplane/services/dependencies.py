@@ -44,7 +44,7 @@ from runplane.domain.models import (
 )
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.ports import Expect, QuotaStore, RunQueue, RunStore, SweepStore
-from runplane.services.authority import Owners, still_allowed
+from runplane.services.authority import Owners
 from runplane.services.budget import Budget
 from runplane.services.inputs import InputPolicy
 from runplane.services.lifecycle import ended
@@ -286,8 +286,7 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
     its inputs."""
     groups = run.owner_groups
     if ports.owners is not None:
-        owner = ports.owners.principal(run.owner)
-        why = still_allowed(owner, run.spec, run.group, ports.inputs)
+        owner, why = ports.owners.allows(run.owner, run.spec, run.group, ports.inputs)
         if why is not None:
             message = f"not released: {why}"
             done = ports.store.update(
