@@ -316,7 +316,7 @@ def _gpu_probe(client: docker.DockerClient, image: str, labels: dict[str, str]) 
         finally:
             if container is not None:
                 with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
-                    container.remove(force=True)
+                    container.remove(force=True, v=True)
 
     return probe
 
