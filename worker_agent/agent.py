@@ -262,7 +262,12 @@ class Agent:
             log.info("run %s does not fit this worker %s", run.id, never or "right now")
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
             return
-        if not self._admit(run, delivery):
+        try:
+            admitted = self._admit(run, delivery)
+        except BaseException:
+            self.allocator.release(run.id)  # the hint's handing back failed: the room goes back all the same
+            raise
+        if not admitted:
             self.allocator.release(run.id)
             return
         try:
