@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from runplane.domain.accounting import Rates
 from runplane.domain.errors import RunplaneError
+from runplane.domain.units import format_bytes
 from runplane.extras import requirement
 from worker_agent.gpu_access import GpuAccess, GpuModeError, Probe, choose, gather
 from worker_agent.metrics import serve as serve_metrics
@@ -115,10 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(found, int):
         return found
     gpus, gpu_access = found
+    config = agent_config(
+        settings, worker_id, work_dir, gpus, pool, stack.settings.stack_id(), prepared.inputs_view, gpu_access
+    )
+    _log_shortfalls(config, pool)
     agent = Agent(
-        agent_config(
-            settings, worker_id, work_dir, gpus, pool, stack.settings.stack_id(), prepared.inputs_view, gpu_access
-        ),
+        config,
         Ports(stack.store, stack.queue, stack.objects, CachedQuotas(stack.quotas)),
         stack.workers,
         client,
@@ -211,7 +215,7 @@ def agent_config(
         worker_id=worker_id,
         work_dir=work_dir,
         slots=settings.slots,
-        memory=settings.memory or min(pool.memory, _total_memory()),
+        memory=settings.memory or pool.memory,
         disk=settings.disk or pool.disk,
         cpuset=settings.cpuset or tuple(host_cpus()),
         gpus=tuple(gpus),
@@ -245,6 +249,41 @@ def agent_config(
             gpu_access=gpu_access or GpuAccess(),
         ),
     )
+
+
+def _log_shortfalls(config: AgentConfig, pool: Pool) -> None:
+    for shortfall in shape_shortfalls(config, pool, _total_memory()):  # once, at start
+        logging.getLogger("runplane.agent").warning("%s", shortfall)
+
+
+def shape_shortfalls(config: AgentConfig, pool: Pool, machine_memory: int) -> list[str]:
+    """What to say at start when this worker offers less than its pool's shape (the API admits
+    runs up to that shape, and this worker never takes one that asks more than it has), and when
+    the machine has less memory than the worker offers its runs."""
+    shape = [
+        ("cpus", len(config.cpuset), math.ceil(pool.cpus), False),
+        ("gpus", len(config.gpus), pool.gpus, False),
+        ("memory", config.memory, pool.memory, True),
+        ("disk", config.disk, pool.disk, True),
+    ]
+    short = [
+        f"{name} {format_bytes(has) if size else has} of {format_bytes(wanted) if size else wanted}"
+        for name, has, wanted, size in shape
+        if has < wanted
+    ]
+    said = []
+    if short:
+        said.append(
+            f"this worker offers less than pool {pool.name}'s shape ({', '.join(short)}): a run that asks more than "
+            "it has is never taken here; it waits for a worker of the pool that has it"
+        )
+    if machine_memory < config.memory:
+        said.append(
+            f"this machine has {format_bytes(machine_memory)} of memory, less than the {format_bytes(config.memory)} "
+            "its runs may set aside (--memory, default the pool's): runs that use all they ask may meet the "
+            "machine's out-of-memory killer"
+        )
+    return said
 
 
 def _gpus_or_status(

@@ -133,7 +133,7 @@ class AgentSettings(Settings):
     memory: Size = Field(
         None,
         description="memory this worker's runs may set aside in all, each what it asks, e.g. 64g (default: the "
-        "pool's memory, at most this machine's)",
+        "pool's memory)",
     )
     disk: Size = Field(
         None,

@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from runplane.domain.models import Pool
-from runplane.domain.units import parse_bytes
+from runplane.domain.units import format_bytes, parse_bytes
 from worker_agent.agent import AgentConfig
-from worker_agent.main import agent_config
+from worker_agent.main import agent_config, shape_shortfalls
+from worker_agent.resources import Allocator
 from worker_agent.run_config import ExecutorConfig
 from worker_agent.settings import AgentSettings, UsageError, env_name, flag_name, parse
 
@@ -57,8 +58,7 @@ SAMPLES = {
 NEEDS = {"tag_exclusive": ["--tag", "a100-box"]}  # flags a sample needs beside it
 POOL = ["--pool", "p"]
 # what the configs hold resolved: the worker's own directory under --work-dir, the pool's memory
-# (at most the machine's) and disk, and every core this process may use when --memory, --disk or
-# --cpuset is not given
+# and disk, and every core this process may use when --memory, --disk or --cpuset is not given
 RESOLVED = {"work_dir", "memory", "disk", "cpuset"}
 
 
@@ -237,8 +237,35 @@ def test_the_agent_config_carries_the_settings(tmp_path):
     assert (default.memory, default.disk) == (2**30, pool.disk) and default.cpuset == tuple(
         sorted(os.sched_getaffinity(0))
     )
-    huge = pool.model_copy(update={"memory": 2**60})  # more than this machine: the machine's
-    assert 0 < agent_config(parse(POOL, environ={}), "w-1", tmp_path, (), huge, "s", None).memory < 2**60
+
+
+def test_a_worker_started_without_sizes_takes_the_largest_run_its_pool_admits(tmp_path):
+    """The API admits runs up to the pool's shape: a worker given no --memory or --disk offers the
+    pool's, even on a machine that reports less memory than the pool says (a 64g pool's instance
+    shows about 62.6g), and says so once at start rather than bouncing such runs forever."""
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    pool = Pool(name="p", cpus=1, memory=machine + 2**30, disk=2**50, default_image="img")
+    config = agent_config(parse(POOL, environ={}), "w-1", tmp_path, (), pool, "s", None)
+    assert (config.memory, config.disk) == (pool.memory, pool.disk)
+    allocator = Allocator(list(config.cpuset), [], config.memory, config.disk)
+    assert allocator.fits_at_all(pool.cpus, pool.gpus, pool.memory, pool.disk) is None
+    assert allocator.allocate("r-largest", pool.cpus, pool.gpus, pool.memory, pool.disk) is not None
+    (said,) = shape_shortfalls(config, pool, machine)
+    assert said.startswith(f"this machine has {format_bytes(machine)} of memory, less than the ")
+    assert f"the {format_bytes(pool.memory)} its runs may set aside" in said
+
+
+def test_a_worker_smaller_than_its_pool_says_what_it_lacks(tmp_path):
+    pool = Pool(name="big", cpus=4, gpus=1, memory=64 * 2**30, disk=500 * 2**30, default_image="img")
+    small = parse([*POOL, "--cpuset", str(CORE), "--memory", "32g"], environ={})
+    config = agent_config(small, "w-1", tmp_path, (), pool, "s", None)
+    (said,) = shape_shortfalls(config, pool, 128 * 2**30)
+    assert said == (
+        "this worker offers less than pool big's shape (cpus 1 of 4, gpus 0 of 1, memory 32g of 64g): a run that "
+        "asks more than it has is never taken here; it waits for a worker of the pool that has it"
+    )
+    fitting = pool.model_copy(update={"cpus": 1, "gpus": 0, "memory": 32 * 2**30})
+    assert shape_shortfalls(agent_config(small, "w-1", tmp_path, (), fitting, "s", None), fitting, 2**40) == []
 
 
 def test_bad_pools_setting_is_one_line(tmp_path):
