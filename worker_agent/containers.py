@@ -35,6 +35,10 @@ ENGINE_FILE_ALLOWANCE = 64 * 1024
 bytes: localhost, the container's address, the host's resolver) is not counted as the run's:
 the first this many bytes of each."""
 
+ENGINE_FILES = (("HostsPath", "/etc/hosts"), ("HostnamePath", "/etc/hostname"), ("ResolvConfPath", "/etc/resolv.conf"))
+"""The files the engine binds into a container writable: where the engine's inspection names
+each on the host, and its path in the container."""
+
 
 class RunContainer:
     """Attempt ``run.attempt`` of ``run`` on the engine of ``client``: ``image`` once
@@ -64,7 +68,7 @@ class RunContainer:
         self.started = False
         self.exited = False
         self.timings = {} if timings is None else timings  # seconds its create and start took
-        self._engine_paths: list[str] | None = None
+        self._engine_paths: list[tuple[str, str]] | None = None  # (on the host, in the container)
 
     def ensure_image(self, image: str, pull: str, max_bytes: int | None = None) -> Outcome | None:
         """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``); one larger
@@ -217,22 +221,44 @@ class RunContainer:
         ``/etc/hostname`` and ``/etc/resolv.conf``: kept in the engine's own directory of the
         container, outside its layer, and root in the container can write them (a run that is
         not root cannot: they are root's, 0644). What each holds past ``ENGINE_FILE_ALLOWANCE``
-        counts as the run's. Sized where this agent sees them; their paths are known once the
-        container has started."""
+        counts as the run's. Sized where this agent sees them, else (an agent in a container of
+        its own, which sees the engine's socket but not its directories) as the engine sizes them
+        in the container; their paths are known once the container has started."""
         if self._engine_paths is None:
             try:
                 attrs = self.client.api.inspect_container(self.container.id)
             except (docker.errors.APIError, requests.RequestException):
                 return Tree()  # asked again at the next check
-            paths = [str(attrs.get(key) or "") for key in ("HostsPath", "HostnamePath", "ResolvConfPath")]
-            if not all(paths):
+            paths = [(str(attrs.get(key) or ""), inside) for key, inside in ENGINE_FILES]
+            if not all(host for host, _ in paths):
                 return Tree()  # not started yet
             self._engine_paths = paths
         files = Tree()
-        for path in self._engine_paths:
-            with contextlib.suppress(OSError):
-                files.size += max(Path(path).stat().st_size - ENGINE_FILE_ALLOWANCE, 0)
+        for host, inside in self._engine_paths:
+            try:
+                size = Path(host).stat().st_size
+            except OSError:
+                size = self._size_inside(inside)
+            files.size += max(size - ENGINE_FILE_ALLOWANCE, 0)
         return files
+
+    def _size_inside(self, path: str) -> int:
+        """The size of the file at ``path`` in the container, as the engine's archive API states
+        it (a HEAD request: the stat alone, no content); 0 when the engine does not say."""
+        api = self.client.api
+        try:
+            response = api.head(
+                api._url("/containers/{0}/archive", self.container.id), params={"path": path}, timeout=api.timeout
+            )
+            try:
+                api._raise_for_status(response)
+                stat = response.headers.get("X-Docker-Container-Path-Stat")
+            finally:
+                response.close()
+            return int(docker.utils.decode_json_header(stat).get("size") or 0) if stat else 0
+        except (docker.errors.APIError, requests.RequestException, ValueError) as e:
+            log.debug("run %s: cannot size %s in its container: %s", self.run_id, path, e)
+            return 0
 
     def _layer(self, most: int | None, entries: int | None, cancelled: Callable[[], bool] | None) -> Tree:
         data = (self.container.attrs.get("GraphDriver") or {}).get("Data") or {}

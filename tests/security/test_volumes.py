@@ -161,3 +161,32 @@ def test_root_writing_the_engines_hosts_file_counts_against_disk(worker, volume_
     state, reason, message = _failure(run)
     assert (state, reason) == (RunState.FAILED, "disk_limit")
     assert "container file system 5056k" in message, message  # 5m less what the engine may write there
+
+
+class _EngineFilesElsewhere:
+    """The engine's low-level API as an agent in a container of its own sees it: the engine
+    names the files it binds into a container by paths under its data root, which that agent's
+    file system does not have."""
+
+    def __init__(self, api: Any, missing: Path) -> None:
+        self._api, self._missing = api, missing
+
+    def inspect_container(self, container: Any) -> dict[str, Any]:
+        attrs = self._api.inspect_container(container)
+        return {**attrs, **{key: str(self._missing / key) for key in ("HostsPath", "HostnamePath", "ResolvConfPath")}}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+
+def test_an_agent_that_cannot_see_the_engines_files_asks_the_engine_their_size(worker, volume_image, tmp_path):
+    """An agent in a container of its own (a Batch job or a Kubernetes pod given the engine's
+    socket alone) cannot stat the engine's files: root's 5m in /etc/resolv.conf counted as 0."""
+    missing = tmp_path / "not-on-this-file-system"
+    worker.client.api = _EngineFilesElsewhere(worker.client._client.api, missing)
+    run = worker.run("dd if=/dev/zero of=/etc/resolv.conf bs=1M count=5 2>/dev/null", volume_image,
+                     resources={"disk": "1m"}, allow_root=True, run_user="image")  # fmt: skip
+    state, reason, message = _failure(run)
+    assert (state, reason) == (RunState.FAILED, "disk_limit")
+    assert "container file system 5056k" in message, message
+    assert not missing.exists()
