@@ -159,7 +159,7 @@ class PoolDispatcher:
         pools = self.all_pools()
         try:
             record: PoolRecord | None = self.stack.pool_states.get(SCHEDULE_RECORD)
-        except RunplaneError as e:
+        except (RunplaneError, ValidationError) as e:  # unreadable: the passes go on from the start
             log.warning("where the last scheduled pass stopped is unknown; starting over: %s", e)
             record = None
         resume = dict(record.resume) if record is not None else {}

@@ -9,7 +9,16 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from runplane.domain.units import MAX_SIZE, format_bytes, format_duration, parse_bytes, parse_duration
 
@@ -532,6 +541,17 @@ class DispatchEvent(BaseModel):
     """With ``upstream``: how many of what waits for it earlier events told already (the rest is
     told in bounded chunks, one event each)."""
 
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``member`` and ``skip`` are written only when set: the previous release's dispatcher
+        refuses an event with a field it does not know, and would drop every event otherwise."""
+        data: dict[str, Any] = handler(self)
+        if self.member is None:
+            data.pop("member", None)
+        if self.skip == 0:
+            data.pop("skip", None)
+        return data
+
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
 
@@ -673,9 +693,10 @@ class PoolConfig(BaseModel):
 
 
 class StartingJob(BaseModel):
-    """A worker the dispatcher launched whose agent has not registered yet."""
+    """A worker the dispatcher launched whose agent has not registered yet. Read tolerantly, as
+    the record holding it is."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     worker_id: str
     launched_at: float
@@ -685,9 +706,11 @@ class StartingJob(BaseModel):
 
 class PoolRecord(BaseModel):
     """The dispatcher's memory of one pool. Every write is conditional on ``version``, so two
-    dispatchers acting at once never both launch: the second one's write fails and it backs off."""
+    dispatchers acting at once never both launch: the second one's write fails and it backs off.
+    Read tolerantly (another release may have written fields this one does not know), and written
+    with ``resume`` only when it holds something, so that the previous release reads it too."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     v: int = SCHEMA_VERSION
     pool: str
@@ -716,6 +739,23 @@ class PoolRecord(BaseModel):
     resume: dict[str, str] = Field(default_factory=dict)
     """Only in the schedule's own record (``SCHEDULE_RECORD``): where its bounded passes over
     waiting runs and sweeps stopped, so that the next one goes on from there."""
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _readable_marks(cls, value: Any) -> dict[str, str]:
+        """Only text marks are kept: a mark that is not (written by another release, or damaged)
+        is dropped, and the pass it belonged to starts over, rather than the record being unreadable
+        and every scheduled pass failing on it."""
+        if not isinstance(value, dict):
+            return {}
+        return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not self.resume:
+            data.pop("resume", None)
+        return data
 
     def starting_among(self, registered: set[str]) -> int:
         """Launched workers whose agent is not among ``registered`` yet."""
