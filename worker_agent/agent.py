@@ -45,6 +45,12 @@ STARTUP_REMOVE_SECONDS = 60.0
 PICK_WINDOW = 8
 
 
+def _leaving(executor: RunExecutor) -> str:
+    """The name a run's disk is kept under from its end until its files are removed: its own
+    executor's (a new attempt of the run may meanwhile set aside disk under the run's id)."""
+    return f"{executor.run.id} leaving {id(executor):x}"
+
+
 class ClaimLater(Exception):
     """A claim the store failed to answer: what was reserved for it is given back, and its run is
     offered again."""
@@ -424,6 +430,7 @@ class Agent:
             self.images,
             self.network,
             users=self.users,
+            on_removed=self._removed,
         )
         executor.usage.timings["claim"] = round(self.clock() - received, 3)
         with self._lock:
@@ -482,7 +489,8 @@ class Agent:
             log.warning("run %s: could not release its quota hold (the reaper will): %s", run.id, e)
 
     def _done(self, executor: RunExecutor) -> None:
-        self.allocator.release(executor.run.id)
+        # its cores, GPUs and memory are free now; its disk once its files are removed (_removed)
+        self.allocator.release(executor.run.id, keep_disk_as=_leaving(executor))
         try:
             self.metrics.run_ended(executor.run, executor.usage.timings)
             self._unreserve(executor.run, executor.run.attempt)
@@ -496,6 +504,10 @@ class Agent:
                 self.last_busy = self.clock()
             self._slot_freed.set()
         log.info("run %s ended %s", executor.run.id, executor.run.state)
+
+    def _removed(self, executor: RunExecutor) -> None:
+        """The run's container and directory are removed (or could not be): its disk is free."""
+        self.allocator.release(_leaving(executor))
 
     def gauges(self) -> Gauges:
         """What this worker has now, for its metrics."""

@@ -73,7 +73,9 @@ _RUN_ID = re.compile(RUN_ID_PATTERN)
 class RunExecutor:
     """Runs one claimed run to its end. ``start`` runs it in a thread; ``run_safely`` in this one.
     ``users`` is the agent's (one per agent: it caches each image's accounts). ``on_done`` is
-    called once the run has ended, whatever happened, even if cleaning up after it failed."""
+    called once the run has ended, whatever happened, even if cleaning up after it failed;
+    ``on_removed`` after that, once its container and directory are removed (or removing them
+    failed): what the run wrote holds the worker's disk until then."""
 
     def __init__(
         self,
@@ -90,9 +92,11 @@ class RunExecutor:
         *,
         users: ImageUsers,
         sleep: Callable[[float], None] = time.sleep,
+        on_removed: Callable[[RunExecutor], None] = lambda _: None,
     ) -> None:
         self.claimed_at = clock()
         self.ports, self.config, self.clock, self.on_done = ports, config, clock, on_done
+        self.on_removed = on_removed
         self.allocation, self.network = allocation, network
         self.state = RunStateWriter(run, ports.store, ports.queue, clock, config.rates.memory or None)
         self.control = RunControl(self.state, ports.store, config.worker_id)
@@ -164,10 +168,12 @@ class RunExecutor:
     def _leave(self) -> None:
         """Release its inputs, then give the slot back and clean up: the slot first when nothing of
         the run runs any more (the next run starts while its container goes), else last, once its
-        container is removed by force. A step that fails does not stop the others."""
+        container is removed by force; ``on_removed`` last of all, when its files are gone. A step
+        that fails does not stop the others."""
         steps = [self.setup.release, lambda: self.on_done(self), self._cleanup]
         if not self.box.quiet:
             steps[1:] = steps[:0:-1]
+        steps.append(lambda: self.on_removed(self))
         for step in steps:
             try:
                 step()

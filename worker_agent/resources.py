@@ -232,10 +232,14 @@ class Allocator:
             self._used[run_id] = allocation
             return allocation
 
-    def release(self, run_id: str) -> None:
-        """Give back all that ``run_id`` holds (nothing if it holds nothing)."""
+    def release(self, run_id: str, *, keep_disk_as: str | None = None) -> None:
+        """Give back all that ``run_id`` holds (nothing if it holds nothing); with
+        ``keep_disk_as``, all but its disk, which stays set aside under that name until that is
+        released in turn (the run's files are still there)."""
         with self._lock:
-            self._used.pop(run_id, None)
+            held = self._used.pop(run_id, None)
+            if keep_disk_as is not None and held is not None and held.disk:
+                self._used[keep_disk_as] = Allocation((), (), disk=held.disk)
 
     def free(self) -> tuple[int, int]:
         with self._lock:

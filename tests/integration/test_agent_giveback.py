@@ -1,9 +1,11 @@
 """An agent gives back what it set aside for a run (cores, memory, disk) whenever it does not
 take it, even when handing the run's hint back to the queue fails: a worker that kept the room of
-every run it met this way would end with no free cores. On the real stores (moto server); the
-queue is the real SQS adapter but for the one call that fails, as the queue service can."""
+every run it met this way would end with no free cores. A run it took gives back its disk only
+once its files are removed. On the real stores (moto server) and the real Docker engine; the queue
+is the real SQS adapter but for the one call that fails, as the queue service can."""
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +16,10 @@ from runplane.domain.errors import BackendError
 from runplane.domain.models import Principal, Quota, RunSpec, RunState
 from runplane.ports import Delivery
 from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE
 from worker_agent.agent import Agent, AgentConfig
-from worker_agent.run_config import Ports
+from worker_agent.resources import Allocator
+from worker_agent.run_config import ExecutorConfig, Ports
 
 G = 1 << 30
 
@@ -72,3 +76,45 @@ def test_the_room_goes_back_when_the_hint_cannot_be_handed_back(aws_stack, tmp_p
     assert agent.allocator.free() == (2, 0) and agent.allocator.free_bytes() == (2 * G, 4 * G)
     assert agent.claimed == 0 and agent.active == {}
     assert aws_stack.store.get(run.id).state == RunState.QUEUED
+
+
+@dataclass
+class NotingAllocator(Allocator):
+    """The agent's allocator, noting after each release the disk free and whether the run's
+    directory (``run_dir``) was still there."""
+
+    run_dir: Path = Path("/nonexistent")
+    noted: list[tuple[int, bool]] = field(default_factory=list)
+
+    def release(self, run_id: str, **kwargs: Any) -> None:
+        super().release(run_id, **kwargs)
+        self.noted.append((self.free_bytes()[1], self.run_dir.exists()))
+
+
+@pytest.mark.docker
+def test_a_runs_disk_comes_back_once_its_files_are_removed(aws_stack, docker_client, tmp_path: Path):
+    """Its cores come back as soon as its container has ended (the next run starts while its
+    files go), its disk only once they are gone: it was all given back before they were removed."""
+    spec = RunSpec.model_validate(
+        {"command": "head -c 100000 /dev/zero > f", "queue": "manual", "image": TEST_IMAGE,
+         "resources": {"cpus": 1, "memory": "64m", "disk": "1g"}}
+    )  # fmt: skip
+    run = submit_run(aws_stack.store, aws_stack.queue, aws_stack.pools, Principal(user="a"), spec, None, time.time).run
+    work_dir = tmp_path / "w-disk"
+    executor = ExecutorConfig(worker_id="w-disk", work_dir=work_dir, stack_id=aws_stack.settings.stack_id())
+    config = AgentConfig(
+        pool="manual", worker_id="w-disk", work_dir=work_dir, cpuset=(0, 1), disk=4 * G, executor=executor
+    )
+    agent = Agent(config, Ports(aws_stack.store, aws_stack.queue, aws_stack.objects), None, docker_client, time.time)
+    agent.allocator = allocator = NotingAllocator([0, 1], [], 0, 4 * G, run_dir=work_dir / "runs" / f"{run.id}-1")
+    (delivery,) = aws_stack.queue.receive("manual", 1, 5, visibility_seconds=30)
+
+    agent._take(delivery)
+    thread = agent.active[run.id].thread
+    assert thread is not None
+    thread.join(60)
+
+    assert aws_stack.store.get(run.id).state == RunState.SUCCEEDED
+    assert allocator.noted[0] == (3 * G, True)  # the slot back, its files still there
+    assert [noted for noted in allocator.noted if noted[0] == 4 * G] == [(4 * G, False)]
+    assert allocator.free() == (2, 0) and allocator.free_bytes() == (0, 4 * G)
