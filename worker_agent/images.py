@@ -60,9 +60,9 @@ def pull(client: docker.DockerClient, name: str, max_bytes: int | None) -> Any:
         headers["X-Registry-Auth"] = header
     params = {"fromImage": repository, "tag": tag}
     response = api._post(api._url("/images/create"), params=params, headers=headers, stream=True, timeout=None)
-    api._raise_for_status(response)
     announced: dict[str, int] = {}
     try:
+        api._raise_for_status(response)
         for event in api._stream_helper(response, decode=True):
             if event.get("error"):
                 raise docker.errors.APIError(str(event["error"]))

@@ -11,6 +11,7 @@ import os
 import tarfile
 import threading
 import time
+from types import SimpleNamespace
 
 import docker.errors
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from runplane.domain.models import FailureReason, Run, RunSpec
 from tests.conftest import wait_for
 from worker_agent.containers import RunContainer
-from worker_agent.images import ImageCache
+from worker_agent.images import ImageCache, pull
 
 pytestmark = pytest.mark.docker
 
@@ -185,3 +186,36 @@ def test_an_image_over_the_cap_once_unpacked_is_removed_after_its_pull(docker_cl
     taken = box(docker_client)
     assert taken.ensure_image(ref, "missing", 9 * 1024**2) is None
     assert taken.image.id == docker_client.images.get(ref).id
+
+
+class _ClosingNoted:
+    """The engine's low-level API, noting for each response it streams whether it was closed."""
+
+    def __init__(self, api):
+        self._api = api
+        self.closed: list[bool] = []
+
+    def _post(self, *args, **kwargs):
+        response = self._api._post(*args, **kwargs)
+        index, close = len(self.closed), response.close
+        self.closed.append(False)
+
+        def closing():
+            self.closed[index] = True
+            close()
+
+        response.close = closing
+        return response
+
+    def __getattr__(self, name):
+        return getattr(self._api, name)
+
+
+def test_a_capped_pull_the_engine_refuses_closes_its_response(docker_client):
+    """The engine answers an error at once (no registry listens on 127.0.0.1:1): the error says
+    why, and the response is closed, as a pull's is on every other way out."""
+    api = _ClosingNoted(docker_client.api)
+    client = SimpleNamespace(api=api, images=docker_client.images)
+    with pytest.raises(docker.errors.APIError, match=r"127\.0\.0\.1:1.*connection refused"):
+        pull(client, "127.0.0.1:1/runplane/absent:1", 3 * 1024**2)
+    assert api.closed == [True]
