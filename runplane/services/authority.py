@@ -42,11 +42,36 @@ def charged_group(principal: Principal, asked: str | None) -> str | None:
     )
 
 
+def charge(principal: Principal, group: str | None) -> str | None:
+    """The group a run recorded as charged to ``group`` is charged to when ``principal`` releases it
+    now: ``group``; for one stored charged to none (by a release that charged a user in several
+    groups to none), what a submit of theirs naming none is charged (``charged_group``: their only
+    group, or their default group). Raises InvalidRequest, naming their groups, when that is none
+    of them: they are in several and have no default group."""
+    if group is not None:
+        return group
+    try:
+        return charged_group(principal, None)
+    except InvalidRequest:
+        raise InvalidRequest(_unnamed(principal)) from None
+
+
+def _unnamed(principal: Principal) -> str:
+    groups = ", ".join(sorted(set(principal.groups)))
+    return (
+        f"{principal.user} is in several groups ({groups}) and this is charged to none of them: "
+        "submit it again naming the group to charge (or ask an administrator to set a default group)"
+    )
+
+
 def still_allowed(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> str | None:
     """Why ``principal`` may no longer release a run of ``spec`` charged to ``group`` (no longer in
-    that group, or an input their groups may no longer read), or None when they may."""
+    that group; charged to none while in several groups with no default group, ``charge``; or an
+    input their groups may no longer read), or None when they may."""
     if group is not None and group not in principal.groups:
         return f"{principal.user} is no longer in group {group}, which it is charged to"
+    if group is None and len(set(principal.groups)) > 1 and principal.default_group not in principal.groups:
+        return _unnamed(principal)
     policy = inputs or InputPolicy()
     for name, source in spec.inputs.items():
         if source.startswith("run:"):
@@ -58,12 +83,16 @@ def still_allowed(principal: Principal, spec: RunSpec, group: str | None, inputs
     return None
 
 
-def check_caller(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> None:
-    """Raise Forbidden, saying why, unless ``principal`` may release a run of ``spec`` charged to
-    ``group`` now."""
-    why = still_allowed(principal, spec, group, inputs)
+def check_caller(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> str | None:
+    """The group a run of ``spec`` recorded as charged to ``group`` is charged to when ``principal``
+    releases it now (``charge``). Raises InvalidRequest (charged to none, and the caller is in
+    several groups with no default group) and Forbidden, saying why, unless ``principal`` may
+    release it now."""
+    charged = charge(principal, group)
+    why = still_allowed(principal, spec, charged, inputs)
     if why is not None:
         raise Forbidden(f"not allowed any more: {why}")
+    return charged
 
 
 class Owners:
@@ -73,7 +102,11 @@ class Owners:
     tokens say is kept ``ttl`` seconds (what an API instance trusts a token for anyway), so a pass
     that releases many runs reads them once; a token written or revoked through this process's
     ``CachedTokens`` is seen at once. A refusal is made only on what was read less than
-    ``fresh_for`` seconds ago (``allows``): a token made since on another instance is not missed."""
+    ``fresh_for`` seconds ago (``allows``), by a strongly consistent read of every token (the token
+    store's ``list``: a consistent scan on DynamoDB; Table storage reads are always consistent), so a
+    token made on another instance before that read is not missed. The cost: each read is the whole
+    tokens table (expired tokens stay in it until an administrator deletes them), made at most once per ``ttl``
+    for releases and once more per ``fresh_for`` while some release is refused."""
 
     def __init__(self, tokens: TokenStore, clock: Clock, ttl: float = CACHE_SECONDS, fresh_for: float = 1.0) -> None:
         self.tokens = tokens

@@ -44,7 +44,7 @@ from runplane.domain.models import (
 )
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.ports import Expect, QuotaStore, RunQueue, RunStore, SweepStore
-from runplane.services.authority import Owners
+from runplane.services.authority import Owners, charge, still_allowed
 from runplane.services.budget import Budget
 from runplane.services.inputs import InputPolicy
 from runplane.services.lifecycle import ended
@@ -238,11 +238,14 @@ def _follow_sweep(ports: WaitPorts, sweep_id: str, dependent: str) -> None:
     raise Conflict(f"sweep {sweep_id} changed too often to add {dependent} to what waits for it")
 
 
-def resolve(ports: WaitPorts, run: Run | str) -> Run:
+def resolve(ports: WaitPorts, run: Run | str, caller: Principal | None = None) -> Run:
     """Release ``run`` (or the run of that id) into its pool's line if all it waits for
     succeeded, end it ``dependency_failed`` if one ended otherwise, else bring its
     ``waiting_reason`` up to date. A run that waits for nothing, or is no longer queued, is
-    returned as it is. Raises NotFound and what the stores raise."""
+    returned as it is. With ``caller`` (its owner, whose request resolves it), it is released with
+    the caller's token as it is now, and left waiting when that no longer allows it (the
+    dispatcher's resolve judges it by all the owner's tokens). Raises NotFound and what the stores
+    raise."""
     current = ports.store.get(run) if isinstance(run, str) else run
     for _ in range(5):
         if current.state != RunState.QUEUED or not current.waiting_on:
@@ -268,7 +271,7 @@ def resolve(ports: WaitPorts, run: Run | str) -> Run:
                 ended(ports.queue, done)  # what waits for this run fails in turn
                 return done
             if not verdict.waiting:
-                return _release(ports, current, expect, now)
+                return _release(ports, current, expect, now, caller)
             if verdict.waiting != current.waiting_on or verdict.reason != current.waiting_reason:
                 return ports.store.update(
                     current, expect, {"waiting_on": verdict.waiting, "waiting_reason": verdict.reason}
@@ -279,13 +282,18 @@ def resolve(ports: WaitPorts, run: Run | str) -> Run:
     return current
 
 
-def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
+def _release(ports: WaitPorts, run: Run, expect: Expect, now: float, caller: Principal | None = None) -> Run:
     """Put a run whose upstreams all succeeded in its pool's line, taking its place in the
     owner's lane now (its waiting time earned no place), and hint it: with the groups its owner
-    has now (``ports.owners``), or ended ``not_permitted`` when they no longer allow its group or
-    its inputs."""
-    groups = run.owner_groups
-    if ports.owners is not None:
+    has now (``caller``'s token, else ``ports.owners``) and charged as they allow
+    (``authority.charge``), or ended ``not_permitted`` when the owner's tokens no longer allow its
+    group or its inputs (left waiting when only the caller's token does not)."""
+    groups, group = run.owner_groups, run.group
+    if caller is not None:
+        if still_allowed(caller, run.spec, run.group, ports.inputs) is not None:
+            return run
+        groups, group = sorted(set(caller.groups)), charge(caller, run.group)
+    elif ports.owners is not None:
         owner, why = ports.owners.allows(run.owner, run.spec, run.group, ports.inputs)
         if why is not None:
             message = f"not released: {why}"
@@ -302,7 +310,7 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
             )
             ended(ports.queue, done)  # what waits for this run fails in turn
             return done
-        groups = owner.groups
+        groups, group = owner.groups, charge(owner, run.group)
     tag = run.fair_tag
     pool = ports.pools.get(run.queue)
     if ports.quotas is not None and pool is not None:
@@ -316,6 +324,7 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float) -> Run:
             "hinted_at": now,
             "fair_tag": tag,
             "owner_groups": groups,
+            "group": group,
         },
         Event(at=now, message=f"everything it waited for succeeded: released to pool {run.queue}"),
     )

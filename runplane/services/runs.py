@@ -115,14 +115,14 @@ def submit_run(
     different request. A failed hint is logged, not raised: the run is stored, and the
     reaper re-sends hints for queued runs.
     """
-    waits = WaitPorts(store, sweeps, queue, pools, clock, quotas)
+    waits = WaitPorts(store, sweeps, queue, pools, clock, quotas, inputs=inputs)
     run_id = run_id_for(principal.user, idempotency_key, secret)
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
         # a retried submit answers with its run before it is checked again or takes a place in
         # the line (what it waits for may have ended since: it got its answer then)
         try:
-            return _replay(waits, store.get(run_id), principal.user, request_hash)
+            return _replay(waits, store.get(run_id), principal, request_hash)
         except NotFound:
             pass
     admitted = admit_spec(store, pools, principal, spec, inputs, quotas, sweeps)
@@ -156,11 +156,11 @@ def submit_run(
     try:
         store.create(run)
     except AlreadyExists as e:  # a retry that raced this one
-        return _replay(waits, e.details["run"], principal.user, request_hash)
+        return _replay(waits, e.details["run"], principal, request_hash)
     if run.waiting_on:
         dependencies.follow(waits, run.id, run.waiting_on)
         try:
-            return Submitted(dependencies.resolve(waits, run), created=True)
+            return Submitted(dependencies.resolve(waits, run, principal), created=True)
         except RunplaneError as e:  # stored and followed: the dispatcher's schedule resolves it
             log.warning("run %s stored but could not be resolved now: %s", run.id, e)
             return Submitted(run, created=True)
@@ -215,16 +215,17 @@ def admit_spec(
     return Admitted(pool, group, resolved, waits.waiting, waits.reason)
 
 
-def _replay(waits: WaitPorts, existing: Run, user: str, request_hash: str) -> Submitted:
-    """The answer to a submit whose Idempotency-Key made ``existing``: that run (hinted again while
-    queued; one that waits for runs follows them and is resolved again, finishing a submit that
-    stopped half-way), or Conflict when the key was used for a different request."""
-    if existing.owner != user or existing.request_hash != request_hash:
+def _replay(waits: WaitPorts, existing: Run, caller: Principal, request_hash: str) -> Submitted:
+    """The answer to ``caller``'s submit whose Idempotency-Key made ``existing``: that run (hinted
+    again while queued; one that waits for runs follows them and is resolved again, finishing a
+    submit that stopped half-way: released only as the caller's token allows now, with its groups,
+    ``dependencies.resolve``), or Conflict when the key was used for a different request."""
+    if existing.owner != caller.user or existing.request_hash != request_hash:
         raise Conflict("Idempotency-Key was already used for a different request")
     if existing.state == RunState.QUEUED and existing.waiting_on:
         dependencies.follow(waits, existing.id, existing.waiting_on)
         try:
-            existing = dependencies.resolve(waits, existing)
+            existing = dependencies.resolve(waits, existing, caller)
         except RunplaneError as e:
             log.warning("run %s could not be resolved now: %s", existing.id, e)
     elif existing.state == RunState.QUEUED:
@@ -311,10 +312,13 @@ def set_priority(
     one). Setting the priority it already has writes nothing. Raises NotFound (no such run, or
     another user's), Conflict (the run is no longer queued, whatever the priority asked, or changes
     too often) and Forbidden (a caller who is not an admin asking above the pool's
-    ``max_user_priority``, or an owner no longer allowed the run's group or inputs: ``inputs``)."""
+    ``max_user_priority``, or an owner no longer allowed the run's group or inputs: ``inputs``). A
+    run stored charged to no group is charged, by its owner's request, as ``authority.charge`` says
+    (InvalidRequest for an owner in several groups with no default group)."""
     run = get_run(store, principal, run_id)
+    group = run.group
     if run.owner == principal.user:  # the owner's authority now, not the one recorded at submit
-        check_caller(principal, run.spec, run.group, inputs)
+        group = check_caller(principal, run.spec, run.group, inputs)
     pool = pools.get(run.queue)
     tag: float | None = None
     for _ in range(3):
@@ -334,7 +338,7 @@ def set_priority(
             return store.update(
                 run,
                 Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt),
-                {"spec": run.spec.model_copy(update={"priority": priority}), "fair_tag": tag},
+                {"spec": run.spec.model_copy(update={"priority": priority}), "fair_tag": tag, "group": group},
                 Event(at=now, message=f"priority {old} -> {priority} by {principal.user}"),
             )
         except ConditionFailed as e:

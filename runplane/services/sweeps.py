@@ -57,7 +57,7 @@ from runplane.domain.sweeps import (
 )
 from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
 from runplane.services import dependencies, lifecycle
-from runplane.services.authority import Owners, check_caller
+from runplane.services.authority import Owners, charge, check_caller
 from runplane.services.budget import Budget
 from runplane.services.dependencies import MAX_WAITS, WaitPorts
 from runplane.services.inputs import InputPolicy
@@ -419,9 +419,12 @@ def _summary(status: str) -> str:
     return f"finished: {good} of {len(status)} members succeeded"
 
 
-def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0, groups: list[str] | None = None) -> Run:
+def member_run(
+    sweep: Sweep, index: int, now: float, tag: float = 0.0, groups: list[str] | None = None, group: str | None = None
+) -> Run:
     """The run of member ``index``'s latest try: the template with the member's parameters, its
-    owner in ``groups`` (the groups they have now; None: those recorded with the sweep)."""
+    owner in ``groups`` (the groups they have now; None: those recorded with the sweep), charged
+    to ``group`` (None: the sweep's)."""
     template = sweep.spec.run
     tries = sweep.tries.get(str(index), 1)
     base = sweep.spec.name or template.name or sweep.id
@@ -433,7 +436,7 @@ def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0, groups: l
         id=sweep.member_id(index),
         owner=sweep.owner,
         owner_groups=list(sweep.owner_groups if groups is None else groups),
-        group=sweep.group,
+        group=sweep.group if group is None else group,
         spec=spec,
         queue=sweep.queue,
         sweep_id=sweep.id,
@@ -450,19 +453,20 @@ def member_run(sweep: Sweep, index: int, now: float, tag: float = 0.0, groups: l
 def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     """Make member ``index``'s run and hint its pool; False when a run was made already (by a
     racing or earlier pass: left as it is), or when the owner's groups now (``ports.owners``) no
-    longer allow the sweep's group or inputs: then its run is made ended ``not_permitted``."""
-    groups = None
+    longer allow the sweep's group or inputs: then its run is made ended ``not_permitted``. A
+    sweep stored charged to no group has its member charged as ``authority.charge`` says."""
+    groups, group = None, None
     if ports.owners is not None:
         owner, why = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
         if why is not None:
             _refuse(ports, sweep, index, now, why)
             return False
-        groups = owner.groups
+        groups, group = owner.groups, charge(owner, sweep.group)
     tag = 0.0
     pool = ports.pools.get(sweep.queue)
     if ports.quotas is not None and pool is not None:
         tag = fair_tag(ports.store, ports.quotas, pool, sweep.owner, sweep.spec.run.priority, now)
-    run = member_run(sweep, index, now, tag, groups)
+    run = member_run(sweep, index, now, tag, groups, group)
     try:
         ports.store.create(run)
     except AlreadyExists:
@@ -559,21 +563,23 @@ def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
     return advance(ports, sweep.id)
 
 
-def check_release(ports: SweepPorts, principal: Principal, sweep: Sweep) -> list[str]:
+def check_release(ports: SweepPorts, principal: Principal, sweep: Sweep) -> tuple[list[str], str | None]:
     """Admission again, for a request that releases more of ``sweep``: its owner must still be in
     the group it is charged to and allowed its inputs -- the caller's token now when the caller is
     the owner; for an administrator acting on another's sweep, the owner's tokens as the store
-    holds them now -- and the caller may still give its priority. Returns the owner's groups now.
-    Raises Forbidden."""
+    holds them now -- and the caller may still give its priority. Returns the owner's groups now
+    and the group the sweep is charged to now (one stored charged to none: as ``authority.charge``
+    says). Raises Forbidden, and InvalidRequest (charged to none, and the owner is in several
+    groups with no default group)."""
     _check_priority(principal, ports.pools.get(sweep.queue), sweep.spec.run.priority)
     if principal.user == sweep.owner:
-        check_caller(principal, sweep.spec.run, sweep.group, ports.inputs)
-        return sorted(set(principal.groups))
+        group = check_caller(principal, sweep.spec.run, sweep.group, ports.inputs)
+        return sorted(set(principal.groups)), group
     if ports.owners is None:
-        return list(sweep.owner_groups)
+        return list(sweep.owner_groups), sweep.group
     owner, _ = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
-    check_caller(owner, sweep.spec.run, sweep.group, ports.inputs)
-    return sorted(set(owner.groups))
+    group = check_caller(owner, sweep.spec.run, sweep.group, ports.inputs)
+    return sorted(set(owner.groups)), group
 
 
 def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple[Sweep, int]:
@@ -581,7 +587,7 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
     its next try, with the owner's groups now); returns the sweep and how many go again. Raises
     Forbidden when the owner may no longer run the sweep (``check_release``)."""
     sweep = get_sweep(ports, principal, sweep_id)
-    groups = check_release(ports, principal, sweep)
+    groups, group = check_release(ports, principal, sweep)
     for _ in range(8):
         # members that never ran because what the sweep waits for failed would only fail again
         never = DEPENDENCY_FAILED if sweep.waiting_on else None
@@ -608,6 +614,7 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
                         "killed": False,
                         "finished_at": None,
                         "owner_groups": groups,
+                        "group": group,
                         "events": sweep.with_event(event),
                     }
                 )
@@ -626,7 +633,7 @@ def set_max_parallel(ports: SweepPorts, principal: Principal, sweep_id: str, mos
     if most is not None and not 1 <= most <= MAX_SWEEP:
         raise InvalidRequest(f"max_parallel must be between 1 and {MAX_SWEEP}")
     sweep = get_sweep(ports, principal, sweep_id)
-    check_release(ports, principal, sweep)
+    _, group = check_release(ports, principal, sweep)
     for _ in range(8):
         if sweep.max_parallel == most:
             return sweep
@@ -636,7 +643,7 @@ def set_max_parallel(ports: SweepPorts, principal: Principal, sweep_id: str, mos
         )
         try:
             sweep = ports.sweeps.save(
-                sweep.model_copy(update={"max_parallel": most, "events": sweep.with_event(event)})
+                sweep.model_copy(update={"max_parallel": most, "group": group, "events": sweep.with_event(event)})
             )
         except ConditionFailed as e:
             sweep = e.details["sweep"]

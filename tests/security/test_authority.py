@@ -15,11 +15,15 @@ import uuid
 import pytest
 
 from runplane.client import Client
-from runplane.domain.models import FailureReason, RunSpec, RunState
+from runplane.domain.errors import InvalidRequest
+from runplane.domain.models import FailureReason, Principal, RunSpec, RunState
+from runplane.domain.sweeps import SweepSpec
 from runplane.handlers import PoolDispatcher
-from runplane.services import lifecycle
+from runplane.services import lifecycle, sweeps
 from runplane.services.auth import authenticate, register_token
+from runplane.services.authority import Owners
 from runplane.services.runs import submit_run
+from runplane.services.tenancy import set_default_group
 from tests.conftest import VISION_DATA, api_status, wait_for
 
 PARKED = {"command": "echo hi", "queue": "parked"}
@@ -159,3 +163,108 @@ def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charge
     released = stack.store.get(control.id)  # its owner is still in the group: released as ever
     assert (released.state, released.waiting_on, released.owner_groups) == (RunState.QUEUED, [], [group])
     assert {d.message.run_id for d in stack.queue.receive("parked", 10, 1, 30)} >= {control.id}
+
+
+def swap_token(stack, name, groups):
+    """``name``'s groups changed: every token of theirs revoked, one of ``groups`` made; returns it."""
+    for held in [t for t in stack.tokens.list() if t.user == name]:
+        stack.tokens.delete(held.id)
+    secret = f"{name}-{uuid.uuid4().hex[:6]}"
+    register_token(stack.tokens, secret, name, groups=list(groups))
+    return authenticate(stack.tokens, f"Bearer {secret}")
+
+
+def test_a_replayed_submit_releases_a_waiting_run_only_as_the_callers_token_allows_now(stack):
+    """A submit retried with its Idempotency-Key after its upstream succeeded, before the
+    dispatcher heard of it, finishes the release: with the caller's token as it is now."""
+    group, other = fresh("g"), fresh("g")
+    leaver, stayer = fresh("u"), fresh("u")
+
+    def submit(who, key=None, **spec):
+        spec = RunSpec.model_validate({**PARKED, **spec})
+        secret = stack.tokens.secret()
+        return submit_run(
+            stack.store, stack.queue, stack.pools, who, spec, key, time.time,
+            secret=secret, inputs=stack.input_policy, sweeps=stack.sweeps,
+        )  # fmt: skip
+
+    made = {name: swap_token(stack, name, [group]) for name in (leaver, stayer)}
+    ups = {name: submit(made[name]).run for name in made}
+    firsts = {name: submit(made[name], "same-key", after=[ups[name].id]) for name in made}
+    assert all(f.created and f.run.waiting_on == [ups[f.run.owner].id] for f in firsts.values())
+    now = {leaver: swap_token(stack, leaver, [other]), stayer: swap_token(stack, stayer, [group, other])}
+    for name in made:
+        end_well(stack, stack.store.get(ups[name].id))  # the dispatcher has not heard of it yet
+
+    again = {name: submit(now[name], "same-key", after=[ups[name].id]) for name in made}
+    assert [(a.created, a.run.id) for a in again.values()] == [(False, f.run.id) for f in firsts.values()]
+    kept = stack.store.get(firsts[leaver].run.id)  # out of the group: left for the dispatcher
+    assert (kept.state, kept.waiting_on, kept.owner_groups) == (RunState.QUEUED, [ups[leaver].id], [group])
+    released = stack.store.get(firsts[stayer].run.id)  # still in it: released with its groups now
+    assert (released.state, released.waiting_on, released.group) == (RunState.QUEUED, [], group)
+    assert released.owner_groups == sorted([group, other])
+    hinted = {d.message.run_id for d in stack.queue.receive("parked", 10, 1, 30)}
+    assert released.id in hinted and kept.id not in hinted
+
+    PoolDispatcher(stack).upstream(ups[leaver].id)
+    refused = stack.store.get(kept.id)
+    assert (refused.state, refused.worker_id) == (RunState.FAILED, None)
+    assert refused.failure is not None and refused.failure.reason == FailureReason.NOT_PERMITTED
+    assert f"{leaver} is no longer in group {group}" in refused.failure.message
+
+
+def test_what_an_older_release_stored_charged_to_no_group_is_charged_as_a_submit_is_now(stack):
+    """A run or a sweep stored charged to no group (as a release that charged a user in several
+    groups to none did) is not released uncharged once its owner is in several groups: the
+    dispatcher ends a waiting run ``not_permitted`` saying to name a group; a retry is refused
+    with 422 naming the groups, and is charged to the default group once one is set."""
+    one, two, name = fresh("g"), fresh("g"), fresh("u")
+    alone = Principal(user=name)  # in no group: what it makes is charged to none
+
+    upstream = submit_run(
+        stack.store, stack.queue, stack.pools, alone, RunSpec.model_validate(PARKED), None, time.time,
+        sweeps=stack.sweeps,
+    ).run  # fmt: skip
+    waiting = submit_run(
+        stack.store, stack.queue, stack.pools, alone, RunSpec.model_validate({**PARKED, "after": [upstream.id]}),
+        None, time.time, sweeps=stack.sweeps,
+    ).run  # fmt: skip
+    ports = stack.sweep_ports
+    sweep = sweeps.create_sweep(ports, alone, SweepSpec.model_validate({"run": PARKED, "count": 1}), None).sweep
+    sweeps.kill_sweep(ports, alone, sweep.id)
+    assert waiting.group is None and sweep.group is None
+
+    both = swap_token(stack, name, [one, two])
+    PoolDispatcher(stack).upstream(end_well(stack, stack.store.get(upstream.id)).id)
+    refused = stack.store.get(waiting.id)
+    assert refused.failure is not None and refused.failure.reason == FailureReason.NOT_PERMITTED
+    assert f"in several groups ({', '.join(sorted([one, two]))})" in refused.failure.message
+    assert "naming the group" in refused.failure.message
+
+    with pytest.raises(InvalidRequest, match=rf"several groups \({', '.join(sorted([one, two]))}\)"):
+        sweeps.retry_sweep(ports, both, sweep.id)
+    assert ports.sweeps.get(sweep.id).group is None
+    set_default_group(stack.tokens, name, two, by="admin", now=time.time())
+    _, retried = sweeps.retry_sweep(ports, swap_token(stack, name, [one, two]), sweep.id)
+    (member,) = stack.store.list(owner=name, state=RunState.QUEUED, queue="parked", limit=10).runs
+    assert (retried, ports.sweeps.get(sweep.id).group, member.group) == (1, two, two)
+
+
+def test_a_refusal_reads_the_tokens_table_consistently(aws_stack):
+    """What ``Owners.allows`` refuses on is a read that sees every token written before it: the
+    DynamoDB scan behind it asks for a consistent read (Table storage's reads always are)."""
+    client, asked = aws_stack.tokens.inner.client, []
+
+    def note(params, **_):
+        asked.append(dict(params))
+
+    client.meta.events.register("provide-client-params.dynamodb.Scan", note)
+    try:
+        register_token(aws_stack.tokens, "someone-1", "someone", groups=["g"])
+        owners = Owners(aws_stack.tokens, time.time)
+        _, why = owners.allows("someone", RunSpec.model_validate(PARKED), "h", None)
+        aws_stack.tokens.delete(aws_stack.tokens.list()[0].id)
+    finally:
+        client.meta.events.unregister("provide-client-params.dynamodb.Scan", note)
+    assert why is not None and len(asked) >= 3  # the view refused on, a listing, a revoke
+    assert all(params.get("ConsistentRead") is True for params in asked), asked

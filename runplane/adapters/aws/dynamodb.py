@@ -586,9 +586,12 @@ class DynamoTokenStore:
             raise _translate(e, "store token") from e
 
     def _scan(self, **kwargs: Any) -> list[dict[str, Any]]:
+        # strongly consistent: a release refuses a run on what this read says (``authority.Owners``),
+        # and a revoke must find a token made a moment ago
         items: list[dict[str, Any]] = []
         try:
-            for page in self.client.get_paginator("scan").paginate(TableName=self.table, **kwargs):
+            pages = self.client.get_paginator("scan").paginate(TableName=self.table, ConsistentRead=True, **kwargs)
+            for page in pages:
                 items.extend(page.get("Items", []))
         except (ClientError, BotoCoreError) as e:
             raise _translate(e, "list tokens") from e
