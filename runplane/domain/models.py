@@ -619,11 +619,14 @@ class Pool(BaseModel):
     max_waiting_runs: int = Field(
         default=1000,
         ge=0,
-        le=100_000,
+        le=1000,  # what one check can count: the user's newest runs one listing examines (ports.LIST_BUDGET)
         description="runs of one user that may wait for other runs in this pool at once; docs/scheduling.md",
     )
     max_open_sweeps: int = Field(
-        default=100, ge=0, le=10_000, description="unfinished sweeps one user may have in this pool at once"
+        default=100,
+        ge=0,
+        le=500,  # what one check can count: the user's newest sweeps it reads (services.sweeps.OPEN_CAP_PAGES)
+        description="unfinished sweeps one user may have in this pool at once",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 

@@ -43,7 +43,7 @@ from runplane.domain.models import (
     listed_state,
 )
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
-from runplane.ports import Expect, QuotaStore, RunQueue, RunStore, SweepStore
+from runplane.ports import LIST_BUDGET, Expect, QuotaStore, RunQueue, RunStore, SweepStore
 from runplane.services.authority import Owners, charge, still_allowed
 from runplane.services.budget import Budget
 from runplane.services.inputs import InputPolicy
@@ -193,10 +193,11 @@ def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec
 
 def check_waiting_cap(store: RunStore, pool: Pool, user: str) -> None:
     """Refuse (InvalidRequest, naming the cap) one more waiting run of ``user`` in ``pool`` when
-    they have ``pool.max_waiting_runs`` already. Counted among the user's queued runs of the pool
-    that one owner listing reads (at most ``LIST_BUDGET`` runs examined, newest first): exact for
-    anyone whose waiting runs are among their newest ``LIST_BUDGET`` runs."""
-    page = store.list(owner=user, queue=pool.name, state=RunState.QUEUED, limit=pool.max_waiting_runs + 1)
+    they have ``pool.max_waiting_runs`` already. Counted among all the user's queued runs of the
+    pool that one owner listing reads (at most ``LIST_BUDGET`` of their newest runs examined, the
+    cap's ceiling): exact for anyone whose waiting runs are among their newest ``LIST_BUDGET`` runs,
+    however many plain queued runs are newer than them."""
+    page = store.list(owner=user, queue=pool.name, state=RunState.QUEUED, limit=LIST_BUDGET)
     waiting = sum(1 for run in page.runs if run.waiting_on)
     if waiting >= pool.max_waiting_runs:
         raise InvalidRequest(

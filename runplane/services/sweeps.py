@@ -588,6 +588,9 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
     Forbidden when the owner may no longer run the sweep (``check_release``)."""
     sweep = get_sweep(ports, principal, sweep_id)
     groups, group = check_release(ports, principal, sweep)
+    pool = ports.pools.get(sweep.queue)
+    if sweep.finished_at is not None and pool is not None:  # it opens again: it counts against the cap
+        check_open_cap(ports.sweeps, pool, sweep.owner)
     for _ in range(8):
         # members that never ran because what the sweep waits for failed would only fail again
         never = DEPENDENCY_FAILED if sweep.waiting_on else None

@@ -22,11 +22,12 @@ from runplane import bootstrap
 from runplane.client import Client
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
+from runplane.domain.errors import InvalidRequest
 from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
 from runplane.domain.sweeps import PENDING, Sweep, SweepSpec
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
-from runplane.services.sweeps import create_sweep
+from runplane.services.sweeps import create_sweep, kill_sweep, retry_sweep
 from tests.conftest import api_status
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
@@ -326,3 +327,38 @@ def test_a_users_waiting_runs_and_open_sweeps_have_a_cap_named_in_the_refusal(fr
     assert "at most 1 may be open" in message
     flooder.request("POST", f"/v1/sweeps/{made['id']}/kill")
     assert flooder.request("POST", "/v1/sweeps", sweep)["id"] != made["id"]
+
+
+@pytest.fixture(params=["aws", "azure"])
+def stores(request):
+    """A fresh stack on moto's or Azurite's stores, nothing counted."""
+    return request.getfixturevalue(f"{request.param}_stack")
+
+
+def test_the_waiting_cap_counts_waiting_runs_however_many_plain_runs_are_newer(stores):
+    stack = stores
+
+    def submit(**more):
+        spec = RunSpec(command="x", queue="capped", **more)
+        return submit_run(stack.store, stack.queue, stack.pools, MALLORY, spec, None, time.time).run
+
+    up = submit()
+    assert [submit(after=[up.id]).waiting_on for _ in range(2)] == [[up.id]] * 2  # the cap: 2
+    for _ in range(3):  # newer than the waiting ones: a count of the newest queued runs sees none waiting
+        submit()
+    with pytest.raises(InvalidRequest, match="at most 2 may wait"):
+        submit(after=[up.id])
+    assert len(stack.store.waiting("capped").runs) == 2
+
+
+def test_a_retry_that_opens_a_finished_sweep_again_counts_against_the_open_cap(stores):
+    ports = stores.sweep_ports
+    spec = SweepSpec(run=RunSpec(command="x", queue="capped"), count=2, max_parallel=1)
+    first = create_sweep(ports, MALLORY, spec, None).sweep
+    kill_sweep(ports, MALLORY, first.id)
+    second = create_sweep(ports, MALLORY, spec, None).sweep  # the cap (1) allows it: the first ended
+    kill_sweep(ports, MALLORY, second.id)
+    assert retry_sweep(ports, MALLORY, first.id)[1] == 2  # open again: 1 open, the cap
+    with pytest.raises(InvalidRequest, match="at most 1 may be open"):
+        retry_sweep(ports, MALLORY, second.id)
+    assert stores.sweeps.get(second.id).finished_at is not None

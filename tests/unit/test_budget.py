@@ -6,7 +6,10 @@ and the continuation events that carry the rest being read whatever release wrot
 import dataclasses
 from pathlib import Path
 
-from runplane.domain.models import MAX_INPUTS, MAX_UPSTREAMS, DispatchEvent, Run, RunSpec
+import pytest
+from pydantic import ValidationError
+
+from runplane.domain.models import MAX_INPUTS, MAX_UPSTREAMS, DispatchEvent, Pool, Run, RunSpec
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep, SweepSpec
 from runplane.services import dependencies, dispatch, sweeps
 from runplane.services.budget import Budget, meter, metered
@@ -116,3 +119,15 @@ def test_an_event_of_another_release_is_still_read_and_a_continuation_says_where
     event = DispatchEvent.model_validate_json(body)
     assert (event.upstream, event.skip, event.sweep, event.member) == ("r-1", 40, "s-1", 3)
     assert DispatchEvent.model_validate_json('{"v": 1, "pool": "p", "upstream": "r-1"}').skip == 0
+
+
+def test_a_pools_caps_are_at_most_what_one_check_counts():
+    assert (
+        Pool(
+            name="p", cpus=1, memory="1g", default_image="img", max_waiting_runs=1000, max_open_sweeps=500
+        ).max_open_sweeps
+        == 500
+    )
+    for too_many in ({"max_waiting_runs": 1001}, {"max_open_sweeps": 501}):
+        with pytest.raises(ValidationError, match="less than or equal"):
+            Pool(name="p", cpus=1, memory="1g", default_image="img", **too_many)
