@@ -94,7 +94,15 @@ class PoolDispatcher:
             if self.stack.pools.get(event.pool) is None:
                 log.warning("ignoring event for unknown pool %s", event.pool)
                 return None
-            return self.pool(event.pool)
+            if event.sweep is None and event.upstream is None:
+                return self.pool(event.pool)
+            try:
+                return self.pool(event.pool)
+            except RunplaneError as e:
+                # what it told is done, and its continuation sent: tried again, it would send another
+                # (the schedule dispatches the pool within a period)
+                log.warning("pool %s not dispatched after an event it told: %s", event.pool, e)
+                return None
 
         return handle
 

@@ -11,6 +11,7 @@ import base64
 import json
 import sys
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -22,9 +23,10 @@ from runplane import bootstrap
 from runplane.client import Client
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
-from runplane.domain.errors import InvalidRequest
+from runplane.domain.errors import BackendError, InvalidRequest, RunplaneError
 from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
 from runplane.domain.sweeps import PENDING, Sweep, SweepSpec
+from runplane.handlers import PoolDispatcher
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from runplane.services.sweeps import create_sweep, kill_sweep, retry_sweep
@@ -362,3 +364,50 @@ def test_a_retry_that_opens_a_finished_sweep_again_counts_against_the_open_cap(s
     with pytest.raises(InvalidRequest, match="at most 1 may be open"):
         retry_sweep(ports, MALLORY, second.id)
     assert stores.sweeps.get(second.id).finished_at is not None
+
+
+class FailingPool:
+    """The pool-state store, failing every read and write of one pool's record."""
+
+    def __init__(self, port, pool):
+        self._port, self._pool = port, pool
+
+    def __getattr__(self, attr):
+        return getattr(self._port, attr)
+
+    def get(self, pool):
+        if pool == self._pool:
+            raise BackendError(f"read pool record {pool} failed")
+        return self._port.get(pool)
+
+    def save(self, record):
+        if record.pool == self._pool:
+            raise BackendError(f"write pool record {record.pool} failed")
+        return self._port.save(record)
+
+
+def test_a_continuation_is_sent_once_when_the_pools_dispatch_fails_after_it(counted):
+    stack, _ = counted
+    up, flood = waiting_flood(stack, 40)
+    for run in flood:
+        stack.store.follow(up.id, run.id)
+    held = lifecycle.claim(stack.store, stack.store.get(up.id), 0, "w1", 60.0, time.time())
+    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
+    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
+    lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")
+    sent_events(stack)  # what came before: submits' nudges
+    stack.pool_states = FailingPool(stack.pool_states, "parked")
+    record = types.SimpleNamespace(
+        body=DispatchEvent(pool="parked", reason="run ended", upstream=up.id).model_dump_json()
+    )
+    tries = 0
+    while tries < 3:  # the host delivers a record again while handling it fails
+        tries += 1
+        try:
+            PoolDispatcher(stack).record_handler()(record)
+            break
+        except RunplaneError:
+            continue
+    more = [e for e in sent_events(stack) if e.upstream == up.id]
+    assert (tries, len(more)) == (1, 1), f"{len(more)} continuations after {tries} tries"
+    assert 0 < more[0].skip < len(flood)
