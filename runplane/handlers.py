@@ -217,13 +217,6 @@ class PoolDispatcher:
             resume["sweeps_after"] = f"{went.resume[0]!r} {went.resume[1]}"
         return went.moved
 
-    def all_waiting(self) -> dict[str, int] | dict[str, str]:
-        """A whole pass over waiting runs (no budget), as a lost event would have done."""
-        try:
-            return dependencies.resolve_waiting(self.stack.sweep_ports.waits).seen
-        except RunplaneError as e:
-            return {"error": e.message}
-
     def all_pools(self) -> dict[str, str]:
         """The scheduled pass: every pool, failures reported rather than raised."""
         out = {}

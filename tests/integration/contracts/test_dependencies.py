@@ -266,7 +266,7 @@ def test_the_schedule_resolves_waiting_runs_whose_event_was_lost(stack, ports):
     held = lifecycle.advance(stack.store, held, RunState.RUNNING, 1001.0, "started")
     held = lifecycle.advance(stack.store, held, RunState.UPLOADING, 1002.0, "uploading", exit_code=0)
     lifecycle.advance(stack.store, held, RunState.SUCCEEDED, 1003.0, "done")  # no event sent
-    assert PoolDispatcher(stack).all_waiting() == {"parked": 1}
+    assert PoolDispatcher(stack).schedule()["waiting"] == {"parked": 1}
     assert stack.store.get(waiting.id).waiting_on == []
 
 
