@@ -6,6 +6,7 @@ Times are float seconds since the epoch (UTC); transports render them as ISO 860
 from __future__ import annotations
 
 import re
+import unicodedata
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -64,21 +65,30 @@ _LOADER_NAMES = frozenset(
 )
 
 
-# Characters that change how text is shown without being seen: the bidirectional controls (marks,
-# embeddings, overrides, isolates) and the invisible spaces and joiners. A name or a command holding
-# one can read differently on a screen from what is stored and run ("Trojan Source"). Commands keep
-# the two joiners (U+200C, U+200D): scripts such as Persian and emoji sequences need them.
-_BIDI_AND_INVISIBLE = "\u061c\u200b\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff"
-_HIDDEN_IN_COMMAND = re.compile(f"[{_BIDI_AND_INVISIBLE}]")
-_HIDDEN_IN_NAME = re.compile(f"[{_BIDI_AND_INVISIBLE}\u00ad\u200c\u200d]")
+# Characters that change how text is shown without being seen: every format character (Unicode
+# category Cf: the bidirectional marks, embeddings, overrides and isolates, the invisible spaces and
+# joiners, the tag characters of hidden-text smuggling, the soft hyphen), the line and paragraph
+# separators (a shell runs them as ordinary characters; a screen breaks the line) and the fillers that
+# draw as blank. A name or a command holding one can read differently on a screen from what is stored
+# and run ("Trojan Source"). Commands keep the two joiners (U+200C, U+200D): scripts such as Persian
+# and emoji sequences need them.
+_BLANK_FILLERS = frozenset("\u115f\u1160\u3164\uffa0")
+_JOINERS = frozenset("\u200c\u200d")
 
 
 def hidden_character(text: str, *, in_command: bool = False) -> str | None:
-    """The first character of ``text`` that changes how it is shown without being seen (a
-    bidirectional control, an invisible space; in a name also a joiner or a soft hyphen), as
-    ``\\uNNNN``, or None."""
-    match = (_HIDDEN_IN_COMMAND if in_command else _HIDDEN_IN_NAME).search(text)
-    return None if match is None else f"\\u{ord(match.group()):04x}"
+    """The first character of ``text`` that changes how it is shown without being seen (a format
+    character, a line or paragraph separator, a blank filler; a command may hold the two joiners),
+    as ``\\uNNNN`` (``\\UNNNNNNNN`` past the first plane), or None."""
+    if text.isascii():
+        return None
+    for c in text:
+        if c.isascii() or (in_command and c in _JOINERS):
+            continue
+        if unicodedata.category(c) in ("Cf", "Zl", "Zp") or c in _BLANK_FILLERS:
+            code = ord(c)
+            return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+    return None
 
 
 def control_character(text: str) -> str | None:

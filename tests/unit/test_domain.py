@@ -192,3 +192,15 @@ def test_rank_keys_sort_as_their_tags_whatever_the_tag():
     assert sorted(keys) == keys
     assert len({len(k) for k in keys}) == 1
     assert rank_key(50, 1e20, 100.0, "r-a") < rank_key(40, 0.0, 100.0, "r-a")
+
+
+def test_text_in_other_scripts_and_emoji_passes_where_hidden_characters_do_not():
+    """A command keeps what real text needs (other scripts, emoji joined by U+200D, Persian's
+    U+200C); a name refuses even those joiners, and both refuse every format character."""
+    for command in ("echo שלום", "echo 👩\u200d🔬", "echo می\u200cخواهم", "echo 👍🏽 é"):
+        assert RunSpec(command=command).command == command
+    with pytest.raises(ValidationError, match="u200d"):
+        RunSpec(command="x", name="a\u200db")
+    for hidden in ("\u202e", "\u2066", "\u200b", "\U000e0041", "\u2028", "\u00ad", "\u3164"):
+        with pytest.raises(ValidationError, match="changes how text is shown"):
+            RunSpec(command=f"echo {hidden}")
