@@ -432,8 +432,15 @@ class PoolView(WireModel):
     default_time: float = Field(description="seconds a run gets when it names no time")
     max_time: float = Field(description="the longest time a run may ask, in seconds")
     max_user_priority: int = Field(description="the highest priority a user who is not an admin may give its runs")
-    max_waiting_runs: int = Field(description="runs of one user that may wait for other runs in this pool at once")
-    max_open_sweeps: int = Field(description="unfinished sweeps one user may have in this pool at once")
+    max_waiting_runs: int | None = Field(
+        default=None,
+        description="runs of one user that may wait for other runs in this pool at once (null: a server that "
+        "does not tell)",
+    )
+    max_open_sweeps: int | None = Field(
+        default=None,
+        description="unfinished sweeps one user may have in this pool at once (null: a server that does not tell)",
+    )
     fair_share_half_life: float = Field(description="seconds in which a user's lead over the others halves")
     price_per_hour: float | None = Field(description="what one worker costs an hour, if the pool has a price")
     retry: RetryRule | None = Field(description="the retry rule of runs that bring none of their own")

@@ -371,3 +371,18 @@ def test_the_async_client_refuses_the_same_paths(server: Script, tmp_path: Path)
     asyncio.run(main())
     assert not (tmp_path / "x").exists()
     assert (tmp_path / "dest" / "fine.txt").read_bytes() == b"data"
+
+
+def test_pools_reads_the_answer_of_a_server_that_has_no_caps_on_waiting_runs_or_sweeps(
+    server: Script, client: Client
+) -> None:
+    from runplane.api.views import pool_view
+    from runplane.domain.models import Pool, PoolRecord
+
+    pool = Pool(name="gpu", cpus=8, memory="32g", default_image="img", max_waiting_runs=5)
+    shown = pool_view(pool, 0, {}, PoolRecord(pool="gpu")).model_dump(mode="json")
+    assert shown["max_waiting_runs"] == 5
+    previous = {k: v for k, v in shown.items() if k not in ("max_waiting_runs", "max_open_sweeps")}
+    server.play(Answer(200, {"pools": [previous]}))
+    [got] = client.pools()
+    assert (got.name, got.max_waiting_runs, got.max_open_sweeps) == ("gpu", None, None)
