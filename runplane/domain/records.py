@@ -7,6 +7,10 @@ and the latest ones, ``MAX_RUN_EVENTS`` in all, each message clipped to ``MAX_ME
 runs that wait for it (``MAX_DEPENDENTS``) and fields of fixed size; ``largest_run_bytes`` adds them
 up. Sizes are measured as compact JSON with every non-ASCII character escaped: never less than the
 UTF-8 bytes DynamoDB counts, and exactly what Table storage holds.
+
+A write that replaces a full timeline is counted by moto's DynamoDB (where ``runplane dev`` keeps
+its tables) with the old timeline and the new one both in the item, so the bound leaves room for a
+second timeline: ``largest_run_bytes() + largest_timeline_bytes()`` is under DynamoDB's item too.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from runplane.domain.models import (
 )
 from runplane.domain.sweeps import MAX_SWEEP, SweepSpec, render
 
-MAX_SPEC_BYTES = 128 * 1024
-"""The largest run spec (command, environment, inputs, ...) as JSON: a third of DynamoDB's item."""
+MAX_SPEC_BYTES = 96 * 1024
+"""The largest run spec (command, environment, inputs, ...) as JSON: under a quarter of DynamoDB's
+item, so that the largest record with a second full timeline fits it (moto's sizing of a write)."""
 MAX_RUN_EVENTS = 100
 """A run's timeline keeps its first event (its submission) and the latest ones, this many in all."""
 MAX_MESSAGE_CHARS = 1000
@@ -111,14 +116,22 @@ def bound_changes(changes: Mapping[str, Any]) -> dict[str, Any]:
     return bounded
 
 
+def largest_timeline_bytes() -> int:
+    """An upper bound of a run's timeline as JSON: ``MAX_RUN_EVENTS`` events of the longest messages."""
+    event = json_size({"at": 1e10, "state": "preparing", "message": ""}) + MAX_MESSAGE_CHARS + 1
+    return MAX_RUN_EVENTS * event
+
+
 def largest_run_bytes() -> int:
     """An upper bound of a run's record as JSON: a spec of ``MAX_SPEC_BYTES``, a full timeline of
     the longest messages, the most runs waiting for it and waited for, and the rest of its fields
-    at their longest (ids of 64 characters, 32 groups, a failure and the reasons)."""
-    event = json_size({"at": 1e10, "state": "preparing", "message": ""}) + MAX_MESSAGE_CHARS + 1
+    at their longest (ids of 64 characters, 32 groups, a failure and the reasons). A write that
+    replaces the full timeline may be counted with ``largest_timeline_bytes()`` more (moto)."""
     waited = MAX_UPSTREAMS + MAX_INPUTS + 1  # after, run: inputs, after_sweep
     listed_id = len(SWEEP_PREFIX) + _ID_CHARS + 3
     fields = 4096  # names, numbers, states, usage and timings, ids of the run, owner, worker, sweep
     groups = 32 * (48 + 3) + 48
     messages = 3 * (MAX_MESSAGE_CHARS + 32)  # failure, waiting_reason, kill_reason
-    return MAX_SPEC_BYTES + MAX_RUN_EVENTS * event + (MAX_DEPENDENTS + waited) * listed_id + groups + messages + fields
+    return (
+        MAX_SPEC_BYTES + largest_timeline_bytes() + (MAX_DEPENDENTS + waited) * listed_id + groups + messages + fields
+    )

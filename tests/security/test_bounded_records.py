@@ -108,9 +108,10 @@ def test_priority_changes_cannot_make_a_run_unkillable(owner):
 
 @pytest.fixture(params=["aws", "azure"])
 def stack(request):
-    """The AWS adapters with their tables on dynalite, which sizes items as DynamoDB does (moto
-    counts an attribute that a write replaces twice, old and new), or the Azure ones on Azurite."""
-    return request.getfixturevalue("aws_dynalite_stack" if request.param == "aws" else "azure_stack")
+    """The AWS adapters with their tables on dynalite, which sizes items as DynamoDB does, or the
+    Azure ones on Azurite; ``moto`` (where ``runplane dev`` keeps its tables, counting an attribute
+    that a write replaces twice, old and new) where a test asks for it."""
+    return request.getfixturevalue({"aws": "aws_dynalite_stack", "moto": "aws_stack"}.get(request.param, "azure_stack"))
 
 
 def _run(events, pad, queue="parked", state=RunState.QUEUED):
@@ -221,10 +222,12 @@ def test_a_claim_the_store_fails_to_answer_is_given_back_and_offered_again(reque
     assert stack.store.get(run.id) == run
 
 
+@pytest.mark.parametrize("stack", ["aws", "moto", "azure"], indirect=True)
 def test_the_largest_record_the_api_allows_takes_a_kill_and_its_end(stack):
     """Everything of a run at the most the API lets it hold: a spec of ``MAX_SPEC_BYTES``, a full
     timeline of the longest messages, 1,000 runs and sweeps waiting for it, all it may wait for
-    and 32 groups. It is claimed, runs, is asked to stop and ends, on both stores."""
+    and 32 groups. It is claimed, runs, is asked to stop and ends, on both stores, and on moto's
+    DynamoDB (``runplane dev``), which counts a full timeline a write replaces twice."""
     store = stack.store
     long = "m" * MAX_MESSAGE_CHARS
     spec = RunSpec(command="echo hi", queue="default", image="runplane/test-busybox:1", env={"PAD": ""})

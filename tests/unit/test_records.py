@@ -26,6 +26,7 @@ from runplane.domain.records import (
     json_size,
     largest_member,
     largest_run_bytes,
+    largest_timeline_bytes,
 )
 from runplane.domain.sweeps import SweepSpec
 
@@ -35,6 +36,8 @@ def test_the_largest_record_fits_every_store_with_room_to_spare():
     assert largest > MAX_SPEC_BYTES + MAX_RUN_EVENTS * MAX_MESSAGE_CHARS
     assert largest < 0.85 * STORE_ITEM_BYTES
     assert largest < 0.75 * MAX_RUN_CHARS
+    # a write that replaces a full timeline, counted with the old one and the new (moto's DynamoDB)
+    assert largest + largest_timeline_bytes() < STORE_ITEM_BYTES
 
 
 @pytest.mark.parametrize("char", ["a", '"', "\n", "\u00e9", "\u4e2d", "\U0001f600"])
