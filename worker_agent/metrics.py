@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from runplane.domain.models import Run, RunState
+from runplane.domain.models import Run
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class AgentMetrics:
         run (handed back, taken away) is not counted."""
         if not run.state.terminal:
             return
-        started = next((e.at for e in run.events if e.state == RunState.RUNNING), None)
+        started = run.started_at  # its timeline may no longer hold its start (records.bound_events)
         with self._lock:
             self.ended[(str(run.state), str(run.failure.reason) if run.failure else "none")] += 1
             if started is not None:
@@ -78,7 +78,7 @@ class AgentMetrics:
             [(f',state="{state}",reason="{reason}"', count) for (state, reason), count in ended],
         )
         for name, (total, count), help_text in (
-            ("runplane_worker_seconds_to_running", to_running, "Seconds from submit to first start of its runs."),
+            ("runplane_worker_seconds_to_running", to_running, "Seconds from submit to the last start of its runs."),
             ("runplane_worker_claim_seconds", claim, "Seconds from a run's hint received to claimed."),
         ):
             lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} summary"])

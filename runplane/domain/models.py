@@ -526,7 +526,7 @@ class RunEnd(BaseModel):
     state: RunState
     reason: FailureReason | None = None
     to_running: float | None = Field(default=None, ge=0)
-    """Seconds from its submit to its first start; None when it never started."""
+    """Seconds from its submit to its last start (``Run.started_at``); None when it never started."""
 
 
 class DispatchEvent(BaseModel):

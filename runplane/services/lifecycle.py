@@ -281,7 +281,7 @@ def ended(queue: RunQueue, run: Run) -> None:
     waiting runs on anyway (the metric is lost)."""
     if not run.state.terminal:
         return
-    started = next((e.at for e in run.events if e.state == RunState.RUNNING), None)
+    started = run.started_at  # its timeline may no longer hold its start (records.bound_events)
     end = RunEnd(
         state=run.state,
         reason=run.failure.reason if run.failure else None,

@@ -37,6 +37,7 @@ from runplane.services import lifecycle, runs
 from runplane.services.reap import reap
 from tests.conftest import api_status
 from worker_agent.agent import Agent, AgentConfig, ClaimLater
+from worker_agent.metrics import AgentMetrics, Gauges
 from worker_agent.run_config import Ports
 
 PARKED = {"command": "echo hi", "queue": "parked"}
@@ -259,3 +260,27 @@ def test_the_largest_record_the_api_allows_takes_a_kill_and_its_end(stack):
     assert stored.failure is not None and stored.failure.message.endswith("\u2026")
     assert MAX_MESSAGE_CHARS - 12 < json_size(stored.failure.message) - 2 <= MAX_MESSAGE_CHARS
     assert [e.state for e in stored.events[-3:]] == [RunState.RUNNING, None, RunState.KILLED]
+
+
+@pytest.mark.parametrize("stack", ["aws"], indirect=True)
+def test_time_to_running_is_read_from_the_record_when_the_timeline_has_dropped_the_start(stack, monkeypatch):
+    """A run with more events after its start than its timeline keeps: its time to running (the
+    dispatcher's end event, a worker's metric) is read from its record, not from its timeline."""
+    store = stack.store
+    run = store.create(_run([Event(at=1.0, state=RunState.QUEUED, message="submitted")], 10, queue="default"))
+    run = lifecycle.claim(store, run, 0, "w-1", 60.0, run.created_at + 1)
+    run = lifecycle.advance(store, run, RunState.RUNNING, run.created_at + 2, "started")
+    for i in range(MAX_RUN_EVENTS):
+        run = store.update(run, Expect(), {}, Event(at=run.created_at + 3 + i, message=f"note {i}"))
+    done = lifecycle.fail(store, run, FailureReason.OUT_OF_MEMORY, "oom", run.created_at + 200)
+    assert RunState.RUNNING not in [e.state for e in store.get(run.id).events]
+    sent = []
+    monkeypatch.setattr(stack.queue, "notify", sent.append)
+    lifecycle.ended(stack.queue, done)
+    [end] = sent
+    assert end.ended.to_running == 2.0
+    metrics = AgentMetrics("default", "w-1")
+    metrics.run_ended(done, {})
+    text = metrics.render(Gauges(slots=1, active=0, gpus=0))
+    assert 'runplane_worker_seconds_to_running_sum{pool="default",worker="w-1"} 2\n' in text
+    assert 'runplane_worker_seconds_to_running_count{pool="default",worker="w-1"} 1\n' in text

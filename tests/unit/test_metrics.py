@@ -76,6 +76,7 @@ def run(state, reason=None, started=None):
         spec=RunSpec(command="true", image="busybox"),
         state=state,
         created_at=100.0,
+        started_at=started,
         events=events,
         failure=Failure(reason=reason, message="x") if reason else None,
     )
