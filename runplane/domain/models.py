@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
@@ -216,11 +217,34 @@ class RetryRule(BaseModel):
         return sorted(set(value))
 
 
+_REASONS = frozenset(reason.value for reason in FailureReason)
+
+
+def _known_reason(value: Any) -> Any:
+    """A reason as another release stored or sent it: one a later release added reads as
+    ``agent_error``."""
+    if isinstance(value, str) and value not in _REASONS:
+        return FailureReason.AGENT_ERROR
+    return value
+
+
 class Failure(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Why a run did not succeed, as stored. Read tolerantly: a reason a later release added reads
+    as ``agent_error``, its own name put at the head of the message; a field this release does not
+    know is ignored (users never send one: the API answers with ``RunFailure``)."""
+
+    model_config = ConfigDict(extra="ignore")
 
     reason: FailureReason
     message: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_a_later_release(cls, data: Any) -> Any:
+        reason = data.get("reason") if isinstance(data, dict) else None
+        if isinstance(reason, str) and reason not in _REASONS:
+            return {**data, "reason": FailureReason.AGENT_ERROR, "message": f"{reason[:64]}: {data.get('message', '')}"}
+        return data
 
 
 def _size(value: Any) -> Any:
@@ -524,7 +548,8 @@ class RunEnd(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     state: RunState
-    reason: FailureReason | None = None
+    reason: Annotated[FailureReason | None, BeforeValidator(_known_reason)] = None
+    """A reason a later release added reads as ``agent_error``."""
     to_running: float | None = Field(default=None, ge=0)
     """Seconds from its submit to its last start (``Run.started_at``); None when it never started."""
 

@@ -11,8 +11,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from runplane.adapters.aws.sqs import events_queue_name as sqs_events_queue
 from runplane.adapters.azure.queues import events_queue_name as storage_events_queue
 from runplane.adapters.azure.tables import key, pack, unpack
-from runplane.domain.models import DispatchEvent, PoolRecord, RunEnd, RunState
+from runplane.domain.models import (
+    DispatchEvent,
+    Failure,
+    FailureReason,
+    PoolRecord,
+    Run,
+    RunEnd,
+    RunSpec,
+    RunState,
+)
 from runplane.handlers import SCHEDULE_RECORD, PoolDispatcher
+from runplane.ports import Expect
 
 
 class PreviousRunEnd(BaseModel):
@@ -146,3 +156,36 @@ def test_a_schedule_mark_it_cannot_use_does_not_stop_the_passes(stack):
     assert set(done["pools"]) == {p.name for p in stack.pools.pools}
     assert "error" not in done["waiting"] and "error" not in done["sweeps"]
     assert stack.pool_states.get(SCHEDULE_RECORD).resume == {}
+
+
+def store_failure_reason(stack, run_id, reason):
+    """Rewrite a stored run's failure reason past this release's model, as a later release might."""
+    store = stack.store
+    if _aws(stack):
+        item = store.client.get_item(TableName=store.table, Key={"id": {"S": run_id}}, ConsistentRead=True)["Item"]
+        item["failure"]["M"]["reason"] = {"S": reason}
+        store.client.put_item(TableName=store.table, Item=item)
+    else:
+        run = store.get(run_id)
+        entity = store.table.get_entity(store._partition(run.queue), f"run:{key(run_id)}")
+        doc = unpack(entity)
+        doc["failure"]["reason"] = reason
+        store.table.update_entity({**dict(entity), **pack(doc, run_id)})
+
+
+def test_this_release_reads_a_failure_reason_a_later_release_added(stack):
+    """A run ended by a later release with a reason this one does not know is still read, listed
+    and shown (as agent_error, the later reason named in its message), and so is its end event."""
+    run = Run(id="r-later", owner="alice", spec=RunSpec(command="true"), queue="default", created_at=1.0)
+    stack.store.create(run)
+    failure = Failure(reason=FailureReason.AGENT_ERROR, message="the GPU melted")
+    stack.store.update(run, Expect(states=frozenset({RunState.QUEUED})), {"state": RunState.FAILED, "failure": failure})
+    store_failure_reason(stack, run.id, "gpu_melted")
+
+    read = stack.store.get(run.id)
+    assert read.failure == Failure(reason=FailureReason.AGENT_ERROR, message="gpu_melted: the GPU melted")
+    assert [r.id for r in stack.store.list(owner="alice", state=RunState.FAILED, limit=10).runs] == [run.id]
+    ended = {"v": 1, "pool": "default", "upstream": run.id, "ended": {"state": "failed", "reason": "gpu_melted"}}
+    assert DispatchEvent.model_validate_json(json.dumps(ended)).ended == RunEnd(
+        state=RunState.FAILED, reason=FailureReason.AGENT_ERROR
+    )
