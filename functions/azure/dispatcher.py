@@ -3,7 +3,7 @@
 A failing event raises, so the host makes the message visible again after host.json's
 ``visibilityTimeout`` and moves it to ``<queue>-poison`` after ``maxDequeueCount`` tries. Each
 message is an invocation of its own (``batchSize`` 1): one event's failure is never another's, and
-the work of each is bounded (``runplane.handlers.EVENT_CALLS``).
+the work of each is bounded (``RUNPLANE_EVENT_CALLS``, the stack's ``event_calls``).
 """
 
 import logging

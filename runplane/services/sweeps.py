@@ -85,7 +85,10 @@ RELEASE_CALLS = 2 + 2 * MAX_TRIES + 3
 ``MAX_TRIES`` times, the owner's groups, the run and its hint."""
 KILL_CALLS = 3
 """The most one member's kill makes: its write, a read after a race, and the end's nudge."""
-ADVANCE_CALLS = LOOK_CALLS + max(RELEASE_PER_ADVANCE * RELEASE_CALLS, LOOK_PER_ADVANCE * KILL_CALLS)
+BURY_CALLS = 1 + KILL_CALLS
+"""The most one member of a killed sweep that is out with no run costs: its run stored killed, or,
+when a racing release made it, that run's kill."""
+ADVANCE_CALLS = LOOK_CALLS + max(RELEASE_PER_ADVANCE * RELEASE_CALLS, LOOK_PER_ADVANCE * BURY_CALLS)
 """The most one try of ``advance`` makes without a budget: its look, then releases or kills."""
 KILLED = ended_code(RunState.KILLED, FailureReason.KILLED)
 DEPENDENCY_FAILED = ended_code(RunState.FAILED, FailureReason.DEPENDENCY_FAILED)
@@ -307,12 +310,15 @@ def _end_killed(
     ports: SweepPorts, sweep: Sweep, missing: list[int], live: list[Run], now: float, budget: Budget | None
 ) -> bool:
     """A killed sweep's members: those out with no run are stored killed, the runs of those read
-    killed (while ``budget`` affords one more; one at least). True when one ended now."""
+    killed (while ``budget`` affords one more; one at least; the rest are left to the next
+    advance). True when one ended now."""
     ended_now = False
-    for index in missing:  # a pass that released it may still be making its run
+    for place, index in enumerate(missing):  # a pass that released it may still be making its run
+        if place and budget is not None and not budget.affords(BURY_CALLS):
+            return ended_now
         ended_now |= _bury(ports, sweep, index, now)
     for place, run in enumerate(live):
-        if place and budget is not None and not budget.affords(KILL_CALLS):
+        if (place or missing) and budget is not None and not budget.affords(KILL_CALLS):
             break
         try:
             killed = _kill(ports.store, run, ports.clock, reason=f"sweep {sweep.id} was killed")

@@ -23,11 +23,12 @@ from runplane import bootstrap
 from runplane.client import Client
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
-from runplane.domain.errors import BackendError, InvalidRequest, RunplaneError
+from runplane.domain.errors import BackendError, InvalidRequest, NotFound, RunplaneError
 from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
-from runplane.domain.sweeps import PENDING, Sweep, SweepSpec
+from runplane.domain.sweeps import OPEN, PENDING, Sweep, SweepSpec
 from runplane.handlers import PoolDispatcher
-from runplane.services import lifecycle
+from runplane.services import lifecycle, sweeps
+from runplane.services.budget import Budget, metered
 from runplane.services.runs import submit_run
 from runplane.services.sweeps import create_sweep, kill_sweep, retry_sweep
 from tests.conftest import api_status
@@ -51,7 +52,7 @@ RESOLVE_CALLS = 11 + 97
 FLOOD = 150
 OPEN_FLOOD = 105
 """More than the 100 oldest unfinished sweeps a pass lists."""
-ADVANCE_CALLS = 502
+ADVANCE_CALLS = 602
 """docs/scheduling.md: the most one try of a sweep's advance makes (what a pass may overrun by)."""
 MALLORY, BOB = Principal(user="mallory"), Principal(user="bob")
 
@@ -411,3 +412,38 @@ def test_a_continuation_is_sent_once_when_the_pools_dispatch_fails_after_it(coun
     more = [e for e in sent_events(stack) if e.upstream == up.id]
     assert (tries, len(more)) == (1, 1), f"{len(more)} continuations after {tries} tries"
     assert 0 < more[0].skip < len(flood)
+
+
+def test_a_killed_sweeps_members_out_with_no_run_are_ended_within_the_budget(stores):
+    stack = stores
+    size = 60
+    killed = Sweep(
+        id=f"s-{uuid.uuid4().hex[:24]}",
+        owner="mallory",
+        spec=SweepSpec(run=RunSpec(command="x", queue="parked"), count=size),
+        queue="parked",
+        created_at=time.time(),
+        status=OPEN * size,  # released by writes whose runs were never made
+        killed=True,
+    )
+    stack.sweeps.create(killed)
+    allowed = 80  # its look (about 64 calls here), then a few of its members
+    ended = []
+    for _ in range(20):
+        budget = Budget(allowed)
+        sweeps.advance(metered(stack.sweep_ports, budget), killed.id, None, budget)
+        assert budget.used <= allowed + sweeps.BURY_CALLS, f"an advance made {budget.used} calls; at most {allowed}"
+        ended.append(sum(1 for i in range(size) if _exists(stack.store, killed.member_id(i))))
+        if stack.sweeps.get(killed.id).finished_at is not None:
+            break
+    assert len(ended) > 1 and ended[0] < size, f"members ended per advance: {ended}"
+    assert stack.sweeps.get(killed.id).finished_at is not None, f"the killed sweep never ended: {ended}"
+    assert all(stack.store.get(killed.member_id(i)).state == RunState.KILLED for i in range(size))
+
+
+def _exists(store, run_id):
+    try:
+        store.get(run_id)
+    except NotFound:
+        return False
+    return True

@@ -107,6 +107,7 @@ def test_the_published_worst_cases_are_the_codes():
         "ADVANCE_CALLS": sweeps.ADVANCE_CALLS,
         "LOOK_CALLS": sweeps.LOOK_CALLS,
         "RELEASE_CALLS": sweeps.RELEASE_CALLS,
+        "BURY_CALLS": sweeps.BURY_CALLS,
         "LOOK_PER_ADVANCE": sweeps.LOOK_PER_ADVANCE,
         "RELEASE_PER_ADVANCE": sweeps.RELEASE_PER_ADVANCE,
         "POOL_CALLS": dispatch.POOL_CALLS,
