@@ -417,27 +417,51 @@ class Agent:
 
     def _start(self, claimed: Run, allocation: Allocation, received: float) -> None:
         """Start the executor of ``claimed``, whose hint came at ``received`` (its ``claim`` timing:
-        the line read, its room reserved, the claim written)."""
-        executor = RunExecutor(
-            claimed,
-            self.ports,
-            self.docker,
-            self.executor_config,
-            self.clock,
-            self._done,
-            allocation,
-            self.inputs,
-            self.images,
-            self.network,
-            users=self.users,
-            on_removed=self._removed,
-        )
-        executor.usage.timings["claim"] = round(self.clock() - received, 3)
+        the line read, its room reserved, the claim written). When it cannot be started, what was
+        reserved for it is given back and the run handed back to its queue (``_unstarted``) before
+        the error is raised."""
+        executor: RunExecutor | None = None
+        try:
+            executor = RunExecutor(
+                claimed,
+                self.ports,
+                self.docker,
+                self.executor_config,
+                self.clock,
+                self._done,
+                allocation,
+                self.inputs,
+                self.images,
+                self.network,
+                users=self.users,
+                on_removed=self._removed,
+            )
+            executor.usage.timings["claim"] = round(self.clock() - received, 3)
+            with self._lock:
+                self.active[claimed.id] = executor
+                self.claimed += 1
+            log.info("run %s attempt %d claimed", claimed.id, claimed.attempt)
+            executor.start()
+        except BaseException:
+            self._unstarted(claimed, executor)
+            raise
+
+    def _unstarted(self, claimed: Run, executor: RunExecutor | None) -> None:
+        """Undo the start of ``claimed`` that failed (its executor, if made, never ran): its slot,
+        its allocation and its quota holds go back, and the run is handed back to its queue, not
+        charged to it. A hand-back that fails leaves it to the reaper once its lease expires."""
         with self._lock:
-            self.active[claimed.id] = executor
-            self.claimed += 1
-        log.info("run %s attempt %d claimed", claimed.id, claimed.attempt)
-        executor.start()
+            if executor is not None and self.active.get(claimed.id) is executor:
+                del self.active[claimed.id]
+                self.claimed -= 1
+        self.allocator.release(claimed.id)
+        why = f"worker {self.config.worker_id} could not start it"
+        try:
+            lifecycle.requeue(self.ports.store, self.ports.queue, claimed, self.clock(), why, charge=False)
+        except RunplaneError as e:
+            log.warning("run %s: %s, nor hand it back (the reaper will once its lease expires): %s", claimed.id,
+                        why, e)  # fmt: skip
+        self._unreserve(claimed, claimed.attempt)
 
     def _admit(self, run: Run, delivery: Delivery) -> bool:
         """Reserve room for the attempt the claim makes under its owner's and group's quotas.

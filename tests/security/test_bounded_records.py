@@ -16,7 +16,7 @@ from azure.data.tables import TableClient
 from runplane.adapters.aws.dynamodb import DynamoRunStore
 from runplane.adapters.azure.tables import TableRunStore
 from runplane.client import Client, Conflict
-from runplane.domain.errors import BadRequest, PayloadTooLarge
+from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
 from runplane.domain.models import (
     MAX_DEPENDENTS,
     MAX_INPUTS,
@@ -36,7 +36,8 @@ from runplane.ports import Expect
 from runplane.services import lifecycle, runs
 from runplane.services.reap import reap
 from tests.conftest import api_status
-from worker_agent.agent import Agent, AgentConfig, ClaimLater
+from worker_agent.agent import RELEASE_DELAY_SECONDS, Agent, AgentConfig, ClaimLater
+from worker_agent.executor import RunExecutor
 from worker_agent.metrics import AgentMetrics, Gauges
 from worker_agent.run_config import Ports
 
@@ -284,3 +285,93 @@ def test_time_to_running_is_read_from_the_record_when_the_timeline_has_dropped_t
     text = metrics.render(Gauges(slots=1, active=0, gpus=0))
     assert 'runplane_worker_seconds_to_running_sum{pool="default",worker="w-1"} 2\n' in text
     assert 'runplane_worker_seconds_to_running_count{pool="default",worker="w-1"} 1\n' in text
+
+
+class _ClaimUnanswered:
+    """A run store whose answer to the first claim (a write that sets a worker) is lost, as on a
+    network that drops it: before the write reached the store, or (``landed``) after it was made.
+    Everything else goes to the real store."""
+
+    def __init__(self, store, landed):
+        self.store, self.landed, self.lost = store, landed, False
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def update(self, run, expect, changes, event=None):
+        if changes.get("worker_id") and not self.lost:
+            self.lost = True
+            if self.landed:
+                self.store.update(run, expect, changes, event)
+            raise BackendError("update run: the store did not answer")
+        return self.store.update(run, expect, changes, event)
+
+
+def _taking(stack, tmp_path, store=None):
+    """A queued run of alice's under a quota, its hint as received, and an agent of two cores
+    whose store is ``store`` (the stack's by default) on the stack's queue."""
+    stack.quotas.put(Quota(kind="user", name="alice", max_running=5, updated_at=time.time()))
+    run = stack.store.create(_run([Event(at=1.0, message="submitted")], 10, queue="default"))
+    stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
+    (delivery,) = stack.queue.receive("default", 1, 5, visibility_seconds=30)
+    config = AgentConfig(pool="default", worker_id="w-taking", work_dir=tmp_path / "w", cpuset=(0, 1))
+    ports = Ports(store or stack.store, stack.queue, stack.objects, stack.quotas)
+    agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
+    return run, delivery, agent
+
+
+@pytest.mark.parametrize("stack", ["aws"], indirect=True)
+def test_a_claim_left_unanswered_gives_back_and_its_hint_is_offered_again(stack, tmp_path):
+    """Through ``_take``: the claim's write never reached the store, so nothing was claimed; the
+    cores and the quota hold go back and the hint comes back to the queue for another try."""
+    store = _ClaimUnanswered(stack.store, landed=False)
+    run, delivery, agent = _taking(stack, tmp_path, store)
+
+    agent._take(delivery)
+
+    assert store.lost and stack.store.get(run.id) == run
+    assert agent.allocator.free() == (2, 0) and agent.active == {} and agent.claimed == 0
+    assert stack.quotas.usage("user", "alice").holds == {}
+    again = stack.queue.receive("default", 10, RELEASE_DELAY_SECONDS + 5, visibility_seconds=30)
+    assert [(d.message.run_id, d.message.attempt) for d in again] == [(run.id, 0)]
+
+
+@pytest.mark.parametrize("stack", ["aws"], indirect=True)
+def test_a_claim_that_landed_though_its_answer_was_lost_is_run_here(stack, tmp_path):
+    """Through ``_take``: the claim was written but its answer lost; the run, as stored, is this
+    worker's, so it is started here and its hint is deleted, not offered to another worker."""
+    store = _ClaimUnanswered(stack.store, landed=True)
+    run, delivery, agent = _taking(stack, tmp_path, store)
+
+    agent._take(delivery)
+
+    assert store.lost and agent.claimed == 1
+    executor = agent.active.get(run.id)
+    if executor is not None and executor.thread is not None:
+        executor.thread.join(30)  # it fails here (this agent has no engine); what matters is who took it
+    taken = stack.store.get(run.id)
+    assert (taken.attempt, taken.events[1].message) == (1, "attempt 1 claimed by worker w-taking")
+    assert stack.queue.receive("default", 10, RELEASE_DELAY_SECONDS + 2, visibility_seconds=30) == []
+
+
+@pytest.mark.parametrize("stack", ["aws"], indirect=True)
+def test_a_run_whose_start_fails_after_its_claim_is_given_back_and_handed_back(stack, tmp_path, monkeypatch):
+    """The claim was made, then its executor could not be started (here: no thread to be had):
+    the cores, the slot and the quota hold go back, and the run is handed back to its queue for
+    its next attempt at once, not left claimed by this worker until its lease runs out."""
+    run, delivery, agent = _taking(stack, tmp_path)
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(RunExecutor, "start", no_thread)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        agent._take(delivery)
+
+    assert agent.allocator.free() == (2, 0) and agent.active == {} and agent.claimed == 0
+    assert stack.quotas.usage("user", "alice").holds == {}
+    back = stack.store.get(run.id)
+    assert (back.state, back.attempt, back.worker_id) == (RunState.QUEUED, 1, None)
+    assert back.events[-1].message == "re-queued: worker w-taking could not start it"
+    again = stack.queue.receive("default", 10, 2, visibility_seconds=30)
+    assert [(d.message.run_id, d.message.attempt) for d in again] == [(run.id, 1)]
