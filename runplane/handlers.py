@@ -201,20 +201,23 @@ class PoolDispatcher:
 
     def _sweeps_pass(self, budget: Budget, resume: dict[str, str]) -> dict[str, str]:
         """Unfinished sweeps within ``budget``, from and then to ``resume``'s ``sweeps_after``
-        (the creation time and id of the last sweep a pass looked at)."""
+        (the creation time and id of the last sweep a pass looked at) and ``sweeps_turn`` (the
+        round: each round reads the next window of a big sweep's open members)."""
         after: tuple[float, str] | None = None
         created, _, sweep_id = resume.get("sweeps_after", "").partition(" ")
         try:
             after = (float(created), sweep_id) if sweep_id else None
         except ValueError:
             after = None
+        turn = resume.get("sweeps_turn", "0")
         try:
-            went = sweeps.advance_unfinished(self._ports(budget), budget, after)
+            went = sweeps.advance_unfinished(self._ports(budget), budget, after, int(turn) if turn.isdigit() else 0)
         except RunplaneError as e:
             return {"error": e.message}
         resume.pop("sweeps_after", None)
         if went.resume is not None:
             resume["sweeps_after"] = f"{went.resume[0]!r} {went.resume[1]}"
+        resume["sweeps_turn"] = str(went.turn)
         return went.moved
 
     def all_pools(self) -> dict[str, str]:

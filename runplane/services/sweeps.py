@@ -250,14 +250,17 @@ def window(ports: SweepPorts, sweep: Sweep, now: float, stale_after: float = 120
     return min(2 * slots, MAX_OPEN)
 
 
-def advance(ports: SweepPorts, sweep_id: str, member: int | None = None, budget: Budget | None = None) -> Sweep:
+def advance(
+    ports: SweepPorts, sweep_id: str, member: int | None = None, budget: Budget | None = None, turn: int | None = None
+) -> Sweep:
     """Move the sweep on (see the module docstring); returns it as written. Each try reads at most
     ``LOOK_PER_ADVANCE`` open members (``member`` first, the member whose end this is, then a window
     that moves on every ``ROTATE_SECONDS``) and releases at most ``RELEASE_PER_ADVANCE``, asking
     the dispatcher for another advance when more could go. With ``budget`` (that ``ports`` are
     metered with), it releases or kills only while the budget affords one more (one at least), and
     tries again after a race only while it affords a whole try: members marked out whose runs are
-    not made yet are made by the next advance. Raises NotFound, and what the stores raise."""
+    not made yet are made by the next advance. With ``turn`` (the schedule's round), the window is
+    that round's rather than the period's. Raises NotFound, and what the stores raise."""
     for attempt in range(8):
         if attempt and budget is not None and not budget.affords(LOOK_CALLS):
             return ports.sweeps.get(sweep_id)  # the next event or pass goes on
@@ -265,7 +268,7 @@ def advance(ports: SweepPorts, sweep_id: str, member: int | None = None, budget:
         if sweep.finished_at is not None:
             return sweep
         now = ports.clock()
-        status, live, missing = _look(ports, sweep, _looked_at(sweep, member, now))
+        status, live, missing = _look(ports, sweep, _looked_at(sweep, member, now, turn))
         changes: dict[str, object] = {}
         held, noted = _gate(ports, sweep, status, changes, now)
         create = [] if held else _plan(ports, sweep, status, missing, now)
@@ -354,15 +357,18 @@ def _gate(
     return False, _noted(sweep, Event(at=now, message="everything it waited for succeeded: releasing members"))
 
 
-def _looked_at(sweep: Sweep, member: int | None, now: float) -> list[int]:
+def _looked_at(sweep: Sweep, member: int | None, now: float, turn: int | None = None) -> list[int]:
     """The open members one try of ``advance`` reads: ``member`` (when open), then a window of
-    the others that starts ``LOOK_PER_ADVANCE`` further every ``ROTATE_SECONDS``, so that the
-    schedule's passes reach every open member in turn, however many are out."""
+    the others that starts ``LOOK_PER_ADVANCE`` further each ``turn`` (the schedule's rounds over
+    unfinished sweeps: one visit of the sweep each, so that successive visits always move on and
+    reach every open member in turn, however many are out and however far apart the visits), or,
+    without one, every ``ROTATE_SECONDS``."""
     out = sweep.indices(OPEN)
     first = [member] if member is not None and member in out else []
     rest = [index for index in out if index not in first]
     if len(rest) + len(first) > LOOK_PER_ADVANCE:
-        start = (int(now // ROTATE_SECONDS) * LOOK_PER_ADVANCE) % len(rest)
+        step = int(now // ROTATE_SECONDS) if turn is None else turn
+        start = (step * LOOK_PER_ADVANCE) % len(rest)
         rest = (rest[start:] + rest[:start])[: LOOK_PER_ADVANCE - len(first)]
     return first + rest
 
@@ -745,31 +751,40 @@ class SweepsPass:
     resume: tuple[float, str] | None
     """The ``(created_at, id)`` of the last sweep looked at, where the next pass goes on (None:
     from the oldest; this pass went round)."""
+    turn: int = 0
+    """The round its advances read the windows of (where the next pass goes on counting)."""
+
+
+TURNS = 1_000_000
+"""Rounds are counted modulo this (a window moves on by one each round but once in a million)."""
 
 
 def advance_unfinished(
-    ports: SweepPorts, budget: Budget | None = None, after: tuple[float, str] | None = None
+    ports: SweepPorts, budget: Budget | None = None, after: tuple[float, str] | None = None, turn: int = 0
 ) -> SweepsPass:
     """The schedule's pass: move unfinished sweeps on, oldest first, from the one after ``after``
     (``UNFINISHED_PER_PASS`` listed at most), while ``budget`` (calls; give ``ports`` metered with
     it) affords one more ``advance`` try's look (``look_cost``) and one release, the releases and
     kills of each bounded by what is left; the first always goes. Returns what
     moved and where the next pass goes on, so that passes reach every unfinished sweep in turn,
-    however many one user has."""
+    however many one user has. ``turn`` is the round of the previous pass: one that starts from
+    the oldest is the next round, whose advances read each sweep's next window of open members."""
     budget = budget or Budget(1 << 62)
     out: dict[str, str] = {}
     listed = ports.sweeps.unfinished(UNFINISHED_PER_PASS, after)
     if not listed and after is not None:  # past the newest: round again from the oldest
         after = None
         listed = ports.sweeps.unfinished(UNFINISHED_PER_PASS)
+    if after is None:
+        turn = (turn + 1) % TURNS
     last: tuple[float, str] | None = None
     for sweep in listed:
         if out and not budget.affords(look_cost(sweep) + RELEASE_CALLS):
-            return SweepsPass(out, last)
+            return SweepsPass(out, last, turn)
         last = (sweep.created_at, sweep.id)
         try:
-            moved = advance(ports, sweep.id, budget=budget)
+            moved = advance(ports, sweep.id, budget=budget, turn=turn)
             out[sweep.id] = "finished" if moved.finished_at is not None else f"{moved.status.count(OPEN)} out"
         except RunplaneError as e:
             out[sweep.id] = f"error: {e.message}"
-    return SweepsPass(out, last if len(listed) >= UNFINISHED_PER_PASS else None)
+    return SweepsPass(out, last if len(listed) >= UNFINISHED_PER_PASS else None, turn)

@@ -447,3 +447,28 @@ def _exists(store, run_id):
     except NotFound:
         return False
     return True
+
+
+def test_the_schedules_visits_of_a_big_sweep_read_a_new_window_of_its_members_each_round(counted):
+    stack, calls = counted
+    stack.clock = lambda: 6_000_000.0  # one minute throughout: a window moved by the period stays put
+    size = 150  # more open members than one advance reads (100)
+    big = Sweep(
+        id=f"s-{uuid.uuid4().hex[:24]}",
+        owner="mallory",
+        spec=SweepSpec(run=RunSpec(command="x", queue="parked"), count=size),
+        queue="parked",
+        created_at=time.time(),
+        status=OPEN * size,
+    )
+    stack.sweeps.create(big)
+    members = {big.member_id(i) for i in range(size)}
+    for i in range(size):
+        stack.store.create(sweeps.member_run(big, i, time.time()))
+    read = []
+    for _ in range(2):  # the only unfinished sweep: each pass is a round of its own
+        calls.clear()
+        scheduled_pass(stack)
+        read.append({arg for port, method, arg in calls if port == "store" and method == "get" and arg in members})
+    assert [len(r) for r in read] == [100, 100]
+    assert read[0] | read[1] == members, f"{len(members - read[0] - read[1])} open members never read"

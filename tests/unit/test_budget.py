@@ -132,3 +132,9 @@ def test_a_pools_caps_are_at_most_what_one_check_counts():
     for too_many in ({"max_waiting_runs": 1001}, {"max_open_sweeps": 501}):
         with pytest.raises(ValidationError, match="less than or equal"):
             Pool(name="p", cpus=1, memory="1g", default_image="img", **too_many)
+
+
+def test_each_round_of_the_schedule_reads_the_next_window_of_a_big_sweep():
+    big = sweep(OPEN * 200)
+    by_turn = [sweeps._looked_at(big, None, 0.0, turn) for turn in (7, 8)]  # the same minute
+    assert set(by_turn[0]) | set(by_turn[1]) == set(range(200))

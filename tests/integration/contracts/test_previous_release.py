@@ -155,7 +155,7 @@ def test_a_schedule_mark_it_cannot_use_does_not_stop_the_passes(stack):
     done = PoolDispatcher(stack).schedule()
     assert set(done["pools"]) == {p.name for p in stack.pools.pools}
     assert "error" not in done["waiting"] and "error" not in done["sweeps"]
-    assert stack.pool_states.get(SCHEDULE_RECORD).resume == {}
+    assert stack.pool_states.get(SCHEDULE_RECORD).resume == {"sweeps_turn": "1"}  # the bad mark is gone
 
 
 def store_failure_reason(stack, run_id, reason):
