@@ -258,19 +258,7 @@ def resolve(ports: WaitPorts, run: Run | str, caller: Principal | None = None) -
         try:
             if verdict.failed is not None:
                 message = f"{verdict.failed}; this run waited for it"
-                done = ports.store.update(
-                    current,
-                    expect,
-                    {
-                        "state": RunState.FAILED,
-                        "finished_at": now,
-                        "waiting_reason": None,
-                        "failure": Failure(reason=FailureReason.DEPENDENCY_FAILED, message=message),
-                    },
-                    Event(at=now, state=RunState.FAILED, message=message),
-                )
-                ended(ports.queue, done)  # what waits for this run fails in turn
-                return done
+                return _end_waiting(ports, current, expect, now, FailureReason.DEPENDENCY_FAILED, message)
             if not verdict.waiting:
                 return _release(ports, current, expect, now, caller)
             if verdict.waiting != current.waiting_on or verdict.reason != current.waiting_reason:
@@ -281,6 +269,23 @@ def resolve(ports: WaitPorts, run: Run | str, caller: Principal | None = None) -
         except ConditionFailed as e:
             current = e.details["run"]
     return current
+
+
+def _end_waiting(ports: WaitPorts, run: Run, expect: Expect, now: float, reason: FailureReason, message: str) -> Run:
+    """End a run that still waits ``failed`` for ``reason``, and tell what waits for it in turn."""
+    done = ports.store.update(
+        run,
+        expect,
+        {
+            "state": RunState.FAILED,
+            "finished_at": now,
+            "waiting_reason": None,
+            "failure": Failure(reason=reason, message=message),
+        },
+        Event(at=now, state=RunState.FAILED, message=message),
+    )
+    ended(ports.queue, done)  # what waits for this run fails in turn
+    return done
 
 
 def _release(ports: WaitPorts, run: Run, expect: Expect, now: float, caller: Principal | None = None) -> Run:
@@ -297,20 +302,7 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float, caller: Pri
     elif ports.owners is not None:
         owner, why = ports.owners.allows(run.owner, run.spec, run.group, ports.inputs)
         if why is not None:
-            message = f"not released: {why}"
-            done = ports.store.update(
-                run,
-                expect,
-                {
-                    "state": RunState.FAILED,
-                    "finished_at": now,
-                    "waiting_reason": None,
-                    "failure": Failure(reason=FailureReason.NOT_PERMITTED, message=message),
-                },
-                Event(at=now, state=RunState.FAILED, message=message),
-            )
-            ended(ports.queue, done)  # what waits for this run fails in turn
-            return done
+            return _end_waiting(ports, run, expect, now, FailureReason.NOT_PERMITTED, f"not released: {why}")
         groups, group = owner.groups, charge(owner, run.group)
     tag = run.fair_tag
     pool = ports.pools.get(run.queue)

@@ -490,20 +490,24 @@ def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     return True
 
 
+def _ended_member(sweep: Sweep, index: int, now: float, state: RunState, reason: FailureReason, message: str) -> Run:
+    """Member ``index``'s run as it is stored when it ends before it was ever queued."""
+    run = member_run(sweep, index, now)
+    return run.model_copy(
+        update={
+            "state": state,
+            "finished_at": now,
+            "waiting_reason": None,
+            "failure": Failure(reason=reason, message=message),
+            "events": [*run.events, Event(at=now, state=state, message=message)],
+        }
+    )
+
+
 def _refuse(ports: SweepPorts, sweep: Sweep, index: int, now: float, why: str) -> None:
     """Store member ``index``'s run ended ``not_permitted`` (never queued: no worker sees it), and
     tell the dispatcher, whose next ``advance`` records it."""
-    run = member_run(sweep, index, now)
-    message = f"not released: {why}"
-    refused = run.model_copy(
-        update={
-            "state": RunState.FAILED,
-            "finished_at": now,
-            "waiting_reason": None,
-            "failure": Failure(reason=FailureReason.NOT_PERMITTED, message=message),
-            "events": [*run.events, Event(at=now, state=RunState.FAILED, message=message)],
-        }
-    )
+    refused = _ended_member(sweep, index, now, RunState.FAILED, FailureReason.NOT_PERMITTED, f"not released: {why}")
     try:
         ports.store.create(refused)
     except AlreadyExists:
@@ -526,17 +530,8 @@ def _bury(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     """A killed sweep's released member that has no run: store its run as killed (so that a pass
     still making it finds it taken), or kill the run that pass made. True when the member's run
     has ended (the next read records it)."""
-    run = member_run(sweep, index, now)
     message = f"killed with sweep {sweep.id} before it started"
-    buried = run.model_copy(
-        update={
-            "state": RunState.KILLED,
-            "finished_at": now,
-            "waiting_reason": None,
-            "failure": Failure(reason=FailureReason.KILLED, message=message),
-            "events": [*run.events, Event(at=now, state=RunState.KILLED, message=message)],
-        }
-    )
+    buried = _ended_member(sweep, index, now, RunState.KILLED, FailureReason.KILLED, message)
     try:
         ports.store.create(buried)
         return True
