@@ -185,6 +185,20 @@ def waiting_flood(stack, count):
     return up, flood
 
 
+def upstream_ended(stack, count):
+    """``waiting_flood``'s upstream, followed by its ``count`` runs, run to success by a worker; the
+    queue emptied of what came before (the submits' nudges): (upstream, flood)."""
+    up, flood = waiting_flood(stack, count)
+    for run in flood:
+        stack.store.follow(up.id, run.id)
+    held = lifecycle.claim(stack.store, stack.store.get(up.id), 0, "w1", 60.0, time.time())
+    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
+    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
+    lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")
+    sent_events(stack)
+    return up, flood
+
+
 def test_a_flood_of_waiting_runs_leaves_every_pass_bounded_and_other_pools_dispatched(counted):
     stack, calls = counted
     _, flood = waiting_flood(stack, FLOOD)
@@ -212,14 +226,7 @@ def test_a_flood_of_waiting_runs_leaves_every_pass_bounded_and_other_pools_dispa
 
 def test_the_end_of_a_run_many_runs_wait_for_is_told_in_bounded_chunks(counted):
     stack, calls = counted
-    up, flood = waiting_flood(stack, 40)
-    for run in flood:
-        stack.store.follow(up.id, run.id)
-    held = lifecycle.claim(stack.store, stack.store.get(up.id), 0, "w1", 60.0, time.time())
-    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
-    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
-    lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")
-    sent_events(stack)  # what came before: submits' nudges
+    up, flood = upstream_ended(stack, 40)
     event = DispatchEvent(pool="parked", reason="run ended", upstream=up.id)
     chunks = []
     for _ in range(10):
@@ -359,14 +366,7 @@ class FailingPool:
 
 def test_a_continuation_is_sent_once_when_the_pools_dispatch_fails_after_it(counted):
     stack, _ = counted
-    up, flood = waiting_flood(stack, 40)
-    for run in flood:
-        stack.store.follow(up.id, run.id)
-    held = lifecycle.claim(stack.store, stack.store.get(up.id), 0, "w1", 60.0, time.time())
-    held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
-    held = lifecycle.advance(stack.store, held, RunState.UPLOADING, time.time(), "uploading", exit_code=0)
-    lifecycle.advance(stack.store, held, RunState.SUCCEEDED, time.time(), "done")
-    sent_events(stack)  # what came before: submits' nudges
+    up, flood = upstream_ended(stack, 40)
     stack.pool_states = FailingPool(stack.pool_states, "parked")
     record = types.SimpleNamespace(
         body=DispatchEvent(pool="parked", reason="run ended", upstream=up.id).model_dump_json()
