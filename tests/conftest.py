@@ -28,8 +28,8 @@ from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
-from runplane.domain.models import TERMINAL_STATES, Pool
-from runplane.domain.pools import dump_pools, load_pools
+from runplane.domain.pools import Pool, dump_pools, load_pools
+from runplane.domain.states import TERMINAL_STATES
 from runplane.ports import ComputeBackend, TokenStore
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
@@ -90,7 +90,7 @@ class AgentProcess:
 def moto_endpoint() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
-    from runplane.devstack.aws import atomic_dynamodb_items
+    from runplane.devstack.moto_process import atomic_dynamodb_items
 
     atomic_dynamodb_items()
 

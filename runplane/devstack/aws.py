@@ -4,7 +4,6 @@ responses), scheduled events for dispatcher and reaper."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from typing import Any
@@ -23,30 +22,6 @@ from runplane.devstack.moto_process import MotoProcess
 from runplane.domain.errors import BackendError
 
 log = logging.getLogger(__name__)
-
-
-def atomic_dynamodb_items() -> None:
-    """Make the in-process moto server apply each DynamoDB request whole, as DynamoDB does. Its
-    server handles requests in threads and checks a write's condition without a lock, so two
-    workers claiming one run at the same moment could both win; agents that start the first run
-    in their pool's line, whatever hint they hold, race for it as a matter of course. One lock
-    over moto's item operations makes each condition and its write one step (the local stack's
-    few requests a second do not notice it)."""
-    from moto.dynamodb.models import DynamoDBBackend
-
-    lock = threading.RLock()
-    for name in ("put_item", "update_item", "delete_item", "transact_write_items", "get_item", "query", "scan"):
-        original = getattr(DynamoDBBackend, name)
-        if getattr(original, "_one_at_a_time", False):
-            continue
-
-        @functools.wraps(original)
-        def one_at_a_time(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            with lock:
-                return _original(self, *args, **kwargs)
-
-        one_at_a_time._one_at_a_time = True  # type: ignore[attr-defined]
-        setattr(DynamoDBBackend, name, one_at_a_time)
 
 
 class AwsCloud(Cloud):

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 from typing import Any
 
 from runplane.domain.errors import BackendError
@@ -73,6 +75,30 @@ class MotoProcess:
             process.stdout.close()
 
 
+def atomic_dynamodb_items() -> None:
+    """Make the in-process moto server apply each DynamoDB request whole, as DynamoDB does. Its
+    server handles requests in threads and checks a write's condition without a lock, so two
+    workers claiming one run at the same moment could both win; agents that start the first run
+    in their pool's line, whatever hint they hold, race for it as a matter of course. One lock
+    over moto's item operations makes each condition and its write one step (the local stack's
+    few requests a second do not notice it)."""
+    from moto.dynamodb.models import DynamoDBBackend
+
+    lock = threading.RLock()
+    for name in ("put_item", "update_item", "delete_item", "transact_write_items", "get_item", "query", "scan"):
+        original = getattr(DynamoDBBackend, name)
+        if getattr(original, "_one_at_a_time", False):
+            continue
+
+        @functools.wraps(original)
+        def one_at_a_time(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            with lock:
+                return _original(self, *args, **kwargs)
+
+        one_at_a_time._one_at_a_time = True  # type: ignore[attr-defined]
+        setattr(DynamoDBBackend, name, one_at_a_time)
+
+
 COUNTS_ENV = "RUNPLANE_MOTO_COUNTS"
 """A file the server writes, when it stops, with how many requests of each service and action it
 answered ({"dynamodb.Query": 12, ...}), and again on each SIGUSR1: the benchmarks' count of
@@ -83,7 +109,6 @@ def _count_requests(path: str) -> None:
     import atexit
     import collections
     import json
-    import threading
 
     from moto.core.responses import BaseResponse
 
@@ -108,8 +133,6 @@ def _count_requests(path: str) -> None:
 
 def serve(port: int) -> None:
     from moto.server import ThreadedMotoServer
-
-    from runplane.devstack.aws import atomic_dynamodb_items
 
     atomic_dynamodb_items()
     if os.environ.get(COUNTS_ENV):
