@@ -15,8 +15,7 @@ from typing import Any
 
 from runplane.compute import agent_args_for, build_backend
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool, PoolConfig
-from runplane.domain.pools import load_pools
+from runplane.domain.pools import Pool, PoolConfig, load_pools
 from runplane.ports import (
     ComputeBackend,
     ObjectStore,
@@ -31,7 +30,7 @@ from runplane.ports import (
 from runplane.services.auth import CachedTokens
 from runplane.services.authority import Owners
 from runplane.services.inputs import InputPolicy
-from runplane.services.sweeps import SweepPorts
+from runplane.services.sweep_advance import SweepPorts
 from runplane.settings import StackSettings
 
 

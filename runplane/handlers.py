@@ -11,12 +11,14 @@ from pydantic import ValidationError
 from runplane import metrics
 from runplane.bootstrap import Stack
 from runplane.domain.errors import InvalidRequest, NotFound, OutOfTime, RunplaneError
-from runplane.domain.models import SWEEP_PREFIX, DispatchEvent, PoolRecord
-from runplane.services import dependencies, sweeps
+from runplane.domain.messages import DispatchEvent
+from runplane.domain.runs import SWEEP_PREFIX
+from runplane.domain.workers import PoolRecord
+from runplane.services import dependencies, sweep_advance
 from runplane.services.budget import Budget, metered
 from runplane.services.dispatch import Decision, DispatchPorts, PoolFigures, dispatch_pool
 from runplane.services.reap import ReapReport, reap
-from runplane.services.sweeps import SweepPorts
+from runplane.services.sweep_advance import SweepPorts
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ class PoolDispatcher:
         if (sweep_id, member) in self.sweeps_moved:
             return
         try:
-            sweeps.advance(self._ports(budget), sweep_id, member, budget)
+            sweep_advance.advance(self._ports(budget), sweep_id, member, budget)
         except NotFound:
             log.warning("ignoring event for unknown sweep %.80s", sweep_id)
         self.sweeps_moved.add((sweep_id, member))
@@ -134,7 +136,7 @@ class PoolDispatcher:
             dependent = found[place]
             first = place == skip  # each event tells one at least, whatever it costs: the chain always moves
             if dependent.startswith(SWEEP_PREFIX):
-                if not first and not budget.affords(sweeps.LOOK_CALLS + sweeps.RELEASE_CALLS):
+                if not first and not budget.affords(sweep_advance.LOOK_CALLS + sweep_advance.RELEASE_CALLS):
                     self._go_on(upstream, place, pool)
                     break
                 self.sweep(dependent.removeprefix(SWEEP_PREFIX), budget=budget)
@@ -211,7 +213,9 @@ class PoolDispatcher:
             after = None
         turn = resume.get("sweeps_turn", "0")
         try:
-            went = sweeps.advance_unfinished(self._ports(budget), budget, after, int(turn) if turn.isdigit() else 0)
+            went = sweep_advance.advance_unfinished(
+                self._ports(budget), budget, after, int(turn) if turn.isdigit() else 0
+            )
         except RunplaneError as e:
             return {"error": e.message}
         resume.pop("sweeps_after", None)

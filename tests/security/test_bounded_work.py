@@ -28,10 +28,13 @@ from runplane import bootstrap
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.errors import BackendError, InvalidRequest, NotFound, RunplaneError
-from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
+from runplane.domain.messages import DispatchEvent
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
 from runplane.domain.sweeps import OPEN, PENDING, Sweep, SweepSpec
+from runplane.domain.tenancy import Principal
 from runplane.handlers import PoolDispatcher
-from runplane.services import lifecycle, sweeps
+from runplane.services import lifecycle, sweep_advance
 from runplane.services.budget import Budget, metered
 from runplane.services.runs import submit_run
 from runplane.services.sweeps import create_sweep, kill_sweep, retry_sweep
@@ -401,8 +404,10 @@ def test_a_killed_sweeps_members_out_with_no_run_are_ended_within_the_budget(sto
     ended = []
     for _ in range(20):
         budget = Budget(allowed)
-        sweeps.advance(metered(stack.sweep_ports, budget), killed.id, None, budget)
-        assert budget.used <= allowed + sweeps.BURY_CALLS, f"an advance made {budget.used} calls; at most {allowed}"
+        sweep_advance.advance(metered(stack.sweep_ports, budget), killed.id, None, budget)
+        assert budget.used <= allowed + sweep_advance.BURY_CALLS, (
+            f"an advance made {budget.used} calls; at most {allowed}"
+        )
         ended.append(sum(1 for i in range(size) if _exists(stack.store, killed.member_id(i))))
         if stack.sweeps.get(killed.id).finished_at is not None:
             break
@@ -434,7 +439,7 @@ def test_the_schedules_visits_of_a_big_sweep_read_a_new_window_of_its_members_ea
     stack.sweeps.create(big)
     members = {big.member_id(i) for i in range(size)}
     for i in range(size):
-        stack.store.create(sweeps.member_run(big, i, time.time()))
+        stack.store.create(sweep_advance.member_run(big, i, time.time()))
     read = []
     for _ in range(2):  # the only unfinished sweep: each pass is a round of its own
         calls.clear()

@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from runplane.domain.models import MAX_INPUTS, MAX_UPSTREAMS, DispatchEvent, Pool, Run, RunSpec
+from runplane.domain.messages import DispatchEvent
+from runplane.domain.pools import Pool
+from runplane.domain.runs import MAX_INPUTS, MAX_UPSTREAMS, Run, RunSpec
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep, SweepSpec
-from runplane.services import dependencies, dispatch, sweeps
+from runplane.services import dependencies, dispatch, sweep_advance
 from runplane.services.budget import Budget, meter, metered
 
 
@@ -80,8 +82,8 @@ def sweep(status):
 
 def test_advance_reads_every_open_member_of_a_small_sweep():
     small = sweep(OPEN * 5 + PENDING * 3)
-    assert sweeps._looked_at(small, None, 0.0) == [0, 1, 2, 3, 4]
-    assert sweeps._looked_at(small, 3, 0.0) == [3, 0, 1, 2, 4]
+    assert sweep_advance._looked_at(small, None, 0.0) == [0, 1, 2, 3, 4]
+    assert sweep_advance._looked_at(small, 3, 0.0) == [3, 0, 1, 2, 4]
 
 
 def test_advance_reads_a_window_of_a_big_sweep_that_moves_each_period_to_cover_them_all():
@@ -89,14 +91,14 @@ def test_advance_reads_a_window_of_a_big_sweep_that_moves_each_period_to_cover_t
     big = sweep(status)
     seen: set[int] = set()
     for period in range(3):
-        window = sweeps._looked_at(big, None, period * sweeps.ROTATE_SECONDS)
-        assert len(window) == sweeps.LOOK_PER_ADVANCE and all(status[i] == OPEN for i in window)
+        window = sweep_advance._looked_at(big, None, period * sweep_advance.ROTATE_SECONDS)
+        assert len(window) == sweep_advance.LOOK_PER_ADVANCE and all(status[i] == OPEN for i in window)
         seen |= set(window)
     assert seen == set(big.indices(OPEN))
     # the member whose end this is comes first, within the same number of reads
-    window = sweeps._looked_at(big, 498, 0.0)
-    assert window[0] == 498 and len(window) == sweeps.LOOK_PER_ADVANCE
-    assert sweeps._looked_at(big, 1, 0.0)[0] != 1  # a member not open is not read for itself
+    window = sweep_advance._looked_at(big, 498, 0.0)
+    assert window[0] == 498 and len(window) == sweep_advance.LOOK_PER_ADVANCE
+    assert sweep_advance._looked_at(big, 1, 0.0)[0] != 1  # a member not open is not read for itself
 
 
 def test_the_published_worst_cases_are_the_codes():
@@ -104,12 +106,12 @@ def test_the_published_worst_cases_are_the_codes():
     for name, value in {
         "RESOLVE_CALLS": dependencies.RESOLVE_CALLS,
         "MAX_WAITS": dependencies.MAX_WAITS,
-        "ADVANCE_CALLS": sweeps.ADVANCE_CALLS,
-        "LOOK_CALLS": sweeps.LOOK_CALLS,
-        "RELEASE_CALLS": sweeps.RELEASE_CALLS,
-        "BURY_CALLS": sweeps.BURY_CALLS,
-        "LOOK_PER_ADVANCE": sweeps.LOOK_PER_ADVANCE,
-        "RELEASE_PER_ADVANCE": sweeps.RELEASE_PER_ADVANCE,
+        "ADVANCE_CALLS": sweep_advance.ADVANCE_CALLS,
+        "LOOK_CALLS": sweep_advance.LOOK_CALLS,
+        "RELEASE_CALLS": sweep_advance.RELEASE_CALLS,
+        "BURY_CALLS": sweep_advance.BURY_CALLS,
+        "LOOK_PER_ADVANCE": sweep_advance.LOOK_PER_ADVANCE,
+        "RELEASE_PER_ADVANCE": sweep_advance.RELEASE_PER_ADVANCE,
         "POOL_CALLS": dispatch.POOL_CALLS,
     }.items():
         assert f"`{name}` = {value:,}" in text, f"docs/scheduling.md does not give {name} = {value:,}"
@@ -136,5 +138,5 @@ def test_a_pools_caps_are_at_most_what_one_check_counts():
 
 def test_each_round_of_the_schedule_reads_the_next_window_of_a_big_sweep():
     big = sweep(OPEN * 200)
-    by_turn = [sweeps._looked_at(big, None, 0.0, turn) for turn in (7, 8)]  # the same minute
+    by_turn = [sweep_advance._looked_at(big, None, 0.0, turn) for turn in (7, 8)]  # the same minute
     assert set(by_turn[0]) | set(by_turn[1]) == set(range(200))

@@ -10,17 +10,19 @@ from types import SimpleNamespace
 import pytest
 
 from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound
-from runplane.domain.models import MAX_DEPENDENTS, DispatchEvent, FailureReason, RunSpec, RunState
+from runplane.domain.messages import DispatchEvent
+from runplane.domain.runs import MAX_DEPENDENTS, RunSpec
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import PENDING, SweepSpec
 from runplane.handlers import PoolDispatcher
 from runplane.ports import Expect
-from runplane.services import dependencies, lifecycle, runs, sweeps
+from runplane.services import dependencies, lifecycle, runs, sweep_advance, sweeps
 from tests.integration.contracts.test_sweeps import ALICE, BOB, Clock
 
 
 @pytest.fixture
 def ports(stack):
-    return sweeps.SweepPorts(stack.store, stack.sweeps, stack.queue, stack.pools, stack.workers, Clock())
+    return sweep_advance.SweepPorts(stack.store, stack.sweeps, stack.queue, stack.pools, stack.workers, Clock())
 
 
 @pytest.fixture
@@ -246,7 +248,7 @@ def test_the_real_cap_on_what_waits_for_a_sweep(stack, ports):
     # one that got past the check at submit (a race) is not added either
     dependencies.follow(dependencies.WaitPorts(stack.store, stack.sweeps, stack.queue, stack.pools, ports.clock),
                         "r-" + "f" * 24, [f"sweep:{made.id}"])  # fmt: skip
-    assert sweeps.advance(ports, made.id).dependents == [*many, last.id]  # and takes its own writes
+    assert sweep_advance.advance(ports, made.id).dependents == [*many, last.id]  # and takes its own writes
 
 
 def test_a_waiting_run_can_be_killed_and_the_kill_of_all_reaches_it(stack, ports):
@@ -292,7 +294,7 @@ def test_a_sweep_waiting_for_a_failed_run_ends_every_member_dependency_failed(st
     up = submit(stack, ports)
     made = sweeps.create_sweep(ports, ALICE, grid(after=[up.id]), None).sweep
     end(stack, stack.store.get(up.id), RunState.FAILED, FailureReason.NONZERO_EXIT)
-    done = sweeps.advance(ports, made.id)
+    done = sweep_advance.advance(ports, made.id)
     assert done.finished_at is not None
     assert done.tally() == ({"failed": 3}, {"dependency_failed": 3})
     assert up.id in done.events[-2].message
@@ -303,7 +305,7 @@ def test_a_sweep_waiting_for_a_failed_run_ends_every_member_dependency_failed(st
 def run_through(stack, ports, sweep_id, failing=()):
     """Run every member of a sweep as it is released (those in ``failing`` run out of memory)."""
     while True:
-        sweep = sweeps.advance(ports, sweep_id)
+        sweep = sweep_advance.advance(ports, sweep_id)
         if sweep.finished_at is not None:
             return sweep
         for index in sweep.indices("o"):

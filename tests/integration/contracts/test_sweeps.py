@@ -7,9 +7,11 @@ import itertools
 import pytest
 
 from runplane.domain.errors import AlreadyExists, BadRequest, ConditionFailed, Conflict, NotFound
-from runplane.domain.models import FailureReason, Principal, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import OPEN, PENDING, Sweep, SweepSpec
-from runplane.services import lifecycle, sweeps
+from runplane.domain.tenancy import Principal
+from runplane.services import lifecycle, sweep_advance, sweeps
 from runplane.services.runs import submit_run
 
 ALICE = Principal(user="alice", scopes=["runs:read", "runs:write"])
@@ -28,7 +30,7 @@ class Clock:
 
 @pytest.fixture
 def ports(stack):
-    return sweeps.SweepPorts(stack.store, stack.sweeps, stack.queue, stack.pools, stack.workers, Clock())
+    return sweep_advance.SweepPorts(stack.store, stack.sweeps, stack.queue, stack.pools, stack.workers, Clock())
 
 
 def record(sweep_id="s-1", owner="alice", created_at=1000.0, size=3):
@@ -135,9 +137,9 @@ def test_a_grid_sweep_releases_members_up_to_max_parallel_each_with_its_point(st
     with pytest.raises(NotFound):
         stack.store.get(made.member_id(2))
     # nothing ended: moving it on releases nothing
-    assert sweeps.advance(ports, made.id).status == made.status
+    assert sweep_advance.advance(ports, made.id).status == made.status
     end(stack, runs[0])
-    moved = sweeps.advance(ports, made.id)
+    moved = sweep_advance.advance(ports, made.id)
     assert moved.status == "so" + OPEN + PENDING * 3
     assert stack.store.get(made.member_id(2)).spec.env == {"BASE": "1", "LR": "0.01", "SEED": "1"}
     progress = sweeps.progress(ports, moved)
@@ -154,13 +156,13 @@ def test_every_point_of_the_grid_is_one_member(ports):
 def test_a_sweep_ends_when_every_member_has_and_counts_failures_by_reason(stack, ports):
     made = sweeps.create_sweep(ports, ALICE, grid(max_parallel=3), None).sweep
     for _ in range(2):
-        for index in sweeps.advance(ports, made.id).indices(OPEN):
+        for index in sweep_advance.advance(ports, made.id).indices(OPEN):
             run = stack.store.get(made.member_id(index))
             if index % 3 == 2:
                 end(stack, run, RunState.FAILED, FailureReason.NONZERO_EXIT)
             else:
                 end(stack, run)
-    done = sweeps.advance(ports, made.id)
+    done = sweep_advance.advance(ports, made.id)
     assert done.finished_at is not None
     assert done.tally() == ({"succeeded": 4, "failed": 2}, {"nonzero_exit": 2})
     assert done.events[-1].message == "finished: 4 of 6 members succeeded"
@@ -177,7 +179,7 @@ def test_kill_ends_the_members_not_released_at_once_and_stops_the_ones_out(stack
     assert stack.store.get(made.member_id(1)).state == RunState.KILLED
     assert stack.store.get(running.id).kill_requested  # its worker stops it
     lifecycle.fail(stack.store, stack.store.get(running.id), FailureReason.KILLED, "killed", 1003.0)
-    over = sweeps.advance(ports, made.id)
+    over = sweep_advance.advance(ports, made.id)
     assert over.finished_at is not None and over.tally() == ({"killed": 6}, {"killed": 6})
     with pytest.raises(Conflict):
         sweeps.kill_sweep(ports, ALICE, made.id)
@@ -191,7 +193,7 @@ def test_retry_runs_again_only_the_members_whose_latest_try_did_not_succeed(stac
             end(stack, run, RunState.FAILED, FailureReason.OUT_OF_MEMORY)
         else:
             end(stack, run)
-    assert sweeps.advance(ports, made.id).finished_at is not None
+    assert sweep_advance.advance(ports, made.id).finished_at is not None
     with pytest.raises(NotFound):
         sweeps.retry_sweep(ports, BOB, made.id)
     again, count = sweeps.retry_sweep(ports, ALICE, made.id)
@@ -218,7 +220,7 @@ def test_max_parallel_can_change_while_the_sweep_goes(stack, ports):
     narrower = sweeps.set_max_parallel(ports, ALICE, made.id, 1)
     assert narrower.status.count(OPEN) == 4  # out beyond a lowered cap: they go on
     end(stack, stack.store.get(made.member_id(0)))
-    assert sweeps.advance(ports, made.id).status.count(OPEN) == 3  # none released until under it
+    assert sweep_advance.advance(ports, made.id).status.count(OPEN) == 3  # none released until under it
     with pytest.raises(NotFound):
         sweeps.set_max_parallel(ports, BOB, made.id, 2)
 
@@ -239,7 +241,7 @@ def test_a_member_run_lost_between_the_release_and_its_create_is_made_by_the_nex
     stored = stack.sweeps.get(made.id)
     # as if a pass had written the release of member 1 and stopped before making its run
     stack.sweeps.save(stored.model_copy(update={"status": "oo" + PENDING * 4, "max_parallel": 2}))
-    moved = sweeps.advance(ports, made.id)
+    moved = sweep_advance.advance(ports, made.id)
     assert moved.status == "oo" + PENDING * 4
     assert stack.store.get(made.member_id(1)).sweep_index == 1
 
@@ -262,5 +264,5 @@ def test_a_kill_racing_a_release_ends_the_member_whose_run_was_not_made_yet(stac
     buried = stack.store.get(made.member_id(1))
     assert buried.state == RunState.KILLED and "before it started" in buried.failure.message
     # the pass that was making it finds the id taken: nothing runs
-    assert sweeps._release(ports, killed, 1, 2000.0) is False
+    assert sweep_advance._release(ports, killed, 1, 2000.0) is False
     assert stack.store.get(made.member_id(1)).state == RunState.KILLED
