@@ -74,7 +74,7 @@ RESET_EVERY = 20  # submit rounds between emptying the pool queue and the runs t
 
 def roomy_quota(kind: str, name: str, now: float) -> Any:
     """A quota every limit of which applies, none of which a benchmark reaches."""
-    from runplane.domain.models import Quota
+    from runplane.domain.quotas import Quota
 
     return Quota.model_validate(
         {
@@ -97,7 +97,9 @@ def queued_runs(pool: Any, n_runs: int, n_users: int, now: float, seed: int) -> 
     """``n_runs`` queued runs of ``n_users`` users (round robin, shuffled) submitted over the last
     hour, each with the fair tag ``submit_run`` would give it with nothing started meanwhile, and
     the users' lanes as those submits leave them."""
-    from runplane.domain.models import Event, Lane, Run, RunSpec, RunState
+    from runplane.domain.quotas import Lane
+    from runplane.domain.runs import Event, Run, RunSpec
+    from runplane.domain.states import RunState
     from runplane.services import scheduling
     from runplane.services.runs import _request_hash, run_id_for
 
@@ -200,7 +202,7 @@ class Line:
     def decide(self) -> tuple[float, Any]:
         """One ``_take`` on the hint of a random queued run; returns its time and the run it took.
         Then, not timed, the cores and the quota holds go back."""
-        from runplane.domain.models import RunMessage
+        from runplane.domain.messages import RunMessage
         from runplane.ports import Delivery
 
         hinted = self.rng.choice(self.runs)

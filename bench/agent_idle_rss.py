@@ -54,7 +54,7 @@ step("import worker_agent.main (logging, urllib.request + ssl)")
 import docker
 step("import docker (requests, urllib3)")
 import runplane.bootstrap
-step("import runplane.bootstrap (pydantic, runplane.domain.models)")
+step("import runplane.bootstrap (pydantic, runplane.domain.runs)")
 import worker_agent.agent, worker_agent.executor
 step("import worker_agent.agent + executor")
 client = docker.from_env(max_pool_size=64); client.ping()

@@ -24,7 +24,8 @@ from collections import Counter
 
 from _common import median, ratio_line, table
 
-from runplane.domain.models import Pool, PoolRecord, StartingJob, Worker
+from runplane.domain.pools import Pool
+from runplane.domain.workers import PoolRecord, StartingJob, Worker
 from runplane.ports import BackendJob
 from runplane.services.dispatch import PoolFacts, plan_launches, reconcile
 

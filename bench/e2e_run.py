@@ -35,7 +35,7 @@ from typing import Any
 from _common import agent_pids, bare_container, dev_stack, median, ratio_line, table
 
 from runplane import bootstrap
-from runplane.domain.models import TERMINAL_STATES
+from runplane.domain.states import TERMINAL_STATES
 
 TARGET = 1.2
 IMAGE = "runplane/test-busybox:1"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from _common import ROOT, dev_stack, median, ratio_line, table
 
-from runplane.domain.models import TERMINAL_STATES
+from runplane.domain.states import TERMINAL_STATES
 
 IMAGE = "runplane/test-busybox:1"
 AGENT_ARGS = "--poll-seconds 1 --heartbeat-seconds 1 --lease-seconds 10"

@@ -43,7 +43,9 @@ def timed(call: Callable[[], Any], rounds: int) -> list[float]:
 def fill(store: Any, workers: Any, runs: int, n_workers: int, now: float, tag: str) -> None:
     """``runs`` runs of 20 users (a quarter the bench user's) in four states (a quarter queued),
     and ``n_workers`` workers over the four pools, written straight to the store."""
-    from runplane.domain.models import Failure, FailureReason, Run, RunSpec, RunState, Worker
+    from runplane.domain.runs import Failure, Run, RunSpec
+    from runplane.domain.states import FailureReason, RunState
+    from runplane.domain.workers import Worker
 
     def one(i: int) -> None:
         state = RunState(STATES[i % len(STATES)])

@@ -55,7 +55,8 @@ def timed(call: Callable[[], Any], rounds: int) -> list[float]:
 
 def measure(objects: Any, chunks: int, rounds: int) -> list[tuple[str, list[float]]]:
     """Writes a stream of ``chunks`` ten-byte chunks and times each read of it."""
-    from runplane.domain.models import Run, RunSpec, RunState
+    from runplane.domain.runs import Run, RunSpec
+    from runplane.domain.states import RunState
     from runplane.services.logs import log_chunk_key, log_prefix, read_logs
 
     run = Run(id=f"r-bench-{chunks}", owner="bench", queue="default", spec=RunSpec(command="true"), created_at=0.0)

@@ -29,7 +29,7 @@ import docker.errors
 from _common import median, table
 from docker.types import IPAMConfig, IPAMPool
 
-from runplane.domain.models import Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
 from worker_agent.executor import ExecutorConfig, container_spec
 from worker_agent.network import RunNetwork, check_network
 

@@ -205,7 +205,7 @@ def _drive(
 ) -> Report:
     from runplane import bootstrap
     from runplane.client import Client
-    from runplane.domain.models import RunState
+    from runplane.domain.states import RunState
 
     store = bootstrap.stack().store
     client = threading.local()
@@ -324,7 +324,7 @@ def _watch_starts(stack: Any) -> _Starts:
 
 def _check(report: Report, starts: collections.Counter[tuple[str, str]], say: Callable[[str], None]) -> None:
     from runplane import bootstrap
-    from runplane.domain.models import RunState
+    from runplane.domain.states import RunState
     from runplane.services.logs import outputs_prefix
 
     stack = bootstrap.stack()
@@ -373,7 +373,7 @@ def _check(report: Report, starts: collections.Counter[tuple[str, str]], say: Ca
 
 def _dead_letters(stack: Any) -> list[str]:
     from runplane.adapters.aws.sqs import pool_queue_name
-    from runplane.domain.models import RunMessage
+    from runplane.domain.messages import RunMessage
 
     sqs = stack.queue.client
     url = sqs.get_queue_url(QueueName=pool_queue_name(stack.settings.prefix, POOL) + "-dlq")["QueueUrl"]

@@ -50,7 +50,7 @@ from _common import (
 
 from runplane import bootstrap
 from runplane.devstack.moto_process import COUNTS_ENV
-from runplane.domain.models import RunState
+from runplane.domain.states import RunState
 
 TARGET = 1.3
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # no metric line per submit in the output

@@ -12,23 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from runplane.domain.models import (
-    ApiToken,
-    DispatchEvent,
-    Event,
-    Lane,
-    Pool,
-    PoolRecord,
-    Quota,
-    QuotaKind,
-    Run,
-    RunMessage,
-    RunState,
-    UsageRecord,
-    UserRecord,
-    Worker,
-)
+from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.pools import Pool
+from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord
+from runplane.domain.runs import Event, Run
+from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
+from runplane.domain.tenancy import ApiToken, UserRecord
+from runplane.domain.workers import PoolRecord, Worker
 
 
 @dataclass(frozen=True)

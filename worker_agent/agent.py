@@ -18,7 +18,10 @@ import requests
 
 from runplane import __version__
 from runplane.domain.errors import BackendError, ConditionFailed, LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import Run, RunMessage, RunState, Worker, refuses, run_rank
+from runplane.domain.messages import RunMessage
+from runplane.domain.runs import Run, run_rank
+from runplane.domain.states import RunState
+from runplane.domain.workers import Worker, refuses
 from runplane.ports import Delivery, Expect, WorkerRegistry
 from runplane.services import admission, lifecycle
 from worker_agent.executor import LABEL, ExecutorConfig, Ports, RunExecutor, container_labels, holds, remove_container

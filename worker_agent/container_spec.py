@@ -12,7 +12,7 @@ from typing import Any
 
 from docker.types import DriverConfig, LogConfig, Mount
 
-from runplane.domain.models import Run
+from runplane.domain.runs import Run
 from worker_agent.resources import Allocation
 from worker_agent.run_config import ExecutorConfig
 from worker_agent.users import DEFAULT_RUN_AS, RUN_HOME, RunAs

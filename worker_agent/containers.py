@@ -20,7 +20,8 @@ import docker.errors
 import requests
 
 from runplane.domain.errors import LeaseLost
-from runplane.domain.models import FailureReason, Run, RunState
+from runplane.domain.runs import Run
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.units import format_duration
 from worker_agent import images
 from worker_agent.container_spec import LABEL, container_labels

@@ -6,7 +6,7 @@ import logging
 import threading
 
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
-from runplane.domain.models import Run
+from runplane.domain.runs import Run
 from runplane.ports import RunStore
 from worker_agent.run_state import RunStateWriter
 

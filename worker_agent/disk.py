@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from runplane.domain.models import Usage
+from runplane.domain.runs import Usage
 from worker_agent.limits import Limits, disk_over
 from worker_agent.outcome import Outcome
 from worker_agent.run_config import ExecutorConfig

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.errors import LeaseLost, RunplaneError
-from runplane.domain.models import RUN_ID_PATTERN, FailureReason, Run, RunState
+from runplane.domain.runs import Run
+from runplane.domain.states import FailureReason, RunState
 from runplane.services.logs import outputs_prefix
 from worker_agent import limits
 from worker_agent.container_spec import (

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
-from runplane.domain.models import RunState
+from runplane.domain.states import RunState
 from runplane.domain.units import format_bytes
 from runplane.ports import ObjectStore, RunStore
 from runplane.services.inputs import InputPolicy

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from runplane.domain.models import FailureReason, Run, RunState
+from runplane.domain.runs import Run
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.units import format_bytes, format_duration
 from worker_agent.outcome import Outcome
 from worker_agent.run_config import ExecutorConfig

@@ -33,7 +33,7 @@ from worker_agent.workdir import WorkDir, WorkDirError, engine_shares_our_mounts
 if TYPE_CHECKING:
     import docker
 
-    from runplane.domain.models import Pool
+    from runplane.domain.pools import Pool
     from worker_agent.agent import Agent, AgentConfig
     from worker_agent.network import NetworkCheck
 

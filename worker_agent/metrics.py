@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from runplane.domain.models import Run
+from runplane.domain.runs import Run
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runplane.domain.models import FailureReason, RunState
+from runplane.domain.states import FailureReason, RunState
 
 
 @dataclass

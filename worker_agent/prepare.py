@@ -11,7 +11,8 @@ from pathlib import Path
 import docker.errors
 import requests
 
-from runplane.domain.models import FailureReason, Run, RunState, Usage
+from runplane.domain.runs import Run, Usage
+from runplane.domain.states import FailureReason, RunState
 from worker_agent.container_spec import MAX_IMAGE_VOLUMES, image_volumes
 from worker_agent.containers import RunContainer, explain
 from worker_agent.images import ImageCache

@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from runplane.domain import retries
 from runplane.domain.errors import NotFound
-from runplane.domain.models import FailureReason, Run, RunState, Usage
+from runplane.domain.runs import Run, Usage
+from runplane.domain.states import FailureReason, RunState
 from runplane.ports import RunQueue, RunStore
 from runplane.services import lifecycle
 from worker_agent.container_spec import holds

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, fi
 from pydantic_core import ErrorDetails
 from pydantic_settings import SettingsConfigDict
 
-from runplane.domain.models import NAME_PATTERN
+from runplane.domain.common import NAME_PATTERN
 from runplane.domain.units import parse_bytes, parse_duration
 from runplane.settings import EnvironSource, Settings
 from worker_agent.preemption import METADATA_URL, make_probe

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from runplane.domain.errors import LeaseLost
-from runplane.domain.models import FailureReason, RunState
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.units import format_duration
 from worker_agent import limits
 from worker_agent.containers import RunContainer

@@ -52,18 +52,13 @@ from runplane.api.views import (
     worker_view,
 )
 from runplane.domain import errors
-from runplane.domain.models import (
-    NAME_PATTERN,
-    RUN_ID_PATTERN,
-    TOKEN_ID_PATTERN,
-    PoolRecord,
-    Principal,
-    QuotaKind,
-    Run,
-    RunSpec,
-    RunState,
-)
+from runplane.domain.common import NAME_PATTERN, RUN_ID_PATTERN
+from runplane.domain.quotas import QuotaKind
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep, SweepSpec
+from runplane.domain.tenancy import TOKEN_ID_PATTERN, Principal
+from runplane.domain.workers import PoolRecord
 from runplane.metrics import emit
 from runplane.services import auth, dependencies, lifecycle, quota_admin, runs, sweeps, tenancy, usage
 from runplane.services.dispatch import FIGURES_STALE_SECONDS, alive_workers, explain_wait

@@ -8,23 +8,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
-from runplane.domain.models import (
-    NAME_PATTERN,
-    TOKEN_ID_PATTERN,
-    USER_PATTERN,
-    Backend,
-    FailureReason,
-    Period,
-    QuotaKind,
-    RetryRule,
-    RunSpec,
-    RunState,
-    Scope,
-    WorkerStatus,
-    duration_or_text,
-)
+from runplane.domain.common import NAME_PATTERN, duration_or_text
+from runplane.domain.pools import Backend
+from runplane.domain.quotas import Period, QuotaKind
+from runplane.domain.runs import RetryRule, RunSpec
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import MAX_SWEEP, SweepSpec
+from runplane.domain.tenancy import TOKEN_ID_PATTERN, USER_PATTERN, Scope
 from runplane.domain.units import MAX_DURATION
+from runplane.domain.workers import WorkerStatus
 
 
 class TokenCreate(BaseModel):

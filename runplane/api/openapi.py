@@ -47,8 +47,10 @@ from runplane.api.models import (
     UserView,
     WorkerList,
 )
-from runplane.domain.models import NAME_PATTERN, RunSpec, RunState
+from runplane.domain.common import NAME_PATTERN
 from runplane.domain.records import MAX_SPEC_BYTES
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
 from runplane.domain.sweeps import SweepSpec
 
 REF = "#/components/schemas/{model}"

@@ -26,8 +26,12 @@ from runplane.api.models import (
     WorkerView,
     timestamp,
 )
-from runplane.domain.models import ApiToken, FailureReason, Pool, PoolRecord, Principal, Run, RunState, Worker
+from runplane.domain.pools import Pool
+from runplane.domain.runs import Run
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import PENDING, Sweep
+from runplane.domain.tenancy import ApiToken, Principal
+from runplane.domain.workers import PoolRecord, Worker
 from runplane.services.quota_admin import QuotaUse
 from runplane.services.sweeps import Progress
 from runplane.services.tenancy import UserFacts

@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 
 class Period(enum.StrEnum):
-    """The calendar periods (UTC) budgets are counted in (runplane.domain.models.Period)."""
+    """The calendar periods (UTC) budgets are counted in (runplane.domain.quotas.Period)."""
 
     day = "day"
     week = "week"

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
 
 
 class Scope(enum.StrEnum):
-    """The API's scopes, as choices of ``--scope`` (runplane.domain.models.SCOPES; a unit test
+    """The API's scopes, as choices of ``--scope`` (runplane.domain.tenancy.SCOPES; a unit test
     holds the two together)."""
 
     read = "runs:read"

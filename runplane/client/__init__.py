@@ -53,7 +53,8 @@ from runplane.client.errors import (
     Unauthorized,
     WaitTimeout,
 )
-from runplane.domain.models import Resources, RetryRule, RunSpec, RunState
+from runplane.domain.runs import Resources, RetryRule, RunSpec
+from runplane.domain.states import RunState
 
 __all__ = [
     "ApiError",

@@ -47,7 +47,8 @@ from runplane.client._core import (
 )
 from runplane.client._run import RunBase, SweepBase
 from runplane.client.errors import DownloadFailed
-from runplane.domain.models import Resources, RetryRule, RunState
+from runplane.domain.runs import Resources, RetryRule
+from runplane.domain.states import RunState
 
 T = TypeVar("T")
 

@@ -52,7 +52,8 @@ from runplane.api.models import (
 )
 from runplane.client.config import resolve
 from runplane.client.errors import ApiError, ConnectionFailed, DownloadFailed, WaitTimeout, error_from_answer
-from runplane.domain.models import TERMINAL_STATES, Resources, RetryRule, RunState
+from runplane.domain.runs import Resources, RetryRule
+from runplane.domain.states import TERMINAL_STATES, RunState
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from runplane.api.models import RunFailure, RunView, SweepView
-from runplane.domain.models import TERMINAL_STATES, RunState
+from runplane.domain.states import TERMINAL_STATES, RunState
 
 
 class _Viewed:

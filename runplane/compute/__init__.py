@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Callable
 
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import ComputeBackend
 from runplane.settings import StackSettings
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, ValidationError
 
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 Options = TypeVar("Options", bound=BaseModel)
 

@@ -34,8 +34,9 @@ from runplane.compute.local import LocalCompute
 from runplane.devstack.cloud import Cloud, FrontRequest
 from runplane.devstack.net import free_port
 from runplane.domain.errors import NotFound, RunplaneError
-from runplane.domain.models import SCOPES, PoolConfig, Run
-from runplane.domain.pools import dump_pools, load_pools
+from runplane.domain.pools import PoolConfig, dump_pools, load_pools
+from runplane.domain.runs import Run
+from runplane.domain.tenancy import SCOPES
 from runplane.ports import RunStore, WorkerRegistry
 from runplane.services import runs
 from runplane.services.auth import new_token, register_token

@@ -1,16 +1,160 @@
-"""Loading pool configuration and choosing a pool for a run."""
+"""Pools: the classes of workers (shape, backend, queue), loading their configuration and
+choosing a pool for a run."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runplane.domain.common import MAX_RUN_TIME, NAME_PATTERN, read_duration, read_size
 from runplane.domain.errors import InvalidRequest, Unschedulable
-from runplane.domain.models import Pool, PoolConfig, Resources
+from runplane.domain.runs import Resources, RetryRule
+from runplane.domain.units import format_bytes, format_duration
+
+Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
+
+
+class Pool(BaseModel):
+    """A class of workers with one shape, one backend and one queue."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    backend: Backend = "local"
+    cpus: float = Field(gt=0)
+    gpus: int = Field(default=0, ge=0)
+    gpu_type: str | None = None
+    memory: int
+    disk: int = 100 * 1024**3
+    slots: int = Field(default=1, ge=1, description="concurrent runs per worker")
+    min_workers: int = Field(default=0, ge=0)
+    max_workers: int = Field(default=1, ge=0)
+    seconds_between_launches: float = Field(default=0, ge=0)
+    max_launches_per_cycle: int | None = Field(default=None, ge=1, description="cap on workers started per pass")
+    start_timeout_seconds: float = Field(
+        default=900, gt=0, description="a started job whose agent has not registered by then is cancelled"
+    )
+    max_failed_launches: int = Field(
+        default=3, ge=1, description="consecutive failed launches that disable the pool (with the reason)"
+    )
+    retry_disabled_seconds: float = Field(
+        default=600, gt=0, description="a disabled pool tries one launch again after this long"
+    )
+    idle_seconds: float = Field(default=120, gt=0)
+    runs_per_worker: int | None = Field(default=None, ge=1)
+    default_image: str
+    default_time: float = Field(default=24 * 3600, gt=0, le=MAX_RUN_TIME)
+    max_time: float = Field(default=7 * 86400, gt=0, le=MAX_RUN_TIME, description="the longest time a run may ask")
+    allow_root: bool = Field(
+        default=False, description="runs may run as uid 0 (the image's root user); otherwise uid 0 becomes 65534"
+    )
+    max_output_files: int = Field(
+        default=100_000, ge=1, description="files a run may write: output directory, home and container layer together"
+    )
+    max_log_size: int = Field(default=1024**3, ge=1024, description="bytes of stdout+stderr a run may write")
+    max_image_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="the largest image a run may use, unpacked (as docker images shows); a larger one ends the run "
+        "image_too_large, and its pull is given up once the layers announced pass it (none: any size)",
+    )
+    max_user_priority: int = Field(
+        default=50, ge=0, le=100, description="the highest priority a user who is not an admin may give a run"
+    )
+    fair_share_half_life: float = Field(
+        default=3600,
+        gt=0,
+        le=365 * 86400,
+        description="seconds in which a user's lead over the others in this pool (runs submitted ahead of "
+        "them) halves; docs/scheduling.md",
+    )
+    price_per_hour: float | None = Field(
+        default=None, ge=0, le=1e6, description="what one worker of this pool costs an hour; runs record their cost"
+    )
+    retry: RetryRule | None = Field(
+        default=None, description="the retry rule of runs that bring none of their own (docs/workflows.md)"
+    )
+    max_waiting_runs: int = Field(
+        default=1000,
+        ge=0,
+        le=1000,  # what one check can count: the user's newest runs one listing examines (ports.LIST_BUDGET)
+        description="runs of one user that may wait for other runs in this pool at once; docs/scheduling.md",
+    )
+    max_open_sweeps: int = Field(
+        default=100,
+        ge=0,
+        le=500,  # what one check can count: the user's newest sweeps it reads (services.sweeps.OPEN_CAP_PAGES)
+        description="unfinished sweeps one user may have in this pool at once",
+    )
+    options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
+
+    _sizes = field_validator("memory", "disk", "max_log_size", "max_image_size", mode="before")(staticmethod(read_size))
+    _times = field_validator(
+        "default_time",
+        "max_time",
+        "idle_seconds",
+        "start_timeout_seconds",
+        "retry_disabled_seconds",
+        "seconds_between_launches",
+        mode="before",
+    )(staticmethod(read_duration))
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Pool:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"pool {self.name}: min_workers > max_workers")
+        return self
+
+    def with_defaults(self, resources: Resources) -> Resources:
+        """Fill what a run left out: a share of one worker, capped at 1g memory and 10g disk."""
+        return resources.model_copy(
+            update={
+                "memory": resources.memory or min(1024**3, self.memory // self.slots),
+                "disk": resources.disk or min(10 * 1024**3, self.disk // self.slots),
+                "time": resources.time or min(self.default_time, self.max_time),
+            }
+        )
+
+    def shape(self) -> str:
+        gpus = f", {self.gpus} gpu" + (f" ({self.gpu_type})" if self.gpu_type else "") if self.gpus else ""
+        return (
+            f"{self.name}: {self.cpus:g} cpus{gpus}, {format_bytes(self.memory)} memory, {format_bytes(self.disk)} disk"
+        )
+
+    def misfit(self, resources: Resources) -> str | None:
+        """Why a run with ``resources`` can never run here, or None if it fits."""
+        if resources.cpus > self.cpus:
+            return f"asks {resources.cpus:g} cpus, pool has {self.cpus:g}"
+        if resources.gpus > self.gpus:
+            return f"asks {resources.gpus} gpus, pool has {self.gpus}"
+        if resources.memory is not None and resources.memory > self.memory:
+            return f"asks {format_bytes(resources.memory)} memory, pool has {format_bytes(self.memory)}"
+        if resources.disk is not None and resources.disk > self.disk:
+            return f"asks {format_bytes(resources.disk)} disk, pool has {format_bytes(self.disk)}"
+        if resources.time is not None and resources.time > self.max_time:
+            return f"asks {format_duration(resources.time)}, pool allows at most {format_duration(self.max_time)}"
+        return None
+
+
+class PoolConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pools: Annotated[list[Pool], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _unique(self) -> PoolConfig:
+        names = [p.name for p in self.pools]
+        dupes = {n for n in names if names.count(n) > 1}
+        if dupes:
+            raise ValueError(f"duplicate pool names: {sorted(dupes)}")
+        return self
+
+    def get(self, name: str) -> Pool | None:
+        return next((p for p in self.pools if p.name == name), None)
 
 
 def load_pools(text_or_path: str) -> PoolConfig:

@@ -20,15 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from runplane.domain.errors import PayloadTooLarge
-from runplane.domain.models import (
-    MAX_DEPENDENTS,
-    MAX_INPUTS,
-    MAX_UPSTREAMS,
-    SWEEP_PREFIX,
-    Event,
-    Failure,
-    RunSpec,
-)
+from runplane.domain.runs import MAX_DEPENDENTS, MAX_INPUTS, MAX_UPSTREAMS, SWEEP_PREFIX, Event, Failure, RunSpec
 from runplane.domain.sweeps import MAX_SWEEP, SweepSpec, render
 
 MAX_SPEC_BYTES = 96 * 1024

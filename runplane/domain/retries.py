@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runplane.domain.models import NEVER_RETRIED, FailureReason, Run
+from runplane.domain.runs import Run
+from runplane.domain.states import NEVER_RETRIED, FailureReason
 from runplane.domain.units import format_bytes
 
 

@@ -15,18 +15,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from runplane.domain.models import (
-    MAX_DEPENDENTS,
-    MAX_ENV,
-    SCHEMA_VERSION,
-    Event,
-    FailureReason,
-    RunSpec,
-    RunState,
-    check_env_name,
-    control_character,
-    hidden_character,
-)
+from runplane.domain.common import SCHEMA_VERSION, check_env_name, control_character, hidden_character
+from runplane.domain.runs import MAX_DEPENDENTS, MAX_ENV, Event, RunSpec
+from runplane.domain.states import FailureReason, RunState
 
 MAX_SWEEP = 10_000
 """The most members one sweep may have."""

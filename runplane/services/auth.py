@@ -13,7 +13,8 @@ import time
 from collections.abc import Callable
 
 from runplane.domain.errors import Forbidden, NotFound, Unauthorized
-from runplane.domain.models import ApiToken, Principal, Run, Scope, UserRecord
+from runplane.domain.runs import Run
+from runplane.domain.tenancy import ApiToken, Principal, Scope, UserRecord
 from runplane.ports import TokenStore
 
 CACHE_SECONDS = 4.0

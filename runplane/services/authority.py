@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Mapping
 
 from runplane.domain.errors import Forbidden, InvalidRequest
-from runplane.domain.models import Principal, RunSpec
+from runplane.domain.runs import RunSpec
+from runplane.domain.tenancy import Principal
 from runplane.ports import TokenStore
 from runplane.services.auth import CACHE_SECONDS, CachedTokens
 from runplane.services.inputs import InputPolicy

@@ -24,25 +24,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, InvalidRequest, NotFound, RunplaneError
-from runplane.domain.models import (
+from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.pools import Pool, PoolConfig
+from runplane.domain.runs import (
     MAX_DEPENDENTS,
     MAX_INPUTS,
     MAX_UPSTREAMS,
     SWEEP_PREFIX,
-    DispatchEvent,
     Event,
     Failure,
-    FailureReason,
-    Pool,
-    PoolConfig,
-    Principal,
     Run,
-    RunMessage,
     RunSpec,
-    RunState,
     listed_state,
 )
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
+from runplane.domain.tenancy import Principal
 from runplane.ports import LIST_BUDGET, Expect, QuotaStore, RunQueue, RunStore, SweepStore
 from runplane.services.authority import Owners, charge, still_allowed
 from runplane.services.budget import Budget

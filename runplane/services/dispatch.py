@@ -17,7 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
-from runplane.domain.models import Pool, PoolRecord, Run, RunState, StartingJob, Worker, refuses
+from runplane.domain.pools import Pool
+from runplane.domain.runs import Run
+from runplane.domain.states import RunState
+from runplane.domain.workers import PoolRecord, StartingJob, Worker, refuses
 from runplane.ports import BackendJob, ComputeBackend, PoolStateStore, RunStore, WorkerRegistry
 
 log = logging.getLogger(__name__)

@@ -11,19 +11,9 @@ from dataclasses import replace
 from typing import Any
 
 from runplane.domain.errors import BadRequest, ConditionFailed, LeaseLost, PayloadTooLarge, RunplaneError
-from runplane.domain.models import (
-    ACTIVE_STATES,
-    DispatchEvent,
-    Event,
-    Failure,
-    FailureReason,
-    Run,
-    RunEnd,
-    RunMessage,
-    RunState,
-    Usage,
-    states_leading_to,
-)
+from runplane.domain.messages import DispatchEvent, RunEnd, RunMessage
+from runplane.domain.runs import Event, Failure, Run, Usage
+from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState, states_leading_to
 from runplane.ports import Expect, RunQueue, RunStore
 
 log = logging.getLogger(__name__)

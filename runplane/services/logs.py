@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 from runplane.domain.cursors import decode_cursor
 from runplane.domain.errors import BadRequest, NotFound
-from runplane.domain.models import Run, RunState
+from runplane.domain.runs import Run
+from runplane.domain.states import RunState
 from runplane.ports import ObjectInfo, ObjectStore
 
 Stream = Literal["stdout", "stderr"]

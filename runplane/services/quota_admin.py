@@ -15,8 +15,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from runplane.domain.common import NAME_PATTERN
 from runplane.domain.errors import Forbidden, InvalidRequest, NotFound
-from runplane.domain.models import NAME_PATTERN, USER_PATTERN, Principal, Quota, QuotaKind, UsageRecord
+from runplane.domain.quotas import Quota, QuotaKind, UsageRecord
+from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import QuotaStore
 from runplane.services.admission import Use, use_of
 

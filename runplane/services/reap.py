@@ -9,7 +9,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
-from runplane.domain.models import ACTIVE_STATES, PoolConfig, Run, RunMessage, RunState
+from runplane.domain.messages import RunMessage
+from runplane.domain.pools import PoolConfig
+from runplane.domain.runs import Run
+from runplane.domain.states import ACTIVE_STATES, RunState
 from runplane.ports import Expect, QuotaStore, RunQueue, RunStore
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from runplane.domain.common import NAME_PATTERN
 from runplane.domain.errors import (
     AlreadyExists,
     ConditionFailed,
@@ -20,25 +21,12 @@ from runplane.domain.errors import (
     NotFound,
     RunplaneError,
 )
-from runplane.domain.models import (
-    ACTIVE_STATES,
-    DEFAULT_MAX_ATTEMPTS,
-    NAME_PATTERN,
-    USER_PATTERN,
-    DispatchEvent,
-    Event,
-    Failure,
-    FailureReason,
-    Pool,
-    PoolConfig,
-    Principal,
-    Run,
-    RunMessage,
-    RunSpec,
-    RunState,
-)
-from runplane.domain.pools import choose_pool
+from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.pools import Pool, PoolConfig, choose_pool
 from runplane.domain.records import check_spec
+from runplane.domain.runs import Event, Failure, Run, RunSpec
+from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
+from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore, SweepStore
 from runplane.services import dependencies
 from runplane.services.admission import refuse_alone

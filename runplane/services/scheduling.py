@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
-from runplane.domain.models import Lane, Pool
+from runplane.domain.pools import Pool
+from runplane.domain.quotas import Lane
 from runplane.ports import QuotaStore, RunStore
 
 log = logging.getLogger(__name__)

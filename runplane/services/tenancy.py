@@ -11,16 +11,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from runplane.domain.common import NAME_PATTERN
 from runplane.domain.errors import InvalidRequest, NotFound
-from runplane.domain.models import (
-    DEFAULT_SCOPES,
-    NAME_PATTERN,
-    SCOPES,
-    USER_PATTERN,
-    ApiToken,
-    Scope,
-    UserRecord,
-)
+from runplane.domain.tenancy import DEFAULT_SCOPES, SCOPES, USER_PATTERN, ApiToken, Scope, UserRecord
 from runplane.domain.units import parse_duration
 from runplane.ports import TokenStore
 from runplane.services.auth import new_token, register_token

@@ -24,7 +24,10 @@ from datetime import UTC, datetime
 from typing import Literal, cast, get_args
 
 from runplane.domain.errors import BadRequest, Forbidden, InvalidRequest
-from runplane.domain.models import PoolConfig, Principal, Run, RunState
+from runplane.domain.pools import PoolConfig
+from runplane.domain.runs import Run
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.ports import RunStore
 
 Clock = Callable[[], float]

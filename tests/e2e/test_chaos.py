@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from runplane.domain.models import RunState
+from runplane.domain.states import RunState
 from tests.conftest import FAST, SHORT_LEASE, TERMINAL, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -29,7 +29,7 @@ from runplane.bootstrap import build_stack
 from runplane.cli.dev import dashboard_link
 from runplane.client import Client
 from runplane.devstack.stack import free_port
-from runplane.domain.models import FailureReason, RunState
+from runplane.domain.states import FailureReason, RunState
 from runplane.settings import StackSettings, parse_connection_string
 from tests.conftest import wait_for
 from worker_agent.workdir import parse_mountinfo, read_mountinfo, sweep_dead

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from runplane import bootstrap
-from runplane.domain.models import Hold, UsageRecord
+from runplane.domain.quotas import Hold, UsageRecord
 from runplane.services.admission import period_key
 from tests.conftest import wait_for
 from tests.e2e.test_cli import cli, one_error_line

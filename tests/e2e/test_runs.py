@@ -12,7 +12,9 @@ import pytest
 
 from runplane import bootstrap
 from runplane.adapters.aws.sqs import pool_queue_name
-from runplane.domain.models import PoolConfig, RunMessage, RunState
+from runplane.domain.messages import RunMessage
+from runplane.domain.pools import PoolConfig
+from runplane.domain.states import RunState
 from runplane.services.reap import reap
 from tests.conftest import DATASETS, TERMINAL, wait_for, wait_state
 from tests.gate import GATE, open_gate, output_dir

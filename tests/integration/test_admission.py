@@ -11,7 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Principal, Quota, Resources, RunSpec, RunState, Worker, hold_key
+from runplane.domain.quotas import Quota, hold_key
+from runplane.domain.runs import Resources, RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
+from runplane.domain.workers import Worker
 from runplane.services import admission, lifecycle
 from runplane.services.admission import heal, refuse_alone, release, reserve
 from runplane.services.dispatch import explain_wait

@@ -10,7 +10,8 @@ import uuid
 import pytest
 
 from runplane.adapters.aws.dynamodb import DynamoRunStore
-from runplane.domain.models import Principal, RunSpec
+from runplane.domain.runs import RunSpec
+from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from tests.conftest import wait_for
 from worker_agent.agent import Agent, AgentConfig

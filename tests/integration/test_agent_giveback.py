@@ -13,7 +13,10 @@ import pytest
 
 from runplane.adapters.aws.dynamodb import DynamoQuotaStore
 from runplane.domain.errors import BackendError
-from runplane.domain.models import Principal, Quota, RunSpec, RunState
+from runplane.domain.quotas import Quota
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.ports import Delivery
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE

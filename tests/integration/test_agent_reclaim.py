@@ -7,7 +7,9 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from worker_agent.agent import Agent, AgentConfig
 from worker_agent.run_config import Ports

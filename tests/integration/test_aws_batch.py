@@ -8,7 +8,7 @@ import pytest
 
 from runplane.adapters.aws.clients import AwsConfig, make_client
 from runplane.compute.aws_batch import AwsBatchCompute
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from tests.conftest import TEST_IMAGE, batch_queue, wait_for
 
 pytestmark = pytest.mark.docker

@@ -38,7 +38,10 @@ from runplane.domain.errors import (
     NotFound,
     PayloadTooLarge,
 )
-from runplane.domain.models import DispatchEvent, Event, Run, RunMessage, RunSpec, RunState, Worker
+from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.workers import Worker
 from runplane.ports import Expect
 from runplane.settings import StackSettings, parse_connection_string
 

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from runplane.domain.models import Principal, RetryRule, RunSpec, RunState
+from runplane.domain.runs import RetryRule, RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run
 from tests.conftest import POOLS_FILE, AgentProcess, wait_for

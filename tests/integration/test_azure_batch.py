@@ -9,7 +9,7 @@ import pytest
 
 from runplane.compute.azure_batch import AzureBatchCompute, BatchServiceError
 from runplane.domain.errors import BackendError
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.settings import StackSettings
 from tests.fakes.azure_batch import TEST_KEY, FakeBatchService, FakeBatchTransport
 

@@ -24,7 +24,10 @@ from runplane.compute.local import LocalCompute
 from runplane.devstack.functions_host import FunctionsHost, HostOptions
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.errors import RunplaneError
-from runplane.domain.models import DispatchEvent, Principal, RunSpec, RunState
+from runplane.domain.messages import DispatchEvent
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.auth import register_token
 from runplane.services.runs import submit_run

@@ -9,7 +9,10 @@ import pytest
 
 from runplane.compute.local import LocalCompute
 from runplane.domain.errors import ConditionFailed
-from runplane.domain.models import Pool, PoolRecord, Principal, RunSpec, Worker
+from runplane.domain.pools import Pool
+from runplane.domain.runs import RunSpec
+from runplane.domain.tenancy import Principal
+from runplane.domain.workers import PoolRecord, Worker
 from runplane.services.dispatch import (
     CLAIM_SECONDS,
     FIGURES_REFRESH_SECONDS,

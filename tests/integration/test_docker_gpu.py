@@ -8,7 +8,9 @@ import time
 
 import pytest
 
-from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run

@@ -12,7 +12,10 @@ from runplane import bootstrap
 from runplane.adapters.aws.provision import provision
 from runplane.compute.local import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
-from runplane.domain.models import FailureReason, Pool, Principal, RunSpec, RunState
+from runplane.domain.pools import Pool
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.reap import reap

@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import docker.errors
 import pytest
 
-from runplane.domain.models import FailureReason, Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.states import FailureReason
 from tests.conftest import wait_for
 from worker_agent.containers import RunContainer
 from worker_agent.images import ImageCache, pull

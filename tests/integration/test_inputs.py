@@ -7,7 +7,8 @@ import os
 import pytest
 
 from runplane.domain.errors import PayloadTooLarge
-from runplane.domain.models import Run, RunSpec, RunState
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.states import RunState
 from runplane.ports import Expect
 from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix

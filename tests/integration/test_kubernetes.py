@@ -19,7 +19,7 @@ from kubernetes import client
 
 from runplane.compute.kubernetes import KubernetesCompute, job_manifest, parse_options
 from runplane.domain.errors import BackendError, InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 NOW = 1_700_000_000.0
 NS = "runplane"

@@ -17,7 +17,9 @@ import docker.errors
 import pytest
 
 from runplane.bootstrap import Stack
-from runplane.domain.models import Event, Principal, Run, RunSpec, RunState
+from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run

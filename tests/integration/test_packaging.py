@@ -165,7 +165,7 @@ def test_the_light_install_is_the_client_alone(light: Venv) -> None:
     assert {"pydantic", "httpx", "typer", "rich"} <= light.packages()
     version = light.run("runplane", "--version")
     assert (version.returncode, version.stdout.strip()) == (0, f"runplane {__version__}")
-    light.python("import runplane.client, runplane.api.models, runplane.domain.models, runplane.domain.units")
+    light.python("import runplane.client, runplane.api.models, runplane.domain.runs, runplane.domain.units")
     assert light.run("runplane", "--help").returncode == 0
     assert light.run("runplane", "dev", "--help").returncode == 0
 

@@ -11,7 +11,9 @@ import pytest
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import aws_clients, aws_names, build_stack
 from runplane.domain.accounting import Rates
-from runplane.domain.models import FailureReason, Principal, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run

@@ -16,7 +16,7 @@ import pytest
 
 from runplane.compute.slurm import SlurmCompute
 from runplane.domain.errors import BackendError
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from tests.conftest import wait_for
 
 TRANSPORTS = ["sbatch", "rest-jwt", "rest-unix"]

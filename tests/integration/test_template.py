@@ -32,7 +32,8 @@ from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from runplane.compute.aws_batch import job_definition_request
-from runplane.domain.models import Pool, Worker
+from runplane.domain.pools import Pool
+from runplane.domain.workers import Worker
 from runplane.settings import StackSettings
 from tests.aws_readback import TABLE_FIELDS, read_stack, table_shape, template_stack
 from tests.cfn_template import (

@@ -8,7 +8,9 @@ import time
 import pytest
 
 from runplane.domain.accounting import Rates
-from runplane.domain.models import Principal, RunSpec, RunState, Usage
+from runplane.domain.runs import RunSpec, Usage
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.logs import outputs_prefix

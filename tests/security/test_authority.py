@@ -16,8 +16,10 @@ import pytest
 
 from runplane.client import Client
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import FailureReason, Principal, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import SweepSpec
+from runplane.domain.tenancy import Principal
 from runplane.handlers import PoolDispatcher
 from runplane.services import lifecycle, sweeps
 from runplane.services.auth import authenticate, register_token

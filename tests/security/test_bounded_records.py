@@ -17,21 +17,12 @@ from runplane.adapters.aws.dynamodb import DynamoRunStore
 from runplane.adapters.azure.tables import TableRunStore
 from runplane.client import Client, Conflict
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
-from runplane.domain.models import (
-    MAX_DEPENDENTS,
-    MAX_INPUTS,
-    MAX_UPSTREAMS,
-    SWEEP_PREFIX,
-    Event,
-    FailureReason,
-    Principal,
-    Quota,
-    Run,
-    RunMessage,
-    RunSpec,
-    RunState,
-)
+from runplane.domain.messages import RunMessage
+from runplane.domain.quotas import Quota
 from runplane.domain.records import MAX_MESSAGE_CHARS, MAX_RUN_EVENTS, MAX_SPEC_BYTES, json_size, largest_run_bytes
+from runplane.domain.runs import MAX_DEPENDENTS, MAX_INPUTS, MAX_UPSTREAMS, SWEEP_PREFIX, Event, Run, RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
 from runplane.ports import Expect
 from runplane.services import lifecycle, runs
 from runplane.services.reap import reap

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from runplane.client import Client
-from runplane.domain.models import Principal, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from tests.conftest import api_status
 from worker_agent.agent import Agent, AgentConfig

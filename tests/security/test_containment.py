@@ -24,7 +24,8 @@ from typing import Any
 import docker.errors
 import pytest
 
-from runplane.domain.models import Run, RunSpec, RunState
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.states import RunState
 from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.logs import log_prefix, outputs_prefix

@@ -31,7 +31,7 @@ from runplane.adapters.aws.dynamodb import DynamoQuotaStore
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.s3 import S3ObjectStore
 from runplane.bootstrap import Stack, aws_clients, aws_names
-from runplane.domain.models import Hold, Quota
+from runplane.domain.quotas import Hold, Quota
 from runplane.settings import StackSettings
 from tests.aws_readback import read_stack
 from tests.cfn_template import (

@@ -31,7 +31,9 @@ import docker.errors
 import pytest
 
 from runplane.adapters.aws.sqs import pool_queue_name
-from runplane.domain.models import Principal, Run, RunSpec, RunState
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.services.dispatch import alive_workers, explain_wait
 from runplane.services.logs import read_logs
 from runplane.services.runs import kill_run, submit_run

@@ -276,7 +276,7 @@ def test_workers_show_only_the_callers_run_ids(front, user, docker_client):
 def test_workers_come_a_page_at_a_time_and_bad_paging_is_refused(front, user):
     """Five workers of a pool of their own, two a page: every worker once, alice sees her run ids
     only on every page; a bad pool, cursor or limit is a 4xx with a message."""
-    from runplane.domain.models import Worker
+    from runplane.domain.workers import Worker
 
     pool, now = f"pg-{uuid.uuid4().hex[:8]}", time.time()
     workers = _stack_of(front).workers
@@ -374,7 +374,8 @@ def test_the_worker_refuses_a_stored_run_that_names_the_stacks_bucket(devstack, 
     """A run that reached the store without the API's check (an older API, a hand-written record)
     still cannot read other users' outputs: the agent checks again and fails it."""
     from runplane import bootstrap
-    from runplane.domain.models import Run, RunMessage, RunSpec
+    from runplane.domain.messages import RunMessage
+    from runplane.domain.runs import Run, RunSpec
 
     stack = bootstrap.stack()
     stack.objects.put_bytes("runs/r-victim/outputs/1/secret.txt", b"private")

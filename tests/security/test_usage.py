@@ -12,7 +12,8 @@ import pytest
 
 from runplane.client import Client
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Principal, RunSpec
+from runplane.domain.runs import RunSpec
+from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from runplane.services.usage import usage_report
 from tests.conftest import TERMINAL, api_status, wait_state

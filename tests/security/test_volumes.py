@@ -14,7 +14,7 @@ from typing import Any
 import docker.errors
 import pytest
 
-from runplane.domain.models import RunState
+from runplane.domain.states import RunState
 from tests.security.test_containment import Worker, _failure, _rootfs
 from worker_agent.users import ImageUsers
 

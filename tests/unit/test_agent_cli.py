@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.domain.units import format_bytes, parse_bytes
 from worker_agent.agent import AgentConfig
 from worker_agent.main import agent_config, shape_shortfalls

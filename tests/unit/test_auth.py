@@ -3,7 +3,8 @@
 import pytest
 
 from runplane.domain.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
-from runplane.domain.models import ApiToken, Principal, Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.tenancy import ApiToken, Principal
 from runplane.services.auth import CACHE_SECONDS, CachedTokens, authenticate, check_owner, hash_token, require
 from runplane.services.runs import run_id_for
 from runplane.services.tenancy import check_token_request, lifetime
@@ -146,6 +147,6 @@ def test_token_lifetimes():
 
 def test_the_cli_offers_the_apis_scopes():
     from runplane.cli.tokens import Scope
-    from runplane.domain.models import SCOPES
+    from runplane.domain.tenancy import SCOPES
 
     assert [s.value for s in Scope] == list(SCOPES)

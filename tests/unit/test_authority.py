@@ -6,7 +6,8 @@ contract suites); the clock is injected."""
 import pytest
 
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Principal, RunSpec
+from runplane.domain.runs import RunSpec
+from runplane.domain.tenancy import Principal
 from runplane.services.auth import CACHE_SECONDS, CachedTokens, hash_token, register_token
 from runplane.services.authority import Owners, charged_group
 

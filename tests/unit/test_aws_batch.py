@@ -11,7 +11,7 @@ from runplane.compute import BUILDERS
 from runplane.compute.aws_batch import AwsBatchCompute, job_definition_request, submit_job_request
 from runplane.compute.options import stack_environment
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 STACK_ENV = {"RUNPLANE_PREFIX": "p1", "RUNPLANE_AWS_REGION": "eu-west-1"}
 

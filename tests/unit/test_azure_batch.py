@@ -26,7 +26,7 @@ from runplane.compute.azure_batch import (
 from runplane.compute.azure_batch.auth import BatchSharedKeyPolicy, string_to_sign
 from runplane.compute.azure_batch.compute import iso_duration, parse_time
 from runplane.domain.errors import BackendError, InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.settings import StackSettings
 from tests.fakes.azure_batch import TEST_KEY, FakeBatchService, FakeBatchTransport
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from docker.types import DriverConfig, Mount
 
-from runplane.domain.models import Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
 from worker_agent.container_spec import CAPABILITIES, container_spec, image_volumes
 from worker_agent.disk import disk_interval
 from worker_agent.outputs import collect, upload_dir

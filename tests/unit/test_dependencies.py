@@ -4,7 +4,8 @@ and how a queued run that waits is filed apart from its pool's line."""
 import pytest
 from pydantic import ValidationError
 
-from runplane.domain.models import Run, RunSpec, RunState, listed_state
+from runplane.domain.runs import Run, RunSpec, listed_state
+from runplane.domain.states import RunState
 
 
 def test_a_run_waits_for_its_run_inputs_after_and_after_sweep_each_once_in_order():

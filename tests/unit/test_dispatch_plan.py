@@ -1,4 +1,5 @@
-from runplane.domain.models import Pool, PoolRecord, StartingJob, Worker
+from runplane.domain.pools import Pool
+from runplane.domain.workers import PoolRecord, StartingJob, Worker
 from runplane.ports import BackendJob
 from runplane.services.dispatch import LIST_GRACE_SECONDS, PoolFacts, count_failures, plan_launches, reconcile
 
@@ -235,7 +236,7 @@ def test_a_groups_own_or_tag_exclusive_workers_are_no_room_for_the_backlog():
 
 
 def test_why_no_live_worker_takes_a_run():
-    from runplane.domain.models import Run, RunSpec
+    from runplane.domain.runs import Run, RunSpec
     from runplane.services.dispatch import explain_wait
 
     def run(tag=None):

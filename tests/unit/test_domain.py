@@ -2,18 +2,9 @@ import pytest
 from pydantic import ValidationError
 
 from runplane.domain.errors import InvalidRequest, Unschedulable
-from runplane.domain.models import (
-    TERMINAL_STATES,
-    TRANSITIONS,
-    Pool,
-    Resources,
-    RunSpec,
-    RunState,
-    can_transition,
-    rank_key,
-    states_leading_to,
-)
-from runplane.domain.pools import choose_pool, load_pools
+from runplane.domain.pools import Pool, choose_pool, load_pools
+from runplane.domain.runs import Resources, RunSpec, rank_key
+from runplane.domain.states import TERMINAL_STATES, TRANSITIONS, RunState, can_transition, states_leading_to
 from runplane.domain.units import format_bytes, format_duration, parse_bytes, parse_duration
 
 
@@ -158,7 +149,8 @@ def test_pool_accepts_human_units():
 
 
 def test_which_workers_take_a_run_by_tag_and_group():
-    from runplane.domain.models import Run, RunSpec, Worker, refuses
+    from runplane.domain.runs import Run, RunSpec
+    from runplane.domain.workers import Worker, refuses
 
     def run(tag=None, groups=(), group=None):
         spec = RunSpec.model_validate({"command": "x", **({"tag": tag} if tag else {})})

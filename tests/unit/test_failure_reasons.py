@@ -17,7 +17,8 @@ import docker.errors
 import pytest
 
 from runplane.api.openapi import openapi_document
-from runplane.domain.models import FailureReason, Resources, Run, RunSpec, RunState, Usage
+from runplane.domain.runs import Resources, Run, RunSpec, Usage
+from runplane.domain.states import FailureReason, RunState
 from worker_agent.containers import create_failure
 from worker_agent.limits import REMOVED, Limits, Seen, disk_over, ended, stop
 from worker_agent.outcome import Outcome

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from docker.types import DeviceRequest, Mount
 
-from runplane.domain.models import Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
 from worker_agent.container_spec import container_spec, image_environment
 from worker_agent.gpu_access import (
     BIN_DIR,

@@ -7,8 +7,7 @@ import pytest
 from runplane.compute import BUILDERS, build_backend
 from runplane.compute.kubernetes import KubernetesCompute, job_manifest, job_state, parse_options
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool
-from runplane.domain.pools import load_pools
+from runplane.domain.pools import Pool, load_pools
 from runplane.settings import StackSettings
 
 ARGS = ["--pool", "gpu", "--slots", "2", "--idle-seconds", "120"]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runplane.domain.models import FailureReason, Resources, Run, RunSpec, RunState, Usage
+from runplane.domain.runs import Resources, Run, RunSpec, Usage
+from runplane.domain.states import FailureReason, RunState
 from worker_agent.disk import check_disk
 from worker_agent.limits import Limits, Seen, disk_over, ended, killed, log_over, stop
 from worker_agent.outcome import Outcome

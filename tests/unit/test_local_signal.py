@@ -5,7 +5,7 @@ import signal
 import sys
 
 from runplane.compute.local import LocalCompute
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from tests.conftest import wait_for
 
 # an "agent" that, like one draining its runs, does not exit on SIGTERM

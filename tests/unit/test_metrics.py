@@ -7,7 +7,8 @@ import urllib.request
 import pytest
 
 from runplane import metrics
-from runplane.domain.models import Event, Failure, FailureReason, Run, RunSpec, RunState
+from runplane.domain.runs import Event, Failure, Run, RunSpec
+from runplane.domain.states import FailureReason, RunState
 from runplane.services.dispatch import PoolFigures
 from worker_agent.metrics import AgentMetrics, Gauges, serve
 

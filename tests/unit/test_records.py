@@ -13,7 +13,6 @@ from runplane.adapters.aws.s3 import _failed as s3_failed
 from runplane.adapters.azure.blob import BlobObjectStore
 from runplane.adapters.azure.tables import MAX_RUN_CHARS, _failure
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
-from runplane.domain.models import Event, Failure, FailureReason, RunSpec
 from runplane.domain.records import (
     MAX_MESSAGE_CHARS,
     MAX_RUN_EVENTS,
@@ -28,6 +27,8 @@ from runplane.domain.records import (
     largest_run_bytes,
     largest_timeline_bytes,
 )
+from runplane.domain.runs import Event, Failure, RunSpec
+from runplane.domain.states import FailureReason
 from runplane.domain.sweeps import SweepSpec
 
 

@@ -6,7 +6,7 @@ import docker.errors
 import pytest
 from docker.types import DeviceRequest, LogConfig, Mount
 
-from runplane.domain.models import Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
 from worker_agent.container_spec import container_name, container_spec
 from worker_agent.containers import create_failure
 from worker_agent.resources import Allocation, Allocator, Gpu, _smi_gpus, parse_nvidia_smi, parse_set, select_gpus

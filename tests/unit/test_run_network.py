@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from runplane.domain.models import Pool, Run, RunSpec, Worker, refuses
+from runplane.domain.pools import Pool
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.workers import Worker, refuses
 from runplane.services.dispatch import explain_wait
 from worker_agent.container_spec import container_name, container_spec
 from worker_agent.network import (

@@ -377,7 +377,8 @@ def test_pools_reads_the_answer_of_a_server_that_has_no_caps_on_waiting_runs_or_
     server: Script, client: Client
 ) -> None:
     from runplane.api.views import pool_view
-    from runplane.domain.models import Pool, PoolRecord
+    from runplane.domain.pools import Pool
+    from runplane.domain.workers import PoolRecord
 
     pool = Pool(name="gpu", cpus=8, memory="32g", default_image="img", max_waiting_runs=5)
     shown = pool_view(pool, 0, {}, PoolRecord(pool="gpu")).model_dump(mode="json")

@@ -17,7 +17,7 @@ from runplane.compute.slurm.jobs import backend_job, job_spec, map_state
 from runplane.compute.slurm.options import slurm_options
 from runplane.compute.slurm.rest import RestTransport, SlurmRestError, check_reply, parse_jobs, token_claims
 from runplane.domain.errors import BackendError, InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 EVENTS = Path(__file__).resolve().parents[1] / "events" / "slurm"
 NOW = 1_800_000_000.0

@@ -3,7 +3,7 @@ from pathlib import Path
 
 from runplane.compute.slurm.cli import parse_squeue
 from runplane.compute.slurm.jobs import backend_job, job_script, job_spec, rest_job
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 GPU_POOL = {
     "name": "gpu",

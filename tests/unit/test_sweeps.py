@@ -8,7 +8,8 @@ from pydantic import ValidationError
 
 from runplane.cli.common import CliError
 from runplane.cli.sweeps import parse_param
-from runplane.domain.models import FailureReason, RunSpec, RunState
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep, SweepSpec, ended_code, reason_of, state_of
 
 RUN = RunSpec(command="true")

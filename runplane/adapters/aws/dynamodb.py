@@ -17,31 +17,25 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
+from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.cursors import decode_cursor
 from runplane.domain.errors import AlreadyExists, BackendError, BadRequest, ConditionFailed, Conflict, NotFound
-from runplane.domain.models import (
+from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
+from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
+from runplane.domain.runs import (
     MAX_DEPENDENTS,
-    RUN_ID_PATTERN,
     WAITING,
-    ApiToken,
     Event,
-    Lane,
-    PoolRecord,
-    Quota,
-    QuotaKind,
     Run,
     RunSpec,
-    RunState,
-    UsageRecord,
-    UserRecord,
-    Worker,
     listed_state,
-    quota_key,
     rank_key,
     rank_prefix,
     run_rank,
 )
-from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import ApiToken, UserRecord
+from runplane.domain.workers import PoolRecord, Worker
 from runplane.ports import LIST_BUDGET, Expect, Page
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from runplane.adapters.azure.errors import error_code
 from runplane.domain.errors import BackendError, NotFound
-from runplane.domain.models import DispatchEvent, RunMessage
+from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.ports import Delivery
 
 log = logging.getLogger(__name__)

@@ -74,26 +74,12 @@ from runplane.domain.errors import (
     PayloadTooLarge,
     RunplaneError,
 )
-from runplane.domain.models import (
-    MAX_DEPENDENTS,
-    WAITING,
-    ApiToken,
-    Event,
-    Lane,
-    PoolRecord,
-    Quota,
-    QuotaKind,
-    Run,
-    RunState,
-    UsageRecord,
-    UserRecord,
-    Worker,
-    listed_state,
-    quota_key,
-    rank_prefix,
-    run_rank,
-)
+from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
 from runplane.domain.records import add_event, bound_changes
+from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, rank_prefix, run_rank
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import ApiToken, UserRecord
+from runplane.domain.workers import PoolRecord, Worker
 from runplane.ports import LIST_BUDGET, Expect, Page
 
 log = logging.getLogger(__name__)

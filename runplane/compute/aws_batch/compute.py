@@ -45,7 +45,7 @@ from runplane.compute.options import (
     worker_of,
 )
 from runplane.domain.errors import BackendError
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
 DEFAULT_IMAGE = "runplane/agent:local"

@@ -27,7 +27,7 @@ from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions, pa
 from runplane.compute.azure_batch.rest import BatchClient, BatchServiceError
 from runplane.compute.options import job_name, new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
 from runplane.settings import PREFIX, StackSettings
 

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from runplane.compute.options import AbsolutePath, check_options, credentials_in
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.domain.units import parse_duration
 
 DEFAULT_IMAGE = "runplane/agent:local"

@@ -30,7 +30,7 @@ from urllib3.exceptions import HTTPError
 from runplane.compute.kubernetes.options import KubernetesOptions, parse_options
 from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

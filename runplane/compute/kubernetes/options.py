@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from runplane.compute.options import AbsolutePath, check_options, credentials_in
 from runplane.domain.errors import InvalidRequest
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 DEFAULT_WORK_DIR = "/var/lib/runplane"
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
 ENDED_KEEP_SECONDS = 86400.0

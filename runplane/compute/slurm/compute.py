@@ -27,7 +27,7 @@ from runplane.compute.slurm.jobs import JobSpec, SlurmJob, backend_job, job_spec
 from runplane.compute.slurm.options import SlurmOptions, slurm_options
 from runplane.compute.slurm.rest import RestTransport
 from runplane.domain.errors import BackendError
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from runplane.compute.options import job_name, worker_of
 from runplane.compute.slurm.options import SlurmOptions, slurm_options
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 from runplane.ports import BackendJob
 
 LIVE_STATES = {

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from runplane.compute.options import check_options, credentials_in
-from runplane.domain.models import Pool
+from runplane.domain.pools import Pool
 
 
 class SlurmOptions(BaseModel):

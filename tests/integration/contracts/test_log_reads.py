@@ -3,7 +3,8 @@ agent's own shipper writes a log of many chunks, and each read is counted at the
 
 import uuid
 
-from runplane.domain.models import Event, Run, RunSpec, RunState
+from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.states import RunState
 from runplane.services.logs import MAX_CHUNK, MAX_CHUNKS_READ, MAX_READ, PROBE, log_chunk_key, read_logs
 from worker_agent.logship import LogShipper
 

@@ -10,7 +10,9 @@ from itertools import chain
 import pytest
 
 from runplane.domain.errors import NotFound
-from runplane.domain.models import ApiToken, RunMessage, Worker
+from runplane.domain.messages import RunMessage
+from runplane.domain.tenancy import ApiToken
+from runplane.domain.workers import Worker
 from runplane.services.auth import authenticate, hash_token
 from runplane.services.tenancy import create_token
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from runplane.domain.errors import ConditionFailed
-from runplane.domain.models import Hold, Lane, Quota, UsageRecord
+from runplane.domain.quotas import Hold, Lane, Quota, UsageRecord
 
 
 def quota(kind, name, **limits):

@@ -5,7 +5,9 @@ retry it. Submit resolves the rule: the run's own, else its pool's."""
 import pytest
 
 from runplane.domain.errors import BadRequest, LeaseLost
-from runplane.domain.models import FailureReason, Principal, Resources, RetryRule, RunSpec, RunState
+from runplane.domain.runs import Resources, RetryRule, RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.logs import log_chunk_key, outputs_prefix, read_logs, read_outputs
 from runplane.services.runs import kill_run, submit_run

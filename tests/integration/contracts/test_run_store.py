@@ -3,7 +3,8 @@
 import pytest
 
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound
-from runplane.domain.models import ACTIVE_STATES, Event, Failure, FailureReason, Run, RunSpec, RunState, Usage
+from runplane.domain.runs import Event, Failure, Run, RunSpec, Usage
+from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState
 from runplane.ports import Expect
 
 

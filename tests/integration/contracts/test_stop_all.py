@@ -2,7 +2,9 @@
 killed at once, active ones flagged with the reason for their workers (the reason stored and read
 back), and recorded killed by the caller once their workers are gone; finished runs untouched."""
 
-from runplane.domain.models import Event, Failure, FailureReason, Principal, Run, RunSpec, RunState
+from runplane.domain.runs import Event, Failure, Run, RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle, runs
 
 REASON = "the local stack stopped"

@@ -28,8 +28,9 @@ from referencing.jsonschema import DRAFT202012
 from runplane import bootstrap
 from runplane.api.http import app
 from runplane.api.openapi import openapi_document
-from runplane.domain.models import DURATION_PATTERN, SIZE_PATTERN, Worker
+from runplane.domain.common import DURATION_PATTERN, SIZE_PATTERN
 from runplane.domain.units import parse_bytes, parse_duration
+from runplane.domain.workers import Worker
 from runplane.services.auth import register_token
 from runplane.services.logs import log_chunk_key, outputs_prefix
 from tests.conftest import POOLS_FILE

@@ -1,0 +1,66 @@
+"""What travels on the queues: a run's hint on its pool queue and the dispatcher's events."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+from runplane.domain.common import SCHEMA_VERSION
+from runplane.domain.states import FailureReason, RunState, known_reason
+
+
+class RunMessage(BaseModel):
+    """A hint on a pool queue that a run is waiting at ``attempt``. The store is the truth."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    run_id: str
+    attempt: int
+
+
+class RunEnd(BaseModel):
+    """How a run ended, as its end event carries it to the dispatcher's metrics."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state: RunState
+    reason: Annotated[FailureReason | None, BeforeValidator(known_reason)] = None
+    """A reason a later release added reads as ``agent_error``."""
+    to_running: float | None = Field(default=None, ge=0)
+    """Seconds from its submit to its last start (``Run.started_at``); None when it never started."""
+
+
+class DispatchEvent(BaseModel):
+    """A nudge for the dispatcher that a pool's backlog changed, or that a run ended. Read
+    tolerantly: an event another release wrote, with fields this one does not know, is still the
+    nudge it was (dropping it would leave its sweep or waiting runs to the schedule)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    v: int = SCHEMA_VERSION
+    pool: str
+    reason: str = "submitted"
+    sweep: str | None = None
+    """A member of this sweep ended: the sweep may release its next members."""
+    member: int | None = Field(default=None, ge=0)
+    """With ``sweep``: which member ended (its sweep reads that one first)."""
+    upstream: str | None = None
+    """This run or sweep ended: the runs and sweeps waiting for it may go (or fail)."""
+    ended: RunEnd | None = None
+    """A run ended thus (its metrics)."""
+    skip: int = Field(default=0, ge=0)
+    """With ``upstream``: how many of what waits for it earlier events told already (the rest is
+    told in bounded chunks, one event each)."""
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``member`` and ``skip`` are written only when set: the previous release's dispatcher
+        refuses an event with a field it does not know, and would drop every event otherwise."""
+        data: dict[str, Any] = handler(self)
+        if self.member is None:
+            data.pop("member", None)
+        if self.skip == 0:
+            data.pop("skip", None)
+        return data

@@ -1,0 +1,325 @@
+"""Runs: what a user submits (``RunSpec``) and the run as stored (``Run``), with its failure,
+usage, timeline and rank among its pool's queued runs.
+
+Times are float seconds since the epoch (UTC); transports render them as ISO 8601.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from runplane.domain.common import (
+    MAX_RUN_TIME,
+    NAME_PATTERN,
+    RUN_ID_PATTERN,
+    SCHEMA_VERSION,
+    check_env_name,
+    control_character,
+    duration_or_text,
+    hidden_character,
+    read_duration,
+    read_size,
+    size_or_text,
+)
+from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
+from runplane.domain.units import MAX_SIZE
+
+MAX_INPUTS = 64
+MAX_UPSTREAMS = 32
+"""The most runs one run may wait for in ``after`` (``run:`` inputs count apart, up to MAX_INPUTS)."""
+SWEEP_PREFIX = "sweep:"
+"""How a sweep is named among the runs a run waits for, or that wait for a run."""
+MAX_DEPENDENTS = 1000
+"""The most runs and sweeps that may wait for one run or sweep."""
+MAX_ENV = 256
+
+
+_INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_INPUT_SOURCE = re.compile(rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?)")
+
+
+class RetryRule(BaseModel):
+    """When a run that ended badly is queued again (docs/workflows.md). A lost worker is retried
+    within ``attempts`` whatever ``on`` holds (it is never the run's doing), and a preempted
+    worker's run is queued again without using one up."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    attempts: int = Field(ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10")
+    on: list[Literal[tuple(RETRY_REASONS)]] = Field(  # type: ignore[valid-type]
+        default_factory=list,
+        max_length=len(RETRY_REASONS),
+        description="failure reasons that queue the run again (any but killed); worker_lost always does",
+    )
+    memory_factor: float | None = Field(
+        default=None,
+        gt=1,
+        le=64,
+        description="an out_of_memory attempt is retried with its memory limit times this, up to the pool's "
+        "memory (out_of_memory need not be in on)",
+    )
+
+    @field_validator("on")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        return sorted(set(value))
+
+
+class Failure(BaseModel):
+    """Why a run did not succeed, as stored. Read tolerantly: a reason a later release added reads
+    as ``agent_error``, its own name put at the head of the message; a field this release does not
+    know is ignored (users never send one: the API answers with ``RunFailure``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    reason: FailureReason
+    message: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_a_later_release(cls, data: Any) -> Any:
+        reason = data.get("reason") if isinstance(data, dict) else None
+        if isinstance(reason, str) and reason not in REASONS:
+            return {**data, "reason": FailureReason.AGENT_ERROR, "message": f"{reason[:64]}: {data.get('message', '')}"}
+        return data
+
+
+class Resources(BaseModel):
+    """What one run asks for. Sizes accept bytes or strings ("512m"); time accepts "90s", "1h"."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    cpus: float = Field(default=1.0, ge=0.01, le=1024)
+    gpus: int = Field(default=0, ge=0, le=64)
+    # Requests may give sizes and times as text; the schemas say so (answers hold numbers).
+    memory: Annotated[int | None, size_or_text(4 * 1024**2 + 1, MAX_SIZE, ["512m", "4g", 536870912])] = Field(
+        default=None, gt=4 * 1024**2, le=MAX_SIZE, description="bytes, at least 4m; pool default when absent"
+    )
+    disk: Annotated[int | None, size_or_text(1, MAX_SIZE, ["10g", 10737418240])] = Field(
+        default=None, gt=0, le=MAX_SIZE, description="bytes the run may write; pool default when absent"
+    )
+    time: Annotated[float | None, duration_or_text(1, MAX_RUN_TIME, ["90s", "2h", "1h30m", 3600])] = Field(
+        default=None, ge=1, le=MAX_RUN_TIME, description="seconds, 1 to 30 days; pool default when absent"
+    )
+
+    _sizes = field_validator("memory", "disk", mode="before")(staticmethod(read_size))
+    _times = field_validator("time", mode="before")(staticmethod(read_duration))
+
+
+class RunSpec(BaseModel):
+    """A run submission as the API accepts it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(min_length=1, max_length=65536)
+    image: str | None = Field(default=None, min_length=1, max_length=512)
+    name: str | None = Field(default=None, max_length=200)
+    queue: str | None = Field(default=None, pattern=NAME_PATTERN)
+    resources: Resources = Field(default_factory=Resources)
+    env: dict[str, str] = Field(default_factory=dict)
+    inputs: dict[str, str] = Field(default_factory=dict)
+    network: bool = False
+    tag: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="only workers started with --tag <tag> take this run (e.g. a reserved machine)",
+    )
+    group: str | None = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="the group the run is charged to, besides its owner (one of the caller's groups; "
+        "default: the caller's only group, if there is exactly one)",
+    )
+    priority: int = Field(
+        default=50,
+        ge=0,
+        le=100,
+        strict=True,  # a JSON integer: no text, no fraction, no boolean
+        description="0..100: in a pool, a run starts before every waiting run of lower priority; above the "
+        "pool's max_user_priority (default 50) only for admins",
+    )
+
+    retry: RetryRule | None = Field(
+        default=None,
+        description="when the run is queued again after it failed; default: the pool's rule, else a lost "
+        "worker is retried up to 3 attempts and nothing else is",
+    )
+    after: list[Annotated[str, Field(pattern=f"^{RUN_ID_PATTERN}$")]] = Field(
+        default_factory=list,
+        max_length=MAX_UPSTREAMS,
+        description="runs of yours this run waits for: it stays queued, holding no worker and no quota, until "
+        "each has succeeded, and ends failed (dependency_failed) if one does not. A run:<id> input waits "
+        "the same way",
+    )
+    after_sweep: str | None = Field(
+        default=None,
+        pattern=f"^{RUN_ID_PATTERN}$",
+        description="a sweep of yours this run waits for: released once every member has succeeded, "
+        "failed (dependency_failed) once the sweep finishes otherwise",
+    )
+
+    def upstreams(self) -> list[str]:
+        """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
+        inputs, ``after``, then ``after_sweep`` (as ``sweep:<id>``)."""
+        found = [source[4:].partition("/")[0] for source in self.inputs.values() if source.startswith("run:")]
+        found += self.after
+        if self.after_sweep is not None:
+            found.append(SWEEP_PREFIX + self.after_sweep)
+        return list(dict.fromkeys(found))
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("command is blank")
+        bad = control_character(value)
+        if bad:
+            raise ValueError(f"command holds the control character {bad}")
+        hidden = hidden_character(value, in_command=True)
+        if hidden:
+            raise ValueError(f"command holds {hidden}, a character that changes how text is shown without being seen")
+        return value
+
+    @field_validator("name", "image")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and (control_character(value) or "\n" in value or "\r" in value or "\t" in value):
+            raise ValueError("must be printable text on one line")
+        hidden = None if value is None else hidden_character(value)
+        if hidden:
+            raise ValueError(f"holds {hidden}, a character that changes how text is shown without being seen")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_ENV:
+            raise ValueError(f"at most {MAX_ENV} environment variables")
+        for key, text in value.items():
+            check_env_name(key)
+            bad = control_character(text)
+            if bad:
+                raise ValueError(f"environment variable {key!r} holds the control character {bad}")
+        return value
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_INPUTS:
+            raise ValueError(f"at most {MAX_INPUTS} inputs")
+        for name, source in value.items():
+            if not _INPUT_NAME.fullmatch(name):
+                raise ValueError(f"input name {name!r} is not valid (letters, digits, . _ -)")
+            if not _INPUT_SOURCE.fullmatch(source) or control_character(source):
+                raise ValueError(f"input {name!r}: source must be 's3://bucket/key' or 'run:<id>[/path]'")
+            path = source.removeprefix("s3://").partition("/")[2]
+            if any(part in (".", "..") for part in path.split("/")) or "//" in path or control_character(path):
+                raise ValueError(f"input {name!r}: the path may not hold '.', '..' or empty segments")
+        return value
+
+
+class Usage(BaseModel):
+    """Resource use, reported while the run goes and at its end."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_seconds: float | None = None
+    """CPU time of the run's processes, all attempts together."""
+    gpu_seconds: float | None = None
+    """Its GPUs times the seconds its container ran, all attempts together (``accounting.charge``)."""
+    cost: float | None = None
+    """Its pool's ``price_per_hour`` times the hours its container ran times its share of a worker,
+    all attempts together; None on a pool without a price."""
+    memory_peak: int | None = None
+    disk: int | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    at: float
+    state: RunState | None = None
+    message: str
+
+
+class Run(BaseModel):
+    """A run as stored. ``attempt`` counts claims: 0 before the first worker takes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = SCHEMA_VERSION
+    id: str
+    owner: str
+    owner_groups: list[str] = Field(default_factory=list)
+    """The owner's groups when it was submitted: workers started with --group take only these."""
+    group: str | None = None
+    """The group the run is charged to (its quotas apply), resolved at submit; None: the owner only."""
+    spec: RunSpec
+    queue: str
+    sweep_id: str | None = None
+    """The sweep the run is a member of (docs/workflows.md), and its index there."""
+    sweep_index: int | None = None
+    state: RunState = RunState.QUEUED
+    attempt: int = 0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    worker_id: str | None = None
+    lease_expires_at: float | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    exit_code: int | None = None
+    failure: Failure | None = None
+    usage: Usage = Field(default_factory=Usage)
+    kill_requested: bool = False
+    kill_reason: str | None = None
+    """Why a kill was asked for, when not by a user (written with ``kill_requested``, e.g. "the
+    local stack stopped"); the worker's final message says it."""
+    on_preemptible: bool = False
+    waiting_reason: str | None = None
+    waiting_on: list[str] = Field(default_factory=list)
+    """The runs (and sweep) it waits for that had not succeeded when last looked at: while any is
+    left, the run is queued but out of its pool's line (``listed_state``: ``waiting``)."""
+    dependents: list[str] = Field(default_factory=list)
+    """Runs and sweeps that wait for this run, told when it ends."""
+    request_hash: str | None = None
+    hinted_at: float | None = None
+    fair_tag: float = 0.0
+    """The run's place among the queued runs of its pool and priority (start-time fair queueing:
+    docs/scheduling.md), set at submit; ``rank_key`` orders a pool's queued runs by it."""
+    events: list[Event] = Field(default_factory=list)
+
+
+MAX_FAIR_TAG = 9_999_999_999_999.0
+"""The largest fair tag a rank holds (13 digits before the point)."""
+
+
+def rank_key(priority: int, fair_tag: float, created_at: float, run_id: str) -> str:
+    """The order in which a pool's queued runs start, as a string that sorts the same way: the
+    higher priority first, then the smaller fair tag, then the older run, then the id. The tag is
+    held within its fixed width (0 to ``MAX_FAIR_TAG``) so that the strings always sort as the
+    numbers do."""
+    tag = min(max(fair_tag, 0.0), MAX_FAIR_TAG)
+    return f"{100 - priority:03d}#{tag:020.6f}#{created_at:017.6f}#{run_id}"
+
+
+WAITING = "waiting"
+"""How a queued run that waits for other runs is listed in its pool: apart from the line."""
+
+
+def listed_state(run: Run) -> str:
+    """Where a run is filed in its pool's listings: its state, or ``WAITING`` for a queued run
+    that still waits for other runs (no worker may take it, and it is no one's backlog)."""
+    return WAITING if run.state == RunState.QUEUED and run.waiting_on else str(run.state)
+
+
+def run_rank(run: Run) -> str:
+    return rank_key(run.spec.priority, run.fair_tag, run.created_at, run.id)
+
+
+def rank_prefix(priority: int) -> str:
+    """How the rank of every run of ``priority`` begins (``rank_key``)."""
+    return f"{100 - priority:03d}#"
