@@ -1,0 +1,30 @@
+"""List pages under Lambda's response limit: a page holds the items that fit ``MAX_PAGE_BYTES`` as
+Lambda's response carries them, and a page cut short goes on after its last item."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+MAX_PAGE_BYTES = 5 * 1024 * 1024
+"""The largest list page as it travels in Lambda's response (its body is a JSON string there, so
+quotes and backslashes count twice): under Lambda's 6 MB limit."""
+
+View = TypeVar("View", bound=BaseModel)
+
+
+def within_page(
+    views: Sequence[View], cursor: str | None, resume: Callable[[int], str]
+) -> tuple[list[View], str | None]:
+    """The views that fit one page and the page's ``next_cursor``: ``cursor`` when all fit, else
+    ``resume(n)``, the cursor after the first ``n`` (those kept)."""
+    size = 1024
+    for n, view in enumerate(views):
+        wire = len(json.dumps(view.model_dump_json()))
+        if n and size + wire > MAX_PAGE_BYTES:
+            return list(views[:n]), resume(n)
+        size += wire
+    return list(views), cursor

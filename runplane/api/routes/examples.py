@@ -1,0 +1,87 @@
+"""The examples and the longer descriptions the OpenAPI document shows with the operations."""
+
+from __future__ import annotations
+
+RUN_EXAMPLES = {
+    "train": {
+        "summary": "sizes and the time limit as text",
+        "value": {
+            "command": "python train.py --epochs 10",
+            "image": "python:3.12",
+            "name": "train",
+            "queue": "default",
+            "resources": {"cpus": 2, "gpus": 0, "memory": "4g", "disk": "10g", "time": "2h"},
+            "env": {"EPOCHS": "10"},
+            "inputs": {"data": "s3://datasets/mnist/"},
+        },
+    },
+    "minimal": {"summary": "a command alone: the default pool, its image, its limits", "value": {"command": "echo hi"}},
+    "after": {
+        "summary": "waits for a run's outputs (queued, holding no worker, until that run has succeeded)",
+        "value": {
+            "command": "python evaluate.py /inputs/model",
+            "inputs": {"model": "run:r-4f9c2a7be0d14d3aa1c05e21/checkpoints"},
+            "after": ["r-8d1e0b5c9a7f4e2b8c6d3a10"],
+        },
+    },
+}
+
+
+PRIORITY_EXAMPLES = {
+    "urgent": {"summary": "ahead of every waiting run of priority 79 or less", "value": {"priority": 80}},
+    "later": {"summary": "behind the others: a run that can wait", "value": {"priority": 10}},
+}
+
+
+PRIORITY_403 = (
+    "the token lacks the scope this needs, or a caller who is not an admin asks a priority above the "
+    "pool's max_user_priority"
+)
+
+
+RELEASE_403 = (
+    "the token lacks the scope this needs, the sweep's owner is no longer in the group it is charged to or "
+    "allowed its inputs, or a caller who is not an admin would release members at a priority above the "
+    "pool's max_user_priority"
+)
+
+
+USER_EXAMPLES = {
+    "default": {"summary": "runs naming no group are charged to vision", "value": {"default_group": "vision"}},
+    "none": {"summary": "no default: a run must name its group", "value": {"default_group": None}},
+}
+
+
+TOKEN_EXAMPLES = {
+    "user": {
+        "summary": "a user of the group vision for 90 days",
+        "value": {"user": "alice", "groups": ["vision"], "scopes": ["runs:read", "runs:write"], "expires_in": "90d"},
+    }
+}
+
+
+QUOTA_EXAMPLES = {
+    "caps": {
+        "summary": "at most 4 runs and 2 GPUs at once, 200 GPU-hours a month",
+        "value": {"max_running": 4, "max_gpus": 2, "gpu_hours": 200, "period": "month"},
+    },
+    "daily": {"summary": "100 cpu-hours a day", "value": {"cpu_hours": 100, "period": "day"}},
+    "count": {"summary": "no limit: only count use", "value": {}},
+}
+
+
+SWEEP_EXAMPLES = {
+    "grid": {
+        "summary": "3 learning rates times 2 seeds, at most 2 at once",
+        "value": {
+            "name": "lr-search",
+            "run": {"command": "python train.py --lr $LR --seed $SEED", "resources": {"gpus": 1, "time": "2h"}},
+            "parameters": {"LR": [0.1, 0.01, 0.001], "SEED": [1, 2]},
+            "max_parallel": 2,
+        },
+    },
+    "repeat": {
+        "summary": "the same run 100 times (RUNPLANE_SWEEP_INDEX tells them apart)",
+        "value": {"run": {"command": "python eval.py --shard $RUNPLANE_SWEEP_INDEX"}, "count": 100},
+    },
+}

@@ -1,0 +1,52 @@
+"""The fleet: pools with their backlog and workers, and the workers themselves."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from runplane.api.models import PoolList, WorkerList
+from runplane.api.routing import Answer, Call, Query, operation
+from runplane.api.views import pool_view, worker_view
+from runplane.domain.common import NAME_PATTERN
+from runplane.services.overview import WORKER_CURSOR_PATTERN, pool_figures, workers_page
+
+MAX_WORKERS_PAGE = 100
+"""The workers a page holds unless ``?limit=`` says otherwise."""
+
+
+@operation(
+    "GET",
+    "/v1/pools",
+    operation_id="listPools",
+    summary="Pools with backlog, workers (as the dispatcher last counted them) and launches",
+    scope="runs:read",
+    answers={200: Answer(PoolList)},
+)
+def pools(call: Call) -> PoolList:
+    return PoolList(pools=[pool_view(f.pool, f.backlog, f.workers, f.record) for f in pool_figures(call.ports)])
+
+
+class WorkersQuery(Query):
+    pool: str | None = Field(None, description="only this pool's", pattern=NAME_PATTERN)
+    limit: int = Field(MAX_WORKERS_PAGE, ge=1, le=500, description=f"default {MAX_WORKERS_PAGE}")
+    cursor: str | None = Field(
+        None, description="the next_cursor of the previous page", json_schema_extra={"pattern": WORKER_CURSOR_PATTERN}
+    )
+    messages = {"pool": "pool must be a pool name: lowercase letters, digits and '-'"}
+
+
+@operation(
+    "GET",
+    "/v1/workers",
+    operation_id="listWorkers",
+    summary="Workers and their last heartbeat (run ids: only your own runs'), a page at a time",
+    scope="runs:read",
+    query=WorkersQuery,
+    answers={200: Answer(WorkerList)},
+    valid_refusals={422: "a cursor of that form that is not the next_cursor of a page of this listing"},
+)
+def workers(call: Call, query: WorkersQuery) -> WorkerList:
+    ports = call.ports
+    found, cursor = workers_page(ports, query.pool, query.limit, query.cursor)
+    now, stale = ports.clock(), ports.settings.worker_stale_seconds
+    return WorkerList(workers=[worker_view(w, now, stale, call.principal) for w in found], next_cursor=cursor)

@@ -1,0 +1,209 @@
+"""Runs: submit, list, read, kill, reprioritise, and read logs and outputs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView, SetPriority
+from runplane.api.pages import within_page
+from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, ID_PATTERN, LOCATION, RUN_ID
+from runplane.api.routes.examples import PRIORITY_403, PRIORITY_EXAMPLES, RUN_EXAMPLES
+from runplane.api.routing import Answer, Call, Query, Reply, operation
+from runplane.api.views import run_view
+from runplane.domain import errors
+from runplane.domain.common import NAME_PATTERN
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import USER_PATTERN
+from runplane.metrics import emit
+from runplane.services import runs, sweeps
+from runplane.services.logs import MAX_OUTPUTS_PAGE, asked_attempt, attempt_over, read_logs, read_outputs
+from runplane.services.overview import why_waiting
+
+
+@operation(
+    "POST",
+    "/v1/runs",
+    operation_id="submitRun",
+    summary="Submit a run",
+    scope="runs:write",
+    body=RunSpec,
+    examples=RUN_EXAMPLES,
+    idempotency="a retry with the same key and body returns the same run (200)",
+    answers={
+        201: Answer(RunView, headers=LOCATION),
+        200: Answer(RunView, "replayed: the run this Idempotency-Key made", LOCATION),
+    },
+    raises=(errors.NotFound, errors.Conflict, errors.PayloadTooLarge),
+    notes={403: PRIORITY_403},
+    valid_refusals={
+        404: "an input or after names a run that does not exist (or another user's)",
+        409: "the Idempotency-Key was used for another request",
+        413: "the run's spec is too large",
+        422: "no pool can fit it, a bucket it reads is not allowed, a group that is not the caller's",
+    },
+)
+def submit(call: Call, body: RunSpec, key: str | None) -> Reply:
+    result = runs.submit_run(call.ports, call.principal, body, key)
+    if result.created:
+        emit("RunsSubmitted", 1, "api")
+    headers = {"Location": f"/v1/runs/{result.run.id}"}
+    return Reply(run_view(result.run), 201 if result.created else 200, headers)
+
+
+class RunsQuery(Query):
+    state: RunState | None = None
+    queue: str | None = Field(None, description="only this pool's", json_schema_extra={"pattern": NAME_PATTERN})
+    owner: str | None = Field(
+        None, description="another user's runs (admins only)", json_schema_extra={"pattern": USER_PATTERN}
+    )
+    sweep: str | None = Field(
+        None,
+        description="the members of this sweep released so far, in index order (not with owner or queue: 422)",
+        json_schema_extra={"pattern": ID_PATTERN},
+    )
+    limit: int = Field(50, ge=1, le=500)
+    cursor: str | None = Field(None, description=CURSOR_HELP, json_schema_extra={"pattern": CURSOR_PATTERN})
+    messages = {"state": f"unknown state {{value}}; states are {[s.value for s in RunState]}"}
+
+
+@operation(
+    "GET",
+    "/v1/runs",
+    operation_id="listRuns",
+    summary="List your runs (an admin: anyone's), newest first; pages stay under 5 MB",
+    scope="runs:read",
+    query=RunsQuery,
+    answers={200: Answer(RunPage)},
+    raises=(errors.NotFound,),
+    valid_refusals={
+        400: BAD_CURSOR,
+        404: "no such sweep, or another user's",
+        422: "sweep combined with owner or queue",
+    },
+)
+def list_runs(call: Call, query: RunsQuery) -> RunPage:
+    ports = call.ports
+    if query.sweep is not None:
+        if query.owner or query.queue:
+            raise errors.InvalidRequest("sweep cannot be combined with owner or queue")
+        sweep = sweeps.get_sweep(ports, call.principal, _sweep_id(query.sweep))
+        found, cursor = sweeps.members(ports, sweep, query.state, query.limit, query.cursor)
+        views, cursor = within_page([run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
+        return RunPage(runs=views, next_cursor=cursor)
+    owner = query.owner or call.principal.user
+    page = runs.list_runs(
+        ports, call.principal, owner=owner, state=query.state, queue=query.queue, limit=query.limit,
+        cursor=query.cursor,
+    )  # fmt: skip
+    resume = lambda n: ports.store.cursor_after(page.runs[n - 1], owner)  # noqa: E731
+    views, cursor = within_page([run_view(r) for r in page.runs], page.next_cursor, resume)
+    return RunPage(runs=views, next_cursor=cursor)
+
+
+def _sweep_id(sweep_id: str) -> str:
+    """A sweep id as a query gives it; one that cannot be an id is a sweep that does not exist."""
+    if not RUN_ID["run_id"].matches(sweep_id):
+        raise errors.NotFound(f"sweep {sweep_id[:80]!r} not found")
+    return sweep_id
+
+
+@operation(
+    "GET",
+    "/v1/runs/{run_id}",
+    operation_id="getRun",
+    summary="One run; a queued one says why it waits",
+    scope="runs:read",
+    path_params=RUN_ID,
+    answers={200: Answer(RunView)},
+)
+def get_run(call: Call, run_id: str) -> RunView:
+    run = runs.get_run(call.ports, call.principal, run_id)
+    return run_view(run, waiting_reason=why_waiting(call.ports, run))
+
+
+@operation(
+    "POST",
+    "/v1/runs/{run_id}/kill",
+    operation_id="killRun",
+    summary="Kill a run: a queued one at once, a running one within seconds",
+    scope="runs:write",
+    path_params=RUN_ID,
+    answers={202: Answer(RunView)},
+    raises=(errors.Conflict,),
+)
+def kill(call: Call, run_id: str) -> RunView:
+    return run_view(runs.kill_and_release(call.ports, call.principal, run_id))
+
+
+@operation(
+    "POST",
+    "/v1/runs/{run_id}/priority",
+    operation_id="setRunPriority",
+    summary="Change a queued run's priority (a user: up to the pool's max_user_priority)",
+    scope="runs:write",
+    path_params=RUN_ID,
+    body=SetPriority,
+    examples=PRIORITY_EXAMPLES,
+    answers={200: Answer(RunView, "changed; the run as it is now")},
+    raises=(errors.Conflict,),
+    notes={403: PRIORITY_403 + ", or its owner is no longer in the group it is charged to or allowed its inputs"},
+    valid_refusals={409: "the run is no longer queued", 422: "the run's pool cannot take it at that priority"},
+)
+def set_priority(call: Call, run_id: str, body: SetPriority) -> RunView:
+    return run_view(runs.set_priority(call.ports, call.principal, run_id, body.priority))
+
+
+ATTEMPT_HELP = "which attempt's (1 to the run's attempt; default: the latest)"
+
+
+class LogsQuery(Query):
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: int = Field(0, ge=0, le=2**62)
+    attempt: int | None = Field(None, description=ATTEMPT_HELP, json_schema_extra={"minimum": 1})
+    messages = {"stream": "stream must be stdout or stderr"}
+
+
+@operation(
+    "GET",
+    "/v1/runs/{run_id}/logs",
+    operation_id="readLogs",
+    summary="Read stdout or stderr from an offset, also while the run goes",
+    scope="runs:read",
+    path_params=RUN_ID,
+    query=LogsQuery,
+    answers={200: Answer(LogPage)},
+    valid_refusals={422: "an attempt the run has not had"},
+)
+def logs(call: Call, run_id: str, query: LogsQuery) -> LogPage:
+    run = runs.get_run(call.ports, call.principal, run_id)
+    attempt = asked_attempt(run, query.attempt)
+    page = read_logs(call.ports.objects, run, query.stream, query.offset, attempt=attempt)
+    return LogPage(data=page.data, next_offset=page.next_offset, complete=page.complete)
+
+
+class OutputsQuery(Query):
+    limit: int = Field(MAX_OUTPUTS_PAGE, ge=1, le=MAX_OUTPUTS_PAGE)
+    cursor: str | None = Field(None, description=CURSOR_HELP, json_schema_extra={"pattern": CURSOR_PATTERN})
+    attempt: int | None = Field(None, description=ATTEMPT_HELP, json_schema_extra={"minimum": 1})
+
+
+@operation(
+    "GET",
+    "/v1/runs/{run_id}/outputs",
+    operation_id="listOutputs",
+    summary="Output files with download URLs, a page at a time",
+    scope="runs:read",
+    path_params=RUN_ID,
+    query=OutputsQuery,
+    answers={200: Answer(OutputPage)},
+    valid_refusals={400: BAD_CURSOR + " (or of another attempt)", 422: "an attempt the run has not had"},
+)
+def outputs(call: Call, run_id: str, query: OutputsQuery) -> OutputPage:
+    run = runs.get_run(call.ports, call.principal, run_id)
+    attempt = asked_attempt(run, query.attempt)
+    page = read_outputs(call.ports.objects, run, cursor=query.cursor, limit=query.limit, attempt=attempt)
+    files = [OutputFile.model_validate(f) for f in page.files]
+    return OutputPage(files=files, next_cursor=page.next_cursor, complete=attempt_over(run, attempt))

@@ -1,0 +1,141 @@
+"""Sweeps: make, list, read, widen or narrow, kill and retry."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from runplane.api.models import SweepPage, SweepPatch, SweepRetried, SweepView
+from runplane.api.pages import within_page
+from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, LOCATION, SWEEP_ID
+from runplane.api.routes.examples import PRIORITY_403, RELEASE_403, SWEEP_EXAMPLES
+from runplane.api.routing import Answer, Call, Query, Reply, operation
+from runplane.api.views import sweep_view
+from runplane.domain import errors
+from runplane.domain.sweeps import Sweep, SweepSpec
+from runplane.domain.tenancy import USER_PATTERN
+from runplane.metrics import emit
+from runplane.services import sweeps
+
+
+def _view(call: Call, sweep: Sweep) -> SweepView:
+    return sweep_view(sweep, sweeps.progress(call.ports, sweep))
+
+
+@operation(
+    "POST",
+    "/v1/sweeps",
+    operation_id="createSweep",
+    summary="Make a sweep: one run per point of a parameter grid (times count), up to 10,000",
+    scope="runs:write",
+    body=SweepSpec,
+    examples=SWEEP_EXAMPLES,
+    idempotency="a retry with the same key and body returns the same sweep (200)",
+    answers={
+        201: Answer(SweepView, headers=LOCATION),
+        200: Answer(SweepView, "replayed: the sweep this Idempotency-Key made", LOCATION),
+    },
+    raises=(errors.NotFound, errors.Conflict),
+    notes={403: PRIORITY_403},
+    valid_refusals={
+        404: "an input or after names a run that does not exist (or another user's)",
+        409: "the Idempotency-Key was used for another request",
+        413: "its largest member's spec is too large",
+        422: "no pool can fit its members, a bucket they read is not allowed, too many open sweeps",
+    },
+)
+def create_sweep(call: Call, body: SweepSpec, key: str | None) -> Reply:
+    result = sweeps.create_sweep(call.ports, call.principal, body, key)
+    if result.created:
+        emit("SweepsCreated", 1, "api")
+    headers = {"Location": f"/v1/sweeps/{result.sweep.id}"}
+    return Reply(_view(call, result.sweep), 201 if result.created else 200, headers)
+
+
+class SweepsQuery(Query):
+    owner: str | None = Field(
+        None, description="another user's sweeps (admins only)", json_schema_extra={"pattern": USER_PATTERN}
+    )
+    limit: int = Field(20, ge=1, le=100)
+    cursor: str | None = Field(None, description=CURSOR_HELP, json_schema_extra={"pattern": CURSOR_PATTERN})
+
+
+@operation(
+    "GET",
+    "/v1/sweeps",
+    operation_id="listSweeps",
+    summary="Your sweeps (an admin: anyone's), newest first, counted as last recorded",
+    scope="runs:read",
+    query=SweepsQuery,
+    answers={200: Answer(SweepPage)},
+    valid_refusals={400: BAD_CURSOR},
+)
+def list_sweeps(call: Call, query: SweepsQuery) -> SweepPage:
+    ports = call.ports
+    found, cursor = sweeps.list_sweeps(ports, call.principal, query.owner, query.limit, query.cursor)
+    # a sweep's spec may be large: its page is held to the budget too
+    views, cursor = within_page(
+        [sweep_view(w) for w in found], cursor, lambda n: ports.sweeps.cursor_after(found[n - 1])
+    )
+    return SweepPage(sweeps=views, next_cursor=cursor)
+
+
+@operation(
+    "GET",
+    "/v1/sweeps/{sweep_id}",
+    operation_id="getSweep",
+    summary="One sweep: members by state and failure reason",
+    scope="runs:read",
+    path_params=SWEEP_ID,
+    answers={200: Answer(SweepView)},
+)
+def get_sweep(call: Call, sweep_id: str) -> SweepView:
+    return _view(call, sweeps.get_sweep(call.ports, call.principal, sweep_id))
+
+
+@operation(
+    "PATCH",
+    "/v1/sweeps/{sweep_id}",
+    operation_id="updateSweep",
+    summary="Change max_parallel while the sweep goes",
+    scope="runs:write",
+    path_params=SWEEP_ID,
+    body=SweepPatch,
+    examples={"four": {"summary": "4 at once", "value": {"max_parallel": 4}}},
+    answers={200: Answer(SweepView)},
+    raises=(errors.Conflict,),
+    notes={403: RELEASE_403},
+    valid_refusals={409: "the sweep has ended"},
+)
+def patch_sweep(call: Call, sweep_id: str, body: SweepPatch) -> SweepView:
+    ports = call.ports
+    return _view(call, sweeps.set_max_parallel(ports, call.principal, sweep_id, body.max_parallel))
+
+
+@operation(
+    "POST",
+    "/v1/sweeps/{sweep_id}/kill",
+    operation_id="killSweep",
+    summary="End every unfinished member (running ones within seconds)",
+    scope="runs:write",
+    path_params=SWEEP_ID,
+    answers={202: Answer(SweepView)},
+    raises=(errors.Conflict,),
+)
+def kill_sweep(call: Call, sweep_id: str) -> SweepView:
+    return _view(call, sweeps.kill_sweep(call.ports, call.principal, sweep_id))
+
+
+@operation(
+    "POST",
+    "/v1/sweeps/{sweep_id}/retry",
+    operation_id="retrySweep",
+    summary="Run again the members whose latest try failed, was killed or timed out",
+    scope="runs:write",
+    path_params=SWEEP_ID,
+    answers={200: Answer(SweepRetried)},
+    raises=(errors.Conflict, errors.PayloadTooLarge),
+    notes={403: RELEASE_403},
+)
+def retry_sweep(call: Call, sweep_id: str) -> SweepRetried:
+    sweep, again = sweeps.retry_sweep(call.ports, call.principal, sweep_id)
+    return SweepRetried(**_view(call, sweep).model_dump(), retried=again)

@@ -1,0 +1,105 @@
+"""What the API shows beyond a stored record: why a queued run waits, each pool's figures, and a
+page of workers. Read only; a record that adds a courtesy (a pool's dispatcher record) never makes
+a read fail when it cannot be read."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+from dataclasses import dataclass
+
+from runplane.domain import errors
+from runplane.domain.pools import Pool
+from runplane.domain.runs import Run
+from runplane.domain.states import RunState
+from runplane.domain.workers import PoolRecord, Worker
+from runplane.ports import PoolStateStore, Ports
+from runplane.services import dependencies
+from runplane.services.dispatch import FIGURES_STALE_SECONDS, alive_workers, explain_wait
+
+log = logging.getLogger(__name__)
+
+WORKER_CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,344}$"
+"""What a workers ``next_cursor`` looks like (base64url of a worker id, unpadded)."""
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """One pool as the pools view shows it."""
+
+    pool: Pool
+    backlog: int
+    workers: dict[str, int]
+    """Live workers by status (idle, busy, starting, draining)."""
+    record: PoolRecord
+
+
+def pool_record(states: PoolStateStore, pool: str) -> PoolRecord | None:
+    """The dispatcher's record of ``pool``; None if unreadable."""
+    try:
+        return states.get(pool)
+    except errors.RunplaneError as e:
+        log.warning("pool record of %s unreadable: %s", pool, e)
+        return None
+
+
+def why_waiting(ports: Ports, run: Run) -> str | None:
+    """Why ``run`` has not started, in words (None: it is not queued)."""
+    if run.state != RunState.QUEUED:
+        return None
+    if run.waiting_on:
+        return dependencies.describe(ports, run)
+    workers = alive_workers(ports, run.queue)
+    pool = ports.pools.get(run.queue)
+    record = pool_record(ports.pool_states, pool.name) if pool is not None else None
+    return explain_wait(pool, workers, run.waiting_reason, record, run)
+
+
+def live_counts(workers: list[Worker], record: PoolRecord) -> dict[str, int]:
+    """A pool's live workers by status, counting launched ones not registered yet as starting."""
+    counts = {"idle": 0, "busy": 0, "starting": 0, "draining": 0}
+    for worker in workers:
+        if worker.status in counts:
+            counts[worker.status] += 1
+    counts["starting"] += record.starting_among({w.id for w in workers})
+    return counts
+
+
+def pool_figures(ports: Ports) -> list[PoolFigures]:
+    """Each pool's backlog and workers as its dispatcher last counted them (one read per pool,
+    whatever the number of runs and workers); a pool no pass has counted, or none lately (its
+    dispatcher failing, say), is counted here."""
+    out = []
+    for pool in ports.pools.pools:
+        record = pool_record(ports.pool_states, pool.name) or PoolRecord(pool=pool.name)
+        counted = record.counted_at is not None and ports.clock() - record.counted_at <= FIGURES_STALE_SECONDS
+        if counted and record.backlog is not None:
+            out.append(PoolFigures(pool, record.backlog, dict(record.workers), record))
+            continue
+        workers = alive_workers(ports, pool.name)
+        backlog = ports.store.count(pool.name, RunState.QUEUED)
+        uncounted = record.model_copy(update={"counted_at": None})
+        out.append(PoolFigures(pool, backlog, live_counts(workers, record), uncounted))
+    return out
+
+
+def workers_page(ports: Ports, pool: str | None, limit: int, cursor: str | None) -> tuple[list[Worker], str | None]:
+    """A page of workers (of ``pool``) from where ``cursor`` left off, and the next cursor.
+    Raises InvalidRequest for a cursor that is not a ``next_cursor`` of this listing."""
+    found, after = ports.workers.page(pool, limit, None if cursor is None else _worker_after(cursor))
+    next_cursor = None if after is None else base64.urlsafe_b64encode(after.encode()).decode().rstrip("=")
+    return found, next_cursor
+
+
+def _worker_after(cursor: str) -> str:
+    """The worker id a workers cursor carries (base64url, so any id travels in a query string)."""
+    try:
+        if not re.fullmatch(WORKER_CURSOR_PATTERN, cursor):
+            raise ValueError(cursor)
+        after = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        if not after or not after.isprintable():
+            raise ValueError(after)
+    except ValueError as e:
+        raise errors.InvalidRequest("cursor must be the next_cursor of the previous page") from e
+    return after
