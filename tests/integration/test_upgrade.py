@@ -1,0 +1,338 @@
+"""Upgrading a stack from the previous release (CHANGELOG.md names its commit) to this tree, in the
+order the README gives: the functions first, then the agents; runs in flight keep going through
+both steps.
+
+The previous release is built from its commit in git history into a virtualenv of its own (its
+wheel, installed with uv ``--offline`` from the cache ``scripts/setup.sh --test`` fills, as
+tests/integration/test_packaging.py installs this tree's) and its programs run from there: its
+local stack's functions (the API front, the dispatcher and the reaper, ``python -m
+runplane.devstack``) and its worker agents. Both releases share one stack's stores (the moto server
+of the test session) and one pools file that both read.
+
+1. The previous functions and a previous agent: a run running, a run waiting on it, a run queued
+   in a pool with no worker yet.
+2. The functions change (the previous ones are killed, as a deploy replaces them: nothing of them
+   is left to tidy up; this tree's start on the same stores). The running run ends on the previous
+   agent and this tree's dispatcher releases the waiting one, which the previous agent runs; a
+   run submitted now reaches the previous agent too; an agent of this tree takes the queued run.
+3. The agents change: the previous agent is told to stop (SIGTERM) while it runs a run, which it
+   finishes before it exits; an agent of this tree takes the next.
+
+Every run succeeds, and its logs and outputs are read through this tree's API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker.errors
+import httpx
+import pytest
+
+from runplane.client import Client
+from runplane.devstack.process import config_json
+from runplane.devstack.stack import DevConfig, free_port
+from tests.conftest import FAST, ROOT, TEST_IMAGE, wait_for
+from tests.releases import CHANGELOG, Release, previous_release
+from worker_agent.workdir import sweep_dead
+
+pytestmark = pytest.mark.slow
+
+UV = Path(sys.executable).with_name("uv")
+PACKAGING = ROOT / ".venv" / "packaging"  # scripts/setup.sh --test fills it
+ADMIN_TOKEN = "upgrade-admin-token"
+# Both releases read this pools file: the fields of the previous release only. No pool gets workers
+# from the dispatcher (the test starts every agent itself); "old" runs one run at a time.
+SHAPE = {"backend": "local", "cpus": 2, "memory": "1g", "disk": "2g", "max_workers": 0, "default_time": "5m"}
+POOLS = {
+    "pools": [
+        {"name": name, "slots": slots, "default_image": TEST_IMAGE, **SHAPE} for name, slots in (("old", 1), ("new", 2))
+    ]
+}
+# The previous release's agent flags (those of FAST it knows: a flag added since would stop it).
+PREVIOUS_AGENT_FLAGS = ["--lease-seconds", "60", "--heartbeat-seconds", "2", "--poll-seconds", "1"]
+PREVIOUS_AGENT_FLAGS += ["--kill-poll-seconds", "0.5", "--pull", "never", "--network-mode", "host"]
+# How long the first run runs: past the change of the functions, which takes seconds (a stack's start).
+FIRST_RUN_SECONDS = 15
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without runplane's settings or Python's paths, plus ``extra``."""
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "PYTHON", "VIRTUAL_ENV"))}
+    return {**keep, **extra}
+
+
+def _uv(*args: str | Path) -> None:
+    env = _clean_env(UV_CACHE_DIR=str(PACKAGING / "cache"), UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1")
+    done = subprocess.run([str(UV), *map(str, args)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"uv {' '.join(map(str, args))} failed:\n{done.stderr[-4000:]}"
+
+
+@dataclass(frozen=True)
+class Installed:
+    release: Release
+    python: Path
+    home: Path
+    """A directory outside the checkout: its programs run there, so that ``python -m`` never finds
+    this tree's packages in the working directory."""
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The previous release of CHANGELOG.md, from its commit, in a virtualenv of its own with the
+    ``local`` extra (its local stack and its agent)."""
+    release = previous_release(CHANGELOG.read_text())
+    assert release.commit is not None
+    known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{release.commit}^{{commit}}"], check=False)
+    if known.returncode != 0:
+        pytest.fail(f"commit {release.commit} of release {release.version} is not in this clone's history")
+    stamp = PACKAGING / "cache" / f".primed-{hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:12]}"
+    if not stamp.exists() or not UV.exists():
+        pytest.fail("the package cache is missing or older than pyproject.toml: run scripts/setup.sh --test")
+    base = tmp_path_factory.mktemp(f"release-{release.version}")
+    source, wheels = base / "source", base / "wheels"
+    source.mkdir()
+    paths = ["pyproject.toml", "README.md", "runplane", "worker_agent", "functions"]
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", release.commit, *paths],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True, timeout=60)
+    # an absolute path: pip reads a bare word as the name of a package to fetch
+    wheel_of = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels)]
+    built = subprocess.run(
+        [*wheel_of, str(source.resolve())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert built.returncode == 0, built.stderr[-4000:]
+    (wheel,) = wheels.glob("runplane-*.whl")
+    venv = base / "venv"
+    _uv("venv", "-q", "--python", sys.executable, venv)
+    python = venv / "bin" / "python"
+    _uv("pip", "install", "-q", "--offline", "--python", python, "-c", PACKAGING / "constraints.txt", f"{wheel}[local]")
+    home = base / "home"
+    home.mkdir()
+    shown = subprocess.run(
+        [str(python), "-c", "import runplane, worker_agent; print(runplane.__version__, runplane.__file__)"],
+        cwd=home,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert shown[0] == release.version, f"the build of {release.commit} says it is {shown[0]}"
+    assert Path(shown[1]).is_relative_to(venv), f"the previous release imported this tree's runplane: {shown[1]}"
+    return Installed(release, python, home)
+
+
+class Functions:
+    """A local stack's functions (front, dispatcher, reaper) in a process of its own, started by
+    ``command`` (``python -m runplane.devstack CONFIG_JSON``), which prints one JSON line once it
+    serves."""
+
+    def __init__(self, command: list[str], cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=out
+            )
+        assert self.proc.stdout is not None
+        line, deadline = b"", time.monotonic() + 120
+        while not line.endswith(b"\n"):
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(self.proc.stdout.fileno(), 4096) if ready else b""
+            if not chunk:
+                self.kill()
+                raise AssertionError(f"the stack did not come up:\n{log.read_text(errors='replace')[-4000:]}")
+            line += chunk
+        self.api_url: str = json.loads(line)["api_url"]
+
+    def kill(self) -> None:
+        """SIGKILL: gone at once, as a deploy replaces a function, leaving runs and workers as they are."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Agent:
+    """A worker agent of ``python`` (either release's) serving ``pool`` of the stack in ``env``."""
+
+    def __init__(self, python: Path, flags: list[str], pool: str, tmp: Path, cwd: Path, env: dict[str, str]) -> None:
+        self.id = f"{pool}-{uuid.uuid4().hex[:6]}"
+        self.work = tmp / "work" / self.id
+        self.log = tmp / f"{self.id}.log"
+        command = [str(python), "-m", "worker_agent", "--pool", pool, "--id", self.id, "--work-dir", str(self.work)]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen([*command, *flags], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+Started = TypeVar("Started", Functions, Agent)
+
+
+@pytest.fixture
+def upgrade(previous: Installed, moto_endpoint: str, docker_client: Any, tmp_path: Path) -> Iterator[Any]:
+    """What the test starts (stacks, agents) is stopped afterwards, with the containers of its agents."""
+    prefix = f"up{uuid.uuid4().hex[:8]}"
+    pools = tmp_path / "pools.json"
+    pools.write_text(json.dumps(POOLS))
+    stores = {"RUNPLANE_CLOUD": "aws", "RUNPLANE_PREFIX": prefix, "RUNPLANE_AWS_ENDPOINT_URL": moto_endpoint}
+    env = _clean_env(**stores, RUNPLANE_POOLS=str(pools))
+    started: list[Functions | Agent] = []
+
+    def keep(thing: Started) -> Started:
+        started.append(thing)
+        return thing
+
+    def config(state: str) -> dict[str, Any]:
+        """The local stack's settings, in the fields of the previous release's DevConfig."""
+        return {
+            "port": free_port(),
+            "token": ADMIN_TOKEN,
+            "user": "admin",
+            "pools_file": str(pools),
+            "cloud": "aws",
+            "aws_endpoint_url": moto_endpoint,
+            "prefix": prefix,
+            "schedule_seconds": 1,
+            "state_dir": str(tmp_path / state),
+            "write_dev_file": False,
+        }
+
+    class Upgrade:
+        def previous_functions(self) -> Functions:
+            command = [str(previous.python), "-m", "runplane.devstack", json.dumps(config("previous"))]
+            return keep(Functions(command, previous.home, _clean_env(), tmp_path / "previous-functions.log"))
+
+        def current_functions(self) -> Functions:
+            settings = DevConfig(**{**config("current"), "state_dir": tmp_path / "current"})
+            command = [sys.executable, "-m", "runplane.devstack", config_json(settings)]
+            return keep(Functions(command, ROOT, _clean_env(), tmp_path / "current-functions.log"))
+
+        def previous_agent(self, pool: str) -> Agent:
+            return keep(Agent(previous.python, PREVIOUS_AGENT_FLAGS, pool, tmp_path, previous.home, env))
+
+        def current_agent(self, pool: str) -> Agent:
+            return keep(Agent(Path(sys.executable), FAST, pool, tmp_path, ROOT, env))
+
+    yield Upgrade()
+    for thing in reversed(started):
+        thing.stop()
+    for agent in started:
+        if isinstance(agent, Agent):
+            for container in docker_client.containers.list(
+                all=True, sparse=True, filters={"label": f"io.runplane.worker_id={agent.id}"}
+            ):
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True)
+    sweep_dead(tmp_path / "work")
+
+
+def _submit(client: Client, command: str, queue: str, **more: Any) -> str:
+    """A run submitted as any release's API takes it (its fields, nothing newer); returns its id."""
+    return str(client.request("POST", "/v1/runs", {"command": command, "queue": queue, **more})["id"])
+
+
+def _view(client: Client, run_id: str) -> dict[str, Any]:
+    view: dict[str, Any] = client.request("GET", f"/v1/runs/{run_id}")
+    return view
+
+
+def _wait_state(client: Client, run_id: str, state: str, timeout: float, log: Path | None = None) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        view = _view(client, run_id)
+        if view["state"] != state and view["state"] in ("succeeded", "failed", "killed", "timed_out"):
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise AssertionError(f"run {run_id} ended {view['state']} ({view.get('failure')}), not {state}\n{tail}")
+        return view if view["state"] == state else None
+
+    found: dict[str, Any] = wait_for(reached, timeout, 0.2, f"run {run_id} to be {state}")
+    return found
+
+
+def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upgrade: Any) -> None:
+    old = upgrade.previous_functions()
+    client = Client(old.api_url, ADMIN_TOKEN)
+    first = upgrade.previous_agent("old")
+    running = _submit(client, f"sleep {FIRST_RUN_SECONDS}; echo one; echo one > one.txt", "old")
+    waiting = _submit(client, "echo two", "old", after=[running])
+    queued = _submit(client, "echo three", "new")
+    _wait_state(client, running, "running", 60, first.log)
+    assert (_view(client, waiting)["state"], _view(client, waiting)["waiting_on"]) == ("queued", [running])
+    assert _view(client, queued)["state"] == "queued"
+
+    # the functions change; the runs go on
+    old.kill()
+    new = upgrade.current_functions()
+    client = Client(new.api_url, ADMIN_TOKEN)
+    assert _view(client, running)["state"] == "running", "the first run ended before the functions changed"
+    assert [_view(client, run)["state"] for run in (waiting, queued)] == ["queued", "queued"]
+    taker = upgrade.current_agent("new")
+    later = _submit(client, "echo four", "old")
+    for run in (running, waiting, queued, later):
+        _wait_state(client, run, "succeeded", 90, first.log)
+
+    # the agents change: the previous one finishes its run before it exits
+    draining = _submit(client, "sleep 3; echo five", "old")
+    _wait_state(client, draining, "running", 60, first.log)
+    first.proc.send_signal(signal.SIGTERM)
+    second = upgrade.current_agent("old")
+    last = _submit(client, "echo six", "old")
+    assert first.proc.wait(60) == 0, first.log.read_text(errors="replace")[-3000:]
+    for run in (draining, last):
+        _wait_state(client, run, "succeeded", 60, second.log)
+
+    workers = {run: _view(client, run)["worker_id"] for run in (running, waiting, queued, later, draining, last)}
+    assert workers == {
+        running: first.id,
+        waiting: first.id,  # released by this release's dispatcher, run by the previous agent
+        queued: taker.id,  # written by the previous functions, run by this release's agent
+        later: first.id,  # written by this release's functions, run by the previous agent
+        draining: first.id,
+        last: second.id,
+    }
+    said = {run: client.logs(run).data for run in workers}
+    assert said == {
+        running: "one\n",
+        waiting: "two\n",
+        queued: "three\n",
+        later: "four\n",
+        draining: "five\n",
+        last: "six\n",
+    }
+    (output,) = client.outputs(running)
+    assert (output.path, httpx.get(output.url, timeout=30).text) == ("one.txt", "one\n")
