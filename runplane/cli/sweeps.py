@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -13,8 +12,8 @@ from rich.text import Text
 
 from runplane.api.models import SweepView
 from runplane.cli.common import CliError, ExitCode, cell, client, err, id_column, out, print_json, when
-from runplane.cli.runs import AFTER, AFTER_SWEEP, command_line, pairs, retry_rule, run_ids
-from runplane.client import Client, RunState, Sweep
+from runplane.cli.run_options import command_line, run_flags
+from runplane.client import RunOptions, RunState, Sweep
 
 app = typer.Typer(no_args_is_help=True, help="Sweeps: one run per point of a parameter grid.")
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
@@ -48,6 +47,7 @@ def parse_param(text: str) -> tuple[str, list[str]]:
     return name, values
 
 
+@run_flags(leave_out=frozenset({"name"}))  # --name names the sweep
 def run(
     ctx: typer.Context,
     command: Annotated[list[str], typer.Argument(help="the command after --, run with sh -c")],
@@ -62,31 +62,15 @@ def run(
     count: Annotated[int | None, typer.Option(min=1, help="runs per grid point (or in all, with no --param)")] = None,
     max_parallel: Annotated[int | None, typer.Option(min=1, help="at most this many runs out at once")] = None,
     name: Annotated[str | None, typer.Option(help="a name for the sweep")] = None,
-    image: Annotated[str | None, typer.Option(help="Docker image (default: the pool's)")] = None,
-    cpus: Annotated[float | None, typer.Option(help="cpus per run")] = None,
-    gpus: Annotated[int | None, typer.Option(help="GPUs per run")] = None,
-    memory: Annotated[str | None, typer.Option(help="memory per run, e.g. 8g")] = None,
-    disk: Annotated[str | None, typer.Option(help="output disk per run, e.g. 10g")] = None,
-    time_limit: Annotated[str | None, typer.Option("--time", help="time limit per run, e.g. 2h")] = None,
-    queue: Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")] = None,
-    group: Annotated[str | None, typer.Option(help="the group of yours it is charged to")] = None,
-    priority: Annotated[int | None, typer.Option(min=0, max=100, help="0..100 (default 50)")] = None,
-    attempts: Annotated[int | None, typer.Option(min=1, max=10, help="retry: the most times each run goes")] = None,
-    retry_on: Annotated[
-        list[str] | None, typer.Option("--retry-on", help="retry: a failure reason that runs it again; repeatable")
-    ] = None,
-    memory_factor: Annotated[float | None, typer.Option(help="retry: an out_of_memory run's memory times this")] = None,
-    env: Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")] = None,
-    inputs: Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>")] = None,
-    network: Annotated[bool, typer.Option("--network", help="give the runs a network")] = False,
-    after: AFTER = None,
-    after_sweep: AFTER_SWEEP = None,
+    *,
+    options: RunOptions,
     idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two")] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until it has finished")] = False,
     as_json: JSON = False,
 ) -> None:
     """Make a sweep: one run of COMMAND per combination of --param values (times --count). Each
-    run gets its values as environment variables, and RUNPLANE_SWEEP_ID and RUNPLANE_SWEEP_INDEX."""
+    run gets its values as environment variables, and RUNPLANE_SWEEP_ID and RUNPLANE_SWEEP_INDEX;
+    the run options (--image, --memory, --attempts, ...) apply to each run."""
     parameters = dict(parse_param(p) for p in param or [])
     if len(parameters) != len(param or []):
         raise CliError("each --param NAME may be given once")
@@ -97,21 +81,7 @@ def run(
         max_parallel=max_parallel,
         sweep_name=name,
         idempotency_key=idempotency_key,
-        image=image,
-        cpus=cpus,
-        gpus=gpus,
-        memory=memory,
-        disk=disk,
-        time=time_limit,
-        queue=queue,
-        group=group,
-        priority=priority,
-        retry=retry_rule(attempts, retry_on, memory_factor),
-        env=pairs(env, "--env") or None,
-        inputs=pairs(inputs, "--input") or None,
-        network=network,
-        after=run_ids(after),
-        after_sweep=after_sweep,
+        **options,
     )
     if not made.created:
         err.print(f"already made as {made.id} (same --idempotency-key)", markup=False, highlight=False)
@@ -248,11 +218,3 @@ app.command()(status)
 app.command("ls")(list_sweeps)
 app.command()(kill)
 app.command()(retry)
-
-
-def download_sweep(api: Client, sweep_id: str, dest: Path, force: bool) -> list[Path]:
-    """Every released member's outputs (its latest try), member N's under ``dest/N``."""
-    written: list[Path] = []
-    for member in api.members(sweep_id):
-        written.extend(member.download(dest / str(member.view.sweep_index), force=force))
-    return written

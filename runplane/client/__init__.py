@@ -15,27 +15,23 @@ standard library (and runplane's wire models), so it is quick to import anywhere
 from runplane.api.models import (
     ErrorBody,
     LogPage,
-    Me,
     OutputFile,
     OutputPage,
     PoolView,
-    QuotaUsage,
-    QuotaView,
     RunFailure,
     RunPage,
     RunView,
     SweepRetried,
     SweepView,
-    Token,
-    TokenCreated,
-    UsageReport,
-    UsageRow,
-    UserView,
     WorkerView,
 )
-from runplane.client._async import AsyncClient, AsyncRun, AsyncSweep
+from runplane.api.tenancy_models import Me, QuotaUsage, QuotaView, Token, TokenCreated, UsageReport, UsageRow, UserView
+from runplane.client._async import AsyncClient
+from runplane.client._async_run import AsyncRun, AsyncSweep
 from runplane.client._core import RawResponse, RetryPolicy
-from runplane.client._sync import Client, Run, Sweep
+from runplane.client._options import RunOptions
+from runplane.client._sync import Client
+from runplane.client._sync_run import Run, Sweep
 from runplane.client.config import Profile, config_path, list_profiles, load_profile, save_profile
 from runplane.client.errors import (
     ApiError,
@@ -87,6 +83,7 @@ __all__ = [
     "RetryRule",
     "Run",
     "RunFailure",
+    "RunOptions",
     "RunPage",
     "RunSpec",
     "RunState",

@@ -9,54 +9,33 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
-from runplane.api.models import (
-    LogPage,
-    Me,
-    OutputFile,
-    PoolView,
-    QuotaView,
-    RunPage,
-    RunView,
-    SweepView,
-    Token,
-    TokenCreated,
-    UsageReport,
-    UserView,
-    WorkerView,
-)
+from runplane.api.models import LogPage, OutputFile, PoolView, RunPage, WorkerView
+from runplane.api.tenancy_models import Me, QuotaView, Token, TokenCreated, UsageReport, UserView
+from runplane.client._async_run import AsyncRun, AsyncSweep, PlanResult
 from runplane.client._core import (
     USER_AGENT,
     Dropped,
     Emit,
     Exchange,
     Fetch,
-    PartFile,
     Pause,
     Plan,
-    Plans,
     Progress,
     RawResponse,
     Send,
-    StateSeen,
     dropped,
-    sweep_run_body,
 )
-from runplane.client._run import RunBase, SweepBase
+from runplane.client._files import PartFile
+from runplane.client._options import RunOptions, run_body
+from runplane.client._plans import Plans
 from runplane.client.errors import DownloadFailed
-from runplane.domain.runs import Resources, RetryRule
 from runplane.domain.states import RunState
 
 T = TypeVar("T")
-
-
-class _Result:
-    """Where ``AsyncClient._steps`` leaves its plan's return value (an async generator has none)."""
-
-    value: Any = None
 
 
 class AsyncClient:
@@ -99,7 +78,7 @@ class AsyncClient:
 
     # --- the driver: performs a plan's steps ----------------------------------------------
 
-    async def _steps(self, plan: Plan[Any], result: _Result | None = None) -> AsyncIterator[Any]:
+    async def _steps(self, plan: Plan[Any], result: PlanResult | None = None) -> AsyncIterator[Any]:
         """Perform ``plan``'s steps, yielding what it emits; its return value goes to ``result``."""
         reply: Any = None
         try:
@@ -124,7 +103,7 @@ class AsyncClient:
 
     async def _drive(self, plan: Plan[T]) -> T:
         """Perform a plan that emits nothing; return what it returns."""
-        result = _Result()
+        result = PlanResult()
         async for item in self._steps(plan, result):
             raise TypeError(f"a plan run for its value emitted {item!r}")
         return result.value  # type: ignore[no-any-return]
@@ -175,50 +154,10 @@ class AsyncClient:
     # --- runs -------------------------------------------------------------------------------
 
     async def submit(
-        self,
-        command: str,
-        *,
-        image: str | None = None,
-        resources: Resources | Mapping[str, Any] | None = None,
-        cpus: float | None = None,
-        gpus: int | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        time: str | float | None = None,
-        queue: str | None = None,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        inputs: Mapping[str, str] | None = None,
-        network: bool = False,
-        tag: str | None = None,
-        idempotency_key: str | None = None,
-        group: str | None = None,
-        priority: int | None = None,
-        retry: RetryRule | Mapping[str, Any] | None = None,
-        after: Sequence[Any] | None = None,
-        after_sweep: Any = None,
+        self, command: str, *, idempotency_key: str | None = None, **options: Unpack[RunOptions]
     ) -> AsyncRun:
         """See ``Client.submit`` (``after``, ``after_sweep``: what it waits for)."""
-        limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
-        plan = self._plans.submit(
-            command,
-            image=image,
-            resources=resources,
-            limits=limits,
-            queue=queue,
-            name=name,
-            env=env,
-            inputs=inputs,
-            network=network,
-            tag=tag,
-            idempotency_key=idempotency_key,
-            group=group,
-            priority=priority,
-            retry=retry,
-            after=after,
-            after_sweep=after_sweep,
-        )
-        view, created = await self._drive(plan)
+        view, created = await self._drive(self._plans.submit(command, options, idempotency_key))
         return AsyncRun(self, view, created)
 
     async def submit_sweep(
@@ -230,11 +169,11 @@ class AsyncClient:
         max_parallel: int | None = None,
         sweep_name: str | None = None,
         idempotency_key: str | None = None,
-        **run: Any,
+        **run: Unpack[RunOptions],
     ) -> AsyncSweep:
         """See ``Client.submit_sweep``."""
         plan = self._plans.create_sweep(
-            sweep_run_body(command, run),
+            run_body(command, run),
             parameters=parameters,
             count=count,
             max_parallel=max_parallel,
@@ -412,103 +351,3 @@ class AsyncClient:
         """See ``Client.usage``."""
         filters = {"user": user, "group": group, "pool": pool, "since": since, "until": until, "by": by}
         return await self._drive(self._plans.usage(filters))
-
-
-class AsyncRun(RunBase):
-    """``Run`` for ``AsyncClient``: the same methods as coroutines; ``follow`` and
-    ``follow_chunks`` are async iterators."""
-
-    def __init__(self, client: AsyncClient, view: RunView, created: bool = False) -> None:
-        super().__init__(view, created)
-        self._client = client
-
-    async def refresh(self) -> AsyncRun:
-        self.view = await self._client._drive(self._client._plans.get(self.view.id))
-        return self
-
-    async def wait(self, timeout: float | None = None, poll: float = 0.5) -> AsyncRun:
-        self.view = await self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
-        return self
-
-    async def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:
-        return await self._client._drive(self._client._plans.all_logs(self.view.id, stream, attempt))
-
-    async def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> AsyncIterator[str]:
-        async for _, text in self.follow_chunks(streams, poll=poll):
-            yield text
-
-    async def follow_chunks(
-        self,
-        streams: tuple[str, ...] = ("stdout", "stderr"),
-        *,
-        on_state: Callable[[AsyncRun], None] | None = None,
-        poll: float = 0.5,
-    ) -> AsyncIterator[tuple[str, str]]:
-        result = _Result()
-        async for item in self._client._steps(self._client._plans.follow(self.view.id, tuple(streams), poll), result):
-            if isinstance(item, StateSeen):
-                self.view = item.view
-                if on_state is not None:
-                    on_state(self)
-            else:
-                yield item
-        self.view = result.value
-
-    async def kill(self) -> AsyncRun:
-        self.view = (await self._client.kill(self.view.id)).view
-        return self
-
-    async def set_priority(self, priority: int) -> AsyncRun:
-        self.view = (await self._client.set_priority(self.view.id, priority)).view
-        return self
-
-    def outputs(self, *, attempt: int | None = None) -> AsyncIterator[OutputFile]:
-        return self._client.outputs(self.view.id, attempt=attempt)
-
-    async def download(
-        self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
-    ) -> list[Path]:
-        return await self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
-
-
-class AsyncSweep(SweepBase):
-    """``Sweep`` for ``AsyncClient``."""
-
-    def __init__(self, client: AsyncClient, view: SweepView, created: bool = False) -> None:
-        super().__init__(view, created)
-        self._client = client
-
-    async def refresh(self) -> AsyncSweep:
-        self.view = await self._client._drive(self._client._plans.sweep(self.view.id))
-        return self
-
-    async def wait(
-        self,
-        timeout: float | None = None,
-        poll: float = 1.0,
-        *,
-        on_progress: Callable[[AsyncSweep], None] | None = None,
-    ) -> AsyncSweep:
-        result = _Result()
-        async for view in self._client._steps(self._client._plans.wait_sweep(self.view.id, timeout, poll), result):
-            self.view = view
-            if on_progress is not None:
-                on_progress(self)
-        self.view = result.value
-        return self
-
-    async def kill(self) -> AsyncSweep:
-        self.view = (await self._client.kill_sweep(self.view.id)).view
-        return self
-
-    async def retry(self) -> int:
-        sweep, count = await self._client.retry_sweep(self.view.id)
-        self.view = sweep.view
-        return count
-
-    async def set_max_parallel(self, max_parallel: int | None) -> AsyncSweep:
-        self.view = (await self._client.set_max_parallel(self.view.id, max_parallel)).view
-        return self
-
-    def members(self, *, state: RunState | str | None = None) -> AsyncIterator[AsyncRun]:
-        return self._client.members(self.view.id, state=state)

@@ -8,45 +8,30 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
-from runplane.api.models import (
-    LogPage,
-    Me,
-    OutputFile,
-    PoolView,
-    QuotaView,
-    RunPage,
-    RunView,
-    SweepView,
-    Token,
-    TokenCreated,
-    UsageReport,
-    UserView,
-    WorkerView,
-)
+from runplane.api.models import LogPage, OutputFile, PoolView, RunPage, WorkerView
+from runplane.api.tenancy_models import Me, QuotaView, Token, TokenCreated, UsageReport, UserView
 from runplane.client._core import (
     USER_AGENT,
     Dropped,
     Emit,
     Exchange,
     Fetch,
-    PartFile,
     Pause,
     Plan,
-    Plans,
     Progress,
     RawResponse,
     Send,
-    StateSeen,
     dropped,
-    sweep_run_body,
 )
-from runplane.client._run import RunBase, SweepBase
+from runplane.client._files import PartFile
+from runplane.client._options import RunOptions, run_body
+from runplane.client._plans import Plans
+from runplane.client._sync_run import Run, Sweep
 from runplane.client.errors import DownloadFailed
-from runplane.domain.runs import Resources, RetryRule
 from runplane.domain.states import RunState
 
 T = TypeVar("T")
@@ -179,30 +164,7 @@ class Client:
 
     # --- runs -------------------------------------------------------------------------------
 
-    def submit(
-        self,
-        command: str,
-        *,
-        image: str | None = None,
-        resources: Resources | Mapping[str, Any] | None = None,
-        cpus: float | None = None,
-        gpus: int | None = None,
-        memory: str | int | None = None,
-        disk: str | int | None = None,
-        time: str | float | None = None,
-        queue: str | None = None,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        inputs: Mapping[str, str] | None = None,
-        network: bool = False,
-        tag: str | None = None,
-        idempotency_key: str | None = None,
-        group: str | None = None,
-        priority: int | None = None,
-        retry: RetryRule | Mapping[str, Any] | None = None,
-        after: Sequence[Any] | None = None,
-        after_sweep: Any = None,
-    ) -> Run:
+    def submit(self, command: str, *, idempotency_key: str | None = None, **options: Unpack[RunOptions]) -> Run:
         """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
         sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
         one when none is given), so trying again after no answer makes no second run; with the
@@ -217,26 +179,7 @@ class Client:
         ``after``: runs (or run ids) of yours it waits for, ``after_sweep``: a sweep (or its id)
         of yours: it stays queued, holding no worker, until each has succeeded, and ends failed
         (``dependency_failed``) if one does not; a ``run:<id>`` input waits the same way."""
-        limits = {"cpus": cpus, "gpus": gpus, "memory": memory, "disk": disk, "time": time}
-        plan = self._plans.submit(
-            command,
-            image=image,
-            resources=resources,
-            limits=limits,
-            queue=queue,
-            name=name,
-            env=env,
-            inputs=inputs,
-            network=network,
-            tag=tag,
-            idempotency_key=idempotency_key,
-            group=group,
-            priority=priority,
-            retry=retry,
-            after=after,
-            after_sweep=after_sweep,
-        )
-        view, created = self._drive(plan)
+        view, created = self._drive(self._plans.submit(command, options, idempotency_key))
         return Run(self, view, created)
 
     def submit_sweep(
@@ -248,7 +191,7 @@ class Client:
         max_parallel: int | None = None,
         sweep_name: str | None = None,
         idempotency_key: str | None = None,
-        **run: Any,
+        **run: Unpack[RunOptions],
     ) -> Sweep:
         """Make a sweep of ``command``: one run per combination of ``parameters`` values (each
         name is an environment variable of its runs), times ``count``; at most ``max_parallel``
@@ -257,7 +200,7 @@ class Client:
         RUNPLANE_SWEEP_INDEX. Raises InvalidRequest for more than 10,000 members or a template
         no pool can run (docs/workflows.md)."""
         plan = self._plans.create_sweep(
-            sweep_run_body(command, run),
+            run_body(command, run),
             parameters=parameters,
             count=count,
             max_parallel=max_parallel,
@@ -463,122 +406,3 @@ class Client:
         moment the API cannot read, InvalidRequest for an unknown ``by`` or pool."""
         filters = {"user": user, "group": group, "pool": pool, "since": since, "until": until, "by": by}
         return self._drive(self._plans.usage(filters))
-
-
-class Run(RunBase):
-    """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``,
-    ``set_priority``, ``download``."""
-
-    def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
-        super().__init__(view, created)
-        self._client = client
-
-    def refresh(self) -> Run:
-        """Read the run again; returns itself."""
-        self.view = self._client._drive(self._client._plans.get(self.view.id))
-        return self
-
-    def wait(self, timeout: float | None = None, poll: float = 0.5) -> Run:
-        """Until the run has ended (``done``); returns itself. Raises WaitTimeout after
-        ``timeout`` seconds."""
-        self.view = self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
-        return self
-
-    def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:
-        """Everything ``stream`` holds so far (of ``attempt``; default the latest: an earlier
-        attempt's logs are kept when a retry rule runs it again)."""
-        return self._client._drive(self._client._plans.all_logs(self.view.id, stream, attempt))
-
-    def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> Iterator[str]:
-        """The text of ``streams`` as it arrives, until the run has ended and all of it is read."""
-        for _, text in self.follow_chunks(streams, poll=poll):
-            yield text
-
-    def follow_chunks(
-        self,
-        streams: tuple[str, ...] = ("stdout", "stderr"),
-        *,
-        on_state: Callable[[Run], None] | None = None,
-        poll: float = 0.5,
-    ) -> Iterator[tuple[str, str]]:
-        """``(stream, text)`` as the streams grow: whole lines while the run goes, the rest at the
-        end. The run is kept up to date; ``on_state(run)`` is called whenever its state (or why
-        it waits) changes. Ends when the run has ended and every stream is read to its end."""
-        steps = self._client._steps(self._client._plans.follow(self.view.id, tuple(streams), poll))
-        while True:
-            try:
-                item = next(steps)
-            except StopIteration as stop:
-                self.view = stop.value
-                return
-            if isinstance(item, StateSeen):
-                self.view = item.view
-                if on_state is not None:
-                    on_state(self)
-            else:
-                yield item
-
-    def kill(self) -> Run:
-        """Kill it (see ``Client.kill``); returns itself."""
-        self.view = self._client.kill(self.view.id).view
-        return self
-
-    def set_priority(self, priority: int) -> Run:
-        """Change its priority while it is queued (see ``Client.set_priority``); returns itself."""
-        self.view = self._client.set_priority(self.view.id, priority).view
-        return self
-
-    def outputs(self, *, attempt: int | None = None) -> Iterator[OutputFile]:
-        return self._client.outputs(self.view.id, attempt=attempt)
-
-    def download(self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None) -> list[Path]:
-        """Write every output file under ``dest`` and return their paths. Raises DownloadFailed,
-        before writing anything, for a path that would leave ``dest`` or an existing file of
-        another size; a file of the same size whose bytes differ is refused when it is reached.
-        ``force`` overwrites. ``progress(bytes_so_far, bytes_in_all)`` follows the whole
-        download."""
-        return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
-
-
-class Sweep(SweepBase):
-    """A sweep, with its client: ``refresh``, ``wait``, ``kill``, ``retry``, ``members``."""
-
-    def __init__(self, client: Client, view: SweepView, created: bool = False) -> None:
-        super().__init__(view, created)
-        self._client = client
-
-    def refresh(self) -> Sweep:
-        self.view = self._client._drive(self._client._plans.sweep(self.view.id))
-        return self
-
-    def wait(
-        self, timeout: float | None = None, poll: float = 1.0, *, on_progress: Callable[[Sweep], None] | None = None
-    ) -> Sweep:
-        """Until every member has ended; ``on_progress(sweep)`` after each read. Raises
-        WaitTimeout after ``timeout`` seconds."""
-        steps = self._client._steps(self._client._plans.wait_sweep(self.view.id, timeout, poll))
-        while True:
-            try:
-                self.view = next(steps)
-            except StopIteration as stop:
-                self.view = stop.value
-                return self
-            if on_progress is not None:
-                on_progress(self)
-
-    def kill(self) -> Sweep:
-        self.view = self._client.kill_sweep(self.view.id).view
-        return self
-
-    def retry(self) -> int:
-        """Run the failed, killed and timed-out members again; how many go."""
-        sweep, count = self._client.retry_sweep(self.view.id)
-        self.view = sweep.view
-        return count
-
-    def set_max_parallel(self, max_parallel: int | None) -> Sweep:
-        self.view = self._client.set_max_parallel(self.view.id, max_parallel).view
-        return self
-
-    def members(self, *, state: RunState | str | None = None) -> Iterator[Run]:
-        return self._client.members(self.view.id, state=state)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runplane.cli.runs import command_line
+from runplane.cli.run_options import command_line
 
 
 @pytest.mark.parametrize(

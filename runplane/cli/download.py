@@ -1,0 +1,72 @@
+"""``runplane download``: a run's (or a sweep's) output files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from runplane.cli.common import CliError, client, err, out, print_json
+from runplane.cli.last_run import RUN_ID, run_id_or_last
+from runplane.client import Client
+
+
+def download(
+    ctx: typer.Context,
+    run_id: RUN_ID = None,
+    dest: Annotated[Path, typer.Argument(metavar="DEST", help="directory to write the outputs into")] = Path(),
+    force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help='print {"files": [...]}, the files written')] = False,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="a sweep's outputs instead: member N's in DEST/N", show_default=False),
+    ] = None,
+) -> None:
+    """Download a run's output files (a progress bar on a terminal; the paths written on stdout)."""
+    if sweep is not None:
+        if run_id is not None and dest != Path():
+            raise CliError("give a run or --sweep SWEEP, not both (runplane download --sweep SWEEP DEST)")
+        if run_id is not None:  # the one argument is DEST
+            dest = Path(run_id)
+        files = download_sweep(client(ctx), sweep, dest, force)
+        if as_json:
+            print_json({"files": [str(p) for p in files]})
+            return
+        for path in files:
+            out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+        return
+    found = client(ctx).get(run_id_or_last(run_id))
+    if err.is_terminal and not as_json:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=err,
+            transient=True,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        ) as progress:
+            task = progress.add_task(f"{found.id} outputs", total=None)
+            written = found.download(
+                dest, force=force, progress=lambda done, total: progress.update(task, completed=done, total=total)
+            )
+    else:
+        written = found.download(dest, force=force)
+    if as_json:
+        print_json({"files": [str(p) for p in written]})
+        return
+    if not written:
+        err.print(f"{found.id}: no output files" + ("" if found.done else " yet (the run has not finished)"))
+    for path in written:
+        out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+
+
+def download_sweep(api: Client, sweep_id: str, dest: Path, force: bool) -> list[Path]:
+    """Every released member's outputs (its latest try), member N's under ``dest/N``."""
+    written: list[Path] = []
+    for member in api.members(sweep_id):
+        written.extend(member.download(dest / str(member.view.sweep_index), force=force))
+    return written

@@ -1,0 +1,39 @@
+"""The run that run commands default to: the last one ``runplane run`` submitted here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runplane.cli.common import CliError
+
+RUN_ID = Annotated[
+    str | None, typer.Argument(metavar="RUN", help="run id (default: your last run)", show_default=False)
+]
+
+
+def last_run_file() -> Path:
+    return Path.home() / ".runplane" / "last_run"
+
+
+def remember(run_id: str) -> None:
+    """Note ``run_id`` as the run commands default to (best effort: a read-only home is fine)."""
+    try:
+        last_run_file().parent.mkdir(parents=True, exist_ok=True)
+        last_run_file().write_text(run_id)
+    except OSError:
+        pass
+
+
+def run_id_or_last(run_id: str | None) -> str:
+    if run_id:
+        return run_id
+    try:
+        last = last_run_file().read_text().strip()
+    except OSError:
+        last = ""
+    if not last:
+        raise CliError("no run id given and no previous run to default to")
+    return last

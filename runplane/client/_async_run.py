@@ -1,0 +1,122 @@
+"""``AsyncRun`` and ``AsyncSweep``: ``Run`` and ``Sweep`` for ``AsyncClient``, their methods as
+coroutines and async iterators."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from runplane.api.models import OutputFile, RunView, SweepView
+from runplane.client._core import Progress, StateSeen
+from runplane.client._run import RunBase, SweepBase
+from runplane.domain.states import RunState
+
+if TYPE_CHECKING:
+    from runplane.client._async import AsyncClient
+
+
+class PlanResult:
+    """Where ``AsyncClient._steps`` leaves its plan's return value (an async generator has none)."""
+
+    value: Any = None
+
+
+class AsyncRun(RunBase):
+    """``Run`` for ``AsyncClient``: the same methods as coroutines; ``follow`` and
+    ``follow_chunks`` are async iterators."""
+
+    def __init__(self, client: AsyncClient, view: RunView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    async def refresh(self) -> AsyncRun:
+        self.view = await self._client._drive(self._client._plans.get(self.view.id))
+        return self
+
+    async def wait(self, timeout: float | None = None, poll: float = 0.5) -> AsyncRun:
+        self.view = await self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
+        return self
+
+    async def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:
+        return await self._client._drive(self._client._plans.all_logs(self.view.id, stream, attempt))
+
+    async def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> AsyncIterator[str]:
+        async for _, text in self.follow_chunks(streams, poll=poll):
+            yield text
+
+    async def follow_chunks(
+        self,
+        streams: tuple[str, ...] = ("stdout", "stderr"),
+        *,
+        on_state: Callable[[AsyncRun], None] | None = None,
+        poll: float = 0.5,
+    ) -> AsyncIterator[tuple[str, str]]:
+        result = PlanResult()
+        async for item in self._client._steps(self._client._plans.follow(self.view.id, tuple(streams), poll), result):
+            if isinstance(item, StateSeen):
+                self.view = item.view
+                if on_state is not None:
+                    on_state(self)
+            else:
+                yield item
+        self.view = result.value
+
+    async def kill(self) -> AsyncRun:
+        self.view = (await self._client.kill(self.view.id)).view
+        return self
+
+    async def set_priority(self, priority: int) -> AsyncRun:
+        self.view = (await self._client.set_priority(self.view.id, priority)).view
+        return self
+
+    def outputs(self, *, attempt: int | None = None) -> AsyncIterator[OutputFile]:
+        return self._client.outputs(self.view.id, attempt=attempt)
+
+    async def download(
+        self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
+    ) -> list[Path]:
+        return await self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+
+class AsyncSweep(SweepBase):
+    """``Sweep`` for ``AsyncClient``."""
+
+    def __init__(self, client: AsyncClient, view: SweepView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    async def refresh(self) -> AsyncSweep:
+        self.view = await self._client._drive(self._client._plans.sweep(self.view.id))
+        return self
+
+    async def wait(
+        self,
+        timeout: float | None = None,
+        poll: float = 1.0,
+        *,
+        on_progress: Callable[[AsyncSweep], None] | None = None,
+    ) -> AsyncSweep:
+        result = PlanResult()
+        async for view in self._client._steps(self._client._plans.wait_sweep(self.view.id, timeout, poll), result):
+            self.view = view
+            if on_progress is not None:
+                on_progress(self)
+        self.view = result.value
+        return self
+
+    async def kill(self) -> AsyncSweep:
+        self.view = (await self._client.kill_sweep(self.view.id)).view
+        return self
+
+    async def retry(self) -> int:
+        sweep, count = await self._client.retry_sweep(self.view.id)
+        self.view = sweep.view
+        return count
+
+    async def set_max_parallel(self, max_parallel: int | None) -> AsyncSweep:
+        self.view = (await self._client.set_max_parallel(self.view.id, max_parallel)).view
+        return self
+
+    def members(self, *, state: RunState | str | None = None) -> AsyncIterator[AsyncRun]:
+        return self._client.members(self.view.id, state=state)

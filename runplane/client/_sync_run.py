@@ -1,0 +1,134 @@
+"""``Run`` and ``Sweep``: a run and a sweep with the ``Client`` that read them (the blocking flavour)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from runplane.api.models import OutputFile, RunView, SweepView
+from runplane.client._core import Progress, StateSeen
+from runplane.client._run import RunBase, SweepBase
+from runplane.domain.states import RunState
+
+if TYPE_CHECKING:
+    from runplane.client._sync import Client
+
+
+class Run(RunBase):
+    """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``,
+    ``set_priority``, ``download``."""
+
+    def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    def refresh(self) -> Run:
+        """Read the run again; returns itself."""
+        self.view = self._client._drive(self._client._plans.get(self.view.id))
+        return self
+
+    def wait(self, timeout: float | None = None, poll: float = 0.5) -> Run:
+        """Until the run has ended (``done``); returns itself. Raises WaitTimeout after
+        ``timeout`` seconds."""
+        self.view = self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
+        return self
+
+    def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:
+        """Everything ``stream`` holds so far (of ``attempt``; default the latest: an earlier
+        attempt's logs are kept when a retry rule runs it again)."""
+        return self._client._drive(self._client._plans.all_logs(self.view.id, stream, attempt))
+
+    def follow(self, streams: tuple[str, ...] = ("stdout",), *, poll: float = 0.5) -> Iterator[str]:
+        """The text of ``streams`` as it arrives, until the run has ended and all of it is read."""
+        for _, text in self.follow_chunks(streams, poll=poll):
+            yield text
+
+    def follow_chunks(
+        self,
+        streams: tuple[str, ...] = ("stdout", "stderr"),
+        *,
+        on_state: Callable[[Run], None] | None = None,
+        poll: float = 0.5,
+    ) -> Iterator[tuple[str, str]]:
+        """``(stream, text)`` as the streams grow: whole lines while the run goes, the rest at the
+        end. The run is kept up to date; ``on_state(run)`` is called whenever its state (or why
+        it waits) changes. Ends when the run has ended and every stream is read to its end."""
+        steps = self._client._steps(self._client._plans.follow(self.view.id, tuple(streams), poll))
+        while True:
+            try:
+                item = next(steps)
+            except StopIteration as stop:
+                self.view = stop.value
+                return
+            if isinstance(item, StateSeen):
+                self.view = item.view
+                if on_state is not None:
+                    on_state(self)
+            else:
+                yield item
+
+    def kill(self) -> Run:
+        """Kill it (see ``Client.kill``); returns itself."""
+        self.view = self._client.kill(self.view.id).view
+        return self
+
+    def set_priority(self, priority: int) -> Run:
+        """Change its priority while it is queued (see ``Client.set_priority``); returns itself."""
+        self.view = self._client.set_priority(self.view.id, priority).view
+        return self
+
+    def outputs(self, *, attempt: int | None = None) -> Iterator[OutputFile]:
+        return self._client.outputs(self.view.id, attempt=attempt)
+
+    def download(self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None) -> list[Path]:
+        """Write every output file under ``dest`` and return their paths. Raises DownloadFailed,
+        before writing anything, for a path that would leave ``dest`` or an existing file of
+        another size; a file of the same size whose bytes differ is refused when it is reached.
+        ``force`` overwrites. ``progress(bytes_so_far, bytes_in_all)`` follows the whole
+        download."""
+        return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+
+class Sweep(SweepBase):
+    """A sweep, with its client: ``refresh``, ``wait``, ``kill``, ``retry``, ``members``."""
+
+    def __init__(self, client: Client, view: SweepView, created: bool = False) -> None:
+        super().__init__(view, created)
+        self._client = client
+
+    def refresh(self) -> Sweep:
+        self.view = self._client._drive(self._client._plans.sweep(self.view.id))
+        return self
+
+    def wait(
+        self, timeout: float | None = None, poll: float = 1.0, *, on_progress: Callable[[Sweep], None] | None = None
+    ) -> Sweep:
+        """Until every member has ended; ``on_progress(sweep)`` after each read. Raises
+        WaitTimeout after ``timeout`` seconds."""
+        steps = self._client._steps(self._client._plans.wait_sweep(self.view.id, timeout, poll))
+        while True:
+            try:
+                self.view = next(steps)
+            except StopIteration as stop:
+                self.view = stop.value
+                return self
+            if on_progress is not None:
+                on_progress(self)
+
+    def kill(self) -> Sweep:
+        self.view = self._client.kill_sweep(self.view.id).view
+        return self
+
+    def retry(self) -> int:
+        """Run the failed, killed and timed-out members again; how many go."""
+        sweep, count = self._client.retry_sweep(self.view.id)
+        self.view = sweep.view
+        return count
+
+    def set_max_parallel(self, max_parallel: int | None) -> Sweep:
+        self.view = self._client.set_max_parallel(self.view.id, max_parallel).view
+        return self
+
+    def members(self, *, state: RunState | str | None = None) -> Iterator[Run]:
+        return self._client.members(self.view.id, state=state)
