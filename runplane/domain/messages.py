@@ -4,26 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.states import FailureReason, RunState, known_reason
+from runplane.domain.wire import Record
 
 
-class RunMessage(BaseModel):
+class RunMessage(Record):
     """A hint on a pool queue that a run is waiting at ``attempt``. The store is the truth."""
-
-    model_config = ConfigDict(extra="forbid")
 
     v: int = SCHEMA_VERSION
     run_id: str
     attempt: int
 
 
-class RunEnd(BaseModel):
+class RunEnd(Record):
     """How a run ended, as its end event carries it to the dispatcher's metrics."""
-
-    model_config = ConfigDict(extra="forbid")
 
     state: RunState
     reason: Annotated[FailureReason | None, BeforeValidator(known_reason)] = None
@@ -32,7 +29,7 @@ class RunEnd(BaseModel):
     """Seconds from its submit to its last start (``Run.started_at``); None when it never started."""
 
 
-class DispatchEvent(BaseModel):
+class DispatchEvent(Record):
     """A nudge for the dispatcher that a pool's backlog changed, or that a run ended. Read
     tolerantly: an event another release wrote, with fields this one does not know, is still the
     nudge it was (dropping it would leave its sweep or waiting runs to the schedule)."""

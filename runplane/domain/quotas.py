@@ -6,23 +6,24 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from runplane.domain.common import NAME_PATTERN, SCHEMA_VERSION
 from runplane.domain.tenancy import USER_PATTERN
+from runplane.domain.wire import Record
 
 QuotaKind = Literal["user", "group"]
 Period = Literal["day", "week", "month"]
 
 
-class Quota(BaseModel):
+class Quota(Record):
     """What one user or group may hold of the pools: concurrent caps and budgets per period.
 
     A limit that is None does not apply. Budgets are in hours of the resource held (requested
     gpus or cpus times wall-clock time), per calendar ``period`` (UTC).
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     kind: QuotaKind
@@ -57,10 +58,10 @@ def quota_key(kind: QuotaKind, name: str) -> str:
     return f"{kind}:{name}"
 
 
-class Hold(BaseModel):
+class Hold(Record):
     """What one claimed attempt of a run holds of a user's or group's quota, until it ends."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     run_id: str
     attempt: int
@@ -87,12 +88,12 @@ MAX_BLOCKED = 100
 frees); more wait for the reaper's re-hint."""
 
 
-class UsageRecord(BaseModel):
+class UsageRecord(Record):
     """What a user or group holds now and has used this period. Every write is conditional on
     ``version`` (0: the record must not exist yet), so two workers claiming at once never both
     take the last of a cap: the second one's write fails and it reads again."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     kind: QuotaKind
@@ -125,14 +126,14 @@ class UsageRecord(BaseModel):
         return sum(h.cpus for h in self.holds.values())
 
 
-class Lane(BaseModel):
+class Lane(Record):
     """A user's place in the fair share of one pool at one priority (docs/scheduling.md; each
     priority is a line of its own, with its own virtual time): the fair tag the user's
     next run would take, ``tag``, and the ``lead`` over the pool's line that the user had at
     ``at``, which halves every ``Pool.fair_share_half_life``. Every write is conditional on
     ``version`` (0: the record must not exist yet), like a usage record's."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     pool: str

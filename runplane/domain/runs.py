@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from runplane.domain.common import (
     MAX_RUN_TIME,
@@ -26,6 +26,7 @@ from runplane.domain.common import (
 )
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
 from runplane.domain.units import MAX_SIZE
+from runplane.domain.wire import Record
 
 MAX_INPUTS = 64
 MAX_UPSTREAMS = 32
@@ -41,12 +42,12 @@ _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _INPUT_SOURCE = re.compile(rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?)")
 
 
-class RetryRule(BaseModel):
+class RetryRule(Record):
     """When a run that ended badly is queued again (docs/workflows.md). A lost worker is retried
     within ``attempts`` whatever ``on`` holds (it is never the run's doing), and a preempted
     worker's run is queued again without using one up."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     attempts: int = Field(ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10")
     on: list[Literal[tuple(RETRY_REASONS)]] = Field(  # type: ignore[valid-type]
@@ -68,7 +69,7 @@ class RetryRule(BaseModel):
         return sorted(set(value))
 
 
-class Failure(BaseModel):
+class Failure(Record):
     """Why a run did not succeed, as stored. Read tolerantly: a reason a later release added reads
     as ``agent_error``, its own name put at the head of the message; a field this release does not
     know is ignored (users never send one: the API answers with ``RunFailure``)."""
@@ -87,10 +88,10 @@ class Failure(BaseModel):
         return data
 
 
-class Resources(BaseModel):
+class Resources(Record):
     """What one run asks for. Sizes accept bytes or strings ("512m"); time accepts "90s", "1h"."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     cpus: float = Field(default=1.0, ge=0.01, le=1024)
     gpus: int = Field(default=0, ge=0, le=64)
@@ -109,10 +110,8 @@ class Resources(BaseModel):
     _times = field_validator("time", mode="before")(staticmethod(read_duration))
 
 
-class RunSpec(BaseModel):
+class RunSpec(Record):
     """A run submission as the API accepts it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     command: str = Field(min_length=1, max_length=65536)
     image: str | None = Field(default=None, min_length=1, max_length=512)
@@ -221,10 +220,8 @@ class RunSpec(BaseModel):
         return value
 
 
-class Usage(BaseModel):
+class Usage(Record):
     """Resource use, reported while the run goes and at its end."""
-
-    model_config = ConfigDict(extra="forbid")
 
     cpu_seconds: float | None = None
     """CPU time of the run's processes, all attempts together."""
@@ -238,18 +235,14 @@ class Usage(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
 
 
-class Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class Event(Record):
     at: float
     state: RunState | None = None
     message: str
 
 
-class Run(BaseModel):
+class Run(Record):
     """A run as stored. ``attempt`` counts claims: 0 before the first worker takes it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     v: int = SCHEMA_VERSION
     id: str

@@ -13,11 +13,12 @@ import math
 from collections import Counter
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
 from runplane.domain.common import SCHEMA_VERSION, check_env_name, control_character, hidden_character
 from runplane.domain.runs import MAX_DEPENDENTS, MAX_ENV, Event, RunSpec
 from runplane.domain.states import FailureReason, RunState
+from runplane.domain.wire import Record
 
 MAX_SWEEP = 10_000
 """The most members one sweep may have."""
@@ -94,10 +95,10 @@ def render(value: Any) -> str:
     return value if isinstance(value, str) else repr(value)
 
 
-class SweepSpec(BaseModel):
+class SweepSpec(Record):
     """A sweep as the API accepts it (POST /v1/sweeps)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     name: str | None = Field(default=None, max_length=200)
     run: RunSpec = Field(description="the template of every member: a POST /v1/runs body")
@@ -180,10 +181,8 @@ class SweepSpec(BaseModel):
         return dict(reversed(list(values.items())))
 
 
-class Sweep(BaseModel):
+class Sweep(Record):
     """A sweep as stored. ``version`` counts its writes; each is conditional on it."""
-
-    model_config = ConfigDict(extra="forbid")
 
     v: int = SCHEMA_VERSION
     id: str

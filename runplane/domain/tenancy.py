@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runplane.domain.common import NAME_PATTERN, SCHEMA_VERSION
+from runplane.domain.wire import Record, stored
 
 Scope = Literal["runs:read", "runs:write", "admin"]
 SCOPES: tuple[Scope, ...] = ("runs:read", "runs:write", "admin")
@@ -38,14 +39,14 @@ class Principal(BaseModel):
         return "admin" in self.scopes
 
 
-class ApiToken(BaseModel):
+class ApiToken(Record):
     """An API token as stored, under the SHA-256 of its secret (never the secret itself).
 
     A record that does not validate is no token: a store reading one answers as if it were absent,
     so a damaged or hand-written record fails closed.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     id: str = Field(pattern=TOKEN_ID_PATTERN)
@@ -63,7 +64,7 @@ class ApiToken(BaseModel):
         return Principal(user=self.user, scopes=list(self.scopes), groups=list(self.groups), token_id=self.id)
 
 
-class UserRecord(BaseModel):
+class UserRecord(Record):
     """What an administrator set for a user (``PUT /v1/users/{user}``), stored beside the tokens.
 
     Read tolerantly (another release may have written it); a record that does not validate is
@@ -85,6 +86,6 @@ class UserRecord(BaseModel):
         if doc is None:
             return None
         try:
-            return cls.model_validate_json(doc)
+            return stored(cls, doc)
         except ValueError:
             return None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.runs import Run
+from runplane.domain.wire import Record
 
 
-class StartingJob(BaseModel):
+class StartingJob(Record):
     """A worker the dispatcher launched whose agent has not registered yet. Read tolerantly, as
     the record holding it is."""
 
@@ -22,7 +23,7 @@ class StartingJob(BaseModel):
     """When a dispatcher pass first saw the engine run it (start timeouts count from here)."""
 
 
-class PoolRecord(BaseModel):
+class PoolRecord(Record):
     """The dispatcher's memory of one pool. Every write is conditional on ``version``, so two
     dispatchers acting at once never both launch: the second one's write fails and it backs off.
     Read tolerantly (another release may have written fields this one does not know), and written
@@ -83,10 +84,8 @@ class PoolRecord(BaseModel):
 WorkerStatus = Literal["starting", "idle", "busy", "draining", "offline"]
 
 
-class Worker(BaseModel):
+class Worker(Record):
     """What a worker agent reports at each heartbeat."""
-
-    model_config = ConfigDict(extra="forbid")
 
     v: int = SCHEMA_VERSION
     id: str

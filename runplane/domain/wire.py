@@ -1,0 +1,95 @@
+"""Records across releases: how stored records and queue messages are read and written.
+
+A ``Record`` is a model that is stored or travels on a queue (a run and everything in it, a
+worker, a pool record, a message, a sweep, a token, a quota, ...). Releases of the functions and of
+the agents run side by side on one stack, so each reads what another release wrote:
+
+- ``stored(Model, data)`` is the one reader of stored records and queue messages. A field this
+  release does not know, at any depth, is kept on the record (pydantic's ``extra="allow"`` for that
+  one validation), never an error; a field a record from an older release lacks takes its default.
+- Read any other way (a user's request: a run's spec is also what users send), a Record is strict:
+  an unknown field is an error naming it, and the API answers 422. Its JSON schema says
+  ``additionalProperties: false``, as strict as the server.
+- ``written(record)`` (``written_json``) is the one serializer of stored records and queue
+  messages: the fields it kept that this release does not know are written back unchanged, so a
+  record re-written whole by an older release loses nothing a newer one put there; and a field
+  marked ``Since`` (added after the previous release, whose readers refuse fields they do not know)
+  is left out while it holds its default, so that the previous release still reads the record.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Record(BaseModel):
+    """A model that is stored or travels on a queue: strict unless read with ``stored``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Since:
+    """Marks a field added after the previous release (``Annotated[T, Since("0.2")]``): it is left
+    out of what ``written`` makes while it holds its default, since the previous release's readers
+    refuse a field they do not know. The marker may go when no supported release lacks the field."""
+
+    release: str
+
+
+def stored(model: type[M], data: Any) -> M:
+    """``data`` (a mapping, or JSON text or bytes) read as a ``model`` that another release may have
+    written: fields ``model`` does not know, at any depth, are kept (``written`` writes them back).
+    Raises pydantic's ValidationError when a field this release knows is not valid."""
+    if isinstance(data, str | bytes | bytearray):
+        return model.model_validate_json(data, extra="allow")
+    return model.model_validate(data, extra="allow")
+
+
+def written(record: BaseModel) -> dict[str, Any]:
+    """``record`` as JSON data to store or send: with the fields it was read with that this release
+    does not know, and without ``Since`` fields that hold their default."""
+    data = record.model_dump(mode="json")
+    _complete(record, data)
+    return data
+
+
+def written_json(record: BaseModel) -> str:
+    """``written(record)`` as compact JSON text."""
+    return json.dumps(written(record), separators=(",", ":"), ensure_ascii=False)
+
+
+def _complete(model: BaseModel, data: dict[str, Any]) -> None:
+    """Put ``model``'s unknown fields into ``data`` (its dump) and drop its ``Since`` fields at their
+    default, at every depth."""
+    for name, field in type(model).model_fields.items():
+        if name not in data:
+            continue
+        value = getattr(model, name)
+        if any(isinstance(m, Since) for m in field.metadata) and value == field.get_default(call_default_factory=True):
+            del data[name]
+            continue
+        _nested(value, data[name])
+    extra = model.__pydantic_extra__
+    if extra:
+        for name, value in extra.items():
+            data.setdefault(name, value)
+
+
+def _nested(value: Any, data: Any) -> None:
+    if isinstance(value, BaseModel):
+        if isinstance(data, dict):
+            _complete(value, data)
+    elif isinstance(value, list | tuple) and isinstance(data, list):
+        for item, dumped in zip(value, data, strict=False):
+            _nested(item, dumped)
+    elif isinstance(value, dict) and isinstance(data, dict):
+        for key, dumped in data.items():
+            if key in value:
+                _nested(value[key], dumped)
