@@ -15,8 +15,8 @@ of the test session) and one pools file that both read.
    is left to tidy up; this tree's start on the same stores). The running run ends on the previous
    agent and this tree's dispatcher releases the waiting one, which the previous agent runs; a
    run submitted now reaches the previous agent too; an agent of this tree takes the queued run.
-3. The agents change: the previous agent is told to stop (SIGTERM) while it runs a run, which it
-   finishes before it exits; an agent of this tree takes the next.
+3. The agents change: the previous agent is told to stop (SIGTERM) while it runs a run; an agent
+   of this tree takes the next run meanwhile, and the previous agent finishes its run, then exits.
 
 Every run succeeds, and its logs and outputs are read through this tree's API.
 """
@@ -65,8 +65,9 @@ POOLS = {
 # The previous release's agent flags (those of FAST it knows: a flag added since would stop it).
 PREVIOUS_AGENT_FLAGS = ["--lease-seconds", "60", "--heartbeat-seconds", "2", "--poll-seconds", "1"]
 PREVIOUS_AGENT_FLAGS += ["--kill-poll-seconds", "0.5", "--pull", "never", "--network-mode", "host"]
-# How long the first run runs: past the change of the functions, which takes seconds (a stack's start).
-FIRST_RUN_SECONDS = 15
+# Runs the test holds running (through a change of functions or agents) wait for a file it makes in
+# their working directory (/runplane/output, on the agent's host), then remove it.
+GATE = "until [ -e go ]; do sleep 0.1; done; rm -f go; "
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -191,6 +192,11 @@ class Agent:
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen([*command, *flags], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
+    def open_gate(self, run_id: str) -> None:
+        """Let ``run_id``, running on this agent behind GATE, go on."""
+        found = wait_for(lambda: list(self.work.glob(f"**/runs/{run_id}-*/output")), 30, 0.1, f"{run_id}'s directory")
+        (found[0] / "go").write_text("")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -288,7 +294,7 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     old = upgrade.previous_functions()
     client = Client(old.api_url, ADMIN_TOKEN)
     first = upgrade.previous_agent("old")
-    running = _submit(client, f"sleep {FIRST_RUN_SECONDS}; echo one; echo one > one.txt", "old")
+    running = _submit(client, GATE + "echo one; echo one > one.txt", "old")
     waiting = _submit(client, "echo two", "old", after=[running])
     queued = _submit(client, "echo three", "new")
     _wait_state(client, running, "running", 60, first.log)
@@ -299,22 +305,24 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     old.kill()
     new = upgrade.current_functions()
     client = Client(new.api_url, ADMIN_TOKEN)
-    assert _view(client, running)["state"] == "running", "the first run ended before the functions changed"
-    assert [_view(client, run)["state"] for run in (waiting, queued)] == ["queued", "queued"]
+    assert [_view(client, run)["state"] for run in (running, waiting, queued)] == ["running", "queued", "queued"]
     taker = upgrade.current_agent("new")
     later = _submit(client, "echo four", "old")
+    first.open_gate(running)
     for run in (running, waiting, queued, later):
         _wait_state(client, run, "succeeded", 90, first.log)
 
     # the agents change: the previous one finishes its run before it exits
-    draining = _submit(client, "sleep 3; echo five", "old")
+    draining = _submit(client, GATE + "echo five", "old")
     _wait_state(client, draining, "running", 60, first.log)
     first.proc.send_signal(signal.SIGTERM)
     second = upgrade.current_agent("old")
     last = _submit(client, "echo six", "old")
+    _wait_state(client, last, "succeeded", 60, second.log)
+    assert (first.proc.poll(), _view(client, draining)["state"]) == (None, "running")
+    first.open_gate(draining)
     assert first.proc.wait(60) == 0, first.log.read_text(errors="replace")[-3000:]
-    for run in (draining, last):
-        _wait_state(client, run, "succeeded", 60, second.log)
+    _wait_state(client, draining, "succeeded", 60, first.log)
 
     workers = {run: _view(client, run)["worker_id"] for run in (running, waiting, queued, later, draining, last)}
     assert workers == {
