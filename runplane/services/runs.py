@@ -55,13 +55,26 @@ def run_id_for(owner: str, idempotency_key: str | None, secret: bytes, kind: str
     return prefix + digest[:24]
 
 
+HASHED_FIRST = frozenset(
+    {"command", "image", "name", "queue", "resources", "env", "inputs", "network", "tag", "group", "priority"}
+)
+"""The fields of a run's spec that its request hash held from its first version."""
+
+
+def added_since(spec: RunSpec, first: frozenset[str] = HASHED_FIRST) -> set[str]:
+    """The fields of ``spec`` added since ``first`` that hold their default: a request hash leaves
+    them out, so that a submit retried across an upgrade still finds its run."""
+    return {
+        name
+        for name, field in RunSpec.model_fields.items()
+        if name not in first and getattr(spec, name) == field.get_default(call_default_factory=True)
+    }
+
+
 def _request_hash(spec: RunSpec) -> str:
-    """What an Idempotency-Key's request was. Fields added since the first version are left out
-    while unset, so that a submit retried across an upgrade still finds its run."""
-    added_since = {"retry"} if spec.retry is None else set()
-    added_since |= {"after"} if not spec.after else set()
-    added_since |= {"after_sweep"} if spec.after_sweep is None else set()
-    data = spec.model_dump(mode="json", exclude=added_since)
+    """What an Idempotency-Key's request was (fields added since the first version left out while
+    they hold their default)."""
+    data = spec.model_dump(mode="json", exclude=added_since(spec))
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

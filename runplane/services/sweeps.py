@@ -39,7 +39,14 @@ from runplane.ports import SweepStore
 from runplane.services import dependencies
 from runplane.services.authority import check_caller
 from runplane.services.inputs import InputPolicy
-from runplane.services.runs import _check_priority, admit_spec, check_listing_owner, run_id_for
+from runplane.services.runs import (
+    HASHED_FIRST,
+    _check_priority,
+    added_since,
+    admit_spec,
+    check_listing_owner,
+    run_id_for,
+)
 from runplane.services.sweep_advance import DEPENDENCY_FAILED, SweepPorts, advance
 
 log = logging.getLogger(__name__)
@@ -54,9 +61,8 @@ class Created:
 def _request_hash(spec: SweepSpec) -> str:
     """What an Idempotency-Key's request was; the template's fields added since sweeps came are
     left out while unset, so that a create retried across an upgrade still finds its sweep."""
-    added_since = {"after"} if not spec.run.after else set()
-    added_since |= {"after_sweep"} if spec.run.after_sweep is None else set()
-    data = spec.model_dump(mode="json", exclude={"run": added_since} if added_since else None)
+    added = added_since(spec.run, HASHED_FIRST | {"retry"})
+    data = spec.model_dump(mode="json", exclude={"run": added} if added else None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
