@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from runplane.compute import agent_args_for, build_backend
+from runplane.compute.options import agent_args_for
+from runplane.compute.registry import build_backend, check_pool
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.pools import Pool, PoolConfig, load_pools
 from runplane.ports import (
@@ -168,7 +169,7 @@ def _stack(settings: StackSettings, tokens: TokenStore, **stores: Any) -> Stack:
     """What both clouds share: the pools and the token cache around the adapters."""
     return Stack(
         settings=settings,
-        pools=load_pools(settings.pools or default_pools_text()),
+        pools=load_pools(settings.pools or default_pools_text(), check=check_pool),
         tokens=CachedTokens(tokens),
         **stores,
     )

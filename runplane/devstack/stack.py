@@ -30,7 +30,8 @@ import docker.errors
 import requests
 
 from runplane import bootstrap
-from runplane.compute.local import LocalCompute
+from runplane.compute.local.compute import LocalCompute
+from runplane.compute.registry import check_pool
 from runplane.devstack.cloud import Cloud, FrontRequest
 from runplane.devstack.net import free_port
 from runplane.domain.errors import NotFound, RunplaneError
@@ -240,7 +241,7 @@ class DevStack:
         return self.config.state_dir / str(self.config.port)
 
     def _pools_text(self) -> str:
-        pools = load_pools(self.config.pools_file or bootstrap.default_pools_text())
+        pools = load_pools(self.config.pools_file or bootstrap.default_pools_text(), check=check_pool)
         if self.config.pools_file is None:  # the built-in pool takes this machine's shape
             for pool in pools.pools:
                 pool.cpus = float(os.cpu_count() or 1)

@@ -20,7 +20,7 @@ from functions.azure import api, dispatcher, function_app, reaper
 from runplane import bootstrap
 from runplane.adapters.azure.queues import events_queue_name, poison_queue_name
 from runplane.api.gateway import http_event, response_parts
-from runplane.compute.local import LocalCompute
+from runplane.compute.local.compute import LocalCompute
 from runplane.devstack.functions_host import FunctionsHost, HostOptions
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.errors import RunplaneError
@@ -38,7 +38,8 @@ POOLS = """
 pools:
   - {name: default, backend: local, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
   - {name: parked, backend: local, cpus: 2, memory: 4g, max_workers: 0, default_image: img}
-  - {name: broken, backend: kubernetes, cpus: 2, memory: 2g, max_workers: 3, default_image: img}
+  - {name: broken, backend: kubernetes, cpus: 2, memory: 2g, max_workers: 3, default_image: img,
+     options: {image: img, kubeconfig: /nonexistent/kubeconfig}}
 """
 ALICE = {"Authorization": "Bearer alice-token"}
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from runplane.compute.local import LocalCompute
+from runplane.compute.local.compute import LocalCompute
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.pools import Pool
 from runplane.domain.runs import RunSpec

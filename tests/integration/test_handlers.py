@@ -10,7 +10,7 @@ import pytest
 
 from runplane import bootstrap
 from runplane.adapters.aws.provision import provision
-from runplane.compute.local import LocalCompute
+from runplane.compute.local.compute import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.pools import Pool
 from runplane.domain.runs import RunSpec

@@ -31,7 +31,7 @@ from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK, Dy
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
-from runplane.compute.aws_batch import job_definition_request
+from runplane.compute.aws_batch.compute import job_definition_request
 from runplane.domain.pools import Pool
 from runplane.domain.workers import Worker
 from runplane.settings import StackSettings

@@ -42,6 +42,7 @@ import docker.errors
 import httpx
 import pytest
 
+from runplane import __version__
 from runplane.client import Client
 from runplane.devstack.process import config_json
 from runplane.devstack.stack import DevConfig, free_port
@@ -240,6 +241,8 @@ def upgrade(previous: Installed, moto_endpoint: str, docker_client: Any, tmp_pat
         }
 
     class Upgrade:
+        previous_version = previous.release.version
+
         def previous_functions(self) -> Functions:
             command = [str(previous.python), "-m", "runplane.devstack", json.dumps(config("previous"))]
             return keep(Functions(command, previous.home, _clean_env(), tmp_path / "previous-functions.log"))
@@ -290,6 +293,12 @@ def _wait_state(client: Client, run_id: str, state: str, timeout: float, log: Pa
     return found
 
 
+def _agent_versions(client: Client) -> dict[str, str]:
+    """Each live worker's agent version, as this tree's API lists workers."""
+    listed = client.request("GET", "/v1/workers", query={"limit": 500})["workers"]
+    return {worker["id"]: worker["agent_version"] for worker in listed if worker["status"] != "offline"}
+
+
 def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upgrade: Any) -> None:
     old = upgrade.previous_functions()
     client = Client(old.api_url, ADMIN_TOKEN)
@@ -308,6 +317,8 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     assert [_view(client, run)["state"] for run in (running, waiting, queued)] == ["running", "queued", "queued"]
     taker = upgrade.current_agent("new")
     later = _submit(client, "echo four", "old")
+    wait_for(lambda: _agent_versions(client).get(taker.id), 30, 0.2, "this tree's agent to register")
+    assert {first.id: upgrade.previous_version, taker.id: __version__}.items() <= _agent_versions(client).items()
     first.open_gate(running)
     for run in (running, waiting, queued, later):
         _wait_state(client, run, "succeeded", 90, first.log)

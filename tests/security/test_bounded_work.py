@@ -25,7 +25,7 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 from runplane import bootstrap
-from runplane.compute.local import LocalCompute
+from runplane.compute.local.compute import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.errors import BackendError, InvalidRequest, NotFound, RunplaneError
 from runplane.domain.messages import DispatchEvent
