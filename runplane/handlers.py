@@ -13,6 +13,7 @@ from runplane.bootstrap import Stack
 from runplane.domain.errors import InvalidRequest, NotFound, OutOfTime, RunplaneError
 from runplane.domain.messages import DispatchEvent
 from runplane.domain.runs import SWEEP_PREFIX
+from runplane.domain.wire import stored
 from runplane.domain.workers import PoolRecord
 from runplane.services import dependencies, sweep_advance
 from runplane.services.budget import Budget, metered
@@ -79,7 +80,7 @@ class PoolDispatcher:
             if self.time_left is not None and self.time_left() < TIME_LEFT_MARGIN:
                 raise OutOfTime("too little time left in this invocation; the event is tried again")
             try:
-                event = DispatchEvent.model_validate_json(record.body)
+                event = stored(DispatchEvent, record.body)
             except ValidationError:
                 log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
                 return None

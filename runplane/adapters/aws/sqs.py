@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.wire import stored, written_json
 from runplane.ports import Delivery
 
 log = logging.getLogger(__name__)
@@ -51,10 +52,10 @@ class SqsRunQueue:
             raise BackendError(f"send to {name}: {e}") from e
 
     def send(self, pool: str, message: RunMessage) -> None:
-        self._send(pool_queue_name(self.prefix, pool), message.model_dump_json())
+        self._send(pool_queue_name(self.prefix, pool), written_json(message))
 
     def notify(self, event: DispatchEvent) -> None:
-        self._send(events_queue_name(self.prefix), event.model_dump_json())
+        self._send(events_queue_name(self.prefix), written_json(event))
 
     def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
         url = self._url(pool_queue_name(self.prefix, pool))
@@ -71,7 +72,7 @@ class SqsRunQueue:
         deliveries = []
         for msg in resp.get("Messages", []):
             try:
-                message = RunMessage.model_validate_json(msg["Body"])
+                message = stored(RunMessage, msg["Body"])
             except ValidationError:
                 log.warning("dropping unreadable message on pool %s: %.200s", pool, msg["Body"])
                 self.client.delete_message(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"])

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from runplane.adapters.azure.errors import error_code
 from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.wire import stored, written_json
 from runplane.ports import Delivery
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,10 @@ class StorageQueueRunQueue:
             raise BackendError(f"send to {name}: {error_code(e) or e.message}") from e
 
     def send(self, pool: str, message: RunMessage) -> None:
-        self._send(pool_queue_name(self.prefix, pool), message.model_dump_json())
+        self._send(pool_queue_name(self.prefix, pool), written_json(message))
 
     def notify(self, event: DispatchEvent) -> None:
-        self._send(events_queue_name(self.prefix), event.model_dump_json())
+        self._send(events_queue_name(self.prefix), written_json(event))
 
     def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
         deadline = self.clock() + max(0.0, wait_seconds)
@@ -130,7 +131,7 @@ class StorageQueueRunQueue:
                 self._to_poison(name, msg, f"received {msg.dequeue_count} times")
                 continue
             try:
-                message = RunMessage.model_validate_json(base64.b64decode(str(msg.content), validate=True))
+                message = stored(RunMessage, base64.b64decode(str(msg.content), validate=True))
             except (ValueError, ValidationError):  # not base64, not JSON or not a RunMessage
                 self._to_poison(name, msg, "unreadable")
                 continue
