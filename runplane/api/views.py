@@ -7,25 +7,19 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from runplane.api.models import (
-    Me,
     PoolLaunches,
     PoolShape,
     PoolView,
     PoolWorkerCounts,
-    QuotaUsage,
-    QuotaView,
     RunEvent,
     RunFailure,
     RunUsage,
     RunView,
     SweepView,
-    Token,
-    UsageReport,
-    UsageRow,
-    UserView,
     WorkerView,
     timestamp,
 )
+from runplane.api.tenancy_models import Me, QuotaUsage, QuotaView, Token, UsageReport, UsageRow, UserView
 from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import FailureReason, RunState

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from runplane.api.models import QuotaView
+from runplane.api.tenancy_models import QuotaView
 from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json, when
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import enum
 import getpass
-import time
 from typing import Annotated
 
 import typer
 from rich.table import Column, Table
 from rich.text import Text
 
-from runplane.api.models import TokenCreated, UserView
+from runplane.api.tenancy_models import TokenCreated, UserView
 from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
@@ -89,13 +88,12 @@ def _direct_token(user: str, groups: list[str], scopes: list[str] | None, expire
     try:
         stack = build_stack()
         made = create_token(
-            stack.tokens,
+            stack.ports,
             user=user,
             groups=groups,
             scopes=scopes,
             expires_in=expires,
             created_by=f"{getpass.getuser()} (runplane token create --direct)",
-            now=time.time(),
         )
     except RunplaneError as e:
         raise CliError(e.message) from None

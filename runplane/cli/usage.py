@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from runplane.api.models import UsageRow
+from runplane.api.tenancy_models import UsageRow
 from runplane.cli.common import cell, client, err, out, print_json, when
 from runplane.cli.quotas import number
 

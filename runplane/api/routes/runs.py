@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView, SetPriority
+from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView
 from runplane.api.pages import within_page
+from runplane.api.requests import SetPriority
 from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, ID_PATTERN, LOCATION, RUN_ID
 from runplane.api.routes.examples import PRIORITY_403, PRIORITY_EXAMPLES, RUN_EXAMPLES
 from runplane.api.routing import Answer, Call, Query, Reply, operation

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from runplane.api.models import SweepPage, SweepPatch, SweepRetried, SweepView
+from runplane.api.models import SweepPage, SweepRetried, SweepView
 from runplane.api.pages import within_page
+from runplane.api.requests import SweepPatch
 from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, LOCATION, SWEEP_ID
 from runplane.api.routes.examples import PRIORITY_403, RELEASE_403, SWEEP_EXAMPLES
 from runplane.api.routing import Answer, Call, Query, Reply, operation

@@ -4,20 +4,10 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from runplane.api.models import (
-    Me,
-    QuotaLimits,
-    QuotaList,
-    QuotaView,
-    TokenCreate,
-    TokenCreated,
-    TokenList,
-    UsageReport,
-    UserSettings,
-    UserView,
-)
+from runplane.api.requests import QuotaLimits, TokenCreate, UserSettings
 from runplane.api.routes.examples import QUOTA_EXAMPLES, TOKEN_EXAMPLES, USER_EXAMPLES
 from runplane.api.routing import Answer, Call, PathParam, Query, Reply, operation
+from runplane.api.tenancy_models import Me, QuotaList, QuotaView, TokenCreated, TokenList, UsageReport, UserView
 from runplane.api.views import me_view, quota_view, token_view, usage_view, user_view
 from runplane.domain import errors
 from runplane.domain.common import NAME_PATTERN

@@ -1,0 +1,107 @@
+"""The bodies users send to the HTTP API: strict (an unknown field is a 422 that names it), and the
+OpenAPI document takes their schemas from here (``RunSpec`` and ``SweepSpec`` are the domain's)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runplane.domain.common import NAME_PATTERN, duration_or_text
+from runplane.domain.quotas import Period
+from runplane.domain.sweeps import MAX_SWEEP
+from runplane.domain.tenancy import USER_PATTERN, Scope
+from runplane.domain.units import MAX_DURATION
+
+
+class TokenCreate(BaseModel):
+    """``POST /v1/tokens``: a token for ``user`` (admins only)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    user: str = Field(pattern=USER_PATTERN, description="who the token acts for")
+    groups: list[Annotated[str, Field(pattern=NAME_PATTERN)]] = Field(
+        default_factory=list, max_length=32, description="groups of that user (workers with --group, input buckets)"
+    )
+    scopes: list[Scope] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=3,
+        description='what it may do; default ["runs:read", "runs:write"]',
+    )
+    expires_in: Annotated[
+        str | Annotated[float, Field(gt=0)] | None,
+        duration_or_text(0, MAX_DURATION, ["30d", "12h", 86400], exclusive=True),
+    ] = Field(default=None, description='lifetime, e.g. "30d", "12h" or seconds, up to a year; none: never expires')
+
+
+class QuotaLimits(BaseModel):
+    """``PUT /v1/quotas/users/{user}`` and ``.../groups/{group}``: the quota's limits (admins only).
+
+    The body replaces the quota whole: a limit left out (or null) does not apply, and ``{}``
+    makes a quota that limits nothing and only counts use. Numbers must be JSON numbers (no text,
+    no booleans), finite and not negative. Budgets are hours of the resource held (a run's gpus or
+    cpus times its wall-clock time) per calendar ``period`` in UTC; 0 refuses every run that asks
+    for any of it.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        allow_inf_nan=False,
+        json_schema_extra={"examples": [{"max_running": 4, "max_gpus": 2, "gpu_hours": 200, "period": "month"}]},
+    )
+
+    max_running: int | None = Field(
+        default=None, ge=0, le=1_000_000, strict=True, description="runs started and not yet ended, at once"
+    )
+    max_gpus: int | None = Field(
+        default=None, ge=0, le=1_000_000, strict=True, description="GPUs held by running runs, at once"
+    )
+    max_cpus: float | None = Field(
+        default=None, ge=0, le=1_000_000, strict=True, description="cpus held by running runs, at once"
+    )
+    gpu_hours: float | None = Field(
+        default=None, ge=0, le=1e9, strict=True, description="GPU-hours per period (gpus x hours run)"
+    )
+    cpu_hours: float | None = Field(
+        default=None, ge=0, le=1e9, strict=True, description="cpu-hours per period (cpus x hours run)"
+    )
+    period: Period = Field(default="month", description="the calendar period (UTC) budgets are counted in")
+
+
+class SetPriority(BaseModel):
+    """``POST /v1/runs/{run_id}/priority``: the priority a queued run takes from now on.
+
+    A user may give a priority up to the run's pool's ``max_user_priority``; an admin, any. The
+    number must be a JSON integer (no text, no fraction, no boolean)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"priority": 80}]})
+
+    priority: int = Field(
+        ge=0, le=100, strict=True, description="0..100: the run starts before every waiting run of lower priority"
+    )
+
+
+class UserSettings(BaseModel):
+    """``PUT /v1/users/{user}``: what an administrator sets for a user (admins only)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    default_group: str | None = Field(
+        pattern=NAME_PATTERN,
+        description="the group the user's runs and sweeps are charged to when they name none and their token "
+        "carries several groups; one of the user's groups; null: none (a run must then name its group)",
+    )
+
+
+class SweepPatch(BaseModel):
+    """``PATCH /v1/sweeps/{id}``: how many members may be out at once, while it goes."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"max_parallel": 4}]})
+
+    max_parallel: int | None = Field(
+        ge=1,
+        le=MAX_SWEEP,
+        strict=True,
+        description="null: as many as the pool can run; members out beyond a lowered cap go on",
+    )
