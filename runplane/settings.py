@@ -102,6 +102,23 @@ class Settings(BaseSettings):
         ``<env_prefix><FIELD_NAME>``, or ``()`` for a rule between fields."""
         return cls(**EnvironSource(cls, os.environ if environ is None else environ)())
 
+    def environment(self) -> dict[str, str]:
+        """The variables ``from_env`` reads these settings back from: ``<env_prefix><NAME>`` of each
+        field given (None left out), as text. What a process started with them needs to have them."""
+        source = EnvironSource(type(self), {})
+        return {
+            source.env_names(name)[0]: str(value)
+            for name in sorted(self.model_fields_set)
+            if (value := getattr(self, name)) is not None
+        }
+
+    def exported(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """``environ`` with these settings in place of the ones it names: the environment of a process
+        (an agent, a job) that must read exactly these settings, and the rest of ``environ``."""
+        source = EnvironSource(type(self), {})
+        own = {source.env_names(name)[0] for name in type(self).model_fields}
+        return {**{k: v for k, v in environ.items() if k not in own}, **self.environment()}
+
 
 class StackSettings(Settings):
     """Where the stores are and how the control plane behaves. Shared by every deployable.

@@ -1,9 +1,10 @@
-"""What the backends share: worker ids and job names, the stack settings handed to agents,
-which environment names hold credentials (never passed to workers as plain values), and
-absolute paths."""
+"""What the backends share: worker ids and job names, the agent's command line, the stack settings
+handed to agents, which environment names hold credentials (never passed to workers as plain
+values), absolute paths, and the check of a pool's options against its backend's model."""
 
 from __future__ import annotations
 
+import shlex
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, TypeVar
@@ -49,6 +50,14 @@ def worker_of(name: str, pool: str) -> str | None:
     return worker_id if name.startswith(prefix) and worker_id.startswith(f"{pool}-") else None
 
 
+def agent_args_for(pool: Pool, extra: str = "") -> list[str]:
+    """The agent command line every backend passes down to the workers of ``pool``."""
+    args = ["--pool", pool.name, "--slots", str(pool.slots), "--idle-seconds", f"{pool.idle_seconds:g}"]
+    if pool.runs_per_worker:
+        args += ["--exit-after-num-runs", str(pool.runs_per_worker)]
+    return args + shlex.split(extra)
+
+
 def stack_environment(environ: Mapping[str, str], hide_credentials: bool) -> dict[str, str]:
     """What an agent needs to find the stack: the ``RUNPLANE_*`` settings of ``environ``, less
     the agent arguments (they go on its command line) and, with ``hide_credentials``, less the
@@ -91,6 +100,6 @@ def check_options(model: type[Options], pool: Pool) -> Options:
     try:
         return model.model_validate(pool.options)
     except ValidationError as e:
-        known = ", ".join(model.model_fields)
+        known = ", ".join(model.model_fields) or "none"
         problems = "; ".join(_problem(error, known) for error in e.errors())
         raise InvalidRequest(f"pool {pool.name}: bad {pool.backend} options: {problems}") from e

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,6 +17,8 @@ from runplane.domain.runs import Resources, RetryRule
 from runplane.domain.units import format_bytes, format_duration
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
+"""The compute backends: the names of ``runplane.compute.registry.BACKENDS``, each with its options
+model and builder there (tests/unit/test_backend_registry.py holds the two lists equal)."""
 
 
 class Pool(BaseModel):
@@ -157,10 +160,12 @@ class PoolConfig(BaseModel):
         return next((p for p in self.pools if p.name == name), None)
 
 
-def load_pools(text_or_path: str) -> PoolConfig:
-    """Read pools from a YAML/JSON file path or an inline YAML/JSON document.
+def load_pools(text_or_path: str, check: Callable[[Pool], object] | None = None) -> PoolConfig:
+    """Read pools from a YAML/JSON file path or an inline YAML/JSON document. ``check`` is run on
+    each pool (its backend's check of its options: ``runplane.compute.registry.check_pool``) and
+    may raise InvalidRequest.
 
-    Raises ValueError with the file and the first problem when the config is not valid.
+    Raises ValueError with one line, the file and the first problem, when the config is not valid.
     """
     source = "inline pools"
     text = text_or_path
@@ -184,11 +189,18 @@ def load_pools(text_or_path: str) -> PoolConfig:
     if isinstance(data, list):
         data = {"pools": data}
     try:
-        return PoolConfig.model_validate(data)
+        config = PoolConfig.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"{source}: {where}: {first['msg']}") from e
+    for pool in config.pools:
+        try:
+            if check is not None:
+                check(pool)
+        except InvalidRequest as e:
+            raise ValueError(f"{source}: {e.message}") from e
+    return config
 
 
 def dump_pools(config: PoolConfig) -> str:

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from runplane.adapters.aws.clients import AwsConfig, make_client
-from runplane.compute.aws_batch import AwsBatchCompute
+from runplane.compute.aws_batch.compute import AwsBatchCompute
 from runplane.domain.pools import Pool
 from tests.conftest import TEST_IMAGE, batch_queue, wait_for
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from runplane.compute.azure_batch import AzureBatchCompute, BatchServiceError
+from runplane.compute.azure_batch.compute import AzureBatchCompute
+from runplane.compute.azure_batch.rest import BatchServiceError
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
 from runplane.settings import StackSettings

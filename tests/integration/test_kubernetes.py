@@ -17,7 +17,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from runplane.compute.kubernetes import KubernetesCompute, job_manifest, parse_options
+from runplane.compute.kubernetes.compute import KubernetesCompute, job_manifest
+from runplane.compute.kubernetes.options import options as parse_options
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
 

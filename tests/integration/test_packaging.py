@@ -325,13 +325,13 @@ def test_runplane_dev_of_the_local_and_azure_extras_runs_a_run(
         ),
         pytest.param(
             "kubernetes",
-            "from runplane.compute.kubernetes import KubernetesCompute; KubernetesCompute()",
+            "from runplane.compute.kubernetes.compute import KubernetesCompute; KubernetesCompute()",
             ("boto3", "moto", "docker", "aws-lambda-powertools", "azure-"),
             id="kubernetes",
         ),
         pytest.param(
             "azure-batch",
-            "from runplane.compute.azure_batch import AzureBatchCompute, BatchClient",
+            "from runplane.compute.azure_batch.compute import AzureBatchCompute, BatchClient",
             ("boto3", "moto", "docker", "aws-lambda-powertools", "kubernetes", "azure-data-tables"),
             id="azure-batch",
         ),

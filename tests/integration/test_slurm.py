@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from runplane.compute.slurm import SlurmCompute
+from runplane.compute.slurm.compute import SlurmCompute
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
 from tests.conftest import wait_for

@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 
-from runplane.compute import BUILDERS
-from runplane.compute.aws_batch import AwsBatchCompute, job_definition_request, submit_job_request
+from runplane.compute.aws_batch.compute import AwsBatchCompute, job_definition_request, submit_job_request
 from runplane.compute.options import stack_environment
+from runplane.compute.registry import build_backend
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.pools import Pool
+from runplane.settings import StackSettings
 
 STACK_ENV = {"RUNPLANE_PREFIX": "p1", "RUNPLANE_AWS_REGION": "eu-west-1"}
 
@@ -165,5 +166,6 @@ def test_list_follows_next_token_for_every_live_status_and_keeps_this_pools_jobs
     ]
 
 
-def test_registered_as_a_builder():
-    assert "aws-batch" in BUILDERS
+def test_the_registry_builds_it_on_the_settings_endpoint():
+    compute = build_backend("aws-batch", StackSettings(aws_endpoint_url="http://127.0.0.1:1"))
+    assert isinstance(compute, AwsBatchCompute) and compute.client.meta.endpoint_url == "http://127.0.0.1:1"

@@ -14,17 +14,11 @@ from azure.core.credentials import AccessToken
 from azure.core.pipeline import PipelineContext, PipelineRequest
 from azure.core.rest import HttpRequest
 
-from runplane.compute import BUILDERS
-from runplane.compute.azure_batch import (
-    API_VERSION,
-    AzureBatchCompute,
-    BatchClient,
-    BatchServiceError,
-    parse_options,
-    stack_environment,
-)
 from runplane.compute.azure_batch.auth import BatchSharedKeyPolicy, string_to_sign
-from runplane.compute.azure_batch.compute import iso_duration, parse_time
+from runplane.compute.azure_batch.compute import AzureBatchCompute, iso_duration, parse_time, stack_environment
+from runplane.compute.azure_batch.options import options as parse_options
+from runplane.compute.azure_batch.rest import API_VERSION, BatchClient, BatchServiceError
+from runplane.compute.registry import build_backend
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
 from runplane.settings import StackSettings
@@ -523,12 +517,12 @@ def test_bad_options_fail_before_anything_is_sent(service):
 
 def test_builder_needs_the_account_url():
     with pytest.raises(InvalidRequest, match="RUNPLANE_AZURE_BATCH_ACCOUNT_URL"):
-        BUILDERS["azure-batch"](StackSettings())
+        build_backend("azure-batch", StackSettings())
 
 
 def test_builder_with_a_key_signs_with_it():
     settings = StackSettings(azure_batch_account_url=ENDPOINT, azure_batch_account_key=TEST_KEY)
-    compute = BUILDERS["azure-batch"](settings)
+    compute = build_backend("azure-batch", settings)
     assert isinstance(compute, AzureBatchCompute) and compute.client.account == "runplanetest"
 
 

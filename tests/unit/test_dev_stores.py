@@ -72,3 +72,17 @@ def test_an_aws_endpoint_that_does_not_answer_is_one_line(tmp_path, closed_port)
     [line] = dev(tmp_path, "--aws-endpoint", f"http://127.0.0.1:{closed_port}")
     assert line.startswith(f"error: cannot use the aws stores: provision stack at http://127.0.0.1:{closed_port}: ")
     assert "Could not connect" in line
+
+
+def test_a_pool_with_bad_options_is_one_line_naming_the_pool_and_the_option(tmp_path):
+    """A pools file is checked whole as it loads, each pool's options by its backend: the mistake
+    stops `runplane dev` before any service starts, not at the first launch minutes later."""
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        "  - {name: cpu, backend: local, cpus: 1, memory: 1g, default_image: busybox}\n"
+        "  - {name: gpu, backend: aws-batch, cpus: 1, memory: 1g, default_image: busybox, options: {image: a}}\n"
+    )
+    assert dev(tmp_path, "--pools", str(pools)) == [
+        f"error: {pools}: pool gpu: bad aws-batch options: job_queue: required"
+    ]

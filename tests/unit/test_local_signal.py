@@ -4,7 +4,7 @@ do not; each stays listed until it has exited."""
 import signal
 import sys
 
-from runplane.compute.local import LocalCompute
+from runplane.compute.local.compute import LocalCompute
 from runplane.domain.pools import Pool
 from tests.conftest import wait_for
 

@@ -106,3 +106,21 @@ def test_settings_are_frozen():
     settings = StackSettings.from_env({})
     with pytest.raises(ValidationError):
         settings.prefix = "other"
+
+
+def test_the_environment_of_settings_reads_back_as_the_same_settings():
+    settings = StackSettings(prefix="p", worker_stale_seconds=30, aws_endpoint_url="http://127.0.0.1:5000", cloud="aws")
+    assert settings.environment() == {
+        "RUNPLANE_AWS_ENDPOINT_URL": "http://127.0.0.1:5000",
+        "RUNPLANE_CLOUD": "aws",
+        "RUNPLANE_PREFIX": "p",
+        "RUNPLANE_WORKER_STALE_SECONDS": "30.0",
+    }
+    assert StackSettings.from_env(settings.environment()) == settings
+
+
+def test_exported_settings_replace_the_ones_of_the_environment_and_keep_the_rest():
+    environ = {"PATH": "/bin", "RUNPLANE_RUNS_TABLE": "someone-elses", "RUNPLANE_AGENT_PULL": "never"}
+    exported = StackSettings(prefix="p").exported(environ)
+    assert exported == {"PATH": "/bin", "RUNPLANE_AGENT_PULL": "never", "RUNPLANE_PREFIX": "p"}
+    assert StackSettings.from_env(exported) == StackSettings(prefix="p")

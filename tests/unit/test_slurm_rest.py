@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from runplane.compute.slurm import SlurmCompute
 from runplane.compute.slurm.cli import parse_squeue
+from runplane.compute.slurm.compute import SlurmCompute
 from runplane.compute.slurm.jobs import backend_job, job_spec, map_state
-from runplane.compute.slurm.options import slurm_options
+from runplane.compute.slurm.options import options as slurm_options
 from runplane.compute.slurm.rest import RestTransport, SlurmRestError, check_reply, parse_jobs, token_claims
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool

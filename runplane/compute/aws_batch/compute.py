@@ -1,21 +1,6 @@
 """Workers as AWS Batch jobs: one container per worker, running the agent image.
 
-Pool ``options``:
-
-- ``job_queue`` (required): the Batch job queue the workers are submitted to.
-- ``image``: the agent image (default ``runplane/agent:local``); its entrypoint is
-  ``runplane-agent``.
-- ``job_role_arn``: the IAM role the worker container runs as. Credentials come from this role
-  (the container credentials endpoint); AWS keys are never put in a job definition.
-- ``work_dir``: a host path mounted at the same path in the agent container (default
-  ``/var/lib/runplane``). The agent starts run containers through the host's Docker engine,
-  which bind-mounts run directories by host path: the path must be the same on both sides.
-- ``docker_socket``: the host's Docker socket (default ``/var/run/docker.sock``), mounted at
-  ``/var/run/docker.sock``.
-- ``environment``: extra environment for the worker container (settings such as
-  ``RUNPLANE_AGENT_*`` flags, not credentials: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``
-  and ``AWS_SESSION_TOKEN`` are refused).
-- ``tags``: extra tags for the job definition and the jobs.
+Pool ``options``: ``options.py``.
 
 One job definition per pool shape (image, resources, role, environment) is registered once and
 reused: its name carries a hash of the shape, so a changed shape gets a new definition, never a
@@ -33,12 +18,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runplane.adapters.aws.clients import AwsConfig, make_client
+from runplane.compute.aws_batch.options import options as pool_options
 from runplane.compute.options import (
-    AbsolutePath,
-    check_options,
-    credentials_in,
     job_name,
     new_worker_id,
     stack_environment,
@@ -47,10 +30,8 @@ from runplane.compute.options import (
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
+from runplane.settings import StackSettings
 
-DEFAULT_IMAGE = "runplane/agent:local"
-DEFAULT_WORK_DIR = "/var/lib/runplane"
-DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 CONTAINER_SOCKET = "/var/run/docker.sock"
 LIVE_STATES = {
     "SUBMITTED": "pending",
@@ -61,34 +42,6 @@ LIVE_STATES = {
 }
 
 
-class AwsBatchOptions(BaseModel):
-    """The ``options`` of an aws-batch pool (docs/pools.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    job_queue: str = Field(min_length=1)
-    image: str = DEFAULT_IMAGE
-    job_role_arn: str | None = None
-    work_dir: AbsolutePath = DEFAULT_WORK_DIR
-    docker_socket: AbsolutePath = DEFAULT_DOCKER_SOCKET
-    environment: dict[str, str] = Field(default_factory=dict)
-    tags: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("environment")
-    @classmethod
-    def _no_credentials(cls, env: dict[str, str]) -> dict[str, str]:
-        secrets = credentials_in(env)
-        if secrets:
-            raise ValueError(
-                f"must not hold credentials ({', '.join(secrets)}); give the workers a job_role_arn instead"
-            )
-        return env
-
-
-def _options(pool: Pool) -> AwsBatchOptions:
-    return check_options(AwsBatchOptions, pool)
-
-
 def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str, Any]:
     """The ``register_job_definition`` request for the workers of ``pool``.
 
@@ -96,7 +49,7 @@ def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str
     pool's ``environment`` option is laid over it, and the agent's work dir is the mounted one.
     The name ends in a hash of everything else, so equal shapes share one definition.
     """
-    o = _options(pool)
+    o = pool_options(pool)
     env = {**stack_env, **o.environment, "RUNPLANE_AGENT_WORK_DIR": o.work_dir}
     resources = [
         {"type": "VCPU", "value": str(max(1, math.ceil(pool.cpus)))},
@@ -132,7 +85,7 @@ def job_definition_request(pool: Pool, stack_env: Mapping[str, str]) -> dict[str
 
 def submit_job_request(pool: Pool, worker_id: str, job_definition: str, agent_args: Sequence[str]) -> dict[str, Any]:
     """The ``submit_job`` request that starts one worker agent for ``pool``."""
-    o = _options(pool)
+    o = pool_options(pool)
     return {
         "jobName": job_name(pool.name, worker_id),
         "jobQueue": o.job_queue,
@@ -208,7 +161,7 @@ class AwsBatchCompute(ComputeBackend):
         return jobs
 
     def list(self, pool: Pool) -> list[BackendJob]:
-        queue = _options(pool).job_queue
+        queue = pool_options(pool).job_queue
         jobs: dict[str, BackendJob] = {}
         for status, state in LIVE_STATES.items():
             token: str | None = None
@@ -269,3 +222,10 @@ class AwsBatchCompute(ComputeBackend):
         if job is None or job.get("status") in ("SUCCEEDED", "FAILED"):
             return
         self._call("terminate_job", self.client.terminate_job, jobId=job_id, reason="runplane: cancelled")
+
+
+def build(settings: StackSettings) -> AwsBatchCompute:
+    """The backend of ``aws-batch`` pools, on the region and endpoint of ``settings``; its workers
+    find the stack by ``settings``."""
+    config = AwsConfig(region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
+    return AwsBatchCompute(make_client("batch", config), environ=settings.exported(os.environ))

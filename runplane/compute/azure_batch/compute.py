@@ -23,7 +23,9 @@ from typing import Any
 
 from azure.core.pipeline.transport import HttpTransport
 
-from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions, parse_options
+from runplane import extras
+from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions
+from runplane.compute.azure_batch.options import options as pool_options
 from runplane.compute.azure_batch.rest import BatchClient, BatchServiceError
 from runplane.compute.options import job_name, new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
@@ -196,13 +198,13 @@ class AzureBatchCompute(ComputeBackend):
             )
         credential = None
         if not settings.azure_batch_account_key:
-            try:
-                from azure.identity import DefaultAzureCredential
-            except ImportError as e:
-                raise InvalidRequest(
-                    "compute backend 'azure-batch' without RUNPLANE_AZURE_BATCH_ACCOUNT_KEY uses the managed "
-                    "identity, which needs azure-identity: pip install 'runplane[azure]'"
-                ) from e
+            missing = extras.requirement(
+                "compute backend 'azure-batch' with the managed identity (no account key)", ("azure",)
+            )
+            if missing is not None:
+                raise InvalidRequest(missing)
+            from azure.identity import DefaultAzureCredential
+
             credential = DefaultAzureCredential()
         client = BatchClient(
             settings.azure_batch_account_url,
@@ -218,7 +220,7 @@ class AzureBatchCompute(ComputeBackend):
 
     def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
         """One task per worker: a single add for one worker, addtaskcollection calls for more."""
-        options = parse_options(pool)
+        options = pool_options(pool)
         tasks = [task_request(pool, options, self.worker_ids(pool), agent_args, self.environment) for _ in range(count)]
         jobs: list[BackendJob] = []
         if len(tasks) == 1:
@@ -273,7 +275,7 @@ class AzureBatchCompute(ComputeBackend):
             )
 
     def list(self, pool: Pool) -> list[BackendJob]:
-        options = parse_options(pool)
+        options = pool_options(pool)
         url: str | None = self.client.url(
             f"/jobs/{options.job_id}/tasks", {"$filter": LIST_FILTER, "$select": LIST_SELECT}
         )
@@ -303,7 +305,7 @@ class AzureBatchCompute(ComputeBackend):
     def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
         """The task as Batch sees it; a completed task is ``failed`` when its result is a
         failure (``detail['reason']`` from its failureInfo), else ``finished``."""
-        options = parse_options(pool)
+        options = pool_options(pool)
         if not _TASK_ID.fullmatch(job_id):
             return None
         url = self.client.url(f"/jobs/{options.job_id}/tasks/{job_id}", {"$select": DESCRIBE_SELECT})
@@ -332,7 +334,7 @@ class AzureBatchCompute(ComputeBackend):
 
     def cancel(self, pool: Pool, job_id: str) -> None:
         """Terminate the task. Quiet when it is unknown or has already completed."""
-        options = parse_options(pool)
+        options = pool_options(pool)
         if not _TASK_ID.fullmatch(job_id):
             return
         url = self.client.url(f"/jobs/{options.job_id}/tasks/{job_id}/terminate")
@@ -342,3 +344,8 @@ class AzureBatchCompute(ComputeBackend):
             if e.status == 404 or e.batch_code in ("TaskCompleted", "JobCompleted"):
                 return
             raise
+
+
+def build(settings: StackSettings) -> AzureBatchCompute:
+    """The backend of ``azure-batch`` pools, for the account of ``settings`` (``from_settings``)."""
+    return AzureBatchCompute.from_settings(settings)

@@ -118,7 +118,7 @@ class AzureBatchOptions(_Strict):
         )
 
 
-def parse_options(pool: Pool) -> AzureBatchOptions:
+def options(pool: Pool) -> AzureBatchOptions:
     """The pool's options, checked. Raises InvalidRequest naming every problem found."""
     options = check_options(AzureBatchOptions, pool)
     if not options.output_auth_ok():

@@ -27,11 +27,13 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
-from runplane.compute.kubernetes.options import KubernetesOptions, parse_options
+from runplane.compute.kubernetes.options import KubernetesOptions
+from runplane.compute.kubernetes.options import options as pool_options
 from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
+from runplane.settings import StackSettings
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_POOL = "runplane.io/pool"
@@ -280,7 +282,7 @@ class KubernetesCompute(ComputeBackend):
                 return items
 
     def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
-        options = parse_options(pool)
+        options = pool_options(pool)
         batch = client.BatchV1Api(self._api(pool, options))
         jobs: list[BackendJob] = []
         for _ in range(count):
@@ -335,7 +337,7 @@ class KubernetesCompute(ComputeBackend):
         )
 
     def list(self, pool: Pool) -> list[BackendJob]:
-        options = parse_options(pool)
+        options = pool_options(pool)
         api = self._api(pool, options)
         ns = options.namespace
         selector = f"{LABEL_MANAGED_BY}={MANAGER},{LABEL_POOL}={pool.name}"
@@ -347,7 +349,7 @@ class KubernetesCompute(ComputeBackend):
     def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
         """The pool's Job named ``job_id`` in any state, ended ones with the reason of their
         Failed/Complete condition in ``detail['reason']``; None when no such Job of this pool exists."""
-        options = parse_options(pool)
+        options = pool_options(pool)
         api = self._api(pool, options)
         ns = options.namespace
         try:
@@ -365,7 +367,7 @@ class KubernetesCompute(ComputeBackend):
     def cancel(self, pool: Pool, job_id: str) -> None:
         """Delete the Job; its pod gets SIGTERM (the agent hands its runs back) and is removed in
         the background. Quiet when the Job is already gone."""
-        options = parse_options(pool)
+        options = pool_options(pool)
         batch = client.BatchV1Api(self._api(pool, options))
         try:
             self._call(
@@ -374,3 +376,10 @@ class KubernetesCompute(ComputeBackend):
         except ApiException as e:
             if e.status != 404:
                 raise BackendError(f"Kubernetes delete job failed: {_api_message(e)}", status=e.status) from e
+
+
+def build(settings: StackSettings) -> KubernetesCompute:
+    """The backend of ``kubernetes`` pools. Each pool picks its cluster (options kubeconfig and
+    context, else the in-cluster config); a config that cannot be loaded fails that pool's calls
+    with InvalidRequest."""
+    return KubernetesCompute()

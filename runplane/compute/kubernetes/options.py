@@ -136,7 +136,7 @@ class KubernetesOptions(_Strict):
         return selector
 
 
-def parse_options(pool: Pool) -> KubernetesOptions:
+def options(pool: Pool) -> KubernetesOptions:
     """The pool's options, checked. Raises InvalidRequest naming every problem found."""
     if not _LABEL_VALUE.match(pool.name):
         raise InvalidRequest(f"pool {pool.name}: a kubernetes pool's name must end with a letter or digit")

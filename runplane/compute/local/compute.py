@@ -16,6 +16,7 @@ from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
+from runplane.settings import StackSettings
 
 ENDED_KEEP_SECONDS = 86400.0
 
@@ -176,3 +177,10 @@ class LocalCompute(ComputeBackend):
         exit_text = f"agent exited with code {code}" if code is not None else "agent exited"
         detail["reason"] = exit_text + (f": {record['log_tail']}" if record.get("log_tail") else "")
         return BackendJob(job_id, pool.name, "failed", job_id, record["created_at"], detail)
+
+
+def build(settings: StackSettings) -> LocalCompute:
+    """The backend of ``local`` pools: agents as processes of this machine, their records and
+    logs under ``settings.local_state_dir``, started with this process's environment and
+    ``settings`` in it."""
+    return LocalCompute(settings.local_state_dir, env=settings.exported(os.environ))

@@ -14,6 +14,7 @@ names its user (default: the token's own ``sun`` claim), ``job_fields`` adds job
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,11 +25,13 @@ from typing import Protocol
 from runplane.compute.options import new_worker_id
 from runplane.compute.slurm.cli import Runner, SbatchTransport
 from runplane.compute.slurm.jobs import JobSpec, SlurmJob, backend_job, job_spec, render_script
-from runplane.compute.slurm.options import SlurmOptions, slurm_options
+from runplane.compute.slurm.options import SlurmOptions
+from runplane.compute.slurm.options import options as pool_options
 from runplane.compute.slurm.rest import RestTransport
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
+from runplane.settings import StackSettings
 
 
 class SlurmTransport(Protocol):
@@ -78,7 +81,7 @@ class SlurmCompute(ComputeBackend):
         return self._rest[key]
 
     def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
-        options = slurm_options(pool)
+        options = pool_options(pool)
         transport = self.transport(options)
         log_dir = str(Path(options.log_dir).expanduser()) if options.log_dir else self.log_dir
         if transport.local:
@@ -98,24 +101,31 @@ class SlurmCompute(ComputeBackend):
         return jobs
 
     def list(self, pool: Pool) -> list[BackendJob]:
-        transport = self.transport(slurm_options(pool))
+        transport = self.transport(pool_options(pool))
         found = (backend_job(job, pool.name, transport.name) for job in transport.jobs())
         return [job for job in found if job is not None and job.alive]
 
     def describe(self, pool: Pool, job_id: str) -> BackendJob | None:
         """The job while the controller remembers it (``MinJobAge`` after it ends): ended
         jobs are ``finished`` (COMPLETED, CANCELLED) or ``failed`` with Slurm's reason."""
-        transport = self.transport(slurm_options(pool))
+        transport = self.transport(pool_options(pool))
         if not _is_job_id(job_id):
             return None
         job = transport.job(job_id)
         return backend_job(job, pool.name, transport.name) if job is not None else None
 
     def cancel(self, pool: Pool, job_id: str) -> None:
-        transport = self.transport(slurm_options(pool))
+        transport = self.transport(pool_options(pool))
         if _is_job_id(job_id):  # anything else was never a job of ours (and must not reach scancel as an option)
             transport.cancel(job_id)
 
 
 def _is_job_id(text: str) -> bool:
     return text.isascii() and text.isdigit()
+
+
+def build(settings: StackSettings) -> SlurmCompute:
+    """The backend of ``slurm`` pools. Pools with ``rest_url`` talk to slurmrestd; the others need
+    sbatch/squeue/scancel on PATH, and a missing command is a BackendError naming it when such a
+    pool is dispatched. Jobs get this process's environment with ``settings`` in it."""
+    return SlurmCompute(environ=settings.exported(os.environ))

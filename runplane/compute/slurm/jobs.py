@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runplane.compute.options import job_name, worker_of
-from runplane.compute.slurm.options import SlurmOptions, slurm_options
+from runplane.compute.slurm.options import SlurmOptions
+from runplane.compute.slurm.options import options as pool_options
 from runplane.domain.pools import Pool
 from runplane.ports import BackendJob
 
@@ -71,7 +72,7 @@ class JobSpec:
 
 def job_spec(pool: Pool, worker_id: str, log_dir: str, options: SlurmOptions | None = None) -> JobSpec:
     """The worker job of ``pool``: one worker's shape plus the pool's placement options."""
-    o = options or slurm_options(pool)
+    o = options or pool_options(pool)
     gres = None
     if pool.gpus:
         kind = o.gpu_type or pool.gpu_type

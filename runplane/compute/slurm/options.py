@@ -83,6 +83,6 @@ class SlurmOptions(BaseModel):
         return self.rest_url is not None
 
 
-def slurm_options(pool: Pool) -> SlurmOptions:
+def options(pool: Pool) -> SlurmOptions:
     """The checked options of ``pool``; raises InvalidRequest naming each bad option."""
     return check_options(SlurmOptions, pool)

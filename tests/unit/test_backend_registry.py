@@ -1,0 +1,87 @@
+"""runplane/compute/registry.py: one entry per backend, the domain's ``Backend`` names the same ones,
+every backend is built alike, and a pool's options are checked when the pools load."""
+
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+
+from runplane.compute.registry import BACKENDS, build_backend, check_pool
+from runplane.domain.errors import InvalidRequest
+from runplane.domain.pools import Backend, Pool, load_pools
+from runplane.settings import StackSettings
+
+COMPUTE = Path(__file__).resolve().parents[2] / "runplane" / "compute"
+# A pool's fields besides its options, the same for every backend below.
+SHAPE = "cpus: 1\n    memory: 1g\n    default_image: busybox\n"
+
+
+def test_the_registry_and_the_domain_name_the_same_backends() -> None:
+    assert sorted(BACKENDS) == sorted(get_args(Backend))
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_every_backend_has_the_same_files(name: str) -> None:
+    package = COMPUTE / name.replace("-", "_")
+    assert {"__init__.py", "options.py", "compute.py"} <= {p.name for p in package.iterdir()}
+    assert "def build(settings: StackSettings)" in (package / "compute.py").read_text()
+    entry = BACKENDS[name]  # type: ignore[index]
+    assert entry.options.__module__ == entry.model.__module__ == f"runplane.compute.{package.name}.options"
+
+
+# Per backend: options a pool of it may have, and a mistake in them with the words that name it.
+CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "local": ({}, {"job_queue": "q"}, "unknown option 'job_queue' (known: none)"),
+    "slurm": ({"partition": "gpu"}, {"partiton": "gpu"}, "unknown option 'partiton'"),
+    "aws-batch": ({"job_queue": "q"}, {"image": "agent:1"}, "job_queue: required"),
+    "kubernetes": ({"image": "agent:1"}, {"image": "agent:1", "namespce": "x"}, "unknown option 'namespce'"),
+    "azure-batch": ({"job_id": "j", "batch_pool_id": "p"}, {"batch_pool_id": "p"}, "job_id: required"),
+}
+
+
+def test_every_backend_has_a_case() -> None:
+    assert sorted(CASES) == sorted(BACKENDS)
+
+
+def _pool(backend: str, options: dict[str, Any]) -> Pool:
+    return Pool(name="gpu", backend=backend, cpus=1, memory="1g", default_image="busybox", options=options)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("backend", sorted(CASES))
+def test_each_backend_checks_its_options(backend: str) -> None:
+    good, bad, problem = CASES[backend]
+    assert isinstance(check_pool(_pool(backend, good)), BACKENDS[backend].model)  # type: ignore[index]
+    with pytest.raises(InvalidRequest) as caught:
+        check_pool(_pool(backend, bad))
+    assert caught.value.message.startswith(f"pool gpu: bad {backend} options: ")
+    assert problem in caught.value.message
+
+
+@pytest.mark.parametrize("backend", sorted(CASES))
+def test_a_bad_pool_stops_loading_with_one_line_naming_pool_and_option(backend: str, tmp_path: Path) -> None:
+    good, bad, problem = CASES[backend]
+    pools = tmp_path / "pools.yaml"
+    ok = f"  - name: ok\n    backend: {backend}\n    {SHAPE}    options: {good}\n"
+    pools.write_text(f"pools:\n{ok}  - name: gpu\n    backend: {backend}\n    {SHAPE}    options: {bad}\n")
+    with pytest.raises(ValueError) as caught:
+        load_pools(str(pools), check=check_pool)
+    line = str(caught.value)
+    assert "\n" not in line
+    assert line.startswith(f"{pools}: pool gpu: bad {backend} options: ") and problem in line
+    pools.write_text(f"pools:\n{ok}")
+    assert load_pools(str(pools), check=check_pool).pools[0].name == "ok"
+
+
+def test_an_unknown_backend_is_refused_by_name() -> None:
+    with pytest.raises(InvalidRequest, match="compute backend 'nomad' is not known; the backends are: local, "):
+        build_backend("nomad", StackSettings())
+
+
+def test_a_backend_whose_extra_is_missing_is_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # how Python marks a module that cannot be imported
+    with pytest.raises(InvalidRequest) as caught:
+        build_backend("kubernetes", StackSettings())
+    assert caught.value.message == (
+        "compute backend 'kubernetes' needs the kubernetes extra: pip install 'runplane[kubernetes]'"
+    )
