@@ -19,7 +19,9 @@ the agents run side by side on one stack, so each reads what another release wro
 
 from __future__ import annotations
 
+import functools
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -68,18 +70,35 @@ def written_json(record: BaseModel) -> str:
 def _complete(model: BaseModel, data: dict[str, Any]) -> None:
     """Put ``model``'s unknown fields into ``data`` (its dump) and drop its ``Since`` fields at their
     default, at every depth."""
-    for name, field in type(model).model_fields.items():
-        if name not in data:
-            continue
-        value = getattr(model, name)
-        if any(isinstance(m, Since) for m in field.metadata) and value == field.get_default(call_default_factory=True):
+    since, nested = _plan(type(model))
+    for name, default in since:
+        if name in data and getattr(model, name) == default:
             del data[name]
-            continue
-        _nested(value, data[name])
+    for name in nested:
+        if name in data:
+            _nested(getattr(model, name), data[name])
     extra = model.__pydantic_extra__
     if extra:
         for name, value in extra.items():
             data.setdefault(name, value)
+
+
+@functools.cache
+def _plan(model: type[BaseModel]) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """``model``'s ``Since`` fields with their defaults, and the fields that may hold models."""
+    since = tuple(
+        (name, field.get_default(call_default_factory=True))
+        for name, field in model.model_fields.items()
+        if any(isinstance(m, Since) for m in field.metadata)
+    )
+    nested = tuple(name for name, field in model.model_fields.items() if _holds_models(field.annotation))
+    return since, nested
+
+
+def _holds_models(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_holds_models(arg) for arg in typing.get_args(annotation))
 
 
 def _nested(value: Any, data: Any) -> None:
