@@ -38,6 +38,8 @@ def local_aws_env() -> None:
 
 
 free_port = stack_free_port  # one place picks a free loopback port
+DYNAMODB_ENDPOINT = "RUNPLANE_DYNAMODB_ENDPOINT_URL"
+"""Where ``tables_on`` says the tables are; ``dev_stack`` hands it to its stack's settings."""
 
 
 def agent_pids() -> list[int]:
@@ -88,6 +90,9 @@ def dev_stack(
     try:
         pools_file = tmp / "pools.yaml"
         pools_file.write_text(pools_yaml)
+        tables = os.environ.get(DYNAMODB_ENDPOINT)  # set by tables_on
+        if tables:
+            config["settings"] = {"dynamodb_endpoint_url": tables, **config.get("settings", {})}
         stack = DevStack(
             DevConfig(
                 port=free_port(),
@@ -157,11 +162,11 @@ def tables_on(where: str) -> Iterator[None]:
         yield
         return
     with tempfile.TemporaryDirectory(prefix="runplane-bench-") as work, dynalite(Path(work)) as endpoint:
-        os.environ["RUNPLANE_DYNAMODB_ENDPOINT_URL"] = endpoint
+        os.environ[DYNAMODB_ENDPOINT] = endpoint
         try:
             yield
         finally:
-            os.environ.pop("RUNPLANE_DYNAMODB_ENDPOINT_URL", None)
+            os.environ.pop(DYNAMODB_ENDPOINT, None)
 
 
 def p90(samples: Sequence[float]) -> float:

@@ -20,6 +20,7 @@ The last line is ``RESULT agent_idle_rss: <median> MB (target < 80 MB)``.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import time
@@ -128,7 +129,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def measure_agent(tmp: Path, seconds: float) -> tuple[list[float], float]:
+def measure_agent(tmp: Path, seconds: float, env: dict[str, str]) -> tuple[list[float], float]:
     from runplane import bootstrap
     from runplane.domain.errors import NotFound
 
@@ -149,7 +150,9 @@ def measure_agent(tmp: Path, seconds: float) -> tuple[list[float], float]:
     ]
     t0 = time.perf_counter()
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
     try:
         registry = bootstrap.stack().workers
         while True:
@@ -213,7 +216,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long to sample the idle agent (default 10)")
     args = parser.parse_args()
     with dev_stack(POOLS_YAML) as stack:
-        agent, registered = measure_agent(stack.config.state_dir.parent, args.seconds)
+        agent, registered = measure_agent(
+            stack.config.state_dir.parent, args.seconds, {**os.environ, **stack.environment}
+        )
         print(
             f"agent registered {registered:.2f}s after launch; sampled {len(agent)} times "
             f"every {SAMPLE_SECONDS:g}s after {SETTLE_SECONDS:g}s more"

@@ -125,13 +125,13 @@ class Report:
 class Process:
     """One of the soak's processes: started, killed with SIGKILL, started again."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
-        self.name, self.argv, self.log = name, argv, log
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.name, self.argv, self.log, self.env = name, argv, log, env
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -166,19 +166,20 @@ def soak(
     report = Report(runs, seed, force_agent_kill)
     work = Path(tempfile.mkdtemp(prefix="runplane-soak-"))
     os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")
-    with dev_stack(POOLS_YAML, functions=False, token="soak") as stack:
-        os.environ["RUNPLANE_REHINT_SECONDS"] = "10"  # hints a killed agent held come back sooner
+    # hints a killed agent held come back sooner
+    with dev_stack(POOLS_YAML, functions=False, token="soak", settings={"rehint_seconds": 10}) as stack:
+        env = {**os.environ, **stack.environment}  # the stack's own processes are started here
         python = sys.executable
         procs = [
             Process("dispatcher", [python, "-m", "runplane.devstack.functions_process", "dispatcher",
-                                   "--schedule-seconds", "2"], work / "dispatcher.log"),
+                                   "--schedule-seconds", "2"], work / "dispatcher.log", env),
             Process("reaper", [python, "-m", "runplane.devstack.functions_process", "reaper",
-                               "--schedule-seconds", "1"], work / "reaper.log"),
+                               "--schedule-seconds", "1"], work / "reaper.log", env),
         ]  # fmt: skip
         for i in range(agents):
             argv = [python, "-m", "worker_agent", "--pool", POOL, "--id", f"soak-{i}"]
             procs.append(Process(f"agent-{i}", [*argv, "--work-dir", str(work / "agents"), *AGENT_FLAGS],
-                                 work / f"agent-{i}.log"))  # fmt: skip
+                                 work / f"agent-{i}.log", env))  # fmt: skip
         for p in procs:
             p.start()
         starts = _watch_starts(stack)

@@ -85,13 +85,18 @@ class Stack:
         return InputPolicy(self.settings.input_bucket_allowlist(), self.data_bucket)
 
 
-def aws_clients(settings: StackSettings) -> dict[str, Any]:
+def aws_clients(settings: StackSettings, keys: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The storage clients of an AWS stack. ``keys``: an access key id and its secret (for an
+    endpoint that takes any, such as the local stack's moto); None: boto3's credential chain."""
     from runplane.adapters.aws.clients import AwsConfig, make_client, new_session
 
+    key_id, secret = keys or (None, None)
     config = AwsConfig(
         region=settings.aws_region,
         endpoint_url=settings.aws_endpoint_url,
         dynamodb_endpoint_url=settings.dynamodb_endpoint_url,
+        access_key_id=key_id,
+        secret_access_key=secret,
     )
     # One session for the three clients, made here in one thread: each session loads its own
     # copy of botocore's data (~7 MB). The clients themselves are safe to share between threads.
@@ -208,7 +213,24 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     )
 
 
-@functools.cache
+_handed: list[Stack] = []  # the stack ``use`` handed to this process, if any
+
+
+def use(handed: Stack | None) -> Stack | None:
+    """Hand ``handed`` to this process: ``stack()`` returns it from now on, in place of one built
+    from the environment (``runplane dev`` hands over the stack it built from its own settings; a
+    test, one of its own). None: back to the environment's. Returns the stack handed before."""
+    before = _handed[0] if _handed else None
+    _handed[:] = [handed] if handed is not None else []
+    return before
+
+
 def stack() -> Stack:
-    """The process-wide stack, built on first use (warm Lambda invocations reuse its clients)."""
+    """The process-wide stack: the one handed over with ``use``, else the one the environment's
+    settings make, built on first use (warm Lambda invocations reuse its clients)."""
+    return _handed[0] if _handed else _from_environment()
+
+
+@functools.cache
+def _from_environment() -> Stack:
     return build_stack()

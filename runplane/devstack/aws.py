@@ -20,8 +20,14 @@ from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.lambda_shim import LambdaContext, scheduled_event, sqs_event
 from runplane.devstack.moto_process import MotoProcess
 from runplane.domain.errors import BackendError
+from runplane.settings import StackSettings
 
 log = logging.getLogger(__name__)
+
+
+REGION = "us-east-1"
+KEYS = ("testing", "testing")
+"""The access key id and secret the local stack signs with: moto takes any."""
 
 
 class AwsCloud(Cloud):
@@ -30,23 +36,28 @@ class AwsCloud(Cloud):
     def __init__(self, endpoint_url: str | None = None) -> None:
         self.endpoint = endpoint_url or ""
         self._moto: MotoProcess | None = None
+        self._clients: dict[str, Any] = {}
+        self._prefix = ""
         self._events: tuple[Any, str, str] | None = None
 
     def start(self) -> dict[str, str]:
         if not self.endpoint:  # moto in a process of its own (moto_process.py)
             self._moto = MotoProcess()
             self.endpoint = self._moto.start()
-        return {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "RUNPLANE_AWS_ENDPOINT_URL": self.endpoint,
-            "RUNPLANE_AWS_REGION": "us-east-1",
-        }
+        key_id, secret = KEYS
+        return {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION}
+
+    def settings(self) -> dict[str, str]:
+        return {"aws_endpoint_url": self.endpoint, "aws_region": REGION}
+
+    def build(self, settings: StackSettings) -> Stack:
+        self._clients = bootstrap.aws_clients(settings, KEYS)
+        self._prefix = settings.prefix
+        return bootstrap.build_stack(settings, self._clients)
 
     def provision(self, stack: Stack) -> None:
         """Raises BackendError when the endpoint cannot be reached or refuses."""
-        clients = bootstrap.aws_clients(stack.settings)
+        clients = self._clients
         try:
             provision(
                 bootstrap.aws_names(stack.settings),
@@ -70,9 +81,8 @@ class AwsCloud(Cloud):
     def poll_events(self, stop: threading.Event) -> None:
         """What an SQS event source mapping does: batches to the dispatcher, partial failures kept."""
         if self._events is None:
-            stack = bootstrap.stack()
-            sqs = bootstrap.aws_clients(stack.settings)["sqs"]
-            url = sqs.get_queue_url(QueueName=events_queue_name(stack.settings.prefix))["QueueUrl"]
+            sqs = self._clients["sqs"]
+            url = sqs.get_queue_url(QueueName=events_queue_name(self._prefix))["QueueUrl"]
             arn = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
             self._events = (sqs, url, arn)
         sqs, url, arn = self._events

@@ -16,6 +16,7 @@ from runplane.bootstrap import Stack
 from runplane.devstack import azurite
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.functions_host import FunctionsHost, HostOptions
+from runplane.settings import StackSettings
 
 HOST_JSON = Path(function_app.__file__).with_name("host.json")
 
@@ -51,26 +52,35 @@ class AzureCloud(Cloud):
         self.prefix = prefix
         self.schedule_seconds = schedule_seconds
         self._host: FunctionsHost | None = None
+        self._app_settings: dict[str, str] = {}
 
     def start(self) -> dict[str, str]:
         if not self.connection_string:
             self.connection_string = start_azurite()
         self.endpoint = self.connection_string
-        return {
-            "RUNPLANE_AZURE_STORAGE_CONNECTION_STRING": self.connection_string,
-            # the bindings' app settings (function_app.py), as the deployment sets them
+        # the bindings' app settings (function_app.py), as the deployment sets them
+        self._app_settings = {
             "RunplaneStorage": self.connection_string,
             "RunplaneEventsQueue": events_queue_name(self.prefix),
             "RunplaneSchedule": ncrontab_every(self.schedule_seconds),
             "FUNCTIONS_WORKER_RUNTIME": "python",
         }
+        return dict(self._app_settings)
+
+    def settings(self) -> dict[str, str]:
+        return {"azure_storage_connection_string": self.connection_string}
+
+    def build(self, settings: StackSettings) -> Stack:
+        return bootstrap.build_stack(settings)
 
     def provision(self, stack: Stack) -> None:
         settings = stack.settings
         provision(
             bootstrap.azure_names(settings), [p.name for p in stack.pools.pools], bootstrap.azure_clients(settings)
         )
-        self._host = FunctionsHost(function_app.make_app(), HostOptions.from_host_json(HOST_JSON), dict(os.environ))
+        # the host reads the app settings from the environment it is given, as the platform's does
+        host_env = {**os.environ, **self._app_settings}
+        self._host = FunctionsHost(function_app.make_app(), HostOptions.from_host_json(HOST_JSON), host_env)
 
     @property
     def host(self) -> FunctionsHost:

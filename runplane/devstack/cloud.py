@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass
 
 from runplane.bootstrap import Stack
+from runplane.settings import StackSettings
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,9 @@ class FrontResponse:
 
 
 class Cloud(abc.ABC):
-    """What the local stack needs from a cloud. ``start`` comes first, then (with the returned
-    settings in the environment) ``provision``; the other calls may then come from any thread."""
+    """What the local stack needs from a cloud. ``start`` comes first, then ``build`` with the
+    stack's settings (``settings()`` among them), then ``provision``; the other calls may then come
+    from any thread."""
 
     services: str
     """What serves the stores, for people: "moto", "azurite"."""
@@ -39,8 +41,17 @@ class Cloud(abc.ABC):
 
     @abc.abstractmethod
     def start(self) -> dict[str, str]:
-        """Start (or reach) the storage services; returns the settings the functions and the
-        agents need in their environment. Raises ValueError when they cannot be had."""
+        """Start (or reach) the storage services; returns what the processes of the stack (agents,
+        functions of their own) need in their environment besides the stack's settings (credentials,
+        the functions' app settings). Raises ValueError when they cannot be had."""
+
+    @abc.abstractmethod
+    def settings(self) -> dict[str, str]:
+        """The stack settings (``StackSettings`` fields) that point at the started services."""
+
+    @abc.abstractmethod
+    def build(self, settings: StackSettings) -> Stack:
+        """The stack of ``settings`` on these services, for this process."""
 
     @abc.abstractmethod
     def provision(self, stack: Stack) -> None:

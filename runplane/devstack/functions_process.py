@@ -6,26 +6,29 @@ a killed dispatcher held comes back once its visibility timeout (30 s) runs out,
     python -m runplane.devstack.functions_process dispatcher [--schedule-seconds 5]
     python -m runplane.devstack.functions_process reaper [--schedule-seconds 5]
 
-It reads the stack from the environment ``runplane dev`` sets (RUNPLANE_AWS_ENDPOINT_URL,
-RUNPLANE_PREFIX, RUNPLANE_POOLS, ...) and stops on SIGTERM or SIGINT.
+It reads the stack's settings from its environment (the stack's ``DevStack.environment``:
+RUNPLANE_AWS_ENDPOINT_URL, RUNPLANE_PREFIX, RUNPLANE_POOLS, ...) and stops on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 import time
+
+from runplane import bootstrap
+from runplane.devstack.aws import AwsCloud
+from runplane.settings import StackSettings
 
 log = logging.getLogger(__name__)
 
 
 def serve(role: str, schedule_seconds: float, stop: threading.Event) -> None:
-    from runplane.devstack.aws import AwsCloud
-
-    cloud = AwsCloud(os.environ["RUNPLANE_AWS_ENDPOINT_URL"])
+    settings = StackSettings.from_env()
+    cloud = AwsCloud(settings.aws_endpoint_url)
+    bootstrap.use(cloud.build(settings))  # what the functions of this process serve
     next_schedule = time.monotonic() + schedule_seconds
     while not stop.is_set():
         if role == "reaper":

@@ -4,8 +4,11 @@ cloud's API function (API Gateway v2 events to the Lambda handler, or ``func.Htt
 the Azure HTTP function), a poller that feeds the events queue to the dispatcher function as the
 platform's trigger would, a schedule for dispatcher and reaper, and local agents on real Docker.
 
-Functions run unchanged: they read RUNPLANE_* settings from the environment like in Lambda or
-an Azure Functions worker, so one process holds one stack (see ``process.py`` for a second).
+Functions run unchanged: they serve the process's stack (``bootstrap.stack()``), which ``start``
+builds from the local stack's settings and hands over (``bootstrap.use``), never through this
+process's environment; so one process holds one stack (see ``process.py`` for a second). Its other
+processes (agents, functions of their own) get the settings in their environment
+(``DevStack.environment``), as in Lambda or an Azure Functions worker.
 """
 
 from __future__ import annotations
@@ -14,13 +17,11 @@ import errno
 import json
 import logging
 import os
-import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,7 +33,8 @@ import requests
 from runplane import bootstrap
 from runplane.compute.local.compute import LocalCompute
 from runplane.compute.registry import check_pool
-from runplane.devstack.cloud import Cloud, FrontRequest
+from runplane.devstack.cloud import Cloud
+from runplane.devstack.front import FrontServer
 from runplane.devstack.net import free_port
 from runplane.domain.errors import NotFound, RunplaneError
 from runplane.domain.pools import PoolConfig, dump_pools, load_pools
@@ -42,13 +44,13 @@ from runplane.ports import RunStore, WorkerRegistry
 from runplane.services import runs
 from runplane.services.auth import new_token, register_token
 from runplane.services.runs import Clock
+from runplane.settings import StackSettings
 from worker_agent.executor import LABEL, container_labels, remove_container
 from worker_agent.workdir import sweep_dead
 
 __all__ = ["DEV_FILE", "STOP_REASON", "DevConfig", "DevStack", "free_port"]
 
 log = logging.getLogger(__name__)
-MAX_REQUEST = 10 * 1024 * 1024
 DEV_FILE = Path("~/.runplane/dev.json").expanduser()
 STOP_REASON = "the local stack stopped"
 """Why the runs a stopping stack kills were killed: their failure message says it."""
@@ -57,6 +59,15 @@ STOP_REASON = "the local stack stopped"
 # end (they look for kills every second); agents whose runs have ended exit by themselves (one in
 # a long poll takes seconds: it is killed instead); a killed agent's process goes.
 JOIN_SECONDS = 2.0
+POWERTOOLS = {
+    "POWERTOOLS_METRICS_DISABLED": "true",
+    "POWERTOOLS_TRACE_DISABLED": "true",
+    "POWERTOOLS_METRICS_NAMESPACE": "runplane",
+    "POWERTOOLS_LOG_LEVEL": "WARNING",
+}
+"""Powertools' switches for the stack's functions: no metric documents, no tracing, warnings and up.
+Powertools reads them from the environment alone, so ``start`` sets those this process has not
+set (the one change it makes to its environment); its other processes get them in ``environment``."""
 RUNS_END_SECONDS = 5.0
 AGENT_EXIT_SECONDS = 1.0
 KILLED_GONE_SECONDS = 2.0
@@ -82,6 +93,9 @@ class DevConfig:
     """Buckets runs may read inputs from (RUNPLANE_INPUT_BUCKETS; see StackSettings)."""
     state_dir: Path = field(default_factory=lambda: Path("~/.runplane/dev").expanduser())
     write_dev_file: bool = True
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Other stack settings (``StackSettings`` fields), over the local stack's own, e.g.
+    ``{"dynamodb_endpoint_url": URL}`` (tables on a DynamoDB of the caller's) or ``{"rehint_seconds": 10}``."""
     functions: bool = True
     """Run the dispatcher (on the events queue and the schedule) and the reaper here; False leaves
     them to processes of their own (``python -m runplane.devstack.functions_process``, AWS)."""
@@ -102,101 +116,6 @@ def _azure(config: DevConfig) -> Cloud:
 
 
 CLOUDS: dict[str, Callable[[DevConfig], Cloud]] = {"aws": _aws, "azure": _azure}
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], cloud: Cloud) -> None:
-        super().__init__(address, _Front)
-        self.cloud = cloud
-
-
-class _BadBody(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
-
-
-class _Front(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    timeout = 120  # a client that stops sending mid-request does not hold a thread for ever
-    disable_nagle_algorithm = True  # headers and body go out at once, not after a delayed ACK
-    server_version = "runplane-dev"
-    server: _Server
-
-    def _handle(self) -> None:
-        path, _, query = self.path.partition("?")
-        try:
-            body = self._body()
-        except _BadBody as e:
-            self.close_connection = True  # what follows on the connection cannot be trusted
-            message = json.dumps({"error": {"code": e.code, "message": e.message}}).encode()
-            self._reply(e.status, {"content-type": "application/json"}, message)
-            return
-        request = FrontRequest(
-            method=self.command,
-            path=path,
-            query=query,
-            headers=dict(self.headers.items()),
-            body=body,
-            client_ip=self.client_address[0],
-            host=self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}",
-        )
-        response = self.server.cloud.http(request)
-        self._reply(response.status, response.headers, response.body)
-
-    def _body(self) -> bytes:
-        """The request body, by Content-Length or chunked (as API Gateway takes both). Raises
-        _BadBody for a body too large or framed wrongly."""
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            return self._chunked()
-        raw = (self.headers.get("Content-Length") or "0").strip()
-        if not raw.isascii() or not raw.isdigit() or len(raw) > 12:
-            raise _BadBody(400, "bad_request", "Content-Length is not a number of bytes")
-        if int(raw) > MAX_REQUEST:
-            raise _BadBody(413, "payload_too_large", "request body too large")
-        return self.rfile.read(int(raw)) if int(raw) else b""
-
-    def _chunked(self) -> bytes:
-        body = bytearray()
-        while True:
-            line = self.rfile.readline(1024).strip().split(b";")[0].strip()
-            if not _CHUNK_SIZE.fullmatch(line):
-                raise _BadBody(400, "bad_request", "chunked body is malformed")
-            size = int(line, 16)
-            if len(body) + size > MAX_REQUEST:
-                raise _BadBody(413, "payload_too_large", "request body too large")
-            if size == 0:
-                for _ in range(100):  # trailers, up to the blank line
-                    if not self.rfile.readline(1024).strip():
-                        return bytes(body)
-                raise _BadBody(400, "bad_request", "chunked body has too many trailers")
-            body += self.rfile.read(size)
-            if self.rfile.read(2) != b"\r\n":
-                raise _BadBody(400, "bad_request", "chunked body is malformed")
-
-    def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            if key.lower() not in ("content-length", "connection"):
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()  # buffered; the flush below sends headers and body together
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def __getattr__(self, name: str) -> Any:
-        # every method goes to the API, which answers 405 (with Allow) for one no route serves
-        if name.startswith("do_"):
-            return self._handle
-        raise AttributeError(name)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s " + format, self.client_address[0], *args)
 
 
 class DevStack:
@@ -224,7 +143,13 @@ class DevStack:
         self.token = config.token or new_token()
         self.cloud: Cloud | None = None
         self._stack: bootstrap.Stack | None = None  # what the functions serve, once provisioned
-        self._http: _Server | None = None
+        self._before: bootstrap.Stack | None = None  # the process's stack before this one's
+        self.settings: StackSettings | None = None
+        """The stack's settings, once started: what its functions in this process are built from."""
+        self.environment: dict[str, str] = {}
+        """Once started, the environment its other processes need besides this one's (agents started by
+        hand, functions of their own): the stack's settings, the stores' credentials, Powertools'."""
+        self._http: FrontServer | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
@@ -253,38 +178,47 @@ class DevStack:
                     pool.min_workers = min(pool.min_workers, self.config.workers)
         return dump_pools(pools)
 
-    def _environment(self) -> dict[str, str]:
+    def _settings(self) -> dict[str, Any]:
+        """The stack's settings (``StackSettings`` fields) but where its stores are."""
         return {
-            "RUNPLANE_CLOUD": self.config.cloud,
-            "RUNPLANE_PREFIX": self.config.prefix,
-            "RUNPLANE_POOLS": self._pools_text(),
-            "RUNPLANE_LOCAL_STATE_DIR": str(self.state_dir / "workers"),
-            "RUNPLANE_AGENT_WORK_DIR": str(self.state_dir / "agents"),
-            "RUNPLANE_AGENT_ARGS": self.config.agent_args,
-            "RUNPLANE_INPUT_BUCKETS": self.config.input_buckets,
-            "RUNPLANE_WORKER_STALE_SECONDS": "30",
-            "RUNPLANE_REHINT_SECONDS": "60",
-            "POWERTOOLS_METRICS_DISABLED": "true",
-            "POWERTOOLS_TRACE_DISABLED": "true",
-            "POWERTOOLS_METRICS_NAMESPACE": "runplane",
-            "POWERTOOLS_LOG_LEVEL": "WARNING",
+            "cloud": self.config.cloud,
+            "prefix": self.config.prefix,
+            "pools": self._pools_text(),
+            "local_state_dir": str(self.state_dir / "workers"),
+            "agent_args": self.config.agent_args,
+            "input_buckets": self.config.input_buckets,
+            "worker_stale_seconds": 30,
+            "rehint_seconds": 60,
+            **self.config.settings,
         }
 
     def start(self) -> None:
-        environment = self._environment()  # reads the pools file first: a bad one fails before anything starts
+        values = self._settings()  # reads the pools file first: a bad one fails before anything starts
         self.cloud = cloud = CLOUDS[self.config.cloud](self.config)
         http = self._bind(cloud)  # a busy port, too, fails before anything starts
         try:
             try:
-                environment.update(cloud.start())
+                environment = cloud.start()
                 self.endpoint = cloud.endpoint
-                os.environ.update(environment)
-                bootstrap.stack.cache_clear()
-                stack = bootstrap.stack()
+                self.settings = StackSettings(**{**values, **cloud.settings()})
+                self.environment = {
+                    **self.settings.environment(),
+                    **environment,
+                    "RUNPLANE_AGENT_WORK_DIR": str(self.state_dir / "agents"),
+                    **POWERTOOLS,
+                }
+                for name, value in POWERTOOLS.items():
+                    os.environ.setdefault(name, value)
+                stack = cloud.build(self.settings)
+                # its agents get this process's environment with the stack's in it
+                stack.backends["local"] = LocalCompute(
+                    self.settings.local_state_dir, env=self.settings.exported({**os.environ, **self.environment})
+                )
                 cloud.provision(stack)
                 # the token `runplane dev` prints is an administrator's: it can make tokens for others
                 register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
                 self._stack = stack
+                self._before = bootstrap.use(stack)  # the functions of this process serve it
             except RunplaneError as e:  # stores named by the caller that cannot be reached or used
                 raise ValueError(f"cannot use the {self.config.cloud} stores: {e}") from e
         except BaseException:
@@ -325,9 +259,9 @@ class DevStack:
         while not self._stop.wait(self.config.schedule_seconds):
             self.cloud.fire_schedule()
 
-    def _bind(self, cloud: Cloud) -> _Server:
+    def _bind(self, cloud: Cloud) -> FrontServer:
         try:
-            return _Server(("127.0.0.1", self.config.port), cloud)
+            return FrontServer(("127.0.0.1", self.config.port), cloud)
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
@@ -365,6 +299,8 @@ class DevStack:
                 self._end_runs(self._stack)
         finally:
             self.cloud.stop()
+            if self._stack is not None and (current := bootstrap.use(self._before)) is not self._stack:
+                bootstrap.use(current)  # another stack was handed over since: it stays
 
     def _end_runs(self, stack: bootstrap.Stack) -> None:
         store, clock = stack.store, stack.clock

@@ -1,6 +1,7 @@
 """Fixtures of the end-to-end suite."""
 
 import contextlib
+import os
 
 import docker.errors
 import pytest
@@ -12,12 +13,13 @@ from worker_agent.workdir import sweep_dead
 @pytest.fixture
 def agents(tmp_path, devstack, docker_client):
     """``agents(*flags, worker_id=None, env=None)``: agent processes of the local stack with FAST
-    settings, stopped afterwards, with what those a test killed with SIGKILL left behind: their
-    runs' containers and their work-dir mounts."""
+    settings, in its environment (``env`` over it), stopped afterwards, with what those a test
+    killed with SIGKILL left behind: their runs' containers and their work-dir mounts."""
     started = []
 
     def start(*args, worker_id=None, env=None):
-        agent = AgentProcess(tmp_path, *args, worker_id=worker_id, env=env)
+        environment = {**os.environ, **devstack.environment, **(env or {})}
+        agent = AgentProcess(tmp_path, *args, worker_id=worker_id, env=environment)
         started.append(agent)
         return agent
 

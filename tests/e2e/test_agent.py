@@ -378,7 +378,7 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_2(docker_client, agents, tmp
 def test_exit_on_exception_ends_the_agent_with_status_1(docker_client, alice, agents):
     """README: with --exit-on-exception an unexpected error while taking a run ends the agent
     (status 1, the error in its log). The error is real: this agent's runs table does not exist."""
-    agent = agents("--exit-on-exception", env={**os.environ, "RUNPLANE_RUNS_TABLE": "e2e-no-such-table"})
+    agent = agents("--exit-on-exception", env={"RUNPLANE_RUNS_TABLE": "e2e-no-such-table"})
     run = submit(alice, "true")
     try:
         assert agent.wait(60) == 1

@@ -13,7 +13,7 @@ from tests.conftest import FAST as FAST_FLAGS
 from tests.conftest import TERMINAL, nosuid_work_dir, wait_for, wait_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-# What the local stack put in os.environ that an agent needs to find DynamoDB, SQS and S3.
+# What of the local stack's environment an agent needs to find DynamoDB, SQS and S3.
 STACK_ENV = [
     "RUNPLANE_AWS_ENDPOINT_URL",
     "RUNPLANE_AWS_REGION",
@@ -43,7 +43,8 @@ def agent_container(docker_client, agent_image, devstack):
 
     def start(worker_id: str, work_dir: Path, **extra_env: str):
         sock = docker_socket(docker_client)
-        env = {name: os.environ[name] for name in STACK_ENV if name in os.environ}
+        stack_env = {**os.environ, **devstack.environment}
+        env = {name: stack_env[name] for name in STACK_ENV if name in stack_env}
         env.update(FAST)
         env.update(
             RUNPLANE_AGENT_POOL="manual",

@@ -137,8 +137,8 @@ def states(run):
 
 
 def through(front):
-    """The environment of an agent that reaches the AWS APIs through ``front``."""
-    return {**os.environ, "RUNPLANE_AWS_ENDPOINT_URL": front.url}
+    """What an agent that reaches the AWS APIs through ``front`` has in its environment."""
+    return {"RUNPLANE_AWS_ENDPOINT_URL": front.url}
 
 
 # -- finishing: an upload that fails or outlasts its deadline ends the run ----------------------

@@ -24,9 +24,9 @@ from tests.security.test_network import start_agent  # noqa: F401  (a fixture of
 pytestmark = pytest.mark.docker
 
 
-def agents_root():
+def agents_root(devstack):
     """The work dirs of the local stack's agents (one per worker)."""
-    return Path(os.environ["RUNPLANE_AGENT_WORK_DIR"])
+    return Path(devstack.environment["RUNPLANE_AGENT_WORK_DIR"])
 
 
 def submit(client, command, **extra):
@@ -163,7 +163,7 @@ def test_idempotent_submit_runs_once(docker_client, alice):
     assert len([e for e in done["events"] if e["state"] == "preparing"]) == 1
 
 
-def test_logs_readable_while_running(docker_client, alice):
+def test_logs_readable_while_running(docker_client, alice, devstack):
     run = submit(alice, f"echo first; {GATE}; echo second")
     page = wait_for(
         lambda: (p := alice.request("GET", f"/v1/runs/{run['id']}/logs"))["data"] and p, 60, 0.1, "the first log line"
@@ -171,7 +171,7 @@ def test_logs_readable_while_running(docker_client, alice):
     assert page["data"] == "first\n"
     assert page["complete"] is False
     assert alice.request("GET", f"/v1/runs/{run['id']}")["state"] == "running"
-    open_gate(output_dir(agents_root(), run["id"]))
+    open_gate(output_dir(agents_root(devstack), run["id"]))
     rest = wait_for(
         lambda: (
             (p := alice.request("GET", f"/v1/runs/{run['id']}/logs", query={"offset": page["next_offset"]}))["complete"]
@@ -199,7 +199,7 @@ def test_sigkilled_worker_run_is_requeued_and_finished_by_another(docker_client,
     run = submit(alice, command)
     running = wait_state(alice, run["id"], {"running"}, timeout=60)
     worker_id = running["worker_id"]
-    state_dir = Path(os.environ["RUNPLANE_LOCAL_STATE_DIR"]) / "default"
+    state_dir = Path(devstack.settings.local_state_dir) / "default"
     pid = json.loads((state_dir / f"{worker_id}.json").read_text())["pid"]
     first = {"label": [f"io.runplane.run_id={run['id']}", "io.runplane.attempt=1"]}
     try:

@@ -31,6 +31,7 @@ from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.auth import register_token
 from runplane.services.runs import submit_run
+from runplane.settings import StackSettings
 
 HOST_JSON = Path(function_app.__file__).with_name("host.json")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -49,17 +50,12 @@ def stack(request, monkeypatch, tmp_path):
     """The process-wide stack the functions use, on a freshly provisioned moto or Azurite stack;
     workers are sleeping processes."""
     base = request.getfixturevalue(f"{request.param}_stack").settings
-    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RUNPLANE_CLOUD", base.cloud)
-    monkeypatch.setenv("RUNPLANE_PREFIX", base.prefix)
-    monkeypatch.setenv("RUNPLANE_POOLS", POOLS)
-    if base.cloud == "azure":
-        monkeypatch.setenv("RUNPLANE_AZURE_STORAGE_CONNECTION_STRING", base.azure_storage_connection_string)
-    else:
-        monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", base.aws_endpoint_url)
-    bootstrap.stack.cache_clear()
-    s = bootstrap.stack()
+    where = {
+        "azure_storage_connection_string": base.azure_storage_connection_string,
+        "aws_endpoint_url": base.aws_endpoint_url,
+    }
+    s = bootstrap.build_stack(StackSettings(cloud=base.cloud, prefix=base.prefix, pools=POOLS, **where))
+    before = bootstrap.use(s)
     backend = LocalCompute(tmp_path / "workers", command=SLEEPER)
     s.backends["local"] = backend
     register_token(s.tokens, "alice-token", "alice")
@@ -67,7 +63,7 @@ def stack(request, monkeypatch, tmp_path):
     pool = s.pools.get("default")
     for job in backend.list(pool):
         backend.cancel(pool, job.id)
-    bootstrap.stack.cache_clear()
+    bootstrap.use(before)
 
 
 def call_azure(method, path, body=b"", headers=None):

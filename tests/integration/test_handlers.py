@@ -20,6 +20,7 @@ from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.reap import reap
 from runplane.services.runs import submit_run
+from runplane.settings import StackSettings
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -37,15 +38,10 @@ def load_event(name):
 
 @pytest.fixture
 def handler_stack(aws_stack, monkeypatch, tmp_path):
-    """The process-wide stack the Lambda handlers use, pointed at a fresh moto prefix."""
+    """The process-wide stack the Lambda handlers use, on a fresh moto prefix, handed to them."""
     s = aws_stack.settings
-    monkeypatch.setenv("RUNPLANE_PREFIX", s.prefix)
-    monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", s.aws_endpoint_url)
-    monkeypatch.setenv("RUNPLANE_POOLS", POOLS)
-    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
-        monkeypatch.delenv(name, raising=False)
-    bootstrap.stack.cache_clear()
-    stack = bootstrap.stack()
+    stack = bootstrap.build_stack(StackSettings(prefix=s.prefix, aws_endpoint_url=s.aws_endpoint_url, pools=POOLS))
+    before = bootstrap.use(stack)
     clients = bootstrap.aws_clients(stack.settings)
     provision(
         bootstrap.aws_names(stack.settings), ["default", "broken"], clients["dynamodb"], clients["sqs"], clients["s3"]
@@ -56,7 +52,7 @@ def handler_stack(aws_stack, monkeypatch, tmp_path):
     pool = stack.pools.get("default")
     for job in backend.list(pool):
         backend.cancel(pool, job.id)
-    bootstrap.stack.cache_clear()
+    bootstrap.use(before)
 
 
 def test_dispatcher_batch_reports_only_the_failed_pool(handler_stack):

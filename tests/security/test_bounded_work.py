@@ -38,6 +38,7 @@ from runplane.services import lifecycle, sweep_advance
 from runplane.services.budget import Budget, metered
 from runplane.services.runs import submit_run
 from runplane.services.sweeps import create_sweep, kill_sweep, retry_sweep
+from runplane.settings import StackSettings
 
 EVENTS = Path(__file__).resolve().parents[1] / "events"
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -89,19 +90,17 @@ def counted(request, monkeypatch, tmp_path):
     if any(thread.name == "schedule" for thread in threading.enumerate()):
         pytest.skip("an in-process local stack runs here: its schedule would act on this test's stack")
     base = request.getfixturevalue(f"{request.param}_stack").settings
-    for name in ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_BUCKET"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RUNPLANE_CLOUD", base.cloud)
-    monkeypatch.setenv("RUNPLANE_PREFIX", base.prefix)
-    monkeypatch.setenv("RUNPLANE_POOLS", POOLS)
-    monkeypatch.setenv("RUNPLANE_SCHEDULE_CALLS", str(PASS_CALLS))
-    monkeypatch.setenv("RUNPLANE_EVENT_CALLS", str(EVENT_CALLS))
-    if base.cloud == "azure":
-        monkeypatch.setenv("RUNPLANE_AZURE_STORAGE_CONNECTION_STRING", base.azure_storage_connection_string)
-    else:
-        monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", base.aws_endpoint_url)
-    bootstrap.stack.cache_clear()
-    stack = bootstrap.stack()
+    settings = StackSettings(
+        cloud=base.cloud,
+        prefix=base.prefix,
+        pools=POOLS,
+        schedule_calls=PASS_CALLS,
+        event_calls=EVENT_CALLS,
+        azure_storage_connection_string=base.azure_storage_connection_string,
+        aws_endpoint_url=base.aws_endpoint_url,
+    )
+    stack = bootstrap.build_stack(settings)
+    before = bootstrap.use(stack)
     backend = LocalCompute(tmp_path / "workers", command=SLEEPER)
     stack.backends["local"] = backend
     calls = []
@@ -111,7 +110,7 @@ def counted(request, monkeypatch, tmp_path):
     pool = stack.pools.get("default")
     for job in backend.list(pool):
         backend.cancel(pool, job.id)
-    bootstrap.stack.cache_clear()
+    bootstrap.use(before)
 
 
 def scheduled_pass(stack):

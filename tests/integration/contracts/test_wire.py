@@ -33,6 +33,7 @@ from runplane.domain.units import parse_bytes, parse_duration
 from runplane.domain.workers import Worker
 from runplane.services.auth import register_token
 from runplane.services.logs import log_chunk_key, outputs_prefix
+from runplane.settings import StackSettings
 from tests.conftest import POOLS_FILE
 
 DOC_URI = "urn:runplane:openapi"
@@ -202,20 +203,15 @@ def wire(request, stack, monkeypatch):
     """The process-wide stack the fronts use, on the contract suite's fresh stack (moto or
     Azurite), with the users of TOKENS; yields a Wire through that cloud's front."""
     settings = stack.settings
-    tables = ("RUNPLANE_RUNS_TABLE", "RUNPLANE_WORKERS_TABLE", "RUNPLANE_TOKENS_TABLE", "RUNPLANE_QUOTAS_TABLE")
-    for name in (*tables, "RUNPLANE_POOLS_TABLE", "RUNPLANE_BUCKET"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RUNPLANE_CLOUD", settings.cloud)
-    monkeypatch.setenv("RUNPLANE_PREFIX", settings.prefix)
-    monkeypatch.setenv("RUNPLANE_POOLS", str(POOLS_FILE))
-    if settings.cloud == "azure":
-        monkeypatch.setenv("RUNPLANE_AZURE_STORAGE_CONNECTION_STRING", settings.azure_storage_connection_string)
-        send = _azure_front()
-    else:
-        monkeypatch.setenv("RUNPLANE_AWS_ENDPOINT_URL", settings.aws_endpoint_url)
-        send = _lambda_front()
-    bootstrap.stack.cache_clear()
-    s = bootstrap.stack()
+    send = _azure_front() if settings.cloud == "azure" else _lambda_front()
+    where = {
+        "azure_storage_connection_string": settings.azure_storage_connection_string,
+        "aws_endpoint_url": settings.aws_endpoint_url,
+    }
+    s = bootstrap.build_stack(
+        StackSettings(cloud=settings.cloud, prefix=settings.prefix, pools=str(POOLS_FILE), **where)
+    )
+    before = bootstrap.use(s)
     register_token(s.tokens, TOKENS["admin"], "root", scopes=["admin"])
     register_token(s.tokens, TOKENS["alice"], "alice")
     register_token(s.tokens, TOKENS["bob"], "bob")
@@ -223,7 +219,7 @@ def wire(request, stack, monkeypatch):
     register_token(s.tokens, TOKENS["empty"], "eve", scopes=[])
     register_token(s.tokens, TOKENS["carol"], "carol", groups=["vision"])
     yield Wire(send, Contract(openapi_document()))
-    bootstrap.stack.cache_clear()
+    bootstrap.use(before)
 
 
 PARKED = {"command": "echo hi", "queue": "parked"}
