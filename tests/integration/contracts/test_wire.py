@@ -26,6 +26,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from runplane import bootstrap
+from runplane.api.app import STATUS
 from runplane.api.http import app
 from runplane.api.openapi import openapi_document
 from runplane.domain.common import DURATION_PATTERN, SIZE_PATTERN
@@ -562,6 +563,35 @@ def test_the_document_is_openapi_3_1_with_exact_answers_and_true_examples():
             for name, example in content["examples"].items():
                 pointer = _body_schema(path, method, "requestBody")
                 contract.validate(example["value"], pointer, f"{method} {path} example {name}")
+
+
+def test_every_operation_is_generated_whole_from_its_route():
+    """Each operation carries what its route reads: its path parameters with their patterns (as the
+    route checks them), its query parameters, its body, and error statuses from the error map only;
+    a status a valid request may still get (x-valid-refusals) is one of its documented answers."""
+    statuses = set(STATUS.values())
+    for path, item in openapi_document()["paths"].items():
+        for method, op in item.items():
+            where = f"{method.upper()} {path}"
+            named = {p["name"] for p in op.get("parameters", []) if p["in"] == "path"}
+            assert named == set(re.findall(r"\{(\w+)\}", path)), where
+            for param in op.get("parameters", []):
+                if param["in"] == "path":
+                    assert param["required"] and param["schema"]["pattern"].startswith("^"), where
+            errors = {int(s) for s in op["responses"] if int(s) >= 400}
+            assert errors <= statuses, f"{where} lists statuses the error map never gives: {errors - statuses}"
+            if op.get("security") != []:
+                assert {401, 503} <= errors, f"{where} reads a token but does not document its refusals"
+            refusals = op.get("x-valid-refusals", [])
+            assert set(refusals) <= errors, f"{where}: x-valid-refusals {refusals} are not all documented"
+            for status in refusals:
+                assert "also for a request this document calls valid" in op["responses"][str(status)]["description"]
+    listed = openapi_document()["paths"]["/v1/runs"]["get"]
+    assert {p["name"] for p in listed["parameters"]} >= {"state", "queue", "owner", "sweep", "limit", "cursor"}
+    assert next(p for p in listed["parameters"] if p["name"] == "limit")["schema"] == {
+        "type": "integer", "minimum": 1, "maximum": 500, "default": 50,
+    }  # fmt: skip
+    assert listed["x-valid-refusals"] == [400, 404, 422]
 
 
 def test_the_judge_refuses_an_undocumented_status_or_field():
