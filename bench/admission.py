@@ -11,12 +11,12 @@ workers) and, for the admission decision, a dynalite of the script's own.
    0.3 s here), so the cost of a line's length would be moto's; dynalite, like DynamoDB, reads the
    index's key range in order. ``--dynamodb moto`` keeps them on moto all the same. Every user
    and their group have a quota with room to spare. A worker agent (``worker_agent.agent.Agent``,
-   unchanged) gets the hint of a queued run picked at random and runs ``_take`` on it: it reads
+   unchanged) gets the hint of a queued run picked at random and its intake takes it: it reads
    the run, the head of the pool's line (``store.head(pool, PICK_WINDOW)``), re-reads the first
    run ahead that it can take, and reserves that run's room under its owner's and group's quotas.
    Left out: the claim (a conditional write, replaced by a stand-in that returns the run as it
    is), the hint's release back to the queue, and the container start. After each decision, not
-   timed, the agent gives the cores and the quota holds back (``_unreserve``), so every decision
+   timed, the agent gives the cores and the quota holds back (``QuotaHolds.release``), so every decision
    sees the same line and the same usage records. The store calls it makes are also timed one by
    one, with a bare boto3 ``Query`` of 8 items on the rank index for reference.
 
@@ -153,8 +153,9 @@ class Line:
         from runplane import bootstrap
         from runplane.adapters.aws.provision import provision
         from runplane.services.admission import CachedQuotas
-        from worker_agent.agent import Agent, AgentConfig
-        from worker_agent.executor import Ports
+        from worker_agent.agent import Agent
+        from worker_agent.intake import Intake
+        from worker_agent.run_config import AgentConfig, Ports
 
         names = ("runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "bucket")
         settings = bootstrap.stack().settings.model_copy(update={"prefix": prefix, **dict.fromkeys(names, "")})
@@ -181,13 +182,16 @@ class Line:
             f"{prefix}: {n_runs} queued runs of {len(users)} users built in {t1 - t0:.1f}s, written in "
             f"{t2 - t1:.1f}s; {len(lanes)} lanes and {len(users) + 1} quotas in {time.perf_counter() - t2:.1f}s"
         )
-        agent_class = decision_agent(Agent)
-        self.agent = agent_class(
+        self.agent = Agent(
             AgentConfig(pool=POOL, worker_id=f"bench-{prefix}", work_dir=work_dir / prefix),
             Ports(stack.store, Hints(), stack.objects, CachedQuotas(stack.quotas)),
             stack.workers,
             None,  # no Docker: nothing here reaches the engine
             time.time,
+        )
+        intake = self.agent.intake
+        self.agent.intake = decision_intake(Intake)(
+            intake.config, intake.ports, intake.slots, intake.holds, intake.clock, intake.launch, intake.network_refused
         )
         self.rng = random.Random(seed)
 
@@ -200,7 +204,7 @@ class Line:
                 request = self.ddb.batch_write_item(RequestItems=request).get("UnprocessedItems") or {}
 
     def decide(self) -> tuple[float, Any]:
-        """One ``_take`` on the hint of a random queued run; returns its time and the run it took.
+        """One ``Intake.take`` on the hint of a random queued run; returns its time and the run it took.
         Then, not timed, the cores and the quota holds go back."""
         from runplane.domain.messages import RunMessage
         from runplane.ports import Delivery
@@ -208,31 +212,31 @@ class Line:
         hinted = self.rng.choice(self.runs)
         delivery = Delivery(RunMessage(run_id=hinted.id, attempt=hinted.attempt), receipt="bench")
         agent = self.agent
-        agent.taken = None
+        agent.intake.taken = None
         t = time.perf_counter()
-        agent._take(delivery)
+        agent.intake.take(delivery)
         elapsed = time.perf_counter() - t
-        taken = agent.taken
+        taken = agent.intake.taken
         assert taken is not None, "the agent took no run"
-        agent.allocator.release(taken.id)
-        agent._unreserve(taken, taken.attempt + 1)
+        agent.slots.allocator.release(taken.id)
+        agent.holds.release(taken, taken.attempt + 1)
         return elapsed, taken
 
 
-def decision_agent(base: type) -> type:
-    class DecisionAgent(base):  # type: ignore[misc,valid-type]
-        """The agent as it is, but its claim only notes the run and nothing starts."""
+def decision_intake(base: type) -> type:
+    class DecisionIntake(base):  # type: ignore[misc,valid-type]
+        """The agent's intake as it is, but its claim only notes the run and nothing starts."""
 
         taken: Any = None
 
-        def _claim(self, run: Any, allocation: Any) -> Any:
+        def claim(self, run: Any, allocation: Any) -> Any:
             self.taken = run
             return run
 
-        def _start(self, claimed: Any, allocation: Any) -> None:
+        def _start(self, claimed: Any, allocation: Any, received: float) -> None:
             pass
 
-    return DecisionAgent
+    return DecisionIntake
 
 
 class Hints:
@@ -251,7 +255,7 @@ class Hints:
 def admission_rounds(big: Line, small: Line, warmup: int, n: int) -> dict[str, list[float]]:
     from runplane.adapters.aws.dynamodb import BY_RANK
     from runplane.services import admission
-    from worker_agent.agent import PICK_WINDOW
+    from worker_agent.intake import PICK_WINDOW
 
     samples: dict[str, list[float]] = {}
     head_run = big.stack.store.head(POOL, 1)[0]

@@ -31,7 +31,8 @@ from docker.types import IPAMConfig, IPAMPool
 
 from runplane.domain.runs import Run, RunSpec
 from worker_agent.executor import ExecutorConfig, container_spec
-from worker_agent.network import RunNetwork, check_network
+from worker_agent.netcheck import check_network
+from worker_agent.network import RunNetwork
 
 IMAGE = "runplane/test-busybox:1"
 

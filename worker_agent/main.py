@@ -34,8 +34,9 @@ if TYPE_CHECKING:
     import docker
 
     from runplane.domain.pools import Pool
-    from worker_agent.agent import Agent, AgentConfig
-    from worker_agent.network import NetworkCheck
+    from worker_agent.agent import Agent
+    from worker_agent.netcheck import NetworkCheck
+    from worker_agent.run_config import AgentConfig
 
 
 def _total_memory() -> int:
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from worker_agent.container_spec import LABEL
     from worker_agent.images import ImageCache
     from worker_agent.inputs import InputCache
-    from worker_agent.network import check_network
+    from worker_agent.netcheck import check_network
     from worker_agent.run_config import Ports
     from worker_agent.selflog import LogUploader
 
@@ -207,8 +208,7 @@ def agent_config(
 ) -> AgentConfig:
     """The agent's configuration: ``settings`` and what was found out at start (the worker's id
     and directory, the GPUs, the pool's containment, the stack, the input cache's view)."""
-    from worker_agent.agent import AgentConfig
-    from worker_agent.run_config import ExecutorConfig
+    from worker_agent.run_config import AgentConfig, ExecutorConfig
 
     return AgentConfig(
         pool=settings.pool,

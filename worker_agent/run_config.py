@@ -1,4 +1,5 @@
-"""What an executor is given: its settings, and the stack's ports its run uses."""
+"""What the agent and each of its executors are given: their settings, and the stack's ports
+runs use."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 from runplane.domain.accounting import Rates
 from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
 from worker_agent.gpu_access import GpuAccess
+from worker_agent.resources import Gpu
 from worker_agent.settings import default
 
 
@@ -47,3 +49,27 @@ class Ports:
     objects: ObjectStore
     quotas: QuotaStore | None = None
     """Where claims reserve room under quotas (``services/admission.py``); None: no admission."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    pool: str
+    worker_id: str
+    work_dir: Path
+    slots: int = default("slots")
+    memory: int = 0  # bytes runs may set aside in all (0: uncounted); runplane-agent gives --memory or the pool's
+    disk: int = 0  # bytes of disk runs may set aside in all (0: uncounted); runplane-agent gives --disk or the pool's
+    idle_seconds: float | None = default("idle_seconds")
+    exit_after_num_runs: int | None = default("exit_after_num_runs")
+    heartbeat_seconds: float = default("heartbeat_seconds")
+    lease_seconds: float = default("lease_seconds")
+    poll_seconds: float = default("poll_seconds")
+    pass_down_termination: bool = default("pass_down_termination")
+    exit_on_exception: bool = default("exit_on_exception")
+    preemptible: bool = default("preemptible")
+    executor: ExecutorConfig | None = None  # None: the defaults, for this worker_id and work_dir
+    cpuset: tuple[int, ...] = ()
+    gpus: tuple[Gpu, ...] = ()
+    tag: str | None = default("tag")
+    tag_exclusive: bool = default("tag_exclusive")
+    group: str | None = default("group")

@@ -14,8 +14,8 @@ from runplane.domain.runs import RunSpec
 from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from tests.conftest import wait_for
-from worker_agent.agent import Agent, AgentConfig
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.agent import Agent
+from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
 
 pytestmark = pytest.mark.docker
 

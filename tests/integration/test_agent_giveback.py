@@ -20,9 +20,9 @@ from runplane.domain.tenancy import Principal
 from runplane.ports import Delivery
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
-from worker_agent.agent import Agent, AgentConfig
+from worker_agent.agent import Agent
 from worker_agent.resources import Allocator
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
 
 G = 1 << 30
 
@@ -73,11 +73,11 @@ def test_the_room_goes_back_when_the_hint_cannot_be_handed_back(aws_stack, tmp_p
     assert delivery.message.run_id == run.id
 
     with pytest.raises(BackendError):
-        agent._take(delivery)
+        agent.intake.take(delivery)
 
     assert queue.failed == [handed_back]
-    assert agent.allocator.free() == (2, 0) and agent.allocator.free_bytes() == (2 * G, 4 * G)
-    assert agent.claimed == 0 and agent.active == {}
+    assert agent.slots.allocator.free() == (2, 0) and agent.slots.allocator.free_bytes() == (2 * G, 4 * G)
+    assert agent.slots.claimed == 0 and agent.slots.active == {}
     assert aws_stack.store.get(run.id).state == RunState.QUEUED
 
 
@@ -109,11 +109,11 @@ def test_a_runs_disk_comes_back_once_its_files_are_removed(aws_stack, docker_cli
         pool="manual", worker_id="w-disk", work_dir=work_dir, cpuset=(0, 1), disk=4 * G, executor=executor
     )
     agent = Agent(config, Ports(aws_stack.store, aws_stack.queue, aws_stack.objects), None, docker_client, time.time)
-    agent.allocator = allocator = NotingAllocator([0, 1], [], 0, 4 * G, run_dir=work_dir / "runs" / f"{run.id}-1")
+    agent.slots.allocator = allocator = NotingAllocator([0, 1], [], 0, 4 * G, run_dir=work_dir / "runs" / f"{run.id}-1")
     (delivery,) = aws_stack.queue.receive("manual", 1, 5, visibility_seconds=30)
 
-    agent._take(delivery)
-    thread = agent.active[run.id].thread
+    agent.intake.take(delivery)
+    thread = agent.slots.active[run.id].thread
     assert thread is not None
     thread.join(60)
 

@@ -220,7 +220,8 @@ def test_host_firewall_is_valid_nftables_for_the_agents_bridge(tmp_path):
     """The host rules install.sh writes parse (nft's check mode changes nothing) and name the bridge
     device and the metadata addresses the agent uses; the unit loads them and leaves the agent what
     it needs to install a run's own rules (worker_agent/network.py)."""
-    from worker_agent.network import BRIDGE_DEVICE, METADATA
+    from worker_agent.netcheck import BRIDGE_DEVICE
+    from worker_agent.netrules import METADATA
 
     text = INSTALL.read_text()
     rules = text.split("<<'NFT'\n", 1)[1].split("\nNFT\n", 1)[0]

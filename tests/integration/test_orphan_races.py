@@ -25,10 +25,10 @@ from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE, wait_for
 from tests.gate import GATE, open_gate
-from worker_agent.agent import Agent, AgentConfig
+from worker_agent.agent import Agent
 from worker_agent.container_spec import LABEL, container_name
 from worker_agent.executor import RunExecutor
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
@@ -193,8 +193,8 @@ def test_every_removal_at_start_up_is_logged_with_whose_container_and_why(
         docker_client,
         time.time,
     )
-    assert agent.recover_own_runs() == [own_claimed.id]
-    assert agent.sweep_orphans() == 1
+    assert agent.recovery.recover_own_runs() == [own_claimed.id]
+    assert agent.recovery.sweep_orphans() == 1
     assert [name for name, c in left.items() if exists(docker_client, c.id)] == ["live"]
     logged = {(run_id, attempt, worker): why for run_id, attempt, worker, why in removals(caplog)}
     assert set(logged) == {(own.id, "1", "w-restarted"), (lost.id, "1", "w-gone")}, logged

@@ -27,10 +27,11 @@ from runplane.ports import Expect
 from runplane.services import lifecycle, runs
 from runplane.services.reap import reap
 from tests.conftest import api_status
-from worker_agent.agent import RELEASE_DELAY_SECONDS, Agent, AgentConfig, ClaimLater
+from worker_agent.agent import Agent
 from worker_agent.executor import RunExecutor
+from worker_agent.intake import RELEASE_DELAY_SECONDS, ClaimLater
 from worker_agent.metrics import AgentMetrics, Gauges
-from worker_agent.run_config import Ports
+from worker_agent.run_config import AgentConfig, Ports
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 
@@ -175,7 +176,7 @@ def test_an_agent_whose_claim_is_refused_gives_back_and_the_run_ends_failed(stac
     agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
     (delivery,) = stack.queue.receive("default", 1, 5, visibility_seconds=30)
 
-    agent._take(delivery)
+    agent.intake.take(delivery)
 
     ended = stack.store.get(run.id)
     assert (ended.state, ended.attempt, ended.worker_id) == (RunState.FAILED, 0, None)
@@ -183,7 +184,7 @@ def test_an_agent_whose_claim_is_refused_gives_back_and_the_run_ends_failed(stac
     assert ended.failure.message.startswith("worker w-refused could not claim it: ")
     for store_words in ("ValidationException", "Item size", "EntityTooLarge", "PropertyValueTooLarge"):
         assert store_words not in ended.failure.message
-    assert agent.allocator.free() == (2, 0) and agent.active == {} and agent.claimed == 0
+    assert agent.slots.allocator.free() == (2, 0) and agent.slots.active == {} and agent.slots.claimed == 0
     assert stack.quotas.usage("user", "alice").holds == {}
     reap(stack.store, stack.queue, stack.pools, time.time() + 3600, rehint_after=0, quotas=stack.quotas)
     assert stack.queue.receive("default", 10, 1, visibility_seconds=30) == []
@@ -203,14 +204,14 @@ def test_a_claim_the_store_fails_to_answer_is_given_back_and_offered_again(reque
     config = AgentConfig(pool="default", worker_id="w-failing", work_dir=tmp_path / "w", cpuset=(0, 1))
     agent = Agent(config, Ports(broken, stack.queue, stack.objects, stack.quotas), registry=None, docker_client=None,
                   clock=time.time)  # type: ignore[arg-type]  # fmt: skip
-    allocation = agent.allocator.allocate(run.id, 1, 0)
-    assert allocation is not None and agent._reserve(run) is True
+    allocation = agent.slots.allocator.allocate(run.id, 1, 0)
+    assert allocation is not None and agent.holds.reserve(run) is True
     assert list(stack.quotas.usage("user", "alice").holds) == [f"{run.id}#1"]
 
     with pytest.raises(ClaimLater):
-        agent._claim(run, allocation)
+        agent.intake.claim(run, allocation)
 
-    assert agent.allocator.free() == (2, 0) and agent.claimed == 0
+    assert agent.slots.allocator.free() == (2, 0) and agent.slots.claimed == 0
     assert stack.quotas.usage("user", "alice").holds == {}
     assert stack.store.get(run.id) == run
 
@@ -318,10 +319,10 @@ def test_a_claim_left_unanswered_gives_back_and_its_hint_is_offered_again(stack,
     store = _ClaimUnanswered(stack.store, landed=False)
     run, delivery, agent = _taking(stack, tmp_path, store)
 
-    agent._take(delivery)
+    agent.intake.take(delivery)
 
     assert store.lost and stack.store.get(run.id) == run
-    assert agent.allocator.free() == (2, 0) and agent.active == {} and agent.claimed == 0
+    assert agent.slots.allocator.free() == (2, 0) and agent.slots.active == {} and agent.slots.claimed == 0
     assert stack.quotas.usage("user", "alice").holds == {}
     again = stack.queue.receive("default", 10, RELEASE_DELAY_SECONDS + 5, visibility_seconds=30)
     assert [(d.message.run_id, d.message.attempt) for d in again] == [(run.id, 0)]
@@ -334,10 +335,10 @@ def test_a_claim_that_landed_though_its_answer_was_lost_is_run_here(stack, tmp_p
     store = _ClaimUnanswered(stack.store, landed=True)
     run, delivery, agent = _taking(stack, tmp_path, store)
 
-    agent._take(delivery)
+    agent.intake.take(delivery)
 
-    assert store.lost and agent.claimed == 1
-    executor = agent.active.get(run.id)
+    assert store.lost and agent.slots.claimed == 1
+    executor = agent.slots.active.get(run.id)
     if executor is not None and executor.thread is not None:
         executor.thread.join(30)  # it fails here (this agent has no engine); what matters is who took it
     taken = stack.store.get(run.id)
@@ -357,9 +358,9 @@ def test_a_run_whose_start_fails_after_its_claim_is_given_back_and_handed_back(s
 
     monkeypatch.setattr(RunExecutor, "start", no_thread)
     with pytest.raises(RuntimeError, match="can't start new thread"):
-        agent._take(delivery)
+        agent.intake.take(delivery)
 
-    assert agent.allocator.free() == (2, 0) and agent.active == {} and agent.claimed == 0
+    assert agent.slots.allocator.free() == (2, 0) and agent.slots.active == {} and agent.slots.claimed == 0
     assert stack.quotas.usage("user", "alice").holds == {}
     back = stack.store.get(run.id)
     assert (back.state, back.attempt, back.worker_id) == (RunState.QUEUED, 1, None)

@@ -18,8 +18,8 @@ from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from tests.conftest import api_status
-from worker_agent.agent import Agent, AgentConfig
-from worker_agent.run_config import Ports
+from worker_agent.agent import Agent
+from worker_agent.run_config import AgentConfig, Ports
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 
@@ -96,10 +96,10 @@ def test_a_groups_worker_takes_only_runs_charged_to_its_group(stack, tmp_path: P
     (delivery,) = stack.queue.receive("parked", 1, 5, visibility_seconds=30)
     assert delivery.message.run_id == nlp.id
 
-    agent._take(delivery)
+    agent.intake.take(delivery)
 
     after = stack.store.get(nlp.id)
     assert (after.state, after.worker_id, after.group) == (RunState.QUEUED, None, "nlp")
-    assert agent.claimed == 0 and agent.allocator.free() == (2, 0)
-    assert agent._refuses(after) == "this worker serves group vision only and the run is charged to group nlp"
-    assert agent._refuses(submit("vision")) is None  # what is vision's, it takes
+    assert agent.slots.claimed == 0 and agent.slots.allocator.free() == (2, 0)
+    assert agent.intake.refuses(after) == "this worker serves group vision only and the run is charged to group nlp"
+    assert agent.intake.refuses(submit("vision")) is None  # what is vision's, it takes

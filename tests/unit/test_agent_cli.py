@@ -12,10 +12,9 @@ import pytest
 
 from runplane.domain.pools import Pool
 from runplane.domain.units import format_bytes, parse_bytes
-from worker_agent.agent import AgentConfig
 from worker_agent.main import agent_config, shape_shortfalls
 from worker_agent.resources import Allocator
-from worker_agent.run_config import ExecutorConfig
+from worker_agent.run_config import AgentConfig, ExecutorConfig
 from worker_agent.settings import AgentSettings, UsageError, env_name, flag_name, parse
 
 CORE = min(os.sched_getaffinity(0))

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from worker_agent.agent import Agent, AgentConfig
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.agent import Agent
+from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
 
 
 def _agent(tmp_path: Path, executor: ExecutorConfig | None = None) -> Agent:
@@ -24,7 +24,7 @@ def test_drain_passes_over_a_run_whose_thread_is_gone(tmp_path):
     dead = threading.Thread(target=lambda: None)
     dead.start()
     dead.join()
-    agent.active["r-1"] = SimpleNamespace(thread=dead)  # type: ignore[assignment]
+    agent.slots.active["r-1"] = SimpleNamespace(thread=dead)  # type: ignore[assignment]
     drained = threading.Thread(target=agent._drain, daemon=True)
     drained.start()
     drained.join(5)

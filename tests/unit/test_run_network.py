@@ -17,22 +17,9 @@ from runplane.domain.runs import Run, RunSpec
 from runplane.domain.workers import Worker, refuses
 from runplane.services.dispatch import explain_wait
 from worker_agent.container_spec import container_name, container_spec
-from worker_agent.network import (
-    _PROBE_SCRIPT,
-    CLOSED,
-    GATE,
-    GATE_EXIT,
-    GATE_MOUNT,
-    METADATA,
-    WRAPPER,
-    NetworkError,
-    RunNetwork,
-    _subnets,
-    dns_servers,
-    host_addresses,
-    ruleset,
-    uncontainable,
-)
+from worker_agent.netcheck import _subnets, uncontainable
+from worker_agent.netrules import CLOSED, METADATA, dns_servers, host_addresses, ruleset
+from worker_agent.network import _PROBE_SCRIPT, GATE, GATE_EXIT, GATE_MOUNT, WRAPPER, NetworkError, RunNetwork
 from worker_agent.run_config import ExecutorConfig
 
 # /proc/net/fib_trie and /proc/net/if_inet6 of a host with eth0 192.0.2.2 and a bridge

@@ -1,0 +1,110 @@
+"""Heartbeats and reporting: renew the lease of every run held, take in kill requests, and write
+this worker's item in the registry (what it has, what it holds, which agent it is)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from collections.abc import Callable
+
+from runplane import __version__
+from runplane.domain.errors import LeaseLost, RunplaneError
+from runplane.domain.workers import Worker
+from runplane.ports import WorkerRegistry
+from runplane.services import lifecycle
+from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.slots import Slots
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    def __init__(
+        self,
+        config: AgentConfig,
+        ports: Ports,
+        registry: WorkerRegistry,
+        slots: Slots,
+        clock: Callable[[], float],
+        network_refused: str | None,
+    ) -> None:
+        self.config = config
+        self.ports = ports
+        self.registry = registry
+        self.slots = slots
+        self.clock = clock
+        self.network_refused = network_refused
+        self.started_at = clock()
+
+    def beat_until(self, drained: threading.Event) -> None:
+        """Heartbeat every ``heartbeat_seconds`` until ``drained`` is set (the runs under way have
+        ended: their leases are renewed until then, also after a stop)."""
+        while not drained.wait(self.config.heartbeat_seconds):
+            try:
+                self.heartbeat()
+            except Exception:  # a failed beat must not kill the thread; the next one retries
+                log.exception("heartbeat failed")
+
+    def heartbeat(self) -> None:
+        """Renew the lease of every run held, take in kill requests, and report the worker."""
+        executors = self.slots.executors()
+        for executor in executors:
+            run = executor.run
+            if run.state.terminal:
+                continue
+            try:
+                executor.observe(
+                    lifecycle.renew(
+                        self.ports.store, run, self.config.lease_seconds, self.clock(), usage=executor.usage
+                    )
+                )
+            except LeaseLost:
+                executor.lease_lost()
+            except RunplaneError as e:
+                log.warning("lease renewal of %s failed: %s", run.id, e)
+        self.report("busy" if executors else "idle")
+
+    def report(self, status: str) -> None:
+        """Write this worker's item: ``status`` and what it holds now (a failure is logged)."""
+        owners = self.slots.owners()
+        runs = list(owners)
+        left = self.slots.runs_left()
+        free_cpus, free_gpus = self.slots.allocator.free()
+        stopping = self.slots.stopping.is_set()
+        try:
+            self.registry.put(
+                Worker(
+                    id=self.config.worker_id,
+                    pool=self.config.pool,
+                    status="draining" if stopping and runs else status,
+                    host=socket.gethostname(),
+                    slots=self.config.slots,
+                    free_slots=0
+                    if self.slots.stopping.is_set() or left == 0
+                    else max(0, self.config.slots - len(runs)),
+                    cpus=float(len(self.slots.allocator.cpus)),
+                    gpus=len(self.slots.allocator.gpus),
+                    gpu_ids=[g.uuid for g in self.slots.allocator.gpus],
+                    free_cpus=float(free_cpus),
+                    free_gpus=free_gpus,
+                    cached_inputs=self.slots.cached_inputs,
+                    memory=self.config.memory,
+                    runs=runs,
+                    run_owners=owners,
+                    runs_done=self.slots.finished,
+                    runs_left=left,
+                    started_at=self.started_at,
+                    heartbeat_at=self.clock(),
+                    agent_version=__version__,
+                    tag=self.config.tag,
+                    tag_exclusive=self.config.tag_exclusive,
+                    group=self.config.group,
+                    network_refused=self.network_refused,
+                )
+            )
+        except RunplaneError as e:
+            log.warning("worker report failed: %s", e)
+
+    def set_offline(self) -> None:
+        self.report("offline")
