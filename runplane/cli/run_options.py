@@ -78,6 +78,14 @@ FLAGS: tuple[Flag, ...] = (
     Flag("time_limit", Annotated[str | None, typer.Option("--time", help="time limit, e.g. 90s, 2h")], "time"),
     Flag("queue", Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")], "queue"),
     Flag("name", Annotated[str | None, typer.Option(help="a name for the run")], "name"),
+    Flag(
+        "labels",
+        Annotated[
+            list[str] | None,
+            typer.Option("--label", help="KEY=VALUE, a label of yours (runplane ls --label filters by it); repeatable"),
+        ],
+        "labels",
+    ),
     Flag("tag", Annotated[str | None, typer.Option(help="only workers started with --tag TAG take it")], "tag"),
     Flag(
         "group",
@@ -172,7 +180,7 @@ NO_FLAG = frozenset({"resources"})
 """Run options the command line gives no flag of its own (``resources``: its fields' flags)."""
 
 
-_BUILT = frozenset({"env", "inputs", "after", "retry"})
+_BUILT = frozenset({"env", "inputs", "labels", "after", "retry"})
 """The options built from their flags' text rather than taken as typed."""
 
 
@@ -183,6 +191,7 @@ def options_from(values: Mapping[str, Any]) -> RunOptions:
     options = {f.option: given[f.name] for f in FLAGS if f.name in given and f.option not in _BUILT}
     options["env"] = pairs(given.get("env"), "--env") or None
     options["inputs"] = pairs(given.get("inputs"), "--input") or None
+    options["labels"] = pairs(given.get("labels"), "--label") or None
     options["after"] = run_ids(given.get("after"))
     options["retry"] = retry_rule(given.get("attempts"), given.get("retry_on"), given.get("memory_factor"))
     return cast(RunOptions, {k: v for k, v in options.items() if v is not None})

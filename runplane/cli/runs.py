@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import json
+import shlex
 import sys
 from typing import Annotated, Any
 
@@ -162,6 +163,7 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("group", view.group),
         ("priority", view.priority),
         ("attempt", f"{view.attempt} of {view.max_attempts}" if view.attempt else None),
+        ("labels", ", ".join(f"{k}={v}" for k, v in view.spec.labels.items()) or None),
         ("retry", view.spec.retry and _rule_text(view.spec.retry.model_dump())),
         ("waiting_on", ", ".join(view.waiting_on) or None),
         ("worker_id", view.worker_id),
@@ -191,12 +193,16 @@ def list_runs(
     ctx: typer.Context,
     state: Annotated[RunState | None, typer.Option(help="only runs in this state")] = None,
     queue: Annotated[str | None, typer.Option(help="only runs of this pool")] = None,
+    label: Annotated[
+        str | None,
+        typer.Option(help="only runs with this label, KEY=VALUE (a page may be short: --cursor goes on)"),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 20,
     cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
     as_json: JSON = False,
 ) -> None:
     """List your runs, newest first."""
-    page = client(ctx).runs_page(state=state, queue=queue, owner=None, limit=limit, cursor=cursor)
+    page = client(ctx).runs_page(state=state, queue=queue, owner=None, label=label, limit=limit, cursor=cursor)
     if as_json:
         print_json(page)
         return
@@ -206,7 +212,8 @@ def list_runs(
         table.add_row(*map(cell, (r.id, r.name, r.state, r.queue, when(r.created_at), r.exit_code, reason)))
     out.print(table)
     if page.next_cursor:
-        err.print(f"more: runplane ls --cursor {page.next_cursor}", style="dim", markup=False, highlight=False)
+        again = shlex.join(["runplane", "ls", *(["--label", label] if label else []), "--cursor", page.next_cursor])
+        err.print(f"more: {again}", style="dim", markup=False, highlight=False)
 
 
 # --- acting on runs ----------------------------------------------------------------------------

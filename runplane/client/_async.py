@@ -215,11 +215,14 @@ class AsyncClient:
         state: RunState | str | None = None,
         queue: str | None = None,
         owner: str | None = None,
+        label: str | None = None,
         limit: int | None = None,
         page_size: int = 100,
     ) -> AsyncIterator[AsyncRun]:
         """See ``Client.runs``."""
-        async for view in self._steps(self._plans.runs(state, queue, owner, limit, page_size)):
+        async for view in self._steps(
+            self._plans.runs({"state": state, "queue": queue, "owner": owner, "label": label}, limit, page_size)
+        ):
             yield AsyncRun(self, view)
 
     async def runs_page(
@@ -228,10 +231,13 @@ class AsyncClient:
         state: RunState | str | None = None,
         queue: str | None = None,
         owner: str | None = None,
+        label: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> RunPage:
-        return await self._drive(self._plans.runs_page(state, queue, owner, limit, cursor))
+        return await self._drive(
+            self._plans.runs_page({"state": state, "queue": queue, "owner": owner, "label": label}, limit, cursor)
+        )
 
     async def kill(self, run_id: str) -> AsyncRun:
         return AsyncRun(self, await self._drive(self._plans.kill(run_id)))

@@ -40,6 +40,7 @@ class RunOptions(TypedDict, total=False):
     retry: RetryRule | Mapping[str, Any] | None
     after: Sequence[Any] | None  # runs (``Run`` objects or run ids) it waits for
     after_sweep: Any  # a sweep (a ``Sweep`` object or a sweep id) it waits for
+    labels: Mapping[str, str] | None
 
 
 SHORTCUTS = tuple(Resources.model_fields)

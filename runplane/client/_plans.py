@@ -56,21 +56,15 @@ class Plans(AdminPlans):
         body = {"priority": priority}
         return parse(RunView, (yield from self.raw("POST", f"/v1/runs/{quote_segment(run_id)}/priority", body)))
 
-    def runs_page(
-        self,
-        state: RunState | str | None,
-        queue: str | None,
-        owner: str | None,
-        limit: int | None,
-        cursor: str | None,
-    ) -> Plan[RunPage]:
-        query = {"state": state, "queue": queue, "owner": owner, "limit": limit, "cursor": cursor}
-        return self._get(RunPage, "/v1/runs", query)
+    def runs_page(self, filters: Mapping[str, Any], limit: int | None, cursor: str | None) -> Plan[RunPage]:
+        """One page of runs; ``filters``: ``state``, ``queue``, ``owner``, ``label`` (None: not
+        filtered on)."""
+        return self._get(RunPage, "/v1/runs", {**filters, "limit": limit, "cursor": cursor})
 
-    def runs(
-        self, state: RunState | str | None, queue: str | None, owner: str | None, limit: int | None, page_size: int
-    ) -> Plan[None]:
-        """Emits RunViews, newest first, page after page, at most ``limit`` of them."""
+    def runs(self, filters: Mapping[str, Any], limit: int | None, page_size: int) -> Plan[None]:
+        """Emits RunViews, newest first, page after page, at most ``limit`` of them. A filtered
+        page may come back short, even empty, with a cursor: the listing goes on while the cursor
+        does."""
         if page_size < 1:
             raise ValueError("page_size must be at least 1")
         page_size = min(page_size, MAX_RUNS_PAGE)
@@ -78,11 +72,11 @@ class Plans(AdminPlans):
         seen = 0
         while limit is None or seen < limit:
             want = page_size if limit is None else min(page_size, limit - seen)
-            page = yield from self.runs_page(state, queue, owner, want, cursor)
+            page = yield from self.runs_page(filters, want, cursor)
             for view in page.runs[:want]:
                 yield Emit(view)
                 seen += 1
-            if not page.next_cursor or not page.runs:
+            if not page.next_cursor or page.next_cursor == cursor:
                 return
             cursor = page.next_cursor
 

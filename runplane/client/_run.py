@@ -59,6 +59,11 @@ class RunBase(_Viewed):
         return self.view.waiting_reason
 
     @property
+    def labels(self) -> dict[str, str]:
+        """Its labels (``spec.labels``)."""
+        return self.view.spec.labels
+
+    @property
     def done(self) -> bool:
         """The run has ended: succeeded, failed, killed or timed_out."""
         return self.view.state in TERMINAL_STATES

@@ -248,12 +248,16 @@ class Client:
         state: RunState | str | None = None,
         queue: str | None = None,
         owner: str | None = None,
+        label: str | None = None,
         limit: int | None = None,
         page_size: int = 100,
     ) -> Iterator[Run]:
         """Your runs (an admin: ``owner``'s), newest first, fetched ``page_size`` at a time (at
-        most 500), ending after ``limit`` runs if given."""
-        for view in self._steps(self._plans.runs(state, queue, owner, limit, page_size)):
+        most 500), ending after ``limit`` runs if given; ``label``: only those labelled so
+        (``"key=value"``)."""
+        for view in self._steps(
+            self._plans.runs({"state": state, "queue": queue, "owner": owner, "label": label}, limit, page_size)
+        ):
             yield Run(self, view)
 
     def runs_page(
@@ -262,11 +266,14 @@ class Client:
         state: RunState | str | None = None,
         queue: str | None = None,
         owner: str | None = None,
+        label: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> RunPage:
         """One page of runs; pass its ``next_cursor`` as ``cursor`` for the next."""
-        return self._drive(self._plans.runs_page(state, queue, owner, limit, cursor))
+        return self._drive(
+            self._plans.runs_page({"state": state, "queue": queue, "owner": owner, "label": label}, limit, cursor)
+        )
 
     def kill(self, run_id: str) -> Run:
         """Kill the run: a queued one at once, a running one within seconds (Conflict if it has

@@ -26,7 +26,7 @@ from runplane.domain.common import (
 )
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
 from runplane.domain.units import MAX_SIZE
-from runplane.domain.wire import Record
+from runplane.domain.wire import Record, Since
 
 MAX_INPUTS = 64
 MAX_UPSTREAMS = 32
@@ -36,10 +36,19 @@ SWEEP_PREFIX = "sweep:"
 MAX_DEPENDENTS = 1000
 """The most runs and sweeps that may wait for one run or sweep."""
 MAX_ENV = 256
+MAX_LABELS = 32
+MAX_LABEL_VALUE = 128
+LABEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9._/-]{0,62}$"
+"""A label's key: lower-case letters, digits and ``. _ / -``, starting with a letter or digit, at most 63."""
 
 
 _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _INPUT_SOURCE = re.compile(rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?)")
+
+
+def _line_break(text: str) -> str | None:
+    found = next((c for c in text if c in "\n\r\t"), None)
+    return None if found is None else f"\\x{ord(found):02x}"
 
 
 class RetryRule(Record):
@@ -159,6 +168,20 @@ class RunSpec(Record):
         description="a sweep of yours this run waits for: released once every member has succeeded, "
         "failed (dependency_failed) once the sweep finishes otherwise",
     )
+    labels: Annotated[
+        dict[
+            Annotated[str, Field(pattern=LABEL_KEY_PATTERN)],
+            Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=r"^[^\x00-\x1f\x7f]*$")],
+        ],
+        Since("0.2"),
+    ] = Field(
+        default_factory=dict,
+        max_length=MAX_LABELS,
+        json_schema_extra={"additionalProperties": False},
+        description=f"up to {MAX_LABELS} labels of your own (key: value), shown with the run and a filter of the "
+        f"listing (label=key=value); a value is at most {MAX_LABEL_VALUE} characters of printable text",
+        examples=[{"project": "vision", "experiment": "lr-sweep"}],
+    )
 
     def upstreams(self) -> list[str]:
         """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
@@ -202,6 +225,15 @@ class RunSpec(Record):
             bad = control_character(text)
             if bad:
                 raise ValueError(f"environment variable {key!r} holds the control character {bad}")
+        return value
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, value: Any) -> Any:
+        for key, text in value.items() if isinstance(value, dict) else ():
+            bad = isinstance(text, str) and (control_character(text) or hidden_character(text) or _line_break(text))
+            if bad:
+                raise ValueError(f"label {str(key)[:80]!r} holds {bad}: a value is printable text on one line")
         return value
 
     @field_validator("inputs")

@@ -24,7 +24,7 @@ from runplane.domain.errors import (
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.pools import Pool, PoolConfig, choose_pool
 from runplane.domain.records import check_spec
-from runplane.domain.runs import Event, Failure, Run, RunSpec
+from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Failure, Run, RunSpec
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore, SweepStore
@@ -54,6 +54,8 @@ def run_id_for(owner: str, idempotency_key: str | None, secret: bytes, kind: str
     digest = hmac.new(secret, f"{salt}{owner}\0{idempotency_key}".encode(), hashlib.sha256).hexdigest()
     return prefix + digest[:24]
 
+
+LABEL_KEY = re.compile(LABEL_KEY_PATTERN)
 
 HASHED_FIRST = frozenset(
     {"command", "image", "name", "queue", "resources", "env", "inputs", "network", "tag", "group", "priority"}
@@ -266,14 +268,41 @@ def list_runs(
     queue: str | None,
     limit: int,
     cursor: str | None,
+    label: str | None = None,
 ) -> Page:
-    """The caller's runs, newest first; an admin may list another ``owner``'s. Raises Forbidden
-    (another user's, without admin), InvalidRequest (a name that cannot be a user or a pool) and
-    BadRequest (a cursor this listing did not make)."""
+    """The caller's runs, newest first; an admin may list another ``owner``'s. With ``label``
+    (``key=value``), only those with that label among the runs the listing reads: a page may come
+    back short, even empty, with a cursor to go on. Raises Forbidden (another user's, without
+    admin), InvalidRequest (a name that cannot be a user or a pool, a label filter that is not
+    ``key=value``) and BadRequest (a cursor this listing did not make)."""
     owner = check_listing_owner(principal, owner)
     if queue is not None and not re.fullmatch(NAME_PATTERN, queue):
         raise InvalidRequest(f"queue {queue[:80]!r} is not a pool name")
-    return store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
+    wanted = label_filter(label)
+    page = store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
+    return page if wanted is None else Page(labelled(page.runs, wanted), page.next_cursor)
+
+
+def label_filter(text: str | None) -> tuple[str, str] | None:
+    """A listing's ``label`` filter, ``key=value``, as (key, value); None for none. Raises
+    InvalidRequest when the key cannot be a label's or the value is too long to be one's."""
+    if text is None:
+        return None
+    key, sep, value = text.partition("=")
+    if not sep or not LABEL_KEY.fullmatch(key) or len(value) > MAX_LABEL_VALUE:
+        raise InvalidRequest(
+            f"label {text[:80]!r} is not key=value with a label's key (a-z, 0-9, . _ / -) and a value of at most "
+            f"{MAX_LABEL_VALUE} characters"
+        )
+    return key, value
+
+
+def labelled(found: list[Run], wanted: tuple[str, str] | None) -> list[Run]:
+    """The runs of ``found`` that carry the label ``wanted`` (all of them for None)."""
+    if wanted is None:
+        return found
+    key, value = wanted
+    return [run for run in found if run.spec.labels.get(key) == value]
 
 
 def check_listing_owner(principal: Principal, owner: str | None) -> str:

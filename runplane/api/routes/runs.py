@@ -15,7 +15,7 @@ from runplane.api.routing import Answer, Call, Query, Reply, operation
 from runplane.api.views import run_view
 from runplane.domain import errors
 from runplane.domain.common import NAME_PATTERN
-from runplane.domain.runs import RunSpec
+from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
@@ -54,6 +54,9 @@ def submit(call: Call, body: RunSpec, key: str | None) -> Reply:
     return Reply(run_view(result.run), 201 if result.created else 200, headers)
 
 
+LABEL_FILTER_PATTERN = f"{LABEL_KEY_PATTERN.removesuffix('$')}=.{{0,{MAX_LABEL_VALUE}}}$"
+
+
 class RunsQuery(Query):
     state: RunState | None = None
     queue: str | None = Field(None, description="only this pool's", json_schema_extra={"pattern": NAME_PATTERN})
@@ -64,6 +67,12 @@ class RunsQuery(Query):
         None,
         description="the members of this sweep released so far, in index order (not with owner or queue: 422)",
         json_schema_extra={"pattern": ID_PATTERN},
+    )
+    label: str | None = Field(
+        None,
+        description="only runs with this label, key=value (a page may come back short, even empty, with a "
+        "cursor to go on)",
+        json_schema_extra={"pattern": LABEL_FILTER_PATTERN},
     )
     limit: int = Field(50, ge=1, le=500)
     cursor: str | None = Field(None, description=CURSOR_HELP, json_schema_extra={"pattern": CURSOR_PATTERN})
@@ -92,12 +101,13 @@ def list_runs(call: Call, query: RunsQuery) -> RunPage:
             raise errors.InvalidRequest("sweep cannot be combined with owner or queue")
         sweep = sweeps.get_sweep(ports, call.principal, _sweep_id(query.sweep))
         found, cursor = sweeps.members(ports, sweep, query.state, query.limit, query.cursor)
+        found = runs.labelled(found, runs.label_filter(query.label))
         views, cursor = within_page([run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
         return RunPage(runs=views, next_cursor=cursor)
     owner = query.owner or call.principal.user
     page = runs.list_runs(
         ports, call.principal, owner=owner, state=query.state, queue=query.queue, limit=query.limit,
-        cursor=query.cursor,
+        cursor=query.cursor, label=query.label,
     )  # fmt: skip
     resume = lambda n: ports.store.cursor_after(page.runs[n - 1], owner)  # noqa: E731
     views, cursor = within_page([run_view(r) for r in page.runs], page.next_cursor, resume)
