@@ -144,15 +144,13 @@ def azure_names(settings: StackSettings) -> Any:
 def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
     clients = clients or azure_clients(settings)
     from runplane.adapters.azure.blob import BlobObjectStore
+    from runplane.adapters.azure.pools import TablePoolStateStore
     from runplane.adapters.azure.queues import StorageQueueRunQueue
+    from runplane.adapters.azure.quotas import TableQuotaStore
+    from runplane.adapters.azure.runs import TableRunStore
     from runplane.adapters.azure.sweeps import TableSweepStore
-    from runplane.adapters.azure.tables import (
-        TablePoolStateStore,
-        TableQuotaStore,
-        TableRunStore,
-        TableTokenStore,
-        TableWorkerRegistry,
-    )
+    from runplane.adapters.azure.tokens import TableTokenStore
+    from runplane.adapters.azure.workers import TableWorkerRegistry
 
     names = azure_names(settings)
     tables = clients.tables
@@ -186,16 +184,14 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     settings = settings or StackSettings.from_env()
     if settings.cloud == "azure":
         return _azure_stack(settings, clients)
-    from runplane.adapters.aws.dynamodb import (
-        DynamoPoolStateStore,
-        DynamoQuotaStore,
-        DynamoRunStore,
-        DynamoTokenStore,
-        DynamoWorkerRegistry,
-    )
+    from runplane.adapters.aws.pools import DynamoPoolStateStore
+    from runplane.adapters.aws.quotas import DynamoQuotaStore
+    from runplane.adapters.aws.runs import DynamoRunStore
     from runplane.adapters.aws.s3 import S3ObjectStore
     from runplane.adapters.aws.sqs import SqsRunQueue
     from runplane.adapters.aws.sweeps import DynamoSweepStore
+    from runplane.adapters.aws.tokens import DynamoTokenStore
+    from runplane.adapters.aws.workers import DynamoWorkerRegistry
 
     clients = clients or aws_clients(settings)
     names = aws_names(settings)

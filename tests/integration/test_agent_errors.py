@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from runplane.adapters.aws.dynamodb import DynamoRunStore
+from runplane.adapters.aws.runs import DynamoRunStore
 from runplane.domain.runs import RunSpec
 from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from runplane.adapters.aws.dynamodb import DynamoQuotaStore
+from runplane.adapters.aws.quotas import DynamoQuotaStore
 from runplane.domain.errors import BackendError
 from runplane.domain.quotas import Quota
 from runplane.domain.runs import RunSpec

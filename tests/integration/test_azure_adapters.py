@@ -27,7 +27,9 @@ from runplane.adapters.azure.queues import (
     pool_queue_name,
     queue_name,
 )
-from runplane.adapters.azure.tables import MAX_RUN_CHARS, TableRunStore, TableWorkerRegistry, key, newest_first
+from runplane.adapters.azure.runs import TableRunStore
+from runplane.adapters.azure.tables import MAX_RUN_CHARS, key, newest_first
+from runplane.adapters.azure.workers import TableWorkerRegistry
 from runplane.bootstrap import azure_clients, azure_names, build_stack
 from runplane.domain.errors import (
     AlreadyExists,

@@ -313,7 +313,7 @@ def test_runplane_dev_of_the_local_and_azure_extras_runs_a_run(
     [
         pytest.param(
             "agent",
-            "import worker_agent.agent, worker_agent.executor, runplane.adapters.aws.dynamodb, runplane.bootstrap",
+            "import worker_agent.agent, worker_agent.executor, runplane.adapters.aws.runs, runplane.bootstrap",
             ("moto", "aws-lambda-powertools", "azure-", "kubernetes"),
             id="agent",
         ),

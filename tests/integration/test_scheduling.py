@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runplane.adapters.aws.dynamodb import _to_dynamo as dynamodb_value
+from runplane.adapters.aws.dynamodb import to_dynamo as dynamodb_value
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import aws_clients, aws_names
 from runplane.domain.errors import RunplaneError

@@ -27,10 +27,11 @@ import boto3
 import pytest
 
 from runplane.adapters.aws import resources
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK, DynamoWorkerRegistry
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
+from runplane.adapters.aws.workers import DynamoWorkerRegistry
 from runplane.compute.aws_batch.compute import job_definition_request
 from runplane.domain.pools import Pool
 from runplane.domain.workers import Worker

@@ -13,8 +13,8 @@ import uuid
 import pytest
 from azure.data.tables import TableClient
 
-from runplane.adapters.aws.dynamodb import DynamoRunStore
-from runplane.adapters.azure.tables import TableRunStore
+from runplane.adapters.aws.runs import DynamoRunStore
+from runplane.adapters.azure.runs import TableRunStore
 from runplane.client import Client, Conflict
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
 from runplane.domain.messages import RunMessage

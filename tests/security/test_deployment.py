@@ -27,8 +27,8 @@ import yaml
 from botocore.validate import ParamValidator
 
 from runplane.adapters.aws import resources
-from runplane.adapters.aws.dynamodb import DynamoQuotaStore
 from runplane.adapters.aws.provision import AwsNames, provision
+from runplane.adapters.aws.quotas import DynamoQuotaStore
 from runplane.adapters.aws.s3 import S3ObjectStore
 from runplane.bootstrap import Stack, aws_clients, aws_names
 from runplane.domain.quotas import Hold, Quota

@@ -8,10 +8,10 @@ from azure.core.exceptions import HttpResponseError
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import ClientError
 
-from runplane.adapters.aws.dynamodb import _translate
+from runplane.adapters.aws.dynamodb import translate
 from runplane.adapters.aws.s3 import _failed as s3_failed
 from runplane.adapters.azure.blob import BlobObjectStore
-from runplane.adapters.azure.tables import MAX_RUN_CHARS, _failure
+from runplane.adapters.azure.tables import MAX_RUN_CHARS, failure
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
 from runplane.domain.records import (
     MAX_MESSAGE_CHARS,
@@ -108,10 +108,10 @@ def test_a_sweeps_largest_member_has_each_parameter_at_its_longest_value():
 def test_dynamodb_errors_carry_no_store_text():
     said = "Item size has exceeded the maximum allowed size; table t-runs key r-1"
     refused = ClientError({"Error": {"Code": "ValidationException", "Message": said}}, "UpdateItem")
-    error = _translate(refused, "update run")
+    error = translate(refused, "update run")
     assert isinstance(error, BadRequest) and error.message == "update run: the store refused the request"
     failed = ClientError({"Error": {"Code": "InternalServerError", "Message": said}}, "UpdateItem")
-    error = _translate(failed, "update run")
+    error = translate(failed, "update run")
     assert isinstance(error, BackendError) and error.message == "update run failed: InternalServerError"
     assert "t-runs" not in json.dumps([str(error), error.message])
 
@@ -124,7 +124,7 @@ def test_table_storage_errors_carry_no_store_text():
     ):
         answer = HttpResponseError(message=said)
         answer.error_code = code
-        error = _failure(answer, "update run")
+        error = failure(answer, "update run")
         assert isinstance(error, kind) and error.message == message
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, _decode_cursor, _encode_cursor, _translate
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, key_cursor, start_key, translate
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound, PayloadTooLarge
 from runplane.domain.sweeps import Sweep
 
@@ -63,16 +63,16 @@ class DynamoSweepStore:
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
                 raise AlreadyExists(f"sweep {sweep.id} exists", sweep=self.get(sweep.id)) from e
-            raise _translate(e, "store sweep") from e
+            raise translate(e, "store sweep") from e
         except BotoCoreError as e:
-            raise _translate(e, "store sweep") from e
+            raise translate(e, "store sweep") from e
         return stored
 
     def get(self, sweep_id: str) -> Sweep:
         try:
             resp = self.client.get_item(TableName=self.table, Key={"id": {"S": sweep_id}}, ConsistentRead=True)
         except (ClientError, BotoCoreError) as e:
-            raise _translate(e, "read sweep") from e
+            raise translate(e, "read sweep") from e
         item = resp.get("Item")
         if item is None or item.get("kind", {}).get("S") != KIND:
             raise NotFound(f"sweep {sweep_id} not found")
@@ -92,9 +92,9 @@ class DynamoSweepStore:
             if error_code(e) == "ConditionalCheckFailedException":
                 current = self.get(sweep.id)
                 raise ConditionFailed(f"sweep {sweep.id} changed (version {current.version})", sweep=current) from e
-            raise _translate(e, "save sweep") from e
+            raise translate(e, "save sweep") from e
         except BotoCoreError as e:
-            raise _translate(e, "save sweep") from e
+            raise translate(e, "save sweep") from e
         return stored
 
     def list(self, owner: str, limit: int = 50, cursor: str | None = None) -> tuple[builtins.list[Sweep], str | None]:
@@ -109,16 +109,16 @@ class DynamoSweepStore:
             "Limit": max(1, limit),
         }
         if cursor:
-            kwargs["ExclusiveStartKey"] = _decode_cursor(cursor, "owner", key)
+            kwargs["ExclusiveStartKey"] = start_key(cursor, "owner", key)
         try:
             resp = self.client.query(**kwargs)
         except (ClientError, BotoCoreError) as e:
-            raise _translate(e, "list sweeps") from e
+            raise translate(e, "list sweeps") from e
         sweeps = [self._sweep(item) for item in resp.get("Items", [])]
         last = resp.get("LastEvaluatedKey")
         if not last or not sweeps:
             return sweeps, None
-        return sweeps, _encode_cursor({"id": last["id"], "owner": last["owner"], "created_at": last["created_at"]})
+        return sweeps, key_cursor({"id": last["id"], "owner": last["owner"], "created_at": last["created_at"]})
 
     def cursor_after(self, sweep: Sweep) -> str:
         key = {
@@ -126,7 +126,7 @@ class DynamoSweepStore:
             "owner": {"S": owner_key(sweep.owner)},
             "created_at": {"N": repr(sweep.created_at)},
         }
-        return _encode_cursor(key)
+        return key_cursor(key)
 
     def unfinished(self, limit: int = 100, after: tuple[float, str] | None = None) -> builtins.list[Sweep]:
         kwargs: dict[str, Any] = {
@@ -147,7 +147,7 @@ class DynamoSweepStore:
         try:
             resp = self.client.query(**kwargs)
         except (ClientError, BotoCoreError) as e:
-            raise _translate(e, "list unfinished sweeps") from e
+            raise translate(e, "list unfinished sweeps") from e
         # the index may lag a moment: a sweep just finished may still show (moving it on is a no-op)
         return [self._sweep(item) for item in resp.get("Items", [])]
 

@@ -23,16 +23,7 @@ from azure.core.exceptions import AzureError
 from azure.data.tables import TableClient, TableErrorCode, TableTransactionError, UpdateMode
 
 from runplane.adapters.azure.errors import error_code
-from runplane.adapters.azure.tables import (
-    _decode_cursor,
-    _encode_cursor,
-    _failure,
-    _get,
-    key,
-    newest_first,
-    pack,
-    unpack,
-)
+from runplane.adapters.azure.tables import failure, get_entity, key, newest_first, pack, row_after, row_cursor, unpack
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound
 from runplane.domain.sweeps import Sweep
 
@@ -64,7 +55,7 @@ class TableSweepStore:
         }
 
     def _read(self, sweep_id: str) -> tuple[Sweep, str]:
-        entity = _get(self.table, PARTITION, f"sw:{key(sweep_id)}", "read sweep")
+        entity = get_entity(self.table, PARTITION, f"sw:{key(sweep_id)}", "read sweep")
         if entity is None:
             raise NotFound(f"sweep {sweep_id} not found")
         return Sweep.model_validate(unpack(entity)), str(entity.metadata["etag"])
@@ -87,9 +78,9 @@ class TableSweepStore:
         except TableTransactionError as e:
             if error_code(e) == TableErrorCode.ENTITY_ALREADY_EXISTS:
                 raise AlreadyExists(f"sweep {sweep.id} exists", sweep=self._read(sweep.id)[0]) from e
-            raise _failure(e, "store sweep") from e
+            raise failure(e, "store sweep") from e
         except AzureError as e:
-            raise _failure(e, "store sweep") from e
+            raise failure(e, "store sweep") from e
         return stored
 
     def get(self, sweep_id: str) -> Sweep:
@@ -118,13 +109,13 @@ class TableSweepStore:
             if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
                 current = self.get(sweep.id)
                 raise ConditionFailed(f"sweep {sweep.id} changed (version {current.version})", sweep=current) from e
-            raise _failure(e, "save sweep") from e
+            raise failure(e, "save sweep") from e
         except AzureError as e:
-            raise _failure(e, "save sweep") from e
+            raise failure(e, "save sweep") from e
         return stored
 
     def list(self, owner: str, limit: int = 50, cursor: str | None = None) -> tuple[builtins.list[Sweep], str | None]:
-        after = _decode_cursor(cursor, "", _owner_cursor(owner)) if cursor else ""
+        after = row_after(cursor, "", _owner_cursor(owner)) if cursor else ""
         pointers = self.table.query_entities(
             "PartitionKey eq @pk and RowKey gt @after",
             parameters={"pk": f"so:{key(owner)}", "after": after},
@@ -135,19 +126,19 @@ class TableSweepStore:
         try:
             for entity in pointers:
                 row = str(entity["RowKey"])
-                found = _get(self.table, PARTITION, f"sw:{row.partition(':')[2]}", "list sweeps")
+                found = get_entity(self.table, PARTITION, f"sw:{row.partition(':')[2]}", "list sweeps")
                 if found is not None:  # else the pointer of a create that failed half-way
                     sweep = Sweep.model_validate(unpack(found))
                     if sweep.owner == owner:
                         sweeps.append(sweep)
                 if len(sweeps) == max(limit, 1):
-                    return sweeps, _encode_cursor(row, _owner_cursor(owner))
+                    return sweeps, row_cursor(row, _owner_cursor(owner))
         except AzureError as e:
-            raise _failure(e, "list sweeps") from e
+            raise failure(e, "list sweeps") from e
         return sweeps, None
 
     def cursor_after(self, sweep: Sweep) -> str:
-        return _encode_cursor(f"{newest_first(sweep.created_at)}:{key(sweep.id)}", _owner_cursor(sweep.owner))
+        return row_cursor(f"{newest_first(sweep.created_at)}:{key(sweep.id)}", _owner_cursor(sweep.owner))
 
     def unfinished(self, limit: int = 100, after: tuple[float, str] | None = None) -> builtins.list[Sweep]:
         start = _marker(*after) if after is not None else "open:"
@@ -161,9 +152,9 @@ class TableSweepStore:
         try:
             for entity in itertools.islice(markers, max(limit, 1)):
                 escaped = str(entity["RowKey"]).rsplit(":", 1)[1]
-                found = _get(self.table, PARTITION, f"sw:{escaped}", "list unfinished sweeps")
+                found = get_entity(self.table, PARTITION, f"sw:{escaped}", "list unfinished sweeps")
                 if found is not None:
                     sweeps.append(Sweep.model_validate(unpack(found)))
         except AzureError as e:
-            raise _failure(e, "list unfinished sweeps") from e
+            raise failure(e, "list unfinished sweeps") from e
         return sweeps

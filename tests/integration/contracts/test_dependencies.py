@@ -203,8 +203,8 @@ def test_follow_adds_a_dependent_once_while_the_run_goes(stack, ports, monkeypat
     assert stack.store.follow(up.id, "sweep:s-b").dependents == ["r-a", "sweep:s-b"]
     held = lifecycle.claim(stack.store, up, 0, "w1", 60.0, 1000.0)  # a worker's write keeps them
     assert held.dependents == ["r-a", "sweep:s-b"]
-    import runplane.adapters.aws.dynamodb as dynamo
-    import runplane.adapters.azure.tables as tables
+    import runplane.adapters.aws.runs as dynamo
+    import runplane.adapters.azure.runs as tables
 
     monkeypatch.setattr(dynamo, "MAX_DEPENDENTS", 2)
     monkeypatch.setattr(tables, "MAX_DEPENDENTS", 2)

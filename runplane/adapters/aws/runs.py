@@ -1,0 +1,393 @@
+"""DynamoDB runs: one table keyed by ``id``, every change a conditional write."""
+
+from __future__ import annotations
+
+import base64
+import builtins
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from runplane.adapters.aws.clients import error_code
+from runplane.adapters.aws.dynamodb import (
+    BY_OWNER,
+    BY_QUEUE_STATE,
+    BY_RANK,
+    from_item,
+    key_cursor,
+    start_key,
+    to_dynamo,
+    translate,
+)
+from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
+from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
+from runplane.domain.runs import (
+    MAX_DEPENDENTS,
+    WAITING,
+    Event,
+    Run,
+    RunSpec,
+    listed_state,
+    rank_key,
+    rank_prefix,
+    run_rank,
+)
+from runplane.domain.states import RunState
+from runplane.ports import LIST_BUDGET, Expect, Page
+
+
+def _qs(queue: str, state: RunState | str) -> str:
+    return f"{queue}#{state}"
+
+
+MAX_TIMELINE_TRIES = 20
+"""How often a write whose run's full timeline changed under it reads it again and tries again."""
+
+
+class _TimelineMoved(Exception):
+    """A run's timeline changed between its read and a write that replaces it whole."""
+
+    def __init__(self, current: Run) -> None:
+        super().__init__(current.id)
+        self.current = current
+
+
+class DynamoRunStore:
+    """Runs in one table keyed by ``id``, with three indexes: by owner, by queue+state (newest
+    first) and by rank (queue+state, then ``rank``: ``run_rank`` of the run, the order a pool's
+    queued runs start in)."""
+
+    def __init__(self, table: str, client: Any, list_budget: int = LIST_BUDGET) -> None:
+        self.table = table
+        self.client = client
+        self.list_budget = list_budget
+
+    def _item(self, run: Run) -> dict[str, Any]:
+        data = run.model_dump(mode="json")
+        data["qs"] = _qs(run.queue, listed_state(run))
+        data["rank"] = run_rank(run)
+        return {k: to_dynamo(v) for k, v in data.items()}
+
+    @staticmethod
+    def _run(item: Mapping[str, Any]) -> Run:
+        data = from_item(item)
+        data.pop("qs", None)
+        data.pop("rank", None)
+        return Run.model_validate(data)
+
+    def create(self, run: Run) -> Run:
+        try:
+            self.client.put_item(
+                TableName=self.table,
+                Item=self._item(run),
+                ConditionExpression="attribute_not_exists(id)",
+            )
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                raise AlreadyExists(f"run {run.id} exists", run=self.get(run.id)) from e
+            raise translate(e, "store run") from e
+        except BotoCoreError as e:
+            raise translate(e, "store run") from e
+        return run
+
+    def get(self, run_id: str) -> Run:
+        try:
+            resp = self.client.get_item(TableName=self.table, Key={"id": {"S": run_id}}, ConsistentRead=True)
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, "read run") from e
+        if "Item" not in resp or "kind" in resp["Item"]:  # a sweep's record shares the table
+            raise NotFound(f"run {run_id} not found")
+        return self._run(resp["Item"])
+
+    def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        for field in changes:
+            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
+                raise ValueError(f"cannot update field {field!r}")
+        bounded = bound_changes(changes)
+        if event is not None and "events" in bounded:  # a timeline given whole: the event goes last
+            bounded["events"], event = add_event(bounded["events"], event), None
+        seen = run.events
+        for _ in range(MAX_TIMELINE_TRIES):
+            try:
+                return self._update(run, expect, bounded, event, seen)
+            except _TimelineMoved as moved:
+                seen = moved.current.events
+        raise BackendError(f"update run {run.id}: {MAX_TIMELINE_TRIES} concurrent writes won over this one; retry")
+
+    def _update(
+        self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None, seen: builtins.list[Event]
+    ) -> Run:
+        """One conditional write of ``changes`` and ``event``, where ``seen`` is the run's timeline
+        as last read. Below ``MAX_RUN_EVENTS`` the event is appended; at it, the timeline is written
+        whole (``add_event``), on the condition that it is still the one read. Raises _TimelineMoved
+        when only that condition failed, ConditionFailed when ``expect`` does not hold."""
+        names: dict[str, str] = {"#id": "id"}
+        values: dict[str, Any] = {}
+        sets: list[str] = []
+        for i, (field, value) in enumerate(changes.items()):
+            names[f"#f{i}"] = field
+            values[f":v{i}"] = to_dynamo(_jsonable(value))
+            sets.append(f"#f{i} = :v{i}")
+        if "state" in changes or "waiting_on" in changes:
+            # a queued run that still waits for others is filed apart from the line (a change of
+            # ``waiting_on`` alone is made only to a queued run: its write expects that state)
+            filed = run.model_copy(update={k: changes[k] for k in ("state", "waiting_on") if k in changes})
+            names["#qs"] = "qs"
+            values[":qs"] = {"S": _qs(run.queue, listed_state(filed))}
+            sets.append("#qs = :qs")
+        # What the rank is made of: priority and fair tag change only here, id and created_at never.
+        # Unless they change, the stored rank stays; a run stored before ranks existed gets one.
+        spec = changes.get("spec", run.spec)
+        priority = (spec if isinstance(spec, RunSpec) else RunSpec.model_validate(spec)).priority
+        names["#rank"] = "rank"
+        tag = float(changes.get("fair_tag", run.fair_tag))
+        values[":rank"] = {"S": rank_key(priority, tag, run.created_at, run.id)}
+        moves = "spec" in changes or "fair_tag" in changes
+        sets.append("#rank = :rank" if moves else "#rank = if_not_exists(#rank, :rank)")
+        conditions = ["attribute_exists(#id)", *_conditions(expect, names, values)]
+        if event is not None:
+            names["#events"] = "events"
+            if len(seen) < MAX_RUN_EVENTS:
+                values[":ev"] = to_dynamo([add_event([], event)[0].model_dump(mode="json")])
+                values[":empty"] = {"L": []}
+                values[":room"] = {"N": str(MAX_RUN_EVENTS)}
+                sets.append("#events = list_append(if_not_exists(#events, :empty), :ev)")
+                conditions.append("(attribute_not_exists(#events) OR size(#events) < :room)")
+            else:  # full: the first event and the latest ones, if the timeline is still the one read
+                last = seen[-1]
+                names |= {"#at": "at", "#message": "message"}
+                values[":events"] = to_dynamo([e.model_dump(mode="json") for e in add_event(seen, event)])
+                values |= {":seen": {"N": str(len(seen))}, ":at": to_dynamo(last.at), ":message": {"S": last.message}}
+                sets.append("#events = :events")
+                tail = f"#events[{len(seen) - 1}]"
+                conditions.append(f"size(#events) = :seen AND {tail}.#at = :at AND {tail}.#message = :message")
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "Key": {"id": {"S": run.id}},
+            "ConditionExpression": " AND ".join(conditions),
+            "ExpressionAttributeNames": names,
+            "ReturnValues": "ALL_NEW",
+        }
+        if sets:
+            kwargs["UpdateExpression"] = "SET " + ", ".join(sets)
+        if values:
+            kwargs["ExpressionAttributeValues"] = values
+        try:
+            resp = self.client.update_item(**kwargs)
+        except ClientError as e:
+            if error_code(e) == "ConditionalCheckFailedException":
+                current = self.get(run.id)  # raises NotFound when the run is gone
+                if "#events" in names and expect.holds(current):
+                    raise _TimelineMoved(current) from e
+                raise ConditionFailed(
+                    f"run {run.id} is {current.state} at attempt {current.attempt}", run=current
+                ) from e
+            raise translate(e, "update run") from e
+        except BotoCoreError as e:
+            raise translate(e, "update run") from e
+        return self._run(resp["Attributes"])
+
+    def follow(self, run_id: str, dependent: str) -> Run:
+        unfinished = [str(s) for s in RunState if not s.terminal]
+        values: dict[str, Any] = {f":s{i}": {"S": s} for i, s in enumerate(unfinished)}
+        values |= {":d": {"L": [{"S": dependent}]}, ":one": {"S": dependent}, ":empty": {"L": []}}
+        values[":most"] = {"N": str(MAX_DEPENDENTS)}
+        states = ", ".join(f":s{i}" for i in range(len(unfinished)))
+        try:
+            resp = self.client.update_item(
+                TableName=self.table,
+                Key={"id": {"S": run_id}},
+                UpdateExpression="SET #deps = list_append(if_not_exists(#deps, :empty), :d)",
+                ConditionExpression=(
+                    f"attribute_exists(#id) AND attribute_not_exists(#kind) AND #state IN ({states})"
+                    " AND (attribute_not_exists(#deps) OR (NOT contains(#deps, :one) AND size(#deps) < :most))"
+                ),
+                ExpressionAttributeNames={"#id": "id", "#kind": "kind", "#state": "state", "#deps": "dependents"},
+                ExpressionAttributeValues=values,
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise translate(e, "follow run") from e
+            current = self.get(run_id)  # raises NotFound when there is no such run
+            if dependent in current.dependents:
+                return current
+            if current.state.terminal:
+                raise ConditionFailed(f"run {run_id} has ended: {current.state}", run=current) from e
+            raise Conflict(f"run {run_id} already has {MAX_DEPENDENTS} runs and sweeps waiting for it") from e
+        except BotoCoreError as e:
+            raise translate(e, "follow run") from e
+        return self._run(resp["Attributes"])
+
+    def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:
+        return self.list(queue=queue, state=WAITING, limit=limit, cursor=cursor)
+
+    def list(
+        self,
+        *,
+        owner: str | None = None,
+        queue: str | None = None,
+        state: RunState | str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        filters: list[str] = []
+        if owner is not None:
+            index, key_attr = BY_OWNER, "owner"
+            names["#k"] = "owner"
+            values[":k"] = {"S": owner}
+            if state is not None:
+                names["#state"] = "state"
+                values[":state"] = {"S": str(state)}
+                filters.append("#state = :state")
+            if queue is not None:
+                names["#queue"] = "queue"
+                values[":queue"] = {"S": queue}
+                filters.append("#queue = :queue")
+        elif queue is not None and state is not None:
+            index, key_attr = BY_QUEUE_STATE, "qs"
+            names["#k"] = "qs"
+            values[":k"] = {"S": _qs(queue, state)}
+        else:
+            raise ValueError("list needs an owner, or a queue and a state")
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": index,
+            "KeyConditionExpression": "#k = :k",
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": values,
+            "ScanIndexForward": False,
+        }
+        if filters:
+            kwargs["FilterExpression"] = " AND ".join(filters)
+        start = start_key(cursor, key_attr, values[":k"]["S"]) if cursor else None
+        runs: list[Run] = []
+        last_key: dict[str, Any] | None = None
+        examined = 0
+        while True:
+            if start:
+                kwargs["ExclusiveStartKey"] = start
+            wanted = max(limit - len(runs), 1) if not filters else max(limit * 2, 20)
+            kwargs["Limit"] = max(1, min(wanted, self.list_budget - examined))
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise translate(e, "list runs") from e
+            examined += int(resp.get("ScannedCount", 0))
+            for item in resp.get("Items", []):
+                run = self._run(item)
+                runs.append(run)
+                last_key = {
+                    "id": {"S": run.id},
+                    key_attr: item[key_attr],
+                    "created_at": item["created_at"],
+                }
+                if len(runs) == limit:
+                    return Page(runs, key_cursor(last_key))
+            start = resp.get("LastEvaluatedKey")
+            if not start:
+                return Page(runs, None)
+            if examined >= self.list_budget:  # a short page; the cursor goes on where the reading stopped
+                return Page(runs, key_cursor(start))
+
+    def cursor_after(self, run: Run, owner: str | None = None) -> str:
+        return cursor_after(run, owner)
+
+    def head(self, queue: str, limit: int, priority: int | None = None) -> builtins.list[Run]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": BY_RANK,
+            "KeyConditionExpression": "#k = :k",
+            "ExpressionAttributeNames": {"#k": "qs"},
+            "ExpressionAttributeValues": {":k": {"S": _qs(queue, RunState.QUEUED)}},
+            "ScanIndexForward": True,
+        }
+        if priority is not None:
+            kwargs["KeyConditionExpression"] += " AND begins_with(#r, :r)"
+            kwargs["ExpressionAttributeNames"]["#r"] = "rank"
+            kwargs["ExpressionAttributeValues"][":r"] = {"S": rank_prefix(priority)}
+        runs: builtins.list[Run] = []
+        while len(runs) < limit:
+            kwargs["Limit"] = limit - len(runs)
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise translate(e, "read the head of the queue") from e
+            runs.extend(self._run(item) for item in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:  # a page stops at 1 MB: big runs may need more than one
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return runs[:limit]
+
+    def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": BY_QUEUE_STATE,
+            "KeyConditionExpression": "qs = :k",
+            "ExpressionAttributeValues": {":k": {"S": _qs(queue, state)}},
+            "Select": "COUNT",
+        }
+        total = 0
+        while total < cap:
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise translate(e, "count runs") from e
+            total += int(resp.get("Count", 0))
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return min(total, cap)
+
+
+def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -> builtins.list[str]:
+    """The condition expressions of ``expect`` (its names and values added to ``names``, ``values``)."""
+    conditions: builtins.list[str] = []
+    if expect.states is not None:
+        names["#state"] = "state"
+        keys = []
+        for i, state in enumerate(sorted(expect.states)):
+            values[f":s{i}"] = {"S": str(state)}
+            keys.append(f":s{i}")
+        conditions.append(f"#state IN ({', '.join(keys)})")
+    if expect.attempt is not None:
+        names["#attempt"] = "attempt"
+        values[":attempt"] = {"N": str(expect.attempt)}
+        conditions.append("#attempt = :attempt")
+    if expect.worker_id is not None:
+        names["#worker"] = "worker_id"
+        values[":worker"] = {"S": expect.worker_id}
+        conditions.append("#worker = :worker")
+    if expect.unkilled:
+        names["#killed"] = "kill_requested"
+        values[":killed"] = {"BOOL": True}
+        conditions.append("(attribute_not_exists(#killed) OR #killed <> :killed)")
+    if expect.waiting is not None:
+        names["#waits"] = "waiting_on"
+        values[":nothing"] = {"N": "0"}
+        waits = "(attribute_exists(#waits) AND size(#waits) > :nothing)"
+        conditions.append(waits if expect.waiting else f"NOT {waits}")
+    return conditions
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if isinstance(value, builtins.list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, RunState):
+        return str(value)
+    return value
+
+
+def cursor_after(run: Run, owner: str | None) -> str:
+    """The cursor of a page that ends with ``run``: of the owner's listing when ``owner`` is
+    given, else of the run's queue and state."""
+    key_attr, value = ("owner", owner) if owner is not None else ("qs", _qs(run.queue, listed_state(run)))
+    return base64.urlsafe_b64encode(
+        json.dumps({"id": run.id, key_attr: value, "created_at": run.created_at}).encode()
+    ).decode()
