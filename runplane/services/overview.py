@@ -13,9 +13,10 @@ from runplane.domain import errors
 from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.ports import PoolStateStore, Ports
-from runplane.services import dependencies
+from runplane.services import dependencies, runs
 from runplane.services.dispatch import FIGURES_STALE_SECONDS, alive_workers, explain_wait
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,12 @@ def why_waiting(ports: Ports, run: Run) -> str | None:
     pool = ports.pools.get(run.queue)
     record = pool_record(ports.pool_states, pool.name) if pool is not None else None
     return explain_wait(pool, workers, run.waiting_reason, record, run)
+
+
+def shown_run(ports: Ports, principal: Principal, run_id: str) -> tuple[Run, str | None]:
+    """The caller's run (``runs.get_run``) and, while it is queued, why it waits."""
+    run = runs.get_run(ports, principal, run_id)
+    return run, why_waiting(ports, run)
 
 
 def live_counts(workers: list[Worker], record: PoolRecord) -> dict[str, int]:

@@ -21,7 +21,7 @@ from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
 from runplane.services import runs, sweeps
 from runplane.services.logs import MAX_OUTPUTS_PAGE, asked_attempt, attempt_over, read_logs, read_outputs
-from runplane.services.overview import why_waiting
+from runplane.services.overview import shown_run
 
 
 @operation(
@@ -131,8 +131,8 @@ def _sweep_id(sweep_id: str) -> str:
     answers={200: Answer(RunView)},
 )
 def get_run(call: Call, run_id: str) -> RunView:
-    run = runs.get_run(call.ports, call.principal, run_id)
-    return run_view(run, waiting_reason=why_waiting(call.ports, run))
+    run, reason = shown_run(call.ports, call.principal, run_id)
+    return run_view(run, waiting_reason=reason)
 
 
 @operation(
