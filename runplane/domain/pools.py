@@ -192,8 +192,8 @@ def load_pools(text_or_path: str, check: Callable[[Pool], object] | None = None)
         config = PoolConfig.model_validate(data)
     except ValidationError as e:
         first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"{source}: {where}: {first['msg']}") from e
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ValueError(f"{source}: {_where(data, first['loc'])}: {message}") from e
     for pool in config.pools:
         try:
             if check is not None:
@@ -201,6 +201,18 @@ def load_pools(text_or_path: str, check: Callable[[Pool], object] | None = None)
         except InvalidRequest as e:
             raise ValueError(f"{source}: {e.message}") from e
     return config
+
+
+def _where(data: Any, loc: tuple[int | str, ...]) -> str:
+    """Where in the pools document an error is: ``pool NAME: field`` for a field of a pool with a
+    valid name, else the path (``pools.0.memory``, ``pools``)."""
+    pools = data.get("pools") if isinstance(data, dict) else None
+    if len(loc) > 2 and loc[0] == "pools" and isinstance(loc[1], int) and isinstance(pools, list):
+        pool = pools[loc[1]] if loc[1] < len(pools) else None
+        name = pool.get("name") if isinstance(pool, dict) else None
+        if isinstance(name, str) and re.fullmatch(NAME_PATTERN, name):
+            return f"pool {name}: " + ".".join(str(part) for part in loc[2:])
+    return ".".join(str(part) for part in loc)
 
 
 def dump_pools(config: PoolConfig) -> str:

@@ -73,6 +73,18 @@ def test_a_bad_pool_stops_loading_with_one_line_naming_pool_and_option(backend: 
     assert load_pools(str(pools), check=check_pool).pools[0].name == "ok"
 
 
+def test_a_bad_field_of_a_pool_is_one_line_naming_the_pool(tmp_path: Path) -> None:
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools:\n  - name: gpu\n    cpus: 1\n    memory: lots\n    default_image: busybox\n")
+    with pytest.raises(ValueError) as caught:
+        load_pools(str(pools), check=check_pool)
+    assert str(caught.value).startswith(f"{pools}: pool gpu: memory: cannot read size 'lots'")
+    assert "\n" not in str(caught.value)
+    pools.write_text("pools:\n  - {name: 'not a name', cpus: 1, memory: 1g, default_image: busybox}\n")
+    with pytest.raises(ValueError, match=r": pools\.0\.name: String should match pattern"):  # no name to give
+        load_pools(str(pools), check=check_pool)
+
+
 def test_an_unknown_backend_is_refused_by_name() -> None:
     with pytest.raises(InvalidRequest, match="compute backend 'nomad' is not known; the backends are: local, "):
         build_backend("nomad", StackSettings())
