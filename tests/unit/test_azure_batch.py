@@ -15,7 +15,7 @@ from azure.core.pipeline import PipelineContext, PipelineRequest
 from azure.core.rest import HttpRequest
 
 from runplane.compute.azure_batch.auth import BatchSharedKeyPolicy, string_to_sign
-from runplane.compute.azure_batch.compute import AzureBatchCompute, iso_duration, parse_time, stack_environment
+from runplane.compute.azure_batch.compute import AzureBatchCompute, iso_duration, parse_time
 from runplane.compute.azure_batch.options import options as parse_options
 from runplane.compute.azure_batch.rest import API_VERSION, BatchClient, BatchServiceError
 from runplane.compute.registry import build_backend
@@ -539,14 +539,15 @@ def test_agents_get_the_stack_settings_but_never_its_secrets():
             "RUNPLANE_WORKER_STALE_SECONDS": "45",
         }
     )
-    assert stack_environment(settings) == {
+    environment = build_backend("azure-batch", settings).environment  # type: ignore[attr-defined]
+    assert environment == {
         "RUNPLANE_AZURE_BATCH_ACCOUNT_URL": ENDPOINT,
         "RUNPLANE_AZURE_STORAGE_ACCOUNT": "runplanedata",
         "RUNPLANE_CLOUD": "azure",
         "RUNPLANE_PREFIX": "prod",
         "RUNPLANE_WORKER_STALE_SECONDS": "45.0",
     }
-    assert StackSettings.from_env(stack_environment(settings)).worker_stale_seconds == 45
+    assert StackSettings.from_env(environment).worker_stale_seconds == 45
 
 
 def test_durations_and_times_in_batch_formats():

@@ -27,11 +27,11 @@ from runplane import extras
 from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions
 from runplane.compute.azure_batch.options import options as pool_options
 from runplane.compute.azure_batch.rest import BatchClient, BatchServiceError
-from runplane.compute.options import job_name, new_worker_id
+from runplane.compute.options import job_name, new_worker_id, stack_environment
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
 from runplane.ports import BackendJob, ComputeBackend
-from runplane.settings import PREFIX, StackSettings
+from runplane.settings import StackSettings
 
 LIVE_STATES = {"active": "pending", "preparing": "pending", "running": "running"}
 CONTAINER_SOCKET = "/var/run/docker.sock"
@@ -40,27 +40,12 @@ LIST_SELECT = "id,displayName,state,creationTime"
 DESCRIBE_SELECT = "id,displayName,state,creationTime,executionInfo"
 COLLECTION_MAX_TASKS = 100  # the service's limit per addtaskcollection call
 COLLECTION_MAX_BYTES = 1_000_000  # ... and the body must stay under 1 MB
-# Settings an agent must not be handed in plain task environment settings, and its arguments
-# (they go on the command line).
-HIDDEN_SETTINGS = frozenset({"agent_args", "azure_batch_account_key", "azure_storage_connection_string"})
 _TASK_ID = re.compile(BATCH_ID.removeprefix("^").removesuffix("$"))
 _TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)?$")
 
 
 def display_name(pool: str, worker_id: str) -> str:
     return job_name(pool, worker_id)
-
-
-def stack_environment(settings: StackSettings) -> dict[str, str]:
-    """What an agent needs to find the stack: every setting given to this process as
-    ``RUNPLANE_<NAME>``, less the credentials and the agent arguments. Agents on Batch nodes
-    reach storage with the node's managed identity, never with a key."""
-    env: dict[str, str] = {}
-    for name in sorted(settings.model_fields_set - HIDDEN_SETTINGS):
-        value = getattr(settings, name)
-        if value is not None:
-            env[PREFIX + name.upper()] = str(value)
-    return env
 
 
 def iso_duration(seconds: float) -> str:
@@ -179,7 +164,7 @@ class AzureBatchCompute(ComputeBackend):
         clock: Callable[[], float] = time.time,
         worker_ids: Callable[[Pool], str] = _new_worker_id,
     ) -> None:
-        """``environment``: the stack settings handed to every agent (see ``stack_environment``)."""
+        """``environment``: the stack settings handed to every agent (``stack_environment``)."""
         self.client = client
         self.environment = dict(environment or {})
         self.clock = clock
@@ -212,7 +197,8 @@ class AzureBatchCompute(ComputeBackend):
             credential=credential,
             transport=transport,
         )
-        return cls(client, environment=stack_environment(settings))
+        # less the keys: agents on Batch nodes reach storage with the node's managed identity
+        return cls(client, environment=stack_environment(settings.environment(), hide_credentials=True))
 
     def _job(self, pool: Pool, options: AzureBatchOptions, worker_id: str) -> BackendJob:
         detail = {"job_id": options.job_id, "batch_pool_id": options.batch_pool_id}
