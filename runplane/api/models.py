@@ -111,6 +111,7 @@ class RunView(WireModel):
                         "retry": {"attempts": 3, "on": ["nonzero_exit"], "memory_factor": None},
                         "after": [],
                         "after_sweep": None,
+                        "labels": {"project": "vision"},
                     },
                     "group": "vision",
                     "attempt": 0,

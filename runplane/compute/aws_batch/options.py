@@ -33,7 +33,8 @@ DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 class AwsBatchOptions(BaseModel):
     """The ``options`` of an aws-batch pool (docs/pools.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # built at its first check: pools load the models of the backends they use only
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     job_queue: str = Field(min_length=1)
     image: str = DEFAULT_IMAGE

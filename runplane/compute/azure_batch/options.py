@@ -48,7 +48,8 @@ BatchId = Annotated[str, Field(pattern=BATCH_ID)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # built at its first check: pools load the models of the backends they use only
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Registry(_Strict):

@@ -28,7 +28,8 @@ ObjectName = Annotated[str, Field(max_length=253, pattern=DNS_SUBDOMAIN)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    # built at its first check: pools load the models of the backends they use only
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, defer_build=True)
 
 
 class NfsShare(_Strict):

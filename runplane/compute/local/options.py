@@ -13,7 +13,8 @@ from runplane.domain.pools import Pool
 class LocalOptions(BaseModel):
     """The ``options`` of a local pool (docs/pools.md): none."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # built at its first check: pools load the models of the backends they use only
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 def options(pool: Pool) -> LocalOptions:

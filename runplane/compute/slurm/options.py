@@ -18,7 +18,8 @@ class SlurmOptions(BaseModel):
     it, through slurmrestd (``http(s)://HOST:PORT`` with a JWT, or ``unix:/PATH`` with local auth).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True)
+    # built at its first check: pools load the models of the backends they use only
+    model_config = ConfigDict(extra="forbid", frozen=True, coerce_numbers_to_str=True, defer_build=True)
 
     partition: str | None = None
     account: str | None = None
