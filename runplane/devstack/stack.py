@@ -30,7 +30,7 @@ import docker
 import docker.errors
 import requests
 
-from runplane import bootstrap
+from runplane import bootstrap, extras
 from runplane.compute.local.compute import LocalCompute
 from runplane.compute.registry import check_pool
 from runplane.devstack.cloud import Cloud
@@ -108,10 +108,11 @@ def _aws(config: DevConfig) -> Cloud:
 
 
 def _azure(config: DevConfig) -> Cloud:
-    try:
-        from runplane.devstack.azure import AzureCloud
-    except ImportError as e:  # the azure extra is optional
-        raise ValueError(f"the azure local stack needs the azure extra (pip install 'runplane[azure]'): {e}") from e
+    missing = extras.requirement("the azure local stack", ("azure",))
+    if missing is not None:  # the azure extra is optional: its SDKs are imported only past this check
+        raise ValueError(missing)
+    from runplane.devstack.azure import AzureCloud
+
     return AzureCloud(config.azure_connection_string, config.prefix, config.schedule_seconds)
 
 
