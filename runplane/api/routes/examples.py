@@ -13,6 +13,7 @@ RUN_EXAMPLES = {
             "resources": {"cpus": 2, "gpus": 0, "memory": "4g", "disk": "10g", "time": "2h"},
             "env": {"EPOCHS": "10"},
             "inputs": {"data": "s3://datasets/mnist/"},
+            "labels": {"project": "vision", "exp": "lr-3"},
         },
     },
     "minimal": {"summary": "a command alone: the default pool, its image, its limits", "value": {"command": "echo hi"}},
