@@ -1,6 +1,9 @@
 """runplane/compute/registry.py: one entry per backend, the domain's ``Backend`` names the same ones,
 every backend is built alike, and a pool's options are checked when the pools load."""
 
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, get_args
@@ -96,4 +99,30 @@ def test_a_backend_whose_extra_is_missing_is_switched_off(monkeypatch: pytest.Mo
         build_backend("kubernetes", StackSettings())
     assert caught.value.message == (
         "compute backend 'kubernetes' needs the kubernetes extra: pip install 'runplane[kubernetes]'"
+    )
+
+
+# A Lambda of the API, in a process of its own, on a pools setting with a bad pool: what it answers
+# a request, and the error it logs.
+LAMBDA = """
+from functions.aws import api
+from runplane.api.gateway import http_event
+from runplane.devstack.lambda_shim import LambdaContext
+event = http_event("GET", "/v1/pools", "", {"authorization": "Bearer t"}, b"", "127.0.0.1")
+print(api.lambda_handler(event, LambdaContext(function_name="runplane-api"))["statusCode"])
+"""
+
+
+def test_a_function_on_a_bad_pool_logs_the_line_and_serves_nothing() -> None:
+    pools = [{"name": "gpu", "backend": "aws-batch", "cpus": 1, "memory": "1g", "default_image": "busybox"}]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "POWERTOOLS_"))}
+    env |= {"RUNPLANE_POOLS": json.dumps(pools), "AWS_DEFAULT_REGION": "us-east-1", "POWERTOOLS_METRICS_DISABLED": "1"}
+    root = COMPUTE.parents[1]
+    done = subprocess.run([sys.executable, "-c", LAMBDA], capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    assert done.returncode == 0, done.stderr
+    logged = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.stdout.splitlines()[-1] == "500"
+    errors = [entry for entry in logged if entry.get("level") == "ERROR"]
+    assert errors and errors[0]["exception"].endswith(
+        "ValueError: inline pools: pool gpu: bad aws-batch options: job_queue: required"
     )
