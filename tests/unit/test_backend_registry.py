@@ -118,7 +118,9 @@ def test_a_function_on_a_bad_pool_logs_the_line_and_serves_nothing() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "POWERTOOLS_"))}
     env |= {"RUNPLANE_POOLS": json.dumps(pools), "AWS_DEFAULT_REGION": "us-east-1", "POWERTOOLS_METRICS_DISABLED": "1"}
     root = COMPUTE.parents[1]
-    done = subprocess.run([sys.executable, "-c", LAMBDA], capture_output=True, text=True, env=env, cwd=root, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", LAMBDA], capture_output=True, text=True, env=env, cwd=root, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     logged = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.stdout.splitlines()[-1] == "500"
