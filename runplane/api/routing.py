@@ -54,17 +54,22 @@ class PathParam:
 
 
 class Query(BaseModel):
-    """The query parameters of a route. A parameter given empty is one not given; others are
-    ignored. A value that is not a number where one is needed is a 400, one out of bounds or of
-    the wrong form a 422 (with ``messages[field]`` as its message when there is one)."""
+    """The query parameters of a route. A parameter given empty is one not given (but those of
+    ``kept_empty``); others are ignored. A value that is not a number where one is needed is a
+    400, one out of bounds or of the wrong form a 422 (with ``messages[field]`` as its message
+    when there is one)."""
 
     model_config = ConfigDict(extra="ignore", frozen=True)
     messages: ClassVar[Mapping[str, str]] = {}
+    kept_empty: ClassVar[frozenset[str]] = frozenset()
+    """Parameters whose empty value is a value (refused by its reader), not one not given."""
 
     @model_validator(mode="before")
     @classmethod
     def _empty_is_absent(cls, data: Any) -> Any:
-        return {k: v for k, v in data.items() if v != ""} if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v != "" or k in cls.kept_empty}
 
 
 @dataclass(frozen=True)

@@ -226,6 +226,7 @@ class UsageQuery(Query):
     by: str | None = Field(
         None, description="rows per (default: user)", json_schema_extra={"enum": ["user", "group", "pool"]}
     )
+    kept_empty = frozenset({"since", "until"})
 
 
 @operation(
