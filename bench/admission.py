@@ -27,10 +27,9 @@ workers) and, for the admission decision, a dynalite of the script's own.
    Gateway v2 event, as submit_latency.py calls it, for a user who has a quota and whose group has
    one (the quota checks, then the fair tag: a head query, a lane read and a lane write), and for
    a user with none set (the same reads find nothing; the fair tag is the same). A stack always
-   has its quota store, so "off" is a user and group without quotas; for reference, the third
-   path calls the same handler with the stack's quota store taken away (``quotas=None`` reaches
-   ``submit_run``: no quota reads, no fair tag), what a submit cost before quotas. The order
-   rotates each round; the runs table and the pool queue are emptied every 20 rounds (not timed).
+   has its quota store (every service reads it from ``Ports``), so "off" is a user and group
+   without quotas. The order rotates each round; the runs table and the pool queue are emptied
+   every 20 rounds (not timed).
 
    RATIO submit_quotas_on_vs_off is quotas on / no quotas set (target <= 1.2).
 
@@ -326,19 +325,13 @@ class SubmitPaths:
         self.body = json.dumps(SPEC).encode()
         self.samples: dict[str, list[float]] = {}
 
-    def submit(self, label: str, token: str, store: bool = True) -> None:
+    def submit(self, label: str, token: str) -> None:
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}", "Host": "127.0.0.1"}
         event = self.http_event("POST", "/v1/runs", "", headers, self.body, "127.0.0.1")
         context = self.lambda_context(function_name="runplane-api")
-        quotas = self.stack.quotas
-        if not store:
-            self.stack.quotas = None  # type: ignore[assignment]
-        try:
-            t = time.perf_counter()
-            result = self.api.lambda_handler(event, context)
-            elapsed = time.perf_counter() - t
-        finally:
-            self.stack.quotas = quotas
+        t = time.perf_counter()
+        result = self.api.lambda_handler(event, context)
+        elapsed = time.perf_counter() - t
         assert result["statusCode"] == 201, result
         self.samples.setdefault(label, []).append(elapsed)
 
@@ -376,7 +369,6 @@ class SubmitPaths:
         paths: list[Callable[[], None]] = [
             lambda: self.submit("quotas on", "bench-quotas"),
             lambda: self.submit("no quotas set", "bench-none"),
-            lambda: self.submit("no quota store", "bench-none", store=False),
             self.parts,
         ]
         for i in range(warmup + n):
@@ -441,15 +433,13 @@ def main() -> int:
         [
             ("quotas on (user + group quota, fair tag)", s["quotas on"]),
             ("no quotas set (same reads, fair tag)", s["no quotas set"]),
-            ("no quota store (no quota reads, no fair tag)", s["no quota store"]),
             ("  head(pool, 1, priority)", s["head"]),
             ("  lane read", s["lane"]),
             ("  quota read", s["quota"]),
         ],
     )
-    on, off, bare = median(s["quotas on"]), median(s["no quotas set"]), median(s["no quota store"])
+    on, off = median(s["quotas on"]), median(s["no quotas set"])
     print(f"\n  quotas on - no quotas set:  {(on - off) * 1000:7.2f} ms")
-    print(f"  quotas on - no quota store: {(on - bare) * 1000:7.2f} ms ({on / bare:.2f}x)")
     big_ms, small_ms = median(d["decision 10k"]) * 1000, median(d["decision 100"]) * 1000
     print(f"\n  decision with {args.runs} queued: p90 {p90(d['decision 10k']) * 1000:.2f} ms")
     print(f"RESULT admission_decision: {big_ms:.2f} ms (target < {TARGET_MS:g})")

@@ -18,9 +18,11 @@ from runplane.compute.registry import build_backend, check_pool
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.pools import Pool, PoolConfig, load_pools
 from runplane.ports import (
+    Clock,
     ComputeBackend,
     ObjectStore,
     PoolStateStore,
+    Ports,
     QuotaStore,
     RunQueue,
     RunStore,
@@ -31,7 +33,6 @@ from runplane.ports import (
 from runplane.services.auth import CachedTokens
 from runplane.services.authority import Owners
 from runplane.services.inputs import InputPolicy
-from runplane.services.sweep_advance import SweepPorts
 from runplane.settings import StackSettings
 
 
@@ -53,7 +54,7 @@ class Stack:
     sweeps: SweepStore
     data_bucket: str
     """The bucket (Azure: container) of logs and outputs: never a run's input."""
-    clock: Callable[[], float] = time.time
+    clock: Clock = time.time
     backends: dict[str, ComputeBackend] = field(default_factory=dict)
 
     def backend(self, pool: Pool) -> ComputeBackend:
@@ -65,24 +66,35 @@ class Stack:
         return agent_args_for(pool, self.settings.agent_args)
 
     @functools.cached_property
-    def sweep_ports(self) -> SweepPorts:
-        owners = Owners(self.tokens, self.clock)
-        return SweepPorts(
-            self.store,
-            self.sweeps,
-            self.queue,
-            self.pools,
-            self.workers,
-            self.clock,
-            self.quotas,
-            owners=owners,
-            inputs=self.input_policy,
-        )
+    def ports(self) -> Ports:
+        """What every service takes, built once (``make_ports``)."""
+        return make_ports(self)
 
-    @functools.cached_property
-    def input_policy(self) -> InputPolicy:
-        """What runs may read: the operator's allow-list, never this stack's own bucket."""
-        return InputPolicy(self.settings.input_bucket_allowlist(), self.data_bucket)
+
+def make_ports(
+    stack: Stack, clock: Clock | None = None, backend: Callable[[Pool], ComputeBackend] | None = None
+) -> Ports:
+    """The ports of ``stack``'s stores, its pools and settings, read by ``clock`` (default: the
+    stack's) and launching through ``backend`` (default: the stack's backends). Tests give a clock
+    they move and a backend of their own."""
+    clock = clock or stack.clock
+    return Ports(
+        store=stack.store,
+        sweeps=stack.sweeps,
+        queue=stack.queue,
+        workers=stack.workers,
+        tokens=stack.tokens,
+        pool_states=stack.pool_states,
+        quotas=stack.quotas,
+        objects=stack.objects,
+        pools=stack.pools,
+        settings=stack.settings,
+        clock=clock,
+        owners=Owners(stack.tokens, clock),
+        inputs=InputPolicy(stack.settings.input_bucket_allowlist(), stack.data_bucket),
+        backend=backend or stack.backend,
+        agent_args=stack.agent_args,
+    )
 
 
 def aws_clients(settings: StackSettings, keys: tuple[str, str] | None = None) -> dict[str, Any]:
@@ -108,21 +120,10 @@ def aws_clients(settings: StackSettings, keys: tuple[str, str] | None = None) ->
     }
 
 
-def _table_names(settings: StackSettings) -> dict[str, str]:
-    """The tables the settings name (empty: derived from the prefix by each cloud's rules)."""
-    return {
-        "runs_table": settings.runs_table,
-        "workers_table": settings.workers_table,
-        "tokens_table": settings.tokens_table,
-        "pools_table": settings.pools_table,
-        "quotas_table": settings.quotas_table,
-    }
-
-
 def aws_names(settings: StackSettings) -> Any:
     from runplane.adapters.aws.provision import AwsNames
 
-    return AwsNames(prefix=settings.prefix, bucket=settings.bucket, **_table_names(settings))
+    return AwsNames.of(settings)
 
 
 def azure_clients(settings: StackSettings) -> Any:
@@ -138,7 +139,7 @@ def azure_clients(settings: StackSettings) -> Any:
 def azure_names(settings: StackSettings) -> Any:
     from runplane.adapters.azure.provision import AzureNames
 
-    return AzureNames(prefix=settings.prefix, container=settings.bucket, **_table_names(settings))
+    return AzureNames.of(settings)
 
 
 def _azure_stack(settings: StackSettings, clients: Any) -> Stack:

@@ -9,17 +9,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from runplane import metrics
-from runplane.bootstrap import Stack
 from runplane.domain.errors import InvalidRequest, NotFound, OutOfTime, RunplaneError
 from runplane.domain.messages import DispatchEvent
 from runplane.domain.runs import SWEEP_PREFIX
 from runplane.domain.wire import stored
 from runplane.domain.workers import PoolRecord
-from runplane.services import dependencies, sweep_advance
+from runplane.ports import Ports
+from runplane.services import dependencies, skew, sweep_advance
 from runplane.services.budget import Budget, metered
-from runplane.services.dispatch import Decision, DispatchPorts, PoolFigures, dispatch_pool
+from runplane.services.dispatch import Decision, PoolFigures, dispatch_pool
 from runplane.services.reap import ReapReport, reap
-from runplane.services.sweep_advance import SweepPorts
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +35,10 @@ class PoolDispatcher:
     ``event_calls`` an event. ``time_left`` (seconds, the host's) makes a record met too late fail
     alone, so that one long event never times the others of its batch out."""
 
-    def __init__(self, stack: Stack, *, time_left: Callable[[], float] | None = None) -> None:
-        self.stack = stack
-        self.schedule_calls = stack.settings.schedule_calls
-        self.event_calls = stack.settings.event_calls
+    def __init__(self, ports: Ports, *, time_left: Callable[[], float] | None = None) -> None:
+        self.ports = ports
+        self.schedule_calls = ports.settings.schedule_calls
+        self.event_calls = ports.settings.event_calls
         self.time_left = time_left
         self.results: dict[str, Decision | RunplaneError] = {}
         self.sweeps_moved: set[tuple[str, int | None]] = set()
@@ -47,20 +46,11 @@ class PoolDispatcher:
 
     def pool(self, name: str) -> Decision:
         if name not in self.results:
-            pool = self.stack.pools.get(name)
+            pool = self.ports.pools.get(name)
             if pool is None:
                 raise InvalidRequest(f"unknown pool {name!r}")
             try:
-                ports = DispatchPorts(
-                    self.stack.store, self.stack.workers, self.stack.pool_states, self.stack.backend(pool)
-                )
-                self.results[name] = dispatch_pool(
-                    pool,
-                    ports,
-                    self.stack.agent_args(pool),
-                    self.stack.clock(),
-                    self.stack.settings.worker_stale_seconds,
-                )
+                self.results[name] = dispatch_pool(self.ports, pool)
             except RunplaneError as e:
                 self.results[name] = e
             result = self.results[name]
@@ -94,7 +84,7 @@ class PoolDispatcher:
                 metrics.run_ended(event.pool, end.state, end.reason, end.to_running)
                 if event.sweep is None and event.upstream is None:
                     return None  # a slot freed: nothing to launch (idle workers leave by themselves)
-            if self.stack.pools.get(event.pool) is None:
+            if self.ports.pools.get(event.pool) is None:
                 log.warning("ignoring event for unknown pool %s", event.pool)
                 return None
             if event.sweep is None and event.upstream is None:
@@ -109,9 +99,8 @@ class PoolDispatcher:
 
         return handle
 
-    def _ports(self, budget: Budget | None) -> SweepPorts:
-        ports = self.stack.sweep_ports
-        return ports if budget is None else metered(ports, budget)
+    def _ports(self, budget: Budget | None) -> Ports:
+        return self.ports if budget is None else metered(self.ports, budget)
 
     def sweep(self, sweep_id: str, member: int | None = None, budget: Budget | None = None) -> None:
         """Move a sweep on once per invocation and member whose end this is. An unknown sweep is
@@ -131,7 +120,7 @@ class PoolDispatcher:
         if (upstream, skip) in self.upstreams_told:
             return
         budget = budget or Budget(self.event_calls)
-        waits = self._ports(budget).waits
+        waits = self._ports(budget)
         found = dependencies.dependents_of(waits, upstream)
         for place in range(skip, len(found)):
             dependent = found[place]
@@ -159,17 +148,19 @@ class PoolDispatcher:
         """Leave what waits for ``upstream`` from the ``skip``-th on to an event of its own (on
         ``pool``'s behalf: the pool of the event that told of the end)."""
         if pool is None:
-            pool = self.stack.pools.pools[0].name if self.stack.pools.pools else "default"
-        self.stack.queue.notify(DispatchEvent(pool=pool, reason="dependents continue", upstream=upstream, skip=skip))
+            pool = self.ports.pools.pools[0].name if self.ports.pools.pools else "default"
+        self.ports.queue.notify(DispatchEvent(pool=pool, reason="dependents continue", upstream=upstream, skip=skip))
 
     def schedule(self) -> dict[str, Any]:
         """The scheduled pass: every pool first, then waiting runs (half of ``schedule_calls``) and
         unfinished sweeps (the rest), each going on where the previous pass stopped (kept in the
         ``SCHEDULE_RECORD`` record). What a lost event would have done happens within passes;
-        however many waiting runs or sweeps one tenant has, the pools are dispatched."""
+        however many waiting runs or sweeps one tenant has, the pools are dispatched. It also keeps
+        the record agents check their version against when they register (``skew.publish``)."""
+        skew.publish(self.ports.workers, self.ports.clock())
         pools = self.all_pools()
         try:
-            record: PoolRecord | None = self.stack.pool_states.get(SCHEDULE_RECORD)
+            record: PoolRecord | None = self.ports.pool_states.get(SCHEDULE_RECORD)
         except (RunplaneError, ValidationError) as e:  # unreadable: the passes go on from the start
             log.warning("where the last scheduled pass stopped is unknown; starting over: %s", e)
             record = None
@@ -180,7 +171,7 @@ class PoolDispatcher:
         moved = self._sweeps_pass(then, resume)
         if record is not None and resume != record.resume:
             try:
-                self.stack.pool_states.save(record.model_copy(update={"resume": resume}))
+                self.ports.pool_states.save(record.model_copy(update={"resume": resume}))
             except RunplaneError as e:  # another pass wrote first: the next goes on from where that one stopped
                 log.info("where this pass stopped was not kept: %s", e)
         return {"pools": pools, "waiting": waiting, "sweeps": moved, "calls": first.used + then.used}
@@ -191,7 +182,7 @@ class PoolDispatcher:
         if "waiting_pool" in resume:
             start = dependencies.Mark(resume["waiting_pool"], resume.get("waiting_cursor") or None)
         try:
-            done = dependencies.resolve_waiting(self._ports(budget).waits, budget, start)
+            done = dependencies.resolve_waiting(self._ports(budget), budget, start)
         except RunplaneError as e:
             return {"error": e.message}
         resume.pop("waiting_pool", None)
@@ -228,7 +219,7 @@ class PoolDispatcher:
     def all_pools(self) -> dict[str, str]:
         """The scheduled pass: every pool, failures reported rather than raised."""
         out = {}
-        for pool in self.stack.pools.pools:
+        for pool in self.ports.pools.pools:
             try:
                 out[pool.name] = self.pool(pool.name).reason
             except RunplaneError as e:
@@ -236,7 +227,5 @@ class PoolDispatcher:
         return out
 
 
-def run_reaper(stack: Stack) -> ReapReport:
-    return reap(
-        stack.store, stack.queue, stack.pools, stack.clock(), stack.settings.rehint_seconds, quotas=stack.quotas
-    )
+def run_reaper(ports: Ports) -> ReapReport:
+    return reap(ports)

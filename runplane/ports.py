@@ -1,25 +1,33 @@
 """Ports: what the core needs from the outside world. Adapters implement them per cloud.
 
 Every implementation of a port passes the same contract suite (tests/integration/contracts).
+``Ports`` bundles them, with the pools, the settings and the clock, into the one thing every
+service takes first; the composition root (``runplane.bootstrap``) builds it.
 """
 
 from __future__ import annotations
 
 import abc
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.pools import Pool
+from runplane.domain.pools import Pool, PoolConfig
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord
-from runplane.domain.runs import Event, Run
+from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
-from runplane.domain.tenancy import ApiToken, UserRecord
+from runplane.domain.tenancy import ApiToken, Principal, UserRecord
+from runplane.domain.versions import StackRecord
 from runplane.domain.workers import PoolRecord, Worker
+from runplane.settings import StackSettings
+
+Clock = Callable[[], float]
+"""Seconds since the epoch, as ``time.time`` gives them. Services read the time from
+``Ports.clock`` only, so that a test moves it instead of waiting."""
 
 
 @dataclass(frozen=True)
@@ -255,6 +263,16 @@ class WorkerRegistry(Protocol):
         """Idempotent."""
         ...
 
+    def stack(self) -> StackRecord | None:
+        """The control plane's record for its agents (its version, the oldest agent it allows);
+        None when none was written (a control plane from before the version check)."""
+        ...
+
+    def put_stack(self, record: StackRecord) -> None:
+        """Write the control plane's record, replacing the one there. Worker listings, pages and
+        ``get`` never show it: it is no worker."""
+        ...
+
 
 class PoolStateStore(Protocol):
     """The dispatcher's per-pool records (launch claims, failures, disabled state)."""
@@ -396,3 +414,54 @@ class ComputeBackend(abc.ABC):
         only finds jobs that ``list`` still shows.
         """
         return next((job for job in self.list(pool) if job.id == job_id), None)
+
+
+class InputRules(Protocol):
+    """What the operator allows runs to read (``services.inputs.InputPolicy``)."""
+
+    def check(self, name: str, source: str, groups: Iterable[str]) -> None:
+        """Raise InvalidRequest unless a member of ``groups`` may read input ``name`` from ``source``."""
+        ...
+
+
+class OwnerDirectory(Protocol):
+    """The owners of runs as the token store says now (``services.authority.Owners``), for releases
+    with no caller in the request."""
+
+    def principal(self, user: str, *, within: float | None = None) -> Principal:
+        """``user`` with the groups their tokens carry, as read at most ``within`` seconds ago."""
+        ...
+
+    def allows(
+        self, user: str, spec: RunSpec, group: str | None, inputs: InputRules | None
+    ) -> tuple[Principal, str | None]:
+        """``user`` as their tokens say now, and why they may no longer release a run of ``spec``
+        charged to ``group`` (None: they may)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Everything a service may need, built once per process by ``runplane.bootstrap``. Every
+    service takes it first; none reaches for a global or reads the time otherwise."""
+
+    store: RunStore
+    sweeps: SweepStore
+    queue: RunQueue
+    workers: WorkerRegistry
+    tokens: TokenStore
+    pool_states: PoolStateStore
+    quotas: QuotaStore
+    objects: ObjectStore
+    """The bucket (Azure: container) of logs and outputs: never a run's input."""
+    pools: PoolConfig
+    settings: StackSettings
+    clock: Clock
+    owners: OwnerDirectory
+    """Who the owners are now: what is released with no caller in the request is checked against them."""
+    inputs: InputRules
+    """What runs may read: checked at submit, again at every later release, and by the agent."""
+    backend: Callable[[Pool], ComputeBackend]
+    """The compute backend of a pool (built on first use)."""
+    agent_args: Callable[[Pool], list[str]]
+    """The arguments a pool's workers start ``runplane-agent`` with."""

@@ -27,7 +27,7 @@ from pathlib import Path
 from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
 from runplane.domain.states import RunState
 from runplane.domain.units import format_bytes
-from runplane.ports import ObjectStore, RunStore
+from runplane.ports import InputRules, ObjectStore, RunStore
 from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix
 from worker_agent.usage import dir_size
@@ -82,7 +82,7 @@ class InputCache:
         objects: ObjectStore,
         store: RunStore,
         max_bytes: int | None = None,
-        policy: InputPolicy | None = None,
+        policy: InputRules | None = None,
     ) -> None:
         self.root = root
         self.objects = objects

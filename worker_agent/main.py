@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.objects,
             stack.store,
             settings.max_work_dir_size,
-            stack.input_policy,
+            stack.ports.inputs,
         ),
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", settings.max_image_cache_size),
         network=network,
@@ -156,12 +156,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             make_probe(settings.preemption_watch, settings.metadata_url),
             lambda notice: agent.stop(pass_down=True, reason=notice),
         ).start()
-    reason = agent.run()
-    logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
+    _say_exit(agent, worker_id, agent.run())
     if uploader is not None:
         uploader.stop()
     prepared.release()
     _exit_now(1 if agent.failed else 0)
+
+
+def _say_exit(agent: Agent, worker_id: str, reason: str) -> None:
+    logging.getLogger("runplane.agent").info("worker %s exiting: %s", worker_id, reason)
+    if agent.reporter.refused:  # outside the control plane's version window: one line, as for a bad flag
+        print(f"runplane-agent: error: {reason}", file=sys.stderr)
 
 
 def _serve_metrics(settings: AgentSettings, agent: Agent, release: Callable[[], None]) -> None:

@@ -16,7 +16,9 @@ logger = Logger(service="runplane-dispatcher")
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     # a record met with too little time left fails alone (partial batch response): tried again
-    dispatcher = PoolDispatcher(bootstrap.stack(), time_left=lambda: context.get_remaining_time_in_millis() / 1000)
+    dispatcher = PoolDispatcher(
+        bootstrap.stack().ports, time_left=lambda: context.get_remaining_time_in_millis() / 1000
+    )
     if "Records" not in event:  # the schedule: pools first, then waiting runs and sweeps within a budget
         return dispatcher.schedule()
     processor = BatchProcessor(event_type=EventType.SQS)

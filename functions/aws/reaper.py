@@ -13,7 +13,7 @@ logger = Logger(service="runplane-reaper")
 
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    report = asdict(run_reaper(bootstrap.stack()))
+    report = asdict(run_reaper(bootstrap.stack().ports))
     if any(report.values()):
         logger.info("reaped", extra=report)
     return report

@@ -21,7 +21,7 @@ log = logging.getLogger("runplane.dispatcher")
 @bp.function_name("dispatcher_events")
 @bp.queue_trigger(arg_name="msg", queue_name="%RunplaneEventsQueue%", connection="RunplaneStorage")
 def dispatcher_events(msg: func.QueueMessage) -> None:
-    decision = PoolDispatcher(bootstrap.stack()).record_handler()(SimpleNamespace(body=msg.get_body().decode()))
+    decision = PoolDispatcher(bootstrap.stack().ports).record_handler()(SimpleNamespace(body=msg.get_body().decode()))
     if decision is not None:
         log.info("dispatched %s: %s", msg.id, decision.reason)
 
@@ -30,4 +30,4 @@ def dispatcher_events(msg: func.QueueMessage) -> None:
 @bp.timer_trigger(arg_name="timer", schedule="%RunplaneSchedule%")
 def dispatcher_schedule(timer: func.TimerRequest) -> None:
     # pools first, then waiting runs and sweeps within a budget of calls, from where the last pass stopped
-    log.debug("scheduled dispatch: %s", PoolDispatcher(bootstrap.stack()).schedule())
+    log.debug("scheduled dispatch: %s", PoolDispatcher(bootstrap.stack().ports).schedule())

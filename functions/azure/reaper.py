@@ -15,6 +15,6 @@ log = logging.getLogger("runplane.reaper")
 @bp.function_name("reaper")
 @bp.timer_trigger(arg_name="timer", schedule="%RunplaneSchedule%")
 def reaper(timer: func.TimerRequest) -> None:
-    report = asdict(run_reaper(bootstrap.stack()))
+    report = asdict(run_reaper(bootstrap.stack().ports))
     if any(report.values()):
         log.info("reaped: %s", report)

@@ -37,13 +37,12 @@ from runplane.devstack.cloud import Cloud
 from runplane.devstack.front import FrontServer
 from runplane.devstack.net import free_port
 from runplane.domain.errors import NotFound, RunplaneError
-from runplane.domain.pools import PoolConfig, dump_pools, load_pools
+from runplane.domain.pools import dump_pools, load_pools
 from runplane.domain.runs import Run
 from runplane.domain.tenancy import SCOPES
-from runplane.ports import RunStore, WorkerRegistry
+from runplane.ports import Ports, RunStore, WorkerRegistry
 from runplane.services import runs
 from runplane.services.auth import new_token, register_token
-from runplane.services.runs import Clock
 from runplane.settings import StackSettings
 from worker_agent.executor import LABEL, container_labels, remove_container
 from worker_agent.workdir import sweep_dead
@@ -304,8 +303,8 @@ class DevStack:
                 bootstrap.use(current)  # another stack was handed over since: it stays
 
     def _end_runs(self, stack: bootstrap.Stack) -> None:
-        store, clock = stack.store, stack.clock
-        left = [run for run in self._kill_all(store, stack.pools, clock) if run.state.active]
+        store = stack.store
+        left = [run for run in self._kill_all(stack.ports) if run.state.active]
         agents = [
             (backend, pool)
             for pool in stack.pools.pools
@@ -339,15 +338,15 @@ class DevStack:
             sweep_dead(self.state_dir / "agents")
         except OSError as e:
             log.warning("could not remove the work dir mounts of the stopped agents: %s", e)
-        self._kill_all(store, stack.pools, clock, workers_gone=True)
+        self._kill_all(stack.ports, workers_gone=True)
         for worker_id in killed:
             _offline(stack.workers, worker_id)
 
     @staticmethod
-    def _kill_all(store: RunStore, pools: PoolConfig, clock: Clock, workers_gone: bool = False) -> list[Run]:
+    def _kill_all(ports: Ports, workers_gone: bool = False) -> list[Run]:
         """``runs.stop_all`` with STOP_REASON, said in the log."""
         try:
-            written = runs.stop_all(store, pools, clock, STOP_REASON, workers_gone=workers_gone)
+            written = runs.stop_all(ports, STOP_REASON, workers_gone=workers_gone)
         except RunplaneError as e:
             log.warning("could not list the unfinished runs: %s", e)
             return []

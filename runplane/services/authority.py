@@ -11,16 +11,14 @@ owner's groups may read. What fails ends ``not_permitted`` (or is refused, to a 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from runplane.domain.errors import Forbidden, InvalidRequest
 from runplane.domain.runs import RunSpec
 from runplane.domain.tenancy import Principal
-from runplane.ports import TokenStore
+from runplane.ports import Clock, InputRules, TokenStore
 from runplane.services.auth import CACHE_SECONDS, CachedTokens
 from runplane.services.inputs import InputPolicy
-
-Clock = Callable[[], float]
 
 
 def charged_group(principal: Principal, asked: str | None) -> str | None:
@@ -65,7 +63,7 @@ def _unnamed(principal: Principal) -> str:
     )
 
 
-def still_allowed(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> str | None:
+def still_allowed(principal: Principal, spec: RunSpec, group: str | None, inputs: InputRules | None) -> str | None:
     """Why ``principal`` may no longer release a run of ``spec`` charged to ``group`` (no longer in
     that group; charged to none while in several groups with no default group, ``charge``; or an
     input their groups may no longer read), or None when they may."""
@@ -84,7 +82,7 @@ def still_allowed(principal: Principal, spec: RunSpec, group: str | None, inputs
     return None
 
 
-def check_caller(principal: Principal, spec: RunSpec, group: str | None, inputs: InputPolicy | None) -> str | None:
+def check_caller(principal: Principal, spec: RunSpec, group: str | None, inputs: InputRules | None) -> str | None:
     """The group a run of ``spec`` recorded as charged to ``group`` is charged to when ``principal``
     releases it now (``charge``). Raises InvalidRequest (charged to none, and the caller is in
     several groups with no default group) and Forbidden, saying why, unless ``principal`` may
@@ -138,7 +136,7 @@ class Owners:
         return Principal(user=user, groups=list(seen[2].get(user, [])))
 
     def allows(
-        self, user: str, spec: RunSpec, group: str | None, inputs: InputPolicy | None
+        self, user: str, spec: RunSpec, group: str | None, inputs: InputRules | None
     ) -> tuple[Principal, str | None]:
         """``user`` as their tokens say now, and why they may no longer release a run of ``spec``
         charged to ``group`` (None: they may; ``still_allowed``). Raises what the token store

@@ -20,12 +20,11 @@ on where the last stopped), so a lost event costs a few periods at most.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, InvalidRequest, NotFound, RunplaneError
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.pools import Pool, PoolConfig
+from runplane.domain.pools import Pool
 from runplane.domain.runs import (
     MAX_DEPENDENTS,
     MAX_INPUTS,
@@ -40,10 +39,9 @@ from runplane.domain.runs import (
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.domain.tenancy import Principal
-from runplane.ports import LIST_BUDGET, Expect, QuotaStore, RunQueue, RunStore, SweepStore
-from runplane.services.authority import Owners, charge, still_allowed
+from runplane.ports import LIST_BUDGET, Expect, Ports
+from runplane.services.authority import charge, still_allowed
 from runplane.services.budget import Budget
-from runplane.services.inputs import InputPolicy
 from runplane.services.lifecycle import ended
 from runplane.services.scheduling import MAX_TRIES, fair_tag
 
@@ -51,20 +49,6 @@ log = logging.getLogger(__name__)
 
 WAITING_PER_PASS = 100
 """Waiting runs per listing page of the dispatcher's schedule."""
-
-
-@dataclass(frozen=True)
-class WaitPorts:
-    store: RunStore
-    sweeps: SweepStore | None
-    queue: RunQueue
-    pools: PoolConfig
-    clock: Callable[[], float]
-    quotas: QuotaStore | None = None
-    owners: Owners | None = None
-    """Who the owners are now: a run released here is checked against them (None: not checked)."""
-    inputs: InputPolicy | None = None
-    """What runs may read, checked again at release with the owner's groups now."""
 
 
 @dataclass(frozen=True)
@@ -85,14 +69,12 @@ def _name(upstream: str) -> str:
     return f"run {upstream}"
 
 
-def _look(ports: WaitPorts, upstream: str) -> tuple[str | None, str | None]:
+def _look(ports: Ports, upstream: str) -> tuple[str | None, str | None]:
     """``(None, None)`` when ``upstream`` succeeded; ``(what it is doing, None)`` while it goes;
     ``(None, how it ended)`` when it ended otherwise (or is gone)."""
     if upstream.startswith(SWEEP_PREFIX):
         sweep_id = upstream.removeprefix(SWEEP_PREFIX)
         try:
-            if ports.sweeps is None:
-                raise NotFound(f"sweep {sweep_id} not found")
             return _sweep_says(ports.sweeps.get(sweep_id))
         except NotFound:
             return None, f"sweep {sweep_id} no longer exists"
@@ -122,7 +104,7 @@ def _sweep_says(sweep: Sweep) -> tuple[str | None, str | None]:
     return None, f"sweep {sweep.id} {how} with {sweep.size - good} of {sweep.size} members not succeeded"
 
 
-def judge(ports: WaitPorts, upstreams: list[str]) -> Verdict:
+def judge(ports: Ports, upstreams: list[str]) -> Verdict:
     """Look at each of ``upstreams`` (in order) and say whether the waiter may go."""
     waiting: list[tuple[str, str]] = []
     for upstream in upstreams:
@@ -144,7 +126,7 @@ def _pending(waiting: list[tuple[str, str]]) -> Verdict:
     return Verdict(failed=None, waiting=[u for u, _ in waiting], reason=f"waiting for {_name(first)} ({doing}){more}")
 
 
-def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec: RunSpec) -> Verdict:
+def admit(ports: Ports, principal: Principal, spec: RunSpec) -> Verdict:
     """At submit: each run and sweep that ``spec`` waits for must be the caller's own (admins
     included: the worker reads a ``run:`` input as the run's owner) and must not have ended
     without success. Returns what the run waits for (those not succeeded yet) and why, from the
@@ -161,9 +143,7 @@ def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec
             sweep_id = upstream.removeprefix(SWEEP_PREFIX)
             where = "after_sweep"
             try:
-                if sweeps is None:
-                    raise NotFound(f"sweep {sweep_id} not found")
-                sweep: Sweep | None = sweeps.get(sweep_id)
+                sweep: Sweep | None = ports.sweeps.get(sweep_id)
             except NotFound:
                 sweep = None
             if sweep is None or sweep.owner != principal.user:
@@ -171,7 +151,7 @@ def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec
             (doing, failed), dependents = _sweep_says(sweep), sweep.dependents
         else:
             try:
-                run: Run | None = store.get(upstream)
+                run: Run | None = ports.store.get(upstream)
             except NotFound:
                 run = None
             if run is None or run.owner != principal.user:
@@ -188,13 +168,13 @@ def admit(store: RunStore, sweeps: SweepStore | None, principal: Principal, spec
     return _pending(pending)
 
 
-def check_waiting_cap(store: RunStore, pool: Pool, user: str) -> None:
+def check_waiting_cap(ports: Ports, pool: Pool, user: str) -> None:
     """Refuse (InvalidRequest, naming the cap) one more waiting run of ``user`` in ``pool`` when
     they have ``pool.max_waiting_runs`` already. Counted among all the user's queued runs of the
     pool that one owner listing reads (at most ``LIST_BUDGET`` of their newest runs examined, the
     cap's ceiling): exact for anyone whose waiting runs are among their newest ``LIST_BUDGET`` runs,
     however many plain queued runs are newer than them."""
-    page = store.list(owner=user, queue=pool.name, state=RunState.QUEUED, limit=LIST_BUDGET)
+    page = ports.store.list(owner=user, queue=pool.name, state=RunState.QUEUED, limit=LIST_BUDGET)
     waiting = sum(1 for run in page.runs if run.waiting_on)
     if waiting >= pool.max_waiting_runs:
         raise InvalidRequest(
@@ -203,7 +183,7 @@ def check_waiting_cap(store: RunStore, pool: Pool, user: str) -> None:
         )
 
 
-def follow(ports: WaitPorts, dependent: str, upstreams: list[str]) -> None:
+def follow(ports: Ports, dependent: str, upstreams: list[str]) -> None:
     """Have each of ``upstreams`` list ``dependent`` (a run id or ``sweep:<id>``) among those its
     end tells. One that has ended (or is gone) is left: the resolve that follows sees it. A write
     that fails is logged: the schedule resolves the dependent anyway."""
@@ -219,9 +199,7 @@ def follow(ports: WaitPorts, dependent: str, upstreams: list[str]) -> None:
             log.warning("%s could not follow %s (the schedule resolves it): %s", dependent, _name(upstream), e)
 
 
-def _follow_sweep(ports: WaitPorts, sweep_id: str, dependent: str) -> None:
-    if ports.sweeps is None:
-        return
+def _follow_sweep(ports: Ports, sweep_id: str, dependent: str) -> None:
     for _ in range(8):
         sweep = ports.sweeps.get(sweep_id)
         if sweep.finished_at is not None or dependent in sweep.dependents:
@@ -236,7 +214,7 @@ def _follow_sweep(ports: WaitPorts, sweep_id: str, dependent: str) -> None:
     raise Conflict(f"sweep {sweep_id} changed too often to add {dependent} to what waits for it")
 
 
-def resolve(ports: WaitPorts, run: Run | str, caller: Principal | None = None) -> Run:
+def resolve(ports: Ports, run: Run | str, caller: Principal | None = None) -> Run:
     """Release ``run`` (or the run of that id) into its pool's line if all it waits for
     succeeded, end it ``dependency_failed`` if one ended otherwise, else bring its
     ``waiting_reason`` up to date. A run that waits for nothing, or is no longer queued, is
@@ -268,7 +246,7 @@ def resolve(ports: WaitPorts, run: Run | str, caller: Principal | None = None) -
     return current
 
 
-def _end_waiting(ports: WaitPorts, run: Run, expect: Expect, now: float, reason: FailureReason, message: str) -> Run:
+def _end_waiting(ports: Ports, run: Run, expect: Expect, now: float, reason: FailureReason, message: str) -> Run:
     """End a run that still waits ``failed`` for ``reason``, and tell what waits for it in turn."""
     done = ports.store.update(
         run,
@@ -285,7 +263,7 @@ def _end_waiting(ports: WaitPorts, run: Run, expect: Expect, now: float, reason:
     return done
 
 
-def _release(ports: WaitPorts, run: Run, expect: Expect, now: float, caller: Principal | None = None) -> Run:
+def _release(ports: Ports, run: Run, expect: Expect, now: float, caller: Principal | None = None) -> Run:
     """Put a run whose upstreams all succeeded in its pool's line, taking its place in the
     owner's lane now (its waiting time earned no place), and hint it: with the groups its owner
     has now (``caller``'s token, else ``ports.owners``) and charged as they allow
@@ -296,14 +274,14 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float, caller: Pri
         if still_allowed(caller, run.spec, run.group, ports.inputs) is not None:
             return run
         groups, group = sorted(set(caller.groups)), charge(caller, run.group)
-    elif ports.owners is not None:
+    else:
         owner, why = ports.owners.allows(run.owner, run.spec, run.group, ports.inputs)
         if why is not None:
             return _end_waiting(ports, run, expect, now, FailureReason.NOT_PERMITTED, f"not released: {why}")
         groups, group = owner.groups, charge(owner, run.group)
     tag = run.fair_tag
     pool = ports.pools.get(run.queue)
-    if ports.quotas is not None and pool is not None:
+    if pool is not None:
         tag = fair_tag(ports.store, ports.quotas, pool, run.owner, run.spec.priority, now)
     released = ports.store.update(
         run,
@@ -326,7 +304,7 @@ def _release(ports: WaitPorts, run: Run, expect: Expect, now: float, caller: Pri
     return released
 
 
-def describe(ports: WaitPorts, run: Run) -> str | None:
+def describe(ports: Ports, run: Run) -> str | None:
     """Why a waiting run waits, as things are now (read only: ``resolve`` acts on it)."""
     if not run.waiting_on:
         return None
@@ -338,13 +316,11 @@ def describe(ports: WaitPorts, run: Run) -> str | None:
     return verdict.reason
 
 
-def dependents_of(ports: WaitPorts, upstream: str) -> list[str]:
+def dependents_of(ports: Ports, upstream: str) -> list[str]:
     """What waits for ``upstream`` (a run id or ``sweep:<id>``), as it lists them; none when it
     is gone."""
     try:
         if upstream.startswith(SWEEP_PREFIX):
-            if ports.sweeps is None:
-                return []
             return list(ports.sweeps.get(upstream.removeprefix(SWEEP_PREFIX)).dependents)
         return list(ports.store.get(upstream).dependents)
     except NotFound:
@@ -383,7 +359,7 @@ def resolve_cost(run: Run) -> int:
 
 
 def resolve_waiting(
-    ports: WaitPorts, budget: Budget | None = None, start: Mark | None = None, per_page: int = WAITING_PER_PASS
+    ports: Ports, budget: Budget | None = None, start: Mark | None = None, per_page: int = WAITING_PER_PASS
 ) -> WaitingPass:
     """The schedule's pass: resolve waiting runs pool by pool, each read afresh (a listing may lag),
     page by page, from ``start``, while ``budget`` (calls) affords the next listing or the next

@@ -21,7 +21,8 @@ from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.workers import PoolRecord, StartingJob, Worker, refuses
-from runplane.ports import BackendJob, ComputeBackend, PoolStateStore, RunStore, WorkerRegistry
+from runplane.ports import BackendJob, ComputeBackend, Ports
+from runplane.services import skew
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +214,16 @@ def explain_wait(
     """Why a queued run is still waiting, in words, from the pool's live workers and record
     (and, given the run, which of those workers would take it: tags, groups and networks). A
     worker that found no room under a quota or budget said so in ``queued_as``: that is the
-    reason, however many workers are free."""
+    reason, however many workers are free. Workers whose agent the version window refuses
+    (``skew.refusal``; ``workers`` may hold those refused lately at registration too) take
+    nothing: when no other worker would take the run, their refusal is the reason."""
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
     if queued_as and queued_as.startswith(("quota:", "budget:")):
         return queued_as
+    refused, workers = skew.sort_out(pool.name, workers, run)
+    if refused:
+        return refused
     if run is not None:
         takers = [w for w in workers if w.refuses(run) is None]
         if not takers and run.spec.tag and not any(w.tag == run.spec.tag for w in workers):
@@ -261,8 +267,9 @@ def explain_wait(
     return why
 
 
-def alive_workers(registry: WorkerRegistry, pool: str, now: float, stale_after: float) -> list[Worker]:
-    return fresh(registry.list(pool), now, stale_after)
+def alive_workers(ports: Ports, pool: str) -> list[Worker]:
+    """The workers of ``pool`` heard from within the stack's ``worker_stale_seconds``."""
+    return fresh(ports.workers.list(pool), ports.clock(), ports.settings.worker_stale_seconds)
 
 
 def fresh(workers: Sequence[Worker], now: float, stale_after: float) -> list[Worker]:
@@ -274,17 +281,7 @@ def _gist(reason: str | None) -> str:
     return re.sub(r"\d+s\b", "Ns", reason or "")
 
 
-@dataclass(frozen=True)
-class DispatchPorts:
-    store: RunStore
-    registry: WorkerRegistry
-    states: PoolStateStore
-    backend: ComputeBackend
-
-
-def dispatch_pool(
-    pool: Pool, ports: DispatchPorts, agent_args: Sequence[str], now: float, stale_after: float, *, tries: int = 3
-) -> Decision:
+def dispatch_pool(ports: Ports, pool: Pool, *, tries: int = 3) -> Decision:
     """Look at one pool, bring its record up to date, and launch what it needs.
 
     Idempotent under duplicate events and concurrent invocations: the launch is claimed with a
@@ -293,15 +290,20 @@ def dispatch_pool(
     all), since the write it lost may have been another pass's recount, not a launch.
     Raises RunplaneError if the backend fails (the failure is counted on the record first).
     """
-    record = ports.states.get(pool.name)
+    return _dispatch(ports, pool, ports.backend(pool), ports.clock(), tries)
+
+
+def _dispatch(ports: Ports, pool: Pool, backend: ComputeBackend, now: float, tries: int) -> Decision:
+    stale_after = ports.settings.worker_stale_seconds
+    record = ports.pool_states.get(pool.name)
     if record.launching_since is not None and now - record.launching_since < CLAIM_SECONDS:
         return Decision(0, f"another dispatcher is launching workers for pool {pool.name}")
-    known = ports.registry.list(pool.name)
+    known = ports.workers.list(pool.name)
     registered = {w.id for w in known}
-    jobs = [j for j in ports.backend.list(pool) if j.alive]
+    jobs = [j for j in backend.list(pool) if j.alive]
     alive_ids = {j.id for j in jobs}
     ended = {
-        job_id: ports.backend.describe(pool, job_id)
+        job_id: backend.describe(pool, job_id)
         for job_id, started in record.starting.items()
         if job_id not in alive_ids and started.worker_id not in registered
     }
@@ -320,29 +322,31 @@ def dispatch_pool(
     )
     decision = plan_launches(pool, facts)
     figures = PoolFigures(facts.backlog, _by_status(known, facts.workers, len(rec.starting)), decision.launch)
-    recount = _recount(rec, figures, now)
+    versions, refused = skew.census(known, facts.workers, now)
+    recount = _recount(rec, figures, now) or (rec.agent_versions, rec.refused) != (versions, refused)
     changed = recount or rec != record or decision.launch > 0 or _gist(decision.reason) != _gist(record.last_decision)
     rec.last_decision, rec.decided_at = decision.reason, now
     if changed:  # a write carries the figures it saw, so the pools view never shows older ones than the decision
         rec.backlog, rec.workers, rec.counted_at = figures.backlog, _nonzero(figures.workers), now
+        rec.agent_versions, rec.refused = versions, refused
     if decision.launch:
         rec.launching_since = rec.last_launch_at = now
     if changed:
         try:
-            rec = ports.states.save(rec)
+            rec = ports.pool_states.save(rec)
         except ConditionFailed:
             if decision.launch and tries > 1:  # perhaps only a pass that recounted: look again
-                return dispatch_pool(pool, ports, agent_args, now, stale_after, tries=tries - 1)
+                return _dispatch(ports, pool, backend, now, tries - 1)
             return Decision(0, f"another dispatcher is handling pool {pool.name}")
     for job_id in reconciled.cancel:
         log.warning("pool %s: cancelling job %s: its agent never registered", pool.name, job_id)
         try:
-            ports.backend.cancel(pool, job_id)
+            backend.cancel(pool, job_id)
         except RunplaneError as e:
             log.error("pool %s: cancel of job %s failed: %s", pool.name, job_id, e)
     if decision.launch:
         try:
-            _launch(pool, ports, rec, decision, agent_args, now)
+            _launch(ports, pool, backend, rec, decision, now)
         except RunplaneError as e:
             launched = len(e.details.get("jobs") or [])
             e.details["figures"] = dataclasses.replace(figures, launched=launched, launch_failed=True)
@@ -372,12 +376,12 @@ def _by_status(known: Sequence[Worker], alive: Sequence[Worker], starting: int) 
 
 
 def _launch(
-    pool: Pool, ports: DispatchPorts, claimed: PoolRecord, decision: Decision, agent_args: Sequence[str], now: float
+    ports: Ports, pool: Pool, backend: ComputeBackend, claimed: PoolRecord, decision: Decision, now: float
 ) -> None:
     log.info("pool %s: launching %d worker(s) (%s)", pool.name, decision.launch, decision.reason)
     error: RunplaneError | None = None
     try:
-        launched = ports.backend.launch(pool, decision.launch, agent_args)
+        launched = backend.launch(pool, decision.launch, ports.agent_args(pool))
     except RunplaneError as e:
         error = e
         launched = list(e.details.get("jobs") or [])
@@ -395,10 +399,10 @@ def _launch(
         if error is not None:  # one refused call is one failure, however many workers it asked for
             count_failures(pool, after, [f"launch failed: {error.message}"], now)
         try:
-            ports.states.save(after)
+            ports.pool_states.save(after)
             break
         except ConditionFailed:  # the claim ran out and someone else wrote: add ours to theirs
-            record = ports.states.get(pool.name)
+            record = ports.pool_states.get(pool.name)
     else:
         log.error("pool %s: could not record %d launched job(s)", pool.name, len(launched))
     if error is not None:

@@ -9,7 +9,7 @@ its use now: what its user or group holds and has used this period (``admission.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +19,8 @@ from runplane.domain.common import NAME_PATTERN
 from runplane.domain.errors import Forbidden, InvalidRequest, NotFound
 from runplane.domain.quotas import Quota, QuotaKind, UsageRecord
 from runplane.domain.tenancy import USER_PATTERN, Principal
-from runplane.ports import QuotaStore
+from runplane.ports import Ports, QuotaStore
 from runplane.services.admission import Use, use_of
-
-Clock = Callable[[], float]
 
 LIMITS = ("max_running", "max_gpus", "max_cpus", "gpu_hours", "cpu_hours", "period")
 """What a quota sets (``set_quota``'s ``limits``): a limit left out does not apply."""
@@ -57,14 +55,7 @@ def _with_use(quotas: QuotaStore, quota: Quota, now: float, record: UsageRecord 
     return QuotaUse(quota, use_of(found, quota.period, now))
 
 
-def set_quota(
-    quotas: QuotaStore,
-    principal: Principal,
-    kind: QuotaKind,
-    name: str,
-    limits: Mapping[str, Any],
-    clock: Clock,
-) -> QuotaUse:
+def set_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str, limits: Mapping[str, Any]) -> QuotaUse:
     """Store the quota of ``kind`` ``name`` with ``limits`` (replacing any it had: a limit left
     out no longer applies; none at all makes a quota that only counts use). Admins only: raises
     Forbidden for anyone else, InvalidRequest for a name that cannot be a user or group or a
@@ -77,42 +68,42 @@ def set_quota(
     unknown = sorted(set(limits) - set(LIMITS))
     if unknown:
         raise InvalidRequest(f"{unknown[0]}: not a limit a quota has; limits are {', '.join(LIMITS)}")
-    now = clock()
+    now = ports.clock()
     try:
         quota = Quota(kind=kind, name=name, **limits, updated_at=now, updated_by=principal.user)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise InvalidRequest(f"{where}: {first['msg'].removeprefix('Value error, ')}") from e
-    quotas.put(quota)
-    return _with_use(quotas, quota, now)
+    ports.quotas.put(quota)
+    return _with_use(ports.quotas, quota, now)
 
 
-def get_quota(quotas: QuotaStore, principal: Principal, kind: QuotaKind, name: str, clock: Clock) -> QuotaUse:
+def get_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str) -> QuotaUse:
     """The quota of ``kind`` ``name`` with its use. An admin reads any; a user only their own and
     their groups'. Raises NotFound when there is none, and for one the caller may not read."""
     if not valid_name(kind, name) or not (principal.admin or applies_to(principal, kind, name)):
         raise NotFound(f"no quota for {label(kind, name)}")
-    quota = quotas.get(kind, name)
+    quota = ports.quotas.get(kind, name)
     if quota is None:
         raise NotFound(f"no quota for {label(kind, name)}")
-    return _with_use(quotas, quota, clock())
+    return _with_use(ports.quotas, quota, ports.clock())
 
 
-def delete_quota(quotas: QuotaStore, principal: Principal, kind: QuotaKind, name: str) -> None:
+def delete_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str) -> None:
     """Remove the quota of ``kind`` ``name`` (what its runs hold is still counted, so a quota set
     again starts from the use of the moment). Admins only: raises Forbidden for anyone else,
     NotFound when there is none."""
     if not principal.admin:
         raise Forbidden(f"token of {principal.user} lacks the 'admin' permission")
-    if not valid_name(kind, name) or not quotas.delete(kind, name):
+    if not valid_name(kind, name) or not ports.quotas.delete(kind, name):
         raise NotFound(f"no quota for {label(kind, name)}")
 
 
-def list_quotas(quotas: QuotaStore, principal: Principal, clock: Clock) -> list[QuotaUse]:
+def list_quotas(ports: Ports, principal: Principal) -> list[QuotaUse]:
     """Every quota (an admin), or those that bind the caller: their own, then their groups' by
     name. Users first, each kind by name."""
-    now = clock()
+    quotas, now = ports.quotas, ports.clock()
     if principal.admin:
         records = {r.key: r for r in quotas.list_usage()}
         return [_with_use(quotas, q, now, records.get(q.key) or _fresh(q)) for q in quotas.list()]

@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.messages import RunMessage
-from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import Run
 from runplane.domain.states import ACTIVE_STATES, RunState
-from runplane.ports import Expect, QuotaStore, RunQueue, RunStore
+from runplane.ports import Expect, Ports, RunStore
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
 
@@ -43,21 +42,16 @@ def _runs(store: RunStore, queue: str, state: RunState) -> Iterator[Run]:
         cursor = page.next_cursor
 
 
-def reap(
-    store: RunStore,
-    queue: RunQueue,
-    pools: PoolConfig,
-    now: float,
-    rehint_after: float,
-    *,
-    quotas: QuotaStore | None = None,
-) -> ReapReport:
+def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
     """One pass: re-queue (or end) runs whose lease expired, re-hint the first REHINT_WINDOW runs
-    in each pool's line not hinted for ``rehint_after`` seconds, and, given ``quotas``, release
-    the holds of attempts that are over (``admission.heal``: a re-queued run's hold goes once it
-    is older than the grace)."""
+    in each pool's line not hinted for ``rehint_after`` seconds (default: the stack's
+    ``rehint_seconds``), and release the quota holds of attempts that are over
+    (``admission.heal``: a re-queued run's hold goes once it is older than the grace)."""
+    store, queue, now = ports.store, ports.queue, ports.clock()
+    if rehint_after is None:
+        rehint_after = ports.settings.rehint_seconds
     report = ReapReport()
-    for pool in pools.pools:
+    for pool in ports.pools.pools:
         for state in sorted(ACTIVE_STATES):
             for run in _runs(store, pool.name, state):
                 if run.lease_expires_at is None or run.lease_expires_at >= now:
@@ -87,9 +81,8 @@ def reap(
                 log.warning("could not re-hint run %s: %s", run.id, e)
                 continue
             report.rehinted.append(run.id)
-    if quotas is not None:
-        try:
-            report.released = heal(quotas, store, queue, now)
-        except RunplaneError as e:
-            log.warning("could not release stale quota holds: %s", e)
+    try:
+        report.released = heal(ports.quotas, store, queue, now)
+    except RunplaneError as e:
+        log.warning("could not release stale quota holds: %s", e)
     return report

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from runplane.domain.common import NAME_PATTERN
@@ -22,23 +22,19 @@ from runplane.domain.errors import (
     RunplaneError,
 )
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.pools import Pool, PoolConfig, choose_pool
+from runplane.domain.pools import Pool, choose_pool
 from runplane.domain.records import check_spec
 from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Failure, Run, RunSpec
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
-from runplane.ports import Expect, Page, QuotaStore, RunQueue, RunStore, SweepStore
-from runplane.services import dependencies
+from runplane.ports import Expect, Page, Ports, RunQueue
+from runplane.services import dependencies, lifecycle
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.authority import charged_group, check_caller
-from runplane.services.dependencies import WaitPorts
-from runplane.services.inputs import InputPolicy
 from runplane.services.scheduling import fair_tag
 
 log = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
 
 
 def run_id_for(owner: str, idempotency_key: str | None, secret: bytes, kind: str = "run") -> str:
@@ -86,58 +82,45 @@ class Submitted:
     created: bool
 
 
-def submit_run(
-    store: RunStore,
-    queue: RunQueue,
-    pools: PoolConfig,
-    principal: Principal,
-    spec: RunSpec,
-    idempotency_key: str | None,
-    clock: Clock,
-    *,
-    secret: bytes = b"",
-    inputs: InputPolicy | None = None,
-    quotas: QuotaStore | None = None,
-    sweeps: SweepStore | None = None,
-) -> Submitted:
+def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_key: str | None) -> Submitted:
     """Store a queued run and hint its pool queue. Same key, same request -> same run.
 
-    A run whose ``run:`` inputs, ``after`` or ``after_sweep`` (read from ``sweeps``) name runs or
-    a sweep that have not succeeded yet is stored waiting for them, out of its pool's line, and
-    hinted only once they have (``services.dependencies``).
+    A run whose ``run:`` inputs, ``after`` or ``after_sweep`` name runs or a sweep that have not
+    succeeded yet is stored waiting for them, out of its pool's line, and hinted only once they have
+    (``services.dependencies``).
 
-    ``secret`` is the stack's (needed with an ``idempotency_key``); ``inputs`` what runs may read
-    (default: no bucket); ``quotas``, when given, refuse a run that could never start under its
-    owner's or group's quota. The run is charged to ``spec.group`` (one of the caller's groups),
-    else to the caller's only group, else to the default group an administrator set for a caller
-    in several (``authority.charged_group``), else to no group. Raises Unschedulable/InvalidRequest
-    when no pool fits, an input is not allowed, the group is not the caller's (or a caller in
-    several groups names none and has no default) or a quota can never admit the run, NotFound
-    for a ``run:`` input the caller cannot see, Forbidden when a caller who is not an admin asks a
-    priority above the pool's ``max_user_priority``, Conflict when the key was used for a
-    different request. A failed hint is logged, not raised: the run is stored, and the
-    reaper re-sends hints for queued runs.
+    An ``idempotency_key`` is keyed with the stack's secret (``run_id_for``). What runs may read is
+    ``ports.inputs``; a run that could never start under its owner's or group's quota is refused.
+    Runs of one priority take turns between users (``scheduling.fair_tag``). The run is charged to
+    ``spec.group`` (one of the caller's groups), else to the caller's only group, else to the
+    default group an administrator set for a caller in several (``authority.charged_group``), else
+    to no group. Raises Unschedulable/InvalidRequest when no pool fits, an input is not allowed, the
+    group is not the caller's (or a caller in several groups names none and has no default) or a
+    quota can never admit the run, NotFound for a ``run:`` input the caller cannot see, Forbidden
+    when a caller who is not an admin asks a priority above the pool's ``max_user_priority``,
+    Conflict when the key was used for a different request. A failed hint is logged, not raised: the
+    run is stored, and the reaper re-sends hints for queued runs.
     """
-    waits = WaitPorts(store, sweeps, queue, pools, clock, quotas, inputs=inputs)
+    secret = ports.tokens.secret() if idempotency_key is not None else b""
     run_id = run_id_for(principal.user, idempotency_key, secret)
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
         # a retried submit answers with its run before it is checked again or takes a place in
         # the line (what it waits for may have ended since: it got its answer then)
         try:
-            return _replay(waits, store.get(run_id), principal, request_hash)
+            return _replay(ports, ports.store.get(run_id), principal, request_hash)
         except NotFound:
             pass
-    admitted = admit_spec(store, pools, principal, spec, inputs, quotas, sweeps)
+    admitted = admit_spec(ports, principal, spec)
     pool, group, resolved = admitted.pool, admitted.group, admitted.spec
     if admitted.waiting_on:  # waiting runs cost the dispatcher's schedule: a user has a cap of them
-        dependencies.check_waiting_cap(store, pool, principal.user)
-    now = clock()
-    # with a quota store, runs of one priority take turns between users; without, first come first served
-    # (a run that waits for others takes its place when it is released)
+        dependencies.check_waiting_cap(ports, pool, principal.user)
+    now = ports.clock()
+    # runs of one priority take turns between users (a run that waits for others takes its place
+    # when it is released)
     tag = 0.0
-    if quotas is not None and not admitted.waiting_on:
-        tag = fair_tag(store, quotas, pool, principal.user, resolved.priority, now)
+    if not admitted.waiting_on:
+        tag = fair_tag(ports.store, ports.quotas, pool, principal.user, resolved.priority, now)
     run = Run(
         id=run_id,
         owner=principal.user,
@@ -157,17 +140,17 @@ def submit_run(
         run.waiting_on = admitted.waiting_on
         run.waiting_reason = admitted.waiting_reason
     try:
-        store.create(run)
+        ports.store.create(run)
     except AlreadyExists as e:  # a retry that raced this one
-        return _replay(waits, e.details["run"], principal, request_hash)
+        return _replay(ports, e.details["run"], principal, request_hash)
     if run.waiting_on:
-        dependencies.follow(waits, run.id, run.waiting_on)
+        dependencies.follow(ports, run.id, run.waiting_on)
         try:
-            return Submitted(dependencies.resolve(waits, run, principal), created=True)
+            return Submitted(dependencies.resolve(ports, run, principal), created=True)
         except RunplaneError as e:  # stored and followed: the dispatcher's schedule resolves it
             log.warning("run %s stored but could not be resolved now: %s", run.id, e)
             return Submitted(run, created=True)
-    _hint(queue, run)
+    _hint(ports.queue, run)
     return Submitted(run, created=True)
 
 
@@ -183,28 +166,19 @@ class Admitted:
     """Why it waits for them (None: it waits for nothing)."""
 
 
-def admit_spec(
-    store: RunStore,
-    pools: PoolConfig,
-    principal: Principal,
-    spec: RunSpec,
-    inputs: InputPolicy | None,
-    quotas: QuotaStore | None,
-    sweeps: SweepStore | None = None,
-) -> Admitted:
+def admit_spec(ports: Ports, principal: Principal, spec: RunSpec) -> Admitted:
     """What a submit checks of a run before anything is stored (``submit_run`` says what it
     raises), and the run's pool, the group it is charged to, its spec with the pool's defaults
     filled in (image, queue, resources, retry rule) and what it waits for."""
     check_spec(spec)  # PayloadTooLarge: every write the run needs must fit its record
-    pool = choose_pool(pools, spec.resources, spec.queue)
+    pool = choose_pool(ports.pools, spec.resources, spec.queue)
     _check_priority(principal, pool, spec.priority)
     group = charged_group(principal, spec.group)
-    policy = inputs or InputPolicy()
     for name, source in spec.inputs.items():
         if not source.startswith("run:"):
-            policy.check(name, source, principal.groups)
+            ports.inputs.check(name, source, principal.groups)
     # the runs a run: input names are checked here, with those it waits for (the worker checks again)
-    waits = dependencies.admit(store, sweeps, principal, spec)
+    waits = dependencies.admit(ports, principal, spec)
     resolved = spec.model_copy(
         update={
             "image": spec.image or pool.default_image,
@@ -213,12 +187,11 @@ def admit_spec(
             "retry": spec.retry or pool.retry,
         }
     )
-    if quotas is not None:
-        refuse_alone(quotas, principal.user, group, resolved.resources)
+    refuse_alone(ports.quotas, principal.user, group, resolved.resources)
     return Admitted(pool, group, resolved, waits.waiting, waits.reason)
 
 
-def _replay(waits: WaitPorts, existing: Run, caller: Principal, request_hash: str) -> Submitted:
+def _replay(ports: Ports, existing: Run, caller: Principal, request_hash: str) -> Submitted:
     """The answer to ``caller``'s submit whose Idempotency-Key made ``existing``: that run (hinted
     again while queued; one that waits for runs follows them and is resolved again, finishing a
     submit that stopped half-way: released only as the caller's token allows now, with its groups,
@@ -226,13 +199,13 @@ def _replay(waits: WaitPorts, existing: Run, caller: Principal, request_hash: st
     if existing.owner != caller.user or existing.request_hash != request_hash:
         raise Conflict("Idempotency-Key was already used for a different request")
     if existing.state == RunState.QUEUED and existing.waiting_on:
-        dependencies.follow(waits, existing.id, existing.waiting_on)
+        dependencies.follow(ports, existing.id, existing.waiting_on)
         try:
-            existing = dependencies.resolve(waits, existing, caller)
+            existing = dependencies.resolve(ports, existing, caller)
         except RunplaneError as e:
             log.warning("run %s could not be resolved now: %s", existing.id, e)
     elif existing.state == RunState.QUEUED:
-        _hint(waits.queue, existing)
+        _hint(ports.queue, existing)
     return Submitted(existing, created=False)
 
 
@@ -253,14 +226,15 @@ def _hint(queue: RunQueue, run: Run) -> None:
         log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
 
 
-def get_run(store: RunStore, principal: Principal, run_id: str) -> Run:
-    run = store.get(run_id)
+def get_run(ports: Ports, principal: Principal, run_id: str) -> Run:
+    """The caller's run (an admin: anyone's). Raises NotFound, also for another user's."""
+    run = ports.store.get(run_id)
     check_owner(principal, run)
     return run
 
 
 def list_runs(
-    store: RunStore,
+    ports: Ports,
     principal: Principal,
     *,
     owner: str | None = None,
@@ -279,7 +253,7 @@ def list_runs(
     if queue is not None and not re.fullmatch(NAME_PATTERN, queue):
         raise InvalidRequest(f"queue {queue[:80]!r} is not a pool name")
     wanted = label_filter(label)
-    page = store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
+    page = ports.store.list(owner=owner, state=state, queue=queue, limit=limit, cursor=cursor)
     return page if wanted is None else Page(labelled(page.runs, wanted), page.next_cursor)
 
 
@@ -316,40 +290,38 @@ def check_listing_owner(principal: Principal, owner: str | None) -> str:
     return owner
 
 
-def kill_run(store: RunStore, principal: Principal, run_id: str, clock: Clock) -> Run:
+def kill_run(ports: Ports, principal: Principal, run_id: str) -> Run:
     """A queued run is killed at once; an active one is flagged and its worker stops it.
 
     Raises Conflict if the run has already finished.
     """
-    return _kill(store, get_run(store, principal, run_id), clock, who=principal.user)
+    return _kill(ports, get_run(ports, principal, run_id), who=principal.user)
 
 
-def set_priority(
-    store: RunStore,
-    pools: PoolConfig,
-    principal: Principal,
-    run_id: str,
-    priority: int,
-    clock: Clock,
-    *,
-    quotas: QuotaStore | None = None,
-    inputs: InputPolicy | None = None,
-) -> Run:
+def kill_and_release(ports: Ports, principal: Principal, run_id: str) -> Run:
+    """``kill_run``, then free what the run held at once (a sweep member killed while queued
+    gives its place to the next)."""
+    run = kill_run(ports, principal, run_id)
+    lifecycle.ended(ports.queue, run)
+    return run
+
+
+def set_priority(ports: Ports, principal: Principal, run_id: str, priority: int) -> Run:
     """Give a queued run of the caller's (an admin: anyone's) ``priority``: its place in its pool's
-    line moves at once (the store ranks queued runs by priority). With ``quotas``, the run takes a
-    new fair tag at its new priority from its owner's lane there, like a run submitted now (a
-    backlog queued at a quiet priority and raised goes behind the runs already waiting at the new
-    one). Setting the priority it already has writes nothing. Raises NotFound (no such run, or
-    another user's), Conflict (the run is no longer queued, whatever the priority asked, or changes
-    too often) and Forbidden (a caller who is not an admin asking above the pool's
-    ``max_user_priority``, or an owner no longer allowed the run's group or inputs: ``inputs``). A
-    run stored charged to no group is charged, by its owner's request, as ``authority.charge`` says
-    (InvalidRequest for an owner in several groups with no default group)."""
-    run = get_run(store, principal, run_id)
+    line moves at once (the store ranks queued runs by priority). The run takes a new fair tag at
+    its new priority from its owner's lane there, like a run submitted now (a backlog queued at a
+    quiet priority and raised goes behind the runs already waiting at the new one). Setting the
+    priority it already has writes nothing. Raises NotFound (no such run, or another user's),
+    Conflict (the run is no longer queued, whatever the priority asked, or changes too often) and
+    Forbidden (a caller who is not an admin asking above the pool's ``max_user_priority``, or an
+    owner no longer allowed the run's group or inputs). A run stored charged to no group is charged,
+    by its owner's request, as ``authority.charge`` says (InvalidRequest for an owner in several
+    groups with no default group)."""
+    run = get_run(ports, principal, run_id)
     group = run.group
     if run.owner == principal.user:  # the owner's authority now, not the one recorded at submit
-        group = check_caller(principal, run.spec, run.group, inputs)
-    pool = pools.get(run.queue)
+        group = check_caller(principal, run.spec, run.group, ports.inputs)
+    pool = ports.pools.get(run.queue)
     tag: float | None = None
     for _ in range(3):
         if run.state != RunState.QUEUED:
@@ -358,14 +330,14 @@ def set_priority(
         old = run.spec.priority
         if old == priority:
             return run
-        now = clock()
+        now = ports.clock()
         if tag is None:  # once: a retry keeps the place taken in the lane
             tag = run.fair_tag
             # a run that waits for others takes its place in the lane when it is released
-            if quotas is not None and pool is not None and not run.waiting_on:
-                tag = fair_tag(store, quotas, pool, run.owner, priority, now)
+            if pool is not None and not run.waiting_on:
+                tag = fair_tag(ports.store, ports.quotas, pool, run.owner, priority, now)
         try:
-            return store.update(
+            return ports.store.update(
                 run,
                 Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt),
                 {"spec": run.spec.model_copy(update={"priority": priority}), "fair_tag": tag, "group": group},
@@ -376,7 +348,7 @@ def set_priority(
     raise Conflict(f"run {run.id} changed too often; try again")
 
 
-def _kill(store: RunStore, run: Run, clock: Clock, *, who: str | None = None, reason: str | None = None) -> Run:
+def _kill(ports: Ports, run: Run, *, who: str | None = None, reason: str | None = None) -> Run:
     """Kill ``run`` (queued: at once; active: flagged, with ``reason``, for its worker) asked by
     user ``who`` or for ``reason``. Raises Conflict if it has already finished or changes state
     too often."""
@@ -385,10 +357,10 @@ def _kill(store: RunStore, run: Run, clock: Clock, *, who: str | None = None, re
     for _ in range(3):
         if run.state.terminal:
             raise Conflict(f"run {run.id} has already finished: {run.state}")
-        now = clock()
+        now = ports.clock()
         try:
             if run.state == RunState.QUEUED:
-                return store.update(
+                return ports.store.update(
                     run,
                     Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt),
                     {
@@ -403,7 +375,7 @@ def _kill(store: RunStore, run: Run, clock: Clock, *, who: str | None = None, re
                 )
             if run.kill_requested:
                 return run
-            return store.update(
+            return ports.store.update(
                 run,
                 Expect(states=ACTIVE_STATES, attempt=run.attempt),
                 {"kill_requested": True, **({"kill_reason": reason} if reason else {})},
@@ -414,29 +386,29 @@ def _kill(store: RunStore, run: Run, clock: Clock, *, who: str | None = None, re
     raise Conflict(f"run {run.id} changed state too often; try again")
 
 
-def unfinished_runs(store: RunStore, pools: PoolConfig) -> Iterator[Run]:
-    """Every queued or active run of ``pools``, pool by pool, as listed (each listing page read
+def unfinished_runs(ports: Ports) -> Iterator[Run]:
+    """Every queued or active run of the pools, pool by pool, as listed (each listing page read
     before its runs are yielded; a run that changes state meanwhile may show up twice or not)."""
-    for pool in pools.pools:
+    for pool in ports.pools.pools:
         for state in (RunState.QUEUED, *sorted(ACTIVE_STATES)):
             cursor = None
             while True:
-                page = store.list(queue=pool.name, state=state, limit=100, cursor=cursor)
+                page = ports.store.list(queue=pool.name, state=state, limit=100, cursor=cursor)
                 yield from page.runs
                 if not page.next_cursor:
                     break
                 cursor = page.next_cursor
         cursor = None
         while True:
-            page = store.waiting(pool.name, 100, cursor)
+            page = ports.store.waiting(pool.name, 100, cursor)
             yield from page.runs
             if not page.next_cursor:
                 break
             cursor = page.next_cursor
 
 
-def stop_all(store: RunStore, pools: PoolConfig, clock: Clock, reason: str, *, workers_gone: bool = False) -> list[Run]:
-    """Kill every unfinished run of ``pools`` because of ``reason`` (an operator's act, e.g. "the
+def stop_all(ports: Ports, reason: str, *, workers_gone: bool = False) -> list[Run]:
+    """Kill every unfinished run of the pools because of ``reason`` (an operator's act, e.g. "the
     local stack stopped": no owner is checked), recording the reason in each run's end.
 
     Queued runs are killed at once. Active runs are flagged (``kill_requested``, ``kill_reason``):
@@ -446,12 +418,12 @@ def stop_all(store: RunStore, pools: PoolConfig, clock: Clock, reason: str, *, w
     written is logged and left as it is. Raises what the store raises for a listing.
     """
     written: list[Run] = []
-    for run in list(unfinished_runs(store, pools)):
+    for run in list(unfinished_runs(ports)):
         try:
             if workers_gone and run.state.active:
-                written.append(_end_killed(store, run, clock, reason))
+                written.append(_end_killed(ports, run, reason))
             else:
-                written.append(_kill(store, run, clock, reason=reason))
+                written.append(_kill(ports, run, reason=reason))
         except (Conflict, ConditionFailed):
             continue  # it ended meanwhile (or another writer keeps moving it)
         except RunplaneError as e:
@@ -459,12 +431,12 @@ def stop_all(store: RunStore, pools: PoolConfig, clock: Clock, reason: str, *, w
     return written
 
 
-def _end_killed(store: RunStore, run: Run, clock: Clock, reason: str) -> Run:
+def _end_killed(ports: Ports, run: Run, reason: str) -> Run:
     """Record an active run ``killed`` whose worker can no longer do it. Raises ConditionFailed
     when the run moved on since it was read."""
-    now = clock()
+    now = ports.clock()
     message = f"killed: {reason}"
-    return store.update(
+    return ports.store.update(
         run,
         Expect(states=ACTIVE_STATES, attempt=run.attempt, worker_id=run.worker_id),
         {

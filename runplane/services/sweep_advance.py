@@ -14,7 +14,6 @@ second ``advance`` racing or following a crash creates the same runs, never othe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from runplane.domain.errors import (
@@ -25,7 +24,6 @@ from runplane.domain.errors import (
     RunplaneError,
 )
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import SWEEP_PREFIX, Event, Failure, Run
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.sweeps import (
@@ -35,18 +33,15 @@ from runplane.domain.sweeps import (
     Sweep,
     ended_code,
 )
-from runplane.ports import QuotaStore, RunQueue, RunStore, SweepStore, WorkerRegistry
+from runplane.ports import Ports
 from runplane.services import dependencies, lifecycle
-from runplane.services.authority import Owners, charge
+from runplane.services.authority import charge
 from runplane.services.budget import Budget
-from runplane.services.dependencies import MAX_WAITS, WaitPorts
-from runplane.services.inputs import InputPolicy
+from runplane.services.dependencies import MAX_WAITS
 from runplane.services.runs import _kill
 from runplane.services.scheduling import MAX_TRIES, fair_tag
 
 log = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
 
 MAX_OPEN = 500
 """The most members of one sweep out at once, whatever its pool could run."""
@@ -74,28 +69,7 @@ KILLED = ended_code(RunState.KILLED, FailureReason.KILLED)
 DEPENDENCY_FAILED = ended_code(RunState.FAILED, FailureReason.DEPENDENCY_FAILED)
 
 
-@dataclass(frozen=True)
-class SweepPorts:
-    store: RunStore
-    sweeps: SweepStore
-    queue: RunQueue
-    pools: PoolConfig
-    workers: WorkerRegistry
-    clock: Clock
-    quotas: QuotaStore | None = None
-    owners: Owners | None = None
-    """Who the owners are now: members released later are checked against them (None: not checked)."""
-    inputs: InputPolicy | None = None
-    """What runs may read, checked again when a member is released or a sweep retried."""
-
-    @property
-    def waits(self) -> WaitPorts:
-        return WaitPorts(
-            self.store, self.sweeps, self.queue, self.pools, self.clock, self.quotas, self.owners, self.inputs
-        )
-
-
-def window(ports: SweepPorts, sweep: Sweep, now: float, stale_after: float = 120.0) -> int:
+def window(ports: Ports, sweep: Sweep, now: float, stale_after: float = 120.0) -> int:
     """How many members may be out at once: ``max_parallel``, else twice what the pool can run
     at once (its most workers, or the workers it has when more, times their slots), so that a
     worker that frees a slot finds the next member already queued; at most ``MAX_OPEN``."""
@@ -113,7 +87,7 @@ def window(ports: SweepPorts, sweep: Sweep, now: float, stale_after: float = 120
 
 
 def advance(
-    ports: SweepPorts, sweep_id: str, member: int | None = None, budget: Budget | None = None, turn: int | None = None
+    ports: Ports, sweep_id: str, member: int | None = None, budget: Budget | None = None, turn: int | None = None
 ) -> Sweep:
     """Move the sweep on (see the module docstring); returns it as written. Each try reads at most
     ``LOOK_PER_ADVANCE`` open members (``member`` first, the member whose end this is, then a window
@@ -158,7 +132,7 @@ def advance(
     raise Conflict(f"sweep {sweep_id} changed too often; try again")
 
 
-def _release_all(ports: SweepPorts, sweep: Sweep, create: list[int], now: float, budget: Budget | None) -> None:
+def _release_all(ports: Ports, sweep: Sweep, create: list[int], now: float, budget: Budget | None) -> None:
     """Make the runs of members ``create`` (while ``budget`` affords one more; one at least) and
     nudge the dispatcher once, asking it to move the sweep on again when more could go."""
     released, more = 0, len(create) >= RELEASE_PER_ADVANCE and PENDING in sweep.status
@@ -172,7 +146,7 @@ def _release_all(ports: SweepPorts, sweep: Sweep, create: list[int], now: float,
 
 
 def _end_killed(
-    ports: SweepPorts, sweep: Sweep, missing: list[int], live: list[Run], now: float, budget: Budget | None
+    ports: Ports, sweep: Sweep, missing: list[int], live: list[Run], now: float, budget: Budget | None
 ) -> bool:
     """A killed sweep's members: those out with no run are stored killed, the runs of those read
     killed (while ``budget`` affords one more; one at least; the rest are left to the next
@@ -186,7 +160,7 @@ def _end_killed(
         if (place or missing) and budget is not None and not budget.affords(KILL_CALLS):
             break
         try:
-            killed = _kill(ports.store, run, ports.clock, reason=f"sweep {sweep.id} was killed")
+            killed = _kill(ports, run, reason=f"sweep {sweep.id} was killed")
         except (Conflict, ConditionFailed):
             continue
         if killed.state.terminal and killed.dependents:
@@ -195,16 +169,14 @@ def _end_killed(
     return ended_now
 
 
-def _gate(
-    ports: SweepPorts, sweep: Sweep, status: list[str], changes: dict[str, object], now: float
-) -> tuple[bool, Sweep]:
+def _gate(ports: Ports, sweep: Sweep, status: list[str], changes: dict[str, object], now: float) -> tuple[bool, Sweep]:
     """For a sweep that waits for runs or a sweep: whether its members are held back still,
     and the sweep with what changed noted on its timeline. Once one of them ended without
     success, every member (none was released) is marked ``dependency_failed`` in ``status``;
     ``changes`` gets what it still waits for."""
     if not sweep.waiting_on or sweep.killed:
         return False, sweep
-    verdict = dependencies.judge(ports.waits, sweep.waiting_on)
+    verdict = dependencies.judge(ports, sweep.waiting_on)
     if verdict.failed is not None:  # ``waiting_on`` stays: a retry of the sweep fails them again
         for index, code in enumerate(status):
             if code == PENDING:
@@ -235,7 +207,7 @@ def _looked_at(sweep: Sweep, member: int | None, now: float, turn: int | None = 
     return first + rest
 
 
-def _look(ports: SweepPorts, sweep: Sweep, indices: list[int]) -> tuple[list[str], list[Run], list[int]]:
+def _look(ports: Ports, sweep: Sweep, indices: list[int]) -> tuple[list[str], list[Run], list[int]]:
     """The sweep's status with those of its open members ``indices`` that ended recorded, the
     runs of those still going, and those whose run was never made."""
     status = list(sweep.status)
@@ -254,7 +226,7 @@ def _look(ports: SweepPorts, sweep: Sweep, indices: list[int]) -> tuple[list[str
     return status, live, missing
 
 
-def _plan(ports: SweepPorts, sweep: Sweep, status: list[str], missing: list[int], now: float) -> list[int]:
+def _plan(ports: Ports, sweep: Sweep, status: list[str], missing: list[int], now: float) -> list[int]:
     """Mark in ``status`` what this pass does: a killed sweep's members that have no run end
     killed; otherwise pending members are released while there is room. Returns the members
     whose runs are to be made."""
@@ -279,7 +251,7 @@ def _noted(sweep: Sweep, event: Event) -> Sweep:
     return sweep.model_copy(update={"events": sweep.with_event(event)})
 
 
-def _tell_dependents(ports: SweepPorts, sweep: Sweep) -> None:
+def _tell_dependents(ports: Ports, sweep: Sweep) -> None:
     """A sweep that finished tells the runs and sweeps that wait for it (through the
     dispatcher). Quiet on failure: the dispatcher's schedule resolves waiting runs anyway."""
     try:
@@ -324,21 +296,19 @@ def member_run(
     )
 
 
-def _release(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
+def _release(ports: Ports, sweep: Sweep, index: int, now: float) -> bool:
     """Make member ``index``'s run and hint its pool; False when a run was made already (by a
     racing or earlier pass: left as it is), or when the owner's groups now (``ports.owners``) no
     longer allow the sweep's group or inputs: then its run is made ended ``not_permitted``. A
     sweep stored charged to no group has its member charged as ``authority.charge`` says."""
-    groups, group = None, None
-    if ports.owners is not None:
-        owner, why = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
-        if why is not None:
-            _refuse(ports, sweep, index, now, why)
-            return False
-        groups, group = owner.groups, charge(owner, sweep.group)
+    owner, why = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
+    if why is not None:
+        _refuse(ports, sweep, index, now, why)
+        return False
+    groups, group = owner.groups, charge(owner, sweep.group)
     tag = 0.0
     pool = ports.pools.get(sweep.queue)
-    if ports.quotas is not None and pool is not None:
+    if pool is not None:
         tag = fair_tag(ports.store, ports.quotas, pool, sweep.owner, sweep.spec.run.priority, now)
     run = member_run(sweep, index, now, tag, groups, group)
     try:
@@ -366,7 +336,7 @@ def _ended_member(sweep: Sweep, index: int, now: float, state: RunState, reason:
     )
 
 
-def _refuse(ports: SweepPorts, sweep: Sweep, index: int, now: float, why: str) -> None:
+def _refuse(ports: Ports, sweep: Sweep, index: int, now: float, why: str) -> None:
     """Store member ``index``'s run ended ``not_permitted`` (never queued: no worker sees it), and
     tell the dispatcher, whose next ``advance`` records it."""
     refused = _ended_member(sweep, index, now, RunState.FAILED, FailureReason.NOT_PERMITTED, f"not released: {why}")
@@ -377,7 +347,7 @@ def _refuse(ports: SweepPorts, sweep: Sweep, index: int, now: float, why: str) -
     lifecycle.ended(ports.queue, refused)
 
 
-def _wake(ports: SweepPorts, sweep: Sweep, more: bool = False) -> None:
+def _wake(ports: Ports, sweep: Sweep, more: bool = False) -> None:
     """One nudge for the dispatcher for all the members a pass released; with ``more``, it moves
     the sweep on again (the next ``RELEASE_PER_ADVANCE`` members: one event each, bounded)."""
     try:
@@ -388,7 +358,7 @@ def _wake(ports: SweepPorts, sweep: Sweep, more: bool = False) -> None:
         log.warning("sweep %s: could not wake the dispatcher: %s", sweep.id, e)
 
 
-def _bury(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
+def _bury(ports: Ports, sweep: Sweep, index: int, now: float) -> bool:
     """A killed sweep's released member that has no run: store its run as killed (so that a pass
     still making it finds it taken), or kill the run that pass made. True when the member's run
     has ended (the next read records it)."""
@@ -400,7 +370,7 @@ def _bury(ports: SweepPorts, sweep: Sweep, index: int, now: float) -> bool:
     except AlreadyExists as e:
         made: Run = e.details["run"]
     try:
-        return _kill(ports.store, made, ports.clock, reason=f"sweep {sweep.id} was killed").state.terminal
+        return _kill(ports, made, reason=f"sweep {sweep.id} was killed").state.terminal
     except (Conflict, ConditionFailed):
         return True
 
@@ -427,7 +397,7 @@ TURNS = 1_000_000
 
 
 def advance_unfinished(
-    ports: SweepPorts, budget: Budget | None = None, after: tuple[float, str] | None = None, turn: int = 0
+    ports: Ports, budget: Budget | None = None, after: tuple[float, str] | None = None, turn: int = 0
 ) -> SweepsPass:
     """The schedule's pass: move unfinished sweeps on, oldest first, from the one after ``after``
     (``UNFINISHED_PER_PASS`` listed at most), while ``budget`` (calls; give ``ports`` metered with

@@ -35,10 +35,9 @@ from runplane.domain.sweeps import (
     state_of,
 )
 from runplane.domain.tenancy import Principal
-from runplane.ports import SweepStore
+from runplane.ports import Ports
 from runplane.services import dependencies
 from runplane.services.authority import check_caller
-from runplane.services.inputs import InputPolicy
 from runplane.services.runs import (
     HASHED_FIRST,
     _check_priority,
@@ -47,7 +46,7 @@ from runplane.services.runs import (
     check_listing_owner,
     run_id_for,
 )
-from runplane.services.sweep_advance import DEPENDENCY_FAILED, SweepPorts, advance
+from runplane.services.sweep_advance import DEPENDENCY_FAILED, advance
 
 log = logging.getLogger(__name__)
 
@@ -67,17 +66,15 @@ def _request_hash(spec: SweepSpec) -> str:
 
 
 def create_sweep(
-    ports: SweepPorts,
+    ports: Ports,
     principal: Principal,
     spec: SweepSpec,
     idempotency_key: str | None,
-    *,
-    secret: bytes = b"",
-    inputs: InputPolicy | None = None,
 ) -> Created:
     """Store a sweep of ``spec.size`` members and release the first ones. The template is checked
     once, as a run submit checks a run (pool, priority, group, inputs, quotas): every member shares
     it. Same key, same request -> same sweep; a key used for another request is a Conflict."""
+    secret = ports.tokens.secret() if idempotency_key is not None else b""
     sweep_id = run_id_for(principal.user, idempotency_key, secret, kind="sweep")
     request_hash = _request_hash(spec)
     if idempotency_key is not None:
@@ -85,10 +82,10 @@ def create_sweep(
             return _replay(ports.sweeps.get(sweep_id), principal.user, request_hash)
         except NotFound:
             pass
-    admitted = admit_spec(ports.store, ports.pools, principal, spec.run, inputs, ports.quotas, ports.sweeps)
+    admitted = admit_spec(ports, principal, spec.run)
     pool, group, resolved = admitted.pool, admitted.group, admitted.spec
     check_spec(largest_member(spec.model_copy(update={"run": resolved})), "a member's run spec")
-    check_open_cap(ports.sweeps, pool, principal.user)
+    check_open_cap(ports, pool, principal.user)
     now = ports.clock()
     sweep = Sweep(
         id=sweep_id,
@@ -113,7 +110,7 @@ def create_sweep(
         stored = ports.sweeps.create(sweep)
     except AlreadyExists as e:
         return _replay(e.details["sweep"], principal.user, request_hash)
-    dependencies.follow(ports.waits, SWEEP_PREFIX + stored.id, stored.waiting_on)
+    dependencies.follow(ports, SWEEP_PREFIX + stored.id, stored.waiting_on)
     return Created(_advance_quietly(ports, stored), created=True)
 
 
@@ -121,13 +118,13 @@ OPEN_CAP_PAGES = 5
 """Pages of a user's sweeps (newest first) read to count their unfinished ones against a cap."""
 
 
-def check_open_cap(sweeps: SweepStore, pool: Pool, user: str) -> None:
+def check_open_cap(ports: Ports, pool: Pool, user: str) -> None:
     """Refuse (InvalidRequest, naming the cap) one more sweep of ``user`` in ``pool`` when they
     have ``pool.max_open_sweeps`` unfinished there already: each costs the dispatcher's schedule a
     look per pass. Counted among the user's newest ``OPEN_CAP_PAGES`` pages of sweeps."""
     found, cursor = 0, None
     for _ in range(OPEN_CAP_PAGES):
-        page, cursor = sweeps.list(user, 100, cursor)
+        page, cursor = ports.sweeps.list(user, 100, cursor)
         found += sum(1 for sweep in page if sweep.finished_at is None and sweep.queue == pool.name)
         if found >= pool.max_open_sweeps or cursor is None:
             break
@@ -144,7 +141,7 @@ def _replay(existing: Sweep, user: str, request_hash: str) -> Created:
     return Created(existing, created=False)
 
 
-def _advance_quietly(ports: SweepPorts, sweep: Sweep) -> Sweep:
+def _advance_quietly(ports: Ports, sweep: Sweep) -> Sweep:
     """``advance`` after a write the caller has made: its failure is logged, not raised (the
     dispatcher's schedule moves every unfinished sweep on)."""
     try:
@@ -154,7 +151,7 @@ def _advance_quietly(ports: SweepPorts, sweep: Sweep) -> Sweep:
         return sweep
 
 
-def get_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
+def get_sweep(ports: Ports, principal: Principal, sweep_id: str) -> Sweep:
     """The caller's sweep (an admin: anyone's). Another user's answers as one that does not exist."""
     sweep = ports.sweeps.get(sweep_id)
     if sweep.owner != principal.user and not principal.admin:
@@ -163,13 +160,13 @@ def get_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
 
 
 def list_sweeps(
-    ports: SweepPorts, principal: Principal, owner: str | None, limit: int, cursor: str | None
+    ports: Ports, principal: Principal, owner: str | None, limit: int, cursor: str | None
 ) -> tuple[list[Sweep], str | None]:
     owner = check_listing_owner(principal, owner)
     return ports.sweeps.list(owner, limit, cursor)
 
 
-def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
+def kill_sweep(ports: Ports, principal: Principal, sweep_id: str) -> Sweep:
     """End every unfinished member: those not released are killed at once, queued ones too, and
     running ones are told to stop. Raises Conflict when the sweep has finished."""
     sweep = get_sweep(ports, principal, sweep_id)
@@ -196,7 +193,7 @@ def kill_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> Sweep:
     return advance(ports, sweep.id)
 
 
-def check_release(ports: SweepPorts, principal: Principal, sweep: Sweep) -> tuple[list[str], str | None]:
+def check_release(ports: Ports, principal: Principal, sweep: Sweep) -> tuple[list[str], str | None]:
     """Admission again, for a request that releases more of ``sweep``: its owner must still be in
     the group it is charged to and allowed its inputs -- the caller's token now when the caller is
     the owner; for an administrator acting on another's sweep, the owner's tokens as the store
@@ -208,14 +205,12 @@ def check_release(ports: SweepPorts, principal: Principal, sweep: Sweep) -> tupl
     if principal.user == sweep.owner:
         group = check_caller(principal, sweep.spec.run, sweep.group, ports.inputs)
         return sorted(set(principal.groups)), group
-    if ports.owners is None:
-        return list(sweep.owner_groups), sweep.group
     owner, _ = ports.owners.allows(sweep.owner, sweep.spec.run, sweep.group, ports.inputs)
     group = check_caller(owner, sweep.spec.run, sweep.group, ports.inputs)
     return sorted(set(owner.groups)), group
 
 
-def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple[Sweep, int]:
+def retry_sweep(ports: Ports, principal: Principal, sweep_id: str) -> tuple[Sweep, int]:
     """Run again the members whose latest try failed, was killed or timed out (each as a new run,
     its next try, with the owner's groups now); returns the sweep and how many go again. Raises
     Forbidden when the owner may no longer run the sweep (``check_release``)."""
@@ -223,7 +218,7 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
     groups, group = check_release(ports, principal, sweep)
     pool = ports.pools.get(sweep.queue)
     if sweep.finished_at is not None and pool is not None:  # it opens again: it counts against the cap
-        check_open_cap(ports.sweeps, pool, sweep.owner)
+        check_open_cap(ports, pool, sweep.owner)
     for _ in range(8):
         # members that never ran because what the sweep waits for failed would only fail again
         never = DEPENDENCY_FAILED if sweep.waiting_on else None
@@ -262,7 +257,7 @@ def retry_sweep(ports: SweepPorts, principal: Principal, sweep_id: str) -> tuple
     raise Conflict(f"sweep {sweep_id} changed too often; try again")
 
 
-def set_max_parallel(ports: SweepPorts, principal: Principal, sweep_id: str, most: int | None) -> Sweep:
+def set_max_parallel(ports: Ports, principal: Principal, sweep_id: str, most: int | None) -> Sweep:
     """Change how many members may be out at once (None: as many as the pool can run). Members out
     beyond a lowered cap go on; no more are released until the sweep is under it. Raises Forbidden
     when the owner may no longer run the sweep (``check_release``)."""
@@ -298,7 +293,7 @@ class Progress:
     """Why none is: what the sweep waits for."""
 
 
-def progress(ports: SweepPorts, sweep: Sweep) -> Progress:
+def progress(ports: Ports, sweep: Sweep) -> Progress:
     """Members by the state of their latest try (the open ones read live: at most the sweep's
     window), finished ones by failure reason, and how many wait to be released."""
     counts, failures = sweep.tally()
@@ -316,13 +311,13 @@ def progress(ports: SweepPorts, sweep: Sweep) -> Progress:
             failures[str(run.failure.reason)] = failures.get(str(run.failure.reason), 0) + 1
     waiting_for = None
     if sweep.waiting_on and sweep.finished_at is None and not sweep.killed:
-        verdict = dependencies.judge(ports.waits, sweep.waiting_on)
+        verdict = dependencies.judge(ports, sweep.waiting_on)
         waiting_for = verdict.reason or verdict.failed
     return Progress({k: v for k, v in counts.items() if v}, failures, waiting, waiting_for)
 
 
 def members(
-    ports: SweepPorts,
+    ports: Ports,
     sweep: Sweep,
     state: RunState | None,
     limit: int,

@@ -15,7 +15,7 @@ from runplane.domain.common import NAME_PATTERN
 from runplane.domain.errors import InvalidRequest, NotFound
 from runplane.domain.tenancy import DEFAULT_SCOPES, SCOPES, USER_PATTERN, ApiToken, Scope, UserRecord
 from runplane.domain.units import parse_duration
-from runplane.ports import TokenStore
+from runplane.ports import Ports
 from runplane.services.auth import new_token, register_token
 
 
@@ -60,22 +60,22 @@ def lifetime(expires_in: str | float | None) -> float | None:
 
 
 def create_token(
-    tokens: TokenStore,
+    ports: Ports,
     *,
     user: str,
     groups: Sequence[str] = (),
     scopes: Sequence[str] | None = None,
     expires_in: str | float | None = None,
     created_by: str | None,
-    now: float,
 ) -> NewToken:
     """A new token for ``user``; the secret is in the answer and nowhere else. Raises
     InvalidRequest."""
     granted = check_token_request(user, groups, scopes)
     seconds = lifetime(expires_in)
     secret = new_token()
+    now = ports.clock()
     record = register_token(
-        tokens,
+        ports.tokens,
         secret,
         user,
         groups=list(groups),
@@ -87,14 +87,14 @@ def create_token(
     return NewToken(secret, record)
 
 
-def list_tokens(tokens: TokenStore, user: str | None = None) -> list[ApiToken]:
+def list_tokens(ports: Ports, user: str | None = None) -> list[ApiToken]:
     """Every token (no secrets), or those of ``user``, oldest first."""
-    return [t for t in tokens.list() if user is None or t.user == user]
+    return [t for t in ports.tokens.list() if user is None or t.user == user]
 
 
-def revoke_token(tokens: TokenStore, token_id: str) -> None:
+def revoke_token(ports: Ports, token_id: str) -> None:
     """Remove a token; every API instance refuses it within seconds. Raises NotFound."""
-    if not tokens.delete(token_id):
+    if not ports.tokens.delete(token_id):
         raise NotFound(f"token {token_id} not found")
 
 
@@ -112,26 +112,27 @@ def _check_user(user: str) -> None:
         raise InvalidRequest(f"user {user[:80]!r} is not valid: 1-64 letters, digits and . _ @ -, starting with one")
 
 
-def get_user(tokens: TokenStore, user: str, now: float) -> UserFacts:
+def get_user(ports: Ports, user: str) -> UserFacts:
     """A user's groups now and their settings. Raises InvalidRequest (not a user name) and NotFound
     (no token of theirs and nothing set)."""
     _check_user(user)
-    theirs = [t for t in tokens.list() if t.user == user]
+    now = ports.clock()
+    theirs = [t for t in ports.tokens.list() if t.user == user]
     groups = sorted({g for t in theirs if not t.expired(now) for g in t.groups})
-    record = tokens.user(user)
+    record = ports.tokens.user(user)
     if not theirs and record is None:
         raise NotFound(f"user {user} not found")
     return UserFacts(user, groups, record)
 
 
-def set_default_group(tokens: TokenStore, user: str, group: str | None, *, by: str, now: float) -> UserFacts:
+def set_default_group(ports: Ports, user: str, group: str | None, *, by: str) -> UserFacts:
     """Charge ``user``'s runs and sweeps that name no group to ``group`` when their token carries
     several (None: no default; they must name one). The group must be one of the user's groups
     now. Raises InvalidRequest (not a user name, or a group that is not theirs) and NotFound."""
-    facts = get_user(tokens, user, now)
+    facts = get_user(ports, user)
     if group is not None and group not in facts.groups:
         theirs = ", ".join(facts.groups) or "none"
         raise InvalidRequest(f"{user} is not in group {group} (their groups: {theirs})")
-    record = UserRecord(user=user, default_group=group, updated_at=now, updated_by=by)
-    tokens.put_user(record)
+    record = UserRecord(user=user, default_group=group, updated_at=ports.clock(), updated_by=by)
+    ports.tokens.put_user(record)
     return UserFacts(user, facts.groups, record)

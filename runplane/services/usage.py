@@ -18,7 +18,7 @@ read more runs than that.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, cast, get_args
@@ -28,9 +28,8 @@ from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import RunStore
+from runplane.ports import Ports, RunStore
 
-Clock = Callable[[], float]
 By = Literal["user", "group", "pool"]
 
 MAX_REPORT_RUNS = 5_000
@@ -122,8 +121,7 @@ def month_start(now: float) -> float:
 
 
 def usage_report(
-    store: RunStore,
-    pools: PoolConfig,
+    ports: Ports,
     principal: Principal,
     *,
     user: str | None = None,
@@ -132,7 +130,6 @@ def usage_report(
     since: float | None = None,
     until: float | None = None,
     by: By = "user",
-    clock: Clock,
     max_runs: int = MAX_REPORT_RUNS,
 ) -> Report:
     """What the runs submitted in ``[since, until)`` (default: from the start of this month, UTC,
@@ -144,17 +141,17 @@ def usage_report(
         if user is not None and user != principal.user:
             raise Forbidden(f"only admins may read another user's usage; {principal.user} may read their own")
         user = principal.user
-    if pool is not None and pools.get(pool) is None:
-        names = ", ".join(p.name for p in pools.pools)
+    if pool is not None and ports.pools.get(pool) is None:
+        names = ", ".join(p.name for p in ports.pools.pools)
         raise InvalidRequest(f"no pool {pool[:80]!r}; pools are {names}")
-    now = clock()
+    now = ports.clock()
     start = month_start(now) if since is None else since
     end = now if until is None else until
     if end < start:
         raise InvalidRequest("until is before since: the window would be empty")
     rows: dict[str | None, Row] = {}
     total = Row(None)
-    for run in _runs(store, pools, user, pool, start, end, max_runs):
+    for run in _runs(ports.store, ports.pools, user, pool, start, end, max_runs):
         if group is not None and run.group != group:
             continue
         key = {"user": run.owner, "group": run.group, "pool": run.queue}[by]

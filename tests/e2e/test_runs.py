@@ -1,6 +1,7 @@
 """Runs end to end: API -> DynamoDB -> SQS -> dispatcher -> local agent -> Docker -> S3,
 on the real Docker engine and the moto server."""
 
+import dataclasses
 import json
 import os
 import signal
@@ -213,7 +214,8 @@ def test_sigkilled_worker_run_is_requeued_and_finished_by_another(docker_client,
 
         def reaped():
             expires = stack.store.get(run["id"]).lease_expires_at
-            return reap(stack.store, stack.queue, pools, expires + 1, rehint_after=3600).requeued
+            ports = dataclasses.replace(bootstrap.make_ports(stack, lambda: expires + 1), pools=pools)
+            return reap(ports, rehint_after=3600).requeued
 
         assert wait_for(reaped, 30, 0.5, "the reaper to re-queue the run") == [run["id"]]
         done = wait_state(alice, run["id"], TERMINAL, timeout=90)

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.quotas import Quota, hold_key
 from runplane.domain.runs import Resources, RunSpec
@@ -54,7 +55,7 @@ def quota(kind, name, **limits):
 
 def submit(stack, principal=ALICE, queue="parked", cpus=1.0, gpus=0, seconds=HOUR, group=None, quotas=None):
     spec = RunSpec(command="true", queue=queue, resources=Resources(cpus=cpus, gpus=gpus, time=seconds), group=group)
-    return submit_run(stack.store, stack.queue, stack.pools, principal, spec, None, lambda: NOW, quotas=quotas).run
+    return submit_run(make_ports(stack, lambda: NOW), principal, spec, None).run
 
 
 def claim(stack, run, worker="w1", now=NOW, lease=60.0):
@@ -325,11 +326,11 @@ def test_the_reaper_releases_the_hold_of_a_run_it_requeues(stack):
     assert reserve(q, run, 1, NOW) is None
     claim(stack, run, lease=10)
     # the lease lapsed: re-queued; the hold goes once it is older than the grace
-    report = reap(stack.store, stack.queue, stack.pools, NOW + 30, rehint_after=HOUR, quotas=q)
+    report = reap(make_ports(stack, lambda: NOW + 30), rehint_after=HOUR)
     assert report.requeued == [run.id]
     assert report.released == []
     assert list(q.usage("user", "alice").holds) == [hold_key(run.id, 1)]
-    report = reap(stack.store, stack.queue, stack.pools, NOW + 61, rehint_after=HOUR, quotas=q)
+    report = reap(make_ports(stack, lambda: NOW + 61), rehint_after=HOUR)
     assert report.released == [hold_key(run.id, 1)]
     assert q.usage("user", "alice").holds == {}
     requeued = stack.store.get(run.id)

@@ -24,7 +24,7 @@ def started(aws_stack, docker_client, tmp_path, exit_on_exception):
     """An agent of pool "default" whose runs table does not exist, running in a thread, with one
     hint waiting in its queue."""
     spec = RunSpec.model_validate({"command": "true", "queue": "default"})
-    submit_run(aws_stack.store, aws_stack.queue, aws_stack.pools, Principal(user="a"), spec, None, time.time)
+    submit_run(aws_stack.ports, Principal(user="a"), spec, None)
     worker, work_dir = f"w-{uuid.uuid4().hex[:6]}", tmp_path / "w"
     config = AgentConfig(
         pool="default",

@@ -55,9 +55,7 @@ def test_the_room_goes_back_when_the_hint_cannot_be_handed_back(aws_stack, tmp_p
     spec = RunSpec.model_validate(
         {"command": "echo hi", "queue": "default", "resources": {"cpus": 1, "memory": "1g", "disk": "1g"}}
     )
-    run = submit_run(
-        aws_stack.store, aws_stack.queue, aws_stack.pools, Principal(user="alice"), spec, None, time.time
-    ).run
+    run = submit_run(aws_stack.ports, Principal(user="alice"), spec, None).run
     if quotas == "full":
         aws_stack.quotas.put(Quota(kind="user", name="alice", max_running=0, updated_at=time.time()))
         quota_store = aws_stack.quotas
@@ -102,7 +100,7 @@ def test_a_runs_disk_comes_back_once_its_files_are_removed(aws_stack, docker_cli
         {"command": "head -c 100000 /dev/zero > f", "queue": "manual", "image": TEST_IMAGE,
          "resources": {"cpus": 1, "memory": "64m", "disk": "1g"}}
     )  # fmt: skip
-    run = submit_run(aws_stack.store, aws_stack.queue, aws_stack.pools, Principal(user="a"), spec, None, time.time).run
+    run = submit_run(aws_stack.ports, Principal(user="a"), spec, None).run
     work_dir = tmp_path / "w-disk"
     executor = ExecutorConfig(worker_id="w-disk", work_dir=work_dir, stack_id=aws_stack.settings.stack_id())
     config = AgentConfig(

@@ -3,7 +3,6 @@ its Storage Queue, runs it in a real container, and leaves the run and its logs 
 Blob storage on Azurite."""
 
 import os
-import time
 
 import pytest
 
@@ -37,7 +36,7 @@ def run_agent(stack, tmp_path, worker_id, runs, seconds):
 def test_an_agent_runs_a_run_of_an_azure_stack(azure_stack, docker_client, tmp_path):
     stack = azure_stack
     spec = RunSpec(command="echo hello from azure; echo oops >&2; exit 3", queue="manual")
-    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
+    run = submit_run(stack.ports, Principal(user="alice"), spec, None).run
     run_agent(stack, tmp_path, "azure-w1", runs=1, seconds=60)
     done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
     assert (done.state, done.exit_code, done.worker_id, done.attempt) == (RunState.FAILED, 3, "azure-w1", 1)
@@ -55,7 +54,7 @@ def test_an_agent_of_an_azure_stack_takes_the_first_run_in_line(azure_stack, doc
 
     def submit(priority):
         spec = RunSpec(command="echo hello", queue="manual", priority=priority)
-        return submit_run(stack.store, stack.queue, stack.pools, admin, spec, None, time.time, quotas=stack.quotas).run
+        return submit_run(stack.ports, admin, spec, None).run
 
     low, high = submit(10), submit(90)
     assert [r.id for r in stack.store.head("manual", 10)] == [high.id, low.id]
@@ -74,7 +73,7 @@ def test_an_agent_of_an_azure_stack_retries_what_the_rule_names(azure_stack, doc
     stack = azure_stack
     command = 'echo "try $RUNPLANE_ATTEMPT"; [ "$RUNPLANE_ATTEMPT" -ge 2 ] || exit 3'
     spec = RunSpec(command=command, queue="manual", retry=RetryRule(attempts=2, on=["nonzero_exit"]))
-    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time).run
+    run = submit_run(stack.ports, Principal(user="alice"), spec, None).run
     run_agent(stack, tmp_path, "azure-w3", runs=2, seconds=90)
     done = wait_for(lambda: (r := stack.store.get(run.id)).state.terminal and r, 10, 0.1, "the run to end")
     assert (done.state, done.attempt, done.exit_code) == (RunState.SUCCEEDED, 2, 0)

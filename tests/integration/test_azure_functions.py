@@ -119,7 +119,7 @@ def event_message(pool):
 
 def test_queue_trigger_dispatches_the_events_pool(stack):
     for _ in range(2):
-        submit_run(stack.store, stack.queue, stack.pools, Principal(user="a"), RunSpec(command="x"), None, time.time)
+        submit_run(stack.ports, Principal(user="a"), RunSpec(command="x"), None)
     events = dispatcher.dispatcher_events.build().get_user_function()
     events(event_message("default"))
     events(event_message("default"))  # a duplicate event launches nothing more
@@ -136,7 +136,7 @@ def test_queue_trigger_raises_for_a_failing_pool_and_drops_what_it_cannot_use(st
 
 
 def test_timers_dispatch_every_pool_and_reap(stack):
-    run = submit_run(stack.store, stack.queue, stack.pools, Principal(user="a"), RunSpec(command="x"), None, time.time)
+    run = submit_run(stack.ports, Principal(user="a"), RunSpec(command="x"), None)
     held = lifecycle.claim(stack.store, run.run, 0, "w-dead", lease_seconds=-1, now=time.time())
     reaper.reaper.build().get_user_function()(TimerRequest())  # must not raise for the broken pool either
     after = stack.store.get(run.run.id)
@@ -183,7 +183,7 @@ def test_local_host_retries_a_failing_event_then_poisons_it(stack, azure_host, a
 def test_the_pools_view_shows_the_dispatchers_last_count_without_counting(stack):
     """The view reads what the dispatcher's last pass counted (one read a pool, whatever the number
     of runs and workers) and says when; a pool no pass has counted yet is counted by the view."""
-    from runplane.services.dispatch import DispatchPorts, dispatch_pool
+    from runplane.services.dispatch import dispatch_pool
 
     def parked():
         status, _, body = call_lambda("GET", "/v1/pools", headers=ALICE)
@@ -196,18 +196,17 @@ def test_the_pools_view_shows_the_dispatchers_last_count_without_counting(stack)
     def submit(n):
         for _ in range(n):
             spec = RunSpec.model_validate({"command": "x", "queue": "parked"})
-            submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time)
+            submit_run(stack.ports, Principal(user="alice"), spec, None)
 
     submit(2)
     assert (parked()["backlog"], parked()["counted_at"]) == (2, None)  # no pass yet: counted now
     pool = stack.pools.get("parked")
-    ports = DispatchPorts(stack.store, stack.workers, stack.pool_states, stack.backend(pool))
-    dispatch_pool(pool, ports, [], time.time(), 30)
+    dispatch_pool(stack.ports, pool)
     counted = parked()
     assert counted["backlog"] == 2 and counted["counted_at"] is not None
     submit(1)  # no pass since: the view still shows the last count, and when it was made
     assert parked() == counted
-    dispatch_pool(pool, ports, [], time.time(), 30)
+    dispatch_pool(stack.ports, pool)
     assert parked()["backlog"] == 3 and parked()["counted_at"] >= counted["counted_at"]
     # figures no pass has renewed for minutes (a dispatcher failing) are not shown: counted live
     old = stack.pool_states.get("parked")

@@ -1,12 +1,14 @@
 """The dispatcher on the real stores (moto server) with agents as real local processes:
 concurrent invocations, failed launches, jobs that never register, and what the API shows."""
 
+import dataclasses
 import sys
 import threading
 import time
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.compute.local.compute import LocalCompute
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.pools import Pool
@@ -16,7 +18,6 @@ from runplane.domain.workers import PoolRecord, Worker
 from runplane.services.dispatch import (
     CLAIM_SECONDS,
     FIGURES_REFRESH_SECONDS,
-    DispatchPorts,
     dispatch_pool,
     explain_wait,
 )
@@ -27,10 +28,25 @@ SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 BROKEN = ["sh", "-c", "echo 'error: cannot reach the run queue' >&2; exit 2", "agent"]
 
 
+class Moment:
+    """A clock the test moves."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def launching(stack, backend, clock=time.time):
+    """The stack's ports, launching every pool's workers with ``backend``, reading ``clock``."""
+    return make_ports(stack, clock, backend=lambda _pool: backend)
+
+
 def queue_runs(stack, pool: str, n: int) -> None:
     for i in range(n):
         spec = RunSpec.model_validate({"command": f"echo {i}", "queue": pool})
-        submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), spec, None, time.time)
+        submit_run(stack.ports, Principal(user="alice"), spec, None)
 
 
 @pytest.fixture
@@ -69,9 +85,9 @@ def test_concurrent_dispatchers_launch_the_backlog_once(stack_fixture, request, 
     decisions = []
 
     def dispatcher():
-        ports = DispatchPorts(stack.store, stack.workers, stack.pool_states, backends())
+        ports = launching(stack, backends())
         start.wait()
-        decisions.append(dispatch_pool(pool, ports, ["--pool", pool.name], time.time(), 30))
+        decisions.append(dispatch_pool(ports, pool))
 
     threads = [threading.Thread(target=dispatcher) for _ in range(8)]
     for t in threads:
@@ -84,9 +100,7 @@ def test_concurrent_dispatchers_launch_the_backlog_once(stack_fixture, request, 
     record = stack.pool_states.get(pool.name)
     assert record.launched == 3 and len(record.starting) == 3 and record.launching_since is None
     # a duplicate event later finds the three starting and launches nothing
-    again = dispatch_pool(
-        pool, DispatchPorts(stack.store, stack.workers, stack.pool_states, backends()), [], time.time(), 30
-    )
+    again = dispatch_pool(launching(stack, backends()), pool)
     assert (again.launch, again.reason) == (0, f"waiting for a worker: 3 starting in pool {pool.name}")
 
 
@@ -105,22 +119,26 @@ def test_a_live_claim_keeps_other_dispatchers_off(aws_stack, pool, backends):
     queue_runs(aws_stack, pool.name, 2)
     now = time.time()
     aws_stack.pool_states.save(PoolRecord(pool=pool.name, launching_since=now - 5))
-    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backends())
-    decision = dispatch_pool(pool, ports, [], now, 30)
+    at = Moment(now)
+    ports = launching(aws_stack, backends(), at)
+    decision = dispatch_pool(ports, pool)
     assert decision.launch == 0 and "another dispatcher is launching" in decision.reason
     # a claim older than CLAIM_SECONDS belongs to a dispatcher that died: it is taken over
-    assert dispatch_pool(pool, ports, [], now + CLAIM_SECONDS, 30).launch == 2
+    at.now = now + CLAIM_SECONDS
+    assert dispatch_pool(ports, pool).launch == 2
 
 
 def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backends):
     pool = pool.model_copy(update={"max_failed_launches": 3, "retry_disabled_seconds": 600})
     queue_runs(aws_stack, pool.name, 2)
     backend = backends(BROKEN)
-    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backend)
     t0 = time.time()
-    assert dispatch_pool(pool, ports, [], t0, 30).launch == 2
+    at = Moment(t0)
+    ports = launching(aws_stack, backend, at)
+    assert dispatch_pool(ports, pool).launch == 2
     wait_for(lambda: backend.list(pool) == [], 30, 0.1, "the broken agents to exit")
-    second = dispatch_pool(pool, ports, [], t0 + 1, 30)  # counts 2 failures, launches 2 again
+    at.now = t0 + 1
+    second = dispatch_pool(ports, pool)  # counts 2 failures, launches 2 again
     assert second.launch == 2
     record = aws_stack.pool_states.get(pool.name)
     assert record.failed_launches == 2 and record.disabled_reason is None
@@ -128,7 +146,8 @@ def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backe
         "failed before its agent registered: agent exited with code 2: error: cannot reach the run queue"
     )
     wait_for(lambda: backend.list(pool) == [], 30, 0.1, "the broken agents to exit")
-    third = dispatch_pool(pool, ports, [], t0 + 2, 30)
+    at.now = t0 + 2
+    third = dispatch_pool(ports, pool)
     assert third.launch == 0 and third.reason.startswith(f"pool {pool.name} is disabled (4 launches in a row failed")
     record = aws_stack.pool_states.get(pool.name)
     assert record.disabled_reason.startswith("4 launches in a row failed; last: job ")
@@ -146,21 +165,26 @@ def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backe
     assert "cannot reach the run queue" in view["last_error"]
     assert explain_wait(pool, [], None, record).startswith(f"pool {pool.name} is disabled: 4 launches in a row failed")
     # after the retry period one trial worker is launched
-    assert dispatch_pool(pool, ports, [], t0 + 2 + 600, 30).launch == 1
+    at.now = t0 + 2 + 600
+    assert dispatch_pool(ports, pool).launch == 1
 
 
 def test_a_job_whose_agent_never_registers_is_cancelled(aws_stack, pool, backends):
     pool = pool.model_copy(update={"start_timeout_seconds": 60})
     queue_runs(aws_stack, pool.name, 1)
     backend = backends(SLEEPER)  # starts and runs, but never registers
-    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backend)
     t0 = time.time()
-    assert dispatch_pool(pool, ports, [], t0, 30).launch == 1
+    at = Moment(t0)
+    ports = launching(aws_stack, backend, at)
+    assert dispatch_pool(ports, pool).launch == 1
     (job,) = backend.list(pool)
-    assert dispatch_pool(pool, ports, [], t0 + 30, 30).launch == 0  # seen running: the timeout starts
-    assert dispatch_pool(pool, ports, [], t0 + 90, 30).launch == 0  # 60 s: still within it
+    at.now = t0 + 30
+    assert dispatch_pool(ports, pool).launch == 0  # seen running: the timeout starts
+    at.now = t0 + 90
+    assert dispatch_pool(ports, pool).launch == 0  # 60 s: still within it
     assert [j.id for j in backend.list(pool)] == [job.id]
-    decision = dispatch_pool(pool, ports, [], t0 + 91, 30)
+    at.now = t0 + 91
+    decision = dispatch_pool(ports, pool)
     assert decision.launch == 1  # the stuck one is cancelled and replaced
     assert job.id not in {j.id for j in backend.list(pool)}
     record = aws_stack.pool_states.get(pool.name)
@@ -173,23 +197,27 @@ def test_a_pass_records_the_backlog_and_workers_it_counted_and_rewrites_them_onl
     """The pools view reads these figures instead of counting: a pass writes them when they
     changed, or once they are FIGURES_REFRESH_SECONDS old; a pass that saw the same writes nothing."""
     pool = aws_stack.pools.get("default").model_copy(update={"max_workers": 0, "min_workers": 0})
-    ports = DispatchPorts(aws_stack.store, aws_stack.workers, aws_stack.pool_states, backends())
     queue_runs(aws_stack, pool.name, 3)
     now = time.time()
+    at = Moment(now)
+    ports = launching(aws_stack, backends(), at)
     aws_stack.workers.put(Worker(id="w-idle", pool=pool.name, started_at=now, heartbeat_at=now))
     aws_stack.workers.put(Worker(id="w-busy", pool=pool.name, status="busy", started_at=now, heartbeat_at=now))
     aws_stack.workers.put(Worker(id="w-gone", pool=pool.name, started_at=now - 999, heartbeat_at=now - 999))
-    decision = dispatch_pool(pool, ports, [], now, 30)
+    decision = dispatch_pool(ports, pool)
     first = aws_stack.pool_states.get(pool.name)
     assert (first.backlog, first.workers, first.counted_at) == (3, {"busy": 1, "idle": 1, "offline": 1}, now)
     assert decision.figures is not None and decision.figures.backlog == 3
-    dispatch_pool(pool, ports, [], now + 1, 30)
+    at.now = now + 1
+    dispatch_pool(ports, pool)
     assert aws_stack.pool_states.get(pool.name).version == first.version  # nothing changed: no write
     queue_runs(aws_stack, pool.name, 1)
-    dispatch_pool(pool, ports, [], now + 2, 30)
+    at.now = now + 2
+    dispatch_pool(ports, pool)
     second = aws_stack.pool_states.get(pool.name)
     assert (second.backlog, second.counted_at, second.version) == (4, now + 2, first.version + 1)
-    dispatch_pool(pool, ports, [], now + 2 + FIGURES_REFRESH_SECONDS, 30)  # the same, but old: rewritten
+    at.now = now + 2 + FIGURES_REFRESH_SECONDS
+    dispatch_pool(ports, pool)  # the same, but old: rewritten
     third = aws_stack.pool_states.get(pool.name)
     assert (third.backlog, third.counted_at) == (4, now + 2 + FIGURES_REFRESH_SECONDS)
 
@@ -215,9 +243,7 @@ def test_a_launch_that_loses_its_write_to_a_recount_looks_again_and_launches(aws
 
     racy = RecountInBetween()
     backend = backends()
-    decision = dispatch_pool(
-        pool, DispatchPorts(aws_stack.store, aws_stack.workers, racy, backend), [], time.time(), 30
-    )
+    decision = dispatch_pool(dataclasses.replace(launching(aws_stack, backend), pool_states=racy), pool)
     assert racy.raced and decision.launch == 2, decision.reason
     assert len(backend.list(pool)) == 2
     assert states.get(pool.name).backlog == 2  # and its own count replaced the other's

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.docker
 
 def _run_with_gpus(s, docker_client, tmp_path, command, gpus, access):
     spec = RunSpec.model_validate({"command": command, "queue": "manual", "resources": {"memory": "64m"}})
-    queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
+    queued = submit_run(s.ports, Principal(user="a"), spec, None).run
     run = lifecycle.claim(s.store, queued, 0, "w-gpu", lease_seconds=60, now=time.time())
     config = ExecutorConfig(
         worker_id="w-gpu", work_dir=tmp_path / "work", stack_id=s.settings.stack_id(), gpu_access=access

@@ -10,6 +10,7 @@ import pytest
 
 from runplane import bootstrap
 from runplane.adapters.aws.provision import provision
+from runplane.bootstrap import make_ports
 from runplane.compute.local.compute import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain.pools import Pool
@@ -60,9 +61,7 @@ def test_dispatcher_batch_reports_only_the_failed_pool(handler_stack):
 
     alice = Principal(user="alice")
     for _ in range(2):
-        submit_run(
-            handler_stack.store, handler_stack.queue, handler_stack.pools, alice, RunSpec(command="x"), None, time.time
-        )
+        submit_run(handler_stack.ports, alice, RunSpec(command="x"), None)
     result = dispatcher.lambda_handler(load_event("sqs_dispatch.json"), LambdaContext())
     # the broken pool's record is retried; unreadable and unknown-pool records are dropped
     assert result == {"batchItemFailures": [{"itemIdentifier": "4c4d6f2f-1111-4b2f-8a8f-8f1d6c2e3a22"}]}
@@ -82,7 +81,7 @@ def test_reaper_handler_requeues_expired_lease(handler_stack):
     from functions.aws import reaper
 
     s = handler_stack
-    run = submit_run(s.store, s.queue, s.pools, Principal(user="a"), RunSpec(command="x"), None, time.time).run
+    run = submit_run(s.ports, Principal(user="a"), RunSpec(command="x"), None).run
     held = lifecycle.claim(s.store, run, 0, "w-dead", lease_seconds=-1, now=time.time())
     result = reaper.lambda_handler(load_event("schedule.json"), LambdaContext())
     assert result["requeued"] == [run.id]
@@ -92,9 +91,7 @@ def test_reaper_handler_requeues_expired_lease(handler_stack):
 
 
 def _active(stack, worker="w1", attempts=1, kill=False, lease_in=-1.0):
-    run = submit_run(
-        stack.store, stack.queue, stack.pools, Principal(user="a"), RunSpec(command="x"), None, time.time
-    ).run
+    run = submit_run(stack.ports, Principal(user="a"), RunSpec(command="x"), None).run
     run = stack.store.update(run, Expect(), {"max_attempts": attempts})
     run = lifecycle.claim(stack.store, run, 0, worker, lease_seconds=lease_in, now=time.time())
     if kill:
@@ -108,7 +105,7 @@ def test_reap_outcomes(aws_stack):
     requeue = _active(s, attempts=3)
     exhausted = _active(s, attempts=1)
     killed = _active(s, kill=True)
-    report = reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    report = reap(s.ports, rehint_after=3600)
     assert report.requeued == [requeue.id]
     assert set(report.ended) == {exhausted.id, killed.id}
     assert s.store.get(fresh.id).state == RunState.PREPARING
@@ -126,11 +123,11 @@ def test_reap_outcomes(aws_stack):
 
 def test_reap_rehints_old_queued_runs(aws_stack):
     s = aws_stack
-    run = submit_run(s.store, s.queue, s.pools, Principal(user="a"), RunSpec(command="x"), None, time.time).run
+    run = submit_run(s.ports, Principal(user="a"), RunSpec(command="x"), None).run
     for d in s.queue.receive("default", 10, 1, 30):
         s.queue.delete("default", d)  # the hint got lost
-    assert reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600).rehinted == []
-    report = reap(s.store, s.queue, s.pools, time.time() + 7200, rehint_after=3600)
+    assert reap(s.ports, rehint_after=3600).rehinted == []
+    report = reap(make_ports(s, lambda: time.time() + 7200), rehint_after=3600)
     assert report.rehinted == [run.id]
     assert [d.message.run_id for d in s.queue.receive("default", 10, 1, 30)] == [run.id]
 
@@ -138,7 +135,7 @@ def test_reap_rehints_old_queued_runs(aws_stack):
 def test_stale_worker_cannot_write_over_a_new_attempt(aws_stack):
     s = aws_stack
     first = _active(s, worker="w-old", attempts=3)
-    reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    reap(s.ports, rehint_after=3600)
     second = lifecycle.claim(s.store, s.store.get(first.id), 1, "w-new", 30, time.time())
     from runplane.domain.errors import LeaseLost
 
@@ -178,17 +175,17 @@ def test_local_backend_contract(tmp_path):
 
 def test_lost_preemptible_worker_does_not_use_up_an_attempt(aws_stack):
     s = aws_stack
-    run = submit_run(s.store, s.queue, s.pools, Principal(user="a"), RunSpec(command="x"), None, time.time).run
+    run = submit_run(s.ports, Principal(user="a"), RunSpec(command="x"), None).run
     run = s.store.update(run, Expect(), {"max_attempts": 1})
     held = lifecycle.claim(s.store, run, 0, "spot-1", lease_seconds=-1, now=time.time(), preemptible=True)
     assert held.on_preemptible
-    report = reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    report = reap(s.ports, rehint_after=3600)
     assert report.requeued == [run.id]
     after = s.store.get(run.id)
     assert (after.state, after.attempt, after.max_attempts) == (RunState.QUEUED, 1, 2)
     # the same loss on an ordinary worker uses the last attempt up
     held = lifecycle.claim(s.store, after, 1, "w-2", lease_seconds=-1, now=time.time())
-    reap(s.store, s.queue, s.pools, time.time(), rehint_after=3600)
+    reap(s.ports, rehint_after=3600)
     assert s.store.get(run.id).failure.reason == "worker_lost"
 
 
@@ -215,10 +212,7 @@ def test_the_dispatcher_publishes_each_pools_figures_and_each_runs_end(handler_s
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     alice = Principal(user="alice")
     store, queue = handler_stack.store, handler_stack.queue
-    runs = [
-        submit_run(store, queue, handler_stack.pools, alice, RunSpec(command="x"), None, time.time).run
-        for _ in range(3)
-    ]
+    runs = [submit_run(handler_stack.ports, alice, RunSpec(command="x"), None).run for _ in range(3)]
     # one of them runs 2 s after its submit and ends out of memory: its end event, as a worker sends it
     held = lifecycle.claim(store, runs[0], 0, "w1", 60.0, runs[0].created_at + 1)
     held = lifecycle.advance(store, held, RunState.RUNNING, runs[0].created_at + 2, "started")
@@ -255,10 +249,7 @@ def test_a_launch_the_backend_refuses_is_published_as_a_launch_failure(handler_s
 
     monkeypatch.delenv("POWERTOOLS_METRICS_DISABLED", raising=False)
     handler_stack.backends["local"] = LocalCompute(tmp_path / "w", command=[str(tmp_path / "no-such-agent")])
-    submit_run(
-        handler_stack.store, handler_stack.queue, handler_stack.pools, Principal(user="alice"), RunSpec(command="x"),
-        None, time.time,
-    )  # fmt: skip
+    submit_run(handler_stack.ports, Principal(user="alice"), RunSpec(command="x"), None)  # fmt: skip
     capsys.readouterr()
     from aws_lambda_powertools.utilities.batch.exceptions import BatchProcessingError
 
@@ -275,13 +266,13 @@ def test_reap_rehints_only_the_head_of_a_long_line(aws_stack):
     s = aws_stack
     alice = Principal(user="a")
     runs = [
-        submit_run(s.store, s.queue, s.pools, alice, RunSpec(command="x"), None, lambda i=i: 1000.0 + i).run
+        submit_run(make_ports(s, lambda i=i: 1000.0 + i), alice, RunSpec(command="x"), None).run
         for i in range(REHINT_WINDOW + 8)
     ]
     while got := s.queue.receive("default", 10, 0, 30):  # every hint got lost
         for d in got:
             s.queue.delete("default", d)
-    report = reap(s.store, s.queue, s.pools, 1_000_000.0, rehint_after=3600)
+    report = reap(make_ports(s, lambda: 1_000_000.0), rehint_after=3600)
     line = [r.id for r in s.store.head("default", len(runs))]
     assert sorted(report.rehinted) == sorted(line[:REHINT_WINDOW])  # the first in line, no more
     assert set(line) == {r.id for r in runs}

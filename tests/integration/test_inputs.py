@@ -187,7 +187,7 @@ def _race(root, endpoint, prefix, source, barrier, results):
     settings = StackSettings(prefix=prefix, aws_endpoint_url=endpoint, input_buckets=source[5:].partition("/")[0])
     stack = build_stack(settings, aws_clients(settings))
     barrier.wait()
-    cache = InputCache(root, stack.objects, stack.store, policy=stack.input_policy)
+    cache = InputCache(root, stack.objects, stack.store, policy=stack.ports.inputs)
     fetched = cache.fetch(source, f"p{os.getpid()}", **OWNER)
     results.put((fetched.downloaded, fetched.path.read_bytes()[:4]))
 

@@ -38,7 +38,7 @@ REMOVAL = re.compile(r"removing container \w+ \(run (\S+) attempt (\d+), made by
 
 def queued_run(stack: Stack, command: str) -> Run:
     spec = RunSpec.model_validate({"command": command, "queue": "manual", "resources": {"memory": "64m"}})
-    return submit_run(stack.store, stack.queue, stack.pools, Principal(user="a"), spec, None, time.time).run
+    return submit_run(stack.ports, Principal(user="a"), spec, None).run
 
 
 def claimed_twice(stack: Stack, queued: Run, first: str, second: str) -> tuple[Run, Run]:

@@ -53,7 +53,7 @@ def small(moto_endpoint, tmp_path):
 
 def run_to_its_end(s, docker_client, tmp_path, command):
     spec = RunSpec.model_validate({"command": command, "queue": "small"})  # no memory, disk or time
-    queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
+    queued = submit_run(s.ports, Principal(user="a"), spec, None).run
     run = lifecycle.claim(s.store, queued, 0, "w-defaults", lease_seconds=60, now=time.time())
     config = ExecutorConfig(
         worker_id="w-defaults", work_dir=tmp_path / "w", stack_id=s.settings.stack_id(), rates=Rates(cpus=2)
@@ -80,6 +80,6 @@ def test_omitted_memory_disk_and_time_get_the_pools_defaults(small, docker_clien
 def test_the_share_of_a_large_worker_is_capped_at_1g_and_10g(aws_stack):
     """A pool of 8g memory and 50g disk per slot gives 1g and 10g; with no ``default_time``, 24 h."""
     spec = RunSpec.model_validate({"command": "true", "queue": "big"})
-    run = submit_run(aws_stack.store, aws_stack.queue, aws_stack.pools, Principal(user="a"), spec, None, time.time).run
+    run = submit_run(aws_stack.ports, Principal(user="a"), spec, None).run
     resources = aws_stack.store.get(run.id).spec.resources
     assert (resources.memory, resources.disk, resources.time) == (2**30, 10 * 2**30, 24 * 3600.0)

@@ -12,7 +12,7 @@ import pytest
 
 from runplane.adapters.aws.dynamodb import to_dynamo as dynamodb_value
 from runplane.adapters.aws.provision import provision
-from runplane.bootstrap import aws_clients, aws_names
+from runplane.bootstrap import aws_clients, aws_names, make_ports
 from runplane.domain.errors import RunplaneError
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
@@ -42,28 +42,14 @@ def racing_stack(request):
     return request.getfixturevalue(_RACING_STACKS[request.param])
 
 
-SECRET = b"s" * 32
-
-
 def principal_of(user, priority=50):
     # above the pool's max_user_priority only an admin may submit
     return Principal(user=user, scopes=["runs:read", "runs:write"] + (["admin"] if priority > 50 else []))
 
 
-def submit(stack, user, now=NOW, priority=50, quotas=True, key=None):
+def submit(stack, user, now=NOW, priority=50, key=None):
     spec = RunSpec(command="true", queue="parked", priority=priority)
-    store_quotas = stack.quotas if quotas else None
-    return submit_run(
-        stack.store,
-        stack.queue,
-        stack.pools,
-        principal_of(user, priority),
-        spec,
-        key,
-        lambda: now,
-        secret=SECRET,
-        quotas=store_quotas,
-    ).run
+    return submit_run(make_ports(stack, lambda: now), principal_of(user, priority), spec, key).run
 
 
 def start(stack, run):
@@ -86,12 +72,6 @@ def test_a_newcomer_goes_ahead_of_a_backlog(stack):
     start(stack, bob)
     assert submit(stack, "bob", NOW + 0.02).fair_tag == pytest.approx(1, abs=1e-5)
     assert [owner for owner, _ in line(stack)[:3]] == ["alice", "bob", "alice"]
-
-
-def test_without_a_quota_store_runs_start_in_the_order_they_came(stack):
-    runs = [submit(stack, user, NOW + i, quotas=False) for i, user in enumerate(["alice"] * 3 + ["bob"])]
-    assert {r.fair_tag for r in runs} == {0}
-    assert [r.id for r in stack.store.head("parked", 10)] == [r.id for r in runs]
 
 
 def test_a_lead_halves_every_half_life(stack):
@@ -161,9 +141,7 @@ def test_a_run_raised_to_a_busy_priority_goes_in_line_there_like_a_run_submitted
     alice = [submit(stack, "alice", NOW + 0.01, priority=20) for _ in range(3)]
     assert [r.fair_tag for r in alice] == [0, 1, 2]  # nothing else waits at 20
     owner = principal_of("alice")
-    raised = [
-        set_priority(stack.store, stack.pools, owner, r.id, 50, lambda: NOW + 0.02, quotas=stack.quotas) for r in alice
-    ]
+    raised = [set_priority(make_ports(stack, lambda: NOW + 0.02), owner, r.id, 50) for r in alice]
     assert [r.fair_tag for r in raised] == [3, 4, 5]
     assert [r.fair_tag for r in map(stack.store.get, [r.id for r in alice])] == [3, 4, 5]
     assert [who for who, _ in line(stack, 50)] == ["bob", "carol", "alice", "bob", "alice", "alice"]

@@ -33,7 +33,7 @@ def run_to_its_end(s, docker_client, tmp_path, body, rates, earlier=None, **conf
     this engine with an executor charging ``rates`` (and ``config`` over its ExecutorConfig); the
     run as stored at its end."""
     spec = RunSpec.model_validate(body)
-    queued = submit_run(s.store, s.queue, s.pools, Principal(user="a"), spec, None, time.time).run
+    queued = submit_run(s.ports, Principal(user="a"), spec, None).run
     if earlier is not None:
         queued = s.store.update(queued, Expect(states=frozenset({RunState.QUEUED})), {"usage": earlier})
     run = lifecycle.claim(s.store, queued, 0, "w-usage", lease_seconds=60, now=time.time())

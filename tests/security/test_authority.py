@@ -144,7 +144,7 @@ def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charge
 
     def submit(who, **spec):
         spec = RunSpec.model_validate({**PARKED, **spec})
-        return submit_run(stack.store, stack.queue, stack.pools, who, spec, None, time.time, sweeps=stack.sweeps).run
+        return submit_run(stack.ports, who, spec, None).run
 
     upstream, other_upstream = submit(leaver), submit(stayer)
     waiting = submit(leaver, after=[upstream.id])
@@ -154,7 +154,7 @@ def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charge
     (held,) = [t for t in stack.tokens.list() if t.user == "leaver"]
     stack.tokens.delete(held.id)  # leaver leaves the group
     register_token(stack.tokens, "leaver-2", "leaver", groups=[other])
-    dispatcher = PoolDispatcher(stack)
+    dispatcher = PoolDispatcher(stack.ports)
     for done in (end_well(stack, stack.store.get(upstream.id)), end_well(stack, stack.store.get(other_upstream.id))):
         dispatcher.upstream(done.id)
 
@@ -184,11 +184,7 @@ def test_a_replayed_submit_releases_a_waiting_run_only_as_the_callers_token_allo
 
     def submit(who, key=None, **spec):
         spec = RunSpec.model_validate({**PARKED, **spec})
-        secret = stack.tokens.secret()
-        return submit_run(
-            stack.store, stack.queue, stack.pools, who, spec, key, time.time,
-            secret=secret, inputs=stack.input_policy, sweeps=stack.sweeps,
-        )  # fmt: skip
+        return submit_run(stack.ports, who, spec, key)
 
     made = {name: swap_token(stack, name, [group]) for name in (leaver, stayer)}
     ups = {name: submit(made[name]).run for name in made}
@@ -208,7 +204,7 @@ def test_a_replayed_submit_releases_a_waiting_run_only_as_the_callers_token_allo
     hinted = {d.message.run_id for d in stack.queue.receive("parked", 10, 1, 30)}
     assert released.id in hinted and kept.id not in hinted
 
-    PoolDispatcher(stack).upstream(ups[leaver].id)
+    PoolDispatcher(stack.ports).upstream(ups[leaver].id)
     refused = stack.store.get(kept.id)
     assert (refused.state, refused.worker_id) == (RunState.FAILED, None)
     assert refused.failure is not None and refused.failure.reason == FailureReason.NOT_PERMITTED
@@ -223,21 +219,15 @@ def test_what_an_older_release_stored_charged_to_no_group_is_charged_as_a_submit
     one, two, name = fresh("g"), fresh("g"), fresh("u")
     alone = Principal(user=name)  # in no group: what it makes is charged to none
 
-    upstream = submit_run(
-        stack.store, stack.queue, stack.pools, alone, RunSpec.model_validate(PARKED), None, time.time,
-        sweeps=stack.sweeps,
-    ).run  # fmt: skip
-    waiting = submit_run(
-        stack.store, stack.queue, stack.pools, alone, RunSpec.model_validate({**PARKED, "after": [upstream.id]}),
-        None, time.time, sweeps=stack.sweeps,
-    ).run  # fmt: skip
-    ports = stack.sweep_ports
+    upstream = submit_run(stack.ports, alone, RunSpec.model_validate(PARKED), None).run
+    waiting = submit_run(stack.ports, alone, RunSpec.model_validate({**PARKED, "after": [upstream.id]}), None).run
+    ports = stack.ports
     sweep = sweeps.create_sweep(ports, alone, SweepSpec.model_validate({"run": PARKED, "count": 1}), None).sweep
     sweeps.kill_sweep(ports, alone, sweep.id)
     assert waiting.group is None and sweep.group is None
 
     both = swap_token(stack, name, [one, two])
-    PoolDispatcher(stack).upstream(end_well(stack, stack.store.get(upstream.id)).id)
+    PoolDispatcher(stack.ports).upstream(end_well(stack, stack.store.get(upstream.id)).id)
     refused = stack.store.get(waiting.id)
     assert refused.failure is not None and refused.failure.reason == FailureReason.NOT_PERMITTED
     assert f"in several groups ({', '.join(sorted([one, two]))})" in refused.failure.message
@@ -246,7 +236,7 @@ def test_what_an_older_release_stored_charged_to_no_group_is_charged_as_a_submit
     with pytest.raises(InvalidRequest, match=rf"several groups \({', '.join(sorted([one, two]))}\)"):
         sweeps.retry_sweep(ports, both, sweep.id)
     assert ports.sweeps.get(sweep.id).group is None
-    set_default_group(stack.tokens, name, two, by="admin", now=time.time())
+    set_default_group(stack.ports, name, two, by="admin")
     _, retried = sweeps.retry_sweep(ports, swap_token(stack, name, [one, two]), sweep.id)
     (member,) = stack.store.list(owner=name, state=RunState.QUEUED, queue="parked", limit=10).runs
     assert (retried, ports.sweeps.get(sweep.id).group, member.group) == (1, two, two)

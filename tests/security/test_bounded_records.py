@@ -15,6 +15,7 @@ from azure.data.tables import TableClient
 
 from runplane.adapters.aws.runs import DynamoRunStore
 from runplane.adapters.azure.runs import TableRunStore
+from runplane.bootstrap import make_ports
 from runplane.client import Client, Conflict
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
 from runplane.domain.messages import RunMessage
@@ -137,7 +138,7 @@ def test_a_run_grown_to_its_stores_limit_is_still_killable(stack):
     spec: a kill keeps the first event and the latest ones, and is written."""
     events = [Event(at=1.0 + i, message=f"priority {i % 2} -> {(i + 1) % 2} by alice") for i in range(2400)]
     run = at_the_limit(stack.store, events)
-    killed = runs.kill_run(stack.store, Principal(user="alice"), run.id, time.time)
+    killed = runs.kill_run(stack.ports, Principal(user="alice"), run.id)
     assert killed.state == RunState.KILLED
     stored = stack.store.get(run.id)
     assert stored.state == RunState.KILLED and len(stored.events) == MAX_RUN_EVENTS
@@ -186,7 +187,7 @@ def test_an_agent_whose_claim_is_refused_gives_back_and_the_run_ends_failed(stac
         assert store_words not in ended.failure.message
     assert agent.slots.allocator.free() == (2, 0) and agent.slots.active == {} and agent.slots.claimed == 0
     assert stack.quotas.usage("user", "alice").holds == {}
-    reap(stack.store, stack.queue, stack.pools, time.time() + 3600, rehint_after=0, quotas=stack.quotas)
+    reap(make_ports(stack, lambda: time.time() + 3600), rehint_after=0)
     assert stack.queue.receive("default", 10, 1, visibility_seconds=30) == []
 
 
@@ -245,7 +246,7 @@ def test_the_largest_record_the_api_allows_takes_a_kill_and_its_end(stack):
     now = time.time()
     run = lifecycle.claim(store, run, 0, "w-" + "w" * 62, 30, now)
     run = lifecycle.advance(store, run, RunState.RUNNING, now, long)
-    run = runs.kill_run(store, Principal(user="alice"), run.id, time.time)
+    run = runs.kill_run(stack.ports, Principal(user="alice"), run.id)
     assert run.kill_requested
     ended = lifecycle.fail(store, run, FailureReason.KILLED, long + long, now, usage=run.usage)
     stored = store.get(run.id)

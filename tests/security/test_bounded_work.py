@@ -167,18 +167,8 @@ def sent_events(stack):
 def waiting_flood(stack, count):
     """An upstream run of mallory's that never starts, and ``count`` runs of hers waiting for it,
     stored directly (what ``count`` submits would store)."""
-    up = submit_run(
-        stack.store, stack.queue, stack.pools, MALLORY, RunSpec(command="x", queue="parked"), None, time.time
-    ).run
-    first = submit_run(
-        stack.store,
-        stack.queue,
-        stack.pools,
-        MALLORY,
-        RunSpec(command="x", queue="parked", after=[up.id]),
-        None,
-        time.time,
-    ).run
+    up = submit_run(stack.ports, MALLORY, RunSpec(command="x", queue="parked"), None).run
+    first = submit_run(stack.ports, MALLORY, RunSpec(command="x", queue="parked", after=[up.id]), None).run
     assert first.waiting_on == [up.id]
     flood = [first]
     for i in range(1, count):
@@ -204,7 +194,7 @@ def upstream_ended(stack, count):
 def test_a_flood_of_waiting_runs_leaves_every_pass_bounded_and_other_pools_dispatched(counted):
     stack, calls = counted
     _, flood = waiting_flood(stack, FLOOD)
-    bobs = submit_run(stack.store, stack.queue, stack.pools, BOB, RunSpec(command="x"), None, time.time).run
+    bobs = submit_run(stack.ports, BOB, RunSpec(command="x"), None).run
     assert bobs.queue == "default"
     bound = PASS_CALLS + RESOLVE_CALLS + POOL_CALLS * len(stack.pools.pools) + 2  # + the pass's own record
     looked: set[str] = set()
@@ -274,7 +264,7 @@ def test_a_flood_of_open_sweeps_leaves_every_pass_bounded_and_another_users_swee
                 waiting_on=[up.id],
             )
         )
-    bobs = create_sweep(stack.sweep_ports, BOB, SweepSpec(run=RunSpec(command="x", queue="parked")), None).sweep
+    bobs = create_sweep(stack.ports, BOB, SweepSpec(run=RunSpec(command="x", queue="parked")), None).sweep
     member = stack.store.get(bobs.member_id(0))
     held = lifecycle.claim(stack.store, member, 0, "w1", 60.0, time.time())
     held = lifecycle.advance(stack.store, held, RunState.RUNNING, time.time(), "started")
@@ -300,7 +290,7 @@ def test_an_event_met_too_late_in_a_batch_fails_alone_and_the_others_are_done(co
     stack, _ = counted
     from functions.aws import dispatcher
 
-    submit_run(stack.store, stack.queue, stack.pools, BOB, RunSpec(command="x"), None, time.time)
+    submit_run(stack.ports, BOB, RunSpec(command="x"), None)
     template = json.loads((EVENTS / "sqs_dispatch.json").read_text())["Records"][0]
     body = DispatchEvent(pool="default").model_dump_json()
     batch = {"Records": [{**template, "messageId": f"m-{i}", "body": body} for i in range(2)]}
@@ -322,7 +312,7 @@ def test_the_waiting_cap_counts_waiting_runs_however_many_plain_runs_are_newer(s
 
     def submit(**more):
         spec = RunSpec(command="x", queue="capped", **more)
-        return submit_run(stack.store, stack.queue, stack.pools, MALLORY, spec, None, time.time).run
+        return submit_run(stack.ports, MALLORY, spec, None).run
 
     up = submit()
     assert [submit(after=[up.id]).waiting_on for _ in range(2)] == [[up.id]] * 2  # the cap: 2
@@ -334,7 +324,7 @@ def test_the_waiting_cap_counts_waiting_runs_however_many_plain_runs_are_newer(s
 
 
 def test_a_retry_that_opens_a_finished_sweep_again_counts_against_the_open_cap(stores):
-    ports = stores.sweep_ports
+    ports = stores.ports
     spec = SweepSpec(run=RunSpec(command="x", queue="capped"), count=2, max_parallel=1)
     first = create_sweep(ports, MALLORY, spec, None).sweep
     kill_sweep(ports, MALLORY, first.id)
@@ -377,7 +367,7 @@ def test_a_continuation_is_sent_once_when_the_pools_dispatch_fails_after_it(coun
     while tries < 3:  # the host delivers a record again while handling it fails
         tries += 1
         try:
-            PoolDispatcher(stack).record_handler()(record)
+            PoolDispatcher(stack.ports).record_handler()(record)
             break
         except RunplaneError:
             continue
@@ -403,7 +393,7 @@ def test_a_killed_sweeps_members_out_with_no_run_are_ended_within_the_budget(sto
     ended = []
     for _ in range(20):
         budget = Budget(allowed)
-        sweep_advance.advance(metered(stack.sweep_ports, budget), killed.id, None, budget)
+        sweep_advance.advance(metered(stack.ports, budget), killed.id, None, budget)
         assert budget.used <= allowed + sweep_advance.BURY_CALLS, (
             f"an advance made {budget.used} calls; at most {allowed}"
         )

@@ -86,7 +86,7 @@ def test_a_groups_worker_takes_only_runs_charged_to_its_group(stack, tmp_path: P
 
     def submit(group):
         spec = RunSpec.model_validate({"command": "echo hi", "queue": "parked", "group": group})
-        return submit_run(stack.store, stack.queue, stack.pools, carol, spec, None, time.time).run
+        return submit_run(stack.ports, carol, spec, None).run
 
     config = AgentConfig(pool="parked", worker_id="w-vision", work_dir=tmp_path / "w", cpuset=(0, 1), group="vision")
     agent = Agent(

@@ -298,7 +298,7 @@ def _in_flight(stack) -> int:
 
 def submit(stack, command: str, network: bool, image: str | None = None, user: str = "alice") -> Run:
     spec = RunSpec(command=command, queue="manual", network=network, image=image)
-    return submit_run(stack.store, stack.queue, stack.pools, Principal(user=user), spec, None, time.time).run
+    return submit_run(stack.ports, Principal(user=user), spec, None).run
 
 
 def finished(stack, run: Run, timeout: float = 60) -> Run:
@@ -395,7 +395,7 @@ def test_networked_run_sends_nothing_to_broadcast_or_multicast(docker_client, aw
         wait_for(lambda: len(host.received()) >= 2, 10, 0.1, "the controls to arrive")
         time.sleep(0.5)  # anything sent with them has arrived by now
         assert sorted(host.received()) == ["to other", "to other6"], sent.stdout
-        kill_run(aws_stack.store, Principal(user="alice"), run.id, time.time)
+        kill_run(aws_stack.ports, Principal(user="alice"), run.id)
         assert finished(aws_stack, run).state == RunState.KILLED
 
 
@@ -440,7 +440,7 @@ def test_networked_runs_reach_neither_each_other_nor_each_others_run_ids(
         assert bobs.id not in seen and bobs.id.removeprefix("r-") not in seen, seen
         wait_for(from_outside, 10, 0.2, "bob's port to answer again")  # it was open all along
         assert bobs.id not in container.name
-        kill_run(aws_stack.store, Principal(user="bob"), bobs.id, time.time)
+        kill_run(aws_stack.ports, Principal(user="bob"), bobs.id)
         assert finished(aws_stack, bobs).state == RunState.KILLED
 
 
@@ -504,8 +504,8 @@ def test_an_agent_that_cannot_contain_a_network_takes_no_networked_runs(
         assert waiting.state == RunState.QUEUED and waiting.worker_id is None  # not taken
         worker = _worker(aws_stack, agent.id)
         assert worker.network_refused and worker.network_refused.startswith(why), worker.network_refused
-        workers = alive_workers(aws_stack.workers, "manual", time.time(), aws_stack.settings.worker_stale_seconds)
+        workers = alive_workers(aws_stack.ports, "manual")
         reason = explain_wait(aws_stack.pools.get("manual"), workers, waiting.waiting_reason, None, waiting)
         assert reason == f"no live worker of pool manual takes runs that ask for a network: {worker.network_refused}"
         assert "runs that ask for a network are refused: " + why in agent.log.read_text()
-        kill_run(aws_stack.store, Principal(user="alice"), networked.id, time.time)
+        kill_run(aws_stack.ports, Principal(user="alice"), networked.id)

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.client import Client
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.runs import RunSpec
@@ -185,11 +186,11 @@ def test_a_report_reads_at_most_max_runs_runs(stack):
     older than the window, so the runs before it cost nothing."""
     owner = Principal(user=fresh("u"), scopes=["runs:read", "runs:write"])
     for at in (1000.0, 1001.0, 1002.0, 2000.0, 2001.0):
-        submit_run(stack.store, stack.queue, stack.pools, owner, RunSpec(**PARKED), None, lambda at=at: at)
+        submit_run(make_ports(stack, lambda at=at: at), owner, RunSpec(**PARKED), None)
     clock = lambda: 3000.0  # noqa: E731
     with pytest.raises(InvalidRequest, match=r"would read more than 3 runs: narrow the window"):
-        usage_report(stack.store, stack.pools, owner, since=0.0, clock=clock, max_runs=3)
+        usage_report(make_ports(stack, clock), owner, since=0.0, max_runs=3)
     # the two runs since 1500 and the one older run that ends the listing: three read
-    recent = usage_report(stack.store, stack.pools, owner, since=1500.0, clock=clock, max_runs=3)
+    recent = usage_report(make_ports(stack, clock), owner, since=1500.0, max_runs=3)
     assert recent.total.runs == 2
-    assert usage_report(stack.store, stack.pools, owner, since=0.0, clock=clock).total.runs == 5
+    assert usage_report(make_ports(stack, clock), owner, since=0.0).total.runs == 5

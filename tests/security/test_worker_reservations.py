@@ -12,7 +12,6 @@ import io
 import os
 import re
 import tarfile
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -73,7 +72,7 @@ def agent(aws_stack, docker_client, tmp_path) -> Iterator[AgentProcess]:
 
 def submit(stack, command: str, **spec: Any) -> Run:
     run_spec = RunSpec(command=command, queue="manual", **spec)
-    return submit_run(stack.store, stack.queue, stack.pools, Principal(user="alice"), run_spec, None, time.time).run
+    return submit_run(stack.ports, Principal(user="alice"), run_spec, None).run
 
 
 def state_of(stack, run: Run, states: set[RunState], timeout: float = 60) -> Run:
@@ -113,7 +112,7 @@ def test_a_run_asking_all_of_a_workers_memory_has_the_worker_to_itself(aws_stack
     )
     assert aws_stack.store.get(second.id).state == RunState.QUEUED, "ran beside a run holding all the memory"
     assert aws_stack.store.get(hog.id).state == RunState.RUNNING
-    kill_run(aws_stack.store, Principal(user="alice"), hog.id, time.time)
+    kill_run(aws_stack.ports, Principal(user="alice"), hog.id)
     hog = ended(aws_stack, hog)
     done = ended(aws_stack, second)
     assert done.state == RunState.SUCCEEDED, done.failure

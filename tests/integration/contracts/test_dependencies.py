@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound
 from runplane.domain.messages import DispatchEvent
 from runplane.domain.runs import MAX_DEPENDENTS, RunSpec
@@ -22,7 +23,7 @@ from tests.integration.contracts.test_sweeps import ALICE, BOB, Clock
 
 @pytest.fixture
 def ports(stack):
-    return sweep_advance.SweepPorts(stack.store, stack.sweeps, stack.queue, stack.pools, stack.workers, Clock())
+    return make_ports(stack, Clock())
 
 
 @pytest.fixture
@@ -64,9 +65,7 @@ def _text(body: str) -> str:
 def submit(stack, ports, who=ALICE, **spec):
     spec.setdefault("command", "true")
     spec.setdefault("queue", "parked")
-    return runs.submit_run(
-        stack.store, stack.queue, stack.pools, who, RunSpec(**spec), None, ports.clock, sweeps=stack.sweeps
-    ).run
+    return runs.submit_run(ports, who, RunSpec(**spec), None).run
 
 
 def hinted(stack):
@@ -101,7 +100,7 @@ def test_a_run_naming_an_unfinished_run_waits_out_of_the_line_and_goes_when_it_s
 
     done = end(stack, stack.store.get(first.id))
     assert [(e.upstream, e.pool) for e in events()] == [(first.id, "parked")]
-    PoolDispatcher(stack).upstream(done.id)  # what the dispatcher does with that event
+    PoolDispatcher(stack.ports).upstream(done.id)  # what the dispatcher does with that event
     released = stack.store.get(second.id)
     assert (released.state, released.waiting_on) == (RunState.QUEUED, [])
     assert released.waiting_reason == "waiting for a worker of pool parked"
@@ -110,7 +109,7 @@ def test_a_run_naming_an_unfinished_run_waits_out_of_the_line_and_goes_when_it_s
     assert [r.id for r in stack.store.head("parked", 10)] == [second.id]
     assert stack.store.waiting("parked").runs == []
     # a resolve racing that one, with the run as it read it before, leaves it alone: one release
-    assert dependencies.resolve(ports.waits, second).events == released.events
+    assert dependencies.resolve(ports, second).events == released.events
     assert hinted(stack) == set()
 
 
@@ -120,7 +119,7 @@ def test_a_run_waiting_for_a_failed_run_ends_dependency_failed_and_so_does_what_
     third = submit(stack, ports, after=[second.id])
     assert third.waiting_reason == f"waiting for run {second.id} (waiting)"
     end(stack, stack.store.get(first.id), RunState.FAILED, FailureReason.NONZERO_EXIT)
-    dispatcher = PoolDispatcher(stack)
+    dispatcher = PoolDispatcher(stack.ports)
     for event in events():
         dispatcher.upstream(event.upstream)
     failed = stack.store.get(second.id)
@@ -139,13 +138,13 @@ def test_after_waits_for_every_run_it_names_and_the_reason_follows_them(stack, p
     assert late.waiting_reason == f"waiting for run {one.id} (queued) and 1 more"
     end(stack, stack.store.get(one.id))
     running = lifecycle.claim(stack.store, stack.store.get(two.id), 0, "w2", 60.0, 1000.0)
-    assert dependencies.describe(ports.waits, stack.store.get(late.id)) == f"waiting for run {two.id} (preparing)"
-    still = dependencies.resolve(ports.waits, late.id)
+    assert dependencies.describe(ports, stack.store.get(late.id)) == f"waiting for run {two.id} (preparing)"
+    still = dependencies.resolve(ports, late.id)
     assert (still.waiting_on, still.waiting_reason) == ([two.id], f"waiting for run {two.id} (preparing)")
     held = lifecycle.advance(stack.store, running, RunState.RUNNING, 1001.0, "started")
     held = lifecycle.advance(stack.store, held, RunState.UPLOADING, 1002.0, "uploading", exit_code=0)
     lifecycle.advance(stack.store, held, RunState.SUCCEEDED, 1003.0, "done")
-    assert dependencies.resolve(ports.waits, late.id).waiting_on == []
+    assert dependencies.resolve(ports, late.id).waiting_on == []
 
 
 def test_what_a_run_may_wait_for_is_checked_at_submit(stack, ports):
@@ -184,9 +183,7 @@ def test_a_submit_retried_with_its_key_gets_its_waiting_run_whatever_became_of_w
     spec = RunSpec(command="true", queue="parked", after=[up.id])
 
     def again():
-        return runs.submit_run(
-            stack.store, stack.queue, stack.pools, ALICE, spec, "k1", ports.clock, secret=b"s", sweeps=stack.sweeps
-        )
+        return runs.submit_run(ports, ALICE, spec, "k1")
 
     first = again()
     assert first.created and first.run.waiting_on == [up.id]
@@ -246,18 +243,17 @@ def test_the_real_cap_on_what_waits_for_a_sweep(stack, ports):
     with pytest.raises(Conflict, match=f"after_sweep: 1000 runs and sweeps already wait for sweep {made.id}"):
         submit(stack, ports, after_sweep=made.id)
     # one that got past the check at submit (a race) is not added either
-    dependencies.follow(dependencies.WaitPorts(stack.store, stack.sweeps, stack.queue, stack.pools, ports.clock),
-                        "r-" + "f" * 24, [f"sweep:{made.id}"])  # fmt: skip
+    dependencies.follow(ports, "r-" + "f" * 24, [f"sweep:{made.id}"])
     assert sweep_advance.advance(ports, made.id).dependents == [*many, last.id]  # and takes its own writes
 
 
 def test_a_waiting_run_can_be_killed_and_the_kill_of_all_reaches_it(stack, ports):
     up = submit(stack, ports)
     waiting = submit(stack, ports, after=[up.id])
-    killed = runs.kill_run(stack.store, ALICE, waiting.id, ports.clock)
+    killed = runs.kill_run(ports, ALICE, waiting.id)
     assert killed.state == RunState.KILLED and stack.store.waiting("parked").runs == []
     again = submit(stack, ports, after=[up.id])
-    stopped = runs.stop_all(stack.store, stack.pools, ports.clock, "the stack stopped")
+    stopped = runs.stop_all(ports, "the stack stopped")
     assert again.id in {r.id for r in stopped} and stack.store.get(again.id).state == RunState.KILLED
 
 
@@ -268,7 +264,7 @@ def test_the_schedule_resolves_waiting_runs_whose_event_was_lost(stack, ports):
     held = lifecycle.advance(stack.store, held, RunState.RUNNING, 1001.0, "started")
     held = lifecycle.advance(stack.store, held, RunState.UPLOADING, 1002.0, "uploading", exit_code=0)
     lifecycle.advance(stack.store, held, RunState.SUCCEEDED, 1003.0, "done")  # no event sent
-    assert PoolDispatcher(stack).schedule()["waiting"] == {"parked": 1}
+    assert PoolDispatcher(stack.ports).schedule()["waiting"] == {"parked": 1}
     assert stack.store.get(waiting.id).waiting_on == []
 
 
@@ -284,7 +280,7 @@ def test_a_sweep_waits_for_a_run_before_it_releases_any_member(stack, ports, eve
     assert sweeps.progress(ports, made).waiting_for == f"waiting for run {up.id} (queued)"
     end(stack, stack.store.get(up.id))
     [event] = events()
-    PoolDispatcher(stack).upstream(event.upstream)
+    PoolDispatcher(stack.ports).upstream(event.upstream)
     moved = stack.sweeps.get(made.id)
     assert moved.waiting_on == [] and moved.status == "oo."  # in step with the window, as ever
     assert stack.store.get(moved.member_id(0)).waiting_on == []  # members go at once
@@ -328,13 +324,13 @@ def test_a_run_waits_for_a_whole_sweep(stack, ports, events):
     assert finished.finished_at is not None
     told = events()
     assert [e.upstream for e in told] == [f"sweep:{made.id}"]
-    PoolDispatcher(stack).upstream(told[0].upstream)
+    PoolDispatcher(stack.ports).upstream(told[0].upstream)
     assert stack.store.get(fan_in.id).waiting_on == []
     # a sweep that finished with a failure: what waits for it fails
     other = sweeps.create_sweep(ports, ALICE, grid(), None).sweep
     late = submit(stack, ports, after_sweep=other.id)
     run_through(stack, ports, other.id, failing={1})
-    failed = dependencies.resolve(ports.waits, late.id)
+    failed = dependencies.resolve(ports, late.id)
     assert failed.failure.reason == FailureReason.DEPENDENCY_FAILED
     assert failed.failure.message.startswith(f"sweep {other.id} finished with 1 of 3 members not succeeded")
 
@@ -344,5 +340,5 @@ def test_a_dispatcher_event_naming_an_upstream_is_read_and_resolved(stack, ports
     waiting = submit(stack, ports, after=[up.id])
     done = end(stack, stack.store.get(up.id))
     body = json.dumps({"pool": "nosuchpool", "reason": "run ended", "upstream": done.id})
-    assert PoolDispatcher(stack).record_handler()(SimpleNamespace(body=body)) is None
+    assert PoolDispatcher(stack.ports).record_handler()(SimpleNamespace(body=body)) is None
     assert stack.store.get(waiting.id).waiting_on == []

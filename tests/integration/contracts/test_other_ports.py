@@ -9,9 +9,11 @@ from itertools import chain
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.domain.errors import NotFound
 from runplane.domain.messages import RunMessage
 from runplane.domain.tenancy import ApiToken
+from runplane.domain.versions import StackRecord
 from runplane.domain.workers import Worker
 from runplane.services.auth import authenticate, hash_token
 from runplane.services.tenancy import create_token
@@ -139,6 +141,24 @@ def test_worker_registry(stack):
         stack.workers.get("w-1")
 
 
+def test_the_stack_record_is_kept_beside_the_workers_and_is_none_of_them(stack):
+    """The control plane's record for its agents: none until written, then the last one written;
+    no listing, page or read of workers shows it, and a worker of any id leaves it alone."""
+    assert stack.workers.stack() is None
+    stack.workers.put(Worker(id="w-1", pool="default", started_at=1.0, heartbeat_at=2.0))
+    stack.workers.put_stack(StackRecord(version="0.2.0", oldest_agent="0.1", written_at=5.0))
+    stack.workers.put_stack(StackRecord(version="0.3.1", oldest_agent="0.2", written_at=6.0))
+    assert stack.workers.stack() == StackRecord(version="0.3.1", oldest_agent="0.2", written_at=6.0)
+    assert [w.id for w in stack.workers.list()] == ["w-1"]
+    assert [w.id for w in stack.workers.page(None, 10)[0]] == ["w-1"]
+    assert [w.id for w in stack.workers.page(None, 1)[0]] == ["w-1"]
+    for name in ("@stack", "stack"):
+        with pytest.raises(NotFound):
+            stack.workers.get(name)
+    stack.workers.put(Worker(id="stack", pool="default", started_at=1.0, heartbeat_at=2.0))
+    assert stack.workers.stack() is not None and stack.workers.get("stack").pool == "default"
+
+
 def test_worker_registry_pages_cover_every_worker_once(stack):
     """Pages of three: each worker on exactly one page, a pool's pages hold only its workers, and
     a cursor past the end, or naming a worker that is gone, is not an error."""
@@ -223,7 +243,7 @@ def test_tokens_are_stored_only_as_hashes(stack, request):
     """What ``POST /v1/tokens`` stores: the SHA-256 of the secret as the record's key and no
     trace of the secret itself anywhere in the table (read directly); the secret still signs in."""
     made = [
-        create_token(stack.tokens, user=user, groups=["vision"], created_by="admin", now=1000.0)
+        create_token(make_ports(stack, lambda: 1000.0), user=user, groups=["vision"], created_by="admin")
         for user in ("alice", "bob")
     ]
     stack.tokens.inner.secret()  # the stack's own item is in the same table

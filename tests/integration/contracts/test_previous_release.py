@@ -129,7 +129,7 @@ def test_the_previous_release_reads_the_events_this_one_sends(stack):
 
 def test_the_previous_release_reads_the_pool_records_this_one_writes(stack):
     stack.pool_states.save(PoolRecord(pool="gpu", backlog=3, workers={"idle": 1}))
-    PoolDispatcher(stack).pool("default")  # a dispatch's own write of its pool's record
+    PoolDispatcher(stack.ports).pool("default")  # a dispatch's own write of its pool's record
     for pool in ("default", "gpu"):
         assert PreviousPoolRecord.model_validate(stored_record(stack, pool)).pool == pool
     assert PreviousPoolRecord.model_validate(stored_record(stack, "gpu")).backlog == 3
@@ -146,7 +146,7 @@ def test_this_release_reads_records_with_fields_it_does_not_know(stack):
 
 def test_a_schedule_mark_it_cannot_use_does_not_stop_the_passes(stack):
     store_raw_record(stack, SCHEDULE_RECORD, {"pool": SCHEDULE_RECORD, "version": 1, "resume": {"sweeps_after": 7}})
-    done = PoolDispatcher(stack).schedule()
+    done = PoolDispatcher(stack.ports).schedule()
     assert set(done["pools"]) == {p.name for p in stack.pools.pools}
     assert "error" not in done["waiting"] and "error" not in done["sweeps"]
     assert stack.pool_states.get(SCHEDULE_RECORD).resume == {"sweeps_turn": "1"}  # the bad mark is gone

@@ -4,6 +4,7 @@ retry it. Submit resolves the rule: the run's own, else its pool's."""
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.domain.errors import BadRequest, LeaseLost
 from runplane.domain.runs import Resources, RetryRule, RunSpec
 from runplane.domain.states import FailureReason, RunState
@@ -18,16 +19,7 @@ NOW = 1000.0
 
 
 def submitted(stack, **spec):
-    return submit_run(
-        stack.store,
-        stack.queue,
-        stack.pools,
-        ALICE,
-        RunSpec(command="false", **spec),
-        None,
-        lambda: NOW,
-        secret=b"s",
-    ).run
+    return submit_run(make_ports(stack, lambda: NOW), ALICE, RunSpec(command="false", **spec), None).run
 
 
 def test_a_retry_queues_the_same_run_for_its_next_attempt_with_more_memory(stack):
@@ -90,7 +82,7 @@ def test_a_kill_that_came_after_the_worker_last_read_the_run_is_not_undone_by_a_
     held = lifecycle.advance(stack.store, held, RunState.RUNNING, NOW + 1, "started")
     held = lifecycle.advance(stack.store, held, RunState.UPLOADING, NOW + 1, "uploading")
     stack.queue.receive("default", 10, 0, 30)  # the submit's hint
-    kill_run(stack.store, ALICE, run.id, lambda: NOW + 2)  # the worker's copy still says no kill
+    kill_run(make_ports(stack, lambda: NOW + 2), ALICE, run.id)  # the worker's copy still says no kill
     ended = lifecycle.retry(
         stack.store,
         stack.queue,

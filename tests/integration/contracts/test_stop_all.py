@@ -2,6 +2,7 @@
 killed at once, active ones flagged with the reason for their workers (the reason stored and read
 back), and recorded killed by the caller once their workers are gone; finished runs untouched."""
 
+from runplane.bootstrap import make_ports
 from runplane.domain.runs import Event, Failure, Run, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import Principal
@@ -35,7 +36,7 @@ def test_queued_runs_are_killed_at_once_and_active_ones_flagged_with_the_reason(
     queued, active = submitted(stack, 1), claimed(stack, 2, queue="manual")
     finished = lifecycle.fail(stack.store, claimed(stack, 3), FailureReason.NONZERO_EXIT, "exit 1", 1002.0)
 
-    written = runs.stop_all(stack.store, stack.pools, clock, REASON)
+    written = runs.stop_all(make_ports(stack, clock), REASON)
 
     assert sorted((r.id, r.state) for r in written) == [(queued.id, RunState.KILLED), (active.id, RunState.PREPARING)]
     killed = stack.store.get(queued.id)
@@ -53,23 +54,23 @@ def test_queued_runs_are_killed_at_once_and_active_ones_flagged_with_the_reason(
 
 def test_once_the_workers_are_gone_active_runs_are_recorded_killed_here(stack):
     active = claimed(stack, 4)
-    runs.stop_all(stack.store, stack.pools, clock, REASON)
+    runs.stop_all(make_ports(stack, clock), REASON)
 
-    written = runs.stop_all(stack.store, stack.pools, clock, REASON, workers_gone=True)
+    written = runs.stop_all(make_ports(stack, clock), REASON, workers_gone=True)
 
     ended = stack.store.get(active.id)
     assert written == [ended]
     assert (ended.state, ended.finished_at, ended.lease_expires_at) == (RunState.KILLED, 2000.0, None)
     assert ended.failure == Failure(reason=FailureReason.KILLED, message=f"killed: {REASON}")
-    assert list(runs.unfinished_runs(stack.store, stack.pools)) == []
+    assert list(runs.unfinished_runs(stack.ports)) == []
 
 
 def test_a_kill_by_a_user_still_names_the_user_and_stores_no_reason(stack):
     alice = Principal(user="alice", scopes=["runs:write"])
     queued, active = submitted(stack, 5), claimed(stack, 6)
 
-    killed = runs.kill_run(stack.store, alice, queued.id, clock)
-    flagged = runs.kill_run(stack.store, alice, active.id, clock)
+    killed = runs.kill_run(make_ports(stack, clock), alice, queued.id)
+    flagged = runs.kill_run(make_ports(stack, clock), alice, active.id)
 
     assert killed.failure is not None and killed.failure.message == "killed by alice before it started"
     assert (flagged.kill_requested, flagged.kill_reason) == (True, None)

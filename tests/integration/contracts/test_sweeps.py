@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from runplane.bootstrap import make_ports
 from runplane.domain.errors import AlreadyExists, BadRequest, ConditionFailed, Conflict, NotFound
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason, RunState
@@ -30,7 +31,7 @@ class Clock:
 
 @pytest.fixture
 def ports(stack):
-    return sweep_advance.SweepPorts(stack.store, stack.sweeps, stack.queue, stack.pools, stack.workers, Clock())
+    return make_ports(stack, Clock())
 
 
 def record(sweep_id="s-1", owner="alice", created_at=1000.0, size=3):
@@ -57,9 +58,7 @@ def test_sweeps_and_runs_never_read_as_each_other(stack, ports):
     stack.sweeps.create(record("s-abc"))
     with pytest.raises(NotFound):
         stack.store.get("s-abc")
-    run = submit_run(
-        stack.store, stack.queue, stack.pools, ALICE, RunSpec(command="true", queue="parked"), None, ports.clock
-    ).run
+    run = submit_run(ports, ALICE, RunSpec(command="true", queue="parked"), None).run
     with pytest.raises(NotFound):
         stack.sweeps.get(run.id)
     assert [r.id for r in stack.store.list(owner="alice").runs] == [run.id]  # no sweep among the runs
@@ -226,12 +225,12 @@ def test_max_parallel_can_change_while_the_sweep_goes(stack, ports):
 
 
 def test_a_create_with_a_key_is_made_once_and_the_key_is_the_callers(stack, ports):
-    first = sweeps.create_sweep(ports, ALICE, grid(), "k1", secret=b"s")
-    again = sweeps.create_sweep(ports, ALICE, grid(), "k1", secret=b"s")
+    first = sweeps.create_sweep(ports, ALICE, grid(), "k1")
+    again = sweeps.create_sweep(ports, ALICE, grid(), "k1")
     assert first.created and not again.created and again.sweep.id == first.sweep.id
     with pytest.raises(Conflict):
-        sweeps.create_sweep(ports, ALICE, grid(count=2), "k1", secret=b"s")
-    other = sweeps.create_sweep(ports, BOB, grid(), "k1", secret=b"s")
+        sweeps.create_sweep(ports, ALICE, grid(count=2), "k1")
+    other = sweeps.create_sweep(ports, BOB, grid(), "k1")
     assert other.created and other.sweep.id != first.sweep.id
     assert [s.id for s in stack.sweeps.list("alice")[0]] == [first.sweep.id]
 
