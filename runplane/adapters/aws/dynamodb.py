@@ -10,17 +10,21 @@ import logging
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import ClientError
+from pydantic import BaseModel
 
 from runplane.adapters.aws.clients import error_code
+from runplane.adapters.records import record
 from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.cursors import decode_cursor
 from runplane.domain.errors import BackendError, BadRequest
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 _ser = TypeSerializer()
@@ -58,6 +62,29 @@ def _plain(value: Any) -> Any:
 
 def from_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _plain(_de.deserialize(v)) for k, v in item.items()}
+
+
+def document(model: type[M], item: Mapping[str, Any], attribute: str = "doc") -> M:
+    """The record an item holds as one JSON document, in ``attribute``. Raises KeyError when it
+    holds none, ValueError when it is not a ``model``."""
+    return record(model, item[attribute]["S"])
+
+
+def fields(model: type[M], item: Mapping[str, Any], *storage: str) -> M:
+    """The record an item holds one attribute a field, less the ``storage`` attributes (keys of
+    indexes, TTL) that only the store reads."""
+    data = from_item(item)
+    for attribute in storage:
+        data.pop(attribute, None)
+    return record(model, data)
+
+
+def version_of(item: Mapping[str, Any] | None) -> int | None:
+    """The ``version`` attribute of an item; None when there is no item, or no readable version."""
+    try:
+        return int(item["version"]["N"]) if item else None
+    except (KeyError, ValueError, TypeError):
+        return None
 
 
 def translate(e: Exception, what: str) -> Exception:

@@ -7,7 +7,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import translate
+from runplane.adapters.aws.dynamodb import document, translate
+from runplane.adapters.records import written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.workers import PoolRecord
 
@@ -28,14 +29,14 @@ class DynamoPoolStateStore:
         item = resp.get("Item")
         if not item:
             return PoolRecord(pool=pool)
-        return PoolRecord.model_validate_json(item["doc"]["S"])
+        return document(PoolRecord, item)
 
     def save(self, record: PoolRecord) -> PoolRecord:
         stored = record.model_copy(update={"version": record.version + 1})
         item = {
             "pool": {"S": record.pool},
             "version": {"N": str(stored.version)},
-            "doc": {"S": stored.model_dump_json()},
+            "doc": {"S": written_json(stored)},
         }
         try:
             self.client.put_item(

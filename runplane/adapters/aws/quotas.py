@@ -9,7 +9,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import translate
+from runplane.adapters.aws.dynamodb import translate, version_of
+from runplane.adapters.records import record_or_none, subject_order, versioned, written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
 
@@ -54,7 +55,7 @@ class DynamoQuotaStore:
         return _quota(self._read(self.QUOTA + key, "read quota"), key)
 
     def put(self, quota: Quota) -> None:
-        item = {"id": {"S": self.QUOTA + quota.key}, "doc": {"S": quota.model_dump_json()}}
+        item = {"id": {"S": self.QUOTA + quota.key}, "doc": {"S": written_json(quota)}}
         try:
             self.client.put_item(TableName=self.table, Item=item)
         except (ClientError, BotoCoreError) as e:
@@ -72,7 +73,7 @@ class DynamoQuotaStore:
     def list(self) -> list[Quota]:
         items = self._scan(self.QUOTA, "list quotas")
         found = (_quota(item, item["id"]["S"].removeprefix(self.QUOTA)) for item in items)
-        return sorted((q for q in found if q is not None), key=_subject_order)
+        return sorted((q for q in found if q is not None), key=subject_order)
 
     def usage(self, kind: QuotaKind, name: str) -> UsageRecord:
         key = quota_key(kind, name)
@@ -80,7 +81,7 @@ class DynamoQuotaStore:
 
     def save_usage(self, record: UsageRecord) -> UsageRecord:
         stored = record.model_copy(update={"version": record.version + 1})
-        self._put_versioned(self.USAGE + record.key, record.version, stored.model_dump_json(), f"usage of {record.key}")
+        self._put_versioned(self.USAGE + record.key, record.version, written_json(stored), f"usage of {record.key}")
         return stored
 
     def _put_versioned(self, item_id: str, version: int, doc: str, what: str) -> None:
@@ -110,7 +111,7 @@ class DynamoQuotaStore:
         stored = lane.model_copy(update={"version": lane.version + 1})
         item_id = f"{self.LANE}{lane.pool}#{lane.priority}#{lane.user}"
         what = f"lane {lane.pool}/{lane.priority}/{lane.user}"
-        self._put_versioned(item_id, lane.version, stored.model_dump_json(), what)
+        self._put_versioned(item_id, lane.version, written_json(stored), what)
         return stored
 
     def list_usage(self) -> builtins.list[UsageRecord]:  # ``list`` here is the method above
@@ -119,24 +120,14 @@ class DynamoQuotaStore:
             kind, _, name = item["id"]["S"].removeprefix(self.USAGE).partition(":")
             if kind in ("user", "group"):
                 records.append(_usage(item, kind, name))
-        return sorted(records, key=_subject_order)
-
-
-def _subject_order(subject: Quota | UsageRecord) -> tuple[bool, str]:
-    """Users first, each kind by name."""
-    return subject.kind != "user", subject.name
+        return sorted(records, key=subject_order)
 
 
 def _quota(item: Mapping[str, Any] | None, key: str) -> Quota | None:
     """The quota of an item; None for none, or for an item that does not hold a valid quota of
     ``key``."""
-    if not item or "doc" not in item:
-        return None
-    try:
-        quota = Quota.model_validate_json(item["doc"]["S"])
-    except (ValueError, KeyError):
-        return None
-    return quota if quota.key == key else None
+    quota = record_or_none(Quota, item["doc"]["S"] if item and "doc" in item else None)
+    return quota if quota is not None and quota.key == key else None
 
 
 def _lane(item: Mapping[str, Any] | None, pool: str, user: str, priority: int) -> Lane:
@@ -144,35 +135,15 @@ def _lane(item: Mapping[str, Any] | None, pool: str, user: str, priority: int) -
     ``user`` and ``priority``, reads as a fresh lane at the stored version, so the next write
     replaces it."""
     fresh = Lane(pool=pool, user=user, priority=priority)
-    if not item:
-        return fresh
-    try:
-        version = int(item["version"]["N"])
-    except (KeyError, ValueError):
-        return fresh
-    try:
-        lane = Lane.model_validate_json(item["doc"]["S"])
-    except (ValueError, KeyError):
-        return fresh.model_copy(update={"version": version})
-    if (lane.pool, lane.user, lane.priority, lane.version) != (pool, user, priority, version):
-        return fresh.model_copy(update={"version": version})
-    return lane
+    return versioned(fresh, version_of(item), lambda: _doc(item), lambda lane: (lane.pool, lane.user, lane.priority))
 
 
 def _usage(item: Mapping[str, Any] | None, kind: QuotaKind, name: str) -> UsageRecord:
     """The usage record of an item. None, or an item that does not hold a valid record of
     ``kind`` ``name``, reads as a fresh record at the stored version, so the next write replaces it."""
-    fresh = UsageRecord(kind=kind, name=name)
-    if not item:
-        return fresh
-    try:
-        version = int(item["version"]["N"])
-    except (KeyError, ValueError):
-        return fresh
-    try:
-        record = UsageRecord.model_validate_json(item["doc"]["S"])
-    except (ValueError, KeyError):
-        record = None
-    if record is None or record.key != fresh.key or record.version != version:
-        return fresh.model_copy(update={"version": version})
-    return record
+    return versioned(UsageRecord(kind=kind, name=name), version_of(item), lambda: _doc(item), lambda usage: usage.key)
+
+
+def _doc(item: Mapping[str, Any] | None) -> str:
+    """The document of an item (KeyError when it has none)."""
+    return str(item["doc"]["S"]) if item else ""

@@ -15,12 +15,13 @@ from runplane.adapters.aws.dynamodb import (
     BY_OWNER,
     BY_QUEUE_STATE,
     BY_RANK,
-    from_item,
+    fields,
     key_cursor,
     start_key,
     to_dynamo,
     translate,
 )
+from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
 from runplane.domain.runs import (
@@ -65,17 +66,14 @@ class DynamoRunStore:
         self.list_budget = list_budget
 
     def _item(self, run: Run) -> dict[str, Any]:
-        data = run.model_dump(mode="json")
+        data = jsonable(run)
         data["qs"] = _qs(run.queue, listed_state(run))
         data["rank"] = run_rank(run)
         return {k: to_dynamo(v) for k, v in data.items()}
 
     @staticmethod
     def _run(item: Mapping[str, Any]) -> Run:
-        data = from_item(item)
-        data.pop("qs", None)
-        data.pop("rank", None)
-        return Run.model_validate(data)
+        return fields(Run, item, "qs", "rank")
 
     def create(self, run: Run) -> Run:
         try:
@@ -102,9 +100,7 @@ class DynamoRunStore:
         return self._run(resp["Item"])
 
     def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
-        for field in changes:
-            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
-                raise ValueError(f"cannot update field {field!r}")
+        check_changes(changes)
         bounded = bound_changes(changes)
         if event is not None and "events" in bounded:  # a timeline given whole: the event goes last
             bounded["events"], event = add_event(bounded["events"], event), None
@@ -128,7 +124,7 @@ class DynamoRunStore:
         sets: list[str] = []
         for i, (field, value) in enumerate(changes.items()):
             names[f"#f{i}"] = field
-            values[f":v{i}"] = to_dynamo(_jsonable(value))
+            values[f":v{i}"] = to_dynamo(jsonable(value))
             sets.append(f"#f{i} = :v{i}")
         if "state" in changes or "waiting_on" in changes:
             # a queued run that still waits for others is filed apart from the line (a change of
@@ -140,7 +136,7 @@ class DynamoRunStore:
         # What the rank is made of: priority and fair tag change only here, id and created_at never.
         # Unless they change, the stored rank stays; a run stored before ranks existed gets one.
         spec = changes.get("spec", run.spec)
-        priority = (spec if isinstance(spec, RunSpec) else RunSpec.model_validate(spec)).priority
+        priority = (spec if isinstance(spec, RunSpec) else record(RunSpec, spec)).priority
         names["#rank"] = "rank"
         tag = float(changes.get("fair_tag", run.fair_tag))
         values[":rank"] = {"S": rank_key(priority, tag, run.created_at, run.id)}
@@ -150,7 +146,7 @@ class DynamoRunStore:
         if event is not None:
             names["#events"] = "events"
             if len(seen) < MAX_RUN_EVENTS:
-                values[":ev"] = to_dynamo([add_event([], event)[0].model_dump(mode="json")])
+                values[":ev"] = to_dynamo(jsonable(add_event([], event)))
                 values[":empty"] = {"L": []}
                 values[":room"] = {"N": str(MAX_RUN_EVENTS)}
                 sets.append("#events = list_append(if_not_exists(#events, :empty), :ev)")
@@ -158,7 +154,7 @@ class DynamoRunStore:
             else:  # full: the first event and the latest ones, if the timeline is still the one read
                 last = seen[-1]
                 names |= {"#at": "at", "#message": "message"}
-                values[":events"] = to_dynamo([e.model_dump(mode="json") for e in add_event(seen, event)])
+                values[":events"] = to_dynamo(jsonable(add_event(seen, event)))
                 values |= {":seen": {"N": str(len(seen))}, ":at": to_dynamo(last.at), ":message": {"S": last.message}}
                 sets.append("#events = :events")
                 tail = f"#events[{len(seen) - 1}]"
@@ -372,16 +368,6 @@ def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -
         waits = "(attribute_exists(#waits) AND size(#waits) > :nothing)"
         conditions.append(waits if expect.waiting else f"NOT {waits}")
     return conditions
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, builtins.list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, RunState):
-        return str(value)
-    return value
 
 
 def cursor_after(run: Run, owner: str | None) -> str:

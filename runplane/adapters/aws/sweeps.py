@@ -15,7 +15,8 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, key_cursor, start_key, translate
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, document, key_cursor, start_key, translate
+from runplane.adapters.records import written_json
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound, PayloadTooLarge
 from runplane.domain.sweeps import Sweep
 
@@ -35,7 +36,7 @@ class DynamoSweepStore:
         self.client = client
 
     def _item(self, sweep: Sweep) -> dict[str, Any]:
-        data = sweep.model_dump_json()
+        data = written_json(sweep)
         if len(data.encode()) > MAX_SWEEP_BYTES:
             raise PayloadTooLarge(f"the sweep's record would be {len(data.encode())} bytes; at most {MAX_SWEEP_BYTES}")
         item = {
@@ -52,7 +53,7 @@ class DynamoSweepStore:
 
     @staticmethod
     def _sweep(item: dict[str, Any]) -> Sweep:
-        return Sweep.model_validate_json(item["data"]["S"])
+        return document(Sweep, item, "data")
 
     def create(self, sweep: Sweep) -> Sweep:
         stored = sweep.model_copy(update={"version": 1})

@@ -11,6 +11,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import translate
+from runplane.adapters.records import record_or_none, written_json
 from runplane.domain.errors import BackendError
 from runplane.domain.tenancy import ApiToken, UserRecord
 
@@ -37,7 +38,7 @@ class DynamoTokenStore:
         return _token(resp.get("Item"))
 
     def put(self, token_hash: str, token: ApiToken) -> None:
-        item = {"token_hash": {"S": token_hash}, "id": {"S": token.id}, "doc": {"S": token.model_dump_json()}}
+        item = {"token_hash": {"S": token_hash}, "id": {"S": token.id}, "doc": {"S": written_json(token)}}
         try:
             self.client.put_item(TableName=self.table, Item=item)
         except (ClientError, BotoCoreError) as e:
@@ -82,7 +83,7 @@ class DynamoTokenStore:
 
     def put_user(self, record: UserRecord) -> None:
         # "user_doc", not "doc": a release that lists tokens reads no token in it
-        item = {"token_hash": {"S": self.USER_PREFIX + record.user}, "user_doc": {"S": record.model_dump_json()}}
+        item = {"token_hash": {"S": self.USER_PREFIX + record.user}, "user_doc": {"S": written_json(record)}}
         try:
             self.client.put_item(TableName=self.table, Item=item)
         except (ClientError, BotoCoreError) as e:
@@ -110,9 +111,4 @@ class DynamoTokenStore:
 
 def _token(item: Mapping[str, Any] | None) -> ApiToken | None:
     """The token of an item; None for none, or for an item that does not hold a valid token."""
-    if not item or "doc" not in item:
-        return None
-    try:
-        return ApiToken.model_validate_json(item["doc"]["S"])
-    except ValueError:
-        return None
+    return record_or_none(ApiToken, item["doc"]["S"] if item and "doc" in item else None)

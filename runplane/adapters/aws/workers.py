@@ -9,7 +9,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runplane.adapters.aws.dynamodb import BY_POOL, from_item, translate
+from runplane.adapters.aws.dynamodb import BY_POOL, document, fields, translate
+from runplane.adapters.records import written_json
 from runplane.domain.errors import NotFound
 from runplane.domain.workers import Worker
 
@@ -29,7 +30,7 @@ class DynamoWorkerRegistry:
             "id": {"S": worker.id},
             "pool": {"S": worker.pool},
             "expires_at": {"N": str(int(time.time()) + self.ttl_seconds)},
-            "doc": {"S": worker.model_dump_json()},
+            "doc": {"S": written_json(worker)},
         }
         try:
             self.client.put_item(TableName=self.table, Item=item)
@@ -98,7 +99,5 @@ class DynamoWorkerRegistry:
 
 def _worker(item: Mapping[str, Any]) -> Worker:
     if "doc" in item:
-        return Worker.model_validate_json(item["doc"]["S"])
-    data = from_item(item)  # written with one attribute a field, before the document
-    data.pop("expires_at", None)
-    return Worker.model_validate(data)
+        return document(Worker, item)
+    return fields(Worker, item, "expires_at")  # written with one attribute a field, before the document

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from azure.core import MatchConditions
-from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModifiedError
-from azure.data.tables import TableClient, UpdateMode
+from azure.data.tables import TableClient
 
-from runplane.adapters.azure.tables import failure, get_entity, key, pack, unpack
+from runplane.adapters.azure.tables import document, get_entity, key, packed, write_versioned
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.workers import PoolRecord
 
@@ -24,7 +22,7 @@ class TablePoolStateStore:
         entity = get_entity(self.table, self.PARTITION, key(pool), "read pool record")
         if entity is None:
             return None, ""
-        return PoolRecord.model_validate(unpack(entity)), str(entity.metadata["etag"])
+        return document(PoolRecord, entity), str(entity.metadata["etag"])
 
     def get(self, pool: str) -> PoolRecord:
         return self._read(pool)[0] or PoolRecord(pool=pool)
@@ -35,7 +33,7 @@ class TablePoolStateStore:
             "PartitionKey": self.PARTITION,
             "RowKey": key(record.pool),
             "version": stored.version,
-            **pack(stored.model_dump(mode="json"), f"pool record {record.pool}"),
+            **packed(stored, f"pool record {record.pool}"),
         }
         changed = ConditionFailed(
             f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
@@ -43,16 +41,5 @@ class TablePoolStateStore:
         current, etag = self._read(record.pool)
         if current is not None and current.version != record.version:
             raise changed
-        try:
-            if current is None:
-                self.table.create_entity(entity)
-            else:
-                self.table.update_entity(
-                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
-                )
-        except (ResourceExistsError, ResourceModifiedError) as e:
-            # written since our read: every write bumps the version, so ours is stale
-            raise changed from e
-        except AzureError as e:
-            raise failure(e, "write pool record") from e
+        write_versioned(self.table, entity, etag, changed, "write pool record")
         return stored

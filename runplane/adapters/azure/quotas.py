@@ -6,12 +6,11 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-from azure.core import MatchConditions
-from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
-from azure.data.tables import TableClient, TableErrorCode, UpdateMode
+from azure.core.exceptions import AzureError
+from azure.data.tables import TableClient, UpdateMode
 
-from runplane.adapters.azure.errors import error_code
-from runplane.adapters.azure.tables import failure, get_entity, key, pack, unkey, unpack
+from runplane.adapters.azure.tables import failure, get_entity, key, packed, unkey, unpack, version_of, write_versioned
+from runplane.adapters.records import record_or_none, subject_order, versioned, written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
 
@@ -40,7 +39,7 @@ class TableQuotaStore:
         return _quota(get_entity(self.table, self.QUOTA, key(subject), "read quota"), subject)
 
     def put(self, quota: Quota) -> None:
-        entity = {"PartitionKey": self.QUOTA, "RowKey": key(quota.key), "doc": quota.model_dump_json()}
+        entity = {"PartitionKey": self.QUOTA, "RowKey": key(quota.key), "doc": written_json(quota)}
         try:
             self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
         except AzureError as e:
@@ -58,7 +57,7 @@ class TableQuotaStore:
 
     def list(self) -> list[Quota]:
         found = (_quota(e, unkey(str(e["RowKey"]))) for e in self._query(self.QUOTA, "list quotas"))
-        return sorted((q for q in found if q is not None), key=_subject_order)
+        return sorted((q for q in found if q is not None), key=subject_order)
 
     def _read_usage(self, kind: QuotaKind, name: str) -> tuple[UsageRecord, str]:
         """The record and its ETag ("" when none is stored)."""
@@ -76,33 +75,14 @@ class TableQuotaStore:
             "PartitionKey": self.USAGE,
             "RowKey": key(record.key),
             "version": stored.version,
-            **pack(stored.model_dump(mode="json"), f"usage of {record.key}"),
+            **packed(stored, f"usage of {record.key}"),
         }
         changed = ConditionFailed(f"usage of {record.key}: changed since version {record.version}", key=record.key)
         current, etag = self._read_usage(record.kind, record.name)
         if current.version != record.version:
             raise changed
-        self._write_versioned(entity, etag, changed, "write usage")
+        write_versioned(self.table, entity, etag, changed, "write usage")
         return stored
-
-    def _write_versioned(self, entity: dict[str, Any], etag: str, changed: ConditionFailed, what: str) -> None:
-        """Create ``entity`` (no ``etag``: none was read) or replace the one read with ``etag``;
-        raises ``changed`` when it was written (or removed) since that read."""
-        try:
-            if not etag:
-                self.table.create_entity(entity)
-            else:
-                self.table.update_entity(
-                    entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
-                )
-        except (ResourceExistsError, ResourceModifiedError) as e:
-            raise changed from e  # written since our read: every write bumps the version, so ours is stale
-        except ResourceNotFoundError as e:
-            if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
-                raise failure(e, what) from e
-            raise changed from e  # removed since our read
-        except AzureError as e:
-            raise failure(e, what) from e
 
     def _read_lane(self, pool: str, user: str, priority: int) -> tuple[Lane, str]:
         """The lane and its ETag ("" when none is stored)."""
@@ -121,14 +101,14 @@ class TableQuotaStore:
             "PartitionKey": self.LANE,
             "RowKey": _lane_key(lane.pool, lane.user, lane.priority),
             "version": stored.version,
-            **pack(stored.model_dump(mode="json"), what),
+            **packed(stored, what),
         }
         subject = f"{lane.pool}:{lane.priority}:{lane.user}"
         changed = ConditionFailed(f"{what}: changed since version {lane.version}", key=subject)
         current, etag = self._read_lane(lane.pool, lane.user, lane.priority)
         if current.version != lane.version:
             raise changed
-        self._write_versioned(entity, etag, changed, "write lane")
+        write_versioned(self.table, entity, etag, changed, "write lane")
         return stored
 
     def list_usage(self) -> builtins.list[UsageRecord]:  # ``list`` here is the method above
@@ -137,28 +117,18 @@ class TableQuotaStore:
             kind, _, name = unkey(str(entity["RowKey"])).partition(":")
             if kind in ("user", "group"):
                 records.append(_usage(entity, kind, name))  # type: ignore[arg-type]
-        return sorted(records, key=_subject_order)
+        return sorted(records, key=subject_order)
 
 
 def _lane_key(pool: str, user: str, priority: int) -> str:
     return f"{key(pool)}:{priority}:{key(user)}"
 
 
-def _subject_order(subject: Quota | UsageRecord) -> tuple[bool, str]:
-    """Users first, each kind by name."""
-    return subject.kind != "user", subject.name
-
-
 def _quota(entity: Mapping[str, Any] | None, subject: str) -> Quota | None:
     """The quota of an entity; None for none, or for one that does not hold a valid quota of
     ``subject``."""
-    if not entity or "doc" not in entity:
-        return None
-    try:
-        quota = Quota.model_validate_json(str(entity["doc"]))
-    except ValueError:
-        return None
-    return quota if quota.key == subject else None
+    quota = record_or_none(Quota, str(entity["doc"]) if entity and "doc" in entity else None)
+    return quota if quota is not None and quota.key == subject else None
 
 
 def _lane(entity: Mapping[str, Any], pool: str, user: str, priority: int) -> Lane:
@@ -166,16 +136,9 @@ def _lane(entity: Mapping[str, Any], pool: str, user: str, priority: int) -> Lan
     ``priority`` reads as a fresh lane at the stored version (0 when it has none), so the next
     write replaces it."""
     fresh = Lane(pool=pool, user=user, priority=priority)
-    version = entity.get("version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        return fresh
-    try:
-        lane = Lane.model_validate(unpack(entity))
-    except (ValueError, KeyError, TypeError):
-        return fresh.model_copy(update={"version": version})
-    if (lane.pool, lane.user, lane.priority, lane.version) != (pool, user, priority, version):
-        return fresh.model_copy(update={"version": version})
-    return lane
+    return versioned(
+        fresh, version_of(entity), lambda: unpack(entity), lambda lane: (lane.pool, lane.user, lane.priority)
+    )
 
 
 def _usage(entity: Mapping[str, Any], kind: QuotaKind, name: str) -> UsageRecord:
@@ -183,13 +146,4 @@ def _usage(entity: Mapping[str, Any], kind: QuotaKind, name: str) -> UsageRecord
     reads as a fresh record at the stored version (0 when it has none), so the next write
     replaces it."""
     fresh = UsageRecord(kind=kind, name=name)
-    version = entity.get("version")
-    if isinstance(version, bool) or not isinstance(version, int):
-        return fresh
-    try:
-        record = UsageRecord.model_validate(unpack(entity))
-    except (ValueError, KeyError, TypeError):
-        record = None
-    if record is None or record.key != fresh.key or record.version != version:
-        return fresh.model_copy(update={"version": version})
-    return record
+    return versioned(fresh, version_of(entity), lambda: unpack(entity), lambda usage: usage.key)

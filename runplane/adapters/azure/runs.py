@@ -57,7 +57,17 @@ from azure.core.exceptions import AzureError, ResourceExistsError
 from azure.data.tables import TableClient, TableErrorCode, TableTransactionError, UpdateMode
 
 from runplane.adapters.azure.errors import error_code
-from runplane.adapters.azure.tables import failure, get_entity, key, newest_first, pack, row_after, row_cursor, unpack
+from runplane.adapters.azure.tables import (
+    document,
+    failure,
+    get_entity,
+    key,
+    newest_first,
+    packed,
+    row_after,
+    row_cursor,
+)
+from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.records import add_event, bound_changes
 from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, rank_prefix, run_rank
@@ -71,14 +81,6 @@ _FETCH_THREADS = 8
 
 
 _ID_CACHE = 10_000
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if isinstance(value, RunState):
-        return str(value)
-    return value
 
 
 class TableRunStore:
@@ -113,7 +115,7 @@ class TableRunStore:
     @classmethod
     def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
         """The run, its state copy and, while it is queued, its copy in the line."""
-        body = {"state": str(run.state), **pack(run.model_dump(mode="json"), f"run {run.id}")}
+        body = {"state": str(run.state), **packed(run, f"run {run.id}")}
         partition = cls._partition(run.queue)
         rank = cls._rank_key(run)
         return (
@@ -127,7 +129,7 @@ class TableRunStore:
         entity = get_entity(self.table, self._partition(queue), f"run:{key(run_id)}", "read run")
         if entity is None:
             raise NotFound(f"run {run_id} not found")
-        return Run.model_validate(unpack(entity)), str(entity.metadata["etag"])
+        return document(Run, entity), str(entity.metadata["etag"])
 
     def _queue_of(self, run_id: str) -> str:
         queue = self._queues.get(run_id)
@@ -189,9 +191,7 @@ class TableRunStore:
         return self._read(self._queue_of(run_id), run_id)[0]
 
     def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
-        for field in changes:
-            if field not in Run.model_fields or field in ("id", "owner", "queue", "created_at"):
-                raise ValueError(f"cannot update field {field!r}")
+        check_changes(changes)
         bounded = bound_changes(changes)
 
         def change(current: Run) -> Mapping[str, Any]:
@@ -229,9 +229,9 @@ class TableRunStore:
             changes = change(current)
             if changes is None:
                 return current
-            data = current.model_dump(mode="json")
-            data.update({field: _jsonable(value) for field, value in changes.items()})
-            new = Run.model_validate(data)
+            data = jsonable(current)
+            data.update({field: jsonable(value) for field, value in changes.items()})
+            new = record(Run, data)
             if event is not None:  # the timeline keeps its first event and the latest ones
                 new.events = add_event(new.events, event)
             main, copy, ranked = self._entities(new)
@@ -284,7 +284,7 @@ class TableRunStore:
         after = row_after(cursor, prefix) if cursor else prefix
         runs: list[Run] = []
         for entity in self._scan(self._partition(queue), after, prefix[:-1] + ";", min(limit, 1000), "list runs"):
-            runs.append(Run.model_validate(unpack(entity)))
+            runs.append(document(Run, entity))
             if len(runs) == limit:
                 return Page(runs, row_cursor(str(entity["RowKey"])))
         return Page(runs, None)
@@ -332,7 +332,7 @@ class TableRunStore:
 
     def _maybe(self, queue: str, escaped_id: str) -> Run | None:
         entity = get_entity(self.table, self._partition(queue), f"run:{escaped_id}", "list runs")
-        return Run.model_validate(unpack(entity)) if entity is not None else None
+        return document(Run, entity) if entity is not None else None
 
     def _scan(
         self, partition: str, after: str, before: str, page: int, what: str, select: tuple[str, ...] = ()
@@ -355,7 +355,7 @@ class TableRunStore:
         prefix = "r:" + (key(rank_prefix(priority)) if priority is not None else "")
         before = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every one with the prefix
         rows = self._scan(self._partition(queue), prefix, before, min(limit, 1000), "read the head of the queue")
-        return [Run.model_validate(unpack(entity)) for entity in itertools.islice(rows, limit)]
+        return [document(Run, entity) for entity in itertools.islice(rows, limit)]
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         if cap <= 0:

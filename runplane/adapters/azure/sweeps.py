@@ -23,7 +23,16 @@ from azure.core.exceptions import AzureError
 from azure.data.tables import TableClient, TableErrorCode, TableTransactionError, UpdateMode
 
 from runplane.adapters.azure.errors import error_code
-from runplane.adapters.azure.tables import failure, get_entity, key, newest_first, pack, row_after, row_cursor, unpack
+from runplane.adapters.azure.tables import (
+    document,
+    failure,
+    get_entity,
+    key,
+    newest_first,
+    packed,
+    row_after,
+    row_cursor,
+)
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound
 from runplane.domain.sweeps import Sweep
 
@@ -51,14 +60,14 @@ class TableSweepStore:
             "PartitionKey": PARTITION,
             "RowKey": f"sw:{key(sweep.id)}",
             "owner": sweep.owner,
-            **pack(sweep.model_dump(mode="json"), f"sweep {sweep.id}"),
+            **packed(sweep, f"sweep {sweep.id}"),
         }
 
     def _read(self, sweep_id: str) -> tuple[Sweep, str]:
         entity = get_entity(self.table, PARTITION, f"sw:{key(sweep_id)}", "read sweep")
         if entity is None:
             raise NotFound(f"sweep {sweep_id} not found")
-        return Sweep.model_validate(unpack(entity)), str(entity.metadata["etag"])
+        return document(Sweep, entity), str(entity.metadata["etag"])
 
     def create(self, sweep: Sweep) -> Sweep:
         stored = sweep.model_copy(update={"version": 1})
@@ -128,7 +137,7 @@ class TableSweepStore:
                 row = str(entity["RowKey"])
                 found = get_entity(self.table, PARTITION, f"sw:{row.partition(':')[2]}", "list sweeps")
                 if found is not None:  # else the pointer of a create that failed half-way
-                    sweep = Sweep.model_validate(unpack(found))
+                    sweep = document(Sweep, found)
                     if sweep.owner == owner:
                         sweeps.append(sweep)
                 if len(sweeps) == max(limit, 1):
@@ -154,7 +163,7 @@ class TableSweepStore:
                 escaped = str(entity["RowKey"]).rsplit(":", 1)[1]
                 found = get_entity(self.table, PARTITION, f"sw:{escaped}", "list unfinished sweeps")
                 if found is not None:
-                    sweeps.append(Sweep.model_validate(unpack(found)))
+                    sweeps.append(document(Sweep, found))
         except AzureError as e:
             raise failure(e, "list unfinished sweeps") from e
         return sweeps

@@ -1,6 +1,6 @@
 """What the Table storage stores share: keys made safe for Table storage, records as JSON over
 properties, our errors for Table storage's, reads of one entity, and the cursors of listings that
-resume after a RowKey.
+resume after a RowKey; and the one conditional write of records guarded by their version.
 """
 
 from __future__ import annotations
@@ -10,16 +10,21 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from azure.core.exceptions import AzureError, ResourceNotFoundError
-from azure.data.tables import TableClient, TableErrorCode
+from azure.core import MatchConditions
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableErrorCode, UpdateMode
+from pydantic import BaseModel
 
 from runplane.adapters.azure.errors import error_code
+from runplane.adapters.records import jsonable, record
 from runplane.domain.cursors import decode_cursor
-from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge, RunplaneError
+from runplane.domain.errors import BackendError, BadRequest, ConditionFailed, PayloadTooLarge, RunplaneError
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=BaseModel)
 
 
 CHUNK_CHARS = 32_000
@@ -70,6 +75,23 @@ def unpack(entity: Mapping[str, Any]) -> Any:
     return json.loads("".join(entity[f"d{i}"] for i in range(int(entity["n"]))))
 
 
+def packed(record: BaseModel, what: str) -> dict[str, Any]:
+    """``record`` as stored (``written``), packed over properties; raises PayloadTooLarge."""
+    return pack(jsonable(record), what)
+
+
+def document(model: type[M], entity: Mapping[str, Any]) -> M:
+    """The record an entity holds packed over its properties (``pack``). Raises KeyError when it
+    holds none, ValueError when it is not a ``model``."""
+    return record(model, unpack(entity))
+
+
+def version_of(entity: Mapping[str, Any]) -> int | None:
+    """The ``version`` property of an entity; None when it has no readable one."""
+    version = entity.get("version")
+    return None if isinstance(version, bool) or not isinstance(version, int) else version
+
+
 def failure(e: AzureError, what: str) -> RunplaneError:
     """Our error for what Table storage answered: its code decides, and its own words (which may
     name accounts, tables and keys) are logged here, never carried to an answer."""
@@ -91,6 +113,26 @@ def get_entity(table: TableClient, partition: str, row: str, what: str) -> Any |
         if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
             raise failure(e, what) from e
         return None
+    except AzureError as e:
+        raise failure(e, what) from e
+
+
+def write_versioned(table: TableClient, entity: dict[str, Any], etag: str, changed: ConditionFailed, what: str) -> None:
+    """Create ``entity`` (no ``etag``: none was read) or replace the one read with ``etag``;
+    raises ``changed`` when it was written (or removed) since that read."""
+    try:
+        if not etag:
+            table.create_entity(entity)
+        else:
+            table.update_entity(
+                entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
+            )
+    except (ResourceExistsError, ResourceModifiedError) as e:
+        raise changed from e  # written since our read: every write bumps the version, so ours is stale
+    except ResourceNotFoundError as e:
+        if error_code(e) == TableErrorCode.TABLE_NOT_FOUND:
+            raise failure(e, what) from e
+        raise changed from e  # removed since our read
     except AzureError as e:
         raise failure(e, what) from e
 

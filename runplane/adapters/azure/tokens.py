@@ -11,6 +11,7 @@ from azure.core.exceptions import AzureError, ResourceExistsError
 from azure.data.tables import TableClient, UpdateMode
 
 from runplane.adapters.azure.tables import failure, get_entity, key
+from runplane.adapters.records import record_or_none, written_json
 from runplane.domain.errors import BackendError
 from runplane.domain.tenancy import ApiToken, UserRecord
 
@@ -32,7 +33,7 @@ class TableTokenStore:
         return _token(get_entity(self.table, key(token_hash), "", "read token"))
 
     def put(self, token_hash: str, token: ApiToken) -> None:
-        entity = {"PartitionKey": key(token_hash), "RowKey": "", "id": token.id, "doc": token.model_dump_json()}
+        entity = {"PartitionKey": key(token_hash), "RowKey": "", "id": token.id, "doc": written_json(token)}
         try:
             self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
         except AzureError as e:
@@ -64,7 +65,7 @@ class TableTokenStore:
 
     def put_user(self, record: UserRecord) -> None:
         # "user_doc", not "doc": a release that lists tokens reads no token in it
-        entity = {"PartitionKey": key(record.user), "RowKey": self.USER_ROW, "user_doc": record.model_dump_json()}
+        entity = {"PartitionKey": key(record.user), "RowKey": self.USER_ROW, "user_doc": written_json(record)}
         try:
             self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
         except AzureError as e:
@@ -87,9 +88,4 @@ class TableTokenStore:
 
 def _token(entity: Mapping[str, Any] | None) -> ApiToken | None:
     """The token of an entity; None for none, or for one that does not hold a valid token."""
-    if not entity or "doc" not in entity:
-        return None
-    try:
-        return ApiToken.model_validate_json(str(entity["doc"]))
-    except ValueError:
-        return None
+    return record_or_none(ApiToken, str(entity["doc"]) if entity and "doc" in entity else None)

@@ -10,7 +10,7 @@ from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, UpdateMode
 
-from runplane.adapters.azure.tables import failure, get_entity, key, pack, unpack
+from runplane.adapters.azure.tables import document, failure, get_entity, key, packed
 from runplane.domain.errors import NotFound
 from runplane.domain.workers import Worker
 
@@ -32,7 +32,7 @@ class TableWorkerRegistry:
             "RowKey": key(worker.id),
             "pool": worker.pool,
             "expires_at": self.clock() + self.ttl_seconds,
-            **pack(worker.model_dump(mode="json"), f"worker {worker.id}"),
+            **packed(worker, f"worker {worker.id}"),
         }
         try:
             self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
@@ -45,7 +45,7 @@ class TableWorkerRegistry:
             raise NotFound(f"worker {worker_id} not found")
         if float(entity["expires_at"]) < self.clock():
             raise NotFound(f"worker {worker_id} not found (its record expired)")
-        return Worker.model_validate(unpack(entity))
+        return document(Worker, entity)
 
     def list(self, pool: str | None = None) -> list[Worker]:
         query, parameters = "PartitionKey eq @pk", {"pk": self.PARTITION}
@@ -59,7 +59,7 @@ class TableWorkerRegistry:
                 if float(entity["expires_at"]) < now:
                     expired.append(entity)
                 else:
-                    workers.append(Worker.model_validate(unpack(entity)))
+                    workers.append(document(Worker, entity))
         except AzureError as e:
             raise failure(e, "list workers") from e
         for entity in expired:
@@ -88,7 +88,7 @@ class TableWorkerRegistry:
         try:
             for entity in self.table.query_entities(query, parameters=parameters, results_per_page=limit + 1):
                 if float(entity["expires_at"]) >= now:
-                    workers.append(Worker.model_validate(unpack(entity)))
+                    workers.append(document(Worker, entity))
                     if len(workers) > limit:
                         return workers[:limit], workers[limit - 1].id
         except AzureError as e:
