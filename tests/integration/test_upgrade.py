@@ -14,7 +14,9 @@ of the test session) and one pools file that both read.
 2. The functions change (the previous ones are killed, as a deploy replaces them: nothing of them
    is left to tidy up; this tree's start on the same stores). The running run ends on the previous
    agent and this tree's dispatcher releases the waiting one, which the previous agent runs; a
-   run submitted now reaches the previous agent too; an agent of this tree takes the queued run.
+   run submitted now reaches the previous agent too; an agent of this tree takes the queued run,
+   whose record and spec meanwhile gained a field of a later release (as the next upgrade's
+   functions may write it): this tree reads the run and keeps that field when it writes the run.
 3. The agents change: the previous agent is told to stop (SIGTERM) while it runs a run; an agent
    of this tree takes the next run meanwhile, and the previous agent finishes its run, then exits.
 
@@ -43,9 +45,11 @@ import httpx
 import pytest
 
 from runplane import __version__
+from runplane.bootstrap import aws_clients, aws_names
 from runplane.client import Client
 from runplane.devstack.process import config_json
 from runplane.devstack.stack import DevConfig, free_port
+from runplane.settings import StackSettings
 from tests.conftest import FAST, ROOT, TEST_IMAGE, wait_for
 from tests.releases import CHANGELOG, Release, previous_release
 from worker_agent.workdir import sweep_dead
@@ -66,6 +70,9 @@ POOLS = {
 # The previous release's agent flags (those of FAST it knows: a flag added since would stop it).
 PREVIOUS_AGENT_FLAGS = ["--lease-seconds", "60", "--heartbeat-seconds", "2", "--poll-seconds", "1"]
 PREVIOUS_AGENT_FLAGS += ["--kill-poll-seconds", "0.5", "--pull", "never", "--network-mode", "host"]
+# A field of a later release, as DynamoDB holds it (a map: what is nested in it is kept too)
+LATER_FIELD = "added_by_a_later_release"
+LATER = {"M": {"kept": {"BOOL": True}, "note": {"S": "unknown to this release"}}}
 # Runs the test holds running (through a change of functions or agents) wait for a file it makes in
 # their working directory (/runplane/output, on the agent's host), then remove it.
 GATE = "until [ -e go ]; do sleep 0.1; done; rm -f go; "
@@ -220,6 +227,8 @@ def upgrade(previous: Installed, moto_endpoint: str, docker_client: Any, tmp_pat
     stores = {"RUNPLANE_CLOUD": "aws", "RUNPLANE_PREFIX": prefix, "RUNPLANE_AWS_ENDPOINT_URL": moto_endpoint}
     env = _clean_env(**stores, RUNPLANE_POOLS=str(pools))
     started: list[Functions | Agent] = []
+    settings = StackSettings(prefix=prefix, aws_endpoint_url=moto_endpoint, pools=str(pools))
+    dynamodb, runs_table = aws_clients(settings)["dynamodb"], aws_names(settings).runs_table
 
     def keep(thing: Started) -> Started:
         started.append(thing)
@@ -258,6 +267,21 @@ def upgrade(previous: Installed, moto_endpoint: str, docker_client: Any, tmp_pat
         def current_agent(self, pool: str) -> Agent:
             return keep(Agent(Path(sys.executable), FAST, pool, tmp_path, ROOT, env))
 
+        def add_later_field(self, run_id: str) -> None:
+            """LATER_FIELD on the run's item and in its spec."""
+            dynamodb.update_item(
+                TableName=runs_table,
+                Key={"id": {"S": run_id}},
+                UpdateExpression="SET #later = :later, #spec.#later = :later",
+                ExpressionAttributeNames={"#later": LATER_FIELD, "#spec": "spec"},
+                ExpressionAttributeValues={":later": LATER},
+            )
+
+        def later_field(self, run_id: str) -> tuple[Any, Any]:
+            """LATER_FIELD as the run's item and its spec hold it now."""
+            item = dynamodb.get_item(TableName=runs_table, Key={"id": {"S": run_id}}, ConsistentRead=True)["Item"]
+            return item.get(LATER_FIELD), item["spec"]["M"].get(LATER_FIELD)
+
     yield Upgrade()
     for thing in reversed(started):
         thing.stop()
@@ -281,15 +305,22 @@ def _view(client: Client, run_id: str) -> dict[str, Any]:
     return view
 
 
-def _wait_state(client: Client, run_id: str, state: str, timeout: float, log: Path | None = None) -> dict[str, Any]:
-    def reached() -> dict[str, Any] | None:
-        view = _view(client, run_id)
-        if view["state"] != state and view["state"] in ("succeeded", "failed", "killed", "timed_out"):
-            tail = log.read_text(errors="replace")[-3000:] if log else ""
-            raise AssertionError(f"run {run_id} ended {view['state']} ({view.get('failure')}), not {state}\n{tail}")
-        return view if view["state"] == state else None
+def _wait_state(client: Client, run_id: str, state: str, timeout: float, log: Path) -> dict[str, Any]:
+    """The run's view once it is in ``state``; fails with the end of ``log`` (an agent's) if it ends
+    otherwise or does not get there in ``timeout`` seconds."""
+    last: dict[str, Any] = {}
 
-    found: dict[str, Any] = wait_for(reached, timeout, 0.2, f"run {run_id} to be {state}")
+    def reached() -> dict[str, Any] | None:
+        last.update(_view(client, run_id))
+        if last["state"] != state and last["state"] in ("succeeded", "failed", "killed", "timed_out"):
+            raise AssertionError(f"run {run_id} ended {last['state']} ({last.get('failure')}), not {state}")
+        return last if last["state"] == state else None
+
+    try:
+        found: dict[str, Any] = wait_for(reached, timeout, 0.2, f"run {run_id} to be {state}")
+    except AssertionError as e:
+        seen = {key: last.get(key) for key in ("state", "worker_id", "waiting_reason", "waiting_on")}
+        raise AssertionError(f"{e}; it is {seen}\n{log.name}:\n{log.read_text(errors='replace')[-3000:]}") from None
     return found
 
 
@@ -315,6 +346,7 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     new = upgrade.current_functions()
     client = Client(new.api_url, ADMIN_TOKEN)
     assert [_view(client, run)["state"] for run in (running, waiting, queued)] == ["running", "queued", "queued"]
+    upgrade.add_later_field(queued)
     taker = upgrade.current_agent("new")
     later = _submit(client, "echo four", "old")
     wait_for(lambda: _agent_versions(client).get(taker.id), 30, 0.2, "this tree's agent to register")
@@ -355,3 +387,4 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     }
     (output,) = client.outputs(running)
     assert (output.path, httpx.get(output.url, timeout=30).text) == ("one.txt", "one\n")
+    assert upgrade.later_field(queued) == (LATER, LATER), "the later release's field was not kept"
