@@ -25,6 +25,8 @@ from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_QUEUE_STATE, BY_RANK
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
+from runplane.adapters.names import StackNames
+from runplane.settings import StackSettings
 
 __all__ = ["MAX_RECEIVES", "AwsNames", "provision"]
 
@@ -32,26 +34,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class AwsNames:
-    prefix: str = "runplane"
-    runs_table: str = ""
-    workers_table: str = ""
-    tokens_table: str = ""
+class AwsNames(StackNames):
+    """Resource names of one stack on AWS: each left empty is ``<prefix>-<role>`` (the bucket's
+    role: ``data``), as template.yaml names them."""
+
     bucket: str = ""
-    pools_table: str = ""
-    quotas_table: str = ""
 
     def __post_init__(self) -> None:
-        for attr, suffix in (
-            ("runs_table", "runs"),
-            ("workers_table", "workers"),
-            ("tokens_table", "tokens"),
-            ("bucket", "data"),
-            ("pools_table", "pools"),
-            ("quotas_table", "quotas"),
-        ):
-            if not getattr(self, attr):
-                object.__setattr__(self, attr, f"{self.prefix}-{suffix}")
+        super().__post_init__()
+        if not self.bucket:
+            object.__setattr__(self, "bucket", self.derive("data"))
+
+    def derive(self, role: str) -> str:
+        return f"{self.prefix}-{role}"
+
+    @classmethod
+    def of(cls, settings: StackSettings) -> AwsNames:
+        """The names ``settings`` give."""
+        return cls.named(settings, bucket=settings.bucket)
 
 
 def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes: list[dict[str, Any]]) -> bool:

@@ -24,7 +24,9 @@ from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFo
 from runplane.adapters.azure.clients import AzureClients
 from runplane.adapters.azure.errors import error_code
 from runplane.adapters.azure.queues import events_queue_name, poison_queue_name, pool_queue_name, queue_name
+from runplane.adapters.names import StackNames
 from runplane.domain.errors import BackendError, InvalidRequest
+from runplane.settings import StackSettings
 
 _TABLE = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
 _CONTAINER = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(-[a-z0-9]+)*$")
@@ -41,31 +43,14 @@ def table_name(raw: str) -> str:
 
 
 @dataclass(frozen=True)
-class AzureNames:
-    """Resource names of one stack. Left empty, each is derived from ``prefix``; given, it must
-    already follow Azure's naming rules (InvalidRequest says which)."""
+class AzureNames(StackNames):
+    """Resource names of one stack on Azure. Left empty, each is derived from ``prefix``; given, it
+    must already follow Azure's naming rules (InvalidRequest says which)."""
 
-    prefix: str = "runplane"
-    runs_table: str = ""
-    workers_table: str = ""
-    tokens_table: str = ""
     container: str = ""
-    pools_table: str = ""
-    quotas_table: str = ""
 
     def __post_init__(self) -> None:
-        for attr, suffix in (
-            ("runs_table", "runs"),
-            ("workers_table", "workers"),
-            ("tokens_table", "tokens"),
-            ("pools_table", "pools"),
-            ("quotas_table", "quotas"),
-        ):
-            given = getattr(self, attr)
-            if not given:
-                object.__setattr__(self, attr, table_name(f"{self.prefix}{suffix}"))
-            elif not _TABLE.match(given):
-                raise InvalidRequest(f"table name {given!r}: use 3-63 letters and digits, starting with a letter")
+        super().__post_init__()
         if not self.container:
             object.__setattr__(self, "container", queue_name(f"{self.prefix}-data"))
         elif not _CONTAINER.match(self.container):
@@ -73,9 +58,18 @@ class AzureNames:
                 f"container name {self.container!r}: use 3-63 lowercase letters, digits and single hyphens"
             )
 
-    @property
-    def tables(self) -> tuple[str, ...]:
-        return self.runs_table, self.workers_table, self.tokens_table, self.pools_table, self.quotas_table
+    @classmethod
+    def of(cls, settings: StackSettings) -> AzureNames:
+        """The names ``settings`` give."""
+        return cls.named(settings, container=settings.bucket)
+
+    def derive(self, role: str) -> str:
+        return table_name(f"{self.prefix}{role}")
+
+    def check_table(self, name: str) -> str:
+        if not _TABLE.match(name):
+            raise InvalidRequest(f"table name {name!r}: use 3-63 letters and digits, starting with a letter")
+        return name
 
     def queues(self, pools: Iterable[str]) -> list[str]:
         """Every queue of the stack: each pool's and the events queue, each with its poison queue."""
