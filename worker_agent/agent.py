@@ -96,7 +96,13 @@ class Agent:
         self.slots.freed.set()
 
     def run(self) -> str:
-        """Work until told to stop or an exit condition holds; return why it stopped."""
+        """Register, then work until told to stop or an exit condition holds; return why it
+        stopped. An agent the control plane's version window refuses takes no runs: it returns
+        why at once (``failed`` set)."""
+        refused = self.reporter.register()
+        if refused:  # nothing taken, nothing touched: its item says why, and so does its exit
+            self.exit_reason, self.failed = refused, True
+            return refused
         self.config.work_dir.mkdir(parents=True, exist_ok=True)
         self.recovery.recover_own_runs()
         self.recovery.sweep_orphans()

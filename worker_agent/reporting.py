@@ -1,5 +1,6 @@
-"""Heartbeats and reporting: renew the lease of every run held, take in kill requests, and write
-this worker's item in the registry (what it has, what it holds, which agent it is)."""
+"""Registration, heartbeats and reporting: check this agent against the control plane's version
+window, renew the lease of every run held, take in kill requests, and write this worker's item in
+the registry (what it has, what it holds, which agent it is)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import socket
 import threading
 from collections.abc import Callable
 
-from runplane import __version__
 from runplane.domain.errors import LeaseLost, RunplaneError
+from runplane.domain.versions import agent_refusal
 from runplane.domain.workers import Worker
 from runplane.ports import WorkerRegistry
 from runplane.services import lifecycle
@@ -36,6 +37,28 @@ class Reporter:
         self.clock = clock
         self.network_refused = network_refused
         self.started_at = clock()
+        self.refused: str | None = None
+
+    def register(self) -> str | None:
+        """Check this agent's version against the window of the control plane's record in the
+        registry (docs/architecture.md, "Version skew"). Refused: the worker's item says why (its
+        status offline: it takes no runs) and so does the answer; None: it may serve. With no
+        record to read (a control plane from before the check) it goes on, and so it does when the
+        record cannot be read now (said in the log): an agent the control plane does not allow is
+        still shown as refused in the pools view."""
+        try:
+            stack = self.registry.stack()
+        except RunplaneError as e:
+            log.warning("cannot read the stack's version (going on unchecked): %s", e)
+            return None
+        if stack is None:
+            log.info("no stack version to check agent %s against (an older control plane)", self.config.version)
+            return None
+        self.refused = agent_refusal(self.config.version, stack.version, stack.oldest_agent)
+        if self.refused:
+            log.error("refused: %s", self.refused)
+            self.report("offline")
+        return self.refused
 
     def beat_until(self, drained: threading.Event) -> None:
         """Heartbeat every ``heartbeat_seconds`` until ``drained`` is set (the runs under way have
@@ -96,11 +119,12 @@ class Reporter:
                     runs_left=left,
                     started_at=self.started_at,
                     heartbeat_at=self.clock(),
-                    agent_version=__version__,
+                    agent_version=self.config.version,
                     tag=self.config.tag,
                     tag_exclusive=self.config.tag_exclusive,
                     group=self.config.group,
                     network_refused=self.network_refused,
+                    refused=self.refused,
                 )
             )
         except RunplaneError as e:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runplane import __version__
 from runplane.domain.accounting import Rates
 from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
 from worker_agent.gpu_access import GpuAccess
@@ -73,3 +74,4 @@ class AgentConfig:
     tag: str | None = default("tag")
     tag_exclusive: bool = default("tag_exclusive")
     group: str | None = default("group")
+    version: str = __version__  # the version it reports, and is checked by when it registers

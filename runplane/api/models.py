@@ -290,6 +290,19 @@ class PoolView(WireModel):
     last_error_at: Timestamp | None
     disabled: str | None = Field(description="why launches are paused (too many failures), if they are")
     last_decision: str | None = Field(description="what the dispatcher last decided for this pool")
+    agent_versions: dict[str, int] = Field(
+        default_factory=dict,
+        description="its live workers by the version of their agent, as of counted_at (empty: a server that "
+        "does not tell)",
+        examples=[{"0.2.0": 3, "0.1.0": 1}],
+    )
+    refused_workers: dict[str, str] = Field(
+        default_factory=dict,
+        description="worker id -> why this stack refuses its agent (agents may be of the stack's minor release "
+        "or the one before, never newer): live workers it refuses, and those refused when they registered (they "
+        "took no runs and exited) within the last hour; at most 20, the latest",
+        examples=[{"w-17": "agent 0.4.2 is older than this stack allows (>= 0.5)"}],
+    )
 
 
 class PoolList(WireModel):

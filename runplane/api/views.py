@@ -160,6 +160,8 @@ def pool_view(pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolR
         last_error_at=timestamp(record.last_error_at),
         disabled=record.disabled_reason,
         last_decision=record.last_decision,
+        agent_versions=record.agent_versions,
+        refused_workers=record.refused,
     )
 
 

@@ -18,12 +18,15 @@ def register(app: typer.Typer) -> None:
 
 
 def pools(ctx: typer.Context, as_json: JSON = False) -> None:
-    """List pools: shape, backlog, workers, launches and the last launch error."""
+    """List pools: shape, backlog, workers and their agents, launches, the last launch error and
+    workers the stack refused for their agent's version."""
     found = client(ctx).pools()
     if as_json:
         print_json({"pools": dumps(found)})
         return
-    table = Table("name", "backend", "shape", "workers (starting/idle/busy)", "min-max", "backlog", "launches (failed)")
+    table = Table(
+        "name", "backend", "shape", "workers (starting/idle/busy)", "agents", "min-max", "backlog", "launches (failed)"
+    )
     problems = []
     for p in found:
         s, w = p.shape, p.workers
@@ -35,6 +38,7 @@ def pools(ctx: typer.Context, as_json: JSON = False) -> None:
                     p.backend,
                     f"{s.cpus:g} cpu, {s.gpus} gpu, {s.memory // 2**20} MiB",
                     f"{w.starting}/{w.idle}/{w.busy}",
+                    " ".join(f"{version}x{n}" for version, n in p.agent_versions.items()),
                     f"{p.min_workers}-{p.max_workers}",
                     p.backlog,
                     f"{p.launches.launched} ({p.launches.failed})",
@@ -45,6 +49,7 @@ def pools(ctx: typer.Context, as_json: JSON = False) -> None:
             problems.append(f"{p.name}: disabled: {p.disabled}")
         elif p.last_error:
             problems.append(f"{p.name}: last launch error at {when(p.last_error_at)}: {p.last_error}")
+        problems += [f"{p.name}: worker {worker} refused: {why}" for worker, why in p.refused_workers.items()]
     out.print(table)
     counted = [p.counted_at for p in found if p.counted_at is not None]
     if counted:

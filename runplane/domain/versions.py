@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import re
 
+from runplane.domain.common import SCHEMA_VERSION
+from runplane.domain.wire import Record
+
 _SERIES = re.compile(r"^\s*v?(\d+)\.(\d+)(?!\d)")
 
 
@@ -47,3 +50,14 @@ def agent_refusal(agent_version: str, stack_version: str, oldest: str | None = N
     if agent < floor:
         return f"agent {agent_version} is older than this stack allows (>= {floor[0]}.{floor[1]})"
     return None
+
+
+class StackRecord(Record):
+    """The control plane's word to its agents, kept in the worker registry: its version and the
+    oldest agent series it allows. The dispatcher's schedule writes it; an agent reads it when it
+    registers. No record (a control plane from before the check): agents go on unchecked."""
+
+    v: int = SCHEMA_VERSION
+    version: str
+    oldest_agent: str
+    written_at: float

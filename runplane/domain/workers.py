@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.runs import Run
-from runplane.domain.wire import Record
+from runplane.domain.wire import Record, Since
 
 
 class StartingJob(Record):
-    """A worker the dispatcher launched whose agent has not registered yet. Read tolerantly, as
-    the record holding it is."""
-
-    model_config = ConfigDict(extra="ignore")
+    """A worker the dispatcher launched whose agent has not registered yet."""
 
     worker_id: str
     launched_at: float
@@ -26,10 +23,7 @@ class StartingJob(Record):
 class PoolRecord(Record):
     """The dispatcher's memory of one pool. Every write is conditional on ``version``, so two
     dispatchers acting at once never both launch: the second one's write fails and it backs off.
-    Read tolerantly (another release may have written fields this one does not know), and written
-    with ``resume`` only when it holds something, so that the previous release reads it too."""
-
-    model_config = ConfigDict(extra="ignore")
+    Written with ``resume`` only when it holds something, so that the previous release reads it too."""
 
     v: int = SCHEMA_VERSION
     pool: str
@@ -55,6 +49,10 @@ class PoolRecord(Record):
     counted_at: float | None = None
     """When ``backlog`` and ``workers`` were counted; a pass rewrites them when they change, and
     at least every ``FIGURES_REFRESH_SECONDS`` (runplane.services.dispatch) while they do not."""
+    agent_versions: Annotated[dict[str, int], Since("0.2")] = Field(default_factory=dict)
+    """Live workers by the version of their agent, at that count."""
+    refused: Annotated[dict[str, str], Since("0.2")] = Field(default_factory=dict)
+    """Worker id -> why this control plane refuses its agent (the version skew policy), at that count."""
     resume: dict[str, str] = Field(default_factory=dict)
     """Only in the schedule's own record (``SCHEDULE_RECORD``): where its bounded passes over
     waiting runs and sweeps stopped, so that the next one goes on from there."""
@@ -115,6 +113,9 @@ class Worker(Record):
     group: str | None = None
     network_refused: str | None = None
     """Why this worker takes no runs that ask for a network (None: it takes them)."""
+    refused: Annotated[str | None, Since("0.2")] = None
+    """Why the control plane refused this worker's agent at registration (its version is outside the
+    window of runplane.domain.versions): it took no runs and exited. None: it was not refused."""
 
     def refuses(self, run: Run) -> str | None:
         """Why this worker does not take ``run`` (its tag, group or network), or None if it does."""

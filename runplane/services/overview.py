@@ -15,9 +15,9 @@ from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.domain.workers import PoolRecord, Worker
-from runplane.ports import PoolStateStore, Ports
-from runplane.services import dependencies, runs
-from runplane.services.dispatch import FIGURES_STALE_SECONDS, alive_workers, explain_wait
+from runplane.ports import Ports
+from runplane.services import dependencies, runs, skew
+from runplane.services.dispatch import FIGURES_STALE_SECONDS, explain_wait, fresh
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,10 @@ class PoolFigures:
     record: PoolRecord
 
 
-def pool_record(states: PoolStateStore, pool: str) -> PoolRecord | None:
+def pool_record(ports: Ports, pool: str) -> PoolRecord | None:
     """The dispatcher's record of ``pool``; None if unreadable."""
     try:
-        return states.get(pool)
+        return ports.pool_states.get(pool)
     except errors.RunplaneError as e:
         log.warning("pool record of %s unreadable: %s", pool, e)
         return None
@@ -51,10 +51,11 @@ def why_waiting(ports: Ports, run: Run) -> str | None:
         return None
     if run.waiting_on:
         return dependencies.describe(ports, run)
-    workers = alive_workers(ports, run.queue)
+    known, now = ports.workers.list(run.queue), ports.clock()
+    workers = fresh(known, now, ports.settings.worker_stale_seconds)
     pool = ports.pools.get(run.queue)
-    record = pool_record(ports.pool_states, pool.name) if pool is not None else None
-    return explain_wait(pool, workers, run.waiting_reason, record, run)
+    record = pool_record(ports, pool.name) if pool is not None else None
+    return explain_wait(pool, [*workers, *skew.refused_lately(known, workers, now)], run.waiting_reason, record, run)
 
 
 def shown_run(ports: Ports, principal: Principal, run_id: str) -> tuple[Run, str | None]:
@@ -79,14 +80,16 @@ def pool_figures(ports: Ports) -> list[PoolFigures]:
     dispatcher failing, say), is counted here."""
     out = []
     for pool in ports.pools.pools:
-        record = pool_record(ports.pool_states, pool.name) or PoolRecord(pool=pool.name)
+        record = pool_record(ports, pool.name) or PoolRecord(pool=pool.name)
         counted = record.counted_at is not None and ports.clock() - record.counted_at <= FIGURES_STALE_SECONDS
         if counted and record.backlog is not None:
             out.append(PoolFigures(pool, record.backlog, dict(record.workers), record))
             continue
-        workers = alive_workers(ports, pool.name)
+        known, now = ports.workers.list(pool.name), ports.clock()
+        workers = fresh(known, now, ports.settings.worker_stale_seconds)
+        versions, refused = skew.census(known, workers, now)
         backlog = ports.store.count(pool.name, RunState.QUEUED)
-        uncounted = record.model_copy(update={"counted_at": None})
+        uncounted = record.model_copy(update={"counted_at": None, "agent_versions": versions, "refused": refused})
         out.append(PoolFigures(pool, backlog, live_counts(workers, record), uncounted))
     return out
 

@@ -1,4 +1,5 @@
-"""DynamoDB worker heartbeats: stale records expire through the table's TTL attribute."""
+"""DynamoDB worker heartbeats: stale records expire through the table's TTL attribute. The table
+also holds the control plane's record for its agents (``StackRecord``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from botocore.exceptions import BotoCoreError, ClientError
 from runplane.adapters.aws.dynamodb import BY_POOL, document, fields, translate
 from runplane.adapters.records import written_json
 from runplane.domain.errors import NotFound
+from runplane.domain.versions import StackRecord
 from runplane.domain.workers import Worker
+
+STACK_KEY = "@stack"
+"""The ``id`` of the control plane's record. It has no ``pool`` (every worker's item has one), so no
+pool's query sees it, and every read of workers passes it by; nor does it expire."""
 
 
 class DynamoWorkerRegistry:
@@ -42,7 +48,7 @@ class DynamoWorkerRegistry:
             resp = self.client.get_item(TableName=self.table, Key={"id": {"S": worker_id}})
         except (ClientError, BotoCoreError) as e:
             raise translate(e, "read worker") from e
-        if "Item" not in resp:
+        if "pool" not in resp.get("Item", {}):  # none, or the stack's record
             raise NotFound(f"worker {worker_id} not found")
         return _worker(resp["Item"])
 
@@ -60,7 +66,7 @@ class DynamoWorkerRegistry:
         workers: list[Worker] = []
         try:
             for page in self.client.get_paginator(operation).paginate(**kwargs):
-                workers.extend(_worker(item) for item in page.get("Items", []))
+                workers.extend(_worker(item) for item in page.get("Items", []) if "pool" in item)
         except (ClientError, BotoCoreError) as e:
             raise translate(e, "list workers") from e
         return sorted(workers, key=lambda w: w.id)
@@ -82,7 +88,7 @@ class DynamoWorkerRegistry:
             while len(workers) < limit:  # a page may stop short of Limit at 1 MB
                 kwargs["Limit"] = limit - len(workers)
                 resp = operation(**kwargs)
-                workers.extend(_worker(item) for item in resp.get("Items", []))
+                workers.extend(_worker(item) for item in resp.get("Items", []) if "pool" in item)
                 if "LastEvaluatedKey" not in resp:
                     return workers, None
                 kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -95,6 +101,24 @@ class DynamoWorkerRegistry:
             self.client.delete_item(TableName=self.table, Key={"id": {"S": worker_id}})
         except (ClientError, BotoCoreError) as e:
             raise translate(e, "delete worker") from e
+
+    def stack(self) -> StackRecord | None:
+        try:
+            item = self.client.get_item(TableName=self.table, Key={"id": {"S": STACK_KEY}}).get("Item")
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, "read the stack record") from e
+        try:
+            return document(StackRecord, item) if item is not None and "pool" not in item else None
+        except (KeyError, ValueError):  # not a record this release reads: as if there were none
+            return None
+
+    def put_stack(self, record: StackRecord) -> None:
+        try:
+            self.client.put_item(
+                TableName=self.table, Item={"id": {"S": STACK_KEY}, "doc": {"S": written_json(record)}}
+            )
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, "record the stack record") from e
 
 
 def _worker(item: Mapping[str, Any]) -> Worker:

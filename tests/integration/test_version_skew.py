@@ -1,0 +1,94 @@
+"""The version skew window, enforced on the real stores of both clouds: an agent newer than its
+control plane is refused when it registers (the agent's own code, its reported version one from the
+future), takes no run and touches nothing, and its worker item says why, which the pools view and a
+waiting run's explanation show; an agent too old that does not check itself (as the previous
+release's agents do not) is flagged by the control plane from the version it reports."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from runplane import __version__
+from runplane.api.views import pool_view
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
+from runplane.domain.versions import oldest_agent, series
+from runplane.domain.workers import Worker
+from runplane.services import skew
+from runplane.services.dispatch import dispatch_pool
+from runplane.services.overview import pool_figures, why_waiting
+from runplane.services.runs import submit_run
+from worker_agent.agent import Agent
+from worker_agent.run_config import AgentConfig, Ports
+
+POOL = "manual"  # max_workers 0: no dispatcher launches workers of its own there
+
+
+@pytest.fixture(params=["aws_stack", "azure_stack"])
+def stack(request):
+    return request.getfixturevalue(request.param)
+
+
+def _agent(stack, work_dir: Path, worker_id: str, version: str) -> Agent:
+    config = AgentConfig(pool=POOL, worker_id=worker_id, work_dir=work_dir, version=version)
+    ports = Ports(stack.store, stack.queue, stack.objects)
+    return Agent(config, ports, stack.workers, docker_client=None, clock=time.time)  # type: ignore[arg-type]
+
+
+def _pool_view(stack):
+    (figures,) = [f for f in pool_figures(stack.ports) if f.pool.name == POOL]
+    return pool_view(figures.pool, figures.backlog, figures.workers, figures.record)
+
+
+def test_an_agent_newer_than_its_stack_is_refused_when_it_registers(stack, tmp_path):
+    major, minor = series(__version__) or (0, 0)
+    newer = f"{major}.{minor + 1}.0"
+    run = submit_run(stack.ports, Principal(user="alice"), RunSpec(command="echo hi", queue=POOL), None).run
+    # a control plane from before the check keeps no record: the agent goes on unchecked
+    assert _agent(stack, tmp_path / "early", "w-early", newer).reporter.register() is None
+
+    assert skew.publish(stack.ports)
+    assert not skew.publish(stack.ports)  # written once, while it says the same
+    agent = _agent(stack, tmp_path / "w-newer", "w-newer", newer)
+    said = agent.run()
+
+    why = f"agent {newer} is newer than this stack ({__version__}): upgrade the functions first"
+    assert said == why and agent.failed
+    worker = stack.workers.get("w-newer")
+    assert (worker.status, worker.refused, worker.agent_version) == ("offline", why, newer)
+    assert agent.slots.claimed == 0 and not (tmp_path / "w-newer").exists()  # no run taken, nothing touched
+    assert stack.store.get(run.id).state == RunState.QUEUED
+    assert _pool_view(stack).refused_workers == {"w-newer": why}
+    assert why_waiting(stack.ports, stack.store.get(run.id)) == (
+        f"no worker of pool {POOL} that this stack allows would take it: {why}"
+    )
+    # the dispatcher's count says the same (the view reads it while it is recent)
+    dispatch_pool(stack.ports, stack.ports.pools.get(POOL))
+    counted = stack.ports.pool_states.get(POOL)
+    assert counted.counted_at is not None and counted.refused == {"w-newer": why}
+    assert _pool_view(stack).refused_workers == {"w-newer": why}
+    # an agent of this release registers as before
+    assert _agent(stack, tmp_path / "w-now", "w-now", __version__).reporter.register() is None
+
+
+def test_an_agent_too_old_that_does_not_check_itself_is_flagged(stack):
+    run = submit_run(stack.ports, Principal(user="alice"), RunSpec(command="echo hi", queue=POOL), None).run
+    now = time.time()
+    old = Worker(id="w-old", pool=POOL, agent_version="0.0.1", started_at=now, heartbeat_at=now)
+    stack.workers.put(old)  # as an agent from before the check registers: idle, one free slot, no word of refusal
+
+    why = f"agent 0.0.1 is older than this stack allows (>= {oldest_agent(__version__)})"
+    view = _pool_view(stack)
+    assert (view.agent_versions, view.refused_workers) == ({"0.0.1": 1}, {"w-old": why})
+    assert why_waiting(stack.ports, run) == f"no worker of pool {POOL} that this stack allows would take it: {why}"
+
+    stack.workers.put(Worker(id="w-new", pool=POOL, agent_version=__version__, started_at=now, heartbeat_at=now))
+    view = _pool_view(stack)
+    assert (view.agent_versions, view.refused_workers) == ({"0.0.1": 1, __version__: 1}, {"w-old": why})
+    assert why_waiting(stack.ports, run) == (
+        f"1 free slot(s) on 1 worker(s) of pool {POOL}: it should start within seconds"
+    )
