@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BeforeValidator, Field, SerializerFunctionWrapHandler, model_serializer
 
 from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.states import FailureReason, RunState, known_reason
@@ -30,11 +30,9 @@ class RunEnd(Record):
 
 
 class DispatchEvent(Record):
-    """A nudge for the dispatcher that a pool's backlog changed, or that a run ended. Read
-    tolerantly: an event another release wrote, with fields this one does not know, is still the
-    nudge it was (dropping it would leave its sweep or waiting runs to the schedule)."""
-
-    model_config = ConfigDict(extra="ignore")
+    """A nudge for the dispatcher that a pool's backlog changed, or that a run ended. An event
+    another release wrote, with fields this one does not know, is still the nudge it was (read with
+    ``stored``: dropping it would leave its sweep or waiting runs to the schedule)."""
 
     v: int = SCHEMA_VERSION
     pool: str

@@ -79,11 +79,9 @@ class RetryRule(Record):
 
 
 class Failure(Record):
-    """Why a run did not succeed, as stored. Read tolerantly: a reason a later release added reads
-    as ``agent_error``, its own name put at the head of the message; a field this release does not
-    know is ignored (users never send one: the API answers with ``RunFailure``)."""
-
-    model_config = ConfigDict(extra="ignore")
+    """Why a run did not succeed, as stored. A reason a later release added reads as
+    ``agent_error``, its own name put at the head of the message (users never send one: the API
+    answers with ``RunFailure``)."""
 
     reason: FailureReason
     message: str

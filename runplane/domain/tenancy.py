@@ -67,10 +67,9 @@ class ApiToken(Record):
 class UserRecord(Record):
     """What an administrator set for a user (``PUT /v1/users/{user}``), stored beside the tokens.
 
-    Read tolerantly (another release may have written it); a record that does not validate is
-    read as none: the user has no default group."""
+    A record that does not validate is read as none: the user has no default group."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     v: int = SCHEMA_VERSION
     user: str = Field(pattern=USER_PATTERN)

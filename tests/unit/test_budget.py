@@ -13,6 +13,7 @@ from runplane.domain.messages import DispatchEvent
 from runplane.domain.pools import Pool
 from runplane.domain.runs import MAX_INPUTS, MAX_UPSTREAMS, Run, RunSpec
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep, SweepSpec
+from runplane.domain.wire import stored
 from runplane.services import dependencies, dispatch, sweep_advance
 from runplane.services.budget import Budget, meter, metered
 
@@ -119,7 +120,7 @@ def test_the_published_worst_cases_are_the_codes():
 
 def test_an_event_of_another_release_is_still_read_and_a_continuation_says_where_it_goes_on():
     body = '{"v": 1, "pool": "p", "upstream": "r-1", "skip": 40, "member": 3, "sweep": "s-1", "added_later": 1}'
-    event = DispatchEvent.model_validate_json(body)
+    event = stored(DispatchEvent, body)
     assert (event.upstream, event.skip, event.sweep, event.member) == ("r-1", 40, "s-1", 3)
     assert DispatchEvent.model_validate_json('{"v": 1, "pool": "p", "upstream": "r-1"}').skip == 0
 
