@@ -330,6 +330,12 @@ def _agent_versions(client: Client) -> dict[str, str]:
     return {worker["id"]: worker["agent_version"] for worker in listed if worker["status"] != "offline"}
 
 
+def _pool_agents(client: Client) -> dict[str, tuple[dict[str, int], dict[str, str]]]:
+    """Each pool's live agents by version and the workers it refuses, as this tree's API shows them."""
+    pools = client.request("GET", "/v1/pools")["pools"]
+    return {pool["name"]: (pool["agent_versions"], pool["refused_workers"]) for pool in pools}
+
+
 def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upgrade: Any) -> None:
     old = upgrade.previous_functions()
     client = Client(old.api_url, ADMIN_TOKEN)
@@ -351,6 +357,9 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     later = _submit(client, "echo four", "old")
     wait_for(lambda: _agent_versions(client).get(taker.id), 30, 0.2, "this tree's agent to register")
     assert {first.id: upgrade.previous_version, taker.id: __version__}.items() <= _agent_versions(client).items()
+    # the previous release's agents are within the skew window: counted, none refused
+    agents = {"old": ({upgrade.previous_version: 1}, {}), "new": ({__version__: 1}, {})}
+    wait_for(lambda: _pool_agents(client) == agents, 30, 0.5, f"the pools to show their agents as {agents}")
     first.open_gate(running)
     for run in (running, waiting, queued, later):
         _wait_state(client, run, "succeeded", 90, first.log)
