@@ -89,6 +89,8 @@ class Reply:
     body: BaseModel | Schema | None
     status: int | None = None
     headers: dict[str, str] | None = None
+    text: str | None = None
+    """The body already serialised (a page that measured itself), sent as it is."""
 
 
 @dataclass(frozen=True)
@@ -198,7 +200,9 @@ def _path_value(raw: str, param: PathParam) -> str:
 def _respond(op: Operation, result: Reply | BaseModel | Schema | None) -> Response[str]:
     reply = result if isinstance(result, Reply) else Reply(result)
     status = reply.status or next(iter(op.answers))
-    if reply.body is None:
+    if reply.text is not None:
+        text = reply.text
+    elif reply.body is None:
         text = ""
     elif isinstance(reply.body, BaseModel):
         text = reply.body.model_dump_json()

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView
-from runplane.api.pages import within_page
+from runplane.api.pages import page_reply
 from runplane.api.requests import SetPriority
 from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, ID_PATTERN, LOCATION, RUN_ID
 from runplane.api.routes.examples import PRIORITY_403, PRIORITY_EXAMPLES, RUN_EXAMPLES
@@ -94,7 +94,7 @@ class RunsQuery(Query):
         422: "sweep combined with owner or queue",
     },
 )
-def list_runs(call: Call, query: RunsQuery) -> RunPage:
+def list_runs(call: Call, query: RunsQuery) -> Reply:
     ports = call.ports
     if query.sweep is not None:
         if query.owner or query.queue:
@@ -102,15 +102,17 @@ def list_runs(call: Call, query: RunsQuery) -> RunPage:
         sweep = sweeps.get_sweep(ports, call.principal, _sweep_id(query.sweep))
         found, cursor = sweeps.members(ports, sweep, query.state, query.limit, query.cursor)
         found = runs.labelled(found, runs.label_filter(query.label))
-        views, cursor = within_page([run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
-        return RunPage(runs=views, next_cursor=cursor)
+        return page_reply(_run_page, [run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
     owner = query.owner or call.principal.user
     page = runs.list_runs(
         ports, call.principal, owner=owner, state=query.state, queue=query.queue, limit=query.limit,
         cursor=query.cursor, label=query.label,
     )  # fmt: skip
     resume = lambda n: ports.store.cursor_after(page.runs[n - 1], owner)  # noqa: E731
-    views, cursor = within_page([run_view(r) for r in page.runs], page.next_cursor, resume)
+    return page_reply(_run_page, [run_view(r) for r in page.runs], page.next_cursor, resume)
+
+
+def _run_page(views: list[RunView], cursor: str | None) -> RunPage:
     return RunPage(runs=views, next_cursor=cursor)
 
 

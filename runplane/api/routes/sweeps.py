@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from runplane.api.models import SweepPage, SweepRetried, SweepView
-from runplane.api.pages import within_page
+from runplane.api.pages import page_reply
 from runplane.api.requests import SweepPatch
 from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, LOCATION, SWEEP_ID
 from runplane.api.routes.examples import PRIORITY_403, RELEASE_403, SWEEP_EXAMPLES
@@ -70,13 +70,15 @@ class SweepsQuery(Query):
     answers={200: Answer(SweepPage)},
     valid_refusals={400: BAD_CURSOR},
 )
-def list_sweeps(call: Call, query: SweepsQuery) -> SweepPage:
+def list_sweeps(call: Call, query: SweepsQuery) -> Reply:
     ports = call.ports
     found, cursor = sweeps.list_sweeps(ports, call.principal, query.owner, query.limit, query.cursor)
     # a sweep's spec may be large: its page is held to the budget too
-    views, cursor = within_page(
-        [sweep_view(w) for w in found], cursor, lambda n: ports.sweeps.cursor_after(found[n - 1])
-    )
+    resume = lambda n: ports.sweeps.cursor_after(found[n - 1])  # noqa: E731
+    return page_reply(_sweep_page, [sweep_view(w) for w in found], cursor, resume)
+
+
+def _sweep_page(views: list[SweepView], cursor: str | None) -> SweepPage:
     return SweepPage(sweeps=views, next_cursor=cursor)
 
 
