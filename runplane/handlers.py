@@ -157,7 +157,7 @@ class PoolDispatcher:
         ``SCHEDULE_RECORD`` record). What a lost event would have done happens within passes;
         however many waiting runs or sweeps one tenant has, the pools are dispatched. It also keeps
         the record agents check their version against when they register (``skew.publish``)."""
-        skew.publish(self.ports.workers, self.ports.clock())
+        skew.publish(self.ports)
         pools = self.all_pools()
         try:
             record: PoolRecord | None = self.ports.pool_states.get(SCHEDULE_RECORD)

@@ -62,11 +62,12 @@ PORT_FIELDS = ("store", "sweeps", "queue", "quotas", "workers")
 """The fields of a ports bundle that reach a store or a queue."""
 
 
-def metered(ports: T, budget: Budget) -> T:
-    """A copy of the dataclass ``ports`` whose stores and queues charge ``budget``."""
+def metered(bundle: T, budget: Budget) -> T:
+    """A copy of the dataclass ``bundle`` (``Ports``, or any with such fields) whose stores and
+    queues charge ``budget``."""
     changes = {
-        name: meter(getattr(ports, name), budget)
+        name: meter(getattr(bundle, name), budget)
         for name in PORT_FIELDS
-        if hasattr(ports, name) and getattr(ports, name) is not None
+        if hasattr(bundle, name) and getattr(bundle, name) is not None
     }
-    return cast(T, dataclasses.replace(cast(Any, ports), **changes))
+    return cast(T, dataclasses.replace(cast(Any, bundle), **changes))

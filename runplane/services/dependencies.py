@@ -282,7 +282,7 @@ def _release(ports: Ports, run: Run, expect: Expect, now: float, caller: Princip
     tag = run.fair_tag
     pool = ports.pools.get(run.queue)
     if pool is not None:
-        tag = fair_tag(ports.store, ports.quotas, pool, run.owner, run.spec.priority, now)
+        tag = fair_tag(ports, pool, run.owner, run.spec.priority, now)
     released = ports.store.update(
         run,
         expect,

@@ -120,7 +120,7 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
     # when it is released)
     tag = 0.0
     if not admitted.waiting_on:
-        tag = fair_tag(ports.store, ports.quotas, pool, principal.user, resolved.priority, now)
+        tag = fair_tag(ports, pool, principal.user, resolved.priority, now)
     run = Run(
         id=run_id,
         owner=principal.user,
@@ -335,7 +335,7 @@ def set_priority(ports: Ports, principal: Principal, run_id: str, priority: int)
             tag = run.fair_tag
             # a run that waits for others takes its place in the lane when it is released
             if pool is not None and not run.waiting_on:
-                tag = fair_tag(ports.store, ports.quotas, pool, run.owner, priority, now)
+                tag = fair_tag(ports, pool, run.owner, priority, now)
         try:
             return ports.store.update(
                 run,

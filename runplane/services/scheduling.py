@@ -17,7 +17,7 @@ import logging
 from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.pools import Pool
 from runplane.domain.quotas import Lane
-from runplane.ports import QuotaStore, RunStore
+from runplane.ports import Ports
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +40,12 @@ PICK_WINDOW_FOR_V = 8
 """How many of a line's first runs are read to find the one whose tag is the line's virtual time."""
 
 
-def virtual_time(store: RunStore, pool: str, priority: int) -> float:
+def virtual_time(ports: Ports, pool: str, priority: int) -> float:
     """The virtual time of ``pool``'s line at ``priority``: the tag of its first run that waits for
     the first time and not for a quota, else of its first run, else 0 (one head query). A store
     that cannot answer (say, an index still being built) costs fairness, not the submit: 0."""
     try:
-        line = store.head(pool, PICK_WINDOW_FOR_V, priority)
+        line = ports.store.head(pool, PICK_WINDOW_FOR_V, priority)
     except RunplaneError as e:
         log.warning("line of pool %s at priority %s not read; fair tags start at 0: %s", pool, priority, e)
         return 0.0
@@ -55,14 +55,15 @@ def virtual_time(store: RunStore, pool: str, priority: int) -> float:
     return line[0].fair_tag if line else 0.0
 
 
-def fair_tag(store: RunStore, quotas: QuotaStore, pool: Pool, user: str, priority: int, now: float) -> float:
+def fair_tag(ports: Ports, pool: Pool, user: str, priority: int, now: float) -> float:
     """The fair tag of a run ``user`` submits now to ``pool`` at ``priority`` (or a queued run of
     theirs moves to ``priority``: it goes in line like a run submitted now), moving the user's
     lane at that priority past it. One head query, one lane read and one conditional lane write; a
     write lost to a racing submit of the same user reads the lane again (``MAX_TRIES`` in all).
     The run store or the quota store failing costs fairness, never the submit: the run then takes
-    the tag computed so far."""
-    virtual = virtual_time(store, pool.name, priority)
+    the tag computed so far. ``now`` is the time the caller writes the run with."""
+    quotas = ports.quotas
+    virtual = virtual_time(ports, pool.name, priority)
     tag = virtual
     for _ in range(MAX_TRIES):
         try:

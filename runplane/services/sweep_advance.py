@@ -309,7 +309,7 @@ def _release(ports: Ports, sweep: Sweep, index: int, now: float) -> bool:
     tag = 0.0
     pool = ports.pools.get(sweep.queue)
     if pool is not None:
-        tag = fair_tag(ports.store, ports.quotas, pool, sweep.owner, sweep.spec.run.priority, now)
+        tag = fair_tag(ports, pool, sweep.owner, sweep.spec.run.priority, now)
     run = member_run(sweep, index, now, tag, groups, group)
     try:
         ports.store.create(run)

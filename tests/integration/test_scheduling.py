@@ -114,9 +114,9 @@ def test_fair_tag_reads_the_line_of_the_pool_and_priority_once(stack):
     for user in ("alice", "alice", "bob"):
         submit(stack, user, NOW)
     start(stack, stack.store.head("parked", 1)[0])  # alice's first: bob's 0 is first now
-    assert fair_tag(stack.store, stack.quotas, pool, "dave", 50, NOW) == 0
-    assert fair_tag(stack.store, stack.quotas, pool, "dave", 50, NOW) == 1
-    assert fair_tag(stack.store, stack.quotas, pool, "erin", 10, NOW) == 0
+    assert fair_tag(stack.ports, pool, "dave", 50, NOW) == 0
+    assert fair_tag(stack.ports, pool, "dave", 50, NOW) == 1
+    assert fair_tag(stack.ports, pool, "erin", 10, NOW) == 0
     assert stack.quotas.lane("parked", "dave", 50).version == 2
     assert stack.quotas.lane("parked", "erin", 10).version == 1
 
