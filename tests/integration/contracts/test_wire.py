@@ -293,6 +293,9 @@ def _fleet(wire: Wire, run_id: str) -> None:
     by_id = {w["id"]: w for w in listed.body["workers"]}
     assert by_id["w-wire"]["runs"] == [run_id] and by_id["w-gone"]["status"] == "offline"
     assert [w["runs"] for w in wire("GET", "/v1/workers", who="bob").body["workers"]] == [[], []]
+    # a parameter given empty is one not given: the document's any-string cursor took "" and was refused
+    assert wire("GET", "/v1/workers?cursor=&pool=").body == listed.body
+    assert wire("GET", "/v1/workers?cursor=AA").status == 422  # well formed, but no listing gave it
     assert wire("GET", "/v1/workers", who="empty").status == 403
     pools = wire("GET", "/v1/pools")
     assert pools.status == 200
