@@ -164,11 +164,30 @@ class Call:
         return self._principal
 
 
-def operation(method: str, path: str, **declared: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declare and serve one operation (``Operation``'s fields but method and path as keywords).
-    The route is called with the ``Call``, its path parameters by name, ``query`` (the ``Query``
-    model), ``body`` (the body model) and ``key`` (the Idempotency-Key header), each when declared."""
-    op = Operation(method=method, path=path, **declared)
+def operation(
+    method: str,
+    path: str,
+    *,
+    operation_id: str,
+    summary: str,
+    scope: str | None,
+    answers: Mapping[int, Answer],
+    path_params: Mapping[str, PathParam] | None = None,
+    query: type[Query] | None = None,
+    body: type[BaseModel] | None = None,
+    examples: Mapping[str, Any] | None = None,
+    raises: tuple[type[errors.RunplaneError], ...] = (),
+    notes: Mapping[int, str] | None = None,
+    valid_refusals: Mapping[int, str] | None = None,
+    idempotency: str | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare and serve one operation (the arguments are ``Operation``'s fields). The route is
+    called with the ``Call``, its path parameters by name, ``query`` (the ``Query`` model), ``body``
+    (the body model) and ``key`` (the Idempotency-Key header), each when declared."""
+    op = Operation(
+        method, path, operation_id, summary, scope, answers, path_params or {}, query, body, examples or {},
+        raises, notes or {}, valid_refusals or {}, idempotency,
+    )  # fmt: skip
     OPERATIONS.append(op)
 
     def register(route: Callable[..., Any]) -> Callable[..., Any]:
