@@ -156,3 +156,11 @@ def test_a_field_added_since_the_previous_release_is_written_only_when_set():
     # what the API answers is the model whole: the marker is only for what is stored or sent
     assert Tagged(command="x").model_dump() == {"command": "x", "labels": {}, "weight": 0}
     assert stored(Tagged, {"command": "x"}).labels == {}
+
+
+def test_what_this_release_writes_of_a_run_and_a_worker_leaves_out_its_new_fields_while_unset():
+    assert "labels" not in written(RunSpec(command="x"))
+    assert written(RunSpec(command="x", labels={"team": "vision"}))["labels"] == {"team": "vision"}
+    worker = Worker(id="w", pool="cpu", started_at=1, heartbeat_at=2)
+    assert "refused" not in written(worker)
+    assert written(worker.model_copy(update={"refused": "too old"}))["refused"] == "too old"
