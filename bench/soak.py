@@ -373,11 +373,11 @@ def _check(report: Report, starts: collections.Counter[tuple[str, str]], say: Ca
 
 
 def _dead_letters(stack: Any) -> list[str]:
-    from runplane.adapters.aws.sqs import pool_queue_name
+    from runplane.adapters.aws.sqs import dead_letter_queue_name, pool_queue_name
     from runplane.domain.messages import RunMessage
 
     sqs = stack.queue.client
-    url = sqs.get_queue_url(QueueName=pool_queue_name(stack.settings.prefix, POOL) + "-dlq")["QueueUrl"]
+    url = sqs.get_queue_url(QueueName=dead_letter_queue_name(pool_queue_name(stack.settings.prefix, POOL)))["QueueUrl"]
     found = []
     while True:
         got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=300)

@@ -1,5 +1,6 @@
 """What the DynamoDB stores share: items to and from JSON values, the runs and workers tables'
-index names, our errors for DynamoDB's, and the cursors of listings that resume at a start key.
+index names, our errors for DynamoDB's, the cursors of listings that resume at a start key, and the
+one conditional put of records guarded by their version.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from decimal import Decimal
 from typing import Any, TypeVar
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import BaseModel
 
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.records import record
 from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.cursors import decode_cursor
-from runplane.domain.errors import BackendError, BadRequest
+from runplane.domain.errors import BackendError, BadRequest, ConditionFailed
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,28 @@ def fields(model: type[M], item: Mapping[str, Any], *storage: str) -> M:
     for attribute in storage:
         data.pop(attribute, None)
     return record(model, data)
+
+
+def put_versioned(
+    client: Any, table: str, item: dict[str, Any], version: int, changed: ConditionFailed, what: str
+) -> None:
+    """Put ``item`` (a record at ``version`` + 1, in its ``version`` attribute) if the stored
+    version is ``version`` (0: none stored, or an item without one). Raises ``changed`` when it is
+    not: another writer came first."""
+    condition: dict[str, Any] = {"ExpressionAttributeNames": {"#v": "version"}}
+    if version == 0:
+        condition["ConditionExpression"] = "attribute_not_exists(#v)"
+    else:
+        condition["ConditionExpression"] = "#v = :v"
+        condition["ExpressionAttributeValues"] = {":v": {"N": str(version)}}
+    try:
+        client.put_item(TableName=table, Item=item, **condition)
+    except ClientError as e:
+        if error_code(e) == "ConditionalCheckFailedException":
+            raise changed from e
+        raise translate(e, what) from e
+    except BotoCoreError as e:
+        raise translate(e, what) from e
 
 
 def version_of(item: Mapping[str, Any] | None) -> int | None:

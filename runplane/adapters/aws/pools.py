@@ -6,8 +6,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import document, translate
+from runplane.adapters.aws.dynamodb import document, put_versioned, translate
 from runplane.adapters.records import written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.workers import PoolRecord
@@ -38,20 +37,8 @@ class DynamoPoolStateStore:
             "version": {"N": str(stored.version)},
             "doc": {"S": written_json(stored)},
         }
-        try:
-            self.client.put_item(
-                TableName=self.table,
-                Item=item,
-                ConditionExpression="attribute_not_exists(#p) OR #v = :v",
-                ExpressionAttributeNames={"#p": "pool", "#v": "version"},
-                ExpressionAttributeValues={":v": {"N": str(record.version)}},
-            )
-        except ClientError as e:
-            if error_code(e) == "ConditionalCheckFailedException":
-                raise ConditionFailed(
-                    f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
-                ) from e
-            raise translate(e, "write pool record") from e
-        except BotoCoreError as e:
-            raise translate(e, "write pool record") from e
+        changed = ConditionFailed(
+            f"pool {record.pool}: record changed since version {record.version}", pool=record.pool
+        )
+        put_versioned(self.client, self.table, item, record.version, changed, "write pool record")
         return stored

@@ -24,7 +24,7 @@ from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_QUEUE_STATE, BY_RANK
 from runplane.adapters.aws.resources import MAX_RECEIVES
-from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
+from runplane.adapters.aws.sqs import dead_letter_queue_name, events_queue_name, pool_queue_name
 from runplane.adapters.names import StackNames
 from runplane.settings import StackSettings
 
@@ -164,7 +164,9 @@ def _tables(ddb: Any, names: AwsNames) -> None:
 
 def _queue_with_dlq(sqs: Any, name: str, visibility_seconds: int) -> None:
     retention = str(resources.MESSAGE_RETENTION_SECONDS)
-    dlq_url = sqs.create_queue(QueueName=f"{name}-dlq", Attributes={"MessageRetentionPeriod": retention})["QueueUrl"]
+    dlq_url = sqs.create_queue(
+        QueueName=dead_letter_queue_name(name), Attributes={"MessageRetentionPeriod": retention}
+    )["QueueUrl"]
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
     try:
         sqs.create_queue(

@@ -8,8 +8,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import translate, version_of
+from runplane.adapters.aws.dynamodb import put_versioned, translate, version_of
 from runplane.adapters.records import record_or_none, subject_order, versioned, written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
@@ -88,20 +87,8 @@ class DynamoQuotaStore:
         """Put ``doc`` at ``version`` + 1 if the stored version is ``version`` (0: none stored, or an
         item without one). Raises ConditionFailed when it is not."""
         item = {"id": {"S": item_id}, "version": {"N": str(version + 1)}, "doc": {"S": doc}}
-        condition: dict[str, Any] = {"ExpressionAttributeNames": {"#v": "version"}}
-        if version == 0:
-            condition["ConditionExpression"] = "attribute_not_exists(#v)"
-        else:
-            condition["ConditionExpression"] = "#v = :v"
-            condition["ExpressionAttributeValues"] = {":v": {"N": str(version)}}
-        try:
-            self.client.put_item(TableName=self.table, Item=item, **condition)
-        except ClientError as e:
-            if error_code(e) == "ConditionalCheckFailedException":
-                raise ConditionFailed(f"{what}: changed since version {version}", key=item_id.partition("#")[2]) from e
-            raise translate(e, f"write {what}") from e
-        except BotoCoreError as e:
-            raise translate(e, f"write {what}") from e
+        changed = ConditionFailed(f"{what}: changed since version {version}", key=item_id.partition("#")[2])
+        put_versioned(self.client, self.table, item, version, changed, f"write {what}")
 
     def lane(self, pool: str, user: str, priority: int) -> Lane:
         item = self._read(f"{self.LANE}{pool}#{priority}#{user}", "read lane")

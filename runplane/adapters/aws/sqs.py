@@ -25,6 +25,11 @@ def events_queue_name(prefix: str) -> str:
     return f"{prefix}-events"
 
 
+def dead_letter_queue_name(name: str) -> str:
+    """The queue SQS moves a message of queue ``name`` to after ``MAX_RECEIVES`` receives."""
+    return f"{name}-dlq"
+
+
 class SqsRunQueue:
     def __init__(self, prefix: str, client: Any) -> None:
         self.prefix = prefix

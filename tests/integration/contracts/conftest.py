@@ -6,6 +6,8 @@ import base64
 
 import pytest
 
+from runplane.adapters.aws import sqs
+
 IMPLEMENTATIONS = ["aws-moto", "azure-azurite"]
 _STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack"}
 RACING_IMPLEMENTATIONS = ["aws-dynalite", "azure-azurite"]
@@ -24,7 +26,7 @@ def send_raw(request, stack):
 
         def send(pool, body):
             stack.queue.client.send_message(
-                QueueUrl=stack.queue._url(f"{stack.settings.prefix}-pool-{pool}"), MessageBody=body
+                QueueUrl=stack.queue._url(sqs.pool_queue_name(stack.settings.prefix, pool)), MessageBody=body
             )
 
     else:
@@ -44,7 +46,7 @@ def dead_letters(request, stack):
     if request.node.callspec.params["stack"] == "aws-moto":
 
         def read(pool):
-            url = stack.queue._url(f"{stack.settings.prefix}-pool-{pool}-dlq")
+            url = stack.queue._url(sqs.dead_letter_queue_name(sqs.pool_queue_name(stack.settings.prefix, pool)))
             got = stack.queue.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
             return [m["Body"] for m in got.get("Messages", [])]
 
