@@ -26,10 +26,12 @@ Every run succeeds, and its logs and outputs are read through this tree's API.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,6 +60,7 @@ pytestmark = pytest.mark.slow
 
 UV = Path(sys.executable).with_name("uv")
 PACKAGING = ROOT / ".venv" / "packaging"  # scripts/setup.sh --test fills it
+RELEASES = ROOT / ".venv" / "releases"  # the previous releases' virtualenvs, once built
 ADMIN_TOKEN = "upgrade-admin-token"
 # Both releases read this pools file: the fields of the previous release only. No pool gets workers
 # from the dispatcher (the test starts every agent itself); "old" runs one run at a time.
@@ -99,10 +102,30 @@ class Installed:
     this tree's packages in the working directory."""
 
 
+def _build(commit: str, venv: Path, work: Path) -> None:
+    """The release at ``commit`` (its wheel) with the ``local`` extra, in a new virtualenv ``venv``."""
+    source, wheels = work / "source", work / "wheels"
+    source.mkdir(parents=True)
+    paths = ["pyproject.toml", "README.md", "runplane", "worker_agent", "functions"]
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", commit, *paths], capture_output=True, check=True, timeout=60
+    )
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True, timeout=60)
+    # an absolute path: pip reads a bare word as the name of a package to fetch
+    wheel_of = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels)]
+    built = subprocess.run([*wheel_of, str(source.resolve())], capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr[-4000:]
+    (wheel,) = wheels.glob("runplane-*.whl")
+    _uv("venv", "-q", "--python", sys.executable, venv)
+    python = venv / "bin" / "python"
+    _uv("pip", "install", "-q", "--offline", "--python", python, "-c", PACKAGING / "constraints.txt", f"{wheel}[local]")
+
+
 @pytest.fixture(scope="module")
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """The previous release of CHANGELOG.md, from its commit, in a virtualenv of its own with the
-    ``local`` extra (its local stack and its agent)."""
+    ``local`` extra (its local stack and its agent). The virtualenv is kept in .venv/releases, under
+    a name made of the commit, the packages' versions and this Python, for the next session."""
     release = previous_release(CHANGELOG.read_text())
     assert release.commit is not None
     known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{release.commit}^{{commit}}"], check=False)
@@ -111,33 +134,19 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     stamp = PACKAGING / "cache" / f".primed-{hashlib.sha256((ROOT / 'pyproject.toml').read_bytes()).hexdigest()[:12]}"
     if not stamp.exists() or not UV.exists():
         pytest.fail("the package cache is missing or older than pyproject.toml: run scripts/setup.sh --test")
-    base = tmp_path_factory.mktemp(f"release-{release.version}")
-    source, wheels = base / "source", base / "wheels"
-    source.mkdir()
-    paths = ["pyproject.toml", "README.md", "runplane", "worker_agent", "functions"]
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "--format=tar", release.commit, *paths],
-        capture_output=True,
-        check=True,
-        timeout=60,
-    )
-    subprocess.run(["tar", "-x", "-C", str(source)], input=archive.stdout, check=True, timeout=60)
-    # an absolute path: pip reads a bare word as the name of a package to fetch
-    wheel_of = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels)]
-    built = subprocess.run(
-        [*wheel_of, str(source.resolve())],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert built.returncode == 0, built.stderr[-4000:]
-    (wheel,) = wheels.glob("runplane-*.whl")
-    venv = base / "venv"
-    _uv("venv", "-q", "--python", sys.executable, venv)
+    key = hashlib.sha256(
+        b"\0".join([release.commit.encode(), (PACKAGING / "constraints.txt").read_bytes(), sys.version.encode()])
+    ).hexdigest()[:16]
+    venv = RELEASES / f"{release.version}-{key}"
+    RELEASES.mkdir(parents=True, exist_ok=True)
+    with (RELEASES / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session building the same one: wait for it
+        if not (venv / ".built").exists():
+            shutil.rmtree(venv, ignore_errors=True)  # what a build that was stopped left
+            _build(release.commit, venv, tmp_path_factory.mktemp(f"release-{release.version}"))
+            (venv / ".built").touch()
     python = venv / "bin" / "python"
-    _uv("pip", "install", "-q", "--offline", "--python", python, "-c", PACKAGING / "constraints.txt", f"{wheel}[local]")
-    home = base / "home"
-    home.mkdir()
+    home = tmp_path_factory.mktemp("home")
     shown = subprocess.run(
         [str(python), "-c", "import runplane, worker_agent; print(runplane.__version__, runplane.__file__)"],
         cwd=home,
