@@ -20,12 +20,12 @@ the agents run side by side on one stack, so each reads what another release wro
 from __future__ import annotations
 
 import functools
-import json
 import typing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+from pydantic_core import to_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -64,7 +64,7 @@ def written(record: BaseModel) -> dict[str, Any]:
 
 def written_json(record: BaseModel) -> str:
     """``written(record)`` as compact JSON text."""
-    return json.dumps(written(record), separators=(",", ":"), ensure_ascii=False)
+    return to_json(written(record)).decode()
 
 
 def _complete(model: BaseModel, data: dict[str, Any]) -> None:
