@@ -11,8 +11,8 @@ of the test session) and one pools file that both read.
 
 1. The previous functions and a previous agent: a run running, a run waiting on it, a run queued
    in a pool with no worker yet.
-2. The functions change (the previous ones are killed, as a deploy replaces them: nothing of them
-   is left to tidy up; this tree's start on the same stores). The running run ends on the previous
+2. The functions change: this tree's start on the same stores, then the previous ones are killed
+   (as a deploy replaces them: nothing of them is left to tidy up). The running run ends on the previous
    agent and this tree's dispatcher releases the waiting one, which the previous agent runs; a
    run submitted now reaches the previous agent too; an agent of this tree takes the queued run,
    whose record and spec meanwhile gained a field of a later release (as the next upgrade's
@@ -356,9 +356,9 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     assert (_view(client, waiting)["state"], _view(client, waiting)["waiting_on"]) == ("queued", [running])
     assert _view(client, queued)["state"] == "queued"
 
-    # the functions change; the runs go on
-    old.kill()
+    # the functions change (this tree's serve before the previous ones go, as in a deploy); the runs go on
     new = upgrade.current_functions()
+    old.kill()
     client = Client(new.api_url, ADMIN_TOKEN)
     assert [_view(client, run)["state"] for run in (running, waiting, queued)] == ["running", "queued", "queued"]
     upgrade.add_later_field(queued)
