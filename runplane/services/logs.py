@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from runplane.domain.cursors import decode_cursor
-from runplane.domain.errors import BadRequest, NotFound
+from runplane.domain.errors import BadRequest, InvalidRequest, NotFound
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.ports import ObjectInfo, ObjectStore
@@ -155,6 +155,18 @@ def _last_chunk(objects: ObjectStore, prefix: str, part: str) -> ObjectInfo | No
         if last is not None:
             return last
     return None
+
+
+def asked_attempt(run: Run, attempt: int | None) -> int | None:
+    """The attempt a reader asks for (None: the run's latest). Raises InvalidRequest for one the
+    run has not had."""
+    if attempt is None:
+        return None
+    if run.attempt < 1:
+        raise InvalidRequest(f"run {run.id} has not had an attempt yet")
+    if not 1 <= attempt <= run.attempt:
+        raise InvalidRequest(f"query parameter attempt must be between 1 and {run.attempt}")
+    return attempt
 
 
 def attempt_over(run: Run, attempt: int | None) -> bool:

@@ -1,6 +1,6 @@
-"""What the API shows beyond a stored record: why a queued run waits, each pool's figures, and a
-page of workers. Read only; a record that adds a courtesy (a pool's dispatcher record) never makes
-a read fail when it cannot be read."""
+"""What the API shows beyond a stored record: why a queued run waits, a run's logs and outputs,
+each pool's figures, and a page of workers. Read only; a record that adds a courtesy (a pool's
+dispatcher record) never makes a read fail when it cannot be read."""
 
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ from runplane.domain.workers import PoolRecord, Worker
 from runplane.ports import Ports
 from runplane.services import dependencies, runs, skew
 from runplane.services.dispatch import FIGURES_STALE_SECONDS, explain_wait, fresh
+from runplane.services.logs import (
+    LogPage,
+    OutputsPage,
+    Stream,
+    asked_attempt,
+    attempt_over,
+    read_logs,
+    read_outputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +71,25 @@ def shown_run(ports: Ports, principal: Principal, run_id: str) -> tuple[Run, str
     """The caller's run (``runs.get_run``) and, while it is queued, why it waits."""
     run = runs.get_run(ports, principal, run_id)
     return run, why_waiting(ports, run)
+
+
+def run_logs(
+    ports: Ports, principal: Principal, run_id: str, stream: Stream, offset: int, attempt: int | None
+) -> LogPage:
+    """A page of the caller's run's ``stream`` of ``attempt`` (None: the latest) from ``offset``.
+    Raises NotFound (no such run, or another user's) and InvalidRequest (an attempt it has not had)."""
+    run = runs.get_run(ports, principal, run_id)
+    return read_logs(ports.objects, run, stream, offset, attempt=asked_attempt(run, attempt))
+
+
+def run_outputs(
+    ports: Ports, principal: Principal, run_id: str, cursor: str | None, limit: int, attempt: int | None
+) -> tuple[OutputsPage, bool]:
+    """A page of the output files of the caller's run's ``attempt`` (None: the latest), and whether
+    that attempt is over. Raises as ``run_logs`` does, and BadRequest for a cursor no listing gave."""
+    run = runs.get_run(ports, principal, run_id)
+    attempt = asked_attempt(run, attempt)
+    return read_outputs(ports.objects, run, cursor, limit, attempt=attempt), attempt_over(run, attempt)
 
 
 def live_counts(workers: list[Worker], record: PoolRecord) -> dict[str, int]:

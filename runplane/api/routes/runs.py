@@ -20,8 +20,8 @@ from runplane.domain.states import RunState
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
 from runplane.services import runs, sweeps
-from runplane.services.logs import MAX_OUTPUTS_PAGE, asked_attempt, attempt_over, read_logs, read_outputs
-from runplane.services.overview import shown_run
+from runplane.services.logs import MAX_OUTPUTS_PAGE
+from runplane.services.overview import run_logs, run_outputs, shown_run
 
 
 @operation(
@@ -191,9 +191,7 @@ class LogsQuery(Query):
     valid_refusals={422: "an attempt the run has not had"},
 )
 def logs(call: Call, run_id: str, query: LogsQuery) -> LogPage:
-    run = runs.get_run(call.ports, call.principal, run_id)
-    attempt = asked_attempt(run, query.attempt)
-    page = read_logs(call.ports.objects, run, query.stream, query.offset, attempt=attempt)
+    page = run_logs(call.ports, call.principal, run_id, query.stream, query.offset, query.attempt)
     return LogPage(data=page.data, next_offset=page.next_offset, complete=page.complete)
 
 
@@ -215,8 +213,6 @@ class OutputsQuery(Query):
     valid_refusals={400: BAD_CURSOR + " (or of another attempt)", 422: "an attempt the run has not had"},
 )
 def outputs(call: Call, run_id: str, query: OutputsQuery) -> OutputPage:
-    run = runs.get_run(call.ports, call.principal, run_id)
-    attempt = asked_attempt(run, query.attempt)
-    page = read_outputs(call.ports.objects, run, cursor=query.cursor, limit=query.limit, attempt=attempt)
+    page, over = run_outputs(call.ports, call.principal, run_id, query.cursor, query.limit, query.attempt)
     files = [OutputFile.model_validate(f) for f in page.files]
-    return OutputPage(files=files, next_cursor=page.next_cursor, complete=attempt_over(run, attempt))
+    return OutputPage(files=files, next_cursor=page.next_cursor, complete=over)
