@@ -80,6 +80,17 @@ def fields(model: type[M], item: Mapping[str, Any], *storage: str) -> M:
     return record(model, data)
 
 
+def scan(client: Any, table: str, what: str, **kwargs: Any) -> list[dict[str, Any]]:
+    """Every item of ``table`` (that ``kwargs``' filter keeps), read strongly consistent, page by page."""
+    items: list[dict[str, Any]] = []
+    try:
+        for page in client.get_paginator("scan").paginate(TableName=table, ConsistentRead=True, **kwargs):
+            items.extend(page.get("Items", []))
+    except (ClientError, BotoCoreError) as e:
+        raise translate(e, what) from e
+    return items
+
+
 def put_versioned(
     client: Any, table: str, item: dict[str, Any], version: int, changed: ConditionFailed, what: str
 ) -> None:

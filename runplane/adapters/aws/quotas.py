@@ -8,7 +8,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from runplane.adapters.aws.dynamodb import put_versioned, translate, version_of
+from runplane.adapters.aws.dynamodb import put_versioned, scan, translate, version_of
 from runplane.adapters.records import record_or_none, subject_order, versioned, written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
@@ -35,19 +35,14 @@ class DynamoQuotaStore:
         return item
 
     def _scan(self, prefix: str, what: str) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        try:
-            for page in self.client.get_paginator("scan").paginate(
-                TableName=self.table,
-                ConsistentRead=True,
-                FilterExpression="begins_with(#id, :p)",
-                ExpressionAttributeNames={"#id": "id"},
-                ExpressionAttributeValues={":p": {"S": prefix}},
-            ):
-                items.extend(page.get("Items", []))
-        except (ClientError, BotoCoreError) as e:
-            raise translate(e, what) from e
-        return items
+        return scan(
+            self.client,
+            self.table,
+            what,
+            FilterExpression="begins_with(#id, :p)",
+            ExpressionAttributeNames={"#id": "id"},
+            ExpressionAttributeValues={":p": {"S": prefix}},
+        )
 
     def get(self, kind: QuotaKind, name: str) -> Quota | None:
         key = quota_key(kind, name)

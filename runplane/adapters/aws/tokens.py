@@ -10,7 +10,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import translate
+from runplane.adapters.aws.dynamodb import scan, translate
 from runplane.adapters.records import record_or_none, written_json
 from runplane.domain.errors import BackendError
 from runplane.domain.tenancy import ApiToken, UserRecord
@@ -47,14 +47,7 @@ class DynamoTokenStore:
     def _scan(self, **kwargs: Any) -> list[dict[str, Any]]:
         # strongly consistent: a release refuses a run on what this read says (``authority.Owners``),
         # and a revoke must find a token made a moment ago
-        items: list[dict[str, Any]] = []
-        try:
-            pages = self.client.get_paginator("scan").paginate(TableName=self.table, ConsistentRead=True, **kwargs)
-            for page in pages:
-                items.extend(page.get("Items", []))
-        except (ClientError, BotoCoreError) as e:
-            raise translate(e, "list tokens") from e
-        return items
+        return scan(self.client, self.table, "list tokens", **kwargs)
 
     def list(self) -> list[ApiToken]:
         tokens = [_token(item) for item in self._scan() if "doc" in item]
