@@ -19,9 +19,11 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from runplane import __version__
 from runplane.domain.accounting import Rates
 from runplane.domain.errors import RunplaneError
 from runplane.domain.units import format_bytes
+from runplane.domain.workers import Worker
 from runplane.extras import requirement
 from worker_agent.gpu_access import GpuAccess, GpuModeError, Probe, choose, gather
 from worker_agent.metrics import serve as serve_metrics
@@ -33,6 +35,7 @@ from worker_agent.workdir import WorkDir, WorkDirError, engine_shares_our_mounts
 if TYPE_CHECKING:
     import docker
 
+    from runplane.bootstrap import Stack
     from runplane.domain.pools import Pool
     from worker_agent.agent import Agent
     from worker_agent.netcheck import NetworkCheck
@@ -84,10 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, RunplaneError) as e:  # a bad RUNPLANE_* setting or pools file
         print(f"runplane-agent: error: {e}", file=sys.stderr)
         return 2
-    pool = stack.pools.get(settings.pool)
-    if pool is None:
-        print(f"runplane-agent: error: unknown pool {settings.pool!r}", file=sys.stderr)
-        return 2
+    pool = pool_or_status(stack, settings, worker_id)
+    if isinstance(pool, int):
+        return pool
     try:
         client = docker.from_env(max_pool_size=64)
         client.ping()
@@ -161,6 +163,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         uploader.stop()
     prepared.release()
     _exit_now(1 if agent.failed else 0)
+
+
+def pool_or_status(stack: Stack, settings: AgentSettings, worker_id: str) -> Pool | int:
+    """The pool this agent serves, or the exit status after saying why not: 2 for a pool the stack
+    does not have; 1 for an agent whose version the control plane refuses (``stack_refusal``), its
+    worker item saying so too, before anything of the machine is checked or pulled."""
+    from worker_agent.reporting import stack_refusal  # with the stores' services: after argument checks
+
+    pool = stack.pools.get(settings.pool)
+    if pool is None:
+        print(f"runplane-agent: error: unknown pool {settings.pool!r}", file=sys.stderr)
+        return 2
+    refused = stack_refusal(stack.workers, __version__)
+    if refused is None:
+        return pool
+    now = time.time()
+    worker = Worker(id=worker_id, pool=pool.name, status="offline", host=socket.gethostname(), started_at=now,
+                    heartbeat_at=now, agent_version=__version__, refused=refused)  # fmt: skip
+    with contextlib.suppress(RunplaneError):  # the exit says it all the same
+        stack.workers.put(worker)
+    print(f"runplane-agent: error: {refused}", file=sys.stderr)
+    return 1
 
 
 def _say_exit(agent: Agent, worker_id: str, reason: str) -> None:

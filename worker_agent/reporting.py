@@ -20,6 +20,23 @@ from worker_agent.slots import Slots
 log = logging.getLogger(__name__)
 
 
+def stack_refusal(registry: WorkerRegistry, version: str) -> str | None:
+    """Why the control plane refuses an agent of ``version``: its record in ``registry`` and the
+    window of runplane.domain.versions (docs/architecture.md, "Version skew"). None when it does
+    not, when there is no record to read (a control plane from before the check), or when the
+    record cannot be read now (said in the log): an agent the control plane does not allow is
+    still shown as refused in the pools view."""
+    try:
+        stack = registry.stack()
+    except RunplaneError as e:
+        log.warning("cannot read the stack's version (going on unchecked): %s", e)
+        return None
+    if stack is None:
+        log.info("no stack version to check agent %s against (an older control plane)", version)
+        return None
+    return agent_refusal(version, stack.version, stack.oldest_agent)
+
+
 class Reporter:
     def __init__(
         self,
@@ -40,21 +57,10 @@ class Reporter:
         self.refused: str | None = None
 
     def register(self) -> str | None:
-        """Check this agent's version against the window of the control plane's record in the
-        registry (docs/architecture.md, "Version skew"). Refused: the worker's item says why (its
-        status offline: it takes no runs) and so does the answer; None: it may serve. With no
-        record to read (a control plane from before the check) it goes on, and so it does when the
-        record cannot be read now (said in the log): an agent the control plane does not allow is
-        still shown as refused in the pools view."""
-        try:
-            stack = self.registry.stack()
-        except RunplaneError as e:
-            log.warning("cannot read the stack's version (going on unchecked): %s", e)
-            return None
-        if stack is None:
-            log.info("no stack version to check agent %s against (an older control plane)", self.config.version)
-            return None
-        self.refused = agent_refusal(self.config.version, stack.version, stack.oldest_agent)
+        """Check this agent's version against the control plane's window (``stack_refusal``).
+        Refused: the worker's item says why (its status offline: it takes no runs) and so does the
+        answer; None: it may serve."""
+        self.refused = stack_refusal(self.registry, self.config.version)
         if self.refused:
             log.error("refused: %s", self.refused)
             self.report("offline")

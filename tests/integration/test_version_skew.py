@@ -16,14 +16,16 @@ from runplane.api.views import pool_view
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.domain.versions import oldest_agent, series
+from runplane.domain.versions import StackRecord, oldest_agent, series
 from runplane.domain.workers import Worker
 from runplane.services import skew
 from runplane.services.dispatch import dispatch_pool
 from runplane.services.overview import pool_figures, why_waiting
 from runplane.services.runs import submit_run
 from worker_agent.agent import Agent
+from worker_agent.main import pool_or_status
 from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.settings import parse
 
 POOL = "manual"  # max_workers 0: no dispatcher launches workers of its own there
 
@@ -92,3 +94,23 @@ def test_an_agent_too_old_that_does_not_check_itself_is_flagged(stack):
     assert why_waiting(stack.ports, run) == (
         f"1 free slot(s) on 1 worker(s) of pool {POOL}: it should start within seconds"
     )
+
+
+def test_runplane_agent_refused_exits_before_it_checks_the_machine(stack, capsys):
+    """``runplane-agent`` asks as soon as it knows its pool: a refused agent says why in one line
+    and exits 1 (its worker item saying why too) before it reaches Docker, probes the network or
+    pulls an image; one the stack allows goes on to them."""
+    settings = parse(["--pool", POOL], environ={})
+    assert pool_or_status(stack, settings, "w-unchecked") == stack.pools.get(POOL)  # no record: goes on
+    stack.workers.put_stack(StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
+
+    assert pool_or_status(stack, settings, "w-behind") == 1
+
+    why = f"agent {__version__} is older than this stack allows (>= 9.0)"
+    assert capsys.readouterr().err == f"runplane-agent: error: {why}\n"
+    worker = stack.workers.get("w-behind")
+    assert (worker.status, worker.refused, worker.agent_version) == ("offline", why, __version__)
+    assert _pool_view(stack).refused_workers == {"w-behind": why}
+    assert skew.publish(stack.ports)  # this release's own record: the agent may serve
+    assert pool_or_status(stack, settings, "w-now") == stack.pools.get(POOL)
+    assert pool_or_status(stack, parse(["--pool", "nowhere"], environ={}), "w-lost") == 2
