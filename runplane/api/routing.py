@@ -239,8 +239,10 @@ def _query(model: type[Query]) -> Query:
 
 
 def _query_error(model: type[Query], err: Any, params: Mapping[str, str]) -> errors.RunplaneError:
-    name = str(err["loc"][0]) if err["loc"] else "query"
     kind = str(err["type"])
+    if not err["loc"]:  # parameters that may not be given together
+        return errors.InvalidRequest(str(err["msg"]).removeprefix("Value error, "))
+    name = str(err["loc"][0])
     if kind.endswith("_parsing") or kind.endswith("_type"):
         return errors.BadRequest(f"query parameter {name} must be {'an integer' if 'int' in kind else 'a number'}")
     info = model.model_fields.get(name)

@@ -10,13 +10,14 @@ import re
 from dataclasses import dataclass
 
 from runplane.domain import errors
+from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.ports import Ports
-from runplane.services import dependencies, runs, skew
+from runplane.services import dependencies, runs, skew, sweeps
 from runplane.services.dispatch import FIGURES_STALE_SECONDS, explain_wait, fresh
 from runplane.services.logs import (
     LogPage,
@@ -71,6 +72,25 @@ def shown_run(ports: Ports, principal: Principal, run_id: str) -> tuple[Run, str
     """The caller's run (``runs.get_run``) and, while it is queued, why it waits."""
     run = runs.get_run(ports, principal, run_id)
     return run, why_waiting(ports, run)
+
+
+def sweep_members(
+    ports: Ports,
+    principal: Principal,
+    sweep_id: str,
+    state: RunState | None,
+    label: str | None,
+    limit: int,
+    cursor: str | None,
+) -> tuple[list[Run], str | None]:
+    """The members of the caller's sweep released so far (of ``state``, carrying ``label``), in
+    index order, and the cursor after them. Raises NotFound (no such sweep, another user's, or an
+    id that cannot be one) and BadRequest (a cursor no listing gave)."""
+    if not re.fullmatch(RUN_ID_PATTERN, sweep_id):
+        raise errors.NotFound(f"sweep {sweep_id[:80]!r} not found")
+    sweep = sweeps.get_sweep(ports, principal, sweep_id)
+    found, after = sweeps.members(ports, sweep, state, limit, cursor)
+    return runs.labelled(found, runs.label_filter(label)), after
 
 
 def run_logs(

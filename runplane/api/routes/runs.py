@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView
 from runplane.api.pages import page_reply
@@ -19,9 +19,9 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
-from runplane.services import runs, sweeps
+from runplane.services import runs
 from runplane.services.logs import MAX_OUTPUTS_PAGE
-from runplane.services.overview import run_logs, run_outputs, shown_run
+from runplane.services.overview import run_logs, run_outputs, shown_run, sweep_members
 
 
 @operation(
@@ -78,6 +78,12 @@ class RunsQuery(Query):
     cursor: str | None = Field(None, description=CURSOR_HELP, json_schema_extra={"pattern": CURSOR_PATTERN})
     messages = {"state": f"unknown state {{value}}; states are {[s.value for s in RunState]}"}
 
+    @model_validator(mode="after")
+    def _sweep_alone(self) -> RunsQuery:
+        if self.sweep is not None and (self.owner or self.queue):
+            raise ValueError("sweep cannot be combined with owner or queue")
+        return self
+
 
 @operation(
     "GET",
@@ -97,11 +103,9 @@ class RunsQuery(Query):
 def list_runs(call: Call, query: RunsQuery) -> Reply:
     ports = call.ports
     if query.sweep is not None:
-        if query.owner or query.queue:
-            raise errors.InvalidRequest("sweep cannot be combined with owner or queue")
-        sweep = sweeps.get_sweep(ports, call.principal, _sweep_id(query.sweep))
-        found, cursor = sweeps.members(ports, sweep, query.state, query.limit, query.cursor)
-        found = runs.labelled(found, runs.label_filter(query.label))
+        found, cursor = sweep_members(
+            ports, call.principal, query.sweep, query.state, query.label, query.limit, query.cursor
+        )
         return page_reply(_run_page, [run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
     owner = query.owner or call.principal.user
     page = runs.list_runs(
@@ -114,13 +118,6 @@ def list_runs(call: Call, query: RunsQuery) -> Reply:
 
 def _run_page(views: list[RunView], cursor: str | None) -> RunPage:
     return RunPage(runs=views, next_cursor=cursor)
-
-
-def _sweep_id(sweep_id: str) -> str:
-    """A sweep id as a query gives it; one that cannot be an id is a sweep that does not exist."""
-    if not RUN_ID["run_id"].matches(sweep_id):
-        raise errors.NotFound(f"sweep {sweep_id[:80]!r} not found")
-    return sweep_id
 
 
 @operation(
