@@ -12,11 +12,13 @@ of the test session) and one pools file that both read.
 1. The previous functions and a previous agent: a run running, a run waiting on it, a run queued
    in a pool with no worker yet.
 2. The functions change: this tree's start on the same stores, then the previous ones are killed
-   (as a deploy replaces them: nothing of them is left to tidy up). The running run ends on the previous
-   agent and this tree's dispatcher releases the waiting one, which the previous agent runs; a
-   run submitted now reaches the previous agent too; an agent of this tree takes the queued run,
-   whose record and spec meanwhile gained a field of a later release (as the next upgrade's
-   functions may write it): this tree reads the run and keeps that field when it writes the run.
+   (as a deploy replaces them: nothing of them is left to tidy up). This tree's API lists the
+   previous agent with its version, and its pools view counts it without refusing it (it is within
+   the skew window). The running run ends on the previous agent and this tree's dispatcher
+   releases the waiting one, which the previous agent runs; a run submitted now reaches the
+   previous agent too; an agent of this tree takes the queued run, whose record and spec meanwhile
+   gained a field of a later release (as the next upgrade's functions may write it): this tree
+   reads the run and keeps that field when it writes the run.
 3. The agents change: the previous agent is told to stop (SIGTERM) while it runs a run; an agent
    of this tree takes the next run meanwhile, and the previous agent finishes its run, then exits.
 
@@ -125,7 +127,8 @@ def _build(commit: str, venv: Path, work: Path) -> None:
 def previous(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """The previous release of CHANGELOG.md, from its commit, in a virtualenv of its own with the
     ``local`` extra (its local stack and its agent). The virtualenv is kept in .venv/releases, under
-    a name made of the commit, the packages' versions and this Python, for the next session."""
+    a name made of the commit, the packages' versions and this Python, for the next session (the
+    only one kept)."""
     release = previous_release(CHANGELOG.read_text())
     assert release.commit is not None
     known = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{release.commit}^{{commit}}"], check=False)
@@ -142,7 +145,9 @@ def previous(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     with (RELEASES / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another session building the same one: wait for it
         if not (venv / ".built").exists():
-            shutil.rmtree(venv, ignore_errors=True)  # what a build that was stopped left
+            for stale in RELEASES.iterdir():  # other releases', older packages', and a build that was stopped
+                if stale.is_dir():
+                    shutil.rmtree(stale, ignore_errors=True)
             _build(release.commit, venv, tmp_path_factory.mktemp(f"release-{release.version}"))
             (venv / ".built").touch()
     python = venv / "bin" / "python"
