@@ -9,7 +9,17 @@ from typing import Any
 from azure.core.exceptions import AzureError
 from azure.data.tables import TableClient, UpdateMode
 
-from runplane.adapters.azure.tables import failure, get_entity, key, packed, unkey, unpack, version_of, write_versioned
+from runplane.adapters.azure.tables import (
+    failure,
+    get_entity,
+    key,
+    packed,
+    select,
+    unkey,
+    unpack,
+    version_of,
+    write_versioned,
+)
 from runplane.adapters.records import record_or_none, subject_order, versioned, written_json
 from runplane.domain.errors import ConditionFailed
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord, quota_key
@@ -29,10 +39,7 @@ class TableQuotaStore:
         self.table = table
 
     def _query(self, partition: str, what: str) -> list[Any]:
-        try:
-            return list(self.table.query_entities("PartitionKey eq @pk", parameters={"pk": partition}))
-        except AzureError as e:
-            raise failure(e, what) from e
+        return select(self.table, "PartitionKey eq @pk", {"pk": partition}, what)
 
     def get(self, kind: QuotaKind, name: str) -> Quota | None:
         subject = quota_key(kind, name)

@@ -117,6 +117,14 @@ def get_entity(table: TableClient, partition: str, row: str, what: str) -> Any |
         raise failure(e, what) from e
 
 
+def select(table: TableClient, query: str, parameters: dict[str, str], what: str) -> list[Any]:
+    """Every entity ``query`` (with ``parameters``) selects, read to the end."""
+    try:
+        return list(table.query_entities(query, parameters=parameters))
+    except AzureError as e:
+        raise failure(e, what) from e
+
+
 def write_versioned(table: TableClient, entity: dict[str, Any], etag: str, changed: ConditionFailed, what: str) -> None:
     """Create ``entity`` (no ``etag``: none was read) or replace the one read with ``etag``;
     raises ``changed`` when it was written (or removed) since that read."""

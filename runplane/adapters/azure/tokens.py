@@ -10,7 +10,7 @@ from typing import Any
 from azure.core.exceptions import AzureError, ResourceExistsError
 from azure.data.tables import TableClient, UpdateMode
 
-from runplane.adapters.azure.tables import failure, get_entity, key
+from runplane.adapters.azure.tables import failure, get_entity, key, select
 from runplane.adapters.records import record_or_none, written_json
 from runplane.domain.errors import BackendError
 from runplane.domain.tenancy import ApiToken, UserRecord
@@ -40,10 +40,7 @@ class TableTokenStore:
             raise failure(e, "store token") from e
 
     def _query(self, query: str, parameters: dict[str, str]) -> list[Any]:
-        try:
-            return list(self.table.query_entities(query, parameters=parameters))
-        except AzureError as e:
-            raise failure(e, "list tokens") from e
+        return select(self.table, query, parameters, "list tokens")
 
     def list(self) -> list[ApiToken]:
         query = "PartitionKey ne @secret and RowKey eq ''"
