@@ -9,9 +9,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import ValidationError
 
 from runplane.adapters.aws.clients import error_code
+from runplane.adapters.records import record, written_json
 from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.wire import stored, written_json
 from runplane.ports import Delivery
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class SqsRunQueue:
         deliveries = []
         for msg in resp.get("Messages", []):
             try:
-                message = stored(RunMessage, msg["Body"])
+                message = record(RunMessage, msg["Body"])
             except ValidationError:
                 log.warning("dropping unreadable message on pool %s: %.200s", pool, msg["Body"])
                 self.client.delete_message(QueueUrl=url, ReceiptHandle=msg["ReceiptHandle"])

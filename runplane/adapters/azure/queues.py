@@ -22,9 +22,9 @@ from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 from pydantic import ValidationError
 
 from runplane.adapters.azure.errors import error_code
+from runplane.adapters.records import record, written_json
 from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.wire import stored, written_json
 from runplane.ports import Delivery
 
 log = logging.getLogger(__name__)
@@ -131,7 +131,7 @@ class StorageQueueRunQueue:
                 self._to_poison(name, msg, f"received {msg.dequeue_count} times")
                 continue
             try:
-                message = stored(RunMessage, base64.b64decode(str(msg.content), validate=True))
+                message = record(RunMessage, base64.b64decode(str(msg.content), validate=True))
             except (ValueError, ValidationError):  # not base64, not JSON or not a RunMessage
                 self._to_poison(name, msg, "unreadable")
                 continue
