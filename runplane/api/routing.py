@@ -149,7 +149,7 @@ class Call:
         if scope is None:
             return
         header = app.current_event.get_header_value("authorization")
-        self._principal = auth.authenticate(self.ports.tokens, header)
+        self._principal = auth.authenticate(self.ports.tokens, header, now=self.ports.clock())
         if scope:
             auth.require(self._principal, scope)
 

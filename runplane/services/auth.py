@@ -135,9 +135,10 @@ def register_token(
     return record
 
 
-def authenticate(tokens: TokenStore, authorization: str | None, now: float | None = None) -> Principal:
-    """The caller of an ``Authorization: Bearer <token>`` header. Raises Unauthorized for a
-    missing, unknown, revoked or expired token."""
+def authenticate(tokens: TokenStore, authorization: str | None, *, now: float) -> Principal:
+    """The caller of an ``Authorization: Bearer <token>`` header at ``now`` (the request's time,
+    read from ``Ports.clock``). Raises Unauthorized for a missing, unknown, revoked or expired
+    token."""
     if not authorization:
         raise Unauthorized("missing Authorization header; send 'Authorization: Bearer <token>'")
     scheme, _, token = authorization.strip().partition(" ")
@@ -146,7 +147,7 @@ def authenticate(tokens: TokenStore, authorization: str | None, now: float | Non
     record = tokens.lookup(hash_token(token.strip()))
     if record is None:
         raise Unauthorized("token is not valid")
-    if record.expired(time.time() if now is None else now):
+    if record.expired(now):
         raise Unauthorized("token has expired; ask an administrator for a new one")
     principal = record.principal()
     if len(set(record.groups)) > 1:  # only then does a default group decide anything

@@ -140,7 +140,9 @@ def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charge
     group, other = fresh("g"), fresh("g")
     register_token(stack.tokens, "leaver-1", "leaver", groups=[group])
     register_token(stack.tokens, "stayer-1", "stayer", groups=[group])
-    leaver, stayer = authenticate(stack.tokens, "Bearer leaver-1"), authenticate(stack.tokens, "Bearer stayer-1")
+    now = time.time()
+    leaver = authenticate(stack.tokens, "Bearer leaver-1", now=now)
+    stayer = authenticate(stack.tokens, "Bearer stayer-1", now=now)
 
     def submit(who, **spec):
         spec = RunSpec.model_validate({**PARKED, **spec})
@@ -173,7 +175,7 @@ def swap_token(stack, name, groups):
         stack.tokens.delete(held.id)
     secret = f"{name}-{uuid.uuid4().hex[:6]}"
     register_token(stack.tokens, secret, name, groups=list(groups))
-    return authenticate(stack.tokens, f"Bearer {secret}")
+    return authenticate(stack.tokens, f"Bearer {secret}", now=time.time())
 
 
 def test_a_replayed_submit_releases_a_waiting_run_only_as_the_callers_token_allows_now(stack):

@@ -138,7 +138,7 @@ def test_a_revoked_token_is_refused_by_every_api_instance_after_the_cache_ttl(de
     now = [1000.0]
     other.tokens.clock = lambda: now[0]
     header = f"Bearer {made['token']}"
-    assert authenticate(other.tokens, header).user == "leaver"  # now in that instance's cache
+    assert authenticate(other.tokens, header, now=time.time()).user == "leaver"  # now in that instance's cache
     admin.request("DELETE", f"/v1/tokens/{made['id']}")
     # what README and docs/security.md promise is this very TTL
     root = Path(__file__).resolve().parents[2]
@@ -146,13 +146,13 @@ def test_a_revoked_token_is_refused_by_every_api_instance_after_the_cache_ttl(de
     assert promised in (root / "README.md").read_text()
     assert promised in (root / "docs" / "security.md").read_text()
     now[0] += CACHE_SECONDS - 0.5
-    assert authenticate(other.tokens, header).user == "leaver"  # still inside the TTL: cached
+    assert authenticate(other.tokens, header, now=time.time()).user == "leaver"  # still inside the TTL: cached
     now[0] += 0.5
     with pytest.raises(Unauthorized, match="token is not valid"):
-        authenticate(other.tokens, header)
+        authenticate(other.tokens, header, now=time.time())
     now[0] -= CACHE_SECONDS  # a refusal is never cached as a hit: the token stays refused
     with pytest.raises(Unauthorized, match="token is not valid"):
-        authenticate(other.tokens, header)
+        authenticate(other.tokens, header, now=time.time())
 
 
 def test_the_cli_makes_the_first_admin_token_with_cloud_credentials(devstack, tmp_path):

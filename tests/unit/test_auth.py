@@ -45,24 +45,24 @@ def test_a_revoked_token_is_refused_once_the_cache_ages_out():
     inner = DictTokens()
     inner.put(hash_token("secret"), token())
     cached = CachedTokens(inner, clock=lambda: now[0])
-    assert authenticate(cached, "Bearer secret").user == "alice"
+    assert authenticate(cached, "Bearer secret", now=0.0).user == "alice"
     inner.delete("tok-0123456789abcdef")  # revoked by another instance
     now[0] = CACHE_SECONDS - 0.1
-    assert authenticate(cached, "Bearer secret").user == "alice"  # still trusted for a moment
+    assert authenticate(cached, "Bearer secret", now=0.0).user == "alice"  # still trusted for a moment
     assert inner.reads == 1
     now[0] = CACHE_SECONDS
     with pytest.raises(Unauthorized, match="not valid"):
-        authenticate(cached, "Bearer secret")
+        authenticate(cached, "Bearer secret", now=0.0)
 
 
 def test_revoking_through_the_cache_takes_effect_at_once():
     inner = DictTokens()
     inner.put(hash_token("secret"), token())
     cached = CachedTokens(inner, clock=lambda: 0.0)
-    authenticate(cached, "Bearer secret")
+    authenticate(cached, "Bearer secret", now=0.0)
     assert cached.delete("tok-0123456789abcdef")
     with pytest.raises(Unauthorized, match="token is not valid"):
-        authenticate(cached, "Bearer secret")
+        authenticate(cached, "Bearer secret", now=0.0)
 
 
 def test_an_expired_token_is_refused_even_from_the_cache():
