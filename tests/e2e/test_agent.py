@@ -299,7 +299,8 @@ def test_tags_and_groups_route_runs_to_the_right_worker(docker_client, alice, de
 def test_the_pools_containment_settings_reach_its_agents(docker_client, alice, devstack, tmp_path):
     """The "contained" pool (tests/pools.yaml): max_log_size 2m, max_output_files 50, allow_root
     (taken up by an agent with --run-user image)."""
-    agent = AgentProcess(tmp_path, "--run-user", "image", "--idle-seconds", "60", pool="contained")
+    environment = {**os.environ, **devstack.environment}
+    agent = AgentProcess(tmp_path, "--run-user", "image", "--idle-seconds", "60", pool="contained", env=environment)
     try:
         chatty = submit(alice, "yes 0123456789 | head -c 3000000", queue="contained")
         many = submit(alice, "i=0; while [ $i -lt 60 ]; do : > f$i; i=$((i+1)); done", queue="contained")
