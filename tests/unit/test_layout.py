@@ -4,6 +4,7 @@ has no circles. Imports inside functions count: one placed there to dodge a circ
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,15 +23,28 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The project modules ``name`` imports, anywhere in its body (``TYPE_CHECKING`` blocks aside:
-    they are never executed)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _type_checking(test: ast.expr) -> bool:
+    """Whether an ``if`` tests ``TYPE_CHECKING`` itself (``typing.TYPE_CHECKING`` too): its body
+    never runs. ``if not TYPE_CHECKING:`` and the like run, so they count."""
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, modules: Collection[str]) -> set[str]:
+    """The project modules ``name`` (at ``path``) imports."""
+    return _imports_in(name, path.read_text(), path.name == "__init__.py", modules)
+
+
+def _imports_in(name: str, source: str, is_package: bool, modules: Collection[str]) -> set[str]:
+    """The project modules (of ``modules``) that module ``name`` of ``source`` imports, anywhere in
+    its body (the body of ``if TYPE_CHECKING:`` aside: it is never executed)."""
+    tree = ast.parse(source)
     skipped: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+        if isinstance(node, ast.If) and _type_checking(node.test):
             skipped.update(id(n) for child in node.body for n in ast.walk(child))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    package = name if is_package else name.rpartition(".")[0]
     targets: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -100,11 +114,19 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _without_package_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` less the edges of a package's ``__init__`` to its own modules that do not import
+    the package back: importing its modules is how a package is built, not a circle. A module that
+    imports its package back while the package imports it is one (the two half-built at import)."""
+    return {
+        name: {t for t in targets if not (t.startswith(name + ".") and name not in graph.get(t, set()))}
+        for name, targets in graph.items()
+    }
+
+
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    # a package's __init__ importing its own modules is how a package is built, not a circle
-    return {name: {t for t in targets if not t.startswith(name + ".")} for name, targets in graph.items()}
+    return _without_package_edges({name: _imports(name, path, modules) for name, path in modules.items()})
 
 
 def test_no_module_is_over_500_lines() -> None:
@@ -123,3 +145,28 @@ def test_the_import_graph_has_no_circles() -> None:
 def test_the_circle_finder_finds_a_circle() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_a_package_and_a_module_of_its_own_that_import_each_other_are_a_circle() -> None:
+    graph = {"p": {"p.a", "p.b"}, "p.a": {"p"}, "p.b": {"q"}, "q": set()}
+    assert _cycles(_without_package_edges(graph)) == [["p", "p.a"]]
+    assert _without_package_edges(graph)["p"] == {"p.a"}  # p.b, which never imports p, is no edge
+
+
+def test_only_the_body_of_if_type_checking_is_left_out() -> None:
+    source = """
+import typing
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    import p.hinted
+if typing.TYPE_CHECKING:
+    import p.hinted_too
+else:
+    import p.otherwise
+if not TYPE_CHECKING:
+    import p.run
+def f():
+    import p.late
+"""
+    modules = {"p", "p.hinted", "p.hinted_too", "p.otherwise", "p.run", "p.late", "p.m"}
+    assert _imports_in("p.m", source, False, modules) == {"p.otherwise", "p.run", "p.late"}
