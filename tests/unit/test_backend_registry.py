@@ -1,6 +1,7 @@
 """runplane/compute/registry.py: one entry per backend, the domain's ``Backend`` names the same ones,
 every backend is built alike, and a pool's options are checked when the pools load."""
 
+import ast
 import json
 import os
 import subprocess
@@ -128,3 +129,28 @@ def test_a_function_on_a_bad_pool_logs_the_line_and_serves_nothing() -> None:
     assert errors and errors[0]["exception"].endswith(
         "ValueError: inline pools: pool gpu: bad aws-batch options: job_queue: required"
     )
+
+
+SDKS = ("boto3", "botocore", "azure", "kubernetes", "docker", "aws_lambda_powertools", "requests")
+BLOCKED = """
+import sys
+for sdk in {sdks!r}:
+    sys.modules[sdk] = None  # how Python marks a module that cannot be imported
+from runplane.compute.registry import BACKENDS
+for name, entry in BACKENDS.items():
+    __import__(entry.model.__module__)
+print(sorted(m for m in sys.modules if m.startswith("runplane.compute.")))
+"""
+
+
+def test_every_options_module_imports_no_sdk() -> None:
+    """Pools are checked wherever they load, with or without a backend's extra: the registry and
+    every options.py import with every SDK blocked, and bring no compute module in."""
+    code = BLOCKED.format(sdks=SDKS)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=COMPUTE.parents[1], timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = ast.literal_eval(done.stdout.strip())
+    in_packages = {m for m in loaded if m.count(".") == 3}  # runplane.compute.<backend>.<module>
+    assert in_packages == {f"runplane.compute.{name.replace('-', '_')}.options" for name in BACKENDS}
