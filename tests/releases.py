@@ -1,6 +1,7 @@
 """The releases CHANGELOG.md records, newest first: each heading ``## X.Y.Z — YYYY-MM-DD`` is
-followed by a line ``- commit: <40 hex digits>`` (the newest release's may say it is recorded when
-tagged). The upgrade test builds the release before the newest from the commit recorded here."""
+followed by a line ``- commit: <40 hex digits>``, except the newest's: a commit cannot name itself,
+so a release's line is written when the next release's section opens. The upgrade test builds the
+release before the newest from the commit recorded here, and reads no other commit line."""
 
 from __future__ import annotations
 
@@ -23,15 +24,21 @@ class Release:
 
 
 def releases(text: str) -> list[Release]:
-    """Every release of a changelog's text, in its order. Raises ValueError for a heading without
-    a commit line before the next heading."""
+    """Every release of a changelog's text, in its order. Raises ValueError for a release other
+    than the newest without a commit line before the next heading (the newest may have none)."""
     found: list[Release] = []
     pending: tuple[str, str] | None = None
+
+    def close() -> None:
+        if pending is not None:
+            if found:
+                raise ValueError(f"release {pending[0]} names no commit (a line '- commit: ...')")
+            found.append(Release(*pending, None))
+
     for line in text.splitlines():
         heading = HEADING.match(line.strip())
         if heading:
-            if pending is not None:
-                raise ValueError(f"release {pending[0]} names no commit (a line '- commit: ...')")
+            close()
             pending = heading["version"], heading["date"]
             continue
         commit = COMMIT.match(line.strip())
@@ -39,8 +46,7 @@ def releases(text: str) -> list[Release]:
             value = commit["commit"].strip()
             found.append(Release(*pending, value if SHA.fullmatch(value) else None))
             pending = None
-    if pending is not None:
-        raise ValueError(f"release {pending[0]} names no commit (a line '- commit: ...')")
+    close()
     return found
 
 

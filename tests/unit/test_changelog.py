@@ -43,9 +43,18 @@ def test_the_previous_release_is_built_from_a_commit_of_this_history_that_has_it
     [
         ("## 0.2.0 — 2026-11-28\n- commit: (when tagged)\n", "no release before the newest"),
         ("## 0.2.0 — 2026-11-28\n- commit: (when tagged)\n## 0.1.0 — 2026-11-27\n- commit: 92e77a0\n", "40 hex"),
-        ("## 0.2.0 — 2026-11-28\n## 0.1.0 — 2026-11-27\n- commit: " + "a" * 40 + "\n", "0.2.0 names no commit"),
+        ("## 0.3.0 — 2026-12-01\n## 0.2.0 — 2026-11-28\n## 0.1.0 — 2026-11-27\n- commit: " + "a" * 40, "0.2.0 names"),
     ],
 )
 def test_a_changelog_without_a_usable_previous_commit_is_refused_with_the_reason(text, error):
     with pytest.raises(ValueError, match=re.escape(error)):
         previous_release(text)
+
+
+def test_the_newest_release_needs_no_commit_line_and_only_the_previous_ones_is_read():
+    text = "## 0.3.0 — 2026-12-01\n- notes\n## 0.2.0 — 2026-11-28\n- commit: " + "b" * 40 + "\n## 0.1.0 — 2026-11-27\n"
+    with pytest.raises(ValueError, match=re.escape("0.1.0 names no commit")):
+        releases(text)
+    text += "- commit: (lost)\n"
+    assert [release.commit for release in releases(text)] == [None, "b" * 40, None]
+    assert previous_release(text).version == "0.2.0"
