@@ -66,7 +66,8 @@ POWERTOOLS = {
 }
 """Powertools' switches for the stack's functions: no metric documents, no tracing, warnings and up.
 Powertools reads them from the environment alone, so ``start`` sets those this process has not
-set (the one change it makes to its environment); its other processes get them in ``environment``."""
+set (the one change it makes to its environment, which ``stop`` takes back); its other processes
+get them in ``environment``."""
 RUNS_END_SECONDS = 5.0
 AGENT_EXIT_SECONDS = 1.0
 KILLED_GONE_SECONDS = 2.0
@@ -153,6 +154,7 @@ class DevStack:
         self._stop = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
+        self._set_env: list[str] = []  # the variables of POWERTOOLS start set, which stop unsets
         self.api_url = f"http://127.0.0.1:{config.port}"
         self.endpoint = ""
 
@@ -208,7 +210,9 @@ class DevStack:
                     **POWERTOOLS,
                 }
                 for name, value in POWERTOOLS.items():
-                    os.environ.setdefault(name, value)
+                    if name not in os.environ:
+                        os.environ[name] = value
+                        self._set_env.append(name)
                 stack = cloud.build(self.settings)
                 # its agents get this process's environment with the stack's in it
                 stack.backends["local"] = LocalCompute(
@@ -216,7 +220,7 @@ class DevStack:
                 )
                 cloud.provision(stack)
                 # the token `runplane dev` prints is an administrator's: it can make tokens for others
-                register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES))
+                register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES), now=stack.clock())
                 self._stack = stack
                 self._before = bootstrap.use(stack)  # the functions of this process serve it
             except RunplaneError as e:  # stores named by the caller that cannot be reached or used
@@ -224,6 +228,7 @@ class DevStack:
         except BaseException:
             http.server_close()
             cloud.stop()
+            self._unset_env()
             self.cloud = None  # nothing of this stack is left to stop
             raise
         self._http = http
@@ -299,8 +304,15 @@ class DevStack:
                 self._end_runs(self._stack)
         finally:
             self.cloud.stop()
+            self._unset_env()
             if self._stack is not None and (current := bootstrap.use(self._before)) is not self._stack:
                 bootstrap.use(current)  # another stack was handed over since: it stays
+
+    def _unset_env(self) -> None:
+        """Take out of this process's environment what ``start`` put in (those of POWERTOOLS it set)."""
+        for name in self._set_env:
+            os.environ.pop(name, None)
+        self._set_env.clear()
 
     def _end_runs(self, stack: bootstrap.Stack) -> None:
         store = stack.store

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 import yaml
 
+from runplane.adapters.names import TABLES
 from runplane.settings import StackSettings
 from tests.conftest import ROOT
 from worker_agent.settings import AgentSettings, env_name
@@ -168,6 +169,14 @@ def test_every_setting_used_is_an_agent_flag_or_a_stack_setting():
     # the keys install.sh accepts from the environment are the stack's settings
     (stack_keys,) = re.findall(r'STACK_KEYS="([^"]*)"', INSTALL.read_text())
     assert set(stack_keys.split()) <= STACK_KEYS
+
+
+def test_install_sh_passes_every_table_of_the_stack() -> None:
+    """The tables are named once (runplane/adapters/names.py): install.sh hands the agent each
+    table's setting, as template.yaml names each table."""
+    (stack_keys,) = re.findall(r'STACK_KEYS="([^"]*)"', INSTALL.read_text())
+    tables = {f"RUNPLANE_{field.upper()}" for field in TABLES}
+    assert tables <= set(stack_keys.split())
 
 
 def test_install_sh_options_map_to_agent_flags():
