@@ -4,7 +4,8 @@ that checks them, the builder of its ``ComputeBackend`` and the extra that bring
 Every backend is a package of the same files: ``options.py`` (its options model and ``options(pool)``,
 no SDK import, so that pools are checked wherever they load) and ``compute.py`` (its
 ``ComputeBackend`` and ``build(settings)``, which may import the SDK). The domain's ``Backend`` type
-names the same backends (tests/unit/test_backend_registry.py ties the two together): a new backend
+is the one spelling of their names: ``BACKENDS`` is keyed by it (tests/unit/test_backend_registry.py
+holds the keys to it), and a backend gets its ``name`` from its key when it is built. A new backend
 is its package, one entry here and its name there.
 
 A backend whose extra is not installed is switched off: building it raises InvalidRequest with the
@@ -13,6 +14,7 @@ one line of ``runplane.extras.requirement`` (the pip command that installs it).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -35,56 +37,29 @@ from runplane.settings import StackSettings
 @dataclass(frozen=True)
 class BackendEntry:
     """One backend: ``options(pool)`` returns the pool's options as ``model`` or raises
-    InvalidRequest naming the pool and every bad option; ``build(settings)`` makes the backend
-    (its SDK imported then); ``extra`` is the pip extra it needs (None: nothing beyond the core)."""
+    InvalidRequest naming the pool and every bad option; ``extra`` is the pip extra it needs (None:
+    nothing beyond the core). Its ``compute`` module is the ``compute.py`` beside ``model``'s."""
 
     model: type[BaseModel]
     options: Callable[[Pool], BaseModel]
-    build: Callable[[StackSettings], ComputeBackend]
     extra: str | None
 
-
-# The builders import their compute module when called, never at import: that module imports the
-# backend's SDK, which a deployment without the backend's extra lacks.
-def _local(settings: StackSettings) -> ComputeBackend:
-    from runplane.compute.local.compute import build
-
-    return build(settings)
-
-
-def _slurm(settings: StackSettings) -> ComputeBackend:
-    from runplane.compute.slurm.compute import build
-
-    return build(settings)
-
-
-def _aws_batch(settings: StackSettings) -> ComputeBackend:
-    from runplane.compute.aws_batch.compute import build
-
-    return build(settings)
-
-
-def _kubernetes(settings: StackSettings) -> ComputeBackend:
-    from runplane.compute.kubernetes.compute import build
-
-    return build(settings)
-
-
-def _azure_batch(settings: StackSettings) -> ComputeBackend:
-    from runplane.compute.azure_batch.compute import build
-
-    return build(settings)
+    @property
+    def compute(self) -> str:
+        """The module whose ``build(settings)`` makes the backend (it imports the backend's SDK)."""
+        return self.model.__module__.rpartition(".")[0] + ".compute"
 
 
 BACKENDS: Mapping[Backend, BackendEntry] = MappingProxyType(
     {
-        "local": BackendEntry(local.LocalOptions, local.options, _local, "agent"),
-        "slurm": BackendEntry(slurm.SlurmOptions, slurm.options, _slurm, None),
-        "aws-batch": BackendEntry(aws_batch.AwsBatchOptions, aws_batch.options, _aws_batch, "aws"),
-        "kubernetes": BackendEntry(kubernetes.KubernetesOptions, kubernetes.options, _kubernetes, "kubernetes"),
-        "azure-batch": BackendEntry(azure_batch.AzureBatchOptions, azure_batch.options, _azure_batch, "azure-batch"),
+        "local": BackendEntry(local.LocalOptions, local.options, "agent"),
+        "slurm": BackendEntry(slurm.SlurmOptions, slurm.options, None),
+        "aws-batch": BackendEntry(aws_batch.AwsBatchOptions, aws_batch.options, "aws"),
+        "kubernetes": BackendEntry(kubernetes.KubernetesOptions, kubernetes.options, "kubernetes"),
+        "azure-batch": BackendEntry(azure_batch.AzureBatchOptions, azure_batch.options, "azure-batch"),
     }
 )
+"""Every backend by its name, the one spelling of which is the domain's ``Backend``."""
 
 
 def entry(name: str) -> BackendEntry:
@@ -102,7 +77,11 @@ def build_backend(name: str, settings: StackSettings) -> ComputeBackend:
     missing = extras.requirement(f"compute backend {name!r}", (found.extra,)) if found.extra else None
     if missing is not None:
         raise InvalidRequest(missing)
-    return found.build(settings)
+    # imported now, never at import: the compute module imports the backend's SDK, which a
+    # deployment without the backend's extra lacks (no circle: it does not import this module)
+    backend: ComputeBackend = importlib.import_module(found.compute).build(settings)
+    backend.name = name
+    return backend
 
 
 def check_pool(pool: Pool) -> BaseModel:

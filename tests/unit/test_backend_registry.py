@@ -29,9 +29,16 @@ def test_the_registry_and_the_domain_name_the_same_backends() -> None:
 def test_every_backend_has_the_same_files(name: str) -> None:
     package = COMPUTE / name.replace("-", "_")
     assert {"__init__.py", "options.py", "compute.py"} <= {p.name for p in package.iterdir()}
-    assert "def build(settings: StackSettings)" in (package / "compute.py").read_text()
+    compute = (package / "compute.py").read_text()
+    assert "def build(settings: StackSettings)" in compute
+    assert f'"{name}"' not in compute  # its name is its key in BACKENDS, given to it when it is built
     entry = BACKENDS[name]  # type: ignore[index]
     assert entry.options.__module__ == entry.model.__module__ == f"runplane.compute.{package.name}.options"
+    assert entry.compute == f"runplane.compute.{package.name}.compute"
+
+
+def test_a_backend_is_named_by_its_key() -> None:
+    assert build_backend("slurm", StackSettings()).name == "slurm"
 
 
 # Per backend: options a pool of it may have, and a mistake in them with the words that name it.

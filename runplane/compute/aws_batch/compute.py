@@ -96,8 +96,6 @@ def submit_job_request(pool: Pool, worker_id: str, job_definition: str, agent_ar
 
 
 class AwsBatchCompute(ComputeBackend):
-    name = "aws-batch"
-
     def __init__(
         self,
         client: Any,

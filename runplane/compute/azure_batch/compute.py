@@ -155,8 +155,6 @@ def _new_worker_id(pool: Pool) -> str:
 
 
 class AzureBatchCompute(ComputeBackend):
-    name = "azure-batch"
-
     def __init__(
         self,
         client: BatchClient,

@@ -214,8 +214,6 @@ def load_api_client(kubeconfig: str | None, context: str | None) -> Any:
 class KubernetesCompute(ComputeBackend):
     """The ``kubernetes`` backend. Thread-safe: API clients are made once per (kubeconfig, context)."""
 
-    name = "kubernetes"
-
     def __init__(
         self,
         api_client: Any | None = None,

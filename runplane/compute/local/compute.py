@@ -34,8 +34,6 @@ def _start_time(pid: int) -> str | None:
 
 
 class LocalCompute(ComputeBackend):
-    name = "local"
-
     def __init__(
         self,
         state_dir: str | Path,

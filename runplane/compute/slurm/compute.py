@@ -54,8 +54,6 @@ class SlurmTransport(Protocol):
 
 
 class SlurmCompute(ComputeBackend):
-    name = "slurm"
-
     def __init__(
         self,
         python: str = sys.executable,
