@@ -98,7 +98,8 @@ class Agent:
     def run(self) -> str:
         """Register, then work until told to stop or an exit condition holds; return why it
         stopped. An agent the control plane's version window refuses takes no runs: it returns
-        why at once (``failed`` set)."""
+        why at once (``failed`` set); refused later, at a heartbeat, it drains (finishes the runs it
+        holds, takes no more) and returns why (``failed`` set)."""
         refused = self.reporter.register()
         if refused:  # nothing taken, nothing touched: its item says why, and so does its exit
             self.exit_reason, self.failed = refused, True
@@ -135,6 +136,8 @@ class Agent:
             self._drained.set()
             beat.join(self.config.lease_seconds)  # its last report must not land after "offline"
             self.reporter.set_offline()
+        if self.reporter.refused and not self.exit_reason:  # refused while it served: drained
+            self.exit_reason, self.failed = self.reporter.refused, True
         return self.exit_reason
 
     def _exit_condition(self) -> str:

@@ -15,7 +15,7 @@ from runplane.domain.runs import Run, run_rank
 from runplane.domain.states import RunState
 from runplane.domain.workers import refuses
 from runplane.ports import Delivery
-from runplane.services import lifecycle
+from runplane.services import lifecycle, skew
 from worker_agent.executor import RunExecutor
 from worker_agent.quota_holds import QuotaHolds
 from worker_agent.resources import Allocation
@@ -128,9 +128,11 @@ class Intake:
             log.warning("run %s: its hint was not deleted (it comes back, stale): %s", run.id, e)
 
     def refuses(self, run: Run) -> str | None:
+        """Why this worker does not take ``run``: its tag, group or network; or its spec holds a
+        field this agent does not know (a later release's), which it must not run without."""
         return refuses(
             self.config.tag, self.config.tag_exclusive, self.config.group, run, network_refused=self.network_refused
-        )
+        ) or skew.not_understood(run, self.config.version)
 
     def _take_ahead_of(self, hinted: Run, delivery: Delivery, received: float) -> bool:
         """Start the first run queued ahead of ``hinted`` in the pool's line (``RunStore.head``,

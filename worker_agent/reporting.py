@@ -55,11 +55,13 @@ class Reporter:
         self.network_refused = network_refused
         self.started_at = clock()
         self.refused: str | None = None
+        self.checked_at = self.started_at
 
     def register(self) -> str | None:
         """Check this agent's version against the control plane's window (``stack_refusal``).
         Refused: the worker's item says why (its status offline: it takes no runs) and so does the
-        answer; None: it may serve."""
+        answer; None: it may serve (``recheck`` reads the window again while it does)."""
+        self.checked_at = self.clock()
         self.refused = stack_refusal(self.registry, self.config.version)
         if self.refused:
             log.error("refused: %s", self.refused)
@@ -75,8 +77,24 @@ class Reporter:
             except Exception:  # a failed beat must not kill the thread; the next one retries
                 log.exception("heartbeat failed")
 
+    def recheck(self) -> None:
+        """Read the control plane's version window again, at most every ``skew_check_seconds``
+        (functions upgraded while this agent lives may leave it behind). Refused now: it drains
+        (finishes the runs it holds, takes no more) and its worker item says why."""
+        if self.refused or self.clock() - self.checked_at < self.config.skew_check_seconds:
+            return
+        self.checked_at = self.clock()
+        refused = stack_refusal(self.registry, self.config.version)
+        if refused:
+            log.error("refused now: %s; finishing the runs held, taking no more", refused)
+            self.refused = refused
+            self.slots.stopping.set()
+            self.slots.freed.set()
+
     def heartbeat(self) -> None:
-        """Renew the lease of every run held, take in kill requests, and report the worker."""
+        """Check the version window again (``recheck``), renew the lease of every run held, take
+        in kill requests, and report the worker."""
+        self.recheck()
         executors = self.slots.executors()
         for executor in executors:
             run = executor.run

@@ -9,6 +9,7 @@ from pathlib import Path
 from runplane import __version__
 from runplane.domain.accounting import Rates
 from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
+from runplane.services.skew import STACK_CHECK_SECONDS
 from worker_agent.gpu_access import GpuAccess
 from worker_agent.resources import Gpu
 from worker_agent.settings import default
@@ -63,6 +64,7 @@ class AgentConfig:
     idle_seconds: float | None = default("idle_seconds")
     exit_after_num_runs: int | None = default("exit_after_num_runs")
     heartbeat_seconds: float = default("heartbeat_seconds")
+    skew_check_seconds: float = STACK_CHECK_SECONDS  # how often a heartbeat reads the stack's version window again
     lease_seconds: float = default("lease_seconds")
     poll_seconds: float = default("poll_seconds")
     pass_down_termination: bool = default("pass_down_termination")

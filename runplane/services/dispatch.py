@@ -144,12 +144,15 @@ def reconcile(
     jobs: Sequence[BackendJob],
     ended: Mapping[str, BackendJob | None],
     now: float,
+    refused: Mapping[str, str] | None = None,
 ) -> Reconciled:
     """The record brought up to date with what the registry and the backend say.
 
     A launched worker whose agent registered is a success (it re-enables a disabled pool). One
     whose job ended or vanished first, or whose job has run for ``start_timeout_seconds`` (from
-    the first pass that saw it running) without its agent registering, is a failed launch; the latter is cancelled. Jobs
+    the first pass that saw it running) without its agent registering, is a failed launch; the latter is cancelled. So
+    is one whose agent registered refused by the version window (``refused``: worker id -> why): the
+    pool's image holds an agent this stack does not allow, and launching more of it would not end. Jobs
     the record did not launch are never cancelled. ``ended`` holds the
     backend's ``describe`` of launched jobs that ``list`` no longer shows.
     """
@@ -160,7 +163,11 @@ def reconcile(
     for job_id, started in list(rec.starting.items()):
         if started.worker_id in registered:
             del rec.starting[job_id]
-            succeeded += 1
+            why = (refused or {}).get(started.worker_id)
+            if why:
+                failures.append(f"the agent of worker {started.worker_id} (job {job_id}) was refused: {why}")
+            else:
+                succeeded += 1
             continue
         if job_id in alive or job_id not in ended:
             continue
@@ -216,14 +223,15 @@ def explain_wait(
     worker that found no room under a quota or budget said so in ``queued_as``: that is the
     reason, however many workers are free. Workers whose agent the version window refuses
     (``skew.refusal``; ``workers`` may hold those refused lately at registration too) take
-    nothing: when no other worker would take the run, their refusal is the reason."""
+    nothing: when no other worker would take the run, their refusal is the reason; nor do workers
+    whose agent does not know a field the run's spec holds (``skew.understood``)."""
     if pool is None:
         return "its pool is no longer configured; no worker will take it"
     if queued_as and queued_as.startswith(("quota:", "budget:")):
         return queued_as
-    refused, workers = skew.sort_out(pool.name, workers, run)
-    if refused:
-        return refused
+    held, workers = skew.takers(pool.name, workers, run)
+    if held:
+        return held
     if run is not None:
         takers = [w for w in workers if w.refuses(run) is None]
         if not takers and run.spec.tag and not any(w.tag == run.spec.tag for w in workers):
@@ -307,7 +315,8 @@ def _dispatch(ports: Ports, pool: Pool, backend: ComputeBackend, now: float, tri
         for job_id, started in record.starting.items()
         if job_id not in alive_ids and started.worker_id not in registered
     }
-    reconciled = reconcile(pool, record, registered, jobs, ended, now)
+    refused = {w.id: why for w in known if (why := skew.refusal(w))}
+    reconciled = reconcile(pool, record, registered, jobs, ended, now, refused)
     rec = reconciled.record
     jobs = [j for j in jobs if j.id not in reconciled.cancel]
     facts = PoolFacts(

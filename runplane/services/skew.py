@@ -9,16 +9,23 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
 
 from runplane import __version__
 from runplane.domain.errors import RunplaneError
 from runplane.domain.runs import Run
-from runplane.domain.versions import StackRecord, agent_refusal, oldest_agent
+from runplane.domain.versions import StackRecord, agent_refusal, oldest_agent, series
+from runplane.domain.wire import Since
 from runplane.domain.workers import Worker
 from runplane.ports import Ports
 
 log = logging.getLogger(__name__)
 
+STACK_CHECK_SECONDS = 300.0
+"""How often a serving agent reads the stack record again, to drain when the control plane moved on
+past its version window."""
 MAX_REFUSED_SHOWN = 20
 """The most refused workers a pool's record names (the count of each version is always whole)."""
 REFUSED_SHOWN_SECONDS = 3600.0
@@ -83,3 +90,82 @@ def census(
         if why and len(refused) < MAX_REFUSED_SHOWN:
             refused[worker.id] = why
     return dict(sorted(versions.items())), refused
+
+
+def unknown_fields(model: BaseModel, at: str) -> list[str]:
+    """The fields of ``model`` (a record read with ``stored``, named ``at``) that this release does
+    not know, at every depth, as dotted names (``spec.secrets``, ``spec.resources.nodes``; an item
+    of a list is named by its list), each once."""
+    found = [f"{at}.{name}" for name in model.__pydantic_extra__ or {}]
+    for name in type(model).model_fields:
+        found.extend(_unknown_in(getattr(model, name), f"{at}.{name}"))
+    return list(dict.fromkeys(found))
+
+
+def _unknown_in(value: Any, at: str) -> list[str]:
+    if isinstance(value, BaseModel):
+        return unknown_fields(value, at)
+    if isinstance(value, list | tuple):
+        return [name for item in value for name in _unknown_in(item, at)]
+    if isinstance(value, dict):
+        return [name for key, item in value.items() for name in _unknown_in(item, f"{at}.{key}")]
+    return []
+
+
+def not_understood(run: Run, version: str = __version__) -> str | None:
+    """Why an agent of ``version`` does not take ``run``: its spec holds fields this release does
+    not know (a later release's, which it must not silently ignore: secrets, nodes, ...). None: it
+    knows the whole spec. Fields outside the spec, the control plane's alone, do not count."""
+    unknown = unknown_fields(run.spec, "spec")
+    return f"it needs an agent that knows {', '.join(unknown)} (this agent is {version})" if unknown else None
+
+
+def needs(run: Run) -> dict[str, str | None]:
+    """The fields of ``run``'s spec that an older agent may not know, with the release that brought
+    each (``Since``, set to other than its default: ``written`` leaves it out otherwise), or None
+    for one this release does not know either (a later release wrote it)."""
+    found: dict[str, str | None] = dict.fromkeys(unknown_fields(run.spec, "spec"))
+    found.update(_since(run.spec, "spec"))
+    return found
+
+
+def _since(model: BaseModel, at: str) -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        marks = [m.release for m in field.metadata if isinstance(m, Since)]
+        if marks and value != field.get_default(call_default_factory=True):
+            found[f"{at}.{name}"] = marks[0]
+        elif isinstance(value, BaseModel):
+            found.update(_since(value, f"{at}.{name}"))
+    return found
+
+
+def _knows(agent_version: str, release: str | None) -> bool:
+    """Whether an agent of ``agent_version`` knows a field of ``release`` (None: one later than
+    this control plane's; an agent from before versions were reported knows no later field)."""
+    have, since = series(agent_version), series(release or "")
+    return have is not None and since is not None and have >= since
+
+
+def understood(pool: str, workers: Sequence[Worker], run: Run | None) -> tuple[str | None, list[Worker]]:
+    """The ``workers`` whose agent knows every field of ``run``'s spec (all of them, with no run),
+    and why ``run`` waits when there are workers and none of them does."""
+    wanted = needs(run) if run is not None else {}
+    if not wanted:
+        return None, list(workers)
+    knowing = [w for w in workers if all(_knows(w.agent_version, release) for release in wanted.values())]
+    if knowing or not workers:
+        return None, knowing
+    lacking = [name for name, release in wanted.items() if not any(_knows(w.agent_version, release) for w in workers)]
+    versions = sorted({w.agent_version or "unknown" for w in workers})
+    return f"needs an agent that knows {', '.join(lacking)}; the agents of pool {pool} are {', '.join(versions)}", []
+
+
+def takers(pool: str, workers: Sequence[Worker], run: Run | None) -> tuple[str | None, list[Worker]]:
+    """The ``workers`` this control plane allows (``sort_out``) whose agent knows ``run``'s spec
+    (``understood``), and why ``run`` waits when that leaves none that would take it."""
+    refused, allowed = sort_out(pool, workers, run)
+    if refused:
+        return refused, allowed
+    return understood(pool, allowed, run)

@@ -6,6 +6,7 @@ release's agents do not) is flagged by the control plane from the version it rep
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -22,9 +23,11 @@ from runplane.services import skew
 from runplane.services.dispatch import dispatch_pool
 from runplane.services.overview import pool_figures, why_waiting
 from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE, wait_for
+from tests.integration.contracts.test_future_records import add_to_run
 from worker_agent.agent import Agent
 from worker_agent.main import pool_or_status
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
 from worker_agent.settings import parse
 
 POOL = "manual"  # max_workers 0: no dispatcher launches workers of its own there
@@ -114,3 +117,66 @@ def test_runplane_agent_refused_exits_before_it_checks_the_machine(stack, capsys
     assert skew.publish(stack.ports)  # this release's own record: the agent may serve
     assert pool_or_status(stack, settings, "w-now") == stack.pools.get(POOL)
     assert pool_or_status(stack, parse(["--pool", "nowhere"], environ={}), "w-lost") == 2
+
+
+@pytest.mark.docker
+def test_an_agent_leaves_a_run_whose_spec_it_does_not_know_and_takes_the_next(aws_stack, docker_client, tmp_path):
+    """A run a later release wrote with a field in its spec (``spec.secrets``) is ahead in line:
+    the agent neither takes it ahead of the hinted run nor on its own hint, and runs the next one."""
+    alice = Principal(user="alice")
+    spec = RunSpec.model_validate({"command": "true", "queue": POOL, "image": TEST_IMAGE, "resources": {"cpus": 1}})
+    later = submit_run(aws_stack.ports, alice, spec, None).run
+    add_to_run(aws_stack, later.id, lambda data: data["spec"].update(secrets=["db-password"]), queue=POOL)
+    plain = submit_run(aws_stack.ports, alice, spec, None).run
+    work_dir = tmp_path / "w-skip"
+    executor = ExecutorConfig(worker_id="w-skip", work_dir=work_dir, stack_id=aws_stack.settings.stack_id())
+    config = AgentConfig(pool=POOL, worker_id="w-skip", work_dir=work_dir, cpuset=(0, 1), executor=executor)
+    ports = Ports(aws_stack.store, aws_stack.queue, aws_stack.objects)
+    agent = Agent(config, ports, aws_stack.workers, docker_client, time.time)
+
+    deliveries = aws_stack.queue.receive(POOL, 2, 5, visibility_seconds=30)
+    assert [d.message.run_id for d in deliveries] == [later.id, plain.id]
+    for delivery in reversed(deliveries):  # the plain run's hint first: the later one is ahead of it in line
+        agent.intake.take(delivery)
+
+    assert list(agent.slots.active) == [plain.id]
+    thread = agent.slots.active[plain.id].thread
+    assert thread is not None
+    thread.join(60)
+    assert aws_stack.store.get(plain.id).state == RunState.SUCCEEDED
+    left = aws_stack.store.get(later.id)
+    assert (left.state, left.worker_id, agent.slots.claimed) == (RunState.QUEUED, None, 1)
+    (again,) = aws_stack.queue.receive(POOL, 1, 10, visibility_seconds=30)  # its hint was handed back
+    assert again.message.run_id == later.id
+
+
+@pytest.mark.docker
+def test_a_serving_agent_the_stack_moved_past_drains_and_says_why(aws_stack, docker_client, tmp_path):
+    """The functions upgraded past an agent's window while it serves: at its next check it finishes
+    the run it holds, takes no other, exits with the reason, and its worker item says why."""
+    alice = Principal(user="alice")
+    skew.publish(aws_stack.ports)
+    spec = RunSpec.model_validate({"command": "sleep 2", "queue": POOL, "image": TEST_IMAGE, "resources": {"cpus": 1}})
+    held = submit_run(aws_stack.ports, alice, spec, None).run
+    work_dir = tmp_path / "w-drain"
+    executor = ExecutorConfig(worker_id="w-drain", work_dir=work_dir, stack_id=aws_stack.settings.stack_id())
+    config = AgentConfig(
+        pool=POOL, worker_id="w-drain", work_dir=work_dir, cpuset=(0, 1), executor=executor, slots=1,
+        heartbeat_seconds=0.2, poll_seconds=1, skew_check_seconds=0.5,
+    )  # fmt: skip
+    ports = Ports(aws_stack.store, aws_stack.queue, aws_stack.objects)
+    agent = Agent(config, ports, aws_stack.workers, docker_client, time.time)
+    said: list[str] = []
+    thread = threading.Thread(target=lambda: said.append(agent.run()), daemon=True)
+    thread.start()
+    wait_for(lambda: aws_stack.store.get(held.id).state == RunState.RUNNING, 30, what="the first run running")
+    later = submit_run(aws_stack.ports, alice, spec, None).run
+    aws_stack.workers.put_stack(StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
+
+    thread.join(60)
+    why = f"agent {__version__} is older than this stack allows (>= 9.0)"
+    assert said == [why] and agent.failed
+    assert aws_stack.store.get(held.id).state == RunState.SUCCEEDED
+    assert aws_stack.store.get(later.id).state == RunState.QUEUED and agent.slots.claimed == 1
+    worker = aws_stack.workers.get("w-drain")
+    assert (worker.status, worker.refused) == ("offline", why)

@@ -259,3 +259,24 @@ def test_a_countdown_alone_is_not_a_change():
 
     assert _gist("pacing: next launch in 20s") == _gist("pacing: next launch in 7s")
     assert _gist("pacing: next launch in 20s") != _gist("no backlog")
+
+
+def test_reconcile_counts_a_worker_registered_refused_as_a_failed_launch():
+    """A launched worker whose agent the version window refused registered all the same (its item
+    says why): the pool's image holds an agent this stack does not allow, so it is a failed launch,
+    and enough of them in a row disable the pool, with the reason, instead of relaunching forever."""
+    why = "agent 0.0.1 is older than this stack allows (>= 0.1)"
+    starting = {f"j{i}": StartingJob(worker_id=f"w{i}", launched_at=10) for i in (1, 2, 3)}
+    rec = record(starting=starting, consecutive_failures=0)
+    out = reconcile(
+        pool(), rec, {"w1", "w2", "w3"}, [job(1), job(2), job(3)], {}, now=20, refused={"w2": why, "w3": why}
+    )
+    assert out.record.starting == {} and out.cancel == []
+    assert (out.record.failed_launches, out.record.consecutive_failures) == (2, 2)
+    assert out.record.last_error == f"the agent of worker w3 (job j3) was refused: {why}"
+    rec = record(starting={"j4": StartingJob(worker_id="w4", launched_at=30)}, consecutive_failures=2)
+    again = reconcile(pool(), rec, {"w4"}, [job(4)], {}, now=40, refused={"w4": why})
+    assert (
+        again.record.disabled_reason
+        == f"3 launches in a row failed; last: the agent of worker w4 (job j4) was refused: {why}"
+    )

@@ -1,19 +1,29 @@
 """Records a later release wrote, with fields this release does not know at every depth (a run, its
 spec, resources and timeline; a worker; a run hint and a dispatcher event on the queues), are read by
-every reader of this release, and what this release writes back of them keeps those fields."""
+every reader of this release, and what this release writes back of them keeps those fields. An agent
+takes no run whose spec holds a field it does not know (it would run it as if the field were not
+there), and the run's waiting explanation says so; fields outside the spec do not stop it."""
 
 import base64
 import json
+import time
 from types import SimpleNamespace
 
 from azure.data.tables import UpdateMode
 
+from runplane import __version__
 from runplane.adapters.azure.tables import key, pack, unpack
+from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
 from runplane.domain.workers import Worker
 from runplane.handlers import PoolDispatcher
 from runplane.services import lifecycle
+from runplane.services.overview import why_waiting
+from runplane.services.runs import kill_run
+from worker_agent.agent import Agent
+from worker_agent.run_config import AgentConfig, Ports
 
 
 def _aws(stack):
@@ -87,35 +97,78 @@ def add_to_run(stack, run_id, later, queue="default"):
         store.table.update_entity({**dict(entity), **pack(data, run_id)}, mode=UpdateMode.REPLACE)
 
 
-def from_a_later_release(data):
+def outside_the_spec(data):
+    """What a later release adds that only its control plane uses: no agent needs to know it."""
     data["priority_class"] = "gold"
-    data["spec"]["secrets"] = ["db-password"]
-    data["spec"]["resources"]["nodes"] = 2
     data["events"][0]["by"] = "api"
     data["usage"]["energy_joules"] = 7
 
 
-def test_a_run_a_later_release_wrote_is_read_listed_claimed_and_kept_whole(stack):
+def in_the_spec(data):
+    """What a later release adds to what a run asks of its agent: an agent that does not know it
+    must not run it as if it were not there."""
+    data["spec"]["secrets"] = ["db-password"]
+    data["spec"]["resources"]["nodes"] = 2
+
+
+def _later_run(stack, run_id, later):
     submitted = Event(at=1.0, state=RunState.QUEUED, message="submitted")
-    run = Run(id="r-future", owner="alice", spec=RunSpec(command="true"), queue="default", created_at=1.0)
+    run = Run(id=run_id, owner="alice", spec=RunSpec(command="true"), queue="default", created_at=1.0)
     stack.store.create(run.model_copy(update={"events": [submitted]}))
-    add_to_run(stack, run.id, from_a_later_release)
+    add_to_run(stack, run.id, later)
+    return run
+
+
+def _agent(stack, tmp_path):
+    config = AgentConfig(pool="default", worker_id="w-1", work_dir=tmp_path / "w-1")
+    ports = Ports(stack.store, stack.queue, stack.objects)
+    return Agent(config, ports, stack.workers, docker_client=None, clock=time.time)
+
+
+def test_a_run_a_later_release_wrote_outside_its_spec_is_read_listed_claimed_and_kept_whole(stack, tmp_path):
+    run = _later_run(stack, "r-future", outside_the_spec)
 
     read = stack.store.get(run.id)
     assert (read.id, read.spec.command, read.state) == (run.id, "true", RunState.QUEUED)
     assert [r.id for r in stack.store.list(owner="alice", limit=10).runs] == [run.id]
     assert [r.id for r in stack.store.list(queue="default", state=RunState.QUEUED, limit=10).runs] == [run.id]
+    assert _agent(stack, tmp_path).intake.refuses(read) is None  # the control plane's own fields: taken
 
     claimed = lifecycle.claim(stack.store, read, read.attempt, "w-1", 60.0, 1000.0)
     assert (claimed.state, claimed.worker_id) == (RunState.PREPARING, "w-1")
     kept = raw_run(stack, run.id)
     assert kept["state"] == "preparing"
     assert kept["priority_class"] == "gold"
-    assert kept["spec"]["secrets"] == ["db-password"]
-    assert kept["spec"]["resources"]["nodes"] == 2
     assert kept["events"][0]["by"] == "api"
     assert kept["usage"]["energy_joules"] == 7
     assert len(kept["events"]) == 2
+
+
+def test_a_run_a_later_release_wrote_into_its_spec_is_read_and_listed_but_not_taken(stack, tmp_path):
+    run = _later_run(stack, "r-future", lambda data: (outside_the_spec(data), in_the_spec(data)))
+    read = stack.store.get(run.id)
+    assert (read.id, read.spec.command, read.state) == (run.id, "true", RunState.QUEUED)
+    assert [r.id for r in stack.store.list(owner="alice", limit=10).runs] == [run.id]
+    agent = _agent(stack, tmp_path)
+    assert agent.intake.refuses(read) == (
+        f"it needs an agent that knows spec.secrets, spec.resources.nodes (this agent is {__version__})"
+    )
+
+    stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
+    (delivery,) = stack.queue.receive("default", 1, 5, visibility_seconds=30)
+    agent.intake.take(delivery)  # its hint goes back, for an agent that knows it
+    assert agent.slots.claimed == 0 and agent.slots.active == {}
+    kept = raw_run(stack, run.id)
+    assert (kept["state"], kept.get("worker_id"), kept["spec"]["secrets"]) == ("queued", None, ["db-password"])
+    assert kept["spec"]["resources"]["nodes"] == 2
+
+    now = time.time()
+    stack.workers.put(Worker(id="w-1", pool="default", agent_version=__version__, started_at=now, heartbeat_at=now))
+    assert why_waiting(stack.ports, read) == (
+        f"needs an agent that knows spec.secrets, spec.resources.nodes; the agents of pool default are {__version__}"
+    )
+    assert kill_run(stack.ports, Principal(user="alice"), run.id).state == RunState.KILLED  # ended as any run is
+    assert raw_run(stack, run.id)["spec"]["secrets"] == ["db-password"]
 
 
 def add_to_worker(stack, worker_id, later):
