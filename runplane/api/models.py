@@ -12,6 +12,7 @@ from runplane.domain.pools import Backend
 from runplane.domain.runs import RetryRule, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import SweepSpec
+from runplane.domain.wire import Extensible
 from runplane.domain.workers import WorkerStatus
 
 
@@ -33,7 +34,9 @@ def timestamp(ts: float | None) -> datetime | None:
 
 
 class WireModel(BaseModel):
-    """A response body: unknown fields are ignored when read (a newer server may add some)."""
+    """A response body: unknown fields are ignored when read (a newer server may add some). The SDK
+    reads answers with ``wire.read_answer``: unknown fields are ignored at every depth (in a run's spec
+    too), and a state, reason, status or backend a newer server may add is kept as its text."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -58,7 +61,7 @@ class Health(WireModel):
 
 
 class RunFailure(WireModel):
-    reason: FailureReason = Field(description="one of the reasons README.md lists")
+    reason: Annotated[FailureReason, Extensible] = Field(description="one of the reasons README.md lists")
     message: str
 
 
@@ -79,7 +82,9 @@ class RunUsage(WireModel):
 
 class RunEvent(WireModel):
     at: Timestamp
-    state: RunState | None = Field(default=None, description="the state entered, if the event is a transition")
+    state: Annotated[RunState, Extensible] | None = Field(
+        default=None, description="the state entered, if the event is a transition"
+    )
     message: str
 
 
@@ -144,7 +149,7 @@ class RunView(WireModel):
 
     id: str
     name: str | None = Field(description="the name given at submit, if any")
-    state: RunState
+    state: Annotated[RunState, Extensible]
     owner: str
     queue: str = Field(description="the pool it runs in")
     group: str | None = Field(description="the group it is charged to besides its owner (its quotas apply)")
@@ -186,10 +191,12 @@ class SweepView(WireModel):
     queue: str = Field(description="the pool its members run in")
     size: int = Field(description="members")
     max_parallel: int | None = Field(description="the most members out at once (null: what the pool can run)")
-    counts: dict[RunState, int] = Field(
+    counts: dict[Annotated[RunState, Extensible], int] = Field(
         description="members by the state of their latest try (members not released yet count as queued)"
     )
-    failures: dict[FailureReason, int] = Field(description="members whose latest try did not succeed, by reason")
+    failures: dict[Annotated[FailureReason, Extensible], int] = Field(
+        description="members whose latest try did not succeed, by reason"
+    )
     waiting: int = Field(description="members not released to their pool yet (held by max_parallel or capacity)")
     waiting_for: str | None = Field(
         default=None,
@@ -259,7 +266,7 @@ class PoolLaunches(WireModel):
 
 class PoolView(WireModel):
     name: str
-    backend: Backend
+    backend: Annotated[Backend, Extensible]
     shape: PoolShape
     min_workers: int
     max_workers: int
@@ -312,7 +319,7 @@ class PoolList(WireModel):
 class WorkerView(WireModel):
     id: str
     pool: str
-    status: WorkerStatus = Field(description="offline: no heartbeat for a while")
+    status: Annotated[WorkerStatus, Extensible] = Field(description="offline: no heartbeat for a while")
     host: str
     slots: int
     free_slots: int

@@ -17,6 +17,7 @@ document.
 from __future__ import annotations
 
 import functools
+import typing
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from runplane.api.models import ErrorBody, Health
 from runplane.api.routes import fleet, runs, sweeps, tenancy
 from runplane.api.routing import OPERATIONS, Answer, Operation, Query, Reply, operation
 from runplane.domain.records import MAX_SPEC_BYTES
+from runplane.domain.wire import since_fields
 
 ROUTES = (runs, sweeps, tenancy, fleet)
 """The modules whose routes the document describes (importing them declares their operations)."""
@@ -75,18 +77,39 @@ def _definitions(models: tuple[type[BaseModel], ...], mode: Literal["validation"
     return dict(top.get("$defs", {}))
 
 
-def _exact(schema: Any) -> Any:
+def _exact(schema: Any, optional: frozenset[str] = frozenset()) -> Any:
     """``schema`` with every object that lists properties closed (no others) and complete (each
-    one required): an answer carries every field of its model and nothing else."""
+    one required but those of ``optional``, at its top): an answer carries every field of its model
+    and nothing else, but a field added since the previous release, left out at its default."""
     if isinstance(schema, list):
         return [_exact(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out = {k: v if k in _VALUES else _exact(v) for k, v in schema.items()}
     if isinstance(out.get("properties"), dict):
-        out["required"] = list(out["properties"])
+        out["required"] = [name for name in out["properties"] if name not in optional]
         out["additionalProperties"] = False
     return out
+
+
+def _since(models: tuple[type[BaseModel], ...]) -> dict[str, frozenset[str]]:
+    """The fields marked ``Since`` (answers leave them out at their default) of ``models`` and of
+    every model they hold, by model name."""
+    found: dict[str, frozenset[str]] = {}
+    todo = list(models)
+    while todo:
+        model = todo.pop()
+        if model.__name__ in found:
+            continue
+        found[model.__name__] = frozenset(since_fields(model))
+        todo.extend(m for f in model.model_fields.values() for m in _held(f.annotation))
+    return found
+
+
+def _held(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _held(arg)]
 
 
 def _renamed(schema: Any, names: Mapping[str, str]) -> Any:
@@ -114,7 +137,11 @@ def component_schemas() -> dict[str, Any]:
     """Every schema the document's operations refer to, by component name."""
     request_models, answer_models = _models(OPERATIONS)
     requests = _definitions(request_models, "validation")
-    responses = {name: _exact(schema) for name, schema in _definitions(answer_models, "serialization").items()}
+    since = _since(answer_models)
+    responses = {
+        name: _exact(schema, since.get(name, frozenset()))
+        for name, schema in _definitions(answer_models, "serialization").items()
+    }
     names = {name: _NAMES.get(name, name) for name in responses}
     for name, schema in responses.items():
         if name in requests and requests[name] != schema:

@@ -10,6 +10,7 @@ from typing import TypeVar
 from pydantic import BaseModel
 
 from runplane.api.routing import Reply
+from runplane.domain.wire import shown_json
 
 MAX_PAGE_BYTES = 5 * 1024 * 1024
 """The largest list page as it travels in Lambda's response (its body is a JSON string there, so
@@ -27,7 +28,7 @@ def within_page(
     ``resume(n)``, the cursor after the first ``n`` (those kept)."""
     size = RESERVE
     for n, view in enumerate(views):
-        wire = len(json.dumps(view.model_dump_json()))
+        wire = len(json.dumps(shown_json(view)))
         if n and size + wire > MAX_PAGE_BYTES:
             return list(views[:n]), resume(n)
         size += wire
@@ -43,7 +44,7 @@ def page_reply(
     """The page ``make`` builds of the views that fit (``within_page``). A page whose every view
     fits, the most common, is serialised once, here, and sent as it is."""
     whole = make(list(views), cursor)
-    text = whole.model_dump_json()
+    text = shown_json(whole)
     if len(json.dumps(text)) + RESERVE <= MAX_PAGE_BYTES:
         return Reply(whole, text=text)
     return Reply(make(*within_page(views, cursor, resume)))

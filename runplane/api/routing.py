@@ -28,6 +28,7 @@ from runplane import bootstrap
 from runplane.api.app import app, status_of
 from runplane.domain import errors
 from runplane.domain.tenancy import Principal
+from runplane.domain.wire import shown_json
 from runplane.ports import Ports
 from runplane.services import auth
 
@@ -224,7 +225,7 @@ def _respond(op: Operation, result: Reply | BaseModel | Schema | None) -> Respon
     elif reply.body is None:
         text = ""
     elif isinstance(reply.body, BaseModel):
-        text = reply.body.model_dump_json()
+        text = shown_json(reply.body)
     else:
         text = json.dumps(reply.body)
     return Response(status_code=status, content_type=content_types.APPLICATION_JSON, body=text, headers=reply.headers)

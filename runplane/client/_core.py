@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from runplane import __version__
 from runplane.api.models import RunView
 from runplane.client.errors import ApiError, ConnectionFailed, error_from_answer
+from runplane.domain.wire import read_answer
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -172,7 +173,7 @@ def answer(exchange: Exchange) -> RawResponse:
 def parse(model: type[M], response: RawResponse) -> M:
     """The body as ``model``; an answer of another shape raises ApiError (code invalid_response)."""
     try:
-        return model.model_validate(response.body)
+        return read_answer(model, response.body)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"

@@ -69,7 +69,7 @@ class RunBase(_Viewed):
         return self.view.state in TERMINAL_STATES
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(id={self.view.id!r}, state={self.view.state.value!r})"
+        return f"{type(self).__name__}(id={self.view.id!r}, state={str(self.view.state)!r})"
 
 
 class SweepBase(_Viewed):
@@ -91,5 +91,5 @@ class SweepBase(_Viewed):
         return self.view.finished_at is not None
 
     def __repr__(self) -> str:
-        counts = ", ".join(f"{state.value}={n}" for state, n in sorted(self.view.counts.items()))
+        counts = ", ".join(f"{state}={n}" for state, n in sorted(self.view.counts.items()))
         return f"{type(self).__name__}(id={self.view.id!r}, size={self.view.size}, {counts})"

@@ -26,7 +26,7 @@ from runplane.domain.common import (
 )
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
 from runplane.domain.units import MAX_SIZE
-from runplane.domain.wire import Record, Since
+from runplane.domain.wire import Extensible, Record, Since
 
 MAX_INPUTS = 64
 MAX_UPSTREAMS = 32
@@ -59,7 +59,7 @@ class RetryRule(Record):
     model_config = ConfigDict(allow_inf_nan=False)
 
     attempts: int = Field(ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10")
-    on: list[Literal[tuple(RETRY_REASONS)]] = Field(  # type: ignore[valid-type]
+    on: list[Annotated[Literal[tuple(RETRY_REASONS)], Extensible]] = Field(  # type: ignore[valid-type]
         default_factory=list,
         max_length=len(RETRY_REASONS),
         description="failure reasons that queue the run again (any but killed); worker_lost always does",
