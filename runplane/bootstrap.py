@@ -7,6 +7,7 @@ module stays cheap (Lambda cold starts) and a missing SDK only switches its clou
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Any
 
 from runplane.compute.options import agent_args_for
 from runplane.compute.registry import build_backend, check_pool
-from runplane.domain.errors import InvalidRequest
+from runplane.domain.errors import InvalidRequest, Misconfigured
 from runplane.domain.pools import Pool, PoolConfig, load_pools
 from runplane.ports import (
     Clock,
@@ -34,6 +35,8 @@ from runplane.services.auth import CachedTokens
 from runplane.services.authority import Owners
 from runplane.services.inputs import InputPolicy
 from runplane.settings import StackSettings
+
+log = logging.getLogger(__name__)
 
 
 def default_pools_text() -> str:
@@ -142,7 +145,7 @@ def azure_names(settings: StackSettings) -> Any:
     return AzureNames.of(settings)
 
 
-def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
+def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> Stack:
     clients = clients or azure_clients(settings)
     from runplane.adapters.azure.blob import BlobObjectStore
     from runplane.adapters.azure.pools import TablePoolStateStore
@@ -157,6 +160,7 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
     tables = clients.tables
     return _stack(
         settings,
+        pools,
         store=TableRunStore(tables.get_table_client(names.runs_table)),
         sweeps=TableSweepStore(tables.get_table_client(names.runs_table)),
         queue=StorageQueueRunQueue(names.prefix, clients.queues),
@@ -169,22 +173,28 @@ def _azure_stack(settings: StackSettings, clients: Any) -> Stack:
     )
 
 
-def _stack(settings: StackSettings, tokens: TokenStore, **stores: Any) -> Stack:
+def _stack(settings: StackSettings, pools: PoolConfig, tokens: TokenStore, **stores: Any) -> Stack:
     """What both clouds share: the pools and the token cache around the adapters."""
-    return Stack(
-        settings=settings,
-        pools=load_pools(settings.pools or default_pools_text(), check=check_pool),
-        tokens=CachedTokens(tokens),
-        **stores,
-    )
+    return Stack(settings=settings, pools=pools, tokens=CachedTokens(tokens), **stores)
+
+
+def pools_of(settings: StackSettings) -> PoolConfig:
+    """The pools ``settings`` name, each checked by its backend. Raises Misconfigured with the one
+    line that names the pool and the field, before any client is built."""
+    try:
+        return load_pools(settings.pools or default_pools_text(), check=check_pool)
+    except ValueError as e:
+        raise Misconfigured(str(e)) from None
 
 
 def build_stack(settings: StackSettings | None = None, clients: Any = None) -> Stack:
     """The stack for ``settings.cloud``. ``clients``: what ``aws_clients`` or ``azure_clients``
-    returns for these settings (to share them); built here when None."""
+    returns for these settings (to share them); built here when None. Raises Misconfigured for a
+    bad pool, before it builds anything."""
     settings = settings or StackSettings.from_env()
+    pools = pools_of(settings)
     if settings.cloud == "azure":
-        return _azure_stack(settings, clients)
+        return _azure_stack(settings, pools, clients)
     from runplane.adapters.aws.pools import DynamoPoolStateStore
     from runplane.adapters.aws.quotas import DynamoQuotaStore
     from runplane.adapters.aws.runs import DynamoRunStore
@@ -198,6 +208,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     names = aws_names(settings)
     return _stack(
         settings,
+        pools,
         store=DynamoRunStore(names.runs_table, clients["dynamodb"]),
         sweeps=DynamoSweepStore(names.runs_table, clients["dynamodb"]),
         queue=SqsRunQueue(names.prefix, clients["sqs"]),
@@ -224,10 +235,22 @@ def use(handed: Stack | None) -> Stack | None:
 
 def stack() -> Stack:
     """The process-wide stack: the one handed over with ``use``, else the one the environment's
-    settings make, built on first use (warm Lambda invocations reuse its clients)."""
-    return _handed[0] if _handed else _from_environment()
+    settings make, built on first use (warm Lambda invocations reuse its clients). Raises
+    Misconfigured, on every call, when those settings name a bad pool (logged once)."""
+    if _handed:
+        return _handed[0]
+    built = _from_environment()
+    if isinstance(built, Misconfigured):
+        raise Misconfigured(built.message)  # a new one each time: a kept one would gather tracebacks
+    return built
 
 
 @functools.cache
-def _from_environment() -> Stack:
-    return build_stack()
+def _from_environment() -> Stack | Misconfigured:
+    """The environment's stack, or why it cannot be built (kept: settings do not change while a
+    process runs, so it is not tried again at each request)."""
+    try:
+        return build_stack()
+    except Misconfigured as e:
+        log.error("%s", e.message)
+        return e

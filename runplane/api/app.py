@@ -32,7 +32,10 @@ STATUS: dict[type[errors.RunplaneError], int] = {
     errors.InvalidRequest: 422,
     errors.Unschedulable: 422,
     errors.BackendError: 503,
+    errors.Misconfigured: 503,
 }
+
+MISCONFIGURED = "this stack is misconfigured and serves nothing until its operator fixes its settings (see its log)"
 
 
 def status_of(error: type[errors.RunplaneError]) -> int:
@@ -52,6 +55,8 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
 @app.exception_handler(errors.RunplaneError)  # type: ignore[untyped-decorator]
 def _known(e: errors.RunplaneError) -> Response[str]:
     status = status_of(type(e))
+    if isinstance(e, errors.Misconfigured):  # logged once, as the stack failed to build; no internals
+        return error_response(status, e.code, MISCONFIGURED)
     if status >= 500:
         logger.error("request failed", extra={"code": e.code, "error": e.message})
     return error_response(status, e.code, e.message if status < 500 else "a backing service failed; retry")

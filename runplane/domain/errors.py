@@ -29,8 +29,21 @@ class InvalidRequest(RunplaneError):
     code = "invalid_request"
 
 
+class NotAllowed(InvalidRequest):
+    """A well-formed request that policy refuses: a group that is not the caller's, a bucket the
+    operator does not allow, a quota or a cap it would exceed."""
+
+    code = "not_allowed"
+
+
+class UnknownName(InvalidRequest):
+    """A well-formed name that names nothing configured (a pool)."""
+
+    code = "unknown_name"
+
+
 class Unschedulable(RunplaneError):
-    """No pool can ever run this request."""
+    """This request could never run: no pool can fit it, or it waits for a run that cannot succeed."""
 
     code = "unschedulable"
 
@@ -85,3 +98,10 @@ class BackendError(RunplaneError):
 
     code = "backend_error"
     retryable = True
+
+
+class Misconfigured(RunplaneError):
+    """The stack's own settings cannot make a stack (a pool its backend refuses): nothing is served
+    until its operator fixes them. The message is the one line that names what to fix."""
+
+    code = "misconfigured"

@@ -111,17 +111,30 @@ def test_a_backend_whose_extra_is_missing_is_switched_off(monkeypatch: pytest.Mo
 
 
 # A Lambda of the API, in a process of its own, on a pools setting with a bad pool: what it answers
-# a request, and the error it logs.
+# two requests, what it logs, and how often it read the pools and built clients.
 LAMBDA = """
+import json
+from runplane import bootstrap
+calls = {"pools": 0, "clients": 0}
+def counted(name, real):
+    def call(*args, **kwargs):
+        calls[name] += 1
+        return real(*args, **kwargs)
+    return call
+bootstrap.load_pools = counted("pools", bootstrap.load_pools)
+bootstrap.aws_clients = counted("clients", bootstrap.aws_clients)
 from functions.aws import api
 from runplane.api.gateway import http_event
 from runplane.devstack.lambda_shim import LambdaContext
 event = http_event("GET", "/v1/pools", "", {"authorization": "Bearer t"}, b"", "127.0.0.1")
-print(api.lambda_handler(event, LambdaContext(function_name="runplane-api"))["statusCode"])
+for _ in range(2):
+    answer = api.lambda_handler(event, LambdaContext(function_name="runplane-api"))
+    print("ANSWER", answer["statusCode"], answer["body"])
+print("CALLS", json.dumps(calls))
 """
 
 
-def test_a_function_on_a_bad_pool_logs_the_line_and_serves_nothing() -> None:
+def test_a_function_on_a_bad_pool_logs_the_line_once_and_answers_503() -> None:
     pools = [{"name": "gpu", "backend": "aws-batch", "cpus": 1, "memory": "1g", "default_image": "busybox"}]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNPLANE_", "POWERTOOLS_"))}
     env |= {"RUNPLANE_POOLS": json.dumps(pools), "AWS_DEFAULT_REGION": "us-east-1", "POWERTOOLS_METRICS_DISABLED": "1"}
@@ -130,12 +143,20 @@ def test_a_function_on_a_bad_pool_logs_the_line_and_serves_nothing() -> None:
         [sys.executable, "-c", LAMBDA], capture_output=True, text=True, env=env, cwd=root, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    logged = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.stdout.splitlines()[-1] == "500"
-    errors = [entry for entry in logged if entry.get("level") == "ERROR"]
-    assert errors and errors[0]["exception"].endswith(
-        "ValueError: inline pools: pool gpu: bad aws-batch options: job_queue: required"
-    )
+    lines = done.stdout.splitlines()
+    answers = [line.split(" ", 2)[1:] for line in lines if line.startswith("ANSWER ")]
+    assert len(answers) == 2
+    for status, body in answers:
+        assert status == "503"
+        error = json.loads(body)["error"]
+        assert error["code"] == "misconfigured" and "misconfigured" in error["message"]
+        assert "pool" not in error["message"] and "aws-batch" not in error["message"]  # no internals
+    calls = json.loads(next(line for line in lines if line.startswith("CALLS "))[6:])
+    assert calls == {"pools": 1, "clients": 0}  # read once, refused before any client was built
+    logged = done.stdout + done.stderr
+    line = "inline pools: pool gpu: bad aws-batch options: job_queue: required"
+    assert logged.count(line) == 1
+    assert "Traceback" not in logged and "ValueError" not in logged
 
 
 SDKS = ("boto3", "botocore", "azure", "kubernetes", "docker", "aws_lambda_powertools", "requests")
