@@ -9,7 +9,10 @@ client that parses answers ignores fields it does not know, so it keeps working 
 server). A model whose two schemas differ keeps its name for the request and is ``<name>View`` in
 answers (a run's spec: ``RunSpec`` in, ``RunSpecView`` out). Every operation lists each status it
 can answer with, from the error map (``STATUS``); ``x-valid-refusals`` lists those a request the
-document calls valid may still get (a pool that cannot fit it, a cursor no listing gave).
+document calls valid may still get, each a status and the error code it carries (422
+``unschedulable``: no pool can fit it; 422 ``not_allowed``: a bucket, a group or a quota refuses it;
+400 ``bad_request``: a cursor no listing gave). A request refused for its shape is a 422
+``invalid_request`` (or a 400 ``bad_request``), never one of those.
 tests/integration/contracts/test_wire.py drives every operation and checks each answer against this
 document.
 """
@@ -25,6 +28,7 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from runplane import __version__
+from runplane.api.app import status_of
 from runplane.api.models import ErrorBody, Health
 from runplane.api.routes import fleet, runs, sweeps, tenancy
 from runplane.api.routing import OPERATIONS, Answer, Operation, Query, Reply, operation
@@ -175,8 +179,9 @@ def _answer(status: int, answer: Answer) -> dict[str, Any]:
 
 def _error(op: Operation, status: int) -> dict[str, Any]:
     description = op.notes.get(status) or _DESCRIPTIONS[status]
-    if status in op.valid_refusals:
-        description += f"; also for a request this document calls valid: {op.valid_refusals[status]}"
+    valid = [f"{why} ({error.code})" for error, why in op.valid_refusals.items() if status_of(error) == status]
+    if valid:
+        description += f"; also for a request this document calls valid: {'; '.join(valid)}"
     return {"description": description, "content": _content(ErrorBody)}
 
 
@@ -232,7 +237,10 @@ def _operation(op: Operation, defs: dict[str, Any]) -> dict[str, Any]:
     responses |= {str(status): _error(op, status) for status in sorted(op.error_statuses())}
     out["responses"] = responses
     if op.valid_refusals:
-        out["x-valid-refusals"] = sorted(op.valid_refusals)
+        out["x-valid-refusals"] = sorted(
+            ({"status": status_of(error), "code": error.code} for error in op.valid_refusals),
+            key=lambda r: (r["status"], r["code"]),
+        )
     return out
 
 

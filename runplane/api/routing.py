@@ -113,9 +113,10 @@ class Operation:
     """What the service may raise beyond what reading the request and the token can."""
     notes: Mapping[int, str] = field(default_factory=dict)
     """Statuses whose meaning here is more than the common one: status -> description."""
-    valid_refusals: Mapping[int, str] = field(default_factory=dict)
-    """Statuses a request the document calls valid may still get, and why (a pool that cannot fit
-    it, a cursor no listing gave): in the document as ``x-valid-refusals``."""
+    valid_refusals: Mapping[type[errors.RunplaneError], str] = field(default_factory=dict)
+    """The errors a request the document calls valid may still get, and why (a pool that cannot fit
+    it, a cursor no listing gave): in the document as ``x-valid-refusals``, each its status and its
+    code. A refusal for the request's shape is never one of them."""
     idempotency: str | None = None
     """What the Idempotency-Key header does here (None: not read)."""
 
@@ -130,7 +131,7 @@ class Operation:
             found |= {400, 422}
         if self.body is not None:
             found |= {400, 413, 422}
-        return found | set(self.valid_refusals) | {s for s in self.notes if s >= 400}
+        return found | {status_of(e) for e in self.valid_refusals} | {s for s in self.notes if s >= 400}
 
 
 OPERATIONS: list[Operation] = []
@@ -179,7 +180,7 @@ def operation(
     examples: Mapping[str, Any] | None = None,
     raises: tuple[type[errors.RunplaneError], ...] = (),
     notes: Mapping[int, str] | None = None,
-    valid_refusals: Mapping[int, str] | None = None,
+    valid_refusals: Mapping[type[errors.RunplaneError], str] | None = None,
     idempotency: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Declare and serve one operation (the arguments are ``Operation``'s fields). The route is

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runplane.domain.common import MAX_RUN_TIME, NAME_PATTERN, read_duration, read_size
-from runplane.domain.errors import InvalidRequest, Unschedulable
+from runplane.domain.errors import InvalidRequest, UnknownName, Unschedulable
 from runplane.domain.runs import Resources, RetryRule
 from runplane.domain.units import format_bytes, format_duration
 
@@ -233,7 +233,7 @@ def choose_pool(config: PoolConfig, resources: Resources, queue: str | None) -> 
         pool = config.get(queue)
         if pool is None:
             names = ", ".join(p.name for p in config.pools)
-            raise InvalidRequest(f"unknown queue {queue!r}; pools are: {names}")
+            raise UnknownName(f"unknown queue {queue!r}; pools are: {names}")
         why = pool.misfit(resources)
         if why:
             raise Unschedulable(f"no worker of pool {pool.shape()} can run this: {why}")

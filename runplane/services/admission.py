@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from runplane.domain.common import MAX_RUN_TIME
-from runplane.domain.errors import ConditionFailed, InvalidRequest, NotFound, RunplaneError
+from runplane.domain.errors import ConditionFailed, NotAllowed, NotFound, RunplaneError
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.quotas import MAX_BLOCKED, Hold, Lane, Period, Quota, QuotaKind, UsageRecord, hold_key, quota_key
 from runplane.domain.runs import Resources, Run
@@ -169,18 +169,18 @@ def refuse_alone(quotas: QuotaStore, owner: str, group: str | None, resources: R
         if quota is None:
             continue
         if quota.max_running == 0:
-            raise InvalidRequest(f"quota: {quota.label} allows no runs at once (max_running 0)")
+            raise NotAllowed(f"quota: {quota.label} allows no runs at once (max_running 0)")
         if quota.max_gpus is not None and resources.gpus > quota.max_gpus:
-            raise InvalidRequest(
+            raise NotAllowed(
                 f"quota: {quota.label} allows at most {quota.max_gpus} GPUs at once; this run asks {resources.gpus}"
             )
         if quota.max_cpus is not None and resources.cpus > quota.max_cpus:
-            raise InvalidRequest(
+            raise NotAllowed(
                 f"quota: {quota.label} allows at most {quota.max_cpus:g} CPUs at once; this run asks {resources.cpus:g}"
             )
         for what, limit, need in (("GPU", quota.gpu_hours, gpu_seconds), ("CPU", quota.cpu_hours, cpu_seconds)):
             if limit is not None and need > limit * 3600 + 1e-6:
-                raise InvalidRequest(
+                raise NotAllowed(
                     f"budget: {quota.label} has {_hours(limit)} {what}-hours a {quota.period}; "
                     f"this run may need {_hours(need / 3600)} (its {what}s times its time limit)"
                 )

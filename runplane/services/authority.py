@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from runplane.domain.errors import Forbidden, InvalidRequest
+from runplane.domain.errors import Forbidden, InvalidRequest, NotAllowed
 from runplane.domain.runs import RunSpec
 from runplane.domain.tenancy import Principal
 from runplane.ports import Clock, InputRules, TokenStore
@@ -29,13 +29,13 @@ def charged_group(principal: Principal, asked: str | None) -> str | None:
     groups = sorted(set(principal.groups))
     if asked is not None:
         if asked not in groups:
-            raise InvalidRequest(f"you are not in group {asked}")
+            raise NotAllowed(f"you are not in group {asked}")
         return asked
     if len(groups) <= 1:
         return groups[0] if groups else None
     if principal.default_group in groups:
         return principal.default_group
-    raise InvalidRequest(
+    raise NotAllowed(
         f"you are in several groups ({', '.join(groups)}): name the one to charge with group "
         "(or ask an administrator to set your default group)"
     )
@@ -52,7 +52,7 @@ def charge(principal: Principal, group: str | None) -> str | None:
     try:
         return charged_group(principal, None)
     except InvalidRequest:
-        raise InvalidRequest(_unnamed(principal)) from None
+        raise NotAllowed(_unnamed(principal)) from None
 
 
 def _unnamed(principal: Principal) -> str:

@@ -22,7 +22,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, InvalidRequest, NotFound, RunplaneError
+from runplane.domain.errors import (
+    BadRequest,
+    ConditionFailed,
+    Conflict,
+    NotAllowed,
+    NotFound,
+    RunplaneError,
+    Unschedulable,
+)
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.pools import Pool
 from runplane.domain.runs import (
@@ -157,10 +165,10 @@ def admit(ports: Ports, principal: Principal, spec: RunSpec) -> Verdict:
             if run is None or run.owner != principal.user:
                 raise NotFound(f"{where}: run {upstream} not found")
             if upstream in inputs_of and run.state.terminal and run.state != RunState.SUCCEEDED:
-                raise InvalidRequest(f"{where}: run {upstream} ended {run.state}; it has no outputs to use")
+                raise Unschedulable(f"{where}: run {upstream} ended {run.state}; it has no outputs to use")
             (doing, failed), dependents = _run_says(run), run.dependents
         if failed is not None:
-            raise InvalidRequest(f"{where}: {failed}; a run waiting for it could never start")
+            raise Unschedulable(f"{where}: {failed}; a run waiting for it could never start")
         if doing is not None:
             if len(dependents) >= MAX_DEPENDENTS:
                 raise Conflict(f"{where}: {MAX_DEPENDENTS} runs and sweeps already wait for {_name(upstream)}")
@@ -177,7 +185,7 @@ def check_waiting_cap(ports: Ports, pool: Pool, user: str) -> None:
     page = ports.store.list(owner=user, queue=pool.name, state=RunState.QUEUED, limit=LIST_BUDGET)
     waiting = sum(1 for run in page.runs if run.waiting_on)
     if waiting >= pool.max_waiting_runs:
-        raise InvalidRequest(
+        raise NotAllowed(
             f"you have {waiting} runs waiting for other runs in pool {pool.name}; at most "
             f"{pool.max_waiting_runs} may wait at once: wait for some to start, or kill some"
         )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from runplane.domain.errors import InvalidRequest
+from runplane.domain.errors import InvalidRequest, NotAllowed
 
 
 def bucket_of(source: str) -> tuple[str, str] | None:
@@ -35,7 +35,7 @@ def check_bucket_source(
     if not key or key == "/":
         raise InvalidRequest(f"input {name}: name an object or a prefix inside the bucket, not the whole bucket")
     if bucket == own_bucket:
-        raise InvalidRequest(
+        raise NotAllowed(
             f"input {name}: the stack's own bucket cannot be an input; use run:<id>[/path] for a run's outputs"
         )
     allowed = set(allowlist.get("*", frozenset()))
@@ -43,7 +43,7 @@ def check_bucket_source(
         allowed |= allowlist.get(group, frozenset())
     if bucket not in allowed:
         hint = f"allowed for you: {', '.join(sorted(allowed))}" if allowed else "no bucket is allowed for you"
-        raise InvalidRequest(f"input {name}: bucket {bucket} is not one the operator allows as an input ({hint})")
+        raise NotAllowed(f"input {name}: bucket {bucket} is not one the operator allows as an input ({hint})")
 
 
 @dataclass(frozen=True)

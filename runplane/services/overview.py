@@ -82,13 +82,21 @@ def sweep_members(
     label: str | None,
     limit: int,
     cursor: str | None,
+    *,
+    owner: str | None = None,
+    queue: str | None = None,
 ) -> tuple[list[Run], str | None]:
-    """The members of the caller's sweep released so far (of ``state``, carrying ``label``), in
-    index order, and the cursor after them. Raises NotFound (no such sweep, another user's, or an
-    id that cannot be one) and BadRequest (a cursor no listing gave)."""
+    """The members of the caller's sweep released so far (of ``state``, carrying ``label``, of
+    ``owner`` and in ``queue`` when given: none when the sweep's are others), in index order, and
+    the cursor after them. Raises NotFound (no such sweep, another user's, or an id that cannot be
+    one), BadRequest (a cursor no listing gave) and, for ``owner``, as ``runs.check_listing_owner``."""
     if not re.fullmatch(RUN_ID_PATTERN, sweep_id):
         raise errors.NotFound(f"sweep {sweep_id[:80]!r} not found")
+    if owner is not None:
+        owner = runs.check_listing_owner(principal, owner)
     sweep = sweeps.get_sweep(ports, principal, sweep_id)
+    if (owner is not None and owner != sweep.owner) or (queue is not None and queue != sweep.queue):
+        return [], None
     found, after = sweeps.members(ports, sweep, state, limit, cursor)
     return runs.labelled(found, runs.label_filter(label)), after
 
@@ -144,7 +152,7 @@ def pool_figures(ports: Ports) -> list[PoolFigures]:
 
 def workers_page(ports: Ports, pool: str | None, limit: int, cursor: str | None) -> tuple[list[Worker], str | None]:
     """A page of workers (of ``pool``) from where ``cursor`` left off, and the next cursor.
-    Raises InvalidRequest for a cursor that is not a ``next_cursor`` of this listing."""
+    Raises BadRequest for a cursor that is not a ``next_cursor`` of this listing."""
     found, after = ports.workers.page(pool, limit, None if cursor is None else _worker_after(cursor))
     next_cursor = None if after is None else base64.urlsafe_b64encode(after.encode()).decode().rstrip("=")
     return found, next_cursor
@@ -159,5 +167,5 @@ def _worker_after(cursor: str) -> str:
         if not after or not after.isprintable():
             raise ValueError(after)
     except ValueError as e:
-        raise errors.InvalidRequest("cursor must be the next_cursor of the previous page") from e
+        raise errors.BadRequest("cursor must be the next_cursor of the previous page") from e
     return after

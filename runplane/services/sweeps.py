@@ -17,6 +17,7 @@ from runplane.domain.errors import (
     ConditionFailed,
     Conflict,
     InvalidRequest,
+    NotAllowed,
     NotFound,
     PayloadTooLarge,
     RunplaneError,
@@ -129,7 +130,7 @@ def check_open_cap(ports: Ports, pool: Pool, user: str) -> None:
         if found >= pool.max_open_sweeps or cursor is None:
             break
     if found >= pool.max_open_sweeps:
-        raise InvalidRequest(
+        raise NotAllowed(
             f"you have {found} unfinished sweeps in pool {pool.name}; at most {pool.max_open_sweeps} may be "
             "open at once: wait for some to finish, or kill some"
         )

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runplane.domain.common import NAME_PATTERN
-from runplane.domain.errors import InvalidRequest, NotFound
+from runplane.domain.errors import InvalidRequest, NotAllowed, NotFound
 from runplane.domain.tenancy import DEFAULT_SCOPES, SCOPES, USER_PATTERN, ApiToken, Scope, UserRecord
 from runplane.domain.units import parse_duration
 from runplane.ports import Ports
@@ -132,7 +132,7 @@ def set_default_group(ports: Ports, user: str, group: str | None, *, by: str) ->
     facts = get_user(ports, user)
     if group is not None and group not in facts.groups:
         theirs = ", ".join(facts.groups) or "none"
-        raise InvalidRequest(f"{user} is not in group {group} (their groups: {theirs})")
+        raise NotAllowed(f"{user} is not in group {group} (their groups: {theirs})")
     record = UserRecord(user=user, default_group=group, updated_at=ports.clock(), updated_by=by)
     ports.tokens.put_user(record)
     return UserFacts(user, facts.groups, record)

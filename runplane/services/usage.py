@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal, cast, get_args
 
-from runplane.domain.errors import BadRequest, Forbidden, InvalidRequest
+from runplane.domain.errors import BadRequest, Forbidden, InvalidRequest, UnknownName
 from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
@@ -143,7 +143,7 @@ def usage_report(
         user = principal.user
     if pool is not None and ports.pools.get(pool) is None:
         names = ", ".join(p.name for p in ports.pools.pools)
-        raise InvalidRequest(f"no pool {pool[:80]!r}; pools are {names}")
+        raise UnknownName(f"no pool {pool[:80]!r}; pools are {names}")
     now = ports.clock()
     start = month_start(now) if since is None else since
     end = now if until is None else until

@@ -50,7 +50,7 @@ export function runsPage(main, session) {
     failed: params.get("failed") === "1",
     owner: params.get("owner") || "",
   };
-  // the API refuses a sweep with an owner or a queue: the sweep wins and the others are let go,
+  // a sweep is read whole (its members share one owner and queue): the sweep wins and the others are let go,
   // in the URL too, so the page never shows a filter it does not apply
   let dropped = "";
   if (filters.sweep && (filters.owner || filters.queue)) {

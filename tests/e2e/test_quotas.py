@@ -164,7 +164,7 @@ def test_submit_charges_a_group_of_the_callers_own_and_refuses_what_can_never_fi
         status, code, message = api_status(
             lambda c=client, g=group: c.request("POST", "/v1/runs", {**body, "group": g})
         )
-        assert (status, code, message) == (422, "invalid_request", f"you are not in group {group}")
+        assert (status, code, message) == (422, "not_allowed", f"you are not in group {group}")
     status, _, message = api_status(lambda: carol.request("POST", "/v1/runs", {**body, "group": "Not A Group"}))
     assert status == 422 and "group" in message
     # a run that alone exceeds its owner's quota would wait forever: refused at once
@@ -175,6 +175,6 @@ def test_submit_charges_a_group_of_the_callers_own_and_refuses_what_can_never_fi
     status, code, message = api_status(lambda: capped.request("POST", "/v1/runs", {**body, "resources": {"cpus": 2}}))
     assert (status, code, message) == (
         422,
-        "invalid_request",
+        "not_allowed",
         f"quota: {name} allows at most 1 CPUs at once; this run asks 2",
     )

@@ -1,9 +1,12 @@
 """schemathesis fuzzes every operation of the generated OpenAPI document (and the methods it does
 not list) on each cloud's local stack, as an administrator: no 5xx, no status code or content
 type the document does not declare, answers that match their schemas, 405s that carry Allow, and
-no request the document calls valid refused for its shape (positive_data_acceptance): the only
-refusals a valid request may get beyond a missing thing (404) or a conflict (409) are those its
-operation lists in ``x-valid-refusals`` (a pool that cannot fit it, a cursor no listing gave).
+no request the document calls valid refused for its shape (positive_data_acceptance, and
+fuzz_checks.py for the error code): the only refusals a valid request may get beyond a missing
+thing (404) or a conflict (409) are those its operation lists in ``x-valid-refusals``, each a
+status and an error code (422 ``unschedulable``: no pool can fit it; 400 ``bad_request``: a cursor
+no listing gave), so a 422 for the request's shape (``invalid_request``) fails even where a 422 for
+what it asks is valid.
 
 Runs go to pools that never get a worker, so fuzzed commands never reach Docker. Each phase
 (examples, coverage, fuzzing with up to 18 cases an operation, stateful) runs once, to its end,
@@ -12,7 +15,7 @@ with a seed that is a fresh one each time, so that every run of the suite explor
 it; ``RUNPLANE_FUZZ_SEED`` replays one. ``RUNPLANE_FUZZ_EXAMPLES`` asks for more cases an
 operation, and ``RUNPLANE_FUZZ_SECONDS`` a longer run (fuzzing and stateful testing repeat until
 that time is spent). Not checked: that every invalid request is refused (the document does not
-express every rule the models check, such as control characters in commands).
+express every rule the models check, such as the reserved environment variable names).
 """
 
 import json
@@ -31,6 +34,7 @@ from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, free_port
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+CHECKS = Path(__file__).with_name("fuzz_checks.py")
 POOLS = """pools:
   - {name: default, cpus: 2, memory: 2g, disk: 5g, max_workers: 0, default_image: runplane/test-busybox:1}
   - {name: gpu, cpus: 4, gpus: 2, memory: 8g, disk: 5g, max_workers: 0, default_image: runplane/test-busybox:1}
@@ -76,7 +80,8 @@ def acceptance_config(document: dict) -> str:
     for item in document["paths"].values():
         for op in item.values():
             if isinstance(op, dict) and op.get("x-valid-refusals"):
-                statuses = ACCEPTED + [str(s) for s in op["x-valid-refusals"] if str(s) not in ACCEPTED]
+                valid = sorted({str(r["status"]) for r in op["x-valid-refusals"]} - set(ACCEPTED))
+                statuses = ACCEPTED + valid
                 lines += [
                     "",
                     "[[operations]]",
@@ -114,7 +119,10 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_undocumented_answer(fuzz_stack, tmp
         "--report-dir",
         str(tmp_path / "reports"),
     ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=float(seconds or 0) + 300, cwd=tmp_path)
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": str(CHECKS)}
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=float(seconds or 0) + 300, cwd=tmp_path, env=env
+    )
     assert done.returncode == 0, f"{again}\n{done.stdout[-12000:]}\n{done.stderr[-3000:]}"
     log = (tmp_path / "devstack.log").read_text()
     assert "unhandled error" not in log, f"{again}\n{log[-5000:]}"

@@ -84,7 +84,7 @@ def test_a_run_that_ended_without_success_cannot_be_waited_for_and_a_waiting_run
     late = client.request("POST", "/v1/runs", {**PARKED, "after": [first["id"]]})
     client.request("POST", f"/v1/runs/{first['id']}/kill")
     status, code, message = api_status(lambda: client.request("POST", "/v1/runs", {**PARKED, "after": [first["id"]]}))
-    assert (status, code) == (422, "invalid_request") and "ended killed" in message
+    assert (status, code) == (422, "unschedulable") and "ended killed" in message
     # the kill's event reaches the dispatcher, which ends what waited for the run
     ended = wait_for(
         lambda: (r := client.request("GET", f"/v1/runs/{late['id']}"))["state"] == "failed" and r,

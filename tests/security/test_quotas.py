@@ -210,7 +210,7 @@ def test_a_run_is_charged_only_to_a_group_of_its_owner(front, user, people):
     several, _ = people(groups=[group, other])
     for client, asked in [(solo, group), (member, other), (several, "nobody")]:
         status, code, message = api_status(lambda: client.request("POST", "/v1/runs", {**PARKED, "group": asked}))  # noqa: B023
-        assert (status, code) == (422, "invalid_request") and asked in message, message
+        assert (status, code) == (422, "not_allowed") and asked in message, message
         assert client.request("GET", "/v1/runs")["runs"] == []  # nothing was stored
     bad = api_status(lambda: member.request("POST", "/v1/runs", {**PARKED, "group": "Not A Group"}))
     assert bad[:2] == (422, "invalid_request") and "group" in bad[2]
@@ -231,7 +231,7 @@ def test_a_run_that_alone_exceeds_a_quota_is_refused_at_submit(user, people, quo
     ]
     for body, start in asks:
         status, code, message = api_status(lambda: member.request("POST", "/v1/runs", body))  # noqa: B023
-        assert (status, code) == (422, "invalid_request"), message
+        assert (status, code) == (422, "not_allowed"), message
         assert message.startswith(start), message
     assert member.request("GET", "/v1/runs")["runs"] == []
     fits = member.request("POST", "/v1/runs", {**PARKED, "queue": "big", "resources": {"gpus": 1, "time": "10m"}})

@@ -341,25 +341,27 @@ def test_inputs_may_not_name_the_stacks_own_bucket(front, user):
         status, code, message = api_status(
             lambda: user("alice").request("POST", "/v1/runs", {**PARKED, "inputs": {"all": source}})  # noqa: B023
         )
-        assert (status, code) == (422, "invalid_request")
+        assert (status, code) == (422, "not_allowed")
         assert "the stack's own bucket cannot be an input" in message
 
 
 @pytest.mark.parametrize(
-    ("who", "source", "fragment"),
+    ("who", "source", "refused", "fragment"),
     [
-        ("alice", "s3://someone-elses-bucket/data.csv", "is not one the operator allows"),
-        ("alice", f"s3://{VISION_DATA}/images/", "is not one the operator allows"),  # vision's, not alice's
-        ("alice", f"s3://{DATASETS}/", "source must be 's3://bucket/key'"),  # no key: the whole bucket
-        ("alice", f"s3://{DATASETS}/a/../b", "may not hold '.', '..'"),
-        ("alice", "run:r-x/../../r-y/outputs", "may not hold '.', '..'"),
+        ("alice", "s3://someone-elses-bucket/data.csv", "not_allowed", "is not one the operator allows"),
+        ("alice", f"s3://{VISION_DATA}/images/", "not_allowed", "is not one the operator allows"),  # vision's
+        ("alice", f"s3://{DATASETS}/", "invalid_request", "source must be 's3://bucket/key'"),  # the whole bucket
+        ("alice", f"s3://{DATASETS}/a/../b", "invalid_request", "may not hold '.', '..'"),
+        ("alice", "run:r-x/../../r-y/outputs", "invalid_request", "may not hold '.', '..'"),
     ],
 )
-def test_inputs_outside_the_operators_allow_list_are_422(user, who, source, fragment):
+def test_inputs_outside_the_operators_allow_list_are_422(user, who, source, refused, fragment):
+    """A bucket the operator does not allow is a policy refusal (not_allowed); a source of the wrong
+    form, a refusal for the request's shape (invalid_request)."""
     status, code, message = api_status(
         lambda: user(who).request("POST", "/v1/runs", {**PARKED, "inputs": {"data": source}})
     )
-    assert (status, code) == (422, "invalid_request")
+    assert (status, code) == (422, refused)
     assert fragment in message
 
 

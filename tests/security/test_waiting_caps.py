@@ -25,7 +25,7 @@ def test_a_users_waiting_runs_and_open_sweeps_have_a_cap_named_in_the_refusal(fr
     first = [flooder.request("POST", "/v1/runs", {**CAPPED, "after": [up["id"]]}) for _ in range(2)]
     assert all(run["waiting_on"] == [up["id"]] for run in first)
     status, code, message = api_status(lambda: flooder.request("POST", "/v1/runs", {**CAPPED, "after": [up["id"]]}))
-    assert (status, code) == (422, "invalid_request"), message
+    assert (status, code) == (422, "not_allowed"), message
     assert "at most 2 may wait" in message and "pool capped" in message
     # the cap is the user's: another's waiting runs go on
     theirs = other.request("POST", "/v1/runs", CAPPED)
@@ -37,7 +37,7 @@ def test_a_users_waiting_runs_and_open_sweeps_have_a_cap_named_in_the_refusal(fr
     sweep = {"run": CAPPED, "count": 2, "max_parallel": 1}
     made = flooder.request("POST", "/v1/sweeps", sweep)
     status, code, message = api_status(lambda: flooder.request("POST", "/v1/sweeps", sweep))
-    assert (status, code) == (422, "invalid_request"), message
+    assert (status, code) == (422, "not_allowed"), message
     assert "at most 1 may be open" in message
     flooder.request("POST", f"/v1/sweeps/{made['id']}/kill")
     assert flooder.request("POST", "/v1/sweeps", sweep)["id"] != made["id"]

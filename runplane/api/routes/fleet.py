@@ -5,8 +5,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from runplane.api.models import PoolList, WorkerList
+from runplane.api.routes.common import BAD_CURSOR
 from runplane.api.routing import Answer, Call, Query, operation
 from runplane.api.views import pool_view, worker_view
+from runplane.domain import errors
 from runplane.domain.common import NAME_PATTERN
 from runplane.services.overview import WORKER_CURSOR_PATTERN, pool_figures, workers_page
 
@@ -43,7 +45,7 @@ class WorkersQuery(Query):
     scope="runs:read",
     query=WorkersQuery,
     answers={200: Answer(WorkerList)},
-    valid_refusals={422: "a cursor of that form that is not the next_cursor of a page of this listing"},
+    valid_refusals={errors.BadRequest: BAD_CURSOR},
 )
 def workers(call: Call, query: WorkersQuery) -> WorkerList:
     ports = call.ports

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView
 from runplane.api.pages import page_reply
@@ -40,10 +40,12 @@ from runplane.services.overview import run_logs, run_outputs, shown_run, sweep_m
     raises=(errors.NotFound, errors.Conflict, errors.PayloadTooLarge),
     notes={403: PRIORITY_403},
     valid_refusals={
-        404: "an input or after names a run that does not exist (or another user's)",
-        409: "the Idempotency-Key was used for another request",
-        413: "the run's spec is too large",
-        422: "no pool can fit it, a bucket it reads is not allowed, a group that is not the caller's",
+        errors.NotFound: "an input or after names a run that does not exist (or another user's)",
+        errors.Conflict: "the Idempotency-Key was used for another request",
+        errors.PayloadTooLarge: "the run's spec is too large",
+        errors.Unschedulable: "no pool can fit it, or it waits for a run that ended without success",
+        errors.UnknownName: "a queue that is no configured pool",
+        errors.NotAllowed: "a bucket it reads is not allowed, a group that is not the caller's, a quota or cap",
     },
 )
 def submit(call: Call, body: RunSpec, key: str | None) -> Reply:
@@ -65,7 +67,8 @@ class RunsQuery(Query):
     )
     sweep: str | None = Field(
         None,
-        description="the members of this sweep released so far, in index order (not with owner or queue: 422)",
+        description="the members of this sweep released so far, in index order (with owner or queue: those of "
+        "theirs, none when the sweep's are others)",
         json_schema_extra={"pattern": ID_PATTERN},
     )
     label: str | None = Field(
@@ -78,12 +81,6 @@ class RunsQuery(Query):
     cursor: str | None = Field(None, description=CURSOR_HELP, json_schema_extra={"pattern": CURSOR_PATTERN})
     messages = {"state": f"unknown state {{value}}; states are {[s.value for s in RunState]}"}
 
-    @model_validator(mode="after")
-    def _sweep_alone(self) -> RunsQuery:
-        if self.sweep is not None and (self.owner or self.queue):
-            raise ValueError("sweep cannot be combined with owner or queue")
-        return self
-
 
 @operation(
     "GET",
@@ -95,17 +92,17 @@ class RunsQuery(Query):
     answers={200: Answer(RunPage)},
     raises=(errors.NotFound,),
     valid_refusals={
-        400: BAD_CURSOR,
-        404: "no such sweep, or another user's",
-        422: "sweep combined with owner or queue",
+        errors.BadRequest: BAD_CURSOR,
+        errors.NotFound: "no such sweep, or another user's",
     },
 )
 def list_runs(call: Call, query: RunsQuery) -> Reply:
     ports = call.ports
     if query.sweep is not None:
         found, cursor = sweep_members(
-            ports, call.principal, query.sweep, query.state, query.label, query.limit, query.cursor
-        )
+            ports, call.principal, query.sweep, query.state, query.label, query.limit, query.cursor,
+            owner=query.owner, queue=query.queue,
+        )  # fmt: skip
         return page_reply(_run_page, [run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
     owner = query.owner or call.principal.user
     page = runs.list_runs(
@@ -160,7 +157,10 @@ def kill(call: Call, run_id: str) -> RunView:
     answers={200: Answer(RunView, "changed; the run as it is now")},
     raises=(errors.Conflict,),
     notes={403: PRIORITY_403 + ", or its owner is no longer in the group it is charged to or allowed its inputs"},
-    valid_refusals={409: "the run is no longer queued", 422: "the run's pool cannot take it at that priority"},
+    valid_refusals={
+        errors.Conflict: "the run is no longer queued",
+        errors.NotAllowed: "the run's group or inputs are no longer allowed to its owner",
+    },
 )
 def set_priority(call: Call, run_id: str, body: SetPriority) -> RunView:
     return run_view(runs.set_priority(call.ports, call.principal, run_id, body.priority))
@@ -185,7 +185,7 @@ class LogsQuery(Query):
     path_params=RUN_ID,
     query=LogsQuery,
     answers={200: Answer(LogPage)},
-    valid_refusals={422: "an attempt the run has not had"},
+    valid_refusals={errors.InvalidRequest: "an attempt the run has not had"},
 )
 def logs(call: Call, run_id: str, query: LogsQuery) -> LogPage:
     page = run_logs(call.ports, call.principal, run_id, query.stream, query.offset, query.attempt)
@@ -207,7 +207,10 @@ class OutputsQuery(Query):
     path_params=RUN_ID,
     query=OutputsQuery,
     answers={200: Answer(OutputPage)},
-    valid_refusals={400: BAD_CURSOR + " (or of another attempt)", 422: "an attempt the run has not had"},
+    valid_refusals={
+        errors.BadRequest: BAD_CURSOR + " (or of another attempt)",
+        errors.InvalidRequest: "an attempt the run has not had",
+    },
 )
 def outputs(call: Call, run_id: str, query: OutputsQuery) -> OutputPage:
     page, over = run_outputs(call.ports, call.principal, run_id, query.cursor, query.limit, query.attempt)

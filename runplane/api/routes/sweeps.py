@@ -38,10 +38,12 @@ def _view(call: Call, sweep: Sweep) -> SweepView:
     raises=(errors.NotFound, errors.Conflict),
     notes={403: PRIORITY_403},
     valid_refusals={
-        404: "an input or after names a run that does not exist (or another user's)",
-        409: "the Idempotency-Key was used for another request",
-        413: "its largest member's spec is too large",
-        422: "no pool can fit its members, a bucket they read is not allowed, too many open sweeps",
+        errors.NotFound: "an input or after names a run that does not exist (or another user's)",
+        errors.Conflict: "the Idempotency-Key was used for another request",
+        errors.PayloadTooLarge: "its largest member's spec is too large",
+        errors.Unschedulable: "no pool can fit its members, or they wait for a run that ended without success",
+        errors.UnknownName: "a queue that is no configured pool",
+        errors.NotAllowed: "a bucket they read is not allowed, a group that is not the caller's, too many open sweeps",
     },
 )
 def create_sweep(call: Call, body: SweepSpec, key: str | None) -> Reply:
@@ -68,7 +70,7 @@ class SweepsQuery(Query):
     scope="runs:read",
     query=SweepsQuery,
     answers={200: Answer(SweepPage)},
-    valid_refusals={400: BAD_CURSOR},
+    valid_refusals={errors.BadRequest: BAD_CURSOR},
 )
 def list_sweeps(call: Call, query: SweepsQuery) -> Reply:
     ports = call.ports
@@ -107,7 +109,7 @@ def get_sweep(call: Call, sweep_id: str) -> SweepView:
     answers={200: Answer(SweepView)},
     raises=(errors.Conflict,),
     notes={403: RELEASE_403},
-    valid_refusals={409: "the sweep has ended"},
+    valid_refusals={errors.Conflict: "the sweep has ended"},
 )
 def patch_sweep(call: Call, sweep_id: str, body: SweepPatch) -> SweepView:
     ports = call.ports

@@ -112,7 +112,10 @@ def get_user(call: Call, user: str) -> UserView:
     examples=USER_EXAMPLES,
     answers={200: Answer(UserView)},
     raises=(errors.NotFound,),
-    valid_refusals={404: "no token of the user's and nothing set", 422: "a group that is not the user's"},
+    valid_refusals={
+        errors.NotFound: "no token of the user's and nothing set",
+        errors.NotAllowed: "a group that is not the user's",
+    },
 )
 def set_user(call: Call, user: str, body: UserSettings) -> UserView:
     found = tenancy.set_default_group(call.ports, user, body.default_group, by=call.principal.user)
@@ -159,7 +162,7 @@ def _quota_routes(kind: QuotaKind) -> None:
         path_params=subject,
         answers={200: Answer(QuotaView)},
         raises=(errors.NotFound,),
-        valid_refusals={404: "no quota set, or one that does not apply to the caller"},
+        valid_refusals={errors.NotFound: "no quota set, or one that does not apply to the caller"},
     )
     def get_quota(call: Call, **named: str) -> QuotaView:
         return quota_view(quota_admin.get_quota(call.ports, call.principal, kind, named[what]))
@@ -188,7 +191,7 @@ def _quota_routes(kind: QuotaKind) -> None:
         path_params=subject,
         answers={204: Answer(None, "done; no body")},
         raises=(errors.NotFound,),
-        valid_refusals={404: "no quota set"},
+        valid_refusals={errors.NotFound: "no quota set"},
     )
     def delete_quota(call: Call, **named: str) -> Reply:
         quota_admin.delete_quota(call.ports, call.principal, kind, named[what])
@@ -238,8 +241,9 @@ class UsageQuery(Query):
     query=UsageQuery,
     answers={200: Answer(UsageReport)},
     valid_refusals={
-        400: "a date or time that does not exist (2026-02-30), or one before 1970 or after 9999",
-        422: "a pool that is not configured, or a window that ends before it starts",
+        errors.BadRequest: "a date or time that does not exist (2026-02-30), or one before 1970 or after 9999",
+        errors.UnknownName: "a pool that is not configured",
+        errors.InvalidRequest: "a window that ends before it starts",
     },
 )
 def usage_report(call: Call, query: UsageQuery) -> UsageReport:

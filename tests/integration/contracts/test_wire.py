@@ -296,7 +296,7 @@ def _fleet(wire: Wire, run_id: str) -> None:
     assert [w["runs"] for w in wire("GET", "/v1/workers", who="bob").body["workers"]] == [[], []]
     # a parameter given empty is one not given: the document's any-string cursor took "" and was refused
     assert wire("GET", "/v1/workers?cursor=&pool=").body == listed.body
-    assert wire("GET", "/v1/workers?cursor=AA").status == 422  # well formed, but no listing gave it
+    assert wire("GET", "/v1/workers?cursor=AA").status == 400  # well formed, but no listing gave it: as on runs
     assert wire("GET", "/v1/workers", who="empty").status == 403
     pools = wire("GET", "/v1/pools")
     assert pools.status == 200
@@ -456,7 +456,13 @@ def _sweeps(wire: Wire) -> None:
     assert members.body["runs"][0]["spec"]["env"] == {"LR": "0.1", "ON": "true"}
     assert wire("GET", f"/v1/runs?sweep={made.body['id']}", who="bob").status == 404
     assert wire("GET", f"/v1/runs?sweep={made.body['id']}&cursor=x").status == 400
-    assert wire("GET", f"/v1/runs?sweep={made.body['id']}&queue=parked").status == 422
+    # with owner or queue: the members of theirs, all of them or none (a sweep's share one of each)
+    member = [(made.body["id"], 0)]
+    for also, found in (("queue=parked", member), ("queue=default", []), ("owner=alice", member)):
+        page = wire("GET", f"/v1/runs?sweep={made.body['id']}&{also}").body
+        assert [(r["sweep_id"], r["sweep_index"]) for r in page["runs"]] == found, also
+    assert wire("GET", f"/v1/runs?sweep={made.body['id']}&owner=bob").status == 403  # as without a sweep
+    assert wire("GET", f"/v1/runs?sweep={made.body['id']}&owner=alice&queue=nowhere").body["runs"] == []
     wider = wire("PATCH", path, {"max_parallel": 2})
     assert wider.status == 200 and (wider.body["max_parallel"], wider.body["waiting"]) == (2, 2)
     assert wire("PATCH", path, {"max_parallel": 0}).status == 422
@@ -594,15 +600,23 @@ def test_every_operation_is_generated_whole_from_its_route():
             if op.get("security") != []:
                 assert {401, 503} <= errors, f"{where} reads a token but does not document its refusals"
             refusals = op.get("x-valid-refusals", [])
-            assert set(refusals) <= errors, f"{where}: x-valid-refusals {refusals} are not all documented"
-            for status in refusals:
-                assert "also for a request this document calls valid" in op["responses"][str(status)]["description"]
+            assert {r["status"] for r in refusals} <= errors, f"{where}: x-valid-refusals {refusals} not all documented"
+            codes = {r["code"] for r in refusals if r["status"] == 422}
+            assert "invalid_request" not in codes or op.get("requestBody") is None, f"{where}: a shape refusal is valid"
+            for refusal in refusals:
+                description = op["responses"][str(refusal["status"])]["description"]
+                assert "also for a request this document calls valid" in description, where
+                assert f"({refusal['code']})" in description, where
     listed = openapi_document()["paths"]["/v1/runs"]["get"]
     assert {p["name"] for p in listed["parameters"]} >= {"state", "queue", "owner", "sweep", "limit", "cursor"}
     assert next(p for p in listed["parameters"] if p["name"] == "limit")["schema"] == {
         "type": "integer", "minimum": 1, "maximum": 500, "default": 50,
     }  # fmt: skip
-    assert listed["x-valid-refusals"] == [400, 404, 422]
+    assert listed["x-valid-refusals"] == [{"status": 400, "code": "bad_request"}, {"status": 404, "code": "not_found"}]
+    submit = openapi_document()["paths"]["/v1/runs"]["post"]
+    assert {(r["status"], r["code"]) for r in submit["x-valid-refusals"] if r["status"] == 422} == {
+        (422, "not_allowed"), (422, "unknown_name"), (422, "unschedulable"),
+    }  # fmt: skip
 
 
 def test_the_judge_refuses_an_undocumented_status_or_field():
