@@ -154,7 +154,7 @@ class Line:
         from runplane.services.admission import CachedQuotas
         from worker_agent.agent import Agent
         from worker_agent.intake import Intake
-        from worker_agent.run_config import AgentConfig, Ports
+        from worker_agent.run_config import AgentConfig, AgentPorts
 
         names = ("runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "bucket")
         settings = bootstrap.stack().settings.model_copy(update={"prefix": prefix, **dict.fromkeys(names, "")})
@@ -183,7 +183,7 @@ class Line:
         )
         self.agent = Agent(
             AgentConfig(pool=POOL, worker_id=f"bench-{prefix}", work_dir=work_dir / prefix),
-            Ports(stack.store, Hints(), stack.objects, CachedQuotas(stack.quotas)),
+            AgentPorts(stack.store, Hints(), stack.objects, CachedQuotas(stack.quotas)),
             stack.workers,
             None,  # no Docker: nothing here reaches the engine
             time.time,

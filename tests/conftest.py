@@ -410,12 +410,12 @@ def register_users(tokens: TokenStore) -> None:
     """The users of the local stacks, besides the administrator whose token the stack made itself
     ("admin-token"): alice, bob, alice read-only and write-only, carol of the group vision, and a
     token with no scopes at all."""
-    register_token(tokens, "alice-token", "alice")
-    register_token(tokens, "bob-token", "bob")
-    register_token(tokens, "reader-token", "alice", scopes=["runs:read"])
-    register_token(tokens, "writer-token", "alice", scopes=["runs:write"])
-    register_token(tokens, "carol-token", "carol", groups=["vision"])
-    register_token(tokens, "empty-token", "eve", scopes=[])
+    register_token(tokens, "alice-token", "alice", now=time.time())
+    register_token(tokens, "bob-token", "bob", now=time.time())
+    register_token(tokens, "reader-token", "alice", scopes=["runs:read"], now=time.time())
+    register_token(tokens, "writer-token", "alice", scopes=["runs:write"], now=time.time())
+    register_token(tokens, "carol-token", "carol", groups=["vision"], now=time.time())
+    register_token(tokens, "empty-token", "eve", scopes=[], now=time.time())
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 import docker
 import docker.errors
@@ -15,7 +14,7 @@ import requests
 
 from runplane.domain.errors import RunplaneError
 from runplane.domain.runs import Run
-from runplane.ports import Delivery, WorkerRegistry
+from runplane.ports import Clock, Delivery, WorkerRegistry
 from worker_agent.container_spec import LABEL
 from worker_agent.executor import RunExecutor
 from worker_agent.images import ImageCache
@@ -27,7 +26,7 @@ from worker_agent.quota_holds import QuotaHolds
 from worker_agent.recovery import Recovery
 from worker_agent.reporting import Reporter
 from worker_agent.resources import Allocation, Allocator, host_cpus
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 from worker_agent.slots import Slots
 from worker_agent.users import ImageUsers
 
@@ -44,10 +43,10 @@ class Agent:
     def __init__(
         self,
         config: AgentConfig,
-        ports: Ports,
+        ports: AgentPorts,
         registry: WorkerRegistry,
         docker_client: docker.DockerClient,
-        clock: Callable[[], float],
+        clock: Clock,
         inputs: InputCache | None = None,
         images: ImageCache | None = None,
         network: NetworkCheck | None = None,

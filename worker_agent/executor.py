@@ -21,6 +21,7 @@ from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.errors import LeaseLost, RunplaneError
 from runplane.domain.runs import Run
 from runplane.domain.states import FailureReason, RunState
+from runplane.ports import Clock
 from runplane.services.logs import outputs_prefix
 from worker_agent import limits
 from worker_agent.container_spec import (
@@ -44,7 +45,7 @@ from worker_agent.outcome import Outcome
 from worker_agent.outputs import upload_dir
 from worker_agent.prepare import RunSetup
 from worker_agent.resources import Allocation
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
@@ -56,9 +57,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LABEL",
+    "AgentPorts",
     "ExecutorConfig",
     "Outcome",
-    "Ports",
     "RunExecutor",
     "container_labels",
     "container_name",
@@ -82,10 +83,10 @@ class RunExecutor:
     def __init__(
         self,
         run: Run,
-        ports: Ports,
+        ports: AgentPorts,
         docker_client: docker.DockerClient,
         config: ExecutorConfig,
-        clock: Callable[[], float],
+        clock: Clock,
         on_done: Callable[[RunExecutor], None] = lambda _: None,
         allocation: Allocation | None = None,
         inputs: InputCache | None = None,
@@ -100,7 +101,7 @@ class RunExecutor:
         self.ports, self.config, self.clock, self.on_done = ports, config, clock, on_done
         self.on_removed = on_removed
         self.allocation, self.network = allocation, network
-        self.state = RunStateWriter(run, ports.store, ports.queue, clock, config.rates.memory or None)
+        self.state = RunStateWriter(run, ports, clock, config.rates.memory or None)
         self.control = RunControl(self.state, ports.store, config.worker_id)
         # what earlier attempts used, carried on: the run's figures are of all its attempts
         self.meter = Meter(run.usage)

@@ -14,12 +14,12 @@ from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Run, run_rank
 from runplane.domain.states import RunState
 from runplane.domain.workers import refuses
-from runplane.ports import Delivery
+from runplane.ports import Clock, Delivery
 from runplane.services import lifecycle, skew
 from worker_agent.executor import RunExecutor
 from worker_agent.quota_holds import QuotaHolds
 from worker_agent.resources import Allocation
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts
 from worker_agent.slots import Slots
 
 log = logging.getLogger(__name__)
@@ -46,10 +46,10 @@ class Intake:
     def __init__(
         self,
         config: AgentConfig,
-        ports: Ports,
+        ports: AgentPorts,
         slots: Slots,
         holds: QuotaHolds,
-        clock: Callable[[], float],
+        clock: Clock,
         launch: Callable[[Run, Allocation], RunExecutor],
         network_refused: str | None,
     ) -> None:
@@ -249,7 +249,7 @@ class Intake:
         message = f"worker {self.config.worker_id} could not claim it: {refusal.message}"
         log.error("run %s: %s; it ends failed", run.id, message)
         try:
-            lifecycle.unclaimable(self.ports.store, self.ports.queue, run, message, self.clock())
+            lifecycle.unclaimable(self.ports, run, message, self.clock())
         except ConditionFailed:
             pass
         except RunplaneError as e:
@@ -284,7 +284,7 @@ class Intake:
         self.slots.allocator.release(claimed.id)
         why = f"worker {self.config.worker_id} could not start it"
         try:
-            lifecycle.requeue(self.ports.store, self.ports.queue, claimed, self.clock(), why, charge=False)
+            lifecycle.requeue(self.ports, claimed, self.clock(), why, charge=False)
         except RunplaneError as e:
             log.warning("run %s: %s, nor hand it back (the reaper will once its lease expires): %s", claimed.id,
                         why, e)  # fmt: skip

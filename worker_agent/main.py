@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from worker_agent.images import ImageCache
     from worker_agent.inputs import InputCache
     from worker_agent.netcheck import check_network
-    from worker_agent.run_config import Ports
+    from worker_agent.run_config import AgentPorts
     from worker_agent.selflog import LogUploader
 
     worker_id = settings.id or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_shortfalls(config, pool)
     agent = Agent(
         config,
-        Ports(stack.store, stack.queue, stack.objects, CachedQuotas(stack.quotas)),
+        AgentPorts(stack.store, stack.queue, stack.objects, CachedQuotas(stack.quotas)),
         stack.workers,
         client,
         time.time,

@@ -4,20 +4,19 @@ attempt ends (``services/admission.py``)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
-from runplane.ports import Expect
+from runplane.ports import Clock, Expect
 from runplane.services import admission
-from worker_agent.run_config import Ports
+from worker_agent.run_config import AgentPorts
 
 log = logging.getLogger(__name__)
 
 
 class QuotaHolds:
-    def __init__(self, ports: Ports, clock: Callable[[], float]) -> None:
+    def __init__(self, ports: AgentPorts, clock: Clock) -> None:
         self.ports = ports
         self.clock = clock
 
@@ -54,6 +53,6 @@ class QuotaHolds:
         try:
             blocked = admission.release(self.ports.quotas, run, attempt, self.clock())
             if blocked:
-                admission.rehint(self.ports.store, self.ports.queue, blocked)
+                admission.rehint(self.ports, blocked)
         except Exception as e:  # whatever the quota store met: the slot is given back all the same
             log.warning("run %s: could not release its quota hold (the reaper will): %s", run.id, e)

@@ -5,7 +5,6 @@ directories."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import docker
@@ -13,11 +12,12 @@ import docker.errors
 import requests
 
 from runplane.domain.errors import NotFound, RunplaneError
+from runplane.ports import Clock
 from runplane.services import lifecycle
 from worker_agent.container_spec import LABEL, container_labels, holds
 from worker_agent.containers import remove_container
 from worker_agent.quota_holds import QuotaHolds
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 from worker_agent.trees import remove_tree
 
 log = logging.getLogger(__name__)
@@ -31,10 +31,10 @@ class Recovery:
         self,
         config: AgentConfig,
         executor_config: ExecutorConfig,
-        ports: Ports,
+        ports: AgentPorts,
         docker_client: docker.DockerClient,
         holds: QuotaHolds,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.config = config
         self.executor_config = executor_config
@@ -73,9 +73,7 @@ class Recovery:
             if run.state.terminal:
                 continue
             try:
-                lifecycle.requeue(
-                    self.ports.store, self.ports.queue, run, self.clock(), "its worker restarted", charge=False
-                )
+                lifecycle.requeue(self.ports, run, self.clock(), "its worker restarted", charge=False)
                 recovered.append(run.id)
             except RunplaneError as e:
                 log.warning("could not hand back run %s: %s", run.id, e)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable
 
 from runplane.domain.errors import LeaseLost, RunplaneError
 from runplane.domain.versions import agent_refusal
 from runplane.domain.workers import Worker
-from runplane.ports import WorkerRegistry
+from runplane.ports import Clock, WorkerRegistry
 from runplane.services import lifecycle
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts
 from worker_agent.slots import Slots
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,10 @@ class Reporter:
     def __init__(
         self,
         config: AgentConfig,
-        ports: Ports,
+        ports: AgentPorts,
         registry: WorkerRegistry,
         slots: Slots,
-        clock: Callable[[], float],
+        clock: Clock,
         network_refused: str | None,
     ) -> None:
         self.config = config

@@ -44,8 +44,11 @@ class ExecutorConfig:
     gpu_access: GpuAccess = field(default_factory=GpuAccess)  # how a run's GPUs reach its container
 
 
-@dataclass
-class Ports:
+@dataclass(frozen=True)
+class AgentPorts:
+    """The ports of the control plane an agent reaches: narrower than the control plane's
+    ``runplane.ports.Ports``, and, like it, a ``RunPorts`` for what writes a run's state."""
+
     store: RunStore
     queue: RunQueue
     objects: ObjectStore

@@ -4,13 +4,12 @@ and its end, is written by ``RunStateWriter``."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 from runplane.domain import retries
 from runplane.domain.errors import NotFound
 from runplane.domain.runs import Run, Usage
 from runplane.domain.states import FailureReason, RunState
-from runplane.ports import RunQueue, RunStore
+from runplane.ports import Clock, RunPorts
 from runplane.services import lifecycle
 from worker_agent.container_spec import holds
 from worker_agent.outcome import Outcome
@@ -25,14 +24,12 @@ class RunStateWriter:
     def __init__(
         self,
         run: Run,
-        store: RunStore,
-        queue: RunQueue,
-        clock: Callable[[], float],
+        ports: RunPorts,
+        clock: Clock,
         memory_cap: int | None = None,
     ) -> None:
         self._run = run
-        self._store = store
-        self._queue = queue
+        self._ports = ports
         self._clock = clock
         self._memory_cap = memory_cap
         self._lock = threading.Lock()
@@ -51,20 +48,20 @@ class RunStateWriter:
         """Whether the store, read now, says ``worker_id`` holds this attempt."""
         run = self.run
         try:
-            stored = self._store.get(run.id)
+            stored = self._ports.store.get(run.id)
         except NotFound:
             return False
         return holds(stored, worker_id, run.attempt)
 
     def running(self, now: float, message: str) -> None:
-        self.seen(lifecycle.advance(self._store, self.run, RunState.RUNNING, now, message))
+        self.seen(lifecycle.advance(self._ports.store, self.run, RunState.RUNNING, now, message))
 
     def uploading(self, message: str) -> None:
-        self.seen(lifecycle.advance(self._store, self.run, RunState.UPLOADING, self._clock(), message))
+        self.seen(lifecycle.advance(self._ports.store, self.run, RunState.UPLOADING, self._clock(), message))
 
     def requeue(self, why: str, usage: Usage) -> None:
         """Hand the run back to its queue, not charged to it (``lifecycle.requeue``)."""
-        lifecycle.requeue(self._store, self._queue, self.run, self._clock(), why, charge=False, usage=usage)
+        lifecycle.requeue(self._ports, self.run, self._clock(), why, charge=False, usage=usage)
 
     def finish(self, outcome: Outcome, usage: Usage) -> None:
         """Write how the attempt ended: ``outcome.state``, or, for a failure its retry rule names
@@ -73,7 +70,7 @@ class RunStateWriter:
         run = self.run
         if outcome.state == RunState.SUCCEEDED:
             new = lifecycle.advance(
-                self._store,
+                self._ports.store,
                 run,
                 RunState.SUCCEEDED,
                 self._clock(),
@@ -84,15 +81,14 @@ class RunStateWriter:
         else:
             new = self._fail(run, outcome, usage)
         self.seen(new)
-        lifecycle.ended(self._queue, new)
+        lifecycle.ended(self._ports.queue, new)
 
     def _fail(self, run: Run, outcome: Outcome, usage: Usage) -> Run:
         reason = outcome.reason or FailureReason.AGENT_ERROR
         decision = retries.decide(run, reason, self._memory_cap)
         if decision is not None and decision.retry:
             return lifecycle.retry(
-                self._store,
-                self._queue,
+                self._ports,
                 run,
                 reason,
                 outcome.message,
@@ -105,7 +101,7 @@ class RunStateWriter:
             )
         message = outcome.message if decision is None else f"{outcome.message}; {decision.note}"
         return lifecycle.fail(
-            self._store,
+            self._ports.store,
             run,
             reason,
             message,

@@ -1,8 +1,11 @@
 """The flags that make a run, defined once for ``runplane run`` and ``runplane sweep run``.
 
-``FLAGS`` holds each flag once; ``run_flags`` adds them to a command in place of its ``options``
+``FLAGS`` holds each flag once, read off ``RunSpec``: a field of a plain type (text, a number, a
+switch, a list, a mapping of text) gets its flag from the model (``derived``: its type, bounds and
+help, the field's description), so a new plain run field needs no edit here; ``HAND`` holds the
+flags that differ on purpose. ``run_flags`` adds them to a command in place of its ``options``
 parameter and hands the command one ``RunOptions`` (the SDK's keyword arguments, tied to
-``RunSpec``), so a new run field is one flag here. A unit test holds ``FLAGS`` to ``RunOptions``.
+``RunSpec``). A unit test holds ``FLAGS`` to ``RunOptions`` and their types to the model's.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ import inspect
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, cast
+from types import GenericAlias, UnionType
+from typing import Annotated, Any, Optional, Union, cast, get_args, get_origin
 
+import annotated_types
 import typer
+from pydantic.fields import FieldInfo
 
 from runplane.cli.common import CliError
 from runplane.client import RunOptions
+from runplane.domain.runs import RunSpec
 
 
 def command_line(words: list[str]) -> str:
@@ -60,57 +67,109 @@ def retry_rule(attempts: int | None, on: list[str] | None, memory_factor: float 
 
 @dataclass(frozen=True)
 class Flag:
-    """One flag: the parameter typer reads (``name``, its ``annotation`` and ``default``) and the
-    run option it gives (``option``, a key of RunOptions)."""
+    """One flag: the parameter typer reads (``name``, its ``annotation`` and ``default``), the run
+    option it gives (``option``, a key of RunOptions) and how its value becomes the option's
+    (``convert``; None: as typer read it)."""
 
     name: str
     annotation: Any
     option: str
     default: Any = None
+    convert: Callable[[Any], Any] | None = None
 
 
-FLAGS: tuple[Flag, ...] = (
-    Flag("image", Annotated[str | None, typer.Option(help="Docker image (default: the pool's)")], "image"),
-    Flag("cpus", Annotated[float | None, typer.Option(help="cpus, e.g. 0.5 or 4")], "cpus"),
-    Flag("gpus", Annotated[int | None, typer.Option(help="number of GPUs")], "gpus"),
-    Flag("memory", Annotated[str | None, typer.Option(help="memory, e.g. 512m or 8g")], "memory"),
-    Flag("disk", Annotated[str | None, typer.Option(help="output disk, e.g. 10g")], "disk"),
-    Flag("time_limit", Annotated[str | None, typer.Option("--time", help="time limit, e.g. 90s, 2h")], "time"),
-    Flag("queue", Annotated[str | None, typer.Option(help="pool to run on (default: smallest that fits)")], "queue"),
-    Flag("name", Annotated[str | None, typer.Option(help="a name for the run")], "name"),
-    Flag(
-        "labels",
-        Annotated[
-            list[str] | None,
-            typer.Option("--label", help="KEY=VALUE, a label of yours (runplane ls --label filters by it); repeatable"),
-        ],
-        "labels",
+def _plain(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated`` and ``None``: ``str | None`` -> ``str``."""
+    if get_origin(annotation) is Annotated:
+        return _plain(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        rest = [a for a in get_args(annotation) if a is not type(None)]
+        return _plain(rest[0]) if len(rest) == 1 else annotation
+    return annotation
+
+
+def _bounds(field: FieldInfo) -> dict[str, Any]:
+    """The ``min``/``max`` typer checks, from the field's ``ge``/``le``."""
+    found: dict[str, Any] = {}
+    for item in field.metadata:
+        if isinstance(item, annotated_types.Ge):
+            found["min"] = item.ge
+        elif isinstance(item, annotated_types.Le):
+            found["max"] = item.le
+    return found
+
+
+def derived(name: str, field: FieldInfo) -> Flag | None:
+    """The flag of a plain ``RunSpec`` field, read off the model: ``--<name>`` of its type (text, a
+    number, a switch, a repeated value, or repeated KEY=VALUE pairs for a mapping of text), its
+    help the field's description, its bounds the field's. None for a field of another type (such
+    a field needs its flags in HAND)."""
+    flag = "--" + name.replace("_", "-")
+    text = field.description or name.replace("_", " ")
+    kind = _plain(field.annotation)
+    origin, args = get_origin(kind), [_plain(a) for a in get_args(kind)]
+    if kind is bool and field.default is False:
+        return Flag(name, Annotated[bool, typer.Option(flag, help=text)], name, False)
+    if kind in (str, int, float):
+        option = typer.Option(flag, help=text, show_default=False, **_bounds(field))
+        return Flag(name, Annotated[Optional[kind], option], name)  # noqa: UP045 (kind is a value)
+    if origin is list and args and args[0] in (str, int, float):
+        option = typer.Option(flag, help=f"{text}; repeatable", show_default=False)
+        return Flag(name, Annotated[Optional[GenericAlias(list, args[0])], option], name)  # noqa: UP045
+    if origin is dict and args == [str, str]:
+        option = typer.Option(flag, help=f"KEY=VALUE: {text}; repeatable", show_default=False)
+        return Flag(name, Annotated[list[str] | None, option], name, convert=_pairs_of(flag))
+    return None
+
+
+def _pairs_of(flag: str) -> Callable[[Any], Any]:
+    return lambda values: pairs(values, flag) or None
+
+
+def _retry(name: str, annotation: Any, option: Any) -> Flag:
+    return Flag(name, Annotated[annotation, option], "retry")
+
+
+HAND: dict[str, tuple[Flag, ...]] = {
+    "resources": (
+        Flag("cpus", Annotated[float | None, typer.Option(help="cpus, e.g. 0.5 or 4")], "cpus"),
+        Flag("gpus", Annotated[int | None, typer.Option(help="number of GPUs")], "gpus"),
+        Flag("memory", Annotated[str | None, typer.Option(help="memory, e.g. 512m or 8g")], "memory"),
+        Flag("disk", Annotated[str | None, typer.Option(help="output disk, e.g. 10g")], "disk"),
+        Flag("time_limit", Annotated[str | None, typer.Option("--time", help="time limit, e.g. 90s, 2h")], "time"),
     ),
-    Flag("tag", Annotated[str | None, typer.Option(help="only workers started with --tag TAG take it")], "tag"),
-    Flag(
-        "group",
-        Annotated[
-            str | None, typer.Option(help="the group of yours it is charged to (default: your only group, if one)")
-        ],
-        "group",
+    "env": (
+        Flag(
+            "env",
+            Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")],
+            "env",
+            convert=_pairs_of("--env"),
+        ),
     ),
-    Flag(
-        "priority",
-        Annotated[
-            int | None,
-            typer.Option(
-                min=0,
-                max=100,
-                help="0..100 (default 50): starts before waiting runs of lower priority; "
-                "above the pool's max_user_priority only for admins",
-                show_default=False,
-            ),
-        ],
-        "priority",
+    "inputs": (
+        Flag(
+            "inputs",
+            Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")],
+            "inputs",
+            convert=_pairs_of("--input"),
+        ),
     ),
-    Flag(
-        "attempts",
-        Annotated[
+    "labels": (
+        Flag(
+            "labels",
+            Annotated[
+                list[str] | None,
+                typer.Option(
+                    "--label", help="KEY=VALUE, a label of yours (runplane ls --label filters by it); repeatable"
+                ),
+            ],
+            "labels",
+            convert=_pairs_of("--label"),
+        ),
+    ),
+    "retry": (
+        _retry(
+            "attempts",
             int | None,
             typer.Option(
                 min=1,
@@ -118,12 +177,9 @@ FLAGS: tuple[Flag, ...] = (
                 help="retry: the most times it goes, 1..10 (a lost worker is always retried within these)",
                 show_default=False,
             ),
-        ],
-        "retry",
-    ),
-    Flag(
-        "retry_on",
-        Annotated[
+        ),
+        _retry(
+            "retry_on",
             list[str] | None,
             typer.Option(
                 "--retry-on",
@@ -131,68 +187,65 @@ FLAGS: tuple[Flag, ...] = (
                 "comma-separated; needs --attempts",
                 show_default=False,
             ),
-        ],
-        "retry",
-    ),
-    Flag(
-        "memory_factor",
-        Annotated[
+        ),
+        _retry(
+            "memory_factor",
             float | None,
             typer.Option(
                 help="retry: an out_of_memory attempt goes again with its memory times this; needs --attempts",
                 show_default=False,
             ),
-        ],
-        "retry",
+        ),
     ),
-    Flag("env", Annotated[list[str] | None, typer.Option("--env", "-e", help="K=V, repeatable")], "env"),
-    Flag(
-        "inputs",
-        Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")],
-        "inputs",
+    "after": (
+        Flag(
+            "after",
+            Annotated[
+                list[str] | None,
+                typer.Option(
+                    "--after",
+                    help="a run of yours to wait for: it stays queued, holding no worker, until that run has "
+                    "succeeded (fails dependency_failed if it does not); repeatable or comma-separated",
+                    show_default=False,
+                ),
+            ],
+            "after",
+            convert=run_ids,
+        ),
     ),
-    Flag("network", Annotated[bool, typer.Option("--network", help="give the run a network")], "network", False),
-    Flag(
-        "after",
-        Annotated[
-            list[str] | None,
-            typer.Option(
-                "--after",
-                help="a run of yours to wait for: it stays queued, holding no worker, until that run has succeeded "
-                "(fails dependency_failed if it does not); repeatable or comma-separated",
-                show_default=False,
-            ),
-        ],
-        "after",
-    ),
-    Flag(
-        "after_sweep",
-        Annotated[
-            str | None,
-            typer.Option(help="a sweep of yours to wait for: until every member has succeeded", show_default=False),
-        ],
-        "after_sweep",
-    ),
-)
-"""Every flag that makes a run, in the order ``--help`` lists them."""
+}
+"""The flags that differ on purpose from what ``derived`` would make of their field: the size and
+time shortcuts of ``resources``, the KEY=VALUE flags with names of their own, ``retry``'s three,
+``after``'s comma-separated ids. Every other field's flag is derived."""
+
+
+def _flags() -> tuple[Flag, ...]:
+    flags: list[Flag] = []
+    for name, field in RunSpec.model_fields.items():
+        if name == "command":
+            continue
+        if name in HAND:
+            flags += HAND[name]
+        elif (flag := derived(name, field)) is not None:
+            flags.append(flag)
+    return tuple(flags)
+
+
+FLAGS: tuple[Flag, ...] = _flags()
+"""Every flag that makes a run, in the order of ``RunSpec``'s fields (as ``--help`` lists them)."""
 
 NO_FLAG = frozenset({"resources"})
 """Run options the command line gives no flag of its own (``resources``: its fields' flags)."""
-
-
-_BUILT = frozenset({"env", "inputs", "labels", "after", "retry"})
-"""The options built from their flags' text rather than taken as typed."""
 
 
 def options_from(values: Mapping[str, Any]) -> RunOptions:
     """The run options of the flags' ``values`` (by parameter name): only what was given.
     Raises CliError for a pair that is not NAME=VALUE, or retry flags without --attempts."""
     given = {f.name: values[f.name] for f in FLAGS if values.get(f.name, f.default) != f.default}
-    options = {f.option: given[f.name] for f in FLAGS if f.name in given and f.option not in _BUILT}
-    options["env"] = pairs(given.get("env"), "--env") or None
-    options["inputs"] = pairs(given.get("inputs"), "--input") or None
-    options["labels"] = pairs(given.get("labels"), "--label") or None
-    options["after"] = run_ids(given.get("after"))
+    options: dict[str, Any] = {}
+    for f in FLAGS:
+        if f.name in given and f.option != "retry":
+            options[f.option] = f.convert(given[f.name]) if f.convert else given[f.name]
     options["retry"] = retry_rule(given.get("attempts"), given.get("retry_on"), given.get("memory_factor"))
     return cast(RunOptions, {k: v for k, v in options.items() if v is not None})
 

@@ -1,9 +1,10 @@
 """A run's options as the SDK takes them, defined once and tied to ``RunSpec``.
 
 ``RunOptions`` names each field of ``RunSpec`` a caller gives besides the command, plus the fields
-of ``Resources`` as shortcuts (``cpus``, ``gpus``, ``memory``, ``disk``, ``time``); a unit test
-holds its keys to the two models, so a field added to ``RunSpec`` is added here and nowhere else
-in the SDK. ``run_body`` is the one place that turns them into the JSON of ``POST /v1/runs`` (and
+of ``Resources`` as shortcuts (``cpus``, ``gpus``, ``memory``, ``disk``, ``time``). ``run_body``
+takes every field of the model as it is; ``RunOptions`` types them for editors, and a unit test
+holds its keys and their types to the two models, so a field added to ``RunSpec`` is one line here
+and nowhere else in the SDK. ``run_body`` is the one place that turns them into the JSON of ``POST /v1/runs`` (and
 of a sweep's template). The API checks every value against the model; this module checks only
 that each option is one ``RunSpec`` has, so a typo is a TypeError, as for any keyword argument.
 """
@@ -45,7 +46,9 @@ class RunOptions(TypedDict, total=False):
 
 SHORTCUTS = tuple(Resources.model_fields)
 """The options that set one field of ``resources`` each."""
-OPTIONS = frozenset(RunOptions.__annotations__)
+OPTIONS = frozenset(RunSpec.model_fields).difference({"command"}).union(SHORTCUTS)
+"""What ``run_body`` takes: every field of ``RunSpec`` but the command, and the shortcuts (the keys of
+``RunOptions``, which a unit test holds to these, types included)."""
 
 
 def id_of(item: Any) -> str:

@@ -121,13 +121,17 @@ class RunSpec(Record):
     """A run submission as the API accepts it."""
 
     command: str = Field(min_length=1, max_length=65536)
-    image: str | None = Field(default=None, min_length=1, max_length=512)
-    name: str | None = Field(default=None, max_length=200)
-    queue: str | None = Field(default=None, pattern=NAME_PATTERN)
+    image: str | None = Field(
+        default=None, min_length=1, max_length=512, description="Docker image (default: the pool's)"
+    )
+    name: str | None = Field(default=None, max_length=200, description="a name for the run")
+    queue: str | None = Field(
+        default=None, pattern=NAME_PATTERN, description="pool to run on (default: the smallest that fits)"
+    )
     resources: Resources = Field(default_factory=Resources)
     env: dict[str, str] = Field(default_factory=dict)
     inputs: dict[str, str] = Field(default_factory=dict)
-    network: bool = False
+    network: bool = Field(default=False, description="give the run a network")
     tag: str | None = Field(
         default=None,
         pattern=NAME_PATTERN,

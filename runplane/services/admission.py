@@ -20,7 +20,7 @@ from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.quotas import MAX_BLOCKED, Hold, Lane, Period, Quota, QuotaKind, UsageRecord, hold_key, quota_key
 from runplane.domain.runs import Resources, Run
 from runplane.domain.states import RunState
-from runplane.ports import QuotaStore, RunQueue, RunStore
+from runplane.ports import QuotaPorts, QuotaStore, RunPorts, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +365,7 @@ def release(quotas: QuotaStore, run: Run, attempt: int, now: float) -> dict[str,
     return blocked
 
 
-def rehint(store: RunStore, queue: RunQueue, blocked: dict[str, int], why: str = "quota freed") -> list[str]:
+def rehint(ports: RunPorts, blocked: dict[str, int], why: str = "quota freed") -> list[str]:
     """Re-send the hints of runs that waited for room (run id -> queued attempt), those still
     queued at that attempt; return their ids. A hint that cannot be sent is logged: the reaper
     re-sends hints of queued runs anyway."""
@@ -373,10 +373,10 @@ def rehint(store: RunStore, queue: RunQueue, blocked: dict[str, int], why: str =
     pools: set[str] = set()
     for run_id, attempt in blocked.items():
         try:
-            run = store.get(run_id)
+            run = ports.store.get(run_id)
             if run.state != RunState.QUEUED or run.attempt != attempt:
                 continue
-            queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
+            ports.queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
         except NotFound:
             continue
         except RunplaneError as e:
@@ -386,34 +386,32 @@ def rehint(store: RunStore, queue: RunQueue, blocked: dict[str, int], why: str =
         pools.add(run.queue)
     for pool in sorted(pools):
         try:
-            queue.notify(DispatchEvent(pool=pool, reason=why))
+            ports.queue.notify(DispatchEvent(pool=pool, reason=why))
         except RunplaneError as e:
             log.warning("could not nudge the dispatcher of pool %s: %s", pool, e)
     return sent
 
 
-def heal(
-    quotas: QuotaStore, store: RunStore, queue: RunQueue, now: float, grace: float = HEAL_GRACE_SECONDS
-) -> list[str]:
+def heal(ports: QuotaPorts, now: float, grace: float = HEAL_GRACE_SECONDS) -> list[str]:
     """Release holds left behind: those older than ``grace`` whose run is not active at the
     hold's attempt (its worker died, or the reaper re-queued it, or its release failed). What
     waited for the room they held gets a new hint. Returns the released holds' keys."""
     released: list[str] = []
-    for record in quotas.list_usage():
+    for record in ports.quotas.list_usage():
         for key, hold in sorted(record.holds.items()):
             if now - hold.at <= grace:
                 continue
             try:
-                end = _left_behind(store, hold, now)
+                end = _left_behind(ports.store, hold, now)
                 if end is None:
                     continue
-                blocked = _release_from(quotas, record.kind, record.name, key, now, end)
+                blocked = _release_from(ports.quotas, record.kind, record.name, key, now, end)
             except RunplaneError as e:
                 log.warning("could not heal hold %s of %s: %s", key, record.key, e)
                 continue
             log.info("released hold %s of %s: its run is no longer active at that attempt", key, record.key)
             released.append(key)
-            rehint(store, queue, blocked)
+            rehint(ports, blocked)
     return released
 
 

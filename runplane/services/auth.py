@@ -119,15 +119,16 @@ def register_token(
     scopes: list[Scope] | None = None,
     expires_at: float | None = None,
     created_by: str | None = None,
-    now: float | None = None,
+    now: float,
 ) -> ApiToken:
-    """Store ``token`` (its hash) for ``user``; scopes default to reading and writing runs."""
+    """Store ``token`` (its hash) for ``user``, made at ``now`` (read from the caller's clock, as
+    ``Ports.clock``); scopes default to reading and writing runs."""
     record = ApiToken(
         id=new_token_id(),
         user=user,
         groups=sorted(set(groups or [])),
         scopes=list(scopes) if scopes is not None else ["runs:read", "runs:write"],
-        created_at=time.time() if now is None else now,
+        created_at=now,
         expires_at=expires_at,
         created_by=created_by,
     )

@@ -21,7 +21,7 @@ from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.workers import PoolRecord, StartingJob, Worker, refuses
-from runplane.ports import BackendJob, ComputeBackend, Ports
+from runplane.ports import BackendJob, Ports
 from runplane.services import skew
 
 log = logging.getLogger(__name__)
@@ -298,10 +298,11 @@ def dispatch_pool(ports: Ports, pool: Pool, *, tries: int = 3) -> Decision:
     all), since the write it lost may have been another pass's recount, not a launch.
     Raises RunplaneError if the backend fails (the failure is counted on the record first).
     """
-    return _dispatch(ports, pool, ports.backend(pool), ports.clock(), tries)
+    return _dispatch(ports, pool, ports.clock(), tries)
 
 
-def _dispatch(ports: Ports, pool: Pool, backend: ComputeBackend, now: float, tries: int) -> Decision:
+def _dispatch(ports: Ports, pool: Pool, now: float, tries: int) -> Decision:
+    backend = ports.backend(pool)
     stale_after = ports.settings.worker_stale_seconds
     record = ports.pool_states.get(pool.name)
     if record.launching_since is not None and now - record.launching_since < CLAIM_SECONDS:
@@ -345,7 +346,7 @@ def _dispatch(ports: Ports, pool: Pool, backend: ComputeBackend, now: float, tri
             rec = ports.pool_states.save(rec)
         except ConditionFailed:
             if decision.launch and tries > 1:  # perhaps only a pass that recounted: look again
-                return _dispatch(ports, pool, backend, now, tries - 1)
+                return _dispatch(ports, pool, now, tries - 1)
             return Decision(0, f"another dispatcher is handling pool {pool.name}")
     for job_id in reconciled.cancel:
         log.warning("pool %s: cancelling job %s: its agent never registered", pool.name, job_id)
@@ -355,7 +356,7 @@ def _dispatch(ports: Ports, pool: Pool, backend: ComputeBackend, now: float, tri
             log.error("pool %s: cancel of job %s failed: %s", pool.name, job_id, e)
     if decision.launch:
         try:
-            _launch(ports, pool, backend, rec, decision, now)
+            _launch(ports, pool, rec, decision, now)
         except RunplaneError as e:
             launched = len(e.details.get("jobs") or [])
             e.details["figures"] = dataclasses.replace(figures, launched=launched, launch_failed=True)
@@ -384,13 +385,11 @@ def _by_status(known: Sequence[Worker], alive: Sequence[Worker], starting: int) 
     return dict(counts)
 
 
-def _launch(
-    ports: Ports, pool: Pool, backend: ComputeBackend, claimed: PoolRecord, decision: Decision, now: float
-) -> None:
+def _launch(ports: Ports, pool: Pool, claimed: PoolRecord, decision: Decision, now: float) -> None:
     log.info("pool %s: launching %d worker(s) (%s)", pool.name, decision.launch, decision.reason)
     error: RunplaneError | None = None
     try:
-        launched = backend.launch(pool, decision.launch, ports.agent_args(pool))
+        launched = ports.backend(pool).launch(pool, decision.launch, ports.agent_args(pool))
     except RunplaneError as e:
         error = e
         launched = list(e.details.get("jobs") or [])

@@ -14,7 +14,7 @@ from runplane.domain.errors import BadRequest, ConditionFailed, LeaseLost, Paylo
 from runplane.domain.messages import DispatchEvent, RunEnd, RunMessage
 from runplane.domain.runs import Event, Failure, Run, Usage
 from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState, states_leading_to
-from runplane.ports import Expect, RunQueue, RunStore
+from runplane.ports import Expect, RunPorts, RunQueue, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def claim(
     )
 
 
-def unclaimable(store: RunStore, queue: RunQueue, run: Run, message: str, now: float) -> Run:
+def unclaimable(ports: RunPorts, run: Run, message: str, now: float) -> Run:
     """End a queued ``run`` whose claim its store refuses (a refusal no retry changes, unlike a
     lost race) as ``failed`` (``agent_error``, ``message``), so that it is not offered to worker
     after worker. Should the store refuse that write too, the run is written with its timeline cut
@@ -63,11 +63,11 @@ def unclaimable(store: RunStore, queue: RunQueue, run: Run, message: str, now: f
         "failure": Failure(reason=FailureReason.AGENT_ERROR, message=message),
     }
     try:
-        done = store.update(run, expect, changes, event)
+        done = ports.store.update(run, expect, changes, event)
     except (BadRequest, PayloadTooLarge) as e:
         log.warning("run %s: its end was refused too (%s); writing it with its timeline cut", run.id, e.message)
-        done = store.update(run, expect, {**changes, "events": [*run.events[:1], event]})
-    ended(queue, done)
+        done = ports.store.update(run, expect, {**changes, "events": [*run.events[:1], event]})
+    ended(ports.queue, done)
     return done
 
 
@@ -129,8 +129,7 @@ def fail(
 
 
 def retry(
-    store: RunStore,
-    queue: RunQueue,
+    ports: RunPorts,
     run: Run,
     reason: FailureReason,
     message: str,
@@ -163,7 +162,7 @@ def retry(
         resources = run.spec.resources.model_copy(update={"memory": memory})
         changes["spec"] = run.spec.model_copy(update={"resources": resources})
     try:
-        updated = store.update(
+        updated = ports.store.update(
             run,
             replace(_mine(run, ACTIVE_STATES), unkilled=True),
             changes,
@@ -179,19 +178,18 @@ def retry(
         ):
             ended: dict[str, Any] = {"exit_code": exit_code} | ({"usage": usage} if usage is not None else {})
             why = f"{message}; not retried: it was killed"
-            return fail(store, current, reason, why, now, state=state, **ended)
+            return fail(ports.store, current, reason, why, now, state=state, **ended)
         raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot be retried: {e.message}") from e
     try:
-        queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
-        queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+        ports.queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
+        ports.queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
     except RunplaneError as e:
         log.warning("run %s queued again but its hint failed (the reaper sends it again): %s", run.id, e)
     return updated
 
 
 def requeue(
-    store: RunStore,
-    queue: RunQueue,
+    ports: RunPorts,
     run: Run,
     now: float,
     why: str,
@@ -214,7 +212,7 @@ def requeue(
     if not charge and max_attempts - run.attempt < FREE_REQUEUES:
         max_attempts += 1
     if run.kill_requested:
-        done = store.update(
+        done = ports.store.update(
             run,
             expect,
             {
@@ -226,11 +224,11 @@ def requeue(
             },
             Event(at=now, state=RunState.KILLED, message=f"killed; {why}"),
         )
-        ended(queue, done)
+        ended(ports.queue, done)
         return done
     if run.attempt >= max_attempts:
         message = f"{why}; no attempts left ({run.attempt} of {max_attempts} used)"
-        done = store.update(
+        done = ports.store.update(
             run,
             expect,
             {
@@ -242,9 +240,9 @@ def requeue(
             },
             Event(at=now, state=RunState.FAILED, message=message),
         )
-        ended(queue, done)
+        ended(ports.queue, done)
         return done
-    updated = store.update(
+    updated = ports.store.update(
         run,
         expect,
         {
@@ -258,8 +256,8 @@ def requeue(
         },
         Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),
     )
-    queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
-    queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+    ports.queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
+    ports.queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
     return updated
 
 

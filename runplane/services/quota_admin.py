@@ -19,7 +19,7 @@ from runplane.domain.common import NAME_PATTERN
 from runplane.domain.errors import Forbidden, InvalidRequest, NotFound
 from runplane.domain.quotas import Quota, QuotaKind, UsageRecord
 from runplane.domain.tenancy import USER_PATTERN, Principal
-from runplane.ports import Ports, QuotaStore
+from runplane.ports import Ports
 from runplane.services.admission import Use, use_of
 
 LIMITS = ("max_running", "max_gpus", "max_cpus", "gpu_hours", "cpu_hours", "period")
@@ -50,8 +50,8 @@ def applies_to(principal: Principal, kind: QuotaKind, name: str) -> bool:
     return name == principal.user if kind == "user" else name in principal.groups
 
 
-def _with_use(quotas: QuotaStore, quota: Quota, now: float, record: UsageRecord | None = None) -> QuotaUse:
-    found = record if record is not None else quotas.usage(quota.kind, quota.name)
+def _with_use(ports: Ports, quota: Quota, now: float, record: UsageRecord | None = None) -> QuotaUse:
+    found = record if record is not None else ports.quotas.usage(quota.kind, quota.name)
     return QuotaUse(quota, use_of(found, quota.period, now))
 
 
@@ -76,7 +76,7 @@ def set_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str, li
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise InvalidRequest(f"{where}: {first['msg'].removeprefix('Value error, ')}") from e
     ports.quotas.put(quota)
-    return _with_use(ports.quotas, quota, now)
+    return _with_use(ports, quota, now)
 
 
 def get_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str) -> QuotaUse:
@@ -87,7 +87,7 @@ def get_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str) ->
     quota = ports.quotas.get(kind, name)
     if quota is None:
         raise NotFound(f"no quota for {label(kind, name)}")
-    return _with_use(ports.quotas, quota, ports.clock())
+    return _with_use(ports, quota, ports.clock())
 
 
 def delete_quota(ports: Ports, principal: Principal, kind: QuotaKind, name: str) -> None:
@@ -106,11 +106,11 @@ def list_quotas(ports: Ports, principal: Principal) -> list[QuotaUse]:
     quotas, now = ports.quotas, ports.clock()
     if principal.admin:
         records = {r.key: r for r in quotas.list_usage()}
-        return [_with_use(quotas, q, now, records.get(q.key) or _fresh(q)) for q in quotas.list()]
+        return [_with_use(ports, q, now, records.get(q.key) or _fresh(q)) for q in quotas.list()]
     wanted: list[tuple[QuotaKind, str]] = [("user", principal.user)]
     wanted += [("group", g) for g in sorted(set(principal.groups))]
     found = [quotas.get(kind, name) for kind, name in wanted if valid_name(kind, name)]
-    return [_with_use(quotas, q, now) for q in found if q is not None]
+    return [_with_use(ports, q, now) for q in found if q is not None]
 
 
 def _fresh(quota: Quota) -> UsageRecord:

@@ -12,7 +12,7 @@ from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Run
 from runplane.domain.states import ACTIVE_STATES, RunState
-from runplane.ports import Expect, Ports, RunStore
+from runplane.ports import Expect, Ports
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
 
@@ -32,10 +32,10 @@ REHINT_WINDOW = 32
 """The most queued runs of a pool one reaper pass re-hints: those first in line."""
 
 
-def _runs(store: RunStore, queue: str, state: RunState) -> Iterator[Run]:
+def _runs(ports: Ports, queue: str, state: RunState) -> Iterator[Run]:
     cursor = None
     while True:
-        page = store.list(queue=queue, state=state, limit=100, cursor=cursor)
+        page = ports.store.list(queue=queue, state=state, limit=100, cursor=cursor)
         yield from page.runs
         if not page.next_cursor:
             return
@@ -53,13 +53,13 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
     report = ReapReport()
     for pool in ports.pools.pools:
         for state in sorted(ACTIVE_STATES):
-            for run in _runs(store, pool.name, state):
+            for run in _runs(ports, pool.name, state):
                 if run.lease_expires_at is None or run.lease_expires_at >= now:
                     continue
                 why = f"worker {run.worker_id} stopped renewing its lease"
                 expect = Expect(states=frozenset({run.state}), attempt=run.attempt, worker_id=run.worker_id)
                 try:
-                    updated = requeue(store, queue, run, now, why, expect=expect, charge=not run.on_preemptible)
+                    updated = requeue(ports, run, now, why, expect=expect, charge=not run.on_preemptible)
                 except ConditionFailed:
                     continue  # the worker came back or another reaper got there first
                 except RunplaneError as e:
@@ -82,7 +82,7 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
                 continue
             report.rehinted.append(run.id)
     try:
-        report.released = heal(ports.quotas, store, queue, now)
+        report.released = heal(ports, now)
     except RunplaneError as e:
         log.warning("could not release stale quota holds: %s", e)
     return report

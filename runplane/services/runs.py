@@ -18,6 +18,7 @@ from runplane.domain.errors import (
     Conflict,
     Forbidden,
     InvalidRequest,
+    NotAllowed,
     NotFound,
     RunplaneError,
 )
@@ -28,7 +29,7 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Fail
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Expect, Page, Ports, RunQueue
-from runplane.services import dependencies, lifecycle
+from runplane.services import dependencies, lifecycle, skew
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.authority import charged_group, check_caller
@@ -188,7 +189,24 @@ def admit_spec(ports: Ports, principal: Principal, spec: RunSpec) -> Admitted:
         }
     )
     refuse_alone(ports.quotas, principal.user, group, resolved.resources)
+    _check_agents(ports, pool, resolved)
     return Admitted(pool, group, resolved, waits.waiting, waits.reason)
+
+
+def _check_agents(ports: Ports, pool: Pool, spec: RunSpec) -> None:
+    """NotAllowed when ``spec`` sets a field added since the previous release that some live agent
+    of ``pool`` does not know (it would wait for ever there): as the pool's record counted them. A
+    record that cannot be read lets it in (the agents leave such a run, and say why it waits)."""
+    if not skew.later_fields(spec):
+        return
+    try:
+        versions = ports.pool_states.get(pool.name).agent_versions
+    except RunplaneError as e:
+        log.warning("pool record of %s unreadable, its agents' versions not checked: %s", pool.name, e)
+        return
+    why = skew.too_new_for(pool.name, spec, versions)
+    if why:
+        raise NotAllowed(why)
 
 
 def _replay(ports: Ports, existing: Run, caller: Principal, request_hash: str) -> Submitted:

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
 from runplane import __version__
 from runplane.domain.errors import RunplaneError
-from runplane.domain.runs import Run
+from runplane.domain.runs import Run, RunSpec
 from runplane.domain.versions import StackRecord, agent_refusal, oldest_agent, series
 from runplane.domain.wire import Since
 from runplane.domain.workers import Worker
@@ -139,6 +139,31 @@ def _since(model: BaseModel, at: str) -> dict[str, str | None]:
         elif isinstance(value, BaseModel):
             found.update(_since(value, f"{at}.{name}"))
     return found
+
+
+def later_fields(spec: RunSpec) -> dict[str, str | None]:
+    """The fields ``spec`` sets that were added since the previous release (``Since``, set to other
+    than its default), at every depth, as dotted names from ``spec``, with the release of each."""
+    return _since(spec, "spec")
+
+
+def too_new_for(pool: str, spec: RunSpec, agent_versions: Mapping[str, int]) -> str | None:
+    """Why a run or sweep of ``spec`` is refused in ``pool`` whose live agents are of
+    ``agent_versions`` (its record's, as the dispatcher counted them): it sets a field added since
+    the previous release (``Since``, not at its default) that some of those agents do not know, so
+    they would leave it waiting. None: every agent knows every field it sets."""
+    wanted = later_fields(spec)
+    lacking = {
+        name.removeprefix("spec."): release
+        for name, release in wanted.items()
+        if any(not _knows(version, release) for version in agent_versions)
+    }
+    if not lacking:
+        return None
+    fields = ", ".join(lacking)
+    need = max(lacking.values(), key=lambda release: series(release or "") or (0, 0))
+    older = sorted(v for v in agent_versions if any(not _knows(v, r) for r in lacking.values()))
+    return f"{fields} need agents {need} or newer; pool {pool!r} has agents {', '.join(older)}"
 
 
 def _knows(agent_version: str, release: str | None) -> bool:

@@ -24,11 +24,10 @@ from datetime import UTC, datetime
 from typing import Literal, cast, get_args
 
 from runplane.domain.errors import BadRequest, Forbidden, InvalidRequest, UnknownName
-from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Ports, RunStore
+from runplane.ports import Ports
 
 By = Literal["user", "group", "pool"]
 
@@ -151,7 +150,7 @@ def usage_report(
         raise InvalidRequest("until is before since: the window would be empty")
     rows: dict[str | None, Row] = {}
     total = Row(None)
-    for run in _runs(ports.store, ports.pools, user, pool, start, end, max_runs):
+    for run in _runs(ports, user, pool, start, end, max_runs):
         if group is not None and run.group != group:
             continue
         key = {"user": run.owner, "group": run.group, "pool": run.queue}[by]
@@ -161,9 +160,7 @@ def usage_report(
     return Report(by, start, end, user, group, pool, ordered, total)
 
 
-def _runs(
-    store: RunStore, pools: PoolConfig, user: str | None, pool: str | None, since: float, until: float, max_runs: int
-) -> Iterator[Run]:
+def _runs(ports: Ports, user: str | None, pool: str | None, since: float, until: float, max_runs: int) -> Iterator[Run]:
     """Every run submitted in ``[since, until)`` of ``user`` (or of every user) and of ``pool`` (or
     of every pool), each once, reading at most ``max_runs`` runs (InvalidRequest past that)."""
     read = 0
@@ -172,7 +169,7 @@ def _runs(
         nonlocal read
         cursor: str | None = None
         while True:
-            page = store.list(owner=owner, queue=queue, state=state, limit=min(PAGE, max_runs + 1), cursor=cursor)
+            page = ports.store.list(owner=owner, queue=queue, state=state, limit=min(PAGE, max_runs + 1), cursor=cursor)
             for run in page.runs:
                 read += 1
                 if read > max_runs:
@@ -194,7 +191,7 @@ def _runs(
                 yield run
         return
     latest: dict[str, Run] = {}
-    for name in [pool] if pool is not None else [p.name for p in pools.pools]:
+    for name in [pool] if pool is not None else [p.name for p in ports.pools.pools]:
         for state in _STATE_ORDER:
             for run in listing(queue=name, state=state):
                 latest[run.id] = run

@@ -269,7 +269,8 @@ def test_tags_and_groups_route_runs_to_the_right_worker(docker_client, alice, de
     from runplane.client import Client
     from runplane.services.auth import register_token
 
-    register_token(bootstrap.stack().tokens, "carol-token", "carol", groups=["vision"])
+    stack = bootstrap.stack()
+    register_token(stack.tokens, "carol-token", "carol", groups=["vision"], now=stack.clock())
     carol = Client(devstack.api_url, "carol-token")
     reserved = agents("--tag", "a100-box", "--tag-exclusive", "--group", "vision", "--idle-seconds", "60")
     shared = agents("--idle-seconds", "60")

@@ -28,7 +28,8 @@ def tag() -> str:
 def user(devstack: Any) -> Client:
     """A user of its own: the local stack (and its users' places in line) is shared by the session."""
     name = f"u{uuid.uuid4().hex[:8]}"
-    register_token(bootstrap.stack().tokens, f"{name}-token", name)
+    stack = bootstrap.stack()
+    register_token(stack.tokens, f"{name}-token", name, now=stack.clock())
     return Client(devstack.api_url, f"{name}-token")
 
 

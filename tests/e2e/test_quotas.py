@@ -34,7 +34,7 @@ def capped(devstack):
     its client; the quota is removed afterwards."""
     name = f"q{uuid.uuid4().hex[:8]}"
     stack = bootstrap.stack()
-    register_token(stack.tokens, f"{name}-token", name)
+    register_token(stack.tokens, f"{name}-token", name, now=time.time())
     stack.quotas.put(Quota(kind="user", name=name, max_running=1, updated_at=time.time(), updated_by="admin"))
     yield Client(devstack.api_url, f"{name}-token")
     stack.quotas.delete("user", name)

@@ -300,13 +300,13 @@ def test_heal_releases_stale_holds_only_after_the_grace(stack):
     claim(stack, alive)
     assert reserve(q, waiting, 1, NOW) is not None
     drain(stack)
-    assert heal(q, stack.store, stack.queue, NOW + 30, grace=60) == []
-    assert heal(q, stack.store, stack.queue, NOW + 61, grace=60) == [hold_key(crashed.id, 1)]
+    assert heal(stack, NOW + 30, grace=60) == []
+    assert heal(stack, NOW + 61, grace=60) == [hold_key(crashed.id, 1)]
     record = q.usage("user", "alice")
     assert list(record.holds) == [hold_key(alive.id, 1)]  # active at its attempt: kept
     assert record.blocked == {}
     assert drain(stack) == [(waiting.id, 0)]  # the run that waited got its hint back
-    assert heal(q, stack.store, stack.queue, NOW + 600, grace=60) == []
+    assert heal(stack, NOW + 600, grace=60) == []
 
 
 def test_heal_charges_an_ended_run_until_its_end(stack):
@@ -315,7 +315,7 @@ def test_heal_charges_an_ended_run_until_its_end(stack):
     run = submit(stack, cpus=2)
     assert reserve(q, run, 1, NOW) is None
     finish(stack, claim(stack, run), NOW + 100)  # ended; its worker never released the hold
-    assert heal(q, stack.store, stack.queue, NOW + 1000) == [hold_key(run.id, 1)]
+    assert heal(stack, NOW + 1000) == [hold_key(run.id, 1)]
     assert q.usage("user", "alice").cpu_seconds == pytest.approx(200)
 
 

@@ -15,7 +15,7 @@ from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from tests.conftest import wait_for
 from worker_agent.agent import Agent
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 
 pytestmark = pytest.mark.docker
 
@@ -36,7 +36,9 @@ def started(aws_stack, docker_client, tmp_path, exit_on_exception):
         executor=ExecutorConfig(worker_id=worker, work_dir=work_dir, stack_id=f"errors-{worker}"),
     )
     gone = DynamoRunStore(f"{aws_stack.settings.prefix}-no-such-table", aws_stack.store.client)
-    agent = Agent(config, Ports(gone, aws_stack.queue, aws_stack.objects), aws_stack.workers, docker_client, time.time)
+    agent = Agent(
+        config, AgentPorts(gone, aws_stack.queue, aws_stack.objects), aws_stack.workers, docker_client, time.time
+    )
     said: list[str] = []
     thread = threading.Thread(target=lambda: said.append(agent.run()), daemon=True)
     thread.start()

@@ -22,7 +22,7 @@ from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
 from worker_agent.agent import Agent
 from worker_agent.resources import Allocator
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 
 G = 1 << 30
 
@@ -65,7 +65,7 @@ def test_the_room_goes_back_when_the_hint_cannot_be_handed_back(aws_stack, tmp_p
     config = AgentConfig(
         pool="default", worker_id="w-1", work_dir=tmp_path / "w-1", cpuset=(0, 1), memory=2 * G, disk=4 * G
     )
-    agent = Agent(config, Ports(aws_stack.store, queue, aws_stack.objects, quota_store), registry=None,
+    agent = Agent(config, AgentPorts(aws_stack.store, queue, aws_stack.objects, quota_store), registry=None,
                   docker_client=None, clock=time.time)  # type: ignore[arg-type]  # fmt: skip
     (delivery,) = aws_stack.queue.receive("default", 1, 5, visibility_seconds=30)
     assert delivery.message.run_id == run.id
@@ -106,7 +106,9 @@ def test_a_runs_disk_comes_back_once_its_files_are_removed(aws_stack, docker_cli
     config = AgentConfig(
         pool="manual", worker_id="w-disk", work_dir=work_dir, cpuset=(0, 1), disk=4 * G, executor=executor
     )
-    agent = Agent(config, Ports(aws_stack.store, aws_stack.queue, aws_stack.objects), None, docker_client, time.time)
+    agent = Agent(
+        config, AgentPorts(aws_stack.store, aws_stack.queue, aws_stack.objects), None, docker_client, time.time
+    )
     agent.slots.allocator = allocator = NotingAllocator([0, 1], [], 0, 4 * G, run_dir=work_dir / "runs" / f"{run.id}-1")
     (delivery,) = aws_stack.queue.receive("manual", 1, 5, visibility_seconds=30)
 

@@ -12,14 +12,14 @@ from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from worker_agent.agent import Agent
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts
 
 
 def test_a_run_still_ending_here_is_left_for_another_worker(aws_stack, tmp_path: Path):
     spec = RunSpec.model_validate({"command": "echo hi", "queue": "default", "resources": {"cpus": 1}})
     submitted = submit_run(aws_stack.ports, Principal(user="alice"), spec, None).run
     config = AgentConfig(pool="default", worker_id="w-1", work_dir=tmp_path / "w-1", cpuset=(0, 1))
-    ports = Ports(aws_stack.store, aws_stack.queue, aws_stack.objects)
+    ports = AgentPorts(aws_stack.store, aws_stack.queue, aws_stack.objects)
     agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
     old = agent.slots.allocator.allocate(submitted.id, 1, 0)  # the earlier attempt's core, still held
     assert old is not None

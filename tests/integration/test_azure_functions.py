@@ -58,7 +58,7 @@ def stack(request, monkeypatch, tmp_path):
     before = bootstrap.use(s)
     backend = LocalCompute(tmp_path / "workers", command=SLEEPER)
     s.backends["local"] = backend
-    register_token(s.tokens, "alice-token", "alice")
+    register_token(s.tokens, "alice-token", "alice", now=time.time())
     yield s
     pool = s.pools.get("default")
     for job in backend.list(pool):

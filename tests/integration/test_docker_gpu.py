@@ -17,7 +17,7 @@ from runplane.services.runs import submit_run
 from worker_agent.executor import RunExecutor
 from worker_agent.gpu_access import GpuAccess, GpuModeError, choose, gather
 from worker_agent.resources import Allocation, Gpu
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
@@ -32,7 +32,7 @@ def _run_with_gpus(s, docker_client, tmp_path, command, gpus, access):
     )
     executor = RunExecutor(
         run,
-        Ports(s.store, s.queue, s.objects),
+        AgentPorts(s.store, s.queue, s.objects),
         docker_client,
         config,
         time.time,

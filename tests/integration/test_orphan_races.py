@@ -28,7 +28,7 @@ from tests.gate import GATE, open_gate
 from worker_agent.agent import Agent
 from worker_agent.container_spec import LABEL, container_name
 from worker_agent.executor import RunExecutor
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
@@ -57,7 +57,7 @@ def executor(stack: Stack, docker_client: Any, run: Run, worker_id: str, root: P
     settings = ExecutorConfig(
         worker_id=worker_id, work_dir=root / worker_id, stack_id=stack.settings.stack_id(), **config
     )
-    ports = Ports(stack.store, stack.queue, stack.objects)
+    ports = AgentPorts(stack.store, stack.queue, stack.objects)
     return RunExecutor(run, ports, docker_client, settings, time.time, users=ImageUsers(docker_client))
 
 
@@ -175,7 +175,7 @@ def test_every_removal_at_start_up_is_logged_with_whose_container_and_why(
     own_claimed = lifecycle.claim(s.store, own, 0, "w-restarted", 60, time.time())
     lost = queued_run(s, "sleep 600")
     lost_claimed = lifecycle.claim(s.store, lost, 0, "w-gone", 60, time.time())
-    lifecycle.requeue(s.store, s.queue, lost_claimed, time.time(), "worker w-gone stopped renewing its lease")
+    lifecycle.requeue(s, lost_claimed, time.time(), "worker w-gone stopped renewing its lease")
     live = queued_run(s, "sleep 600")
     lifecycle.claim(s.store, live, 0, "w-live", 60, time.time())
     left = {
@@ -188,7 +188,7 @@ def test_every_removal_at_start_up_is_logged_with_whose_container_and_why(
     executor_config = ExecutorConfig(worker_id="w-restarted", work_dir=work_dir, stack_id=s.settings.stack_id())
     agent = Agent(
         AgentConfig(pool="manual", worker_id="w-restarted", work_dir=work_dir, executor=executor_config),
-        Ports(s.store, s.queue, s.objects),
+        AgentPorts(s.store, s.queue, s.objects),
         s.workers,
         docker_client,
         time.time,

@@ -19,7 +19,7 @@ from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run
 from runplane.settings import StackSettings
 from worker_agent.executor import RunExecutor
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.users import ImageUsers
 
 pytestmark = pytest.mark.docker
@@ -58,7 +58,7 @@ def run_to_its_end(s, docker_client, tmp_path, command):
     config = ExecutorConfig(
         worker_id="w-defaults", work_dir=tmp_path / "w", stack_id=s.settings.stack_id(), rates=Rates(cpus=2)
     )
-    ports = Ports(s.store, s.queue, s.objects)
+    ports = AgentPorts(s.store, s.queue, s.objects)
     RunExecutor(run, ports, docker_client, config, time.time, users=ImageUsers(docker_client)).run_safely()
     return s.store.get(run.id)
 

@@ -155,7 +155,7 @@ def test_the_line_is_read_past_runs_that_came_back_or_wait_for_a_quota(stack):
     alice = [submit(stack, "alice", NOW) for _ in range(4)]  # tags 0..3
     back = start(stack, alice[0])
     start(stack, alice[1])
-    lifecycle.requeue(stack.store, stack.queue, back, NOW, "worker lost", charge=False)  # tag 0, attempt 1
+    lifecycle.requeue(stack, back, NOW, "worker lost", charge=False)  # tag 0, attempt 1
     held = stack.store.get(alice[2].id)
     stack.store.update(
         held,

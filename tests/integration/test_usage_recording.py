@@ -17,7 +17,7 @@ from runplane.services.logs import outputs_prefix
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE, wait_for
 from worker_agent.executor import RunExecutor
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.usage import CGROUP_ROOT, from_stats, read_cgroup
 from worker_agent.users import ImageUsers
 
@@ -40,7 +40,7 @@ def run_to_its_end(s, docker_client, tmp_path, body, rates, earlier=None, **conf
     settings = ExecutorConfig(
         worker_id="w-usage", work_dir=tmp_path, stack_id=s.settings.stack_id(), rates=rates, **config
     )
-    ports = Ports(s.store, s.queue, s.objects)
+    ports = AgentPorts(s.store, s.queue, s.objects)
     RunExecutor(run, ports, docker_client, settings, time.time, users=ImageUsers(docker_client)).run_safely()
     final = s.store.get(run.id)
     assert final.state == RunState.SUCCEEDED, final.failure

@@ -27,7 +27,7 @@ from tests.conftest import TEST_IMAGE, wait_for
 from tests.integration.contracts.test_future_records import add_to_run
 from worker_agent.agent import Agent
 from worker_agent.main import pool_or_status
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 from worker_agent.settings import parse
 
 POOL = "manual"  # max_workers 0: no dispatcher launches workers of its own there
@@ -40,7 +40,7 @@ def stack(request):
 
 def _agent(stack, work_dir: Path, worker_id: str, version: str) -> Agent:
     config = AgentConfig(pool=POOL, worker_id=worker_id, work_dir=work_dir, version=version)
-    ports = Ports(stack.store, stack.queue, stack.objects)
+    ports = AgentPorts(stack.store, stack.queue, stack.objects)
     return Agent(config, ports, stack.workers, docker_client=None, clock=time.time)  # type: ignore[arg-type]
 
 
@@ -131,7 +131,7 @@ def test_an_agent_leaves_a_run_whose_spec_it_does_not_know_and_takes_the_next(aw
     work_dir = tmp_path / "w-skip"
     executor = ExecutorConfig(worker_id="w-skip", work_dir=work_dir, stack_id=aws_stack.settings.stack_id())
     config = AgentConfig(pool=POOL, worker_id="w-skip", work_dir=work_dir, cpuset=(0, 1), executor=executor)
-    ports = Ports(aws_stack.store, aws_stack.queue, aws_stack.objects)
+    ports = AgentPorts(aws_stack.store, aws_stack.queue, aws_stack.objects)
     agent = Agent(config, ports, aws_stack.workers, docker_client, time.time)
 
     deliveries = aws_stack.queue.receive(POOL, 2, 5, visibility_seconds=30)
@@ -164,7 +164,7 @@ def test_a_serving_agent_the_stack_moved_past_drains_and_says_why(aws_stack, doc
         pool=POOL, worker_id="w-drain", work_dir=work_dir, cpuset=(0, 1), executor=executor, slots=1,
         heartbeat_seconds=0.2, poll_seconds=1, skew_check_seconds=0.5,
     )  # fmt: skip
-    ports = Ports(aws_stack.store, aws_stack.queue, aws_stack.objects)
+    ports = AgentPorts(aws_stack.store, aws_stack.queue, aws_stack.objects)
     agent = Agent(config, ports, aws_stack.workers, docker_client, time.time)
     said: list[str] = []
     thread = threading.Thread(target=lambda: said.append(agent.run()), daemon=True)

@@ -138,8 +138,8 @@ def end_well(stack, run):
 
 def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charged_to_it(stack):
     group, other = fresh("g"), fresh("g")
-    register_token(stack.tokens, "leaver-1", "leaver", groups=[group])
-    register_token(stack.tokens, "stayer-1", "stayer", groups=[group])
+    register_token(stack.tokens, "leaver-1", "leaver", groups=[group], now=time.time())
+    register_token(stack.tokens, "stayer-1", "stayer", groups=[group], now=time.time())
     now = time.time()
     leaver = authenticate(stack.tokens, "Bearer leaver-1", now=now)
     stayer = authenticate(stack.tokens, "Bearer stayer-1", now=now)
@@ -155,7 +155,7 @@ def test_a_waiting_run_released_after_its_owner_left_the_group_is_not_run_charge
 
     (held,) = [t for t in stack.tokens.list() if t.user == "leaver"]
     stack.tokens.delete(held.id)  # leaver leaves the group
-    register_token(stack.tokens, "leaver-2", "leaver", groups=[other])
+    register_token(stack.tokens, "leaver-2", "leaver", groups=[other], now=time.time())
     dispatcher = PoolDispatcher(stack.ports)
     for done in (end_well(stack, stack.store.get(upstream.id)), end_well(stack, stack.store.get(other_upstream.id))):
         dispatcher.upstream(done.id)
@@ -174,7 +174,7 @@ def swap_token(stack, name, groups):
     for held in [t for t in stack.tokens.list() if t.user == name]:
         stack.tokens.delete(held.id)
     secret = f"{name}-{uuid.uuid4().hex[:6]}"
-    register_token(stack.tokens, secret, name, groups=list(groups))
+    register_token(stack.tokens, secret, name, groups=list(groups), now=time.time())
     return authenticate(stack.tokens, f"Bearer {secret}", now=time.time())
 
 
@@ -254,7 +254,7 @@ def test_a_refusal_reads_the_tokens_table_consistently(aws_stack):
 
     client.meta.events.register("provide-client-params.dynamodb.Scan", note)
     try:
-        register_token(aws_stack.tokens, "someone-1", "someone", groups=["g"])
+        register_token(aws_stack.tokens, "someone-1", "someone", groups=["g"], now=time.time())
         owners = Owners(aws_stack.tokens, time.time)
         _, why = owners.allows("someone", RunSpec.model_validate(PARKED), "h", None)
         aws_stack.tokens.delete(aws_stack.tokens.list()[0].id)

@@ -32,7 +32,7 @@ from worker_agent.agent import Agent
 from worker_agent.executor import RunExecutor
 from worker_agent.intake import RELEASE_DELAY_SECONDS, ClaimLater
 from worker_agent.metrics import AgentMetrics, Gauges
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 
@@ -173,7 +173,7 @@ def test_an_agent_whose_claim_is_refused_gives_back_and_the_run_ends_failed(stac
         stack.store.update(run, Expect(), {"worker_id": "w-refused"}, Event(at=3.0, message="claimed"))
     stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
     config = AgentConfig(pool="default", worker_id="w-refused", work_dir=tmp_path / "w", cpuset=(0, 1))
-    ports = Ports(stack.store, stack.queue, stack.objects, stack.quotas)
+    ports = AgentPorts(stack.store, stack.queue, stack.objects, stack.quotas)
     agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
     (delivery,) = stack.queue.receive("default", 1, 5, visibility_seconds=30)
 
@@ -203,7 +203,7 @@ def test_a_claim_the_store_fails_to_answer_is_given_back_and_offered_again(reque
     stack.quotas.put(Quota(kind="user", name="alice", max_running=5, updated_at=time.time()))
     run = stack.store.create(_run([Event(at=1.0, message="submitted")], 10, queue="default"))
     config = AgentConfig(pool="default", worker_id="w-failing", work_dir=tmp_path / "w", cpuset=(0, 1))
-    agent = Agent(config, Ports(broken, stack.queue, stack.objects, stack.quotas), registry=None, docker_client=None,
+    agent = Agent(config, AgentPorts(broken, stack.queue, stack.objects, stack.quotas), registry=None, docker_client=None,
                   clock=time.time)  # type: ignore[arg-type]  # fmt: skip
     allocation = agent.slots.allocator.allocate(run.id, 1, 0)
     assert allocation is not None and agent.holds.reserve(run) is True
@@ -308,7 +308,7 @@ def _taking(stack, tmp_path, store=None):
     stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
     (delivery,) = stack.queue.receive("default", 1, 5, visibility_seconds=30)
     config = AgentConfig(pool="default", worker_id="w-taking", work_dir=tmp_path / "w", cpuset=(0, 1))
-    ports = Ports(store or stack.store, stack.queue, stack.objects, stack.quotas)
+    ports = AgentPorts(store or stack.store, stack.queue, stack.objects, stack.quotas)
     agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
     return run, delivery, agent
 

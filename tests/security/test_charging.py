@@ -19,7 +19,7 @@ from runplane.domain.tenancy import Principal
 from runplane.services.runs import submit_run
 from tests.conftest import api_status
 from worker_agent.agent import Agent
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 
@@ -90,7 +90,7 @@ def test_a_groups_worker_takes_only_runs_charged_to_its_group(stack, tmp_path: P
 
     config = AgentConfig(pool="parked", worker_id="w-vision", work_dir=tmp_path / "w", cpuset=(0, 1), group="vision")
     agent = Agent(
-        config, Ports(stack.store, stack.queue, stack.objects), registry=None, docker_client=None, clock=time.time
+        config, AgentPorts(stack.store, stack.queue, stack.objects), registry=None, docker_client=None, clock=time.time
     )  # type: ignore[arg-type]
     nlp = submit("nlp")
     (delivery,) = stack.queue.receive("parked", 1, 5, visibility_seconds=30)

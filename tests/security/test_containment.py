@@ -35,7 +35,7 @@ from worker_agent.container_spec import container_name
 from worker_agent.containers import remove_container
 from worker_agent.executor import RunExecutor
 from worker_agent.inputs import InputCache
-from worker_agent.run_config import ExecutorConfig, Ports
+from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.users import NOBODY, ImageUsers
 from worker_agent.workdir import SAFE, covering, parse_mountinfo, prepare, read_mountinfo, sweep_dead
 
@@ -162,7 +162,7 @@ class Worker:
         claimed = lifecycle.claim(store, run, 0, self.id, 30, time.time())
         executor = kind(
             claimed,
-            Ports(store, self.stack.queue, self.stack.objects),
+            AgentPorts(store, self.stack.queue, self.stack.objects),
             client or self.client,
             ExecutorConfig(
                 worker_id=self.id,

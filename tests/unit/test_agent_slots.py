@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from worker_agent.agent import Agent
-from worker_agent.run_config import AgentConfig, ExecutorConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
 
 
 def _agent(tmp_path: Path, executor: ExecutorConfig | None = None) -> Agent:
     config = AgentConfig(pool="p", worker_id="w-1", work_dir=tmp_path / "w-1", executor=executor)
-    return Agent(config, Ports(None, None, None), registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
+    return Agent(config, AgentPorts(None, None, None), registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
 
 
 def test_drain_passes_over_a_run_whose_thread_is_gone(tmp_path):

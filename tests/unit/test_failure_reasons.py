@@ -23,6 +23,7 @@ from worker_agent.containers import create_failure
 from worker_agent.limits import REMOVED, Limits, Seen, disk_over, ended, stop
 from worker_agent.outcome import Outcome
 from worker_agent.resources import Allocation, Gpu
+from worker_agent.run_config import AgentPorts
 from worker_agent.run_state import RunStateWriter
 from worker_agent.usage import Tree
 
@@ -173,7 +174,8 @@ def a_failure_that_names_no_reason() -> Outcome:
     spec = RunSpec(command="true", resources=Resources(memory=64 * MiB))
     run = Run(id="r-1", owner="ada", queue="cpu", created_at=0.0, spec=spec, state=RunState.RUNNING, attempt=1)
     store = _OneRun(run)
-    RunStateWriter(run, store, _Queue(), lambda: 1.0).finish(Outcome(RunState.FAILED, None, "broke"), Usage())
+    writer = RunStateWriter(run, AgentPorts(store, _Queue(), objects=None), lambda: 1.0)
+    writer.finish(Outcome(RunState.FAILED, None, "broke"), Usage())
     assert store.run.failure is not None
     return Outcome(store.run.state, store.run.failure.reason)
 

@@ -5,23 +5,111 @@ flags of ``runplane run`` and ``runplane sweep run`` come from one table held to
 from __future__ import annotations
 
 import inspect
-from types import SimpleNamespace
-from typing import get_type_hints
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace, UnionType
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
+from pydantic import BaseModel, Field
+from pydantic.fields import FieldInfo
 
 from runplane.cli.common import CliError
-from runplane.cli.run_options import FLAGS, NO_FLAG, options_from
+from runplane.cli.run_options import FLAGS, HAND, NO_FLAG, derived, options_from
 from runplane.cli.runs import run as run_command
 from runplane.cli.sweeps import run as sweep_command
 from runplane.client import AsyncClient, Client, RetryRule, RunOptions
-from runplane.client._options import run_body
+from runplane.client._options import OPTIONS, run_body
 from runplane.domain.runs import Resources, RunSpec
 
 
 def test_the_sdk_options_are_the_fields_of_a_run_spec() -> None:
     spec_fields = set(RunSpec.model_fields) - {"command"}
-    assert set(RunOptions.__annotations__) == spec_fields | set(Resources.model_fields)
+    assert set(RunOptions.__annotations__) == spec_fields | set(Resources.model_fields) == OPTIONS
+
+
+def _plain(annotation: Any) -> Any:
+    """``annotation`` without ``Annotated`` anywhere in it and without ``None``."""
+    if get_origin(annotation) is Annotated:
+        return _plain(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        rest = [_plain(a) for a in get_args(annotation) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else Union[tuple(rest)]  # noqa: UP007
+    if get_origin(annotation) in (list, dict):
+        return get_origin(annotation)[tuple(_plain(a) for a in get_args(annotation))]
+    return annotation
+
+
+def _sdk_type(field: FieldInfo) -> Any:
+    """The type an SDK option of ``field`` has: the model's, None allowed (None: the API's default),
+    a model given as itself or as its fields, a list as any sequence, a dict as any mapping, and a
+    switch that is off by default as the switch alone."""
+    kind = _plain(field.annotation)
+    if kind is bool and field.default is False:
+        return bool
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return kind | Mapping[str, Any] | None
+    if get_origin(kind) is list:
+        return Sequence[get_args(kind)] | None  # type: ignore[misc]
+    if get_origin(kind) is dict:
+        return Mapping[get_args(kind)] | None  # type: ignore[misc]
+    return kind | None
+
+
+WIDER = {
+    "memory": str | int | None,  # a size as text ("8g") too
+    "disk": str | int | None,
+    "time": str | float | None,  # a duration as text ("2h") too
+    "after": Sequence[Any] | None,  # the runs themselves (``Run`` objects), for their ids
+    "after_sweep": Any,  # the sweep itself (a ``Sweep`` object), for its id
+}
+"""The options whose SDK type is wider on purpose than the field's."""
+
+
+def test_each_sdk_option_has_the_type_of_its_field() -> None:
+    hints = get_type_hints(RunOptions)
+    fields = {**RunSpec.model_fields, **Resources.model_fields}
+    for name, hint in hints.items():
+        expected = WIDER.get(name) or _sdk_type(fields[name])
+        assert _plain(hint) == _plain(expected) and (type(None) in get_args(hint)) == (
+            type(None) in get_args(expected)
+        ), f"RunOptions[{name!r}] is {hint}, its field makes it {expected}"
+
+
+def test_a_plain_fields_flag_is_derived_from_the_field() -> None:
+    """Every field but those of HAND has its flag read off the model: its type, its bounds, its help."""
+    hand = {f.option for flags in HAND.values() for f in flags}
+    derived_flags = {f.option: f for f in FLAGS if f.option not in hand}
+    assert set(derived_flags) == set(RunSpec.model_fields) - {"command", *HAND}
+    for name, flag in derived_flags.items():
+        field = RunSpec.model_fields[name]
+        made = derived(name, field)
+        assert made is not None and (flag.name, flag.default) == (made.name, made.default)
+        assert flag.default is (False if field.default is False else None)  # not given: the API's default
+        kind, option = get_args(flag.annotation)
+        assert _plain(kind) == _plain(field.annotation), name
+        assert option.help.startswith(field.description or "")
+        assert "--" + name.replace("_", "-") in (option.default, *option.param_decls)  # typer's first is the flag
+    priority = get_args(derived_flags["priority"].annotation)[1]
+    assert (priority.min, priority.max) == (0, 100)  # the field's ge and le
+
+
+def test_a_new_plain_field_gets_its_flag_without_an_edit() -> None:
+    class Spec(BaseModel):
+        seed: int | None = Field(default=None, ge=0, description="the random seed")
+        dry: bool = Field(default=False, description="only check it")
+        notes: dict[str, str] = Field(default_factory=dict, description="notes of yours")
+        tags: list[str] = Field(default_factory=list, description="tags")
+        plan: RetryRule | None = None
+
+    flags = {name: derived(name, field) for name, field in Spec.model_fields.items()}
+    assert flags["plan"] is None  # a model of its own needs flags of its own (HAND)
+    seed = get_args(flags["seed"].annotation)  # type: ignore[union-attr]
+    assert (_plain(seed[0]), seed[1].min, seed[1].help) == (int, 0, "the random seed")
+    assert flags["dry"].default is False and get_args(flags["dry"].annotation)[0] is bool  # type: ignore[union-attr]
+    assert flags["notes"].convert(["a=1", "b=2=3"]) == {"a": "1", "b": "2=3"}  # type: ignore[union-attr,misc]
+    with pytest.raises(CliError, match="--notes must look like NAME=VALUE"):
+        flags["notes"].convert(["a"])  # type: ignore[union-attr,misc]
+    assert _plain(get_args(flags["tags"].annotation)[0]) == list[str]  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("method", [Client.submit, Client.submit_sweep, AsyncClient.submit, AsyncClient.submit_sweep])

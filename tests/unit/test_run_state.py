@@ -11,6 +11,7 @@ from runplane.domain.runs import Resources, RetryRule, Run, RunSpec, Usage
 from runplane.domain.states import FailureReason, RunState
 from runplane.services import lifecycle
 from worker_agent.outcome import Outcome
+from worker_agent.run_config import AgentPorts
 from worker_agent.run_state import RunStateWriter
 
 NOW = 1000.0
@@ -54,7 +55,7 @@ def held(**fields: Any) -> Run:
 
 def writer(run: Run) -> tuple[RunStateWriter, OneRunStore, Queue]:
     store, queue = OneRunStore(run), Queue()
-    return RunStateWriter(run, store, queue, lambda: NOW), store, queue
+    return RunStateWriter(run, AgentPorts(store, queue, objects=None), lambda: NOW), store, queue
 
 
 def test_the_final_state_is_the_outcomes():

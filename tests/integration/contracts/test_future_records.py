@@ -23,7 +23,7 @@ from runplane.services import lifecycle
 from runplane.services.overview import why_waiting
 from runplane.services.runs import kill_run
 from worker_agent.agent import Agent
-from worker_agent.run_config import AgentConfig, Ports
+from worker_agent.run_config import AgentConfig, AgentPorts
 
 
 def _aws(stack):
@@ -121,7 +121,7 @@ def _later_run(stack, run_id, later):
 
 def _agent(stack, tmp_path):
     config = AgentConfig(pool="default", worker_id="w-1", work_dir=tmp_path / "w-1")
-    ports = Ports(stack.store, stack.queue, stack.objects)
+    ports = AgentPorts(stack.store, stack.queue, stack.objects)
     return Agent(config, ports, stack.workers, docker_client=None, clock=time.time)
 
 

@@ -31,8 +31,7 @@ def test_a_retry_queues_the_same_run_for_its_next_attempt_with_more_memory(stack
     held = lifecycle.claim(stack.store, run, 0, "w1", 60.0, NOW)
     held = lifecycle.advance(stack.store, held, RunState.RUNNING, NOW + 1, "started")
     again = lifecycle.retry(
-        stack.store,
-        stack.queue,
+        stack,
         held,
         FailureReason.OUT_OF_MEMORY,
         "ran out of memory",
@@ -59,9 +58,9 @@ def test_a_retry_queues_the_same_run_for_its_next_attempt_with_more_memory(stack
 def test_a_worker_that_lost_the_run_cannot_retry_it(stack):
     run = submitted(stack, retry=RetryRule(attempts=3, on=["nonzero_exit"]))
     held = lifecycle.claim(stack.store, run, 0, "w1", 60.0, NOW)
-    lifecycle.requeue(stack.store, stack.queue, held, NOW + 1, "lease expired")  # the reaper took it back
+    lifecycle.requeue(stack, held, NOW + 1, "lease expired")  # the reaper took it back
     with pytest.raises(LeaseLost):
-        lifecycle.retry(stack.store, stack.queue, held, FailureReason.NONZERO_EXIT, "exit 1", "retried", NOW + 2)
+        lifecycle.retry(stack, held, FailureReason.NONZERO_EXIT, "exit 1", "retried", NOW + 2)
     assert stack.store.get(run.id).attempt == 1
 
 
@@ -84,8 +83,7 @@ def test_a_kill_that_came_after_the_worker_last_read_the_run_is_not_undone_by_a_
     stack.queue.receive("default", 10, 0, 30)  # the submit's hint
     kill_run(make_ports(stack, lambda: NOW + 2), ALICE, run.id)  # the worker's copy still says no kill
     ended = lifecycle.retry(
-        stack.store,
-        stack.queue,
+        stack,
         held,
         FailureReason.NONZERO_EXIT,
         "exited 1",
