@@ -4,8 +4,8 @@
 of ``Resources`` as shortcuts (``cpus``, ``gpus``, ``memory``, ``disk``, ``time``). ``run_body``
 takes every field of the model as it is; ``RunOptions`` types them for editors, and a unit test
 holds its keys and their types to the two models, so a field added to ``RunSpec`` is one line here
-and nowhere else in the SDK. ``run_body`` is the one place that turns them into the JSON of ``POST /v1/runs`` (and
-of a sweep's template). The API checks every value against the model; this module checks only
+and nowhere else in the SDK. ``run_body`` is the one place that turns them into the JSON of
+``POST /v1/runs`` (and of a sweep's template). The API checks every value against the model; this module checks only
 that each option is one ``RunSpec`` has, so a typo is a TypeError, as for any keyword argument.
 """
 
@@ -47,8 +47,8 @@ class RunOptions(TypedDict, total=False):
 SHORTCUTS = tuple(Resources.model_fields)
 """The options that set one field of ``resources`` each."""
 OPTIONS = frozenset(RunSpec.model_fields).difference({"command"}).union(SHORTCUTS)
-"""What ``run_body`` takes: every field of ``RunSpec`` but the command, and the shortcuts (the keys of
-``RunOptions``, which a unit test holds to these, types included)."""
+"""What ``run_body`` takes: every field of ``RunSpec`` but the command, and the shortcuts (the
+keys of ``RunOptions``, which a unit test holds to these, types included)."""
 
 
 def id_of(item: Any) -> str:
