@@ -458,24 +458,6 @@ class QuotaPorts(RunPorts, Protocol):
     def quotas(self) -> QuotaStore: ...
 
 
-class RunPorts(Protocol):
-    """The ports a run's state change writes through: its store and the queue of hints. Both the
-    control plane's ``Ports`` and the agent's narrower bundle are one."""
-
-    @property
-    def store(self) -> RunStore: ...
-
-    @property
-    def queue(self) -> RunQueue: ...
-
-
-class QuotaPorts(RunPorts, Protocol):
-    """``RunPorts`` and the quotas whose holds a run's attempts take (``admission.heal``)."""
-
-    @property
-    def quotas(self) -> QuotaStore: ...
-
-
 @dataclass(frozen=True)
 class Ports:
     """Everything a service may need, built once per process by ``runplane.bootstrap``. Every
