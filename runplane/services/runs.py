@@ -28,7 +28,7 @@ from runplane.domain.records import check_spec
 from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Failure, Run, RunSpec
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
-from runplane.ports import Expect, Page, Ports, RunQueue
+from runplane.ports import Expect, Page, Ports
 from runplane.services import dependencies, lifecycle, skew
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
@@ -151,7 +151,7 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
         except RunplaneError as e:  # stored and followed: the dispatcher's schedule resolves it
             log.warning("run %s stored but could not be resolved now: %s", run.id, e)
             return Submitted(run, created=True)
-    _hint(ports.queue, run)
+    _hint(ports, run)
     return Submitted(run, created=True)
 
 
@@ -223,7 +223,7 @@ def _replay(ports: Ports, existing: Run, caller: Principal, request_hash: str) -
         except RunplaneError as e:
             log.warning("run %s could not be resolved now: %s", existing.id, e)
     elif existing.state == RunState.QUEUED:
-        _hint(ports.queue, existing)
+        _hint(ports, existing)
     return Submitted(existing, created=False)
 
 
@@ -236,10 +236,10 @@ def _check_priority(principal: Principal, pool: Pool | None, priority: int) -> N
         raise Forbidden(f"priority {priority} is above {most}, the most {where} allows users; only admins may set more")
 
 
-def _hint(queue: RunQueue, run: Run) -> None:
+def _hint(ports: Ports, run: Run) -> None:
     try:
-        queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
-        queue.notify(DispatchEvent(pool=run.queue))
+        ports.queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
+        ports.queue.notify(DispatchEvent(pool=run.queue))
     except RunplaneError as e:
         log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
 
