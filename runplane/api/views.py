@@ -23,11 +23,10 @@ from runplane.api.tenancy_models import Me, QuotaUsage, QuotaView, Token, UsageR
 from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import FailureReason, RunState
-from runplane.domain.sweeps import PENDING, Sweep
 from runplane.domain.tenancy import ApiToken, Principal
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.services.quota_admin import QuotaUse
-from runplane.services.sweeps import Progress
+from runplane.services.shown_sweeps import Shown
 from runplane.services.tenancy import UserFacts
 from runplane.services.usage import Report, Row
 
@@ -68,17 +67,9 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
     )
 
 
-def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
-    """``sweep`` with its members counted: live (``progress``, open members read), or as its
-    record last saw them."""
-    if progress is None:
-        counts, failures = sweep.tally()
-        waiting = sweep.status.count(PENDING)
-        held = sweep.waiting_on and sweep.finished_at is None and not sweep.killed
-        waiting_for = f"waiting for {', '.join(sweep.waiting_on)}" if held else None
-    else:
-        counts, failures, waiting = progress.counts, progress.failures, progress.waiting
-        waiting_for = progress.waiting_for
+def sweep_view(shown: Shown) -> SweepView:
+    """A sweep with its members counted (live, or as its record last saw them)."""
+    sweep, progress = shown.sweep, shown.progress
     return SweepView(
         id=sweep.id,
         name=sweep.spec.name,
@@ -87,10 +78,10 @@ def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
         queue=sweep.queue,
         size=sweep.size,
         max_parallel=sweep.max_parallel,
-        counts={RunState(k): v for k, v in counts.items() if v},
-        failures={FailureReason(k): v for k, v in failures.items() if v},
-        waiting=waiting,
-        waiting_for=waiting_for,
+        counts={RunState(k): v for k, v in progress.counts.items() if v},
+        failures={FailureReason(k): v for k, v in progress.failures.items() if v},
+        waiting=progress.waiting,
+        waiting_for=progress.waiting_for,
         killed=sweep.killed,
         created_at=timestamp(sweep.created_at),
         finished_at=timestamp(sweep.finished_at),
@@ -99,28 +90,12 @@ def sweep_view(sweep: Sweep, progress: Progress | None = None) -> SweepView:
     )
 
 
-def worker_view(worker: Worker, now: float, stale_after: float, viewer: Principal) -> WorkerView:
-    """A worker as ``viewer`` may see it: the ids of runs it holds are shown to their owners (and
-    to admins) only."""
+def worker_view(worker: Worker) -> WorkerView:
+    """A worker as its caller may see it (``overview.seen_worker`` has judged it)."""
     data = worker.model_dump(exclude={"v"})
-    if not viewer.admin:
-        data["run_owners"] = {r: o for r, o in worker.run_owners.items() if o == viewer.user}
-        data["runs"] = [r for r in worker.runs if r in data["run_owners"]]
-    if now - worker.heartbeat_at > stale_after:
-        data["status"] = "offline"
     data["started_at"] = timestamp(worker.started_at)
     data["heartbeat_at"] = timestamp(worker.heartbeat_at)
     return WorkerView.model_validate(data)
-
-
-def live_counts(workers: list[Worker], record: PoolRecord) -> dict[str, int]:
-    """A pool's live workers by status, counting launched ones not registered yet as starting."""
-    counts = {"idle": 0, "busy": 0, "starting": 0, "draining": 0}
-    for worker in workers:
-        if worker.status in counts:
-            counts[worker.status] += 1
-    counts["starting"] += record.starting_among({w.id for w in workers})
-    return counts
 
 
 def pool_view(pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolRecord) -> PoolView:

@@ -150,12 +150,28 @@ def pool_figures(ports: Ports) -> list[PoolFigures]:
     return out
 
 
-def workers_page(ports: Ports, pool: str | None, limit: int, cursor: str | None) -> tuple[list[Worker], str | None]:
-    """A page of workers (of ``pool``) from where ``cursor`` left off, and the next cursor.
-    Raises BadRequest for a cursor that is not a ``next_cursor`` of this listing."""
+def workers_page(
+    ports: Ports, principal: Principal, pool: str | None, limit: int, cursor: str | None
+) -> tuple[list[Worker], str | None]:
+    """A page of workers (of ``pool``) from where ``cursor`` left off, as ``principal`` may see
+    them (``seen_worker``), and the next cursor. Raises BadRequest for a cursor that is not a
+    ``next_cursor`` of this listing."""
     found, after = ports.workers.page(pool, limit, None if cursor is None else _worker_after(cursor))
     next_cursor = None if after is None else base64.urlsafe_b64encode(after.encode()).decode().rstrip("=")
-    return found, next_cursor
+    now, stale = ports.clock(), ports.settings.worker_stale_seconds
+    return [seen_worker(w, now, stale, principal) for w in found], next_cursor
+
+
+def seen_worker(worker: Worker, now: float, stale_after: float, viewer: Principal) -> Worker:
+    """``worker`` as ``viewer`` may see it: offline when its last heartbeat is older than
+    ``stale_after``, and the runs it holds only those of ``viewer``'s (an admin: all)."""
+    changes: dict[str, object] = {}
+    if not viewer.admin:
+        owners = {r: o for r, o in worker.run_owners.items() if o == viewer.user}
+        changes.update(run_owners=owners, runs=[r for r in worker.runs if r in owners])
+    if now - worker.heartbeat_at > stale_after:
+        changes["status"] = "offline"
+    return worker.model_copy(update=changes)
 
 
 def _worker_after(cursor: str) -> str:

@@ -160,6 +160,25 @@ def usage_report(
     return Report(by, start, end, user, group, pool, ordered, total)
 
 
+def report(
+    ports: Ports,
+    principal: Principal,
+    *,
+    user: str | None = None,
+    group: str | None = None,
+    pool: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    by: str | None = None,
+) -> Report:
+    """``usage_report`` for a window and a ``by`` as a query gives them (``parse_moment``,
+    ``parse_by``; None: the defaults). Raises BadRequest for a moment that cannot be one, and as
+    ``usage_report`` does."""
+    start = None if since is None else parse_moment("since", since)
+    end = None if until is None else parse_moment("until", until)
+    return usage_report(ports, principal, user=user, group=group, pool=pool, since=start, until=end, by=parse_by(by))
+
+
 def _runs(ports: Ports, user: str | None, pool: str | None, since: float, until: float, max_runs: int) -> Iterator[Run]:
     """Every run submitted in ``[since, until)`` of ``user`` (or of every user) and of ``pool`` (or
     of every pool), each once, reading at most ``max_runs`` runs (InvalidRequest past that)."""

@@ -48,7 +48,5 @@ class WorkersQuery(Query):
     valid_refusals={errors.BadRequest: BAD_CURSOR},
 )
 def workers(call: Call, query: WorkersQuery) -> WorkerList:
-    ports = call.ports
-    found, cursor = workers_page(ports, query.pool, query.limit, query.cursor)
-    now, stale = ports.clock(), ports.settings.worker_stale_seconds
-    return WorkerList(workers=[worker_view(w, now, stale, call.principal) for w in found], next_cursor=cursor)
+    found, cursor = workers_page(call.ports, call.principal, query.pool, query.limit, query.cursor)
+    return WorkerList(workers=[worker_view(w) for w in found], next_cursor=cursor)

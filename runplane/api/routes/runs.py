@@ -19,9 +19,9 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
-from runplane.services import runs
+from runplane.services import listings, runs
 from runplane.services.logs import MAX_OUTPUTS_PAGE
-from runplane.services.overview import run_logs, run_outputs, shown_run, sweep_members
+from runplane.services.overview import run_logs, run_outputs, shown_run
 
 
 @operation(
@@ -97,20 +97,11 @@ class RunsQuery(Query):
     },
 )
 def list_runs(call: Call, query: RunsQuery) -> Reply:
-    ports = call.ports
-    if query.sweep is not None:
-        found, cursor = sweep_members(
-            ports, call.principal, query.sweep, query.state, query.label, query.limit, query.cursor,
-            owner=query.owner, queue=query.queue,
-        )  # fmt: skip
-        return page_reply(_run_page, [run_view(r) for r in found], cursor, lambda n: str(found[n].sweep_index))
-    owner = query.owner or call.principal.user
-    page = runs.list_runs(
-        ports, call.principal, owner=owner, state=query.state, queue=query.queue, limit=query.limit,
-        cursor=query.cursor, label=query.label,
+    page = listings.runs_page(
+        call.ports, call.principal, owner=query.owner, state=query.state, queue=query.queue, sweep=query.sweep,
+        label=query.label, limit=query.limit, cursor=query.cursor,
     )  # fmt: skip
-    resume = lambda n: ports.store.cursor_after(page.runs[n - 1], owner)  # noqa: E731
-    return page_reply(_run_page, [run_view(r) for r in page.runs], page.next_cursor, resume)
+    return page_reply(_run_page, [run_view(r) for r in page.items], page.next_cursor, page.resume)
 
 
 def _run_page(views: list[RunView], cursor: str | None) -> RunPage:

@@ -12,14 +12,10 @@ from runplane.api.routes.examples import PRIORITY_403, RELEASE_403, SWEEP_EXAMPL
 from runplane.api.routing import Answer, Call, Query, Reply, operation
 from runplane.api.views import sweep_view
 from runplane.domain import errors
-from runplane.domain.sweeps import Sweep, SweepSpec
+from runplane.domain.sweeps import SweepSpec
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
-from runplane.services import sweeps
-
-
-def _view(call: Call, sweep: Sweep) -> SweepView:
-    return sweep_view(sweep, sweeps.progress(call.ports, sweep))
+from runplane.services import listings, shown_sweeps
 
 
 @operation(
@@ -47,11 +43,11 @@ def _view(call: Call, sweep: Sweep) -> SweepView:
     },
 )
 def create_sweep(call: Call, body: SweepSpec, key: str | None) -> Reply:
-    result = sweeps.create_sweep(call.ports, call.principal, body, key)
-    if result.created:
+    shown = shown_sweeps.create(call.ports, call.principal, body, key)
+    if shown.created:
         emit("SweepsCreated", 1, "api")
-    headers = {"Location": f"/v1/sweeps/{result.sweep.id}"}
-    return Reply(_view(call, result.sweep), 201 if result.created else 200, headers)
+    headers = {"Location": f"/v1/sweeps/{shown.sweep.id}"}
+    return Reply(sweep_view(shown), 201 if shown.created else 200, headers)
 
 
 class SweepsQuery(Query):
@@ -73,11 +69,9 @@ class SweepsQuery(Query):
     valid_refusals={errors.BadRequest: BAD_CURSOR},
 )
 def list_sweeps(call: Call, query: SweepsQuery) -> Reply:
-    ports = call.ports
-    found, cursor = sweeps.list_sweeps(ports, call.principal, query.owner, query.limit, query.cursor)
+    page = listings.sweeps_page(call.ports, call.principal, owner=query.owner, limit=query.limit, cursor=query.cursor)
     # a sweep's spec may be large: its page is held to the budget too
-    resume = lambda n: ports.sweeps.cursor_after(found[n - 1])  # noqa: E731
-    return page_reply(_sweep_page, [sweep_view(w) for w in found], cursor, resume)
+    return page_reply(_sweep_page, [sweep_view(s) for s in page.items], page.next_cursor, page.resume)
 
 
 def _sweep_page(views: list[SweepView], cursor: str | None) -> SweepPage:
@@ -94,7 +88,7 @@ def _sweep_page(views: list[SweepView], cursor: str | None) -> SweepPage:
     answers={200: Answer(SweepView)},
 )
 def get_sweep(call: Call, sweep_id: str) -> SweepView:
-    return _view(call, sweeps.get_sweep(call.ports, call.principal, sweep_id))
+    return sweep_view(shown_sweeps.get(call.ports, call.principal, sweep_id))
 
 
 @operation(
@@ -112,8 +106,7 @@ def get_sweep(call: Call, sweep_id: str) -> SweepView:
     valid_refusals={errors.Conflict: "the sweep has ended"},
 )
 def patch_sweep(call: Call, sweep_id: str, body: SweepPatch) -> SweepView:
-    ports = call.ports
-    return _view(call, sweeps.set_max_parallel(ports, call.principal, sweep_id, body.max_parallel))
+    return sweep_view(shown_sweeps.set_max_parallel(call.ports, call.principal, sweep_id, body.max_parallel))
 
 
 @operation(
@@ -127,7 +120,7 @@ def patch_sweep(call: Call, sweep_id: str, body: SweepPatch) -> SweepView:
     raises=(errors.Conflict,),
 )
 def kill_sweep(call: Call, sweep_id: str) -> SweepView:
-    return _view(call, sweeps.kill_sweep(call.ports, call.principal, sweep_id))
+    return sweep_view(shown_sweeps.kill(call.ports, call.principal, sweep_id))
 
 
 @operation(
@@ -142,5 +135,5 @@ def kill_sweep(call: Call, sweep_id: str) -> SweepView:
     notes={403: RELEASE_403},
 )
 def retry_sweep(call: Call, sweep_id: str) -> SweepRetried:
-    sweep, again = sweeps.retry_sweep(call.ports, call.principal, sweep_id)
-    return SweepRetried(**_view(call, sweep).model_dump(), retried=again)
+    shown = shown_sweeps.retry(call.ports, call.principal, sweep_id)
+    return SweepRetried(**sweep_view(shown).model_dump(), retried=shown.retried)

@@ -247,10 +247,8 @@ class UsageQuery(Query):
     },
 )
 def usage_report(call: Call, query: UsageQuery) -> UsageReport:
-    since = None if query.since is None else usage.parse_moment("since", query.since)
-    until = None if query.until is None else usage.parse_moment("until", query.until)
-    report = usage.usage_report(
-        call.ports, call.principal, user=query.user, group=query.group, pool=query.pool, since=since,
-        until=until, by=usage.parse_by(query.by),
+    report = usage.report(
+        call.ports, call.principal, user=query.user, group=query.group, pool=query.pool, since=query.since,
+        until=query.until, by=query.by,
     )  # fmt: skip
     return usage_view(report)
