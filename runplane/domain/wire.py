@@ -104,9 +104,28 @@ def shown_json(answer: BaseModel) -> str:
     depth, and without fields a record was read with that this release does not know."""
     if not _reaches_since(type(answer)):
         return answer.model_dump_json()
-    data = answer.model_dump(mode="json")
-    _complete(answer, data, extras=False)
-    return to_json(data).decode()
+    return answer.model_dump_json(exclude=_at_default(answer) or None)
+
+
+def _at_default(model: BaseModel) -> dict[Any, Any]:
+    """What to leave out of ``model``'s dump (pydantic's ``exclude``): its ``Since`` fields that hold
+    their default, at every depth."""
+    since, nested = _plan(type(model))
+    out: dict[Any, Any] = {name: True for name, default in since if getattr(model, name) == default}
+    for name in nested:
+        if name not in out and (inner := _default_in(getattr(model, name))):
+            out[name] = inner
+    return out
+
+
+def _default_in(value: Any) -> dict[Any, Any]:
+    if isinstance(value, BaseModel):
+        return _at_default(value) if _reaches_since(type(value)) else {}
+    if isinstance(value, list | tuple):
+        return {i: inner for i, item in enumerate(value) if (inner := _default_in(item))}
+    if isinstance(value, dict):
+        return {key: inner for key, item in value.items() if (inner := _default_in(item))}
+    return {}
 
 
 def since_fields(model: type[BaseModel]) -> tuple[str, ...]:
@@ -114,18 +133,18 @@ def since_fields(model: type[BaseModel]) -> tuple[str, ...]:
     return tuple(name for name, _ in _plan(model)[0])
 
 
-def _complete(model: BaseModel, data: dict[str, Any], extras: bool = True) -> None:
-    """Put ``model``'s unknown fields into ``data`` (its dump; unless not ``extras``) and drop its
-    ``Since`` fields at their default, at every depth."""
+def _complete(model: BaseModel, data: dict[str, Any]) -> None:
+    """Put ``model``'s unknown fields into ``data`` (its dump) and drop its ``Since`` fields at their
+    default, at every depth."""
     since, nested = _plan(type(model))
     for name, default in since:
         if name in data and getattr(model, name) == default:
             del data[name]
     for name in nested:
         if name in data:
-            _nested(getattr(model, name), data[name], extras)
+            _nested(getattr(model, name), data[name])
     extra = model.__pydantic_extra__
-    if extra and extras:
+    if extra:
         for name, value in extra.items():
             data.setdefault(name, value)
 
@@ -169,14 +188,14 @@ def _holds_models(annotation: Any) -> bool:
     return any(_holds_models(arg) for arg in typing.get_args(annotation))
 
 
-def _nested(value: Any, data: Any, extras: bool) -> None:
+def _nested(value: Any, data: Any) -> None:
     if isinstance(value, BaseModel):
         if isinstance(data, dict):
-            _complete(value, data, extras)
+            _complete(value, data)
     elif isinstance(value, list | tuple) and isinstance(data, list):
         for item, dumped in zip(value, data, strict=False):
-            _nested(item, dumped, extras)
+            _nested(item, dumped)
     elif isinstance(value, dict) and isinstance(data, dict):
         for key, dumped in data.items():
             if key in value:
-                _nested(value[key], dumped, extras)
+                _nested(value[key], dumped)
