@@ -71,7 +71,7 @@ from runplane.services import skew
 from runplane.settings import StackSettings
 from tests.conftest import FAST, ROOT, TEST_IMAGE, wait_for
 from tests.releases import CHANGELOG, Release, previous_release
-from worker_agent.workdir import sweep_dead
+from worker_agent.workdir import parse_mountinfo, read_mountinfo, unmount
 
 pytestmark = pytest.mark.slow
 
@@ -326,7 +326,18 @@ def upgrade(previous: Installed, moto_endpoint: str, docker_client: Any, tmp_pat
             ):
                 with contextlib.suppress(docker.errors.NotFound):
                     container.remove(force=True)
-    sweep_dead(tmp_path / "work")
+    _unmount_under(tmp_path / "work")
+
+
+def _unmount_under(root: Path) -> None:
+    """Remove the mounts under ``root``, where the agents the test stopped worked: one stopped
+    while it ran a run (the test failed) leaves its mounts, and the previous release's agents take
+    no lock that worker_agent.workdir.sweep_dead could check."""
+    under = f"{root.resolve()}/"
+    for mount in reversed(parse_mountinfo(read_mountinfo())):
+        if mount.mount_point.startswith(under):
+            with contextlib.suppress(OSError):
+                unmount(Path(mount.mount_point))
 
 
 def _submit(client: Client, command: str, queue: str, **more: Any) -> str:
