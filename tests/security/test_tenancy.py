@@ -303,9 +303,9 @@ def test_workers_come_a_page_at_a_time_and_bad_paging_is_refused(front, user):
     for query, status, needle in (
         ({"pool": "../etc"}, 422, "pool must be a pool name"),
         ({"pool": "A" * 300}, 422, "pool must be a pool name"),
-        ({"cursor": "not a cursor!"}, 422, "cursor must be the next_cursor"),
-        ({"cursor": "AA"}, 422, "cursor must be the next_cursor"),  # decodes to a NUL byte
-        ({"cursor": "x" * 400}, 422, "cursor must be the next_cursor"),
+        ({"cursor": "not a cursor!"}, 400, "cursor must be the next_cursor"),
+        ({"cursor": "AA"}, 400, "cursor must be the next_cursor"),  # decodes to a NUL byte
+        ({"cursor": "x" * 400}, 400, "cursor must be the next_cursor"),
         ({"limit": 0}, 422, "limit must be between 1 and 500"),
         ({"limit": "ten"}, 400, "limit must be an integer"),
     ):
