@@ -21,7 +21,6 @@ from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
 from runplane.domain.tenancy import ApiToken, Principal, UserRecord
-from runplane.domain.versions import StackRecord
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.settings import StackSettings
 
@@ -261,16 +260,6 @@ class WorkerRegistry(Protocol):
 
     def delete(self, worker_id: str) -> None:
         """Idempotent."""
-        ...
-
-    def stack(self) -> StackRecord | None:
-        """The control plane's record for its agents (its version, the oldest agent it allows);
-        None when none was written (a control plane from before the version check)."""
-        ...
-
-    def put_stack(self, record: StackRecord) -> None:
-        """Write the control plane's record, replacing the one there. Worker listings, pages and
-        ``get`` never show it: it is no worker."""
         ...
 
 

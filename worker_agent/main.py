@@ -175,7 +175,7 @@ def pool_or_status(stack: Stack, settings: AgentSettings, worker_id: str) -> Poo
     if pool is None:
         print(f"runplane-agent: error: unknown pool {settings.pool!r}", file=sys.stderr)
         return 2
-    refused = stack_refusal(stack.workers, __version__)
+    refused = stack_refusal(stack.objects, __version__)
     if refused is None:
         return pool
     now = time.time()

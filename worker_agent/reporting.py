@@ -11,22 +11,22 @@ import threading
 from runplane.domain.errors import LeaseLost, RunplaneError
 from runplane.domain.versions import agent_refusal
 from runplane.domain.workers import Worker
-from runplane.ports import Clock, WorkerRegistry
-from runplane.services import lifecycle
+from runplane.ports import Clock, ObjectStore, WorkerRegistry
+from runplane.services import lifecycle, skew
 from worker_agent.run_config import AgentConfig, AgentPorts
 from worker_agent.slots import Slots
 
 log = logging.getLogger(__name__)
 
 
-def stack_refusal(registry: WorkerRegistry, version: str) -> str | None:
-    """Why the control plane refuses an agent of ``version``: its record in ``registry`` and the
+def stack_refusal(objects: ObjectStore, version: str) -> str | None:
+    """Why the control plane refuses an agent of ``version``: its record (``skew.stack_record``) and the
     window of runplane.domain.versions (docs/architecture.md, "Version skew"). None when it does
     not, when there is no record to read (a control plane from before the check), or when the
     record cannot be read now (said in the log): an agent the control plane does not allow is
     still shown as refused in the pools view."""
     try:
-        stack = registry.stack()
+        stack = skew.stack_record(objects)
     except RunplaneError as e:
         log.warning("cannot read the stack's version (going on unchecked): %s", e)
         return None
@@ -61,7 +61,7 @@ class Reporter:
         Refused: the worker's item says why (its status offline: it takes no runs) and so does the
         answer; None: it may serve (``recheck`` reads the window again while it does)."""
         self.checked_at = self.clock()
-        self.refused = stack_refusal(self.registry, self.config.version)
+        self.refused = stack_refusal(self.ports.objects, self.config.version)
         if self.refused:
             log.error("refused: %s", self.refused)
             self.report("offline")
@@ -83,7 +83,7 @@ class Reporter:
         if self.refused or self.clock() - self.checked_at < self.config.skew_check_seconds:
             return
         self.checked_at = self.clock()
-        refused = stack_refusal(self.registry, self.config.version)
+        refused = stack_refusal(self.ports.objects, self.config.version)
         if refused:
             log.error("refused now: %s; finishing the runs held, taking no more", refused)
             self.refused = refused

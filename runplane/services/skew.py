@@ -11,18 +11,22 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from runplane import __version__
-from runplane.domain.errors import RunplaneError
+from runplane.domain.errors import NotFound, RunplaneError
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.versions import StackRecord, agent_refusal, oldest_agent, series
-from runplane.domain.wire import Since
+from runplane.domain.wire import Since, stored, written_json
 from runplane.domain.workers import Worker
-from runplane.ports import Ports
+from runplane.ports import ObjectStore, Ports
 
 log = logging.getLogger(__name__)
 
+STACK_KEY = "runs/_stack/record.json"
+"""Where the control plane keeps its record for agents: in the object store, under ``runs/`` that
+every agent may read, and where no listing of workers meets it (0.1's functions scan the whole
+workers table and refuse an item that is no worker). ``_stack`` is no run id."""
 STACK_CHECK_SECONDS = 300.0
 """How often a serving agent reads the stack record again, to drain when the control plane moved on
 past its version window."""
@@ -33,17 +37,34 @@ REFUSED_SHOWN_SECONDS = 3600.0
 exited then)."""
 
 
+def stack_record(objects: ObjectStore) -> StackRecord | None:
+    """The control plane's record for its agents (its version, the oldest agent it allows); None
+    when none was written (a control plane from before the version check) or it is no record this
+    release reads. Raises RunplaneError when the store fails."""
+    try:
+        return stored(StackRecord, objects.get_bytes(STACK_KEY))
+    except NotFound:
+        return None
+    except ValidationError:
+        log.warning("the stack record at %s is not one this release reads: as if there were none", STACK_KEY)
+        return None
+
+
+def put_stack_record(objects: ObjectStore, record: StackRecord) -> None:
+    """Write the control plane's record, replacing the one there."""
+    objects.put_bytes(STACK_KEY, written_json(record).encode())
+
+
 def publish(ports: Ports, version: str = __version__) -> bool:
     """Keep this control plane's record (``version``, the oldest agent series it allows) where
     agents read it when they register; written only when the one there says otherwise. True when
     written. A store that fails is logged: the next scheduled pass tries again."""
-    workers = ports.workers
     record = StackRecord(version=version, oldest_agent=oldest_agent(version), written_at=ports.clock())
     try:
-        current = workers.stack()
+        current = stack_record(ports.objects)
         if current is not None and (current.version, current.oldest_agent) == (record.version, record.oldest_agent):
             return False
-        workers.put_stack(record)
+        put_stack_record(ports.objects, record)
     except RunplaneError as e:
         log.warning("the stack record for agents was not written: %s", e)
         return False

@@ -105,7 +105,7 @@ def test_runplane_agent_refused_exits_before_it_checks_the_machine(stack, capsys
     pulls an image; one the stack allows goes on to them."""
     settings = parse(["--pool", POOL], environ={})
     assert pool_or_status(stack, settings, "w-unchecked") == stack.pools.get(POOL)  # no record: goes on
-    stack.workers.put_stack(StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
+    skew.put_stack_record(stack.objects, StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
 
     assert pool_or_status(stack, settings, "w-behind") == 1
 
@@ -171,7 +171,7 @@ def test_a_serving_agent_the_stack_moved_past_drains_and_says_why(aws_stack, doc
     thread.start()
     wait_for(lambda: aws_stack.store.get(held.id).state == RunState.RUNNING, 30, what="the first run running")
     later = submit_run(aws_stack.ports, alice, spec, None).run
-    aws_stack.workers.put_stack(StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
+    skew.put_stack_record(aws_stack.objects, StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
 
     thread.join(60)
     why = f"agent {__version__} is older than this stack allows (>= 9.0)"

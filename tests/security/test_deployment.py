@@ -402,6 +402,7 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "WorkersTable",
         "PoolsTable",
         "QuotasTable",  # lanes only: a released sweep member's place in line
+        "DataBucket",  # the stack record alone (runs/_stack/)
         "EventsQueue",
     }  # its event source
     assert reached["ReaperFunction"] == {"RunsTable", "QuotasTable", "EventsQueue"}

@@ -1,5 +1,6 @@
 """DynamoDB worker heartbeats: stale records expire through the table's TTL attribute. The table
-also holds the control plane's record for its agents (``StackRecord``)."""
+holds workers alone: 0.1's functions scan it whole and refuse an item that is no worker, so the
+control plane's record for its agents is kept in the object store (``runplane.services.skew``)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from runplane.adapters.aws.dynamodb import BY_POOL, document, fields, translate
 from runplane.adapters.records import written_json
 from runplane.domain.errors import NotFound
-from runplane.domain.versions import StackRecord
 from runplane.domain.workers import Worker
-
-STACK_KEY = "@stack"
-"""The ``id`` of the control plane's record. It has no ``pool`` (every worker's item has one), so no
-pool's query sees it, and every read of workers passes it by; nor does it expire."""
 
 
 class DynamoWorkerRegistry:
@@ -48,7 +44,7 @@ class DynamoWorkerRegistry:
             resp = self.client.get_item(TableName=self.table, Key={"id": {"S": worker_id}})
         except (ClientError, BotoCoreError) as e:
             raise translate(e, "read worker") from e
-        if "pool" not in resp.get("Item", {}):  # none, or the stack's record
+        if "pool" not in resp.get("Item", {}):  # none, or no worker (an earlier build's stack record)
             raise NotFound(f"worker {worker_id} not found")
         return _worker(resp["Item"])
 
@@ -101,24 +97,6 @@ class DynamoWorkerRegistry:
             self.client.delete_item(TableName=self.table, Key={"id": {"S": worker_id}})
         except (ClientError, BotoCoreError) as e:
             raise translate(e, "delete worker") from e
-
-    def stack(self) -> StackRecord | None:
-        try:
-            item = self.client.get_item(TableName=self.table, Key={"id": {"S": STACK_KEY}}).get("Item")
-        except (ClientError, BotoCoreError) as e:
-            raise translate(e, "read the stack record") from e
-        try:
-            return document(StackRecord, item) if item is not None and "pool" not in item else None
-        except (KeyError, ValueError):  # not a record this release reads: as if there were none
-            return None
-
-    def put_stack(self, record: StackRecord) -> None:
-        try:
-            self.client.put_item(
-                TableName=self.table, Item={"id": {"S": STACK_KEY}, "doc": {"S": written_json(record)}}
-            )
-        except (ClientError, BotoCoreError) as e:
-            raise translate(e, "record the stack record") from e
 
 
 def _worker(item: Mapping[str, Any]) -> Worker:

@@ -1,6 +1,4 @@
-"""Table storage worker heartbeats, in one partition; expired records are skipped and removed. The
-table also holds the control plane's record for its agents (``StackRecord``), in a partition of its
-own."""
+"""Table storage worker heartbeats, in one partition; expired records are skipped and removed."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from azure.data.tables import TableClient, UpdateMode
 
 from runplane.adapters.azure.tables import document, failure, get_entity, key, packed
 from runplane.domain.errors import NotFound
-from runplane.domain.versions import StackRecord
 from runplane.domain.workers import Worker
 
 
@@ -23,8 +20,6 @@ class TableWorkerRegistry:
     reads skip it and ``list`` deletes it (Table storage has no TTL of its own)."""
 
     PARTITION = "w"
-    STACK_PARTITION = "stack"
-    """The control plane's record (row ``stack``): no read of workers looks in this partition."""
 
     def __init__(self, table: TableClient, ttl_seconds: int = 3600, clock: Callable[[], float] = time.time) -> None:
         self.table = table
@@ -105,17 +100,3 @@ class TableWorkerRegistry:
             self.table.delete_entity(self.PARTITION, key(worker_id))
         except AzureError as e:
             raise failure(e, "delete worker") from e
-
-    def stack(self) -> StackRecord | None:
-        entity = get_entity(self.table, self.STACK_PARTITION, "stack", "read the stack record")
-        try:
-            return document(StackRecord, entity) if entity is not None else None
-        except (KeyError, ValueError):  # not a record this release reads: as if there were none
-            return None
-
-    def put_stack(self, record: StackRecord) -> None:
-        entity = {"PartitionKey": self.STACK_PARTITION, "RowKey": "stack", **packed(record, "the stack record")}
-        try:
-            self.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
-        except AzureError as e:
-            raise failure(e, "record the stack record") from e
