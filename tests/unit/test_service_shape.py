@@ -47,6 +47,8 @@ ONE_PORT = {
     "runplane.services.logs._probe": "reads one bucket",
     "runplane.services.logs._chunk_before": "reads one bucket",
     "runplane.services.logs._last_chunk": "reads one bucket",
+    "runplane.services.skew.stack_record": "reads one object: the control plane's record for its agents",
+    "runplane.services.skew.put_stack_record": "writes one object: the control plane's record for its agents",
 }
 """Functions that take exactly one port (and no clock) by itself: module.function -> why."""
 
