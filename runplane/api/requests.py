@@ -5,13 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from runplane.domain.common import NAME_PATTERN, duration_or_text
+from runplane.domain.common import NAME_PATTERN, WHOLE
 from runplane.domain.quotas import Period
 from runplane.domain.sweeps import MAX_SWEEP
 from runplane.domain.tenancy import USER_PATTERN, Scope
 from runplane.domain.units import MAX_DURATION
+
+LIFETIME_PATTERN = (
+    r"^(?:[1-9][0-9]{0,6}s?|[1-9][0-9]{0,4}m|[1-9][0-9]{0,2}h|(?:[1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-6])d)$"
+)
+"""A token's lifetime as text, as the document gives it: one whole number of one unit, more than 0 and
+at most 366 days (the server also reads "1h30m" or "2.5d", as it does a run's time, within those bounds)."""
 
 
 class TokenCreate(BaseModel):
@@ -31,7 +37,17 @@ class TokenCreate(BaseModel):
     )
     expires_in: Annotated[
         str | Annotated[float, Field(gt=0)] | None,
-        duration_or_text(0, MAX_DURATION, ["30d", "12h", 86400], exclusive=True),
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DURATION},
+                    {"type": "string", "pattern": LIFETIME_PATTERN, "description": "units s, m, h, d"},
+                    {"type": "null"},
+                ],
+                "examples": ["30d", "12h", 86400],
+            },
+            mode="validation",
+        ),
     ] = Field(default=None, description='lifetime, e.g. "30d", "12h" or seconds, up to a year; none: never expires')
 
 
@@ -40,9 +56,9 @@ class QuotaLimits(BaseModel):
 
     The body replaces the quota whole: a limit left out (or null) does not apply, and ``{}``
     makes a quota that limits nothing and only counts use. Numbers must be JSON numbers (no text,
-    no booleans), finite and not negative. Budgets are hours of the resource held (a run's gpus or
-    cpus times its wall-clock time) per calendar ``period`` in UTC; 0 refuses every run that asks
-    for any of it.
+    no booleans), finite and not negative; a count is a whole number (4 or 4.0). Budgets are hours
+    of the resource held (a run's gpus or cpus times its wall-clock time) per calendar ``period`` in
+    UTC; 0 refuses every run that asks for any of it.
     """
 
     model_config = ConfigDict(
@@ -51,10 +67,10 @@ class QuotaLimits(BaseModel):
         json_schema_extra={"examples": [{"max_running": 4, "max_gpus": 2, "gpu_hours": 200, "period": "month"}]},
     )
 
-    max_running: int | None = Field(
+    max_running: Annotated[int | None, WHOLE] = Field(
         default=None, ge=0, le=1_000_000, strict=True, description="runs started and not yet ended, at once"
     )
-    max_gpus: int | None = Field(
+    max_gpus: Annotated[int | None, WHOLE] = Field(
         default=None, ge=0, le=1_000_000, strict=True, description="GPUs held by running runs, at once"
     )
     max_cpus: float | None = Field(
@@ -73,11 +89,11 @@ class SetPriority(BaseModel):
     """``POST /v1/runs/{run_id}/priority``: the priority a queued run takes from now on.
 
     A user may give a priority up to the run's pool's ``max_user_priority``; an admin, any. The
-    number must be a JSON integer (no text, no fraction, no boolean)."""
+    number must be a JSON integer (80 or 80.0; no text, no fraction, no boolean)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"priority": 80}]})
 
-    priority: int = Field(
+    priority: Annotated[int, WHOLE] = Field(
         ge=0, le=100, strict=True, description="0..100: the run starts before every waiting run of lower priority"
     )
 
@@ -99,7 +115,7 @@ class SweepPatch(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"max_parallel": 4}]})
 
-    max_parallel: int | None = Field(
+    max_parallel: Annotated[int | None, WHOLE] = Field(
         ge=1,
         le=MAX_SWEEP,
         strict=True,

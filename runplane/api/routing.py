@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import re
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -33,6 +34,8 @@ from runplane.ports import Ports
 from runplane.services import auth
 
 MAX_DEPTH = 32
+_INTEGER = re.compile(r"-?[0-9]+")
+"""An integer as a query parameter: digits alone (not 5.0, 1_0 or +5)."""
 """The deepest nesting of arrays and objects a body may have."""
 
 Schema = dict[str, Any]
@@ -234,6 +237,10 @@ def _respond(op: Operation, result: Reply | BaseModel | Schema | None) -> Respon
 
 def _query(model: type[Query]) -> Query:
     params = app.current_event.query_string_parameters or {}
+    for name, info in model.model_fields.items():
+        raw = params.get(name)
+        if raw and int in (typing.get_args(info.annotation) or (info.annotation,)) and not _INTEGER.fullmatch(raw):
+            raise errors.BadRequest(f"query parameter {name} must be an integer")
     try:
         return model.model_validate(dict(params))
     except ValidationError as e:

@@ -3,11 +3,12 @@ text a user gives, and the readers and request schemas of sizes and durations.""
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import Any
 
-from pydantic import WithJsonSchema
+from pydantic import BeforeValidator, WithJsonSchema
 
 from runplane.domain.units import parse_bytes, parse_duration
 
@@ -70,6 +71,60 @@ def hidden_character(text: str, *, in_command: bool = False) -> str | None:
     return None
 
 
+def _anycase(word: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+ENV_NAME_PATTERN = (
+    "^(?!"
+    + "|".join([_anycase(p) for p in ("RUNPLANE_", *_LOADER_PREFIXES)])
+    + "".join(f"|{_anycase(n)}$" for n in sorted(_LOADER_NAMES))
+    + ")[A-Za-z_][A-Za-z0-9_]{0,127}$"
+)
+"""What ``check_env_name`` allows, as a JSON Schema pattern."""
+
+NO_CONTROL_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+"""Text ``control_character`` finds nothing in, as a JSON Schema pattern (a lone surrogate, which it
+also finds, is no character a pattern can name: JSON text carries none that decodes)."""
+
+
+def _escape(code: int) -> str:
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+@functools.cache
+def shown_pattern(*, command: bool = False) -> str:
+    """Text ``hidden_character`` and ``control_character`` find nothing in, as a JSON Schema pattern
+    (Python's regular expressions, as the server's checks): for a ``command``, tab, newline, carriage
+    return and the two joiners allowed and at least one character that is not a space; else one line.
+    Built on first use (it reads the Unicode database)."""
+    hidden = [
+        c
+        for c in range(0x80, 0x110000)
+        if (unicodedata.category(chr(c)) in ("Cf", "Zl", "Zp") or chr(c) in _BLANK_FILLERS)
+        and not (command and chr(c) in _JOINERS)
+    ]
+    ranges: list[list[int]] = []
+    for c in hidden:
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    out = "".join(_escape(a) if a == b else f"{_escape(a)}-{_escape(b)}" for a, b in ranges)
+    controls = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f" if command else r"\x00-\x1f\x7f"
+    start = r"^(?=[\s\S]*\S)" if command else "^"
+    return f"{start}[^{controls}{out}]*$"
+
+
+def shown_text(*, command: bool = False) -> Any:
+    """A field's ``json_schema_extra`` that gives it ``shown_pattern``, built when the schema is."""
+
+    def extra(schema: dict[str, Any]) -> None:
+        schema["pattern"] = shown_pattern(command=command)
+
+    return extra
+
+
 def control_character(text: str) -> str | None:
     """The first control character (other than tab, newline, carriage return) or lone surrogate
     in ``text``, as ``\\xNN`` or ``\\uNNNN``, or None."""
@@ -78,6 +133,16 @@ def control_character(text: str) -> str | None:
         return None
     code = ord(match.group())
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+WHOLE = BeforeValidator(_whole)
+"""Beside a strict ``int`` field (``Annotated[int, WHOLE]``, ``Field(strict=True)``): a JSON number
+with no fraction (``71.0``, an integer to JSON Schema) is that integer; text, booleans and
+fractions stay refused."""
 
 
 def check_env_name(key: str) -> None:

@@ -12,16 +12,20 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from runplane.domain.common import (
+    ENV_NAME_PATTERN,
     MAX_RUN_TIME,
     NAME_PATTERN,
+    NO_CONTROL_PATTERN,
     RUN_ID_PATTERN,
     SCHEMA_VERSION,
+    WHOLE,
     check_env_name,
     control_character,
     duration_or_text,
     hidden_character,
     read_duration,
     read_size,
+    shown_text,
     size_or_text,
 )
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
@@ -42,7 +46,13 @@ LABEL_KEY_PATTERN = r"^[a-z0-9][a-z0-9._/-]{0,62}$"
 """A label's key: lower-case letters, digits and ``. _ / -``, starting with a letter or digit, at most 63."""
 
 
-_INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+INPUT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
+_INPUT_NAME = re.compile(INPUT_NAME_PATTERN)
+_SEGMENT = r"(?:[^\s/.\x00-\x1f\x7f]|\.[^\s/.\x00-\x1f\x7f]|\.\.[^\s/\x00-\x1f\x7f])[^\s/\x00-\x1f\x7f]*"
+_PATH = rf"{_SEGMENT}(?:/{_SEGMENT})*/?"
+INPUT_SOURCE_PATTERN = rf"^(?:s3://[a-z0-9][a-z0-9.-]{{1,62}}/{_PATH}|run:{RUN_ID_PATTERN}(?:/(?:{_PATH})?)?)$"
+"""What ``RunSpec`` takes as an input's source, as a JSON Schema pattern: no '.', '..' or empty
+segment in its path, no space or control character."""
 _INPUT_SOURCE = re.compile(rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?)")
 
 
@@ -58,7 +68,9 @@ class RetryRule(Record):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    attempts: int = Field(ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10")
+    attempts: Annotated[int, WHOLE] = Field(
+        ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10"
+    )
     on: list[Annotated[Literal[tuple(RETRY_REASONS)], Extensible]] = Field(  # type: ignore[valid-type]
         default_factory=list,
         max_length=len(RETRY_REASONS),
@@ -120,17 +132,37 @@ class Resources(Record):
 class RunSpec(Record):
     """A run submission as the API accepts it."""
 
-    command: str = Field(min_length=1, max_length=65536)
+    command: str = Field(min_length=1, max_length=65536, json_schema_extra=shown_text(command=True))
     image: str | None = Field(
-        default=None, min_length=1, max_length=512, description="Docker image (default: the pool's)"
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Docker image (default: the pool's)",
+        json_schema_extra=shown_text(),
     )
-    name: str | None = Field(default=None, max_length=200, description="a name for the run")
+    name: str | None = Field(
+        default=None, max_length=200, description="a name for the run", json_schema_extra=shown_text()
+    )
     queue: str | None = Field(
         default=None, pattern=NAME_PATTERN, description="pool to run on (default: the smallest that fits)"
     )
     resources: Resources = Field(default_factory=Resources)
-    env: dict[str, str] = Field(default_factory=dict)
-    inputs: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": ENV_NAME_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": NO_CONTROL_PATTERN},
+            "maxProperties": MAX_ENV,
+        },
+    )
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": INPUT_NAME_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": INPUT_SOURCE_PATTERN},
+            "maxProperties": MAX_INPUTS,
+        },
+    )
     network: bool = Field(default=False, description="give the run a network")
     tag: str | None = Field(
         default=None,
@@ -143,11 +175,11 @@ class RunSpec(Record):
         description="the group the run is charged to, besides its owner (one of the caller's groups; "
         "default: the caller's only group, if there is exactly one)",
     )
-    priority: int = Field(
+    priority: Annotated[int, WHOLE] = Field(
         default=50,
         ge=0,
         le=100,
-        strict=True,  # a JSON integer: no text, no fraction, no boolean
+        strict=True,  # a JSON integer (71.0 is one): no text, no fraction, no boolean
         description="0..100: in a pool, a run starts before every waiting run of lower priority; above the "
         "pool's max_user_priority (default 50) only for admins",
     )
@@ -173,7 +205,7 @@ class RunSpec(Record):
     labels: Annotated[
         dict[
             Annotated[str, Field(pattern=LABEL_KEY_PATTERN)],
-            Annotated[str, Field(max_length=MAX_LABEL_VALUE, pattern=r"^[^\x00-\x1f\x7f]*$")],
+            Annotated[str, Field(max_length=MAX_LABEL_VALUE, json_schema_extra=shown_text())],
         ],
         Since("0.2"),
     ] = Field(

@@ -15,7 +15,16 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
-from runplane.domain.common import SCHEMA_VERSION, check_env_name, control_character, hidden_character
+from runplane.domain.common import (
+    ENV_NAME_PATTERN,
+    NO_CONTROL_PATTERN,
+    SCHEMA_VERSION,
+    WHOLE,
+    check_env_name,
+    control_character,
+    hidden_character,
+    shown_text,
+)
 from runplane.domain.runs import MAX_DEPENDENTS, MAX_ENV, Event, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.wire import Record
@@ -100,17 +109,33 @@ class SweepSpec(Record):
 
     model_config = ConfigDict(allow_inf_nan=False)
 
-    name: str | None = Field(default=None, max_length=200)
+    name: str | None = Field(default=None, max_length=200, json_schema_extra=shown_text())
     run: RunSpec = Field(description="the template of every member: a POST /v1/runs body")
     parameters: dict[str, list[ParamValue]] = Field(
         default_factory=dict,
         description="the grid: each name is an environment variable of every member, and the sweep has one "
         "member per combination of values",
+        json_schema_extra={
+            "propertyNames": {"pattern": ENV_NAME_PATTERN},
+            "maxProperties": MAX_PARAMETERS,
+            "additionalProperties": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": MAX_SWEEP,
+                "items": {
+                    "anyOf": [
+                        {"type": "boolean"},
+                        {"type": "number"},
+                        {"type": "string", "maxLength": MAX_VALUE_CHARS, "pattern": NO_CONTROL_PATTERN},
+                    ]
+                },
+            },
+        },
     )
-    count: int | None = Field(
+    count: Annotated[int | None, WHOLE] = Field(
         default=None, ge=1, le=MAX_SWEEP, strict=True, description="members per point of the grid (default 1)"
     )
-    max_parallel: int | None = Field(
+    max_parallel: Annotated[int | None, WHOLE] = Field(
         default=None,
         ge=1,
         le=MAX_SWEEP,
@@ -155,11 +180,7 @@ class SweepSpec(Record):
             raise ValueError(f"parameters {clash} are also in run.env; give each once")
         if len(self.parameters) + len(self.run.env) > MAX_ENV:
             raise ValueError(f"run.env and parameters hold more than {MAX_ENV} environment variables together")
-        grid = math.prod(len(v) for v in self.parameters.values()) if self.parameters else 1
-        total = grid * (self.count or 1)
-        if total > MAX_SWEEP:
-            raise ValueError(f"the sweep has {total} members; at most {MAX_SWEEP}")
-        return self
+        return self  # its size (at most MAX_SWEEP members) is the service's to judge: sweeps.create_sweep
 
     @property
     def grid(self) -> int:

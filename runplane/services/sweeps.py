@@ -74,7 +74,10 @@ def create_sweep(
 ) -> Created:
     """Store a sweep of ``spec.size`` members and release the first ones. The template is checked
     once, as a run submit checks a run (pool, priority, group, inputs, quotas): every member shares
-    it. Same key, same request -> same sweep; a key used for another request is a Conflict."""
+    it. Same key, same request -> same sweep; a key used for another request is a Conflict. A
+    sweep of more than MAX_SWEEP members (its grid times its count) is NotAllowed."""
+    if spec.size > MAX_SWEEP:
+        raise NotAllowed(f"the sweep has {spec.size} members; at most {MAX_SWEEP}")
     secret = ports.tokens.secret() if idempotency_key is not None else b""
     sweep_id = run_id_for(principal.user, idempotency_key, secret, kind="sweep")
     request_hash = _request_hash(spec)

@@ -164,7 +164,7 @@ def test_the_sweep_commands(devstack, tmp_path):
         (["--param", "SEED=5..1"], "error: --param SEED: the range 5..1 must go up"),
         (["--param", "A=1", "--param", "A=2"], "error: each --param NAME may be given once"),
         (["--param", "RUNPLANE_X=1"], "error: parameters: parameter 'RUNPLANE_X'"),
-        (["--param", "SEED=1..10000", "--count", "2"], "error: body: the sweep has 20000 members; at most 10000"),
+        (["--param", "SEED=1..10000", "--count", "2"], "error: the sweep has 20000 members; at most 10000"),
         (["--count", "0"], "error: Invalid value for '--count'"),
     ],
 )

@@ -42,7 +42,6 @@ def test_a_sweep_without_parameters_is_count_runs_with_no_point():
     ("extra", "fragment"),
     [
         ({"count": 10_001}, "less than or equal to 10000"),
-        ({"parameters": {"A": list(range(5001))}, "count": 2}, "the sweep has 10002 members"),
         ({"parameters": {"A": []}}, "has no values"),
         ({"parameters": {"RUNPLANE_X": [1]}}, "RUNPLANE_ prefix is reserved"),
         ({"parameters": {"LD_PRELOAD": ["x"]}}, "dynamic loader"),
@@ -50,7 +49,7 @@ def test_a_sweep_without_parameters_is_count_runs_with_no_point():
         ({"parameters": {"A": [[1]]}}, "parameters.A.0"),
         ({"parameters": {"A": [float("nan")]}}, "parameters.A.0"),
         ({"max_parallel": 0}, "greater than or equal to 1"),
-        ({"count": 2.0}, "count"),
+        ({"count": 2.5}, "count"),
         ({"name": "a\tb"}, "printable text on one line"),
     ],
 )

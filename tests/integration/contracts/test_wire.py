@@ -251,6 +251,9 @@ def _runs(wire: Wire) -> str:
     assert [r["id"] for r in page.body["runs"] + rest.body["runs"]] == [first.body["id"], submitted.body["id"]]
     assert wire("GET", "/v1/runs?state=queued&queue=parked").status == 200
     assert wire("GET", "/v1/runs?limit=x").status == 400
+    for text in ("5.0", "1_0", "+5", " 5"):  # the document says integer: digits alone
+        refused = wire("GET", f"/v1/runs?limit={text.replace('+', '%2B').replace(' ', '%20')}")
+        assert (refused.status, refused.body["error"]["message"]) == (400, "query parameter limit must be an integer")
     assert wire("GET", "/v1/runs?cursor=not-a-cursor").status == 400
     assert wire("GET", "/v1/runs?state=sleeping").status == 422
     assert wire("GET", "/v1/runs?owner=bob").status == 403
@@ -469,6 +472,11 @@ def _sweeps(wire: Wire) -> None:
     assert wire("PATCH", path, {"max_parallel": 2}, who="bob").status == 404
     assert wire("PATCH", path, {"max_parallel": 2}, who="reader").status == 403
     assert wire("POST", "/v1/sweeps", {"run": PARKED, "count": 10_001}).status == 422
+    # a grid and a count each within bounds, together over them: a refusal the document cannot
+    # express, so not one of the request's shape
+    huge = wire("POST", "/v1/sweeps", {"run": PARKED, "parameters": {"A": list(range(5001))}, "count": 2})
+    assert (huge.status, huge.body["error"]["code"]) == (422, "not_allowed"), huge.body
+    assert huge.body["error"]["message"] == "the sweep has 10002 members; at most 10000"
     assert wire("POST", "/v1/sweeps", {"run": PARKED}, who="reader").status == 403
     assert wire("POST", f"{path}/kill", who="bob").status == 404
     killed = wire("POST", f"{path}/kill")
