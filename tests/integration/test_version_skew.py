@@ -180,3 +180,24 @@ def test_a_serving_agent_the_stack_moved_past_drains_and_says_why(aws_stack, doc
     assert aws_stack.store.get(later.id).state == RunState.QUEUED and agent.slots.claimed == 1
     worker = aws_stack.workers.get("w-drain")
     assert (worker.status, worker.refused) == ("offline", why)
+
+
+def test_a_heartbeat_reads_the_version_window_again_at_most_every_check_period(stack, tmp_path):
+    """A serving agent reads the stack record again on a heartbeat once ``skew_check_seconds`` have
+    passed since it last did, not before: refused then, it stops taking runs and its item says why."""
+    now = [1000.0]
+    config = AgentConfig(pool=POOL, worker_id="w-check", work_dir=tmp_path / "w-check", skew_check_seconds=300)
+    ports = AgentPorts(stack.store, stack.queue, stack.objects)
+    agent = Agent(config, ports, stack.workers, docker_client=None, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert skew.publish(stack.ports) and agent.reporter.register() is None
+    skew.put_stack_record(stack.objects, StackRecord(version="9.1.0", oldest_agent="9.0", written_at=time.time()))
+
+    now[0] += 299
+    agent.reporter.heartbeat()
+    assert not agent.slots.stopping.is_set() and stack.workers.get("w-check").refused is None
+    now[0] += 1
+    agent.reporter.heartbeat()
+    why = f"agent {__version__} is older than this stack allows (>= 9.0)"
+    assert agent.slots.stopping.is_set() and agent.reporter.refused == why
+    worker = stack.workers.get("w-check")
+    assert (worker.refused, worker.free_slots) == (why, 0)
