@@ -203,8 +203,8 @@ def test_a_claim_the_store_fails_to_answer_is_given_back_and_offered_again(reque
     stack.quotas.put(Quota(kind="user", name="alice", max_running=5, updated_at=time.time()))
     run = stack.store.create(_run([Event(at=1.0, message="submitted")], 10, queue="default"))
     config = AgentConfig(pool="default", worker_id="w-failing", work_dir=tmp_path / "w", cpuset=(0, 1))
-    agent = Agent(config, AgentPorts(broken, stack.queue, stack.objects, stack.quotas), registry=None, docker_client=None,
-                  clock=time.time)  # type: ignore[arg-type]  # fmt: skip
+    ports = AgentPorts(broken, stack.queue, stack.objects, stack.quotas)  # type: ignore[arg-type]
+    agent = Agent(config, ports, registry=None, docker_client=None, clock=time.time)  # type: ignore[arg-type]
     allocation = agent.slots.allocator.allocate(run.id, 1, 0)
     assert allocation is not None and agent.holds.reserve(run) is True
     assert list(stack.quotas.usage("user", "alice").holds) == [f"{run.id}#1"]
