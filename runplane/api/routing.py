@@ -68,6 +68,19 @@ class Query(BaseModel):
     kept_empty: ClassVar[frozenset[str]] = frozenset()
     """Parameters whose empty value is a value (refused by its reader), not one not given."""
 
+    @classmethod
+    def refusals(cls) -> set[int]:
+        """The statuses reading these parameters can answer: 400 when one must be a number, 422
+        when one has bounds, a form or a set of values (none for parameters of free text)."""
+        found: set[int] = set()
+        for info in cls.model_fields.values():
+            kinds = set(typing.get_args(info.annotation) or (info.annotation,)) - {type(None)}
+            if kinds & {int, float}:
+                found.add(400)
+            if info.metadata or kinds - {str}:
+                found.add(422)
+        return found
+
     @model_validator(mode="before")
     @classmethod
     def _empty_is_absent(cls, data: Any) -> Any:
@@ -131,7 +144,7 @@ class Operation:
         if any(p.checked for p in self.path_params.values()):
             found.add(404)
         if self.query is not None:
-            found |= {400, 422}
+            found |= self.query.refusals()
         if self.body is not None:
             found |= {400, 413, 422}
         return found | {status_of(e) for e in self.valid_refusals} | {s for s in self.notes if s >= 400}

@@ -122,13 +122,14 @@ def set_user(call: Call, user: str, body: UserSettings) -> UserView:
     return user_view(found)
 
 
-def _quota_subject(kind: QuotaKind) -> dict[str, PathParam]:
+def _quota_subject(kind: QuotaKind, *, setting: bool = False) -> dict[str, PathParam]:
     what = "user" if kind == "user" else "group"
+    cannot = "refused (422)" if setting else "a quota that does not exist"
     return {
         what: PathParam(
             USER_PATTERN if kind == "user" else NAME_PATTERN,
             what,
-            f"the {what} (percent-encoded); a name that cannot be one is a quota that does not exist",
+            f"the {what} (percent-encoded); a name that cannot be one is {cannot}",
             checked=False,
             unquote=True,
         )
@@ -173,7 +174,7 @@ def _quota_routes(kind: QuotaKind) -> None:
         operation_id=f"set{name}Quota",
         summary=f"Set a {what}'s quota (admin): the limits given replace all it had",
         scope="admin",
-        path_params=subject,
+        path_params=_quota_subject(kind, setting=True),
         body=QuotaLimits,
         examples=QUOTA_EXAMPLES,
         answers={200: Answer(QuotaView, "stored; with its use now")},

@@ -621,6 +621,11 @@ def test_every_operation_is_generated_whole_from_its_route():
         "type": "integer", "minimum": 1, "maximum": 500, "default": 50,
     }  # fmt: skip
     assert listed["x-valid-refusals"] == [{"status": 400, "code": "bad_request"}, {"status": 404, "code": "not_found"}]
+    # a query of free text cannot be refused; a name a PUT cannot take is refused, not a missing quota
+    assert not {"400", "422"} & set(openapi_document()["paths"]["/v1/tokens"]["get"]["responses"])
+    quota = openapi_document()["paths"]["/v1/quotas/users/{user}"]
+    assert "refused (422)" in quota["put"]["parameters"][0]["description"]
+    assert "does not exist" in quota["get"]["parameters"][0]["description"]
     submit = openapi_document()["paths"]["/v1/runs"]["post"]
     assert {(r["status"], r["code"]) for r in submit["x-valid-refusals"] if r["status"] == 422} == {
         (422, "not_allowed"), (422, "unknown_name"), (422, "unschedulable"),
