@@ -61,7 +61,7 @@ def test_a_run_waits_for_every_member_of_a_sweep(alice):
 
 
 def test_a_sweep_waits_for_a_run_and_its_status_says_so(devstack, alice, tmp_path):
-    first = alice.submit("sleep 3; echo 7 > seed")
+    first = alice.submit("sleep 8; echo 7 > seed")
     wait_for(lambda: first.refresh().view.state == "running", timeout=120, what="the first run to run")
     made = cli(
         devstack, "sweep", "run", "--json", "--param", "I=1,2", "--after", first.id, "--", "echo $I", home=tmp_path
