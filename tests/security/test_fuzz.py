@@ -120,9 +120,7 @@ def test_fuzzing_the_api_finds_no_5xx_and_no_undocumented_answer(fuzz_stack, tmp
         str(tmp_path / "reports"),
     ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": str(CHECKS)}
-    done = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=float(seconds or 0) + 300, cwd=tmp_path, env=env
-    )
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=float(seconds or 0) + 300, cwd=tmp_path, env=env)
     assert done.returncode == 0, f"{again}\n{done.stdout[-12000:]}\n{done.stderr[-3000:]}"
     log = (tmp_path / "devstack.log").read_text()
     assert "unhandled error" not in log, f"{again}\n{log[-5000:]}"
