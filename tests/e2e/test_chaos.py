@@ -35,7 +35,7 @@ LOSS = re.compile(r"re-queued: (worker chaos-\d stopped renewing its lease|its w
 KEEP = Path(tempfile.gettempdir()) / "runplane-chaos-logs"
 
 
-def start_agent(tmp_path, worker_id):
+def start_agent(tmp_path, worker_id, env):
     log = (tmp_path / f"{worker_id}.log").open("ab")
     return subprocess.Popen(
         [
@@ -55,11 +55,12 @@ def start_agent(tmp_path, worker_id):
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
+        env=env,
     )
 
 
 @pytest.mark.timeout(900)  # the chaos, then up to 600 s for the runs to end
-def test_chaos(docker_client, alice, tmp_path):
+def test_chaos(docker_client, devstack, alice, tmp_path):
     seed = int(os.environ.get("RUNPLANE_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
     again = f"seed {seed}: again with RUNPLANE_CHAOS_SEED={seed}"
     print(f"\nchaos seed {seed}")
@@ -78,7 +79,8 @@ def test_chaos(docker_client, alice, tmp_path):
     ]
     shutil.rmtree(KEEP, ignore_errors=True)
     KEEP.mkdir()
-    agents = {f"chaos-{n}": start_agent(tmp_path, f"chaos-{n}") for n in range(3)}
+    environment = {**os.environ, **devstack.environment}  # the stack it joins
+    agents = {f"chaos-{n}": start_agent(tmp_path, f"chaos-{n}", environment) for n in range(3)}
     store = bootstrap.stack().store
     kills = 0
 
@@ -98,7 +100,7 @@ def test_chaos(docker_client, alice, tmp_path):
         agents[victim].send_signal(signal.SIGKILL)
         agents[victim].wait(10)
         kills += 1
-        agents[victim] = start_agent(tmp_path, victim)
+        agents[victim] = start_agent(tmp_path, victim, environment)
         while kills < MAX_KILLS and not all_ended():
             time.sleep(rng.uniform(1.5, 4))
             victim = rng.choice(sorted(agents))
@@ -106,7 +108,7 @@ def test_chaos(docker_client, alice, tmp_path):
             agents[victim].wait(10)
             kills += 1
             time.sleep(rng.uniform(0, 1.5))
-            agents[victim] = start_agent(tmp_path, victim)
+            agents[victim] = start_agent(tmp_path, victim, environment)
         wait_for(all_ended, 600, 1, f"every run to end (the agents are left alone now; {again})")
     finally:
         for proc in agents.values():
