@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from runplane.bootstrap import make_ports
-from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotFound
+from runplane.domain.errors import ConditionFailed, Conflict, NotFound, Unschedulable
 from runplane.domain.messages import DispatchEvent
 from runplane.domain.runs import MAX_DEPENDENTS, RunSpec
 from runplane.domain.states import FailureReason, RunState
@@ -158,9 +158,9 @@ def test_what_a_run_may_wait_for_is_checked_at_submit(stack, ports):
     with pytest.raises(NotFound, match="after_sweep"):
         submit(stack, ports, after_sweep="s-nosuchsweep")
     failed = end(stack, submit(stack, ports), RunState.FAILED, FailureReason.NONZERO_EXIT)
-    with pytest.raises(InvalidRequest, match="could never start"):
+    with pytest.raises(Unschedulable, match="could never start"):
         submit(stack, ports, after=[failed.id])
-    with pytest.raises(InvalidRequest, match="no outputs to use"):
+    with pytest.raises(Unschedulable, match="no outputs to use"):
         submit(stack, ports, inputs={"data": f"run:{failed.id}"})
     hinted(stack)
     done = end(stack, submit(stack, ports))
