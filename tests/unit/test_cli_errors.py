@@ -231,6 +231,10 @@ def going_api() -> Iterator[ThreadingHTTPServer]:
     server.server_close()
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
@@ -244,7 +248,10 @@ def test_ctrl_c_while_following_exits_130(tmp_path, going_api, args, said):
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
     url = f"http://127.0.0.1:{going_api.server_address[1]}"
     env = {**clean, "HOME": str(tmp_path), "RUNPLANE_API_URL": url, "RUNPLANE_TOKEN": "x", "PYTHONIOENCODING": "utf-8"}
-    proc = subprocess.Popen([RUNPLANE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # as a terminal starts it: Ctrl-C's signal not ignored, whatever this process inherited
+    proc = subprocess.Popen(
+        [RUNPLANE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_interruptible
+    )
     try:
         # a second read of the logs: the CLI is in its loop of reading and waiting
         wait_for(lambda: sum("/logs" in p for p in going_api.paths) >= 2, 30, 0.05, "the CLI to follow the logs")
