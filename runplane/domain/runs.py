@@ -242,9 +242,11 @@ class RunSpec(Record):
     @field_validator("name", "image")
     @classmethod
     def _printable(cls, value: str | None) -> str | None:
-        if value is not None and (control_character(value) or "\n" in value or "\r" in value or "\t" in value):
+        if value is None:
+            return value
+        if control_character(value) or _line_break(value):
             raise ValueError("must be printable text on one line")
-        hidden = None if value is None else hidden_character(value)
+        hidden = hidden_character(value)
         if hidden:
             raise ValueError(f"holds {hidden}, a character that changes how text is shown without being seen")
         return value
