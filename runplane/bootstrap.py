@@ -173,6 +173,37 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
     )
 
 
+def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
+    """The stores of a stack on one machine: one SQLite database and a directory of objects under
+    ``settings.state_dir`` (runplane/adapters/local)."""
+    from runplane.adapters.local.db import Database
+    from runplane.adapters.local.files import FileObjectStore
+    from runplane.adapters.local.pools import SqlitePoolStateStore
+    from runplane.adapters.local.queues import SqliteRunQueue
+    from runplane.adapters.local.quotas import SqliteQuotaStore
+    from runplane.adapters.local.runs import SqliteRunStore
+    from runplane.adapters.local.sweeps import SqliteSweepStore
+    from runplane.adapters.local.tokens import SqliteTokenStore
+    from runplane.adapters.local.workers import SqliteWorkerRegistry
+
+    db = Database.at(settings.state_dir)
+    tokens = SqliteTokenStore(db)
+    bucket = settings.bucket or f"{settings.prefix}-data"
+    return _stack(
+        settings,
+        pools,
+        store=SqliteRunStore(db),
+        sweeps=SqliteSweepStore(db),
+        queue=SqliteRunQueue(db),
+        objects=FileObjectStore(db.root, bucket, tokens.secret, settings.public_url),
+        workers=SqliteWorkerRegistry(db),
+        tokens=tokens,
+        pool_states=SqlitePoolStateStore(db),
+        quotas=SqliteQuotaStore(db),
+        data_bucket=bucket,
+    )
+
+
 def _stack(settings: StackSettings, pools: PoolConfig, tokens: TokenStore, **stores: Any) -> Stack:
     """What both clouds share: the pools and the token cache around the adapters."""
     return Stack(settings=settings, pools=pools, tokens=CachedTokens(tokens), **stores)
@@ -195,6 +226,8 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     pools = pools_of(settings)
     if settings.cloud == "azure":
         return _azure_stack(settings, pools, clients)
+    if settings.cloud == "local":
+        return _local_stack(settings, pools)
     from runplane.adapters.aws.pools import DynamoPoolStateStore
     from runplane.adapters.aws.quotas import DynamoQuotaStore
     from runplane.adapters.aws.runs import DynamoRunStore

@@ -131,8 +131,19 @@ class StackSettings(Settings):
     env_fallbacks: ClassVar[Mapping[str, tuple[str, ...]]] = {"aws_region": ("AWS_REGION", "AWS_DEFAULT_REGION")}
     """Variables read, in order, for a field whose ``RUNPLANE_<FIELD>`` is unset or empty."""
 
-    cloud: Literal["aws", "azure"] = Field(
-        "aws", description="Where the stores are: `aws` (DynamoDB, SQS, S3) or `azure` (Tables, Queues, Blob storage)."
+    cloud: Literal["aws", "azure", "local"] = Field(
+        "aws",
+        description="Where the stores are: `aws` (DynamoDB, SQS, S3), `azure` (Tables, Queues, Blob storage) or "
+        "`local` (one SQLite database and a directory of objects on this machine, under `RUNPLANE_STATE_DIR`).",
+    )
+    state_dir: str = Field(
+        "~/.runplane/state",
+        description="Cloud `local`: the directory (0700) of the stack's database (`state.db`) and objects (`objects/`).",
+    )
+    public_url: str = Field(
+        "",
+        description="Cloud `local`: the URL the stack's front is reached at, the start of every object URL it signs "
+        "(`runplane serve` and `runplane dev` set it).",
     )
     prefix: str = Field("runplane", description="The start of every resource name the stack derives.")
     runs_table: str = Field("", description="The runs table; empty: derived from the prefix (AWS: `PREFIX-runs`).")
@@ -235,6 +246,8 @@ class StackSettings(Settings):
         different stacks sharing one Docker engine never touch each other's containers."""
         tables = self.dynamodb_endpoint_url or self.aws_endpoint_url or ""
         where = f"{self.cloud}|{tables}|{self.aws_region}|{self.runs_table or self.prefix}"
+        if self.cloud == "local":
+            where = f"local|{os.path.realpath(os.path.expanduser(self.state_dir))}|{self.runs_table or self.prefix}"
         if self.cloud == "azure":
             # the account's table endpoint (or its name), never its key
             parts = parse_connection_string(self.azure_storage_connection_string or "")

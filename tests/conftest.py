@@ -122,6 +122,15 @@ def aws_stack(moto_endpoint: str) -> Stack:
     return stack
 
 
+@pytest.fixture
+def local_stack(tmp_path: Path) -> Stack:
+    """A fresh stack on one machine: its own SQLite database and objects directory (cloud ``local``)."""
+    settings = StackSettings(
+        cloud="local", state_dir=str(tmp_path / "state"), public_url="http://127.0.0.1:9", pools=str(POOLS_FILE)
+    )
+    return build_stack(settings)
+
+
 def _stop_service(pid: int, name: str) -> None:
     """SIGTERM to a service this session started (``name`` in its command line: a pid that has
     gone and been reused is left alone), SIGKILL when it is still there after 10 s."""

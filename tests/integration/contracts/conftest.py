@@ -8,10 +8,10 @@ import pytest
 
 from runplane.adapters.aws import sqs
 
-IMPLEMENTATIONS = ["aws-moto", "azure-azurite"]
-_STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack"}
-RACING_IMPLEMENTATIONS = ["aws-dynalite", "azure-azurite"]
-_RACING_STACKS = {"aws-dynalite": "aws_dynalite_stack", "azure-azurite": "azure_stack"}
+IMPLEMENTATIONS = ["aws-moto", "azure-azurite", "local-sqlite"]
+_STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack", "local-sqlite": "local_stack"}
+RACING_IMPLEMENTATIONS = ["aws-dynalite", "azure-azurite", "local-sqlite"]
+_RACING_STACKS = {"aws-dynalite": "aws_dynalite_stack", "azure-azurite": "azure_stack", "local-sqlite": "local_stack"}
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

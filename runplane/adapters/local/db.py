@@ -1,0 +1,162 @@
+"""The one SQLite database of a stack on one machine (``state.db`` in its state directory).
+
+Every process of the stack (the front, the functions, each agent) opens the same file. The
+database is in WAL mode: readers never wait for the writer, and a write transaction starts with
+``BEGIN IMMEDIATE``, so a conditional write (read, check, write) is atomic against every other
+process without a lock of ours. ``synchronous=NORMAL``: a commit survives the process being
+killed (SIGKILL) at any point; after a power loss the last commits may be missing, never half of one.
+
+Each thread of each process has a connection of its own (``connection``). ``wait_for_change``
+lets a reader block until a write commits, in this process (at once) or in another (seen within
+``POLL_SECONDS`` by SQLite's ``data_version``), so a waiting agent takes a new hint at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from runplane.domain.errors import BackendError
+
+__all__ = ["DB_FILE", "OBJECTS_DIR", "POLL_SECONDS", "Database", "state_path"]
+
+DB_FILE = "state.db"
+OBJECTS_DIR = "objects"
+POLL_SECONDS = 0.005
+"""How often a waiter looks for a commit made by another process."""
+BUSY_SECONDS = 30.0
+"""How long a write waits for another process's write transaction before it fails (BackendError)."""
+
+
+def state_path(state_dir: str | os.PathLike[str]) -> Path:
+    """The state directory as a path: ``~`` expanded, made absolute (the agents a stack starts and
+    its own processes must name the same file)."""
+    return Path(os.path.expanduser(os.fspath(state_dir))).resolve()
+
+
+def _private_dir(path: Path) -> None:
+    """Make ``path`` (and its missing parents) and keep it 0700: the stack's records and objects are
+    its users' data."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
+class Database:
+    """The database of the state directory ``root``; one object per directory and process
+    (``Database.at``), shared by the stores of that process."""
+
+    _opened: dict[tuple[int, Path], Database] = {}
+    _opened_lock = threading.Lock()
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / DB_FILE
+        _private_dir(root)
+        if not self.path.exists():
+            # made 0600 before SQLite opens it: its -wal and -shm files take the same mode
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        self._local = threading.local()
+        self._ensured: set[str] = set()
+        self._changed = threading.Condition()
+        self._generation = 0  # commits made by this process, for its own waiters
+        with self.errors("open the database"):
+            connection = self.connection()
+            connection.execute("PRAGMA journal_mode=WAL")
+
+    @classmethod
+    def at(cls, state_dir: str | os.PathLike[str]) -> Database:
+        """The database of ``state_dir`` for this process (made, with its directory, if need be)."""
+        root = state_path(state_dir)
+        key = (os.getpid(), root)
+        with cls._opened_lock:
+            found = cls._opened.get(key)
+            if found is None:
+                found = cls._opened[key] = cls(root)
+            return found
+
+    @contextlib.contextmanager
+    def errors(self, doing: str) -> Iterator[None]:
+        """Turn SQLite's errors (a lock held past BUSY_SECONDS, a full disk, a broken file) into
+        BackendError saying what was being done."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise BackendError(f"{doing}: {e} (database {self.path})") from e
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (autocommit: each statement outside ``write``/``read`` is a
+        transaction of its own)."""
+        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(self.path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False)
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute(f"PRAGMA busy_timeout={int(BUSY_SECONDS * 1000)}")
+            connection.execute("PRAGMA temp_store=MEMORY")
+            self._local.connection = connection
+        return connection
+
+    def ensure(self, ddl: str) -> None:
+        """Run ``ddl`` (``CREATE ... IF NOT EXISTS`` statements) once per process."""
+        if ddl in self._ensured:
+            return
+        with self.errors("create the stores' tables"), self.write() as c:
+            for statement in ddl.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+        self._ensured.add(ddl)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``: no other writer until it ends): committed
+        when the block ends, rolled back when it raises. Not re-entrant."""
+        c = self.connection()
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            yield c
+        except BaseException:
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+        with self._changed:
+            self._generation += 1
+            self._changed.notify_all()
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: every statement in the block sees the same snapshot."""
+        c = self.connection()
+        c.execute("BEGIN")
+        try:
+            yield c
+        finally:
+            if c.in_transaction:
+                c.execute("COMMIT")
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """Block until a write commits after this call began (in any process), or ``timeout``
+        seconds pass; True when one did. A write of this process wakes it at once; one of another
+        process within POLL_SECONDS."""
+        deadline = time.monotonic() + timeout
+        c = self.connection()
+        with self.errors("wait for a change"):
+            version = c.execute("PRAGMA data_version").fetchone()[0]
+        with self._changed:
+            generation = self._generation
+            while True:
+                if self._generation != generation:
+                    return True
+                with self.errors("wait for a change"):
+                    if c.execute("PRAGMA data_version").fetchone()[0] != version:
+                        return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(min(POLL_SECONDS, left))
