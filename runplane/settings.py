@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 from pydantic import Field, field_validator
@@ -138,7 +139,8 @@ class StackSettings(Settings):
     )
     state_dir: str = Field(
         "~/.runplane/state",
-        description="Cloud `local`: the directory (0700) of the stack's database (`state.db`) and objects (`objects/`).",
+        description="Cloud `local`: the directory (0700) of the stack's database (`state.db`) and its objects "
+        "(`objects/`).",
     )
     public_url: str = Field(
         "",
@@ -247,7 +249,7 @@ class StackSettings(Settings):
         tables = self.dynamodb_endpoint_url or self.aws_endpoint_url or ""
         where = f"{self.cloud}|{tables}|{self.aws_region}|{self.runs_table or self.prefix}"
         if self.cloud == "local":
-            where = f"local|{os.path.realpath(os.path.expanduser(self.state_dir))}|{self.runs_table or self.prefix}"
+            where = f"local|{Path(self.state_dir).expanduser().resolve()}|{self.runs_table or self.prefix}"
         if self.cloud == "azure":
             # the account's table endpoint (or its name), never its key
             parts = parse_connection_string(self.azure_storage_connection_string or "")

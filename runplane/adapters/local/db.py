@@ -36,7 +36,7 @@ BUSY_SECONDS = 30.0
 def state_path(state_dir: str | os.PathLike[str]) -> Path:
     """The state directory as a path: ``~`` expanded, made absolute (the agents a stack starts and
     its own processes must name the same file)."""
-    return Path(os.path.expanduser(os.fspath(state_dir))).resolve()
+    return Path(os.fspath(state_dir)).expanduser().resolve()
 
 
 def _private_dir(path: Path) -> None:
