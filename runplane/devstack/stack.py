@@ -17,42 +17,31 @@ import errno
 import json
 import logging
 import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import docker
-import docker.errors
-import requests
-
 from runplane import bootstrap, extras
 from runplane.compute.local.compute import LocalCompute
 from runplane.compute.registry import check_pool
 from runplane.devstack.cloud import Cloud
+from runplane.devstack.ending import STOP_REASON, end_runs
 from runplane.devstack.front import FrontServer
 from runplane.devstack.net import free_port
-from runplane.domain.errors import NotFound, RunplaneError
+from runplane.domain.errors import RunplaneError
 from runplane.domain.pools import dump_pools, load_pools
-from runplane.domain.runs import Run
 from runplane.domain.tenancy import SCOPES
-from runplane.ports import Ports, RunStore, WorkerRegistry
-from runplane.services import runs
 from runplane.services.auth import new_token, register_token
 from runplane.settings import StackSettings
-from worker_agent.executor import LABEL, container_labels, remove_container
-from worker_agent.workdir import sweep_dead
 
 __all__ = ["DEV_FILE", "STOP_REASON", "DevConfig", "DevStack", "free_port"]
 
 log = logging.getLogger(__name__)
 DEV_FILE = Path("~/.runplane/dev.json").expanduser()
-STOP_REASON = "the local stack stopped"
-"""Why the runs a stopping stack kills were killed: their failure message says it."""
 # How long each step of stop() may take, about ten seconds in all: the front, the poller and the
 # schedule finish what they are doing; agents stop their killed runs' containers and record the
 # end (they look for kills every second); agents whose runs have ended exit by themselves (one in
@@ -68,9 +57,6 @@ POWERTOOLS = {
 Powertools reads them from the environment alone, so ``start`` sets those this process has not
 set (the one change it makes to its environment, which ``stop`` takes back); its other processes
 get them in ``environment``."""
-RUNS_END_SECONDS = 5.0
-AGENT_EXIT_SECONDS = 1.0
-KILLED_GONE_SECONDS = 2.0
 
 
 @dataclass
@@ -301,7 +287,7 @@ class DevStack:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         try:
             if self._stack is not None:
-                self._end_runs(self._stack)
+                end_runs(self._stack, self.state_dir / "agents")
         finally:
             self.cloud.stop()
             self._unset_env()
@@ -313,116 +299,3 @@ class DevStack:
         for name in self._set_env:
             os.environ.pop(name, None)
         self._set_env.clear()
-
-    def _end_runs(self, stack: bootstrap.Stack) -> None:
-        store = stack.store
-        left = [run for run in self._kill_all(stack.ports) if run.state.active]
-        agents = [
-            (backend, pool)
-            for pool in stack.pools.pools
-            if pool.backend == "local" and isinstance(backend := stack.backend(pool), LocalCompute)
-        ]
-
-        def agents_gone() -> bool:
-            return not any(backend.list(pool) for backend, pool in agents)
-
-        # told to stop now, agents take no more runs and exit once theirs have ended
-        told = {job.worker_id for backend, pool in agents for job in backend.signal_all(pool, signal.SIGTERM)}
-        pending = {run.id for run in left}
-
-        def runs_ended() -> bool:
-            pending.difference_update([run_id for run_id in pending if _ended(store, run_id)])
-            return not pending
-
-        _wait(runs_ended, RUNS_END_SECONDS)
-        _wait(agents_gone, AGENT_EXIT_SECONDS)
-        killed = {job.worker_id for backend, pool in agents for job in backend.signal_all(pool, signal.SIGKILL)}
-        _wait(agents_gone, KILLED_GONE_SECONDS)
-        if killed and pending:  # else they were only waiting for work (a long poll), and their end is no news
-            log.warning(
-                "killed %d agent(s): their runs had not ended within %g s: %s",
-                len(killed),
-                RUNS_END_SECONDS,
-                ", ".join(sorted(killed)),
-            )
-        self._remove_containers(stack.settings.stack_id(), told | killed)
-        try:
-            sweep_dead(self.state_dir / "agents")
-        except OSError as e:
-            log.warning("could not remove the work dir mounts of the stopped agents: %s", e)
-        self._kill_all(stack.ports, workers_gone=True)
-        for worker_id in killed:
-            _offline(stack.workers, worker_id)
-
-    @staticmethod
-    def _kill_all(ports: Ports, workers_gone: bool = False) -> list[Run]:
-        """``runs.stop_all`` with STOP_REASON, said in the log."""
-        try:
-            written = runs.stop_all(ports, STOP_REASON, workers_gone=workers_gone)
-        except RunplaneError as e:
-            log.warning("could not list the unfinished runs: %s", e)
-            return []
-        killed = [run for run in written if run.state.terminal]
-        flagged = [run for run in written if run.state.active]
-        if killed and workers_gone:
-            log.info("killed %d run(s) left unfinished by the stopped agents: %s", len(killed), _ids(killed))
-        elif killed:
-            log.info("killed %d queued run(s): %s", len(killed), _ids(killed))
-        if flagged:
-            log.info("stopping %d active run(s): %s", len(flagged), _ids(flagged))
-        return written
-
-    def _remove_containers(self, stack_id: str, worker_ids: Iterable[str]) -> None:
-        """Remove the containers (runs', network checks') that ``worker_ids`` made for this stack."""
-        ids = set(worker_ids)
-        if not ids:
-            return
-        client = None
-        try:
-            client = docker.from_env()
-            containers = client.containers.list(sparse=True, all=True, filters={"label": f"{LABEL}.stack={stack_id}"})
-            for container in containers:
-                labels = container_labels(container)
-                if (labels.get(f"{LABEL}.worker_id") or labels.get(f"{LABEL}.netcheck")) not in ids:
-                    continue  # another agent's (one started by hand against this stack)
-                left = remove_container(container, 10, time.monotonic, why="its agent was stopped with the local stack")
-                if left is not None:
-                    log.warning("could not remove container %s: %s", container.id, left)
-        except (docker.errors.DockerException, requests.RequestException) as e:
-            log.warning("could not remove the containers of the stopped agents: %s", e)
-        finally:
-            if client is not None:
-                client.close()
-
-
-def _ids(found: list[Run]) -> str:
-    shown = ", ".join(run.id for run in found[:10])
-    return shown + (f" and {len(found) - 10} more" if len(found) > 10 else "")
-
-
-def _ended(store: RunStore, run_id: str) -> bool:
-    try:
-        return store.get(run_id).state.terminal
-    except NotFound:
-        return True
-    except RunplaneError as e:
-        log.warning("could not read run %s: %s", run_id, e)
-        return False
-
-
-def _wait(done: Callable[[], bool], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while not done() and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def _offline(registry: WorkerRegistry, worker_id: str) -> None:
-    """Record a killed agent's worker offline (it could not say so itself), so that a stack
-    started next on the same stores does not count on it."""
-    try:
-        worker = registry.get(worker_id)
-        registry.put(worker.model_copy(update={"status": "offline", "runs": [], "run_owners": {}}))
-    except NotFound:
-        return
-    except RunplaneError as e:
-        log.warning("could not record worker %s offline: %s", worker_id, e)
