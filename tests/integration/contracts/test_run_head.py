@@ -107,10 +107,13 @@ def test_head_pages_past_big_runs(stack):
 
 
 def forget_rank(request, stack, run):
-    """Store ``run`` as a stack of before the line would have: no rank (DynamoDB), no copy in the
-    line (Table storage)."""
+    """Store ``run`` as a stack of before the line would have: no rank (DynamoDB, SQLite), no copy
+    in the line (Table storage)."""
     store = stack.store
-    if request.node.callspec.params["stack"] == "aws-moto":
+    if request.node.callspec.params["stack"] == "local-sqlite":
+        with store.db.write() as c:
+            c.execute("UPDATE runs SET rank = NULL WHERE id = ?", (run.id,))
+    elif request.node.callspec.params["stack"] == "aws-moto":
         key = {"id": {"S": run.id}}
         store.client.update_item(
             TableName=store.table, Key=key, UpdateExpression="REMOVE #r", ExpressionAttributeNames={"#r": "rank"}

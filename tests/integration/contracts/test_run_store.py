@@ -131,10 +131,12 @@ def test_bad_cursor(stack):
 
 
 def _with_budget(stack, budget):
-    """The same store (same table, same client) reading at most ``budget`` runs per listing."""
+    """The same store (same table and client, or database) reading at most ``budget`` runs per listing."""
     store = stack.store
     if hasattr(store, "client"):
         return type(store)(store.table, store.client, list_budget=budget)
+    if hasattr(store, "db"):
+        return type(store)(store.db, list_budget=budget)
     return type(store)(store.table, list_budget=budget)
 
 
