@@ -98,7 +98,9 @@ def moto_pids(marker: bytes = b"runplane.devstack.moto_process") -> list[int]:
 
 
 def moto_calls(pids: list[int]) -> dict[str, int]:
-    """The requests moto's server has answered so far, by service and action."""
+    """The requests moto's server has answered so far, by service and action (none without one)."""
+    if not pids:
+        return {}
     path = Path(os.environ[COUNTS_ENV])
     path.unlink(missing_ok=True)
     for pid in pids:

@@ -1,0 +1,315 @@
+"""The stack `runplane dev` starts, on one machine, against the bare operations underneath it.
+
+Three modes, each on the embedded stack exactly as ``runplane dev`` starts it (``--cloud local``,
+the default: SQLite and the file system; ``--cloud aws`` or ``--cloud azure`` re-run the same
+measure on the cloud emulators), with a pools file of the benchmark's own and the agents started
+with ``--network-mode host`` (this machine's Docker has no default bridge; a trivial run has no
+network either way):
+
+* ``warm``: one trivial run at a time on one warm worker of one slot, from ``POST /v1/runs`` until
+  the client's ``Run.wait`` sees it final, against ``docker run --rm --network none IMAGE sh -c
+  true`` (the same image, the same command the agent starts), interleaved; plus where the run's
+  time goes, from its events and the agent's ``usage.timings``.
+* ``batch``: ``--runs`` trivial runs submitted at once on ``--workers`` warm workers of ``--slots``
+  slots, until every one is final, against as many ``docker run --rm --network none`` from a
+  thread pool of ``workers x slots`` (``throughput.py``'s paths, on this stack).
+* ``submit``: ``--clients`` threads submitting ``--runs`` runs at once to a pool with no workers
+  (they stay queued), against the bare inserts a submit performs, as many from as many threads: on
+  the local cloud an INSERT of a stored run's JSON into a SQLite database in WAL mode (its own
+  file, the stack's pragmas, one transaction each), on the aws cloud a ``PutItem`` of the stored
+  item (new id, ``attribute_not_exists(id)``) to the same DynamoDB.
+
+Each prints medians, the machine's load average before and after, and one RATIO line.
+
+    python bench/onebox.py warm   [--n 20] [--cloud local|aws|azure]
+    python bench/onebox.py batch  [--runs 200] [--workers 4] [--slots 1] [--clients 8] [--rounds 2]
+    python bench/onebox.py submit [--clients 16] [--runs 800] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import sqlite3
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from _common import dev_stack, median, p90, ratio_line, table
+from submit_throughput import burst
+from throughput import Throughput, wait_workers
+
+from runplane import bootstrap
+from runplane.adapters.records import jsonable
+
+IMAGE = "runplane/test-busybox:1"
+AGENT_ARGS = "--network-mode host"
+CLOUDS = ("local", "aws", "azure")
+TARGETS = {"warm": 1.1, "batch": 1.2, "submit": 1.2}
+POLL_SECONDS = 0.02
+"""``Run.wait``'s pause between answers that show no change (a stack that long-polls answers on
+the change itself)."""
+BARE = ["docker", "run", "--rm", "--network", "none", IMAGE, "sh", "-c", "true"]
+os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # no metric line per submit in the output
+
+
+def pools_yaml(workers: int, slots: int) -> str:
+    """One pool of ``workers`` warm local workers (none: runs stay queued) of ``slots`` slots."""
+    return (
+        f"pools: [{{name: default, backend: local, cpus: {max(slots, 1)}, memory: {4 * max(slots, 1)}g, "
+        f"slots: {max(slots, 1)}, min_workers: {workers}, max_workers: {workers}, idle_seconds: 3600, "
+        f"default_image: '{IMAGE}'}}]\n"
+    )
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
+
+
+@contextlib.contextmanager
+def stack_for(cloud: str, workers: int, slots: int, **config: Any) -> Iterator[Any]:
+    print(f"cloud {cloud}; {load()}")
+    with dev_stack(pools_yaml(workers, slots), AGENT_ARGS, wait_agents=True, cloud=cloud, **config) as stack:
+        if workers:
+            wait_workers(stack.api_url, workers)
+        yield stack
+    print(f"done; {load()}")
+
+
+def bare_run() -> float:
+    t = time.perf_counter()
+    subprocess.run(BARE, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - t
+
+
+# -- warm: one trivial run at a time ---------------------------------------------------------
+
+MARKS = (  # (label, from mark, to mark), the marks of one run in the order they happen
+    ("POST -> run recorded (its queued event)", "posted", "queued"),
+    ("recorded -> hint received by the agent", "queued", "hint"),
+    ("hint received -> claimed (usage.timings.claim)", "hint", "claimed"),
+    ("claimed -> container create called (image check, run dir)", "claimed", "create"),
+    ("container create (usage.timings.create)", "create", "created"),
+    ("container start (usage.timings.start)", "created", "started"),
+    ("started -> exit handled (usage.timings.run)", "started", "exited"),
+    ("exit handled -> end recorded (outputs, final write)", "exited", "ended"),
+    ("end recorded -> client saw it", "ended", "seen"),
+)
+ANSWERED = "(POST -> submit answered, overlaps the steps after it)"
+
+
+def marks_of(run: Any, posted: float, seen: float) -> dict[str, float]:
+    """The wall-clock moments of one finished run: the client's own, its events', and the agent's
+    timings counted from the events they follow (every process here shares the host's clock)."""
+    at = {str(e.state): e.at for e in reversed(run.events) if e.state}
+    timings = run.usage.timings if run.usage else {}
+    started = at["running"]
+    return {
+        "posted": posted,
+        "queued": at["queued"],
+        "hint": at["preparing"] - timings.get("claim", 0.0),
+        "claimed": at["preparing"],
+        "create": started - timings.get("start", 0.0) - timings.get("create", 0.0),
+        "created": started - timings.get("start", 0.0),
+        "started": started,
+        "exited": started + timings.get("run", 0.0),
+        "ended": at[str(run.state)],
+        "seen": seen,
+    }
+
+
+def warm(args: argparse.Namespace) -> str:
+    from runplane.client import Client
+
+    with stack_for(args.cloud, 1, 1) as stack:
+        client, store = Client(stack.api_url, "bench"), bootstrap.stack().store
+
+        def e2e(steps: dict[str, list[float]] | None = None) -> float:
+            posted, t = time.time(), time.perf_counter()
+            run = client.submit("true", name="bench-warm")
+            answered = time.time()
+            run.wait(timeout=60, poll=POLL_SECONDS)
+            elapsed, seen = time.perf_counter() - t, time.time()
+            if run.state != "succeeded":
+                raise RuntimeError(f"run {run.id} ended {run.state}")
+            if steps is not None:
+                marks = marks_of(store.get(run.id), posted, seen)
+                for label, start, end in MARKS:
+                    steps.setdefault(label, []).append(marks[end] - marks[start])
+                steps.setdefault(ANSWERED, []).append(answered - posted)
+            return elapsed
+
+        for _ in range(2):
+            e2e()
+            bare_run()
+        samples: dict[str, list[float]] = {"e2e": [], "bare": []}
+        steps: dict[str, list[float]] = {}
+        for i in range(args.n):
+            order = [("e2e", lambda: e2e(steps)), ("bare", bare_run)]
+            for label, path in order if i % 2 == 0 else order[::-1]:
+                samples[label].append(path())
+    table(
+        f"a trivial run ({IMAGE}, sh -c true), one at a time, one warm worker x 1 slot ({args.cloud})",
+        [
+            ("runplane: POST /v1/runs -> Run.wait sees it final", samples["e2e"]),
+            ("docker run --rm --network none", samples["bare"]),
+        ],
+    )
+    table("where a warm run's time goes (median of each step)", list(steps.items()))
+    total = sum(median(v) for k, v in steps.items() if k != ANSWERED)
+    print(f"\n  sum of the step medians {total * 1000:.0f} ms; runplane median {median(samples['e2e']) * 1000:.0f} ms")
+    ratio = median(samples["e2e"]) / median(samples["bare"])
+    return ratio_line(f"onebox_warm_{args.cloud} (runplane / docker run)", ratio, TARGETS["warm"])
+
+
+# -- batch: many trivial runs on a few warm workers ----------------------------------------
+
+
+def batch(args: argparse.Namespace) -> str:
+    parallel = args.workers * args.slots
+    samples: dict[str, list[float]] = {"runplane": [], "bare": []}
+    with stack_for(args.cloud, args.workers, args.slots) as stack:
+        bench = Throughput(stack.api_url, args.runs, parallel, args.clients)
+        Throughput(stack.api_url, parallel * 2, parallel, args.clients).runplane(record=False)  # warm
+        paths: list[tuple[str, Callable[[], float]]] = [("runplane", bench.runplane), ("bare", bench.bare_cli)]
+        for i in range(args.rounds):
+            for label, path in paths if i % 2 == 0 else paths[::-1]:
+                samples[label].append(path())
+                print(f"  round {i + 1}: {label} {samples[label][-1]:.1f}s ({load()})", flush=True)
+    n, r, b = args.runs, median(samples["runplane"]), median(samples["bare"])
+    print(f"\n{n} trivial runs on {args.workers} warm workers x {args.slots} slot(s) ({args.cloud})")
+    print(f"  runplane: {args.clients} clients submit, until all final   {r:8.2f} s  {n / r:6.1f} runs/s")
+    print(f"  docker run --rm --network none, {parallel} at a time        {b:8.2f} s  {n / b:6.1f} runs/s")
+    print(
+        f"  submit phase {median(bench.submit_times):.2f} s; each run submitted -> claimed: median "
+        f"{median(bench.waits):.2f} s, p90 {p90(bench.waits):.2f} s"
+    )
+    print(
+        f"  CPU-seconds a run: agents {median(bench.agent_cpu):.3f}, this process (API, dispatcher) "
+        f"{median(bench.stack_cpu):.3f}, moto {median(bench.moto_cpu):.3f}, dockerd + containerd "
+        f"{median(bench.engine_cpu):.3f}"
+    )
+    name = f"onebox_batch_{n}_{args.workers}x{args.slots}_{args.cloud} (runplane / docker run)"
+    return ratio_line(name, r / b, TARGETS["batch"])
+
+
+# -- submit: many clients at once ----------------------------------------------------------
+
+
+def sqlite_inserts(path: Path, row: str) -> Callable[[dict[str, object]], None]:
+    """An INSERT of ``row`` under a new id into a database of its own at ``path``, as the local
+    stores write: WAL, ``synchronous=NORMAL``, one ``BEGIN IMMEDIATE`` transaction each."""
+    ddl = sqlite3.connect(path, isolation_level=None)
+    ddl.execute("PRAGMA journal_mode=WAL")
+    ddl.execute("CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
+    ddl.close()
+
+    def insert(state: dict[str, object]) -> None:
+        c = state.get("db")
+        if c is None:
+            c = state["db"] = sqlite3.connect(path, timeout=30, isolation_level=None)
+            c.execute("PRAGMA synchronous=NORMAL")
+            c.execute("PRAGMA busy_timeout=30000")
+        assert isinstance(c, sqlite3.Connection)
+        c.execute("BEGIN IMMEDIATE")
+        c.execute("INSERT INTO runs (id, data) VALUES (?, ?)", ("r-" + uuid.uuid4().hex[:24], row))
+        c.execute("COMMIT")
+
+    return insert
+
+
+def dynamodb_puts(endpoint: str, run_id: str) -> Callable[[dict[str, object]], None]:
+    """A ``PutItem`` of the stored item of ``run_id`` under a new id, as a submit writes it."""
+    import boto3
+
+    settings = bootstrap.stack().settings
+    table_name = bootstrap.aws_names(settings).runs_table
+    url = settings.dynamodb_endpoint_url or endpoint
+    item = boto3.client("dynamodb", endpoint_url=url).get_item(TableName=table_name, Key={"id": {"S": run_id}})["Item"]
+
+    def put(state: dict[str, object]) -> None:
+        ddb = state.get("ddb")
+        if ddb is None:  # a session per thread: boto3's sessions are not thread-safe
+            ddb = state["ddb"] = boto3.session.Session().client("dynamodb", endpoint_url=url)
+        new = dict(item, id={"S": "r-" + uuid.uuid4().hex[:24]})
+        ddb.put_item(TableName=table_name, Item=new, ConditionExpression="attribute_not_exists(id)")  # type: ignore[attr-defined]
+
+    return put
+
+
+def submit(args: argparse.Namespace) -> str:
+    if args.cloud == "azure":
+        raise SystemExit("submit: the bare baseline is written for the local and aws clouds")
+    body = json.dumps({"command": "true", "name": "bench-submit"}).encode()
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
+    samples: dict[str, list[float]] = {"api": [], "bare": []}
+    with stack_for(args.cloud, 0, 1, schedule_seconds=3600) as stack:
+        host, port = stack.api_url.removeprefix("http://").split(":")
+
+        def api(state: dict[str, object]) -> None:
+            conn = state.get("conn")
+            if conn is None:
+                conn = state["conn"] = http.client.HTTPConnection(host, int(port), timeout=60)
+            assert isinstance(conn, http.client.HTTPConnection)
+            conn.request("POST", "/v1/runs", body=body, headers=headers)
+            resp = conn.getresponse()
+            answer = resp.read()
+            if resp.status != 201:
+                raise RuntimeError(f"submit answered {resp.status}: {answer[:200]!r}")
+            state["last"] = json.loads(answer)["id"]
+
+        first: dict[str, object] = {}
+        api(first)
+        if args.cloud == "local":
+            row = json.dumps(jsonable(bootstrap.stack().store.get(str(first["last"]))))
+            bare = sqlite_inserts(stack.config.state_dir.parent / "bare.db", row)
+        else:
+            bare = dynamodb_puts(stack.endpoint, str(first["last"]))
+        burst(args.clients, args.clients * 2, api)  # warm: connections, the handler's first calls
+        burst(args.clients, args.clients * 2, bare)
+        for i in range(args.rounds):
+            for label, call in [("api", api), ("bare", bare)][:: 1 if i % 2 == 0 else -1]:
+                samples[label].append(burst(args.clients, args.runs, call))
+                print(f"  round {i + 1}: {label} {samples[label][-1]:.2f}s", flush=True)
+    a, b = median(samples["api"]), median(samples["bare"])
+    what = "INSERT into SQLite (WAL)" if args.cloud == "local" else "PutItem to the same DynamoDB"
+    print(f"\n{args.runs} submits from {args.clients} clients at once, onto a pool with no workers ({args.cloud})")
+    print(f"  POST /v1/runs (keep-alive)            {a:7.2f} s  {args.runs / a:7.1f} submits/s")
+    print(f"  bare: {what:<30} {b:7.2f} s  {args.runs / b:7.1f} submits/s")
+    return ratio_line(
+        f"onebox_submit_{args.cloud} ({args.clients} clients, API / bare inserts)", a / b, TARGETS["submit"]
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cloud", choices=CLOUDS, default="local", help="whose stores (default local: runplane dev's)")
+    modes = parser.add_subparsers(dest="mode", required=True)
+    one = modes.add_parser("warm", parents=[common], help="a warm trivial run vs docker run")
+    one.add_argument("--n", type=int, default=20, help="measured rounds of each (default 20)")
+    many = modes.add_parser("batch", parents=[common], help="many trivial runs vs as many docker runs at once")
+    many.add_argument("--runs", type=int, default=200, help="runs a round (default 200)")
+    many.add_argument("--workers", type=int, default=4, help="warm workers (default 4)")
+    many.add_argument("--slots", type=int, default=1, help="slots a worker (default 1)")
+    many.add_argument("--clients", type=int, default=8, help="threads submitting (default 8)")
+    many.add_argument("--rounds", type=int, default=2, help="measured rounds of each (default 2)")
+    subs = modes.add_parser("submit", parents=[common], help="many clients submitting at once vs the bare inserts")
+    subs.add_argument("--clients", type=int, default=16, help="concurrent clients (default 16)")
+    subs.add_argument("--runs", type=int, default=800, help="submits a round (default 800)")
+    subs.add_argument("--rounds", type=int, default=2, help="measured rounds of each (default 2)")
+    args = parser.parse_args()
+    measure: dict[str, Callable[[argparse.Namespace], str]] = {"warm": warm, "batch": batch, "submit": submit}
+    print(measure[args.mode](args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
