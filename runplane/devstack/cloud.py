@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import threading
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from runplane.bootstrap import Stack
 from runplane.settings import StackSettings
@@ -25,9 +26,14 @@ class FrontRequest:
 
 @dataclass(frozen=True)
 class FrontResponse:
+    """An answer for the front to write. ``file``, when there is one, is the body instead of
+    ``body``: an open file (an object behind a signed URL), sent from where it is to its end in
+    chunks, then closed by the front, as it would be of a HEAD."""
+
     status: int
     headers: dict[str, str]
     body: bytes
+    file: BinaryIO | None = None
 
 
 class Cloud(abc.ABC):

@@ -3,11 +3,13 @@ MAX_REQUEST) and handed to the cloud's API function, its answer written back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, BinaryIO
 
 from runplane.devstack.cloud import Cloud, FrontRequest
 
@@ -61,7 +63,7 @@ class _Front(BaseHTTPRequestHandler):
             host=self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}",
         )
         response = self.server.cloud.http(request)
-        self._reply(response.status, response.headers, response.body)
+        self._reply(response.status, response.headers, response.body, response.file)
 
     def _body(self) -> bytes:
         """The request body, by Content-Length or chunked (as API Gateway takes both). Raises
@@ -93,15 +95,23 @@ class _Front(BaseHTTPRequestHandler):
             if self.rfile.read(2) != b"\r\n":
                 raise _BadBody(400, "bad_request", "chunked body is malformed")
 
-    def _reply(self, status: int, headers: dict[str, str], body: bytes) -> None:
-        self.send_response(status)
-        for key, value in headers.items():
-            if key.lower() not in ("content-length", "connection"):
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()  # buffered; the flush below sends headers and body together
-        if self.command != "HEAD":
-            self.wfile.write(body)
+    def _reply(self, status: int, headers: dict[str, str], body: bytes, file: BinaryIO | None = None) -> None:
+        """Write the answer; its body is ``file`` (from where it is to its end, sent from the file
+        in chunks, never read whole; closed here) when there is one, else ``body``."""
+        with file or contextlib.nullcontext():
+            length = len(body) if file is None else os.fstat(file.fileno()).st_size - file.tell()
+            self.send_response(status)
+            for key, value in headers.items():
+                if key.lower() not in ("content-length", "connection"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(length))
+            self.end_headers()  # buffered; the flush below sends headers and body together
+            if self.command == "HEAD":
+                return
+            if file is None:
+                self.wfile.write(body)
+            elif length:
+                self.connection.sendfile(file, file.tell(), length)
 
     def __getattr__(self, name: str) -> Any:
         # every method goes to the API, which answers 405 (with Allow) for one no route serves
