@@ -6,6 +6,7 @@ import enum
 import re
 import signal
 import time
+from pathlib import Path
 from typing import Annotated
 from urllib.parse import quote
 
@@ -15,8 +16,11 @@ from runplane.cli.common import CliError, err
 from runplane.cli.runs import follow
 from runplane.client import Client
 
+DEFAULT_STATE_DIR = Path("~/.runplane/dev")
+
 
 class Cloud(enum.StrEnum):
+    local = "local"
     aws = "aws"
     azure = "azure"
 
@@ -30,8 +34,9 @@ def dev(
     cloud: Annotated[
         Cloud | None,
         typer.Option(
-            help="whose functions and stores: aws (moto's server) or azure (Azurite, the Azure Functions app); "
-            "default aws, or azure with --azure-connection",
+            help="whose functions and stores: local (one SQLite database and a directory of objects in the "
+            "state dir, kept across restarts), aws (moto's server) or azure (Azurite, the Azure Functions app); "
+            "default local, aws with --aws-endpoint, azure with --azure-connection",
             show_default=False,
         ),
     ] = None,
@@ -47,6 +52,17 @@ def dev(
             show_default=False,
         ),
     ] = None,
+    state_dir: Annotated[
+        Path,
+        typer.Option(
+            "--state-dir",
+            help="where stacks keep their state: this one's is STATE_DIR/PORT (runs, logs, outputs, tokens, "
+            "quotas, sweeps on the local cloud; agents' records on every cloud)",
+        ),
+    ] = DEFAULT_STATE_DIR,
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="start empty: remove what the stack kept in STATE_DIR/PORT first")
+    ] = False,
     aws_endpoint: Annotated[
         str | None,
         typer.Option(
@@ -57,10 +73,13 @@ def dev(
         ),
     ] = None,
 ) -> None:
-    """Run the whole stack on this machine (moto or Azurite, API, dispatcher, local agents on Docker).
+    """Run the whole stack on this machine (its stores in SQLite, or moto or Azurite; API,
+    dispatcher, local agents on Docker).
 
-    Ctrl-C (or SIGTERM) stops it: unfinished runs are killed and recorded so, and no agent or
-    run container is left behind.
+    Its state is kept in STATE_DIR/PORT: started again, it has every run, log, output, token,
+    quota and sweep of before (--fresh starts empty). Ctrl-C (or SIGTERM) stops it: running runs
+    are killed and recorded so, queued ones stay queued for the next start, and no agent or run
+    container is left behind.
     """
     import logging
 
@@ -74,6 +93,8 @@ def dev(
         cloud=_cloud(cloud, azure_connection, aws_endpoint),
         aws_endpoint_url=aws_endpoint,
         azure_connection_string=azure_connection,
+        state_dir=state_dir.expanduser(),
+        fresh=fresh,
     )
     try:
         stack = DevStack(config)  # options that cannot go together fail here, before anything starts
@@ -95,15 +116,19 @@ def dev(
         raise CliError(f"cannot start the local stack: {e}") from e
     except ValueError as e:
         raise CliError(str(e)) from e
+    kept = "kept when it stops; --fresh starts empty"
+    if stack.services == "moto":
+        kept = "agents' records; moto keeps the runs in memory: they go when it stops"
     err.print(
         f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"
         f"  token  {stack.token} (an admin's: `runplane token create USER` makes users' tokens)\n"
         f"  UI     {dashboard_link(stack.api_url, stack.token)}\n"
         f"  {stack.services:<6} {without_secrets(stack.endpoint)}\n"
+        f"  state  {stack.state_dir} ({kept})\n"
         f"Use it from another shell (the CLI finds this stack by itself):\n"
         f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
         f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"
-        f"Ctrl-C stops it (and kills the runs that have not finished).",
+        f"Ctrl-C stops it (and kills the running runs; queued ones run at the next start).",
         highlight=False,
         soft_wrap=True,
     )
@@ -150,7 +175,7 @@ def _cloud(cloud: Cloud | None, azure_connection: str | None, aws_endpoint: str 
         if cloud == Cloud.azure:
             raise CliError("--aws-endpoint is for --cloud aws (it implies it: leave --cloud out)")
         return Cloud.aws.value
-    return (cloud or Cloud.aws).value
+    return (cloud or Cloud.local).value
 
 
 _SECRET = re.compile(r"(?i)\b(AccountKey|SharedAccessSignature|SharedAccessKey)=[^;]*")

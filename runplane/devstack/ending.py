@@ -1,6 +1,6 @@
 """How a stopping local stack ends its runs and agents: active runs killed (STOP_REASON) and
-recorded so, its local agents stopped, what killed agents leave (containers, work-dir mounts,
-worker records) cleared."""
+recorded so (queued and waiting runs stay queued), its local agents stopped, what killed agents
+leave (containers, work-dir mounts, worker records) cleared."""
 
 from __future__ import annotations
 
@@ -75,18 +75,17 @@ def end_runs(stack: bootstrap.Stack, agents_dir: Path) -> None:
 
 
 def kill_all(ports: Ports, workers_gone: bool = False) -> list[Run]:
-    """``runs.stop_all`` with STOP_REASON, said in the log."""
+    """``runs.stop_all`` of the active runs with STOP_REASON, said in the log: queued and waiting
+    runs stay as they are, to run when the stack starts again on the same stores."""
     try:
-        written = runs.stop_all(ports, STOP_REASON, workers_gone=workers_gone)
+        written = runs.stop_all(ports, STOP_REASON, workers_gone=workers_gone, active_only=True)
     except RunplaneError as e:
         log.warning("could not list the unfinished runs: %s", e)
         return []
     killed = [run for run in written if run.state.terminal]
     flagged = [run for run in written if run.state.active]
-    if killed and workers_gone:
+    if killed:
         log.info("killed %d run(s) left unfinished by the stopped agents: %s", len(killed), _ids(killed))
-    elif killed:
-        log.info("killed %d queued run(s): %s", len(killed), _ids(killed))
     if flagged:
         log.info("stopping %d active run(s): %s", len(flagged), _ids(flagged))
     return written

@@ -35,8 +35,9 @@ def config_from_json(text: str) -> DevConfig:
     unknown = set(data) - known
     if unknown:
         raise ValueError(f"unknown DevConfig fields: {', '.join(sorted(unknown))}")
-    if "state_dir" in data:
-        data["state_dir"] = Path(data["state_dir"])
+    for name in ("state_dir", "tls_cert", "tls_key"):
+        if data.get(name) is not None:
+            data[name] = Path(data[name])
     return DevConfig(**data)
 
 

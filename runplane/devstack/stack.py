@@ -13,35 +13,44 @@ processes (agents, functions of their own) get the settings in their environment
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
+import shutil
+import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from runplane import bootstrap, extras
+from runplane.adapters.local.db import DB_FILE, OBJECTS_DIR
 from runplane.compute.local.compute import LocalCompute
 from runplane.compute.registry import check_pool
 from runplane.devstack.cloud import Cloud
 from runplane.devstack.ending import STOP_REASON, end_runs
 from runplane.devstack.front import FrontServer
+from runplane.devstack.local import LocalCloud
 from runplane.devstack.net import free_port
+from runplane.devstack.wsgi import ProductionFront
 from runplane.domain.errors import RunplaneError
 from runplane.domain.pools import dump_pools, load_pools
 from runplane.domain.tenancy import SCOPES
-from runplane.services.auth import new_token, register_token
+from runplane.services.auth import hash_token, new_token, register_token
 from runplane.settings import StackSettings
+from worker_agent.workdir import sweep_dead
 
 __all__ = ["DEV_FILE", "STOP_REASON", "DevConfig", "DevStack", "free_port"]
 
 log = logging.getLogger(__name__)
 DEV_FILE = Path("~/.runplane/dev.json").expanduser()
+ADMIN_TOKEN_PATH = "admin-token"  # noqa: S105 (a file name)
+"""In a stack's directory (0600): the administrator's token ``runplane dev`` prints, kept for its next start."""
 # How long each step of stop() may take, about ten seconds in all: the front, the poller and the
 # schedule finish what they are doing; agents stop their killed runs' containers and record the
 # end (they look for kills every second); agents whose runs have ended exit by themselves (one in
@@ -66,8 +75,10 @@ class DevConfig:
     user: str = "dev"
     workers: int | None = None
     pools_file: str | None = None
-    cloud: str = "aws"
-    """Whose functions and stores: "aws" (moto) or "azure" (Azurite)."""
+    cloud: str = "local"
+    """Whose functions and stores: "local" (one SQLite database and a directory of objects in the
+    stack's directory, kept across restarts), "aws" (moto) or "azure" (Azurite). An AWS endpoint or
+    an Azure connection string implies its cloud."""
     aws_endpoint_url: str | None = None
     """AWS: an endpoint serving DynamoDB/SQS/S3 (moto, LocalStack); none starts moto (a process of its own)."""
     azure_connection_string: str | None = None
@@ -78,6 +89,23 @@ class DevConfig:
     input_buckets: str = ""
     """Buckets runs may read inputs from (RUNPLANE_INPUT_BUCKETS; see StackSettings)."""
     state_dir: Path = field(default_factory=lambda: Path("~/.runplane/dev").expanduser())
+    """Where the stack's directory is: ``state_dir/<port>`` (``serve``: ``state_dir`` itself). It
+    keeps the agents' records and work dirs, the admin token (unless ``token``) and, on the local
+    cloud, the database and objects."""
+    fresh: bool = False
+    """Empty the stack's directory first: the stack starts with no runs, users or tokens."""
+    serve: bool = False
+    """``runplane serve``: ``state_dir`` used as is, a production front (cheroot, TLS); stopping
+    leaves every run and the local agents running (they go on writing to the database), and a
+    start finds them (LocalCompute reads their pid records) instead of launching others."""
+    host: str = "127.0.0.1"
+    """The address the front listens on."""
+    tls_cert: Path | None = None
+    """``serve``: the PEM certificate (chain) of HTTPS, with ``tls_key``."""
+    tls_key: Path | None = None
+    public_url: str | None = None
+    """The URL the front is reached at, the start of the object URLs it signs; default from the
+    host, port and scheme."""
     write_dev_file: bool = True
     settings: dict[str, Any] = field(default_factory=dict)
     """Other stack settings (``StackSettings`` fields), over the local stack's own, e.g.
@@ -102,7 +130,30 @@ def _azure(config: DevConfig) -> Cloud:
     return AzureCloud(config.azure_connection_string, config.prefix, config.schedule_seconds)
 
 
-CLOUDS: dict[str, Callable[[DevConfig], Cloud]] = {"aws": _aws, "azure": _azure}
+def _local(config: DevConfig) -> Cloud:
+    return LocalCloud(stack_dir(config), config.public_url or "")  # the URL is set once the front is bound
+
+
+CLOUDS: dict[str, Callable[[DevConfig], Cloud]] = {"local": _local, "aws": _aws, "azure": _azure}
+STATE_ENTRIES = frozenset(
+    {DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", OBJECTS_DIR, "workers", "agents", ADMIN_TOKEN_PATH, "backups"}
+)
+"""What a stack's directory holds: ``fresh`` empties only a directory holding nothing else."""
+
+
+def stack_dir(config: DevConfig) -> Path:
+    """The directory of the stack ``config`` describes."""
+    state_dir = config.state_dir.expanduser()
+    return state_dir if config.serve else state_dir / str(config.port)
+
+
+def _implied_cloud(config: DevConfig) -> DevConfig:
+    """``config`` with the cloud its AWS endpoint or Azure connection string implies."""
+    if config.cloud == "local" and config.aws_endpoint_url:
+        return replace(config, cloud="aws")
+    if config.cloud == "local" and config.azure_connection_string:
+        return replace(config, cloud="azure")
+    return config
 
 
 class DevStack:
@@ -114,6 +165,7 @@ class DevStack:
     """
 
     def __init__(self, config: DevConfig) -> None:
+        config = _implied_cloud(config)
         if config.cloud not in CLOUDS:
             raise ValueError(f"unknown cloud {config.cloud!r}; choose one of {', '.join(CLOUDS)}")
         if config.aws_endpoint_url and config.cloud != "aws":
@@ -126,8 +178,15 @@ class DevStack:
                 raise ValueError(
                     f"the AWS endpoint {config.aws_endpoint_url[:200]!r} is not an http:// or https:// URL"
                 )
+        if (config.tls_cert is None) != (config.tls_key is None):
+            raise ValueError("TLS needs both a certificate and its key")
+        if config.tls_cert is not None and not config.serve:
+            raise ValueError("TLS is served by `runplane serve`'s front")
+        if config.serve and config.cloud != "local":
+            raise ValueError("`runplane serve` keeps its stores on this machine: the local cloud")
         self.config = config
-        self.token = config.token or new_token()
+        self.token = config.token or ""
+        """The administrator's token, once started ("" when a serving stack has one already)."""
         self.cloud: Cloud | None = None
         self._stack: bootstrap.Stack | None = None  # what the functions serve, once provisioned
         self._before: bootstrap.Stack | None = None  # the process's stack before this one's
@@ -136,12 +195,14 @@ class DevStack:
         self.environment: dict[str, str] = {}
         """Once started, the environment its other processes need besides this one's (agents started by
         hand, functions of their own): the stack's settings, the stores' credentials, Powertools'."""
-        self._http: FrontServer | None = None
+        self._http: FrontServer | ProductionFront | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self._set_env: list[str] = []  # the variables of POWERTOOLS start set, which stop unsets
-        self.api_url = f"http://127.0.0.1:{config.port}"
+        self.scheme = "https" if config.tls_cert is not None else "http"
+        self.api_url = f"{self.scheme}://{_client_host(config.host)}:{config.port}"
+        self.public_url = config.public_url or ""
         self.endpoint = ""
 
     @property
@@ -150,8 +211,9 @@ class DevStack:
 
     @property
     def state_dir(self) -> Path:
-        """This stack's own directory: its agents' records, logs and work dirs."""
-        return self.config.state_dir / str(self.config.port)
+        """This stack's own directory: its agents' records, logs and work dirs; its admin token; on
+        the local cloud, its database and objects."""
+        return stack_dir(self.config)
 
     def _pools_text(self) -> str:
         pools = load_pools(self.config.pools_file or bootstrap.default_pools_text(), check=check_pool)
@@ -182,8 +244,16 @@ class DevStack:
 
     def start(self) -> None:
         values = self._settings()  # reads the pools file first: a bad one fails before anything starts
+        if self.config.fresh:
+            _empty(self.state_dir)
+        _private_dir(self.state_dir)
         self.cloud = cloud = CLOUDS[self.config.cloud](self.config)
         http = self._bind(cloud)  # a busy port, too, fails before anything starts
+        port = http.server_address[1]
+        self.api_url = f"{self.scheme}://{_client_host(self.config.host)}:{port}"
+        self.public_url = (self.config.public_url or _public_url(self.scheme, self.config.host, port)).rstrip("/")
+        if isinstance(cloud, LocalCloud):
+            cloud.public_url = self.public_url
         try:
             try:
                 environment = cloud.start()
@@ -205,8 +275,7 @@ class DevStack:
                     self.settings.local_state_dir, env=self.settings.exported({**os.environ, **self.environment})
                 )
                 cloud.provision(stack)
-                # the token `runplane dev` prints is an administrator's: it can make tokens for others
-                register_token(stack.tokens, self.token, self.config.user, scopes=list(SCOPES), now=stack.clock())
+                self.token = self._admin_token(stack)
                 self._stack = stack
                 self._before = bootstrap.use(stack)  # the functions of this process serve it
             except RunplaneError as e:  # stores named by the caller that cannot be reached or used
@@ -218,17 +287,41 @@ class DevStack:
             self.cloud = None  # nothing of this stack is left to stop
             raise
         self._http = http
-        self.api_url = f"http://127.0.0.1:{self._http.server_address[1]}"
         self._spawn(self._http.serve_forever, "http-front")
         if self.config.functions:
             self._spawn(self._poll_events, "dispatch-poller")
             self._spawn(self._schedule, "schedule")
-        if self.config.write_dev_file:
+        if self.config.write_dev_file and self.token:
             DEV_FILE.parent.mkdir(parents=True, exist_ok=True)
             DEV_FILE.unlink(missing_ok=True)  # made anew 0600: it holds an admin token
             fd = os.open(DEV_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as dev_file:
                 dev_file.write(json.dumps({"api_url": self.api_url, "token": self.token}))
+
+    def _admin_token(self, stack: bootstrap.Stack) -> str:
+        """The administrator's token (it can make tokens for others), registered if the stores do
+        not know it: ``config.token``; else the one kept in the stack's directory (ADMIN_TOKEN_PATH, 0600),
+        made anew when there is none or it was revoked. Serving, none is kept: one is made only for
+        stores that hold no token yet (the first start), else "" (``runplane token create --direct``
+        makes another)."""
+        tokens, token = stack.tokens, self.config.token
+        kept = self.state_dir / ADMIN_TOKEN_PATH
+        if token is None and self.config.serve:
+            if tokens.list():
+                return ""
+            token = new_token()
+        elif token is None:
+            with contextlib.suppress(OSError):
+                token = kept.read_text().strip() or None
+            if token is None or tokens.lookup(hash_token(token)) is None:
+                token = new_token()
+                kept.unlink(missing_ok=True)  # made anew 0600
+                fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as out:
+                    out.write(token)
+        if tokens.lookup(hash_token(token)) is None:
+            register_token(stack.tokens, token, self.config.user, scopes=list(SCOPES), now=stack.clock())
+        return token
 
     def _spawn(self, target: Callable[[], object], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -250,14 +343,17 @@ class DevStack:
         while not self._stop.wait(self.config.schedule_seconds):
             self.cloud.fire_schedule()
 
-    def _bind(self, cloud: Cloud) -> FrontServer:
+    def _bind(self, cloud: Cloud) -> FrontServer | ProductionFront:
+        address = (self.config.host, self.config.port)
         try:
-            return FrontServer(("127.0.0.1", self.config.port), cloud)
+            if self.config.serve:
+                return ProductionFront(address, cloud, self.config.tls_cert, self.config.tls_key)
+            return FrontServer(address, cloud)
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
             raise ValueError(
-                f"port {self.config.port} on 127.0.0.1 is already in use: choose another with --port N "
+                f"port {self.config.port} on {self.config.host} is already in use: choose another with --port N "
                 "(make dev PORT=N)"
             ) from None
 
@@ -286,7 +382,7 @@ class DevStack:
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
         try:
-            if self._stack is not None:
+            if self._stack is not None and not self.config.serve:  # serving, runs and agents go on
                 end_runs(self._stack, self.state_dir / "agents")
         finally:
             self.cloud.stop()
@@ -299,3 +395,43 @@ class DevStack:
         for name in self._set_env:
             os.environ.pop(name, None)
         self._set_env.clear()
+
+
+def _client_host(host: str) -> str:
+    """The host a client on this machine reaches a front listening on ``host`` at."""
+    if host in ("", "0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _public_url(scheme: str, host: str, port: int) -> str:
+    """Where other machines reach a front on ``host``: this machine's name for a wildcard address."""
+    name = socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
+    return f"{scheme}://{f'[{name}]' if ':' in name else name}:{port}"
+
+
+def _empty(state_dir: Path) -> None:
+    """Remove what a stack keeps in ``state_dir``. Raises ValueError, removing nothing, when it
+    holds anything else (it may be another directory given by mistake)."""
+    if not state_dir.is_dir():
+        return
+    strange = sorted(entry.name for entry in state_dir.iterdir() if entry.name not in STATE_ENTRIES)
+    if strange:
+        raise ValueError(
+            f"{state_dir} does not look like a runplane stack's directory (it holds {', '.join(strange[:5])}): "
+            "not emptied; remove it yourself or choose another state dir"
+        )
+    with contextlib.suppress(OSError):
+        sweep_dead(state_dir / "agents")  # the work-dir mounts of agents gone: they are not followed
+    for entry in state_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _private_dir(path: Path) -> None:
+    """Make ``path`` 0700 (and its missing parents): it holds the stack's records and its admin token."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)

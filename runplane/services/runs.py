@@ -425,7 +425,7 @@ def unfinished_runs(ports: Ports) -> Iterator[Run]:
             cursor = page.next_cursor
 
 
-def stop_all(ports: Ports, reason: str, *, workers_gone: bool = False) -> list[Run]:
+def stop_all(ports: Ports, reason: str, *, workers_gone: bool = False, active_only: bool = False) -> list[Run]:
     """Kill every unfinished run of the pools because of ``reason`` (an operator's act, e.g. "the
     local stack stopped": no owner is checked), recording the reason in each run's end.
 
@@ -433,10 +433,13 @@ def stop_all(ports: Ports, reason: str, *, workers_gone: bool = False) -> list[R
     their workers stop them and record ``killed`` -- unless ``workers_gone`` (their workers were
     stopped and can write nothing more): then they are recorded ``killed`` here. Returns the runs
     as written: killed, or flagged and still active (left to their workers). A run that cannot be
-    written is logged and left as it is. Raises what the store raises for a listing.
+    written is logged and left as it is. ``active_only``: runs not yet active (queued, waiting) are
+    left as they are, to run later. Raises what the store raises for a listing.
     """
     written: list[Run] = []
     for run in list(unfinished_runs(ports)):
+        if active_only and not run.state.active:
+            continue
         try:
             if workers_gone and run.state.active:
                 written.append(_end_killed(ports, run, reason))
