@@ -133,7 +133,8 @@ def token_revoke(
     token_id: Annotated[str, typer.Argument(help="the token's id (tok-...), from runplane token ls")],
     as_json: Annotated[bool, typer.Option("--json", help='print {"id": ..., "revoked": true}')] = False,
 ) -> None:
-    """Revoke a token: every API instance refuses it within seconds."""
+    """Revoke a token: every API instance refuses it within seconds. The only admin token that has
+    not expired is kept (make another admin token first)."""
     client(ctx).revoke_token(token_id)
     if as_json:
         print_json({"id": token_id, "revoked": True})

@@ -48,6 +48,11 @@ class Conflict(ApiError):
     a kill of a run that has already finished."""
 
 
+class LastAdminToken(Conflict):
+    """409 ``last_admin``: the token is the only admin token that has not expired; revoking it
+    would lock every administrator out. Make another admin token first."""
+
+
 class PayloadTooLarge(ApiError):
     """413: the body is larger than the API accepts."""
 
@@ -96,6 +101,8 @@ BY_STATUS: dict[int, type[ApiError]] = {
 def error_class(status: int, code: str) -> type[ApiError]:
     if code == "quota_exceeded":
         return QuotaExceeded
+    if status == 409 and code == "last_admin":
+        return LastAdminToken
     if status >= 500:
         return ServerError
     return BY_STATUS.get(status, ApiError)

@@ -66,6 +66,12 @@ class Conflict(RunplaneError):
     code = "conflict"
 
 
+class LastAdmin(Conflict):
+    """Revoking this token would leave the stack with no administrator's token that has not expired."""
+
+    code = "last_admin"
+
+
 class PayloadTooLarge(RunplaneError):
     code = "payload_too_large"
 

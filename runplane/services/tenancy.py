@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runplane.domain.common import NAME_PATTERN
-from runplane.domain.errors import InvalidRequest, NotAllowed, NotFound
+from runplane.domain.errors import InvalidRequest, LastAdmin, NotAllowed, NotFound
 from runplane.domain.tenancy import DEFAULT_SCOPES, SCOPES, USER_PATTERN, ApiToken, Scope, UserRecord
 from runplane.domain.units import parse_duration
 from runplane.ports import Ports
@@ -93,7 +93,21 @@ def list_tokens(ports: Ports, user: str | None = None) -> list[ApiToken]:
 
 
 def revoke_token(ports: Ports, token_id: str) -> None:
-    """Remove a token; every API instance refuses it within seconds. Raises NotFound."""
+    """Remove a token; every API instance refuses it within seconds. Raises NotFound, and
+    LastAdmin for the only admin token that has not expired (revoking it would lock every
+    administrator out of the stack; an expired admin token may always go).
+
+    Two administrators revoking each other's tokens at the same moment may both succeed: the
+    check and the delete are two calls to the store. The way back in is then
+    ``runplane token create --direct``, which needs the stack's credentials, not a token."""
+    now = ports.clock()
+    tokens = ports.tokens.list()
+    admins = [t.id for t in tokens if "admin" in t.scopes and not t.expired(now)]
+    if admins == [token_id]:
+        raise LastAdmin(
+            f"{token_id} is the last admin token that has not expired: revoking it would leave no one able "
+            "to administer this stack; make another admin token first (runplane token create USER --scope admin)"
+        )
     if not ports.tokens.delete(token_id):
         raise NotFound(f"token {token_id} not found")
 

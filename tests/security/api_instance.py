@@ -40,6 +40,12 @@ def _azure() -> Callable[[str, str, dict[str, str], bytes], tuple[int, bytes]]:
     return call
 
 
+def caller(cloud: str) -> Callable[[str, str, dict[str, str], bytes], tuple[int, bytes]]:
+    """``call(method, path, headers, body) -> (status, body)`` through ``cloud``'s own entry point
+    (``aws`` or ``azure``), on this process's stack (``bootstrap.stack()``)."""
+    return {"aws": _aws, "azure": _azure}[cloud]()
+
+
 def main(cloud: str) -> None:
     # The answers keep stdout to themselves: what the functions log there (Powertools logs JSON
     # lines to stdout, as Lambda wants) goes to stderr.
@@ -47,7 +53,7 @@ def main(cloud: str) -> None:
     os.dup2(2, 1)
     from runplane import bootstrap
 
-    call = {"aws": _aws, "azure": _azure}[cloud]()
+    call = caller(cloud)
     bootstrap.stack()
     status, _ = call("GET", "/v1/health", {}, b"")
     if status != 200:

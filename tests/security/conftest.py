@@ -3,13 +3,17 @@ fronts (the Lambda handler behind API Gateway v2 events on moto, and the Azure H
 Azurite), with the users of ``tests.conftest.register_users``."""
 
 import json
+import time
 import urllib.error
 import urllib.request
 import uuid
 
 import pytest
 
+from runplane import bootstrap
 from runplane.client import Client
+from runplane.services.auth import register_token
+from tests.security.api_instance import caller
 
 
 @pytest.fixture(scope="module", params=["aws", "azure"])
@@ -28,6 +32,26 @@ def mallory(front, user):
     """A user of this module's own, with no runs of any other test: (client, its token)."""
     made = user("admin").request("POST", "/v1/tokens", {"user": f"mallory-{uuid.uuid4().hex[:8]}"})
     return Client(front.api_url, made["token"]), made["token"]
+
+
+@pytest.fixture(params=["aws", "azure"])
+def own_front(request):
+    """The cloud's API function called in this process, on a fresh stack of its own (moto's
+    server, Azurite) whose one token is the administrator ``root-token``: for what the shared
+    fronts cannot show, such as a stack with a single admin. ``own_front(method, path, token,
+    body=None)`` -> (status, parsed body or None)."""
+    stack = request.getfixturevalue("aws_stack" if request.param == "aws" else "azure_stack")
+    register_token(stack.tokens, "root-token", "root", scopes=["admin"], now=time.time())
+    before = bootstrap.use(stack)
+    call = caller(request.param)
+
+    def send(method, path, token, body=None):
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        status, data = call(method, path, headers, json.dumps(body).encode() if body is not None else b"")
+        return status, json.loads(data) if data else None
+
+    yield send
+    bootstrap.use(before)
 
 
 def raw(front, method, path, body=None, headers=None):

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from runplane.bootstrap import azure_names, build_stack
-from runplane.client import Client
+from runplane.bootstrap import azure_names, build_stack, make_ports
+from runplane.client import Client, LastAdminToken
+from runplane.client.errors import error_from_answer
+from runplane.domain.errors import LastAdmin, NotFound
+from runplane.services import tenancy
 from runplane.settings import StackSettings
 from tests.conftest import DATASETS, TERMINAL, VISION_DATA, api_status, wait_for, wait_state
 from tests.security.conftest import bearer, raw
@@ -69,6 +72,48 @@ def test_an_admin_makes_lists_and_revokes_tokens(front, user):
     assert api_status(lambda: dora.request("GET", "/v1/me"))[:2] == (401, "unauthorized")
     assert api_status(lambda: admin.request("DELETE", f"/v1/tokens/{made['id']}"))[:2] == (404, "not_found")
     assert admin.request("GET", "/v1/tokens", query={"user": "dora"})["tokens"] == []
+
+
+def test_the_last_admin_token_cannot_be_revoked(own_front):
+    """A stack must not lock its administrators out: the only admin token is refused (409
+    ``last_admin``, saying what to do), through its own or any admin's call, until another exists."""
+    root = own_front("GET", "/v1/me", "root-token")[1]["token_id"]
+    status, refused = own_front("DELETE", f"/v1/tokens/{root}", "root-token")
+    assert (status, refused["error"]["code"]) == (409, "last_admin")
+    assert "make another admin token first" in refused["error"]["message"]
+    assert isinstance(error_from_answer(status, json.dumps(refused).encode()), LastAdminToken)  # the SDK's
+    assert own_front("GET", "/v1/me", "root-token")[0] == 200  # still there
+    _, user = own_front("POST", "/v1/tokens", "root-token", {"user": "dora"})
+    assert own_front("DELETE", f"/v1/tokens/{user['id']}", "root-token")[0] == 204  # a user's: as always
+    _, ops = own_front("POST", "/v1/tokens", "root-token", {"user": "ops", "scopes": ["admin"]})
+    assert own_front("DELETE", f"/v1/tokens/{root}", "root-token")[0] == 204  # another admin exists now
+    assert own_front("GET", "/v1/me", "root-token")[0] == 401
+    status, refused = own_front("DELETE", f"/v1/tokens/{ops['id']}", ops["token"])
+    assert (status, refused["error"]["code"]) == (409, "last_admin")
+    assert [t["id"] for t in own_front("GET", "/v1/tokens", ops["token"])[1]["tokens"]] == [ops["id"]]
+
+
+def test_an_expired_admin_token_does_not_count_as_one_that_remains(aws_stack):
+    """The last-admin check at service level, with a clock the test moves: an admin token that has
+    expired is no administrator (and may itself be revoked), one that expires later still is."""
+    now = [1_800_000_000.0]
+    ports = make_ports(aws_stack, clock=lambda: now[0])
+    root = tenancy.create_token(ports, user="root", scopes=["admin"], created_by="test").token
+    brief = tenancy.create_token(ports, user="ops", scopes=["admin"], expires_in="1h", created_by="test").token
+    reader = tenancy.create_token(ports, user="ops", scopes=["runs:read"], created_by="test").token
+    tenancy.revoke_token(ports, reader.id)  # a token that is not an admin's never counts
+    now[0] += 3599
+    tenancy.revoke_token(ports, root.id)  # brief has a second left: it is another admin
+    with pytest.raises(LastAdmin, match="make another admin token first"):
+        tenancy.revoke_token(ports, brief.id)
+    root = tenancy.create_token(ports, user="root", scopes=["admin"], created_by="test").token
+    now[0] += 1  # brief has expired
+    with pytest.raises(LastAdmin):
+        tenancy.revoke_token(ports, root.id)
+    tenancy.revoke_token(ports, brief.id)  # an expired admin token may always go
+    assert [t.id for t in tenancy.list_tokens(ports)] == [root.id]
+    with pytest.raises(NotFound):
+        tenancy.revoke_token(ports, brief.id)
 
 
 def test_a_token_stops_working_when_it_expires(front, user):

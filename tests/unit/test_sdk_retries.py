@@ -26,6 +26,7 @@ from runplane.client import (
     ConnectionFailed,
     DownloadFailed,
     InvalidRequest,
+    LastAdminToken,
     NotFound,
     QuotaExceeded,
     RateLimited,
@@ -270,6 +271,9 @@ def test_a_closed_port_is_connection_failed_after_retries(sleeps: list[float]) -
         (error(403, "quota_exceeded", "5 runs at once at most"), QuotaExceeded, "quota_exceeded",
          "5 runs at once at most"),
         (error(429, "rate_limited", "slow down"), RateLimited, "rate_limited", "slow down"),
+        (error(409, "last_admin", "make another admin token first"), LastAdminToken, "last_admin",
+         "make another admin token first"),
+        (error(409, "conflict", "run r-1 has ended"), Conflict, "conflict", "run r-1 has ended"),
         (error(404, "not_found", "run 'r-1' not found"), NotFound, "not_found", "run 'r-1' not found"),
     ],
 )  # fmt: skip

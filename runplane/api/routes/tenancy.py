@@ -68,11 +68,14 @@ def list_tokens(call: Call, query: TokensQuery) -> TokenList:
     "DELETE",
     "/v1/tokens/{token_id}",
     operation_id="revokeToken",
-    summary="Revoke a token (admin): refused everywhere within seconds",
+    summary="Revoke a token (admin): refused everywhere within seconds; never the last admin token",
     scope="admin",
     path_params={"token_id": PathParam(TOKEN_ID_PATTERN, "token", "the token's id")},
     answers={204: Answer(None, "done; no body")},
-    raises=(errors.NotFound,),
+    raises=(errors.NotFound, errors.LastAdmin),
+    valid_refusals={
+        errors.LastAdmin: "the only admin token that has not expired: another admin token must be made first"
+    },
 )
 def revoke_token(call: Call, token_id: str) -> Reply:
     tenancy.revoke_token(call.ports, token_id)

@@ -262,6 +262,11 @@ def _runs(wire: Wire) -> str:
     run_id = submitted.body["id"]
     got = wire("GET", f"/v1/runs/{run_id}")
     assert got.status == 200 and got.body["state"] == "queued" and got.body["waiting_reason"]
+    waited = wire("GET", f"/v1/runs/{run_id}?wait=0.2&since={got.body['revision']}")  # unchanged: as it is
+    assert waited.status == 200 and waited.body["revision"] == got.body["revision"]
+    assert wire("GET", f"/v1/runs/{run_id}?wait=21").status == 422
+    assert wire("GET", f"/v1/runs/{run_id}?wait=1&since=nothing").status == 422
+    assert wire("GET", f"/v1/runs/{run_id}?wait=soon").status == 400
     assert wire("GET", f"/v1/runs/{run_id}", who="bob").status == 404
     assert wire("GET", "/v1/runs/r-nothing").status == 404
     assert wire("GET", f"/v1/runs/{run_id}", who="empty").status == 403
@@ -339,6 +344,8 @@ def _tokens(wire: Wire) -> None:
     assert wire("DELETE", f"/v1/tokens/{made.body['id']}", who="admin").status == 404
     assert wire("DELETE", "/v1/tokens/not-a-token", who="admin").status == 404
     assert wire("DELETE", "/v1/tokens/tok-0123456789abcdef", who="bob").status == 403
+    last = wire("DELETE", f"/v1/tokens/{wire('GET', '/v1/me', who='admin').body['token_id']}", who="admin")
+    assert (last.status, last.body["error"]["code"]) == (409, "last_admin")  # the stack's only admin token
 
 
 def _quotas(wire: Wire) -> None:
@@ -448,6 +455,9 @@ def _sweeps(wire: Wire) -> None:
     assert wire("POST", "/v1/sweeps", {**body, "count": 3}, headers={"Idempotency-Key": "sweep-1"}).status == 409
     path = f"/v1/sweeps/{made.body['id']}"
     assert wire("GET", path).body["id"] == made.body["id"]
+    assert wire("GET", f"{path}?wait=0.2&since={made.body['revision']}").body["revision"] == made.body["revision"]
+    assert wire("GET", f"{path}?wait=-1").status == 422
+    assert wire("GET", f"{path}?wait=x").status == 400
     assert wire("GET", path, who="bob").status == 404
     assert wire("GET", path, who=None).status == 401
     assert wire("GET", "/v1/sweeps/s-nothing").status == 404
@@ -644,7 +654,7 @@ def test_the_judge_refuses_an_undocumented_status_or_field():
     with pytest.raises(AssertionError, match="must answer 405"):
         Contract(doc).answer("DELETE", "/v1/health", 404, headers, b'{"error": {"code": "x", "message": "y"}}')
     del doc["paths"]["/v1/runs/{run_id}"]["get"]["responses"]["404"]
-    with pytest.raises(AssertionError, match=r"getRun does not list 404 \(it lists \['200', '401', '403', '503'\]\)"):
+    with pytest.raises(AssertionError, match=r"getRun does not list 404 \(it lists \['200', '400', '401', '403', '422', '503'\]\)"):
         Contract(doc).answer("GET", "/v1/runs/r-1", 404, headers, b'{"error": {"code": "not_found", "message": "m"}}')
 
 
