@@ -22,6 +22,7 @@ class FrontServer(ThreadingHTTPServer):
     ``cloud.http`` in a thread of its own, as API Gateway or the Functions host hands it over."""
 
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 drops connects of a burst of clients: each waits 1 s to retry
 
     def __init__(self, address: tuple[str, int], cloud: Cloud) -> None:
         super().__init__(address, _Front)
