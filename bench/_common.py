@@ -106,7 +106,7 @@ def dev_stack(
         )
         t0 = time.perf_counter()
         stack.start()
-        print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, moto {stack.endpoint}")
+        print(f"stack up in {time.perf_counter() - t0:.2f}s: api {stack.api_url}, {stack.services} {stack.endpoint}")
         try:
             yield stack
         finally:

@@ -53,8 +53,8 @@ AGENT_ARGS = "--network-mode host"
 CLOUDS = ("local", "aws", "azure")
 TARGETS = {"warm": 1.1, "batch": 1.2, "submit": 1.2}
 POLL_SECONDS = 0.02
-"""``Run.wait``'s pause between answers that show no change (a stack that long-polls answers on
-the change itself)."""
+"""``Run.wait``'s pause between reads of a stack that cannot wait for a change (one that can
+answers as soon as the run changes)."""
 BARE = ["docker", "run", "--rm", "--network", "none", IMAGE, "sh", "-c", "true"]
 os.environ.setdefault("POWERTOOLS_METRICS_DISABLED", "true")  # no metric line per submit in the output
 
@@ -203,13 +203,21 @@ def batch(args: argparse.Namespace) -> str:
 # -- submit: many clients at once ----------------------------------------------------------
 
 
-def sqlite_inserts(path: Path, row: str) -> Callable[[dict[str, object]], None]:
+def sqlite_inserts(path: Path, row: str, messages: bool = False) -> Callable[[dict[str, object]], None]:
     """An INSERT of ``row`` under a new id into a database of its own at ``path``, as the local
-    stores write: WAL, ``synchronous=NORMAL``, one ``BEGIN IMMEDIATE`` transaction each."""
+    stores write: WAL, ``synchronous=NORMAL``, one ``BEGIN IMMEDIATE`` transaction each. With
+    ``messages``, two more, each a transaction of its own: a hint on a pool's queue and an event."""
     ddl = sqlite3.connect(path, isolation_level=None)
     ddl.execute("PRAGMA journal_mode=WAL")
     ddl.execute("CREATE TABLE IF NOT EXISTS runs (id TEXT PRIMARY KEY, data TEXT NOT NULL)")
+    ddl.execute(
+        "CREATE TABLE IF NOT EXISTS messages (seq INTEGER PRIMARY KEY, queue TEXT NOT NULL, body TEXT NOT NULL)"
+    )
     ddl.close()
+    writes = [("INSERT INTO runs (id, data) VALUES (?, ?)", row)]
+    if messages:
+        writes += [("INSERT INTO messages (queue, body) VALUES ('pool', ?)", '{"v": 1, "run_id": "r-x", "attempt": 0}')]
+        writes += [("INSERT INTO messages (queue, body) VALUES ('events', ?)", '{"v": 1, "reason": "submitted"}')]
 
     def insert(state: dict[str, object]) -> None:
         c = state.get("db")
@@ -218,9 +226,13 @@ def sqlite_inserts(path: Path, row: str) -> Callable[[dict[str, object]], None]:
             c.execute("PRAGMA synchronous=NORMAL")
             c.execute("PRAGMA busy_timeout=30000")
         assert isinstance(c, sqlite3.Connection)
-        c.execute("BEGIN IMMEDIATE")
-        c.execute("INSERT INTO runs (id, data) VALUES (?, ?)", ("r-" + uuid.uuid4().hex[:24], row))
-        c.execute("COMMIT")
+        for statement, value in writes:
+            c.execute("BEGIN IMMEDIATE")
+            if statement.startswith("INSERT INTO runs"):
+                c.execute(statement, ("r-" + uuid.uuid4().hex[:24], value))
+            else:
+                c.execute(statement, (value,))
+            c.execute("COMMIT")
 
     return insert
 
@@ -249,33 +261,41 @@ def submit(args: argparse.Namespace) -> str:
         raise SystemExit("submit: the bare baseline is written for the local and aws clouds")
     body = json.dumps({"command": "true", "name": "bench-submit"}).encode()
     headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
-    samples: dict[str, list[float]] = {"api": [], "bare": []}
+    samples: dict[str, list[float]] = {"api": [], "bare": [], "writes": [], "me": []}
     with stack_for(args.cloud, 0, 1, schedule_seconds=3600) as stack:
         host, port = stack.api_url.removeprefix("http://").split(":")
 
-        def api(state: dict[str, object]) -> None:
+        def ask(state: dict[str, object], method: str, path: str, expect: int) -> bytes:
             conn = state.get("conn")
             if conn is None:
                 conn = state["conn"] = http.client.HTTPConnection(host, int(port), timeout=60)
             assert isinstance(conn, http.client.HTTPConnection)
-            conn.request("POST", "/v1/runs", body=body, headers=headers)
+            conn.request(method, path, body=body if method == "POST" else None, headers=headers)
             resp = conn.getresponse()
             answer = resp.read()
-            if resp.status != 201:
-                raise RuntimeError(f"submit answered {resp.status}: {answer[:200]!r}")
-            state["last"] = json.loads(answer)["id"]
+            if resp.status != expect:
+                raise RuntimeError(f"{method} {path} answered {resp.status}: {answer[:200]!r}")
+            return answer
+
+        def api(state: dict[str, object]) -> None:
+            state["last"] = json.loads(ask(state, "POST", "/v1/runs", 201))["id"]
+
+        def me(state: dict[str, object]) -> None:
+            ask(state, "GET", "/v1/me", 200)
 
         first: dict[str, object] = {}
         api(first)
+        paths = [("api", api), ("me", me)]
         if args.cloud == "local":
             row = json.dumps(jsonable(bootstrap.stack().store.get(str(first["last"]))))
-            bare = sqlite_inserts(stack.config.state_dir.parent / "bare.db", row)
+            paths.append(("bare", sqlite_inserts(stack.config.state_dir.parent / "bare.db", row)))
+            paths.append(("writes", sqlite_inserts(stack.config.state_dir.parent / "writes.db", row, messages=True)))
         else:
-            bare = dynamodb_puts(stack.endpoint, str(first["last"]))
-        burst(args.clients, args.clients * 2, api)  # warm: connections, the handler's first calls
-        burst(args.clients, args.clients * 2, bare)
+            paths.append(("bare", dynamodb_puts(stack.endpoint, str(first["last"]))))
+        for _, call in paths:  # warm: connections, the handler's first calls
+            burst(args.clients, args.clients * 2, call)
         for i in range(args.rounds):
-            for label, call in [("api", api), ("bare", bare)][:: 1 if i % 2 == 0 else -1]:
+            for label, call in paths[i % len(paths) :] + paths[: i % len(paths)]:
                 samples[label].append(burst(args.clients, args.runs, call))
                 print(f"  round {i + 1}: {label} {samples[label][-1]:.2f}s", flush=True)
     a, b = median(samples["api"]), median(samples["bare"])
@@ -283,6 +303,11 @@ def submit(args: argparse.Namespace) -> str:
     print(f"\n{args.runs} submits from {args.clients} clients at once, onto a pool with no workers ({args.cloud})")
     print(f"  POST /v1/runs (keep-alive)            {a:7.2f} s  {args.runs / a:7.1f} submits/s")
     print(f"  bare: {what:<30} {b:7.2f} s  {args.runs / b:7.1f} submits/s")
+    m = median(samples["me"])
+    print(f"  GET /v1/me (front, handler, token read) {m:7.2f} s  {args.runs / m:7.1f} calls/s (for reference)")
+    if samples["writes"]:
+        w = median(samples["writes"])
+        print(f"  bare: + a hint and an event, 3 txns {w:7.2f} s  {args.runs / w:7.1f} submits/s (for reference)")
     return ratio_line(
         f"onebox_submit_{args.cloud} ({args.clients} clients, API / bare inserts)", a / b, TARGETS["submit"]
     )
