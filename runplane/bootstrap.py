@@ -194,7 +194,7 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
         pools,
         store=SqliteRunStore(db),
         sweeps=SqliteSweepStore(db),
-        queue=SqliteRunQueue(db),
+        queue=SqliteRunQueue(db, pools=[pool.name for pool in pools.pools]),
         objects=FileObjectStore(db.root, bucket, tokens.secret, settings.public_url),
         workers=SqliteWorkerRegistry(db),
         tokens=tokens,

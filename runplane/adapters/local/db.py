@@ -140,16 +140,22 @@ class Database:
             if c.in_transaction:
                 c.execute("COMMIT")
 
-    def wait_for_change(self, timeout: float) -> bool:
-        """Block until a write commits after this call began (in any process), or ``timeout``
-        seconds pass; True when one did. A write of this process wakes it at once; one of another
-        process within POLL_SECONDS."""
+    def mark(self) -> tuple[int, int]:
+        """Where the database is now, for ``wait_for_change(since=...)``: taken before a read, it
+        lets the wait that follows the read wake for a commit made between the two."""
+        with self.errors("wait for a change"):
+            version = int(self.connection().execute("PRAGMA data_version").fetchone()[0])
+        with self._changed:
+            return self._generation, version
+
+    def wait_for_change(self, timeout: float, since: tuple[int, int] | None = None) -> bool:
+        """Block until a write commits after this call began (in any process), or after ``since``
+        (a ``mark`` of this thread), or ``timeout`` seconds pass; True when one did. A write of this
+        process wakes it at once; one of another process within POLL_SECONDS."""
         deadline = time.monotonic() + timeout
         c = self.connection()
-        with self.errors("wait for a change"):
-            version = c.execute("PRAGMA data_version").fetchone()[0]
+        generation, version = since if since is not None else self.mark()
         with self._changed:
-            generation = self._generation
             while True:
                 if self._generation != generation:
                     return True

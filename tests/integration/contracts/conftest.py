@@ -29,6 +29,12 @@ def send_raw(request, stack):
                 QueueUrl=stack.queue._url(sqs.pool_queue_name(stack.settings.prefix, pool)), MessageBody=body
             )
 
+    elif request.node.callspec.params["stack"] == "local-sqlite":
+        from runplane.adapters.local.queues import pool_queue
+
+        def send(pool, body):
+            stack.queue._send(pool_queue(pool), body)
+
     else:
         from runplane.adapters.azure.queues import pool_queue_name
 
@@ -49,6 +55,12 @@ def dead_letters(request, stack):
             url = stack.queue._url(sqs.dead_letter_queue_name(sqs.pool_queue_name(stack.settings.prefix, pool)))
             got = stack.queue.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
             return [m["Body"] for m in got.get("Messages", [])]
+
+    elif request.node.callspec.params["stack"] == "local-sqlite":
+        from runplane.adapters.local.queues import pool_queue
+
+        def read(pool):
+            return stack.queue.dead_letters(pool_queue(pool))
 
     else:
         from runplane.adapters.azure.queues import poison_queue_name, pool_queue_name

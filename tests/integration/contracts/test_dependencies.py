@@ -38,6 +38,11 @@ def events(request, stack):
             got = stack.queue.client.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1)
             return _told([DispatchEvent.model_validate_json(m["Body"]) for m in got.get("Messages", [])])
 
+    elif request.node.callspec.params["stack"] == "local-sqlite":
+
+        def read():
+            return _told([DispatchEvent.model_validate_json(e.body) for e in stack.queue.receive_events(32, 1, 30)])
+
     else:
         from runplane.adapters.azure.queues import events_queue_name
 

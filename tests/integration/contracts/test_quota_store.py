@@ -26,6 +26,10 @@ def put_raw(request, stack, partition, subject, doc, version=None):
         if version is not None:
             item["version"] = {"N": str(version)}
         quotas.client.put_item(TableName=quotas.table, Item=item)
+    elif request.node.callspec.params["stack"] == "local-sqlite":
+        with quotas.db.write() as c:
+            row = (partition, subject, version, json.dumps(doc))
+            c.execute("INSERT OR REPLACE INTO quotas (kind, key, version, data) VALUES (?, ?, ?, ?)", row)
     else:
         from runplane.adapters.azure.tables import key
 
