@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import builtins
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -472,3 +473,5 @@ class Ports:
     """The compute backend of a pool (built on first use)."""
     agent_args: Callable[[Pool], list[str]]
     """The arguments a pool's workers start ``runplane-agent`` with."""
+    sleep: Callable[[float], None] = time.sleep
+    """How a service that waits (a long-poll) lets time pass: a test moves its clock instead."""

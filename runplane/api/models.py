@@ -33,6 +33,11 @@ def timestamp(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
 
+REVISION_HELP = (
+    "opaque; changes whenever the {what} does: pass it as since (with wait) to be answered when it next changes"
+)
+
+
 class WireModel(BaseModel):
     """A response body: unknown fields are ignored when read (a newer server may add some). The SDK
     reads answers with ``wire.read_answer``: unknown fields are ignored at every depth (in a run's spec
@@ -142,6 +147,7 @@ class RunView(WireModel):
                     "events": [{"at": "2026-11-23T09:30:00.125Z", "state": "queued", "message": "submitted"}],
                     "sweep_id": None,
                     "sweep_index": None,
+                    "revision": "4f1c2b9e07d3a856",
                 }
             ]
         },
@@ -177,6 +183,7 @@ class RunView(WireModel):
     events: list[RunEvent] = Field(description="its timeline, oldest first")
     sweep_id: str | None = Field(default=None, description="the sweep it is a member of, if any")
     sweep_index: int | None = Field(default=None, description="its index in that sweep (0-based)")
+    revision: str = Field(default="", description=REVISION_HELP.format(what="run"))
 
 
 class SweepView(WireModel):
@@ -207,6 +214,7 @@ class SweepView(WireModel):
     finished_at: Timestamp | None = Field(description="when every member's latest try had ended")
     spec: SweepSpec = Field(description="what was submitted, with the template's pool defaults filled in")
     events: list[RunEvent] = Field(description="its timeline: made, killed, members run again, finished")
+    revision: str = Field(default="", description=REVISION_HELP.format(what="sweep"))
 
 
 class SweepRetried(SweepView):

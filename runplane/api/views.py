@@ -29,6 +29,7 @@ from runplane.services.quota_admin import QuotaUse
 from runplane.services.shown_sweeps import Shown
 from runplane.services.tenancy import UserFacts
 from runplane.services.usage import Report, Row
+from runplane.services.watch import run_revision, sweep_revision
 
 
 def iso(ts: float | None) -> str | None:
@@ -64,6 +65,7 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
         events=[RunEvent(at=timestamp(e.at), state=e.state, message=e.message) for e in run.events],
         sweep_id=run.sweep_id,
         sweep_index=run.sweep_index,
+        revision=run_revision(run),
     )
 
 
@@ -87,6 +89,7 @@ def sweep_view(shown: Shown) -> SweepView:
         finished_at=timestamp(sweep.finished_at),
         spec=sweep.spec,
         events=[RunEvent(at=timestamp(e.at), state=e.state, message=e.message) for e in sweep.events],
+        revision=sweep_revision(sweep),
     )
 
 

@@ -68,12 +68,6 @@ def why_waiting(ports: Ports, run: Run) -> str | None:
     return explain_wait(pool, [*workers, *skew.refused_lately(known, workers, now)], run.waiting_reason, record, run)
 
 
-def shown_run(ports: Ports, principal: Principal, run_id: str) -> tuple[Run, str | None]:
-    """The caller's run (``runs.get_run``) and, while it is queued, why it waits."""
-    run = runs.get_run(ports, principal, run_id)
-    return run, why_waiting(ports, run)
-
-
 def sweep_members(
     ports: Ports,
     principal: Principal,

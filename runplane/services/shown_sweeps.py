@@ -43,11 +43,6 @@ def create(ports: Ports, principal: Principal, spec: SweepSpec, idempotency_key:
     return _shown(ports, made.sweep, created=made.created)
 
 
-def get(ports: Ports, principal: Principal, sweep_id: str) -> Shown:
-    """``sweeps.get_sweep``, counted."""
-    return _shown(ports, sweeps.get_sweep(ports, principal, sweep_id))
-
-
 def set_max_parallel(ports: Ports, principal: Principal, sweep_id: str, most: int | None) -> Shown:
     """``sweeps.set_max_parallel``, counted."""
     return _shown(ports, sweeps.set_max_parallel(ports, principal, sweep_id, most))

@@ -9,7 +9,15 @@ from pydantic import Field
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView
 from runplane.api.pages import page_reply
 from runplane.api.requests import SetPriority
-from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, ID_PATTERN, LOCATION, RUN_ID
+from runplane.api.routes.common import (
+    BAD_CURSOR,
+    CURSOR_HELP,
+    CURSOR_PATTERN,
+    ID_PATTERN,
+    LOCATION,
+    RUN_ID,
+    WatchQuery,
+)
 from runplane.api.routes.examples import PRIORITY_403, PRIORITY_EXAMPLES, RUN_EXAMPLES
 from runplane.api.routing import Answer, Call, Query, Reply, operation
 from runplane.api.views import run_view
@@ -19,9 +27,9 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
-from runplane.services import listings, runs
+from runplane.services import listings, runs, watch
 from runplane.services.logs import MAX_OUTPUTS_PAGE
-from runplane.services.overview import run_logs, run_outputs, shown_run
+from runplane.services.overview import run_logs, run_outputs
 
 
 @operation(
@@ -112,13 +120,14 @@ def _run_page(views: list[RunView], cursor: str | None) -> RunPage:
     "GET",
     "/v1/runs/{run_id}",
     operation_id="getRun",
-    summary="One run; a queued one says why it waits",
+    summary="One run; a queued one says why it waits. With wait and since: as soon as it changes",
     scope="runs:read",
     path_params=RUN_ID,
+    query=WatchQuery,
     answers={200: Answer(RunView)},
 )
-def get_run(call: Call, run_id: str) -> RunView:
-    run, reason = shown_run(call.ports, call.principal, run_id)
+def get_run(call: Call, run_id: str, query: WatchQuery) -> RunView:
+    run, reason = watch.watched_run(call.ports, call.principal, run_id, query.since, query.wait)
     return run_view(run, waiting_reason=reason)
 
 

@@ -7,7 +7,7 @@ from pydantic import Field
 from runplane.api.models import SweepPage, SweepRetried, SweepView
 from runplane.api.pages import page_reply
 from runplane.api.requests import SweepPatch
-from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, LOCATION, SWEEP_ID
+from runplane.api.routes.common import BAD_CURSOR, CURSOR_HELP, CURSOR_PATTERN, LOCATION, SWEEP_ID, WatchQuery
 from runplane.api.routes.examples import PRIORITY_403, RELEASE_403, SWEEP_EXAMPLES
 from runplane.api.routing import Answer, Call, Query, Reply, operation
 from runplane.api.views import sweep_view
@@ -15,7 +15,7 @@ from runplane.domain import errors
 from runplane.domain.sweeps import SweepSpec
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
-from runplane.services import listings, shown_sweeps
+from runplane.services import listings, shown_sweeps, watch
 
 
 @operation(
@@ -82,13 +82,14 @@ def _sweep_page(views: list[SweepView], cursor: str | None) -> SweepPage:
     "GET",
     "/v1/sweeps/{sweep_id}",
     operation_id="getSweep",
-    summary="One sweep: members by state and failure reason",
+    summary="One sweep: members by state and failure reason. With wait and since: as soon as its record changes",
     scope="runs:read",
     path_params=SWEEP_ID,
+    query=WatchQuery,
     answers={200: Answer(SweepView)},
 )
-def get_sweep(call: Call, sweep_id: str) -> SweepView:
-    return sweep_view(shown_sweeps.get(call.ports, call.principal, sweep_id))
+def get_sweep(call: Call, sweep_id: str, query: WatchQuery) -> SweepView:
+    return sweep_view(watch.watched_sweep(call.ports, call.principal, sweep_id, query.since, query.wait))
 
 
 @operation(

@@ -209,6 +209,8 @@ def wire(request, stack, monkeypatch):
     where = {
         "azure_storage_connection_string": settings.azure_storage_connection_string,
         "aws_endpoint_url": settings.aws_endpoint_url,
+        "state_dir": settings.state_dir,  # one machine: the suite's fresh directory, not the default
+        "public_url": settings.public_url,
     }
     s = bootstrap.build_stack(
         StackSettings(cloud=settings.cloud, prefix=settings.prefix, pools=str(POOLS_FILE), **where)
@@ -654,7 +656,8 @@ def test_the_judge_refuses_an_undocumented_status_or_field():
     with pytest.raises(AssertionError, match="must answer 405"):
         Contract(doc).answer("DELETE", "/v1/health", 404, headers, b'{"error": {"code": "x", "message": "y"}}')
     del doc["paths"]["/v1/runs/{run_id}"]["get"]["responses"]["404"]
-    with pytest.raises(AssertionError, match=r"getRun does not list 404 \(it lists \['200', '400', '401', '403', '422', '503'\]\)"):
+    listed = r"\['200', '400', '401', '403', '422', '503'\]"
+    with pytest.raises(AssertionError, match=rf"getRun does not list 404 \(it lists {listed}\)"):
         Contract(doc).answer("GET", "/v1/runs/r-1", 404, headers, b'{"error": {"code": "not_found", "message": "m"}}')
 
 

@@ -1,0 +1,107 @@
+"""Waiting for a change (the long-poll of ``GET /v1/runs/{id}`` and ``GET /v1/sweeps/{id}``):
+each answer carries a *revision* of the record it shows; a request that names the revision it last
+saw (``since``) is answered as soon as the record's differs, or when ``wait`` seconds have passed
+with it unchanged (the same answer: the client asks again).
+
+The wait reads the store at a short interval, one strongly consistent get each time (a local
+indexed SELECT on one machine, a point read on the clouds), and holds no lock. Ownership is judged
+on the first read, exactly as a plain read judges it: another user's record is NotFound at once."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from runplane.domain.runs import Run
+from runplane.domain.sweeps import Sweep
+from runplane.domain.tenancy import Principal
+from runplane.ports import Ports
+from runplane.services import runs, sweeps
+from runplane.services.overview import why_waiting
+from runplane.services.shown_sweeps import Shown
+
+MAX_WAIT_SECONDS = 20
+"""The longest a request waits: under API Gateway's 29 s (and the 30 s the API function may run),
+with room for the reads and the answer."""
+LOCAL_INTERVAL = 0.03
+"""Seconds between two reads of a waiting request on one machine (a local indexed SELECT)."""
+CLOUD_INTERVAL = 0.5
+"""Seconds between two reads on the clouds (one billed point read each)."""
+REVISION_PATTERN = r"^[0-9a-f]{16}$"
+"""What a revision looks like (the first 64 bits of a SHA-256, in hex); clients treat it as opaque."""
+
+R = TypeVar("R")
+
+
+def _digest(parts: list[Any]) -> str:
+    text = json.dumps(parts, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def run_revision(run: Run) -> str:
+    """What a client compares to know the run changed: its state, attempt, worker, times, exit,
+    failure, kill, priority, what it waits for and its timeline. Not its usage figures, which each
+    heartbeat refreshes, nor its lease."""
+    failure = None if run.failure is None else [str(run.failure.reason), run.failure.message]
+    last = [run.events[-1].at, run.events[-1].message] if run.events else None
+    return _digest([
+        str(run.state), run.attempt, run.worker_id, run.started_at, run.finished_at, run.exit_code, failure,
+        run.kill_requested, run.spec.priority, run.waiting_reason, run.waiting_on, len(run.events), last,
+    ])  # fmt: skip
+
+
+def sweep_revision(sweep: Sweep) -> str:
+    """What a client compares to know the sweep changed: its record (members released and ended,
+    max_parallel, kill, retries, finish, timeline). A member that starts running writes no sweep
+    record: that shows in the next answer's counts, but does not end a wait by itself."""
+    last = [sweep.events[-1].at, sweep.events[-1].message] if sweep.events else None
+    return _digest([
+        sweep.version, sweep.status, sweep.tries, sweep.killed, sweep.finished_at, sweep.max_parallel,
+        sweep.waiting_on, len(sweep.events), last,
+    ])  # fmt: skip
+
+
+def interval(ports: Ports) -> float:
+    """Seconds between two reads of a waiting request on this stack."""
+    return LOCAL_INTERVAL if ports.settings.cloud == "local" else CLOUD_INTERVAL
+
+
+def _until_changed(
+    ports: Ports, first: R, read: Callable[[], R], revision: Callable[[R], str], since: str | None, wait: float
+) -> R:
+    """``first``, or a later ``read()`` whose revision differs from ``since`` (None: from
+    ``first``'s), reading until one does or ``wait`` seconds have passed."""
+    seen = revision(first) if since is None else since
+    deadline = ports.clock() + min(max(wait, 0.0), MAX_WAIT_SECONDS)
+    current, every = first, interval(ports)
+    while revision(current) == seen:
+        left = deadline - ports.clock()
+        if left <= 0:
+            break
+        ports.sleep(min(every, left))
+        current = read()
+    return current
+
+
+def watched_run(
+    ports: Ports, principal: Principal, run_id: str, since: str | None = None, wait: float = 0
+) -> tuple[Run, str | None]:
+    """The caller's run (``runs.get_run``: NotFound at once for another user's) as soon as its
+    revision differs from ``since`` (None: from what it is now), or after ``wait`` seconds (at most
+    MAX_WAIT_SECONDS) as it is then; and, while it is queued, why it waits."""
+    first = runs.get_run(ports, principal, run_id)
+    run = _until_changed(ports, first, lambda: ports.store.get(run_id), run_revision, since, wait) if wait else first
+    return run, why_waiting(ports, run)
+
+
+def watched_sweep(
+    ports: Ports, principal: Principal, sweep_id: str, since: str | None = None, wait: float = 0
+) -> Shown:
+    """The caller's sweep (NotFound at once for another user's), counted, as soon as its revision
+    differs from ``since`` (None: from what it is now), or after ``wait`` seconds as it is then."""
+    first = sweeps.get_sweep(ports, principal, sweep_id)
+    if wait:
+        first = _until_changed(ports, first, lambda: ports.sweeps.get(sweep_id), sweep_revision, since, wait)
+    return Shown(first, sweeps.progress(ports, first))

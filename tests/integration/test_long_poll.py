@@ -1,0 +1,134 @@
+"""A read of a run or a sweep that waits for it to change (``wait`` and ``since``), through each
+cloud's own API function (the Lambda handler on moto, the Azure HTTP function on Azurite) and on
+one machine (the Lambda handler on the SQLite stack): answered as soon as the record changes, after
+``wait`` when it does not, refused for bad values, and never a wait on another user's run."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import azure.functions as func
+import pytest
+
+from functions.aws import api as aws_api
+from runplane import bootstrap
+from runplane.api.azure_front import handle
+from runplane.api.gateway import http_event, response_parts
+from runplane.devstack.lambda_shim import LambdaContext
+from tests.conftest import register_users
+
+STACKS = {"aws": "aws_stack", "azure": "azure_stack", "local": "local_stack"}
+PARKED = {"command": "echo hi", "queue": "parked"}
+
+
+def _lambda(method, path, headers, body):
+    path, _, query = path.partition("?")
+    event = http_event(method, path, query, headers, body, "127.0.0.1")
+    status, _, data = response_parts(aws_api.lambda_handler(event, LambdaContext(function_name="runplane-api")))
+    return status, data
+
+
+def _azure(method, path, headers, body):
+    answer = handle(func.HttpRequest(method=method, url=f"http://127.0.0.1{path}", headers=headers, body=body))
+    return answer.status_code, answer.get_body()
+
+
+@pytest.fixture(params=list(STACKS))
+def call(request):
+    """``call(method, path, body=None, who="alice")`` -> (status, parsed body) through the cloud's
+    front, on a fresh stack of its own."""
+    stack = request.getfixturevalue(STACKS[request.param])
+    register_users(stack.tokens)
+    before = bootstrap.use(stack)
+    front = _azure if request.param == "azure" else _lambda
+
+    def send(method, path, body=None, who="alice"):
+        headers = {"Authorization": f"Bearer {who}-token", "Content-Type": "application/json"}
+        status, data = front(method, path, headers, json.dumps(body).encode() if body is not None else b"")
+        return status, json.loads(data) if data else None
+
+    yield send
+    bootstrap.use(before)
+
+
+def _in_thread(send, *args, **kwargs):
+    """Start ``send(*args)`` in a thread; returns a function that joins it and gives (answer,
+    seconds it took)."""
+    out = {}
+
+    def go():
+        started = time.monotonic()
+        out["answer"] = send(*args, **kwargs)
+        out["took"] = time.monotonic() - started
+
+    thread = threading.Thread(target=go)
+    thread.start()
+
+    def result():
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the waiting read never answered"
+        return out["answer"], out["took"]
+
+    return result
+
+
+def test_a_waiting_read_is_answered_as_soon_as_the_run_changes(call):
+    status, run = call("POST", "/v1/runs", PARKED)
+    assert status == 201 and run["revision"]
+    path = f"/v1/runs/{run['id']}"
+    assert call("GET", path)[1]["revision"] == run["revision"]  # the same run: the same revision
+    waiting = _in_thread(call, "GET", f"{path}?wait=20&since={run['revision']}")
+    time.sleep(0.5)  # the read is waiting by now (had it not started, it would answer at once all the same)
+    assert call("POST", f"{path}/kill")[0] == 202
+    (status, seen), took = waiting()
+    assert status == 200 and seen["state"] == "killed" and seen["revision"] != run["revision"]
+    assert took < 15, f"the answer came after {took:.1f}s, not when the run changed"
+
+
+def test_an_unchanged_run_is_answered_as_it_is_when_the_wait_ends(call):
+    run = call("POST", "/v1/runs", PARKED)[1]
+    path = f"/v1/runs/{run['id']}"
+    started = time.monotonic()
+    status, seen = call("GET", f"{path}?wait=1.5&since={run['revision']}")
+    assert time.monotonic() - started >= 1.4, "it answered before the wait ended, unchanged"
+    assert status == 200 and (seen["state"], seen["revision"]) == ("queued", run["revision"])
+    # a revision it no longer has: answered at once, with the one it has
+    started = time.monotonic()
+    status, seen = call("GET", f"{path}?wait=20&since=0123456789abcdef")
+    assert status == 200 and seen["revision"] == run["revision"] and time.monotonic() - started < 15
+
+
+def test_bad_waits_and_revisions_are_refused_and_another_users_run_is_not_waited_on(call):
+    run = call("POST", "/v1/runs", PARKED)[1]
+    path = f"/v1/runs/{run['id']}"
+    for query in ("wait=-1", "wait=100", "wait=nan", "wait=inf"):
+        status, body = call("GET", f"{path}?{query}")
+        assert (status, body["error"]["message"]) == (422, "query parameter wait must be between 0 and 20"), query
+    status, body = call("GET", f"{path}?wait=soon")
+    assert (status, body["error"]["message"]) == (400, "query parameter wait must be a number")
+    for since in ("x", "0123456789ABCDEF", "0123456789abcdef0"):
+        status, body = call("GET", f"{path}?wait=1&since={since}")
+        assert (status, body["error"]["message"]) == (
+            422,
+            f"since must be the revision of an earlier answer, not {since!r}",
+        )
+    started = time.monotonic()
+    status, body = call("GET", f"{path}?wait=20&since={run['revision']}", who="bob")
+    assert (status, body["error"]["code"]) == (404, "not_found") and run["id"] in body["error"]["message"]
+    assert time.monotonic() - started < 15, "another user's run was waited on"
+    assert call("GET", f"/v1/sweeps/s-nothing?wait=20&since={run['revision']}")[0] == 404
+
+
+def test_a_waiting_read_of_a_sweep_is_answered_when_its_record_changes(call):
+    status, sweep = call("POST", "/v1/sweeps", {"run": PARKED, "count": 3, "max_parallel": 1})
+    assert status == 201 and sweep["revision"]
+    path = f"/v1/sweeps/{sweep['id']}"
+    waiting = _in_thread(call, "GET", f"{path}?wait=20&since={sweep['revision']}")
+    time.sleep(0.5)
+    assert call("PATCH", path, {"max_parallel": 2})[0] == 200
+    (status, seen), took = waiting()
+    assert status == 200 and seen["max_parallel"] == 2 and seen["revision"] != sweep["revision"]
+    assert took < 15, f"the answer came after {took:.1f}s, not when the sweep changed"
+    assert call("GET", f"{path}?wait=20&since={sweep['revision']}", who="bob")[0] == 404
