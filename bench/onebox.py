@@ -9,7 +9,8 @@ network either way):
 * ``warm``: one trivial run at a time on one warm worker of one slot, from ``POST /v1/runs`` until
   the client's ``Run.wait`` sees it final, against ``docker run --rm --network none IMAGE sh -c
   true`` (the same image, the same command the agent starts), interleaved; plus where the run's
-  time goes, from its events and the agent's ``usage.timings``.
+  time goes, from its events and the agent's ``usage.timings``, and for reference the agent's own
+  container made by hand (``_common.bare_container``: its isolation, no stack).
 * ``batch``: ``--runs`` trivial runs submitted at once on ``--workers`` warm workers of ``--slots``
   slots, until every one is final, against as many ``docker run --rm --network none`` from a
   thread pool of ``workers x slots`` (``throughput.py``'s paths, on this stack).
@@ -36,13 +37,15 @@ import os
 import queue
 import sqlite3
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _common import dev_stack, median, p90, ratio_line, table
+import docker
+from _common import bare_container, dev_stack, median, p90, ratio_line, table
 from submit_throughput import burst
 from throughput import Throughput, wait_workers
 
@@ -129,8 +132,9 @@ def marks_of(run: Any, posted: float, seen: float) -> dict[str, float]:
 def warm(args: argparse.Namespace) -> str:
     from runplane.client import Client
 
-    with stack_for(args.cloud, 1, 1) as stack:
-        client, store = Client(stack.api_url, "bench"), bootstrap.stack().store
+    with stack_for(args.cloud, 1, 1) as stack, tempfile.TemporaryDirectory(prefix="runplane-bench-") as scratch:
+        client, store, engine = Client(stack.api_url, "bench"), bootstrap.stack().store, docker.from_env()
+        template: list[Any] = []
 
         def e2e(steps: dict[str, list[float]] | None = None) -> float:
             posted, t = time.time(), time.perf_counter()
@@ -145,22 +149,33 @@ def warm(args: argparse.Namespace) -> str:
                 for label, start, end in MARKS:
                     steps.setdefault(label, []).append(marks[end] - marks[start])
                 steps.setdefault(ANSWERED, []).append(answered - posted)
+            template[:] = template or [store.get(run.id)]
             return elapsed
+
+        def sdk() -> float:
+            """The agent's own container for the same run, made by hand: its isolation, no stack."""
+            labels = {"io.runplane-bench": "1"}  # not a run's labels: an agent sweeps those it does not know
+            name = f"runplane-bench-{uuid.uuid4().hex[:12]}"
+            code, (t, *_, end) = bare_container(engine, template[0], IMAGE, Path(scratch), name=name, labels=labels)
+            assert code == 0, code
+            return end - t
 
         for _ in range(2):
             e2e()
             bare_run()
-        samples: dict[str, list[float]] = {"e2e": [], "bare": []}
+            sdk()
+        samples: dict[str, list[float]] = {"e2e": [], "bare": [], "sdk": []}
         steps: dict[str, list[float]] = {}
+        order: list[tuple[str, Callable[[], float]]] = [("e2e", lambda: e2e(steps)), ("bare", bare_run), ("sdk", sdk)]
         for i in range(args.n):
-            order = [("e2e", lambda: e2e(steps)), ("bare", bare_run)]
-            for label, path in order if i % 2 == 0 else order[::-1]:
+            for label, path in order[i % 3 :] + order[: i % 3]:
                 samples[label].append(path())
     table(
         f"a trivial run ({IMAGE}, sh -c true), one at a time, one warm worker x 1 slot ({args.cloud})",
         [
             ("runplane: POST /v1/runs -> Run.wait sees it final", samples["e2e"]),
             ("docker run --rm --network none", samples["bare"]),
+            ("for reference: the agent's container by hand (docker SDK)", samples["sdk"]),
         ],
     )
     table("where a warm run's time goes (median of each step)", list(steps.items()))
