@@ -71,8 +71,9 @@ def cli_needs(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, tup
     """For ``runplane ARGV``: (the command, the extras it needs), or None for a command that needs
     only the client. ``runplane dev`` runs the stack: ``local``, and ``azure`` on Azure terms
     (``--cloud azure``, or an Azure connection string without ``--cloud``, as runplane/cli/dev.py
-    reads its options); ``runplane token create --direct`` writes to the store of RUNPLANE_CLOUD's
-    stack (``aws`` or ``azure``). Help needs no extra."""
+    reads its options); ``runplane serve`` runs it too (``serve backup`` copies files: nothing);
+    ``runplane token create --direct`` writes to the store of RUNPLANE_CLOUD's
+    stack (``aws`` or ``azure``; ``local`` with ``--state-dir``). Help needs no extra."""
     if "--help" in argv:
         return None
     argv = _after_global_options(argv)
@@ -83,7 +84,11 @@ def cli_needs(argv: Sequence[str], environ: Mapping[str, str]) -> tuple[str, tup
         if cloud == "azure":
             return "runplane dev --cloud azure", ("local", "azure")
         return "runplane dev", ("local",)
-    if argv[:2] == ["token", "create"] and "--direct" in argv:
+    if argv[:1] == ["serve"] and argv[1:2] != ["backup"]:
+        return "runplane serve", ("local",)
+    if argv[:2] == ["token", "create"] and ("--direct" in argv or _option(argv, "--state-dir") is not None):
+        if _option(argv, "--state-dir") is not None or environ.get("RUNPLANE_CLOUD") == "local":
+            return "runplane token create --direct", ("local",)
         return "runplane token create --direct", ("azure",) if environ.get("RUNPLANE_CLOUD") == "azure" else ("aws",)
     return None
 

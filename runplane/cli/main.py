@@ -1,8 +1,8 @@
 """``runplane``: submit, watch, kill and fetch runs; ``runplane dev`` runs the local stack.
 
-Every command lives in a module of its group (runs, sweeps, tokens, quotas, usage, fleet, profiles, dev); this one holds
-the app, its global options, and the one place where errors become a line on stderr and an exit
-code (``common.ExitCode``, README.md's table).
+Every command lives in a module of its group (runs, sweeps, tokens, quotas, usage, fleet, profiles, dev,
+serve); this one holds the app, its global options, and the one place where errors become a line on
+stderr and an exit code (``common.ExitCode``, README.md's table).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ try:  # typer 0.29 and later carry their own copy of click, whose exceptions are
 except ImportError:  # earlier typer runs on click itself
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
-from runplane.cli import fleet, profiles, quotas, runs, sweeps, tokens, usage
+from runplane.cli import fleet, profiles, quotas, runs, serve, sweeps, tokens, usage
 from runplane.cli.common import CliError, ExitCode, Options, configure_output, error_exit_code, say_error
 from runplane.cli.dev import dev
 from runplane.client import ApiError
@@ -78,6 +78,7 @@ quotas.register(app)
 usage.register(app)
 profiles.register(app)
 app.command()(dev)
+serve.register(app)
 
 
 def run_cli(args: list[str] | None = None) -> int:

@@ -1,0 +1,188 @@
+"""``runplane serve``: the stack of ``runplane dev`` as a machine's service, its state kept in one
+directory (SQLite and files), and ``runplane serve backup``: a copy of that state taken while it runs.
+
+A stop (SIGTERM, Ctrl-C) stops serving and leaves the runs where they are: queued ones stay queued,
+running ones keep running under their agents, which outlive the service and report when it is back.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from runplane.adapters.local.backup import BackupError, backup
+from runplane.cli.common import CliError, err
+from runplane.cli.dev import dashboard_link
+
+DEFAULT_STATE_DIR = "/var/lib/runplane"
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+serve_app = typer.Typer(invoke_without_command=True)  # its help is serve's docstring
+
+STATE_DIR = Annotated[
+    Path,
+    typer.Option(
+        "--state-dir",
+        help="the stack's directory (made 0700): its database state.db, its objects, its agents' work dirs",
+    ),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(serve_app, name="serve")
+
+
+@serve_app.callback()
+def serve(
+    ctx: typer.Context,
+    state_dir: STATE_DIR = Path(DEFAULT_STATE_DIR),
+    listen: Annotated[
+        str,
+        typer.Option(
+            help="ADDR:PORT to serve the API on ([::1]:8080 for IPv6). An address other than loopback "
+            "(0.0.0.0) needs TLS (--tls-cert/--tls-key) or a reverse proxy with TLS in front",
+        ),
+    ] = DEFAULT_LISTEN,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="PEM certificate (chain) to serve HTTPS with", show_default=False)
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert", show_default=False)
+    ] = None,
+    public_url: Annotated[
+        str | None,
+        typer.Option(
+            "--public-url",
+            help="the URL clients reach the API at (behind a reverse proxy: the proxy's), the start of the "
+            "object URLs the stack signs; default http(s)://ADDR:PORT",
+            show_default=False,
+        ),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option(help="an admin API token to accept (kept as a hash, like every token)")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
+    pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
+) -> None:
+    """Serve the stack on this machine: API, dashboard, dispatcher, reaper and local agents on Docker,
+    its state in --state-dir. The first start makes an admin token and prints it once.
+
+    SIGTERM or Ctrl-C stops the service and leaves the runs going: queued runs stay queued, running
+    runs keep running under their agents and report when the service is back.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    import logging
+
+    from runplane.devstack.stack import DevConfig, DevStack
+
+    host, port = parse_listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise CliError("--tls-cert and --tls-key go together: give both or neither")
+    for name, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            raise CliError(f"{name} {path}: no such file")
+    config = DevConfig(
+        port=port,
+        host=host,
+        serve=True,
+        cloud="local",
+        state_dir=state_dir.expanduser().absolute(),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        public_url=public_url or None,
+        token=token,
+        workers=workers,
+        pools_file=pools_file,
+        write_dev_file=False,
+    )
+    try:
+        stack = DevStack(config)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("runplane").setLevel(logging.INFO)
+
+    def on_term(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # the service manager's SIGTERM stops it like Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (a script's background job)
+    try:
+        stack.start()
+    except OSError as e:
+        raise CliError(f"cannot start the service: {e}") from e
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    try:
+        made = stack.token if token is None else None  # a token of the operator's is not shown
+        err.print(_banner(stack.api_url, made, config.state_dir), highlight=False, soft_wrap=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the stop short
+        err.print("stopping: the runs and their agents go on", highlight=False)
+        stack.stop()
+        err.print("stopped", highlight=False)
+
+
+def _banner(api_url: str, new_token: str | None, state_dir: Path) -> str:
+    lines = [f"runplane is serving\n  API    {api_url}\n  state  {state_dir}"]
+    if new_token:
+        lines.append(
+            f"  token  {new_token}\n"
+            "         an admin's, shown only now (only its hash is kept): `runplane token create USER` makes "
+            f"users' tokens\n  UI     {dashboard_link(api_url, new_token)}"
+        )
+    else:
+        lines.append(
+            f"  UI     {api_url}/ui\nAn admin token, if you have none: runplane token create --direct "
+            f"--state-dir {state_dir} --scope admin admin"
+        )
+    return "\n".join(lines)
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """``ADDR:PORT`` (``[IPv6]:PORT``) as (address, port). Raises CliError naming what is wrong."""
+    address, sep, port_text = listen.strip().rpartition(":")
+    if not sep or not address:
+        raise CliError(f"--listen {listen!r}: give ADDR:PORT, e.g. 127.0.0.1:8080 or 0.0.0.0:8080")
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        if address != "localhost":
+            raise CliError(f"--listen {listen!r}: {address!r} is not an IP address") from None
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        raise CliError(f"--listen {listen!r}: the port must be a number from 1 to 65535")
+    return address, int(port_text)
+
+
+@serve_app.command("backup")
+def backup_command(
+    dest: Annotated[Path, typer.Argument(help="a new (or empty) directory outside the state directory")],
+    state_dir: STATE_DIR = Path(DEFAULT_STATE_DIR),
+) -> None:
+    """Copy the service's state (database and objects) into DEST while it runs: a consistent copy.
+
+    Restore: stop the service, move its state directory aside, copy DEST in its place (keeping its
+    owner and modes), start the service.
+    """
+    try:
+        copied = backup(state_dir, dest)
+    except BackupError as e:
+        raise CliError(str(e)) from e
+    err.print(
+        f"copied the database ({copied.database_bytes} bytes) and {copied.objects} objects "
+        f"({copied.object_bytes} bytes) into {dest}",
+        highlight=False,
+    )
