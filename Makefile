@@ -61,6 +61,9 @@ bench: setup image
 	$(PY) bench/log_reads.py
 	$(PY) bench/submit_throughput.py
 	$(PY) bench/throughput.py
+	$(PY) bench/onebox.py warm
+	$(PY) bench/onebox.py batch
+	$(PY) bench/onebox.py submit
 
 validate: setup-test
 	$(VENV)/bin/cfn-lint template.yaml
