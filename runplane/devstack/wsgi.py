@@ -81,9 +81,12 @@ class ProductionFront:
                 headers[name] = str(environ[key])
         try:
             body = environ["wsgi.input"].read()
-        except MaxSizeExceeded:  # a chunked body past MAX_REQUEST (cheroot answers a Content-Length one)
-            message = json.dumps({"error": {"code": "payload_too_large", "message": "request body too large"}})
-            return _answer(start_response, FrontResponse(413, {"content-type": "application/json"}, message.encode()))
+        except (MaxSizeExceeded, OSError) as e:
+            # cheroot answers a Content-Length past MAX_REQUEST itself; a chunked body past it
+            # raises here (an OSError saying so), as does a body cut short
+            if isinstance(e, MaxSizeExceeded) or "too large" in str(e).lower():
+                return _error(start_response, 413, "payload_too_large", "request body too large")
+            return _error(start_response, 400, "bad_request", "the request body could not be read")
         port = self.server_address[1]
         request = FrontRequest(
             method=environ["REQUEST_METHOD"],
@@ -95,6 +98,11 @@ class ProductionFront:
             host=headers.get("Host") or f"127.0.0.1:{port}",
         )
         return _answer(start_response, self.cloud.http(request))
+
+
+def _error(start_response: StartResponse, status: int, code: str, message: str) -> Iterable[bytes]:
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    return _answer(start_response, FrontResponse(status, {"content-type": "application/json"}, body))
 
 
 def _answer(start_response: StartResponse, response: FrontResponse) -> Iterable[bytes]:
