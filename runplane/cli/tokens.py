@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import getpass
+import os
+import sqlite3
+import stat
 from typing import Annotated
 
 import typer
 from rich.table import Column, Table
 from rich.text import Text
 
+from runplane.adapters.local.db import DB_FILE, state_path
 from runplane.api.tenancy_models import TokenCreated, UserView
 from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json
 
@@ -52,12 +57,31 @@ def token_create(
             "instead of the API: how a deployed stack gets its first admin token",
         ),
     ] = False,
+    state_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--state-dir",
+            metavar="DIR",
+            help="write to the database of the stack on this machine whose state directory is DIR (runplane serve's "
+            "--state-dir, runplane dev's ~/.runplane/dev/PORT), as its user or root; implies --direct",
+        ),
+    ] = None,
+    init: Annotated[
+        bool,
+        typer.Option(
+            "--init",
+            help="with --state-dir: make the stack's database there if it has none (an install, before the "
+            "service first starts); without it, a directory that holds no stack's database is refused",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the token's record (and secret) as JSON")] = False,
 ) -> None:
     """Make a token for USER; its secret is printed once and stored only as a hash."""
     scopes = [s.value for s in scope] if scope else None
-    if direct:
-        made = _direct_token(user, group or [], scopes, expires)
+    if init and state_dir is None:
+        raise CliError("--init makes the database of a stack on this machine: give its --state-dir DIR")
+    if direct or state_dir is not None:
+        made = _direct_token(user, group or [], scopes, expires, state_dir, init=init)
     else:
         made = client(ctx).create_token(user, groups=group or [], scopes=scopes, expires_in=expires)
     if as_json:
@@ -75,7 +99,9 @@ def token_create(
     )
 
 
-def _direct_token(user: str, groups: list[str], scopes: list[str] | None, expires: str | None) -> TokenCreated:
+def _direct_token(
+    user: str, groups: list[str], scopes: list[str] | None, expires: str | None, state_dir: str | None, *, init: bool
+) -> TokenCreated:
     # The stack (boto3 or the Azure SDKs) is imported only here: the CLI's other commands need
     # none of it, and an install without it still runs them.
     from pydantic import ValidationError
@@ -84,9 +110,16 @@ def _direct_token(user: str, groups: list[str], scopes: list[str] | None, expire
     from runplane.bootstrap import build_stack
     from runplane.domain.errors import RunplaneError
     from runplane.services.tenancy import create_token
+    from runplane.settings import StackSettings
 
+    environ = dict(os.environ)
+    if state_dir is not None:
+        environ |= {"RUNPLANE_CLOUD": "local", "RUNPLANE_STATE_DIR": state_dir}
     try:
-        stack = build_stack()
+        settings = StackSettings.from_env(environ)
+        if settings.cloud == "local":
+            _check_database(settings.state_dir, init=init)
+        stack = build_stack(settings)
         made = create_token(
             stack.ports,
             user=user,
@@ -104,6 +137,41 @@ def _direct_token(user: str, groups: list[str], scopes: list[str] | None, expire
     except ValueError as e:  # a pools file that cannot be read
         raise CliError(str(e).splitlines()[0]) from None
     return TokenCreated(**token_view(made.token).model_dump(), token=made.secret)
+
+
+def _check_database(state_dir: str, *, init: bool) -> None:
+    """Raise CliError (one line) unless ``state_dir`` holds a runplane stack's database that this
+    user may read and write (``init``: or none yet, nor the directory). Nothing is created: a token
+    goes into the database of a stack, never into an empty one made here by a mistyped path."""
+    root = state_path(state_dir)
+    hint = "give the state directory of a stack: runplane serve's --state-dir (default /var/lib/runplane) or "
+    hint += "runplane dev's ~/.runplane/dev/PORT"
+    denied = f"cannot read and write {root}: run as the service's user or root"
+    database = root / DB_FILE
+    try:
+        if not stat.S_ISDIR(root.stat().st_mode):
+            raise CliError(f"{root} is not a directory: {hint}")
+        if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
+            raise CliError(denied)
+        if not database.exists() and init:
+            return
+        if not database.is_file():
+            raise CliError(f"{root} holds no runplane database ({DB_FILE}): {hint}")
+        if not os.access(database, os.R_OK | os.W_OK):
+            raise CliError(denied)
+    except FileNotFoundError:
+        if init:
+            return
+        raise CliError(f"{root} does not exist: {hint}") from None
+    except PermissionError:
+        raise CliError(denied) from None
+    try:  # mode=rw: never created here
+        with contextlib.closing(sqlite3.connect(f"{database.as_uri()}?mode=rw", uri=True)) as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.Error:
+        tables = {""}
+    if "tokens" not in tables and (tables or not init):  # init: an empty database (a first start cut short) will do
+        raise CliError(f"{database} is not a runplane stack's database: {hint}")
 
 
 @token_app.command("ls")

@@ -3,6 +3,9 @@ than its scopes allow. On both clouds' local stacks."""
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from datetime import datetime
@@ -13,10 +16,12 @@ import pytest
 from runplane.bootstrap import azure_names, build_stack, make_ports
 from runplane.client import Client, LastAdminToken
 from runplane.client.errors import error_from_answer
+from runplane.devstack.process import DevStackProcess
+from runplane.devstack.stack import DevConfig, free_port
 from runplane.domain.errors import LastAdmin, NotFound
 from runplane.services import tenancy
 from runplane.settings import StackSettings
-from tests.conftest import DATASETS, TERMINAL, VISION_DATA, api_status, wait_for, wait_state
+from tests.conftest import DATASETS, POOLS_FILE, TERMINAL, VISION_DATA, api_status, wait_for, wait_state
 from tests.security.conftest import bearer, raw
 
 PARKED = {"command": "echo hi", "queue": "parked"}
@@ -229,6 +234,110 @@ def test_the_cli_makes_the_first_admin_token_with_cloud_credentials(devstack, tm
         timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _runplane(*args, home, env=None, prefix=()):
+    """``runplane ARGS`` as a process with none of this process's RUNPLANE_* settings."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
+    cmd = [*prefix, str(Path(sys.executable).with_name("runplane")), *args]
+    return subprocess.run(cmd, env={**clean, "HOME": str(home), **(env or {})}, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+
+
+def _one_error_line(done, code):
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    return done.stderr.strip()
+
+
+def test_the_operator_of_one_machine_gets_back_in_with_local_access_alone(tmp_path):
+    """``runplane token create --state-dir DIR`` writes an admin token into the database of the
+    stack on this machine with no token and no API, and that stack's API takes it at once; through
+    it the operator revokes the old admin token, and the CLI refuses, in one line, to revoke the
+    last one."""
+    port = free_port()
+    dev = DevStackProcess(
+        DevConfig(port=port, token="first-admin", user="admin", pools_file=str(POOLS_FILE), state_dir=tmp_path / "dev",
+                  write_dev_file=False),
+        tmp_path / "dev.log",
+    )  # fmt: skip
+    dev.start(timeout=120)
+    try:
+        made = _runplane(
+            "token", "create", "ops", "--scope", "admin", "--state-dir", str(tmp_path / "dev" / str(port)), "--json",
+            home=tmp_path,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        ops = json.loads(made.stdout)
+        assert (ops["user"], ops["scopes"]) == ("ops", ["admin"])
+        assert "(runplane token create --direct)" in ops["created_by"]
+        as_ops = {"RUNPLANE_API_URL": dev.api_url, "RUNPLANE_TOKEN": ops["token"]}
+        me = json.loads(_runplane("whoami", "--json", home=tmp_path, env=as_ops).stdout)
+        assert (me["user"], me["scopes"], me["token_id"]) == ("ops", ["admin"], ops["id"])
+        first = Client(dev.api_url, "first-admin").me().token_id
+        assert _runplane("token", "revoke", first, home=tmp_path, env=as_ops).returncode == 0
+        refused = _one_error_line(_runplane("token", "revoke", ops["id"], home=tmp_path, env=as_ops), 3)
+        assert f"{ops['id']} is the last admin token" in refused and "make another admin token first" in refused
+        assert Client(dev.api_url, ops["token"]).me().user == "ops"
+    finally:
+        dev.stop()
+
+
+def test_a_token_is_written_only_into_a_stacks_database_that_this_user_may_write(tmp_path, local_stack):
+    """``--state-dir`` of no stack is one line and creates nothing: a directory that does not exist,
+    one with no database, a file that is no runplane database, a file in place of the directory.
+    A stack's directory this user cannot read and write (another user's, 0700) is one line that says
+    who can."""
+    missing, empty, foreign, plain = (tmp_path / name for name in ("missing", "empty", "foreign", "plain"))
+    empty.mkdir()
+    foreign.mkdir()
+    (foreign / "state.db").write_bytes(b"not a database")
+    plain.write_text("")
+    for state_dir, why in [
+        (missing, "does not exist"),
+        (empty, "holds no runplane database (state.db)"),
+        (foreign, "is not a runplane stack's database"),
+        (plain, "is not a directory"),
+    ]:
+        before = sorted(p.name for p in tmp_path.rglob("*"))
+        line = _one_error_line(_runplane("token", "create", "ops", "--state-dir", str(state_dir), home=tmp_path), 2)
+        assert f"{state_dir}" in line and why in line and "runplane serve's --state-dir" in line
+        assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing created
+    state = Path(local_stack.settings.state_dir)
+    if os.geteuid() == 0:  # root reads anything: another user's directory, read by root without that power
+        for path in [state, *state.rglob("*")]:
+            os.chown(path, 65534, 65534)
+        prefix = [
+            "setpriv",
+            "--inh-caps=-dac_override,-dac_read_search",
+            "--bounding-set=-dac_override,-dac_read_search",
+        ]
+    else:
+        state.chmod(0)
+        prefix = []
+    try:
+        denied = _runplane("token", "create", "ops", "--state-dir", str(state), home=tmp_path, prefix=prefix)
+        line = _one_error_line(denied, 2)
+        assert f"cannot read and write {state}: run as the service's user or root" in line
+    finally:
+        state.chmod(0o700)
+    assert local_stack.tokens.list() == []
+
+
+def test_init_makes_the_database_of_a_first_install(tmp_path):
+    """``--init``: an install makes its first admin token before the service first starts, into a
+    database made then (0700); ``--init`` names a state directory or is refused."""
+    assert "give its --state-dir" in _one_error_line(_runplane("token", "create", "ops", "--init", home=tmp_path), 2)
+    state = tmp_path / "var" / "runplane"
+    made = _runplane(
+        "token", "create", "ops", "--scope", "admin", "--state-dir", str(state), "--init", "--json", home=tmp_path
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert state.stat().st_mode & 0o777 == 0o700
+    settings = StackSettings(
+        cloud="local", state_dir=str(state), public_url="http://127.0.0.1:9", pools=str(POOLS_FILE)
+    )
+    assert [t.id for t in build_stack(settings).tokens.list()] == [json.loads(made.stdout)["id"]]
 
 
 # ---- scopes fail closed --------------------------------------------------------------------

@@ -34,6 +34,16 @@ DEV_AZURE = ("runplane dev --cloud azure", ("local", "azure"))
             {"RUNPLANE_CLOUD": "azure"},
             ("runplane token create --direct", ("azure",)),
         ),
+        (
+            ["token", "create", "ops", "--state-dir", "/var/lib/runplane"],
+            {},
+            ("runplane token create --direct", ("local",)),
+        ),
+        (
+            ["token", "create", "ops", "--direct"],
+            {"RUNPLANE_CLOUD": "local"},
+            ("runplane token create --direct", ("local",)),
+        ),
         (["token", "create", "alice"], {}, None),
         (["run", "--", "runplane", "dev"], {}, None),
         (["ls"], {}, None),
