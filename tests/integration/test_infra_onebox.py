@@ -1,0 +1,128 @@
+"""Static checks of the one-machine service files in infra/onebox: the systemd unit verifies and
+keeps the agents it started through a restart; install.sh parses, passes shellcheck, refuses to
+run without root, and its dry run (into a temporary root) says what it would install and changes
+nothing; every option the unit passes is one ``runplane serve`` takes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.integration.test_infra_ami import tool, unit_sections
+
+ONEBOX = ROOT / "infra" / "onebox"
+UNIT = ONEBOX / "runplane.service"
+INSTALL = ONEBOX / "install.sh"
+BINARY = "/opt/runplane/bin/runplane"
+
+
+def values(key: str) -> list[str]:
+    return [v for entries in unit_sections(UNIT.read_text()).values() for k, v in entries if k == key]
+
+
+def test_unit_passes_systemd_analyze_verify(tmp_path):
+    stub = tmp_path / "runplane"
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    assert UNIT.read_text().count(BINARY) == 1
+    unit = tmp_path / UNIT.name
+    unit.write_text(UNIT.read_text().replace(BINARY, str(stub)))
+    (tmp_path / "docker.service").write_text(f"[Unit]\nDescription=stub\n[Service]\nExecStart={stub}\n")
+    proc = subprocess.run([tool("systemd-analyze"), "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert [line for line in output.splitlines() if UNIT.name in line] == [], output
+
+
+def test_unit_serves_the_state_directory_and_a_restart_leaves_the_agents_running():
+    assert set(unit_sections(UNIT.read_text())) == {"Unit", "Service", "Install"}
+    (exec_start,) = values("ExecStart")
+    argv = exec_start.split()
+    assert argv[:2] == [BINARY, "serve"]
+    assert argv[argv.index("--state-dir") + 1] == "/var/lib/runplane"
+    help_text = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "runplane"), "serve", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    for flag in [a for a in argv[2:] if a.startswith("--")]:
+        assert flag in help_text, flag
+    assert values("Type") == ["simple"]
+    assert values("KillMode") == ["process"]  # only the service: its agents and their runs go on
+    assert values("Restart") == ["on-failure"]
+    assert values("RestartPreventExitStatus") == ["2"]  # a usage error (runplane's exit code 2)
+    assert values("StateDirectory") == ["runplane"]
+    assert values("StateDirectoryMode") == ["0700"]
+    assert values("UMask") == ["0077"]
+    assert "docker.service" in values("Requires")
+    assert values("WantedBy") == ["multi-user.target"]
+    # the agents mount their work dirs where dockerd sees them: no mount namespace of the service's own
+    for key in ("PrivateTmp", "ProtectSystem", "ProtectHome", "PrivateDevices", "ReadWritePaths", "PrivateMounts"):
+        assert values(key) in ([], ["no"]), key
+    assert "AF_UNIX" in values("RestrictAddressFamilies")[0].split()  # the Docker socket
+
+
+def test_install_sh_parses_and_passes_shellcheck():
+    assert subprocess.run(["bash", "-n", str(INSTALL)], capture_output=True, timeout=30).returncode == 0
+    proc = subprocess.run([tool("shellcheck"), str(INSTALL)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def dry_run(root, *args: str) -> str:
+    proc = subprocess.run(
+        ["bash", str(INSTALL), "--dry-run", "--root", str(root), *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_a_dry_run_into_a_root_says_what_it_installs_and_changes_nothing(tmp_path):
+    pools = tmp_path / "pools.yaml"
+    pools.write_text("pools: []\n")
+    root = tmp_path / "root"
+    root.mkdir()
+
+    said = dry_run(root, "--listen", "0.0.0.0:8443", "--pools", str(pools))
+
+    assert list(root.iterdir()) == []
+    assert f"+ python3 -m venv {root}/opt/runplane" in said
+    assert f"-m pip install -q --disable-pip-version-check --upgrade {ROOT}\\[local\\]" in said  # this checkout
+    assert f"{UNIT} {root}/etc/systemd/system/runplane.service" in said
+    assert f"{pools} {root}/etc/runplane/pools.yaml" in said
+    assert "RUNPLANE_SERVE_ARGS=--listen 0.0.0.0:8443 --pools /etc/runplane/pools.yaml" in said
+    assert f"+ systemctl --root={root} enable runplane.service" in said
+
+
+def test_a_second_run_keeps_the_settings_unless_told_and_installs_a_version_with_the_extra(tmp_path):
+    (tmp_path / "etc" / "runplane").mkdir(parents=True)
+    (tmp_path / "etc" / "runplane" / "serve.env").write_text("RUNPLANE_SERVE_ARGS=--listen 127.0.0.1:9000\n")
+
+    said = dry_run(tmp_path, "--package", "runplane==0.2.0")
+
+    assert "keeping " in said and "RUNPLANE_SERVE_ARGS=" not in said
+    assert "--upgrade runplane\\[local\\]==0.2.0" in said
+    said = dry_run(tmp_path, "--listen", "0.0.0.0:8080")
+    assert "sed -i s\\|\\^RUNPLANE_SERVE_ARGS=.\\*\\|RUNPLANE_SERVE_ARGS=--listen\\ 0.0.0.0:8080\\|" in said
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [(["--listen", "nowhere"], "give ADDR:PORT"), (["--pools", "/nonexistent.yaml"], "no such file")],
+)
+def test_bad_options_are_refused(tmp_path, args, said):
+    proc = subprocess.run(
+        ["bash", str(INSTALL), "--dry-run", "--root", str(tmp_path), *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert said in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("runuser") is None, reason="needs root to run as another user")
+def test_it_refuses_to_install_without_root():
+    proc = subprocess.run(
+        ["runuser", "-u", "nobody", "--", "bash", str(INSTALL)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1
+    assert "run it as root" in proc.stderr
