@@ -33,6 +33,7 @@ from runplane.domain.states import TERMINAL_STATES
 from runplane.ports import ComputeBackend, TokenStore
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
+from tests.object_front import objects_front
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS_FILE = ROOT / "tests" / "pools.yaml"
@@ -123,12 +124,15 @@ def aws_stack(moto_endpoint: str) -> Stack:
 
 
 @pytest.fixture
-def local_stack(tmp_path: Path) -> Stack:
-    """A fresh stack on one machine: its own SQLite database and objects directory (cloud ``local``)."""
-    settings = StackSettings(
-        cloud="local", state_dir=str(tmp_path / "state"), public_url="http://127.0.0.1:9", pools=str(POOLS_FILE)
-    )
-    return build_stack(settings)
+def local_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A fresh stack on one machine: its own SQLite database and objects directory (cloud ``local``),
+    its object URLs answered on loopback by the front, as the local stack's front answers them."""
+    state = tmp_path / "state"
+    with objects_front(state) as (url, front):
+        settings = StackSettings(cloud="local", state_dir=str(state), public_url=url, pools=str(POOLS_FILE))
+        stack = build_stack(settings)
+        front.secret = stack.tokens.secret
+        yield stack
 
 
 def _stop_service(pid: int, name: str) -> None:
