@@ -29,7 +29,13 @@ def ports(stack):
 @pytest.fixture
 def events(request, stack):
     """The dispatcher events sent so far that tell of an end (read off the events queue)."""
-    if request.node.callspec.params["stack"] == "aws-moto":
+    if request.node.callspec.params["stack"] == "local-sqlite":
+
+        def read():
+            got = stack.queue.receive_events(32, 0, 30)
+            return _told([DispatchEvent.model_validate_json(d.body) for d in got])
+
+    elif request.node.callspec.params["stack"] == "aws-moto":
         from runplane.adapters.aws.sqs import events_queue_name
 
         url = stack.queue._url(events_queue_name(stack.settings.prefix))
@@ -207,9 +213,11 @@ def test_follow_adds_a_dependent_once_while_the_run_goes(stack, ports, monkeypat
     assert held.dependents == ["r-a", "sweep:s-b"]
     import runplane.adapters.aws.runs as dynamo
     import runplane.adapters.azure.runs as tables
+    import runplane.adapters.local.runs as sqlite
 
     monkeypatch.setattr(dynamo, "MAX_DEPENDENTS", 2)
     monkeypatch.setattr(tables, "MAX_DEPENDENTS", 2)
+    monkeypatch.setattr(sqlite, "MAX_DEPENDENTS", 2)
     with pytest.raises(Conflict):
         stack.store.follow(up.id, "r-c")
     lifecycle.fail(stack.store, held, FailureReason.NONZERO_EXIT, "exit 1", 1001.0)
