@@ -1,0 +1,88 @@
+"""The SQLite queue across processes, as the stack's processes use it (the front sends, every agent
+receives, each with its own connections to one database): a waiting receive wakes when another
+process sends, not when its wait ends, and receivers racing on one queue never take the same
+message while it is invisible."""
+
+import multiprocessing
+import time
+import traceback
+
+from runplane.adapters.local.db import Database
+from runplane.adapters.local.queues import SqliteRunQueue
+from runplane.domain.messages import RunMessage
+
+WAIT = 30.0
+"""How long the waiting receive may wait: the send it must wake for comes long before."""
+RECEIVERS = 4
+MESSAGES = 120
+
+
+def _sender(state_dir, go, sent):
+    """Send one hint when told to; report when the send returned (or what went wrong)."""
+    try:
+        queue = SqliteRunQueue(Database.at(state_dir))
+        go.wait(timeout=60)
+        queue.send("default", RunMessage(run_id="r-woken", attempt=0))
+        sent.put((time.time(), None))
+    except BaseException:
+        sent.put((0.0, traceback.format_exc()))
+
+
+def test_a_waiting_receive_wakes_when_another_process_sends(tmp_path):
+    state_dir = tmp_path / "state"
+    queue = SqliteRunQueue(Database.at(state_dir))
+    context = multiprocessing.get_context("fork")
+    go, sent = context.Event(), context.Queue()
+    sender = context.Process(target=_sender, args=(state_dir, go, sent))
+    sender.start()
+    try:
+        assert queue.receive("default", 1, wait_seconds=0.2, visibility_seconds=30) == []  # nothing yet
+        go.set()  # the sender sends while this process waits below
+        began = time.time()
+        got = queue.receive("default", 1, wait_seconds=WAIT, visibility_seconds=30)
+        woken = time.time()
+        at, error = sent.get(timeout=60)
+    finally:
+        sender.join(timeout=10)
+    assert error is None, error
+    assert [d.message.run_id for d in got] == ["r-woken"]
+    # woken by the send, not by the end of its wait: a few seconds of slack on a busy machine
+    assert woken - at < 5.0 and woken - began < WAIT / 2
+
+
+def _receiver(state_dir, n, start, results):
+    """Receive until the queue stays empty for a second, holding each batch a moment as an agent
+    would (so that the others get their turns); report each message's id and receipt."""
+    try:
+        queue = SqliteRunQueue(Database.at(state_dir))
+        start.wait(timeout=60)
+        got = []
+        while deliveries := queue.receive("default", 2, wait_seconds=1.0, visibility_seconds=300):
+            got += [(d.message.run_id, d.receipt, d.receive_count) for d in deliveries]
+            time.sleep(0.02)
+        results.put((n, got, None))
+    except BaseException:
+        results.put((n, [], traceback.format_exc()))
+
+
+def test_receivers_in_many_processes_never_take_a_message_twice_while_it_is_invisible(tmp_path):
+    state_dir = tmp_path / "state"
+    queue = SqliteRunQueue(Database.at(state_dir))
+    for i in range(MESSAGES):
+        queue.send("default", RunMessage(run_id=f"r-{i}", attempt=0))
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(RECEIVERS), context.Queue()
+    receivers = [context.Process(target=_receiver, args=(state_dir, n, start, results)) for n in range(RECEIVERS)]
+    for receiver in receivers:
+        receiver.start()
+    got = [results.get(timeout=120) for _ in receivers]
+    for receiver in receivers:
+        receiver.join(timeout=10)
+
+    assert [error for *_, error in got if error] == []
+    taken = [(run_id, count) for _, deliveries, _ in got for run_id, _, count in deliveries]
+    assert sorted(run_id for run_id, _ in taken) == sorted(f"r-{i}" for i in range(MESSAGES))  # each once
+    assert {count for _, count in taken} == {1}
+    assert sum(1 for _, deliveries, _ in got if deliveries) > 1  # they did race: more than one took some
+    receipts = [receipt for _, deliveries, _ in got for _, receipt, _ in deliveries]
+    assert len(set(receipts)) == MESSAGES
