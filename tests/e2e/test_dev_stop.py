@@ -1,13 +1,12 @@
 """``runplane dev`` stopped by Ctrl-C (SIGINT) or SIGTERM while runs go: within ten seconds the
-process has exited, every unfinished run is recorded killed because the local stack stopped (a
-queued one at once, a running one by its agent, which stops its container), and nothing of the
-stack is left: no agent process, no run container, no work dir mount.
+process has exited, every running run is recorded killed because the local stack stopped (by its
+agent, which stops its container), a queued one stays queued for the next start, and nothing of
+the stack is left: no agent process, no run container, no work dir mount.
 
 The real CLI runs as a process of its own, with a HOME of its own (it writes its dev.json there).
-On AWS it runs moto in its own process, as `make dev` does, so the runs' records go with it: the
-stack's log says what it killed, and the agent's log how the run ended. On Azure it uses the test
-session's Azurite (``--azure-connection``), so the records are read back after it has exited;
-there it also runs its demo run first (``--demo``, as `make dev` does)."""
+On its default cloud (local) the records stay in its state dir, read back after it has exited.
+On Azure it uses the test session's Azurite (``--azure-connection``), so the records are read back
+from there; there it also runs its demo run first (``--demo``, as `make dev` does)."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ from runplane.bootstrap import build_stack
 from runplane.cli.dev import dashboard_link
 from runplane.client import Client
 from runplane.devstack.stack import free_port
+from runplane.domain.runs import Run
 from runplane.domain.states import FailureReason, RunState
 from runplane.settings import StackSettings, parse_connection_string
 from tests.conftest import wait_for
@@ -195,12 +195,14 @@ def test_ctrl_c_kills_the_runs_and_leaves_nothing_behind_even_when_pressed_twice
     assert_nothing_left(dev, going, docker_client)
     said = dev.output()
     assert "still stopping" in said
-    assert f"killed 1 queued run(s): {going.queued}" in said
     assert f"stopping 1 active run(s): {going.running}" in said
     assert "Traceback" not in said
     # the agent that held the run recorded its end (its log is kept in the stack's directory)
     agent_logs = "".join(path.read_text() for path in (dev.state / "workers").glob("*/*.log"))
     assert f"run {going.running} ended killed" in agent_logs
+    store = build_stack(StackSettings(cloud="local", state_dir=str(dev.state))).store
+    assert_stopped(store.get(going.running))
+    assert store.get(going.queued).state == RunState.QUEUED  # it runs at the next start
 
 
 def test_sigterm_records_every_run_killed_on_an_existing_azure_storage(start_dev, docker_client, azurite):
@@ -222,8 +224,12 @@ def test_sigterm_records_every_run_killed_on_an_existing_azure_storage(start_dev
     key = parse_connection_string(azurite)["AccountKey"]
     assert "AccountKey=***" in dev.output() and key not in dev.output()
     store = build_stack(StackSettings(cloud="azure", azure_storage_connection_string=azurite)).store
-    for run in (store.get(going.running), store.get(going.queued)):
-        assert run.state == RunState.KILLED
-        assert run.failure is not None and run.failure.reason == FailureReason.KILLED
-        assert STOPPED in run.failure.message
-        assert run.finished_at is not None
+    assert_stopped(store.get(going.running))
+    assert store.get(going.queued).state == RunState.QUEUED
+
+
+def assert_stopped(run: Run) -> None:
+    assert run.state == RunState.KILLED
+    assert run.failure is not None and run.failure.reason == FailureReason.KILLED
+    assert STOPPED in run.failure.message
+    assert run.finished_at is not None
