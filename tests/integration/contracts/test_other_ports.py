@@ -130,6 +130,25 @@ def test_objects_errors_are_the_ports_errors(stack, tmp_path):
             call()
 
 
+def test_objects_are_listed_and_paged_in_key_order(stack):
+    """Key order is the order of the keys' characters wherever a '/' falls ('a-c' and 'a.x' before
+    'a/a'), in a whole listing and across pages; a prefix need not end at a '/'."""
+    for key in ("p/ab", "p/a/b/c", "p/a-c", "p/a/a", "p/a.x", "q/a"):
+        stack.objects.put_bytes(key, key.encode())
+    ordered = ["p/a-c", "p/a.x", "p/a/a", "p/a/b/c", "p/ab"]
+    assert [o.key for o in stack.objects.list("p/")] == ordered
+    assert [o.key for o in stack.objects.list("p/a")] == ordered
+    assert [o.key for o in stack.objects.list("p/a/")] == ["p/a/a", "p/a/b/c"]
+    assert [(o.key, o.size) for o in stack.objects.list("p/a/b/c")] == [("p/a/b/c", 7)]
+    pages, cursor = [], None
+    while True:
+        found, cursor = stack.objects.list_page("p/", cursor, 2)
+        pages.append([o.key for o in found])
+        if cursor is None:
+            break
+    assert pages == [ordered[:2], ordered[2:4], ordered[4:]]
+
+
 def test_worker_registry(stack):
     w = Worker(id="w-1", pool="default", slots=2, free_slots=1, runs=["r-1"], started_at=1.0, heartbeat_at=2.0)
     stack.workers.put(w)
