@@ -148,15 +148,36 @@ def test_an_input_that_grew_since_it_was_listed_stops_downloading(cache, dataset
     assert not (cache.root / "entry").exists() and not list(cache.root.glob(".partial-*"))
 
 
-@pytest.mark.parametrize("cloud", ["aws_stack", "azure_stack"])
-def test_a_download_stops_past_its_most_bytes_on_both_clouds(request, cloud, tmp_path):
+@pytest.mark.parametrize("cloud", ["aws_stack", "azure_stack", "local_stack"])
+def test_a_download_stops_past_its_most_bytes_on_every_cloud(request, cloud, tmp_path):
     objects = request.getfixturevalue(cloud).objects
     objects.put_bytes("big/blob", b"b" * (3 * 1024**2))
+    into = tmp_path / "downloads"
+    into.mkdir()
     with pytest.raises(PayloadTooLarge, match="object big/blob holds"):
-        objects.download_file("big/blob", tmp_path / "blob", max_bytes=1024**2)
-    assert list(tmp_path.iterdir()) == []  # no file, not even a part of one
-    objects.download_file("big/blob", tmp_path / "blob", max_bytes=3 * 1024**2)  # exactly: downloaded
-    assert (tmp_path / "blob").stat().st_size == 3 * 1024**2
+        objects.download_file("big/blob", into / "blob", max_bytes=1024**2)
+    assert list(into.iterdir()) == []  # no file, not even a part of one
+    objects.download_file("big/blob", into / "blob", max_bytes=3 * 1024**2)  # exactly: downloaded
+    assert (into / "blob").stat().st_size == 3 * 1024**2
+
+
+def test_s3_inputs_on_one_machine_are_folders_of_its_objects_directory(local_stack, tmp_path):
+    """On the local cloud, an operator's data set is a folder of the state directory's objects
+    (objects/<bucket>/...): the agent reads it as it reads a bucket, and a link there is no input."""
+    data = local_stack.objects.root / "objects" / "lab-datasets" / "data"
+    (data / "set").mkdir(parents=True)
+    (data / "train.csv").write_bytes(b"a,b\n1,2\n")
+    (data / "set" / "x.txt").write_bytes(b"x")
+    (tmp_path / "private").write_bytes(b"not a data set")
+    os.symlink(tmp_path / "private", data / "set" / "private")
+    datasets = local_stack.objects.within("lab-datasets")
+    cache = new_cache(local_stack, tmp_path / "cache", datasets)
+    one = cache.fetch("s3://lab-datasets/data/train.csv", "u1", **OWNER)
+    assert one.path.read_bytes() == b"a,b\n1,2\n"
+    tree = cache.fetch("s3://lab-datasets/data/set", "u1", **OWNER)
+    assert sorted(str(p.relative_to(tree.path)) for p in tree.path.rglob("*")) == ["x.txt"]
+    with pytest.raises(InputUnavailable, match="nothing there"):
+        cache.fetch("s3://lab-datasets/data/set/private", "u1", **OWNER)
 
 
 def test_eviction_is_lru_and_spares_entries_in_use(cache, datasets):
