@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -17,6 +16,8 @@ from runplane.client import Client
 
 POLL = 0.3
 """Seconds between two reads of a log that has nothing new."""
+WAIT = 20.0
+"""The longest one read of a run waits for it to change (the API's cap)."""
 
 
 def logs(
@@ -54,19 +55,19 @@ def logs(
     # following the latest attempt: read the attempt going now by its number, so that a retry
     # never reads the next attempt's logs from this one's offset; once it is over, the next one
     pinned = attempt
-    while follow and not complete:
+    current = api.get(rid) if follow and not complete else None
+    while current is not None and not complete:
         if pinned is None:  # the latest attempt: which one is it?
-            current = api.get(rid)
-            if not current.view.attempt:  # none yet
+            if not current.view.attempt:  # none yet: the next read answers when the run changes
                 if current.done:
                     break
-                time.sleep(POLL)
+                current.refresh(wait=WAIT)
                 continue
             pinned = current.view.attempt
         page = api.logs(rid, stream, offset, attempt=pinned)
         offset, complete = page.next_offset, page.complete
         if complete and attempt is None:
-            current = api.get(rid)
+            current.refresh()
             if not current.done:  # over, and the run goes again: wait for its next attempt
                 complete = False
                 if current.view.attempt > pinned:
@@ -74,8 +75,8 @@ def logs(
                 page = page.model_copy(update={"complete": False})
         if page.data or page.complete:
             _write_log(page.data, page.next_offset, page.complete, as_json)
-        else:
-            time.sleep(POLL)
+        else:  # nothing new: read again after POLL, or as soon as the run changes (ends)
+            current.refresh(wait=POLL)
 
 
 def _pages_so_far(api: Client, run_id: str, stream: str, attempt: int | None = None) -> Iterator[LogPage]:

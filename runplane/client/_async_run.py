@@ -30,12 +30,13 @@ class AsyncRun(RunBase):
         super().__init__(view, created)
         self._client = client
 
-    async def refresh(self) -> AsyncRun:
-        self.view = await self._client._drive(self._client._plans.get(self.view.id))
+    async def refresh(self, *, wait: float = 0) -> AsyncRun:
+        plans = self._client._plans
+        self.view = await self._client._drive(plans.changed(self.view, wait) if wait > 0 else plans.get(self.view.id))
         return self
 
     async def wait(self, timeout: float | None = None, poll: float = 0.5) -> AsyncRun:
-        self.view = await self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
+        self.view = await self._client._drive(self._client._plans.wait(self.view.id, timeout, poll, self.view))
         return self
 
     async def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView, SweepPage, SweepRetried, SweepView
 from runplane.client._admin_plans import AdminPlans
@@ -33,6 +34,15 @@ MAX_RUNS_PAGE = 500
 MAX_SWEEPS_PAGE = 100
 LINE_HOLD = 64 * 1024
 """``follow`` holds back a partial line until it is this long, then hands it over as it is."""
+LONGEST_WAIT = 20.0
+"""The most seconds one read asks the API to wait for a change (the API's own cap)."""
+TIMEOUT_MARGIN = 5.0
+"""A waiting read asks for at most the client's timeout less this, so that its answer comes in time."""
+
+UNWAITED_POLL = 0.5
+"""``changed``: how often a stack that does not wait (an older one) is read."""
+
+W = TypeVar("W", RunView, SweepView)
 
 
 class Plans(AdminPlans):
@@ -48,6 +58,31 @@ class Plans(AdminPlans):
 
     def get(self, run_id: str) -> Plan[RunView]:
         return self._get(RunView, f"/v1/runs/{quote_segment(run_id)}")
+
+    def changed(self, last: RunView, wait: float) -> Plan[RunView]:
+        """The run of ``last`` read again, as soon as it differs from ``last`` or after ``wait``
+        seconds (at most the API's cap, within the client's timeout)."""
+        path = f"/v1/runs/{quote_segment(last.id)}"
+        return self._watch(RunView, path, last, self._longest(wait), min(wait, UNWAITED_POLL))
+
+    def _longest(self, left: float | None = None) -> float:
+        """The longest a read may ask the API to wait: its cap, within the client's timeout and
+        ``left`` (seconds left of a caller's own timeout)."""
+        return max(0.0, min(LONGEST_WAIT, self.timeout - TIMEOUT_MARGIN, LONGEST_WAIT if left is None else left))
+
+    def _watch(self, model: type[W], path: str, last: W, wait: float, poll: float) -> Plan[W]:
+        """``path`` read again: as soon as it differs from ``last`` (the API holds the answer up to
+        ``wait`` seconds), or as it is after that. A stack that does not wait (an older one, which
+        ignores the parameters and sends no revision) is read every ``poll`` seconds: an answer
+        that comes back unchanged sooner than that is followed by a pause, so that no read spins."""
+        if not last.revision or wait <= 0:
+            yield Pause(poll)
+            return (yield from self._get(model, path))
+        started = time.monotonic()
+        view = yield from self._get(model, path, {"since": last.revision, "wait": round(wait, 3)})
+        if view.revision in ("", last.revision) and time.monotonic() - started < min(wait, poll):
+            yield Pause(poll)
+        return view
 
     def kill(self, run_id: str) -> Plan[RunView]:
         return parse(RunView, (yield from self.raw("POST", f"/v1/runs/{quote_segment(run_id)}/kill")))
@@ -144,17 +179,21 @@ class Plans(AdminPlans):
             cursor = page.next_cursor
 
     def wait_sweep(self, sweep_id: str, timeout: float | None, poll: float) -> Plan[SweepView]:
-        """Read the sweep until it has finished; emits each view read (for progress)."""
+        """Read the sweep until it has finished, each read answered when it changes; emits each
+        view read (for progress)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        view = yield from self.sweep(sweep_id)
         while True:
-            view = yield from self.sweep(sweep_id)
             yield Emit(view)
             if view.finished_at is not None:
                 return view
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise WaitTimeout(0, "wait_timeout", f"sweep {sweep_id} has not finished after {timeout:g}s")
-            yield Pause(poll if left is None else min(poll, left))
+            path = f"/v1/sweeps/{quote_segment(sweep_id)}"
+            view = yield from self._watch(
+                SweepView, path, view, self._longest(left), poll if left is None else min(poll, left)
+            )
 
     def logs(self, run_id: str, stream: str, offset: int, attempt: int | None = None) -> Plan[LogPage]:
         query = {"stream": stream, "offset": offset, "attempt": attempt}
@@ -182,16 +221,28 @@ class Plans(AdminPlans):
                 return
             cursor = page.next_cursor
 
-    def wait(self, run_id: str, timeout: float | None, poll: float) -> Plan[RunView]:
+    def wait(self, run_id: str, timeout: float | None, poll: float, last: RunView | None = None) -> Plan[RunView]:
+        """Read the run until it has ended, each read answered when it changes (from ``last``, the
+        view already had). A state this release does not know (a newer one's) is not an end: it
+        is warned of once, and named if the wait times out."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        view = last if last is not None else (yield from self.get(run_id))
+        warned = False
         while True:
-            view = yield from self.get(run_id)
             if view.state in TERMINAL_STATES:
                 return view
+            unknown = not isinstance(view.state, RunState)
+            if unknown and not warned:
+                warned = True
+                warnings.warn(_unknown_state(view), RuntimeWarning, stacklevel=2)
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
-                raise WaitTimeout(0, "wait_timeout", f"run {run_id} is still {view.state} after {timeout:g}s")
-            yield Pause(poll if left is None else min(poll, left))
+                state = f"{str(view.state)!r} ({_unknown_state(view)})" if unknown else str(view.state)
+                raise WaitTimeout(0, "wait_timeout", f"run {run_id} is still {state} after {timeout:g}s")
+            path = f"/v1/runs/{quote_segment(run_id)}"
+            view = yield from self._watch(
+                RunView, path, view, self._longest(left), poll if left is None else min(poll, left)
+            )
 
     def follow(self, run_id: str, streams: tuple[str, ...], poll: float) -> Plan[RunView]:
         """Emits ``StateSeen`` when the run's state (or why it waits) changes and ``(stream,
@@ -202,8 +253,9 @@ class Plans(AdminPlans):
         readers = {s: _StreamReader() for s in streams}
         last: tuple[Any, ...] | None = None
         attempt: int | None = None
+        path = f"/v1/runs/{quote_segment(run_id)}"
+        view = yield from self.get(run_id)
         while True:
-            view = yield from self.get(run_id)
             if _seen(view) != last:
                 last = _seen(view)
                 yield Emit(StateSeen(view))
@@ -222,7 +274,10 @@ class Plans(AdminPlans):
                         yield Emit(StateSeen(view))
                 if view.state in TERMINAL_STATES and view.attempt == attempt:
                     return view
-            yield Pause(poll)
+            # a queued run writes no logs: its next read waits for it to change; a going one's
+            # waits ``poll`` at most, so that its logs are read that often
+            wait = self._longest() if view.state == RunState.QUEUED else poll
+            view = yield from self._watch(RunView, path, view, wait, poll)
 
     def _read_on(self, run_id: str, stream: str, reader: _StreamReader, attempt: int, ended: bool) -> Plan[None]:
         """Read ``stream`` of ``attempt`` as far as it goes now. Before its first attempt a run has
@@ -256,6 +311,13 @@ class Plans(AdminPlans):
         for file, target in zip(files, targets, strict=True):
             yield Fetch(file.url, target, force, advance)
         return targets
+
+
+def _unknown_state(view: RunView) -> str:
+    return (
+        f"run {view.id} is in state {str(view.state)!r}, which this release of runplane does not know: "
+        "waiting for one it knows (upgrade runplane to read it)"
+    )
 
 
 def _seen(view: RunView) -> tuple[Any, ...]:

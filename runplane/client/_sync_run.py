@@ -23,15 +23,18 @@ class Run(RunBase):
         super().__init__(view, created)
         self._client = client
 
-    def refresh(self) -> Run:
-        """Read the run again; returns itself."""
-        self.view = self._client._drive(self._client._plans.get(self.view.id))
+    def refresh(self, *, wait: float = 0) -> Run:
+        """Read the run again; returns itself. With ``wait`` (seconds, up to 20): as soon as it
+        differs from what was last read, or as it is after ``wait``."""
+        plans = self._client._plans
+        self.view = self._client._drive(plans.changed(self.view, wait) if wait > 0 else plans.get(self.view.id))
         return self
 
     def wait(self, timeout: float | None = None, poll: float = 0.5) -> Run:
         """Until the run has ended (``done``); returns itself. Raises WaitTimeout after
-        ``timeout`` seconds."""
-        self.view = self._client._drive(self._client._plans.wait(self.view.id, timeout, poll))
+        ``timeout`` seconds. Each read is answered as soon as the run changes (``poll``: how
+        often a stack that cannot wait so is read)."""
+        self.view = self._client._drive(self._client._plans.wait(self.view.id, timeout, poll, self.view))
         return self
 
     def logs(self, stream: str = "stdout", *, attempt: int | None = None) -> str:

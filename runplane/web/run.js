@@ -5,6 +5,7 @@ import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runL
 import { OWNER_RETRIES, RETRY_MEANS, resubmit, retryable, unsuccessful } from "./runs.js";
 
 const REFRESH_MS = 1500;
+const WAIT_S = 20; // the longest the API holds a read of the run until it changes
 const LOG_MS = 1000;
 const LOG_IDLE_MS = 8000; // the longest wait between log reads that found nothing new
 const MAX_LOG = 4 * 1024 * 1024; // characters kept per stream; older ones are dropped
@@ -306,11 +307,15 @@ export function runPage(main, runId, session) {
     );
   }
 
-  // one loop; a reply overtaken by a newer read (after a kill) is dropped
+  // one loop; a reply overtaken by a newer read (after a kill) is dropped. While the run goes,
+  // each read is answered as soon as it changes (wait, since); one that comes back unchanged at
+  // once is from a stack that does not wait, read again after REFRESH_MS
   async function step(isCurrent) {
     let run;
+    const since = current && !TERMINAL.includes(current.state) ? current.revision : "";
+    const asked = Date.now();
     try {
-      run = await get(`/v1/runs/${encodeURIComponent(runId)}`);
+      run = await get(`/v1/runs/${encodeURIComponent(runId)}`, since ? { wait: WAIT_S, since } : undefined);
     } catch (error) {
       if (error.status !== 404) throw error;
       if (isCurrent()) replace(main, h("h1", {}, "Run not found"), message("error", error.message), h("a", { href: "#/runs" }, "Back to runs"));
@@ -340,7 +345,9 @@ export function runPage(main, runId, session) {
       outputsState = current.state;
       outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined);
     }
-    return TERMINAL.includes(current.state) && outputsDone ? false : undefined;
+    if (TERMINAL.includes(current.state) && outputsDone) return false;
+    const waited = since && (current.revision !== since || Date.now() - asked >= REFRESH_MS);
+    return waited && !TERMINAL.includes(current.state) ? 0 : undefined;
   }
   const loop = refresher(step, {
     every: REFRESH_MS,
