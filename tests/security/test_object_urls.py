@@ -99,6 +99,7 @@ def test_altered_unsigned_or_expired_urls_are_refused(served):
         "no signature": f"{path}?expires={expires}",
         "no expiry": f"{path}?signature={signature}",
         "twice signed": f"{path}?{query}&signature={signature}",
+        "many fields": f"{path}?{query}&" + "&".join(f"f{i}=1" for i in range(50)),
         "expired": past.url("runs/r-1/outputs/1/report.html", 60),
         "signed by another stack": other_stack.url("runs/r-1/outputs/1/report.html"),
         "another key with its signature": f"{path}x?{query}",

@@ -121,7 +121,10 @@ def _parse(path: str, query: str) -> tuple[str, str, int, str] | None:
         bucket, key = unquote(raw_bucket, errors="strict"), unquote(raw_key, errors="strict")
     except UnicodeDecodeError:
         return None
-    fields = parse_qsl(query, keep_blank_values=True, max_num_fields=10)
+    try:
+        fields = parse_qsl(query, keep_blank_values=True, max_num_fields=2)
+    except ValueError:  # more fields than a signed URL has
+        return None
     values = dict(fields)
     if len(fields) != 2 or set(values) != {"expires", "signature"}:
         return None
