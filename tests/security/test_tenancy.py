@@ -208,10 +208,6 @@ def test_a_revoked_token_is_refused_by_every_api_instance_after_the_cache_ttl(de
 def test_the_cli_makes_the_first_admin_token_with_cloud_credentials(devstack, tmp_path):
     """A deployed stack has no token yet: the operator writes one to the token store with their
     cloud credentials and the stack's settings (here: moto's server and the e2e prefix)."""
-    import os
-    import subprocess
-    import sys
-
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")},
         "HOME": str(tmp_path),
