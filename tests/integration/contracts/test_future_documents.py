@@ -22,14 +22,21 @@ def _aws(stack):
 
 
 class Stored:
-    """Where a store keeps one record's document: an item's attribute (DynamoDB), or an entity's
-    property or packed properties (Table storage)."""
+    """Where a store keeps one record's document: an item's attribute (DynamoDB), an entity's
+    property or packed properties (Table storage), or a row's ``data`` (SQLite: ``row`` is the
+    table and the condition that picks the row)."""
 
-    def __init__(self, stack, store, item_key, entity_key, attribute="doc"):
-        self.aws, self.store, self.attribute = _aws(stack), store, attribute
-        self.item_key, self.entity_key = item_key, entity_key
+    def __init__(self, stack, store, item_key, entity_key, row, attribute="doc"):
+        self.local, self.aws = stack.settings.cloud == "local", _aws(stack)
+        self.store, self.attribute = store, attribute
+        self.item_key, self.entity_key, self.row = item_key, entity_key, row
 
     def read(self):
+        if self.local:
+            table, where, args = self.row
+            return json.loads(
+                self.store.db.connection().execute(f"SELECT data FROM {table} WHERE {where}", args).fetchone()[0]
+            )
         if self.aws:
             item = self.store.client.get_item(TableName=self.store.table, Key=self.item_key, ConsistentRead=True)
             return json.loads(item["Item"][self.attribute]["S"])
@@ -39,6 +46,11 @@ class Stored:
     def add(self, fields):
         """Rewrite the document with ``fields`` added, as a later release would."""
         doc = {**self.read(), **fields}
+        if self.local:
+            table, where, args = self.row
+            with self.store.db.write() as c:
+                c.execute(f"UPDATE {table} SET data = ? WHERE {where}", (json.dumps(doc), *args))
+            return
         if self.aws:
             item = self.store.client.get_item(TableName=self.store.table, Key=self.item_key, ConsistentRead=True)
             item = {**item["Item"], self.attribute: {"S": json.dumps(doc)}}
@@ -56,7 +68,7 @@ def kept(stored):
 
 def test_records_guarded_by_their_version_are_read_and_written_back_whole(stack):
     pools = stack.pool_states
-    pool = Stored(stack, pools, {"pool": {"S": "gpu"}}, ("p", key("gpu")))
+    pool = Stored(stack, pools, {"pool": {"S": "gpu"}}, ("p", key("gpu")), ("pool_states", "pool = ?", ("gpu",)))
     pools.save(PoolRecord(pool="gpu"))
     pool.add(LATER)
     read = pools.get("gpu")
@@ -65,7 +77,13 @@ def test_records_guarded_by_their_version_are_read_and_written_back_whole(stack)
     assert (pool.read()["launched"], kept(pool)) == (3, LATER)
 
     quotas = stack.quotas
-    usage = Stored(stack, quotas, {"id": {"S": "usage#user:alice"}}, ("usage", key("user:alice")))
+    usage = Stored(
+        stack,
+        quotas,
+        {"id": {"S": "usage#user:alice"}},
+        ("usage", key("user:alice")),
+        ("quotas", "kind = ? AND key = ?", ("usage", "user:alice")),
+    )
     quotas.save_usage(UsageRecord(kind="user", name="alice", gpu_seconds=5.0))
     usage.add(LATER)
     read_usage = quotas.usage("user", "alice")
@@ -74,7 +92,13 @@ def test_records_guarded_by_their_version_are_read_and_written_back_whole(stack)
     assert (quotas.usage("user", "alice").gpu_seconds, kept(usage)) == (6.0, LATER)
     assert [u.name for u in quotas.list_usage()] == ["alice"]
 
-    lane = Stored(stack, quotas, {"id": {"S": "lane#gpu#50#alice"}}, ("lane", f"{key('gpu')}:50:{key('alice')}"))
+    lane = Stored(
+        stack,
+        quotas,
+        {"id": {"S": "lane#gpu#50#alice"}},
+        ("lane", f"{key('gpu')}:50:{key('alice')}"),
+        ("quotas", "kind = ? AND key = ?", ("lane", "gpu#50#alice")),
+    )
     quotas.save_lane(Lane(pool="gpu", priority=50, user="alice", tag=4.0))
     lane.add(LATER)
     read_lane = quotas.lane("gpu", "alice", 50)
@@ -85,7 +109,13 @@ def test_records_guarded_by_their_version_are_read_and_written_back_whole(stack)
 
 def test_quotas_tokens_and_sweeps_are_read_and_written_back_whole(stack):
     quotas = stack.quotas
-    quota = Stored(stack, quotas, {"id": {"S": "quota#user:alice"}}, ("quota", key("user:alice")))
+    quota = Stored(
+        stack,
+        quotas,
+        {"id": {"S": "quota#user:alice"}},
+        ("quota", key("user:alice")),
+        ("quotas", "kind = ? AND key = ?", ("quota", "user:alice")),
+    )
     quotas.put(Quota(kind="user", name="alice", max_gpus=2, updated_at=1.0))
     quota.add(LATER)
     assert quotas.get("user", "alice").max_gpus == 2  # a quota still, not none
@@ -94,7 +124,9 @@ def test_quotas_tokens_and_sweeps_are_read_and_written_back_whole(stack):
     assert (quota.read()["max_gpus"], kept(quota)) == (4, LATER)
 
     tokens = stack.tokens.inner
-    token = Stored(stack, tokens, {"token_hash": {"S": "f" * 64}}, (key("f" * 64), ""))
+    token = Stored(
+        stack, tokens, {"token_hash": {"S": "f" * 64}}, (key("f" * 64), ""), ("tokens", "token_hash = ?", ("f" * 64,))
+    )
     tokens.put("f" * 64, ApiToken(id="tok-0123456789abcdef", user="alice", scopes=["runs:read"], created_at=1.0))
     token.add(LATER)
     assert tokens.lookup("f" * 64).user == "alice"  # the token still works
@@ -105,7 +137,14 @@ def test_quotas_tokens_and_sweeps_are_read_and_written_back_whole(stack):
     made = sweeps.create(
         Sweep(id="s-later", owner="alice", spec=spec, queue="parked", created_at=1.0, status=PENDING * 2)
     )
-    sweep = Stored(stack, sweeps, {"id": {"S": "s-later"}}, ("sweeps", "sw:s-later"), attribute="data")
+    sweep = Stored(
+        stack,
+        sweeps,
+        {"id": {"S": "s-later"}},
+        ("sweeps", "sw:s-later"),
+        ("sweeps", "id = ?", ("s-later",)),
+        attribute="data",
+    )
     sweep.add(LATER)
     read_sweep = sweeps.get("s-later")
     assert read_sweep.version == made.version
