@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 from runplane.bootstrap import build_stack
@@ -131,10 +132,11 @@ def serve(tmp_path: Path, docker_client: Any) -> Iterator[Serve]:
         with contextlib.suppress(AssertionError):
             wait_for(lambda: not it.agents(), 15, 0.1, "the agents to exit")
     assert not it.agents(), "an agent of the service outlived the test"
-    workers = it.worker_ids()
-    for container in docker_client.containers.list(all=True, filters={"label": "io.runplane.worker_id"}):
-        if container.labels["io.runplane.worker_id"] in workers:
-            container.remove(force=True)
+    for worker_id in it.worker_ids():  # sparse, by label: other tests' containers come and go meanwhile
+        label = f"io.runplane.worker_id={worker_id}"
+        for container in docker_client.containers.list(all=True, sparse=True, filters={"label": label}):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True)
     if (it.state / "agents").exists():
         sweep_dead(it.state / "agents")
 
