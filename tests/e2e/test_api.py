@@ -262,7 +262,7 @@ def test_both_fronts_answer_bad_requests_alike(devstack, azure_devstack):
 @pytest.mark.parametrize(
     ("config", "why"),
     [
-        ({"cloud": "gcp"}, "unknown cloud 'gcp'; choose one of aws, azure"),
+        ({"cloud": "gcp"}, "unknown cloud 'gcp'; choose one of local, aws, azure"),
         ({"cloud": "azure", "pools_file": "/nonexistent/pools.yaml"}, "/nonexistent/pools.yaml"),
     ],
 )
