@@ -12,6 +12,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import urlsplit
 
 import typer
 
@@ -84,6 +85,8 @@ def serve(
     host, port = parse_listen(listen)
     if (tls_cert is None) != (tls_key is None):
         raise CliError("--tls-cert and --tls-key go together: give both or neither")
+    if public_url is not None:
+        check_public_url(public_url)
     for name, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
         if path is not None and not path.is_file():
             raise CliError(f"{name} {path}: no such file")
@@ -122,6 +125,13 @@ def serve(
     try:
         made = stack.token if token is None else None  # a token of the operator's is not shown
         err.print(_banner(stack.api_url, made, config.state_dir), highlight=False, soft_wrap=True)
+        if tls_cert is None and not ipaddress.ip_address(_loopback(host)).is_loopback:
+            err.print(
+                f"[yellow]warning:[/yellow] plain HTTP on {host}: tokens cross the network in clear unless a "
+                "reverse proxy with TLS is in front (or give --tls-cert and --tls-key)",
+                highlight=False,
+                soft_wrap=True,
+            )
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -165,6 +175,20 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
         raise CliError(f"--listen {listen!r}: the port must be a number from 1 to 65535")
     return address, int(port_text)
+
+
+def _loopback(host: str) -> str:
+    return "127.0.0.1" if host == "localhost" else host
+
+
+def check_public_url(url: str) -> None:
+    """Raise CliError unless ``url`` is an http(s) URL of a host, with no query or fragment (the
+    start of every URL the stack signs)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise CliError(
+            f"--public-url {url[:200]!r}: give the http(s) URL clients reach the API at, e.g. https://gpu1.lab"
+        )
 
 
 @serve_app.command("backup")

@@ -29,6 +29,8 @@ def test_listen_takes_an_address_and_a_port(listen, expected):
         (["--tls-cert", "cert.pem"], "--tls-cert and --tls-key go together"),
         (["--tls-key", "key.pem"], "--tls-cert and --tls-key go together"),
         (["--tls-cert", "missing.pem", "--tls-key", "missing.pem"], "--tls-cert missing.pem: no such file"),
+        (["--public-url", "gpu1.lab:8080"], "give the http(s) URL clients reach the API at"),
+        (["--public-url", "https://gpu1.lab/?x=1"], "give the http(s) URL clients reach the API at"),
     ],
 )
 def test_options_that_cannot_work_are_one_line_and_start_nothing(tmp_path, capsys, args, said):
