@@ -29,6 +29,7 @@ latest, ``MAX_RUN_EVENTS`` in all).
 from __future__ import annotations
 
 import builtins
+import json
 import re
 import sqlite3
 from collections.abc import Callable, Mapping
@@ -168,13 +169,14 @@ class SqliteRunStore:
         """In one write transaction: read the run, ask ``change`` what to set in it as it is now
         (None: nothing; it raises to refuse), and write it back with ``event`` on its timeline."""
         with self.db.errors(doing), self.db.write() as c:
-            current = self._read(c, run_id)
-            if current is None:
+            found = c.execute("SELECT data FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if found is None:
                 raise NotFound(f"run {run_id} not found")
+            current = record(Run, found[0])
             changes = change(current)
             if changes is None:
                 return current
-            data = jsonable(current)
+            data = json.loads(found[0])  # as stored: what ``record`` makes of it, the new run is made of too
             data.update({field: jsonable(value) for field, value in changes.items()})
             new = record(Run, data)
             if event is not None:  # the timeline keeps its first event and the latest ones
