@@ -429,6 +429,21 @@ def test_a_sweep_shows_its_failures_and_retries_them(tab, alice):
     assert sweep.refresh().view.counts == {"succeeded": 2}
 
 
+def test_a_run_page_is_told_of_a_change_by_a_waiting_read(tab, alice):
+    """The page of a run that goes holds a read open (wait, since) that the run's change answers."""
+    run = alice.request("POST", "/v1/runs", {"command": "echo hi", "queue": "parked", "name": unique("watched")})
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")
+    expect(t.page.locator("h1 .state")).to_have_text("queued")
+    watched = re.compile(rf"/v1/runs/{run['id']}\?wait=20&since=[0-9a-f]{{16}}$")
+    deadline = time.monotonic() + 30
+    while not any(watched.search(u) for u in t.urls) and time.monotonic() < deadline:
+        t.page.wait_for_timeout(100)
+    assert any(watched.search(u) for u in t.urls), [u for u in t.urls if run["id"] in u]
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    expect(t.page.locator("h1 .state")).to_have_text("killed")
+
+
 def test_another_users_run_is_not_found(tab, bob):
     theirs = bob.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("bobs")})
     t = tab()
