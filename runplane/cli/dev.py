@@ -168,11 +168,11 @@ def _cloud(cloud: Cloud | None, azure_connection: str | None, aws_endpoint: str 
     if azure_connection and aws_endpoint:
         raise CliError("--azure-connection and --aws-endpoint name stores of two clouds: give one")
     if azure_connection:
-        if cloud == Cloud.aws:
+        if cloud not in (None, Cloud.azure):
             raise CliError("--azure-connection is for --cloud azure (it implies it: leave --cloud out)")
         return Cloud.azure.value
     if aws_endpoint:
-        if cloud == Cloud.azure:
+        if cloud not in (None, Cloud.aws):
             raise CliError("--aws-endpoint is for --cloud aws (it implies it: leave --cloud out)")
         return Cloud.aws.value
     return (cloud or Cloud.local).value

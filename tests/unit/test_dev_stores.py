@@ -50,6 +50,10 @@ def closed_port():
             "--aws-endpoint is for --cloud aws (it implies it: leave --cloud out)",
         ),
         (
+            ["--cloud", "local", "--aws-endpoint", "http://127.0.0.1:4566"],
+            "--aws-endpoint is for --cloud aws (it implies it: leave --cloud out)",
+        ),
+        (
             ["--azure-connection", "UseDevelopmentStorage=true", "--aws-endpoint", "http://127.0.0.1:4566"],
             "--azure-connection and --aws-endpoint name stores of two clouds: give one",
         ),
@@ -86,3 +90,22 @@ def test_a_pool_with_bad_options_is_one_line_naming_the_pool_and_the_option(tmp_
     assert dev(tmp_path, "--pools", str(pools)) == [
         f"error: {pools}: pool gpu: bad aws-batch options: job_queue: required"
     ]
+
+
+def test_fresh_empties_no_directory_that_is_not_a_stacks(tmp_path):
+    """``--fresh`` on a state dir holding something else (a mistyped ``--state-dir``) removes nothing."""
+    port = free_port()
+    home = tmp_path / "state" / str(port)
+    home.mkdir(parents=True)
+    (home / "state.db").write_text("")
+    (home / "thesis.tex").write_text("months of work")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")} | {"HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "runplane.cli", "dev", "--port", str(port), "--state-dir", str(tmp_path / "state")]
+    done = subprocess.run([*command, "--fresh"], capture_output=True, text=True, env=environ, timeout=120)
+
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {home} does not look like a runplane stack's directory (it holds thesis.tex): not emptied; "
+        "remove it yourself or choose another state dir"
+    ]
+    assert sorted(p.name for p in home.iterdir()) == ["state.db", "thesis.tex"]
