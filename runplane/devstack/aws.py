@@ -1,6 +1,11 @@
 """The local stack on AWS terms: moto's server for DynamoDB/SQS/S3, API Gateway v2 events for the
 API function, SQS batches for the dispatcher (as an event source mapping with partial batch
-responses), scheduled events for dispatcher and reaper."""
+responses), scheduled events for dispatcher and reaper.
+
+moto's DynamoDB does not make a conditional write atomic against a racing one, as DynamoDB does:
+for races, put the tables on dynalite (``scripts/start-dynalite.sh``) with
+``DevConfig(settings={"dynamodb_endpoint_url": URL})``, as the benchmarks and the race tests do;
+``runplane dev --cloud aws`` keeps them on moto."""
 
 from __future__ import annotations
 
