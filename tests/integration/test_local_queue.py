@@ -86,3 +86,15 @@ def test_receivers_in_many_processes_never_take_a_message_twice_while_it_is_invi
     assert sum(1 for _, deliveries, _ in got if deliveries) > 1  # they did race: more than one took some
     receipts = [receipt for _, deliveries, _ in got for _, receipt, _ in deliveries]
     assert len(set(receipts)) == MESSAGES
+
+
+def test_a_waiting_receive_wakes_when_a_message_it_waits_for_turns_visible(tmp_path):
+    """No commit comes: the receive wakes because the message it was given back turns visible."""
+    queue = SqliteRunQueue(Database.at(tmp_path / "state"))
+    queue.send("default", RunMessage(run_id="r-back", attempt=0))
+    [first] = queue.receive("default", 1, wait_seconds=1, visibility_seconds=30)
+    queue.release("default", first, 1)  # visible again in a second
+    began = time.monotonic()
+    [again] = queue.receive("default", 1, wait_seconds=WAIT, visibility_seconds=30)
+    assert (again.message.run_id, again.receive_count) == ("r-back", 2)
+    assert time.monotonic() - began < WAIT / 2
