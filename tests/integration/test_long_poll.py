@@ -5,6 +5,7 @@ one machine (the Lambda handler on the SQLite stack): answered as soon as the re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -17,6 +18,9 @@ from runplane import bootstrap
 from runplane.api.azure_front import handle
 from runplane.api.gateway import http_event, response_parts
 from runplane.devstack.lambda_shim import LambdaContext
+from runplane.domain.runs import RunSpec
+from runplane.domain.tenancy import Principal
+from runplane.services import runs, watch
 from tests.conftest import register_users
 
 STACKS = {"aws": "aws_stack", "azure": "azure_stack", "local": "local_stack"}
@@ -132,3 +136,29 @@ def test_a_waiting_read_of_a_sweep_is_answered_when_its_record_changes(call):
     assert status == 200 and seen["max_parallel"] == 2 and seen["revision"] != sweep["revision"]
     assert took < 15, f"the answer came after {took:.1f}s, not when the sweep changed"
     assert call("GET", f"{path}?wait=20&since={sweep['revision']}", who="bob")[0] == 404
+
+
+def test_the_wait_is_kept_on_the_ports_clock_and_ends_one_read_after_the_change(local_stack):
+    """No wall time: the service's deadline is on the ports' clock and its pauses are the ports'
+    sleep, which here moves that clock; the run is killed 1 s (of that clock) into a 20 s wait."""
+    now, slept, killed = [1000.0], [], []
+    alice = Principal(user="alice", scopes=["runs:read", "runs:write"])
+
+    def sleep(seconds):
+        slept.append(seconds)
+        now[0] += seconds
+        if sum(slept) >= 1 and not killed:  # once, 1 s in
+            killed.append(runs.kill_run(ports, alice, run.id))
+
+    ports = dataclasses.replace(bootstrap.make_ports(local_stack, lambda: now[0]), sleep=sleep)
+    run = runs.submit_run(ports, alice, RunSpec(command="echo hi", queue="parked"), None).run
+    seen, _ = watch.watched_run(ports, alice, run.id, watch.run_revision(run), 20)
+    assert seen.state == "killed" and 1 <= sum(slept) <= 1 + watch.LOCAL_INTERVAL  # the read after the kill
+
+    slept.clear()
+    again, _ = watch.watched_run(ports, alice, run.id, watch.run_revision(seen), 20)  # unchanged: the whole wait
+    assert again.state == "killed" and sum(slept) == pytest.approx(20)
+    assert max(slept) == pytest.approx(watch.LOCAL_INTERVAL)
+    slept.clear()
+    assert watch.watched_run(ports, alice, run.id, watch.run_revision(seen), 600)[0] == again  # capped at 20 s
+    assert sum(slept) == pytest.approx(watch.MAX_WAIT_SECONDS)
