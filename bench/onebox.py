@@ -201,8 +201,11 @@ def batch(args: argparse.Namespace) -> str:
                 print(f"  round {i + 1}: {label} {samples[label][-1]:.1f}s ({load()})", flush=True)
     n, r, b = args.runs, median(samples["runplane"]), median(samples["bare"])
     print(f"\n{n} trivial runs on {args.workers} warm workers x {args.slots} slot(s) ({args.cloud})")
-    print(f"  runplane: {args.clients} clients submit, until all final   {r:8.2f} s  {n / r:6.1f} runs/s")
-    print(f"  docker run --rm --network none, {parallel} at a time        {b:8.2f} s  {n / b:6.1f} runs/s")
+    for label, seconds in (
+        (f"runplane: {args.clients} clients submit, until all final", r),
+        (f"docker run --rm --network none, {parallel} at a time", b),
+    ):
+        print(f"  {label:<52} {seconds:8.2f} s  {n / seconds:6.1f} runs/s")
     print(
         f"  submit phase {median(bench.submit_times):.2f} s; each run submitted -> claimed: median "
         f"{median(bench.waits):.2f} s, p90 {p90(bench.waits):.2f} s"
