@@ -97,7 +97,7 @@ class ProductionFront:
             client_ip=str(environ.get("REMOTE_ADDR") or ""),
             host=headers.get("Host") or f"127.0.0.1:{port}",
         )
-        return _answer(start_response, self.cloud.http(request))
+        return _answer(start_response, self.cloud.http(request), head=request.method == "HEAD")
 
 
 def _error(start_response: StartResponse, status: int, code: str, message: str) -> Iterable[bytes]:
@@ -105,7 +105,9 @@ def _error(start_response: StartResponse, status: int, code: str, message: str) 
     return _answer(start_response, FrontResponse(status, {"content-type": "application/json"}, body))
 
 
-def _answer(start_response: StartResponse, response: FrontResponse) -> Iterable[bytes]:
+def _answer(start_response: StartResponse, response: FrontResponse, head: bool = False) -> Iterable[bytes]:
+    """Start the answer; its body (none for a HEAD, whose Content-Length is the GET's: cheroot
+    would send what it is given)."""
     try:
         reason = http.HTTPStatus(response.status).phrase
     except ValueError:
@@ -120,6 +122,10 @@ def _answer(start_response: StartResponse, response: FrontResponse) -> Iterable[
         if file is not None:
             file.close()
         raise
+    if head:
+        if file is not None:
+            file.close()
+        return iter([])
     if file is None:
         return iter([response.body])
     return _Chunks(file, length)
