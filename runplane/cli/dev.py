@@ -144,7 +144,7 @@ def dev(
         # would be left): a second Ctrl-C or SIGTERM only says that it is under way.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, _still_stopping)
-        err.print("stopping: killing the unfinished runs, then the agents…", highlight=False)
+        err.print("stopping: killing the running runs (queued ones stay queued), then the agents…", highlight=False)
         stack.stop()
         err.print("stopped", highlight=False)
 
