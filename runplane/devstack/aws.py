@@ -2,10 +2,11 @@
 API function, SQS batches for the dispatcher (as an event source mapping with partial batch
 responses), scheduled events for dispatcher and reaper.
 
-moto's DynamoDB does not make a conditional write atomic against a racing one, as DynamoDB does:
-for races, put the tables on dynalite (``scripts/start-dynalite.sh``) with
-``DevConfig(settings={"dynamodb_endpoint_url": URL})``, as the benchmarks and the race tests do;
-``runplane dev --cloud aws`` keeps them on moto."""
+moto's DynamoDB makes a conditional write atomic against a racing one only through the lock its
+process wraps around each request (moto_process.py), and its queries read the whole table; tables
+on dynalite (``scripts/start-dynalite.sh``), as the benchmarks and the race tests put them, with
+``DevConfig(settings={"dynamodb_endpoint_url": URL})``, behave as DynamoDB's do. ``runplane dev
+--cloud aws`` keeps them on moto."""
 
 from __future__ import annotations
 
