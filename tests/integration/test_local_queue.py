@@ -8,8 +8,14 @@ import time
 import traceback
 
 from runplane.adapters.local.db import Database
+from runplane.adapters.local.pools import SqlitePoolStateStore
 from runplane.adapters.local.queues import SqliteRunQueue
+from runplane.adapters.local.quotas import SqliteQuotaStore
+from runplane.adapters.local.tokens import SqliteTokenStore
+from runplane.adapters.local.workers import SqliteWorkerRegistry
 from runplane.domain.messages import RunMessage
+from runplane.domain.workers import Worker
+from tests.integration.test_local_queries import _plans
 
 WAIT = 30.0
 """How long the waiting receive may wait: the send it must wake for comes long before."""
@@ -98,3 +104,35 @@ def test_a_waiting_receive_wakes_when_a_message_it_waits_for_turns_visible(tmp_p
     [again] = queue.receive("default", 1, wait_seconds=WAIT, visibility_seconds=30)
     assert (again.message.run_id, again.receive_count) == ("r-back", 2)
     assert time.monotonic() - began < WAIT / 2
+
+
+def test_every_query_of_the_queue_and_the_small_stores_searches_an_index(tmp_path):
+    """A receive, a delete, a release and the reads of workers, pool records, quotas and tokens are
+    each a search of an index (SQLite's plan of each statement as the stores run it): never a scan
+    of the table, never a sort, so a receive costs the log of the backlog, not the backlog."""
+    db = Database.at(tmp_path / "state")
+    queue, workers = SqliteRunQueue(db), SqliteWorkerRegistry(db)
+    pools, quotas, tokens = SqlitePoolStateStore(db), SqliteQuotaStore(db), SqliteTokenStore(db)
+    for i in range(30):
+        queue.send("default" if i % 2 else "other", RunMessage(run_id=f"r-{i}", attempt=0))
+        workers.put(Worker(id=f"w-{i}", pool="default" if i % 2 else "other", started_at=1.0, heartbeat_at=2.0))
+
+    def work():
+        got = queue.receive("default", 3, wait_seconds=0, visibility_seconds=0)  # visible still: taken once
+        queue.delete("default", got[0])
+        queue.release("default", got[1], 5)
+        queue.receive("default", 1, wait_seconds=0.05, visibility_seconds=30)
+        workers.get("w-3")
+        workers.list("default")
+        workers.page("default", 5, "w-1")
+        pools.save(pools.get("default"))
+        quotas.save_lane(quotas.lane("default", "alice", 50))
+        quotas.usage("user", "alice")
+        tokens.lookup("f" * 64)
+        tokens.delete("tok-0123456789abcdef")
+
+    plans = _plans(db, work)
+    assert len(plans) >= 12  # every call above was seen
+    for sql, plan in plans.items():
+        assert [step for step in plan if step.startswith(("SCAN ", "USE TEMP B-TREE"))] == [], f"{sql}: {plan}"
+        assert any(step.startswith("SEARCH ") for step in plan), f"{sql}: {plan}"
