@@ -136,7 +136,7 @@ def _local(config: DevConfig) -> Cloud:
 
 CLOUDS: dict[str, Callable[[DevConfig], Cloud]] = {"local": _local, "aws": _aws, "azure": _azure}
 STATE_ENTRIES = frozenset(
-    {DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", OBJECTS_DIR, "workers", "agents", ADMIN_TOKEN_PATH, "backups"}
+    {DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", OBJECTS_DIR, "workers", "agents", ADMIN_TOKEN_PATH}
 )
 """What a stack's directory holds: ``fresh`` empties only a directory holding nothing else."""
 
