@@ -117,7 +117,7 @@ def dev(
     except ValueError as e:
         raise CliError(str(e)) from e
     kept = "kept when it stops; --fresh starts empty"
-    if stack.services == "moto":
+    if stack.services.startswith("moto"):
         kept = "agents' records; moto keeps the runs in memory: they go when it stops"
     err.print(
         f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"

@@ -4,9 +4,10 @@ responses), scheduled events for dispatcher and reaper.
 
 moto's DynamoDB makes a conditional write atomic against a racing one only through the lock its
 process wraps around each request (moto_process.py), and its queries read the whole table; tables
-on dynalite (``scripts/start-dynalite.sh``), as the benchmarks and the race tests put them, with
-``DevConfig(settings={"dynamodb_endpoint_url": URL})``, behave as DynamoDB's do. ``runplane dev
---cloud aws`` keeps them on moto."""
+on dynalite behave as DynamoDB's do. So a stack that starts its own moto puts its tables on a
+dynalite of its own (dynalite.py) where dynalite is installed (else on moto, said in the log);
+one given its tables' endpoint (``DevConfig(settings={"dynamodb_endpoint_url": URL})``, as the
+benchmarks and the race tests do) uses that."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from runplane.adapters.aws.sqs import events_queue_name
 from runplane.api.gateway import http_event, response_parts
 from runplane.bootstrap import Stack
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
+from runplane.devstack.dynalite import DynaliteProcess, dynalite_command
 from runplane.devstack.lambda_shim import LambdaContext, scheduled_event, sqs_event
 from runplane.devstack.moto_process import MotoProcess
 from runplane.domain.errors import BackendError
@@ -39,9 +41,12 @@ KEYS = ("testing", "testing")
 class AwsCloud(Cloud):
     services = "moto"
 
-    def __init__(self, endpoint_url: str | None = None) -> None:
+    def __init__(self, endpoint_url: str | None = None, tables_on_dynalite: bool = False) -> None:
         self.endpoint = endpoint_url or ""
         self._moto: MotoProcess | None = None
+        self._tables_on_dynalite = tables_on_dynalite
+        self._dynalite: DynaliteProcess | None = None
+        self._tables = ""
         self._clients: dict[str, Any] = {}
         self._prefix = ""
         self._events: tuple[Any, str, str] | None = None
@@ -50,11 +55,28 @@ class AwsCloud(Cloud):
         if not self.endpoint:  # moto in a process of its own (moto_process.py)
             self._moto = MotoProcess()
             self.endpoint = self._moto.start()
+            if self._tables_on_dynalite:
+                self._start_dynalite()
         key_id, secret = KEYS
         return {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION}
 
+    def _start_dynalite(self) -> None:
+        command = dynalite_command()
+        if command is None:
+            log.warning("dynalite is not installed (scripts/start-dynalite.sh --install): the tables are on moto")
+            return
+        self._dynalite = DynaliteProcess(command)
+        try:
+            self._tables = self._dynalite.start()
+        except BackendError as e:
+            self._dynalite = None
+            log.warning("%s: the tables are on moto", e)
+            return
+        self.services = "moto, tables on dynalite"
+
     def settings(self) -> dict[str, str]:
-        return {"aws_endpoint_url": self.endpoint, "aws_region": REGION}
+        tables = {"dynamodb_endpoint_url": self._tables} if self._tables else {}
+        return {"aws_endpoint_url": self.endpoint, "aws_region": REGION, **tables}
 
     def build(self, settings: StackSettings) -> Stack:
         self._clients = bootstrap.aws_clients(settings, KEYS)
@@ -120,3 +142,6 @@ class AwsCloud(Cloud):
         if self._moto is not None:
             self._moto.stop()
             self._moto = None
+        if self._dynalite is not None:
+            self._dynalite.stop()
+            self._dynalite = None

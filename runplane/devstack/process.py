@@ -61,7 +61,7 @@ class DevStackProcess:
     """A child process serving ``config``. ``start`` returns once it serves; ``stop`` ends it.
 
     Its log (stderr) goes to ``log_path``. Attributes after ``start``: ``api_url``, ``token``,
-    ``endpoint`` (what serves its stores) and ``config``.
+    ``endpoint`` (what serves its stores), ``services`` (what they are, in words) and ``config``.
     """
 
     def __init__(self, config: DevConfig, log_path: Path, env: Mapping[str, str] | None = None) -> None:
@@ -69,7 +69,7 @@ class DevStackProcess:
         self.log_path = log_path
         self.env = dict(os.environ if env is None else env)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.api_url = self.token = self.endpoint = ""
+        self.api_url = self.token = self.endpoint = self.services = ""
 
     def start(self, timeout: float = 120) -> None:
         """Raises RuntimeError, with the end of the child's log, when it does not come up."""
@@ -98,6 +98,7 @@ class DevStackProcess:
             line += chunk
         ready: dict[str, Any] = json.loads(line)
         self.api_url, self.token, self.endpoint = ready["api_url"], ready["token"], ready["endpoint"]
+        self.services = ready["services"]
 
     def _log_tail(self) -> str:
         try:

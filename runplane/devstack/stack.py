@@ -118,7 +118,9 @@ class DevConfig:
 def _aws(config: DevConfig) -> Cloud:
     from runplane.devstack.aws import AwsCloud
 
-    return AwsCloud(config.aws_endpoint_url)
+    # a moto of its own gets a dynalite of its own for its tables, unless they are given elsewhere
+    dynalite = not config.aws_endpoint_url and "dynamodb_endpoint_url" not in config.settings
+    return AwsCloud(config.aws_endpoint_url, tables_on_dynalite=dynalite)
 
 
 def _azure(config: DevConfig) -> Cloud:
