@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import docker.errors
 import pytest
 
 from runplane.bootstrap import build_stack
@@ -32,6 +33,7 @@ from runplane.domain.runs import Run
 from runplane.domain.states import FailureReason, RunState
 from runplane.settings import StackSettings, parse_connection_string
 from tests.conftest import wait_for
+from worker_agent.container_spec import container_labels
 from worker_agent.workdir import parse_mountinfo, read_mountinfo, sweep_dead
 
 pytestmark = pytest.mark.slow
@@ -106,9 +108,12 @@ def start_dev(tmp_path: Path, docker_client: Any) -> Iterator[Any]:
                 os.kill(pid, signal.SIGKILL)
         wait_for(lambda dev=dev: not agents_of(dev.state), 30, 0.1, "the killed agents to be gone")
         workers = worker_ids(dev.state)
-        for container in docker_client.containers.list(all=True, filters={"label": "io.runplane.worker_id"}):
-            if container.labels["io.runplane.worker_id"] in workers:
-                container.remove(force=True)
+        # a sparse listing: other tests' containers may go between a listing and an inspect
+        listed = docker_client.containers.list(all=True, sparse=True, filters={"label": "io.runplane.worker_id"})
+        for container in listed:
+            if container_labels(container).get("io.runplane.worker_id") in workers:
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True)
         if (dev.state / "agents").exists():
             sweep_dead(dev.state / "agents")
 
