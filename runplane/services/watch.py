@@ -9,9 +9,13 @@ on the first read, exactly as a plain read judges it: another user's record is N
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from collections.abc import Callable
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from runplane.domain.runs import Run
@@ -29,6 +33,10 @@ LOCAL_INTERVAL = 0.03
 """Seconds between two reads of a waiting request on one machine (a local indexed SELECT)."""
 CLOUD_INTERVAL = 0.5
 """Seconds between two reads on the clouds (one billed point read each)."""
+MAX_WAITING_PER_USER = 8
+"""Waiting reads one user may hold at once in one process (a front's threads, an Azure worker's);
+one more is answered at once, unwaited, and its client reads again after its own pause, so no user
+holds every thread of a front."""
 REVISION_PATTERN = r"^[0-9a-f]{16}$"
 """What a revision looks like (the first 64 bits of a SHA-256, in hex); clients treat it as opaque."""
 
@@ -68,20 +76,57 @@ def interval(ports: Ports) -> float:
     return LOCAL_INTERVAL if ports.settings.cloud == "local" else CLOUD_INTERVAL
 
 
+class _Waiting:
+    """The waiting reads each user holds in this process: bookkeeping of requests in flight, as a
+    connection pool keeps, not configuration (a process serves its requests from one count)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: Counter[str] = Counter()
+
+    @contextmanager
+    def slot(self, user: str) -> Iterator[bool]:
+        """Whether ``user`` may wait now (fewer than MAX_WAITING_PER_USER held), held until the end."""
+        with self._lock:
+            granted = self._held[user] < MAX_WAITING_PER_USER
+            if granted:
+                self._held[user] += 1
+        try:
+            yield granted
+        finally:
+            if granted:
+                with self._lock:
+                    self._held[user] -= 1
+                    if not self._held[user]:
+                        del self._held[user]
+
+
+_WAITING = _Waiting()
+
+
 def _until_changed(
-    ports: Ports, first: R, read: Callable[[], R], revision: Callable[[R], str], since: str | None, wait: float
+    ports: Ports,
+    user: str,
+    first: R,
+    read: Callable[[], R],
+    revision: Callable[[R], str],
+    since: str | None,
+    wait: float,
 ) -> R:
     """``first``, or a later ``read()`` whose revision differs from ``since`` (None: from
-    ``first``'s), reading until one does or ``wait`` seconds have passed."""
+    ``first``'s), reading until one does or ``wait`` seconds have passed; ``first`` at once when
+    ``user`` holds MAX_WAITING_PER_USER waits already."""
     seen = revision(first) if since is None else since
-    deadline = ports.clock() + min(max(wait, 0.0), MAX_WAIT_SECONDS)
-    current, every = first, interval(ports)
-    while revision(current) == seen:
-        left = deadline - ports.clock()
-        if left <= 0:
-            break
-        ports.sleep(min(every, left))
-        current = read()
+    current = first
+    with _WAITING.slot(user) as granted:
+        deadline = ports.clock() + (min(max(wait, 0.0), MAX_WAIT_SECONDS) if granted else 0.0)
+        every = interval(ports)
+        while revision(current) == seen:
+            left = deadline - ports.clock()
+            if left <= 0:
+                break
+            ports.sleep(min(every, left))
+            current = read()
     return current
 
 
@@ -92,7 +137,10 @@ def watched_run(
     revision differs from ``since`` (None: from what it is now), or after ``wait`` seconds (at most
     MAX_WAIT_SECONDS) as it is then; and, while it is queued, why it waits."""
     first = runs.get_run(ports, principal, run_id)
-    run = _until_changed(ports, first, lambda: ports.store.get(run_id), run_revision, since, wait) if wait else first
+    run = first
+    if wait:
+        read = functools.partial(ports.store.get, run_id)
+        run = _until_changed(ports, principal.user, first, read, run_revision, since, wait)
     return run, why_waiting(ports, run)
 
 
@@ -103,5 +151,6 @@ def watched_sweep(
     differs from ``since`` (None: from what it is now), or after ``wait`` seconds as it is then."""
     first = sweeps.get_sweep(ports, principal, sweep_id)
     if wait:
-        first = _until_changed(ports, first, lambda: ports.sweeps.get(sweep_id), sweep_revision, since, wait)
+        read = functools.partial(ports.sweeps.get, sweep_id)
+        first = _until_changed(ports, principal.user, first, read, sweep_revision, since, wait)
     return Shown(first, sweeps.progress(ports, first))

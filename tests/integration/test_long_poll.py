@@ -162,3 +162,46 @@ def test_the_wait_is_kept_on_the_ports_clock_and_ends_one_read_after_the_change(
     slept.clear()
     assert watch.watched_run(ports, alice, run.id, watch.run_revision(seen), 600)[0] == again  # capped at 20 s
     assert sum(slept) == pytest.approx(watch.MAX_WAIT_SECONDS)
+
+
+def test_one_user_holds_at_most_a_few_waiting_reads_and_never_another_users(local_stack):
+    """A user holding MAX_WAITING_PER_USER waiting reads in a process gets the next answered at
+    once, unwaited; another user's read still waits."""
+    now, release, held = [0.0], threading.Event(), threading.Semaphore(0)
+    alice = Principal(user="alice", scopes=["runs:read", "runs:write"])
+    bob = Principal(user="bob", scopes=["runs:read", "runs:write"])
+
+    def blocked(seconds):  # a waiting read, held until released, then at its end
+        held.release()
+        release.wait(30)
+        now[0] += 100
+
+    def refused(seconds):
+        raise AssertionError("a read over the user's cap waited")
+
+    ports = bootstrap.make_ports(local_stack, lambda: now[0])
+    spec = RunSpec(command="echo hi", queue="parked")
+    run, other = (runs.submit_run(ports, p, spec, None).run for p in (alice, bob))
+    waits = dataclasses.replace(ports, sleep=blocked)
+    threads = [
+        threading.Thread(target=watch.watched_run, args=(waits, alice, run.id, None, 20))
+        for _ in range(watch.MAX_WAITING_PER_USER)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in threads:
+            assert held.acquire(timeout=30), "a waiting read never waited"
+        seen, _ = watch.watched_run(dataclasses.replace(ports, sleep=refused), alice, run.id, None, 20)
+        assert seen.id == run.id and seen.state == "queued"
+        bobs = threading.Thread(target=watch.watched_run, args=(waits, bob, other.id, None, 20))
+        bobs.start()
+        assert held.acquire(timeout=30), "another user's read did not wait"
+    finally:
+        release.set()
+        for thread in [*threads, bobs]:
+            thread.join(30)
+    slept = []
+    after = dataclasses.replace(ports, sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    watch.watched_run(after, alice, run.id, None, 1)  # the reads held are given back when they end
+    assert sum(slept) == pytest.approx(1)
