@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from runplane.adapters.aws.provision import provision
+from runplane.adapters.local.files import FileObjectStore
 from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
@@ -325,14 +326,16 @@ def slurm_conf() -> str:
 
 
 @pytest.fixture(scope="session")
-def devstack(moto_endpoint: str, slurm_conf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+def devstack(slurm_conf: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStack]:
+    """The embedded default, as ``runplane dev`` starts it (cloud ``local``: one SQLite database
+    and a directory of objects in its state directory), serving this process's handlers. The input
+    buckets are folders of its objects directory, as an operator makes them."""
     stack = DevStack(
         DevConfig(
             port=free_port(),
             token="admin-token",
             user="admin",
             pools_file=str(POOLS_FILE),
-            aws_endpoint_url=moto_endpoint,
             prefix="e2e",
             schedule_seconds=1,
             agent_args=AGENT_ARGS,
@@ -344,32 +347,87 @@ def devstack(moto_endpoint: str, slurm_conf: str, tmp_path_factory: pytest.TempP
     stack.start()
     from runplane import bootstrap
 
-    s3 = bootstrap.stack().objects.client
-    for bucket in (DATASETS, VISION_DATA):
-        s3.create_bucket(Bucket=bucket)
+    objects = bootstrap.stack().objects
+    assert isinstance(objects, FileObjectStore)
+    for bucket in (DATASETS, VISION_DATA):  # made as the stack makes its own
+        FileObjectStore(objects.root, bucket, objects.secret, objects.public_url)
     register_users(bootstrap.stack().tokens)
     yield stack
     stack.stop()
     sweep_agent_mounts(stack.config.state_dir)
 
 
-@pytest.fixture(scope="session")
-def azure_devstack(azurite: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackProcess]:
-    """The local stack on Azure terms (Azurite, the Azure Functions app), with the users of
-    ``devstack``, in a process of its own: ``devstack`` owns this process's handler settings.
-    Pools not on the local backend keep their names and shapes (so answers match the AWS stack's)
-    but get no workers: Slurm and moto's Batch belong to the AWS stack."""
-    state = tmp_path_factory.mktemp("azure-devstack")
+def off_local(path: Path, *, keep: Iterable[str] = ()) -> Path:
+    """The test pools (POOLS_FILE) written to ``path``, those on backends other than local (but
+    ``keep``) put on the local backend with no workers: they keep their names and shapes (so answers
+    match ``devstack``'s), but Slurm and moto's Batch each belong to one stack of the session."""
     pools = load_pools(str(POOLS_FILE))
     for pool in pools.pools:
-        if pool.backend != "local":
+        if pool.backend != "local" and pool.name not in keep:
             pool.backend, pool.max_workers, pool.options = "local", 0, {}
-    (state / "pools.json").write_text(dump_pools(pools))
+    path.write_text(dump_pools(pools))
+    return path
+
+
+@pytest.fixture(scope="session")
+def aws_devstack(moto_endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackProcess]:
+    """The local stack on AWS terms (``runplane dev --cloud aws``: the Lambda handlers on the moto
+    server), with the users of ``devstack``, in a process of its own: ``devstack`` owns this
+    process's handler settings. Its pools are those of ``devstack``, "batch" (moto's AWS Batch) on
+    its backend; Slurm belongs to ``devstack``."""
+    state = tmp_path_factory.mktemp("aws-devstack")
     config = DevConfig(
         port=free_port(),
         token="admin-token",
         user="admin",
-        pools_file=str(state / "pools.json"),
+        pools_file=str(off_local(state / "pools.json", keep=["batch"])),
+        aws_endpoint_url=moto_endpoint,
+        prefix=f"e2e{uuid.uuid4().hex[:6]}",
+        schedule_seconds=1,
+        agent_args=AGENT_ARGS,
+        input_buckets=INPUT_BUCKETS,
+        state_dir=state,
+        write_dev_file=False,
+    )
+    stack = DevStackProcess(config, state / "devstack.log")
+    stack.start()
+    built = aws_devstack_stack(stack)
+    for bucket in (DATASETS, VISION_DATA):
+        with contextlib.suppress(built.objects.client.exceptions.BucketAlreadyOwnedByYou):
+            built.objects.client.create_bucket(Bucket=bucket)
+    register_users(built.tokens)
+    yield stack
+    stack.stop()
+    sweep_agent_mounts(state)
+
+
+def aws_devstack_settings(stack: DevStackProcess) -> StackSettings:
+    """What an agent or this process needs to reach the stores of ``aws_devstack``."""
+    assert stack.config.pools_file is not None
+    return StackSettings(
+        prefix=stack.config.prefix,
+        aws_endpoint_url=stack.config.aws_endpoint_url,
+        pools=Path(stack.config.pools_file).read_text(),
+    )
+
+
+def aws_devstack_stack(stack: DevStackProcess) -> Stack:
+    """The stores and backends of ``aws_devstack``, built in this process (its handlers serve ``devstack``)."""
+    return build_stack(aws_devstack_settings(stack))
+
+
+@pytest.fixture(scope="session")
+def azure_devstack(azurite: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevStackProcess]:
+    """The local stack on Azure terms (Azurite, the Azure Functions app), with the users of
+    ``devstack``, in a process of its own: ``devstack`` owns this process's handler settings.
+    Pools not on the local backend keep their names and shapes (so answers match ``devstack``'s)
+    but get no workers: Slurm belongs to ``devstack``, moto's Batch to ``aws_devstack``."""
+    state = tmp_path_factory.mktemp("azure-devstack")
+    config = DevConfig(
+        port=free_port(),
+        token="admin-token",
+        user="admin",
+        pools_file=str(off_local(state / "pools.json")),
         cloud="azure",
         azure_connection_string=azurite,
         prefix=f"e2e{uuid.uuid4().hex[:6]}",
@@ -431,9 +489,16 @@ def register_users(tokens: TokenStore) -> None:
     register_token(tokens, "empty-token", "eve", scopes=[], now=time.time())
 
 
+ON_EVERY_CLOUD = ["devstack", "aws_devstack", "azure_devstack"]
+"""The local stacks of each cloud: ``@pytest.mark.parametrize("alice", ON_EVERY_CLOUD, indirect=True)``
+runs a test of ``alice`` alone on the embedded default, on moto and on Azurite."""
+
+
 @pytest.fixture(scope="session")
-def alice(devstack: DevStack) -> Client:
-    return Client(devstack.api_url, "alice-token")
+def alice(request: pytest.FixtureRequest) -> Client:
+    """alice's client of ``devstack``, or of the stack fixture named by the test's param."""
+    stack = request.getfixturevalue(getattr(request, "param", None) or "devstack")
+    return Client(stack.api_url, "alice-token")
 
 
 @pytest.fixture(scope="session")
@@ -499,6 +564,7 @@ SERVICE_MARKERS = {
     "azurite": "azurite",
     "dynalite_endpoint": "dynalite",
     "devstack": "devstack",
+    "aws_devstack": "devstack",
     "azure_devstack": "devstack",
 }
 

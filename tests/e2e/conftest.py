@@ -6,7 +6,7 @@ import os
 import docker.errors
 import pytest
 
-from tests.conftest import AgentProcess
+from tests.conftest import AgentProcess, aws_devstack_settings
 from worker_agent.workdir import sweep_dead
 
 
@@ -15,24 +15,39 @@ def agents(tmp_path, devstack, docker_client):
     """``agents(*flags, worker_id=None, env=None)``: agent processes of the local stack with FAST
     settings, in its environment (``env`` over it), stopped afterwards, with what those a test
     killed with SIGKILL left behind: their runs' containers and their work-dir mounts."""
+    with started_agents(tmp_path, devstack.environment, docker_client) as start:
+        yield start
+
+
+@pytest.fixture
+def aws_agents(tmp_path, aws_devstack, docker_client):
+    """``agents`` of the AWS local stack (``aws_devstack``, moto)."""
+    with started_agents(tmp_path, aws_devstack_settings(aws_devstack).environment(), docker_client) as start:
+        yield start
+
+
+@contextlib.contextmanager
+def started_agents(tmp_path, stack_environment, docker_client):
     started = []
 
     def start(*args, worker_id=None, env=None):
-        environment = {**os.environ, **devstack.environment, **(env or {})}
+        environment = {**os.environ, **stack_environment, **(env or {})}
         agent = AgentProcess(tmp_path, *args, worker_id=worker_id, env=environment)
         started.append(agent)
         return agent
 
-    yield start
-    # Every agent is stopped before any container is removed: agents may share an id (a restarted
-    # one), and a removal that meets a container its live agent is removing must not leave that
-    # agent running to take later tests' runs.
-    for agent in started:
-        agent.stop()
-    for worker_id in dict.fromkeys(agent.id for agent in started):
-        for container in docker_client.containers.list(
-            all=True, sparse=True, filters={"label": f"io.runplane.worker_id={worker_id}"}
-        ):
-            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
-                container.remove(force=True)
-    sweep_dead(tmp_path / "work")
+    try:
+        yield start
+    finally:
+        # Every agent is stopped before any container is removed: agents may share an id (a restarted
+        # one), and a removal that meets a container its live agent is removing must not leave that
+        # agent running to take later tests' runs.
+        for agent in started:
+            agent.stop()
+        for worker_id in dict.fromkeys(agent.id for agent in started):
+            for container in docker_client.containers.list(
+                all=True, sparse=True, filters={"label": f"io.runplane.worker_id={worker_id}"}
+            ):
+                with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                    container.remove(force=True)
+        sweep_dead(tmp_path / "work")

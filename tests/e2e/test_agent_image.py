@@ -1,7 +1,7 @@
 """The worker agent's container image (infra/agent-image/Dockerfile), as AWS Batch or Kubernetes
 would run it: built by scripts/build-agent-image.sh (kept once built from the same sources),
 started on the host network with the Docker socket and its work dir mounted at the same path,
-serving the "manual" pool of the local stack."""
+serving the "manual" pool of the AWS local stack (moto)."""
 
 import os
 import uuid
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FAST as FAST_FLAGS
-from tests.conftest import TERMINAL, nosuid_work_dir, wait_for, wait_state
+from tests.conftest import TERMINAL, aws_devstack_settings, nosuid_work_dir, wait_for, wait_state
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 # What of the local stack's environment an agent needs to find DynamoDB, SQS and S3.
@@ -38,12 +38,12 @@ def docker_socket(docker_client) -> str:
 
 
 @pytest.fixture
-def agent_container(docker_client, agent_image, devstack):
+def agent_container(docker_client, agent_image, aws_devstack):
     started = []
 
     def start(worker_id: str, work_dir: Path, **extra_env: str):
         sock = docker_socket(docker_client)
-        stack_env = {**os.environ, **devstack.environment}
+        stack_env = {**os.environ, **aws_devstack_settings(aws_devstack).environment()}
         env = {name: stack_env[name] for name in STACK_ENV if name in stack_env}
         env.update(FAST)
         env.update(
@@ -92,6 +92,7 @@ def logs_of(container) -> str:
 
 
 @pytest.mark.timeout(900)  # includes a cold image build
+@pytest.mark.parametrize("alice", ["aws_devstack"], indirect=True)
 def test_agent_image_runs_a_job_through_the_host_engine(docker_client, alice, agent_container, host_work_dir):
     worker_id = f"image-{uuid.uuid4().hex[:6]}"
     work_dir = host_work_dir

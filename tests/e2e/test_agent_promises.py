@@ -1,5 +1,6 @@
 """Promises of the worker agent (README, "The worker agent") kept end to end: agent processes of
-the "manual" pool against the local stack, its moto server and the real Docker engine."""
+the "manual" pool against the local stack and the real Docker engine; those about an object
+store that refuses or holds an upload against the AWS local stack (moto), behind a front."""
 
 import contextlib
 import http.client
@@ -15,7 +16,7 @@ import pytest
 
 from runplane import bootstrap
 from runplane.client import ApiError
-from tests.conftest import DATASETS, SHORT_LEASE, TERMINAL, TEST_IMAGE, wait_for, wait_state
+from tests.conftest import DATASETS, SHORT_LEASE, TERMINAL, TEST_IMAGE, aws_devstack_stack, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
 
@@ -120,8 +121,9 @@ def fronts(moto_endpoint):
 
 
 @pytest.fixture
-def agents(fronts, agents):  # set up after the fronts, so they stop before the fronts they may reach the APIs through
-    return agents
+def aws_agents(fronts, aws_agents):
+    """Set up after the fronts, so they stop before the fronts they may reach the APIs through."""
+    return aws_agents
 
 
 def submit(client, command, **extra):
@@ -144,26 +146,31 @@ def through(front):
 # -- finishing: an upload that fails or outlasts its deadline ends the run ----------------------
 
 
-def test_an_upload_the_object_store_refuses_fails_the_run(docker_client, alice, agents, fronts):
+@pytest.mark.parametrize("alice", ["aws_devstack"], indirect=True)
+def test_an_upload_the_object_store_refuses_fails_the_run(docker_client, alice, aws_devstack, aws_agents, fronts):
     front = fronts()
-    agents(env=through(front))
+    aws_agents(env=through(front))
     run = submit(alice, "echo made; echo 42 > answer")
     done = wait_state(alice, run["id"], TERMINAL)
     assert (done["state"], done["failure"]["reason"], done["exit_code"]) == ("failed", "upload_failed", 0)
     assert "upload of answer failed" in done["failure"]["message"]
     assert "AccessDenied" in done["failure"]["message"]
     assert states(done) == ["queued", "preparing", "running", "uploading", "failed"]
-    assert front.refused == [f"/{bootstrap.stack().data_bucket}/runs/{run['id']}/outputs/1/answer"]
+    bucket = aws_devstack_stack(aws_devstack).data_bucket
+    assert front.refused == [f"/{bucket}/runs/{run['id']}/outputs/1/answer"]
     assert logs(alice, run["id"]) == "made\n"  # only the outputs were refused
     assert alice.request("GET", f"/v1/runs/{run['id']}/outputs")["files"] == []
 
 
-def test_an_upload_past_its_deadline_fails_the_run_and_the_agent_still_exits(docker_client, alice, agents, fronts):
+@pytest.mark.parametrize("alice", ["aws_devstack"], indirect=True)
+def test_an_upload_past_its_deadline_fails_the_run_and_the_agent_still_exits(
+    docker_client, alice, aws_devstack, aws_agents, fronts
+):
     """The upload is held by the front until the test is over: it cannot finish in time, however
     fast or slow this machine is. The agent, done with its one run, exits though that upload hangs
     on (its thread would hold the process until the object store answered)."""
     front = fronts(hold=True)
-    agent = agents("--upload-deadline-seconds", "0.5", "--exit-after-num-runs", "1", env=through(front))
+    agent = aws_agents("--upload-deadline-seconds", "0.5", "--exit-after-num-runs", "1", env=through(front))
     run = submit(alice, "echo 42 > answer")
     done = wait_state(alice, run["id"], TERMINAL)
     assert (done["state"], done["failure"]["reason"], done["exit_code"]) == ("failed", "upload_failed", 0)
@@ -172,7 +179,8 @@ def test_an_upload_past_its_deadline_fails_the_run_and_the_agent_still_exits(doc
     assert agent.wait(30) == 0
     assert "finished 1 run(s)" in agent.log.read_text()
     assert not front.released.is_set()  # the upload was still held when the agent went
-    assert set(front.refused) == {f"/{bootstrap.stack().data_bucket}/runs/{run['id']}/outputs/1/answer"}
+    bucket = aws_devstack_stack(aws_devstack).data_bucket
+    assert set(front.refused) == {f"/{bucket}/runs/{run['id']}/outputs/1/answer"}
 
 
 # -- watching: exit 137 is out_of_memory only when Docker says OOMKilled --------------------------

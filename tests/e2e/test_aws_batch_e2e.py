@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from runplane import bootstrap
 from tests.conftest import (
     TERMINAL,
+    aws_devstack_stack,
     batch_queue,
     cancel_all,
     moto_credentials_for,
@@ -20,13 +20,13 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def batch_pool(devstack, agent_image):
+def batch_pool(aws_devstack, agent_image):
     """The compute environment and job queue the "batch" pool of tests/pools.yaml names, in the
-    local stack's moto; and the work dir its workers mount. Until they exist, the dispatcher's
+    AWS local stack's moto; and the work dir its workers mount. Until they exist, the dispatcher's
     passes over the pool fail with a BackendError, which it only logs."""
-    stack = bootstrap.stack()
+    stack = aws_devstack_stack(aws_devstack)
     pool = stack.pools.get("batch")
-    assert batch_queue(devstack.endpoint, "e2e") == pool.options["job_queue"]
+    assert batch_queue(aws_devstack.endpoint, "e2e") == pool.options["job_queue"]
     moto_credentials_for(pool)  # the jobs get the stack's settings, never the dispatcher's keys
     # the host's part: the work dir on a nosuid,nodev mount, which the agent in a job cannot make
     with nosuid_work_dir(Path(pool.options["work_dir"])):
@@ -35,6 +35,7 @@ def batch_pool(devstack, agent_image):
 
 
 @pytest.mark.timeout(900)  # includes a cold agent image build
+@pytest.mark.parametrize("alice", ["aws_devstack"], indirect=True)
 def test_run_executed_by_an_agent_the_dispatcher_started_as_a_batch_job(alice, batch_pool):
     stack, pool = batch_pool
     run = alice.request("POST", "/v1/runs", {"command": "echo from batch; echo 42 > answer", "queue": "batch"})

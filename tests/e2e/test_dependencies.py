@@ -1,4 +1,4 @@
-"""Runs that wait for runs on the local stack (moto, the dispatcher, local agents, Docker): a run
+"""Runs that wait for runs on the local stack (its SQLite stores, the dispatcher, local agents, Docker): a run
 naming a running run waits, holding no worker, starts after it and reads its output; a run
 waiting for a failing run ends dependency_failed naming it; a run waits for a whole sweep; and the
 command line."""
@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from runplane.client import NotFound
-from tests.conftest import wait_for
+from tests.conftest import ON_EVERY_CLOUD, wait_for
 from tests.e2e.test_cli import cli, new_user, one_error_line
 
 pytestmark = pytest.mark.docker
@@ -37,6 +37,7 @@ def test_a_run_waiting_on_a_running_run_starts_after_it_and_reads_its_output(ali
     assert "everything it waited for succeeded: released to pool default" in messages
 
 
+@pytest.mark.parametrize("alice", ON_EVERY_CLOUD, indirect=True)
 def test_a_run_waiting_on_a_failing_run_ends_dependency_failed(alice):
     first = alice.submit("sleep 2; exit 3")
     second = alice.submit("echo never", after=[first])

@@ -18,6 +18,7 @@ from runplane.client import (
     NotFound,
     QuotaView,
 )
+from tests.conftest import ON_EVERY_CLOUD
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +34,17 @@ def someone(devstack, admin, *groups):
     return Client(devstack.api_url, made.token), name
 
 
-def test_set_read_list_and_remove(devstack, admin):
+@pytest.fixture
+def on_cloud(request):
+    """The stack fixture the param names, and its administrator's client."""
+    stack = request.getfixturevalue(request.param)
+    with Client(stack.api_url, "admin-token") as client:
+        yield stack, client
+
+
+@pytest.mark.parametrize("on_cloud", ON_EVERY_CLOUD, indirect=True)
+def test_set_read_list_and_remove(on_cloud):
+    devstack, admin = on_cloud
     user, name = someone(devstack, admin)
     group = f"g-{uuid.uuid4().hex[:8]}"
     try:

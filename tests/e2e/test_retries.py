@@ -1,4 +1,4 @@
-"""Retries by failure category on the local stack (moto, the dispatcher, local agents, Docker): a
+"""Retries by failure category on the local stack (its SQLite stores, the dispatcher, local agents, Docker): a
 run goes again only for a reason its rule names, at the same id, with each attempt's logs and
 outputs kept apart, and an out_of_memory retry may grow the memory limit."""
 
@@ -7,6 +7,7 @@ import urllib.request
 import pytest
 
 from runplane.client import BadRequest, InvalidRequest, NotFound, RetryRule
+from tests.conftest import ON_EVERY_CLOUD
 
 pytestmark = pytest.mark.docker
 
@@ -63,6 +64,7 @@ def test_out_of_memory_is_not_retried_when_the_rule_names_only_nonzero_exit(alic
     )
 
 
+@pytest.mark.parametrize("alice", ON_EVERY_CLOUD, indirect=True)
 def test_out_of_memory_with_a_memory_factor_goes_again_with_twice_the_memory(alice):
     run = alice.submit(
         f'if [ "$RUNPLANE_ATTEMPT" = 1 ]; then {BLOW_UP}; fi; {MEMORY_LIMIT}',

@@ -1,5 +1,5 @@
-"""Runs end to end: API -> DynamoDB -> SQS -> dispatcher -> local agent -> Docker -> S3,
-on the real Docker engine and the moto server."""
+"""Runs end to end: API -> run store -> run queue -> dispatcher -> local agent -> Docker ->
+object store, on the real Docker engine and the embedded default stack (SQLite and files)."""
 
 import dataclasses
 import json
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from runplane import bootstrap
-from runplane.adapters.aws.sqs import pool_queue_name
+from runplane.adapters.local.queues import SqliteRunQueue, pool_queue
 from runplane.domain.messages import RunMessage
 from runplane.domain.pools import PoolConfig
 from runplane.domain.states import RunState
 from runplane.services.reap import reap
-from tests.conftest import DATASETS, TERMINAL, wait_for, wait_state
+from tests.conftest import DATASETS, ON_EVERY_CLOUD, TERMINAL, wait_for, wait_state
 from tests.gate import GATE, open_gate, output_dir
 from tests.security import test_network as contained
 from tests.security.test_network import start_agent  # noqa: F401  (a fixture of this module's too)
@@ -48,18 +48,15 @@ def outputs(client, run_id):
 
 
 def hints_left(pool):
-    """Hints of ``pool`` waiting, taken but not deleted, or delayed: 0 once workers took them all."""
+    """Hints of ``pool`` waiting, taken but not deleted, or delayed: 0 once workers took them all
+    (rows of the pool's queue in the local stack's database, whatever their visibility)."""
     queue = bootstrap.stack().queue
-    url = queue.client.get_queue_url(QueueName=pool_queue_name(queue.prefix, pool))["QueueUrl"]
-    counts = [
-        "ApproximateNumberOfMessages",
-        "ApproximateNumberOfMessagesNotVisible",
-        "ApproximateNumberOfMessagesDelayed",
-    ]
-    attributes = queue.client.get_queue_attributes(QueueUrl=url, AttributeNames=counts)["Attributes"]
-    return sum(int(attributes[name]) for name in counts)
+    assert isinstance(queue, SqliteRunQueue)
+    with queue.db.read() as c:
+        return c.execute("SELECT count(*) FROM queue_messages WHERE queue = ?", (pool_queue(pool),)).fetchone()[0]
 
 
+@pytest.mark.parametrize("alice", ON_EVERY_CLOUD, indirect=True)
 def test_success_with_logs_outputs_and_timeline(docker_client, alice):
     run = submit(
         alice,
@@ -97,6 +94,7 @@ def test_nonzero_exit_fails_with_code_and_stderr_tail(docker_client, alice):
     assert "no such file: data.csv" in done["failure"]["message"]
 
 
+@pytest.mark.parametrize("alice", ON_EVERY_CLOUD, indirect=True)
 def test_kill_running_run(docker_client, alice):
     """How fast a kill lands is measured by bench/kill_latency.py; here, what it does."""
     run = submit(alice, "echo started; echo partial > partial; sleep 600")

@@ -1,12 +1,14 @@
-"""A run on the "slurm" pool: API -> SQS -> dispatcher -> slurmrestd (JWT over TCP) -> the
-agent as a Slurm job -> Docker -> S3, on a real one-node Slurm."""
+"""A run on the "slurm" pool: API -> run queue -> dispatcher -> slurmrestd (JWT over TCP) -> the
+agent as a Slurm job -> Docker -> object store, on a real one-node Slurm and the embedded default
+stack: the job reaches the stack's database and objects by the settings it is given (its state
+directory on this machine)."""
 
 from pathlib import Path
 
 import pytest
 
 from runplane import bootstrap
-from tests.conftest import TERMINAL, cancel_all, moto_credentials_for, wait_for, wait_state
+from tests.conftest import TERMINAL, cancel_all, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
 
@@ -19,7 +21,6 @@ def slurm_pool(devstack, slurm_conf):
     pool = stack.pools.get("slurm")
     assert pool.options["rest_url"] == (Path(slurm_conf).parents[1] / "rest.url").read_text().strip()
     Path(pool.options["log_dir"]).mkdir(parents=True, exist_ok=True)
-    moto_credentials_for(pool)  # the jobs get the stack's settings, never the dispatcher's keys
     yield stack, pool
     cancel_all(stack.backend(pool), pool)
 

@@ -1,4 +1,4 @@
-"""Sweeps on the local stack (moto, the dispatcher, local agents, Docker): a grid gives one run per
+"""Sweeps on the local stack (its SQLite stores, the dispatcher, local agents, Docker): a grid gives one run per
 combination, max_parallel holds however many workers are free, kill ends every member, retry runs
 again only the members that did not succeed; and the command line."""
 
@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from runplane.client import Conflict, NotFound
-from tests.conftest import wait_for
+from tests.conftest import ON_EVERY_CLOUD, wait_for
 from tests.e2e.test_cli import cli, new_user, one_error_line
 
 pytestmark = pytest.mark.docker
@@ -87,6 +87,7 @@ def test_max_parallel_one_over_three_free_workers_never_runs_two_at_once(alice, 
         assert start >= end, f"two members overlapped: {spans}"
 
 
+@pytest.mark.parametrize("alice", ON_EVERY_CLOUD, indirect=True)
 def test_kill_ends_every_member_and_retry_runs_again_only_the_failed(alice):
     # odd members fail on their first try only
     first_try = '[ "$RUNPLANE_RUN_ID" != "$RUNPLANE_SWEEP_ID-$RUNPLANE_SWEEP_INDEX" ]'

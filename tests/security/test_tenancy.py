@@ -205,9 +205,10 @@ def test_a_revoked_token_is_refused_by_every_api_instance_after_the_cache_ttl(de
         authenticate(other.tokens, header, now=time.time())
 
 
-def test_the_cli_makes_the_first_admin_token_with_cloud_credentials(devstack, tmp_path):
+def test_the_cli_makes_the_first_admin_token_with_cloud_credentials(aws_devstack, tmp_path):
     """A deployed stack has no token yet: the operator writes one to the token store with their
-    cloud credentials and the stack's settings (here: moto's server and the e2e prefix)."""
+    cloud credentials and the stack's settings (here: moto's server and the AWS local stack's prefix)."""
+    devstack = aws_devstack
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")},
         "HOME": str(tmp_path),
