@@ -92,21 +92,33 @@ def list_tokens(ports: Ports, user: str | None = None) -> list[ApiToken]:
     return [t for t in ports.tokens.list() if user is None or t.user == user]
 
 
+ADMIN_MARGIN_SECONDS = 86_400.0
+"""An admin token that expires sooner than this is no administrator that remains (see revoke_token)."""
+
+
 def revoke_token(ports: Ports, token_id: str) -> None:
     """Remove a token; every API instance refuses it within seconds. Raises NotFound, and
-    LastAdmin for the only admin token that has not expired (revoking it would lock every
-    administrator out of the stack; an expired admin token may always go).
+    LastAdmin for an admin token that has not expired when no other admin token lasts: one that
+    does not expire, or expires more than ADMIN_MARGIN_SECONDS from now (revoking it would lock
+    every administrator out of the stack, at once or when the short-lived one expires; an expired
+    admin token may always go).
 
     Two administrators revoking each other's tokens at the same moment may both succeed: the
     check and the delete are two calls to the store. The way back in is then
     ``runplane token create --direct``, which needs the stack's credentials, not a token."""
     now = ports.clock()
     tokens = ports.tokens.list()
-    admins = [t.id for t in tokens if "admin" in t.scopes and not t.expired(now)]
-    if admins == [token_id]:
+    admins = {t.id: t for t in tokens if "admin" in t.scopes and not t.expired(now)}
+    lasting = [
+        i
+        for i, t in admins.items()
+        if i != token_id and (t.expires_at is None or t.expires_at > now + ADMIN_MARGIN_SECONDS)
+    ]
+    if token_id in admins and not lasting:
         raise LastAdmin(
-            f"{token_id} is the last admin token that has not expired: revoking it would leave no one able "
-            "to administer this stack; make another admin token first (runplane token create USER --scope admin)"
+            f"{token_id} is the last admin token that lasts (no other admin token is valid for more than a day): "
+            "revoking it would leave no one able to administer this stack; make another admin token first "
+            "(runplane token create USER --scope admin)"
         )
     if not ports.tokens.delete(token_id):
         raise NotFound(f"token {token_id} not found")

@@ -98,24 +98,29 @@ def test_the_last_admin_token_cannot_be_revoked(own_front):
     assert [t["id"] for t in own_front("GET", "/v1/tokens", ops["token"])[1]["tokens"]] == [ops["id"]]
 
 
-def test_an_expired_admin_token_does_not_count_as_one_that_remains(local_stack):
-    """The last-admin check at service level, with a clock the test moves: an admin token that has
-    expired is no administrator (and may itself be revoked), one that expires later still is."""
+def test_only_an_admin_token_that_lasts_counts_as_one_that_remains(local_stack):
+    """The last-admin check at service level, with a clock the test moves: an admin token that
+    expires within a day is no administrator that remains (the stack would lock its administrators
+    out when it expires), one that lasts longer is; an expired admin token may always go."""
     now = [1_800_000_000.0]
     ports = make_ports(local_stack, clock=lambda: now[0])
     root = tenancy.create_token(ports, user="root", scopes=["admin"], created_by="test").token
     brief = tenancy.create_token(ports, user="ops", scopes=["admin"], expires_in="1h", created_by="test").token
     reader = tenancy.create_token(ports, user="ops", scopes=["runs:read"], created_by="test").token
     tenancy.revoke_token(ports, reader.id)  # a token that is not an admin's never counts
-    now[0] += 3599
-    tenancy.revoke_token(ports, root.id)  # brief has a second left: it is another admin
-    with pytest.raises(LastAdmin, match="make another admin token first"):
-        tenancy.revoke_token(ports, brief.id)
+    with pytest.raises(LastAdmin, match=r"valid for more than a day.*make another admin token first"):
+        tenancy.revoke_token(ports, root.id)  # brief is an admin's for an hour more only
+    week = tenancy.create_token(ports, user="ops", scopes=["admin"], expires_in="7d", created_by="test").token
+    now[0] += 3600  # brief has expired
+    tenancy.revoke_token(ports, root.id)  # week lasts
+    with pytest.raises(LastAdmin):
+        tenancy.revoke_token(ports, week.id)
+    tenancy.revoke_token(ports, brief.id)  # an expired admin token may always go
+    now[0] += 6 * 86_400 + 1  # week has less than a day left
     root = tenancy.create_token(ports, user="root", scopes=["admin"], created_by="test").token
-    now[0] += 1  # brief has expired
+    tenancy.revoke_token(ports, week.id)  # a short-lived one may go while a lasting one remains
     with pytest.raises(LastAdmin):
         tenancy.revoke_token(ports, root.id)
-    tenancy.revoke_token(ports, brief.id)  # an expired admin token may always go
     assert [t.id for t in tenancy.list_tokens(ports)] == [root.id]
     with pytest.raises(NotFound):
         tenancy.revoke_token(ports, brief.id)
