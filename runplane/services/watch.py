@@ -37,6 +37,10 @@ MAX_WAITING_PER_USER = 8
 """Waiting reads one user may hold at once in one process (a front's threads, an Azure worker's);
 one more is answered at once, unwaited, and its client reads again after its own pause, so no user
 holds every thread of a front."""
+MAX_WAITING = 64
+"""Waiting reads all users together may hold at once in one process (half the threads of the
+serving front, runplane/devstack/wsgi.py); one more is answered at once, unwaited, so that many
+users' waits leave threads to every other request."""
 REVISION_PATTERN = r"^[0-9a-f]{16}$"
 """What a revision looks like (the first 64 bits of a SHA-256, in hex); clients treat it as opaque."""
 
@@ -83,19 +87,23 @@ class _Waiting:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: Counter[str] = Counter()
+        self._total = 0
 
     @contextmanager
     def slot(self, user: str) -> Iterator[bool]:
-        """Whether ``user`` may wait now (fewer than MAX_WAITING_PER_USER held), held until the end."""
+        """Whether ``user`` may wait now (fewer than MAX_WAITING_PER_USER held by the user, fewer than
+        MAX_WAITING by all), held until the end."""
         with self._lock:
-            granted = self._held[user] < MAX_WAITING_PER_USER
+            granted = self._held[user] < MAX_WAITING_PER_USER and self._total < MAX_WAITING
             if granted:
+                self._total += 1
                 self._held[user] += 1
         try:
             yield granted
         finally:
             if granted:
                 with self._lock:
+                    self._total -= 1
                     self._held[user] -= 1
                     if not self._held[user]:
                         del self._held[user]
@@ -115,7 +123,7 @@ def _until_changed(
 ) -> R:
     """``first``, or a later ``read()`` whose revision differs from ``since`` (None: from
     ``first``'s), reading until one does or ``wait`` seconds have passed; ``first`` at once when
-    ``user`` holds MAX_WAITING_PER_USER waits already."""
+    ``user`` holds MAX_WAITING_PER_USER waits already, or all users MAX_WAITING."""
     seen = revision(first) if since is None else since
     current = first
     with _WAITING.slot(user) as granted:

@@ -205,3 +205,43 @@ def test_one_user_holds_at_most_a_few_waiting_reads_and_never_another_users(loca
     after = dataclasses.replace(ports, sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
     watch.watched_run(after, alice, run.id, None, 1)  # the reads held are given back when they end
     assert sum(slept) == pytest.approx(1)
+
+
+def test_all_users_together_hold_at_most_max_waiting_reads(local_stack, monkeypatch):
+    """Past MAX_WAITING waiting reads in a process, whoever's, the next is answered at once, unwaited
+    (a front keeps threads for every other request); a wait that ends gives its place back."""
+    monkeypatch.setattr(watch, "MAX_WAITING", 2)
+    now, release, held = [0.0], threading.Event(), threading.Semaphore(0)
+    users = [Principal(user=name, scopes=["runs:read", "runs:write"]) for name in ("alice", "bob", "carol")]
+
+    def blocked(seconds):
+        held.release()
+        release.wait(30)
+        now[0] += 100
+
+    def refused(seconds):
+        raise AssertionError("a read past the process's cap waited")
+
+    ports = bootstrap.make_ports(local_stack, lambda: now[0])
+    spec = RunSpec(command="echo hi", queue="parked")
+    alices, bobs, carols = (runs.submit_run(ports, p, spec, None).run for p in users)
+    waits = dataclasses.replace(ports, sleep=blocked)
+    threads = [
+        threading.Thread(target=watch.watched_run, args=(waits, p, r.id, None, 20))
+        for p, r in zip(users[:2], (alices, bobs), strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for _ in threads:
+            assert held.acquire(timeout=30), "a waiting read never waited"
+        seen, _ = watch.watched_run(dataclasses.replace(ports, sleep=refused), users[2], carols.id, None, 20)
+        assert seen.id == carols.id and seen.state == "queued"
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    slept = []
+    after = dataclasses.replace(ports, sleep=lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    watch.watched_run(after, users[2], carols.id, None, 1)
+    assert sum(slept) == pytest.approx(1)
