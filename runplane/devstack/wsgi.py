@@ -2,29 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
 import http
 import json
 import logging
 import os
+import socket
+import ssl
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from cheroot import wsgi
-from cheroot.errors import MaxSizeExceeded
+from cheroot.errors import FatalSSLAlert, MaxSizeExceeded
+from cheroot.makefile import StreamReader, StreamWriter
+from cheroot.server import HTTPConnection, HTTPRequest
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.front import MAX_REQUEST
+from runplane.services.watch import MAX_WAITING
 
 __all__ = ["THREADS", "ProductionFront"]
 
 log = logging.getLogger(__name__)
-THREADS = 64
-"""Requests served at once: each long poll (a client waiting on a run) holds one for its wait."""
+THREADS = 2 * MAX_WAITING
+"""Requests served at once: each long poll (a client waiting on a run) holds one for its wait, and
+at most MAX_WAITING wait at once, so half the threads always serve other requests."""
 SOCKET_TIMEOUT = 120
-"""Seconds a connection may stay silent mid-request before it is dropped."""
+"""Seconds a connection may stay silent while its answer is written, or between two requests."""
+HEAD_SECONDS = 10
+"""Seconds a client has to send a request's line and headers (and, on HTTPS, to shake hands first)
+from when a thread takes it up: a client trickling its headers holds a thread no longer."""
+BODY_SECONDS = 60
+"""Seconds a client has to send a request's body (at most MAX_REQUEST) after its headers."""
+MAX_HEADERS = 64 * 1024
+"""Bytes of a request's line and headers; past it, 414 (the line) or 413 (the headers)."""
 CHUNK = 256 * 1024
 _HOP_BY_HOP = {"connection", "content-length", "keep-alive", "transfer-encoding"}
 
@@ -41,7 +56,12 @@ class ProductionFront:
     in a thread of the one process. A pre-forking server such as gunicorn would run the stack in
     several worker processes, while the stack keeps its dispatcher and schedule threads, and its
     stores' wake-ups, in one process; the pool of threads is sized for long polls (THREADS).
-    ``tls_cert``/``tls_key``: PEM files for HTTPS (cheroot's builtin ``ssl`` adapter).
+    ``tls_cert``/``tls_key``: PEM files for HTTPS (cheroot's builtin ``ssl`` adapter, shaking hands
+    in the thread that serves the connection, never in the one that accepts them).
+
+    A client gets HEAD_SECONDS to send a request's head and BODY_SECONDS its body, MAX_HEADERS
+    bytes of head and MAX_REQUEST of body; a Content-Length that is not a number is refused (400)
+    before any body is read.
     """
 
     def __init__(
@@ -52,8 +72,10 @@ class ProductionFront:
             address, self._app, numthreads=THREADS, timeout=SOCKET_TIMEOUT, server_name="runplane", shutdown_timeout=2
         )
         self._server.max_request_body_size = MAX_REQUEST
+        self._server.max_request_header_size = MAX_HEADERS
+        self._server.ConnectionClass = _Connection
         if tls_cert is not None and tls_key is not None:
-            self._server.ssl_adapter = BuiltinSSLAdapter(str(tls_cert), str(tls_key))
+            self._server.ssl_adapter = _TLS(str(tls_cert), str(tls_key))
         self._server.prepare()  # binds now: a busy port fails here, before anything else starts
 
     @property
@@ -80,7 +102,10 @@ class ProductionFront:
             if environ.get(key):
                 headers[name] = str(environ[key])
         try:
-            body = environ["wsgi.input"].read()
+            # the length is checked (_Request) before the body is read; a chunked body stops at the limit
+            body = environ["wsgi.input"].read(MAX_REQUEST + 1)
+            if len(body) > MAX_REQUEST:
+                return _error(start_response, 413, "payload_too_large", "request body too large")
         except (MaxSizeExceeded, OSError) as e:
             # cheroot answers a Content-Length past MAX_REQUEST itself; a chunked body past it
             # raises here (an OSError saying so), as does a body cut short
@@ -148,3 +173,113 @@ class _Chunks:
 
     def close(self) -> None:
         self.file.close()
+
+
+class _TimedIO(socket.SocketIO):
+    """A connection's socket as a raw stream: each read waits at most what is left until
+    ``deadline`` (None: SOCKET_TIMEOUT), each write at most SOCKET_TIMEOUT. On a TLS socket the
+    first read shakes hands, under the same deadline."""
+
+    def __init__(self, sock: socket.socket, mode: str) -> None:
+        super().__init__(sock, mode)  # type: ignore[arg-type]
+        self.sock = sock
+        self.deadline: float | None = None
+        self._shaken = not isinstance(sock, ssl.SSLSocket)
+
+    def readinto(self, b: Any) -> int | None:
+        timeout: float = SOCKET_TIMEOUT
+        if self.deadline is not None:
+            timeout = min(timeout, self.deadline - time.monotonic())
+            if timeout <= 0:
+                raise TimeoutError("timed out")
+        self.sock.settimeout(timeout)
+        if not self._shaken:
+            _handshake(self.sock)
+            self._shaken = True
+        return super().readinto(b)
+
+    def write(self, b: Any) -> int | None:
+        self.sock.settimeout(SOCKET_TIMEOUT)
+        return super().write(b)
+
+
+_PLAIN_HTTP = (
+    b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 44\r\nConnection: close\r\n\r\n"
+    b"This server only speaks HTTPS on this port.\n"
+)
+
+
+def _handshake(sock: socket.socket) -> None:
+    """Shake hands on ``sock`` (an SSLSocket), within its timeout. A failure drops the connection
+    quietly (cheroot's FatalSSLAlert), a client speaking plain HTTP is told in plain HTTP first."""
+    assert isinstance(sock, ssl.SSLSocket)
+    try:
+        sock.do_handshake()
+    except ssl.SSLError as e:
+        if "http request" in str(e).lower():
+            bare_send = socket.socket.sendall  # on the bare socket under the TLS one
+            with contextlib.suppress(OSError):
+                bare_send(sock, _PLAIN_HTTP)
+        raise FatalSSLAlert(str(e)) from e
+    except OSError as e:  # a timeout, the client gone
+        raise FatalSSLAlert(str(e)) from e
+
+
+class _Reader(StreamReader):
+    def __init__(self, sock: socket.socket, mode: str = "rb", bufsize: int = 8192) -> None:
+        super(StreamReader, self).__init__(_TimedIO(sock, mode), bufsize)
+        self.bytes_read = 0
+
+
+class _Writer(StreamWriter):
+    def __init__(self, sock: socket.socket, mode: str = "wb", bufsize: int = 8192) -> None:
+        super(StreamWriter, self).__init__(_TimedIO(sock, mode), bufsize)
+        self.bytes_written = 0
+
+
+def _timed_file(sock: socket.socket, mode: str = "r", bufsize: int = 8192) -> _Reader | _Writer:
+    return _Reader(sock, mode, bufsize) if "r" in mode else _Writer(sock, mode, bufsize)
+
+
+class _Request(HTTPRequest):
+    """cheroot's request, its head read within HEAD_SECONDS and its body within BODY_SECONDS, and
+    a Content-Length that is not digits refused before the body is read (``int`` would take
+    ``-1``, which reads to the end of the connection)."""
+
+    def parse_request(self) -> None:
+        raw: _TimedIO = self.conn.rfile.raw
+        raw.deadline = time.monotonic() + HEAD_SECONDS
+        super().parse_request()
+        raw.deadline = time.monotonic() + BODY_SECONDS
+
+    def read_request_headers(self) -> bool:
+        if not super().read_request_headers():  # type: ignore[no-untyped-call]
+            return False
+        length = self.inheaders.get(b"Content-Length")
+        if length is not None and not (length.isdigit() and len(length) <= 12):
+            self.simple_response("400 Bad Request", "Content-Length is not a number of bytes")
+            return False
+        return True
+
+
+class _Connection(HTTPConnection):
+    """cheroot's connection on _TimedIO streams (whatever stream the server offers: both are
+    cheroot's StreamReader/StreamWriter on the socket), serving _Request."""
+
+    RequestHandlerClass = _Request
+
+    def __init__(self, server: Any, sock: socket.socket, makefile: Any = None) -> None:
+        super().__init__(server, sock, _timed_file)
+
+
+class _TLS(BuiltinSSLAdapter):
+    """cheroot's builtin TLS adapter, wrapping a connection without shaking hands: cheroot wraps
+    in the thread that accepts every connection, where one client that never speaks would hold
+    every other up (for SOCKET_TIMEOUT); _TimedIO shakes hands on the connection's first read."""
+
+    def wrap(self, sock: socket.socket) -> tuple[ssl.SSLSocket, dict[str, str]]:
+        try:
+            wrapped = self.context.wrap_socket(sock, do_handshake_on_connect=False, server_side=True)
+        except OSError as e:
+            raise FatalSSLAlert(str(e)) from e
+        return wrapped, {"wsgi.url_scheme": "https", "HTTPS": "on"}

@@ -1,14 +1,19 @@
 """The production front of a serving stack (cheroot, runplane/devstack/wsgi.py), on the local
 cloud in a process of its own: HTTPS with the operator's certificate, bodies past the limit
 refused with 413 however they are framed, and a HEAD answered without a body, so that the next
-answer on the connection is read whole."""
+answer on the connection is read whole. Hostile clients hold no one up: one that never shakes
+hands, one whose head is endless, one whose Content-Length is not a number, and many that trickle
+their headers."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
+import select
 import socket
 import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +27,7 @@ from cryptography.x509.oid import NameOID
 from runplane.devstack.front import MAX_REQUEST
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, free_port
+from runplane.devstack.wsgi import HEAD_SECONDS, MAX_HEADERS
 
 POOLS = """pools:
   - {name: default, backend: local, cpus: 1, memory: 1g, disk: 1g, max_workers: 0, default_image: busybox}
@@ -114,3 +120,69 @@ def test_a_head_has_no_body_and_the_next_answer_on_the_connection_is_whole(serve
     lengths = [int(line.split(b":")[1]) for line in get_headers.split(b"\r\n") if line.startswith(b"Content-Length")]
     assert lengths == [len(get_body)]
     assert b'"scopes"' in get_body
+
+
+def _tls(stack: DevStackProcess, cert: Path) -> ssl.SSLSocket:
+    port = int(stack.api_url.rsplit(":", 1)[1])
+    context = ssl.create_default_context(cafile=str(cert))
+    return context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname="127.0.0.1")
+
+
+def _me(stack: DevStackProcess, cert: Path) -> int:
+    auth = {"Authorization": f"Bearer {stack.token}"}
+    return httpx.get(f"{stack.api_url}/v1/me", headers=auth, verify=str(cert), timeout=5).status_code
+
+
+def test_a_client_that_never_shakes_hands_holds_no_one_up(served):
+    """TLS is negotiated in the thread that serves a connection, not in the one that accepts them
+    all: a connection that sends nothing does not keep the next client from being answered."""
+    stack, cert = served
+    port = int(stack.api_url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)):  # accepted first, and silent
+        assert _me(stack, cert) == 200
+
+
+def test_a_head_past_the_limit_is_refused_413(served):
+    stack, cert = served
+    with _tls(stack, cert) as tls:
+        tls.sendall(b"GET /v1/me HTTP/1.1\r\nHost: x\r\nX-A: " + b"a" * (MAX_HEADERS + 1024) + b"\r\n\r\n")
+        assert tls.recv(100).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("length", ["-1", "+2"])
+def test_a_content_length_that_is_not_digits_is_refused_400_before_the_body(served, length):
+    """``-1`` would read the body to the end of the connection: refused before a byte of it is read,
+    while the client keeps the connection open."""
+    stack, cert = served
+    with _tls(stack, cert) as tls:
+        tls.sendall(f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\n{{}}".encode())
+        answer = tls.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 400") and b"Content-Length is not a number" in answer
+
+
+def test_clients_trickling_their_headers_are_dropped_and_meanwhile_others_are_answered(served):
+    """70 clients each sending a header line a second: another client is answered while they hold
+    their connections, and each is dropped once HEAD_SECONDS have passed, however it trickles."""
+    stack, cert = served
+    slow = [_tls(stack, cert) for _ in range(70)]
+    try:
+        for tls in slow:
+            tls.sendall(b"GET /v1/me HTTP/1.1\r\nHost: x\r\n")
+        assert _me(stack, cert) == 200
+        held, ends = list(slow), []
+        until = time.monotonic() + HEAD_SECONDS + 10
+        while held and time.monotonic() < until:
+            for tls in select.select(held, [], [], 1.0)[0]:
+                try:
+                    ends.append(tls.recv(100)[:12])
+                except OSError:
+                    ends.append(b"")
+                held.remove(tls)
+            for tls in held:
+                with contextlib.suppress(OSError):
+                    tls.sendall(b"X-A: b\r\n")
+        assert not held, f"{len(held)} trickling clients still held past {HEAD_SECONDS} s"
+        assert set(ends) <= {b"HTTP/1.1 408", b""}
+    finally:
+        for tls in slow:
+            tls.close()
