@@ -14,7 +14,7 @@ from pathlib import Path
 
 from runplane import bootstrap
 from runplane.adapters.local import object_urls
-from runplane.adapters.local.db import DB_FILE, state_path
+from runplane.adapters.local.db import DB_FILE, Database, state_path
 from runplane.adapters.local.object_urls import PATH_PREFIX
 from runplane.adapters.local.queues import SqliteRunQueue
 from runplane.api.gateway import http_event, response_parts
@@ -118,6 +118,10 @@ class LocalCloud(Cloud):
             PoolDispatcher(ports).schedule()
         except Exception:
             log.exception("scheduled dispatcher failed")
+        try:  # the write-ahead log back to nothing, when no reader is in the way: it never grows for good
+            Database.at(self.state_dir).checkpoint()
+        except Exception:
+            log.exception("checkpoint of the database failed")
 
     def stop(self) -> None:
         self._stack = None

@@ -70,7 +70,8 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
         # run its hint names, so what keeps a pool moving is a hint for each free slot, not one for
         # every queued run; re-hinting a long backlog would flood the queue with stale hints
         for run in store.head(pool.name, REHINT_WINDOW):
-            if run.hinted_at is not None and now - run.hinted_at < rehint_after:
+            # a hint "sent" after now: the clock stepped back since, and it would look fresh for as long
+            if run.hinted_at is not None and 0 <= now - run.hinted_at < rehint_after:
                 continue
             try:
                 store.update(run, Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt), {"hinted_at": now})

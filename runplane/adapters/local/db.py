@@ -8,7 +8,14 @@ killed (SIGKILL) at any point; after a power loss the last commits may be missin
 
 Each thread of each process has a connection of its own (``connection``). ``wait_for_change``
 lets a reader block until a write commits, in this process (at once) or in another (seen within
-``POLL_SECONDS`` by SQLite's ``data_version``), so a waiting agent takes a new hint at once.
+``POLL_SECONDS`` by SQLite's ``data_version``, or ``IDLE_POLL_SECONDS`` once it has waited
+``IDLE_AFTER_SECONDS``), so a waiting agent takes a new hint at once.
+
+The file is made by ``Database`` alone: a connection opens it read-write and never makes it, so a
+process whose directory was emptied under it fails (BackendError) instead of starting an empty
+database. ``PRAGMA user_version`` is the schema's version (SCHEMA_VERSION): a database of a newer
+release is refused. Never open ``state.db`` read-write while its stack runs (a write transaction
+held open stalls every write of the stack); ``runplane serve backup`` copies it.
 """
 
 from __future__ import annotations
@@ -21,16 +28,24 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from runplane.domain.errors import BackendError
+from runplane.domain.errors import BackendError, Misconfigured
 
-__all__ = ["DB_FILE", "OBJECTS_DIR", "POLL_SECONDS", "Database", "state_path"]
+__all__ = ["DB_FILE", "OBJECTS_DIR", "POLL_SECONDS", "SCHEMA_VERSION", "Database", "state_path"]
 
 DB_FILE = "state.db"
 OBJECTS_DIR = "objects"
 POLL_SECONDS = 0.005
-"""How often a waiter looks for a commit made by another process."""
-BUSY_SECONDS = 30.0
-"""How long a write waits for another process's write transaction before it fails (BackendError)."""
+"""How often a waiter looks for a commit made by another process, in the first IDLE_AFTER_SECONDS of its wait."""
+IDLE_POLL_SECONDS = 0.05
+"""How often it looks after that: an idle agent costs little, and still takes a hint within this."""
+IDLE_AFTER_SECONDS = 1.0
+BUSY_SECONDS = 5.0
+"""How long a write waits for another process's write transaction before it fails (BackendError,
+answered 503): a lock held too long makes the API answer soon, not hang."""
+JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+"""Bytes of the write-ahead log kept after a checkpoint resets it (the rest is truncated)."""
+SCHEMA_VERSION = 1
+"""The version of the tables this release makes and reads (``PRAGMA user_version``)."""
 
 
 def state_path(state_dir: str | os.PathLike[str]) -> Path:
@@ -69,6 +84,15 @@ class Database:
         with self.errors("open the database"):
             connection = self.connection()
             connection.execute("PRAGMA journal_mode=WAL")
+            with self.write() as c:
+                version = int(c.execute("PRAGMA user_version").fetchone()[0])
+                if version < SCHEMA_VERSION:
+                    c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if version > SCHEMA_VERSION:
+            raise Misconfigured(
+                f"the database {self.path} was written by a newer runplane (schema {version}, this release "
+                f"knows {SCHEMA_VERSION}): upgrade runplane, or restore a backup made before the upgrade"
+            )
 
     @classmethod
     def at(cls, state_dir: str | os.PathLike[str]) -> Database:
@@ -95,9 +119,16 @@ class Database:
         transaction of its own)."""
         connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
         if connection is None:
-            connection = sqlite3.connect(self.path, timeout=BUSY_SECONDS, isolation_level=None, check_same_thread=False)
+            connection = sqlite3.connect(
+                f"{self.path.as_uri()}?mode=rw",  # never made here: see the module's note
+                timeout=BUSY_SECONDS,
+                isolation_level=None,
+                check_same_thread=False,
+                uri=True,
+            )
             connection.execute("PRAGMA synchronous=NORMAL")
             connection.execute(f"PRAGMA busy_timeout={int(BUSY_SECONDS * 1000)}")
+            connection.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
             connection.execute("PRAGMA temp_store=MEMORY")
             self._local.connection = connection
         return connection
@@ -124,7 +155,12 @@ class Database:
             if c.in_transaction:
                 c.execute("ROLLBACK")
             raise
-        c.execute("COMMIT")
+        try:
+            c.execute("COMMIT")
+        except BaseException:  # a commit that fails leaves the transaction open: the next write could not begin
+            if c.in_transaction:
+                c.execute("ROLLBACK")
+            raise
         with self._changed:
             self._generation += 1
             self._changed.notify_all()
@@ -140,6 +176,19 @@ class Database:
             if c.in_transaction:
                 c.execute("COMMIT")
 
+    def checkpoint(self) -> bool:
+        """Copy the write-ahead log into the database and truncate it to nothing, when no reader
+        and no writer is in the way within a moment; True when it was. SQLite's own checkpoints
+        cannot shrink the log, and cannot reset it while readers keep coming: a stack calls this
+        now and then (its schedule) so that the log does not grow without bound."""
+        with self.errors("checkpoint the database"):
+            connection = sqlite3.connect(f"{self.path.as_uri()}?mode=rw", timeout=0.1, isolation_level=None, uri=True)
+            try:
+                busy = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            finally:
+                connection.close()
+        return not busy
+
     def mark(self) -> tuple[int, int]:
         """Where the database is now, for ``wait_for_change(since=...)``: taken before a read, it
         lets the wait that follows the read wake for a commit made between the two."""
@@ -151,8 +200,10 @@ class Database:
     def wait_for_change(self, timeout: float, since: tuple[int, int] | None = None) -> bool:
         """Block until a write commits after this call began (in any process), or after ``since``
         (a ``mark`` of this thread), or ``timeout`` seconds pass; True when one did. A write of this
-        process wakes it at once; one of another process within POLL_SECONDS."""
-        deadline = time.monotonic() + timeout
+        process wakes it at once; one of another process within POLL_SECONDS, or IDLE_POLL_SECONDS
+        once the wait is IDLE_AFTER_SECONDS old."""
+        began = time.monotonic()
+        deadline = began + timeout
         c = self.connection()
         generation, version = since if since is not None else self.mark()
         with self._changed:
@@ -162,7 +213,8 @@ class Database:
                 with self.errors("wait for a change"):
                     if c.execute("PRAGMA data_version").fetchone()[0] != version:
                         return True
-                left = deadline - time.monotonic()
+                at = time.monotonic()
+                left = deadline - at
                 if left <= 0:
                     return False
-                self._changed.wait(min(POLL_SECONDS, left))
+                self._changed.wait(min(POLL_SECONDS if at - began < IDLE_AFTER_SECONDS else IDLE_POLL_SECONDS, left))

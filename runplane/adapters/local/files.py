@@ -151,7 +151,10 @@ class FileObjectStore:
             try:
                 with os.fdopen(fd, "wb") as f:
                     write(f)
+                    f.flush()
+                    os.fsync(f.fileno())  # on disk before it is renamed into place: never an empty object
                 os.replace(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory)
+                os.fsync(directory)  # and the rename itself
             except BaseException as e:
                 with contextlib.suppress(OSError):
                     os.unlink(temp, dir_fd=partial)

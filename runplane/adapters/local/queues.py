@@ -11,6 +11,11 @@ message to become visible, and looks again.
 Like SQS's redrive and the Storage Queue's poison queue, a message received more than
 ``MAX_RECEIVES`` times moves to its queue's dead-letter queue (same table, queue ``<queue>:dead``)
 instead of being delivered again; so does a run hint that is no ``RunMessage``, logged.
+
+Times are the wall clock's (every process of the stack reads the same one). When it steps back, a
+message sent before the step would stay invisible until the clock is back where it was: a message
+whose ``sent_at`` is in the future is visible, and taking it brings its ``sent_at`` back to now. (A
+step forward shows in-flight messages again early: a second delivery, as any queue may make.)
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ CREATE TABLE IF NOT EXISTS queue_messages (
     body TEXT NOT NULL,
     sent_at REAL NOT NULL
 );
-CREATE INDEX IF NOT EXISTS queue_messages_visible ON queue_messages (queue, visible_at, seq)
+CREATE INDEX IF NOT EXISTS queue_messages_visible ON queue_messages (queue, visible_at, seq);
+CREATE INDEX IF NOT EXISTS queue_messages_sent ON queue_messages (queue, sent_at)
 """
 
 
@@ -193,7 +199,7 @@ class SqliteRunQueue:
                     .fetchone()
                 )
                 now = time.time()
-                if first is not None and first[0] <= now:
+                if first is not None and (first[0] <= now or self._sent_later(queue, now)):
                     taken = self._take(queue, count, visibility, readable)
                     if taken:
                         return taken
@@ -204,6 +210,13 @@ class SqliteRunQueue:
                 if first is not None:
                     left = min(left, max(0.0, first[0] - now))
                 self.db.wait_for_change(left, since=mark)
+
+    def _sent_later(self, queue: str, now: float) -> bool:
+        """Whether a message of ``queue`` was sent after ``now``: the clock stepped back since."""
+        later = self.db.connection().execute(
+            "SELECT 1 FROM queue_messages WHERE queue = ? AND sent_at > ? LIMIT 1", (queue, now)
+        )
+        return later.fetchone() is not None
 
     def _take(self, queue: str, count: int, visibility: int, readable: Callable[[str], object | None]) -> list[_Row]:
         """One transaction: the first visible messages, invisible from now on under new receipts."""
@@ -218,6 +231,10 @@ class SqliteRunQueue:
                 )
                 query += "ORDER BY visible_at, seq LIMIT ?"
                 found = c.execute(query, (queue, now, *seqs, count - len(taken))).fetchall()
+                if not found:  # those sent after now, when the clock stepped back
+                    later = "SELECT seq, body, receive_count FROM queue_messages WHERE queue = ? AND sent_at > ? "
+                    later += f"AND seq NOT IN ({marks}) ORDER BY sent_at LIMIT ?"
+                    found = c.execute(later, (queue, now, *seqs, count - len(taken))).fetchall()
                 if not found:
                     break
                 for seq, body, receive_count in found:
@@ -227,8 +244,9 @@ class SqliteRunQueue:
                         continue
                     receipt = f"{seq}.{secrets.token_urlsafe(12)}"
                     c.execute(
-                        "UPDATE queue_messages SET visible_at = ?, receipt = ?, receive_count = ? WHERE seq = ?",
-                        (now + visibility, receipt, receive_count + 1, seq),
+                        "UPDATE queue_messages SET visible_at = ?, receipt = ?, receive_count = ?, "
+                        "sent_at = MIN(sent_at, ?) WHERE seq = ?",
+                        (now + visibility, receipt, receive_count + 1, now, seq),
                     )
                     taken.append(_Row(value, receipt, receive_count + 1))
                     seqs.append(seq)

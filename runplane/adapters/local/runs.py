@@ -130,7 +130,11 @@ class SqliteRunStore:
             existing = self._read(c, run.id)
             if existing is not None:
                 raise AlreadyExists(f"run {run.id} exists", run=existing)
-            c.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._row(run))
+            c.execute(
+                "INSERT INTO runs (id, owner, queue, state, listed, created_at, rank, data) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                self._row(run),
+            )
         return run
 
     def get(self, run_id: str) -> Run:

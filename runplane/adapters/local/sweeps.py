@@ -68,7 +68,7 @@ class SqliteSweepStore:
             if existing is not None:
                 raise AlreadyExists(f"sweep {sweep.id} exists", sweep=existing)
             c.execute(
-                "INSERT INTO sweeps VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO sweeps (id, owner, created_at, version, open, data) VALUES (?, ?, ?, ?, ?, ?)",
                 (stored.id, stored.owner, stored.created_at, 1, int(stored.finished_at is None), data),
             )
         return stored
