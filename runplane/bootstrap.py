@@ -59,6 +59,9 @@ class Stack:
     """The bucket (Azure: container) of logs and outputs: never a run's input."""
     clock: Clock = time.time
     backends: dict[str, ComputeBackend] = field(default_factory=dict)
+    sleep: Callable[[float], None] = time.sleep
+    """How a service that waits lets time pass (``Ports.sleep``): on one machine, a pause that ends
+    at a commit."""
 
     def backend(self, pool: Pool) -> ComputeBackend:
         if pool.backend not in self.backends:
@@ -97,6 +100,7 @@ def make_ports(
         inputs=InputPolicy(stack.settings.input_bucket_allowlist(), stack.data_bucket),
         backend=backend or stack.backend,
         agent_args=stack.agent_args,
+        sleep=stack.sleep,
     )
 
 
@@ -178,6 +182,7 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
     ``settings.state_dir`` (runplane/adapters/local)."""
     from runplane.adapters.local.db import Database
     from runplane.adapters.local.files import FileObjectStore
+    from runplane.adapters.local.pause import CommitPause
     from runplane.adapters.local.pools import SqlitePoolStateStore
     from runplane.adapters.local.queues import SqliteRunQueue
     from runplane.adapters.local.quotas import SqliteQuotaStore
@@ -201,6 +206,7 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
         pool_states=SqlitePoolStateStore(db),
         quotas=SqliteQuotaStore(db),
         data_bucket=bucket,
+        sleep=CommitPause(db),
     )
 
 

@@ -3,9 +3,10 @@ each answer carries a *revision* of the record it shows; a request that names th
 saw (``since``) is answered as soon as the record's differs, or when ``wait`` seconds have passed
 with it unchanged (the same answer: the client asks again).
 
-The wait reads the store at a short interval, one strongly consistent get each time (a local
-indexed SELECT on one machine, a point read on the clouds), and holds no lock. Ownership is judged
-on the first read, exactly as a plain read judges it: another user's record is NotFound at once."""
+The wait reads the store after each pause (``Ports.sleep``), one strongly consistent get each
+time (a local indexed SELECT on one machine, a point read on the clouds), and holds no lock; on one
+machine the pause ends at the first commit to the database. Ownership is judged on the first read,
+exactly as a plain read judges it: another user's record is NotFound at once."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ from runplane.services.shown_sweeps import Shown
 MAX_WAIT_SECONDS = 20
 """The longest a request waits: under API Gateway's 29 s (and the 30 s the API function may run),
 with room for the reads and the answer."""
-LOCAL_INTERVAL = 0.03
-"""Seconds between two reads of a waiting request on one machine (a local indexed SELECT)."""
+LOCAL_INTERVAL = 0.5
+"""Seconds between two reads of a waiting request on one machine at most: its pause (``Ports.sleep``)
+ends at the first commit to the database, seen within 30 ms, so a change is read at once."""
 CLOUD_INTERVAL = 0.5
 """Seconds between two reads on the clouds (one billed point read each)."""
 MAX_WAITING_PER_USER = 8
