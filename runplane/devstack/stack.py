@@ -18,7 +18,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -29,7 +28,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runplane import bootstrap, extras
-from runplane.adapters.local.db import DB_FILE, OBJECTS_DIR
 from runplane.compute.local.compute import LocalCompute
 from runplane.compute.registry import check_pool
 from runplane.devstack.cloud import Cloud
@@ -37,20 +35,18 @@ from runplane.devstack.ending import STOP_REASON, end_runs
 from runplane.devstack.front import FrontServer
 from runplane.devstack.local import LocalCloud
 from runplane.devstack.net import free_port
+from runplane.devstack.state_dir import ADMIN_TOKEN_PATH, StateLock, check_stack_dir, empty, private_dir
 from runplane.devstack.wsgi import ProductionFront
 from runplane.domain.errors import RunplaneError
 from runplane.domain.pools import dump_pools, load_pools
 from runplane.domain.tenancy import SCOPES
 from runplane.services.auth import hash_token, new_token, register_token
 from runplane.settings import StackSettings
-from worker_agent.workdir import sweep_dead
 
 __all__ = ["DEV_FILE", "STOP_REASON", "DevConfig", "DevStack", "free_port"]
 
 log = logging.getLogger(__name__)
 DEV_FILE = Path("~/.runplane/dev.json").expanduser()
-ADMIN_TOKEN_PATH = "admin-token"  # noqa: S105 (a file name)
-"""In a stack's directory (0600): the administrator's token ``runplane dev`` prints, kept for its next start."""
 # How long each step of stop() may take, about ten seconds in all: the front, the poller and the
 # schedule finish what they are doing; agents stop their killed runs' containers and record the
 # end (they look for kills every second); agents whose runs have ended exit by themselves (one in
@@ -137,10 +133,6 @@ def _local(config: DevConfig) -> Cloud:
 
 
 CLOUDS: dict[str, Callable[[DevConfig], Cloud]] = {"local": _local, "aws": _aws, "azure": _azure}
-STATE_ENTRIES = frozenset(
-    {DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", OBJECTS_DIR, "workers", "agents", ADMIN_TOKEN_PATH}
-)
-"""What a stack's directory holds: ``fresh`` empties only a directory holding nothing else."""
 
 
 def stack_dir(config: DevConfig) -> Path:
@@ -202,6 +194,7 @@ class DevStack:
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self._set_env: list[str] = []  # the variables of POWERTOOLS start set, which stop unsets
+        self._lock: StateLock | None = None  # the stack's directory, held from start to stop
         self.scheme = "https" if config.tls_cert is not None else "http"
         self.api_url = f"{self.scheme}://{_client_host(config.host)}:{config.port}"
         self.public_url = config.public_url or ""
@@ -247,10 +240,18 @@ class DevStack:
     def start(self) -> None:
         values = self._settings()  # reads the pools file first: a bad one fails before anything starts
         if self.config.fresh:
-            _empty(self.state_dir)
-        _private_dir(self.state_dir)
-        self.cloud = cloud = CLOUDS[self.config.cloud](self.config)
-        http = self._bind(cloud)  # a busy port, too, fails before anything starts
+            check_stack_dir(self.state_dir)  # a directory given by mistake gets no lock file either
+        private_dir(self.state_dir)
+        # before anything else: another stack on this directory (its port, too, may be this one) stops this one
+        self._lock = lock = StateLock(self.state_dir)
+        try:
+            if self.config.fresh:
+                empty(self.state_dir)
+            self.cloud = cloud = CLOUDS[self.config.cloud](self.config)
+            http = self._bind(cloud)  # a busy port, too, fails before anything starts
+        except BaseException:
+            lock.release()
+            raise
         port = http.server_address[1]
         self.api_url = f"{self.scheme}://{_client_host(self.config.host)}:{port}"
         self.public_url = (self.config.public_url or _public_url(self.scheme, self.config.host, port)).rstrip("/")
@@ -286,6 +287,7 @@ class DevStack:
             http.server_close()
             cloud.stop()
             self._unset_env()
+            lock.release()
             self.cloud = None  # nothing of this stack is left to stop
             raise
         self._http = http
@@ -303,15 +305,23 @@ class DevStack:
     def _admin_token(self, stack: bootstrap.Stack) -> str:
         """The administrator's token (it can make tokens for others), registered if the stores do
         not know it: ``config.token``; else the one kept in the stack's directory (ADMIN_TOKEN_PATH, 0600),
-        made anew when there is none or it was revoked. Serving, none is kept: one is made only for
-        stores that hold no token yet (the first start), else "" (``runplane token create --direct``
-        makes another)."""
+        made anew when there is none or it was revoked. Serving, none is kept, and a token (given or
+        made) is registered only in stores that hold no token yet (the first start): one the stores
+        no longer know was revoked, and stays so; else "" (``runplane token create --direct`` makes
+        another)."""
         tokens, token = stack.tokens, self.config.token
         kept = self.state_dir / ADMIN_TOKEN_PATH
-        if token is None and self.config.serve:
+        if self.config.serve:
+            if token is not None and tokens.lookup(hash_token(token)) is not None:
+                return token
             if tokens.list():
+                if token is not None:
+                    log.warning(
+                        "the admin token given is not registered: this stack has tokens, and none of them is "
+                        "this one (it was revoked); runplane token create --direct makes another"
+                    )
                 return ""
-            token = new_token()
+            token = token or new_token()
         elif token is None:
             with contextlib.suppress(OSError):
                 token = kept.read_text().strip() or None
@@ -389,6 +399,8 @@ class DevStack:
         finally:
             self.cloud.stop()
             self._unset_env()
+            if self._lock is not None:
+                self._lock.release()
             if self._stack is not None and (current := bootstrap.use(self._before)) is not self._stack:
                 bootstrap.use(current)  # another stack was handed over since: it stays
 
@@ -410,30 +422,3 @@ def _public_url(scheme: str, host: str, port: int) -> str:
     """Where other machines reach a front on ``host``: this machine's name for a wildcard address."""
     name = socket.getfqdn() if host in ("", "0.0.0.0", "::") else host
     return f"{scheme}://{f'[{name}]' if ':' in name else name}:{port}"
-
-
-def _empty(state_dir: Path) -> None:
-    """Remove what a stack keeps in ``state_dir``. Raises ValueError, removing nothing, when it
-    holds anything else (it may be another directory given by mistake)."""
-    if not state_dir.is_dir():
-        return
-    strange = sorted(entry.name for entry in state_dir.iterdir() if entry.name not in STATE_ENTRIES)
-    if strange:
-        raise ValueError(
-            f"{state_dir} does not look like a runplane stack's directory (it holds {', '.join(strange[:5])}): "
-            "not emptied; remove it yourself or choose another state dir"
-        )
-    with contextlib.suppress(OSError):
-        sweep_dead(state_dir / "agents")  # the work-dir mounts of agents gone: they are not followed
-    for entry in state_dir.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
-def _private_dir(path: Path) -> None:
-    """Make ``path`` 0700 (and its missing parents): it holds the stack's records and its admin token."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)

@@ -1,0 +1,79 @@
+"""A stack's directory has one stack at a time: a second start on it (``--fresh`` or not) is refused
+before it touches anything, and ``--fresh`` empties nothing that a stack's agents, or a mount, still
+use."""
+
+import json
+import os
+import subprocess
+
+import pytest
+import requests
+
+from runplane.adapters.local.db import DB_FILE
+from runplane.compute.local.compute import _start_time
+from runplane.devstack.stack import DevConfig, DevStack, free_port
+from runplane.devstack.state_dir import empty
+
+
+def _config(tmp_path, port, **kw):
+    return DevConfig(port=port, state_dir=tmp_path, write_dev_file=False, functions=False, workers=0, **kw)
+
+
+def test_a_second_stack_on_a_running_stacks_directory_is_refused_and_empties_nothing(tmp_path):
+    port = free_port()
+    first = DevStack(_config(tmp_path, port))
+    first.start()
+    try:
+        second = DevStack(_config(tmp_path, port, fresh=True))
+        with pytest.raises(ValueError) as refused:
+            second.start()
+        assert (
+            str(refused.value) == f"state directory {first.state_dir} is in use by another runplane (pid {os.getpid()})"
+        )
+        assert (first.state_dir / DB_FILE).exists()
+        me = requests.get(f"{first.api_url}/v1/pools", headers={"Authorization": f"Bearer {first.token}"}, timeout=30)
+        assert me.status_code == 200, me.text  # its token and tables are all there
+    finally:
+        first.stop()
+    again = DevStack(_config(tmp_path, port))  # stopped, the directory is free
+    again.start()
+    again.stop()
+
+
+def test_fresh_empties_nothing_while_an_agent_of_the_directory_lives(tmp_path):
+    state = tmp_path / "state"
+    records = state / "workers" / "default"
+    records.mkdir(parents=True)
+    agent = subprocess.Popen(["sleep", "60"])
+    try:
+        record = {"id": "default-w1", "pid": agent.pid, "started": _start_time(agent.pid), "created_at": 1.0}
+        (records / "default-w1.json").write_text(json.dumps(record))
+        (state / DB_FILE).write_text("")
+        with pytest.raises(
+            ValueError, match=f"still run \\(pid {agent.pid} \\(worker default-w1\\)\\).*kill {agent.pid}"
+        ):
+            empty(state)
+        assert (state / DB_FILE).exists() and (records / "default-w1.json").exists()
+    finally:
+        agent.kill()
+        agent.wait()
+    empty(state)  # gone: the directory is emptied
+    assert list(state.iterdir()) == []
+
+
+def test_fresh_never_empties_a_mount_in_the_directory(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "data").write_text("not the stack's")
+    point = tmp_path / "state" / "agents" / "w1" / "runs"
+    point.mkdir(parents=True)
+    try:
+        subprocess.run(["mount", "--bind", str(outside), str(point)], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"cannot make a bind mount here: {e}")
+    try:
+        with pytest.raises(ValueError, match="is mounted in it"):
+            empty(tmp_path / "state")
+        assert (outside / "data").read_text() == "not the stack's"
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
