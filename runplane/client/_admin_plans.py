@@ -54,6 +54,7 @@ class AdminPlans:
         self.url: str = found.url
         self.token: str | None = found.token
         self.profile: str | None = found.profile
+        self.url_from: tuple[str, str | None] = (found.url_from, found.url_profile)
         self.timeout = timeout
         self.retries = retries
         self._policy = RetryPolicy(retries) if random is None else RetryPolicy(retries, random)

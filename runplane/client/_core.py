@@ -142,19 +142,33 @@ def query_params(query: Mapping[str, Any] | None) -> dict[str, str]:
     return out
 
 
-def dropped(url: str, error: httpx.TransportError) -> Dropped:
+def dropped(url: str, error: httpx.TransportError, url_from: str = "default", profile: str | None = None) -> Dropped:
     """A transport error as ConnectionFailed. A request that never left (no connection could be
-    made) is marked as not sent: repeating it is always safe."""
+    made) is marked as not sent: repeating it is always safe. The message's hint says where the
+    URL came from (``config.URL_FROM``), so that it names what to check."""
     unsent = isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
     if isinstance(error, httpx.TimeoutException):
         code, reason = "timeout", f"no answer in time ({type(error).__name__})"
     else:
         code, reason = "unreachable", str(error) or type(error).__name__
-    message = (
-        f"cannot reach {url}: {reason} (is `runplane dev` running? "
-        "set RUNPLANE_API_URL and RUNPLANE_TOKEN, or use `runplane login`)"
-    )
+    message = f"cannot reach {url}: {reason} ({unreachable_hint(url_from, profile)})"
     return Dropped(ConnectionFailed(0, code, message), sent=not unsent)
+
+
+def unreachable_hint(url_from: str, profile: str | None) -> str:
+    """What to check when the API cannot be reached, by where its URL came from."""
+    if url_from == "environment":
+        return "the URL is RUNPLANE_API_URL's: is the stack there up, and is the variable right?"
+    if url_from == "profile":
+        return f"the URL is profile {profile}'s: is the stack there up? `runplane login URL` saves another"
+    if url_from == "dev":
+        return "the URL is the one `runplane dev` wrote to ~/.runplane/dev.json: is it still running?"
+    if url_from == "argument":
+        return "is runplane's API up at this URL?"
+    return (
+        "no URL is set, so the default: is `runplane dev` or `runplane serve` running on this machine? "
+        "else set RUNPLANE_API_URL and RUNPLANE_TOKEN, or use `runplane login`"
+    )
 
 
 def answer(exchange: Exchange) -> RawResponse:

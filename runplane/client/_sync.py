@@ -123,7 +123,7 @@ class Client:
         try:
             r = self._http.request(**self._plans.http_args(step.request))
         except httpx.TransportError as e:
-            return dropped(self.url, e)
+            return dropped(self.url, e, *self._plans.url_from)
         return Exchange(r.status_code, r.headers, r.content)
 
     def _fetch(self, step: Fetch) -> None:

@@ -40,11 +40,19 @@ class Profile:
 
 @dataclass(frozen=True)
 class Resolved:
-    """What a client uses: the URL (no trailing slash), the token, and the profile it came from."""
+    """What a client uses: the URL (no trailing slash), the token, the profile it came from, and
+    where the URL came from (``url_from``: one of ``URL_FROM``; ``url_profile``: the profile's name)."""
 
     url: str
     token: str | None
     profile: str | None
+    url_from: str = "default"
+    url_profile: str | None = None
+
+
+URL_FROM = ("argument", "environment", "profile", "dev", "default")
+"""Where a client's URL came from: the argument, RUNPLANE_API_URL, a profile, what a running
+``runplane dev`` wrote down, or ``DEFAULT_URL``."""
 
 
 def config_path() -> Path:
@@ -159,6 +167,7 @@ def resolve(url: str | None, token: str | None, profile: str | None) -> Resolved
     ``default_profile`` or "default"); ``~/.runplane/dev.json``; for the URL, ``DEFAULT_URL``.
     Raises ValueError for a named profile that does not exist, a broken config file, or a URL that
     is not http(s)."""
+    url_from = "argument" if url else "environment" if os.environ.get("RUNPLANE_API_URL") else "default"
     url = url or os.environ.get("RUNPLANE_API_URL") or None
     token = token or os.environ.get("RUNPLANE_TOKEN") or None
     used: str | None = None
@@ -167,16 +176,20 @@ def resolve(url: str | None, token: str | None, profile: str | None) -> Resolved
     # file is read only when something is still missing, so that neither a broken file nor a
     # profile about to be made by `runplane login` stands in the way of explicit settings.
     found = load_profile(profile) if profile or url is None or token is None else None
+    if found is not None and profile and url is not None and url == found.url:  # the profile's URL, passed on
+        url_from = "profile"
     if found is not None and (url is None or token is None):
         used = found.name
+        url_from = "profile" if url is None and found.url else url_from
         url, token = url or found.url, token or found.token
     if url is None or token is None:
         dev = _dev_settings()
+        url_from = "dev" if url is None and dev.get("api_url") else url_from
         url, token = url or dev.get("api_url"), token or dev.get("token")
     final = (url or DEFAULT_URL).rstrip("/")
     if not final.startswith(("http://", "https://")):
         raise ValueError(f"the API URL must start with http:// or https://, got {final[:200]!r}")
-    return Resolved(final, token, used)
+    return Resolved(final, token, used, url_from, found.name if url_from == "profile" and found else None)
 
 
 def _dev_settings() -> dict[str, str]:

@@ -10,9 +10,10 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from runplane.client import Client, config_path, list_profiles, load_profile, save_profile
+from runplane.client import ApiError, Client, config_path, list_profiles, load_profile, save_profile
 from runplane.client.config import DEFAULT_URL, Profile, resolve
 
 
@@ -184,3 +185,62 @@ def test_a_broken_dev_json_is_ignored(home: Path) -> None:
     (home / ".runplane" / "dev.json").write_text('{"api_url": ')
     with Client() as client:
         assert (client.url, client.token) == (DEFAULT_URL, None)
+
+
+UNREACHABLE = "http://127.0.0.1:9"
+"""A URL the client is never let reach (the transport refuses every connection, as a stack that is
+down does; a port closed now could be someone else's open one a moment later)."""
+
+
+def _unreachable(url: str | None = None, token: str | None = "rp_x", profile: str | None = None) -> Client:
+    return Client(url, token, profile, retries=0, transport=httpx.MockTransport(_refuse))
+
+
+@pytest.mark.parametrize(
+    ("source", "hint"),
+    [
+        ("environment", "(the URL is RUNPLANE_API_URL's: is the stack there up"),
+        ("profile", "(the URL is profile lab's: is the stack there up?"),
+        ("dev", "(the URL is the one `runplane dev` wrote to ~/.runplane/dev.json: is it still running?)"),
+        ("argument", "(is runplane's API up at this URL?)"),
+    ],
+)
+def test_an_unreachable_api_is_explained_by_where_its_url_came_from(
+    home: Path, monkeypatch: pytest.MonkeyPatch, source: str, hint: str
+) -> None:
+    """`runplane dev` is named only when the URL is the default or the one it wrote down; a URL set
+    by hand or by a profile (a `runplane serve`, a cloud stack) points at that setting instead."""
+    url = UNREACHABLE
+    if source == "environment":
+        monkeypatch.setenv("RUNPLANE_API_URL", url)
+    elif source == "profile":
+        save_profile("lab", url, "rp_lab")
+        monkeypatch.setenv("RUNPLANE_PROFILE", "lab")
+    elif source == "dev":
+        write_dev_json(home, url, "rp_dev")
+    with _unreachable(url if source == "argument" else None) as api, pytest.raises(ApiError) as caught:
+        api.me()
+    assert caught.value.message.startswith(f"cannot reach {url}: ")
+    assert hint in caught.value.message
+    assert ("runplane dev" in caught.value.message) == (source == "dev")
+
+
+def test_an_unreachable_default_url_names_both_local_stacks(home: Path) -> None:
+    assert resolve(None, None, None).url == DEFAULT_URL
+    with _unreachable() as api, pytest.raises(ApiError) as caught:
+        api.me()
+    assert "is `runplane dev` or `runplane serve` running on this machine?" in caught.value.message
+    assert "RUNPLANE_API_URL" in caught.value.message
+
+
+def test_a_profile_named_on_the_command_line_is_where_its_url_came_from(home: Path) -> None:
+    save_profile("lab", UNREACHABLE, "rp_lab")
+    found = load_profile("lab")
+    assert found is not None
+    with _unreachable(found.url, found.token, "lab") as api, pytest.raises(ApiError) as caught:
+        api.me()  # how `runplane --profile lab` makes its client: the profile's URL over the environment's
+    assert "(the URL is profile lab's:" in caught.value.message
+
+
+def _refuse(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
