@@ -26,7 +26,9 @@ from runplane.client import (
 )
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
+"""stderr: each hint, state and error is one line however long, never wrapped at the width of a
+terminal or at 80 columns in a pipe (a run id stays on the line of the command it goes with)."""
 
 WIDE = 100_000
 """The width of stdout when it is not a terminal: a pipe or a file gets every table row on one

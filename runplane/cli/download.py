@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from runplane.cli.common import CliError, client, err, out, print_json
-from runplane.cli.last_run import RUN_ID, run_id_or_last
+from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
 from runplane.client import Client
 
 
@@ -37,7 +37,9 @@ def download(
         for path in files:
             out.print(str(path), markup=False, highlight=False, soft_wrap=True)
         return
-    found = client(ctx).get(run_id_or_last(run_id))
+    rid = run_id_or_last(run_id)
+    with named_by_id(rid):
+        found = client(ctx).get(rid)
     if err.is_terminal and not as_json:
         with Progress(
             TextColumn("{task.description}"),

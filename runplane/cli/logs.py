@@ -11,7 +11,7 @@ import typer
 
 from runplane.api.models import LogPage
 from runplane.cli.common import client, print_json
-from runplane.cli.last_run import RUN_ID, run_id_or_last
+from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
 from runplane.client import Client
 
 POLL = 0.3
@@ -35,8 +35,14 @@ def logs(
     ] = False,
 ) -> None:
     """Print a run's stdout (or stderr)."""
-    api = client(ctx)
     rid = run_id_or_last(run_id)
+    with named_by_id(rid):
+        _print_logs(client(ctx), rid, follow=follow, stderr=stderr, tail=tail, attempt=attempt, as_json=as_json)
+
+
+def _print_logs(
+    api: Client, rid: str, *, follow: bool, stderr: bool, tail: int | None, attempt: int | None, as_json: bool
+) -> None:
     stream = "stderr" if stderr else "stdout"
     whole = tail is not None or as_json  # needs all of it before printing any; else page by page
     parts, offset, complete = [], 0, False

@@ -29,7 +29,7 @@ from runplane.cli.common import (
     when,
 )
 from runplane.cli.download import download
-from runplane.cli.last_run import RUN_ID, remember, run_id_or_last
+from runplane.cli.last_run import RUN_ID, named_by_id, remember, run_id_or_last
 from runplane.cli.logs import POLL, logs
 from runplane.cli.run_options import command_line, run_flags
 from runplane.client import ApiError, Client, Conflict, Run, RunOptions, RunState
@@ -150,7 +150,9 @@ def run(
 
 def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> None:
     """Show a run: state, reason, times, usage and its timeline."""
-    view = client(ctx).get(run_id_or_last(run_id)).view
+    rid = run_id_or_last(run_id)
+    with named_by_id(rid):
+        view = client(ctx).get(rid).view
     if as_json:
         print_json(view)
         return
@@ -199,12 +201,18 @@ def list_runs(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="at most this many")] = 20,
     cursor: Annotated[str | None, typer.Option(help="continue from a previous page")] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", metavar="USER", help="another user's runs (administrators)")
+    ] = None,
     as_json: JSON = False,
 ) -> None:
-    """List your runs, newest first."""
-    page = client(ctx).runs_page(state=state, queue=queue, owner=None, label=label, limit=limit, cursor=cursor)
+    """List your runs (an administrator: --user's), newest first."""
+    page = client(ctx).runs_page(state=state, queue=queue, owner=user, label=label, limit=limit, cursor=cursor)
     if as_json:
         print_json(page)
+        return
+    if not page.runs and not page.next_cursor:
+        err.print("no runs", style="dim", highlight=False)
         return
     table = Table(id_column(), "name", "state", "queue", "created", "exit", "reason")
     for r in page.runs:
@@ -212,7 +220,8 @@ def list_runs(
         table.add_row(*map(cell, (r.id, r.name, r.state, r.queue, when(r.created_at), r.exit_code, reason)))
     out.print(table)
     if page.next_cursor:
-        again = shlex.join(["runplane", "ls", *(["--label", label] if label else []), "--cursor", page.next_cursor])
+        filters = [*(["--user", user] if user else []), *(["--label", label] if label else [])]
+        again = shlex.join(["runplane", "ls", *filters, "--cursor", page.next_cursor])
         err.print(f"more: {again}", style="dim", markup=False, highlight=False)
 
 

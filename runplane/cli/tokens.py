@@ -20,6 +20,7 @@ from runplane.api.tenancy_models import TokenCreated, UserView
 from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
+USER = Annotated[str, typer.Argument(metavar="USER", help="the user")]
 
 token_app = typer.Typer(no_args_is_help=True, help="Make, list and revoke API tokens (administrators).")
 user_app = typer.Typer(no_args_is_help=True, help="A user's groups and default group (administrators).")
@@ -43,7 +44,7 @@ class Scope(enum.StrEnum):
 @token_app.command("create")
 def token_create(
     ctx: typer.Context,
-    user: Annotated[str, typer.Argument(help="the user the token acts for")],
+    user: Annotated[str, typer.Argument(metavar="USER", help="the user the token acts for", show_default=False)],
     group: Annotated[list[str] | None, typer.Option("--group", "-g", help="a group of the user, repeatable")] = None,
     scope: Annotated[
         list[Scope] | None, typer.Option("--scope", "-s", help="repeatable; default runs:read and runs:write")
@@ -198,7 +199,7 @@ def token_ls(
 @token_app.command("revoke")
 def token_revoke(
     ctx: typer.Context,
-    token_id: Annotated[str, typer.Argument(help="the token's id (tok-...), from runplane token ls")],
+    token_id: Annotated[str, typer.Argument(metavar="TOKEN", help="the token's id (tok-...), from runplane token ls")],
     as_json: Annotated[bool, typer.Option("--json", help='print {"id": ..., "revoked": true}')] = False,
 ) -> None:
     """Revoke a token: every API instance refuses it within seconds. The only admin token that has
@@ -221,7 +222,7 @@ def _print_user(found: UserView, as_json: bool) -> None:
 
 
 @user_app.command("show")
-def user_show(ctx: typer.Context, user: Annotated[str, typer.Argument(help="the user")], as_json: JSON = False) -> None:
+def user_show(ctx: typer.Context, user: USER, as_json: JSON = False) -> None:
     """A user's groups (those of their tokens now) and default group."""
     _print_user(client(ctx).user(user), as_json)
 
@@ -229,7 +230,7 @@ def user_show(ctx: typer.Context, user: Annotated[str, typer.Argument(help="the 
 @user_app.command("set")
 def user_set(
     ctx: typer.Context,
-    user: Annotated[str, typer.Argument(help="the user")],
+    user: USER,
     default_group: Annotated[
         str | None,
         typer.Option(help="charge the user's runs and sweeps that name no group to this one of their groups"),

@@ -226,6 +226,35 @@ def test_tables_through_a_pipe_are_not_cut(devstack, tmp_path):
         cli(devstack, "kill", run_id, home=tmp_path)
 
 
+def test_what_a_new_user_reads(devstack, tmp_path):
+    """An admin lists another user's runs with ``ls --user`` (a user may not: the API's one line);
+    ``ls`` with nothing to show says so instead of an empty table; the hint after a submit keeps
+    the run id on its line through a pipe; a run asked for by a name is said to be named by id."""
+    token = new_user(devstack, tmp_path, "newcomer")
+    name = json.loads(cli(devstack, "whoami", "--json", token=token, home=tmp_path).stdout)["user"]
+    empty = cli(devstack, "ls", token=token, home=tmp_path)
+    assert (empty.returncode, empty.stdout, empty.stderr) == (0, "", "no runs\n")
+    submitted = cli(
+        devstack, "run", "--queue", "parked", "--name", "sleeper", "--", "sleep 60", token=token, home=tmp_path
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    try:
+        (hint,) = submitted.stderr.splitlines()  # one line, however long, through a pipe
+        assert hint.endswith(f"follow with: runplane logs -f {run_id}") and len(hint) > 80, hint
+        listed = cli(devstack, "ls", "--user", name, token="admin-token", home=tmp_path)
+        assert listed.returncode == 0, listed.stderr
+        assert [line for line in listed.stdout.splitlines() if run_id in line]
+        refused = one_error_line(cli(devstack, "ls", "--user", name, home=tmp_path), 3)  # alice is no admin
+        assert refused == "error: listing another user's runs needs the admin scope"
+        by_name = one_error_line(cli(devstack, "logs", "sleeper", token=token, home=tmp_path), 3)
+        assert by_name == "error: run sleeper not found (runs are named by id: r-...; runplane ls lists yours)"
+        by_id = one_error_line(cli(devstack, "status", "r-" + "0" * 24, token=token, home=tmp_path), 3)
+        assert by_id == f"error: run r-{'0' * 24} not found"
+    finally:
+        cli(devstack, "kill", run_id, token=token, home=tmp_path)
+
+
 def test_tokens_and_whoami(devstack, tmp_path):
     made = cli(
         devstack, "token", "create", "dana", "--group", "vision", "--scope", "runs:read", "--expires", "30d",

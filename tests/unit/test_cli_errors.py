@@ -62,7 +62,7 @@ def one_error_line(proc: subprocess.CompletedProcess, code: int) -> str:
         (["run", "--memroy", "1g", "--", "x"], "error: No such option: --memroy", "run"),
         (["ls", "--limit", "many"], "error: Invalid value for '--limit'", "ls"),
         (["ls", "--state", "sleeping"], "error: Invalid value for '--state'", "ls"),
-        (["token", "create"], "error: Missing argument 'user'.", "token create"),
+        (["token", "create"], "error: Missing argument 'USER'.", "token create"),
         (["logs", "--tail", "-1"], "error: Invalid value for '--tail'", "logs"),
         (["statsu"], "error: No such command 'statsu'.", ""),
         (["quota", "set", "alice", "--period", "year"], "error: Invalid value for '--period'", "quota set"),
