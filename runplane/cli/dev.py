@@ -119,12 +119,16 @@ def dev(
     kept = "kept when it stops; --fresh starts empty"
     if stack.services.startswith("moto"):
         kept = "agents' records; moto keeps the runs in memory: they go when it stops"
+    emptied = ""
+    if fresh:  # said, as it cannot be undone: what it held is gone
+        gone = "the runs, logs, outputs, tokens, quotas and sweeps it held are gone"
+        emptied = f"  fresh  emptied first: {gone}{'' if token else '; the admin token above is a new one'}\n"
     err.print(
         f"[green]runplane local stack is up[/green]\n  API    {stack.api_url}\n"
         f"  token  {stack.token} (an admin's: `runplane token create USER` makes users' tokens)\n"
         f"  UI     {dashboard_link(stack.api_url, stack.token)}\n"
         f"  {stack.services:<6} {without_secrets(stack.endpoint)}\n"
-        f"  state  {stack.state_dir} ({kept})\n"
+        f"  state  {stack.state_dir} ({kept})\n{emptied}"
         f"Use it from another shell (the CLI finds this stack by itself):\n"
         f"  runplane run --wait -- 'echo hello; echo 42 > answer'\n"
         f"or export RUNPLANE_API_URL={stack.api_url} RUNPLANE_TOKEN={stack.token}\n"

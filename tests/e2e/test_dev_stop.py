@@ -190,7 +190,8 @@ def assert_nothing_left(dev: Dev, going: Going, docker_client: Any) -> None:
 
 
 def test_ctrl_c_kills_the_runs_and_leaves_nothing_behind_even_when_pressed_twice(start_dev, docker_client):
-    dev = start_dev()
+    dev = start_dev("--fresh")
+    assert "  fresh  emptied first: " in dev.output() and "the admin token above is a new one" in dev.output()
     going = runs_going(dev, docker_client)
     dev.proc.send_signal(signal.SIGINT)
     wait_for(lambda: "stopping:" in dev.output(), STOP_DEADLINE, 0.05, "runplane dev to start stopping")
