@@ -2,7 +2,8 @@
 
 Every command lives in a module of its group (runs, sweeps, tokens, quotas, usage, fleet, profiles, dev,
 serve); this one holds the app, its global options, and the one place where errors become a line on
-stderr and an exit code (``common.ExitCode``, README.md's table).
+stderr and an exit code (``common.ExitCode``, README.md's table). The entry point (runplane.cli.main)
+loads it for every command but ``--version``.
 """
 
 from __future__ import annotations
@@ -113,12 +114,7 @@ def run_cli(args: list[str] | None = None) -> int:
     return result if isinstance(result, int) else ExitCode.OK
 
 
-def main() -> None:
-    _exit_without_extras()
-    sys.exit(run_cli())
-
-
-def _exit_without_extras() -> None:
+def exit_without_extras() -> None:
     """Exit 2 with one line naming the extras to install when the command needs some that are not
     installed (``pip install runplane`` is the client alone; runplane.extras)."""
     line = cli_requirement(sys.argv[1:], os.environ)

@@ -44,7 +44,7 @@ def cli_processes():
 
 @functools.cache
 def _cli_processes():
-    server = ForkServer([sys.executable], ["runplane.cli.main"], clean_environ())
+    server = ForkServer([sys.executable], ["runplane.cli.app"], clean_environ())
     atexit.register(server.stop)
     return server
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from runplane import __version__ as runplane_version
 from runplane.api.models import RunView
-from runplane.cli.main import run_cli
+from runplane.cli.app import run_cli
 from tests.conftest import wait_for
 
 RUNPLANE = str(Path(sys.executable).with_name("runplane"))
@@ -286,3 +287,21 @@ def test_a_download_whose_output_path_leaves_dest_exits_3(tmp_path, going_api):
     proc = runplane("download", RUN["id"], str(dest), home=tmp_path / "home", env=env)
     assert one_error_line(proc, 3) == f"error: refusing output path '../escape': it leaves {dest}"
     assert not (tmp_path / "escape").exists() and not (dest / "fine").exists()
+
+
+def test_version_is_answered_before_the_commands_are_loaded(tmp_path):
+    """``runplane --version`` loads neither the commands nor the SDK, typer or pydantic (most of a
+    short command's time); any other command does."""
+    assert runplane("--version", home=tmp_path).stdout == f"runplane {runplane_version}\n"
+    probe = (
+        "import sys; sys.argv = ['runplane', *sys.argv[1:]]\n"
+        "from runplane.cli.main import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = ('runplane.cli.app', 'runplane.client', 'typer', 'pydantic', 'rich', 'httpx')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")} | {"HOME": str(tmp_path)}
+    loaded = subprocess.run([sys.executable, "-c", probe, "--version"], capture_output=True, text=True, env=env)
+    assert loaded.stdout.splitlines() == [f"runplane {runplane_version}", "[]"], loaded.stderr
+    loaded = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, env=env)
+    assert "'runplane.cli.app'" in loaded.stdout.splitlines()[-1], loaded.stderr

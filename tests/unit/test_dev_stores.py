@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runplane.cli.main import run_cli
+from runplane.cli.app import run_cli
 from runplane.devstack.stack import free_port
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from runplane.cli.app import run_cli
 from runplane.cli.common import ExitCode
-from runplane.cli.main import run_cli
 from runplane.cli.serve import parse_listen
 from runplane.extras import cli_needs
 
