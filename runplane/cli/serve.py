@@ -8,7 +8,9 @@ running ones keep running under their agents, which outlive the service and repo
 from __future__ import annotations
 
 import ipaddress
+import os
 import signal
+import stat
 import time
 from pathlib import Path
 from typing import Annotated
@@ -22,6 +24,8 @@ from runplane.cli.dev import dashboard_link
 
 DEFAULT_STATE_DIR = "/var/lib/runplane"
 DEFAULT_LISTEN = "127.0.0.1:8080"
+TOKEN_ENV = "RUNPLANE_SERVE_TOKEN"  # noqa: S105 (a variable's name)
+"""The variable an admin token to accept may be given in (out of sight of the process list)."""
 
 serve_app = typer.Typer(invoke_without_command=True)  # its help is serve's docstring
 
@@ -46,9 +50,17 @@ def serve(
         str,
         typer.Option(
             help="ADDR:PORT to serve the API on ([::1]:8080 for IPv6). An address other than loopback "
-            "(0.0.0.0) needs TLS (--tls-cert/--tls-key) or a reverse proxy with TLS in front",
+            "(0.0.0.0) needs TLS (--tls-cert/--tls-key), or --insecure-http; behind a reverse proxy with TLS "
+            "on this machine, keep loopback",
         ),
     ] = DEFAULT_LISTEN,
+    insecure_http: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-http",
+            help="serve plain HTTP on an address other than loopback: tokens and data cross the network in clear",
+        ),
+    ] = False,
     tls_cert: Annotated[
         Path | None, typer.Option("--tls-cert", help="PEM certificate (chain) to serve HTTPS with", show_default=False)
     ] = None,
@@ -65,13 +77,28 @@ def serve(
         ),
     ] = None,
     token: Annotated[
-        str | None, typer.Option(help="an admin API token to accept (kept as a hash, like every token)")
+        str | None,
+        typer.Option(
+            help="an admin API token to accept on the first start (kept as a hash, like every token); every user "
+            f"of this machine sees it in the process list: prefer --token-file or ${TOKEN_ENV}",
+            show_default=False,
+        ),
+    ] = None,
+    token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--token-file",
+            help=f"a file (0600) holding the admin API token to accept on the first start (or ${TOKEN_ENV})",
+            show_default=False,
+        ),
     ] = None,
     workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
     pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
 ) -> None:
     """Serve the stack on this machine: API, dashboard, dispatcher, reaper and local agents on Docker,
-    its state in --state-dir. The first start makes an admin token and prints it once.
+    its state in --state-dir. The first start makes an admin token and prints it once (under systemd,
+    into the journal: `runplane token create --direct --init` before it keeps it out), or registers
+    the one given (--token-file, $RUNPLANE_SERVE_TOKEN, --token); a later start registers none.
 
     SIGTERM or Ctrl-C stops the service and leaves the runs going: queued runs stay queued, running
     runs keep running under their agents and report when the service is back.
@@ -82,14 +109,15 @@ def serve(
 
     from runplane.devstack.stack import DevConfig, DevStack
 
-    host, port = parse_listen(listen)
-    if (tls_cert is None) != (tls_key is None):
-        raise CliError("--tls-cert and --tls-key go together: give both or neither")
-    if public_url is not None:
-        check_public_url(public_url)
-    for name, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
-        if path is not None and not path.is_file():
-            raise CliError(f"{name} {path}: no such file")
+    host, port = check_front(listen, tls_cert, tls_key, public_url, insecure_http)
+    given = admin_token(token, token_file)
+    if token is not None:
+        err.print(
+            "[yellow]warning:[/yellow] --token is in this process's command line, which every user of this machine "
+            f"can read (ps, /proc): give it in a file (--token-file, 0600) or ${TOKEN_ENV} instead",
+            highlight=False,
+            soft_wrap=True,
+        )
     config = DevConfig(
         port=port,
         host=host,
@@ -99,7 +127,7 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         public_url=public_url or None,
-        token=token,
+        token=given,
         workers=workers,
         pools_file=pools_file,
         write_dev_file=False,
@@ -123,12 +151,12 @@ def serve(
     except ValueError as e:
         raise CliError(str(e)) from e
     try:
-        made = stack.token if token is None else None  # a token of the operator's is not shown
+        made = stack.token if given is None else None  # a token of the operator's is not shown
         err.print(_banner(stack.api_url, made, config.state_dir), highlight=False, soft_wrap=True)
         if tls_cert is None and not ipaddress.ip_address(_loopback(host)).is_loopback:
             err.print(
-                f"[yellow]warning:[/yellow] plain HTTP on {host}: tokens cross the network in clear unless a "
-                "reverse proxy with TLS is in front (or give --tls-cert and --tls-key)",
+                f"[yellow]warning:[/yellow] plain HTTP on {host} (--insecure-http): tokens and data cross the "
+                "network in clear",
                 highlight=False,
                 soft_wrap=True,
             )
@@ -158,6 +186,55 @@ def _banner(api_url: str, new_token: str | None, state_dir: Path) -> str:
             f"--state-dir {state_dir} --scope admin admin"
         )
     return "\n".join(lines)
+
+
+def check_front(
+    listen: str, tls_cert: Path | None, tls_key: Path | None, public_url: str | None, insecure_http: bool
+) -> tuple[str, int]:
+    """The address and port to serve on; CliError for options that cannot work together, and for
+    plain HTTP on an address other than loopback without ``insecure_http``."""
+    host, port = parse_listen(listen)
+    if (tls_cert is None) != (tls_key is None):
+        raise CliError("--tls-cert and --tls-key go together: give both or neither")
+    if public_url is not None:
+        check_public_url(public_url)
+    for name, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not path.is_file():
+            raise CliError(f"{name} {path}: no such file")
+    if tls_cert is None and not insecure_http and not ipaddress.ip_address(_loopback(host)).is_loopback:
+        raise CliError(
+            f"--listen {listen}: plain HTTP on an address other machines reach sends tokens in clear; give "
+            "--tls-cert and --tls-key, or listen on loopback behind a reverse proxy with TLS, or --insecure-http"
+        )
+    return host, port
+
+
+def admin_token(token: str | None, token_file: Path | None) -> str | None:
+    """The admin token to accept, from one of --token, --token-file or RUNPLANE_SERVE_TOKEN; None
+    when none is given. Raises CliError for two of them, or a file that is not the operator's
+    alone (readable or writable by group or others) or holds no token."""
+    from_env = os.environ.get(TOKEN_ENV, "").strip() or None
+    given = [name for name, value in (("--token", token), ("--token-file", token_file), (TOKEN_ENV, from_env)) if value]
+    if len(given) > 1:
+        raise CliError(f"give the admin token one way: {' and '.join(given)} are both given")
+    if token_file is None:
+        return token or from_env
+    try:
+        fd = os.open(token_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise CliError(f"--token-file {token_file}: {e.strerror}") from e
+    with os.fdopen(fd, "rb") as file:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CliError(f"--token-file {token_file}: not a regular file")
+        if mode & 0o077:
+            raise CliError(
+                f"--token-file {token_file} is open to other users (mode {stat.S_IMODE(mode):04o}): chmod 600 it"
+            )
+        text = file.read(4096).decode(errors="replace").strip()
+    if not text or any(c.isspace() for c in text):
+        raise CliError(f"--token-file {token_file}: give one token on one line")
+    return text
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
