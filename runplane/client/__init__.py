@@ -9,8 +9,11 @@
 ``Client`` blocks; ``AsyncClient`` is the same for asyncio. Both parse answers into the API's own
 wire models (``RunView``, ``LogPage``, ...) and raise an ``ApiError`` subclass for every answer
 that is not a success. See docs/sdk.md. This package imports nothing but pydantic, httpx and the
-standard library (and runplane's wire models), so it is quick to import anywhere.
+standard library (and runplane's wire models), so it is quick to import anywhere; the asyncio
+half (``AsyncClient``, ``AsyncRun``, ``AsyncSweep``, and asyncio itself) loads when first named.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from runplane.api.models import (
     ErrorBody,
@@ -26,8 +29,6 @@ from runplane.api.models import (
     WorkerView,
 )
 from runplane.api.tenancy_models import Me, QuotaUsage, QuotaView, Token, TokenCreated, UsageReport, UsageRow, UserView
-from runplane.client._async import AsyncClient
-from runplane.client._async_run import AsyncRun, AsyncSweep
 from runplane.client._core import RawResponse, RetryPolicy
 from runplane.client._options import RunOptions
 from runplane.client._sync import Client
@@ -52,6 +53,10 @@ from runplane.client.errors import (
 )
 from runplane.domain.runs import Resources, RetryRule, RunSpec
 from runplane.domain.states import RunState
+
+if TYPE_CHECKING:
+    from runplane.client._async import AsyncClient
+    from runplane.client._async_run import AsyncRun, AsyncSweep
 
 __all__ = [
     "ApiError",
@@ -107,3 +112,17 @@ __all__ = [
     "load_profile",
     "save_profile",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``AsyncClient``, ``AsyncRun`` and ``AsyncSweep``, imported when first asked for: a blocking
+    client (the CLI) never loads asyncio."""
+    if name == "AsyncClient":
+        from runplane.client._async import AsyncClient
+
+        return AsyncClient
+    if name in ("AsyncRun", "AsyncSweep"):
+        from runplane.client import _async_run
+
+        return getattr(_async_run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,3 +13,15 @@ def test_importing_the_sdk_loads_nothing_heavy() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_blocking_client_loads_no_asyncio_and_the_async_one_is_still_there() -> None:
+    code = (
+        "import sys, runplane.client\n"
+        "print('asyncio' in sys.modules)\n"
+        "from runplane.client import AsyncClient, AsyncRun, AsyncSweep\n"
+        "print('asyncio' in sys.modules, AsyncClient.__name__, AsyncRun.__name__, AsyncSweep.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["False", "True AsyncClient AsyncRun AsyncSweep"]
