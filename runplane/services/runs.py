@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
@@ -60,14 +61,21 @@ HASHED_FIRST = frozenset(
 """The fields of a run's spec that its request hash held from its first version."""
 
 
+@functools.cache
+def _added_defaults(first: frozenset[str]) -> tuple[tuple[str, object], ...]:
+    """The fields of RunSpec not in ``first`` with their defaults, made once (pydantic inspects a
+    default factory's signature on each ``get_default``): only compared, never handed out."""
+    return tuple(
+        (name, field.get_default(call_default_factory=True))
+        for name, field in RunSpec.model_fields.items()
+        if name not in first
+    )
+
+
 def added_since(spec: RunSpec, first: frozenset[str] = HASHED_FIRST) -> set[str]:
     """The fields of ``spec`` added since ``first`` that hold their default: a request hash leaves
     them out, so that a submit retried across an upgrade still finds its run."""
-    return {
-        name
-        for name, field in RunSpec.model_fields.items()
-        if name not in first and getattr(spec, name) == field.get_default(call_default_factory=True)
-    }
+    return {name for name, default in _added_defaults(first) if getattr(spec, name) == default}
 
 
 def _request_hash(spec: RunSpec) -> str:
