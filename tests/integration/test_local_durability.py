@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from runplane.adapters.local import wake
 from runplane.adapters.local.db import DB_FILE, JOURNAL_SIZE_LIMIT, SCHEMA_VERSION, Database
 from runplane.adapters.local.files import FileObjectStore
 from runplane.adapters.local.queues import SqliteRunQueue
@@ -153,7 +154,8 @@ def test_a_run_is_stored_in_a_table_another_release_added_a_column_to(tmp_path):
     assert runs.get("r-1").owner == "a"
 
 
-def test_an_idle_wait_looks_for_other_processes_commits_less_often(tmp_path):
+def test_an_idle_wait_looks_for_other_processes_commits_less_often(tmp_path, monkeypatch):
+    monkeypatch.setattr(wake, "INOTIFY", False)  # where there is no watch of the log
     db = Database(tmp_path / "state")
     looks: list[float] = []
     began = time.monotonic()

@@ -7,9 +7,11 @@ process without a lock of ours. ``synchronous=NORMAL``: a commit survives the pr
 killed (SIGKILL) at any point; after a power loss the last commits may be missing, never half of one.
 
 Each thread of each process has a connection of its own (``connection``). ``wait_for_change``
-lets a reader block until a write commits, in this process (at once) or in another (seen within
-``POLL_SECONDS`` by SQLite's ``data_version``, or ``IDLE_POLL_SECONDS`` once it has waited
-``IDLE_AFTER_SECONDS``), so a waiting agent takes a new hint at once.
+lets a reader block until a write commits, in this process or in another, and wake at once: a
+commit of another process writes ``state.db-wal``, which the process's one inotify watch sees
+(``runplane.adapters.local.wake``), confirmed by SQLite's ``data_version``. An idle waiter costs
+nothing. Where inotify cannot be had, a waiter looks at ``data_version`` every ``POLL_SECONDS``,
+or ``IDLE_POLL_SECONDS`` once it has waited ``IDLE_AFTER_SECONDS``.
 
 The file is made by ``Database`` alone: a connection opens it read-write and never makes it, so a
 process whose directory was emptied under it fails (BackendError) instead of starting an empty
@@ -28,17 +30,22 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from runplane.adapters.local import wake
 from runplane.domain.errors import BackendError, Misconfigured
 
 __all__ = ["DB_FILE", "OBJECTS_DIR", "POLL_SECONDS", "SCHEMA_VERSION", "Database", "state_path"]
 
 DB_FILE = "state.db"
+WAL_FILE = DB_FILE + "-wal"
 OBJECTS_DIR = "objects"
 POLL_SECONDS = 0.005
 """How often a waiter looks for a commit made by another process, in the first IDLE_AFTER_SECONDS of its wait."""
 IDLE_POLL_SECONDS = 0.05
 """How often it looks after that: an idle agent costs little, and still takes a hint within this."""
 IDLE_AFTER_SECONDS = 1.0
+SETTLE_SECONDS = 0.1
+"""How long after a wake by the log a waiter still looks every POLL_SECONDS: the log is written a
+moment before the commit is visible, and a wake may come for no commit (a checkpoint)."""
 BUSY_SECONDS = 5.0
 """How long a write waits for another process's write transaction before it fails (BackendError,
 answered 503): a lock held too long makes the API answer soon, not hang."""
@@ -81,6 +88,7 @@ class Database:
         self._ensured: set[str] = set()
         self._changed = threading.Condition()
         self._generation = 0  # commits made by this process, for its own waiters
+        self._woken_at = float("-inf")  # when the log was last written, by any process (wake.watch)
         with self.errors("open the database"):
             connection = self.connection()
             connection.execute("PRAGMA journal_mode=WAL")
@@ -197,14 +205,22 @@ class Database:
         with self._changed:
             return self._generation, version
 
+    def _log_written(self) -> None:
+        """The watch's callback (its thread): ``state.db-wal`` was written, by any process."""
+        with self._changed:
+            self._woken_at = time.monotonic()
+            self._changed.notify_all()
+
     def wait_for_change(self, timeout: float, since: tuple[int, int] | None = None) -> bool:
         """Block until a write commits after this call began (in any process), or after ``since``
         (a ``mark`` of this thread), or ``timeout`` seconds pass; True when one did. A write of this
-        process wakes it at once; one of another process within POLL_SECONDS, or IDLE_POLL_SECONDS
-        once the wait is IDLE_AFTER_SECONDS old."""
+        process wakes it at once, one of another process too (the watch of the log); without the
+        watch, within POLL_SECONDS, or IDLE_POLL_SECONDS once the wait is IDLE_AFTER_SECONDS old."""
         began = time.monotonic()
         deadline = began + timeout
         c = self.connection()
+        # watched before the first look: a commit after that look wakes the wait
+        watched = timeout > 0 and wake.watch(self.root, WAL_FILE, self._log_written)
         generation, version = since if since is not None else self.mark()
         with self._changed:
             while True:
@@ -217,4 +233,8 @@ class Database:
                 left = deadline - at
                 if left <= 0:
                     return False
-                self._changed.wait(min(POLL_SECONDS if at - began < IDLE_AFTER_SECONDS else IDLE_POLL_SECONDS, left))
+                if watched and not wake.broken():
+                    pause = POLL_SECONDS if at - self._woken_at < SETTLE_SECONDS else left
+                else:
+                    pause = POLL_SECONDS if at - began < IDLE_AFTER_SECONDS else IDLE_POLL_SECONDS
+                self._changed.wait(min(pause, left))

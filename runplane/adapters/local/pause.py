@@ -9,16 +9,14 @@ import time
 
 from runplane.adapters.local.db import Database
 
-__all__ = ["LOOK_SECONDS", "CommitPause"]
-
-LOOK_SECONDS = 0.03
-"""How often the pauses of a process look for a commit (one ``PRAGMA data_version`` for them all)."""
+__all__ = ["CommitPause"]
 
 
 class CommitPause:
-    """``pause(seconds)``: at most ``seconds``, ending at the first look after a write commits to
-    ``db``, in this process or any other. One pausing thread at a time looks, every LOOK_SECONDS,
-    and wakes the others when it sees a commit: many idle waiters cost one look, and each re-reads
+    """``pause(seconds)``: at most ``seconds``, ending when a write commits to ``db``, in this
+    process or any other. One pausing thread at a time waits for the commit
+    (``Database.wait_for_change``: at once, by the watch of the log, or by looking where there is
+    none) and wakes the others when it sees one: many idle waiters cost one wait, and each re-reads
     its record only after a commit (or when its own interval is up)."""
 
     def __init__(self, db: Database) -> None:
@@ -47,11 +45,7 @@ class CommitPause:
                     self._cond.notify_all()
 
     def _look(self, end: float) -> None:
-        """Look every LOOK_SECONDS until a commit (counted in ``_commits``) or ``end``."""
-        since = self.db.mark()
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(LOOK_SECONDS, left))
-            if self.db.wait_for_change(0, since=since):
-                with self._cond:
-                    self._commits += 1
-                return
+        """Wait for a commit (counted in ``_commits``) until ``end``."""
+        if self.db.wait_for_change(max(0.0, end - time.monotonic())):
+            with self._cond:
+                self._commits += 1
