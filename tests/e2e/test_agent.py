@@ -383,10 +383,12 @@ def test_a_metrics_port_in_use_is_one_line_and_exit_2(docker_client, agents, tmp
     assert [m.mount_point for m in parse_mountinfo(read_mountinfo()) if m.mount_point.startswith(work)] == []
 
 
-def test_exit_on_exception_ends_the_agent_with_status_1(docker_client, alice, agents):
+@pytest.mark.parametrize("alice", ["aws_devstack"], indirect=True)
+def test_exit_on_exception_ends_the_agent_with_status_1(docker_client, alice, aws_agents):
     """README: with --exit-on-exception an unexpected error while taking a run ends the agent
-    (status 1, the error in its log). The error is real: this agent's runs table does not exist."""
-    agent = agents("--exit-on-exception", env={"RUNPLANE_RUNS_TABLE": "e2e-no-such-table"})
+    (status 1, the error in its log). The error is real: this agent's runs table (DynamoDB, on the
+    AWS local stack) does not exist."""
+    agent = aws_agents("--exit-on-exception", env={"RUNPLANE_RUNS_TABLE": "e2e-no-such-table"})
     run = submit(alice, "true")
     try:
         assert agent.wait(60) == 1

@@ -30,7 +30,11 @@ PARKED = {"command": "echo hi", "queue": "parked"}
 def _stack_of(front):
     """The stores behind ``front``, as a second API instance would build them."""
     config = front.config
-    if config.cloud == "aws":
+    if config.cloud == "local":
+        settings = StackSettings(
+            cloud="local", state_dir=str(front.state_dir), public_url=front.public_url, pools=config.pools_file
+        )
+    elif config.cloud == "aws":
         settings = StackSettings(
             prefix=config.prefix, aws_endpoint_url=config.aws_endpoint_url, pools=config.pools_file
         )
