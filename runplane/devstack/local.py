@@ -88,8 +88,9 @@ class LocalCloud(Cloud):
         return FrontResponse(*response_parts(result))
 
     def poll_events(self, stop: threading.Event) -> None:
-        """What an event source mapping does: batches to the dispatcher; an event whose handling
-        fails is not deleted, and comes back after EVENTS_VISIBILITY (set aside after a few)."""
+        """What an event source mapping does: batches to the dispatcher; the events handled are
+        deleted together once the batch is done (one write), one whose handling fails is not, and
+        comes back after EVENTS_VISIBILITY (set aside after a few)."""
         stack = self._ports_stack()
         queue = stack.queue
         if not isinstance(queue, SqliteRunQueue):
@@ -98,13 +99,15 @@ class LocalCloud(Cloud):
         if not received:
             return
         handle = PoolDispatcher(stack.ports).record_handler()
+        handled: list[str] = []
         for delivery in received:
             try:
                 handle(_Record(delivery.body))
             except Exception:  # a partial failure: the others of the batch are done
                 log.exception("dispatcher event failed; it is tried again: %.200s", delivery.body)
                 continue
-            queue.delete_event(delivery.receipt)
+            handled.append(delivery.receipt)
+        queue.delete_events(handled)
 
     def fire_schedule(self) -> None:
         ports = self._ports_stack().ports

@@ -3,6 +3,7 @@ receives, each with its own connections to one database): a waiting receive wake
 process sends, not when its wait ends, and receivers racing on one queue never take the same
 message while it is invisible."""
 
+import json
 import multiprocessing
 import time
 import traceback
@@ -13,7 +14,7 @@ from runplane.adapters.local.queues import SqliteRunQueue
 from runplane.adapters.local.quotas import SqliteQuotaStore
 from runplane.adapters.local.tokens import SqliteTokenStore
 from runplane.adapters.local.workers import SqliteWorkerRegistry
-from runplane.domain.messages import RunMessage
+from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.workers import Worker
 from tests.integration.test_local_queries import _plans
 
@@ -136,3 +137,25 @@ def test_every_query_of_the_queue_and_the_small_stores_searches_an_index(tmp_pat
     for sql, plan in plans.items():
         assert [step for step in plan if step.startswith(("SCAN ", "USE TEMP B-TREE"))] == [], f"{sql}: {plan}"
         assert any(step.startswith("SEARCH ") for step in plan), f"{sql}: {plan}"
+
+
+def test_events_handled_together_are_deleted_in_one_write_and_a_receipt_received_again_since_deletes_nothing(
+    tmp_path,
+):
+    db = Database.at(tmp_path / "state")
+    queue = SqliteRunQueue(db)
+    for pool in ("a", "b", "c"):
+        queue.notify(DispatchEvent(pool=pool))
+    first = queue.receive_events(10, 0, 0)  # visibility 0: all three stay visible, under these receipts
+    assert [json.loads(d.body)["pool"] for d in first] == ["a", "b", "c"]
+    again = queue.receive_events(1, 0, 0)  # "a" received again: its first receipt is stale
+    assert json.loads(again[0].body)["pool"] == "a"
+
+    before = db.mark()[0]
+    queue.delete_events([d.receipt for d in first])
+    assert db.mark()[0] == before + 1  # one commit for the batch
+
+    left = queue.receive_events(10, 0, 30)
+    assert [json.loads(d.body)["pool"] for d in left] == ["a"]
+    queue.delete_events([])  # nothing handled: nothing written
+    assert db.mark()[0] == before + 2  # the receive's commit, and none for the empty delete

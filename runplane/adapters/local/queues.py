@@ -99,7 +99,7 @@ class SqliteRunQueue:
 
     Besides the ``RunQueue`` port, the events queue is read with ``receive_events`` (the same
     long poll, visibility and redrive as ``receive``; bodies as sent) and emptied with
-    ``delete_event``: what an event source mapping does on a cloud, the local cloud does with these.
+    ``delete_events``: what an event source mapping does on a cloud, the local cloud does with these.
     A message whose visibility ends comes back; one received MAX_RECEIVES times is set aside
     (``dead_letters``)."""
 
@@ -152,9 +152,10 @@ class SqliteRunQueue:
         rows = self._receive(EVENTS_QUEUE, max_messages, wait_seconds, visibility_seconds, str)
         return [EventDelivery(row.value, row.receipt, row.receive_count) for row in rows]
 
-    def delete_event(self, receipt: str) -> None:
-        """Delete a received event. Quiet when it is gone already, or was received again since."""
-        self._delete(EVENTS_QUEUE, receipt)
+    def delete_events(self, receipts: Iterable[str]) -> None:
+        """Delete received events, in one transaction. Quiet for one that is gone already, or was
+        received again since."""
+        self._delete(EVENTS_QUEUE, *receipts)
 
     def dead_letters(self, queue: str, limit: int = 100) -> list[str]:
         """The bodies (as sent) of up to ``limit`` messages ``queue`` (``pool_queue(pool)`` or
@@ -166,12 +167,13 @@ class SqliteRunQueue:
             ).fetchall()
         return [str(body) for (body,) in found]
 
-    def _delete(self, queue: str, receipt: str) -> None:
-        seq = _seq(receipt)
-        if seq is None:
-            return  # no receipt of ours: nothing it could delete
+    def _delete(self, queue: str, *receipts: str) -> None:
+        """Delete the messages of ``receipts`` in one transaction (none of ours: nothing to delete)."""
+        named = [(seq, receipt, queue) for receipt in receipts if (seq := _seq(receipt)) is not None]
+        if not named:
+            return
         with self.db.errors(f"delete a message of {queue}"), self.db.write() as c:
-            c.execute("DELETE FROM queue_messages WHERE seq = ? AND receipt = ? AND queue = ?", (seq, receipt, queue))
+            c.executemany("DELETE FROM queue_messages WHERE seq = ? AND receipt = ? AND queue = ?", named)
 
     def _receive(
         self,
