@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import typer
 
 from runplane.adapters.local.backup import BackupError, backup
+from runplane.adapters.local.db import not_private
 from runplane.cli.common import CliError, err
 from runplane.cli.dev import dashboard_link
 
@@ -136,6 +137,7 @@ def serve(
         stack = DevStack(config)
     except ValueError as e:
         raise CliError(str(e)) from e
+    check_state_dir(config.state_dir)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("runplane").setLevel(logging.INFO)
 
@@ -207,6 +209,20 @@ def check_front(
             "--tls-cert and --tls-key, or listen on loopback behind a reverse proxy with TLS, or --insecure-http"
         )
     return host, port
+
+
+def check_state_dir(state_dir: Path) -> None:
+    """CliError for a state directory that is there and not this user's alone (``not_private``):
+    whoever else may write in it could put links or a database of theirs there."""
+    try:
+        found = state_dir.stat()
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise CliError(f"--state-dir {state_dir}: {e.strerror}") from e
+    why = not_private(found)
+    if why is not None:
+        raise CliError(f"--state-dir {state_dir} is refused: {why}")
 
 
 def admin_token(token: str | None, token_file: Path | None) -> str | None:

@@ -4,6 +4,7 @@ be lost or would overwrite something."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from runplane.adapters.local.backup import BackupError, backup
+from runplane.adapters.local.db import Database
+from runplane.domain.errors import Misconfigured
 
 
 def _mode(path: Path) -> int:
@@ -79,3 +82,75 @@ def test_a_destination_that_would_lose_or_overwrite_something_is_refused(state, 
     assert not (state / "backup").exists()
     if where == "not-empty":
         assert sorted(p.name for p in dest.iterdir()) == ["keep"]
+
+
+def _foreign(path: Path) -> None:
+    """Make ``path`` another user's (nobody's): only root can."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to give a directory to another user")
+    os.chown(path, 65534, 65534)
+
+
+@pytest.mark.parametrize("dest_is", ["a link", "another user's", "writable by others"])
+def test_a_destination_not_this_users_alone_is_refused(state, tmp_path, dest_is):
+    """A link put where the copy goes, a directory of another user's or one others may write in:
+    refused, and nothing written there or where the link points."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    dest = tmp_path / "dest"
+    if dest_is == "a link":
+        dest.symlink_to(elsewhere)
+    else:
+        dest.mkdir()
+        if dest_is == "another user's":
+            _foreign(dest)
+        else:
+            dest.chmod(0o777)
+
+    with pytest.raises(BackupError) as caught:
+        backup(state, dest)
+
+    said = {
+        "a link": "is not an empty directory",
+        "another user's": "is owned by another user (uid 65534)",
+        "writable by others": "other users may write in it (mode 0777)",
+    }[dest_is]
+    assert said in str(caught.value)
+    assert list(elsewhere.iterdir()) == []
+    if dest_is != "a link":
+        assert list(dest.iterdir()) == []
+
+
+def test_a_state_directory_of_another_user_is_neither_copied_nor_opened(state, tmp_path):
+    _foreign(state)
+    with pytest.raises(BackupError, match="is owned by another user"):
+        backup(state, tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()
+    with pytest.raises(Misconfigured, match="is owned by another user"):
+        Database.at(state)
+
+
+def test_links_and_other_files_planted_in_the_objects_are_not_followed(state, tmp_path):
+    """Only regular files and directories of the objects tree are copied: a link to a file or a
+    directory outside it, a FIFO (no reader would come) and objects being written are not."""
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "key").write_text("outside")
+    runs = state / "objects" / "data" / "runs"
+    (runs / "r1" / "leak").symlink_to(secret / "key")
+    (runs / "r2").symlink_to(secret)
+    os.mkfifo(runs / "r1" / "pipe")
+    (state / "objects" / ".partial").mkdir()
+    (state / "objects" / ".partial" / "tmp-1").write_bytes(b"half")
+    dest = tmp_path / "dest"
+
+    copied = backup(state, dest)
+
+    copy = dest / "objects"
+    assert sorted(str(p.relative_to(copy)) for p in copy.rglob("*")) == [
+        "data",
+        "data/runs",
+        "data/runs/r1",
+        "data/runs/r1/stdout",
+    ]
+    assert (copied.objects, copied.object_bytes) == (1, 6)

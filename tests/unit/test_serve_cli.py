@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from runplane.cli.app import run_cli
@@ -79,6 +81,22 @@ def test_the_environment_and_the_command_line_do_not_both_give_a_token(tmp_path,
     monkeypatch.setenv("RUNPLANE_SERVE_TOKEN", "rp_b")
     assert run_cli(["serve", "--state-dir", str(tmp_path / "state"), "--token", "rp_a"]) == ExitCode.USAGE
     assert "give the admin token one way: --token and RUNPLANE_SERVE_TOKEN" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("state_is", ["writable by others", "another user's"])
+def test_a_state_directory_not_this_users_alone_is_refused(tmp_path, capsys, state_is):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    if state_is == "writable by others":
+        state.chmod(0o777)
+    elif os.geteuid() != 0:
+        pytest.skip("needs root, to give a directory to another user")
+    else:
+        os.chown(state, 65534, 65534)
+    code = run_cli(["serve", "--state-dir", str(state), "--pools", str(tmp_path / "no.yaml")])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE and f"error: --state-dir {state} is refused: " in err, err
+    assert list(state.iterdir()) == []
 
 
 def test_backup_says_in_one_line_what_is_wrong(tmp_path, capsys):

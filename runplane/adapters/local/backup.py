@@ -5,6 +5,10 @@ one snapshot of every store, whatever the stack's processes write meanwhile (WAL
 The objects are copied after it. An object is written whole under a new name and renamed into
 place, never changed afterwards, so every object the copied database refers to is already there
 when the tree is copied; objects written later are copied too or not, and nothing refers to them.
+
+The copy goes into a directory made for it, of this user's alone, written through its open file
+descriptor; the objects are read one name at a time, never through a link (paths.py): a link
+planted in either tree, or swapped in while it is copied, is not followed.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from runplane.adapters.local.db import BUSY_SECONDS, DB_FILE, OBJECTS_DIR, state_path
+from runplane.adapters.local.db import BUSY_SECONDS, DB_FILE, OBJECTS_DIR, not_private, state_path
+from runplane.adapters.local.paths import DIR_FLAGS, NOT_THERE, PARTIAL_DIR, descend, objects_dir, open_file
 
 __all__ = ["BackupError", "Copied", "backup"]
 
@@ -37,35 +42,69 @@ class Copied:
 def backup(state_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Copied:
     """Copy the stack of ``state_dir`` into ``dest``: ``dest/state.db`` and ``dest/objects/``,
     ``dest`` made 0700 and every file 0600 (the copy holds the stack's users' data and tokens'
-    hashes). ``dest`` must be new or an empty directory, outside ``state_dir``.
+    hashes). ``dest`` must be new, or an empty directory of this user's that no one else may write
+    in, outside ``state_dir``; ``state_dir`` too must be this user's alone.
 
     Raises BackupError (no stack there, a bad ``dest``, a failed copy: a half-made copy is left
     for the operator to remove, never mistaken for a whole one as ``dest`` was not empty before)."""
     root = state_path(state_dir)
-    target = state_path(dest)
+    target = Path(os.fspath(dest)).expanduser().absolute()  # a link in its place is refused, not followed
     database = root / DB_FILE
     if not database.is_file():
         raise BackupError(f"no stack state in {root}: {DB_FILE} is missing (is --state-dir right?)")
-    if target == root or root in target.parents:
+    resolved = state_path(dest)
+    if resolved == root or root in resolved.parents:
         raise BackupError(f"{target} is inside the state directory {root}: back it up somewhere else")
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
-        raise BackupError(f"{target} is not an empty directory: a backup goes into a new one")
+    why = not_private(root.stat())
+    if why is not None:
+        raise BackupError(f"the state directory {root} is refused: {why}")
     try:
-        target.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target.chmod(0o700)
-        database_bytes = _copy_database(database, target / DB_FILE)
-        objects, object_bytes = _copy_objects(root / OBJECTS_DIR, target / OBJECTS_DIR)
+        into = _new_directory(target)
+    except OSError as e:
+        raise BackupError(f"cannot make {target}: {e.strerror}") from e
+    try:
+        database_bytes = _copy_database(database, into)
+        objects, object_bytes = _copy_objects(root, into)
     except (OSError, sqlite3.Error) as e:
         raise BackupError(f"the backup into {target} failed: {e}") from e
+    finally:
+        os.close(into)
     return Copied(database_bytes, objects, object_bytes)
 
 
-def _copy_database(source: Path, copy: Path) -> int:
-    """SQLite's online backup of ``source`` into ``copy`` (made 0600), left as one file (no WAL)."""
-    os.close(os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+def _new_directory(target: Path) -> int:
+    """``target``, made 0700 (or found empty), opened not through a link; BackupError when it is
+    not a directory, not empty, or not this user's alone."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with contextlib.suppress(FileExistsError):
+        target.mkdir(mode=0o700)
+    try:
+        fd = os.open(target, DIR_FLAGS)
+    except OSError as e:
+        if e.errno in NOT_THERE:  # a file or a link
+            raise BackupError(f"{target} is not an empty directory: a backup goes into a new one") from e
+        raise
+    try:
+        why = not_private(os.fstat(fd))
+        if why is not None:
+            raise BackupError(f"{target} is refused: {why}; a backup goes into a directory of this user's alone")
+        if os.listdir(fd):  # noqa: PTH208 (the directory opened, not its path)
+            raise BackupError(f"{target} is not an empty directory: a backup goes into a new one")
+        os.fchmod(fd, 0o700)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _copy_database(source: Path, into: int) -> int:
+    """SQLite's online backup of ``source`` into ``state.db`` (made 0600) of the directory ``into``,
+    left as one file (no WAL). Returns its size."""
+    os.close(os.open(DB_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=into))
     src = sqlite3.connect(f"{source.as_uri()}?mode=ro", uri=True, timeout=BUSY_SECONDS)
     try:
-        dst = sqlite3.connect(copy, isolation_level=None)
+        # the directory opened, whatever its path names now (its journal goes beside it there)
+        dst = sqlite3.connect(f"/proc/self/fd/{into}/{DB_FILE}", isolation_level=None)
         try:
             src.backup(dst)  # all pages in one step: one read transaction, one snapshot
             dst.execute("PRAGMA journal_mode=DELETE")
@@ -76,29 +115,37 @@ def _copy_database(source: Path, copy: Path) -> int:
             dst.close()
     finally:
         src.close()
-    return copy.stat().st_size
+    return os.stat(DB_FILE, dir_fd=into).st_size
 
 
-def _copy_objects(source: Path, copy: Path) -> tuple[int, int]:
-    """Copy the objects tree (directories 0700, files 0600); a file that goes away meanwhile (a
-    temporary one renamed into place, an object deleted) is skipped. Returns (files, bytes)."""
-    copy.mkdir(mode=0o700)
+def _copy_objects(root: Path, into: int) -> tuple[int, int]:
+    """Copy the objects tree of the state directory ``root`` into ``objects/`` of ``into``
+    (directories 0700, files 0600), skipping objects being written (PARTIAL_DIR), links, anything
+    but regular files, and a file that goes away meanwhile (an object deleted). Returns (files, bytes)."""
+    os.mkdir(OBJECTS_DIR, 0o700, dir_fd=into)
     files = size = 0
-    if not source.is_dir():
-        return files, size
-    for folder, dirs, names in os.walk(source):
-        here = copy / Path(folder).relative_to(source)
-        for name in dirs:
-            (here / name).mkdir(mode=0o700)
-        for name in names:
-            src = Path(folder) / name
-            if src.is_symlink():
-                continue  # the store writes none; one put there by hand is not followed
-            with contextlib.suppress(FileNotFoundError):
-                with src.open("rb") as reader:
-                    fd = os.open(here / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                    with os.fdopen(fd, "wb") as writer:
-                        shutil.copyfileobj(reader, writer, 1 << 20)
-                        size += writer.tell()
-                files += 1
+    with contextlib.ExitStack() as held:
+        try:
+            top = held.enter_context(objects_dir(root))
+        except FileNotFoundError:
+            return files, size
+        copy = held.enter_context(descend(into, [OBJECTS_DIR]))
+        # fwalk opens each directory it enters and checks it is the one it listed: no link is followed
+        for folder, dirs, names, here in os.fwalk(".", dir_fd=top):
+            parts = list(Path(folder).parts)
+            if not parts and PARTIAL_DIR in dirs:
+                dirs.remove(PARTIAL_DIR)
+            with descend(copy, parts, create=True) as there:
+                for name in names:
+                    try:
+                        with open_file(here, name) as reader:
+                            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                            with os.fdopen(os.open(name, flags, 0o600, dir_fd=there), "wb") as writer:
+                                shutil.copyfileobj(reader, writer, 1 << 20)
+                                size += writer.tell()
+                    except OSError as e:
+                        if e.errno in NOT_THERE:
+                            continue  # gone, a link or not a regular file
+                        raise
+                    files += 1
     return files, size

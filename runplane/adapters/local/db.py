@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -61,10 +62,24 @@ def state_path(state_dir: str | os.PathLike[str]) -> Path:
     return Path(os.fspath(state_dir)).expanduser().resolve()
 
 
+def not_private(found: os.stat_result) -> str | None:
+    """Why a directory of these stats cannot hold a stack's state or a copy of it: another user's, or
+    one that group or others may write in (they could put links or files of theirs in it); None when
+    it can."""
+    if found.st_uid != os.geteuid():
+        return f"it is owned by another user (uid {found.st_uid}), not this one (uid {os.geteuid()})"
+    if found.st_mode & 0o022:
+        return f"other users may write in it (mode {stat.S_IMODE(found.st_mode):04o})"
+    return None
+
+
 def _private_dir(path: Path) -> None:
     """Make ``path`` (and its missing parents) and keep it 0700: the stack's records and objects are
-    its users' data."""
+    its users' data. Raises Misconfigured for a directory that is not this user's alone (not_private)."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    why = not_private(path.stat())
+    if why is not None:
+        raise Misconfigured(f"the state directory {path} is refused: {why}")
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)
 
