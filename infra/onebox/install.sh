@@ -3,8 +3,9 @@
 #   - Docker (docker.io) and Python 3.11+ with venv, when missing;
 #   - /opt/runplane: a venv with `pip install 'runplane[local]'` from the checkout this script is
 #     in, a wheel, or the package index (--package);
-#   - /etc/runplane/serve.env: the service's options (RUNPLANE_SERVE_ARGS; kept on re-runs, its
-#     options line rewritten when --listen or --pools is given) and /etc/runplane/pools.yaml (--pools);
+#   - /etc/runplane/serve.env (0600, root's alone: it may hold RUNPLANE_SERVE_TOKEN): the service's
+#     options (RUNPLANE_SERVE_ARGS; kept on re-runs, its options line rewritten when --listen or
+#     --pools is given) and /etc/runplane/pools.yaml (--pools);
 #   - runplane.service (from beside this script) as /etc/systemd/system/runplane.service, enabled,
 #     and (re)started: a restart keeps queued runs queued and running runs running;
 #   - on the first install (no /var/lib/runplane/state.db yet): an admin token, printed here once.
@@ -122,13 +123,24 @@ if [ ! -f "$ENV_FILE" ]; then
   text="# runplane serve's options (runplane serve --help); RUNPLANE_AGENT_* lines reach its agents
 $line"
   run install -d -m 0755 "$ETC"
-  if [ $DRY -eq 1 ]; then printf '+ write %s:\n%s\n' "$ENV_FILE" "$text"; else printf '%s\n' "$text" >"$ENV_FILE"; fi
+  if [ $DRY -eq 1 ]; then
+    printf '+ write %s (0600):\n%s\n' "$ENV_FILE" "$text"
+  else
+    (umask 077 && printf '%s\n' "$text" >"$ENV_FILE")
+  fi
 elif [ -n "$listen$pools" ]; then
   say "setting $line in $ENV_FILE"
   run sed -i "s|^RUNPLANE_SERVE_ARGS=.*|$line|" "$ENV_FILE"
 else
   say "keeping $ENV_FILE"
 fi
+if [ -f "$ENV_FILE" ] && [ "$(stat -c %a "$ENV_FILE")" != 600 ]; then
+  run chmod 0600 "$ENV_FILE" # an older install's, 0644
+fi
+case ${listen:-127.0.0.1} in
+  127.* | "[::1]:"* | localhost:*) ;;
+  *) say "warning: --listen $listen is not loopback: add --tls-cert FILE --tls-key FILE to RUNPLANE_SERVE_ARGS in $ENV_FILE (or --insecure-http, tokens in clear), else the service refuses to start" ;;
+esac
 
 # -- the unit --------------------------------------------------------------------------------------
 put 0644 "$HERE/runplane.service" "$UNIT"

@@ -92,6 +92,8 @@ def test_a_dry_run_into_a_root_says_what_it_installs_and_changes_nothing(tmp_pat
     assert f"{UNIT} {root}/etc/systemd/system/runplane.service" in said
     assert f"{pools} {root}/etc/runplane/pools.yaml" in said
     assert "RUNPLANE_SERVE_ARGS=--listen 0.0.0.0:8443 --pools /etc/runplane/pools.yaml" in said
+    assert f"+ write {root}/etc/runplane/serve.env (0600):" in said  # it may hold a token
+    assert "--listen 0.0.0.0:8443 is not loopback: add --tls-cert FILE --tls-key FILE" in said
     assert f"+ systemctl --root={root} enable runplane.service" in said
 
 
@@ -102,6 +104,8 @@ def test_a_second_run_keeps_the_settings_unless_told_and_installs_a_version_with
     said = dry_run(tmp_path, "--package", "runplane==0.2.0")
 
     assert "keeping " in said and "RUNPLANE_SERVE_ARGS=" not in said
+    assert f"+ chmod 0600 {tmp_path}/etc/runplane/serve.env" in said  # an older install's 0644
+    assert "is not loopback" not in said
     assert "--upgrade runplane\\[local\\]==0.2.0" in said
     said = dry_run(tmp_path, "--listen", "0.0.0.0:8080")
     assert "sed -i s\\|\\^RUNPLANE_SERVE_ARGS=.\\*\\|RUNPLANE_SERVE_ARGS=--listen\\ 0.0.0.0:8080\\|" in said
