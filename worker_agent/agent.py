@@ -103,7 +103,7 @@ class Agent:
         if refused:  # nothing taken, nothing touched: its item says why, and so does its exit
             self.exit_reason, self.failed = refused, True
             return refused
-        self.config.work_dir.mkdir(parents=True, exist_ok=True)
+        self.config.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the runs' files: this user's alone
         self.recovery.recover_own_runs()
         self.recovery.sweep_orphans()
         self.reporter.heartbeat()

@@ -1,7 +1,10 @@
 """``LocalCompute.signal_all``: a stopping local stack tells its agents to stop, and kills those that
-do not; each stays listed until it has exited."""
+do not; each stays listed until it has exited. Their records and logs are in directories of this
+user's alone."""
 
+import os
 import signal
+import stat
 import sys
 
 from runplane.compute.local.compute import LocalCompute
@@ -27,6 +30,19 @@ def test_sigterm_leaves_an_agent_listed_until_it_exits_and_sigkill_ends_it(tmp_p
     wait_for(lambda: backend.list(pool) == [], 10, what="the killed agents to be gone")
     assert backend.signal_all(pool, signal.SIGKILL) == []
     assert [getattr(backend.describe(pool, i), "state", None) for i in ids] == ["failed", "failed"]
+
+
+def test_the_agents_directories_are_made_private_whatever_the_umask(tmp_path):
+    pool = Pool(name="p", cpus=1, memory=2**30, default_image="x")
+    backend = LocalCompute(tmp_path / "stack" / "workers", command=[sys.executable, "-c", "pass"])
+    before = os.umask(0o022)
+    try:
+        assert len(backend.launch(pool, 1, [])) == 1
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE((tmp_path / "stack" / "workers").stat().st_mode) == 0o700
+    assert stat.S_IMODE((tmp_path / "stack" / "workers" / "p").stat().st_mode) == 0o700
+    wait_for(lambda: backend.list(pool) == [], 10, what="the agent to exit")
 
 
 def _ignores_sigterm(pid: int) -> bool:

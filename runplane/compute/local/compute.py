@@ -50,7 +50,8 @@ class LocalCompute(ComputeBackend):
 
     def _dir(self, pool: Pool) -> Path:
         path = self.state_dir / pool.name
-        path.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # agents' logs: this user's alone
+        path.mkdir(mode=0o700, exist_ok=True)
         return path
 
     def launch(self, pool: Pool, count: int, agent_args: Sequence[str]) -> list[BackendJob]:
