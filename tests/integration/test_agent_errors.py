@@ -3,6 +3,7 @@
 it goes on after a bounded backoff. The error is a real one: the agent's runs table is gone from
 the store (moto server) while its queue still holds a hint. Docker is only asked for leftovers."""
 
+import stat
 import threading
 import time
 import uuid
@@ -52,6 +53,7 @@ def test_exit_on_exception_stops_the_agent_at_the_first_error(aws_stack, docker_
     assert agent.failed  # runplane-agent exits 1
     assert said[0].startswith("error while taking a run: read run failed"), said
     assert agent.errors_in_a_row == 1
+    assert stat.S_IMODE(agent.config.work_dir.stat().st_mode) == 0o700  # the runs' files: the agent's user's alone
 
 
 def test_without_exit_on_exception_the_agent_goes_on(aws_stack, docker_client, tmp_path):
