@@ -22,6 +22,7 @@ from runplane.adapters.local.backup import BackupError, backup
 from runplane.adapters.local.db import not_private
 from runplane.cli.common import CliError, err
 from runplane.cli.dev import dashboard_link
+from runplane.domain.pools import load_pools
 
 DEFAULT_STATE_DIR = "/var/lib/runplane"
 DEFAULT_LISTEN = "127.0.0.1:8080"
@@ -129,6 +130,7 @@ def serve(
         tls_key=tls_key,
         public_url=public_url or None,
         token=given,
+        user="admin",  # the first admin's name, as install.sh's
         workers=workers,
         pools_file=pools_file,
         write_dev_file=False,
@@ -154,14 +156,13 @@ def serve(
         raise CliError(str(e)) from e
     try:
         made = stack.token if given is None else None  # a token of the operator's is not shown
-        err.print(_banner(stack.api_url, made, config.state_dir), highlight=False, soft_wrap=True)
+        err.print(_banner(stack.api_url, stack.public_url, made, config.state_dir), highlight=False, soft_wrap=True)
+        warnings = [] if stack.settings is None else missing_images(stack.settings.pools)
         if tls_cert is None and not ipaddress.ip_address(_loopback(host)).is_loopback:
-            err.print(
-                f"[yellow]warning:[/yellow] plain HTTP on {host} (--insecure-http): tokens and data cross the "
-                "network in clear",
-                highlight=False,
-                soft_wrap=True,
-            )
+            warnings.append(f"plain HTTP on {host} (--insecure-http): tokens and data cross the network in clear")
+        warnings += links_warning(host, stack.public_url)
+        for warning in warnings:
+            err.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -174,20 +175,77 @@ def serve(
         err.print("stopped", highlight=False)
 
 
-def _banner(api_url: str, new_token: str | None, state_dir: Path) -> str:
-    lines = [f"runplane is serving\n  API    {api_url}\n  state  {state_dir}"]
+def _banner(api_url: str, public_url: str, new_token: str | None, state_dir: Path) -> str:
+    lines = [
+        f"runplane is serving\n  API    {api_url}\n  links  {public_url} (where the download links it signs "
+        f"point: --public-url)\n  state  {state_dir}"
+    ]
     if new_token:
         lines.append(
             f"  token  {new_token}\n"
             "         an admin's, shown only now (only its hash is kept): `runplane token create USER` makes "
-            f"users' tokens\n  UI     {dashboard_link(api_url, new_token)}"
+            f"users' tokens\n  UI     {dashboard_link(api_url, new_token)}\n"
+            f"Use it from this machine:\n  export RUNPLANE_API_URL={api_url} RUNPLANE_TOKEN={new_token}"
         )
     else:
         lines.append(
-            f"  UI     {api_url}/ui\nAn admin token, if you have none: runplane token create --direct "
+            f"  UI     {api_url}/ui\nUse it from this machine:\n  export RUNPLANE_API_URL={api_url} "
+            f"RUNPLANE_TOKEN=<a token>\nAn admin token, if you have none: runplane token create --direct "
             f"--state-dir {state_dir} --scope admin admin"
         )
+    if public_url != api_url:
+        lines.append(f"from other machines: RUNPLANE_API_URL={public_url}")
     return "\n".join(lines)
+
+
+def links_warning(host: str, public_url: str) -> list[str]:
+    """A warning when the stack listens beyond loopback but signs its download links for a name of
+    loopback (this machine's name may resolve so): other machines cannot follow them."""
+    if ipaddress.ip_address(_loopback(host)).is_loopback:
+        return []
+    name = (urlsplit(public_url).hostname or "").rstrip(".").lower()
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name == "localhost" or name.startswith("localhost.") or name.endswith(".localhost")
+    if not loopback:
+        return []
+    return [
+        f"the download links are signed for {public_url}, which other machines cannot reach: give --public-url "
+        "with the name they reach this machine at (https://gpu1.lab:8443)"
+    ]
+
+
+def missing_images(pools_text: str) -> list[str]:
+    """A warning for each local pool whose default image the local Docker engine does not have (a
+    run that names no image would fail with image_not_found); none when the engine cannot be asked.
+    Nothing is pulled."""
+    pools = [p for p in load_pools(pools_text).pools if p.backend == "local" and p.default_image]
+    if not pools:
+        return []
+    import docker
+    import docker.errors
+    import requests
+
+    try:
+        client = docker.from_env(timeout=10)
+    except docker.errors.DockerException:
+        return []
+    found = []
+    try:
+        for pool in pools:
+            try:
+                client.images.get(pool.default_image)
+            except docker.errors.ImageNotFound:
+                found.append(
+                    f"pool {pool.name}: its default image {pool.default_image} is not in this machine's Docker "
+                    "engine: runs that name no image fail until it is built or pulled (infra/onebox/README.md)"
+                )
+            except (docker.errors.DockerException, requests.RequestException):
+                break
+    finally:
+        client.close()
+    return found
 
 
 def check_front(

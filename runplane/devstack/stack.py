@@ -362,11 +362,12 @@ class DevStack:
                 return ProductionFront(address, cloud, self.config.tls_cert, self.config.tls_key)
             return FrontServer(address, cloud)
         except OSError as e:
-            if e.errno != errno.EADDRINUSE:
+            # cheroot's error (serving) names the bind's only in its text
+            if e.errno != errno.EADDRINUSE and f"[Errno {errno.EADDRINUSE}]" not in str(e):
                 raise
+            how = "--listen ADDR:PORT" if self.config.serve else "--port N (make dev PORT=N)"
             raise ValueError(
-                f"port {self.config.port} on {self.config.host} is already in use: choose another with --port N "
-                "(make dev PORT=N)"
+                f"port {self.config.port} on {self.config.host} is already in use: choose another with {how}"
             ) from None
 
     def stop(self) -> None:

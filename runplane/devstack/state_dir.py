@@ -128,7 +128,22 @@ def empty(state_dir: Path) -> None:
 
 
 def private_dir(path: Path) -> None:
-    """Make ``path`` 0700 (and its missing parents): it holds the stack's records and its admin token."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Make the stack's directory ``path`` 0700 (its missing parents as the umask makes them, never
+    changed), or take the one there when it is empty or holds only what a stack keeps (made 0700 in
+    turn). Raises ValueError, changing and writing nothing, for a directory that holds anything
+    else: another one given by mistake (``/etc``, ``/var/lib``), whose modes its other users need."""
+    try:
+        with os.scandir(path) as entries:
+            strange = sorted(entry.name for entry in entries if entry.name not in STATE_ENTRIES)
+    except FileNotFoundError:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        strange = []
+    except OSError as e:
+        raise ValueError(f"state directory {path}: {e.strerror}") from None
+    if strange:
+        raise ValueError(
+            f"{path} is not a runplane stack's directory (it holds {', '.join(strange[:5])}): nothing written "
+            "there; choose a new or empty state dir"
+        )
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)

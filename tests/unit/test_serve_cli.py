@@ -1,15 +1,26 @@
-"""``runplane serve``'s options that cannot work are refused in one line before anything starts, and
-``runplane serve backup`` says in one line what is wrong with its state directory."""
+"""``runplane serve``'s options that cannot work are refused in one line before anything starts (a
+state directory holding other files is left as it was, a busy port is named), ``runplane serve backup``
+says in one line what is wrong with its state directory, and a started service says how to use it:
+its URLs, the export lines, its admin (``admin``), and what will not work (links for loopback, a pool's
+missing image)."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from runplane.cli.app import run_cli
 from runplane.cli.common import ExitCode
-from runplane.cli.serve import parse_listen
+from runplane.cli.serve import links_warning, parse_listen
+from runplane.client import Client
 from runplane.extras import cli_needs
 
 
@@ -110,3 +121,117 @@ def test_backup_says_in_one_line_what_is_wrong(tmp_path, capsys):
 def test_serve_needs_the_local_extra_and_its_backup_none():
     assert cli_needs(["serve", "--listen", "0.0.0.0:8080"], {}) == ("runplane serve", ("local",))
     assert cli_needs(["serve", "backup", "/srv/backup"], {}) is None
+
+
+@pytest.fixture
+def busy_port():
+    """A loopback port something else listens on."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        yield held.getsockname()[1]
+
+
+def snapshot(path: Path) -> dict[str, int]:
+    return {str(p.relative_to(path)): stat.S_IMODE(p.lstat().st_mode) for p in [path, *path.rglob("*")]}
+
+
+@pytest.mark.parametrize("command", ["serve", "dev"])
+def test_a_directory_holding_other_files_is_refused_and_left_as_it_was(tmp_path, capsys, busy_port, command):
+    """A mistyped --state-dir (/etc, /var/lib) is neither made 0700 nor written in (no lock file
+    either); the busy port would fail a start that got past the directory."""
+    parent = tmp_path / "etc"
+    foreign = parent if command == "serve" else parent / str(busy_port)  # dev keeps its stack in DIR/PORT
+    foreign.mkdir(parents=True)
+    (foreign / "passwd").write_text("root:x:0:0\n")
+    (foreign / "ssl").mkdir()
+    for path in (parent, foreign):
+        path.chmod(0o755)
+    before = snapshot(parent)
+    where = ["--listen", f"127.0.0.1:{busy_port}"] if command == "serve" else ["--port", str(busy_port)]
+
+    code = run_cli([command, "--state-dir", str(parent), *where])
+
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE
+    assert err == (
+        f"error: {foreign} is not a runplane stack's directory (it holds passwd, ssl): nothing written there; "
+        "choose a new or empty state dir\n"
+    ), err
+    assert snapshot(parent) == before
+
+
+def test_dev_makes_its_stack_directory_private_and_leaves_the_parent_given_as_it_was(tmp_path, capsys, busy_port):
+    parent = tmp_path / "srv"
+    parent.mkdir()
+    (parent / "other").write_text("kept")
+    parent.chmod(0o755)
+
+    code = run_cli(["dev", "--state-dir", str(parent), "--port", str(busy_port)])
+
+    assert code == ExitCode.USAGE and "is already in use" in capsys.readouterr().err
+    assert stat.S_IMODE(parent.stat().st_mode) == 0o755
+    assert stat.S_IMODE((parent / str(busy_port)).stat().st_mode) == 0o700
+
+
+def test_a_busy_port_is_one_line_naming_the_option(tmp_path, capsys, busy_port):
+    code = run_cli(["serve", "--state-dir", str(tmp_path / "state"), "--listen", f"127.0.0.1:{busy_port}"])
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE
+    assert err == f"error: port {busy_port} on 127.0.0.1 is already in use: choose another with --listen ADDR:PORT\n"
+
+
+@pytest.mark.parametrize(
+    ("host", "public_url", "warned"),
+    [
+        ("0.0.0.0", "http://localhost:8080", True),
+        ("0.0.0.0", "https://localhost.localdomain:8443", True),
+        ("::", "http://[::1]:8080", True),
+        ("10.1.2.3", "http://127.0.1.1:8080", True),
+        ("0.0.0.0", "https://gpu1.lab:8443", False),
+        ("0.0.0.0", "http://10.1.2.3:8080", False),
+        ("127.0.0.1", "http://localhost:8080", False),  # no other machine reaches it anyway
+    ],
+)
+def test_links_signed_for_loopback_while_listening_beyond_it_are_warned_of(host, public_url, warned):
+    said = links_warning(host, public_url)
+    assert bool(said) == warned
+    assert all(f"signed for {public_url}, which other machines cannot reach: give --public-url" in w for w in said)
+
+
+@pytest.mark.docker
+def test_a_started_service_says_how_to_use_it_and_which_default_image_is_missing(tmp_path):
+    """The banner: API and links URLs, the export line with the token just made (named ``admin``),
+    and a warning for the pool whose default image the engine lacks (nothing pulled)."""
+    from runplane.devstack.net import free_port
+
+    port = free_port()
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n"
+        "  - {name: absent, backend: local, cpus: 1, memory: 1g, max_workers: 1, "
+        "default_image: 'runplane-test/never-built:none'}\n"
+    )
+    log = tmp_path / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")} | {"HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "runplane.cli", "serve", "--state-dir", str(tmp_path / "state")]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*command, "--listen", f"127.0.0.1:{port}", "--pools", str(pools)], stdout=out, stderr=out, env=env
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while "warning:" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        said = log.read_text()
+        assert "runplane is serving" in said, said
+        url = f"http://127.0.0.1:{port}"
+        (token,) = [line.split()[1] for line in said.splitlines() if line.strip().startswith("token ")]
+        assert f"  links  {url} (where the download links it signs point: --public-url)" in said
+        assert f"  export RUNPLANE_API_URL={url} RUNPLANE_TOKEN={token}\n" in said
+        assert [t.user for t in Client(url, token).tokens()] == ["admin"]
+        assert said.count("warning:") == 1, said
+        assert "warning: pool absent: its default image runplane-test/never-built:none is not in" in said
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
