@@ -17,6 +17,7 @@ import logging
 from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.pools import Pool
 from runplane.domain.quotas import Lane
+from runplane.domain.runs import Run
 from runplane.ports import Ports
 
 log = logging.getLogger(__name__)
@@ -40,17 +41,26 @@ PICK_WINDOW_FOR_V = 8
 """How many of a line's first runs are read to find the one whose tag is the line's virtual time."""
 
 
+def _sets_the_line(run: Run) -> bool:
+    """Whether ``run`` may give its line its virtual time: it waits for the first time, not for a quota."""
+    return run.attempt == 0 and not (run.waiting_reason or "").startswith(("quota:", "budget:"))
+
+
 def virtual_time(ports: Ports, pool: str, priority: int) -> float:
     """The virtual time of ``pool``'s line at ``priority``: the tag of its first run that waits for
-    the first time and not for a quota, else of its first run, else 0 (one head query). A store
-    that cannot answer (say, an index still being built) costs fairness, not the submit: 0."""
+    the first time and not for a quota (among its first PICK_WINDOW_FOR_V), else of its first run,
+    else 0. One head query of one run, the usual case; a second of the window when that run does
+    not set the line. A store that cannot answer (say, an index still being built) costs fairness,
+    not the submit: 0."""
     try:
-        line = ports.store.head(pool, PICK_WINDOW_FOR_V, priority)
+        line = ports.store.head(pool, 1, priority)
+        if line and not _sets_the_line(line[0]):
+            line = ports.store.head(pool, PICK_WINDOW_FOR_V, priority)
     except RunplaneError as e:
         log.warning("line of pool %s at priority %s not read; fair tags start at 0: %s", pool, priority, e)
         return 0.0
     for run in line:
-        if run.attempt == 0 and not (run.waiting_reason or "").startswith(("quota:", "budget:")):
+        if _sets_the_line(run):
             return run.fair_tag
     return line[0].fair_tag if line else 0.0
 
