@@ -2,10 +2,11 @@
 # Install `runplane serve` as a systemd service on a Debian 12+ or Ubuntu 22.04+ machine, as root:
 #   - Docker (docker.io) and Python 3.11+ with venv, when missing;
 #   - /opt/runplane: a venv with `pip install 'runplane[local]'` from the checkout this script is
-#     in, a wheel, or the package index (--package);
+#     in, a wheel, or the package index (--package); its `runplane` linked as /usr/local/bin/runplane
+#     (on sudo's PATH), unless another runplane is there;
 #   - /etc/runplane/serve.env (0600, root's alone: it may hold RUNPLANE_SERVE_TOKEN): the service's
-#     options (RUNPLANE_SERVE_ARGS; kept on re-runs, its options line rewritten when --listen or
-#     --pools is given) and /etc/runplane/pools.yaml (--pools);
+#     options (RUNPLANE_SERVE_ARGS; kept on re-runs: --listen or --pools given again replaces that
+#     option alone, the others there, --tls-cert, --public-url..., stay) and /etc/runplane/pools.yaml;
 #   - runplane.service (from beside this script) as /etc/systemd/system/runplane.service, enabled,
 #     and (re)started: a restart keeps queued runs queued and running runs running;
 #   - on the first install (no /var/lib/runplane/state.db yet): an admin token, printed here once.
@@ -109,16 +110,47 @@ fi
 say "pip install '$spec' into $VENV"
 run "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade "$spec"
 
+LINK=$ROOT/usr/local/bin/runplane
+if [ -L "$LINK" ] || [ ! -e "$LINK" ]; then
+  [ -d "${LINK%/*}" ] || run install -d -m 0755 "${LINK%/*}"
+  [ "$(readlink "$LINK" 2>/dev/null)" = /opt/runplane/bin/runplane ] || run ln -sfn /opt/runplane/bin/runplane "$LINK"
+else
+  say "warning: $LINK is not runplane's link: left as it is; this install's CLI is /opt/runplane/bin/runplane"
+fi
+
 # -- settings --------------------------------------------------------------------------------------
-args="--listen ${listen:-127.0.0.1:8080}"
+# replaced ARGS: ARGS (serve's options) with --listen and --pools set to those given now, the others kept
+replaced() {
+  local words=() out=() i=0 w name value
+  read -ra words <<<"$1"
+  local -A given=()
+  [ -z "$listen" ] || given[--listen]=$listen
+  [ -z "$pools" ] || given[--pools]=/etc/runplane/pools.yaml
+  while [ $i -lt ${#words[@]} ]; do
+    w=${words[$i]}
+    name=${w%%=*}
+    i=$((i + 1))
+    if [ -n "${given[$name]+set}" ]; then
+      [[ $w == *=* ]] || i=$((i + 1)) # its value, in the next word
+      value=${given[$name]}
+      [ -z "$value" ] || out+=("$name" "$value")
+      given[$name]="" # said once
+    else
+      out+=("$w")
+    fi
+  done
+  for name in --listen --pools; do
+    [ -z "${given[$name]:-}" ] || out+=("$name" "${given[$name]}")
+  done
+  echo "${out[*]}"
+}
 if [ -n "$pools" ]; then
   put 0644 "$pools" "$ETC/pools.yaml"
-  args="$args --pools /etc/runplane/pools.yaml"
-elif [ -f "$ETC/pools.yaml" ]; then
-  args="$args --pools /etc/runplane/pools.yaml"
 fi
-line="RUNPLANE_SERVE_ARGS=$args"
 if [ ! -f "$ENV_FILE" ]; then
+  args="--listen ${listen:-127.0.0.1:8080}"
+  [ -z "$pools" ] && [ ! -f "$ETC/pools.yaml" ] || args="$args --pools /etc/runplane/pools.yaml"
+  line="RUNPLANE_SERVE_ARGS=$args"
   say "writing $ENV_FILE"
   text="# runplane serve's options (runplane serve --help); RUNPLANE_AGENT_* lines reach its agents
 $line"
@@ -129,16 +161,20 @@ $line"
     (umask 077 && printf '%s\n' "$text" >"$ENV_FILE")
   fi
 elif [ -n "$listen$pools" ]; then
-  say "setting $line in $ENV_FILE"
-  run sed -i "s|^RUNPLANE_SERVE_ARGS=.*|$line|" "$ENV_FILE"
+  before=$(sed -n 's/^RUNPLANE_SERVE_ARGS=//p' "$ENV_FILE" | tail -n 1)
+  args=$(replaced "$before")
+  line="RUNPLANE_SERVE_ARGS=$args"
+  say "setting $line in $ENV_FILE (was: RUNPLANE_SERVE_ARGS=$before)"
+  run sed -i "s|^RUNPLANE_SERVE_ARGS=.*|$(printf '%s' "$line" | sed 's/[\\|&]/\\&/g')|" "$ENV_FILE"
 else
+  args=$(sed -n 's/^RUNPLANE_SERVE_ARGS=//p' "$ENV_FILE" | tail -n 1)
   say "keeping $ENV_FILE"
 fi
 if [ -f "$ENV_FILE" ] && [ "$(stat -c %a "$ENV_FILE")" != 600 ]; then
   run chmod 0600 "$ENV_FILE" # an older install's, 0644
 fi
-case ${listen:-127.0.0.1} in
-  127.* | "[::1]:"* | localhost:*) ;;
+case ${listen:-127.0.0.1}/$args in
+  127.* | "[::1]:"* | localhost:* | *--tls-cert* | *--insecure-http*) ;;
   *) say "warning: --listen $listen is not loopback: add --tls-cert FILE --tls-key FILE to RUNPLANE_SERVE_ARGS in $ENV_FILE (or --insecure-http, tokens in clear), else the service refuses to start" ;;
 esac
 
@@ -156,7 +192,7 @@ run systemctl enable runplane.service
 if [ $first -eq 1 ]; then
   # the operator's way in, printed here rather than into the service's journal
   run install -d -m 0700 "$STATE"
-  say "the admin token (shown only now; \`runplane token create --direct --state-dir /var/lib/runplane\` makes more):"
+  say "the admin token (shown only now; \`runplane token create --direct --state-dir /var/lib/runplane --scope admin NAME\` makes another admin's, without --scope admin a user's):"
   run "$VENV/bin/runplane" token create --direct --state-dir "$STATE" --init --scope admin admin
 fi
 if [ $START -eq 1 ]; then

@@ -88,6 +88,7 @@ def test_a_dry_run_into_a_root_says_what_it_installs_and_changes_nothing(tmp_pat
 
     assert list(root.iterdir()) == []
     assert f"+ python3 -m venv {root}/opt/runplane" in said
+    assert f"+ ln -sfn {BINARY} {root}/usr/local/bin/runplane" in said  # on sudo's PATH
     assert f"-m pip install -q --disable-pip-version-check --upgrade {ROOT}\\[local\\]" in said  # this checkout
     assert f"{UNIT} {root}/etc/systemd/system/runplane.service" in said
     assert f"{pools} {root}/etc/runplane/pools.yaml" in said
@@ -109,6 +110,67 @@ def test_a_second_run_keeps_the_settings_unless_told_and_installs_a_version_with
     assert "--upgrade runplane\\[local\\]==0.2.0" in said
     said = dry_run(tmp_path, "--listen", "0.0.0.0:8080")
     assert "sed -i s\\|\\^RUNPLANE_SERVE_ARGS=.\\*\\|RUNPLANE_SERVE_ARGS=--listen\\ 0.0.0.0:8080\\|" in said
+
+
+def test_a_second_run_given_pools_keeps_the_other_options_and_the_link(tmp_path):
+    env = tmp_path / "etc" / "runplane" / "serve.env"
+    env.parent.mkdir(parents=True)
+    kept = (
+        "--listen 0.0.0.0:8443 --tls-cert /etc/runplane/a&b.pem --tls-key /etc/runplane/key.pem "
+        "--public-url=https://gpu1.lab:8443"
+    )
+    env.write_text(f"# the lab's\nRUNPLANE_SERVE_ARGS={kept}\n")
+    env.chmod(0o600)
+    (tmp_path / "usr" / "local" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "local" / "bin" / "runplane").symlink_to(BINARY)
+    pools = tmp_path / "new.yaml"
+    pools.write_text("pools: []\n")
+
+    said = dry_run(tmp_path, "--pools", str(pools))
+
+    assert " ln " not in said  # the link is there already
+    (command,) = [line for line in said.splitlines() if line.startswith("+ sed -i ")]
+    script = subprocess.run(
+        ["bash", "-c", f"printf %s {command.removeprefix('+ sed -i ').rsplit(' ', 1)[0]}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    subprocess.run(["sed", "-i", script, str(env)], check=True)  # what it would do, done on the file
+    assert env.read_text() == f"# the lab's\nRUNPLANE_SERVE_ARGS={kept} --pools /etc/runplane/pools.yaml\n"
+    assert f"(was: RUNPLANE_SERVE_ARGS={kept})" in said
+    assert "is not loopback" not in said  # it has TLS
+
+    env.write_text(f"RUNPLANE_SERVE_ARGS={kept} --pools /etc/runplane/pools.yaml\n")
+    said = dry_run(tmp_path, "--listen", "10.0.0.5:443")
+    assert (
+        f"RUNPLANE_SERVE_ARGS={kept.replace('0.0.0.0:8443', '10.0.0.5:443')} --pools /etc/runplane/pools.yaml in"
+        in said
+    )
+
+
+def test_a_binary_of_another_runplane_in_usr_local_bin_is_left_alone(tmp_path):
+    (tmp_path / "usr" / "local" / "bin").mkdir(parents=True)
+    (tmp_path / "usr" / "local" / "bin" / "runplane").write_text("#!/bin/sh\n")
+    said = dry_run(tmp_path)
+    assert " ln " not in said and f"{tmp_path}/usr/local/bin/runplane is not runplane's link: left as it is" in said
+
+
+@pytest.mark.skipif(os.path.exists("/var/lib/runplane/state.db"), reason="this machine has a runplane service")
+def test_the_first_installs_hint_for_more_tokens_works(tmp_path):
+    """The installer's hint for more admin tokens, run as printed (on a state directory of the test's)."""
+    proc = subprocess.run(["bash", str(INSTALL), "--dry-run", "--no-start"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (hint,) = [line for line in proc.stdout.splitlines() if "makes another admin's" in line]
+    command = hint.split("`")[1].replace("/var/lib/runplane", str(tmp_path / "state")).replace("NAME", "bob")
+    runplane = str(ROOT / ".venv" / "bin" / "runplane")
+    first = [runplane, "token", "create", "--direct", "--state-dir", str(tmp_path / "state"), "--init", "admin"]
+    subprocess.run(first, capture_output=True, check=True, timeout=120)
+
+    made = subprocess.run([runplane, *command.split()[1:]], capture_output=True, text=True, timeout=120)
+
+    assert made.returncode == 0, made.stderr
+    assert "rp_" in made.stdout
 
 
 @pytest.mark.parametrize(
