@@ -35,7 +35,8 @@ STATE_DIR = Annotated[
     Path,
     typer.Option(
         "--state-dir",
-        help="the stack's directory (made 0700): its database state.db, its objects, its agents' work dirs",
+        help="the stack's directory (made 0700): its database state.db, its objects, its agents' work dirs; a new "
+        "or empty directory, or one holding a stack's state",
     ),
 ]
 
