@@ -18,6 +18,7 @@ from rich.text import Text
 from runplane.adapters.local.db import DB_FILE, state_path
 from runplane.api.tenancy_models import TokenCreated, UserView
 from runplane.cli.common import CliError, cell, client, dumps, err, out, print_json
+from runplane.devstack.state_dir import check_not_foreign
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
 USER = Annotated[str, typer.Argument(metavar="USER", help="the user")]
@@ -155,6 +156,10 @@ def _check_database(state_dir: str, *, init: bool) -> None:
         if not os.access(root, os.R_OK | os.W_OK | os.X_OK):
             raise CliError(denied)
         if not database.exists() and init:
+            try:
+                check_not_foreign(root)  # a mistyped path (/etc) is neither written in nor made 0700
+            except ValueError as e:
+                raise CliError(str(e)) from None
             return
         if not database.is_file():
             raise CliError(f"{root} holds no runplane database ({DB_FILE}): {hint}")

@@ -14,7 +14,16 @@ from pathlib import Path
 from runplane.adapters.local.db import DB_FILE, OBJECTS_DIR
 from worker_agent.workdir import parse_mountinfo, read_mountinfo, sweep_dead
 
-__all__ = ["ADMIN_TOKEN_PATH", "LOCK_FILE", "STATE_ENTRIES", "StateLock", "check_stack_dir", "empty", "private_dir"]
+__all__ = [
+    "ADMIN_TOKEN_PATH",
+    "LOCK_FILE",
+    "STATE_ENTRIES",
+    "StateLock",
+    "check_not_foreign",
+    "check_stack_dir",
+    "empty",
+    "private_dir",
+]
 
 ADMIN_TOKEN_PATH = "admin-token"  # noqa: S105 (a file name)
 """In a stack's directory (0600): the administrator's token ``runplane dev`` prints, kept for its next start."""
@@ -127,17 +136,15 @@ def empty(state_dir: Path) -> None:
             entry.unlink()
 
 
-def private_dir(path: Path) -> None:
-    """Make the stack's directory ``path`` 0700 (its missing parents as the umask makes them, never
-    changed), or take the one there when it is empty or holds only what a stack keeps (made 0700 in
-    turn). Raises ValueError, changing and writing nothing, for a directory that holds anything
-    else: another one given by mistake (``/etc``, ``/var/lib``), whose modes its other users need."""
+def check_not_foreign(path: Path) -> None:
+    """Raise ValueError when ``path`` is a directory holding what no stack keeps: another one given
+    by mistake (``/etc``, ``/var/lib``), whose modes its other users need; nothing may be written or
+    changed there. A missing directory passes."""
     try:
         with os.scandir(path) as entries:
             strange = sorted(entry.name for entry in entries if entry.name not in STATE_ENTRIES)
     except FileNotFoundError:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        strange = []
+        return
     except OSError as e:
         raise ValueError(f"state directory {path}: {e.strerror}") from None
     if strange:
@@ -145,5 +152,14 @@ def private_dir(path: Path) -> None:
             f"{path} is not a runplane stack's directory (it holds {', '.join(strange[:5])}): nothing written "
             "there; choose a new or empty state dir"
         )
+
+
+def private_dir(path: Path) -> None:
+    """Make the stack's directory ``path`` 0700 (its missing parents as the umask makes them, never
+    changed), or take the one there when it is empty or holds only what a stack keeps (made 0700 in
+    turn). Raises ValueError, changing and writing nothing, for a directory that holds anything
+    else (``check_not_foreign``)."""
+    check_not_foreign(path)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
     if path.stat().st_mode & 0o077:
         path.chmod(0o700)

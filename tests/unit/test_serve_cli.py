@@ -136,21 +136,26 @@ def snapshot(path: Path) -> dict[str, int]:
     return {str(p.relative_to(path)): stat.S_IMODE(p.lstat().st_mode) for p in [path, *path.rglob("*")]}
 
 
-@pytest.mark.parametrize("command", ["serve", "dev"])
+@pytest.mark.parametrize("command", ["serve", "dev", "token"])
 def test_a_directory_holding_other_files_is_refused_and_left_as_it_was(tmp_path, capsys, busy_port, command):
     """A mistyped --state-dir (/etc, /var/lib) is neither made 0700 nor written in (no lock file
-    either); the busy port would fail a start that got past the directory."""
+    either), by serve, dev or the installer's first token; the busy port would fail a start that got
+    past the directory."""
     parent = tmp_path / "etc"
-    foreign = parent if command == "serve" else parent / str(busy_port)  # dev keeps its stack in DIR/PORT
+    foreign = parent / str(busy_port) if command == "dev" else parent  # dev keeps its stack in DIR/PORT
     foreign.mkdir(parents=True)
     (foreign / "passwd").write_text("root:x:0:0\n")
     (foreign / "ssl").mkdir()
     for path in (parent, foreign):
         path.chmod(0o755)
     before = snapshot(parent)
-    where = ["--listen", f"127.0.0.1:{busy_port}"] if command == "serve" else ["--port", str(busy_port)]
+    where = {
+        "serve": ["serve", "--listen", f"127.0.0.1:{busy_port}"],
+        "dev": ["dev", "--port", str(busy_port)],
+        "token": ["token", "create", "--direct", "--init", "--scope", "admin", "admin"],
+    }[command]
 
-    code = run_cli([command, "--state-dir", str(parent), *where])
+    code = run_cli([*where, "--state-dir", str(parent)])
 
     err = capsys.readouterr().err
     assert code == ExitCode.USAGE
