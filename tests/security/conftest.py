@@ -1,6 +1,7 @@
-"""The hostile second user's tests run against the real local stacks: each case on both clouds'
-fronts (the Lambda handler behind API Gateway v2 events on moto, and the Azure HTTP function on
-Azurite), with the users of ``tests.conftest.register_users``."""
+"""The hostile second user's tests run against the real local stacks: each case on two fronts (the
+embedded default, `runplane dev` on SQLite and files, and the Azure HTTP function on Azurite), with
+the users of ``tests.conftest.register_users``. The Lambda handler behind API Gateway v2 events is
+fuzzed on moto (test_fuzz.py) and driven by ``own_front`` and the e2e suite's ``aws_devstack``."""
 
 import json
 import time
@@ -16,9 +17,9 @@ from runplane.services.auth import register_token
 from tests.security.api_instance import caller
 
 
-@pytest.fixture(scope="module", params=["aws", "azure"])
+@pytest.fixture(scope="module", params=["local", "azure"])
 def front(request):
-    return request.getfixturevalue("devstack" if request.param == "aws" else "azure_devstack")
+    return request.getfixturevalue("devstack" if request.param == "local" else "azure_devstack")
 
 
 @pytest.fixture(scope="module")

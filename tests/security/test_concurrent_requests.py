@@ -51,7 +51,7 @@ def test_interleaved_requests_of_two_users_each_see_only_their_own(front):
             client.request("POST", f"/v1/runs/{r['id']}/kill")
 
 
-@pytest.mark.parametrize("front", ["aws"], indirect=True)
+@pytest.mark.parametrize("front", ["local"], indirect=True)
 def test_the_local_front_serves_requests_side_by_side(front, monkeypatch):
     """Two requests are inside the API at once (each waits for the other at the token check): a
     front that served one at a time would answer neither in time."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runplane.bootstrap import azure_names, build_stack, make_ports
+from runplane.bootstrap import build_stack, make_ports
 from runplane.client import Client, LastAdminToken
 from runplane.client.errors import error_from_answer
 from runplane.devstack.process import DevStackProcess
@@ -32,7 +32,11 @@ def _stack_of(front):
     config = front.config
     if config.cloud == "local":
         settings = StackSettings(
-            cloud="local", state_dir=str(front.state_dir), public_url=front.public_url, pools=config.pools_file
+            cloud="local",
+            prefix=config.prefix,
+            state_dir=str(front.state_dir),
+            public_url=front.public_url,
+            pools=config.pools_file,
         )
     elif config.cloud == "aws":
         settings = StackSettings(
@@ -49,8 +53,7 @@ def _stack_of(front):
 
 
 def own_bucket(front):
-    stack = _stack_of(front)
-    return stack.data_bucket if front.config.cloud == "aws" else azure_names(stack.settings).container
+    return _stack_of(front).data_bucket
 
 
 # ---- users, groups, tokens ---------------------------------------------------------------
