@@ -110,16 +110,18 @@ class _Watcher:
                 gone: set[int] = set()
                 for wd, mask, name in _events(data):
                     if mask & _IN_Q_OVERFLOW:
-                        hit.update(self.watches)  # events were lost: wake them all
+                        with self.lock:
+                            hit.update(self.watches)  # events were lost: wake them all
                     elif mask & _IN_IGNORED:
                         gone.add(wd)  # the directory went: wake its waiters, a later wait watches again
                     elif (entry := self.watches.get(wd)) is not None and name == entry[0]:
                         hit.add(wd)
                 self._call(hit | gone, drop=gone)
-        except OSError:  # the instance broke: every waiter polls from now on
+        except Exception:  # the instance broke (or this thread did): every waiter polls from now on
             with self.lock:
                 self.failed = True
-            self._call(set(self.watches))
+                wds = set(self.watches)
+            self._call(wds)
             with contextlib.suppress(OSError):
                 os.close(fd)
 
