@@ -31,6 +31,10 @@ HOLD_SECONDS = 10
 # How many runs at the front of its pool's line a worker looks at when a hint comes: it starts the
 # first of them it can take, which may be ahead of the hinted run (docs/scheduling.md).
 PICK_WINDOW = 8
+# How long a hinted run that does not fit now waits for the room that runs over here hold until
+# their files are removed, before its hint goes back: well within HOLD_SECONDS, so that no other
+# worker gets the hint meanwhile.
+LEAVING_WAIT_SECONDS = HOLD_SECONDS / 2
 
 
 class ClaimLater(Exception):
@@ -101,11 +105,15 @@ class Intake:
             return
         res = run.spec.resources
         never = self.slots.allocator.fits_at_all(res.cpus, res.gpus, res.memory, res.disk)
-        allocation = None if never else self.slots.allocator.allocate(run.id, res.cpus, res.gpus, res.memory, res.disk)
+        # room that runs over here still hold while their files go comes back in a moment: wait for it
+        allocation = None if never else self.slots.allocator.allocate_or_wait(
+            run.id, res.cpus, res.gpus, res.memory, res.disk, timeout=LEAVING_WAIT_SECONDS, stop=self.slots.stopping
+        )  # fmt: skip
         if allocation is None:
             # not now (or never) on this worker: back to the queue for another worker or later
             log.info("run %s does not fit this worker %s", run.id, never or "right now")
-            self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
+            delay = 0 if self.slots.stopping.is_set() else RELEASE_DELAY_SECONDS
+            self.ports.queue.release(self.config.pool, delivery, delay)
             return
         try:
             admitted = self._admit(run, delivery)

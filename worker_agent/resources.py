@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -166,6 +167,10 @@ def select_gpus(detected: Sequence[Gpu], gpuset: Sequence[str] | None) -> list[G
     return chosen
 
 
+# how often a wait for room that runs over still hold looks whether the worker is stopping
+STOP_CHECK_SECONDS = 0.5
+
+
 @dataclass(frozen=True)
 class Allocation:
     """What one run holds on this worker, given back whole by ``Allocator.release``."""
@@ -195,6 +200,11 @@ class Allocator:
     disk: int = 0
     _used: dict[str, Allocation] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _leaving: set[str] = field(default_factory=set)  # names of what runs over hold until their files go
+    _released: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._released = threading.Condition(self._lock)
 
     def fits_at_all(self, cpus: float, gpus: int, memory: int | None = None, disk: int | None = None) -> str | None:
         """Why a run could never fit this worker, or None."""
@@ -214,32 +224,77 @@ class Allocator:
         """Reserve cores, GPUs, memory and disk for ``run_id``; None if not enough is free right
         now. A run that asks no memory or disk (a record written before they were filled in)
         sets none aside."""
+        with self._lock:
+            return self._allocate(run_id, cpus, gpus, memory, disk)
+
+    def allocate_or_wait(
+        self,
+        run_id: str,
+        cpus: float,
+        gpus: int,
+        memory: int | None,
+        disk: int | None,
+        *,
+        timeout: float,
+        stop: threading.Event,
+    ) -> Allocation | None:
+        """``allocate``; when it does not fit now but would once the runs that are over here give
+        back what they still hold (their files being removed), wait for that, at most ``timeout``
+        seconds and not past ``stop``. None when it still does not fit."""
+        deadline = time.monotonic() + timeout
+        with self._released:
+            while True:
+                allocation = self._allocate(run_id, cpus, gpus, memory, disk)
+                left = deadline - time.monotonic()
+                if allocation is not None or left <= 0 or stop.is_set():
+                    return allocation
+                if self._allocate(run_id, cpus, gpus, memory, disk, ignoring=self._leaving, reserve=False) is None:
+                    return None  # what is leaving would not make room: no use waiting
+                self._released.wait(min(left, STOP_CHECK_SECONDS))
+
+    def _allocate(
+        self,
+        run_id: str,
+        cpus: float,
+        gpus: int,
+        memory: int | None,
+        disk: int | None,
+        *,
+        ignoring: set[str] | frozenset[str] = frozenset(),
+        reserve: bool = True,
+    ) -> Allocation | None:
+        """``allocate`` under the lock, counting free what ``ignoring`` holds; ``reserve`` False
+        only says whether it would fit."""
         need_cpus = max(1, math.ceil(cpus))
         need_memory = (memory or 0) if self.memory else 0
         need_disk = (disk or 0) if self.disk else 0
-        with self._lock:
-            used_cpus = {c for a in self._used.values() for c in a.cpus}
-            used_gpus = {g.uuid for a in self._used.values() for g in a.gpus}
-            free_cpus = [c for c in self.cpus if c not in used_cpus]
-            free_gpus = [g for g in self.gpus if g.uuid not in used_gpus]
-            if len(free_cpus) < need_cpus or len(free_gpus) < gpus:
-                return None
-            if need_memory > self.memory - sum(a.memory for a in self._used.values()):
-                return None
-            if need_disk > self.disk - sum(a.disk for a in self._used.values()):
-                return None
-            allocation = Allocation(tuple(free_cpus[:need_cpus]), tuple(free_gpus[:gpus]), need_memory, need_disk)
+        used = [a for name, a in self._used.items() if name not in ignoring]
+        used_cpus = {c for a in used for c in a.cpus}
+        used_gpus = {g.uuid for a in used for g in a.gpus}
+        free_cpus = [c for c in self.cpus if c not in used_cpus]
+        free_gpus = [g for g in self.gpus if g.uuid not in used_gpus]
+        if len(free_cpus) < need_cpus or len(free_gpus) < gpus:
+            return None
+        if need_memory > self.memory - sum(a.memory for a in used):
+            return None
+        if need_disk > self.disk - sum(a.disk for a in used):
+            return None
+        allocation = Allocation(tuple(free_cpus[:need_cpus]), tuple(free_gpus[:gpus]), need_memory, need_disk)
+        if reserve:
             self._used[run_id] = allocation
-            return allocation
+        return allocation
 
     def release(self, run_id: str, *, keep_disk_as: str | None = None) -> None:
         """Give back all that ``run_id`` holds (nothing if it holds nothing); with
         ``keep_disk_as``, all but its disk, which stays set aside under that name until that is
         released in turn (the run's files are still there)."""
-        with self._lock:
+        with self._released:
             held = self._used.pop(run_id, None)
+            self._leaving.discard(run_id)
             if keep_disk_as is not None and held is not None and held.disk:
                 self._used[keep_disk_as] = Allocation((), (), disk=held.disk)
+                self._leaving.add(keep_disk_as)
+            self._released.notify_all()
 
     def free(self) -> tuple[int, int]:
         with self._lock:
