@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -19,8 +18,7 @@ from pydantic import BaseModel
 
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.records import record
-from runplane.domain.common import RUN_ID_PATTERN
-from runplane.domain.cursors import decode_cursor
+from runplane.domain.cursors import listing_position
 from runplane.domain.errors import BackendError, BadRequest, ConditionFailed
 
 log = logging.getLogger(__name__)
@@ -135,25 +133,8 @@ def key_cursor(key: dict[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(from_item(key)).encode()).decode()
 
 
-_CURSOR_ID = re.compile(RUN_ID_PATTERN)
-
-
 def start_key(cursor: str, key_attr: str, key_value: str) -> dict[str, Any]:
     """The start key a cursor holds, checked to be one of this very listing (same index, same
     partition): anything else is a BadRequest, never a query DynamoDB would refuse."""
-    try:
-        data = decode_cursor(cursor)  # NaN and Infinity fail the range check
-        if (
-            not isinstance(data, dict)
-            or set(data) != {"id", key_attr, "created_at"}
-            or not isinstance(data["id"], str)
-            or not _CURSOR_ID.fullmatch(data["id"])
-            or data[key_attr] != key_value
-            or isinstance(data["created_at"], bool)
-            or not isinstance(data["created_at"], int | float)
-            or not 0 <= data["created_at"] < 1e11
-        ):
-            raise TypeError
-        return {k: to_dynamo(v) for k, v in data.items()}
-    except (ValueError, TypeError) as e:
-        raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+    created_at, item_id = listing_position(cursor, key_attr, key_value)
+    return {"id": to_dynamo(item_id), key_attr: to_dynamo(key_value), "created_at": to_dynamo(created_at)}

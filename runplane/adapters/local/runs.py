@@ -30,22 +30,20 @@ from __future__ import annotations
 
 import builtins
 import json
-import re
 import sqlite3
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from runplane.adapters.local.db import Database
 from runplane.adapters.records import check_changes, jsonable, record, written_json
-from runplane.domain.common import RUN_ID_PATTERN
-from runplane.domain.cursors import decode_cursor, encode_cursor
-from runplane.domain.errors import AlreadyExists, BadRequest, ConditionFailed, Conflict, NotFound
+from runplane.domain.cursors import listing_cursor, listing_position
+from runplane.domain.errors import AlreadyExists, ConditionFailed, Conflict, NotFound
 from runplane.domain.records import add_event, bound_changes
 from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, rank_prefix, run_rank
 from runplane.domain.states import RunState
 from runplane.ports import LIST_BUDGET, Expect, Page
 
-__all__ = ["DDL", "SqliteRunStore", "position"]
+__all__ = ["DDL", "SqliteRunStore"]
 
 DDL = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -62,33 +60,6 @@ CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner, created_at, id, state, 
 CREATE INDEX IF NOT EXISTS runs_by_listing ON runs (queue, listed, created_at, id);
 CREATE INDEX IF NOT EXISTS runs_by_rank ON runs (queue, listed, rank);
 """
-
-_CURSOR_ID = re.compile(RUN_ID_PATTERN)
-
-
-def position(cursor: str, key_attr: str, key_value: str) -> tuple[float, str]:
-    """The ``(created_at, id)`` a listing's cursor continues after, checked to be one of this very
-    listing (``key_attr`` naming the same ``key_value``): anything else is a BadRequest."""
-    try:
-        data = decode_cursor(cursor)  # NaN and Infinity fail the range check
-        if (
-            not isinstance(data, dict)
-            or set(data) != {"id", key_attr, "created_at"}
-            or not isinstance(data["id"], str)
-            or not _CURSOR_ID.fullmatch(data["id"])
-            or data[key_attr] != key_value
-            or isinstance(data["created_at"], bool)
-            or not isinstance(data["created_at"], int | float)
-            or not 0 <= data["created_at"] < 1e11
-        ):
-            raise TypeError
-    except (ValueError, TypeError) as e:
-        raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
-    return float(data["created_at"]), data["id"]
-
-
-def make_cursor(key_attr: str, key_value: str, created_at: float, item_id: str) -> str:
-    return encode_cursor({"id": item_id, key_attr: key_value, "created_at": created_at})
 
 
 def _qs(queue: str, listed: str) -> str:
@@ -205,26 +176,26 @@ class SqliteRunStore:
     ) -> Page:
         limit = max(1, limit)
         if owner is not None:
-            after = position(cursor, "owner", owner) if cursor else _FAR
+            after = listing_position(cursor, "owner", owner) if cursor else _FAR
             if state is None and queue is None:
                 return self._page(
                     "SELECT data FROM runs WHERE owner = ? AND (created_at, id) < (?, ?)"
                     " ORDER BY created_at DESC, id DESC LIMIT ?",
                     (owner, *after, limit + 1),
                     limit,
-                    lambda run: make_cursor("owner", owner, run.created_at, run.id),
+                    lambda run: listing_cursor("owner", owner, run.created_at, run.id),
                 )
             return self._filtered(owner, queue, None if state is None else str(state), limit, after)
         if queue is None or state is None:
             raise ValueError("list needs an owner, or a queue and a state")
         qs = _qs(queue, str(state))
-        after = position(cursor, "qs", qs) if cursor else _FAR
+        after = listing_position(cursor, "qs", qs) if cursor else _FAR
         return self._page(
             "SELECT data FROM runs WHERE queue = ? AND listed = ? AND (created_at, id) < (?, ?)"
             " ORDER BY created_at DESC, id DESC LIMIT ?",
             (queue, str(state), *after, limit + 1),
             limit,
-            lambda run: make_cursor("qs", qs, run.created_at, run.id),
+            lambda run: listing_cursor("qs", qs, run.created_at, run.id),
         )
 
     def _page(self, query: str, args: tuple[Any, ...], limit: int, cursor_of: Callable[[Run], str]) -> Page:
@@ -255,12 +226,12 @@ class SqliteRunStore:
                     stop = (created_at, run_id) if len(rows) > examined else None
                     break
             runs = [found for run_id in kept if (found := self._read(c, run_id)) is not None]
-        return Page(runs, make_cursor("owner", owner, *stop) if stop is not None else None)
+        return Page(runs, listing_cursor("owner", owner, *stop) if stop is not None else None)
 
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
         if owner is not None:
-            return make_cursor("owner", owner, run.created_at, run.id)
-        return make_cursor("qs", _qs(run.queue, listed_state(run)), run.created_at, run.id)
+            return listing_cursor("owner", owner, run.created_at, run.id)
+        return listing_cursor("qs", _qs(run.queue, listed_state(run)), run.created_at, run.id)
 
     def head(self, queue: str, limit: int, priority: int | None = None) -> builtins.list[Run]:
         if limit <= 0:

@@ -13,8 +13,8 @@ import builtins
 import sqlite3
 
 from runplane.adapters.local.db import Database
-from runplane.adapters.local.runs import make_cursor, position
 from runplane.adapters.records import record, written_json
+from runplane.domain.cursors import listing_cursor, listing_position
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound, PayloadTooLarge
 from runplane.domain.sweeps import Sweep
 
@@ -99,7 +99,7 @@ class SqliteSweepStore:
     def list(self, owner: str, limit: int = 50, cursor: str | None = None) -> tuple[builtins.list[Sweep], str | None]:
         limit = max(1, limit)
         key = _owner_key(owner)
-        after = position(cursor, "owner", key) if cursor else (1e11, "")
+        after = listing_position(cursor, "owner", key) if cursor else (1e11, "")
         with self.db.errors("list sweeps"):
             rows = (
                 self.db.connection()
@@ -116,7 +116,7 @@ class SqliteSweepStore:
         return sweeps, self.cursor_after(sweeps[-1])
 
     def cursor_after(self, sweep: Sweep) -> str:
-        return make_cursor("owner", _owner_key(sweep.owner), sweep.created_at, sweep.id)
+        return listing_cursor("owner", _owner_key(sweep.owner), sweep.created_at, sweep.id)
 
     def unfinished(self, limit: int = 100, after: tuple[float, str] | None = None) -> builtins.list[Sweep]:
         start = after if after is not None else (-1.0, "")
