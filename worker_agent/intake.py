@@ -96,6 +96,16 @@ class Intake:
                      run.attempt + 1)  # fmt: skip
             self.ports.queue.release(self.config.pool, delivery, RELEASE_DELAY_SECONDS)
             return
+        if not self.refuses(run):
+            # room that runs over here still hold while their files go comes back in a moment: wait
+            # for it, so that the run first in line (this one or one ahead of it) starts now, not later
+            res = run.spec.resources
+            self.slots.allocator.wait_for_leaving(
+                res.cpus, res.gpus, res.memory, res.disk, timeout=LEAVING_WAIT_SECONDS, stop=self.slots.stopping
+            )
+            if self.slots.stopping.is_set():  # told to stop meanwhile: for another worker, now
+                self.ports.queue.release(self.config.pool, delivery, 0)
+                return
         if self._take_ahead_of(run, delivery, received):
             return
         not_ours = self.refuses(run)
@@ -105,10 +115,7 @@ class Intake:
             return
         res = run.spec.resources
         never = self.slots.allocator.fits_at_all(res.cpus, res.gpus, res.memory, res.disk)
-        # room that runs over here still hold while their files go comes back in a moment: wait for it
-        allocation = None if never else self.slots.allocator.allocate_or_wait(
-            run.id, res.cpus, res.gpus, res.memory, res.disk, timeout=LEAVING_WAIT_SECONDS, stop=self.slots.stopping
-        )  # fmt: skip
+        allocation = None if never else self.slots.allocator.allocate(run.id, res.cpus, res.gpus, res.memory, res.disk)
         if allocation is None:
             # not now (or never) on this worker: back to the queue for another worker or later
             log.info("run %s does not fit this worker %s", run.id, never or "right now")

@@ -227,29 +227,21 @@ class Allocator:
         with self._lock:
             return self._allocate(run_id, cpus, gpus, memory, disk)
 
-    def allocate_or_wait(
-        self,
-        run_id: str,
-        cpus: float,
-        gpus: int,
-        memory: int | None,
-        disk: int | None,
-        *,
-        timeout: float,
-        stop: threading.Event,
-    ) -> Allocation | None:
-        """``allocate``; when it does not fit now but would once the runs that are over here give
-        back what they still hold (their files being removed), wait for that, at most ``timeout``
-        seconds and not past ``stop``. None when it still does not fit."""
+    def wait_for_leaving(
+        self, cpus: float, gpus: int, memory: int | None, disk: int | None, *, timeout: float, stop: threading.Event
+    ) -> None:
+        """When a run does not fit now but would once the runs that are over here give back what
+        they still hold (their files being removed), wait for that: at most ``timeout`` seconds,
+        and not past ``stop``. Reserves nothing."""
         deadline = time.monotonic() + timeout
         with self._released:
-            while True:
-                allocation = self._allocate(run_id, cpus, gpus, memory, disk)
+            while not stop.is_set() and self._allocate("", cpus, gpus, memory, disk, reserve=False) is None:
                 left = deadline - time.monotonic()
-                if allocation is not None or left <= 0 or stop.is_set():
-                    return allocation
-                if self._allocate(run_id, cpus, gpus, memory, disk, ignoring=self._leaving, reserve=False) is None:
-                    return None  # what is leaving would not make room: no use waiting
+                if (
+                    left <= 0
+                    or self._allocate("", cpus, gpus, memory, disk, ignoring=self._leaving, reserve=False) is None
+                ):
+                    return  # waited long enough, or what is leaving would not make room
                 self._released.wait(min(left, STOP_CHECK_SECONDS))
 
     def _allocate(

@@ -112,23 +112,25 @@ def test_allocator_leaves_uncounted_what_it_was_not_given():
 
 
 def test_allocator_waits_only_for_the_room_runs_that_are_over_still_hold():
-    """A run that fits once the runs over here give back the disk their files hold is given its
-    room as soon as they do; one that would not fit even then, or a worker stopping, does not wait."""
+    """A run that fits once the runs over here give back the disk their files hold waits until
+    they do; one that would not fit even then, or a worker stopping, does not wait."""
     g = 2**30
     alloc = Allocator(cpus=[0, 1], disk=2 * g)
     never = threading.Event()
     assert alloc.allocate("r1", cpus=1, gpus=0, disk=2 * g) is not None
     alloc.release("r1", keep_disk_as="r1 leaving")  # its cores back, its disk while its files go
     assert alloc.allocate("busy", cpus=2, gpus=0) is not None  # both cores: busy, not leaving
-    # the busy run holds the cores, and is not leaving: no use waiting (else 60 s)
-    assert alloc.allocate_or_wait("r2", 1, 0, None, g, timeout=60, stop=never) is None
+    alloc.wait_for_leaving(1, 0, None, g, timeout=60, stop=never)  # no use waiting (else 60 s)
+    assert alloc.free_bytes() == (0, 0)
     alloc.release("busy")
     stop = threading.Event()
     stop.set()
-    assert alloc.allocate_or_wait("r2", 1, 0, None, g, timeout=60, stop=stop) is None  # stopping: no wait
+    alloc.wait_for_leaving(1, 0, None, g, timeout=60, stop=stop)  # stopping: no wait
+    assert alloc.free_bytes() == (0, 0)
     threading.Timer(0.2, alloc.release, ("r1 leaving",)).start()
-    got = alloc.allocate_or_wait("r2", 1, 0, None, g, timeout=60, stop=never)
-    assert got is not None and got.disk == g and alloc.free_bytes() == (0, g)
+    alloc.wait_for_leaving(1, 0, None, g, timeout=60, stop=never)
+    assert alloc.free_bytes() == (0, 2 * g)  # back, and nothing reserved by the wait
+    assert alloc.allocate("r2", cpus=1, gpus=0, disk=g) is not None
 
 
 def run(**resources):
