@@ -111,13 +111,13 @@ def test_a_restart_keeps_every_record_and_runs_what_was_queued_and_fresh_starts_
 def test_the_stack_directory_and_its_files_are_its_own(dev, tmp_path):
     stack = dev()
     client = Client(stack.api_url, stack.token)
-    run = client.submit("echo secret > out", name="private").wait(120)
+    run = client.submit("echo secret > out; echo logged", name="private").wait(120)
     assert run.state == RunState.SUCCEEDED, run.failure
     home = next((tmp_path / "dev").iterdir())
 
     assert stat.S_IMODE(home.stat().st_mode) == 0o700
     files = [home / "state.db", home / "admin-token", *(p for p in (home / "objects").rglob("*") if p.is_file())]
-    assert len(files) > 3, "no object was written: the check would miss them"
+    assert len(files) > 3, "no log or output was written: the check would miss them"
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
     for path in (p for p in (home / "objects").rglob("*") if p.is_dir()):
