@@ -1,7 +1,7 @@
 """A soak: many runs of mixed length on a few agents while agents, the dispatcher and the reaper are
 killed with SIGKILL at random and come back.
 
-The embedded local stack serves the API (moto's server in a process of its own); the dispatcher
+The embedded local stack serves the API (its default: SQLite and files, as `runplane dev` starts it); the dispatcher
 and the reaper run as processes of their own (``runplane.devstack.functions_process``), and
 ``--agents`` worker agents as processes this script starts (short leases: 3 s, heartbeats every
 second). ``--runs`` runs are submitted through the API, each ``sleep D; echo TOKEN > out.txt``
@@ -30,7 +30,6 @@ and kills), the counts by state and failure reason, the kills, the runs retried 
 attempt, and the checks, and exits 1 if a check failed.
 
     python bench/soak.py [--runs 1000] [--agents 4] [--kill-every 6] [--seed N] [--force-agent-kill]
-                         [--dynamodb dynalite|moto]
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import add_dynamodb_option, dev_stack, tables_on
+from _common import dev_stack
 
 IMAGE = "runplane/test-busybox:1"
 POOL = "soak"
@@ -373,9 +372,16 @@ def _check(report: Report, starts: collections.Counter[tuple[str, str]], say: Ca
 
 
 def _dead_letters(stack: Any) -> list[str]:
+    """The run ids of the messages the pool's queue set aside (the local queue's dead letters, or
+    SQS's dead-letter queue)."""
     from runplane.adapters.aws.sqs import dead_letter_queue_name, pool_queue_name
+    from runplane.adapters.local.queues import pool_queue
     from runplane.domain.messages import RunMessage
 
+    if stack.settings.cloud == "local":
+        return [
+            RunMessage.model_validate_json(body).run_id for body in stack.queue.dead_letters(pool_queue(POOL), 10000)
+        ]
     sqs = stack.queue.client
     url = sqs.get_queue_url(QueueName=dead_letter_queue_name(pool_queue_name(stack.settings.prefix, POOL)))["QueueUrl"]
     found = []
@@ -417,10 +423,8 @@ def main() -> int:
         action="store_true",
         help="kill an agent first while it runs a 3 s run, and fail unless some run was retried after it",
     )
-    add_dynamodb_option(parser)
     args = parser.parse_args()
-    with tables_on(args.dynamodb):
-        report = soak(args.runs, args.agents, args.kill_every, args.seed, force_agent_kill=args.force_agent_kill)
+    report = soak(args.runs, args.agents, args.kill_every, args.seed, force_agent_kill=args.force_agent_kill)
     for line in report.lines():
         print(line)
     print(f"RESULT soak: {'ok' if report.ok else 'FAILED'} (target: 0 lost, 0 doubled, 0 missing; seed {report.seed})")
