@@ -36,10 +36,12 @@ ends at the first commit to the database, seen within 30 ms, so a change is read
 CLOUD_INTERVAL = 0.5
 """Seconds between two reads on the clouds (one billed point read each), once a wait is older than
 its first few reads."""
-FIRST_INTERVAL = 0.05
-"""Seconds before a wait's first read again; each pause after it twice the one before, up to the
-interval: a change soon after a request (a warm run's next state) is seen within tens of
-milliseconds, and a 20 s wait still costs about 45 reads."""
+BRISK_INTERVAL = 0.05
+"""Seconds between two reads while a wait is younger than BRISK_SECONDS: a change soon after a
+request (a warm run's next state) is seen within tens of milliseconds."""
+BRISK_SECONDS = 1.0
+"""How long a wait reads at BRISK_INTERVAL before it slows to its interval; a 20 s wait on a cloud
+costs about 60 reads."""
 MAX_WAITING_PER_USER = 8
 """Waiting reads one user may hold at once in one process (a front's threads, an Azure worker's);
 one more is answered at once, unwaited, and its client reads again after its own pause, so no user
@@ -136,13 +138,13 @@ def _until_changed(
     with _WAITING.slot(user) as granted:
         deadline = ports.clock() + (min(max(wait, 0.0), MAX_WAIT_SECONDS) if granted else 0.0)
         every = interval(ports)
-        pause = min(FIRST_INTERVAL, every)
+        brisk_until = ports.clock() + BRISK_SECONDS
         while revision(current) == seen:
-            left = deadline - ports.clock()
+            now = ports.clock()
+            left = deadline - now
             if left <= 0:
                 break
-            ports.sleep(min(pause, left))
-            pause = min(pause * 2, every)
+            ports.sleep(min(BRISK_INTERVAL if now < brisk_until else every, every, left))
             current = read()
     return current
 
