@@ -40,6 +40,8 @@ def local_aws_env() -> None:
 free_port = stack_free_port  # one place picks a free loopback port
 DYNAMODB_ENDPOINT = "RUNPLANE_DYNAMODB_ENDPOINT_URL"
 """Where ``tables_on`` says the tables are; ``dev_stack`` hands it to its stack's settings."""
+_ON_AWS: list[bool] = []
+"""Set inside ``tables_on``: the stacks ``dev_stack`` starts there are the AWS local stack's."""
 
 
 def agent_pids() -> list[int]:
@@ -91,6 +93,8 @@ def dev_stack(
         pools_file = tmp / "pools.yaml"
         pools_file.write_text(pools_yaml)
         tables = os.environ.get(DYNAMODB_ENDPOINT)  # set by tables_on
+        if _ON_AWS:  # a benchmark of the cloud path (--dynamodb): the AWS local stack
+            config.setdefault("cloud", "aws")
         if tables:
             config["settings"] = {"dynamodb_endpoint_url": tables, **config.get("settings", {})}
         stack = DevStack(
@@ -156,17 +160,22 @@ def add_dynamodb_option(parser: Any) -> None:
 
 @contextlib.contextmanager
 def tables_on(where: str) -> Iterator[None]:
-    """With ``where`` "dynalite", the stacks started inside keep their DynamoDB tables on a
-    dynalite of their own (``RUNPLANE_DYNAMODB_ENDPOINT_URL``), their queues and bucket on moto."""
-    if where != "dynalite":
-        yield
-        return
-    with tempfile.TemporaryDirectory(prefix="runplane-bench-") as work, dynalite(Path(work)) as endpoint:
-        os.environ[DYNAMODB_ENDPOINT] = endpoint
-        try:
+    """The stacks ``dev_stack`` starts inside are the AWS local stack's (moto), not the embedded
+    default: with ``where`` "dynalite" they keep their DynamoDB tables on a dynalite of their own
+    (``RUNPLANE_DYNAMODB_ENDPOINT_URL``), their queues and bucket on moto; with "moto" all on moto."""
+    _ON_AWS.append(True)
+    try:
+        if where != "dynalite":
             yield
-        finally:
-            os.environ.pop(DYNAMODB_ENDPOINT, None)
+            return
+        with tempfile.TemporaryDirectory(prefix="runplane-bench-") as work, dynalite(Path(work)) as endpoint:
+            os.environ[DYNAMODB_ENDPOINT] = endpoint
+            try:
+                yield
+            finally:
+                os.environ.pop(DYNAMODB_ENDPOINT, None)
+    finally:
+        _ON_AWS.pop()
 
 
 def p90(samples: Sequence[float]) -> float:
