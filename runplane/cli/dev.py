@@ -7,7 +7,7 @@ import re
 import signal
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 from urllib.parse import quote
 
 import typer
@@ -15,6 +15,9 @@ import typer
 from runplane.cli.common import CliError, err
 from runplane.cli.runs import follow
 from runplane.client import Client
+
+if TYPE_CHECKING:
+    from runplane.devstack.stack import DevStack
 
 DEFAULT_STATE_DIR = Path("~/.runplane/dev")
 
@@ -103,19 +106,7 @@ def dev(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("runplane").setLevel(logging.INFO)
 
-    def on_term(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
-
-    signal.signal(signal.SIGTERM, on_term)
-    # SIGINT too, explicitly: a process started in the background of a script inherits SIGINT
-    # ignored, and Python then leaves it so; `kill -INT` must stop the stack all the same
-    signal.signal(signal.SIGINT, on_term)
-    try:
-        stack.start()
-    except OSError as e:
-        raise CliError(f"cannot start the local stack: {e}") from e
-    except ValueError as e:
-        raise CliError(str(e)) from e
+    start(stack, "the local stack")
     kept = "kept when it stops; --fresh starts empty"
     if stack.services.startswith("moto"):
         kept = "agents' records; moto keeps the runs in memory: they go when it stops"
@@ -151,6 +142,25 @@ def dev(
         err.print("stopping: killing the running runs (queued ones stay queued), then the agents…", highlight=False)
         stack.stop()
         err.print("stopped", highlight=False)
+
+
+def start(stack: DevStack, what: str) -> None:
+    """Start ``stack`` so that SIGTERM and SIGINT stop it like Ctrl-C (KeyboardInterrupt); what it
+    cannot start with is one line (CliError) naming ``what``."""
+
+    def on_term(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM (a service manager, `kill`) stops it like Ctrl-C
+
+    signal.signal(signal.SIGTERM, on_term)
+    # SIGINT too, explicitly: a process started in the background of a script inherits SIGINT
+    # ignored, and Python then leaves it so; `kill -INT` must stop the stack all the same
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        stack.start()
+    except OSError as e:
+        raise CliError(f"cannot start {what}: {e}") from e
+    except ValueError as e:
+        raise CliError(str(e)) from e
 
 
 def dashboard_link(api_url: str, token: str) -> str:

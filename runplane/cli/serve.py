@@ -21,7 +21,7 @@ import typer
 from runplane.adapters.local.backup import BackupError, backup
 from runplane.adapters.local.db import not_private
 from runplane.cli.common import CliError, err
-from runplane.cli.dev import dashboard_link
+from runplane.cli.dev import dashboard_link, start
 from runplane.domain.pools import load_pools
 
 DEFAULT_STATE_DIR = "/var/lib/runplane"
@@ -144,17 +144,7 @@ def serve(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("runplane").setLevel(logging.INFO)
 
-    def on_term(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt  # the service manager's SIGTERM stops it like Ctrl-C
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)  # also when started with SIGINT ignored (a script's background job)
-    try:
-        stack.start()
-    except OSError as e:
-        raise CliError(f"cannot start the service: {e}") from e
-    except ValueError as e:
-        raise CliError(str(e)) from e
+    start(stack, "the service")
     try:
         made = stack.token if given is None else None  # a token of the operator's is not shown
         err.print(_banner(stack.api_url, stack.public_url, made, config.state_dir), highlight=False, soft_wrap=True)
