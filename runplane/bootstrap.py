@@ -27,6 +27,9 @@ from runplane.ports import (
     QuotaStore,
     RunQueue,
     RunStore,
+    SecretOpener,
+    SecretSealer,
+    SecretStore,
     SweepStore,
     TokenStore,
     WorkerRegistry,
@@ -62,6 +65,12 @@ class Stack:
     sleep: Callable[[float], None] = time.sleep
     """How a service that waits lets time pass (``Ports.sleep``): on one machine, a pause that ends
     at a commit."""
+    secrets: SecretStore | None = None
+    """The secrets store: sealed values only (``domain/secrets.py``)."""
+    sealer: SecretSealer | None = None
+    """How the API seals a secret's value (it cannot open one)."""
+    opener: SecretOpener | None = None
+    """How the agent opens the secrets of a run it holds (the API's credentials cannot)."""
 
     def backend(self, pool: Pool) -> ComputeBackend:
         if pool.backend not in self.backends:
@@ -101,6 +110,8 @@ def make_ports(
         backend=backend or stack.backend,
         agent_args=stack.agent_args,
         sleep=stack.sleep,
+        secrets=stack.secrets,
+        sealer=stack.sealer,
     )
 
 

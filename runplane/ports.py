@@ -19,6 +19,7 @@ from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.pools import Pool, PoolConfig
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord
 from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.secrets import MAX_SECRETS_PER_SCOPE, Sealed, SecretRecord
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
 from runplane.domain.tenancy import ApiToken, Principal, UserRecord
@@ -55,8 +56,7 @@ class Expect:
 
 
 LIST_BUDGET = 1000
-"""The most runs one filtered listing call reads, so that no request's work grows with a user's
-whole history."""
+"""The most runs one filtered listing call reads: no request's work grows with a user's history."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +312,27 @@ class TokenStore(Protocol):
         ...
 
 
+class SecretStore(Protocol):
+    """Sealed secrets by (scope, name); ``put`` replaces, ``get`` reads as last written, ``list`` by name."""
+
+    def put(self, record: SecretRecord) -> SecretRecord: ...
+    def get(self, scope: str, name: str) -> SecretRecord | None: ...
+    def list(self, scope: str, limit: int = MAX_SECRETS_PER_SCOPE) -> builtins.list[SecretRecord]: ...
+    def delete(self, scope: str, name: str) -> bool: ...
+
+
+class SecretSealer(Protocol):
+    """What the API seals values with: it can seal, never open (Misconfigured: no usable key)."""
+
+    def seal(self, value: bytes, context: Mapping[str, str]) -> Sealed: ...
+
+
+class SecretOpener(Protocol):
+    """What the agent opens secrets with (kms:Decrypt, unwrapKey, the key file); SecretUnavailable: refused."""
+
+    def open(self, sealed: Sealed, context: Mapping[str, str]) -> bytes: ...
+
+
 class QuotaStore(Protocol):
     """Quotas (written by admins) and usage records (written by whoever claims or ends a run),
     one of each per user or group."""
@@ -475,3 +496,5 @@ class Ports:
     """The arguments a pool's workers start ``runplane-agent`` with."""
     sleep: Callable[[float], None] = time.sleep
     """How a service that waits (a long-poll) lets time pass: a test moves its clock instead."""
+    secrets: SecretStore | None = None  # the secrets store; None on a stack built without one
+    sealer: SecretSealer | None = None  # what the API seals secrets' values with

@@ -162,6 +162,16 @@ class StackSettings(Settings):
     quotas_table: str = Field(
         "", description="The quotas and usage table; empty: derived from the prefix (AWS: `PREFIX-quotas`)."
     )
+    secrets_table: str = Field(
+        "",
+        description="The secrets table (sealed values only); empty: derived from the prefix (AWS: `PREFIX-secrets`).",
+    )
+    secrets_key: str = Field(
+        "",
+        description="The key that wraps secrets' data keys. AWS: a KMS key id, ARN or alias (empty: "
+        "`alias/PREFIX-secrets`); Azure: a Key Vault key URL (`https://VAULT.vault.azure.net/keys/NAME`) or "
+        "`file:PATH`; local: a key file (empty: `secrets.key` in `RUNPLANE_STATE_DIR`, mode 0600).",
+    )
     aws_region: str = Field(
         "us-east-1",
         description="The AWS region; unset or empty: `AWS_REGION` (what Lambda and ECS set), "

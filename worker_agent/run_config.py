@@ -8,7 +8,7 @@ from pathlib import Path
 
 from runplane import __version__
 from runplane.domain.accounting import Rates
-from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore
+from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore, SecretOpener, SecretStore
 from runplane.services.skew import STACK_CHECK_SECONDS
 from worker_agent.gpu_access import GpuAccess
 from worker_agent.resources import Gpu
@@ -54,6 +54,10 @@ class AgentPorts:
     objects: ObjectStore
     quotas: QuotaStore | None = None
     """Where claims reserve room under quotas (``services/admission.py``); None: no admission."""
+    secrets: SecretStore | None = None
+    """Where the secrets runs name are kept (sealed); None: runs naming one end secret_unavailable."""
+    opener: SecretOpener | None = None
+    """What opens them: only the workers' credentials can (worker_agent/secrets.py)."""
 
 
 @dataclass(frozen=True)

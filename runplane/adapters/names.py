@@ -22,6 +22,7 @@ class StackNames:
     tokens_table: str = ""
     pools_table: str = ""
     quotas_table: str = ""
+    secrets_table: str = ""
 
     def __post_init__(self) -> None:
         for field, role in TABLES.items():

@@ -28,6 +28,7 @@ from runplane.domain.common import (
     shown_text,
     size_or_text,
 )
+from runplane.domain.secrets import MAX_RUN_SECRETS, SECRET_REF_PATTERN, SecretRef
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
 from runplane.domain.units import MAX_SIZE
 from runplane.domain.wire import Extensible, Record, Since
@@ -217,6 +218,25 @@ class RunSpec(Record):
         examples=[{"project": "vision", "experiment": "lr-sweep"}],
     )
 
+    secrets: Annotated[dict[str, str], Since("0.3")] = Field(
+        default_factory=dict,
+        json_schema_extra={
+            "propertyNames": {"pattern": ENV_NAME_PATTERN},
+            "additionalProperties": {"type": "string", "pattern": SECRET_REF_PATTERN},
+            "maxProperties": MAX_RUN_SECRETS,
+        },
+        description="environment variables whose values are secrets (ENV: 'name', yours, or 'group/name', a "
+        "group's): the run stores these names only; the worker that runs it reads the values when it starts, "
+        "and masks them in the run's logs",
+        examples=[{"WANDB_API_KEY": "wandb", "HF_TOKEN": "vision/hf-token"}],
+    )
+    image_pull_secret: Annotated[str | None, Since("0.3")] = Field(
+        default=None,
+        pattern=SECRET_REF_PATTERN,
+        description="a secret ('name' or 'group/name') holding the login for the image's registry: "
+        '{"username": ..., "password": ...} or a Docker config auths entry',
+    )
+
     def upstreams(self) -> list[str]:
         """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
         inputs, ``after``, then ``after_sweep`` (as ``sweep:<id>``)."""
@@ -262,6 +282,23 @@ class RunSpec(Record):
             if bad:
                 raise ValueError(f"environment variable {key!r} holds the control character {bad}")
         return value
+
+    @field_validator("secrets")
+    @classmethod
+    def _secrets(cls, value: dict[str, str]) -> dict[str, str]:
+        if len(value) > MAX_RUN_SECRETS:
+            raise ValueError(f"at most {MAX_RUN_SECRETS} secrets")
+        for key, ref in value.items():
+            check_env_name(key)
+            SecretRef.parse(ref)
+        return value
+
+    @model_validator(mode="after")
+    def _secret_names_apart(self) -> RunSpec:
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            raise ValueError(f"{', '.join(both)[:200]} is both in env and in secrets: name each variable once")
+        return self
 
     @field_validator("labels", mode="before")
     @classmethod

@@ -73,6 +73,8 @@ class FailureReason(StrEnum):
     AGENT_ERROR = "agent_error"
     DEPENDENCY_FAILED = "dependency_failed"
     NOT_PERMITTED = "not_permitted"
+    SECRET_UNAVAILABLE = "secret_unavailable"  # noqa: S105 (a reason, not a secret)
+    IMAGE_UNAUTHORIZED = "image_unauthorized"
 
 
 NEVER_RETRIED = frozenset({FailureReason.KILLED, FailureReason.DEPENDENCY_FAILED})

@@ -25,7 +25,7 @@ def _later_run() -> dict:
     run["failure"] = {"reason": "preempted_forever", "message": "gone", "node": "n-1"}
     run["events"][0].update(state="suspended", actor="admin")
     run["usage"]["network_bytes"] = 12
-    run["spec"]["secrets"] = ["db"]
+    run["spec"]["volumes"] = ["db"]
     run["spec"]["resources"]["nodes"] = 2
     run["spec"]["retry"].update(on=["nonzero_exit", "node_lost"], backoff=30)
     return run
@@ -79,7 +79,7 @@ def test_the_sdk_reads_a_later_release_pool_and_worker():
 
 
 def test_what_users_send_and_what_the_server_reads_stay_strict():
-    with pytest.raises(ValidationError, match="secrets"):
+    with pytest.raises(ValidationError, match="volumes"):
         RunSpec.model_validate(_later_run()["spec"])
     with pytest.raises(ValidationError, match="suspended"):
         RunView.model_validate({**RUN, "state": "suspended"})

@@ -27,7 +27,7 @@ def future_run() -> dict:
         "priority_class": "gold",
         "spec": {
             "command": "echo hi",
-            "secrets": ["db"],
+            "volumes": ["db"],
             "resources": {"cpus": 2, "nodes": 4},
             "retry": {"attempts": 2, "on": ["nonzero_exit"], "backoff": "1m"},
         },
@@ -40,7 +40,7 @@ def future_run() -> dict:
 @pytest.mark.parametrize(
     ("body", "where"),
     [
-        ({"command": "x", "secrets": ["db"]}, "secrets"),
+        ({"command": "x", "volumes": ["db"]}, "volumes"),
         ({"command": "x", "resources": {"cpus": 1, "nodes": 2}}, "resources.nodes"),
         ({"command": "x", "retry": {"attempts": 2, "backoff": "1m"}}, "retry.backoff"),
     ],
@@ -69,7 +69,7 @@ def test_a_stored_run_with_fields_this_release_does_not_know_is_read_and_written
         assert run.failure.reason == "nonzero_exit" and run.events[0].message == "submitted"
         back = written(run)
         assert back["priority_class"] == "gold"
-        assert back["spec"]["secrets"] == ["db"]
+        assert back["spec"]["volumes"] == ["db"]
         assert back["spec"]["resources"]["nodes"] == 4
         assert back["spec"]["retry"]["backoff"] == "1m"
         assert back["usage"]["energy_joules"] == 12

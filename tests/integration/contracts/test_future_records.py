@@ -115,7 +115,7 @@ def outside_the_spec(data):
 def in_the_spec(data):
     """What a later release adds to what a run asks of its agent: an agent that does not know it
     must not run it as if it were not there."""
-    data["spec"]["secrets"] = ["db-password"]
+    data["spec"]["volumes"] = ["db-password"]
     data["spec"]["resources"]["nodes"] = 2
 
 
@@ -167,7 +167,7 @@ def test_a_run_a_later_release_wrote_into_its_spec_is_read_and_listed_but_not_ta
     agent.intake.take(delivery)  # its hint goes back, for an agent that knows it
     assert agent.slots.claimed == 0 and agent.slots.active == {}
     kept = raw_run(stack, run.id)
-    assert (kept["state"], kept.get("worker_id"), kept["spec"]["secrets"]) == ("queued", None, ["db-password"])
+    assert (kept["state"], kept.get("worker_id"), kept["spec"]["volumes"]) == ("queued", None, ["db-password"])
     assert kept["spec"]["resources"]["nodes"] == 2
 
     now = time.time()
@@ -176,7 +176,7 @@ def test_a_run_a_later_release_wrote_into_its_spec_is_read_and_listed_but_not_ta
         f"needs an agent that knows spec.secrets, spec.resources.nodes; the agents of pool default are {__version__}"
     )
     assert kill_run(stack.ports, Principal(user="alice"), run.id).state == RunState.KILLED  # ended as any run is
-    assert raw_run(stack, run.id)["spec"]["secrets"] == ["db-password"]
+    assert raw_run(stack, run.id)["spec"]["volumes"] == ["db-password"]
 
 
 def add_to_worker(stack, worker_id, later):

@@ -1,0 +1,58 @@
+"""A run's secrets as its worker reads them: after the claim, from the secrets store, opened with
+the key only the workers may use (``SecretOpener``). Values go to the run's container and to the
+log masker, never to the run record, an event, the queue or a log line of the agent's."""
+
+from __future__ import annotations
+
+from runplane.domain.runs import Run
+from runplane.domain.secrets import RegistryCredentials, SecretRef, SecretUnavailable, context
+from runplane.ports import SecretOpener, SecretStore
+
+
+class RunSecrets:
+    """Opens the secrets runs name. ``store`` and ``opener`` None: a stack without secrets, where a
+    run naming one ends ``secret_unavailable``."""
+
+    def __init__(self, store: SecretStore | None, opener: SecretOpener | None) -> None:
+        self.store = store
+        self.opener = opener
+
+    def value(self, run: Run, ref_text: str) -> str:
+        """The value of the secret ``ref_text`` names for ``run``: its owner's, or a group's the
+        owner was in when the run was released. Raises SecretUnavailable with the reason (a missing
+        secret and one the run may not use read alike, as at submit)."""
+        try:
+            ref = SecretRef.parse(ref_text)
+        except ValueError as e:
+            raise SecretUnavailable(str(e)) from None
+        if ref.group is not None and ref.group not in run.owner_groups:
+            raise SecretUnavailable(f"secret {ref} does not exist (or {run.owner} may not use it)")
+        return self.opened(ref.scope(run.owner), ref.name, f"{ref} does not exist (or {run.owner} may not use it)")
+
+    def opened(self, scope: str, name: str, missing: str) -> str:
+        """The value of secret ``name`` of ``scope`` (a pool's registry login names a group's
+        directly); ``missing`` says what a missing one is. Raises SecretUnavailable."""
+        if self.store is None or self.opener is None:
+            raise SecretUnavailable(f"secret {name}: this worker was started without the secrets store")
+        record = self.store.get(scope, name)
+        if record is None:
+            raise SecretUnavailable(f"secret {missing}")
+        try:
+            data = self.opener.open(record.sealed, context(scope, name))
+        except SecretUnavailable as e:
+            raise SecretUnavailable(f"secret {name} cannot be opened: {e}") from None
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise SecretUnavailable(f"secret {name} is not UTF-8 text") from None
+
+    def environment(self, run: Run) -> dict[str, str]:
+        """The variables of ``run.spec.secrets`` with their values."""
+        return {env: self.value(run, ref) for env, ref in run.spec.secrets.items()}
+
+    def registry_login(self, run: Run, ref_text: str, server: str | None) -> RegistryCredentials:
+        """The registry credentials a run's ``image_pull_secret`` holds."""
+        try:
+            return RegistryCredentials.parse(self.value(run, ref_text), server)
+        except ValueError as e:
+            raise SecretUnavailable(f"secret {ref_text} {e}") from None
