@@ -21,6 +21,25 @@ Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
 model and builder there (tests/unit/test_backend_registry.py holds the two lists equal)."""
 
 
+class RegistryLogin(BaseModel):
+    """How a pool's workers log in to one registry for every run on it (docs/secrets.md): with a
+    group's secret (``group/name``), or with the worker's own cloud identity (``ecr``: an ECR token
+    its role fetches and refreshes; ``acr``: a token its node identity exchanges)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    server: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?$")
+    secret: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9-]{0,47}/[a-z0-9][a-z0-9_.-]{0,62}$")
+    ecr: bool = False
+    acr: bool = False
+
+    @model_validator(mode="after")
+    def _one_way(self) -> RegistryLogin:
+        if [self.secret is not None, self.ecr, self.acr].count(True) != 1:
+            raise ValueError(f"registry {self.server}: give exactly one of secret (group/name), ecr: true, acr: true")
+        return self
+
+
 class Pool(BaseModel):
     """A class of workers with one shape, one backend and one queue."""
 
@@ -92,6 +111,17 @@ class Pool(BaseModel):
         ge=0,
         le=500,  # what one check can count: the user's newest sweeps it reads (services.sweeps.OPEN_CAP_PAGES)
         description="unfinished sweeps one user may have in this pool at once",
+    )
+    registries: list[RegistryLogin] = Field(
+        default_factory=list,
+        max_length=32,
+        description="registries the pool's workers log in to for every run (a group's secret, ecr or acr); a "
+        "run's own image_pull_secret comes first",
+    )
+    prefetch_images: list[str] = Field(
+        default_factory=list,
+        max_length=32,
+        description="images a new worker pulls before it takes its first run",
     )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
