@@ -44,6 +44,21 @@ def pairs(values: list[str] | None, what: str) -> dict[str, str]:
     return result
 
 
+def secret_refs(values: list[str] | None) -> dict[str, str] | None:
+    """The ``secrets`` of ``--secret ENV=REF`` (repeatable): an ENV given twice is an error (which
+    of two secrets a run gets must not depend on the order of the flags). The API checks each
+    reference (a secret of yours, or of one of your groups)."""
+    result: dict[str, str] = {}
+    for item in values or []:
+        key, sep, ref = item.partition("=")
+        if not sep or not key or not ref:
+            raise CliError(f"--secret must look like ENV=NAME or ENV=GROUP/NAME, got {item[:80]!r}")
+        if key in result:
+            raise CliError(f"--secret names {key} twice: give each variable one secret")
+        result[key] = ref
+    return result or None
+
+
 def run_ids(values: list[str] | None) -> list[str] | None:
     """The run ids of ``--after`` (repeatable, or comma-separated); None when none is given.
     The API checks each (yours, and not ended without success)."""
@@ -197,6 +212,22 @@ HAND: dict[str, tuple[Flag, ...]] = {
             ),
         ),
     ),
+    "secrets": (
+        Flag(
+            "secrets",
+            Annotated[
+                list[str] | None,
+                typer.Option(
+                    "--secret",
+                    help="ENV=NAME or ENV=GROUP/NAME: the variable ENV holds that secret's value (yours, or a "
+                    "group's); the run stores the name only, and its logs show the value as ***; repeatable",
+                    show_default=False,
+                ),
+            ],
+            "secrets",
+            convert=secret_refs,
+        ),
+    ),
     "after": (
         Flag(
             "after",
@@ -216,7 +247,8 @@ HAND: dict[str, tuple[Flag, ...]] = {
 }
 """The flags that differ on purpose from what ``derived`` would make of their field: the size and
 time shortcuts of ``resources``, the KEY=VALUE flags with names of their own, ``retry``'s three,
-``after``'s comma-separated ids. Every other field's flag is derived."""
+``after``'s comma-separated ids, ``--secret``'s ENV=REF pairs (one secret per variable). Every
+other field's flag is derived."""
 
 
 def _flags() -> tuple[Flag, ...]:
@@ -240,13 +272,17 @@ NO_FLAG = frozenset({"resources"})
 
 def options_from(values: Mapping[str, Any]) -> RunOptions:
     """The run options of the flags' ``values`` (by parameter name): only what was given.
-    Raises CliError for a pair that is not NAME=VALUE, or retry flags without --attempts."""
+    Raises CliError for a pair that is not NAME=VALUE, retry flags without --attempts, or a
+    variable given both by --env and by --secret."""
     given = {f.name: values[f.name] for f in FLAGS if values.get(f.name, f.default) != f.default}
     options: dict[str, Any] = {}
     for f in FLAGS:
         if f.name in given and f.option != "retry":
             options[f.option] = f.convert(given[f.name]) if f.convert else given[f.name]
     options["retry"] = retry_rule(given.get("attempts"), given.get("retry_on"), given.get("memory_factor"))
+    both = sorted(set(options.get("env") or {}) & set(options.get("secrets") or {}))
+    if both:
+        raise CliError(f"{', '.join(both)[:200]} is given by --env and by --secret: name each variable once")
     return cast(RunOptions, {k: v for k, v in options.items() if v is not None})
 
 

@@ -42,6 +42,8 @@ class RunOptions(TypedDict, total=False):
     after: Sequence[Any] | None  # runs (``Run`` objects or run ids) it waits for
     after_sweep: Any  # a sweep (a ``Sweep`` object or a sweep id) it waits for
     labels: Mapping[str, str] | None
+    secrets: Mapping[str, str] | None  # ENV: a secret's reference ("name" or "group/name"), never a value
+    image_pull_secret: str | None
 
 
 SHORTCUTS = tuple(Resources.model_fields)

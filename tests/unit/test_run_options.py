@@ -201,3 +201,25 @@ def test_flags_become_run_options() -> None:
         options_from({"retry_on": ["nonzero_exit"], "attempts": None})
     with pytest.raises(CliError, match="NAME=VALUE"):
         options_from({"env": ["novalue"]})
+
+
+def test_secret_flags_become_references_and_a_variable_is_named_once() -> None:
+    values = {f.name: f.default for f in FLAGS} | {
+        "secrets": ["WANDB_API_KEY=wandb", "HF_TOKEN=vision/hf-token"],
+        "image_pull_secret": "vision/registry",
+        "env": ["A=1"],
+    }
+    assert options_from(values) == {
+        "env": {"A": "1"},
+        "secrets": {"WANDB_API_KEY": "wandb", "HF_TOKEN": "vision/hf-token"},
+        "image_pull_secret": "vision/registry",
+    }
+    body = run_body("true", options_from(values))
+    assert RunSpec.model_validate(body).secrets == {"WANDB_API_KEY": "wandb", "HF_TOKEN": "vision/hf-token"}
+    with pytest.raises(CliError, match=r"^--secret names TOKEN twice: give each variable one secret$"):
+        options_from({"secrets": ["TOKEN=a", "TOKEN=b"]})
+    with pytest.raises(CliError, match=r"^TOKEN is given by --env and by --secret: name each variable once$"):
+        options_from({"secrets": ["TOKEN=a"], "env": ["TOKEN=plain"]})
+    for bad in ("TOKEN", "=a", "TOKEN="):
+        with pytest.raises(CliError, match="--secret must look like ENV=NAME"):
+            options_from({"secrets": [bad]})
