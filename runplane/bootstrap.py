@@ -193,11 +193,13 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
     ``settings.state_dir`` (runplane/adapters/local)."""
     from runplane.adapters.local.db import Database
     from runplane.adapters.local.files import FileObjectStore
+    from runplane.adapters.local.keyfile import KeyFileOpener, KeyFileSealer, key_file_path
     from runplane.adapters.local.pause import CommitPause
     from runplane.adapters.local.pools import SqlitePoolStateStore
     from runplane.adapters.local.queues import SqliteRunQueue
     from runplane.adapters.local.quotas import SqliteQuotaStore
     from runplane.adapters.local.runs import SqliteRunStore
+    from runplane.adapters.local.secrets import SqliteSecretStore
     from runplane.adapters.local.sweeps import SqliteSweepStore
     from runplane.adapters.local.tokens import SqliteTokenStore
     from runplane.adapters.local.workers import SqliteWorkerRegistry
@@ -205,6 +207,7 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
     db = Database.at(settings.state_dir)
     tokens = SqliteTokenStore(db)
     bucket = settings.bucket or f"{settings.prefix}-data"
+    key_file = key_file_path(settings.secrets_key, db.root)
     return _stack(
         settings,
         pools,
@@ -218,6 +221,9 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
         quotas=SqliteQuotaStore(db),
         data_bucket=bucket,
         sleep=CommitPause(db),
+        secrets=SqliteSecretStore(db),
+        sealer=KeyFileSealer(key_file),
+        opener=KeyFileOpener(key_file),
     )
 
 
