@@ -118,7 +118,7 @@ def make_ports(
 def aws_clients(settings: StackSettings, keys: tuple[str, str] | None = None) -> dict[str, Any]:
     """The storage clients of an AWS stack. ``keys``: an access key id and its secret (for an
     endpoint that takes any, such as the local stack's moto); None: boto3's credential chain."""
-    from runplane.adapters.aws.clients import AwsConfig, make_client, new_session
+    from runplane.adapters.aws.clients import AwsConfig, LazyClient, make_client, new_session
 
     key_id, secret = keys or (None, None)
     config = AwsConfig(
@@ -128,13 +128,16 @@ def aws_clients(settings: StackSettings, keys: tuple[str, str] | None = None) ->
         access_key_id=key_id,
         secret_access_key=secret,
     )
-    # One session for the three clients, made here in one thread: each session loads its own
-    # copy of botocore's data (~7 MB). The clients themselves are safe to share between threads.
+    # One session for the clients, made here in one thread: each session loads its own copy of
+    # botocore's data (~7 MB). The clients themselves are safe to share between threads. KMS is
+    # made on first use (only a secret's seal or open needs it), once, under the LazyClient's
+    # lock: no other client is made from the session by then.
     session = new_session(config)
     return {
         "dynamodb": make_client("dynamodb", config, session),
         "sqs": make_client("sqs", config, session, read_timeout=30),
         "s3": make_client("s3", config, session),
+        "kms": LazyClient(lambda: make_client("kms", config, session)),
     }
 
 
@@ -255,6 +258,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     from runplane.adapters.aws.quotas import DynamoQuotaStore
     from runplane.adapters.aws.runs import DynamoRunStore
     from runplane.adapters.aws.s3 import S3ObjectStore
+    from runplane.adapters.aws.secrets import DynamoSecretStore, KmsOpener, KmsSealer
     from runplane.adapters.aws.sqs import SqsRunQueue
     from runplane.adapters.aws.sweeps import DynamoSweepStore
     from runplane.adapters.aws.tokens import DynamoTokenStore
@@ -274,6 +278,9 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
         pool_states=DynamoPoolStateStore(names.pools_table, clients["dynamodb"]),
         quotas=DynamoQuotaStore(names.quotas_table, clients["dynamodb"]),
         data_bucket=names.bucket,
+        secrets=DynamoSecretStore(names.secrets_table, clients["dynamodb"]),
+        sealer=KmsSealer(names.secrets_key, clients["kms"]),
+        opener=KmsOpener(names.secrets_key, clients["kms"]),
     )
 
 

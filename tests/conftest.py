@@ -119,7 +119,12 @@ def aws_stack(moto_endpoint: str) -> Stack:
     clients = aws_clients(settings)
     stack = build_stack(settings, clients)
     provision(
-        aws_names(settings), [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"]
+        aws_names(settings),
+        [p.name for p in stack.pools.pools],
+        clients["dynamodb"],
+        clients["sqs"],
+        clients["s3"],
+        kms=clients["kms"],
     )
     return stack
 
@@ -197,9 +202,10 @@ def aws_dynalite_stack(moto_endpoint: str, dynalite_endpoint: str) -> Iterator[S
     clients = aws_clients(settings)
     stack = build_stack(settings, clients)
     names = aws_names(settings)
-    provision(names, [p.name for p in stack.pools.pools], clients["dynamodb"], clients["sqs"], clients["s3"])
+    pools = [p.name for p in stack.pools.pools]
+    provision(names, pools, clients["dynamodb"], clients["sqs"], clients["s3"], kms=clients["kms"])
     yield stack
-    for table in (names.runs_table, names.workers_table, names.tokens_table, names.pools_table, names.quotas_table):
+    for table in names.tables:
         clients["dynamodb"].delete_table(TableName=table)
 
 

@@ -93,6 +93,7 @@ class AwsCloud(Cloud):
                 clients["dynamodb"],
                 clients["sqs"],
                 clients["s3"],
+                kms=clients["kms"],
             )
         except (BotoCoreError, ClientError) as e:
             raise BackendError(f"provision stack at {self.endpoint}: {e}") from e

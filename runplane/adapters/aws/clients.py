@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,3 +66,30 @@ def make_client(service: str, config: AwsConfig, session: boto3.Session | None =
 def error_code(exc: Exception) -> str:
     response = getattr(exc, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
+
+
+class LazyClient:
+    """A client made on first use by ``make`` (once, under a lock), then used as the client itself:
+    attributes are the client's. For a service a process may never call (KMS in the API: only when
+    a secret is set), so that building the stack does not pay for it."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._client: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def built(self) -> bool:
+        """Whether the client has been made."""
+        return self._client is not None
+
+    def client(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                self._client = self._make()
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.client(), name)

@@ -2,11 +2,12 @@
 
 Idempotent: existing resources are left as they are; a resource this call creates gets the
 settings of ``runplane.adapters.aws.resources`` (the values template.yaml declares too): queue
-visibility timeouts, retention and redrive, the workers table's TTL, point-in-time recovery, and
-the bucket's encryption, public-access block, ownership, versioning, lifecycle and (over HTTPS)
-TLS-only policy. ``template.yaml`` stays the production path; this mirrors it for the embedded
-local stack and the tests. The tables may be on a DynamoDB server of their own (dynalite), which
-implements neither TTL nor point-in-time recovery: those two are left out there.
+visibility timeouts, retention and redrive, the workers table's TTL, point-in-time recovery, the
+bucket's encryption, public-access block, ownership, versioning, lifecycle and (over HTTPS)
+TLS-only policy, and the secrets key's spec, rotation and key policy. ``template.yaml`` stays the
+production path; this mirrors it for the embedded local stack and the tests. The tables may be on
+a DynamoDB server of their own (dynalite), which implements neither TTL nor point-in-time
+recovery: those two are left out there.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_QUEUE_STATE, BY_RANK
 from runplane.adapters.aws.resources import MAX_RECEIVES
+from runplane.adapters.aws.secrets import NAME, SCOPE
 from runplane.adapters.aws.sqs import dead_letter_queue_name, events_queue_name, pool_queue_name
 from runplane.adapters.names import StackNames
 from runplane.settings import StackSettings
@@ -36,14 +38,18 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class AwsNames(StackNames):
     """Resource names of one stack on AWS: each left empty is ``<prefix>-<role>`` (the bucket's
-    role: ``data``), as template.yaml names them."""
+    role: ``data``), as template.yaml names them; the secrets key, ``alias/<prefix>-secrets``."""
 
     bucket: str = ""
+    secrets_key: str = ""
+    """The KMS key of secrets: a key id, ARN, alias name or alias ARN."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.bucket:
             object.__setattr__(self, "bucket", self.derive("data"))
+        if not self.secrets_key:
+            object.__setattr__(self, "secrets_key", f"alias/{self.derive('secrets')}")
 
     def derive(self, role: str) -> str:
         return f"{self.prefix}-{role}"
@@ -51,15 +57,20 @@ class AwsNames(StackNames):
     @classmethod
     def of(cls, settings: StackSettings) -> AwsNames:
         """The names ``settings`` give."""
-        return cls.named(settings, bucket=settings.bucket)
+        return cls.named(settings, bucket=settings.bucket, secrets_key=settings.secrets_key)
 
 
-def _create_table(ddb: Any, name: str, key: str, attrs: dict[str, str], indexes: list[dict[str, Any]]) -> bool:
+def _create_table(
+    ddb: Any, name: str, key: str, attrs: dict[str, str], indexes: list[dict[str, Any]], sort_key: str | None = None
+) -> bool:
     """Create the table unless it exists; True when this call created it. A table that exists
     gets the indexes it lacks (one made by an earlier version)."""
+    schema = [{"AttributeName": key, "KeyType": "HASH"}]
+    if sort_key:
+        schema.append({"AttributeName": sort_key, "KeyType": "RANGE"})
     kwargs: dict[str, Any] = {
         "TableName": name,
-        "KeySchema": [{"AttributeName": key, "KeyType": "HASH"}],
+        "KeySchema": schema,
         "AttributeDefinitions": [{"AttributeName": a, "AttributeType": t} for a, t in attrs.items()],
         "BillingMode": "PAY_PER_REQUEST",
     }
@@ -143,6 +154,7 @@ def _tables(ddb: Any, names: AwsNames) -> None:
         "tokens_table": _create_table(ddb, names.tokens_table, "token_hash", {"token_hash": "S"}, []),
         "pools_table": _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, []),
         "quotas_table": _create_table(ddb, names.quotas_table, "id", {"id": "S"}, []),
+        "secrets_table": _create_table(ddb, names.secrets_table, SCOPE, {SCOPE: "S", NAME: "S"}, [], sort_key=NAME),
     }
     # Only on creation: DynamoDB refuses to enable TTL that is already enabled.
     if created["workers_table"]:
@@ -212,6 +224,35 @@ def _queues(sqs: Any, prefix: str, pools: list[str]) -> None:
     _queue_with_dlq(sqs, events_queue_name(prefix), resources.EVENTS_VISIBILITY_SECONDS)
 
 
+def _secrets_key(kms: Any, alias: str) -> None:
+    """The symmetric KMS key of secrets under ``alias``, unless the alias exists: key rotation on,
+    the key policy of ``resources.secrets_key_policy`` (the account administers it; who may use it
+    is the IAM policies' to say)."""
+    try:
+        kms.describe_key(KeyId=alias)
+        return
+    except ClientError as e:
+        if error_code(e) != "NotFoundException":
+            raise
+    key = kms.create_key(
+        Description=resources.SECRETS_KEY_DESCRIPTION,
+        KeySpec=resources.SECRETS_KEY_SPEC,
+        KeyUsage=resources.SECRETS_KEY_USAGE,
+    )["KeyMetadata"]
+    _, partition, _, _, account, _ = key["Arn"].split(":", 5)
+    kms.put_key_policy(
+        KeyId=key["KeyId"], PolicyName="default", Policy=json.dumps(resources.secrets_key_policy(partition, account))
+    )
+    kms.enable_key_rotation(KeyId=key["KeyId"])
+    try:
+        kms.create_alias(AliasName=alias, TargetKeyId=key["KeyId"])
+    except ClientError as e:
+        if error_code(e) != "AlreadyExistsException":
+            raise
+        # another provision() made it meanwhile: this key is not needed
+        kms.schedule_key_deletion(KeyId=key["KeyId"], PendingWindowInDays=7)
+
+
 def provision(
     names: AwsNames,
     pools: Iterable[str],
@@ -221,8 +262,11 @@ def provision(
     region: str = "us-east-1",
     *,
     tls_only: bool | None = None,
+    kms: Any = None,
 ) -> None:
-    """Create tables, queues (with DLQs) and the bucket, each with the settings of ``resources``.
+    """Create tables, queues (with DLQs) and the bucket, each with the settings of ``resources``,
+    and (given ``kms``, a KMS client) the key of secrets, when ``names.secrets_key`` is an alias
+    that does not exist yet (a key named by its id or ARN is the operator's: left alone).
 
     ``tls_only``: give the bucket the policy that refuses requests made without TLS. By default
     only when ``s3`` talks to its endpoint over HTTPS: on a local stack served over plain HTTP
@@ -234,3 +278,5 @@ def provision(
     _tables(ddb, names)
     _queues(sqs, names.prefix, list(pools))
     _bucket(s3, names.bucket, region, tls_only)
+    if kms is not None and names.secrets_key.startswith("alias/"):
+        _secrets_key(kms, names.secrets_key)

@@ -26,10 +26,36 @@ MAX_RECEIVES = 5
 
 WORKERS_TTL_ATTRIBUTE = "expires_at"
 """The workers table's TTL attribute: a worker that stops heartbeating expires on its own."""
-PITR_TABLES = ("runs_table", "tokens_table", "quotas_table")
+PITR_TABLES = ("runs_table", "tokens_table", "quotas_table", "secrets_table")
 """The tables (``AwsNames`` fields) with point-in-time recovery: the records that cannot be
-rebuilt (runs, tokens, the quotas admins set and the use charged against them). Workers and pool
-records are rewritten every few seconds and need none."""
+rebuilt (runs, tokens, the quotas admins set and the use charged against them, secrets). Workers
+and pool records are rewritten every few seconds and need none."""
+
+# ---- KMS: the key of secrets --------------------------------------------------------------------
+
+SECRETS_KEY_SPEC = "SYMMETRIC_DEFAULT"
+SECRETS_KEY_USAGE = "ENCRYPT_DECRYPT"
+SECRETS_KEY_ROTATION = True
+SECRETS_KEY_DESCRIPTION = "runplane secrets: wraps the data key of each secret's value"
+
+
+def secrets_key_policy(partition: str, account: str) -> dict[str, Any]:
+    """The key policy of the secrets key: the account administers it, and no principal is named
+    beside it, so who may use the key is decided by IAM policies alone (template.yaml: the API may
+    only GenerateDataKey, the workers only Decrypt)."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "AccountAdministers",
+                "Effect": "Allow",
+                "Principal": {"AWS": f"arn:{partition}:iam::{account}:root"},
+                "Action": "kms:*",
+                "Resource": "*",
+            }
+        ],
+    }
+
 
 # ---- S3: the data bucket ------------------------------------------------------------------------
 
