@@ -73,8 +73,8 @@ def create_sweep(
     idempotency_key: str | None,
 ) -> Created:
     """Store a sweep of ``spec.size`` members and release the first ones. The template is checked
-    once, as a run submit checks a run (pool, priority, group, inputs, quotas): every member shares
-    it. Same key, same request -> same sweep; a key used for another request is a Conflict. A
+    once, as a run submit checks a run (pool, priority, group, inputs, secrets, quotas): every member
+    shares it. Same key, same request -> same sweep; a key used for another request is a Conflict. A
     sweep of more than MAX_SWEEP members (its grid times its count) is NotAllowed."""
     if spec.size > MAX_SWEEP:
         raise NotAllowed(f"the sweep has {spec.size} members; at most {MAX_SWEEP}")
