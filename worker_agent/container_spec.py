@@ -63,6 +63,7 @@ def container_spec(
     inputs_on_safe_mount: bool = False,
     image_env: Mapping[str, str] | None = None,
     volumes: Mapping[str, Path] | None = None,
+    secrets: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
     ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
@@ -72,9 +73,11 @@ def container_spec(
     mount (the inputs view), so they are bound without Docker's read-only, which runc applies by
     a remount that drops nosuid and nodev; read-only they stay, from the mount they come from.
     ``volumes``: the image's ``VOLUME`` paths, each to its directory in the run directory
-    (``volume_mounts``); one at a path mounted already is left to that mount, as Docker does."""
+    (``volume_mounts``); one at a path mounted already is left to that mount, as Docker does.
+    ``secrets``: the values of the run's ``secrets`` variables, beside ``env`` in its
+    environment (and nowhere else: not in a label, nor in the run directory)."""
     res = run.spec.resources
-    env = dict(run.spec.env)
+    env = {**run.spec.env, **(secrets or {})}
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
     if run.sweep_id is not None:
         env.update({"RUNPLANE_SWEEP_ID": run.sweep_id, "RUNPLANE_SWEEP_INDEX": str(run.sweep_index)})

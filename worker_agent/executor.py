@@ -47,6 +47,7 @@ from worker_agent.prepare import RunSetup
 from worker_agent.resources import Allocation
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
+from worker_agent.secrets import RunSecrets
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
 from worker_agent.users import ImageUsers
@@ -121,6 +122,7 @@ class RunExecutor:
         self.valid_id = _RUN_ID.fullmatch(run.id) is not None
         self.run_dir, self.output_dir, self.home_dir = self.setup.run_dir, self.setup.output_dir, self.setup.home_dir
         self.logs = RunLogs(ports.objects, run.id, run.attempt, clock, config.log_flush_seconds, config.max_log_size)
+        self.secret_env: dict[str, str] = {}  # the values of the run's secrets, for its container only
         self.thread: threading.Thread | None = None
 
     @property
@@ -190,7 +192,11 @@ class RunExecutor:
                 Outcome(RunState.FAILED, FailureReason.AGENT_ERROR, f"run id {run.id[:80]!r} is not a valid run id")
             )
             return
-        outcome = self.setup.prepare()
+        # the run's secrets first, read by this worker now that it holds the run (every attempt
+        # reads them afresh): a run that cannot have them ends before its image is pulled
+        self.secret_env, outcome = RunSecrets(self.ports.secrets, self.ports.opener).for_container(run)
+        self.logs.mask(self.secret_env.values())
+        outcome = outcome or self.setup.prepare()
         if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
             outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
         outcome = outcome or self._start_container(run)
@@ -233,6 +239,7 @@ class RunExecutor:
             inputs_on_safe_mount=all(on_read_only_safe_mount(p) for p in setup.mounts.values()),
             image_env=image_environment(self.box.image.attrs),
             volumes={path: d.resolve() for path, d in setup.volumes.items()},
+            secrets=self.secret_env,
         )
         if run.spec.network:  # hook: the agent's run network, the command behind a gate (network.py)
             if self.network is None:

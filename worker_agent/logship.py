@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import docker.errors
@@ -13,6 +13,7 @@ import requests
 from runplane.domain.errors import RunplaneError
 from runplane.ports import ObjectStore
 from runplane.services.logs import MAX_CHUNK, log_chunk_key
+from worker_agent.masking import Masker
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,8 @@ class RunLogs:
     """A run's stdout and stderr: read from the container's attached output stream as it comes
     (``follow``, on a thread of its own), kept up to ``max_log_size`` bytes in all, and shipped
     by one LogShipper per stream. ``received`` counts every byte the stream gave, those dropped
-    past the limit too (``limits.log_over`` holds it against the limit)."""
+    past the limit too (``limits.log_over`` holds it against the limit). ``secrets``: values
+    never shipped (each becomes ``MASK``), nor kept in the stderr tail a failure message quotes."""
 
     def __init__(
         self,
@@ -96,12 +98,22 @@ class RunLogs:
         clock: Callable[[], float],
         flush_seconds: float,
         max_log_size: int,
+        secrets: Iterable[str] = (),
     ) -> None:
         self.run_id = run_id
         self.max_log_size = max_log_size
         self.received = 0
         self.kept = 0  # written by the follower thread only
         self.shippers = {s: LogShipper(objects, run_id, attempt, s, clock, flush_seconds) for s in ("stdout", "stderr")}
+        self.maskers: dict[str, Masker] = {}
+        self.mask(secrets)
+
+    def mask(self, values: Iterable[str]) -> None:
+        """Mask ``values`` (the run's secrets) in what is shipped from now on; none: nothing is
+        masked, and reads go out as they come."""
+        values = list(values)
+        maskers = {name: Masker(values) for name in self.shippers}
+        self.maskers = {name: m for name, m in maskers.items() if m}
 
     def follow(self, stream: Any) -> None:
         """Ship stdout and stderr from the attached ``stream`` (demultiplexed: pairs of bytes or
@@ -116,12 +128,18 @@ class RunLogs:
             log.warning("run %s: the output stream ended early: %s", self.run_id, e)
         finally:
             stream.close()
+            for name, masker in self.maskers.items():  # what each held back, masked
+                self._keep(name, masker.end())
 
     def ship(self, stream: str, data: bytes) -> None:
         """Take in ``data``, at most up to the log limit, and drop the rest. A full buffer is
         uploaded here, which holds the container's output back meanwhile: the agent's memory stays
-        bounded whatever a run prints."""
+        bounded whatever a run prints. The run's secrets are masked first (``masking.Masker``)."""
         self.received += len(data)
+        masker = self.maskers.get(stream)
+        self._keep(stream, masker.feed(data) if masker is not None else data)
+
+    def _keep(self, stream: str, data: bytes) -> None:
         room = self.max_log_size - self.kept
         if len(data) > room:
             data = data[: max(room, 0)]

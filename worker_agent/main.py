@@ -126,7 +126,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _log_shortfalls(config, pool)
     agent = Agent(
         config,
-        AgentPorts(stack.store, stack.queue, stack.objects, CachedQuotas(stack.quotas)),
+        AgentPorts(
+            stack.store,
+            stack.queue,
+            stack.objects,
+            CachedQuotas(stack.quotas),
+            secrets=stack.secrets,
+            opener=stack.opener,
+        ),
         stack.workers,
         client,
         time.time,

@@ -4,9 +4,16 @@ log masker, never to the run record, an event, the queue or a log line of the ag
 
 from __future__ import annotations
 
+import logging
+
+from runplane.domain.errors import RunplaneError
 from runplane.domain.runs import Run
 from runplane.domain.secrets import RegistryCredentials, SecretRef, SecretUnavailable, context
+from runplane.domain.states import FailureReason, RunState
 from runplane.ports import SecretOpener, SecretStore
+from worker_agent.outcome import Outcome
+
+log = logging.getLogger(__name__)
 
 
 class RunSecrets:
@@ -34,13 +41,20 @@ class RunSecrets:
         directly); ``missing`` says what a missing one is. Raises SecretUnavailable."""
         if self.store is None or self.opener is None:
             raise SecretUnavailable(f"secret {name}: this worker was started without the secrets store")
-        record = self.store.get(scope, name)
+        try:
+            record = self.store.get(scope, name)
+        except RunplaneError as e:  # the store's own words stay in the agent's log
+            log.warning("secret %s of %s: the secrets store could not be read: %s", name, scope, e)
+            raise SecretUnavailable(f"secret {name}: the secrets store could not be read") from None
         if record is None:
             raise SecretUnavailable(f"secret {missing}")
         try:
             data = self.opener.open(record.sealed, context(scope, name))
         except SecretUnavailable as e:
             raise SecretUnavailable(f"secret {name} cannot be opened: {e}") from None
+        except RunplaneError as e:
+            log.warning("secret %s of %s: the key could not be reached: %s", name, scope, e)
+            raise SecretUnavailable(f"secret {name} cannot be opened: the key could not be reached") from None
         try:
             return data.decode()
         except UnicodeDecodeError:
@@ -49,6 +63,18 @@ class RunSecrets:
     def environment(self, run: Run) -> dict[str, str]:
         """The variables of ``run.spec.secrets`` with their values."""
         return {env: self.value(run, ref) for env, ref in run.spec.secrets.items()}
+
+    def for_container(self, run: Run) -> tuple[dict[str, str], Outcome | None]:
+        """The variables of ``run.spec.secrets`` with their values, read now (by the worker that
+        has just claimed the run: each attempt reads them afresh); or, when one cannot be given
+        to the run, the Outcome that ends it ``secret_unavailable``, which names the secret and
+        why, never a value."""
+        if not run.spec.secrets:
+            return {}, None
+        try:
+            return self.environment(run), None
+        except SecretUnavailable as e:
+            return {}, Outcome(RunState.FAILED, FailureReason.SECRET_UNAVAILABLE, str(e))
 
     def registry_login(self, run: Run, ref_text: str, server: str | None) -> RegistryCredentials:
         """The registry credentials a run's ``image_pull_secret`` holds."""

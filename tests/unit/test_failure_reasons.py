@@ -25,6 +25,7 @@ from worker_agent.outcome import Outcome
 from worker_agent.resources import Allocation, Gpu
 from worker_agent.run_config import AgentPorts
 from worker_agent.run_state import RunStateWriter
+from worker_agent.secrets import RunSecrets
 from worker_agent.usage import Tree
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,6 +179,15 @@ def a_failure_that_names_no_reason() -> Outcome:
     writer.finish(Outcome(RunState.FAILED, None, "broke"), Usage())
     assert store.run.failure is not None
     return Outcome(store.run.state, store.run.failure.reason)
+
+
+@produces(FailureReason.SECRET_UNAVAILABLE)
+def a_secret_the_worker_cannot_read() -> Outcome:
+    spec = RunSpec(command="true", resources=Resources(memory=64 * MiB), secrets={"TOKEN": "vision/token"})
+    run = Run(id="r-1", owner="ada", queue="cpu", created_at=0.0, spec=spec, state=RunState.RUNNING, attempt=1)
+    environment, outcome = RunSecrets(None, None).for_container(run)  # ada is in no group
+    assert environment == {} and outcome is not None
+    return outcome
 
 
 def documented_reasons() -> set[str]:

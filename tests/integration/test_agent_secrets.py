@@ -1,0 +1,96 @@
+"""A run's secrets as its worker gives them: read after the claim by the worker holding the run,
+each attempt afresh, into the container's environment, masked in its logs; a secret it cannot
+have ends it ``secret_unavailable`` before any container exists. A real executor on the real
+engine, on the stack of one machine (its SQLite secrets store and key file)."""
+
+import time
+import uuid
+
+import pytest
+
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.secrets import MASK, SecretRecord, context, group_scope, user_scope
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
+from runplane.services import lifecycle
+from runplane.services.logs import read_logs
+from runplane.services.runs import submit_run
+from worker_agent.executor import RunExecutor
+from worker_agent.run_config import AgentPorts, ExecutorConfig
+from worker_agent.users import ImageUsers
+
+pytestmark = pytest.mark.docker
+
+WORKER = "w-secrets"
+PRINT = 'echo "len=${#T}"; echo "value=$T"'
+
+
+def put_secret(stack, scope, name, value):
+    """A secret as the API stores it: sealed under the stack's key, bound to its scope and name."""
+    sealed = stack.sealer.seal(value.encode(), context(scope, name))
+    stack.secrets.put(
+        SecretRecord(scope=scope, name=name, sealed=sealed, updated_at=time.time(), updated_by="t", size=len(value))
+    )
+
+
+def execute(stack, docker_client, tmp_path, run, ports=None):
+    """Claim ``run`` as worker WORKER and run it to its end; the run as stored afterwards."""
+    claimed = lifecycle.claim(stack.store, run, 0, WORKER, lease_seconds=60, now=time.time())
+    # the test image is here already: no registry is asked
+    config = ExecutorConfig(worker_id=WORKER, work_dir=tmp_path / "w", stack_id=stack.settings.stack_id(), pull="never")
+    ports = ports or AgentPorts(stack.store, stack.queue, stack.objects, secrets=stack.secrets, opener=stack.opener)
+    RunExecutor(claimed, ports, docker_client, config, time.time, users=ImageUsers(docker_client)).run_safely()
+    return stack.store.get(run.id)
+
+
+def submit(stack, principal, secrets, command=PRINT):
+    spec = RunSpec.model_validate({"command": command, "queue": "manual", "secrets": secrets})
+    return submit_run(stack.ports, principal, spec, None).run
+
+
+def containers_of(docker_client, run):
+    return docker_client.containers.list(all=True, sparse=True, filters={"label": f"io.runplane.run_id={run.id}"})
+
+
+def test_a_run_gets_the_value_as_it_stands_when_it_starts_and_its_log_masks_it(local_stack, docker_client, tmp_path):
+    alice = Principal(user="alice")
+    put_secret(local_stack, user_scope("alice"), "mytoken", "first-value")
+    kept, gone = submit(local_stack, alice, {"T": "mytoken"}), submit(local_stack, alice, {"T": "mytoken"})
+    put_secret(local_stack, user_scope("alice"), "mytoken", "changed-value-2")  # after submit, before start
+    ran = execute(local_stack, docker_client, tmp_path, kept)
+    assert ran.state == RunState.SUCCEEDED, ran.failure
+    assert read_logs(local_stack.objects, ran, "stdout", 0).data == f"len=15\nvalue={MASK}\n"
+    assert "changed-value-2" not in ran.model_dump_json()
+    local_stack.secrets.delete(user_scope("alice"), "mytoken")  # revoked before the second one starts
+    failed = execute(local_stack, docker_client, tmp_path, gone)
+    assert (failed.state, failed.failure.reason) == (RunState.FAILED, FailureReason.SECRET_UNAVAILABLE)
+    assert failed.failure.message == "secret mytoken does not exist (or alice may not use it)"
+    assert containers_of(docker_client, failed) == []
+    assert failed.usage.timings.get("pull") is None  # ended before its image was even looked at
+
+
+def test_a_group_secret_is_a_members_and_a_run_whose_owner_is_not_in_the_group_never_gets_it(
+    local_stack, docker_client, tmp_path
+):
+    put_secret(local_stack, group_scope("vision"), "hf", "group-hf-token")
+    carol = Principal(user="carol", groups=["vision"])
+    ran = execute(local_stack, docker_client, tmp_path, submit(local_stack, carol, {"T": "vision/hf"}))
+    assert ran.owner_groups == ["vision"] and ran.state == RunState.SUCCEEDED, ran.failure
+    assert read_logs(local_stack.objects, ran, "stdout", 0).data == f"len=14\nvalue={MASK}\n"
+    # a record written into the store by other means than the API: its owner is in no group
+    spec = RunSpec.model_validate({"command": PRINT, "queue": "manual", "secrets": {"T": "vision/hf"}})
+    forged = Run(id=f"r-{uuid.uuid4().hex[:20]}", owner="alice", queue="manual", created_at=time.time(), spec=spec)
+    local_stack.store.create(forged)
+    refused = execute(local_stack, docker_client, tmp_path, forged)
+    assert (refused.state, refused.failure.reason) == (RunState.FAILED, FailureReason.SECRET_UNAVAILABLE)
+    assert "vision/hf does not exist" in refused.failure.message
+    assert containers_of(docker_client, refused) == []
+
+
+def test_a_worker_without_the_secrets_store_ends_the_run_secret_unavailable(local_stack, docker_client, tmp_path):
+    put_secret(local_stack, user_scope("alice"), "mytoken", "some-value")
+    run = submit(local_stack, Principal(user="alice"), {"T": "mytoken"})
+    ports = AgentPorts(local_stack.store, local_stack.queue, local_stack.objects)  # an agent of an older make
+    ended = execute(local_stack, docker_client, tmp_path, run, ports)
+    assert (ended.state, ended.failure.reason) == (RunState.FAILED, FailureReason.SECRET_UNAVAILABLE)
+    assert "without the secrets store" in ended.failure.message
