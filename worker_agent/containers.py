@@ -21,11 +21,13 @@ import requests
 
 from runplane.domain.errors import LeaseLost
 from runplane.domain.runs import Run
+from runplane.domain.secrets import SecretUnavailable
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.units import format_duration
 from worker_agent import images
 from worker_agent.container_spec import LABEL, container_labels
 from worker_agent.outcome import Outcome
+from worker_agent.registries import Login, LoginUnavailable, refused, registry_of
 from worker_agent.resources import Allocation
 from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
 
@@ -71,18 +73,30 @@ class RunContainer:
         self.timings = {} if timings is None else timings  # seconds its create and start took
         self._engine_paths: list[tuple[str, str]] | None = None  # (on the host, in the container)
 
-    def ensure_image(self, image: str, pull: str, max_bytes: int | None = None) -> Outcome | None:
-        """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``); one larger
-        than ``max_bytes`` (the pool's ``max_image_size``) is refused (images.py)."""
+    def ensure_image(
+        self,
+        image: str,
+        pull: str,
+        max_bytes: int | None = None,
+        login: Callable[[], Login | None] | None = None,
+    ) -> Outcome | None:
+        """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``) with the run's
+        ``login`` (registries.py; asked only when the registry is); one larger than ``max_bytes``
+        (the pool's ``max_image_size``) is refused (images.py). An image here that came from a
+        registry (it has RepoDigests) is used only once its registry, asked with the run's own
+        login, names its digest (``_checked``): a run never starts an image another run's login
+        pulled without its own check. An agent that never pulls uses what it has, unchecked."""
         try:
-            self.image = self.client.images.get(image)
-            return self._refuse_too_large(image, max_bytes, pulled=False)
+            found: Any = self.client.images.get(image)
         except docker.errors.ImageNotFound:
-            pass
+            found = None
         except docker.errors.APIError as e:
             return Outcome(
                 RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"cannot inspect image {image}: {explain(e)}"
             )
+        if found is not None and (pull == "never" or not found.attrs.get("RepoDigests")):
+            self.image = found  # built or imported here, or an agent that never pulls: as it is
+            return self._refuse_too_large(image, max_bytes, pulled=False)
         if pull == "never":
             return Outcome(
                 RunState.FAILED,
@@ -90,16 +104,58 @@ class RunContainer:
                 f"image {image} is not on this worker and pulling is off",
             )
         try:
-            self.image = images.pull(self.client, image, max_bytes)
-            return self._refuse_too_large(image, max_bytes, pulled=True)
+            who = login() if login is not None else None
+        except SecretUnavailable as e:
+            return Outcome(RunState.FAILED, FailureReason.SECRET_UNAVAILABLE, str(e))
+        except LoginUnavailable as e:
+            return Outcome(RunState.FAILED, FailureReason.IMAGE_UNAUTHORIZED, f"image {image}: {e}")
+        if found is not None:
+            return self._checked(image, who, max_bytes)
+        return self._pulled(image, image, who, max_bytes)
+
+    def _checked(self, image: str, who: Login | None, max_bytes: int | None) -> Outcome | None:
+        """``image`` is here from a registry: ask the registry for its digest with ``who``, then
+        use the image here that holds that digest (by its id: a tag moved meanwhile swaps
+        nothing), pulling ``repository@digest`` first if none does. A registry that cannot be
+        reached fails the run ``image_not_found`` (as a pull it cannot reach does): using the
+        image unchecked would let a run without access start a private image."""
+        try:
+            digest = images.registry_digest(self.client, image, who.auth_config() if who else None)
+        except (docker.errors.APIError, requests.RequestException) as e:
+            return self._pull_failure(image, who, e, "is on this worker but its registry did not confirm access to it")
+        pinned = images.by_digest(image, digest)
+        try:
+            self.image = self.client.images.get(pinned)
+        except docker.errors.ImageNotFound:
+            return self._pulled(image, pinned, who, max_bytes)
+        except docker.errors.APIError as e:
+            return Outcome(
+                RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"cannot inspect image {pinned}: {explain(e)}"
+            )
+        return self._refuse_too_large(image, max_bytes, pulled=False)
+
+    def _pulled(self, image: str, name: str, who: Login | None, max_bytes: int | None) -> Outcome | None:
+        """Pull ``name`` (``image``, or the digest of it the registry named) with ``who``."""
+        try:
+            self.image = images.pull(self.client, name, max_bytes, who.auth_config() if who else None)
+            return self._refuse_too_large(name, max_bytes, pulled=True)
         except images.ImageTooLarge as e:
             return Outcome(RunState.FAILED, FailureReason.IMAGE_TOO_LARGE, str(e))
         except (docker.errors.APIError, requests.RequestException) as e:
-            return Outcome(
-                RunState.FAILED,
-                FailureReason.IMAGE_NOT_FOUND,
-                f"image {image} is not on this worker and could not be pulled: {explain(e)}",
-            )
+            return self._pull_failure(image, who, e, "is not on this worker and could not be pulled")
+
+    @staticmethod
+    def _pull_failure(image: str, who: Login | None, error: Exception, what: str) -> Outcome:
+        """``image_unauthorized``, naming the registry and the login, when the registry refused;
+        else ``image_not_found`` (no such image, or a registry that cannot be reached)."""
+        if not refused(error):
+            return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"image {image} {what}: {explain(error)}")
+        server = registry_of(image)
+        if who is None:
+            message = f"registry {server} needs a login for image {image}: give image_pull_secret"
+        else:
+            message = f"registry {server} refused the credentials of {who.source} for image {image}"
+        return Outcome(RunState.FAILED, FailureReason.IMAGE_UNAUTHORIZED, f"{message} ({explain(error)})")
 
     def _refuse_too_large(self, image: str, max_bytes: int | None, pulled: bool) -> Outcome | None:
         why = images.too_large(self.client, image, self.image, max_bytes, pulled)

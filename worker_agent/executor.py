@@ -44,6 +44,7 @@ from worker_agent.network import NetworkError, RunNetwork
 from worker_agent.outcome import Outcome
 from worker_agent.outputs import upload_dir
 from worker_agent.prepare import RunSetup
+from worker_agent.registries import RegistryLogins
 from worker_agent.resources import Allocation
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
@@ -117,7 +118,8 @@ class RunExecutor:
             remove_seconds=config.remove_seconds,
             timings=self.usage.timings,
         )
-        self.setup = RunSetup(run, config, self.box, users, clock, self.usage, images, inputs)
+        logins = RegistryLogins(RunSecrets(ports.secrets, ports.opener), config.registries, config.registry_providers)
+        self.setup = RunSetup(run, config, self.box, users, clock, self.usage, images, inputs, logins)
         # the run's id names its directory (made, chowned, removed): only an id that is one
         self.valid_id = _RUN_ID.fullmatch(run.id) is not None
         self.run_dir, self.output_dir, self.home_dir = self.setup.run_dir, self.setup.output_dir, self.setup.home_dir

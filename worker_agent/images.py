@@ -43,19 +43,26 @@ def too_large(client: docker.DockerClient, name: str, image: Any, max_bytes: int
     return f"image {name} is {format_bytes(size)}, larger than the pool's max_image_size {format_bytes(max_bytes)}"
 
 
-def pull(client: docker.DockerClient, name: str, max_bytes: int | None) -> Any:
-    """Pull image ``name``. With ``max_bytes``, the pull is given up once the layers the registry
-    announces pass it (their compressed sizes: an image at most that large may still be larger
-    once unpacked, which ``too_large`` checks): the engine stops a pull whose client went away,
-    so no more of it is downloaded. Raises ImageTooLarge, docker.errors.APIError (also for an
+def pull(
+    client: docker.DockerClient, name: str, max_bytes: int | None, auth_config: dict[str, str] | None = None
+) -> Any:
+    """Pull image ``name`` with ``auth_config`` (None: the worker's own Docker configuration, if
+    any; registries.py says which login a run uses). With ``max_bytes``, the pull is given up
+    once the layers the registry announces pass it (their compressed sizes: an image at most that
+    large may still be larger once unpacked, which ``too_large`` checks): the engine stops a pull
+    whose client went away, so no more of it is downloaded. Raises ImageTooLarge, docker.errors.APIError (also for an
     error the engine reports in the middle of the pull) or requests.RequestException."""
     if max_bytes is None:
-        return client.images.pull(name)
+        return client.images.pull(name, auth_config=auth_config)
     repository, tag = parse_repository_tag(name)
     tag = tag or "latest"
     api = client.api  # as api.pull does it, but holding the response, to hang up on the engine
     headers = {}
-    header = auth.get_config_header(api, auth.resolve_repository_name(repository)[0])
+    header = (
+        auth.encode_header(auth_config)
+        if auth_config
+        else auth.get_config_header(api, auth.resolve_repository_name(repository)[0])
+    )
     if header:
         headers["X-Registry-Auth"] = header
     params = {"fromImage": repository, "tag": tag}
@@ -77,6 +84,19 @@ def pull(client: docker.DockerClient, name: str, max_bytes: int | None) -> Any:
     finally:
         response.close()  # hangs up: a pull given up stops on the engine too
     return client.images.get(f"{repository}{'@' if tag.startswith('sha256:') else ':'}{tag}")
+
+
+def registry_digest(client: docker.DockerClient, name: str, auth_config: dict[str, str] | None) -> str:
+    """The digest of the manifest ``name`` names in its registry, asked with ``auth_config`` (as
+    ``pull``) through the engine's distribution endpoint, which downloads no layer: the registry
+    answers only if the login may pull it. Raises docker.errors.NotFound (no such image),
+    docker.errors.APIError (refused, or the registry cannot be reached) or requests.RequestException."""
+    return str(client.images.get_registry_data(name, auth_config=auth_config).id)
+
+
+def by_digest(name: str, digest: str) -> str:
+    """The reference to ``digest`` in the repository of image ``name``: ``repository@digest``."""
+    return f"{parse_repository_tag(name)[0]}@{digest}"
 
 
 class ImageCache:

@@ -283,6 +283,7 @@ def agent_config(
             docker_log_size=settings.docker_log_size,
             inputs_view=inputs_view,
             gpu_access=gpu_access or GpuAccess(),
+            registries=tuple(pool.registries),
         ),
     )
 

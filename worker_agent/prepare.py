@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import docker.errors
@@ -18,6 +19,7 @@ from worker_agent.containers import RunContainer, explain
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache, InputUnavailable
 from worker_agent.outcome import Outcome
+from worker_agent.registries import RegistryLogins
 from worker_agent.run_config import ExecutorConfig
 from worker_agent.users import DEFAULT_RUN_AS, ImageUsers, UnknownUser
 
@@ -25,11 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class RunSetup:
-    """Makes one claimed run ready on this worker: ``prepare`` gets its image (through ``box``),
-    reads who runs it from the image's own account files (``users``, the agent's), makes its
-    directories and fetches its inputs from the agent's ``inputs`` cache; ``release`` lets the
-    inputs go again. ``run_as``, ``mounts`` and the directories are what its container is made
-    of. The time each step took goes into ``usage.timings`` (``pull``, ``inputs``)."""
+    """Makes one claimed run ready on this worker: ``prepare`` gets its image (through ``box``,
+    with the login ``logins`` gives the run), reads who runs it from the image's own account files
+    (``users``, the agent's), makes its directories and fetches its inputs from the agent's
+    ``inputs`` cache; ``release`` lets the inputs go again. ``run_as``, ``mounts`` and the
+    directories are what its container is made of. The time each step took goes into
+    ``usage.timings`` (``pull``, ``inputs``)."""
 
     def __init__(
         self,
@@ -41,8 +44,10 @@ class RunSetup:
         usage: Usage,
         images: ImageCache | None = None,
         inputs: InputCache | None = None,
+        logins: RegistryLogins | None = None,
     ) -> None:
         self.run = run
+        self.logins = logins
         self.config = config
         self.box = box
         self.users = users
@@ -72,7 +77,8 @@ class RunSetup:
         ends here."""
         image = self.run.spec.image or ""
         t0 = self.clock()
-        outcome = self.box.ensure_image(image, self.config.pull, self.config.max_image_size)
+        login = partial(self.logins.for_run, self.run, image) if self.logins is not None else None
+        outcome = self.box.ensure_image(image, self.config.pull, self.config.max_image_size, login)
         if outcome is None and self.images is not None:
             try:
                 self.images.used(image)

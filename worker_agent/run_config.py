@@ -3,11 +3,14 @@ runs use."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runplane import __version__
 from runplane.domain.accounting import Rates
+from runplane.domain.pools import RegistryLogin
+from runplane.domain.secrets import RegistryCredentials
 from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore, SecretOpener, SecretStore
 from runplane.services.skew import STACK_CHECK_SECONDS
 from worker_agent.gpu_access import GpuAccess
@@ -42,6 +45,9 @@ class ExecutorConfig:
     stop_seconds: float = 30.0  # how long a killed container may take to exit; past it, nothing uploads
     remove_seconds: float = 600.0  # how long removing a container may take (a layer of millions of files)
     gpu_access: GpuAccess = field(default_factory=GpuAccess)  # how a run's GPUs reach its container
+    registries: tuple[RegistryLogin, ...] = ()  # the pool's registry logins (worker_agent/registries.py)
+    # the worker's own logins by kind ("ecr", "acr": worker_agent/ecr.py, acr.py), for those entries
+    registry_providers: Mapping[str, Callable[[str], RegistryCredentials]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
