@@ -170,12 +170,14 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
     from runplane.adapters.azure.queues import StorageQueueRunQueue
     from runplane.adapters.azure.quotas import TableQuotaStore
     from runplane.adapters.azure.runs import TableRunStore
+    from runplane.adapters.azure.secrets import TableSecretStore
     from runplane.adapters.azure.sweeps import TableSweepStore
     from runplane.adapters.azure.tokens import TableTokenStore
     from runplane.adapters.azure.workers import TableWorkerRegistry
 
     names = azure_names(settings)
     tables = clients.tables
+    sealer, opener = _azure_secret_keys(settings)
     return _stack(
         settings,
         pools,
@@ -188,7 +190,26 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
         pool_states=TablePoolStateStore(tables.get_table_client(names.pools_table)),
         quotas=TableQuotaStore(tables.get_table_client(names.quotas_table)),
         data_bucket=names.container,
+        secrets=TableSecretStore(tables.get_table_client(names.secrets_table)),
+        sealer=sealer,
+        opener=opener,
     )
+
+
+def _azure_secret_keys(settings: StackSettings) -> tuple[SecretSealer | None, SecretOpener | None]:
+    """An Azure stack's secrets key: a Key Vault key URL (the API wraps, the workers unwrap), or
+    ``file:PATH`` (a key file: one machine, ``runplane dev --cloud azure``); none: no secrets."""
+    key = settings.secrets_key.strip()
+    if key.startswith("file:"):
+        from runplane.adapters.local.keyfile import KeyFileOpener, KeyFileSealer, key_file_path
+
+        path = key_file_path(key, settings.state_dir)
+        return KeyFileSealer(path), KeyFileOpener(path)
+    if key:
+        from runplane.adapters.azure.keyvault import key_vault_keys
+
+        return key_vault_keys(key)
+    return None, None
 
 
 def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:

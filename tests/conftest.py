@@ -245,16 +245,19 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture
 def azure_stack(azurite: str) -> Iterator[Stack]:
     """A freshly provisioned stack (own tables, queues, container) on Azurite, deleted afterwards
-    (Azurite keeps everything in memory)."""
+    (Azurite keeps everything in memory). Its secrets key is a Key Vault key (the fake of
+    tests/fakes/key_vault.py, no emulator exists): sealed with the API's identity, opened with the nodes'."""
     from runplane.adapters.azure.provision import deprovision
     from runplane.adapters.azure.provision import provision as provision_azure
     from runplane.bootstrap import azure_clients, azure_names
+    from tests.fakes.key_vault import deployed_keys
 
     settings = StackSettings(
         cloud="azure", prefix=f"t{uuid.uuid4().hex[:8]}", azure_storage_connection_string=azurite, pools=str(POOLS_FILE)
     )
     clients = azure_clients(settings)
     stack = build_stack(settings, clients)
+    stack.sealer, stack.opener = deployed_keys()
     pools = [p.name for p in stack.pools.pools]
     provision_azure(azure_names(settings), pools, clients)
     yield stack

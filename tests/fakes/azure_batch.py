@@ -30,12 +30,11 @@ import base64
 import email.utils
 import hashlib
 import hmac
-import io
 import json
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -44,8 +43,8 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.transport import HttpTransport
 from azure.core.rest import HttpRequest
-from azure.core.rest._http_response_impl import HttpResponseImpl
-from azure.core.utils import case_insensitive_dict
+
+from tests.fakes.http_response import FakeResponse
 
 API_VERSION = "2024-07-01.20.0"
 TEST_KEY = base64.b64encode(bytes(range(32))).decode()
@@ -547,22 +546,6 @@ class FakeBatchService:
         self.complete(unquote(job_id), task["id"], exit_code=None, failure=failure)
 
 
-class _Response(HttpResponseImpl):
-    def __init__(self, request: HttpRequest, status: int, headers: dict[str, str], body: bytes) -> None:
-        def chunks(**_: Any) -> Iterator[bytes]:
-            yield body
-
-        super().__init__(
-            request=request,
-            internal_response=io.BytesIO(body),
-            status_code=status,
-            reason="",
-            content_type=headers.get("Content-Type"),
-            headers=case_insensitive_dict(headers),
-            stream_download_generator=chunks,
-        )
-
-
 class FakeBatchTransport(HttpTransport[HttpRequest, Any]):
     """azure-core transport that hands each request to ``service`` and never opens a socket.
     Retry back-offs are recorded in ``slept`` instead of waited out."""
@@ -571,7 +554,7 @@ class FakeBatchTransport(HttpTransport[HttpRequest, Any]):
         self.service = service
         self.slept: list[float] = []
 
-    def send(self, request: HttpRequest, **kwargs: Any) -> _Response:
+    def send(self, request: HttpRequest, **kwargs: Any) -> FakeResponse:
         split = urlsplit(request.url)
         if f"{split.scheme}://{split.netloc}" != self.service.endpoint:
             raise ServiceRequestError(f"cannot reach {split.netloc}: only {self.service.endpoint} is served here")
@@ -579,7 +562,7 @@ class FakeBatchTransport(HttpTransport[HttpRequest, Any]):
         if isinstance(content, str):
             content = content.encode()
         status, headers, body = self.service.handle(request.method, request.url, dict(request.headers), content)
-        return _Response(request, status, headers, body)
+        return FakeResponse(request, status, headers, body)
 
     def sleep(self, duration: float) -> None:
         self.slept.append(duration)
