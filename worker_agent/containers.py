@@ -122,7 +122,7 @@ class RunContainer:
         try:
             digest = images.registry_digest(self.client, image, who.auth_config() if who else None)
         except (docker.errors.APIError, requests.RequestException) as e:
-            return self._pull_failure(image, who, e, "is on this worker but its registry did not confirm access to it")
+            return pull_failure(image, who, e, "is on this worker but its registry did not confirm access to it")
         pinned = images.by_digest(image, digest)
         try:
             self.image = self.client.images.get(pinned)
@@ -142,20 +142,7 @@ class RunContainer:
         except images.ImageTooLarge as e:
             return Outcome(RunState.FAILED, FailureReason.IMAGE_TOO_LARGE, str(e))
         except (docker.errors.APIError, requests.RequestException) as e:
-            return self._pull_failure(image, who, e, "is not on this worker and could not be pulled")
-
-    @staticmethod
-    def _pull_failure(image: str, who: Login | None, error: Exception, what: str) -> Outcome:
-        """``image_unauthorized``, naming the registry and the login, when the registry refused;
-        else ``image_not_found`` (no such image, or a registry that cannot be reached)."""
-        if not refused(error):
-            return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"image {image} {what}: {explain(error)}")
-        server = registry_of(image)
-        if who is None:
-            message = f"registry {server} needs a login for image {image}: give image_pull_secret"
-        else:
-            message = f"registry {server} refused the credentials of {who.source} for image {image}"
-        return Outcome(RunState.FAILED, FailureReason.IMAGE_UNAUTHORIZED, f"{message} ({explain(error)})")
+            return pull_failure(image, who, e, "is not on this worker and could not be pulled")
 
     def _refuse_too_large(self, image: str, max_bytes: int | None, pulled: bool) -> Outcome | None:
         why = images.too_large(self.client, image, self.image, max_bytes, pulled)
@@ -404,6 +391,19 @@ def remove_container(
             if clock() >= deadline:
                 return f"not removed within {format_duration(seconds)}: {explain(e)}"
         sleep(min(0.5, max(deadline - clock(), 0.0)))
+
+
+def pull_failure(image: str, who: Login | None, error: Exception, what: str) -> Outcome:
+    """``image_unauthorized``, naming the registry and the login, when the registry refused;
+    else ``image_not_found`` (no such image, or a registry that cannot be reached)."""
+    if not refused(error):
+        return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"image {image} {what}: {explain(error)}")
+    server = registry_of(image)
+    if who is None:
+        message = f"registry {server} needs a login for image {image}: give image_pull_secret"
+    else:
+        message = f"registry {server} refused the credentials of {who.source} for image {image}"
+    return Outcome(RunState.FAILED, FailureReason.IMAGE_UNAUTHORIZED, f"{message} ({explain(error)})")
 
 
 def create_failure(e: docker.errors.APIError, allocation: Allocation | None, verb: str = "create") -> Outcome:

@@ -19,7 +19,7 @@ import pytest
 from runplane.api.openapi import openapi_document
 from runplane.domain.runs import Resources, Run, RunSpec, Usage
 from runplane.domain.states import FailureReason, RunState
-from worker_agent.containers import create_failure
+from worker_agent.containers import create_failure, pull_failure
 from worker_agent.limits import REMOVED, Limits, Seen, disk_over, ended, stop
 from worker_agent.outcome import Outcome
 from worker_agent.resources import Allocation, Gpu
@@ -139,6 +139,17 @@ def removed_under_the_run() -> Outcome:
 @produces(FailureReason.CONTAINER_ERROR)
 def an_engine_error_at_create() -> Outcome:
     return create_failure(docker.errors.APIError("500", explanation="no space left on device"), None)
+
+
+@produces(FailureReason.IMAGE_UNAUTHORIZED)
+def a_registry_that_asks_for_a_login() -> Outcome:
+    # the engine's words for a registry with authentication asked without a login (tests/registry.py)
+    error = docker.errors.APIError(
+        "500", explanation='Head "http://127.0.0.1:5000/v2/lab/private/manifests/1": no basic auth credentials'
+    )
+    outcome = pull_failure("127.0.0.1:5000/lab/private:1", None, error, "could not be pulled")
+    assert outcome.message.startswith("registry 127.0.0.1:5000 needs a login for image 127.0.0.1:5000/lab/private:1")
+    return outcome
 
 
 @produces(FailureReason.GPU_UNAVAILABLE)
