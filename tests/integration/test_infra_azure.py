@@ -24,6 +24,7 @@ from functions.azure import function_app
 from runplane.adapters.azure.provision import AzureNames
 from runplane.adapters.azure.queues import events_queue_name, poison_queue_name, pool_queue_name
 from runplane.settings import StackSettings
+from tests.fakes.key_vault import UNWRAP, WRAP
 
 ROOT = Path(__file__).resolve().parents[2]
 AZURE = ROOT / "infra" / "azure"
@@ -141,6 +142,7 @@ class Arm:
             "uniquestring": lambda *a: hashlib.sha256("|".join(a).encode()).hexdigest()[:13],
             "guid": lambda *a: hashlib.sha256("|".join(map(str, a)).encode()).hexdigest()[:32],
             "resourcegroup": lambda: {"id": "/subscriptions/s/resourceGroups/rg", "location": "westeurope"},
+            "subscription": lambda: {"id": "/subscriptions/s", "subscriptionId": "s", "tenantId": "t"},
             "resourceid": lambda kind, *names: f"id:{kind}/{'/'.join(names)}",
             "subscriptionresourceid": lambda kind, *names: f"subid:{kind}/{'/'.join(names)}",
         }
@@ -202,6 +204,7 @@ TABLE_CONTRIBUTOR = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3"
 QUEUE_CONTRIBUTOR = "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
 BLOB_CONTRIBUTOR = "ba92f5b4-2d11-453d-a403-e96b0029c9fe"
 QUEUE_SENDER = "c6a89b2d-59bc-44d0-9896-0f6e12d7b80a"
+TABLE_READER = "76199698-9eea-4c19-bc75-cec21354c6b6"
 # Storage Queue Data Contributor's data actions (Azure's built-in role definition).
 QUEUE_MESSAGE_ACTIONS = {
     "Microsoft.Storage/storageAccounts/queueServices/queues/messages/delete",
@@ -218,6 +221,10 @@ def role_assignments(arm) -> set[tuple[str, str, str]]:
         (r["properties"]["principalId"].path, r["properties"]["roleDefinitionId"].rsplit("/", 1)[-1], r["scope"])
         for r in instances(arm, "Microsoft.Authorization/roleAssignments")
     }
+
+
+def app_principal(arm) -> str:
+    return f"reference:id:Microsoft.Web/sites/{site(arm)['name']}.identity.principalId"
 
 
 def nodes_principal(arm) -> str:
@@ -339,18 +346,22 @@ def test_the_function_app_is_linux_python_311_with_an_identity_that_may_use_stor
 @pytest.mark.parametrize("prefix", ["runplane", "rp-dev1"])
 def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
     """The agent's identity: table data on the runs, workers and quotas tables, blob data on the data
-    container, its pool queues' messages, sending to the poison and events queues. Never the
-    account, the tokens or pools tables, or the Functions' package container."""
+    container, its pool queues' messages, sending to the poison and events queues; reading the
+    secrets table and unwrapping with the secrets key. Never the account, the tokens or pools
+    tables, or the Functions' package container."""
     arm = Arm(TEMPLATE, {"prefix": prefix, "poolNames": POOLS})
     names = AzureNames(prefix)
     account = "Microsoft.Storage/storageAccounts/" + arm.value("[variables('storageAccountName')]")
     queue_role = arm.value("[variables('workerQueueRole')]")
+    vault, key = arm.value("[variables('keyVaultName')]"), arm.value("[variables('secretsKeyName')]")
     pool_queues = [pool_queue_name(prefix, pool) for pool in POOLS]
     expected = {
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.runs_table}"),
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.workers_table}"),
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.quotas_table}"),
         (BLOB_CONTRIBUTOR, f"{account}/blobServices/default/containers/{names.container}"),
+        (TABLE_READER, f"{account}/tableServices/default/tables/{names.secrets_table}"),
+        (arm.value("[variables('secretsUnwrapRole')]"), f"Microsoft.KeyVault/vaults/{vault}/keys/{key}"),
         (QUEUE_SENDER, f"{account}/queueServices/default/queues/{events_queue_name(prefix)}"),
         *((queue_role, f"{account}/queueServices/default/queues/{q}") for q in pool_queues),
         *((QUEUE_SENDER, f"{account}/queueServices/default/queues/{poison_queue_name(q)}") for q in pool_queues),
@@ -367,8 +378,11 @@ def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
 def test_the_pool_queue_role_handles_messages_and_nothing_else(arm):
     """A custom role, because no built-in one both receives and updates messages without also
     managing the queue (Storage Queue Data Contributor may delete it)."""
-    (role,) = instances(arm, "Microsoft.Authorization/roleDefinitions")
-    assert role["name"] == arm.value("[variables('workerQueueRole')]")
+    (role,) = [
+        r
+        for r in instances(arm, "Microsoft.Authorization/roleDefinitions")
+        if r["name"] == arm.value("[variables('workerQueueRole')]")
+    ]
     props = role["properties"]
     assert props["type"] == "customRole"
     assert props["assignableScopes"] == [arm.value("[resourceGroup().id]")]
@@ -425,3 +439,49 @@ def test_staged_package_is_indexed_as_the_host_would(tmp_path):
     where, names = indexed.stdout.splitlines()
     assert Path(where).is_relative_to(stage)
     assert names.split() == ["api", "dispatcher_events", "dispatcher_schedule", "reaper", "ui"]
+
+
+def test_only_the_function_app_wraps_and_only_the_nodes_unwrap_with_the_secrets_key(arm):
+    """Secrets are sealed by the API (wrap) and opened by the agents (unwrap): each identity gets a
+    custom role of exactly one data action on the one key, and no one gets both, or any other role
+    on the vault or the key. The fake Key Vault of the adapter's tests grants these very actions."""
+    (vault,) = instances(arm, "Microsoft.KeyVault/vaults")
+    assert vault["properties"]["enableRbacAuthorization"] is True
+    assert vault["properties"]["enablePurgeProtection"] is True
+    (key,) = instances(arm, "Microsoft.KeyVault/vaults/keys")
+    key_name = arm.value("[variables('secretsKeyName')]")
+    assert key["name"] == f"{vault['name']}/{key_name}"
+    assert key["properties"]["kty"] == "RSA" and key["properties"]["keySize"] >= 2048
+    assert set(key["properties"]["keyOps"]) == {"wrapKey", "unwrapKey"}
+
+    roles = {r["name"]: r["properties"] for r in instances(arm, "Microsoft.Authorization/roleDefinitions")}
+    actions = {name: {a for p in props["permissions"] for a in p["dataActions"]} for name, props in roles.items()}
+    wrap, unwrap = arm.value("[variables('secretsWrapRole')]"), arm.value("[variables('secretsUnwrapRole')]")
+    assert actions[wrap] == {WRAP} and actions[unwrap] == {UNWRAP}
+    assert all(roles[r]["permissions"][0]["actions"] == [] for r in (wrap, unwrap))
+
+    key_scope = f"Microsoft.KeyVault/vaults/{key['name'].replace('/', '/keys/')}"
+    on_vault = {(p, role, scope) for p, role, scope in role_assignments(arm) if scope.startswith("Microsoft.KeyVault/")}
+    assert on_vault == {(app_principal(arm), wrap, key_scope), (nodes_principal(arm), unwrap, key_scope)}
+    # no other role of the template carries a Key Vault action
+    assert sorted(a for acts in actions.values() for a in acts if a.startswith("Microsoft.KeyVault/")) == sorted(
+        [WRAP, UNWRAP]
+    )
+
+
+def test_the_secrets_key_and_table_reach_the_function_app_and_through_it_the_nodes(arm):
+    settings = {s["name"]: s["value"] for s in site(arm)["properties"]["siteConfig"]["appSettings"]}
+    key = settings["RUNPLANE_SECRETS_KEY"]
+    vault, name = arm.value("[variables('keyVaultName')]"), arm.value("[variables('secretsKeyName')]")
+    assert (
+        str(key) == f"<reference:id:Microsoft.KeyVault/vaults/keys/{vault}/{name}.keyUri>"
+    )  # versionless: a new key version wraps from then on; values record the version that wrapped them
+    assert "secrets_key" in StackSettings.model_fields
+    # the dispatcher hands its RUNPLANE_* settings to the Batch tasks: the key URL is not a credential
+    from runplane.compute.options import CREDENTIAL_NAMES
+
+    assert "RUNPLANE_SECRETS_KEY" not in CREDENTIAL_NAMES
+    # the Function App reads and writes the secrets table through its role on the whole account
+    account = "Microsoft.Storage/storageAccounts/" + arm.value("[variables('storageAccountName')]")
+    assert (app_principal(arm), TABLE_CONTRIBUTOR, account) in role_assignments(arm)
+    assert AzureNames("runplane").secrets_table == arm.value("[variables('secretsTable')]")
