@@ -23,6 +23,9 @@ if [ "$want_test" = "--test" ]; then
   command -v npx >/dev/null || need+=(nodejs npm)
   # the dashboard's browser tests (tests/e2e/test_dashboard.py): Debian's Chromium, driven by Playwright
   [ -x /usr/bin/chromium ] || need+=(chromium)
+  # private images (tests/registry.py): the distribution registry, with an htpasswd file of htpasswd's
+  command -v docker-registry >/dev/null || need+=(docker-registry)
+  command -v htpasswd >/dev/null || need+=(apache2-utils)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}"
