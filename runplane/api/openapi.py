@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the HTTP API, generated whole from its routes (runplane/api/routing.py:
 each operation's parameters, body, answers and errors) and its pydantic models.
 
-Request bodies (``RunSpec``, ``SetPriority``, ``TokenCreate``, ``QuotaLimits``) have the schemas of
+Request bodies (``RunSpec``, ``SetPriority``, ``TokenCreate``, ``QuotaLimits``, ``SecretPut``) have the schemas of
 what the API accepts (pydantic's validation mode: sizes and times may be text such as "512m" or
 "2h"); answers have the schemas of what it sends (serialization mode), made exact: every field is
 required and no other may appear, because the server always sends exactly the model's fields (a
@@ -30,12 +30,12 @@ from pydantic.json_schema import models_json_schema
 from runplane import __version__
 from runplane.api.app import status_of
 from runplane.api.models import ErrorBody, Health
-from runplane.api.routes import fleet, runs, sweeps, tenancy
+from runplane.api.routes import fleet, runs, secrets, sweeps, tenancy
 from runplane.api.routing import OPERATIONS, Answer, Operation, Query, Reply, operation
 from runplane.domain.records import MAX_SPEC_BYTES
 from runplane.domain.wire import since_fields
 
-ROUTES = (runs, sweeps, tenancy, fleet)
+ROUTES = (runs, sweeps, tenancy, secrets, fleet)
 """The modules whose routes the document describes (importing them declares their operations)."""
 
 REF = "#/components/schemas/{model}"

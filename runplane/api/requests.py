@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 
 from runplane.domain.common import NAME_PATTERN, WHOLE
 from runplane.domain.quotas import Period
+from runplane.domain.secrets import MAX_SECRET_BYTES
 from runplane.domain.sweeps import MAX_SWEEP
 from runplane.domain.tenancy import USER_PATTERN, Scope
 from runplane.domain.units import MAX_DURATION
@@ -108,6 +109,31 @@ class UserSettings(BaseModel):
         description="the group the user's runs and sweeps are charged to when they name none and their token "
         "carries several groups; one of the user's groups; null: none (a run must then name its group)",
     )
+
+
+class SecretPut(BaseModel):
+    """``PUT /v1/secrets/{name}`` and ``PUT /v1/groups/{group}/secrets/{name}``: a secret's value,
+    which replaces any it had. It is sealed before it is stored and no answer ever holds it."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"value": "hf_0123456789abcdefghijklmnopqrstuvwxyz"}]}
+    )
+
+    value: str = Field(
+        min_length=1,
+        max_length=MAX_SECRET_BYTES,
+        strict=True,
+        json_schema_extra={"pattern": "^[^\\u0000]*$"},
+        description=f"the value: text of 1 to {MAX_SECRET_BYTES} bytes as UTF-8, without NUL (registry "
+        'credentials: {"username": ..., "password": ...} as JSON text, or a Docker config auths entry)',
+    )
+
+    @field_validator("value")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\0" in value:  # the message never holds the value
+            raise ValueError("a secret's value cannot hold the NUL character")
+        return value
 
 
 class SweepPatch(BaseModel):

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runplane.api.models import Timestamp, WireModel
 from runplane.domain.quotas import Period, QuotaKind
+from runplane.domain.secrets import SECRET_NAME_PATTERN, SECRET_REF_PATTERN
 from runplane.domain.tenancy import TOKEN_ID_PATTERN, Scope
 
 
@@ -181,3 +182,44 @@ class UsageReport(WireModel):
     pool: str | None = Field(description="only runs of this pool")
     rows: list[UsageRow] = Field(description="one per user, group or pool, by key")
     total: UsageRow = Field(description="all rows together (key null)")
+
+
+class SecretView(WireModel):
+    """A secret as every answer shows it: its name, who it belongs to and how a run names it, never
+    its value (no answer of any route holds one)."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "hf-token",
+                    "ref": "vision/hf-token",
+                    "scope": "group",
+                    "owner": "vision",
+                    "size": 37,
+                    "updated_at": 1795426200.125,
+                    "updated_by": "admin",
+                }
+            ]
+        },
+    )
+
+    name: str = Field(pattern=SECRET_NAME_PATTERN)
+    ref: str = Field(
+        pattern=SECRET_REF_PATTERN,
+        description="what a run writes to use it (in secrets or image_pull_secret): 'name' for the caller's own, "
+        "'group/name' for a group's",
+    )
+    scope: Literal["user", "group"] = Field(description="whose it is: a user's own, or a group's")
+    owner: str = Field(description="the user, or the group")
+    size: int = Field(ge=0, description="the value's length in bytes of UTF-8")
+    updated_at: float = Field(description="when its value was last set (Unix seconds)")
+    updated_by: str = Field(description="who set it")
+
+
+class SecretList(WireModel):
+    """``GET /v1/secrets``: the secrets the caller may use, their own then each of their groups' (by
+    group), each by name; ``GET /v1/groups/{group}/secrets``: that group's. Never a value."""
+
+    secrets: list[SecretView]

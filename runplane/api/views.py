@@ -19,13 +19,24 @@ from runplane.api.models import (
     WorkerView,
     timestamp,
 )
-from runplane.api.tenancy_models import Me, QuotaUsage, QuotaView, Token, UsageReport, UsageRow, UserView
+from runplane.api.tenancy_models import (
+    Me,
+    QuotaUsage,
+    QuotaView,
+    SecretView,
+    Token,
+    UsageReport,
+    UsageRow,
+    UserView,
+)
 from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
+from runplane.domain.secrets import scope_parts
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import ApiToken, Principal
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.services.quota_admin import QuotaUse
+from runplane.services.secrets import Secret
 from runplane.services.shown_sweeps import Shown
 from runplane.services.tenancy import UserFacts
 from runplane.services.usage import Report, Row
@@ -197,6 +208,21 @@ def quota_view(found: QuotaUse) -> QuotaView:
             cpu_hours=use.cpu_hours,
             period=use.period,
         ),
+    )
+
+
+def secret_view(secret: Secret) -> SecretView:
+    """A secret's name, owner and size: never its value, nor its sealed form."""
+    record = secret.record
+    kind, owner = scope_parts(record.scope)
+    return SecretView(
+        name=record.name,
+        ref=secret.ref,
+        scope="user" if kind == "user" else "group",
+        owner=owner,
+        size=record.size,
+        updated_at=record.updated_at,
+        updated_by=record.updated_by,
     )
 
 

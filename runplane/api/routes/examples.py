@@ -86,3 +86,12 @@ SWEEP_EXAMPLES = {
         "value": {"run": {"command": "python eval.py --shard $RUNPLANE_SWEEP_INDEX"}, "count": 100},
     },
 }
+
+
+SECRET_EXAMPLES = {
+    "token": {"summary": "an API key", "value": {"value": "hf_0123456789abcdefghijklmnopqrstuvwxyz"}},
+    "registry": {
+        "summary": "a registry login, for image_pull_secret",
+        "value": {"value": '{"username": "ci", "password": "s3cret-registry-password"}'},
+    },
+}

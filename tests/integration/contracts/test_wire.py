@@ -215,6 +215,7 @@ def wire(request, stack, monkeypatch):
     s = bootstrap.build_stack(
         StackSettings(cloud=settings.cloud, prefix=settings.prefix, pools=str(POOLS_FILE), **where)
     )
+    s.sealer = stack.sealer  # Azure's: the suite's Key Vault fake (no emulator); elsewhere the same key
     before = bootstrap.use(s)
     register_token(s.tokens, TOKENS["admin"], "root", scopes=["admin"], now=time.time())
     register_token(s.tokens, TOKENS["alice"], "alice", now=time.time())
@@ -421,6 +422,46 @@ def _usage(wire: Wire) -> None:
     assert wire("GET", "/v1/usage", who=None).status == 401
 
 
+def _secrets(wire: Wire) -> None:
+    """Secrets: set, listed, named by runs and sweeps, removed; a value in no answer; another user's
+    reads as one that does not exist."""
+    value = f"wire-sekrit-{time.time_ns()}"
+    made = wire("PUT", "/v1/secrets/wandb", {"value": value})
+    assert made.status == 200 and made.body["ref"] == "wandb" and made.body["size"] == len(value)
+    group = wire("PUT", "/v1/groups/vision/secrets/hf", {"value": value}, who="admin")
+    assert group.status == 200 and (group.body["ref"], group.body["scope"]) == ("vision/hf", "group")
+    assert wire("PUT", "/v1/groups/vision/secrets/hf", {"value": "x"}, who="carol").status == 403
+    assert wire("PUT", "/v1/groups/Vision/secrets/hf", {"value": "x"}, who="admin").status == 422
+    assert wire("PUT", "/v1/secrets/Wandb", {"value": "x"}).status == 422
+    assert wire("PUT", "/v1/secrets/wandb", {"value": ""}).status == 422
+    assert wire("PUT", "/v1/secrets/wandb", {"value": "\u00e9" * 20_000}).status == 413
+    assert wire("PUT", "/v1/secrets/wandb", data=b"[]").status == 400
+    assert wire("PUT", "/v1/secrets/wandb", {"value": "x"}, who="reader").status == 403
+    assert wire("PUT", "/v1/secrets/wandb", {"value": "x"}, who=None).status == 401
+    lists = [wire("GET", "/v1/secrets"), wire("GET", "/v1/secrets", who="carol"), wire("GET", "/v1/secrets", who="bob")]
+    assert [[s["ref"] for s in got.body["secrets"]] for got in lists] == [["wandb"], ["vision/hf"], []]
+    assert wire("GET", "/v1/groups/vision/secrets", who="admin").body["secrets"] == lists[1].body["secrets"]
+    assert wire("GET", "/v1/groups/vision/secrets", who="carol").status == 403
+    assert wire("GET", "/v1/groups/Vision/secrets", who="admin").status == 404
+    assert wire("GET", "/v1/secrets", who="empty").status == 403
+    used = wire("POST", "/v1/runs", {**PARKED, "secrets": {"WANDB_API_KEY": "wandb"}, "image_pull_secret": "wandb"})
+    assert used.status == 201 and used.body["spec"]["secrets"] == {"WANDB_API_KEY": "wandb"}
+    theirs = wire("POST", "/v1/runs", {**PARKED, "secrets": {"WANDB_API_KEY": "wandb"}}, who="bob")
+    assert (theirs.status, theirs.body["error"]["message"]) == (404, "secret wandb does not exist")
+    sweep = wire("POST", "/v1/sweeps", {"run": {**PARKED, "secrets": {"HF": "vision/hf"}}, "count": 1})
+    assert sweep.status == 404  # alice is not of the group
+    assert value not in json.dumps([made.body, group.body, used.body, *(got.body for got in lists)])
+    assert wire("DELETE", "/v1/secrets/wandb", who="bob").status == 404
+    assert wire("DELETE", "/v1/secrets/wandb").status == 204
+    assert wire("DELETE", "/v1/secrets/wandb").status == 404
+    assert wire("DELETE", "/v1/secrets/Wandb").status == 404
+    assert wire("DELETE", "/v1/secrets/wandb", who="reader").status == 403
+    assert wire("DELETE", "/v1/groups/vision/secrets/hf", who="carol").status == 403
+    assert wire("DELETE", "/v1/groups/vision/secrets/hf", who="admin").status == 204
+    assert wire("DELETE", "/v1/groups/vision/secrets/hf", who="admin").status == 404
+    assert wire("GET", "/v1/secrets/wandb").status == 405
+
+
 def _priority(wire: Wire, run_id: str) -> None:
     """Priorities at submit and on a queued run: a user up to the pool's max_user_priority (50 on
     parked), an admin any; another user's run answers as one that does not exist."""
@@ -511,6 +552,7 @@ def test_every_answer_agrees_with_the_document(wire):
     _tokens(wire)
     _quotas(wire)
     _usage(wire)
+    _secrets(wire)
     _priority(wire, run_id)
     _sweeps(wire)
 
