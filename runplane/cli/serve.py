@@ -338,7 +338,11 @@ def backup_command(
     dest: Annotated[Path, typer.Argument(help="a new (or empty) directory outside the state directory")],
     state_dir: STATE_DIR = Path(DEFAULT_STATE_DIR),
 ) -> None:
-    """Copy the service's state (database and objects) into DEST while it runs: a consistent copy.
+    """Copy the service's state (database, objects and the secrets key file) into DEST while it runs:
+    a consistent copy.
+
+    The copy holds the key that opens the stack's secrets (DEST/secrets.key, mode 0600): keep it as
+    private as the state directory itself. Without it a restored stack cannot open its secrets.
 
     Restore: stop the service, move its state directory aside, copy DEST in its place (keeping its
     owner and modes), start the service.
@@ -348,7 +352,7 @@ def backup_command(
     except BackupError as e:
         raise CliError(str(e)) from e
     err.print(
-        f"copied the database ({copied.database_bytes} bytes) and {copied.objects} objects "
-        f"({copied.object_bytes} bytes) into {dest}",
+        f"copied the database ({copied.database_bytes} bytes), {copied.objects} objects "
+        f"({copied.object_bytes} bytes){' and the secrets key file' if copied.key_file else ''} into {dest}",
         highlight=False,
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from runplane import bootstrap
 from runplane.adapters.local import object_urls
 from runplane.adapters.local.db import DB_FILE, Database, state_path
+from runplane.adapters.local.keyfile import KeyFileSealer
 from runplane.adapters.local.object_urls import PATH_PREFIX
 from runplane.adapters.local.queues import SqliteRunQueue
 from runplane.api.gateway import http_event, response_parts
@@ -64,8 +65,10 @@ class LocalCloud(Cloud):
         return bootstrap.build_stack(settings)
 
     def provision(self, stack: Stack) -> None:
-        """Nothing to make: each store made its tables when built, and objects their directories
-        when written."""
+        """Only the secrets key file to make (when missing): each store made its tables when built,
+        and objects their directories when written."""
+        if isinstance(stack.sealer, KeyFileSealer):
+            stack.sealer.ready()
         self._stack = stack
 
     def _ports_stack(self) -> Stack:

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from runplane.adapters.local.db import DB_FILE, OBJECTS_DIR
+from runplane.adapters.local.keyfile import KEY_FILE
 from worker_agent.workdir import parse_mountinfo, read_mountinfo, sweep_dead
 
 __all__ = [
@@ -30,9 +31,20 @@ ADMIN_TOKEN_PATH = "admin-token"  # noqa: S105 (a file name)
 LOCK_FILE = "lock"
 """In a stack's directory: locked (``flock``) by the stack using it, for as long as it runs; holds its pid."""
 STATE_ENTRIES = frozenset(
-    {DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm", OBJECTS_DIR, "workers", "agents", ADMIN_TOKEN_PATH, LOCK_FILE}
+    {
+        DB_FILE,
+        f"{DB_FILE}-wal",
+        f"{DB_FILE}-shm",
+        OBJECTS_DIR,
+        "workers",
+        "agents",
+        ADMIN_TOKEN_PATH,
+        LOCK_FILE,
+        KEY_FILE,
+    }
 )
-"""What a stack's directory holds: ``fresh`` empties only a directory holding nothing else."""
+"""What a stack's directory holds: ``fresh`` empties only a directory holding nothing else (the
+secrets key file too: the secrets it sealed go with the database)."""
 
 
 class StateLock:

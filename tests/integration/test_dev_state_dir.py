@@ -4,12 +4,14 @@ use."""
 
 import json
 import os
+import stat
 import subprocess
 
 import pytest
 import requests
 
 from runplane.adapters.local.db import DB_FILE
+from runplane.adapters.local.keyfile import KEY_FILE
 from runplane.compute.local.compute import _start_time
 from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.devstack.state_dir import empty
@@ -77,3 +79,23 @@ def test_fresh_never_empties_a_mount_in_the_directory(tmp_path):
         assert (outside / "data").read_text() == "not the stack's"
     finally:
         subprocess.run(["umount", str(point)], check=True)
+
+
+def test_the_secrets_key_file_is_the_directorys_kept_across_starts_and_emptied_by_fresh(tmp_path):
+    """Made at the stack's first start (0600 in the 0700 directory), the same key at every start
+    after; ``--fresh`` empties it with the database whose secrets it sealed."""
+    port = free_port()
+    first = DevStack(_config(tmp_path, port))
+    first.start()
+    first.stop()
+    key = first.state_dir / KEY_FILE
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600 and stat.S_IMODE(first.state_dir.stat().st_mode) == 0o700
+    made = key.read_bytes()
+    again = DevStack(_config(tmp_path, port))
+    again.start()
+    again.stop()
+    assert key.read_bytes() == made
+    fresh = DevStack(_config(tmp_path, port, fresh=True))
+    fresh.start()
+    fresh.stop()
+    assert key.read_bytes() != made

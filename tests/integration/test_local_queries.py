@@ -1,4 +1,4 @@
-"""Every query the SQLite run and sweep stores make is a search of an index (a lookup by key or a
+"""Every query the SQLite run, sweep and secret stores make is a search of an index (a lookup by key or a
 range of one index, in the order the answer needs): never a scan of the table, never a sort, so
 that a read, a listing page, a count, a pool's line and a conditional write cost the log of the
 number of runs, not the number. Each statement is caught as the store runs it and asked for
@@ -8,8 +8,10 @@ import sqlite3
 
 from runplane.adapters.local.db import Database
 from runplane.adapters.local.runs import SqliteRunStore
+from runplane.adapters.local.secrets import SqliteSecretStore
 from runplane.adapters.local.sweeps import SqliteSweepStore
 from runplane.domain.runs import Run, RunSpec
+from runplane.domain.secrets import Sealed, SecretRecord
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import PENDING, Sweep, SweepSpec
 from runplane.ports import Expect
@@ -75,3 +77,23 @@ def test_every_query_of_the_run_and_sweep_stores_searches_an_index(tmp_path):
         steps = [step for step in plan if step.startswith(("SCAN runs", "SCAN sweeps", "USE TEMP B-TREE"))]
         assert steps == [], f"{sql}: {plan}"
         assert any(step.startswith(("SEARCH runs", "SEARCH sweeps")) for step in plan), f"{sql}: {plan}"
+
+
+def test_every_query_of_the_secrets_store_searches_its_key(tmp_path):
+    db = Database.at(tmp_path / "state")
+    secrets = SqliteSecretStore(db)
+    sealed = Sealed(key_id="file:0", wrapped_key="", nonce="", ciphertext="")
+    for scope in ("user:alice", "user:bob", "group:ml"):
+        for i in range(20):
+            secrets.put(SecretRecord(scope=scope, name=f"s{i}", sealed=sealed, updated_at=1.0, updated_by="alice"))
+
+    def work():
+        secrets.get("user:alice", "s3")
+        secrets.list("user:bob")
+        secrets.list("group:ml", limit=5)
+
+    plans = _plans(db, work)
+    assert len(plans) == 3
+    for sql, plan in plans.items():
+        assert [step for step in plan if step.startswith(("SCAN", "USE TEMP B-TREE"))] == [], f"{sql}: {plan}"
+        assert any(step.startswith("SEARCH secrets") for step in plan), f"{sql}: {plan}"

@@ -13,6 +13,7 @@ import pytest
 
 from runplane.adapters.local.backup import BackupError, backup
 from runplane.adapters.local.db import Database
+from runplane.adapters.local.keyfile import KEY_FILE, KeyFileSealer
 from runplane.domain.errors import Misconfigured
 
 
@@ -154,3 +155,37 @@ def test_links_and_other_files_planted_in_the_objects_are_not_followed(state, tm
         "data/runs/r1/stdout",
     ]
     assert (copied.objects, copied.object_bytes) == (1, 6)
+
+
+def test_the_copy_holds_the_secrets_key_file_private(state, tmp_path):
+    """Without its key file a restored stack could open none of its secrets."""
+    KeyFileSealer(state / KEY_FILE).ready()
+    dest = tmp_path / "dest"
+
+    copied = backup(state, dest)
+
+    assert copied.key_file is True
+    assert (dest / KEY_FILE).read_bytes() == (state / KEY_FILE).read_bytes()
+    assert _mode(dest / KEY_FILE) == 0o600
+    elsewhere = tmp_path / "etc" / "runplane.key"
+    KeyFileSealer(elsewhere).ready()
+    backup(state, tmp_path / "other", key_file=elsewhere)  # a key file set outside the state directory
+    assert (tmp_path / "other" / KEY_FILE).read_bytes() == elsewhere.read_bytes()
+
+
+def test_a_stack_without_a_key_file_is_copied_unless_it_holds_secrets(state, tmp_path):
+    copied = backup(state, tmp_path / "first")
+    assert copied.key_file is False and not (tmp_path / "first" / KEY_FILE).exists()
+    with sqlite3.connect(state / "state.db") as db:
+        db.execute("CREATE TABLE secrets (scope TEXT, name TEXT, data TEXT, PRIMARY KEY (scope, name))")
+        db.execute("INSERT INTO secrets VALUES ('user:alice', 'wandb', '{}')")
+    with pytest.raises(BackupError, match=f"the secrets key file {state / KEY_FILE} is missing"):
+        backup(state, tmp_path / "second")
+
+
+def test_a_key_file_others_may_read_is_not_copied(state, tmp_path):
+    KeyFileSealer(state / KEY_FILE).ready()
+    (state / KEY_FILE).chmod(0o644)
+    with pytest.raises(BackupError, match=r"other users may read or write it \(mode 0644\)"):
+        backup(state, tmp_path / "dest")
+    assert not (tmp_path / "dest" / KEY_FILE).exists()

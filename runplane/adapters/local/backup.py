@@ -6,6 +6,11 @@ The objects are copied after it. An object is written whole under a new name and
 place, never changed afterwards, so every object the copied database refers to is already there
 when the tree is copied; objects written later are copied too or not, and nothing refers to them.
 
+The secrets key file is copied last (0600): a secret in the copied database was sealed under a
+key made before it, never rewritten since, so the copy holds the key of every secret it holds. A
+stack whose ``secrets_key`` names a file outside its directory names it here (``key_file``); the
+copy holds it as ``secrets.key`` all the same.
+
 The copy goes into a directory made for it, of this user's alone, written through its open file
 descriptor; the objects are read one name at a time, never through a link (paths.py): a link
 planted in either tree, or swapped in while it is copied, is not followed.
@@ -21,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runplane.adapters.local.db import BUSY_SECONDS, DB_FILE, OBJECTS_DIR, not_private, state_path
+from runplane.adapters.local.keyfile import KEY_FILE, KeyFile
 from runplane.adapters.local.paths import DIR_FLAGS, NOT_THERE, PARTIAL_DIR, descend, objects_dir, open_file
+from runplane.domain.errors import Misconfigured
 
 __all__ = ["BackupError", "Copied", "backup"]
 
@@ -37,12 +44,17 @@ class Copied:
     database_bytes: int
     objects: int
     object_bytes: int
+    key_file: bool = False
+    """Whether the secrets key file was copied (there is none before a stack's first start)."""
 
 
-def backup(state_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Copied:
-    """Copy the stack of ``state_dir`` into ``dest``: ``dest/state.db`` and ``dest/objects/``,
-    ``dest`` made 0700 and every file 0600 (the copy holds the stack's users' data and tokens'
-    hashes). ``dest`` must be new, or an empty directory of this user's that no one else may write
+def backup(
+    state_dir: str | os.PathLike[str], dest: str | os.PathLike[str], key_file: str | os.PathLike[str] | None = None
+) -> Copied:
+    """Copy the stack of ``state_dir`` into ``dest``: ``dest/state.db``, ``dest/objects/`` and
+    ``dest/secrets.key`` (from ``key_file``, by default the one in ``state_dir``), ``dest`` made
+    0700 and every file 0600 (the copy holds the stack's users' data, tokens' hashes and the key
+    of its secrets). ``dest`` must be new, or an empty directory of this user's that no one else may write
     in, outside ``state_dir``; ``state_dir`` too must be this user's alone.
 
     Raises BackupError (no stack there, a bad ``dest``, a failed copy: a half-made copy is left
@@ -65,11 +77,18 @@ def backup(state_dir: str | os.PathLike[str], dest: str | os.PathLike[str]) -> C
     try:
         database_bytes = _copy_database(database, into)
         objects, object_bytes = _copy_objects(root, into)
+        key_path = Path(os.fspath(key_file)).expanduser().absolute() if key_file is not None else root / KEY_FILE
+        copied_key = _copy_key(key_path, into)
+        if not copied_key and _sealed_secrets(into):
+            raise BackupError(
+                f"the secrets key file {key_path} is missing: the copy would hold secrets no one can open "
+                "(is the key file set elsewhere, RUNPLANE_SECRETS_KEY?)"
+            )
     except (OSError, sqlite3.Error) as e:
         raise BackupError(f"the backup into {target} failed: {e}") from e
     finally:
         os.close(into)
-    return Copied(database_bytes, objects, object_bytes)
+    return Copied(database_bytes, objects, object_bytes, copied_key)
 
 
 def _new_directory(target: Path) -> int:
@@ -116,6 +135,34 @@ def _copy_database(source: Path, into: int) -> int:
     finally:
         src.close()
     return os.stat(DB_FILE, dir_fd=into).st_size
+
+
+def _copy_key(path: Path, into: int) -> bool:
+    """Copy the secrets key file ``path`` into ``secrets.key`` (0600) of ``into``; False when there
+    is none. BackupError for one the stack would refuse (another user's, readable by others)."""
+    try:
+        key = KeyFile(path).key(make=False)
+    except Misconfigured as e:
+        if not path.exists() and not path.is_symlink():
+            return False
+        raise BackupError(str(e)) from e
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    with os.fdopen(os.open(KEY_FILE, flags, 0o600, dir_fd=into), "wb") as writer:
+        writer.write(key)
+        writer.flush()
+        os.fsync(writer.fileno())
+    return True
+
+
+def _sealed_secrets(into: int) -> int:
+    """How many secrets the copied database of ``into`` holds."""
+    copy = sqlite3.connect(f"file:/proc/self/fd/{into}/{DB_FILE}?mode=ro", uri=True)
+    try:
+        if not copy.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'secrets'").fetchone():
+            return 0
+        return int(copy.execute("SELECT count(*) FROM secrets").fetchone()[0])
+    finally:
+        copy.close()
 
 
 def _copy_objects(root: Path, into: int) -> tuple[int, int]:

@@ -1,7 +1,8 @@
 """Secrets sealed under a key file: the stack on one machine (and an Azure stack set to ``file:PATH``).
 
 The file holds 32 random bytes, made once (``O_CREAT | O_EXCL``, mode 0600, in a directory of this
-user's that no one else may write in) and never rewritten: losing or replacing it loses every
+user's that no one else may write in; written whole, then linked to its name, which never replaces
+a file there) and never rewritten: losing or replacing it loses every
 secret sealed under it, so ``runplane serve backup`` copies it with the database. A file that
 group or others may read, or that is not this user's, is refused with a message saying so.
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Mapping
@@ -69,17 +71,25 @@ class KeyFile:
         why = not_private(folder.stat())
         if why is not None:
             raise Misconfigured(f"the secrets key file's directory {folder} is refused: {why}")
-        try:
-            fd = os.open(self.path, _MAKE_FLAGS, 0o600)
-        except FileExistsError:
+        if self.path.exists() or self.path.is_symlink():
             return  # made before, by this process or another: never rewritten
+        # written whole under a name of its own, then linked to its name (which fails when another
+        # process linked its key first): no reader ever sees a key file half written
+        draft = folder / f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+        try:
+            fd = os.open(draft, _MAKE_FLAGS, 0o600)
+            try:
+                os.write(fd, os.urandom(KEY_BYTES))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, self.path, follow_symlinks=False)
         except OSError as e:
             raise Misconfigured(f"the secrets key file {self.path} cannot be made: {e.strerror}") from e
-        try:
-            os.write(fd, os.urandom(KEY_BYTES))
-            os.fsync(fd)
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                draft.unlink()
         with contextlib.suppress(OSError):  # the file's name too survives a crash
             dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
             try:
@@ -128,6 +138,11 @@ class KeyFileSealer:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.file = KeyFile(path)
+
+    def ready(self) -> str:
+        """Make the key file now when it is missing (a stack does at its start, so that a key it
+        cannot use is said then, and its backups hold the key); its key's id. Misconfigured: unusable."""
+        return key_id(self.file.key(make=True))
 
     def seal(self, value: bytes, context: Mapping[str, str]) -> Sealed:
         key = self.file.key(make=True)
