@@ -22,6 +22,7 @@ from worker_agent.inputs import InputCache
 from worker_agent.intake import Intake
 from worker_agent.metrics import AgentMetrics, Gauges
 from worker_agent.netcheck import NetworkCheck
+from worker_agent.prefetch import Prefetch
 from worker_agent.quota_holds import QuotaHolds
 from worker_agent.recovery import Recovery
 from worker_agent.reporting import Reporter
@@ -50,6 +51,7 @@ class Agent:
         inputs: InputCache | None = None,
         images: ImageCache | None = None,
         network: NetworkCheck | None = None,
+        prefetch: Prefetch | None = None,
     ) -> None:
         self.config = config
         # runs that ask for a network get one only where the start-up check passed (network.py)
@@ -58,6 +60,7 @@ class Agent:
         network_refused: str | None = None if self.network else refused or "its network was not checked"
         self.inputs = inputs
         self.images = images
+        self.prefetch = prefetch
         self.ports = ports
         self.docker = docker_client
         self.clock = clock
@@ -106,11 +109,16 @@ class Agent:
         self.config.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the runs' files: this user's alone
         self.recovery.recover_own_runs()
         self.recovery.sweep_orphans()
+        if self.prefetch is not None:  # starting, not idle, until its pool's images are here
+            self.reporter.pulling = self.prefetch.first()
         self.reporter.heartbeat()
         beat = threading.Thread(target=self.reporter.beat_until, args=(self._drained,), name="heartbeat", daemon=True)
         beat.start()
         slots = self.slots
         try:
+            if self.prefetch is not None:
+                self.prefetch.run(self.reporter.show_pulling, slots.stopping)
+                self.last_busy = self.clock()  # idle from when it could take runs
             while not slots.stopping.is_set():
                 reason = self._exit_condition()
                 if reason:

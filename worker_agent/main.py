@@ -68,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from worker_agent.images import ImageCache
     from worker_agent.inputs import InputCache
     from worker_agent.netcheck import check_network
+    from worker_agent.prefetch import Prefetch
     from worker_agent.run_config import AgentPorts
     from worker_agent.selflog import LogUploader
 
@@ -146,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", settings.max_image_cache_size),
         network=network,
+        # the pool's images before its first run (a worker that never pulls runs what it has)
+        prefetch=Prefetch(client, pool.prefetch_images) if pool.prefetch_images and settings.pull != "never" else None,
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -10,7 +10,7 @@ import threading
 
 from runplane.domain.errors import LeaseLost, RunplaneError
 from runplane.domain.versions import agent_refusal
-from runplane.domain.workers import Worker
+from runplane.domain.workers import Pulling, Worker
 from runplane.ports import Clock, ObjectStore, WorkerRegistry
 from runplane.services import lifecycle, skew
 from worker_agent.run_config import AgentConfig, AgentPorts
@@ -55,6 +55,9 @@ class Reporter:
         self.started_at = clock()
         self.refused: str | None = None
         self.checked_at = self.started_at
+        self.pulling: Pulling | None = None
+        """The image it pulls before it takes runs (worker_agent/prefetch.py); its status is starting meanwhile."""
+        self._writing = threading.Lock()  # a report of the pull and a heartbeat: the later one's item stays
 
     def register(self) -> str | None:
         """Check this agent's version against the control plane's window (``stack_refusal``).
@@ -111,8 +114,21 @@ class Reporter:
                 log.warning("lease renewal of %s failed: %s", run.id, e)
         self.report("busy" if executors else "idle")
 
+    def show_pulling(self, pulling: Pulling | None) -> None:
+        """Say in this worker's item which image it pulls before it takes runs, and how far (None:
+        done; it is idle from now)."""
+        self.pulling = pulling
+        self.report("idle")
+
     def report(self, status: str) -> None:
         """Write this worker's item: ``status`` and what it holds now (a failure is logged)."""
+        with self._writing:
+            self._report(status)
+
+    def _report(self, status: str) -> None:
+        pulling = self.pulling
+        if pulling is not None and status == "idle":
+            status = "starting"
         owners = self.slots.owners()
         runs = list(owners)
         left = self.slots.runs_left()
@@ -148,6 +164,7 @@ class Reporter:
                     group=self.config.group,
                     network_refused=self.network_refused,
                     refused=self.refused,
+                    pulling=pulling,
                 )
             )
         except RunplaneError as e:

@@ -74,6 +74,14 @@ def format_bytes(value: int) -> str:
     return str(value)
 
 
+def format_progress(done: int, total: int) -> str:
+    """How much of ``total`` bytes is done, both in the unit of the total: '1.2 of 4.5 GB'."""
+    for unit, factor in (("TB", 1024**4), ("GB", 1024**3), ("MB", 1024**2), ("kB", 1024)):
+        if total >= factor:
+            return f"{done / factor:.1f} of {total / factor:.1f} {unit}"
+    return f"{done} of {total} bytes"
+
+
 def format_duration(seconds: float) -> str:
     """Short human form: 5400 -> '1h30m'."""
     seconds = round(seconds)

@@ -8,6 +8,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, field_validator, mode
 
 from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.runs import Run
+from runplane.domain.units import format_progress
 from runplane.domain.wire import Record, Since
 
 
@@ -79,6 +80,21 @@ class PoolRecord(Record):
         return len([s for s in self.starting.values() if s.worker_id not in registered])
 
 
+class Pulling(Record):
+    """An image a new worker pulls before it takes its first run (its pool's ``prefetch_images``),
+    and how far it is: bytes of the layers the registry announced so far, and of those downloaded."""
+
+    image: str
+    done: int = 0
+    total: int = 0
+
+    def describe(self) -> str:
+        """'worker pulling image X (1.2 of 4.5 GB)'."""
+        if self.total <= 0:
+            return f"worker pulling image {self.image}"
+        return f"worker pulling image {self.image} ({format_progress(min(self.done, self.total), self.total)})"
+
+
 WorkerStatus = Literal["starting", "idle", "busy", "draining", "offline"]
 
 
@@ -116,6 +132,8 @@ class Worker(Record):
     refused: Annotated[str | None, Since("0.2")] = None
     """Why the control plane refused this worker's agent at registration (its version is outside the
     window of runplane.domain.versions): it took no runs and exited. None: it was not refused."""
+    pulling: Annotated[Pulling | None, Since("0.3")] = None
+    """The image it pulls before it takes runs, while it does (its status is then ``starting``)."""
 
     def refuses(self, run: Run) -> str | None:
         """Why this worker does not take ``run`` (its tag, group or network), or None if it does."""

@@ -250,11 +250,10 @@ def explain_wait(
                 )
             return f"no live worker of pool {pool.name} takes this run: {closest[0].refuses(run)}"
         workers = takers
-    free = sum(w.free_slots for w in workers)
     registered = {w.id for w in workers}
     starting = record.starting_among(registered) if record else 0
-    if free:
-        why = f"{free} free slot(s) on {len(workers)} worker(s) of pool {pool.name}: it should start within seconds"
+    if room := _room(pool.name, workers):
+        why = room
     elif record is not None and record.disabled_reason is not None:
         why = f"pool {pool.name} is disabled: {record.disabled_reason}"
     elif pool.max_workers == 0 and not workers:
@@ -273,6 +272,16 @@ def explain_wait(
     if queued_as and queued_as.startswith("re-queued"):
         return f"{queued_as}; {why}"
     return why
+
+
+def _room(pool: str, workers: Sequence[Worker]) -> str | None:
+    """The free slots of ``workers``, or the image a new one pulls before it takes runs (its pool's
+    ``prefetch_images``: worker_agent/prefetch.py), in words; None: neither."""
+    free = sum(w.free_slots for w in workers if w.pulling is None)
+    if free:
+        return f"{free} free slot(s) on {len(workers)} worker(s) of pool {pool}: it should start within seconds"
+    pulling = [w.pulling for w in workers if w.pulling is not None]
+    return pulling[0].describe() if pulling else None
 
 
 def alive_workers(ports: Ports, pool: str) -> list[Worker]:

@@ -1,0 +1,136 @@
+"""A new worker pulls its pool's prefetch_images before it takes its first run: on the local stack
+and the real engine, from a registry of the test's own on loopback whose layer is held half sent
+until the test lets it go. While it pulls, its item and the waiting reason of a queued run say which
+image and how far; a prefetch that fails leaves the worker serving."""
+
+import contextlib
+import os
+import threading
+import time
+
+import docker.errors
+import pytest
+
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
+from runplane.domain.workers import Worker
+from runplane.services.overview import why_waiting
+from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE, wait_for
+from tests.integration.test_images import Registry
+from worker_agent.agent import Agent
+from worker_agent.prefetch import Prefetch
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
+
+pytestmark = pytest.mark.docker
+
+MiB = 1024**2
+
+
+class Held(bytes):
+    """A blob whose second half is sent only once ``gate`` is set."""
+
+    gate: threading.Event
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        if isinstance(index, slice) and (index.start or 0) >= len(self) // 2:
+            self.gate.wait(120)
+        return bytes.__getitem__(self, index)
+
+
+@pytest.fixture
+def registry(docker_client):
+    served = Registry()
+    yield served
+    served.close()
+    for image in docker_client.images.list():
+        for tag in image.tags:
+            if tag.startswith(f"{served.host}/"):
+                with contextlib.suppress(docker.errors.APIError):
+                    docker_client.images.remove(tag, force=True)
+
+
+def start_agent(stack, docker_client, tmp_path, images):
+    work_dir = tmp_path / "w-pre"
+    config = AgentConfig(
+        pool="manual",
+        worker_id="w-pre",
+        work_dir=work_dir,
+        cpuset=(0,),
+        poll_seconds=1,
+        heartbeat_seconds=0.5,
+        executor=ExecutorConfig(worker_id="w-pre", work_dir=work_dir, stack_id=stack.settings.stack_id()),
+    )
+    ports = AgentPorts(stack.store, stack.queue, stack.objects)
+    agent = Agent(
+        config, ports, stack.workers, docker_client, time.time, prefetch=Prefetch(docker_client, images, every=0.2)
+    )
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    return agent, thread
+
+
+def submit(stack):
+    spec = RunSpec.model_validate({"command": "true", "queue": "manual", "image": TEST_IMAGE})
+    return submit_run(stack.ports, Principal(user="a"), spec, None).run
+
+
+def claimed_at(stack, run_id: str) -> float:
+    """When this test's worker claimed the run (waited for)."""
+
+    def claim() -> float | None:
+        events = stack.store.get(run_id).events
+        return next((e.at for e in events if e.message.startswith("attempt 1 claimed by worker w-pre")), None)
+
+    found: float = wait_for(claim, 60, 0.1, "the run's claim")
+    return found
+
+
+def item(stack) -> Worker | None:
+    return next((w for w in stack.workers.list("manual") if w.id == "w-pre"), None)
+
+
+def test_a_new_worker_takes_its_first_run_once_its_pools_images_are_pulled(
+    local_stack, docker_client, tmp_path, registry
+):
+    gate = threading.Event()
+    ref = registry.publish("runplane/prefetch", os.urandom(4 * MiB))
+    layer = registry.layer.rsplit("/", 1)[1]
+    held = Held(registry.blobs[layer][0])
+    held.gate = gate
+    registry.blobs[layer] = (held, registry.blobs[layer][1])
+    run = submit(local_stack)
+    agent, thread = start_agent(local_stack, docker_client, tmp_path, [ref])
+    try:
+        pulling = wait_for(
+            lambda: (w := item(local_stack)) and w.pulling and w.pulling.done and w, 60, 0.1, "the pull's progress"
+        )
+        assert pulling.status == "starting" and pulling.pulling.image == ref
+        assert 0 < pulling.pulling.done < pulling.pulling.total
+        waiting = local_stack.store.get(run.id)
+        assert waiting.state == RunState.QUEUED
+        why = why_waiting(local_stack.ports, waiting)
+        assert why is not None and why.startswith(f"worker pulling image {ref} (") and why.endswith(" MB)"), why
+        released_at = time.time()
+        gate.set()
+        assert claimed_at(local_stack, run.id) >= released_at  # not before its images were here
+        assert docker_client.images.get(ref)
+        assert wait_for(lambda: (w := item(local_stack)) and w.pulling is None and w.status != "starting", 10)
+    finally:
+        gate.set()
+        agent.stop()
+        thread.join(60)
+
+
+def test_a_worker_whose_prefetch_fails_goes_on_and_takes_runs(local_stack, docker_client, tmp_path, registry, caplog):
+    absent = f"{registry.host}/runplane/absent:1"
+    run = submit(local_stack)
+    agent, thread = start_agent(local_stack, docker_client, tmp_path, [absent])
+    try:
+        assert claimed_at(local_stack, run.id)
+        assert any(f"prefetch of image {absent} failed" in r.getMessage() for r in caplog.records)
+        assert (w := item(local_stack)) is not None and w.pulling is None
+    finally:
+        agent.stop()
+        thread.join(60)
