@@ -28,7 +28,18 @@ from runplane.api.models import (
     SweepView,
     WorkerView,
 )
-from runplane.api.tenancy_models import Me, QuotaUsage, QuotaView, Token, TokenCreated, UsageReport, UsageRow, UserView
+from runplane.api.tenancy_models import (
+    Me,
+    QuotaUsage,
+    QuotaView,
+    SecretList,
+    SecretView,
+    Token,
+    TokenCreated,
+    UsageReport,
+    UsageRow,
+    UserView,
+)
 from runplane.client._core import RawResponse, RetryPolicy
 from runplane.client._options import RunOptions
 from runplane.client._sync import Client
@@ -95,6 +106,8 @@ __all__ = [
     "RunSpec",
     "RunState",
     "RunView",
+    "SecretList",
+    "SecretView",
     "ServerError",
     "Sweep",
     "SweepRetried",

@@ -1,5 +1,5 @@
 """A client's settings and requests, and the plans of everything but runs and sweeps: pools,
-workers, tokens, users, quotas and usage. ``Plans`` (``_plans``) adds runs and sweeps."""
+workers, tokens, users, quotas, secrets and usage. ``Plans`` (``_plans``) adds runs and sweeps."""
 
 from __future__ import annotations
 
@@ -12,13 +12,25 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 
 from runplane.api.models import PoolList, PoolView, WorkerList, WorkerView
-from runplane.api.tenancy_models import Me, QuotaList, QuotaView, Token, TokenCreated, TokenList, UsageReport, UserView
+from runplane.api.tenancy_models import (
+    Me,
+    QuotaList,
+    QuotaView,
+    SecretList,
+    SecretView,
+    Token,
+    TokenCreated,
+    TokenList,
+    UsageReport,
+    UserView,
+)
 from runplane.client._core import (
     USER_AGENT,
     ApiRequest,
     Plan,
     RawResponse,
     RetryPolicy,
+    Sensitive,
     parse,
     query_params,
     quote_segment,
@@ -162,6 +174,21 @@ class AdminPlans:
     def delete_quota(self, subject: str) -> Plan[None]:
         yield from self.raw("DELETE", quota_path(subject))
 
+    # secrets
+
+    def secrets(self, group: str | None) -> Plan[list[SecretView]]:
+        return (yield from self._get(SecretList, secrets_path(group))).secrets
+
+    def set_secret(self, name: str, value: str, group: str | None) -> Plan[SecretView]:
+        """Raises TypeError for a value that is not text (the API keeps UTF-8 text)."""
+        if not isinstance(value, str):
+            raise TypeError(f"a secret's value is text (str), got {type(value).__name__}")
+        body = Sensitive(value=value)
+        return parse(SecretView, (yield from self.raw("PUT", secrets_path(group, name), body)))
+
+    def delete_secret(self, name: str, group: str | None) -> Plan[None]:
+        yield from self.raw("DELETE", secrets_path(group, name))
+
     # usage
 
     def usage(self, filters: Mapping[str, Any]) -> Plan[UsageReport]:
@@ -180,6 +207,17 @@ def moment(name: str, value: datetime | float | str | None) -> str | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         return repr(value)
     raise ValueError(f"{name} must be a datetime, Unix seconds or an ISO 8601 string, got {value!r}")
+
+
+def secrets_path(group: str | None, name: str | None = None) -> str:
+    """Where secrets are: yours (``/v1/secrets``) or ``group``'s; ``name``: that one. Raises
+    ValueError for an empty group or name (it would name the list)."""
+    if group is not None and not group:
+        raise ValueError("group is empty: give a group's name, or None for your own secrets")
+    if name is not None and not name:
+        raise ValueError("a secret's name is empty")
+    path = "/v1/secrets" if group is None else f"/v1/groups/{quote_segment(group)}/secrets"
+    return path if name is None else f"{path}/{quote_segment(name)}"
 
 
 def quota_path(subject: str) -> str:

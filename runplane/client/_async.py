@@ -14,7 +14,7 @@ from typing import Any, TypeVar, Unpack
 import httpx
 
 from runplane.api.models import LogPage, OutputFile, PoolView, RunPage, WorkerView
-from runplane.api.tenancy_models import Me, QuotaView, Token, TokenCreated, UsageReport, UserView
+from runplane.api.tenancy_models import Me, QuotaView, SecretView, Token, TokenCreated, UsageReport, UserView
 from runplane.client._async_run import AsyncRun, AsyncSweep, PlanResult
 from runplane.client._core import (
     USER_AGENT,
@@ -341,6 +341,20 @@ class AsyncClient:
     async def delete_quota(self, subject: str) -> None:
         """See ``Client.delete_quota``."""
         await self._drive(self._plans.delete_quota(subject))
+
+    # --- secrets ----------------------------------------------------------------------------
+
+    async def set_secret(self, name: str, value: str, *, group: str | None = None) -> SecretView:
+        """See ``Client.set_secret``."""
+        return await self._drive(self._plans.set_secret(name, value, group))
+
+    async def secrets(self, *, group: str | None = None) -> list[SecretView]:
+        """See ``Client.secrets``."""
+        return await self._drive(self._plans.secrets(group))
+
+    async def delete_secret(self, name: str, *, group: str | None = None) -> None:
+        """See ``Client.delete_secret``."""
+        await self._drive(self._plans.delete_secret(name, group))
 
     # --- usage ------------------------------------------------------------------------------
 

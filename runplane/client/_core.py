@@ -54,6 +54,17 @@ class ApiRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
 
 
+class Sensitive(dict[str, Any]):
+    """A request body that holds a secret's value: sent as the JSON of its items like any dict,
+    shown by ``repr`` and ``str`` (a request's, a plan step's, a log line's, a traceback's) with
+    every value as ``***``."""
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{key!r}: '***'" for key in self) + "}"
+
+    __str__ = __repr__
+
+
 @dataclass(frozen=True)
 class RawResponse:
     """A successful answer: its HTTP status (201 for a run made, 200 for one its

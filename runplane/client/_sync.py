@@ -13,7 +13,7 @@ from typing import Any, TypeVar, Unpack
 import httpx
 
 from runplane.api.models import LogPage, OutputFile, PoolView, RunPage, WorkerView
-from runplane.api.tenancy_models import Me, QuotaView, Token, TokenCreated, UsageReport, UserView
+from runplane.api.tenancy_models import Me, QuotaView, SecretView, Token, TokenCreated, UsageReport, UserView
 from runplane.client._core import (
     USER_AGENT,
     Dropped,
@@ -393,6 +393,27 @@ class Client:
     def delete_quota(self, subject: str) -> None:
         """Remove the quota of ``subject`` (admin); NotFound when there is none."""
         self._drive(self._plans.delete_quota(subject))
+
+    # --- secrets ----------------------------------------------------------------------------
+
+    def set_secret(self, name: str, value: str, *, group: str | None = None) -> SecretView:
+        """Store ``value`` as your secret ``name`` (runs name it ``name``), or as ``group``'s
+        (admin; the group's members' runs name it ``group/name``), in place of any value it had:
+        runs that start afterwards get the new one. The answer describes it, never holds the
+        value, and no call ever reads a value back. Raises InvalidRequest for a name or value the
+        API refuses (empty, over 32 KiB, a NUL), ServerError (503) on a stack without a secrets
+        store."""
+        return self._drive(self._plans.set_secret(name, value, group))
+
+    def secrets(self, *, group: str | None = None) -> list[SecretView]:
+        """The secrets you may use, by scope then name: your own and those of your token's groups
+        (names and sizes, never values); ``group``: that group's (admin)."""
+        return self._drive(self._plans.secrets(group))
+
+    def delete_secret(self, name: str, *, group: str | None = None) -> None:
+        """Delete your secret ``name``, or ``group``'s (admin): runs that start afterwards and name
+        it fail ``secret_unavailable``. NotFound when there is none."""
+        self._drive(self._plans.delete_secret(name, group))
 
     # --- usage ------------------------------------------------------------------------------
 
