@@ -4,6 +4,7 @@ import { h, keepFocus, message, replace } from "./dom.js";
 import { poolsPage } from "./pools.js";
 import { runPage } from "./run.js";
 import { runsPage } from "./runs.js";
+import { secretsPage } from "./secrets.js";
 import { sweepPage, sweepsPage } from "./sweeps.js";
 import { usagePage } from "./usage.js";
 
@@ -135,6 +136,7 @@ const routes = [
   [/^\/sweeps$/, () => sweepsPage(main, session)],
   [/^\/pools$/, () => poolsPage(main, session)],
   [/^\/usage$/, () => usagePage(main, session)],
+  [/^\/secrets$/, () => secretsPage(main, session)],
 ];
 
 function show() {

@@ -3,6 +3,7 @@
 import { get, post } from "./api.js";
 import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runLink, safeHref, say, seconds, svg, TERMINAL, table, when } from "./dom.js";
 import { OWNER_RETRIES, RETRY_MEANS, resubmit, retryable, unsuccessful } from "./runs.js";
+import { runSecrets } from "./secrets.js";
 
 const REFRESH_MS = 1500;
 const WAIT_S = 20; // the longest the API holds a read of the run until it changes
@@ -304,6 +305,7 @@ export function runPage(main, runId, session) {
       waterfall(run),
       resources(run),
       links(run),
+      runSecrets(run.spec),
     );
   }
 

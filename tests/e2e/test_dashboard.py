@@ -578,11 +578,52 @@ def test_markup_in_a_run_name_and_its_log_is_shown_as_text(tab, alice):
     assert page.locator("main img, main script, pre b").count() == 0
 
 
+def test_the_secrets_page_lists_names_and_no_page_holds_a_value(tab, alice):
+    """The Secrets page (from the navigation) lists the secrets alice may use; it and the page of a
+    run that uses one show references only: the value's bytes are in no page and no answer the
+    page read."""
+    value = f"sekrit-{uuid.uuid4().hex}"
+    ref = unique("key")
+    alice.request("PUT", f"/v1/secrets/{ref}", {"value": value})
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {
+            "command": "true",
+            "name": unique("secret"),
+            "queue": "parked",
+            "secrets": {"TOKEN": ref},
+            "image_pull_secret": ref,
+        },
+    )
+    try:
+        t = tab()
+        answers: list = []
+        t.page.on("response", lambda r: "/v1/" in r.url and answers.append(r))
+        t.sign_in("alice-token")
+        page = t.page
+        page.get_by_role("link", name="Secrets").click()
+        page.wait_for_url(re.compile("#/secrets$"))
+        listed = page.locator(f'tr[data-ref="{ref}"]')
+        expect(listed).to_contain_text("user alice")
+        expect(listed.locator("th")).to_have_text(ref)
+        expect(page.get_by_role("link", name="Secrets")).to_have_attribute("aria-current", "page")
+        assert value not in page.content()
+        t.go(f"/runs/{run['id']}")
+        expect(page.locator("ul.secrets li")).to_have_text([f"TOKEN → {ref}"])
+        expect(page.locator("main")).to_contain_text(f"Image pulled with the login in {ref}")
+        assert value not in page.content()
+        assert answers and all(value not in r.text() for r in answers if r.ok and r.request.method == "GET")
+    finally:
+        alice.request("POST", f"/v1/runs/{run['id']}/kill")
+        alice.request("DELETE", f"/v1/secrets/{ref}")
+
+
 def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice, devstack):
     run = alice.request("POST", "/v1/runs", {"command": "echo shown; echo 1 > out", "name": unique("shot")})
     wait_state(alice, run["id"], TERMINAL)
     sweeps = alice.request("GET", "/v1/sweeps", query={"limit": 1})["sweeps"]
-    pages = {"runs": "/runs", "run": f"/runs/{run['id']}", "pools": "/pools", "usage": "/usage"}
+    pages = {"runs": "/runs", "run": f"/runs/{run['id']}", "pools": "/pools", "usage": "/usage", "secrets": "/secrets"}
     if sweeps:
         pages["sweep"] = f"/sweeps/{sweeps[0]['id']}"
     for width, height, suffix in ((1280, 800, ""), (390, 844, "-phone")):
