@@ -37,8 +37,10 @@ if TYPE_CHECKING:
 
     from runplane.bootstrap import Stack
     from runplane.domain.pools import Pool
+    from runplane.domain.secrets import RegistryCredentials
     from worker_agent.agent import Agent
     from worker_agent.netcheck import NetworkCheck
+    from worker_agent.registries import RegistryLogins
     from worker_agent.run_config import AgentConfig
 
 
@@ -148,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", settings.max_image_cache_size),
         network=network,
         # the pool's images before its first run (a worker that never pulls runs what it has)
-        prefetch=Prefetch(client, pool.prefetch_images) if pool.prefetch_images and settings.pull != "never" else None,
+        prefetch=Prefetch(client, pool.prefetch_images, pool_logins(stack, pool, config))
+        if pool.prefetch_images and settings.pull != "never"
+        else None,
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -195,6 +199,15 @@ def pool_or_status(stack: Stack, settings: AgentSettings, worker_id: str) -> Poo
         stack.workers.put(worker)
     print(f"runplane-agent: error: {refused}", file=sys.stderr)
     return 1
+
+
+def pool_logins(stack: Stack, pool: Pool, config: AgentConfig) -> RegistryLogins:
+    """The logins of the pool's own registries, for what the worker pulls for no run in particular."""
+    from worker_agent.registries import RegistryLogins
+    from worker_agent.secrets import RunSecrets
+
+    providers = config.executor.registry_providers if config.executor is not None else {}
+    return RegistryLogins(RunSecrets(stack.secrets, stack.opener), pool.registries, providers)
 
 
 def _say_exit(agent: Agent, worker_id: str, reason: str) -> None:
@@ -287,8 +300,23 @@ def agent_config(
             inputs_view=inputs_view,
             gpu_access=gpu_access or GpuAccess(),
             registries=tuple(pool.registries),
+            registry_providers=cloud_logins(pool),
         ),
     )
+
+
+def cloud_logins(pool: Pool) -> dict[str, Callable[[str], RegistryCredentials]]:
+    """The worker's own logins for its pool's ``ecr`` and ``acr`` registries (one of each, shared
+    by all its runs: tokens are kept and fetched again before they expire)."""
+    from worker_agent.acr import AcrLogins
+    from worker_agent.ecr import EcrLogins
+
+    logins: dict[str, Callable[[str], RegistryCredentials]] = {}
+    if any(r.ecr for r in pool.registries):
+        logins["ecr"] = EcrLogins()
+    if any(r.acr for r in pool.registries):
+        logins["acr"] = AcrLogins()
+    return logins
 
 
 def _log_shortfalls(config: AgentConfig, pool: Pool) -> None:

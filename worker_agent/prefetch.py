@@ -16,8 +16,8 @@ import docker.errors
 import requests
 from docker.utils import parse_repository_tag
 
-from runplane.domain.secrets import SecretUnavailable
 from runplane.domain.workers import Pulling
+from worker_agent.registries import LoginUnavailable, RegistryLogins
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +26,6 @@ REPORT_SECONDS = 3.0
 
 DONE = ("Download complete", "Verifying Checksum", "Extracting", "Pull complete")
 """The statuses of a layer whose download is over (the engine streams them in this order)."""
-
-Auth = Callable[[str], Mapping[str, str] | None]
-"""The login (a Docker ``auth_config``) to pull an image with, from the pool's registries; None: none."""
 
 
 class PullProgress:
@@ -93,18 +90,19 @@ def pull_with_progress(
 
 
 class Prefetch:
-    """Pulls ``images`` (those not on the worker yet) one after the other, with the pool's logins."""
+    """Pulls ``images`` (those not on the worker yet) one after the other, each with the pool's
+    login for its registry (``logins.for_pool``; a run still checks a cached image with its own)."""
 
     def __init__(
         self,
         client: docker.DockerClient,
         images: Sequence[str],
-        auth: Auth | None = None,
+        logins: RegistryLogins | None = None,
         every: float = REPORT_SECONDS,
     ) -> None:
         self.client = client
         self.images = list(images)
-        self.auth = auth
+        self.logins = logins
         self.every = every
 
     def first(self) -> Pulling | None:
@@ -136,9 +134,9 @@ class Prefetch:
             log.warning("prefetch: cannot inspect image %s: %s", image, e)
         started = time.monotonic()
         try:
-            login = self.auth(image) if self.auth is not None else None
-            pull_with_progress(self.client, image, on_progress, login, self.every)
-        except (docker.errors.DockerException, requests.RequestException, SecretUnavailable) as e:
+            login = self.logins.for_pool(image) if self.logins is not None else None
+            pull_with_progress(self.client, image, on_progress, login.auth_config() if login else None, self.every)
+        except (docker.errors.DockerException, requests.RequestException, LoginUnavailable) as e:
             log.warning("prefetch of image %s failed (a run that needs it pulls it itself): %s", image, e)
             return False
         log.info("prefetch: pulled image %s in %.0fs", image, time.monotonic() - started)

@@ -11,17 +11,22 @@ import time
 import docker.errors
 import pytest
 
+from runplane.domain.pools import RegistryLogin
 from runplane.domain.runs import RunSpec
+from runplane.domain.secrets import RegistryCredentials
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.domain.workers import Worker
+from runplane.domain.workers import Pulling, Worker
 from runplane.services.overview import why_waiting
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE, wait_for
 from tests.integration.test_images import Registry
+from tests.registry import private_registry  # noqa: F401
 from worker_agent.agent import Agent
 from worker_agent.prefetch import Prefetch
+from worker_agent.registries import RegistryLogins
 from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
+from worker_agent.secrets import RunSecrets
 
 pytestmark = pytest.mark.docker
 
@@ -134,3 +139,31 @@ def test_a_worker_whose_prefetch_fails_goes_on_and_takes_runs(local_stack, docke
     finally:
         agent.stop()
         thread.join(60)
+
+
+@pytest.fixture
+def private(private_registry, docker_client):  # noqa: F811
+    """The registry with authentication (tests/registry.py), its image on no engine before and after."""
+    private_registry.forget(docker_client)
+    yield private_registry
+    private_registry.forget(docker_client)
+
+
+def test_a_prefetch_pulls_a_private_image_with_the_pools_login(docker_client, private):
+    """The pool's entry for the registry gives the login (here the worker's own cloud login, the
+    kind ``acr``); without one the registry refuses, and the prefetch says it could not pull."""
+    credentials = RegistryCredentials.parse(private.login())
+    asked: list[str] = []
+    entry = RegistryLogin(server=private.server, acr=True)
+    logins = RegistryLogins(
+        RunSecrets(None, None), [entry], {"acr": lambda server: asked.append(server) or credentials}
+    )
+    seen: list[object] = []
+    assert Prefetch(docker_client, [private.image], logins, every=0).run(seen.append, threading.Event()) == []
+    assert asked == [private.server]
+    assert f"PRIVATE_MARK={private.mark}" in docker_client.images.get(private.image).attrs["Config"]["Env"]
+    assert seen[0] == Pulling(image=private.image) and seen[-1] is None
+    private.forget(docker_client)
+    assert Prefetch(docker_client, [private.image]).run(seen.append, threading.Event()) == [private.image]
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_client.images.get(private.image)

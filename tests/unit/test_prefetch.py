@@ -1,7 +1,7 @@
 """A new worker's prefetch as its item and the waiting reason show it: the progress summed over a
 pull's layers, the words, and where the waiting reason says it."""
 
-from runplane.domain.pools import Pool
+from runplane.domain.pools import Pool, RegistryLogin
 from runplane.domain.units import format_progress
 from runplane.domain.wire import stored, written
 from runplane.domain.workers import Pulling, Worker
@@ -69,3 +69,22 @@ def test_the_pulling_field_is_left_out_while_unset_and_read_back():
     later = {**written(pulling), "pulling": {**written(pulling)["pulling"], "layers": 3}}  # a later release's
     read = stored(Worker, later).pulling
     assert read is not None and (read.image, read.done, read.total) == ("lab/train:1", 5, 10)
+
+
+def test_a_pools_ecr_and_acr_registries_get_the_workers_own_logins():
+    from worker_agent.acr import AcrLogins
+    from worker_agent.ecr import EcrLogins
+    from worker_agent.main import cloud_logins
+
+    def pool(*registries: dict[str, object]) -> Pool:
+        return POOL.model_copy(update={"registries": [RegistryLogin.model_validate(r) for r in registries]})
+
+    assert cloud_logins(pool()) == {}
+    assert cloud_logins(pool({"server": "ghcr.io", "secret": "lab/ghcr"})) == {}
+    both = cloud_logins(
+        pool(
+            {"server": "123456789012.dkr.ecr.us-east-1.amazonaws.com", "ecr": True},
+            {"server": "lab.azurecr.io", "acr": True},
+        )
+    )
+    assert isinstance(both["ecr"], EcrLogins) and isinstance(both["acr"], AcrLogins)
