@@ -12,6 +12,7 @@ from functions.azure import function_app
 from runplane import bootstrap
 from runplane.adapters.azure.provision import provision
 from runplane.adapters.azure.queues import events_queue_name
+from runplane.adapters.local.keyfile import KEY_FILE, KeyFileSealer
 from runplane.bootstrap import Stack
 from runplane.devstack import azurite
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
@@ -47,10 +48,12 @@ def ncrontab_every(seconds: float) -> str:
 class AzureCloud(Cloud):
     services = "azurite"
 
-    def __init__(self, connection_string: str | None, prefix: str, schedule_seconds: float) -> None:
+    def __init__(self, connection_string: str | None, prefix: str, schedule_seconds: float, stack_dir: Path) -> None:
         self.connection_string = connection_string or ""
         self.prefix = prefix
         self.schedule_seconds = schedule_seconds
+        self.key_file = stack_dir / KEY_FILE
+        """Secrets are sealed under a key file in the stack's directory: there is no Key Vault here."""
         self._host: FunctionsHost | None = None
         self._app_settings: dict[str, str] = {}
 
@@ -68,7 +71,7 @@ class AzureCloud(Cloud):
         return dict(self._app_settings)
 
     def settings(self) -> dict[str, str]:
-        return {"azure_storage_connection_string": self.connection_string}
+        return {"azure_storage_connection_string": self.connection_string, "secrets_key": f"file:{self.key_file}"}
 
     def build(self, settings: StackSettings) -> Stack:
         return bootstrap.build_stack(settings)
@@ -78,6 +81,8 @@ class AzureCloud(Cloud):
         provision(
             bootstrap.azure_names(settings), [p.name for p in stack.pools.pools], bootstrap.azure_clients(settings)
         )
+        if isinstance(stack.sealer, KeyFileSealer):
+            stack.sealer.ready()  # made before any agent starts: agents open with it, never make it
         # the host reads the app settings from the environment it is given, as the platform's does
         host_env = {**os.environ, **self._app_settings}
         self._host = FunctionsHost(function_app.make_app(), HostOptions.from_host_json(HOST_JSON), host_env)

@@ -125,7 +125,7 @@ def _azure(config: DevConfig) -> Cloud:
         raise ValueError(missing)
     from runplane.devstack.azure import AzureCloud
 
-    return AzureCloud(config.azure_connection_string, config.prefix, config.schedule_seconds)
+    return AzureCloud(config.azure_connection_string, config.prefix, config.schedule_seconds, stack_dir(config))
 
 
 def _local(config: DevConfig) -> Cloud:

@@ -1,6 +1,7 @@
 """Runs end to end on Azure terms: HTTP function -> Table + Queue -> dispatcher queue trigger ->
 local agent (configured by storage connection string) -> real Docker -> Blob, on Azurite."""
 
+import base64
 import urllib.parse
 import urllib.request
 
@@ -79,3 +80,32 @@ def test_nonzero_exit_is_a_clear_failure(docker_client, alice):
     done = wait_state(alice, run["id"], TERMINAL, timeout=90)
     assert (done["state"], done["exit_code"], done["failure"]["reason"]) == ("failed", 3, "nonzero_exit")
     assert "no such file: data.csv" in done["failure"]["message"]
+
+
+def test_a_secret_is_sealed_under_the_stack_directorys_key_file_and_reaches_the_run(
+    docker_client, alice, azure_devstack
+):
+    """No Key Vault here: the Azure dev stack seals under a key file (0600) in its directory, which
+    its agents open with; the Table entity holds the sealed value, never the value."""
+    from runplane.bootstrap import azure_clients, azure_names
+    from runplane.devstack.stack import stack_dir
+    from runplane.settings import StackSettings
+
+    value = "az-s3cr3t-" + "x" * 13
+    view = alice.request("PUT", "/v1/secrets/azure-e2e-token", {"value": value})
+    assert (view["ref"], view["size"], "value" in view) == ("azure-e2e-token", len(value), False)
+    key_file = stack_dir(azure_devstack.config) / "secrets.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    settings = StackSettings(
+        cloud="azure", prefix=azure_devstack.config.prefix, azure_storage_connection_string=azure_devstack.endpoint
+    )
+    table = azure_clients(settings).tables.get_table_client(azure_names(settings).secrets_table)
+    raw = repr([dict(entity) for entity in table.list_entities()])
+    assert "azure-e2e-token" in raw and '"key_id":"file:' in raw
+    assert value not in raw and base64.b64encode(value.encode()).decode()[:16] not in raw
+
+    run = alice.request("POST", "/v1/runs", {"command": "echo ${#TOKEN}", "secrets": {"TOKEN": "azure-e2e-token"}})
+    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    assert done["state"] == "succeeded", done
+    assert logs(alice, run["id"])["data"] == f"{len(value)}\n"
+    assert value not in repr(done)
