@@ -13,7 +13,7 @@ from runplane.adapters.aws.provision import AwsNames
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from tests.cfn_template import as_list, defaults, expanded_resources
 
-TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table")
+TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "secrets_table")
 # What SQS gives a queue created without these attributes.
 SQS_DEFAULT_RETENTION_SECONDS = 345600
 SQS_DEFAULT_VISIBILITY_SECONDS = 30
@@ -82,15 +82,33 @@ def _bucket(s3: Any, bucket: str) -> dict[str, Any]:
     }
 
 
-def read_stack(names: AwsNames, pools: Iterable[str], ddb: Any, sqs: Any, s3: Any) -> dict[str, Any]:
+def _key(kms: Any, names: AwsNames) -> dict[str, Any]:
+    """The secrets key behind ``names.secrets_key``: its spec, usage, rotation, its alias (the
+    prefix as ``PREFIX``), and its key policy with the account id replaced by ``ACCOUNT``."""
+    key = kms.describe_key(KeyId=names.secrets_key)["KeyMetadata"]
+    account = key["Arn"].split(":")[4]
+    policy = kms.get_key_policy(KeyId=key["KeyId"], PolicyName="default")["Policy"]
+    return {
+        "KeySpec": key["KeySpec"],
+        "KeyUsage": key["KeyUsage"],
+        "KeyRotation": kms.get_key_rotation_status(KeyId=key["KeyId"])["KeyRotationEnabled"],
+        "Alias": names.secrets_key.replace(names.prefix, "PREFIX", 1),
+        "KeyPolicy": json.loads(policy.replace(f":{account}:", ":ACCOUNT:")),
+    }
+
+
+def read_stack(names: AwsNames, pools: Iterable[str], ddb: Any, sqs: Any, s3: Any, kms: Any = None) -> dict[str, Any]:
     """Tables (keys, indexes, TTL, PITR), queues (retention, visibility, redrive) by role, and
     the bucket's settings, with the bucket's name in its policy replaced by ``BUCKET`` (None:
-    no policy)."""
-    return {
+    no policy); given ``kms``, the secrets key too (``key``)."""
+    found = {
         "tables": {field: _table(ddb, getattr(names, field)) for field in TABLE_FIELDS},
         "queues": {role: _queue(sqs, name) for role, name in _queue_roles(names.prefix, pools)},
         "bucket": _bucket(s3, names.bucket),
     }
+    if kms is not None:
+        found["key"] = _key(kms, names)
+    return found
 
 
 # ---- the same shape, from template.yaml ---------------------------------------------------------
@@ -192,4 +210,26 @@ def template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any]
         "tables": {field: _declared_table(by_name[getattr(names, field)][1]) for field in TABLE_FIELDS},
         "queues": queues,
         "bucket": _declared_bucket(declared),
+        "key": _declared_key(declared, names.prefix),
+    }
+
+
+def _declared_key(declared: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """The secrets key as read_stack() reads it back: the key's properties, its alias (the prefix
+    as ``PREFIX``), its policy with the template's partition and account as read_stack() writes them."""
+    (key_id,) = [i for i, r in declared.items() if r["Type"] == "AWS::KMS::Key"]
+    (alias,) = [r["Properties"] for r in declared.values() if r["Type"] == "AWS::KMS::Alias"]
+    assert alias["TargetKeyId"] == {"Ref": key_id}
+    props = declared[key_id]["Properties"]
+    policy = json.loads(
+        json.dumps(props["KeyPolicy"]).replace(
+            '{"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}', '"arn:aws:iam::ACCOUNT:root"'
+        )
+    )
+    return {
+        "KeySpec": props["KeySpec"],
+        "KeyUsage": props["KeyUsage"],
+        "KeyRotation": props["EnableKeyRotation"],
+        "Alias": alias["AliasName"].replace(prefix, "PREFIX", 1),
+        "KeyPolicy": policy,
     }

@@ -34,6 +34,7 @@ from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from runplane.adapters.aws.workers import DynamoWorkerRegistry
 from runplane.compute.aws_batch.compute import job_definition_request
 from runplane.domain.pools import Pool
+from runplane.domain.secrets import context, group_scope, user_scope
 from runplane.domain.workers import Worker
 from runplane.settings import StackSettings
 from tests.aws_readback import TABLE_FIELDS, read_stack, table_shape, template_stack
@@ -77,6 +78,7 @@ class Provisioned:
     ddb: Any
     sqs: Any
     s3: Any
+    kms: Any
     found: dict[str, Any]
 
 
@@ -84,9 +86,9 @@ class Provisioned:
 def provisioned(moto_endpoint: str) -> Provisioned:
     names = AwsNames(prefix=f"tpl{uuid.uuid4().hex[:8]}")
     session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
-    ddb, sqs, s3 = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3"))
-    provision(names, POOLS, ddb, sqs, s3, tls_only=True)  # the template's bucket has the policy
-    return Provisioned(names, ddb, sqs, s3, read_stack(names, POOLS, ddb, sqs, s3))
+    ddb, sqs, s3, kms = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3", "kms"))
+    provision(names, POOLS, ddb, sqs, s3, tls_only=True, kms=kms)  # the template's bucket has the policy
+    return Provisioned(names, ddb, sqs, s3, kms, read_stack(names, POOLS, ddb, sqs, s3, kms))
 
 
 # ---- the AWS tools --------------------------------------------------------------------------
@@ -192,6 +194,7 @@ TABLES = {
     "TokensTable": "tokens_table",
     "PoolsTable": "pools_table",
     "QuotasTable": "quotas_table",
+    "SecretsTable": "secrets_table",
 }
 
 
@@ -217,6 +220,39 @@ def test_table_settings_are_those_of_resources(provisioned: Provisioned) -> None
         "workers_table": ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
     }
     assert {field for field, t in tables.items() if t["PointInTimeRecovery"] == "ENABLED"} == set(resources.PITR_TABLES)
+
+
+def test_secrets_key_matches_provision(template: dict[str, Any], provisioned: Provisioned) -> None:
+    """Spec, usage, rotation, alias and key policy of the secrets key: the template's, those of
+    the key provision() made on the moto server, and those of resources.py; every IAM grant on
+    it carries resources.SECRETS_KEY_CONDITION, which the context of every secret meets."""
+    found = provisioned.found["key"]
+    assert template_stack(template, POOLS)["key"] == found
+    assert (found["KeySpec"], found["KeyUsage"], found["KeyRotation"]) == (
+        resources.SECRETS_KEY_SPEC,
+        resources.SECRETS_KEY_USAGE,
+        resources.SECRETS_KEY_ROTATION,
+    )
+    assert found["KeyPolicy"] == resources.secrets_key_policy("aws", "ACCOUNT")
+    assert found["Alias"] == "alias/PREFIX-secrets"
+    grants = [
+        s
+        for name in [*functions(template), "WorkerPolicy"]
+        for s in (
+            function_statements(template, name)
+            if name != "WorkerPolicy"
+            else template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+        )
+        if "SecretsKey" in json.dumps(s.get("Resource"))
+    ]
+    assert len(grants) == 2
+    assert all(s["Condition"] == resources.SECRETS_KEY_CONDITION for s in grants)
+    ctx = context(user_scope("alice"), "wandb")
+    (keys,) = resources.SECRETS_KEY_CONDITION["ForAllValues:StringEquals"].values()
+    assert set(ctx) <= set(keys)
+    for scope in (user_scope("alice"), group_scope("vision")):
+        (patterns,) = resources.SECRETS_KEY_CONDITION["StringLike"].values()
+        assert any(fnmatch.fnmatchcase(scope, p) for p in patterns)
 
 
 def test_workers_ttl_is_the_attribute_the_registry_writes(template: dict[str, Any], provisioned: Provisioned) -> None:
@@ -324,6 +360,7 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     unknown = {n for n in runplane_vars if n[len(prefix) :].lower() not in fields}
     assert not unknown, f"the template sets variables StackSettings does not read: {sorted(unknown)}"
     needed = {"prefix", "runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "bucket", "pools"}
+    needed |= {"secrets_table", "secrets_key"}
     assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
     # And the settings really read them: every variable lands in its field.
     environ = {name: f"from-{name.lower()}" for name in runplane_vars}
@@ -339,6 +376,8 @@ def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> N
     assert variables["RUNPLANE_TOKENS_TABLE"] == {"Ref": "TokensTable"}
     assert variables["RUNPLANE_POOLS_TABLE"] == {"Ref": "PoolsTable"}
     assert variables["RUNPLANE_QUOTAS_TABLE"] == {"Ref": "QuotasTable"}
+    assert variables["RUNPLANE_SECRETS_TABLE"] == {"Ref": "SecretsTable"}
+    assert variables["RUNPLANE_SECRETS_KEY"] == {"Fn::GetAtt": ["SecretsKey", "Arn"]}
     assert variables["RUNPLANE_BUCKET"] == {"Ref": "DataBucket"}
     assert variables["RUNPLANE_PREFIX"] == {"Ref": "Prefix"}
     assert variables["RUNPLANE_POOLS"] == {"Ref": "PoolsJson"}
@@ -358,7 +397,9 @@ def test_dispatcher_reports_partial_batch_failures(template: dict[str, Any]) -> 
 
 
 def test_outputs(template: dict[str, Any]) -> None:
-    assert {"ApiUrl", "RunsTable", "Bucket", "EventsQueueUrl", "WorkerPolicy"} <= set(template["Outputs"])
+    assert {"ApiUrl", "RunsTable", "Bucket", "EventsQueueUrl", "WorkerPolicy", "SecretsTable", "SecretsKey"} <= set(
+        template["Outputs"]
+    )
     assert template["Outputs"]["WorkerPolicy"]["Value"] == {"Ref": "WorkerPolicy"}
 
 
@@ -374,7 +415,7 @@ def test_functions_and_their_workers_get_the_stack_region(template: dict[str, An
 
 def test_hook_creates_the_same_names_and_indexes(provisioned: Provisioned) -> None:
     text = HOOK.read_text()
-    for suffix in ("runs", "workers", "tokens", "pools", "quotas", "data"):
+    for suffix in ("runs", "workers", "tokens", "pools", "quotas", "secrets", "data"):
         assert f"$prefix-{suffix}" in text
     assert '"$prefix-pool-$pool" "$pool_visibility"' in text
     assert '"$prefix-events" "$events_visibility"' in text
@@ -411,6 +452,8 @@ def test_hook_values_are_those_of_resources() -> None:
         "object_ownership": resources.OBJECT_OWNERSHIP,
         "noncurrent_days": str(resources.NONCURRENT_VERSION_DAYS),
         "abort_days": str(resources.ABORT_INCOMPLETE_UPLOADS_DAYS),
+        "key_spec": resources.SECRETS_KEY_SPEC,
+        "key_usage": resources.SECRETS_KEY_USAGE,
     }.items() <= values.items()
 
 
@@ -477,10 +520,10 @@ def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_pat
             assert done.returncode == 0, done.stdout + done.stderr
 
     session = boto3.session.Session(aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1")
-    ddb, sqs, s3 = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3"))
-    provision(ref, POOLS, ddb, sqs, s3, tls_only=True)  # the hook always sets the policy
-    got, want = read_stack(hook, POOLS, ddb, sqs, s3), read_stack(ref, POOLS, ddb, sqs, s3)
-    for part in ("tables", "queues", "bucket"):
+    ddb, sqs, s3, kms = (session.client(s, endpoint_url=moto_endpoint) for s in ("dynamodb", "sqs", "s3", "kms"))
+    provision(ref, POOLS, ddb, sqs, s3, tls_only=True, kms=kms)  # the hook always sets the policy
+    got, want = read_stack(hook, POOLS, ddb, sqs, s3, kms), read_stack(ref, POOLS, ddb, sqs, s3, kms)
+    for part in ("tables", "queues", "bucket", "key"):
         assert got[part] == want[part], part
     assert got["tables"]["workers_table"]["TimeToLive"] == ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
     assert got["queues"]["events"]["VisibilityTimeout"] == resources.EVENTS_VISIBILITY_SECONDS

@@ -30,8 +30,10 @@ from runplane.adapters.aws import resources
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.quotas import DynamoQuotaStore
 from runplane.adapters.aws.s3 import S3ObjectStore
+from runplane.adapters.aws.secrets import DynamoSecretStore, KmsOpener, KmsSealer
 from runplane.bootstrap import Stack, aws_clients, aws_names
 from runplane.domain.quotas import Hold, Quota
+from runplane.domain.secrets import SecretRecord, context, group_scope, user_scope
 from runplane.settings import StackSettings
 from tests.aws_readback import read_stack
 from tests.cfn_template import (
@@ -50,7 +52,14 @@ AMI = ROOT / "infra" / "ami"
 
 # The only actions a function may be granted on every resource ("*"): AWS Batch defines no
 # resource type for them (they support no resource-level permissions), so IAM requires "*".
-UNSCOPED_ACTIONS = {"batch:ListJobs", "batch:DescribeJobs", "batch:DescribeJobDefinitions"}
+# ecr:GetAuthorizationToken is the same: the workers' login token for a pool's ECR registries
+# (the repositories' layers are granted by the operator, on their own repositories).
+UNSCOPED_ACTIONS = {
+    "batch:ListJobs",
+    "batch:DescribeJobs",
+    "batch:DescribeJobDefinitions",
+    "ecr:GetAuthorizationToken",
+}
 READ_ACTIONS = {
     "dynamodb:GetItem",
     "dynamodb:BatchGetItem",
@@ -178,6 +187,7 @@ def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any
         "TokensTable": "tokens_table",
         "PoolsTable": "pools_table",
         "QuotasTable": "quotas_table",
+        "SecretsTable": "secrets_table",
     }.items():
         props = declared[logical_id]["Properties"]
         ttl = props.get("TimeToLiveSpecification", {})
@@ -331,6 +341,8 @@ def _references(value: Any) -> set[str]:
         "TokensTable",
         "PoolsTable",
         "QuotasTable",
+        "SecretsTable",
+        "SecretsKey",
         "DataBucket",
         "EventsQueue",
     ):
@@ -394,6 +406,8 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "PoolsTable",
         "TokensTable",
         "QuotasTable",
+        "SecretsTable",
+        "SecretsKey",
         "DataBucket",
         "EventsQueue",
     }
@@ -406,7 +420,15 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "EventsQueue",
     }  # its event source
     assert reached["ReaperFunction"] == {"RunsTable", "QuotasTable", "EventsQueue"}
-    assert reached["WorkerPolicy"] == {"RunsTable", "WorkersTable", "QuotasTable", "DataBucket", "EventsQueue"}
+    assert reached["WorkerPolicy"] == {
+        "RunsTable",
+        "WorkersTable",
+        "QuotasTable",
+        "SecretsTable",
+        "SecretsKey",
+        "DataBucket",
+        "EventsQueue",
+    }
 
 
 def test_the_dispatcher_has_no_access_to_the_tokens_table(template: dict[str, Any]) -> None:
@@ -514,6 +536,133 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
                 assert statement["Condition"] == {"StringLike": {"s3:prefix": "runs/*"}}
     assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", "the bucket"}
     assert {"ApiUrl", "WorkerPolicy"} <= set(template["Outputs"])
+
+
+# ---- IAM: secrets ----------------------------------------------------------------------------
+
+
+def _secret_calls(use: Any, *clients: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(IAM action, request parameters) of every request ``use()`` makes through ``clients``."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        service = model.service_model.endpoint_prefix
+        calls.append((f"{service}:{model.name}", dict(params)))
+
+    for client in clients:
+        client.meta.events.register("provide-client-params.*.*", record)
+    try:
+        use()
+    finally:
+        for client in clients:
+            client.meta.events.unregister("provide-client-params.*.*", record)
+    assert calls
+    return calls
+
+
+def _grants(statements: list[dict[str, Any]], action: str, params: dict[str, Any]) -> bool:
+    """Whether one of ``statements`` allows ``action`` on the secrets table or key with the
+    request ``params``. The conditions a grant on the key may carry are those of
+    SECRETS_KEY_CONDITION's shape, evaluated here on the request's EncryptionContext."""
+    for statement in statements:
+        if action not in as_list(statement["Action"]):
+            continue
+        if not {"SecretsTable", "SecretsKey"} & _references(statement.get("Resource")):
+            continue
+        condition = statement.get("Condition", {})
+        assert set(condition) <= {"StringLike", "ForAllValues:StringEquals"}, condition
+        ctx = params.get("EncryptionContext", {})
+        ok = all(
+            key.startswith("kms:EncryptionContext:")
+            and any(fnmatch.fnmatchcase(ctx.get(key.removeprefix("kms:EncryptionContext:"), ""), p) for p in patterns)
+            for key, patterns in condition.get("StringLike", {}).items()
+        )
+        for key, allowed in condition.get("ForAllValues:StringEquals", {}).items():
+            assert key == "kms:EncryptionContextKeys", key
+            ok = ok and set(ctx) <= set(allowed)
+        if ok:
+            return True
+    return False
+
+
+def test_each_principal_may_do_what_it_does_with_secrets(template: dict[str, Any], aws_stack: Stack) -> None:
+    """The requests the secrets store, sealer and opener really make (recorded on moto) are all
+    allowed by the principal's statements: the API sets, lists, reads and removes secrets and
+    seals values; a worker reads and opens a run's. Neither may do the other's part: the API
+    cannot open a value, a worker can neither seal nor write one."""
+    store, sealer, opener = aws_stack.secrets, aws_stack.sealer, aws_stack.opener
+    assert isinstance(store, DynamoSecretStore) and isinstance(sealer, KmsSealer) and isinstance(opener, KmsOpener)
+    kms = sealer.client.client()
+    scope = group_scope("vision")
+    ctx = context(scope, "wandb")
+    sealed = sealer.seal(b"wandb-key-1234", ctx)
+
+    def administer() -> None:
+        record = SecretRecord(scope=scope, name="wandb", sealed=sealer.seal(b"v", ctx), updated_at=1.0, updated_by="a")
+        store.put(record)
+        store.list(scope)
+        store.get(scope, "wandb")
+        store.delete(scope, "other")
+
+    def open_for_a_run() -> None:
+        store.get(scope, "wandb")
+        assert opener.open(sealed, ctx) == b"wandb-key-1234"
+
+    statements = _all_statements(template)
+    api = _secret_calls(administer, store.client, kms)
+    worker = _secret_calls(open_for_a_run, store.client, kms)
+    assert {a for a, _ in api} == {
+        "kms:GenerateDataKey",
+        "dynamodb:PutItem",
+        "dynamodb:Query",
+        "dynamodb:GetItem",
+        "dynamodb:DeleteItem",
+    }
+    assert {a for a, _ in worker} == {"dynamodb:GetItem", "kms:Decrypt"}
+    for principal, calls in (("ApiFunction", api), ("WorkerPolicy", worker)):
+        denied = [action for action, params in calls if not _grants(statements[principal], action, params)]
+        assert denied == [], f"{principal} may not {denied}"
+    assert not any(_grants(statements["ApiFunction"], a, p) for a, p in worker if a.startswith("kms:"))
+    writes = [(a, p) for a, p in api if a in ("dynamodb:PutItem", "dynamodb:DeleteItem", "kms:GenerateDataKey")]
+    assert not any(_grants(statements["WorkerPolicy"], a, p) for a, p in writes)
+    # a data key for no secret's context (a bare Decrypt or GenerateDataKey) is granted to no one
+    for principal in statements:
+        for action in ("kms:Decrypt", "kms:GenerateDataKey"):
+            assert not _grants(statements[principal], action, {}), principal
+            assert not _grants(statements[principal], action, {"EncryptionContext": {"aws:s3:arn": "x"}}), principal
+
+
+def test_only_the_workers_may_decrypt_and_only_the_api_may_seal(template: dict[str, Any]) -> None:
+    """Of every principal the template grants anything, the worker policy alone holds kms:Decrypt
+    and the API alone kms:GenerateDataKey, each on the secrets key only, with the condition
+    every secret's context meets; the dispatcher and the reaper reach neither the key nor the
+    secrets table. The key policy names no principal but the account."""
+    granted = {
+        name: {(a, json.dumps(s["Resource"])) for s in found for a in as_list(s["Action"]) if a.startswith("kms:")}
+        for name, found in _all_statements(template).items()
+    }
+    key = json.dumps({"Fn::GetAtt": ["SecretsKey", "Arn"]})
+    assert granted == {
+        "ApiFunction": {("kms:GenerateDataKey", key)},
+        "DispatcherFunction": set(),
+        "ReaperFunction": set(),
+        "WorkerPolicy": {("kms:Decrypt", key)},
+    }
+    for name, found in _all_statements(template).items():
+        for statement in found:
+            if any(a.startswith("kms:") for a in as_list(statement["Action"])):
+                assert statement["Condition"] == resources.SECRETS_KEY_CONDITION, name
+    for principal in ("DispatcherFunction", "ReaperFunction"):
+        reached = set().union(*(_references(s.get("Resource")) for s in _all_statements(template)[principal]))
+        assert not {"SecretsTable", "SecretsKey"} & reached, principal
+    assert _actions_on(_all_statements(template)["WorkerPolicy"], "SecretsTable") == {"dynamodb:GetItem"}
+    policy = template["Resources"]["SecretsKey"]["Properties"]["KeyPolicy"]
+    principals = [s["Principal"] for s in policy["Statement"]]
+    assert principals == [{"AWS": {"Fn::Sub": "arn:${AWS::Partition}:iam::${AWS::AccountId}:root"}}]
+    for scope in (user_scope("alice"), group_scope("vision")):
+        assert _grants(
+            _all_statements(template)["WorkerPolicy"], "kms:Decrypt", {"EncryptionContext": context(scope, "x")}
+        )
 
 
 # ---- IAM: the quotas table, item by item ----------------------------------------------------

@@ -4,10 +4,11 @@
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
 # values): the runs table with its by_owner, by_queue_state and by_rank indexes, the workers (by_pool),
-# tokens, pools and quotas tables, a queue and a dead-letter queue per pool, the dispatcher's event queue, the
-# bucket; TTL on the workers table, point-in-time recovery on the runs, tokens and quotas tables,
-# and the bucket's
-# encryption, public-access block, ownership, versioning, lifecycle and TLS-only policy.
+# tokens, pools, quotas and secrets (scope, name) tables, a queue and a dead-letter queue per pool, the
+# dispatcher's event queue, the bucket, the KMS key of secrets and its alias; TTL on the workers table,
+# point-in-time recovery on the runs, tokens, quotas and secrets tables, the bucket's encryption,
+# public-access block, ownership, versioning, lifecycle and TLS-only policy, and the key's rotation
+# and key policy (the account administers it).
 # Idempotent: what exists already is left as it is (the settings are applied again, which changes
 # nothing), so a restart with a persisted state is fine.
 #
@@ -15,10 +16,12 @@
 #   RUNPLANE_PREFIX      resource name prefix                      (default: runplane)
 #   RUNPLANE_POOL_NAMES  comma-separated pool names                (default: default)
 #   RUNPLANE_RUNS_TABLE, RUNPLANE_WORKERS_TABLE, RUNPLANE_TOKENS_TABLE, RUNPLANE_POOLS_TABLE,
-#   RUNPLANE_QUOTAS_TABLE,
+#   RUNPLANE_QUOTAS_TABLE, RUNPLANE_SECRETS_TABLE,
 #   RUNPLANE_BUCKET      override one name, as runplane's settings do (default: <prefix>-runs,
 #                        <prefix>-workers, <prefix>-tokens, <prefix>-pools, <prefix>-quotas,
-#                        <prefix>-data)
+#                        <prefix>-secrets, <prefix>-data)
+#   RUNPLANE_SECRETS_KEY the KMS key of secrets (default: alias/<prefix>-secrets, made here when
+#                        missing; a key id or ARN is used as it is, nothing made)
 set -euo pipefail
 
 prefix=${RUNPLANE_PREFIX:-runplane}
@@ -28,6 +31,8 @@ workers_table=${RUNPLANE_WORKERS_TABLE:-$prefix-workers}
 tokens_table=${RUNPLANE_TOKENS_TABLE:-$prefix-tokens}
 pools_table=${RUNPLANE_POOLS_TABLE:-$prefix-pools}
 quotas_table=${RUNPLANE_QUOTAS_TABLE:-$prefix-quotas}
+secrets_table=${RUNPLANE_SECRETS_TABLE:-$prefix-secrets}
+secrets_key=${RUNPLANE_SECRETS_KEY:-alias/$prefix-secrets}
 bucket=${RUNPLANE_BUCKET:-$prefix-data}
 region=${AWS_DEFAULT_REGION:-us-east-1}
 
@@ -42,6 +47,9 @@ sse_algorithm=AES256     # SSE_ALGORITHM
 object_ownership=BucketOwnerEnforced  # OBJECT_OWNERSHIP
 noncurrent_days=7        # NONCURRENT_VERSION_DAYS
 abort_days=7             # ABORT_INCOMPLETE_UPLOADS_DAYS
+key_spec=SYMMETRIC_DEFAULT  # SECRETS_KEY_SPEC
+key_usage=ENCRYPT_DECRYPT   # SECRETS_KEY_USAGE
+key_description="runplane secrets: wraps the data key of each secret's value"  # SECRETS_KEY_DESCRIPTION
 
 log() { echo "runplane-init: $*"; }
 
@@ -141,8 +149,11 @@ create_table "$pools_table" \
 create_table "$quotas_table" \
   --key-schema AttributeName=id,KeyType=HASH \
   --attribute-definitions AttributeName=id,AttributeType=S
+create_table "$secrets_table" \
+  --key-schema AttributeName=scope,KeyType=HASH AttributeName=name,KeyType=RANGE \
+  --attribute-definitions AttributeName=scope,AttributeType=S AttributeName=name,AttributeType=S
 # The records that cannot be rebuilt (PITR_TABLES).
-for table in "$runs_table" "$tokens_table" "$quotas_table"; do
+for table in "$runs_table" "$tokens_table" "$quotas_table" "$secrets_table"; do
   apply "point-in-time recovery of $table" dynamodb update-continuous-backups --table-name "$table" \
     --point-in-time-recovery-specification PointInTimeRecoveryEnabled=true
 done
@@ -191,5 +202,19 @@ apply "TLS-only policy of $bucket" s3api put-bucket-policy --bucket "$bucket" --
   \"Version\":\"2012-10-17\",\"Statement\":[{\"Sid\":\"DenyInsecureTransport\",\"Effect\":\"Deny\",
   \"Principal\":\"*\",\"Action\":\"s3:*\",\"Resource\":[\"$bucket_arn\",\"$bucket_arn/*\"],
   \"Condition\":{\"Bool\":{\"aws:SecureTransport\":\"false\"}}}]}"
+
+# ---- KMS: the key of secrets -----------------------------------------------------------------
+# Made once, under its alias; the key policy names the account alone (secrets_key_policy).
+if [[ $secrets_key == alias/* ]] && ! awslocal kms describe-key --key-id "$secrets_key" >/dev/null 2>&1; then
+  key_arn=$(awslocal kms create-key --description "$key_description" --key-spec "$key_spec" \
+    --key-usage "$key_usage" --query KeyMetadata.Arn --output text)
+  account=$(cut -d: -f5 <<<"$key_arn")
+  key_partition=$(cut -d: -f2 <<<"$key_arn")
+  awslocal kms put-key-policy --key-id "$key_arn" --policy-name default --policy "{
+    \"Version\":\"2012-10-17\",\"Statement\":[{\"Sid\":\"AccountAdministers\",\"Effect\":\"Allow\",
+    \"Principal\":{\"AWS\":\"arn:$key_partition:iam::$account:root\"},\"Action\":\"kms:*\",\"Resource\":\"*\"}]}"
+  awslocal kms enable-key-rotation --key-id "$key_arn"
+  create "key $secrets_key" kms create-alias --alias-name "$secrets_key" --target-key-id "$key_arn"
+fi
 
 log "ready: prefix $prefix, pools ${pool_names}, bucket $bucket"

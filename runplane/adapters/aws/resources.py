@@ -39,6 +39,14 @@ SECRETS_KEY_ROTATION = True
 SECRETS_KEY_DESCRIPTION = "runplane secrets: wraps the data key of each secret's value"
 
 
+SECRETS_KEY_CONDITION: dict[str, Any] = {
+    "StringLike": {"kms:EncryptionContext:runplane:scope": ["user:*", "group:*"]},
+    "ForAllValues:StringEquals": {"kms:EncryptionContextKeys": ["runplane:scope", "runplane:name"]},
+}
+"""The condition of every IAM grant on the secrets key (template.yaml): a data key is made or
+opened only for a secret's context (``runplane.domain.secrets.context``), never for a bare one."""
+
+
 def secrets_key_policy(partition: str, account: str) -> dict[str, Any]:
     """The key policy of the secrets key: the account administers it, and no principal is named
     beside it, so who may use the key is decided by IAM policies alone (template.yaml: the API may
