@@ -14,7 +14,10 @@ import pytest
 from runplane.adapters.local.backup import BackupError, backup
 from runplane.adapters.local.db import Database
 from runplane.adapters.local.keyfile import KEY_FILE, KeyFileSealer
+from runplane.bootstrap import build_stack
 from runplane.domain.errors import Misconfigured
+from runplane.domain.secrets import SecretRecord, context, user_scope
+from runplane.settings import StackSettings
 
 
 def _mode(path: Path) -> int:
@@ -189,3 +192,16 @@ def test_a_key_file_others_may_read_is_not_copied(state, tmp_path):
     with pytest.raises(BackupError, match=r"other users may read or write it \(mode 0644\)"):
         backup(state, tmp_path / "dest")
     assert not (tmp_path / "dest" / KEY_FILE).exists()
+
+
+def test_a_copy_opens_the_secrets_sealed_before_it(tmp_path):
+    settings = StackSettings(cloud="local", state_dir=str(tmp_path / "state"))
+    stack = build_stack(settings)
+    scope, ctx = user_scope("alice"), context(user_scope("alice"), "wandb")
+    sealed = stack.sealer.seal(b"s3cret-value", ctx)
+    stack.secrets.put(SecretRecord(scope=scope, name="wandb", sealed=sealed, updated_at=1.0, updated_by="alice"))
+
+    backup(settings.state_dir, tmp_path / "copy")
+
+    copy = build_stack(settings.model_copy(update={"state_dir": str(tmp_path / "copy")}))
+    assert copy.opener.open(copy.secrets.get(scope, "wandb").sealed, ctx) == b"s3cret-value"
