@@ -401,8 +401,8 @@ class Client:
         (admin; the group's members' runs name it ``group/name``), in place of any value it had:
         runs that start afterwards get the new one. The answer describes it, never holds the
         value, and no call ever reads a value back. Raises InvalidRequest for a name or value the
-        API refuses (empty, over 32 KiB, a NUL), ServerError (503) on a stack without a secrets
-        store."""
+        API refuses (empty, a NUL; PayloadTooLarge for one over 32 KiB as UTF-8), TypeError for a
+        value that is not text, ServerError (503) on a stack without a secrets store."""
         return self._drive(self._plans.set_secret(name, value, group))
 
     def secrets(self, *, group: str | None = None) -> list[SecretView]:
