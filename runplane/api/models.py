@@ -324,6 +324,12 @@ class PoolList(WireModel):
     pools: list[PoolView]
 
 
+class PullingView(WireModel):
+    image: str
+    done: int = Field(description="bytes of its layers downloaded so far")
+    total: int = Field(description="bytes of the layers the registry announced so far")
+
+
 class WorkerView(WireModel):
     id: str
     pool: str
@@ -350,6 +356,11 @@ class WorkerView(WireModel):
     tag_exclusive: bool
     group: str | None
     network_refused: str | None = Field(description="why it takes no runs that ask for a network, if it does not")
+    pulling: PullingView | None = Field(
+        default=None,
+        description="while it is starting: the image it pulls before it takes its first run (its pool's "
+        "prefetch_images), and how far",
+    )
 
 
 class WorkerList(WireModel):

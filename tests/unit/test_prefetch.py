@@ -88,3 +88,14 @@ def test_a_pools_ecr_and_acr_registries_get_the_workers_own_logins():
         )
     )
     assert isinstance(both["ecr"], EcrLogins) and isinstance(both["acr"], AcrLogins)
+
+
+def test_the_workers_view_says_what_it_pulls():
+    from runplane.api.models import PullingView, WorkerList
+    from runplane.api.views import worker_view
+    from runplane.domain.wire import shown_json
+
+    pulling = worker_view(worker("w-1", 1, Pulling(image="lab/train:1", done=5, total=10)))
+    assert pulling.pulling == PullingView(image="lab/train:1", done=5, total=10)
+    shown = shown_json(WorkerList(workers=[pulling, worker_view(worker("w-2", 1))]))
+    assert '"pulling":{"image":"lab/train:1","done":5,"total":10}' in shown
