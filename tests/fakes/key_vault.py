@@ -94,6 +94,8 @@ class FakeKeyVault:
     keys: dict[str, dict[str, Version]] = field(default_factory=dict)
     current: dict[str, str] = field(default_factory=dict)
     requests: list[Recorded] = field(default_factory=list)
+    faults: list[VaultError] = field(default_factory=list)
+    """Answers given, in order, to the next requests in place of theirs (throttling, outages)."""
 
     @property
     def url(self) -> str:
@@ -109,6 +111,17 @@ class FakeKeyVault:
 
     def grant(self, token: str, *actions: str) -> None:
         self.tokens[token] = frozenset(actions)
+
+    def throttle(self, times: int = 1, retry_after: int = 1) -> None:
+        """The next ``times`` requests are answered 429, as Key Vault throttles (with Retry-After)."""
+        message = "Operations per second rate limit reached. Try again later."
+        for _ in range(times):
+            self.faults.append(VaultError(429, "Throttled", message, "", {"Retry-After": str(retry_after)}))
+
+    def outage(self, times: int) -> None:
+        """The next ``times`` requests are answered 503."""
+        for _ in range(times):
+            self.faults.append(VaultError(503, "ServiceUnavailable", "The service is temporarily unavailable."))
 
     # --- the wire ---------------------------------------------------------------------------
 
@@ -127,6 +140,8 @@ class FakeKeyVault:
                 except ValueError as e:
                     raise VaultError(400, "BadParameter", "The request body is not valid JSON.") from e
             self.requests.append(Recorded(method, split.path, query, token, body))
+            if self.faults:
+                raise self.faults.pop(0)
             self._check_version(query)
             actions = self._authenticate(token)
             status, answer = self._route(method, split.path, body, actions)

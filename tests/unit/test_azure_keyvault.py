@@ -10,7 +10,7 @@ import base64
 import pytest
 
 from runplane.adapters.azure.keyvault import API_VERSION, KeyUrl, KeyVaultKey, key_vault_keys
-from runplane.domain.errors import Misconfigured
+from runplane.domain.errors import BackendError, Misconfigured
 from runplane.domain.secrets import SecretUnavailable, context
 from tests.fakes.key_vault import UNWRAP, WRAP, FakeKeyVault, FakeKeyVaultTransport, Identity
 
@@ -170,3 +170,23 @@ def test_an_azure_stack_seals_with_the_key_its_settings_name(tmp_path):
     assert none.secrets is not None and none.sealer is None and none.opener is None
     with pytest.raises(Misconfigured, match="not a Key Vault key URL"):
         built("https://runplanetest.vault.azure.net/secrets/nope")
+
+
+def test_throttling_is_waited_out_and_an_outage_is_a_retryable_error(vault):
+    transport = FakeKeyVaultTransport(vault)
+    url = f"{vault.url}/keys/secrets"
+    sealer, _ = key_vault_keys(url, Identity("api"), transport)
+    _, opener = key_vault_keys(url, Identity("nodes"), transport)
+    vault.throttle(times=2, retry_after=3)
+    sealed = sealer.seal(b"value", CTX)  # retried after the Retry-After Key Vault sent
+    assert transport.slept == [3, 3]
+    vault.outage(times=10)
+    with pytest.raises(BackendError, match=r"could not wrap now.*503 ServiceUnavailable.*retry") as refused:
+        sealer.seal(b"value", CTX)
+    assert refused.value.retryable
+    vault.faults.clear()
+    vault.outage(times=10)
+    with pytest.raises(SecretUnavailable, match="503 ServiceUnavailable"):
+        opener.open(sealed, CTX)
+    vault.faults.clear()
+    assert opener.open(sealed, CTX) == b"value"
