@@ -54,6 +54,9 @@ ELSEWHERE: dict[FailureReason, list[str]] = {
     # through a real agent on Docker, or a real store, seen through the API or the store
     FailureReason.NONZERO_EXIT: ["tests/e2e/test_runs.py::test_nonzero_exit_fails_with_code_and_stderr_tail"],
     FailureReason.IMAGE_NOT_FOUND: ["tests/e2e/test_runs.py::test_missing_image"],
+    FailureReason.IMAGE_UNAUTHORIZED: [
+        "tests/integration/test_private_images.py::test_a_cached_private_image_is_used_only_after_the_runs_own_check"
+    ],
     FailureReason.IMAGE_TOO_LARGE: [
         "tests/security/test_worker_reservations.py::test_an_image_over_the_pools_cap_is_refused"
     ],
