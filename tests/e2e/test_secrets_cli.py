@@ -6,7 +6,9 @@ is one line with README.md's exit codes (2 usage, also 400/422 answers; 3 refuse
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 import uuid
 
 import pytest
@@ -117,3 +119,47 @@ def test_an_admin_sets_a_groups_secret_its_members_list_and_use(devstack, tmp_pa
     finally:
         removed = cli(devstack, "secret", "rm", "hf", "--group", group, token="admin-token", home=tmp_path)
         assert removed.returncode == 0, removed.stderr
+
+
+def _at_a_terminal(devstack, home, args, answers):
+    """``runplane ARGS`` with a terminal of its own (its controlling one, as getpass reads): each of
+    ``answers`` typed after the next prompt. Returns (exit status, what the terminal showed)."""
+    import pty
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "TERM": "xterm"}
+    env |= {"RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": "alice-token"}
+    pid, leader = pty.fork()
+    if pid == 0:  # the child: its stdin, stdout and stderr are the terminal
+        os.execve(sys.executable, [sys.executable, "-m", "runplane.cli", *args], env)
+    shown = b""
+    try:
+        for answer in answers:
+            while not shown.rstrip().endswith(b":"):
+                shown += os.read(leader, 4096)
+            os.write(leader, answer.encode() + b"\n")
+            shown += b"|"  # where an answer went (typed, never echoed)
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the child has exited and closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
+
+
+def test_at_a_terminal_the_value_is_asked_twice_and_never_shown(devstack, tmp_path):
+    value = f"typed-{uuid.uuid4().hex}"
+    code, shown = _at_a_terminal(devstack, tmp_path, ["secret", "set", "typed"], [value, value])
+    assert code == 0, shown
+    assert "value of typed (not shown):" in shown and "again:" in shown
+    assert f"typed: set ({len(value)} bytes)" in shown and value not in shown
+    code, shown = _at_a_terminal(devstack, tmp_path, ["secret", "set", "typed"], ["one-value", "another"])
+    assert code == 2 and "error: the two values differ: nothing was set" in shown, shown
+    sizes = {s["ref"]: s["size"] for s in json.loads(cli(devstack, "secret", "ls", "--json").stdout)["secrets"]}
+    assert sizes["typed"] == len(value)  # the second, refused, changed nothing
+    assert cli(devstack, "secret", "rm", "typed").returncode == 0
