@@ -74,8 +74,14 @@ clean:
 # `sam build` (BuildMethod: makefile) calls these with ARTIFACTS_DIR set: the function code and
 # its run-time dependencies only, never the local virtualenvs. The sources are copied without
 # __pycache__ (tar), which a Python running meanwhile may be writing to.
+# The wheels are those of the template's Runtime and Architectures (LAMBDA_PYTHON, LAMBDA_PLATFORM),
+# whatever Python builds them: binary wheels only, as Lambda has no compiler.
+LAMBDA_PYTHON ?= 3.11
+LAMBDA_PLATFORM ?= manylinux2014_x86_64
 build-ApiFunction build-DispatcherFunction build-ReaperFunction:
-	python3 -m pip install --quiet --disable-pip-version-check --target "$(ARTIFACTS_DIR)" -r functions/aws/requirements.txt
+	python3 -m pip install --quiet --disable-pip-version-check --target "$(ARTIFACTS_DIR)" \
+		--python-version $(LAMBDA_PYTHON) --platform $(LAMBDA_PLATFORM) --implementation cp --only-binary=:all: \
+		-r functions/aws/requirements.txt
 	mkdir -p "$(ARTIFACTS_DIR)/functions"
 	set -o pipefail; tar -c --exclude=__pycache__ runplane functions/__init__.py functions/aws | tar -x -C "$(ARTIFACTS_DIR)"
 	find "$(ARTIFACTS_DIR)" -name __pycache__ -prune -exec rm -rf {} +

@@ -613,3 +613,33 @@ def test_sam_build_packages_the_functions_and_nothing_else(tmp_path: Path) -> No
             check=False,
         )
         assert check.returncode == 0, check.stderr
+
+
+# ---- what `sam build` packages ----------------------------------------------------------------
+
+
+def _requirement_names(lines: list[str]) -> set[str]:
+    return {re.split(r"[\[<>=;! ]", line.strip(), maxsplit=1)[0].lower() for line in lines if line.strip()}
+
+
+def test_the_functions_get_the_aws_extra_as_wheels_of_their_runtime(template: dict[str, Any]) -> None:
+    """The Lambda build installs every requirement of the aws extra (cryptography included: the
+    API seals secrets) and of the base it builds on, as binary wheels of the template's runtime
+    and architecture, whatever Python runs the build."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = _requirement_names([*project["dependencies"], *project["optional-dependencies"]["aws"]])
+    wanted -= {"httpx", "typer", "rich"}  # the client's and CLI's, not the functions'
+    lines = (ROOT / "functions" / "aws" / "requirements.txt").read_text().splitlines()
+    found = _requirement_names([line for line in lines if not line.lstrip().startswith("#")])
+    assert "cryptography" in wanted and wanted <= found, sorted(wanted - found)
+    makefile = (ROOT / "Makefile").read_text()
+    settings = dict(re.findall(r"^(LAMBDA_[A-Z]+) \?= (\S+)$", makefile, re.MULTILINE))
+    runtime = template["Globals"]["Function"]["Runtime"]
+    (architecture,) = template["Globals"]["Function"]["Architectures"]
+    assert f"python{settings['LAMBDA_PYTHON']}" == runtime
+    assert settings["LAMBDA_PLATFORM"].endswith(f"_{architecture}")
+    build = makefile.split("build-ApiFunction build-DispatcherFunction build-ReaperFunction:", 1)[1].split("\n\n")[0]
+    for flag in ("--python-version $(LAMBDA_PYTHON)", "--platform $(LAMBDA_PLATFORM)", "--only-binary=:all:"):
+        assert flag in build, flag
