@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field
@@ -130,7 +130,7 @@ class RegistryCredentials:
     {server: ...}}`` around it)."""
 
     username: str
-    password: str
+    password: str = field(repr=False)  # never in a log line or a traceback's locals
 
     @classmethod
     def parse(cls, value: str, server: str | None = None) -> RegistryCredentials:

@@ -9,12 +9,12 @@ import docker.errors
 import pytest
 
 from runplane.domain.runs import Run, RunSpec
-from runplane.domain.secrets import RegistryCredentials
+from runplane.domain.secrets import RegistryCredentials, SecretUnavailable
 from runplane.domain.states import FailureReason
 from tests.conftest import TEST_IMAGE
 from tests.registry import PASSWORD, PrivateRegistry, build_image, private_registry, push_image  # noqa: F401
 from worker_agent.containers import RunContainer
-from worker_agent.registries import Login
+from worker_agent.registries import Login, LoginUnavailable
 
 
 def box(client):
@@ -57,6 +57,28 @@ def test_a_private_image_is_pulled_with_the_runs_login_and_refused_without(docke
     assert pulled.ensure_image(registry.image, "missing", None, login(registry)) is None
     assert f"PRIVATE_MARK={registry.mark}" in pulled.image.attrs["Config"]["Env"]
     assert pulled.image.attrs["RepoDigests"] == [f"{registry.image.rpartition(':')[0]}@{registry.digest}"]
+
+
+def test_a_login_that_cannot_be_had_ends_the_run_before_any_pull(docker_client, registry):
+    """The run's own image_pull_secret: secret_unavailable; the pool's login: image_unauthorized."""
+
+    def missing():
+        raise SecretUnavailable("secret regcred does not exist (or a may not use it)")
+
+    def pools():
+        raise LoginUnavailable(f"the pool's login for registry {registry.server} cannot be used: no ECR login")
+
+    own = box(docker_client).ensure_image(registry.image, "missing", None, missing)
+    assert own is not None and (own.reason, own.message) == (
+        FailureReason.SECRET_UNAVAILABLE,
+        "secret regcred does not exist (or a may not use it)",
+    )
+    pool = box(docker_client).ensure_image(registry.image, "missing", None, pools)
+    assert pool is not None and pool.reason == FailureReason.IMAGE_UNAUTHORIZED
+    assert (
+        pool.message
+        == f"image {registry.image}: the pool's login for registry {registry.server} cannot be used: no ECR login"
+    )
 
 
 def test_a_cached_private_image_is_used_only_after_the_runs_own_check(docker_client, registry):

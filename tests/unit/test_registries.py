@@ -127,7 +127,7 @@ def test_a_runs_own_pull_secret_comes_first(logins):
     login = logins.for_run(_run(groups=["vision"], pull_secret="regcred"), IMAGE)
     assert (login.server, login.credentials.username, login.source) == (SERVER, "alice", "secret regcred")
     assert login.auth_config() == {"username": "alice", "password": "hers", "serveraddress": SERVER}
-    assert "hers" not in repr(login)
+    assert "hers" not in repr(login) and "hers" not in repr(login.credentials)
 
 
 def test_the_pools_group_login_is_for_the_groups_members_and_its_registry_only(logins):
