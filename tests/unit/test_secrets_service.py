@@ -3,6 +3,8 @@ groups, and set/list/delete/check on the embedded stack's real store and key fil
 file of mode 0600). The API's answers to hostile users are in tests/security/test_secrets_api.py."""
 
 import dataclasses
+import json
+import re
 
 import pytest
 
@@ -136,3 +138,22 @@ def test_a_stack_without_a_secrets_store_refuses_what_needs_one_and_nothing_else
         secrets.set_secret(bare, ALICE, "wandb", VALUE)
     with pytest.raises(Misconfigured):
         secrets.list_secrets(bare, ALICE)
+
+
+def test_no_answer_of_the_api_can_hold_a_sealed_value_or_a_secrets_value():
+    """Every answer's schema is exact (no other field may appear: test_wire.py), so a schema that
+    never names a sealed value or a secret's value is an answer that never carries one."""
+    from runplane.api.openapi import openapi_document
+
+    doc = openapi_document()
+    schemas = doc["components"]["schemas"]
+    responses = [op["responses"] for item in doc["paths"].values() for op in item.values()]
+    reached, todo = set(), [r.rsplit("/", 1)[1] for r in re.findall(r'"\$ref": "([^"]+)"', json.dumps(responses))]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += [r.rsplit("/", 1)[1] for r in re.findall(r'"\$ref": "([^"]+)"', json.dumps(schemas[name]))]
+    assert "SecretView" in reached and not {"Sealed", "SecretRecord", "SecretPut"} & reached
+    fields = {f for name in reached for f in schemas[name].get("properties", {})}
+    assert not {"sealed", "ciphertext", "wrapped_key", "value"} & fields
