@@ -670,7 +670,7 @@ def test_the_azure_front_serves_the_same_page(tab, azure_devstack):
     row(t.page, run["id"]).get_by_role("link").click()
     expect(t.page.get_by_label("stdout of the run")).to_have_text("from-azure\n")
     expect(t.page.locator("h1 .state")).to_have_text("succeeded")
-    for route in ("/sweeps", "/pools", "/usage"):  # every other page draws on this front too
+    for route in ("/sweeps", "/pools", "/secrets", "/usage"):  # every other page draws on this front too
         t.go(route)
         expect(t.page.get_by_text("Loading…")).to_have_count(0)
         expect(t.page.locator(".msg-error")).to_have_count(0)
