@@ -5,7 +5,9 @@ pool. A pull that fails is logged and the worker goes on: a run that needs the i
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -14,6 +16,7 @@ from typing import Any
 import docker
 import docker.errors
 import requests
+from docker import auth
 from docker.utils import parse_repository_tag
 
 from runplane.domain.workers import Pulling
@@ -23,6 +26,9 @@ log = logging.getLogger(__name__)
 
 REPORT_SECONDS = 3.0
 """The most often a pull's progress is written to the worker's item."""
+
+STOP_CHECK_SECONDS = 0.5
+"""How often a pull under way looks whether the worker is stopping."""
 
 DONE = ("Download complete", "Verifying Checksum", "Extracting", "Pull complete")
 """The statuses of a layer whose download is over (the engine streams them in this order)."""
@@ -64,29 +70,59 @@ def pull_with_progress(
     on_progress: Callable[[Pulling], None],
     auth_config: Mapping[str, str] | None = None,
     every: float = REPORT_SECONDS,
+    stopping: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
-) -> None:
+) -> bool:
     """Pull ``image``, telling ``on_progress`` how far it is at its start and then at most every
-    ``every`` seconds. Raises docker.errors.APIError (also for an error the engine reports in the
+    ``every`` seconds; False: given up once ``stopping`` was set (the engine stops a pull whose
+    client hangs up). Raises docker.errors.APIError (also for an error the engine reports in the
     middle of the pull) or requests.RequestException."""
     repository, tag = parse_repository_tag(image)
     progress = PullProgress(image)
     on_progress(progress.pulling())
     last = clock()
-    events = client.api.pull(
-        repository,
-        tag=tag or "latest",
-        stream=True,
-        decode=True,
-        auth_config=dict(auth_config) if auth_config else None,
-    )
-    for event in events:
-        if event.get("error"):
-            raise docker.errors.APIError(str(event["error"]))
-        progress.add(event)
-        if clock() - last >= every:
-            on_progress(progress.pulling())
-            last = clock()
+    api = client.api  # as api.pull does it, but holding the response, to hang up on the engine
+    headers = {}
+    if auth_config:
+        headers["X-Registry-Auth"] = auth.encode_header(dict(auth_config))
+    elif header := auth.get_config_header(api, auth.resolve_repository_name(repository)[0]):
+        headers["X-Registry-Auth"] = header
+    params = {"fromImage": repository, "tag": tag or "latest"}
+    response = api._post(api._url("/images/create"), params=params, headers=headers, stream=True, timeout=None)
+    over = threading.Event()
+    if stopping is not None:  # a pull may go minutes without a word (a stalled layer): hang up from aside
+        threading.Thread(
+            target=_hang_up, args=(api, response, stopping, over), name="prefetch-stop", daemon=True
+        ).start()
+    try:
+        api._raise_for_status(response)
+        for event in api._stream_helper(response, decode=True):
+            if event.get("error"):
+                raise docker.errors.APIError(str(event["error"]))
+            progress.add(event)
+            if clock() - last >= every:
+                on_progress(progress.pulling())
+                last = clock()
+    except Exception:
+        if stopping is not None and stopping.is_set():  # what reading a response closed meanwhile raises
+            return False
+        raise
+    finally:
+        over.set()
+        response.close()
+    return stopping is None or not stopping.is_set()
+
+
+def _hang_up(api: Any, response: Any, stopping: threading.Event, over: threading.Event) -> None:
+    """Hang up on the engine once ``stopping`` is set, unless the pull is ``over`` first: the
+    connection is shut down (closing it alone does not wake the read waiting on it)."""
+    while not over.wait(STOP_CHECK_SECONDS):
+        if stopping.is_set():
+            with contextlib.suppress(OSError, AttributeError, docker.errors.DockerException):
+                raw = api._get_raw_response_socket(response)
+                getattr(raw, "_sock", raw).shutdown(socket.SHUT_RDWR)
+            response.close()
+            return
 
 
 class Prefetch:
@@ -111,19 +147,20 @@ class Prefetch:
 
     def run(self, on_progress: Callable[[Pulling | None], None], stopping: threading.Event) -> list[str]:
         """Pull each image, then tell ``on_progress`` None (nothing pulled any more); return those
-        that could not be pulled (each said in the log)."""
+        that could not be pulled (each said in the log). Once ``stopping`` is set, the pull under
+        way is given up and no other is begun."""
         failed = []
         try:
             for image in self.images:
                 if stopping.is_set():
                     break
-                if not self._pull(image, on_progress):
+                if not self._pull(image, on_progress, stopping):
                     failed.append(image)
         finally:
             on_progress(None)
         return failed
 
-    def _pull(self, image: str, on_progress: Callable[[Pulling | None], None]) -> bool:
+    def _pull(self, image: str, on_progress: Callable[[Pulling | None], None], stopping: threading.Event) -> bool:
         try:
             self.client.images.get(image)
             log.info("prefetch: image %s is on this worker already", image)
@@ -135,7 +172,10 @@ class Prefetch:
         started = time.monotonic()
         try:
             login = self.logins.for_pool(image) if self.logins is not None else None
-            pull_with_progress(self.client, image, on_progress, login.auth_config() if login else None, self.every)
+            config = login.auth_config() if login else None
+            if not pull_with_progress(self.client, image, on_progress, config, self.every, stopping):
+                log.info("prefetch of image %s given up: the worker is stopping", image)
+                return False
         except (docker.errors.DockerException, requests.RequestException, LoginUnavailable) as e:
             log.warning("prefetch of image %s failed (a run that needs it pulls it itself): %s", image, e)
             return False

@@ -167,3 +167,25 @@ def test_a_prefetch_pulls_a_private_image_with_the_pools_login(docker_client, pr
     assert Prefetch(docker_client, [private.image]).run(seen.append, threading.Event()) == [private.image]
     with pytest.raises(docker.errors.ImageNotFound):
         docker_client.images.get(private.image)
+
+
+def test_a_worker_told_to_stop_gives_up_its_prefetch(local_stack, docker_client, tmp_path, registry):
+    """A pull held half way (a stalled layer) is given up when the worker stops: it does not wait for it."""
+    gate = threading.Event()
+    ref = registry.publish("runplane/prefetch-stop", os.urandom(4 * MiB))
+    layer = registry.layer.rsplit("/", 1)[1]
+    held = Held(registry.blobs[layer][0])
+    held.gate = gate
+    registry.blobs[layer] = (held, registry.blobs[layer][1])
+    agent, thread = start_agent(local_stack, docker_client, tmp_path, [ref])
+    try:
+        wait_for(lambda: (w := item(local_stack)) and w.pulling and w.pulling.done, 60, 0.1, "the pull's progress")
+        agent.stop()
+        thread.join(60)
+        assert not thread.is_alive() and not gate.is_set()  # ended while its layer was still held
+        assert agent.exit_reason == "asked to stop"
+        assert (w := item(local_stack)) is not None and w.status == "offline" and w.pulling is None
+    finally:
+        gate.set()
+        agent.stop()
+        thread.join(60)
