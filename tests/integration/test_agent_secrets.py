@@ -33,18 +33,19 @@ def put_secret(stack, scope, name, value):
     )
 
 
-def execute(stack, docker_client, tmp_path, run, ports=None):
-    """Claim ``run`` as worker WORKER and run it to its end; the run as stored afterwards."""
-    claimed = lifecycle.claim(stack.store, run, 0, WORKER, lease_seconds=60, now=time.time())
+def execute(stack, docker_client, tmp_path, run, ports=None, worker=WORKER):
+    """Claim ``run`` (its next attempt) as ``worker`` and run it to its end; the run as stored afterwards."""
+    claimed = lifecycle.claim(stack.store, run, run.attempt, worker, lease_seconds=60, now=time.time())
     # the test image is here already: no registry is asked
-    config = ExecutorConfig(worker_id=WORKER, work_dir=tmp_path / "w", stack_id=stack.settings.stack_id(), pull="never")
+    work_dir = tmp_path / worker
+    config = ExecutorConfig(worker_id=worker, work_dir=work_dir, stack_id=stack.settings.stack_id(), pull="never")
     ports = ports or AgentPorts(stack.store, stack.queue, stack.objects, secrets=stack.secrets, opener=stack.opener)
     RunExecutor(claimed, ports, docker_client, config, time.time, users=ImageUsers(docker_client)).run_safely()
     return stack.store.get(run.id)
 
 
-def submit(stack, principal, secrets, command=PRINT):
-    spec = RunSpec.model_validate({"command": command, "queue": "manual", "secrets": secrets})
+def submit(stack, principal, secrets, command=PRINT, **extra):
+    spec = RunSpec.model_validate({"command": command, "queue": "manual", "secrets": secrets, **extra})
     return submit_run(stack.ports, principal, spec, None).run
 
 
@@ -67,6 +68,19 @@ def test_a_run_gets_the_value_as_it_stands_when_it_starts_and_its_log_masks_it(l
     assert failed.failure.message == "secret mytoken does not exist (or alice may not use it)"
     assert containers_of(docker_client, failed) == []
     assert failed.usage.timings.get("pull") is None  # ended before its image was even looked at
+
+
+def test_each_attempt_reads_the_secret_afresh_on_the_worker_that_claims_it(local_stack, docker_client, tmp_path):
+    put_secret(local_stack, user_scope("alice"), "mytoken", "first")
+    retried = {"attempts": 2, "on": ["nonzero_exit"]}
+    run = submit(local_stack, Principal(user="alice"), {"T": "mytoken"}, f"{PRINT}; exit 3", retry=retried)
+    first = execute(local_stack, docker_client, tmp_path, run, worker="w-one")
+    assert (first.state, first.attempt) == (RunState.QUEUED, 1)  # queued again for its second attempt
+    put_secret(local_stack, user_scope("alice"), "mytoken", "the-second-value")
+    second = execute(local_stack, docker_client, tmp_path, first, worker="w-two")
+    assert (second.attempt, second.worker_id, second.failure.reason) == (2, "w-two", FailureReason.NONZERO_EXIT)
+    logs = [read_logs(local_stack.objects, second, "stdout", 0, attempt=a).data for a in (1, 2)]
+    assert logs == [f"len=5\nvalue={MASK}\n", f"len=16\nvalue={MASK}\n"]
 
 
 def test_a_group_secret_is_a_members_and_a_run_whose_owner_is_not_in_the_group_never_gets_it(
