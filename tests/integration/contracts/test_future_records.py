@@ -159,7 +159,7 @@ def test_a_run_a_later_release_wrote_into_its_spec_is_read_and_listed_but_not_ta
     assert [r.id for r in stack.store.list(owner="alice", limit=10).runs] == [run.id]
     agent = _agent(stack, tmp_path)
     assert agent.intake.refuses(read) == (
-        f"it needs an agent that knows spec.secrets, spec.resources.nodes (this agent is {__version__})"
+        f"it needs an agent that knows spec.volumes, spec.resources.nodes (this agent is {__version__})"
     )
 
     stack.queue.send("default", RunMessage(run_id=run.id, attempt=0))
@@ -173,7 +173,7 @@ def test_a_run_a_later_release_wrote_into_its_spec_is_read_and_listed_but_not_ta
     now = time.time()
     stack.workers.put(Worker(id="w-1", pool="default", agent_version=__version__, started_at=now, heartbeat_at=now))
     assert why_waiting(stack.ports, read) == (
-        f"needs an agent that knows spec.secrets, spec.resources.nodes; the agents of pool default are {__version__}"
+        f"needs an agent that knows spec.volumes, spec.resources.nodes; the agents of pool default are {__version__}"
     )
     assert kill_run(stack.ports, Principal(user="alice"), run.id).state == RunState.KILLED  # ended as any run is
     assert raw_run(stack, run.id)["spec"]["volumes"] == ["db-password"]
