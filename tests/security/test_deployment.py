@@ -35,7 +35,7 @@ from runplane.bootstrap import Stack, aws_clients, aws_names
 from runplane.domain.quotas import Hold, Quota
 from runplane.domain.secrets import SecretRecord, context, group_scope, user_scope
 from runplane.settings import StackSettings
-from tests.aws_readback import read_stack
+from tests.aws_readback import read_stack, template_stack
 from tests.cfn_template import (
     ROOT,
     CfnLoader,
@@ -227,15 +227,17 @@ def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any
 def test_local_stack_resources_are_the_templates(template: dict[str, Any], aws_stack: Stack) -> None:
     """provision() on moto (the local stack's path), read back from the services: queue
     visibility timeouts, TTL, PITR, encryption, public-access block, versioning and lifecycle are
-    what template.yaml declares. Served over plain HTTP, it gets no TLS-only policy (which would
-    refuse every request): the next test gives it one."""
+    what template.yaml declares, and so is the secrets key. Served over plain HTTP, it gets no
+    TLS-only policy (which would refuse every request): the next test gives it one."""
     pools = [p.name for p in aws_stack.pools.pools]
     clients = aws_clients(aws_stack.settings)
-    found = read_stack(aws_names(aws_stack.settings), pools, clients["dynamodb"], clients["sqs"], clients["s3"])
+    names = aws_names(aws_stack.settings)
+    found = read_stack(names, pools, clients["dynamodb"], clients["sqs"], clients["s3"], clients["kms"])
     for table in found["tables"].values():
         for key in ("KeySchema", "AttributeDefinitions", "GlobalSecondaryIndexes"):
             del table[key]
     expected = _template_stack(template, pools)
+    assert found["key"] == template_stack(template, pools)["key"]  # spec, rotation, alias, key policy
     assert found["queues"] == expected["queues"]
     assert found["tables"] == expected["tables"]
     assert found["bucket"].pop("policy") is None
