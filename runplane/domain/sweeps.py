@@ -63,6 +63,8 @@ _REASON_CODES: dict[FailureReason, str] = {
     FailureReason.DEPENDENCY_FAILED: "n",
     FailureReason.NOT_PERMITTED: "q",  # "o" is OPEN, "s" SUCCEEDED
     FailureReason.IMAGE_TOO_LARGE: "p",
+    FailureReason.SECRET_UNAVAILABLE: "r",
+    FailureReason.IMAGE_UNAUTHORIZED: "t",
 }
 _CODE_REASONS = {code: reason for reason, code in _REASON_CODES.items()}
 
@@ -79,14 +81,18 @@ def ended_code(state: RunState, reason: FailureReason | None) -> str:
 
 
 def reason_of(code: str) -> FailureReason | None:
-    return _CODE_REASONS.get(code)
+    """The failure reason a finished member's code stands for; a letter a later release added (a
+    reason this one does not know) reads as ``agent_error``, as such a reason does in a run."""
+    if code in (PENDING, OPEN, SUCCEEDED):
+        return None
+    return _CODE_REASONS.get(code, FailureReason.AGENT_ERROR)
 
 
 def state_of(code: str) -> RunState | None:
     """The state a finished member's code stands for (None: not finished)."""
     if code == SUCCEEDED:
         return RunState.SUCCEEDED
-    reason = _CODE_REASONS.get(code)
+    reason = reason_of(code)
     if reason is None:
         return None
     return {FailureReason.KILLED: RunState.KILLED, FailureReason.TIME_LIMIT: RunState.TIMED_OUT}.get(

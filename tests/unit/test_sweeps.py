@@ -75,6 +75,8 @@ def test_every_failure_reason_has_its_own_code_and_stands_for_its_state():
     assert state_of(ended_code(RunState.FAILED, FailureReason.NONZERO_EXIT)) == RunState.FAILED
     assert state_of(ended_code(RunState.KILLED, None)) == RunState.KILLED  # a kill with no failure recorded
     assert (state_of(SUCCEEDED), state_of(OPEN), state_of(PENDING)) == (RunState.SUCCEEDED, None, None)
+    # a letter a later release added for a reason this one does not know: a failure, read as agent_error
+    assert (state_of("z"), reason_of("z")) == (RunState.FAILED, FailureReason.AGENT_ERROR)
 
 
 def test_counts_are_read_from_the_status():
