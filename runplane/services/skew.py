@@ -57,12 +57,19 @@ def put_stack_record(objects: ObjectStore, record: StackRecord) -> None:
 
 def publish(ports: Ports, version: str = __version__) -> bool:
     """Keep this control plane's record (``version``, the oldest agent series it allows) where
-    agents read it when they register; written only when the one there says otherwise. True when
-    written. A store that fails is logged: the next scheduled pass tries again."""
+    agents read it when they register; written only when the one there says otherwise, and never
+    over the record of a later series (whose functions serve beside these during a deploy). True
+    when written. A store that fails is logged: the next scheduled pass tries again."""
     record = StackRecord(version=version, oldest_agent=oldest_agent(version), written_at=ports.clock())
     try:
         current = stack_record(ports.objects)
         if current is not None and (current.version, current.oldest_agent) == (record.version, record.oldest_agent):
+            return False
+        ours, theirs = series(version), series(current.version) if current is not None else None
+        if current is not None and ours is not None and theirs is not None and theirs > ours:
+            # a later series' functions are serving beside these during a deploy: stepping the
+            # record back would refuse (or drain) the agents that later release already started
+            log.info("stack record left at version %s (this control plane is %s)", current.version, version)
             return False
         put_stack_record(ports.objects, record)
     except RunplaneError as e:

@@ -49,6 +49,21 @@ def _pool_view(stack):
     return pool_view(figures.pool, figures.backlog, figures.workers, figures.record)
 
 
+def test_the_record_is_never_stepped_back_by_the_functions_of_an_earlier_series(stack):
+    """During a deploy the previous series' functions serve beside the next one's for a moment: the
+    earlier ones' schedule must not write their version over the later one's record, or the later
+    release's agents would be refused (or drain) until the next pass rewrote it."""
+    major, minor = series(__version__) or (0, 0)
+    later = f"{major}.{minor + 1}.0"
+    assert skew.publish(stack.ports, later)
+    assert not skew.publish(stack.ports)  # this release's functions leave the later record alone
+    assert skew.stack_record(stack.objects).version == later
+    # within one series the record follows whichever functions wrote last
+    skew.put_stack_record(stack.objects, StackRecord(version=__version__, oldest_agent="", written_at=0.0))
+    assert skew.publish(stack.ports, f"{major}.{minor}.9") and skew.publish(stack.ports)
+    assert skew.stack_record(stack.objects).version == __version__
+
+
 def test_an_agent_newer_than_its_stack_is_refused_when_it_registers(stack, tmp_path):
     major, minor = series(__version__) or (0, 0)
     newer = f"{major}.{minor + 1}.0"
