@@ -1,3 +1,3 @@
 """runplane: an event-driven control plane for containerized runs."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

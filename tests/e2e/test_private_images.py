@@ -9,9 +9,7 @@ from datetime import datetime
 
 import pytest
 
-from runplane import __version__
 from runplane.client import Client
-from runplane.domain.versions import series
 from tests.conftest import POOLS_FILE, TERMINAL, wait_for, wait_state
 from tests.registry import private_registry  # noqa: F401 (a fixture)
 
@@ -112,11 +110,6 @@ def test_a_pools_group_login_pulls_for_members_and_a_cached_image_is_refused_to_
         admin.request("DELETE", "/v1/groups/vision/secrets/regcred")
 
 
-@pytest.mark.xfail(
-    series(__version__) < (0, 3),
-    reason="image_pull_secret is a field of 0.3: the API refuses it for a pool whose agents report an older version",
-    strict=True,
-)
 def test_a_private_image_runs_with_its_pull_secret_only(devstack, alice, bob, agent, registry):
     """alice's run with her secret regcred runs the image; hers without it and bob's, after hers
     left the image on the worker, are refused before their command runs."""

@@ -307,6 +307,11 @@ def upgrade(previous: Installed, moto_endpoint: str, docker_client: Any, tmp_pat
                 ExpressionAttributeValues={":later": LATER},
             )
 
+        def stack_is_ours(self) -> bool:
+            """Whether the record agents check their version against holds this tree's version."""
+            record = skew.stack_record(stack.objects)
+            return record is not None and record.version == __version__
+
         def stack_recorded(self) -> bool:
             """Whether a control plane has written the record agents check their version against."""
             return skew.stack_record(stack.objects) is not None
@@ -401,6 +406,9 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     assert listed.status_code == 200, f"the previous functions listed workers: {listed.status_code} {listed.text}"
     assert [worker["id"] for worker in listed.json()["workers"]] == [first.id]
     old.kill()
+    # the previous functions' last pass may have written their version over this tree's record:
+    # this tree's next scheduled pass writes it back, before this tree's agents register
+    wait_for(upgrade.stack_is_ours, 60, 0.2, "this tree's functions to write their version in the stack's record")
     client = Client(new.api_url, ADMIN_TOKEN)
     assert [_view(client, run)["state"] for run in (running, waiting, queued)] == ["running", "queued", "queued"]
     # runs the previous functions wrote gain a field of a later release: beside the spec, and in it
@@ -418,9 +426,12 @@ def test_the_functions_then_the_agents_move_to_this_release_while_runs_go_on(upg
     agents = {"old": ({upgrade.previous_version: 1}, {}), "new": ({__version__: 1}, {})}
     wait_for(lambda: _pool_agents(client) == agents, 30, 0.5, f"the pools to show their agents as {agents}")
     # a field the previous agents cannot read is refused while one serves the pool
-    refused = rf"labels need agents .*; pool 'old' has agents {upgrade.previous_version}"
+    # (secrets: a field of this release, on a stack the previous functions made, whose secrets table
+    # and key this tree's functions add)
+    client.set_secret("upgrade-token", "a value")
+    refused = rf"secrets need agents .*; pool 'old' has agents {upgrade.previous_version}"
     with pytest.raises(InvalidRequest, match=refused):
-        _submit(client, "echo labelled", "old", labels={"step": "agents"})
+        _submit(client, "echo secret", "old", secrets={"TOKEN": "upgrade-token"})
     first.open_gate(running)
     for run in (running, waiting, queued, later):
         _wait_state(client, run, "succeeded", 90, first.log)
