@@ -35,7 +35,8 @@ def counted(logins: EcrLogins, region: str) -> list[str]:
     """The GetAuthorizationToken calls ``logins`` makes to ``region`` (botocore's own hook)."""
     calls: list[str] = []
     logins._client(region).meta.events.register(
-        "before-parameter-build.ecr.GetAuthorizationToken", lambda **kwargs: calls.append(kwargs["params"]["registryIds"][0])
+        "before-parameter-build.ecr.GetAuthorizationToken",
+        lambda **kwargs: calls.append(kwargs["params"]["registryIds"][0]),
     )
     return calls
 
