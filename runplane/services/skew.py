@@ -179,7 +179,7 @@ def too_new_for(pool: str, spec: RunSpec, agent_versions: Mapping[str, int]) -> 
     """Why a run or sweep of ``spec`` is refused in ``pool`` whose live agents are of
     ``agent_versions`` (its record's, as the dispatcher counted them): it sets a field added since
     the previous release (``Since``, not at its default) that some of those agents do not know, so
-    they would leave it waiting. None: every agent knows every field it sets."""
+    they would leave it waiting; the message says what to do. None: every agent knows every field it sets."""
     wanted = later_fields(spec)
     lacking = {
         name.removeprefix("spec."): release
@@ -191,7 +191,10 @@ def too_new_for(pool: str, spec: RunSpec, agent_versions: Mapping[str, int]) -> 
     fields = ", ".join(lacking)
     need = max(lacking.values(), key=lambda release: series(release or "") or (0, 0))
     older = sorted(v for v in agent_versions if any(not _knows(v, r) for r in lacking.values()))
-    return f"{fields} need agents {need} or newer; pool {pool!r} has agents {', '.join(older)}"
+    return (
+        f"{fields} need agents {need} or newer; pool {pool!r} has agents {', '.join(older)}: "
+        "upgrade the pool's agents (README.md, Upgrading)"
+    )
 
 
 def _knows(agent_version: str, release: str | None) -> bool:

@@ -19,6 +19,7 @@ from runplane.services.runs import submit_run
 from runplane.services.sweeps import create_sweep
 
 POOL = "manual"  # the tests start its workers themselves: its record's counts are theirs
+UPGRADE = "upgrade the pool's agents (README.md, Upgrading)"
 
 
 @pytest.fixture(params=["aws_stack", "azure_stack"])
@@ -48,7 +49,7 @@ def _labelled(**more) -> RunSpec:
 def test_a_labelled_run_or_sweep_is_refused_while_its_pool_has_older_agents(stack, counted):
     alice = Principal(user=f"alice-{uuid.uuid4().hex[:6]}")
     counted({"0.1.0": 2, "0.2.0": 1})
-    why = f"labels need agents 0.2 or newer; pool '{POOL}' has agents 0.1.0"
+    why = f"labels need agents 0.2 or newer; pool '{POOL}' has agents 0.1.0: {UPGRADE}"
     with pytest.raises(NotAllowed) as refused:
         submit_run(stack.ports, alice, _labelled(), None)
     assert str(refused.value) == why and status_of(NotAllowed) == 422
@@ -69,7 +70,7 @@ def test_which_fields_are_newer_than_an_agent_comes_from_the_since_markers():
     spec = _labelled()
     assert set(skew.later_fields(spec)) == {"spec.labels"}
     assert skew.too_new_for(POOL, spec, {"0.1.7": 1, "unknown": 1}) == (
-        f"labels need agents 0.2 or newer; pool '{POOL}' has agents 0.1.7, unknown"
+        f"labels need agents 0.2 or newer; pool '{POOL}' has agents 0.1.7, unknown: {UPGRADE}"
     )
     assert skew.too_new_for(POOL, spec, {"0.2.3": 4, "0.3.0": 1}) is None
     assert skew.too_new_for(POOL, RunSpec(command="x", queue=POOL), {"0.1.0": 1}) is None
