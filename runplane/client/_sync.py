@@ -400,9 +400,11 @@ class Client:
         """Store ``value`` as your secret ``name`` (runs name it ``name``), or as ``group``'s
         (admin; the group's members' runs name it ``group/name``), in place of any value it had:
         runs that start afterwards get the new one. The answer describes it, never holds the
-        value, and no call ever reads a value back. Raises InvalidRequest for a name or value the
-        API refuses (empty, a NUL; PayloadTooLarge for one over 32 KiB as UTF-8), TypeError for a
-        value that is not text, ServerError (503) on a stack without a secrets store."""
+        value, and no call ever reads a value back. Raises InvalidRequest (422) for a name or value
+        the API refuses (empty, a NUL, more than 32,768 characters), PayloadTooLarge (413) for a
+        value of at most 32,768 characters that is over 32 KiB as UTF-8 (text beyond ASCII takes 2
+        to 4 bytes a character), TypeError for a value that is not text, ServerError (503) on a
+        stack without a secrets store."""
         return self._drive(self._plans.set_secret(name, value, group))
 
     def secrets(self, *, group: str | None = None) -> list[SecretView]:
