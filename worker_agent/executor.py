@@ -48,7 +48,7 @@ from worker_agent.registries import RegistryLogins
 from worker_agent.resources import Allocation
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
-from worker_agent.secrets import RunSecrets
+from worker_agent.secrets import RunSecrets, SecretsUnreachable
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
 from worker_agent.users import ImageUsers
@@ -73,6 +73,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
+
+HAND_BACK_PAUSE_SECONDS = 3.0
+"""How long a run whose secrets could not be read for now waits before it is handed back (so that
+a store or key that is briefly down is not met again at once by every attempt)."""
 
 
 class RunExecutor:
@@ -195,10 +199,15 @@ class RunExecutor:
             )
             return
         # the run's secrets first, read by this worker now that it holds the run (every attempt
-        # reads them afresh): a run that cannot have them ends before its image is pulled
-        self.secret_env, outcome = RunSecrets(self.ports.secrets, self.ports.opener).for_container(run)
-        self.logs.mask(self.secret_env.values())
-        outcome = outcome or self.setup.prepare()
+        # reads them afresh): a run that cannot have them ends before its image is pulled; one whose
+        # store or key failed for now (also for its image's login) goes back to its queue
+        try:
+            self.secret_env, outcome = RunSecrets(self.ports.secrets, self.ports.opener).for_container(run)
+            self.logs.mask(self.secret_env.values())
+            outcome = outcome or self.setup.prepare()
+        except SecretsUnreachable as e:
+            self._hand_back(f"{e} on worker {self.config.worker_id}; it will be tried again")
+            return
         if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
             outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
         outcome = outcome or self._start_container(run)
@@ -223,6 +232,14 @@ class RunExecutor:
             self._final(outcome)
             return
         self._final(self._upload(outcome))
+
+    def _hand_back(self, why: str) -> None:
+        """Give the attempt back to the run's queue, not charged to it (its event says ``why``),
+        after a short pause, unless the worker is stopping meanwhile."""
+        log.warning("run %s: %s; handing it back to its queue", self.run.id, why)
+        self.control.requeue.wait(HAND_BACK_PAUSE_SECONDS)
+        self.logs.flush()
+        self.state.requeue(why, self.usage)
 
     def _start_container(self, run: Run) -> Outcome | None:
         """Create the container (by the image id inspected, whose users were read, not the tag,

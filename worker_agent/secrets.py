@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from runplane.domain.errors import RunplaneError
+from runplane.domain.errors import BackendError, RunplaneError
 from runplane.domain.runs import Run
 from runplane.domain.secrets import RegistryCredentials, SecretRef, SecretUnavailable, context
 from runplane.domain.states import FailureReason, RunState
@@ -14,6 +14,12 @@ from runplane.ports import SecretOpener, SecretStore
 from worker_agent.outcome import Outcome
 
 log = logging.getLogger(__name__)
+
+
+class SecretsUnreachable(Exception):
+    """The secrets store or the key failed in a way that may pass (throttled, briefly down: a
+    BackendError): the run's attempt is handed back to its queue, not ended. The message names
+    the secret and what failed, never the store's own words (those are in the agent's log)."""
 
 
 class RunSecrets:
@@ -38,12 +44,16 @@ class RunSecrets:
 
     def opened(self, scope: str, name: str, missing: str) -> str:
         """The value of secret ``name`` of ``scope`` (a pool's registry login names a group's
-        directly); ``missing`` says what a missing one is. Raises SecretUnavailable."""
+        directly); ``missing`` says what a missing one is. Raises SecretUnavailable, or
+        SecretsUnreachable when the store or the key failed in a way that may pass."""
         if self.store is None or self.opener is None:
             raise SecretUnavailable(f"secret {name}: this worker was started without the secrets store")
         try:
             record = self.store.get(scope, name)
-        except RunplaneError as e:  # the store's own words stay in the agent's log
+        except BackendError as e:  # the store's own words stay in the agent's log
+            log.warning("secret %s of %s: the secrets store could not be read, for now: %s", name, scope, e)
+            raise SecretsUnreachable(f"secret {name}: the secrets store could not be read") from None
+        except RunplaneError as e:
             log.warning("secret %s of %s: the secrets store could not be read: %s", name, scope, e)
             raise SecretUnavailable(f"secret {name}: the secrets store could not be read") from None
         if record is None:
@@ -52,6 +62,9 @@ class RunSecrets:
             data = self.opener.open(record.sealed, context(scope, name))
         except SecretUnavailable as e:
             raise SecretUnavailable(f"secret {name} cannot be opened: {e}") from None
+        except BackendError as e:
+            log.warning("secret %s of %s: the key could not be reached, for now: %s", name, scope, e)
+            raise SecretsUnreachable(f"secret {name} cannot be opened: the key could not be reached") from None
         except RunplaneError as e:
             log.warning("secret %s of %s: the key could not be reached: %s", name, scope, e)
             raise SecretUnavailable(f"secret {name} cannot be opened: the key could not be reached") from None
@@ -68,7 +81,7 @@ class RunSecrets:
         """The variables of ``run.spec.secrets`` with their values, read now (by the worker that
         has just claimed the run: each attempt reads them afresh); or, when one cannot be given
         to the run, the Outcome that ends it ``secret_unavailable``, which names the secret and
-        why, never a value."""
+        why, never a value. Raises SecretsUnreachable (the attempt is to be handed back)."""
         if not run.spec.secrets:
             return {}, None
         try:

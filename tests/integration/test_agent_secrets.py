@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from runplane.domain.errors import BackendError
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.secrets import MASK, SecretRecord, context, group_scope, user_scope
 from runplane.domain.states import FailureReason, RunState
@@ -15,6 +16,7 @@ from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.logs import read_logs
 from runplane.services.runs import submit_run
+from worker_agent import executor as executor_module
 from worker_agent.executor import RunExecutor
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.users import ImageUsers
@@ -108,3 +110,39 @@ def test_a_worker_without_the_secrets_store_ends_the_run_secret_unavailable(loca
     ended = execute(local_stack, docker_client, tmp_path, run, ports)
     assert (ended.state, ended.failure.reason) == (RunState.FAILED, FailureReason.SECRET_UNAVAILABLE)
     assert "without the secrets store" in ended.failure.message
+
+
+class Throttled:
+    """The secrets store or the key as they are while throttled or briefly down: each read raises
+    BackendError (a port of the test's own, in the place of the stack's)."""
+
+    def get(self, scope, name):
+        raise BackendError("ThrottlingException: rate exceeded for internal-key-7")
+
+    def open(self, sealed, ctx):
+        raise BackendError("ThrottlingException: rate exceeded for internal-key-7")
+
+
+@pytest.mark.parametrize("down", ["store", "key"])
+def test_a_secrets_store_or_key_down_for_now_hands_the_attempt_back(
+    local_stack, docker_client, tmp_path, monkeypatch, caplog, down
+):
+    """Not a secret the run may not have: its attempt goes back to its queue, with an event and a
+    line of the agent's log saying why (not the backend's words), and a later attempt runs."""
+    monkeypatch.setattr(executor_module, "HAND_BACK_PAUSE_SECONDS", 0.0)
+    put_secret(local_stack, user_scope("alice"), "mytoken", "the-value")
+    run = submit(local_stack, Principal(user="alice"), {"T": "mytoken"})
+    store, opener = (Throttled(), local_stack.opener) if down == "store" else (local_stack.secrets, Throttled())
+    ports = AgentPorts(local_stack.store, local_stack.queue, local_stack.objects, secrets=store, opener=opener)
+    back = execute(local_stack, docker_client, tmp_path, run, ports)
+    assert (back.state, back.failure, back.worker_id) == (RunState.QUEUED, None, None)
+    what = (
+        "the secrets store could not be read" if down == "store" else "cannot be opened: the key could not be reached"
+    )
+    assert what in back.events[-1].message and back.events[-1].message.startswith("re-queued: secret mytoken")
+    assert f"worker {WORKER}" in back.waiting_reason and "internal-key-7" not in back.model_dump_json()
+    assert any(f"run {run.id}:" in r.getMessage() and "handing it back" in r.getMessage() for r in caplog.records)
+    assert containers_of(docker_client, back) == []
+    ran = execute(local_stack, docker_client, tmp_path, back)  # the store and key are back
+    assert (ran.state, ran.attempt) == (RunState.SUCCEEDED, 2), ran.failure
+    assert read_logs(local_stack.objects, ran, "stdout", 0, attempt=2).data == f"len=9\nvalue={MASK}\n"
