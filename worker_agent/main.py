@@ -150,7 +150,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", settings.max_image_cache_size),
         network=network,
         # the pool's images before its first run (a worker that never pulls runs what it has)
-        prefetch=Prefetch(client, pool.prefetch_images, pool_logins(stack, pool, config))
+        prefetch=Prefetch(
+            client,
+            pool.prefetch_images,
+            pool_logins(stack, pool, config),
+            stall_seconds=settings.prefetch_stall_seconds,
+            limit_seconds=settings.prefetch_limit_seconds,
+        )
         if pool.prefetch_images and settings.pull != "never"
         else None,
     )

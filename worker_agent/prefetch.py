@@ -21,6 +21,7 @@ from docker.utils import parse_repository_tag
 
 from runplane.domain.workers import Pulling
 from worker_agent.registries import LoginUnavailable, RegistryLogins
+from worker_agent.secrets import SecretsUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,13 @@ REPORT_SECONDS = 3.0
 """The most often a pull's progress is written to the worker's item."""
 
 STOP_CHECK_SECONDS = 0.5
-"""How often a pull under way looks whether the worker is stopping."""
+"""How often a pull under way looks whether the worker is stopping, or the pull has stalled."""
+
+STALL_SECONDS = 120.0
+"""A pull the engine says nothing of for this long is given up (a registry that stopped sending)."""
+
+LIMIT_SECONDS = 1800.0
+"""The most a worker's whole prefetch may take: past it, the pull under way is given up and no other begun."""
 
 DONE = ("Download complete", "Verifying Checksum", "Extracting", "Pull complete")
 """The statuses of a layer whose download is over (the engine streams them in this order)."""
@@ -72,15 +79,19 @@ def pull_with_progress(
     every: float = REPORT_SECONDS,
     stopping: threading.Event | None = None,
     clock: Callable[[], float] = time.monotonic,
+    stall_seconds: float | None = None,
+    deadline: float | None = None,
 ) -> bool:
     """Pull ``image``, telling ``on_progress`` how far it is at its start and then at most every
     ``every`` seconds; False: given up once ``stopping`` was set (the engine stops a pull whose
-    client hangs up). Raises docker.errors.APIError (also for an error the engine reports in the
-    middle of the pull) or requests.RequestException."""
+    client hangs up). Raises PullGivenUp when the engine sends nothing for ``stall_seconds`` or
+    ``clock`` passes ``deadline``, docker.errors.APIError (also for an error the engine reports in
+    the middle of the pull) or requests.RequestException."""
     repository, tag = parse_repository_tag(image)
     progress = PullProgress(image)
     on_progress(progress.pulling())
     last = clock()
+    watch = _Watch(clock, stopping, stall_seconds, deadline)
     api = client.api  # as api.pull does it, but holding the response, to hang up on the engine
     headers = {}
     if auth_config:
@@ -90,13 +101,12 @@ def pull_with_progress(
     params = {"fromImage": repository, "tag": tag or "latest"}
     response = api._post(api._url("/images/create"), params=params, headers=headers, stream=True, timeout=None)
     over = threading.Event()
-    if stopping is not None:  # a pull may go minutes without a word (a stalled layer): hang up from aside
-        threading.Thread(
-            target=_hang_up, args=(api, response, stopping, over), name="prefetch-stop", daemon=True
-        ).start()
+    if watch.needed:  # a pull may go minutes without a word (a stalled layer): hang up from aside
+        threading.Thread(target=_hang_up, args=(api, response, watch, over), name="prefetch-watch", daemon=True).start()
     try:
         api._raise_for_status(response)
         for event in api._stream_helper(response, decode=True):
+            watch.heard()
             if event.get("error"):
                 raise docker.errors.APIError(str(event["error"]))
             progress.add(event)
@@ -104,20 +114,62 @@ def pull_with_progress(
                 on_progress(progress.pulling())
                 last = clock()
     except Exception:
-        if stopping is not None and stopping.is_set():  # what reading a response closed meanwhile raises
-            return False
+        if watch.given_up:  # what reading a response closed meanwhile raises
+            return watch.outcome()
         raise
     finally:
         over.set()
         response.close()
-    return stopping is None or not stopping.is_set()
+    return watch.outcome()
 
 
-def _hang_up(api: Any, response: Any, stopping: threading.Event, over: threading.Event) -> None:
-    """Hang up on the engine once ``stopping`` is set, unless the pull is ``over`` first: the
+class PullGivenUp(Exception):
+    """A pull given up: the engine sent nothing for too long, or the prefetch ran out of time."""
+
+
+class _Watch:
+    """Whether a pull under way is to be given up, and why: ``stopping`` set, nothing heard from the
+    engine for ``stall_seconds``, or ``clock`` past ``deadline``."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        stopping: threading.Event | None,
+        stall_seconds: float | None,
+        deadline: float | None,
+    ) -> None:
+        self.clock, self.stopping, self.stall_seconds, self.deadline = clock, stopping, stall_seconds, deadline
+        self.needed = stopping is not None or stall_seconds is not None or deadline is not None
+        self.last_heard = clock()
+        self.why: str | None = None  # set once the pull is given up for other than a stop
+        self.given_up = False
+
+    def heard(self) -> None:
+        self.last_heard = self.clock()
+
+    def check(self) -> bool:
+        """Whether to hang up now (and why, in ``why``, unless it is a stop)."""
+        now = self.clock()
+        if self.stopping is not None and self.stopping.is_set():
+            self.given_up = True
+        elif self.stall_seconds is not None and now - self.last_heard >= self.stall_seconds:
+            self.why, self.given_up = f"the registry sent nothing for {self.stall_seconds:g}s", True
+        elif self.deadline is not None and now >= self.deadline:
+            self.why, self.given_up = "the prefetch ran out of time", True
+        return self.given_up
+
+    def outcome(self) -> bool:
+        """True: the pull is done; False: given up on a stop. Raises PullGivenUp."""
+        if self.why is not None:
+            raise PullGivenUp(self.why)
+        return not self.given_up and (self.stopping is None or not self.stopping.is_set())
+
+
+def _hang_up(api: Any, response: Any, watch: _Watch, over: threading.Event) -> None:
+    """Hang up on the engine once ``watch`` says so, unless the pull is ``over`` first: the
     connection is shut down (closing it alone does not wake the read waiting on it)."""
     while not over.wait(STOP_CHECK_SECONDS):
-        if stopping.is_set():
+        if watch.check():
             with contextlib.suppress(OSError, AttributeError, docker.errors.DockerException):
                 raw = api._get_raw_response_socket(response)
                 getattr(raw, "_sock", raw).shutdown(socket.SHUT_RDWR)
@@ -127,7 +179,9 @@ def _hang_up(api: Any, response: Any, stopping: threading.Event, over: threading
 
 class Prefetch:
     """Pulls ``images`` (those not on the worker yet) one after the other, each with the pool's
-    login for its registry (``logins.for_pool``; a run still checks a cached image with its own)."""
+    login for its registry (``logins.for_pool``; a run still checks a cached image with its own).
+    A pull the engine says nothing of for ``stall_seconds`` is given up, and so is the pull under
+    way once the prefetch has taken ``limit_seconds``: a worker never waits on a registry forever."""
 
     def __init__(
         self,
@@ -135,11 +189,17 @@ class Prefetch:
         images: Sequence[str],
         logins: RegistryLogins | None = None,
         every: float = REPORT_SECONDS,
+        stall_seconds: float = STALL_SECONDS,
+        limit_seconds: float = LIMIT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
         self.images = list(images)
         self.logins = logins
         self.every = every
+        self.stall_seconds = stall_seconds
+        self.limit_seconds = limit_seconds
+        self.clock = clock
 
     def first(self) -> Pulling | None:
         """What the worker pulls first (what its item says before the first pull has begun)."""
@@ -147,20 +207,36 @@ class Prefetch:
 
     def run(self, on_progress: Callable[[Pulling | None], None], stopping: threading.Event) -> list[str]:
         """Pull each image, then tell ``on_progress`` None (nothing pulled any more); return those
-        that could not be pulled (each said in the log). Once ``stopping`` is set, the pull under
-        way is given up and no other is begun."""
+        that could not be pulled (each said in the log). Once ``stopping`` is set, or the prefetch
+        has taken ``limit_seconds``, the pull under way is given up and no other is begun."""
         failed = []
+        deadline = self.clock() + self.limit_seconds
         try:
-            for image in self.images:
+            for i, image in enumerate(self.images):
                 if stopping.is_set():
                     break
-                if not self._pull(image, on_progress, stopping):
+                if self.clock() >= deadline:
+                    left = self.images[i:]
+                    log.warning(
+                        "prefetch: its %gs are up; not pulled (a run that needs one pulls it itself): %s",
+                        self.limit_seconds,
+                        ", ".join(left),
+                    )
+                    failed.extend(left)
+                    break
+                if not self._pull(image, on_progress, stopping, deadline):
                     failed.append(image)
         finally:
             on_progress(None)
         return failed
 
-    def _pull(self, image: str, on_progress: Callable[[Pulling | None], None], stopping: threading.Event) -> bool:
+    def _pull(
+        self,
+        image: str,
+        on_progress: Callable[[Pulling | None], None],
+        stopping: threading.Event,
+        deadline: float | None = None,
+    ) -> bool:
         try:
             self.client.images.get(image)
             log.info("prefetch: image %s is on this worker already", image)
@@ -173,10 +249,15 @@ class Prefetch:
         try:
             login = self.logins.for_pool(image) if self.logins is not None else None
             config = login.auth_config() if login else None
-            if not pull_with_progress(self.client, image, on_progress, config, self.every, stopping):
+            if not pull_with_progress(
+                self.client, image, on_progress, config, self.every, stopping, self.clock, self.stall_seconds, deadline
+            ):
                 log.info("prefetch of image %s given up: the worker is stopping", image)
                 return False
-        except (docker.errors.DockerException, requests.RequestException, LoginUnavailable) as e:
+        except PullGivenUp as e:
+            log.warning("prefetch of image %s given up (a run that needs it pulls it itself): %s", image, e)
+            return False
+        except (docker.errors.DockerException, requests.RequestException, LoginUnavailable, SecretsUnreachable) as e:
             log.warning("prefetch of image %s failed (a run that needs it pulls it itself): %s", image, e)
             return False
         log.info("prefetch: pulled image %s in %.0fs", image, time.monotonic() - started)

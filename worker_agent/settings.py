@@ -180,6 +180,12 @@ class AgentSettings(Settings):
     poll_seconds: float = Field(5.0, gt=0, description="queue long-poll time")
     kill_poll_seconds: float = Field(1.0, gt=0, description="how often a running run checks for a kill request")
     upload_deadline_seconds: float = Field(300.0, gt=0, description="the most time outputs may take to upload")
+    prefetch_stall_seconds: float = Field(
+        120.0, gt=0, description="give up a prefetch pull the engine says nothing of for this long"
+    )
+    prefetch_limit_seconds: float = Field(
+        1800.0, gt=0, description="the most time the pool's prefetch_images may take before the worker takes runs"
+    )
     network_mode: str = Field(
         "runplane-runs",
         description="Docker network for runs that ask for a network, closed off from the cloud's metadata service "

@@ -189,3 +189,45 @@ def test_a_worker_told_to_stop_gives_up_its_prefetch(local_stack, docker_client,
         gate.set()
         agent.stop()
         thread.join(60)
+
+
+def held_image(registry) -> tuple[str, threading.Event]:
+    """An image of the registry whose layer is sent half, the rest only once the event is set."""
+    gate = threading.Event()
+    ref = registry.publish("runplane/prefetch-stall", os.urandom(4 * MiB))
+    layer = registry.layer.rsplit("/", 1)[1]
+    held = Held(registry.blobs[layer][0])
+    held.gate = gate
+    registry.blobs[layer] = (held, registry.blobs[layer][1])
+    return ref, gate
+
+
+@pytest.mark.parametrize("limit", ["stall", "whole"])
+def test_a_prefetch_gives_up_a_pull_that_stalls(docker_client, registry, caplog, limit):
+    """A registry that stops sending does not hold a new worker in its prefetch: the pull is given
+    up once the engine has said nothing for the stall limit, or once the whole prefetch's time is up
+    (the images after it are not begun), and the worker goes on with its layer still held."""
+    ref, gate = held_image(registry)
+    later = f"{registry.host}/runplane/never-begun:1"
+    bounds = {"stall_seconds": 2.0} if limit == "stall" else {"stall_seconds": 600.0, "limit_seconds": 3.0}
+    prefetch = Prefetch(docker_client, [ref, later], every=0.2, **bounds)
+    seen: list[Pulling | None] = []
+    done = threading.Event()
+    failed: list[str] = []
+    thread = threading.Thread(target=lambda: (failed.extend(prefetch.run(seen.append, threading.Event())), done.set()))
+    try:
+        thread.start()
+        assert done.wait(60), "the prefetch waited on the stalled registry"
+        assert not gate.is_set()  # ended while its layer was still held
+        assert ref in failed and seen[-1] is None
+        given_up = [r.getMessage() for r in caplog.records if f"prefetch of image {ref} given up" in r.getMessage()]
+        if limit == "stall":
+            assert given_up and "sent nothing for 2s" in given_up[0], given_up
+            assert failed == [ref, later]  # the next image was tried (its registry has none)
+        else:
+            assert given_up and "ran out of time" in given_up[0], given_up
+            assert failed == [ref, later]
+            assert not any(f"prefetch of image {later}" in r.getMessage() for r in caplog.records)  # never begun
+    finally:
+        gate.set()
+        thread.join(60)

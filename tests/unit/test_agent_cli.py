@@ -45,6 +45,8 @@ SAMPLES = {
     "poll_seconds": ("1", 1.0),
     "kill_poll_seconds": ("0.5", 0.5),
     "upload_deadline_seconds": ("30", 30.0),
+    "prefetch_stall_seconds": ("60", 60.0),
+    "prefetch_limit_seconds": ("600", 600.0),
     "network_mode": ("none", "none"),
     "pull": ("never", "never"),
     "run_user": ("1000:1000", "1000:1000"),
