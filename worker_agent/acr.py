@@ -8,16 +8,16 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import requests
 
 from runplane.domain.secrets import RegistryCredentials, SecretUnavailable
-from worker_agent.ecr import refresh_at
+from worker_agent.ecr import Token, refresh_at, renewed
 
 ACR_USER = "00000000-0000-0000-0000-000000000000"
 """The user name a registry refresh token logs in as."""
@@ -25,6 +25,9 @@ SCOPE = "https://management.azure.com/.default"
 """The scope of the access token a registry exchanges."""
 DEFAULT_LIFE_SECONDS = 3 * 3600.0
 """How long a refresh token without a readable ``exp`` is taken to last (ACR's last three hours)."""
+SERVER_PATTERN = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?\.azurecr\.(?:io|cn|us)$")
+"""An ACR registry's host (Azure's public cloud, Azure China, Azure Government): the only servers
+the node identity's token is sent to."""
 
 
 class AccessToken(Protocol):
@@ -58,16 +61,12 @@ def node_identity() -> TokenCredential:
     return credential
 
 
-@dataclass(frozen=True)
-class _Token:
-    credentials: RegistryCredentials
-    refresh_at: float
-
-
 class AcrLogins:
     """``(server) -> RegistryCredentials`` for ACR registries, safe to call from several threads at
     once (one exchange per server at a time). ``credential`` None: the node identity, made at the
-    first call; ``scheme`` is http only for a stand-in of the registry on loopback."""
+    first call. The node identity's token goes only to a server ``servers`` matches (an ACR host),
+    never along a redirect; ``scheme`` http and other ``servers`` are only for a stand-in of the
+    registry on loopback."""
 
     def __init__(
         self,
@@ -75,22 +74,29 @@ class AcrLogins:
         clock: Callable[[], float] = time.time,
         scheme: str = "https",
         timeout: float = 30.0,
+        servers: re.Pattern[str] = SERVER_PATTERN,
     ) -> None:
         self.credential = credential
         self.clock = clock
         self.scheme = scheme
         self.timeout = timeout
+        self.servers = servers
         self._lock = threading.Lock()
         self._server_locks: dict[str, threading.Lock] = {}
-        self._tokens: dict[str, _Token] = {}
+        self._tokens: dict[str, Token] = {}
 
     def __call__(self, server: str) -> RegistryCredentials:
+        if self.servers.fullmatch(server.lower()) is None:
+            raise SecretUnavailable(
+                f"registry {server}: not an ACR registry (acr: true is for NAME.azurecr.io, "
+                "NAME.azurecr.cn or NAME.azurecr.us): the node identity's token is not sent to it"
+            )
         with self._lock:
             lock = self._server_locks.setdefault(server, threading.Lock())
         with lock:
-            token = self._tokens.get(server)
-            if token is None or self.clock() >= token.refresh_at:
-                token = self._exchange(server)
+            held = self._tokens.get(server)
+            token, new = renewed(server, held, self.clock(), lambda: self._exchange(server), "ACR refresh token")
+            if new:
                 self._tokens[server] = token
             return token.credentials
 
@@ -109,7 +115,7 @@ class AcrLogins:
                 "needs a managed identity with the AcrPull role on the registry"
             ) from None
 
-    def _exchange(self, server: str) -> _Token:
+    def _exchange(self, server: str) -> Token:
         access = self._access_token(server)
         fetched_at = self.clock()
         try:
@@ -117,9 +123,14 @@ class AcrLogins:
                 f"{self.scheme}://{server}/oauth2/exchange",
                 data={"grant_type": "access_token", "service": server, "access_token": access},
                 timeout=self.timeout,
+                allow_redirects=False,  # the token is for this registry alone
             )
         except requests.RequestException as e:
             raise SecretUnavailable(f"registry {server}: cannot reach its token exchange: {type(e).__name__}") from None
+        if answer.is_redirect:
+            raise SecretUnavailable(
+                f"registry {server}: its token exchange answered a redirect (HTTP {answer.status_code}), not followed"
+            )
         if answer.status_code in (401, 403):
             raise SecretUnavailable(
                 f"registry {server} refused the node identity's token (HTTP {answer.status_code}): the worker's "
@@ -135,4 +146,5 @@ class AcrLogins:
         if not isinstance(refresh, str) or not refresh:
             raise SecretUnavailable(f"registry {server}: its token exchange answered with no refresh token")
         expires_at = jwt_expiry(refresh) or fetched_at + DEFAULT_LIFE_SECONDS
-        return _Token(RegistryCredentials(username=ACR_USER, password=refresh), refresh_at(fetched_at, expires_at))
+        credentials = RegistryCredentials(username=ACR_USER, password=refresh)
+        return Token(credentials, refresh_at(fetched_at, expires_at), expires_at)

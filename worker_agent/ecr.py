@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 import threading
 import time
@@ -28,6 +29,11 @@ REFRESH_SHARE = 0.75
 """A token is fetched again once this share of its life has passed ..."""
 REFRESH_AHEAD_SECONDS = 3600.0
 """... or this long before it expires, whichever comes first."""
+EXPIRY_MARGIN_SECONDS = 300.0
+"""A token whose refresh failed is used until this long before it expires (the refresh is tried
+again at each use meanwhile)."""
+
+log = logging.getLogger(__name__)
 
 
 def refresh_at(fetched_at: float, expires_at: float) -> float:
@@ -47,9 +53,33 @@ def ecr_server(server: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
-class _Token:
+class Token:
+    """A registry login and when it is to be replaced (``refresh_at``) and is over (``expires_at``)."""
+
     credentials: RegistryCredentials
     refresh_at: float
+    expires_at: float
+
+
+def renewed(server: str, held: Token | None, now: float, fetch: Callable[[], Token], what: str) -> tuple[Token, bool]:
+    """The token to use for ``server``: ``held`` while fresh, else a new one from ``fetch``; when
+    that fails (SecretUnavailable), ``held`` still, until EXPIRY_MARGIN_SECONDS before it is over,
+    the failure logged (the next use tries again). The bool: whether the token is a new one."""
+    if held is not None and now < held.refresh_at:
+        return held, False
+    try:
+        return fetch(), True
+    except SecretUnavailable as e:
+        if held is None or now >= held.expires_at - EXPIRY_MARGIN_SECONDS:
+            raise
+        log.warning(
+            "registry %s: the %s could not be renewed; the current one is used until it expires in %.0fs: %s",
+            server,
+            what,
+            held.expires_at - now,
+            e,
+        )
+        return held, False
 
 
 class EcrLogins:
@@ -62,7 +92,7 @@ class EcrLogins:
         self.clock = clock
         self._lock = threading.Lock()
         self._server_locks: dict[str, threading.Lock] = {}
-        self._tokens: dict[str, _Token] = {}
+        self._tokens: dict[str, Token] = {}
         self._clients: dict[str, Any] = {}
 
     def __call__(self, server: str) -> RegistryCredentials:
@@ -70,9 +100,9 @@ class EcrLogins:
         with self._lock:
             lock = self._server_locks.setdefault(server, threading.Lock())
         with lock:
-            token = self._tokens.get(server)
-            if token is None or self.clock() >= token.refresh_at:
-                token = self._fetch(server, account, region)
+            held = self._tokens.get(server)
+            token, new = renewed(server, held, self.clock(), lambda: self._fetch(server, account, region), "ECR token")
+            if new:
                 self._tokens[server] = token
             return token.credentials
 
@@ -82,7 +112,7 @@ class EcrLogins:
                 self._clients[region] = boto3.client("ecr", region_name=region, endpoint_url=self.endpoint_url)
             return self._clients[region]
 
-    def _fetch(self, server: str, account: str, region: str) -> _Token:
+    def _fetch(self, server: str, account: str, region: str) -> Token:
         fetched_at = self.clock()
         try:
             answer = self._client(region).get_authorization_token(registryIds=[account])
@@ -107,4 +137,5 @@ class EcrLogins:
             raise SecretUnavailable(f"registry {server}: ECR answered with no token this worker can read") from None
         if not sep:
             raise SecretUnavailable(f"registry {server}: ECR answered with no token this worker can read")
-        return _Token(RegistryCredentials(username=user, password=password), refresh_at(fetched_at, expires_at))
+        credentials = RegistryCredentials(username=user, password=password)
+        return Token(credentials, refresh_at(fetched_at, expires_at), expires_at)

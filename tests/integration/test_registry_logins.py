@@ -6,16 +6,19 @@ one of several threads asking at once, and again once the clock passes its refre
 import base64
 import http.server
 import json
+import re
 import threading
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
+import boto3
 import pytest
 
 from runplane.domain.secrets import SecretUnavailable
 from tests.conftest import free_port
+from worker_agent import ecr
 from worker_agent.acr import ACR_USER, AcrLogins
 from worker_agent.ecr import EcrLogins
 
@@ -81,7 +84,7 @@ class Exchange:
     answers a refresh token that expires ``life`` seconds after the clock's now; a token other than
     ``accepted`` gets 401."""
 
-    def __init__(self, clock: Clock, accepted: str, life: float = 3 * 3600) -> None:
+    def __init__(self, clock: Clock, accepted: str, life: float = 3 * 3600, redirect_to: str | None = None) -> None:
         self.forms: list[dict[str, str]] = []
         exchange = self
 
@@ -90,6 +93,12 @@ class Exchange:
                 length = int(self.headers.get("Content-Length") or 0)
                 form = dict(urllib.parse.parse_qsl(self.rfile.read(length).decode()))
                 exchange.forms.append(form)
+                if redirect_to is not None:  # a registry that sends the token on elsewhere
+                    self.send_response(307)
+                    self.send_header("Location", f"http://{redirect_to}/oauth2/exchange")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 good = (
                     self.path == "/oauth2/exchange"
                     and self.headers.get("Content-Type") == "application/x-www-form-urlencoded"
@@ -135,6 +144,10 @@ class NodeIdentity:
         return SimpleNamespace(token=self.token, expires_on=0)
 
 
+LOOPBACK = re.compile(r"127\.0\.0\.1:[0-9]+")
+"""The stand-ins' servers, taken as ACR hosts (the default takes NAME.azurecr.io and its like only)."""
+
+
 @pytest.fixture
 def clock():
     return Clock(1_800_000_000)
@@ -143,7 +156,7 @@ def clock():
 def test_an_acr_login_is_the_exchanged_refresh_token_fetched_again_before_it_expires(clock):
     exchange = Exchange(clock, accepted="entra-token")
     try:
-        logins = AcrLogins(NodeIdentity("entra-token"), clock=clock, scheme="http")
+        logins = AcrLogins(NodeIdentity("entra-token"), clock=clock, scheme="http", servers=LOOPBACK)
         with ThreadPoolExecutor(8) as pool:
             found = list(pool.map(lambda _: logins(exchange.host), range(16)))
         assert len(exchange.forms) == 1
@@ -167,7 +180,7 @@ def test_an_acr_login_refused_names_the_registry_and_the_role_it_needs(clock):
     exchange = Exchange(clock, accepted="entra-token")
     try:
         with pytest.raises(SecretUnavailable, match=rf"registry {exchange.host} refused .*HTTP 401.*AcrPull"):
-            AcrLogins(NodeIdentity("someone-else"), clock=clock, scheme="http")(exchange.host)
+            AcrLogins(NodeIdentity("someone-else"), clock=clock, scheme="http", servers=LOOPBACK)(exchange.host)
     finally:
         exchange.close()
 
@@ -175,5 +188,65 @@ def test_an_acr_login_refused_names_the_registry_and_the_role_it_needs(clock):
         def get_token(self, *scopes: str) -> SimpleNamespace:
             raise RuntimeError("no managed identity endpoint")
 
-    with pytest.raises(SecretUnavailable, match=r"registry acr\.example: the node identity gave no access token"):
-        AcrLogins(NoIdentity(), clock=clock, scheme="http")("acr.example")
+    with pytest.raises(SecretUnavailable, match=r"registry lab\.azurecr\.io: the node identity gave no access token"):
+        AcrLogins(NoIdentity(), clock=clock)("lab.azurecr.io")
+
+
+def test_an_ecr_token_whose_refresh_fails_is_used_until_it_expires(moto_endpoint, caplog):
+    """ECR out of reach at the refresh point: the token held (valid for hours yet) is used, the
+    refresh tried again at each use, until a few minutes before it expires; then the failure shows."""
+    clock = Clock(EXPIRES - 12 * 3600)
+    logins = EcrLogins(endpoint_url=moto_endpoint, clock=clock)
+    held = logins(SERVER)
+    reachable = logins._client("eu-west-1")
+    closed = boto3.client("ecr", region_name="eu-west-1", endpoint_url=f"http://127.0.0.1:{free_port()}")
+    logins._clients["eu-west-1"] = closed  # ECR out of reach from here on
+    clock.now = EXPIRES - 3 * 3600  # past the refresh point, three hours of life left
+    assert logins(SERVER) == held
+    assert any("ECR token could not be renewed" in r.getMessage() and SERVER in r.getMessage() for r in caplog.records)
+    clock.now = EXPIRES - ecr.EXPIRY_MARGIN_SECONDS
+    with pytest.raises(SecretUnavailable, match=rf"registry {SERVER}: cannot reach ECR"):
+        logins(SERVER)
+    logins._clients["eu-west-1"] = reachable  # back: the next use fetches a token
+    calls = counted(logins, "eu-west-1")
+    assert logins(SERVER) == held and calls == ["123456789012"]
+
+
+def test_an_acr_refresh_token_whose_renewal_fails_is_used_until_it_expires(clock):
+    exchange = Exchange(clock, accepted="entra-token")  # three hours of life
+    logins = AcrLogins(NodeIdentity("entra-token"), clock=clock, scheme="http", servers=LOOPBACK)
+    try:
+        first = logins(exchange.host)
+    finally:
+        exchange.close()  # the registry's exchange out of reach from here on
+    clock.now += 2 * 3600
+    assert logins(exchange.host) == first
+    clock.now += 3600 - ecr.EXPIRY_MARGIN_SECONDS  # a few minutes before it is over
+    with pytest.raises(SecretUnavailable, match="cannot reach its token exchange"):
+        logins(exchange.host)
+
+
+@pytest.mark.parametrize("server", ["registry.example.com", "lab.azurecr.io.example.com", "azurecr.io", "LOOPBACK"])
+def test_the_node_identitys_token_goes_to_acr_hosts_only(clock, server):
+    exchange = Exchange(clock, accepted="entra-token")
+    identity = NodeIdentity("entra-token")
+    server = exchange.host if server == "LOOPBACK" else server
+    try:
+        with pytest.raises(SecretUnavailable, match=rf"registry {re.escape(server)}: not an ACR registry"):
+            AcrLogins(identity, clock=clock, scheme="http")(server)
+    finally:
+        exchange.close()
+    assert identity.scopes == [] and exchange.forms == []  # no token asked for, none sent
+
+
+def test_an_acr_token_exchange_that_redirects_is_not_followed(clock):
+    elsewhere = Exchange(clock, accepted="entra-token")
+    redirecting = Exchange(clock, accepted="entra-token", redirect_to=elsewhere.host)
+    try:
+        logins = AcrLogins(NodeIdentity("entra-token"), clock=clock, scheme="http", servers=LOOPBACK)
+        with pytest.raises(SecretUnavailable, match=r"answered a redirect \(HTTP 307\), not followed"):
+            logins(redirecting.host)
+        assert len(redirecting.forms) == 1 and elsewhere.forms == []  # the token went nowhere else
+    finally:
+        redirecting.close()
+        elsewhere.close()
