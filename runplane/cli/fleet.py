@@ -8,6 +8,8 @@ import typer
 from rich.table import Table
 
 from runplane.cli.common import cell, client, dumps, id_column, out, print_json, when
+from runplane.client import WorkerView
+from runplane.domain.units import format_progress
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
 
@@ -73,7 +75,24 @@ def workers(
         table.add_row(
             *map(
                 cell,
-                (w.id, w.pool, w.status, f"{w.free_slots}/{w.slots}", ",".join(w.runs), w.runs_done, w.heartbeat_at),
+                (
+                    w.id,
+                    w.pool,
+                    worker_status(w),
+                    f"{w.free_slots}/{w.slots}",
+                    ",".join(w.runs),
+                    w.runs_done,
+                    w.heartbeat_at,
+                ),
             )
         )
     out.print(table)
+
+
+def worker_status(w: WorkerView) -> str:
+    """A worker's status, with the image it pulls before its first run and how far it is:
+    'starting: pulling IMAGE (0.8 of 1.8 GB)'."""
+    if w.pulling is None:
+        return w.status
+    far = f" ({format_progress(min(w.pulling.done, w.pulling.total), w.pulling.total)})" if w.pulling.total > 0 else ""
+    return f"{w.status}: pulling {w.pulling.image}{far}"

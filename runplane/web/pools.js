@@ -1,5 +1,5 @@
 // Pools and workers: backlog, workers by state, launches and their last error; each worker's
-// slots, GPUs, runs and heartbeat.
+// slots, GPUs, runs and heartbeat, and the image a starting worker pulls.
 import { get } from "./api.js";
 import { ago, bytes, h, keepFocus, refresher, replace, runLink, say, table, when } from "./dom.js";
 
@@ -36,6 +36,11 @@ function poolRow(p) {
   );
 }
 
+// The image a starting worker pulls before its first run, and how far: "pulling IMAGE (0.8 GiB of 1.8 GiB)".
+function pulling(p) {
+  return p.total > 0 ? `pulling ${p.image} (${bytes(Math.min(p.done, p.total))} of ${bytes(p.total)})` : `pulling ${p.image}`;
+}
+
 function workerRow(w) {
   const used = w.slots - w.free_slots;
   return h(
@@ -43,7 +48,7 @@ function workerRow(w) {
     { "data-worker": w.id },
     h("td", { class: "id" }, h("code", {}, w.id)),
     h("td", {}, w.pool),
-    h("td", {}, h("span", { class: `wstate wstate-${w.status}` }, w.status)),
+    h("td", {}, h("span", { class: `wstate wstate-${w.status}` }, w.status), w.pulling ? h("div", { class: "hint" }, pulling(w.pulling)) : null),
     h("td", {}, w.host),
     h("td", { class: "num" }, `${used}/${w.slots}`),
     h("td", { class: "num" }, `${w.gpus - w.free_gpus}/${w.gpus}`, w.gpu_ids.length ? h("div", { class: "hint" }, w.gpu_ids.join(", ")) : null),

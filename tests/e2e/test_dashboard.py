@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
+from runplane import bootstrap
 from runplane.cli.dev import dashboard_link
 from runplane.client import Client
+from runplane.domain.workers import Pulling, Worker
 from tests.conftest import TERMINAL, wait_state
 
 pytestmark = pytest.mark.docker
@@ -617,6 +619,30 @@ def test_the_secrets_page_lists_names_and_no_page_holds_a_value(tab, alice):
     finally:
         alice.request("POST", f"/v1/runs/{run['id']}/kill")
         alice.request("DELETE", f"/v1/secrets/{ref}")
+
+
+def test_the_workers_table_says_which_image_a_starting_worker_pulls_and_how_far(tab, devstack):
+    """The worker's item as a prefetching agent writes it (worker_agent/prefetch.py), in the pool that
+    never gets a worker, so that no run waits on it."""
+    now = time.time()
+    worker = Worker(
+        id=unique("w-pull"),
+        pool="parked",
+        status="starting",
+        pulling=Pulling(image="registry.example/lab/train:3", done=858993459, total=1932735283),
+        started_at=now,
+        heartbeat_at=now,
+    )
+    workers = bootstrap.stack().workers
+    workers.put(worker)
+    try:
+        t = tab()
+        t.sign_in("alice-token", "/pools")
+        row = t.page.locator(f'tr[data-worker="{worker.id}"]')
+        expect(row).to_contain_text("starting")
+        expect(row).to_contain_text("pulling registry.example/lab/train:3 (819.2 MiB of 1.8 GiB)")
+    finally:
+        workers.delete(worker.id)
 
 
 def test_every_page_reads_at_desktop_and_phone_width_and_by_keyboard(tab, alice, devstack):

@@ -11,6 +11,8 @@ import time
 import docker.errors
 import pytest
 
+from runplane.api.views import worker_view
+from runplane.cli.fleet import worker_status
 from runplane.domain.pools import RegistryLogin
 from runplane.domain.runs import RunSpec
 from runplane.domain.secrets import RegistryCredentials
@@ -117,11 +119,14 @@ def test_a_new_worker_takes_its_first_run_once_its_pools_images_are_pulled(
         assert waiting.state == RunState.QUEUED
         why = why_waiting(local_stack.ports, waiting)
         assert why is not None and why.startswith(f"worker pulling image {ref} (") and why.endswith(" MB)"), why
+        shown = worker_status(worker_view(pulling))  # `runplane workers`, from the API's view of the item
+        assert shown.startswith(f"starting: pulling {ref} (") and shown.endswith(" MB)"), shown
         released_at = time.time()
         gate.set()
         assert claimed_at(local_stack, run.id) >= released_at  # not before its images were here
         assert docker_client.images.get(ref)
-        assert wait_for(lambda: (w := item(local_stack)) and w.pulling is None and w.status != "starting", 10)
+        pulled = wait_for(lambda: (w := item(local_stack)) and w.pulling is None and w.status != "starting" and w, 10)
+        assert worker_status(worker_view(pulled)) == pulled.status
     finally:
         gate.set()
         agent.stop()
