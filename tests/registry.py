@@ -53,7 +53,8 @@ class PrivateRegistry:
                 client.images.remove(name, force=True)
 
 
-def _start(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
+def _start(directory: Path, authenticate: bool = True) -> tuple[subprocess.Popen[bytes], str]:
+    """The registry, serving ``directory``; ``authenticate`` False: one that gives anything to anyone."""
     binary, htpasswd = shutil.which("docker-registry"), shutil.which("htpasswd")
     if binary is None or htpasswd is None:
         pytest.fail("docker-registry and htpasswd are needed: scripts/setup.sh --test installs them")
@@ -64,7 +65,7 @@ def _start(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
         "version: 0.1\nlog: {level: warn}\n"
         f"storage: {{filesystem: {{rootdirectory: {directory / 'data'}}}}}\n"
         f"http: {{addr: {server}}}\n"
-        f"auth: {{htpasswd: {{realm: test, path: {directory / 'htpasswd'}}}}}\n"
+        + (f"auth: {{htpasswd: {{realm: test, path: {directory / 'htpasswd'}}}}}\n" if authenticate else "")
     )
     log = (directory / "registry.log").open("wb")
     proc = subprocess.Popen([binary, "serve", str(directory / "config.yml")], stdout=log, stderr=subprocess.STDOUT)
@@ -77,6 +78,9 @@ def _start(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
                 return proc, server
         except OSError:
             pass
+        else:
+            if not authenticate:  # up, and asking for nothing
+                return proc, server
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
             pytest.fail(f"docker-registry did not start:\n{(directory / 'registry.log').read_text()[-2000:]}")
@@ -108,6 +112,25 @@ def push_image(client: Any, image: str) -> str:
     return digest
 
 
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
+def public_registry(directory: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A registry without authentication (its process, to stop it early, and its ``host:port``)."""
+    proc, server = _start(directory, authenticate=False)
+    try:
+        yield proc, server
+    finally:
+        stop(proc)
+
+
 @pytest.fixture(scope="session")
 def private_registry(docker_client: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRegistry]:
     directory = tmp_path_factory.mktemp("registry")
@@ -121,9 +144,4 @@ def private_registry(docker_client: Any, tmp_path_factory: pytest.TempPathFactor
         yield registry
         registry.forget(docker_client)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)

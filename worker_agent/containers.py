@@ -27,7 +27,7 @@ from runplane.domain.units import format_duration
 from worker_agent import images
 from worker_agent.container_spec import LABEL, container_labels
 from worker_agent.outcome import Outcome
-from worker_agent.registries import Login, LoginUnavailable, refused, registry_of
+from worker_agent.registries import Login, LoginUnavailable, hub_denied, rate_limited, refused, registry_of
 from worker_agent.resources import Allocation
 from worker_agent.usage import Sample, Tree, from_stats, read_cgroup, walk
 
@@ -70,6 +70,7 @@ class RunContainer:
         self.stream: Any = None
         self.started = False
         self.exited = False
+        self.public = False  # the image was had with no login at all (ensure_image)
         self.timings = {} if timings is None else timings  # seconds its create and start took
         self._engine_paths: list[tuple[str, str]] | None = None  # (on the host, in the container)
 
@@ -79,13 +80,22 @@ class RunContainer:
         pull: str,
         max_bytes: int | None = None,
         login: Callable[[], Login | None] | None = None,
+        cache: images.ImageCache | None = None,
     ) -> Outcome | None:
         """Find ``image`` on this engine, else pull it (unless ``pull`` is ``never``) with the run's
         ``login`` (registries.py; asked only when the registry is); one larger than ``max_bytes``
         (the pool's ``max_image_size``) is refused (images.py). An image here that came from a
         registry (it has RepoDigests) is used only once its registry, asked with the run's own
         login, names its digest (``_checked``): a run never starts an image another run's login
-        pulled without its own check. An agent that never pulls uses what it has, unchecked."""
+        pulled without its own check. Unless the image ``cache`` remembers that this worker got
+        that image (by id) with no login at all: anyone may have it, and it is used as it is, so
+        that a registry that is down or limits its anonymous pulls (Docker Hub's) fails no run of
+        a public image already here. The image a run gets is recorded in ``cache`` (by id, for
+        pruning; with whether it was had with no login at all, ``self.public``).
+
+        An agent that never pulls (``pull`` ``never``) uses what it has, unchecked: on an engine it
+        shares with agents that pull, its runs may use images those pulled with their logins."""
+        self.public = False
         try:
             found: Any = self.client.images.get(image)
         except docker.errors.ImageNotFound:
@@ -96,7 +106,10 @@ class RunContainer:
             )
         if found is not None and (pull == "never" or not found.attrs.get("RepoDigests")):
             self.image = found  # built or imported here, or an agent that never pulls: as it is
-            return self._refuse_too_large(image, max_bytes, pulled=False)
+            return self._used(cache, self._refuse_too_large(image, max_bytes, pulled=False))
+        if found is not None and cache is not None and cache.public(found.id):
+            self.image, self.public = found, True  # this worker had it with no login: anyone may
+            return self._used(cache, self._refuse_too_large(image, max_bytes, pulled=False))
         if pull == "never":
             return Outcome(
                 RunState.FAILED,
@@ -110,8 +123,21 @@ class RunContainer:
         except LoginUnavailable as e:
             return Outcome(RunState.FAILED, FailureReason.IMAGE_UNAUTHORIZED, f"image {image}: {e}")
         if found is not None:
-            return self._checked(image, who, max_bytes)
-        return self._pulled(image, image, who, max_bytes)
+            outcome = self._checked(image, who, max_bytes)
+        else:
+            outcome = self._pulled(image, image, who, max_bytes)
+        self.public = outcome is None and who is None and images.anonymous(self.client, image)
+        return self._used(cache, outcome)
+
+    def _used(self, cache: images.ImageCache | None, outcome: Outcome | None) -> Outcome | None:
+        """Record the run's image in ``cache`` unless the run ends of ``outcome``; a record that
+        cannot be written is logged (bookkeeping for pruning, never a reason to fail the run)."""
+        if outcome is None and cache is not None:
+            try:
+                cache.used(self.image.id, self.public)
+            except OSError as e:
+                log.warning("run %s: could not record image use: %s", self.run_id, e)
+        return outcome
 
     def _checked(self, image: str, who: Login | None, max_bytes: int | None) -> Outcome | None:
         """``image`` is here from a registry: ask the registry for its digest with ``who``, then
@@ -395,12 +421,24 @@ def remove_container(
 
 def pull_failure(image: str, who: Login | None, error: Exception, what: str) -> Outcome:
     """``image_unauthorized``, naming the registry and the login, when the registry refused;
-    else ``image_not_found`` (no such image, or a registry that cannot be reached)."""
+    else ``image_not_found`` (no such image, a registry that cannot be reached, or one that limits
+    how often it is asked: a passing failure, said as such)."""
+    server = registry_of(image)
+    if rate_limited(error):
+        return Outcome(
+            RunState.FAILED,
+            FailureReason.IMAGE_NOT_FOUND,
+            f"registry {server} is limiting how often it is asked (a passing failure: a later try, or a "
+            f"login, may get image {image}): {explain(error)}",
+        )
     if not refused(error):
         return Outcome(RunState.FAILED, FailureReason.IMAGE_NOT_FOUND, f"image {image} {what}: {explain(error)}")
-    server = registry_of(image)
-    if who is None:
+    if who is None and hub_denied(error):
+        message = f"image {image} does not exist on registry {server}, or needs a login (give image_pull_secret)"
+    elif who is None:
         message = f"registry {server} needs a login for image {image}: give image_pull_secret"
+    elif hub_denied(error):
+        message = f"image {image} does not exist on registry {server}, or {who.source} may not pull it"
     else:
         message = f"registry {server} refused the credentials of {who.source} for image {image}"
     return Outcome(RunState.FAILED, FailureReason.IMAGE_UNAUTHORIZED, f"{message} ({explain(error)})")

@@ -94,19 +94,38 @@ def registry_digest(client: docker.DockerClient, name: str, auth_config: dict[st
     return str(client.images.get_registry_data(name, auth_config=auth_config).id)
 
 
+def anonymous(client: docker.DockerClient, name: str) -> bool:
+    """Whether a pull of ``name`` given no ``auth_config`` goes with no login at all: the agent's
+    own Docker configuration (as ``pull`` reads it) holds none for its registry. False when that
+    configuration cannot be read."""
+    try:
+        registry = auth.resolve_repository_name(parse_repository_tag(name)[0])[0]
+        return auth.get_config_header(client.api, registry) is None
+    except (docker.errors.DockerException, ValueError, OSError):
+        return False
+
+
 def by_digest(name: str, digest: str) -> str:
     """The reference to ``digest`` in the repository of image ``name``: ``repository@digest``."""
     return f"{parse_repository_tag(name)[0]}@{digest}"
 
 
 class ImageCache:
-    """Remembers when each image was last used by a run (in ``state_file``, so it survives
-    restarts) and removes the least recently used ones, never one a container still uses,
-    until the total is under ``max_bytes``. Images no run of this worker used are left alone."""
+    """Remembers, by image id, when each image was last used by a run (in ``state_file``, so it
+    survives restarts) and removes the least recently used ones, never one a container still
+    uses, until the total is under ``max_bytes``. Images no run of this worker used are left
+    alone. Keyed by id, not by the name a run gave: an image pulled by digest once its tag moved
+    is counted and pruned too (a file an earlier release wrote, keyed by name, is read as well).
+
+    It also remembers which images this worker pulled with no login at all (``public``, in a file
+    beside ``state_file``: an earlier release's agent sharing the state file reads it as before):
+    their registry gave them to anyone, so a run uses them as they are, without asking the
+    registry again (containers.py)."""
 
     def __init__(self, client: docker.DockerClient, state_file: Path, max_bytes: int | None) -> None:
         self.client = client
         self.state_file = state_file
+        self.public_file = state_file.with_name(f"{state_file.stem}.public.json")
         self.max_bytes = max_bytes
         self._lock = threading.Lock()
 
@@ -114,14 +133,24 @@ class ImageCache:
         try:
             data = json.loads(self.state_file.read_text())
             return {str(k): float(v) for k, v in data.items()}
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, TypeError, AttributeError):
             return {}
 
-    def _save(self, data: dict[str, float]) -> None:
-        self.state_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_file.with_name(f".{self.state_file.name}.{os.getpid()}.{threading.get_ident()}")
+    def _load_public(self) -> set[str]:
+        try:
+            data = json.loads(self.public_file.read_text())
+            return {str(k) for k in data} if isinstance(data, list) else set()
+        except (OSError, ValueError):
+            return set()
+
+    def _write(self, path: Path, data: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
         tmp.write_text(json.dumps(data))
-        tmp.replace(self.state_file)
+        tmp.replace(path)
+
+    def _save(self, data: dict[str, float]) -> None:
+        self._write(self.state_file, data)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -134,40 +163,62 @@ class ImageCache:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
-    def used(self, image: str) -> None:
+    def used(self, image_id: str, public: bool = False) -> None:
+        """A run used the image of id ``image_id``; ``public``: this worker pulled it (or its
+        registry confirmed it) with no login at all."""
         with self._locked():
             data = self._load()
-            data[image] = time.time()
+            data[image_id] = time.time()
             self._save(data)
+            if public:
+                known = self._load_public()
+                if image_id not in known:
+                    self._write(self.public_file, sorted(known | {image_id}))
+
+    def public(self, image_id: str) -> bool:
+        """Whether this worker got the image of id ``image_id`` with no login at all (False when
+        that cannot be read: the image is then checked with its registry)."""
+        try:
+            with self._locked():
+                return image_id in self._load_public()
+        except OSError as e:
+            log.warning("cannot read which images are public: %s", e)
+            return False
 
     def prune(self) -> list[str]:
+        """Remove least recently used images until the total is under ``max_bytes``; returns the
+        ids removed."""
         if self.max_bytes is None:
             return []
         with self._locked():
-            data = self._load()
-            images: list[tuple[float, str, Any]] = []
-            for name, last in data.items():
+            found: dict[str, tuple[float, Any]] = {}
+            unread: dict[str, float] = {}
+            for key, last in self._load().items():  # an id, or the name an earlier release kept
                 try:
-                    images.append((last, name, self.client.images.get(name)))
+                    img = self.client.images.get(key)
                 except docker.errors.ImageNotFound:
-                    continue
+                    continue  # gone: forgotten
                 except docker.errors.APIError as e:
-                    log.warning("cannot inspect image %s: %s", name, e)
-            sizes = {img.id: int(img.attrs.get("Size", 0)) for _, _, img in images}
+                    log.warning("cannot inspect image %s: %s", key, e)
+                    unread[key] = last
+                    continue
+                found[img.id] = (max(last, found[img.id][0]) if img.id in found else last, img)
+            sizes = {image_id: int(img.attrs.get("Size", 0)) for image_id, (_, img) in found.items()}
             total = sum(sizes.values())
             removed = []
-            for _, name, img in sorted(images, key=lambda t: t[0]):
+            for image_id, _ in sorted(found.items(), key=lambda t: t[1][0]):
                 if total <= self.max_bytes:
                     break
                 try:
-                    self.client.images.remove(img.id, force=False)
+                    self.client.images.remove(image_id, force=False)
                 except docker.errors.APIError as e:  # in use by a container, or tagged elsewhere
-                    log.info("keeping image %s: %s", name, getattr(e, "explanation", e))
+                    log.info("keeping image %s: %s", image_id, getattr(e, "explanation", e))
                     continue
-                total -= sizes.pop(img.id, 0)
-                data.pop(name, None)
-                removed.append(name)
-            self._save(data)
+                total -= sizes.pop(image_id, 0)
+                found.pop(image_id)
+                removed.append(image_id)
+            self._save(unread | {image_id: last for image_id, (last, _) in found.items()})
+            self._write(self.public_file, sorted(self._load_public() & (set(found) | set(unread))))
         if removed:
             log.info("pruned %d image(s) to stay under the image cache limit: %s", len(removed), removed)
         return removed

@@ -78,12 +78,7 @@ class RunSetup:
         image = self.run.spec.image or ""
         t0 = self.clock()
         login = partial(self.logins.for_run, self.run, image) if self.logins is not None else None
-        outcome = self.box.ensure_image(image, self.config.pull, self.config.max_image_size, login)
-        if outcome is None and self.images is not None:
-            try:
-                self.images.used(image)
-            except OSError as e:  # bookkeeping for pruning; never a reason to fail the run
-                log.warning("run %s: could not record image use: %s", self.run.id, e)
+        outcome = self.box.ensure_image(image, self.config.pull, self.config.max_image_size, login, self.images)
         if outcome is None:
             outcome = self._resolve_user()
         self.usage.timings["pull"] = round(self.clock() - t0, 3)

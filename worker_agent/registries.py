@@ -15,12 +15,18 @@ import docker.errors
 
 from runplane.domain.pools import RegistryLogin
 from runplane.domain.runs import Run
-from runplane.domain.secrets import RegistryCredentials, SecretRef, SecretUnavailable, group_scope
+from runplane.domain.secrets import (
+    DOCKER_HUB,
+    RegistryCredentials,
+    SecretRef,
+    SecretUnavailable,
+    group_scope,
+    registry_host,
+)
 from worker_agent.secrets import RunSecrets
 
-DEFAULT_REGISTRY = "docker.io"
+DEFAULT_REGISTRY = DOCKER_HUB
 """The registry of an image whose name has no registry host (Docker Hub)."""
-_HUB = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
 
 Provider = Callable[[str], RegistryCredentials]
 """A login the worker gets for a registry with its own cloud identity, by the registry's host
@@ -43,30 +49,48 @@ only the words tell a refusal from a missing image or a registry that cannot be 
 def registry_of(image: str) -> str:
     """The registry host of ``image``, by Docker's rule: the first component of its name is a host
     when there is a '/' after it and it holds a '.' or a ':', is ``localhost``, or has capitals;
-    otherwise the image is Docker Hub's (``docker.io``). Lower-cased; Hub's other names read as
-    ``docker.io``."""
+    otherwise the image is Docker Hub's (``docker.io``). Named as ``registry_host`` names a pool's
+    ``server`` and a Docker config's ``auths`` keys: lower-cased, Hub's other names as ``docker.io``."""
     name = image.partition("@")[0]
     first, slash, _ = name.partition("/")
     if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        return normal_server(first)
+        return registry_host(first)
     return DEFAULT_REGISTRY
 
 
-def normal_server(server: str) -> str:
-    """A registry host as this module compares them: lower-cased, Hub's names as ``docker.io``."""
-    host = server.lower()
-    return DEFAULT_REGISTRY if host in _HUB else host
+RATE_LIMITS = ("toomanyrequests", "too many requests", "rate limit")
+"""What the engine says when a registry limits how often it is asked (Docker Hub's anonymous pull
+limit: "toomanyrequests: You have reached your pull rate limit")."""
+
+
+def _words(error: Exception) -> str:
+    return (str(error.explanation or error) if isinstance(error, docker.errors.APIError) else str(error)).lower()
+
+
+def rate_limited(error: Exception) -> bool:
+    """Whether an engine error says the registry limits how often it is asked: a passing refusal,
+    of no login and no image in particular (it is not ``refused``)."""
+    if isinstance(error, docker.errors.APIError) and error.status_code == 429:
+        return True
+    return any(words in _words(error) for words in RATE_LIMITS)
 
 
 def refused(error: Exception) -> bool:
     """Whether an engine error says the registry refused the credentials (or asked for some).
     Docker Hub's refusal comes as a 404 ("pull access denied ... repository does not exist or may
     require 'docker login'"): Hub says the same of a repository that does not exist, and of one
-    the login may not read, so that one reads as a refusal too."""
+    the login may not read, so that one reads as a refusal too (``hub_denied`` tells it apart)."""
+    if rate_limited(error):
+        return False
     if isinstance(error, docker.errors.APIError) and error.status_code in (401, 403):
         return True
-    text = str(error.explanation or error) if isinstance(error, docker.errors.APIError) else str(error)
-    return any(words in text.lower() for words in REFUSALS)
+    return any(words in _words(error) for words in REFUSALS)
+
+
+def hub_denied(error: Exception) -> bool:
+    """Whether the refusal is Docker Hub's "pull access denied", which it gives alike for a
+    repository that does not exist and for one the login may not read."""
+    return "pull access denied" in _words(error)
 
 
 @dataclass(frozen=True)
@@ -128,7 +152,7 @@ class RegistryLogins:
         return None if entry is None else self._pool_login(entry, server)
 
     def _entry(self, server: str) -> RegistryLogin | None:
-        return next((r for r in self.registries if normal_server(r.server) == server), None)
+        return next((r for r in self.registries if registry_host(r.server) == server), None)
 
     def _pool_login(self, entry: RegistryLogin, server: str) -> Login:
         try:

@@ -123,11 +123,27 @@ class SecretUnavailable(Exception):
     opened); the message says which and why, never the value."""
 
 
+DOCKER_HUB = "docker.io"
+"""Docker Hub, as ``registry_host`` names it (an image whose name has no registry host is Hub's)."""
+_HUB_ALIASES = frozenset({DOCKER_HUB, "index.docker.io", "registry-1.docker.io", "registry.hub.docker.com"})
+
+
+def registry_host(server: str) -> str:
+    """A registry as runplane compares them: its host (and port), lower-cased, without a scheme or
+    a path (``https://ghcr.io`` and ``ghcr.io/v2/`` are ``ghcr.io``); Docker Hub's names (``docker
+    login`` writes ``https://index.docker.io/v1/``) are all ``docker.io``."""
+    host = server.strip().lower()
+    host = host.partition("://")[2] if "://" in host else host
+    host = host.partition("/")[0]
+    return DOCKER_HUB if host in _HUB_ALIASES else host
+
+
 @dataclass(frozen=True)
 class RegistryCredentials:
     """A registry login held in a secret: ``{"username", "password"}``, or a Docker config
     ``auths`` entry (``{"auth": base64("user:password")}``, with or without a ``{"auths":
-    {server: ...}}`` around it)."""
+    {server: ...}}`` around it: a whole ``~/.docker/config.json``, its keys compared as
+    ``registry_host`` names them)."""
 
     username: str
     password: str = field(repr=False)  # never in a log line or a traceback's locals
@@ -144,7 +160,8 @@ class RegistryCredentials:
             raise ValueError('is not JSON: registry credentials are {"username": ..., "password": ...}') from None
         if isinstance(data, dict) and isinstance(data.get("auths"), dict):
             entries = data["auths"]
-            entry = entries.get(server) if server else None
+            wanted = registry_host(server) if server else None
+            entry = next((e for key, e in entries.items() if registry_host(str(key)) == wanted), None)
             if entry is None and len(entries) == 1:
                 entry = next(iter(entries.values()))
             if entry is None:

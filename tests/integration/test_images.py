@@ -41,15 +41,18 @@ def test_prune_lru_under_the_limit(docker_client, tmp_path):
     keep = make_image(docker_client, "runplane/prune-test-unrelated:1", 300_000)
     holder = None
     try:
-        cache = ImageCache(docker_client, tmp_path / "images.json", max_bytes=700_000)
-        for tag in tags:
-            cache.used(tag)
+        state = tmp_path / "images.json"
+        state.write_text(json.dumps({tags[0]: time.time() - 60}))  # by name, as an earlier release kept it
+        cache = ImageCache(docker_client, state, max_bytes=700_000)
+        for image in images[1:]:
+            cache.used(image.id)
         holder = docker_client.containers.create(tags[0], command=["x"])  # in use: must survive
         removed = cache.prune()
-        assert removed == [tags[1]]
+        assert removed == [images[1].id]
         remaining = {t for img in docker_client.images.list(name="runplane/prune-test-*") for t in img.tags}
         assert {tags[0], tags[2], "runplane/prune-test-unrelated:1"} <= remaining
         assert tags[1] not in remaining
+        assert set(json.loads(state.read_text())) == {images[0].id, images[2].id}  # the name read as its id
         assert ImageCache(docker_client, tmp_path / "images.json", None).prune() == []  # no limit, no pruning
     finally:
         if holder is not None:

@@ -12,8 +12,17 @@ from runplane.domain.runs import Run, RunSpec
 from runplane.domain.secrets import RegistryCredentials, SecretUnavailable
 from runplane.domain.states import FailureReason
 from tests.conftest import TEST_IMAGE
-from tests.registry import PASSWORD, PrivateRegistry, build_image, private_registry, push_image  # noqa: F401
+from tests.registry import (  # noqa: F401
+    PASSWORD,
+    PrivateRegistry,
+    build_image,
+    private_registry,
+    public_registry,
+    push_image,
+    stop,
+)
 from worker_agent.containers import RunContainer
+from worker_agent.images import ImageCache
 from worker_agent.registries import Login, LoginUnavailable
 
 
@@ -81,14 +90,16 @@ def test_a_login_that_cannot_be_had_ends_the_run_before_any_pull(docker_client, 
     )
 
 
-def test_a_cached_private_image_is_used_only_after_the_runs_own_check(docker_client, registry):
+def test_a_cached_private_image_is_used_only_after_the_runs_own_check(docker_client, registry, tmp_path):
     """Once one run's login pulled the image, a run without a login is refused before any
     container exists (it never gets the image), and one with the login gets that very image by
     id, pulling nothing. An agent that never pulls uses the image as it is."""
+    cache = ImageCache(docker_client, tmp_path / "images.json", None)
     first = box(docker_client)
-    assert first.ensure_image(registry.image, "missing", None, login(registry)) is None
+    assert first.ensure_image(registry.image, "missing", None, login(registry), cache) is None
+    assert not first.public and not cache.public(first.image.id)  # pulled with a login: checked each time
     other = box(docker_client)
-    refused = other.ensure_image(registry.image, "missing", None, lambda: None)
+    refused = other.ensure_image(registry.image, "missing", None, lambda: None, cache)
     assert refused is not None and refused.reason == FailureReason.IMAGE_UNAUTHORIZED
     assert f"registry {registry.server} needs a login" in refused.message
     assert other.image is None
@@ -149,3 +160,61 @@ def test_an_image_built_here_is_used_without_asking_a_registry(docker_client):
     here = box(docker_client)
     assert here.ensure_image(TEST_IMAGE, "missing", None, never_asked) is None
     assert here.image.id == docker_client.images.get(TEST_IMAGE).id
+
+
+def test_an_image_pulled_with_no_login_is_used_without_asking_its_registry_again(docker_client, tmp_path):
+    """A registry that gives the image to anyone: once this worker pulled it with no login at all,
+    a run uses it from here as it is, even with its registry gone (Docker Hub down, or limiting
+    anonymous pulls). Without the cache's word the registry is asked, and its absence fails the run."""
+    (tmp_path / "registry").mkdir()
+    with public_registry(tmp_path / "registry") as (proc, server):
+        image = f"{server}/lab/public:1"
+        build_image(docker_client, image, "public")
+        try:
+            push_image(docker_client, image)
+            built = docker_client.images.get(image).id
+            docker_client.images.remove(built, force=True)  # a run must pull it
+            cache = ImageCache(docker_client, tmp_path / "images.json", None)
+            pulled = box(docker_client)
+            assert pulled.ensure_image(image, "missing", None, lambda: None, cache) is None
+            assert pulled.image.id == built and pulled.public and cache.public(built)
+            stop(proc)
+            unchecked = box(docker_client)
+            assert unchecked.ensure_image(image, "missing", None, never_asked, cache) is None
+            assert unchecked.image.id == built and unchecked.public
+            asked = box(docker_client).ensure_image(image, "missing", None, lambda: None)
+            assert asked is not None and asked.reason == FailureReason.IMAGE_NOT_FOUND
+            assert asked.message.startswith(f"image {image} is on this worker but its registry did not confirm")
+        finally:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(image, force=True)
+
+
+def test_an_image_pulled_by_digest_after_its_tag_moved_is_pruned(docker_client, registry, tmp_path):
+    """The tag moved in the registry while the tag here still names the first image: the run pulls
+    ``repository@digest``, an untagged image, which the cache records by id and prunes."""
+    cache = ImageCache(docker_client, tmp_path / "images.json", max_bytes=1)
+    tag = f"{registry.server}/lab/moving:1"
+    ids: list[str] = []
+    try:
+        build_image(docker_client, tag, "first")
+        push_image(docker_client, tag)
+        first = box(docker_client)
+        assert first.ensure_image(tag, "missing", None, login(registry), cache) is None
+        ids.append(first.image.id)
+        build_image(docker_client, tag, "second")
+        push_image(docker_client, tag)  # the registry's tag names the second image now
+        ids.append(docker_client.images.get(tag).id)
+        docker_client.images.get(ids[0]).tag(tag)  # the tag here names the first again
+        docker_client.images.remove(ids[1], force=True)
+        moved = box(docker_client)
+        assert moved.ensure_image(tag, "missing", None, login(registry), cache) is None
+        assert moved.image.id == ids[1] and not moved.image.tags  # pulled by digest
+        assert sorted(cache.prune()) == sorted(ids)
+        for image_id in ids:
+            with pytest.raises(docker.errors.ImageNotFound):
+                docker_client.images.get(image_id)
+    finally:
+        for name in (tag, *ids):
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                docker_client.images.remove(name, force=True)

@@ -3,8 +3,10 @@ read (worker_agent/registries.py). The engine's messages below were captured fro
 of this machine answering for Debian's docker-registry with htpasswd authentication (tests/registry.py),
 except Docker Hub's, which is the engine's own text (moby distribution/errors.go)."""
 
+import base64
 import json
 
+import docker
 import docker.errors
 import pytest
 
@@ -18,8 +20,10 @@ from runplane.domain.secrets import (
     group_scope,
     user_scope,
 )
-from runplane.domain.states import RunState
-from worker_agent.registries import LoginUnavailable, RegistryLogins, refused, registry_of
+from runplane.domain.states import FailureReason, RunState
+from worker_agent.containers import pull_failure
+from worker_agent.images import anonymous
+from worker_agent.registries import Login, LoginUnavailable, RegistryLogins, rate_limited, refused, registry_of
 from worker_agent.secrets import RunSecrets
 
 
@@ -74,6 +78,13 @@ NO_SUCH_HOST = docker.errors.APIError(
     "10.255.255.53:53: no such host",
 )
 
+# Docker Hub's anonymous pull limit, as the engine reports it (moby: the registry's 429 error text)
+RATE_LIMITED = docker.errors.APIError(
+    "500",
+    explanation="toomanyrequests: You have reached your pull rate limit. You may increase the limit by "
+    "authenticating and upgrading: https://www.docker.com/increase-rate-limit",
+)
+
 
 def _status(error, code):
     error.response = type("R", (), {"status_code": code, "reason": ""})()
@@ -91,6 +102,7 @@ def _status(error, code):
         (_status(MISSING_PULL, 404), False),
         (_status(UNREACHABLE, 500), False),
         (_status(NO_SUCH_HOST, 500), False),
+        (_status(RATE_LIMITED, 500), False),
         (_status(docker.errors.APIError("500", explanation="open /var/lib/docker/x: permission denied"), 500), False),
     ],
 )
@@ -161,3 +173,91 @@ def test_a_pool_login_that_cannot_be_had_says_so(local_stack):
     )
     assert given.for_run(_run(), IMAGE).source == "the worker's ACR login"
     assert asked == [SERVER]
+
+
+def _auth(user, password):
+    return {"auth": base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+# ~/.docker/config.json as `docker login` writes it (Hub under its v1 address), with entries other
+# tools wrote (a scheme on ghcr.io, a path on a private registry) and the headers a client adds
+DOCKER_CONFIG = {
+    "auths": {
+        "https://index.docker.io/v1/": _auth("hubuser", "hub-token"),
+        "https://ghcr.io": _auth("ghuser", "ghp_token"),
+        "nvcr.io": _auth("$oauthtoken", "nvapi-key"),
+        "https://Registry.Lab.Example:5000/v2/": {"username": "lab", "password": "lab-pass"},
+    },
+    "HttpHeaders": {"User-Agent": "Docker-Client/24.0.7 (linux)"},
+}
+
+
+@pytest.mark.parametrize(
+    ("server", "username"),
+    [
+        ("docker.io", "hubuser"),
+        ("index.docker.io", "hubuser"),
+        ("registry-1.docker.io", "hubuser"),
+        ("ghcr.io", "ghuser"),
+        ("GHCR.io", "ghuser"),
+        ("nvcr.io", "$oauthtoken"),
+        ("registry.lab.example:5000", "lab"),
+    ],
+)
+def test_a_pasted_docker_config_gives_the_entry_of_the_images_registry(server, username):
+    assert RegistryCredentials.parse(json.dumps(DOCKER_CONFIG), server).username == username
+    assert RegistryCredentials.parse(json.dumps(DOCKER_CONFIG), registry_of(f"{server}/lab/x:1")).username == username
+
+
+def test_a_docker_config_without_the_registry_says_so():
+    with pytest.raises(ValueError, match=r"holds no auths entry for quay\.io") as raised:
+        RegistryCredentials.parse(json.dumps(DOCKER_CONFIG), "quay.io")
+    assert "token" not in str(raised.value)
+    assert RegistryCredentials.parse(json.dumps(DOCKER_CONFIG), "https://index.docker.io/v1/").username == "hubuser"
+    podman = {"auths": {"ghcr.io/lab": _auth("ghuser", "ghp_token")}}  # podman's auth.json: a namespace too
+    assert RegistryCredentials.parse(json.dumps(podman), "quay.io").username == "ghuser"  # its one entry
+    assert RegistryCredentials.parse(json.dumps(podman | DOCKER_CONFIG), "ghcr.io").username == "ghuser"
+
+
+HUB_IMAGE = "lab/private:1"
+
+
+@pytest.mark.parametrize("code", [500, 429])
+def test_a_rate_limit_is_a_passing_failure_not_a_refusal(code):
+    error = _status(docker.errors.APIError("x", explanation=RATE_LIMITED.explanation), code)
+    assert rate_limited(error) and not refused(error)
+    outcome = pull_failure(HUB_IMAGE, None, error, "could not be pulled")
+    assert outcome.reason == FailureReason.IMAGE_NOT_FOUND
+    assert outcome.message.startswith(
+        "registry docker.io is limiting how often it is asked (a passing failure: a later try, or a login, "
+        f"may get image {HUB_IMAGE}): toomanyrequests"
+    )
+    assert not rate_limited(_status(ANONYMOUS, 500)) and not rate_limited(_status(MISSING_PULL, 404))
+
+
+def test_hubs_denial_without_a_login_says_the_image_may_not_exist():
+    """Hub answers alike for a repository that does not exist and one that needs a login."""
+    anonymous = pull_failure(HUB_IMAGE, None, _status(HUB_DENIED, 404), "could not be pulled")
+    assert anonymous.reason == FailureReason.IMAGE_UNAUTHORIZED
+    assert anonymous.message.startswith(
+        f"image {HUB_IMAGE} does not exist on registry docker.io, or needs a login (give image_pull_secret) ("
+    )
+    who = Login("docker.io", RegistryCredentials.parse(LOGIN), "secret regcred")
+    logged_in = pull_failure(HUB_IMAGE, who, _status(HUB_DENIED, 404), "could not be pulled")
+    assert logged_in.message.startswith(
+        f"image {HUB_IMAGE} does not exist on registry docker.io, or secret regcred may not pull it ("
+    )
+    private = pull_failure(IMAGE, None, _status(ANONYMOUS, 500), "could not be pulled")
+    assert private.message.startswith(f"registry {SERVER} needs a login for image {IMAGE}: give image_pull_secret (")
+
+
+def test_an_image_is_anonymous_unless_the_agents_docker_config_holds_a_login_for_its_registry(tmp_path, monkeypatch):
+    """What a pull without a login of runplane's sends: the agent's own Docker configuration's
+    login for the image's registry, if it holds one (then the image is not known to be public)."""
+    (tmp_path / "config.json").write_text(json.dumps(DOCKER_CONFIG))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    client = docker.DockerClient(base_url="unix:///nonexistent/docker.sock", version="1.43")  # never connects
+    assert not anonymous(client, "pytorch/pytorch:2.3.0")  # Hub: `docker login`'s entry
+    assert not anonymous(client, "ghcr.io/lab/train:1")
+    assert anonymous(client, "quay.io/lab/train:1")
+    assert anonymous(client, f"{SERVER}/lab/private:1")
