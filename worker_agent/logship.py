@@ -13,7 +13,7 @@ import requests
 from runplane.domain.errors import RunplaneError
 from runplane.ports import ObjectStore
 from runplane.services.logs import MAX_CHUNK, log_chunk_key
-from worker_agent.masking import Masker
+from worker_agent.masking import Masker, Patterns, masked_patterns
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +111,8 @@ class RunLogs:
     def mask(self, values: Iterable[str]) -> None:
         """Mask ``values`` (the run's secrets) in what is shipped from now on; none: nothing is
         masked, and reads go out as they come."""
-        values = list(values)
-        maskers = {name: Masker(values) for name in self.shippers}
+        patterns = Patterns(masked_patterns(values))  # compiled once, for both streams
+        maskers = {name: Masker(patterns) for name in self.shippers}
         self.maskers = {name: m for name, m in maskers.items() if m}
 
     def follow(self, stream: Any) -> None:

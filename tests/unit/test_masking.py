@@ -113,6 +113,91 @@ def test_streamed_masking_equals_masking_the_whole_output_at_once():
         assert all(v.encode() not in out for v in values)
 
 
+SECRET_42 = "hf_" + "Zq8vYtR2mXw5Kp9LsD3nBc7GhJ4fVa6EuT1yQo0Ie"
+
+
+def test_a_line_with_no_beginning_of_a_value_goes_out_with_the_read_that_brought_it():
+    masker = Masker([SECRET_42])
+    assert masker.feed(b"epoch 1 loss 0.51\n") == b"epoch 1 loss 0.51\n"  # nothing waits for the next write
+    assert masker.feed(b"step 2 h") == b"step 2 "  # "h" may begin the value: it waits, alone
+    assert masker.feed(b"ello\n") == b"hello\n"
+    assert masker.feed(b"tok=" + SECRET_42[:20].encode()) == b"tok="
+    assert masker.feed(SECRET_42[20:].encode() + b" done\n") == M + b" done\n"
+    assert masker.end() == b""
+
+
+def _longest_beginning(data, patterns):
+    """The longest end of ``data`` that begins some pattern and is not all of it (brute force)."""
+    return next(
+        (data[-k:] for k in range(len(data), 0, -1) if any(len(p) > k and p.startswith(data[-k:]) for p in patterns)),
+        b"",
+    )
+
+
+def test_what_is_held_back_is_exactly_the_longest_end_of_the_output_that_begins_a_value():
+    rng = random.Random(2929)
+    checked = 0
+    for _ in range(400):
+        values = ["".join(rng.choices("ab", k=rng.choice([4, 5, 9, 17, 30]))) for _ in range(rng.randint(1, 3))]
+        value = rng.choice(values)
+        data = ("".join(rng.choices("abx", k=rng.randint(0, 40))) + value[: rng.randint(0, len(value) - 1)]).encode()
+        patterns = masked_patterns(values)
+        if any(p in data for p in patterns):
+            continue  # a value whole in the output: what is held back may then be part of a mask
+        masker = Masker(values)
+        out = masker.feed(data)
+        held = _longest_beginning(data, patterns)
+        assert out + held == data, (values, data)
+        assert masker.end() == held
+        checked += 1
+    assert checked > 100
+
+
+def _masked_at_once(data, values):
+    """Reference masking of a whole output: every occurrence of every pattern, those that overlap
+    joined (two that only touch are not), one mask each."""
+    found = sorted(
+        (at, at + len(p)) for p in masked_patterns(values) for at in range(len(data)) if data.startswith(p, at)
+    )
+    joined = []
+    for start, end in found:
+        if joined and start < joined[-1][1]:
+            joined[-1][1] = max(joined[-1][1], end)
+        else:
+            joined.append([start, end])
+    out, at = b"", 0
+    for start, end in joined:
+        out, at = out + data[at:start] + M, end
+    return out + data[at:]
+
+
+def test_overlapping_and_long_values_streamed_in_any_pieces_are_masked_as_all_at_once():
+    rng = random.Random(29029)
+    for _ in range(300):
+        values = ["".join(rng.choices("abc", k=rng.choice([4, 6, 15, 16, 17, 40]))) for _ in range(rng.randint(1, 4))]
+        parts = [rng.choice(values) if rng.random() < 0.4 else "".join(rng.choices("abcz\n", k=rng.randint(0, 12)))]
+        for _ in range(rng.randint(0, 12)):
+            value = rng.choice(values)  # often a value cut short, or two overlapping
+            parts.append(value[: rng.randint(1, len(value))] if rng.random() < 0.5 else value)
+        data = "".join(parts).encode()
+        expected = _masked_at_once(data, values)
+        cuts = sorted(rng.sample(range(len(data) + 1), min(len(data) + 1, rng.randint(1, 12))))
+        pieces = [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True)]
+        assert streamed(values, pieces) == expected, (values, pieces)
+        assert streamed(values, [bytes([b]) for b in data]) == expected, (values, data)
+
+
+def test_at_most_a_thousand_lines_are_masked_the_longest_first_and_each_whole_value_still_is():
+    lines = [f"line-{i:05d}" + "x" * (i % 7) for i in range(1500)]
+    value = "\n".join(lines)
+    patterns = masked_patterns([value, "short-secret"])
+    longest = sorted((line.encode() for line in lines), key=lambda b: (-len(b), b))
+    assert patterns == sorted([value.encode(), b"short-secret", *longest[:1000]], key=lambda b: (-len(b), b))
+    kept, dropped = longest[999], longest[1000]
+    out = streamed([value, "short-secret"], [kept + b" " + dropped + b" short-secret\n", value.encode()])
+    assert out == M + b" " + dropped + b" " + M + b"\n" + M
+
+
 class _Stream:
     """An attached container's output as docker-py gives it: (stdout, stderr) pairs, then closed."""
 
@@ -153,6 +238,13 @@ def test_run_logs_without_secrets_ship_each_read_as_it_comes(tmp_path):
     assert logs.maskers == {}
     logs.ship("stdout", b"partial secr")  # nothing held back: there is nothing to mask
     assert logs.shippers["stdout"].pending() == len(b"partial secr")
+
+
+def test_run_logs_ship_a_line_of_a_run_with_secrets_with_the_read_that_brought_it(tmp_path):
+    objects = FileObjectStore(tmp_path, "data", lambda: b"k" * 32, "http://127.0.0.1:1")
+    logs = RunLogs(objects, "r-3", 1, lambda: 0.0, 1.0, 1 << 20, secrets=[SECRET_42])
+    logs.ship("stdout", b"epoch 1 loss 0.51\n")
+    assert logs.shippers["stdout"].pending() == len(b"epoch 1 loss 0.51\n")
 
 
 def _run(**secrets):
