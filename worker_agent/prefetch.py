@@ -99,7 +99,14 @@ def pull_with_progress(
     elif header := auth.get_config_header(api, auth.resolve_repository_name(repository)[0]):
         headers["X-Registry-Auth"] = header
     params = {"fromImage": repository, "tag": tag or "latest"}
-    response = api._post(api._url("/images/create"), params=params, headers=headers, stream=True, timeout=None)
+    try:  # the engine may answer nothing until the registry does: read no longer than the watch allows
+        response = api._post(
+            api._url("/images/create"), params=params, headers=headers, stream=True, timeout=watch.read_timeout()
+        )
+    except requests.RequestException:
+        if watch.check():
+            return watch.outcome()
+        raise
     over = threading.Event()
     if watch.needed:  # a pull may go minutes without a word (a stalled layer): hang up from aside
         threading.Thread(target=_hang_up, args=(api, response, watch, over), name="prefetch-watch", daemon=True).start()
@@ -114,7 +121,7 @@ def pull_with_progress(
                 on_progress(progress.pulling())
                 last = clock()
     except Exception:
-        if watch.given_up:  # what reading a response closed meanwhile raises
+        if watch.given_up or watch.check():  # what reading a response closed (or timed out) meanwhile raises
             return watch.outcome()
         raise
     finally:
@@ -146,6 +153,12 @@ class _Watch:
 
     def heard(self) -> None:
         self.last_heard = self.clock()
+
+    def read_timeout(self) -> float | None:
+        """The longest a read of the engine's answer may wait (None: no limit)."""
+        left = None if self.deadline is None else max(self.deadline - self.clock(), STOP_CHECK_SECONDS)
+        limits = [t for t in (self.stall_seconds, left) if t is not None]
+        return min(limits) if limits else None
 
     def check(self) -> bool:
         """Whether to hang up now (and why, in ``why``, unless it is a stop)."""

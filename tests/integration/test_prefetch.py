@@ -5,6 +5,7 @@ image and how far; a prefetch that fails leaves the worker serving."""
 
 import contextlib
 import os
+import socket
 import threading
 import time
 
@@ -236,3 +237,27 @@ def test_a_prefetch_gives_up_a_pull_that_stalls(docker_client, registry, caplog,
     finally:
         gate.set()
         thread.join(60)
+
+
+def test_a_prefetch_gives_up_on_a_registry_that_never_answers(docker_client, caplog):
+    """A registry that takes the connection and says nothing: the engine answers nothing either
+    until its own limits pass (15s a try); the prefetch gives up at its stall limit, not theirs."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    taken: list[socket.socket] = []
+
+    def take() -> None:
+        with contextlib.suppress(OSError):  # closed at the end
+            while True:
+                taken.append(listener.accept()[0])
+
+    threading.Thread(target=take, daemon=True).start()
+    image = f"127.0.0.1:{listener.getsockname()[1]}/runplane/silent:1"
+    try:
+        assert Prefetch(docker_client, [image], stall_seconds=2.0).run(lambda _: None, threading.Event()) == [image]
+        assert taken  # the engine did ask the registry
+        said = [r.getMessage() for r in caplog.records if f"prefetch of image {image} given up" in r.getMessage()]
+        assert said and "sent nothing for 2s" in said[0], said
+    finally:
+        listener.close()
+        for connection in taken:
+            connection.close()
