@@ -35,12 +35,12 @@ def put_secret(stack, scope, name, value):
     )
 
 
-def execute(stack, docker_client, tmp_path, run, ports=None, worker=WORKER):
+def execute(stack, docker_client, tmp_path, run, ports=None, worker=WORKER, pull="never"):
     """Claim ``run`` (its next attempt) as ``worker`` and run it to its end; the run as stored afterwards."""
     claimed = lifecycle.claim(stack.store, run, run.attempt, worker, lease_seconds=60, now=time.time())
     # the test image is here already: no registry is asked
     work_dir = tmp_path / worker
-    config = ExecutorConfig(worker_id=worker, work_dir=work_dir, stack_id=stack.settings.stack_id(), pull="never")
+    config = ExecutorConfig(worker_id=worker, work_dir=work_dir, stack_id=stack.settings.stack_id(), pull=pull)
     ports = ports or AgentPorts(stack.store, stack.queue, stack.objects, secrets=stack.secrets, opener=stack.opener)
     RunExecutor(claimed, ports, docker_client, config, time.time, users=ImageUsers(docker_client)).run_safely()
     return stack.store.get(run.id)
@@ -146,3 +146,22 @@ def test_a_secrets_store_or_key_down_for_now_hands_the_attempt_back(
     ran = execute(local_stack, docker_client, tmp_path, back)  # the store and key are back
     assert (ran.state, ran.attempt) == (RunState.SUCCEEDED, 2), ran.failure
     assert read_logs(local_stack.objects, ran, "stdout", 0, attempt=2).data == f"len=9\nvalue={MASK}\n"
+
+
+def test_an_image_pull_secret_whose_store_is_down_for_now_hands_the_attempt_back(
+    local_stack, docker_client, tmp_path, monkeypatch
+):
+    """The run's image login is read from the store too, just before its pull: a store down for
+    now hands the attempt back there as well (not secret_unavailable, nor image_unauthorized)."""
+    monkeypatch.setattr(executor_module, "HAND_BACK_PAUSE_SECONDS", 0.0)
+    put_secret(local_stack, user_scope("alice"), "creds", '{"username": "u", "password": "p"}')
+    image = "127.0.0.1:9/runplane/absent:1"  # not on the engine: its login is read before the pull
+    spec = RunSpec.model_validate({"command": "true", "queue": "manual", "image": image, "image_pull_secret": "creds"})
+    run = Run(id=f"r-{uuid.uuid4().hex[:20]}", owner="alice", queue="manual", created_at=time.time(), spec=spec)
+    local_stack.store.create(run)
+    ports = AgentPorts(
+        local_stack.store, local_stack.queue, local_stack.objects, secrets=Throttled(), opener=Throttled()
+    )
+    back = execute(local_stack, docker_client, tmp_path, run, ports, pull="missing")
+    assert (back.state, back.failure) == (RunState.QUEUED, None)
+    assert back.events[-1].message.startswith("re-queued: secret creds: the secrets store could not be read")
