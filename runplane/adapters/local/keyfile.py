@@ -24,9 +24,6 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from runplane.adapters.envelope import NONCE_BYTES, new_data_key, open_with, seal_with, unb64
 from runplane.adapters.local.db import not_private, state_path
 from runplane.domain.errors import Misconfigured
@@ -145,6 +142,8 @@ class KeyFileSealer:
         return key_id(self.file.key(make=True))
 
     def seal(self, value: bytes, context: Mapping[str, str]) -> Sealed:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # the stack's extras (envelope.py)
+
         key = self.file.key(make=True)
         data_key = new_data_key()
         nonce = os.urandom(NONCE_BYTES)
@@ -160,6 +159,9 @@ class KeyFileOpener:
         self.file = KeyFile(path)
 
     def open(self, sealed: Sealed, context: Mapping[str, str]) -> bytes:
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
         try:
             key = self.file.key(make=False)
         except Misconfigured as e:
