@@ -68,7 +68,8 @@ def raw_aws(stack, run_ids):
     clients = aws_clients(settings)
     ddb, sqs = clients["dynamodb"], clients["sqs"]
     found: dict[str, bytes] = {}
-    for table in ddb.list_tables()["TableNames"]:
+    tables = [t for page in ddb.get_paginator("list_tables").paginate() for t in page["TableNames"]]  # >100 in CI
+    for table in tables:
         if table.startswith(f"{settings.prefix}-"):
             items = [i for page in ddb.get_paginator("scan").paginate(TableName=table) for i in page["Items"]]
             found[f"table {table}"] = repr(items).encode()
