@@ -40,11 +40,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from azure.core.exceptions import ServiceRequestError
-from azure.core.pipeline.transport import HttpTransport
-from azure.core.rest import HttpRequest
-
-from tests.fakes.http_response import FakeResponse
+from tests.fakes.http_response import InProcessTransport
 
 API_VERSION = "2024-07-01.20.0"
 TEST_KEY = base64.b64encode(bytes(range(32))).decode()
@@ -546,35 +542,9 @@ class FakeBatchService:
         self.complete(unquote(job_id), task["id"], exit_code=None, failure=failure)
 
 
-class FakeBatchTransport(HttpTransport[HttpRequest, Any]):
+class FakeBatchTransport(InProcessTransport):
     """azure-core transport that hands each request to ``service`` and never opens a socket.
     Retry back-offs are recorded in ``slept`` instead of waited out."""
 
     def __init__(self, service: FakeBatchService) -> None:
-        self.service = service
-        self.slept: list[float] = []
-
-    def send(self, request: HttpRequest, **kwargs: Any) -> FakeResponse:
-        split = urlsplit(request.url)
-        if f"{split.scheme}://{split.netloc}" != self.service.endpoint:
-            raise ServiceRequestError(f"cannot reach {split.netloc}: only {self.service.endpoint} is served here")
-        content = request.content or b""
-        if isinstance(content, str):
-            content = content.encode()
-        status, headers, body = self.service.handle(request.method, request.url, dict(request.headers), content)
-        return FakeResponse(request, status, headers, body)
-
-    def sleep(self, duration: float) -> None:
-        self.slept.append(duration)
-
-    def open(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-    def __enter__(self) -> FakeBatchTransport:
-        return self
-
-    def __exit__(self, *args: object) -> None:
-        return None
+        super().__init__(service.endpoint, service.handle)

@@ -33,13 +33,10 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from azure.core.credentials import AccessToken
-from azure.core.exceptions import ServiceRequestError
-from azure.core.pipeline.transport import HttpTransport
-from azure.core.rest import HttpRequest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from tests.fakes.http_response import FakeResponse
+from tests.fakes.http_response import InProcessTransport
 
 API_VERSIONS = frozenset({"7.3", "7.4", "7.5"})
 AUDIENCE = "https://vault.azure.net"
@@ -262,37 +259,11 @@ class FakeKeyVault:
         return 200, {"kid": kid, "value": _b64url(result)}
 
 
-class FakeKeyVaultTransport(HttpTransport[HttpRequest, Any]):
+class FakeKeyVaultTransport(InProcessTransport):
     """azure-core transport that hands each request to ``vault``; retry back-offs are recorded."""
 
     def __init__(self, vault: FakeKeyVault) -> None:
-        self.vault = vault
-        self.slept: list[float] = []
-
-    def send(self, request: HttpRequest, **kwargs: Any) -> FakeResponse:
-        split = urlsplit(request.url)
-        if f"{split.scheme}://{split.netloc}" != self.vault.url:
-            raise ServiceRequestError(f"cannot reach {split.netloc}: only {self.vault.url} is served here")
-        content = request.content or b""
-        if isinstance(content, str):
-            content = content.encode()
-        status, headers, body = self.vault.handle(request.method, request.url, dict(request.headers), content)
-        return FakeResponse(request, status, headers, body)
-
-    def sleep(self, duration: float) -> None:
-        self.slept.append(duration)
-
-    def open(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-    def __enter__(self) -> FakeKeyVaultTransport:
-        return self
-
-    def __exit__(self, *args: object) -> None:
-        return None
+        super().__init__(vault.url, vault.handle)
 
 
 class Identity:
