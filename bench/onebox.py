@@ -6,11 +6,12 @@ measure on the cloud emulators), with a pools file of the benchmark's own and th
 with ``--network-mode host`` (this machine's Docker has no default bridge; a trivial run has no
 network either way):
 
-* ``warm``: one trivial run at a time on one warm worker of one slot, from ``POST /v1/runs`` until
-  the client's ``Run.wait`` sees it final, against ``docker run --rm --network none IMAGE sh -c
-  true`` (the same image, the same command the agent starts), interleaved; plus where the run's
-  time goes, from its events and the agent's ``usage.timings``, and for reference the agent's own
-  container made by hand (``_common.bare_container``: its isolation, no stack).
+* ``warm``: one trivial run at a time (``--secret``: each naming a secret) on one warm worker of
+  one slot, from ``POST /v1/runs`` until the client's ``Run.wait`` sees it final, against
+  ``docker run --rm --network none IMAGE sh -c true`` (the same image, the same command the agent
+  starts), interleaved; plus where the run's time goes, from its events and the agent's
+  ``usage.timings``, and for reference the agent's own container made by hand
+  (``_common.bare_container``: its isolation, no stack).
 * ``batch``: ``--runs`` trivial runs submitted at once on ``--workers`` warm workers of ``--slots``
   slots, until every one is final, against as many ``docker run --rm --network none`` from a
   thread pool of ``workers x slots`` (``throughput.py``'s paths, on this stack).
@@ -22,7 +23,7 @@ network either way):
 
 Each prints medians, the machine's load average before and after, and one RATIO line.
 
-    python bench/onebox.py warm   [--n 20] [--cloud local|aws|azure]
+    python bench/onebox.py warm   [--n 20] [--secret] [--cloud local|aws|azure]
     python bench/onebox.py batch  [--runs 200] [--workers 4] [--slots 1] [--clients 8] [--rounds 2]
     python bench/onebox.py submit [--clients 16] [--runs 800] [--rounds 2]
 """
@@ -141,10 +142,14 @@ def warm(args: argparse.Namespace) -> str:
     with stack_for(args.cloud, 1, 1) as stack, tempfile.TemporaryDirectory(prefix="runplane-bench-") as scratch:
         client, store, engine = Client(stack.api_url, "bench"), bootstrap.stack().store, docker.from_env()
         template: list[Any] = []
+        extra: dict[str, Any] = {}
+        if args.secret:  # the run names a secret: the agent reads and opens it after the claim, and masks it
+            client.set_secret("bench-token", "a value of forty characters, or near it")
+            extra["secrets"] = {"TOKEN": "bench-token"}
 
         def e2e(steps: dict[str, list[float]] | None = None) -> float:
             posted, t = time.time(), time.perf_counter()
-            run = client.submit("true", name="bench-warm")
+            run = client.submit("true", name="bench-warm", **extra)
             answered = time.time()
             run.wait(timeout=60, poll=POLL_SECONDS)
             elapsed, seen = time.perf_counter() - t, time.time()
@@ -177,7 +182,8 @@ def warm(args: argparse.Namespace) -> str:
             for label, path in order[i % 3 :] + order[: i % 3]:
                 samples[label].append(path())
     table(
-        f"a trivial run ({IMAGE}, sh -c true), one at a time, one warm worker x 1 slot ({args.cloud})",
+        f"a trivial run ({IMAGE}, sh -c true){' naming a secret' if args.secret else ''}, one at a time, "
+        f"one warm worker x 1 slot ({args.cloud})",
         [
             ("runplane: POST /v1/runs -> Run.wait sees it final", samples["e2e"]),
             ("docker run --rm --network none", samples["bare"]),
@@ -406,6 +412,7 @@ def main() -> int:
     modes = parser.add_subparsers(dest="mode", required=True)
     one = modes.add_parser("warm", parents=[common], help="a warm trivial run vs docker run")
     one.add_argument("--n", type=int, default=20, help="measured rounds of each (default 20)")
+    one.add_argument("--secret", action="store_true", help="each run names a secret (docs/secrets.md)")
     many = modes.add_parser("batch", parents=[common], help="many trivial runs vs as many docker runs at once")
     many.add_argument("--runs", type=int, default=200, help="runs a round (default 200)")
     many.add_argument("--workers", type=int, default=4, help="warm workers (default 4)")
