@@ -31,6 +31,7 @@ from runplane.domain.common import (
 from runplane.domain.secrets import MAX_RUN_SECRETS, SECRET_REF_PATTERN, SecretRef
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
 from runplane.domain.units import MAX_SIZE
+from runplane.domain.uploads import UPLOAD_SOURCE_PATTERN, upload_sha
 from runplane.domain.wire import Extensible, Record, Since
 
 MAX_INPUTS = 64
@@ -51,10 +52,17 @@ INPUT_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$"
 _INPUT_NAME = re.compile(INPUT_NAME_PATTERN)
 _SEGMENT = r"(?:[^\s/.\x00-\x1f\x7f]|\.[^\s/.\x00-\x1f\x7f]|\.\.[^\s/\x00-\x1f\x7f])[^\s/\x00-\x1f\x7f]*"
 _PATH = rf"{_SEGMENT}(?:/{_SEGMENT})*/?"
-INPUT_SOURCE_PATTERN = rf"^(?:s3://[a-z0-9][a-z0-9.-]{{1,62}}/{_PATH}|run:{RUN_ID_PATTERN}(?:/(?:{_PATH})?)?)$"
+INPUT_SOURCE_PATTERN = (
+    rf"^(?:s3://[a-z0-9][a-z0-9.-]{{1,62}}/{_PATH}|run:{RUN_ID_PATTERN}(?:/(?:{_PATH})?)?|{UPLOAD_SOURCE_PATTERN})$"
+)
 """What ``RunSpec`` takes as an input's source, as a JSON Schema pattern: no '.', '..' or empty
-segment in its path, no space or control character."""
-_INPUT_SOURCE = re.compile(rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?)")
+segment in its path, no space or control character; or an upload of the caller's, ``upload:<sha256>``."""
+_INPUT_SOURCE = re.compile(
+    rf"(s3://[a-z0-9][a-z0-9.-]{{1,62}}/\S+|run:{RUN_ID_PATTERN}(/\S*)?|{UPLOAD_SOURCE_PATTERN})"
+)
+MAX_WORKDIR = 1024
+WORKDIR_PATTERN = r"^/[^\x00-\x1f\x7f]*$"
+"""A run's working directory: an absolute path of printable characters (no '..' segment, checked apart)."""
 
 
 def _line_break(text: str) -> str | None:
@@ -237,6 +245,15 @@ class RunSpec(Record):
         '{"username": ..., "password": ...} or a Docker config auths entry',
     )
 
+    workdir: Annotated[str | None, Since("0.3")] = Field(
+        default=None,
+        max_length=MAX_WORKDIR,
+        pattern=WORKDIR_PATTERN,
+        description="the container's working directory, an absolute path without '..' (e.g. /inputs/code, "
+        "where an upload named code is); default: the image's",
+        examples=["/inputs/code"],
+    )
+
     def upstreams(self) -> list[str]:
         """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
         inputs, ``after``, then ``after_sweep`` (as ``sweep:<id>``)."""
@@ -318,11 +335,31 @@ class RunSpec(Record):
             if not _INPUT_NAME.fullmatch(name):
                 raise ValueError(f"input name {name!r} is not valid (letters, digits, . _ -)")
             if not _INPUT_SOURCE.fullmatch(source) or control_character(source):
-                raise ValueError(f"input {name!r}: source must be 's3://bucket/key' or 'run:<id>[/path]'")
+                raise ValueError(
+                    f"input {name!r}: source must be 's3://bucket/key', 'run:<id>[/path]' or 'upload:<sha256>'"
+                )
             path = source.removeprefix("s3://").partition("/")[2]
             if any(part in (".", "..") for part in path.split("/")) or "//" in path or control_character(path):
                 raise ValueError(f"input {name!r}: the path may not hold '.', '..' or empty segments")
         return value
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value.startswith("/") or control_character(value) or _line_break(value):
+            raise ValueError("workdir must be an absolute path of printable characters")
+        if ".." in value.split("/"):
+            raise ValueError("workdir may not hold a '..' segment")
+        hidden = hidden_character(value)
+        if hidden:
+            raise ValueError(f"workdir holds {hidden}, a character that changes how text is shown without being seen")
+        return value
+
+    def uploads(self) -> list[str]:
+        """The SHA-256 of each upload this run names as an input, each once, in the order given."""
+        return list(dict.fromkeys(sha for sha in map(upload_sha, self.inputs.values()) if sha is not None))
 
 
 class Usage(Record):
