@@ -13,6 +13,8 @@ from pydantic import Field, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
+
 PREFIX = "RUNPLANE_"
 
 
@@ -226,6 +228,12 @@ class StackSettings(Settings):
         "or sweep that ended; an event of its own goes on with the rest.",
     )
     max_body_bytes: int = Field(256 * 1024, description="The largest HTTP request body the API reads.")
+    max_upload_bytes: int = Field(
+        DEFAULT_MAX_UPLOAD_BYTES,
+        ge=1,
+        description="The largest archive of a directory a user uploads for their runs (`runplane run --upload`); "
+        "a larger one is refused (413).",
+    )
     local_state_dir: str = Field(
         "~/.runplane/local", description="Backend `local`: where the agents it starts keep their logs."
     )

@@ -12,6 +12,7 @@ from runplane.domain.pools import Backend
 from runplane.domain.runs import RetryRule, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import SweepSpec
+from runplane.domain.uploads import SHA256_PATTERN, UPLOAD_SOURCE_PATTERN
 from runplane.domain.wire import Extensible
 from runplane.domain.workers import WorkerStatus
 
@@ -368,3 +369,35 @@ class WorkerList(WireModel):
     next_cursor: str | None = Field(
         default=None, description="pass as cursor for the next page; null: this was the last"
     )
+
+
+class UploadView(WireModel):
+    """``POST /v1/uploads``: the archive is there already (``present``: send nothing), or the URL to
+    PUT its bytes to, with the headers to send, before ``expires_at``."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        json_schema_extra={
+            "examples": [
+                {
+                    "source": "upload:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+                    "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+                    "size": 48213,
+                    "present": False,
+                    "url": "https://bucket.s3.amazonaws.com/uploads/alice/9f86...?X-Amz-Signature=...",
+                    "headers": {"Content-MD5": "1B2M2Y8AsgTpgAmY7PhCfg==", "Content-Length": "48213"},
+                    "expires_at": 1795426200.125,
+                }
+            ]
+        },
+    )
+
+    source: str = Field(pattern=f"^{UPLOAD_SOURCE_PATTERN}$", description="how a run names it in inputs")
+    sha256: str = Field(pattern=SHA256_PATTERN)
+    size: int = Field(gt=0, description="its length in bytes")
+    present: bool = Field(description="true: the stack holds it already, nothing to send")
+    url: str | None = Field(default=None, description="where to PUT the archive's bytes (null when present)")
+    headers: dict[str, str] | None = Field(
+        default=None, description="the headers to send with the PUT (the MD5 the store checks among them)"
+    )
+    expires_at: float | None = Field(default=None, description="when the URL stops working (Unix seconds)")

@@ -13,6 +13,7 @@ from runplane.domain.secrets import MAX_SECRET_BYTES
 from runplane.domain.sweeps import MAX_SWEEP
 from runplane.domain.tenancy import USER_PATTERN, Scope
 from runplane.domain.units import MAX_DURATION
+from runplane.domain.uploads import SHA256_PATTERN
 
 LIFETIME_PATTERN = (
     r"^(?:[1-9][0-9]{0,6}s?|[1-9][0-9]{0,4}m|[1-9][0-9]{0,2}h|(?:[1-9][0-9]?|[12][0-9]{2}|3[0-5][0-9]|36[0-6])d)$"
@@ -146,4 +147,33 @@ class SweepPatch(BaseModel):
         le=MAX_SWEEP,
         strict=True,
         description="null: as many as the pool can run; members out beyond a lowered cap go on",
+    )
+
+
+MD5_BASE64_PATTERN = r"^[A-Za-z0-9+/]{22}==$"
+"""The base64 of an MD5 digest (16 bytes), as ``Content-MD5`` carries it."""
+
+
+class UploadCreate(BaseModel):
+    """``POST /v1/uploads``: an archive (a gzip'd tar of a directory) the caller means to name as a
+    run's input; the answer says it is there already, or where to PUT it."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+                    "size": 48213,
+                    "md5": "1B2M2Y8AsgTpgAmY7PhCfg==",
+                }
+            ]
+        },
+    )
+
+    sha256: str = Field(pattern=SHA256_PATTERN, description="the SHA-256 of the archive's bytes, in lower-case hex")
+    size: Annotated[int, WHOLE] = Field(gt=0, strict=True, description="the archive's length in bytes")
+    md5: str = Field(
+        pattern=MD5_BASE64_PATTERN,
+        description="the base64 of the archive's MD5: the store refuses a PUT of other bytes",
     )

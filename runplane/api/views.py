@@ -16,6 +16,7 @@ from runplane.api.models import (
     RunUsage,
     RunView,
     SweepView,
+    UploadView,
     WorkerView,
     timestamp,
 )
@@ -39,6 +40,7 @@ from runplane.services.quota_admin import QuotaUse
 from runplane.services.secrets import Secret
 from runplane.services.shown_sweeps import Shown
 from runplane.services.tenancy import UserFacts
+from runplane.services.uploads import UploadOffer
 from runplane.services.usage import Report, Row
 from runplane.services.watch import run_revision, sweep_revision
 
@@ -223,6 +225,19 @@ def secret_view(secret: Secret) -> SecretView:
         size=record.size,
         updated_at=record.updated_at,
         updated_by=record.updated_by,
+    )
+
+
+def upload_view(offer: UploadOffer) -> UploadView:
+    """An upload offer: there already, or the URL and headers to PUT the archive with."""
+    return UploadView(
+        source=offer.source,
+        sha256=offer.sha256,
+        size=offer.size,
+        present=offer.present,
+        url=offer.url,
+        headers=offer.headers,
+        expires_at=offer.expires_at,
     )
 
 

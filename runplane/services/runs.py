@@ -30,7 +30,7 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Fail
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Expect, Page, Ports
-from runplane.services import dependencies, lifecycle, secrets, skew
+from runplane.services import dependencies, lifecycle, secrets, skew, uploads
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.authority import charged_group, check_caller
@@ -106,7 +106,8 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
     to no group. Raises Unschedulable/InvalidRequest when no pool fits, an input is not allowed, the
     group is not the caller's (or a caller in several groups names none and has no default) or a
     quota can never admit the run, NotFound for a ``run:`` input the caller cannot see or a secret
-    the caller may not use (``secrets.check_run``: a missing one reads alike), Forbidden
+    the caller may not use (``secrets.check_run``: a missing one reads alike) or an ``upload:`` input
+    the caller did not upload (``uploads.check_run``), Forbidden
     when a caller who is not an admin asks a priority above the pool's ``max_user_priority``,
     Conflict when the key was used for a different request. A failed hint is logged, not raised: the
     run is stored, and the reaper re-sends hints for queued runs.
@@ -188,6 +189,7 @@ def admit_spec(ports: Ports, principal: Principal, spec: RunSpec) -> Admitted:
         if not source.startswith("run:"):
             ports.inputs.check(name, source, principal.groups)
     secrets.check_run(ports, principal, spec)  # each must be the caller's to use (the worker checks again)
+    uploads.check_run(ports, principal, spec)  # each must be the caller's own upload (404 otherwise)
     # the runs a run: input names are checked here, with those it waits for (the worker checks again)
     waits = dependencies.admit(ports, principal, spec)
     resolved = spec.model_copy(

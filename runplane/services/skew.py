@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 from runplane import __version__
 from runplane.domain.errors import NotFound, RunplaneError
 from runplane.domain.runs import Run, RunSpec
+from runplane.domain.uploads import upload_sha
 from runplane.domain.versions import StackRecord, agent_refusal, oldest_agent, series
 from runplane.domain.wire import Since, stored, written_json
 from runplane.domain.workers import Worker
@@ -154,7 +155,16 @@ def needs(run: Run) -> dict[str, str | None]:
     for one this release does not know either (a later release wrote it)."""
     found: dict[str, str | None] = dict.fromkeys(unknown_fields(run.spec, "spec"))
     found.update(_since(run.spec, "spec"))
+    found.update(_upload_inputs(run.spec))
     return found
+
+
+UPLOADS_SINCE = "0.3"
+"""The release whose agents fetch an ``upload:`` input (an input kind, not a field: ``Since`` cannot mark it)."""
+
+
+def _upload_inputs(spec: RunSpec) -> dict[str, str | None]:
+    return {f"spec.inputs.{name}": UPLOADS_SINCE for name, source in spec.inputs.items() if upload_sha(source)}
 
 
 def _since(model: BaseModel, at: str) -> dict[str, str | None]:
@@ -171,8 +181,9 @@ def _since(model: BaseModel, at: str) -> dict[str, str | None]:
 
 def later_fields(spec: RunSpec) -> dict[str, str | None]:
     """The fields ``spec`` sets that were added since the previous release (``Since``, set to other
-    than its default), at every depth, as dotted names from ``spec``, with the release of each."""
-    return _since(spec, "spec")
+    than its default), at every depth, as dotted names from ``spec``, with the release of each; and
+    its ``upload:`` inputs (``spec.inputs.NAME``), which agents before UPLOADS_SINCE cannot fetch."""
+    return {**_since(spec, "spec"), **_upload_inputs(spec)}
 
 
 def too_new_for(pool: str, spec: RunSpec, agent_versions: Mapping[str, int]) -> str | None:

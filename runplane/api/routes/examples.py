@@ -17,6 +17,15 @@ RUN_EXAMPLES = {
         },
     },
     "minimal": {"summary": "a command alone: the default pool, its image, its limits", "value": {"command": "echo hi"}},
+    "upload": {
+        "summary": "a directory of yours uploaded (POST /v1/uploads), run where it is unpacked",
+        "value": {
+            "command": "python3 train.py",
+            "image": "python:3.12",
+            "inputs": {"code": "upload:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"},
+            "workdir": "/inputs/code",
+        },
+    },
     "after": {
         "summary": "waits for a run's outputs (queued, holding no worker, until that run has succeeded)",
         "value": {
@@ -94,4 +103,15 @@ SECRET_EXAMPLES = {
         "summary": "a registry login, for image_pull_secret",
         "value": {"value": '{"username": "ci", "password": "s3cret-registry-password"}'},
     },
+}
+
+UPLOAD_EXAMPLES = {
+    "archive": {
+        "summary": "an archive of 48213 bytes, by its SHA-256 and MD5",
+        "value": {
+            "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+            "size": 48213,
+            "md5": "1B2M2Y8AsgTpgAmY7PhCfg==",
+        },
+    }
 }

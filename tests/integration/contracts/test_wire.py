@@ -10,7 +10,9 @@ exercised here, and every route the resolver serves must be documented, so that 
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
 import re
 import time
@@ -31,6 +33,7 @@ from runplane.api.http import app
 from runplane.api.openapi import openapi_document
 from runplane.domain.common import DURATION_PATTERN, SIZE_PATTERN
 from runplane.domain.units import parse_bytes, parse_duration
+from runplane.domain.uploads import upload_key
 from runplane.domain.wire import Record, since_fields
 from runplane.domain.workers import Worker
 from runplane.services.auth import register_token
@@ -486,6 +489,31 @@ def _priority(wire: Wire, run_id: str) -> None:
     assert wire("POST", f"/v1/runs/{urgent.body['id']}/priority", {"priority": 1}, who="admin").status == 409
 
 
+def _uploads(wire: Wire) -> None:
+    data = b"an archive's bytes"
+    sha, md5 = hashlib.sha256(data).hexdigest(), base64.b64encode(hashlib.md5(data).digest()).decode()
+    body = {"sha256": sha, "size": len(data), "md5": md5}
+    offered = wire("POST", "/v1/uploads", body)
+    assert offered.status == 200 and offered.body["source"] == f"upload:{sha}" and not offered.body["present"]
+    assert offered.body["url"] and offered.body["headers"] and offered.body["expires_at"] > time.time()
+    assert wire("POST", "/v1/uploads", {**body, "size": 2**40}).status == 413
+    assert wire("POST", "/v1/uploads", {**body, "sha256": sha.upper()}).status == 422
+    assert wire("POST", "/v1/uploads", {**body, "md5": "not base64"}).status == 422
+    assert wire("POST", "/v1/uploads", {**body, "extra": 1}).status == 422
+    assert wire("POST", "/v1/uploads", body, who="reader").status == 403
+    assert wire("POST", "/v1/uploads", body, who=None).status == 401
+    named = {**PARKED, "inputs": {"code": f"upload:{sha}"}, "workdir": "/inputs/code"}
+    assert wire("POST", "/v1/runs", named).status == 404  # offered, never sent
+    bootstrap.stack().objects.put_bytes(upload_key("alice", sha), data)
+    again = wire("POST", "/v1/uploads", body)
+    assert again.status == 200 and again.body["present"] and again.body["url"] is None
+    used = wire("POST", "/v1/runs", named)
+    assert used.status == 201 and used.body["spec"]["workdir"] == "/inputs/code"
+    assert wire("POST", "/v1/runs", named, who="bob").status == 404  # alice's upload is not bob's
+    assert wire("POST", "/v1/sweeps", {"run": named, "count": 2}).status == 201
+    assert wire("POST", "/v1/runs", {**named, "workdir": "/a/../b"}).status == 422
+
+
 def _sweeps(wire: Wire) -> None:
     """Sweeps: made (and replayed by key), read, listed, their members listed, max_parallel
     changed, killed, retried; another user's sweep answers as one that does not exist."""
@@ -553,6 +581,7 @@ def test_every_answer_agrees_with_the_document(wire):
     _quotas(wire)
     _usage(wire)
     _secrets(wire)
+    _uploads(wire)
     _priority(wire, run_id)
     _sweeps(wire)
 
