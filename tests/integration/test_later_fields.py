@@ -74,3 +74,15 @@ def test_which_fields_are_newer_than_an_agent_comes_from_the_since_markers():
     )
     assert skew.too_new_for(POOL, spec, {"0.2.3": 4, "0.3.0": 1}) is None
     assert skew.too_new_for(POOL, RunSpec(command="x", queue=POOL), {"0.1.0": 1}) is None
+
+
+def test_an_upload_input_needs_agents_that_fetch_uploads():
+    """``upload:`` is an input kind, not a field: no ``Since`` marks it, yet 0.2 agents cannot fetch one."""
+    spec = RunSpec(command="x", queue=POOL, inputs={"code": f"upload:{'a' * 64}", "data": "s3://bkt/k"})
+    assert skew.later_fields(spec) == {"spec.inputs.code": skew.UPLOADS_SINCE}
+    assert skew.too_new_for(POOL, spec, {"0.2.9": 1, "0.3.0": 1}) == (
+        f"inputs.code need agents 0.3 or newer; pool '{POOL}' has agents 0.2.9: {UPGRADE}"
+    )
+    assert skew.too_new_for(POOL, spec, {"0.3.0": 2}) is None
+    both = spec.model_copy(update={"workdir": "/inputs/code"})
+    assert list(skew.later_fields(both)) == ["spec.workdir", "spec.inputs.code"]
