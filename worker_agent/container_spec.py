@@ -75,7 +75,8 @@ def container_spec(
     ``volumes``: the image's ``VOLUME`` paths, each to its directory in the run directory
     (``volume_mounts``); one at a path mounted already is left to that mount, as Docker does.
     ``secrets``: the values of the run's ``secrets`` variables, beside ``env`` in its
-    environment (and nowhere else: not in a label, nor in the run directory)."""
+    environment (and nowhere else: not in a label, nor in the run directory). The working
+    directory is the run's ``workdir``, else its output directory."""
     res = run.spec.resources
     env = {**run.spec.env, **(secrets or {})}
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
@@ -96,7 +97,7 @@ def container_spec(
         "entrypoint": ["/bin/sh", "-c"],
         "command": [run.spec.command],
         "name": container_name(config.stack_id, run.id, run.attempt),
-        "working_dir": OUTPUT_MOUNT,
+        "working_dir": run.spec.workdir or OUTPUT_MOUNT,
         "environment": env,
         "mounts": mounts,
         # every run starts without a network; a networked one gets its run network from

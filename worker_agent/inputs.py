@@ -8,7 +8,9 @@ Layout under the cache root::
     <key>.lock         flock'ed while the entry is downloaded, evicted or its users change
 
 An input downloads once, whoever asks first: the others wait on the lock and then find it
-done. Entries are evicted least-recently-used first when the cache grows over its limit.
+done. An upload (``upload:<sha256>``) is keyed by its SHA-256 alone (``upload-<sha256>``): its
+archive is checked against it and unpacked (``unpack.py``) as ``content``, the bytes it unpacked
+to in ``<key>/size``. Entries are evicted least-recently-used first when the cache grows over its limit.
 """
 
 from __future__ import annotations
@@ -27,9 +29,17 @@ from pathlib import Path
 from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
 from runplane.domain.states import RunState
 from runplane.domain.units import format_bytes
+from runplane.domain.uploads import (
+    DEFAULT_MAX_UPLOAD_BYTES,
+    MAX_UNPACKED_BYTES_FACTOR,
+    MAX_UNPACKED_FILES,
+    upload_key,
+    upload_sha,
+)
 from runplane.ports import InputRules, ObjectStore, RunStore
 from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix
+from worker_agent.unpack import UnsafeArchive, unpack
 from worker_agent.usage import dir_size
 
 log = logging.getLogger(__name__)
@@ -74,7 +84,8 @@ def _locked(path: Path) -> Iterator[None]:
 class InputCache:
     """``policy`` is the stack's (the operator's allow-list and the stack's own bucket): every
     source is checked against it and the run's owner before a byte is read, whatever the API
-    accepted. The default policy allows no bucket."""
+    accepted. The default policy allows no bucket. An upload unpacks to at most
+    ``max_upload_bytes`` (the stack's) times MAX_UNPACKED_BYTES_FACTOR bytes."""
 
     def __init__(
         self,
@@ -83,19 +94,31 @@ class InputCache:
         store: RunStore,
         max_bytes: int | None = None,
         policy: InputRules | None = None,
+        max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     ) -> None:
         self.root = root
         self.objects = objects
         self.store = store
         self.max_bytes = max_bytes
         self.policy = policy or InputPolicy()
+        self.max_unpacked_bytes = max_upload_bytes * MAX_UNPACKED_BYTES_FACTOR
 
     # -- resolving a source ---------------------------------------------------------------
 
     def resolve(self, source: str, owner: str, groups: Iterable[str] = ()) -> Resolved:
-        """Find the objects behind ``s3://bucket/key`` or ``run:<id>[/path]`` for a run of
-        ``owner`` (a member of ``groups``). Raises InputUnavailable, also for a source the owner
-        may not read (another user's run reads as one that does not exist)."""
+        """Find the objects behind ``s3://bucket/key``, ``run:<id>[/path]`` or ``upload:<sha256>``
+        for a run of ``owner`` (a member of ``groups``). Raises InputUnavailable, also for a source
+        the owner may not read (another user's run or upload reads as one that does not exist)."""
+        sha = upload_sha(source)
+        if sha is not None:
+            key = upload_key(owner, sha)
+            try:
+                found = [o for o in self.objects.list(key) if o.key == key]
+            except RunplaneError as e:
+                raise InputUnavailable(f"{source}: cannot list it: {e.message}") from e
+            if not found:
+                raise InputUnavailable(f"upload {sha} not found")
+            return Resolved(self.objects, key, True, sha, found[0].size)
         if source.startswith("s3://"):
             try:
                 self.policy.check(source, source, groups)
@@ -145,18 +168,56 @@ class InputCache:
         resolved = self.resolve(source, owner, groups)
         if max_bytes is not None and resolved.size > max_bytes:
             raise InputUnavailable(_too_large(source, f"is {format_bytes(resolved.size)}", max_bytes))
-        key = hashlib.sha256(f"{source}\n{resolved.version}".encode()).hexdigest()[:32]
+        sha = upload_sha(source)
+        key = f"upload-{sha}" if sha else hashlib.sha256(f"{source}\n{resolved.version}".encode()).hexdigest()[:32]
         entry = self.root / key
         downloaded = False
+        size = resolved.size
         with _locked(self.root / f"{key}.lock"):
             if not (entry / "done").exists():
                 shutil.rmtree(entry, ignore_errors=True)
-                self._download(resolved, entry, source, max_bytes)
+                if sha:
+                    self._download_upload(resolved, entry, source, sha, max_bytes)
+                else:
+                    self._download(resolved, entry, source, max_bytes)
                 downloaded = True
+            if sha:
+                size = _unpacked_size(entry)
+                if max_bytes is not None and size > max_bytes:
+                    raise InputUnavailable(_too_large(source, f"unpacks to {format_bytes(size)}", max_bytes))
             (entry / "users").mkdir(exist_ok=True)
             (entry / "users" / user).touch()
             os.utime(entry / "done")  # the LRU clock
-        return Fetched(entry / "content", key, downloaded, resolved.size)
+        return Fetched(entry / "content", key, downloaded, size)
+
+    def _download_upload(self, resolved: Resolved, entry: Path, source: str, sha: str, max_bytes: int | None) -> None:
+        """The archive, its SHA-256 checked, unpacked into ``entry``'s content: at most
+        ``max_bytes`` (what the run's disk has left) and the stack's unpacked limit."""
+        tmp = self.root / f".partial-{uuid.uuid4().hex}"
+        limit = self.max_unpacked_bytes if max_bytes is None else min(max_bytes, self.max_unpacked_bytes)
+        try:
+            tmp.mkdir(parents=True)
+            archive = tmp / "archive"
+            resolved.store.download_file(resolved.prefix, archive, max_bytes)
+            if _sha256(archive) != sha:
+                raise InputUnavailable(f"{source}: the archive stored does not match its SHA-256")
+            size = unpack(archive, tmp / "content", max_bytes=limit, max_files=MAX_UNPACKED_FILES)
+            archive.unlink()
+            (tmp / "size").write_text(str(size))
+            (tmp / "done").write_text(source)
+            tmp.rename(entry)
+        except UnsafeArchive as e:
+            raise InputUnavailable(f"{source}: refused: {e.message}") from e
+        except PayloadTooLarge as e:
+            raise InputUnavailable(_too_large(source, "grew since it was listed", max_bytes or 0)) from e
+        except InputUnavailable:
+            raise
+        except RunplaneError as e:
+            raise InputUnavailable(f"{source}: download failed: {e.message}") from e
+        except OSError as e:
+            raise InputUnavailable(f"{source}: download failed: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _download(self, resolved: Resolved, entry: Path, source: str, max_bytes: int | None = None) -> None:
         tmp = self.root / f".partial-{uuid.uuid4().hex}"
@@ -227,6 +288,22 @@ class InputCache:
         if removed:
             log.info("evicted %d cached input(s); cache now %d bytes", len(removed), total)
         return removed
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1024 * 1024):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _unpacked_size(entry: Path) -> int:
+    """The bytes an upload's entry unpacked to, as recorded (counted afresh if not)."""
+    try:
+        return int((entry / "size").read_text())
+    except (OSError, ValueError):
+        return dir_size(entry / "content")
 
 
 def _too_large(source: str, what: str, max_bytes: int) -> str:

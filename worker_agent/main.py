@@ -146,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stack.store,
             settings.max_work_dir_size,
             stack.ports.inputs,
+            stack.settings.max_upload_bytes,
         ),
         images=ImageCache(client, root / f"images-{socket.gethostname()}.json", settings.max_image_cache_size),
         network=network,

@@ -1,0 +1,91 @@
+"""Upload inputs (``upload:<sha256>``) in the agent's input cache, on the stack of one machine: read
+from the run owner's upload key only, checked against their SHA-256, unpacked once into an entry
+keyed by it, and refused (nothing cached, nothing partial left) when hostile or too large."""
+
+import hashlib
+import io
+import tarfile
+
+import pytest
+
+from runplane.domain.uploads import upload_key
+from worker_agent.inputs import InputCache, InputUnavailable
+
+
+def packed(files, extra=()):
+    """A gzip'd tar of ``files`` (name -> bytes) and ``extra`` (TarInfo, data) members; its bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in sorted(files.items()):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info, data in extra:
+            tar.addfile(info, data)
+    return buf.getvalue()
+
+
+def uploaded(stack, owner, data):
+    sha = hashlib.sha256(data).hexdigest()
+    stack.objects.put_bytes(upload_key(owner, sha), data)
+    return sha
+
+
+def left_in(cache):
+    """What the cache root holds: entries, locks and anything partial."""
+    return sorted(p.name for p in cache.root.iterdir()) if cache.root.exists() else []
+
+
+@pytest.fixture
+def cache(local_stack, tmp_path):
+    return InputCache(tmp_path / "cache", local_stack.objects, local_stack.store)
+
+
+def test_an_upload_unpacks_once_into_an_entry_keyed_by_its_sha(local_stack, cache):
+    files = {"train.py": b"print(open('data/x.csv').read())\n", "data/x.csv": b"a,b\n1,2\n"}
+    sha = uploaded(local_stack, "alice", packed(files))
+    first = cache.fetch(f"upload:{sha}", "u1", owner="alice")
+    assert (first.key, first.downloaded, first.size) == (f"upload-{sha}", True, sum(map(len, files.values())))
+    assert {str(p.relative_to(first.path)): p.read_bytes() for p in first.path.rglob("*") if p.is_file()} == files
+    again = cache.fetch(f"upload:{sha}", "u2", owner="alice")
+    assert (again.path, again.downloaded, again.size) == (first.path, False, first.size)
+    assert left_in(cache) == [f"upload-{sha}", f"upload-{sha}.lock"]  # the archive itself is not kept
+
+
+def test_another_users_upload_reads_as_one_that_does_not_exist(local_stack, cache):
+    sha = uploaded(local_stack, "alice", packed({"a": b"x"}))
+    with pytest.raises(InputUnavailable) as e:
+        cache.fetch(f"upload:{sha}", "u1", owner="mallory")
+    assert e.value.message == f"upload {sha} not found"
+    assert cache.entries() == 0
+
+
+def test_stored_bytes_that_do_not_match_their_sha_are_refused(local_stack, cache):
+    sha = hashlib.sha256(b"what was announced").hexdigest()
+    local_stack.objects.put_bytes(upload_key("alice", sha), packed({"a": b"something else"}))
+    with pytest.raises(InputUnavailable, match="does not match its SHA-256"):
+        cache.fetch(f"upload:{sha}", "u1", owner="alice")
+    assert left_in(cache) == [f"upload-{sha}.lock"]
+
+
+def test_a_hostile_upload_is_refused_and_leaves_nothing(local_stack, cache, tmp_path):
+    link = tarfile.TarInfo("out")
+    link.type, link.linkname = tarfile.SYMTYPE, "../../../.."
+    sha = uploaded(local_stack, "alice", packed({"ok.txt": b"fine"}, [(link, None)]))
+    with pytest.raises(InputUnavailable) as e:
+        cache.fetch(f"upload:{sha}", "u1", owner="alice")
+    assert e.value.message == f"upload:{sha}: refused: the archive's link 'out' points out of the directory"
+    assert left_in(cache) == [f"upload-{sha}.lock"]
+
+
+def test_an_upload_unpacks_within_the_stacks_limit_and_the_runs_disk(local_stack, tmp_path):
+    sha = uploaded(local_stack, "alice", packed({"zeros": bytes(50_000)}))
+    small = InputCache(tmp_path / "small", local_stack.objects, local_stack.store, max_upload_bytes=2_000)
+    with pytest.raises(InputUnavailable, match="more bytes than its limit"):  # 20 x 2 000 bytes at most
+        small.fetch(f"upload:{sha}", "u1", owner="alice")
+    roomy = InputCache(tmp_path / "roomy", local_stack.objects, local_stack.store, max_upload_bytes=10_000)
+    with pytest.raises(InputUnavailable, match="more bytes than its limit"):  # the run's disk left: 40 000
+        roomy.fetch(f"upload:{sha}", "u1", owner="alice", max_bytes=40_000)
+    assert roomy.fetch(f"upload:{sha}", "u1", owner="alice").size == 50_000
+    with pytest.raises(InputUnavailable, match=r"unpacks to 48\.8k, more than the 39\.1k"):  # cached, still too large
+        roomy.fetch(f"upload:{sha}", "u2", owner="alice", max_bytes=40_000)
