@@ -32,6 +32,7 @@ from runplane.cli.download import download
 from runplane.cli.last_run import RUN_ID, named_by_id, remember, run_id_or_last
 from runplane.cli.logs import POLL, logs
 from runplane.cli.run_options import command_line, run_flags
+from runplane.cli.uploads import UPLOAD, send
 from runplane.client import ApiError, Client, Conflict, Run, RunOptions, RunState
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
@@ -111,6 +112,7 @@ def run(
     command: Annotated[list[str], typer.Argument(help="the command after --, run with sh -c (words keep quoting)")],
     *,
     options: RunOptions,
+    upload: UPLOAD = None,
     idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two runs")] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="stream logs and exit with the run's exit code")] = False,
     as_json: Annotated[
@@ -118,7 +120,9 @@ def run(
     ] = False,
 ) -> None:
     """Submit a run; with --wait, follow it to its end and exit as it did."""
-    submitted = client(ctx).submit(command_line(command), idempotency_key=idempotency_key, **options)
+    api = client(ctx)
+    options = send(api, upload, options)
+    submitted = api.submit(command_line(command), idempotency_key=idempotency_key, **options)
     remember(submitted.id)
     if not submitted.created:  # the key named a run submitted before: this submit made nothing new
         line = f"already submitted as {submitted.id} (same --idempotency-key): {state_line(submitted.view)}"

@@ -13,6 +13,7 @@ from rich.text import Text
 from runplane.api.models import SweepView
 from runplane.cli.common import CliError, ExitCode, cell, client, err, id_column, out, print_json, when
 from runplane.cli.run_options import command_line, run_flags
+from runplane.cli.uploads import UPLOAD, send
 from runplane.client import RunOptions, RunState, Sweep
 
 app = typer.Typer(no_args_is_help=True, help="Sweeps: one run per point of a parameter grid.")
@@ -64,6 +65,7 @@ def run(
     name: Annotated[str | None, typer.Option(help="a name for the sweep")] = None,
     *,
     options: RunOptions,
+    upload: UPLOAD = None,
     idempotency_key: Annotated[str | None, typer.Option(help="retrying with the same key never makes two")] = None,
     wait: Annotated[bool, typer.Option("--wait", "-w", help="show progress until it has finished")] = False,
     as_json: JSON = False,
@@ -74,7 +76,9 @@ def run(
     parameters = dict(parse_param(p) for p in param or [])
     if len(parameters) != len(param or []):
         raise CliError("each --param NAME may be given once")
-    made = client(ctx).submit_sweep(
+    api = client(ctx)
+    options = send(api, upload, options)
+    made = api.submit_sweep(
         command_line(command),
         parameters=parameters or None,
         count=count,

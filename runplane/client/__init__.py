@@ -26,6 +26,7 @@ from runplane.api.models import (
     RunView,
     SweepRetried,
     SweepView,
+    UploadView,
     WorkerView,
 )
 from runplane.api.tenancy_models import (
@@ -42,8 +43,10 @@ from runplane.api.tenancy_models import (
 )
 from runplane.client._core import RawResponse, RetryPolicy
 from runplane.client._options import RunOptions
+from runplane.client._pack import PackError
 from runplane.client._sync import Client
 from runplane.client._sync_run import Run, Sweep
+from runplane.client._uploads import Upload
 from runplane.client.config import Profile, config_path, list_profiles, load_profile, save_profile
 from runplane.client.errors import (
     ApiError,
@@ -60,6 +63,7 @@ from runplane.client.errors import (
     RateLimited,
     ServerError,
     Unauthorized,
+    UploadFailed,
     WaitTimeout,
 )
 from runplane.domain.runs import Resources, RetryRule, RunSpec
@@ -88,6 +92,7 @@ __all__ = [
     "NotFound",
     "OutputFile",
     "OutputPage",
+    "PackError",
     "PayloadTooLarge",
     "PoolView",
     "Profile",
@@ -115,6 +120,9 @@ __all__ = [
     "Token",
     "TokenCreated",
     "Unauthorized",
+    "Upload",
+    "UploadFailed",
+    "UploadView",
     "UsageReport",
     "UsageRow",
     "UserView",

@@ -31,9 +31,12 @@ from runplane.client._core import (
 )
 from runplane.client._files import PartFile
 from runplane.client._options import RunOptions, run_body
+from runplane.client._pack import Packed, pack
 from runplane.client._plans import Plans
-from runplane.client.errors import DownloadFailed
+from runplane.client._uploads import Upload, check_put, counted, put_args, start, uploaded, with_uploads
+from runplane.client.errors import DownloadFailed, UploadFailed
 from runplane.domain.states import RunState
+from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
 
 T = TypeVar("T")
 
@@ -153,10 +156,36 @@ class AsyncClient:
 
     # --- runs -------------------------------------------------------------------------------
 
+    async def upload(
+        self, directory: str | Path, *, progress: Progress | None = None, max_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    ) -> Upload:
+        """See ``Client.upload`` (the directory is packed in a thread)."""
+        with await asyncio.to_thread(pack, directory, max_bytes) as packed:
+            view = await self._drive(start(self._plans, packed))
+            if not view.present:
+                url, headers = put_args(self._plans, view)
+                try:
+                    r = await self._http.put(url, content=_chunks(packed, progress), headers=headers)
+                except httpx.HTTPError as e:
+                    raise UploadFailed(0, "upload_failed", f"upload of {packed.directory} failed: {e}") from None
+                check_put(packed, r.status_code)
+            return uploaded(packed, view)
+
+    async def _with_uploads(self, options: RunOptions, uploads: Mapping[str, str | Path] | None) -> RunOptions:
+        if not uploads:
+            return options
+        return with_uploads(options, {name: (await self.upload(d)).source for name, d in uploads.items()})
+
     async def submit(
-        self, command: str, *, idempotency_key: str | None = None, **options: Unpack[RunOptions]
+        self,
+        command: str,
+        *,
+        idempotency_key: str | None = None,
+        uploads: Mapping[str, str | Path] | None = None,
+        **options: Unpack[RunOptions],
     ) -> AsyncRun:
-        """See ``Client.submit`` (``after``, ``after_sweep``: what it waits for)."""
+        """See ``Client.submit`` (``after``, ``after_sweep``: what it waits for; ``uploads``)."""
+        options = await self._with_uploads(options, uploads)
         view, created = await self._drive(self._plans.submit(command, options, idempotency_key))
         return AsyncRun(self, view, created)
 
@@ -169,11 +198,12 @@ class AsyncClient:
         max_parallel: int | None = None,
         sweep_name: str | None = None,
         idempotency_key: str | None = None,
+        uploads: Mapping[str, str | Path] | None = None,
         **run: Unpack[RunOptions],
     ) -> AsyncSweep:
         """See ``Client.submit_sweep``."""
         plan = self._plans.create_sweep(
-            run_body(command, run),
+            run_body(command, await self._with_uploads(run, uploads)),
             parameters=parameters,
             count=count,
             max_parallel=max_parallel,
@@ -371,3 +401,8 @@ class AsyncClient:
         """See ``Client.usage``."""
         filters = {"user": user, "group": group, "pool": pool, "since": since, "until": until, "by": by}
         return await self._drive(self._plans.usage(filters))
+
+
+async def _chunks(packed: Packed, progress: Progress | None) -> AsyncIterator[bytes]:
+    for chunk in counted(packed, progress):
+        yield chunk

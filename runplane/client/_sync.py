@@ -29,10 +29,13 @@ from runplane.client._core import (
 )
 from runplane.client._files import PartFile
 from runplane.client._options import RunOptions, run_body
+from runplane.client._pack import pack
 from runplane.client._plans import Plans
 from runplane.client._sync_run import Run, Sweep
-from runplane.client.errors import DownloadFailed
+from runplane.client._uploads import Upload, check_put, counted, put_args, start, uploaded, with_uploads
+from runplane.client.errors import DownloadFailed, UploadFailed
 from runplane.domain.states import RunState
+from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
 
 T = TypeVar("T")
 
@@ -164,7 +167,39 @@ class Client:
 
     # --- runs -------------------------------------------------------------------------------
 
-    def submit(self, command: str, *, idempotency_key: str | None = None, **options: Unpack[RunOptions]) -> Run:
+    def upload(
+        self, directory: str | Path, *, progress: Progress | None = None, max_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    ) -> Upload:
+        """Pack ``directory`` (one gzip'd tar, the same bytes for the same content; what its
+        ``.gitignore`` and ``.runplaneignore`` name left out) and send it, unless the stack holds it
+        already (``sent`` False). A run names it as an input: ``inputs={"code": upload.source}``.
+        ``progress`` is called with (bytes sent, bytes in all). Raises PackError for a directory
+        that cannot be packed (a symlink out of it, over ``max_bytes``), PayloadTooLarge over the
+        stack's limit, UploadFailed when the store refuses the bytes (docs/uploads.md)."""
+        with pack(directory, max_bytes) as packed:
+            view = self._drive(start(self._plans, packed))
+            if not view.present:
+                url, headers = put_args(self._plans, view)
+                try:
+                    r = self._http.put(url, content=counted(packed, progress), headers=headers)
+                except httpx.HTTPError as e:
+                    raise UploadFailed(0, "upload_failed", f"upload of {packed.directory} failed: {e}") from None
+                check_put(packed, r.status_code)
+            return uploaded(packed, view)
+
+    def _with_uploads(self, options: RunOptions, uploads: Mapping[str, str | Path] | None) -> RunOptions:
+        if not uploads:
+            return options
+        return with_uploads(options, {name: self.upload(d).source for name, d in uploads.items()})
+
+    def submit(
+        self,
+        command: str,
+        *,
+        idempotency_key: str | None = None,
+        uploads: Mapping[str, str | Path] | None = None,
+        **options: Unpack[RunOptions],
+    ) -> Run:
         """Submit ``command`` (run with ``sh -c``). ``cpus``..``time`` override ``resources``;
         sizes take "512m", "2g", durations "90s", "1h". Always sends an Idempotency-Key (a fresh
         one when none is given), so trying again after no answer makes no second run; with the
@@ -178,7 +213,10 @@ class Client:
         "on": ["nonzero_exit"], "memory_factor": 2}`` (a ``RetryRule``; docs/workflows.md).
         ``after``: runs (or run ids) of yours it waits for, ``after_sweep``: a sweep (or its id)
         of yours: it stays queued, holding no worker, until each has succeeded, and ends failed
-        (``dependency_failed``) if one does not; a ``run:<id>`` input waits the same way."""
+        (``dependency_failed``) if one does not; a ``run:<id>`` input waits the same way.
+        ``uploads``: input name -> a local directory, each ``upload``ed and read-only at
+        ``/inputs/NAME`` in the run (``workdir="/inputs/NAME"`` runs the command there)."""
+        options = self._with_uploads(options, uploads)
         view, created = self._drive(self._plans.submit(command, options, idempotency_key))
         return Run(self, view, created)
 
@@ -191,6 +229,7 @@ class Client:
         max_parallel: int | None = None,
         sweep_name: str | None = None,
         idempotency_key: str | None = None,
+        uploads: Mapping[str, str | Path] | None = None,
         **run: Unpack[RunOptions],
     ) -> Sweep:
         """Make a sweep of ``command``: one run per combination of ``parameters`` values (each
@@ -198,9 +237,10 @@ class Client:
         out at once. ``run`` takes what ``submit`` takes (``image``, ``gpus``, ``memory``,
         ``queue``, ``env``, ``retry``, ...). Members also get RUNPLANE_SWEEP_ID and
         RUNPLANE_SWEEP_INDEX. Raises InvalidRequest for more than 10,000 members or a template
-        no pool can run (docs/workflows.md)."""
+        no pool can run (docs/workflows.md). ``uploads``: as for ``submit``, one upload each that
+        every member reads."""
         plan = self._plans.create_sweep(
-            run_body(command, run),
+            run_body(command, self._with_uploads(run, uploads)),
             parameters=parameters,
             count=count,
             max_parallel=max_parallel,

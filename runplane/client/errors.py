@@ -81,6 +81,10 @@ class DownloadFailed(ApiError):
     """An output file could not be written where asked (``status`` 0, or the storage's status)."""
 
 
+class UploadFailed(ApiError):
+    """An upload's bytes were not taken by the store (``status`` 0, or the store's status)."""
+
+
 class WaitTimeout(ApiError, TimeoutError):
     """A run did not end within the time a ``wait`` allowed (``status`` 0)."""
 
