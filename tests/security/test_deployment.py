@@ -529,15 +529,39 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
         for resource in as_list(statement["Resource"]):
             text = resource.get("Fn::Sub", "") if isinstance(resource, dict) else ""
             granted.add(text or "the bucket")
-            if text:  # objects: only under runs/ (and the agent's own log, write only)
-                assert text in ("${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*"), text
+            if text:  # objects: only under runs/ (and the agent's own log, write only; uploads, read only)
+                assert text in ("${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", UPLOADS), text
                 if text.endswith("/agents/*"):
                     assert as_list(statement["Action"]) == ["s3:PutObject"]
+                if text == UPLOADS:
+                    assert as_list(statement["Action"]) == ["s3:GetObject"]
             else:  # the bucket: listing, under runs/ only
                 assert as_list(statement["Action"]) == ["s3:ListBucket"]
                 assert statement["Condition"] == {"StringLike": {"s3:prefix": "runs/*"}}
-    assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", "the bucket"}
+    assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", UPLOADS, "the bucket"}
     assert {"ApiUrl", "WorkerPolicy"} <= set(template["Outputs"])
+
+
+UPLOADS = "${DataBucket.Arn}/uploads/*"
+
+
+def test_uploads_are_signed_by_the_api_and_read_by_workers_only(template: dict[str, Any]) -> None:
+    """The API heads an upload and signs its PUT (s3:GetObject, s3:PutObject on uploads/ alone);
+    workers only read uploads; no other role touches them."""
+    principals = _all_statements(template)
+    on_uploads = {
+        name: {a for s in statements if "Resource" in s and _on_uploads(s) for a in as_list(s["Action"]) if "s3:" in a}
+        for name, statements in principals.items()
+    }
+    assert {name: actions for name, actions in on_uploads.items() if actions} == {
+        "ApiFunction": {"s3:GetObject", "s3:PutObject"},
+        "WorkerPolicy": {"s3:GetObject"},
+    }
+
+
+def _on_uploads(statement: dict[str, Any]) -> bool:
+    texts = [r.get("Fn::Sub", "") if isinstance(r, dict) else r for r in as_list(statement["Resource"])]
+    return any(t == UPLOADS or t in ("*", "${DataBucket.Arn}/*") for t in texts)
 
 
 # ---- IAM: secrets ----------------------------------------------------------------------------
