@@ -111,14 +111,15 @@ class InputCache:
         the owner may not read (another user's run or upload reads as one that does not exist)."""
         sha = upload_sha(source)
         if sha is not None:
+            # a HEAD, as the API's check at submit: workers may read uploads/, not list it
             key = upload_key(owner, sha)
             try:
-                found = [o for o in self.objects.list(key) if o.key == key]
+                found = self.objects.head(key)
             except RunplaneError as e:
-                raise InputUnavailable(f"{source}: cannot list it: {e.message}") from e
-            if not found:
+                raise InputUnavailable(f"{source}: cannot read it: {e.message}") from e
+            if found is None:
                 raise InputUnavailable(f"upload {sha} not found")
-            return Resolved(self.objects, key, True, sha, found[0].size)
+            return Resolved(self.objects, key, True, sha, found.size)
         if source.startswith("s3://"):
             try:
                 self.policy.check(source, source, groups)

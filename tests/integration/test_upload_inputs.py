@@ -41,9 +41,12 @@ def cache(local_stack, tmp_path):
     return InputCache(tmp_path / "cache", local_stack.objects, local_stack.store)
 
 
-def test_an_upload_unpacks_once_into_an_entry_keyed_by_its_sha(local_stack, cache):
+@pytest.mark.parametrize("cloud", ["aws_stack", "azure_stack", "local_stack"])
+def test_an_upload_unpacks_once_into_an_entry_keyed_by_its_sha_on_every_cloud(request, cloud, tmp_path):
+    stack = request.getfixturevalue(cloud)
+    cache = InputCache(tmp_path / "cache", stack.objects, stack.store)
     files = {"train.py": b"print(open('data/x.csv').read())\n", "data/x.csv": b"a,b\n1,2\n"}
-    sha = uploaded(local_stack, "alice", packed(files))
+    sha = uploaded(stack, "alice", packed(files))
     first = cache.fetch(f"upload:{sha}", "u1", owner="alice")
     assert (first.key, first.downloaded, first.size) == (f"upload-{sha}", True, sum(map(len, files.values())))
     assert {str(p.relative_to(first.path)): p.read_bytes() for p in first.path.rglob("*") if p.is_file()} == files
@@ -52,8 +55,11 @@ def test_an_upload_unpacks_once_into_an_entry_keyed_by_its_sha(local_stack, cach
     assert left_in(cache) == [f"upload-{sha}", f"upload-{sha}.lock"]  # the archive itself is not kept
 
 
-def test_another_users_upload_reads_as_one_that_does_not_exist(local_stack, cache):
-    sha = uploaded(local_stack, "alice", packed({"a": b"x"}))
+@pytest.mark.parametrize("cloud", ["aws_stack", "azure_stack", "local_stack"])
+def test_another_users_upload_reads_as_one_that_does_not_exist_on_every_cloud(request, cloud, tmp_path):
+    stack = request.getfixturevalue(cloud)
+    cache = InputCache(tmp_path / "cache", stack.objects, stack.store)
+    sha = uploaded(stack, "alice", packed({"a": b"x"}))
     with pytest.raises(InputUnavailable) as e:
         cache.fetch(f"upload:{sha}", "u1", owner="mallory")
     assert e.value.message == f"upload {sha} not found"
