@@ -49,7 +49,7 @@ from runplane.services.overview import run_logs, run_outputs
     notes={403: PRIORITY_403},
     valid_refusals={
         errors.NotFound: "an input or after names a run that does not exist (or another user's), or a secret "
-        "that does not exist (or is not the caller's to use)",
+        "that does not exist (or is not the caller's to use), or an upload the caller did not upload",
         errors.Conflict: "the Idempotency-Key was used for another request",
         errors.PayloadTooLarge: "the run's spec is too large",
         errors.Unschedulable: "no pool can fit it, or it waits for a run that ended without success",

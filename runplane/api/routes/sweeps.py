@@ -35,7 +35,7 @@ from runplane.services import listings, shown_sweeps, watch
     notes={403: PRIORITY_403},
     valid_refusals={
         errors.NotFound: "an input or after names a run that does not exist (or another user's), or a secret "
-        "that does not exist (or is not the caller's to use)",
+        "that does not exist (or is not the caller's to use), or an upload the caller did not upload",
         errors.Conflict: "the Idempotency-Key was used for another request",
         errors.PayloadTooLarge: "its largest member's spec is too large",
         errors.Unschedulable: "no pool can fit its members, or they wait for a run that ended without success",
