@@ -23,6 +23,7 @@ from runplane.domain.secrets import MAX_SECRETS_PER_SCOPE, Sealed, SecretRecord
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
 from runplane.domain.tenancy import ApiToken, Principal, UserRecord
+from runplane.domain.uploads import PUT_URL_SECONDS
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.settings import StackSettings
 
@@ -212,34 +213,33 @@ class ObjectStore(Protocol):
 
     def put_file(self, key: str, path: Path) -> None:
         """Upload a file, in parts if it is large."""
-        ...
 
     def get_bytes(self, key: str) -> bytes:
         """Raises NotFound."""
-        ...
 
     def download_file(self, key: str, path: Path, max_bytes: int | None = None) -> None:
-        """Raises NotFound; PayloadTooLarge when the object holds more than ``max_bytes`` (the
-        download stops once past it, and leaves no file)."""
-        ...
+        """Raises NotFound; PayloadTooLarge past ``max_bytes`` (the download stops there, leaving no file)."""
 
     def list_page(self, prefix: str, cursor: str | None, limit: int) -> tuple[list[ObjectInfo], str | None]:
-        """At most ``limit`` objects under ``prefix`` in key order, from where ``cursor`` (what an
-        earlier call for this prefix returned) left off; and the cursor of the next page, or None
-        at the end. A cursor the store cannot read raises BadRequest."""
-        ...
+        """At most ``limit`` objects under ``prefix`` in key order from where ``cursor`` (of an earlier call) left
+        off, and the next page's cursor, None at the end. A cursor the store cannot read raises BadRequest."""
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object under ``prefix``, sorted by key."""
-        ...
 
     def url(self, key: str, expires_seconds: int = 3600) -> str:
         """A time-limited URL anyone can GET."""
-        ...
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """The object's key, size and tag; None when there is none."""
+
+    def put_url(
+        self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
+    ) -> tuple[str, dict[str, str]]:
+        """A time-limited URL that PUTs at ``key`` only ``size`` bytes whose MD5 is ``md5`` (base64); its headers."""
 
     def within(self, bucket: str) -> ObjectStore:
         """The same store on another bucket (container), sharing the client."""
-        ...
 
 
 class WorkerRegistry(Protocol):

@@ -23,7 +23,15 @@ class ObjectsOnly:
         self.secret = secret or (lambda: b"")
 
     def http(self, request: FrontRequest) -> FrontResponse:
-        answer = serve(self.root, self.secret, request.method, request.path, request.query)
+        answer = serve(
+            self.root,
+            self.secret,
+            request.method,
+            request.path,
+            request.query,
+            headers=request.headers,
+            body=request.stream,
+        )
         return FrontResponse(answer.status, answer.headers, answer.body, answer.file)
 
 

@@ -13,7 +13,9 @@ from runplane.settings import StackSettings
 
 @dataclass(frozen=True)
 class FrontRequest:
-    """An HTTP request as the local front read it; ``path`` and ``query`` are still encoded."""
+    """An HTTP request as the local front read it; ``path`` and ``query`` are still encoded.
+    ``stream``, when there is one, is where the body is still to be read from (a PUT of an object
+    URL, whose body can be larger than any other request's), and ``body`` is empty."""
 
     method: str
     path: str
@@ -22,6 +24,7 @@ class FrontRequest:
     body: bytes
     client_ip: str
     host: str
+    stream: BinaryIO | None = None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ import logging
 import os
 import re
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
+from runplane.adapters.local.object_urls import PATH_PREFIX
 from runplane.devstack.cloud import Cloud, FrontRequest
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,12 @@ class _Front(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         path, _, query = self.path.partition("?")
+        if self.command == "PUT" and path.startswith(PATH_PREFIX):
+            # an object's bytes, read from the socket as they are stored (as large as the URL's
+            # signed size); what is left unread of a refused one ends the connection
+            self.close_connection = True
+            self._forward(path, query, b"", cast(BinaryIO, self.rfile))
+            return
         try:
             body = self._body()
         except _BadBody as e:
@@ -54,6 +61,9 @@ class _Front(BaseHTTPRequestHandler):
             message = json.dumps({"error": {"code": e.code, "message": e.message}}).encode()
             self._reply(e.status, {"content-type": "application/json"}, message)
             return
+        self._forward(path, query, body, None)
+
+    def _forward(self, path: str, query: str, body: bytes, stream: BinaryIO | None) -> None:
         request = FrontRequest(
             method=self.command,
             path=path,
@@ -62,6 +72,7 @@ class _Front(BaseHTTPRequestHandler):
             body=body,
             client_ip=self.client_address[0],
             host=self.headers.get("Host") or f"127.0.0.1:{self.server.server_address[1]}",
+            stream=stream,
         )
         response = self.server.cloud.http(request)
         self._reply(response.status, response.headers, response.body, response.file)

@@ -79,7 +79,13 @@ class LocalCloud(Cloud):
     def http(self, request: FrontRequest) -> FrontResponse:
         if request.path.startswith(PATH_PREFIX):  # a signed object URL: checked and served here
             answer = object_urls.serve(
-                self.state_dir, self._ports_stack().tokens.secret, request.method, request.path, request.query
+                self.state_dir,
+                self._ports_stack().tokens.secret,
+                request.method,
+                request.path,
+                request.query,
+                headers=request.headers,
+                body=request.stream,
             )
             return FrontResponse(answer.status, answer.headers, answer.body, answer.file)
         event = http_event(

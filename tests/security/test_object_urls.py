@@ -165,11 +165,18 @@ def test_links_planted_in_the_objects_tree_are_never_followed(served, tmp_path):
     assert store.get_bytes("runs/r-1/outputs/1/link.txt") == b"replaced"
 
 
-@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH"])
-def test_object_urls_answer_get_and_head_only(served, method):
+@pytest.mark.parametrize("method", ["POST", "DELETE", "PATCH"])
+def test_object_urls_answer_get_head_and_put_only(served, method):
     store, _ = served
     status, headers, _ = fetch(store.url("runs/r-1/outputs/1/report.html"), method)
-    assert (status, headers["Allow"]) == (405, "GET, HEAD")
+    assert (status, headers["Allow"]) == (405, "GET, HEAD, PUT")
+    assert store.get_bytes("runs/r-1/outputs/1/report.html") == b"<script>alert(1)</script>"
+
+
+def test_a_get_url_does_not_put(served):
+    store, _ = served
+    status, _, _ = fetch(store.url("runs/r-1/outputs/1/report.html"), "PUT")
+    assert status in (400, 403)
     assert store.get_bytes("runs/r-1/outputs/1/report.html") == b"<script>alert(1)</script>"
 
 

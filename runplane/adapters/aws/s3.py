@@ -12,6 +12,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import BackendError, NotFound, PayloadTooLarge
+from runplane.domain.uploads import PUT_URL_SECONDS
 from runplane.ports import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,27 @@ class S3ObjectStore:
         output a run wrote as HTML is saved, never shown as a page from the bucket's origin."""
         params = {"Bucket": self.bucket, "Key": key, "ResponseContentDisposition": "attachment"}
         return str(self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires_seconds))
+
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            found = self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise _failed(e, "head", key) from e
+        except BotoCoreError as e:
+            raise _failed(e, "head", key) from e
+        return ObjectInfo(key, int(found["ContentLength"]), str(found.get("ETag", "")).strip('"'))
+
+    def put_url(
+        self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
+    ) -> tuple[str, dict[str, str]]:
+        """A presigned PUT whose signature covers ``Content-MD5`` and ``Content-Length``: S3 refuses
+        a request declaring others (403), and a body whose MD5 is not the declared one (BadDigest)."""
+        headers = {"Content-MD5": md5, "Content-Length": str(size), "Content-Type": "application/gzip"}
+        params = {"Bucket": self.bucket, "Key": key, "ContentMD5": md5, "ContentLength": size}
+        params["ContentType"] = headers["Content-Type"]
+        return str(self.client.generate_presigned_url("put_object", Params=params, ExpiresIn=expires_seconds)), headers
 
 
 def _info(obj: dict[str, Any]) -> ObjectInfo:

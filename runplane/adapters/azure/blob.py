@@ -16,6 +16,7 @@ from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelega
 
 from runplane.adapters.azure.errors import error_code
 from runplane.domain.errors import BackendError, BadRequest, NotFound, PayloadTooLarge
+from runplane.domain.uploads import PUT_URL_SECONDS
 from runplane.ports import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -127,12 +128,39 @@ class BlobObjectStore:
             return self
         return BlobObjectStore(bucket, self.client, self.account_key, self.clock)
 
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            found = self.client.get_blob_client(self.container, key).get_blob_properties()
+        except AzureError as e:
+            failure = self._fail(e, "head", key)
+            if isinstance(failure, NotFound):
+                return None
+            raise failure from e
+        return ObjectInfo(key, int(found.size), str(found.etag or "").strip('"'))
+
+    def put_url(
+        self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
+    ) -> tuple[str, dict[str, str]]:
+        """A SAS that creates the blob, never overwrites one (``c`` alone); Blob storage refuses a
+        body whose MD5 is not the ``Content-MD5`` sent (Md5Mismatch), or of another length than
+        ``Content-Length``. A SAS cannot bind the headers: the API checks the object's size when a
+        run names it, and the agent its SHA-256 when it fetches it."""
+        headers = {
+            "Content-MD5": md5,
+            "Content-Length": str(size),
+            "Content-Type": "application/gzip",
+            "x-ms-blob-type": "BlockBlob",
+        }
+        return self._signed(key, expires_seconds, BlobSasPermissions(create=True), None), headers
+
     def url(self, key: str, expires_seconds: int = 3600) -> str:
         """A read SAS whose answer is a download (``Content-Disposition: attachment``), as on AWS."""
+        return self._signed(key, expires_seconds, BlobSasPermissions(read=True), "attachment")
+
+    def _signed(self, key: str, expires_seconds: int, permission: BlobSasPermissions, disposition: str | None) -> str:
         now = self.clock()
         expiry = datetime.fromtimestamp(now + max(1, min(MAX_SAS_SECONDS, expires_seconds)), UTC)
         blob = self.client.get_blob_client(self.container, key)
-        permission = BlobSasPermissions(read=True)
         if self.account_key:
             sas = generate_blob_sas(
                 self.client.account_name or "",
@@ -141,7 +169,7 @@ class BlobObjectStore:
                 account_key=self.account_key,
                 permission=permission,
                 expiry=expiry,
-                content_disposition="attachment",
+                content_disposition=disposition,
             )
         else:
             sas = generate_blob_sas(
@@ -151,7 +179,7 @@ class BlobObjectStore:
                 user_delegation_key=self._delegation_key(now, expiry),
                 permission=permission,
                 expiry=expiry,
-                content_disposition="attachment",
+                content_disposition=disposition,
             )
         return f"{blob.url}?{sas}"
 

@@ -23,7 +23,7 @@ from typing import BinaryIO
 from urllib.parse import quote
 
 from runplane.adapters.local.db import OBJECTS_DIR, state_path
-from runplane.adapters.local.object_urls import MAX_URL_SECONDS, PATH_PREFIX, sign, url_key
+from runplane.adapters.local.object_urls import MAX_URL_SECONDS, MD5_PATTERN, PATH_PREFIX, sign, sign_put, url_key
 from runplane.adapters.local.paths import (
     DIR_FLAGS,
     NOT_THERE,
@@ -38,6 +38,7 @@ from runplane.adapters.local.paths import (
     valid_segment,
 )
 from runplane.domain.errors import BackendError, BadRequest, NotFound, PayloadTooLarge
+from runplane.domain.uploads import PUT_URL_SECONDS
 from runplane.ports import ObjectInfo
 
 __all__ = ["FileObjectStore"]
@@ -179,6 +180,13 @@ class FileObjectStore:
             with f:
                 yield f
 
+    def head(self, key: str) -> ObjectInfo | None:
+        try:
+            with self._open("head", key) as f:
+                return ObjectInfo(key, os.fstat(f.fileno()).st_size, _etag(os.fstat(f.fileno())))
+        except NotFound:
+            return None
+
     def get_bytes(self, key: str) -> bytes:
         with self._open("download", key) as f:
             return f.read()
@@ -242,6 +250,24 @@ class FileObjectStore:
         signature = sign(self._url_key, self.bucket, key, expires)
         path = f"{PATH_PREFIX}{quote(self.bucket, safe='')}/{quote(key, safe='/')}"
         return f"{self.public_url}{path}?expires={expires}&signature={signature}"
+
+    def put_url(
+        self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
+    ) -> tuple[str, dict[str, str]]:
+        """A URL of the stack's front that PUTs ``size`` bytes whose MD5 is ``md5`` at ``key``
+        until ``expires_seconds`` from now (the front checks both before the object is there),
+        and the headers to send with it."""
+        key_segments(key)
+        check_bucket(self.bucket)
+        if size < 0 or not MD5_PATTERN.fullmatch(md5):
+            raise BadRequest("an upload needs its size in bytes and the base64 of its MD5")
+        if self._url_key is None:
+            self._url_key = url_key(self.secret())
+        expires = int(self.clock()) + max(1, min(MAX_URL_SECONDS, expires_seconds))
+        signature = sign_put(self._url_key, self.bucket, key, expires, size, md5)
+        path = f"{PATH_PREFIX}{quote(self.bucket, safe='')}/{quote(key, safe='/')}"
+        headers = {"Content-MD5": md5, "Content-Length": str(size), "Content-Type": "application/gzip"}
+        return f"{self.public_url}{path}?expires={expires}&signature={signature}", headers
 
 
 def _under(bucket: int, prefix: str, after: str | None) -> Generator[ObjectInfo, None, None]:

@@ -1,28 +1,46 @@
 """Signed object URLs of a stack on one machine, and their answer: ``FileObjectStore.url`` signs
 ``GET /objects/<bucket>/<key>?expires=<unix time>&signature=<hex>`` with a key derived from the
 stack's secret; the stack's front hands every request whose path starts with ``/objects/`` to
-``serve``, which checks it (GET or HEAD only, the signature compared in constant time, not
-expired, a key that stays inside the objects directory) and answers the object as a download."""
+``serve``, which checks it (the signature compared in constant time, not expired, a key that
+stays inside the objects directory) and answers the object as a download.
+
+``FileObjectStore.put_url`` signs a PUT of the same shape whose signature also covers the size
+and the MD5 the request must declare (``Content-Length``, ``Content-MD5``): its body is written to
+a file of its own in ``objects/.partial`` and linked into place only when its length and MD5 are
+the signed ones, and never over an object of other content."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
 import re
+import secrets as random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import parse_qsl, quote, unquote
 
 from runplane.adapters.local.db import OBJECTS_DIR
-from runplane.adapters.local.paths import check_bucket, key_segments, open_object
+from runplane.adapters.local.paths import (
+    PARTIAL_DIR,
+    check_bucket,
+    descend,
+    key_segments,
+    objects_dir,
+    open_dir,
+    open_file,
+    open_object,
+)
 from runplane.domain.errors import BadRequest, RunplaneError
 
-__all__ = ["MAX_URL_SECONDS", "PATH_PREFIX", "ObjectAnswer", "serve", "sign", "url_key"]
+__all__ = ["MAX_URL_SECONDS", "PATH_PREFIX", "ObjectAnswer", "serve", "sign", "sign_put", "url_key"]
 
 MAX_URL_SECONDS = 7 * 24 * 3600
 """The longest a signed URL lasts, as on S3."""
@@ -33,6 +51,10 @@ _URL_KEY_LABEL = b"runplane object URLs v1"
 other message the secret signs does (ids derived from an Idempotency-Key)."""
 _SIGNATURE = re.compile(r"[0-9a-f]{64}")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+MD5_PATTERN = re.compile(r"[A-Za-z0-9+/]{22}==")
+"""The base64 of an MD5 digest, as ``Content-MD5`` holds it."""
+_CHUNK = 1024 * 1024
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _EVERY_ANSWER = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
 
 
@@ -45,6 +67,14 @@ def sign(key: bytes, bucket: str, object_key: str, expires: int) -> str:
     """The signature (hex) of a GET of ``bucket``/``object_key`` until ``expires`` (unix time).
     The bucket and the expiry hold no newline, so the message reads one way only."""
     message = f"GET\n{bucket}\n{expires}\n{object_key}".encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def sign_put(key: bytes, bucket: str, object_key: str, expires: int, size: int, md5: str) -> str:
+    """The signature (hex) of a PUT of ``size`` bytes whose MD5 is ``md5`` (base64, which holds
+    no newline) to ``bucket``/``object_key`` until ``expires``. It starts with another method than
+    a GET's: neither signature stands for the other."""
+    message = f"PUT\n{bucket}\n{expires}\n{size}\n{md5}\n{object_key}".encode()
     return hmac.new(key, message, hashlib.sha256).hexdigest()
 
 
@@ -67,14 +97,19 @@ def serve(
     path: str,
     query: str,
     clock: Callable[[], float] = time.time,
+    headers: Mapping[str, str] | None = None,
+    body: BinaryIO | None = None,
 ) -> ObjectAnswer:
     """The answer to ``method`` of ``path`` (starting with ``PATH_PREFIX``) and ``query``, both
     still percent-encoded, for the stack whose state directory is ``root`` and whose secret is
     ``secret()``: the object, as an attachment, for a URL ``FileObjectStore.url`` signed that has
-    not expired; 405 for a method other than GET or HEAD; 403 for a URL altered, unsigned or
-    expired; 404 for an object that is not there (or a key that could not be one)."""
+    not expired; 405 for a method other than GET, HEAD or PUT; 403 for a URL altered, unsigned or
+    expired; 404 for an object that is not there (or a key that could not be one). A PUT (``put``)
+    reads its body from ``body``."""
+    if method == "PUT":
+        return _put(root, secret, path, query, clock, {k.lower(): v for k, v in (headers or {}).items()}, body)
     if method not in ("GET", "HEAD"):
-        return _refused(405, "method_not_allowed", "object URLs answer GET and HEAD only", Allow="GET, HEAD")
+        return _refused(405, "method_not_allowed", "object URLs answer GET, HEAD and PUT", Allow="GET, HEAD, PUT")
     parsed = _parse(path, query)
     if parsed is None:
         return _refused(403, "forbidden", "not an object URL this stack signed")
@@ -138,3 +173,104 @@ def _refused(status: int, code: str, message: str, **headers: str) -> ObjectAnsw
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     every = {"Content-Type": "application/json", "Content-Length": str(len(body)), **_EVERY_ANSWER}
     return ObjectAnswer(status, {**every, **headers}, body)
+
+
+def _put(
+    root: Path,
+    secret: Callable[[], bytes],
+    path: str,
+    query: str,
+    clock: Callable[[], float],
+    headers: dict[str, str],
+    body: BinaryIO | None,
+) -> ObjectAnswer:
+    """The answer to a PUT of a signed URL: 200 once the object holds the body (or already held
+    these very bytes); 403 for a URL altered, unsigned, expired, or a size or MD5 declared other
+    than the signed ones; 400 for a body whose length or MD5 is not what was declared; 409 where
+    an object of other content is; 404 where no object can be (no bucket, a key outside the tree)."""
+    parsed = _parse(path, query)
+    if parsed is None:
+        return _refused(403, "forbidden", "not an object URL this stack signed")
+    bucket, key, expires, signature = parsed
+    md5, length = headers.get("content-md5", ""), headers.get("content-length", "")
+    if not MD5_PATTERN.fullmatch(md5):
+        return _refused(400, "bad_request", "Content-MD5 (the base64 of the MD5 of the body) is required")
+    if "chunked" in headers.get("transfer-encoding", "").lower() or not (
+        length.isascii() and length.isdigit() and len(length) <= 15
+    ):
+        return _refused(411, "length_required", "a PUT gives its Content-Length (not chunked)")
+    size = int(length)
+    try:
+        expected = sign_put(url_key(secret()), bucket, key, expires, size, md5)
+    except RunplaneError:
+        return _refused(503, "unavailable", "cannot check the URL now; try again", **{"Retry-After": "1"})
+    if not hmac.compare_digest(expected, signature):
+        return _refused(403, "forbidden", "the URL's signature does not match it, its Content-Length or Content-MD5")
+    if expires < clock():
+        return _refused(403, "forbidden", "the URL has expired")
+    try:
+        check_bucket(bucket)
+        names = key_segments(key)
+    except BadRequest:
+        return _refused(404, "not_found", "no such bucket or key")
+    return _receive(root, bucket, names, body, size, base64.b64decode(md5))
+
+
+def _receive(root: Path, bucket: str, names: list[str], body: BinaryIO | None, size: int, md5: bytes) -> ObjectAnswer:
+    """Write ``size`` bytes of ``body`` to a file of its own, and link it at ``names`` of
+    ``bucket`` when their MD5 is ``md5`` and no other object is there."""
+    with contextlib.ExitStack() as on:
+        try:
+            top = on.enter_context(objects_dir(root))
+            bucket_fd = open_dir(top, bucket)
+            on.callback(os.close, bucket_fd)
+            partial = open_dir(top, PARTIAL_DIR, create=True)
+            on.callback(os.close, partial)
+            directory = on.enter_context(descend(bucket_fd, names[:-1], create=True))
+        except OSError:  # no bucket, or a link or an object where a folder is
+            return _refused(404, "not_found", "no object can be stored at this key")
+        temp = random.token_hex(12)
+        digest = hashlib.md5(usedforsecurity=False)
+        received = 0
+        try:
+            with os.fdopen(os.open(temp, _WRITE_FLAGS, 0o600, dir_fd=partial), "wb") as f:
+                while received < size and body is not None:
+                    chunk = body.read(min(_CHUNK, size - received))
+                    if not chunk:
+                        break
+                    received += len(chunk)
+                    digest.update(chunk)
+                    f.write(chunk)
+            if received != size:
+                return _refused(400, "incomplete_body", f"the body ended after {received} of {size} bytes")
+            if not hmac.compare_digest(digest.digest(), md5):
+                return _refused(400, "bad_digest", "the MD5 of the body is not its Content-MD5")
+            try:
+                os.link(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory, follow_symlinks=False)
+            except FileExistsError:
+                if not _holds(directory, names[-1], size, md5):
+                    return _refused(409, "conflict", "an object of other content is at this key")
+            except OSError as e:
+                if e.errno in (errno.EISDIR, errno.EPERM):
+                    return _refused(409, "conflict", "objects are stored under this key, as in a folder")
+                raise
+        except OSError:
+            return _refused(503, "unavailable", "the object could not be stored; try again", **{"Retry-After": "1"})
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temp, dir_fd=partial)
+    return ObjectAnswer(200, {"Content-Length": "0", **_EVERY_ANSWER})
+
+
+def _holds(directory: int, name: str, size: int, md5: bytes) -> bool:
+    """Whether the object ``name`` of ``directory`` is ``size`` bytes whose MD5 is ``md5``."""
+    try:
+        with open_file(directory, name) as f:
+            if os.fstat(f.fileno()).st_size != size:
+                return False
+            digest = hashlib.md5(usedforsecurity=False)
+            while chunk := f.read(_CHUNK):
+                digest.update(chunk)
+            return digest.digest() == md5
+    except OSError:
+        return False
