@@ -86,6 +86,8 @@ function resources(run) {
 function sourceLink(source) {
   const m = /^run:([^/]+)(.*)$/.exec(source);
   if (m) return h("span", {}, runLink(m[1], `run:${m[1]}`), m[2]);
+  const up = /^upload:([0-9a-f]{64})$/.exec(source);
+  if (up) return h("span", { title: source }, "upload ", h("code", {}, `${up[1].slice(0, 12)}…`), ", read-only");
   const href = safeHref(source);
   return href ? h("a", { href, rel: "noreferrer" }, source) : h("code", {}, source);
 }
@@ -294,6 +296,7 @@ export function runPage(main, runId, session) {
       ["Exit code", run.exit_code ?? "–"],
       ["Image", run.spec.image || "pool default"],
       ["Command", h("code", {}, run.spec.command)],
+      ["Working directory", run.spec.workdir ? h("code", {}, run.spec.workdir) : "image default"],
       ["Created", when(run.created_at)],
       ["Started", when(run.started_at)],
       ["Finished", when(run.finished_at)],

@@ -621,6 +621,22 @@ def test_the_secrets_page_lists_names_and_no_page_holds_a_value(tab, alice):
         alice.request("DELETE", f"/v1/secrets/{ref}")
 
 
+def test_a_run_page_shows_its_upload_inputs_and_working_directory(tab, alice, tmp_path):
+    (tmp_path / "train.py").write_text(f"print({uuid.uuid4().hex!r})\n")
+    run = alice.submit("true", queue="parked", uploads={"code": tmp_path}, workdir="/inputs/code")
+    try:
+        sha = run.view.spec.inputs["code"].removeprefix("upload:")
+        t = tab()
+        t.sign_in("alice-token", f"/runs/{run.id}")
+        facts = t.page.locator("dl.facts")
+        expect(facts).to_contain_text("Working directory/inputs/code")
+        expect(t.page.locator("section[aria-labelledby=h-in] li")).to_have_text(
+            [f"code ← upload {sha[:12]}…, read-only"]
+        )
+    finally:
+        run.kill()
+
+
 def test_the_workers_table_says_which_image_a_starting_worker_pulls_and_how_far(tab, devstack):
     """The worker's item as a prefetching agent writes it (worker_agent/prefetch.py), in the pool that
     never gets a worker, so that no run waits on it."""
