@@ -2,12 +2,13 @@
 (the CLI, a run in Docker on the embedded stack), and the SDK's uploads on the stacks of the
 clouds (the signed PUT of S3 and of Blob storage)."""
 
+import asyncio
 import uuid
 
 import pytest
 
-from runplane.client import NotFound
-from tests.e2e.test_cli import cli
+from runplane.client import AsyncClient, NotFound
+from tests.e2e.test_cli import cli, one_error_line
 
 PYTHON_IMAGE = "runplane/python-base:bookworm"
 """An image with python3 (built by scripts/build-agent-image.sh, the agent's base)."""
@@ -72,3 +73,31 @@ def test_the_sdk_sends_an_upload_once_and_a_run_names_it(alice, tmp_path):
         sweep.kill()
     with pytest.raises(NotFound, match=f"upload {'0' * 64} not found"):
         alice.submit("true", queue="parked", inputs={"code": "upload:" + "0" * 64})
+
+
+def test_async_uploads_send_once_through_the_embedded_stacks_signed_url(devstack, tmp_path):
+    proj = project(tmp_path / "proj")
+    (proj / "salt.txt").write_text(uuid.uuid4().hex)
+    seen: list[tuple[int, int | None]] = []
+
+    async def main():
+        async with AsyncClient(devstack.api_url, "alice-token") as client:
+            first = await client.upload(proj, progress=lambda sent, total: seen.append((sent, total)))
+            again = await client.upload(proj)
+            run = await client.submit("true", queue="parked", uploads={"code": proj}, workdir="/inputs/code")
+            await run.kill()
+            return first, again, run
+
+    first, again, run = asyncio.run(main())
+    assert first.sent and not again.sent and again.source == first.source
+    assert seen and seen[-1] == (first.size, first.size)
+    assert run.view.spec.inputs == {"code": first.source}
+
+
+def test_a_directory_that_cannot_be_packed_is_one_error_line_and_sends_nothing(devstack, tmp_path):
+    proj = project(tmp_path / "proj")
+    (proj / "escape").symlink_to(tmp_path)
+    proc = cli(devstack, "run", "--upload", str(proj), "--", "true", cwd=tmp_path, home=tmp_path)
+    line = one_error_line(proc, 2)
+    assert "escape is a symlink to" in line and "outside" in line, line
+    assert proc.stdout == ""  # no run id: nothing was submitted
