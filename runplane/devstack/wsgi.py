@@ -18,11 +18,13 @@ from urllib.parse import quote
 from cheroot import wsgi
 from cheroot.errors import FatalSSLAlert, MaxSizeExceeded
 from cheroot.makefile import StreamReader, StreamWriter
-from cheroot.server import HTTPConnection, HTTPRequest
+from cheroot.server import ChunkedRFile, HTTPConnection, HTTPRequest, KnownLengthRFile
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
+from runplane.adapters.local.object_urls import PATH_PREFIX
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.front import MAX_REQUEST
+from runplane.domain.uploads import PUT_URL_SECONDS
 from runplane.services.watch import MAX_WAITING
 
 __all__ = ["THREADS", "ProductionFront"]
@@ -38,6 +40,9 @@ HEAD_SECONDS = 10
 from when a thread takes it up: a client trickling its headers holds a thread no longer."""
 BODY_SECONDS = 60
 """Seconds a client has to send a request's body (at most MAX_REQUEST) after its headers."""
+PUT_BODY_SECONDS = PUT_URL_SECONDS
+"""Seconds a client has to send the body of an object's PUT (as large as the size its URL was
+signed for: an upload, of up to the stack's ``max_upload_bytes``)."""
 MAX_HEADERS = 64 * 1024
 """Bytes of a request's line and headers; past it, 414 (the line) or 413 (the headers)."""
 CHUNK = 256 * 1024
@@ -49,7 +54,9 @@ StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 class ProductionFront:
     """The stack's front on ``address`` for production, as the dev front (``front.FrontServer``)
     is for development: every request, whatever its method, goes to ``cloud.http``; a body over
-    MAX_REQUEST is refused with 413 (by Content-Length or chunked).
+    MAX_REQUEST is refused with 413 (by Content-Length or chunked), but for the PUT of a signed
+    object URL (``object_urls``), whose body, of the size the URL was signed for, is handed on to
+    be stored as it is read (within PUT_BODY_SECONDS).
 
     Why cheroot: it is a threaded HTTP/1.1 server in pure Python with TLS built in (no compiler,
     no proxy needed in front), production-proven (CherryPy's server), and it serves every request
@@ -71,7 +78,7 @@ class ProductionFront:
         self._server = wsgi.Server(
             address, self._app, numthreads=THREADS, timeout=SOCKET_TIMEOUT, server_name="runplane", shutdown_timeout=2
         )
-        self._server.max_request_body_size = MAX_REQUEST
+        self._server.max_request_body_size = 0  # _Request holds each body to its own limit
         self._server.max_request_header_size = MAX_HEADERS
         self._server.ConnectionClass = _Connection
         if tls_cert is not None and tls_key is not None:
@@ -101,9 +108,13 @@ class ProductionFront:
         for key, name in (("CONTENT_TYPE", "Content-Type"), ("CONTENT_LENGTH", "Content-Length")):
             if environ.get(key):
                 headers[name] = str(environ[key])
+        stream: BinaryIO | None = None
         try:
-            # the length is checked (_Request) before the body is read; a chunked body stops at the limit
-            body = environ["wsgi.input"].read(MAX_REQUEST + 1)
+            if _streamed(environ["REQUEST_METHOD"], path):  # read as it is stored, to its Content-Length
+                stream, body = environ["wsgi.input"], b""
+            else:
+                # the length is checked (_Request) before the body is read; a chunked body stops at the limit
+                body = environ["wsgi.input"].read(MAX_REQUEST + 1)
             if len(body) > MAX_REQUEST:
                 return _error(start_response, 413, "payload_too_large", "request body too large")
         except (MaxSizeExceeded, OSError) as e:
@@ -121,6 +132,7 @@ class ProductionFront:
             body=body,
             client_ip=str(environ.get("REMOTE_ADDR") or ""),
             host=headers.get("Host") or f"127.0.0.1:{port}",
+            stream=stream,
         )
         return _answer(start_response, self.cloud.http(request), head=request.method == "HEAD")
 
@@ -250,7 +262,13 @@ class _Request(HTTPRequest):
         raw: _TimedIO = self.conn.rfile.raw
         raw.deadline = time.monotonic() + HEAD_SECONDS
         super().parse_request()
-        raw.deadline = time.monotonic() + BODY_SECONDS
+        raw.deadline = time.monotonic() + (PUT_BODY_SECONDS if self._streamed() else BODY_SECONDS)
+
+    def _streamed(self) -> bool:
+        method, path = getattr(self, "method", None), getattr(self, "path", None)
+        if not isinstance(method, bytes) or not isinstance(path, bytes):
+            return False
+        return _streamed(method.decode("latin-1"), path.decode("latin-1"))
 
     def read_request_headers(self) -> bool:
         if not super().read_request_headers():  # type: ignore[no-untyped-call]
@@ -259,7 +277,27 @@ class _Request(HTTPRequest):
         if length is not None and not (length.isdigit() and len(length) <= 12):
             self.simple_response("400 Bad Request", "Content-Length is not a number of bytes")
             return False
+        if length is not None and int(length) > MAX_REQUEST and not self._streamed():
+            self.simple_response("413 Request Entity Too Large", "request body too large")
+            return False
         return True
+
+    def respond(self) -> None:
+        """cheroot's, reading a chunked body to MAX_REQUEST at most (an object's PUT gives its length)."""
+        if self.chunked_read:
+            self.rfile = ChunkedRFile(self.conn.rfile, 0 if self._streamed() else MAX_REQUEST)
+        else:
+            self.rfile = KnownLengthRFile(self.conn.rfile, int(self.inheaders.get(b"Content-Length", 0)))
+        self.server.gateway(self).respond()
+        if self.ready:
+            self.ensure_headers_sent()
+        if self.chunked_write:
+            self.conn.wfile.write(b"0\r\n\r\n")
+
+
+def _streamed(method: str, path: str) -> bool:
+    """Whether a request's body is handed on unread: the PUT of an object URL."""
+    return method == "PUT" and path.startswith(PATH_PREFIX)
 
 
 class _Connection(HTTPConnection):

@@ -7,9 +7,12 @@ their headers."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
+import hashlib
 import ipaddress
+import secrets
 import select
 import socket
 import ssl
@@ -24,10 +27,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from runplane.bootstrap import build_stack
 from runplane.devstack.front import MAX_REQUEST
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, free_port
 from runplane.devstack.wsgi import HEAD_SECONDS, MAX_HEADERS
+from runplane.settings import StackSettings
 
 POOLS = """pools:
   - {name: default, backend: local, cpus: 1, memory: 1g, disk: 1g, max_workers: 0, default_image: busybox}
@@ -186,3 +191,19 @@ def test_clients_trickling_their_headers_are_dropped_and_meanwhile_others_are_an
     finally:
         for tls in slow:
             tls.close()
+
+
+def test_a_signed_put_past_the_request_limit_is_stored_as_it_is_read(served):
+    stack, cert = served
+    config = stack.config
+    settings = StackSettings(
+        cloud="local", state_dir=str(config.state_dir), public_url=stack.api_url, pools=config.pools_file
+    )
+    objects = build_stack(settings).objects
+    data = secrets.token_bytes(MAX_REQUEST + 1024 * 1024)
+    md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
+    url, headers = objects.put_url("uploads/alice/" + "c" * 64, len(data), md5)
+    assert httpx.put(url, content=data, headers=headers, verify=str(cert)).status_code == 200
+    assert objects.get_bytes("uploads/alice/" + "c" * 64) == data
+    answer = httpx.put(url.replace("alice", "bobby"), content=data, headers=headers, verify=str(cert))
+    assert answer.status_code == 403 and objects.head("uploads/bobby/" + "c" * 64) is None

@@ -17,6 +17,7 @@ import pytest
 
 from runplane.adapters.local.files import FileObjectStore
 from runplane.adapters.local.object_urls import sign_put, url_key
+from runplane.devstack.front import MAX_REQUEST
 from tests.object_front import objects_front
 
 BUCKET = "rp-data"
@@ -139,3 +140,10 @@ def test_a_put_never_leaves_the_objects_directory(store, tmp_path):
         assert status == 404, key
     assert list(outside.iterdir()) == []
     assert not (tmp_path / "x").exists() and not (tmp_path / "state" / "x").exists()
+
+
+def test_a_put_larger_than_any_other_request_is_stored(store):
+    data = secrets.token_bytes(MAX_REQUEST + 1024 * 1024)
+    url, headers = store.put_url(KEY, len(data), md5(data))
+    assert put(url, data, headers)[0] == 200
+    assert store.get_bytes(KEY) == data
