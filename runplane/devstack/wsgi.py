@@ -283,7 +283,10 @@ class _Request(HTTPRequest):
         return True
 
     def respond(self) -> None:
-        """cheroot's, reading a chunked body to MAX_REQUEST at most (an object's PUT gives its length)."""
+        """cheroot's, reading a chunked body to MAX_REQUEST at most (an object's PUT gives its length);
+        the connection of an object's PUT ends with it (a refused one leaves its body unread)."""
+        if self._streamed():
+            self.close_connection = True
         if self.chunked_read:
             self.rfile = ChunkedRFile(self.conn.rfile, 0 if self._streamed() else MAX_REQUEST)
         else:
