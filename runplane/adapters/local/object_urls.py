@@ -17,6 +17,7 @@ import errno
 import hashlib
 import hmac
 import json
+import logging
 import os
 import re
 import secrets as random
@@ -46,6 +47,7 @@ MAX_URL_SECONDS = 7 * 24 * 3600
 """The longest a signed URL lasts, as on S3."""
 PATH_PREFIX = f"/{OBJECTS_DIR}/"
 """The paths of the front that ``serve`` answers."""
+log = logging.getLogger(__name__)
 _URL_KEY_LABEL = b"runplane object URLs v1"
 """What the stack's secret signs to make the key of object URLs. It holds no NUL, which every
 other message the secret signs does (ids derived from an Idempotency-Key)."""
@@ -254,7 +256,8 @@ def _receive(root: Path, bucket: str, names: list[str], body: BinaryIO | None, s
                 if e.errno in (errno.EISDIR, errno.EPERM):
                     return _refused(409, "conflict", "objects are stored under this key, as in a folder")
                 raise
-        except OSError:
+        except OSError as e:  # the disk is full, or the tree is broken: its text names paths, for our log only
+            log.warning("PUT of %s in bucket %s failed: %s", "/".join(names), bucket, e)
             return _refused(503, "unavailable", "the object could not be stored; try again", **{"Retry-After": "1"})
         finally:
             with contextlib.suppress(OSError):
