@@ -44,7 +44,7 @@ class RunOptions(TypedDict, total=False):
     labels: Mapping[str, str] | None
     secrets: Mapping[str, str] | None  # ENV: a secret's reference ("name" or "group/name"), never a value
     image_pull_secret: str | None
-    workdir: str | None  # the container's working directory, e.g. "/inputs/code"; default: the image's
+    workdir: str | None  # the container's working directory, e.g. "/inputs/code"; default: its output directory
 
 
 SHORTCUTS = tuple(Resources.model_fields)

@@ -250,7 +250,7 @@ class RunSpec(Record):
         max_length=MAX_WORKDIR,
         pattern=WORKDIR_PATTERN,
         description="the container's working directory, an absolute path without '..' (e.g. /inputs/code, "
-        "where an upload named code is); default: the image's",
+        "where an upload named code is); default: the run's output directory, /runplane/output",
         examples=["/inputs/code"],
     )
 
