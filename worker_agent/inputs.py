@@ -5,12 +5,16 @@ Layout under the cache root::
     <key>/content      the file or directory, complete and never changed once there
     <key>/done         written last: the entry is complete
     <key>/users/<id>   one file per run using the entry (never evicted while any exist)
+    <key>/owners/<h>   an upload's: one file per owner whose own archive matched it
     <key>.lock         flock'ed while the entry is downloaded, evicted or its users change
 
 An input downloads once, whoever asks first: the others wait on the lock and then find it
-done. An upload (``upload:<sha256>``) is keyed by its SHA-256 alone (``upload-<sha256>``): its
+done. An upload (``upload:<sha256>``) is keyed by its SHA-256 (``upload-<sha256>``): its
 archive is checked against it and unpacked (``unpack.py``) as ``content``, the bytes it unpacked
-to in ``<key>/size``. Entries are evicted least-recently-used first when the cache grows over its limit.
+to in ``<key>/size``. Its owners are marked in ``<key>/owners/``: an owner is marked only once
+their own archive was downloaded and matched the SHA-256, and uses the entry only then (the
+store checks only the MD5 of what someone sends: a SHA-256 another user's run made known is no
+key to their tree). Entries are evicted least-recently-used first when the cache grows over its limit.
 """
 
 from __future__ import annotations
@@ -175,12 +179,14 @@ class InputCache:
         downloaded = False
         size = resolved.size
         with _locked(self.root / f"{key}.lock"):
-            if not (entry / "done").exists():
+            done = (entry / "done").exists()
+            if not done:
                 shutil.rmtree(entry, ignore_errors=True)
-                if sha:
-                    self._download_upload(resolved, entry, source, sha, max_bytes)
-                else:
-                    self._download(resolved, entry, source, max_bytes)
+            if sha and not (done and _owner_mark(entry, owner).exists()):
+                self._download_upload(resolved, entry, source, sha, max_bytes, owner)
+                downloaded = True
+            elif not done:
+                self._download(resolved, entry, source, max_bytes)
                 downloaded = True
             if sha:
                 size = _unpacked_size(entry)
@@ -191,9 +197,14 @@ class InputCache:
             os.utime(entry / "done")  # the LRU clock
         return Fetched(entry / "content", key, downloaded, size)
 
-    def _download_upload(self, resolved: Resolved, entry: Path, source: str, sha: str, max_bytes: int | None) -> None:
-        """The archive, its SHA-256 checked, unpacked into ``entry``'s content: at most
-        ``max_bytes`` (what the run's disk has left) and the stack's unpacked limit."""
+    def _download_upload(
+        self, resolved: Resolved, entry: Path, source: str, sha: str, max_bytes: int | None, owner: str
+    ) -> None:
+        """``owner``'s archive, its SHA-256 checked, unpacked into ``entry``'s content: at most
+        ``max_bytes`` (what the run's disk has left) and the stack's unpacked limit; ``owner``
+        marked in the entry as one who may use it. An entry complete already (unpacked from
+        another owner's archive of the same SHA-256) is not unpacked again: the owner is marked
+        once their own archive matched it (the store checked only the MD5 of what they sent)."""
         tmp = self.root / f".partial-{uuid.uuid4().hex}"
         limit = self.max_unpacked_bytes if max_bytes is None else min(max_bytes, self.max_unpacked_bytes)
         try:
@@ -202,8 +213,12 @@ class InputCache:
             resolved.store.download_file(resolved.prefix, archive, max_bytes)
             if _sha256(archive) != sha:
                 raise InputUnavailable(f"{source}: the archive stored does not match its SHA-256")
+            if (entry / "done").exists():
+                _mark_owner(entry, owner)
+                return
             size = unpack(archive, tmp / "content", max_bytes=limit, max_files=MAX_UNPACKED_FILES)
             archive.unlink()
+            _mark_owner(tmp, owner)
             (tmp / "size").write_text(str(size))
             (tmp / "done").write_text(source)
             tmp.rename(entry)
@@ -297,6 +312,17 @@ def _sha256(path: Path) -> str:
         while block := handle.read(1024 * 1024):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _owner_mark(entry: Path, owner: str) -> Path:
+    """The file that says ``owner``'s own archive matched an upload entry (their name hashed)."""
+    return entry / "owners" / hashlib.sha256(owner.encode()).hexdigest()[:32]
+
+
+def _mark_owner(entry: Path, owner: str) -> None:
+    mark = _owner_mark(entry, owner)
+    mark.parent.mkdir(exist_ok=True)
+    mark.touch()
 
 
 def _unpacked_size(entry: Path) -> int:

@@ -95,3 +95,21 @@ def test_an_upload_unpacks_within_the_stacks_limit_and_the_runs_disk(local_stack
     assert roomy.fetch(f"upload:{sha}", "u1", owner="alice").size == 50_000
     with pytest.raises(InputUnavailable, match=r"unpacks to 48\.8k, more than the 39\.1k"):  # cached, still too large
         roomy.fetch(f"upload:{sha}", "u2", owner="alice", max_bytes=40_000)
+
+
+def test_a_cached_upload_serves_another_owner_only_once_their_own_archive_matched(local_stack, cache):
+    data = packed({"secret.txt": b"alice's weights"})
+    sha = uploaded(local_stack, "alice", data)
+    first = cache.fetch(f"upload:{sha}", "alice-run", owner="alice")
+    local_stack.objects.put_bytes(upload_key("bob", sha), b"junk whose MD5 the store checked")
+    with pytest.raises(InputUnavailable, match="does not match its SHA-256"):
+        cache.fetch(f"upload:{sha}", "bob-run", owner="bob")
+    assert sorted(p.name for p in (cache.root / first.key / "users").iterdir()) == ["alice-run"]
+    local_stack.objects.put_bytes(upload_key("carol", sha), data)  # the same content, uploaded by her
+    theirs = cache.fetch(f"upload:{sha}", "carol-run", owner="carol")
+    assert (theirs.path, theirs.downloaded, theirs.size) == (
+        first.path,
+        True,
+        first.size,
+    )  # checked, not unpacked again
+    assert cache.fetch(f"upload:{sha}", "carol-run2", owner="carol").downloaded is False
