@@ -56,10 +56,18 @@ def offer(ports: Ports, principal: Principal, sha256: str, size: int, md5: str) 
 
 def check_run(ports: Ports, principal: Principal, spec: RunSpec) -> None:
     """Raise NotFound unless every upload ``spec`` names as an input is one of ``principal``'s
-    (another user's reads exactly like a missing one)."""
+    (another user's reads exactly like a missing one), and PayloadTooLarge for one over
+    ``max_upload_bytes``: a SAS cannot bind the length of what is PUT with it, so this is where
+    the limit holds on Azure."""
+    limit = ports.settings.max_upload_bytes
     for sha in spec.uploads():
-        if ports.objects.head(upload_key(principal.user, sha)) is None:
+        found = ports.objects.head(upload_key(principal.user, sha))
+        if found is None:
             raise NotFound(f"upload {sha} not found")
+        if found.size > limit:  # a store whose URL cannot bind the length (an Azure SAS) took more
+            raise PayloadTooLarge(
+                f"upload {sha} is {found.size} bytes; an upload is at most {limit} bytes (max_upload_bytes)"
+            )
 
 
 def _check_md5(md5: str) -> None:

@@ -37,7 +37,7 @@ from runplane.services import listings, shown_sweeps, watch
         errors.NotFound: "an input or after names a run that does not exist (or another user's), or a secret "
         "that does not exist (or is not the caller's to use), or an upload the caller did not upload",
         errors.Conflict: "the Idempotency-Key was used for another request",
-        errors.PayloadTooLarge: "its largest member's spec is too large",
+        errors.PayloadTooLarge: "its largest member's spec is too large, or an upload named is over max_upload_bytes",
         errors.Unschedulable: "no pool can fit its members, or they wait for a run that ended without success",
         errors.UnknownName: "a queue that is no configured pool",
         errors.NotAllowed: "a bucket they read is not allowed, a group that is not the caller's, too many open sweeps",
