@@ -105,6 +105,7 @@ class InputCache:
         self.store = store
         self.max_bytes = max_bytes
         self.policy = policy or InputPolicy()
+        self.max_upload_bytes = max_upload_bytes
         self.max_unpacked_bytes = max_upload_bytes * MAX_UNPACKED_BYTES_FACTOR
 
     # -- resolving a source ---------------------------------------------------------------
@@ -174,6 +175,10 @@ class InputCache:
         if max_bytes is not None and resolved.size > max_bytes:
             raise InputUnavailable(_too_large(source, f"is {format_bytes(resolved.size)}", max_bytes))
         sha = upload_sha(source)
+        if sha and resolved.size > self.max_upload_bytes:
+            raise InputUnavailable(
+                _too_large_upload(source, f"is {format_bytes(resolved.size)}", self.max_upload_bytes)
+            )
         key = f"upload-{sha}" if sha else hashlib.sha256(f"{source}\n{resolved.version}".encode()).hexdigest()[:32]
         entry = self.root / key
         downloaded = False
@@ -201,16 +206,19 @@ class InputCache:
         self, resolved: Resolved, entry: Path, source: str, sha: str, max_bytes: int | None, owner: str
     ) -> None:
         """``owner``'s archive, its SHA-256 checked, unpacked into ``entry``'s content: at most
-        ``max_bytes`` (what the run's disk has left) and the stack's unpacked limit; ``owner``
+        ``max_bytes`` (what the run's disk has left) and the stack's unpacked limit, its download
+        stopped past ``max_bytes`` and the stack's ``max_upload_bytes`` (Azure's SAS cannot bind
+        the length of a PUT: the object may be larger than its upload said); ``owner``
         marked in the entry as one who may use it. An entry complete already (unpacked from
         another owner's archive of the same SHA-256) is not unpacked again: the owner is marked
         once their own archive matched it (the store checked only the MD5 of what they sent)."""
         tmp = self.root / f".partial-{uuid.uuid4().hex}"
         limit = self.max_unpacked_bytes if max_bytes is None else min(max_bytes, self.max_unpacked_bytes)
+        fetch_limit = self.max_upload_bytes if max_bytes is None else min(max_bytes, self.max_upload_bytes)
         try:
             tmp.mkdir(parents=True)
             archive = tmp / "archive"
-            resolved.store.download_file(resolved.prefix, archive, max_bytes)
+            resolved.store.download_file(resolved.prefix, archive, fetch_limit)
             if _sha256(archive) != sha:
                 raise InputUnavailable(f"{source}: the archive stored does not match its SHA-256")
             if (entry / "done").exists():
@@ -225,7 +233,9 @@ class InputCache:
         except UnsafeArchive as e:
             raise InputUnavailable(f"{source}: refused: {e.message}") from e
         except PayloadTooLarge as e:
-            raise InputUnavailable(_too_large(source, "grew since it was listed", max_bytes or 0)) from e
+            if max_bytes is not None and max_bytes <= self.max_upload_bytes:
+                raise InputUnavailable(_too_large(source, "grew since it was listed", max_bytes)) from e
+            raise InputUnavailable(_too_large_upload(source, "grew since it was listed", self.max_upload_bytes)) from e
         except InputUnavailable:
             raise
         except RunplaneError as e:
@@ -331,6 +341,10 @@ def _unpacked_size(entry: Path) -> int:
         return int((entry / "size").read_text())
     except (OSError, ValueError):
         return dir_size(entry / "content")
+
+
+def _too_large_upload(source: str, what: str, max_upload_bytes: int) -> str:
+    return f"{source} {what}, more than the {format_bytes(max_upload_bytes)} an upload may be"
 
 
 def _too_large(source: str, what: str, max_bytes: int) -> str:

@@ -4,12 +4,14 @@ keyed by it, and refused (nothing cached, nothing partial left) when hostile or 
 
 import hashlib
 import io
+import os
 import tarfile
 
 import pytest
 
+from runplane.domain.units import format_bytes
 from runplane.domain.uploads import upload_key
-from worker_agent.inputs import InputCache, InputUnavailable
+from worker_agent.inputs import InputCache, InputUnavailable, Resolved
 
 
 def packed(files, extra=()):
@@ -113,3 +115,17 @@ def test_a_cached_upload_serves_another_owner_only_once_their_own_archive_matche
         first.size,
     )  # checked, not unpacked again
     assert cache.fetch(f"upload:{sha}", "carol-run2", owner="carol").downloaded is False
+
+
+def test_an_upload_is_fetched_within_the_stacks_upload_limit_when_the_run_sets_no_disk(local_stack, tmp_path):
+    data = packed({"noise": os.urandom(5_000)})  # barely compresses: unpacks well within 20 x the limit
+    sha = uploaded(local_stack, "alice", data)
+    cache = InputCache(tmp_path / "cache", local_stack.objects, local_stack.store, max_upload_bytes=2_000)
+    with pytest.raises(InputUnavailable) as e:  # refused as the store lists it, before a byte is read
+        cache.fetch(f"upload:{sha}", "u1", owner="alice")
+    assert e.value.message == f"upload:{sha} is {format_bytes(len(data))}, more than the 2000 an upload may be"
+    # one that grew since it was listed (Azure cannot bind the length of a PUT) stops at the limit
+    listed = Resolved(local_stack.objects, upload_key("alice", sha), True, sha, 1_000)
+    with pytest.raises(InputUnavailable, match=r"grew since it was listed, more than the 2000 an upload"):
+        cache._download_upload(listed, cache.root / f"upload-{sha}", f"upload:{sha}", sha, None, "alice")
+    assert cache.entries() == 0
