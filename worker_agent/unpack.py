@@ -14,6 +14,8 @@ itself (``tarfile``'s own extraction, filters included, is not used):
 - at most ``max_files`` members and ``max_bytes`` bytes of files, counted from the headers
   before a byte is written, and the decompressed stream itself stops past what that allows (a
   decompression bomb stops there, whatever its headers say);
+- the headers of a member (a GNU long name or link, pax headers, which ``tarfile`` reads whole
+  into memory) are at most ``MAX_HEADER_BYTES`` in all: the stream stops past them too;
 - files are 0644 (0755 if the archive made them executable), directories 0755: no set-id bits,
   no owner from the archive.
 
@@ -36,6 +38,10 @@ _BLOCK = 1024 * 1024
 _HEADER_ALLOWANCE = 1536
 """Stream bytes per member beyond its content: its header block and padding (pax headers aside)."""
 _STREAM_SLACK = 1024 * 1024
+MAX_HEADER_BYTES = 1024 * 1024
+"""The stream bytes a member's headers (long names and links, pax headers) may take in all."""
+_READ_AHEAD = tarfile.RECORDSIZE
+"""How far ``tarfile``'s stream reads past where it stands."""
 
 
 class UnsafeArchive(RunplaneError):
@@ -43,18 +49,23 @@ class UnsafeArchive(RunplaneError):
 
 
 class _Capped:
-    """A read-only stream that refuses to give more than ``limit`` bytes in all."""
+    """A read-only stream that refuses to give more than ``limit`` bytes in all, nor past
+    ``header_end`` (where the next member's headers must have ended) until it is moved on."""
 
     def __init__(self, raw: gzip.GzipFile, limit: int) -> None:
         self.raw = raw
         self.limit = limit
+        self.header_end = MAX_HEADER_BYTES + _READ_AHEAD
         self.read_bytes = 0
 
     def read(self, size: int = -1) -> bytes:
-        data = self.raw.read(size)
+        allowed = min(self.limit, self.header_end) - self.read_bytes + 1
+        data = self.raw.read(allowed if size < 0 else min(size, allowed))
         self.read_bytes += len(data)
         if self.read_bytes > self.limit:
             raise UnsafeArchive(f"the archive unpacks to more than {self.limit} bytes")
+        if self.read_bytes > self.header_end:
+            raise UnsafeArchive(f"the archive has a header of more than {MAX_HEADER_BYTES} bytes")
         return data
 
 
@@ -86,6 +97,7 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, max_files: int) -> int:
             stream = _Capped(raw, cap)
             with tarfile.open(fileobj=stream, mode="r|") as tar:  # type: ignore[call-overload]
                 for member in tar:
+                    stream.header_end = tar.offset + MAX_HEADER_BYTES + _READ_AHEAD  # the next member's
                     members += 1
                     if members > max_files:
                         raise UnsafeArchive(f"the archive holds more than {max_files} entries")

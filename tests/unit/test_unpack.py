@@ -6,10 +6,11 @@ import io
 import os
 import stat
 import tarfile
+import tracemalloc
 
 import pytest
 
-from worker_agent.unpack import UnsafeArchive, unpack
+from worker_agent.unpack import MAX_HEADER_BYTES, UnsafeArchive, unpack
 
 LIMITS = {"max_bytes": 1024 * 1024, "max_files": 100}
 
@@ -142,6 +143,43 @@ def test_a_bomb_in_its_headers_stops_in_the_stream(place):
         tar.addfile(info, data)
     with pytest.raises(UnsafeArchive, match="the archive unpacks to more than"):
         unpack(src, dest, max_bytes=1024, max_files=2)
+    assert everything_under(dest) == []
+
+
+class _Filler:
+    """``size`` bytes of one letter, read as a file (never all in memory at once)."""
+
+    def __init__(self, size):
+        self.left = size
+
+    def read(self, n=-1):
+        n = self.left if n < 0 else min(n, self.left)
+        self.left -= n
+        return b"a" * n
+
+
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE])
+def test_a_header_claiming_megabytes_is_refused_before_it_is_read_into_memory(place, kind):
+    """A long name, long link or pax header is read whole into memory by tarfile: one claiming
+    64 MiB, in a small archive within generous limits, is refused once past MAX_HEADER_BYTES."""
+    tmp, dest = place
+    src = tmp / "header.tgz"
+    with (
+        gzip.open(src, "wb", compresslevel=1) as raw,
+        tarfile.open(fileobj=raw, mode="w|", format=tarfile.GNU_FORMAT) as tar,
+    ):
+        info = tarfile.TarInfo("././@LongLink")
+        info.type, info.size = kind, 64 * 1024 * 1024
+        tar.addfile(info, _Filler(info.size))
+    assert src.stat().st_size < 1024 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnsafeArchive, match="a header of more than"):
+            unpack(src, dest, max_bytes=2 * 1024**3, max_files=100_000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * MAX_HEADER_BYTES  # not the 64 MiB (twice over) the header claimed
     assert everything_under(dest) == []
 
 
