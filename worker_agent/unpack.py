@@ -101,7 +101,13 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, max_files: int) -> int:
                     members += 1
                     if members > max_files:
                         raise UnsafeArchive(f"the archive holds more than {max_files} entries")
-                    total += _member(tar, member, root, files, max_bytes - total)
+                    try:
+                        total += _member(tar, member, root, files, max_bytes - total)
+                    except gzip.BadGzipFile:
+                        raise
+                    except (OSError, RuntimeError) as e:  # RuntimeError: a loop of links (Path.resolve)
+                        why = e.strerror if isinstance(e, OSError) and e.strerror else "a loop of links"
+                        raise UnsafeArchive(f"the archive's {member.name!r} cannot be unpacked: {why}") from e
         _check_links(root)
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise UnsafeArchive(f"not a gzip'd tar archive: {e}") from e
@@ -180,6 +186,12 @@ def _check_links(root: Path) -> None:
     for dirpath, dirnames, filenames in os.walk(root):
         for name in (*dirnames, *filenames):
             path = Path(dirpath) / name
-            if stat.S_ISLNK(path.lstat().st_mode) and not _inside(root, path.resolve()):
-                rel = path.relative_to(root)
+            if not stat.S_ISLNK(path.lstat().st_mode):
+                continue
+            rel = path.relative_to(root)
+            try:
+                resolved = path.resolve()
+            except (OSError, RuntimeError) as e:  # RuntimeError: a loop of links
+                raise UnsafeArchive(f"the archive's link {str(rel)!r} loops or cannot be resolved") from e
+            if not _inside(root, resolved):
                 raise UnsafeArchive(f"the archive's link {str(rel)!r} points out of the directory")

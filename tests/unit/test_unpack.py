@@ -146,6 +146,26 @@ def test_a_bomb_in_its_headers_stops_in_the_stream(place):
     assert everything_under(dest) == []
 
 
+def test_a_loop_of_links_is_refused_naming_the_link_not_a_host_path(place):
+    tmp, dest = place
+    src = archive(
+        tmp / "loop.tgz", member("a", tarfile.SYMTYPE, linkname="b"), member("b", tarfile.SYMTYPE, linkname="a")
+    )
+    with pytest.raises(UnsafeArchive) as e:
+        unpack(src, dest, **LIMITS)
+    assert e.value.message in {f"the archive's link {n!r} loops or cannot be resolved" for n in "ab"}
+
+
+def test_a_file_under_a_dangling_link_is_refused_naming_the_member_not_a_host_path(place):
+    tmp, dest = place
+    src = archive(tmp / "dangling.tgz", member("a", tarfile.SYMTYPE, linkname="x"), member("a/b/c", data=b"c"))
+    with pytest.raises(UnsafeArchive) as e:
+        unpack(src, dest, **LIMITS)
+    assert e.value.message.startswith("the archive's 'a/b/c' cannot be unpacked: ")
+    assert str(tmp) not in e.value.message
+    assert everything_under(dest) == ["a"] and (tmp / "outside.txt").read_text() == "untouched"
+
+
 class _Filler:
     """``size`` bytes of one letter, read as a file (never all in memory at once)."""
 
