@@ -9,18 +9,20 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from runplane.adapters.local.object_urls import serve
+from runplane.adapters.local.object_urls import PUT_LIMITS, PutLimits, serve
 from runplane.devstack.cloud import FrontRequest, FrontResponse
 from runplane.devstack.front import FrontServer
 
 
 class ObjectsOnly:
     """What the front calls of a cloud, answering object URLs alone. ``secret``: the stack's
-    secret, which a test sets once its token store exists."""
+    secret, which a test sets once its token store exists; ``limits``: what a PUT keeps to,
+    which a test may make tighter."""
 
     def __init__(self, root: Path, secret: Callable[[], bytes] | None = None) -> None:
         self.root = root
         self.secret = secret or (lambda: b"")
+        self.limits: PutLimits = PUT_LIMITS
 
     def http(self, request: FrontRequest) -> FrontResponse:
         answer = serve(
@@ -31,6 +33,7 @@ class ObjectsOnly:
             request.query,
             headers=request.headers,
             body=request.stream,
+            limits=self.limits,
         )
         return FrontResponse(answer.status, answer.headers, answer.body, answer.file)
 

@@ -12,7 +12,7 @@ import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 from urllib.parse import quote
 
 from cheroot import wsgi
@@ -111,7 +111,7 @@ class ProductionFront:
         stream: BinaryIO | None = None
         try:
             if _streamed(environ["REQUEST_METHOD"], path):  # read as it is stored, to its Content-Length
-                stream, body = environ["wsgi.input"], b""
+                stream, body = cast(BinaryIO, _Arrived(environ["wsgi.input"])), b""
             else:
                 # the length is checked (_Request) before the body is read; a chunked body stops at the limit
                 body = environ["wsgi.input"].read(MAX_REQUEST + 1)
@@ -185,6 +185,30 @@ class _Chunks:
 
     def close(self) -> None:
         self.file.close()
+
+
+class _Arrived:
+    """The body of an object's PUT (cheroot's KnownLengthRFile), read as it arrives (``read1``)
+    up to its Content-Length, so that the store can tell a body that trickles between reads."""
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+
+    def read1(self, size: int) -> bytes:
+        remaining, read1 = (
+            getattr(self.body, "remaining", None),
+            getattr(getattr(self.body, "rfile", None), "read1", None),
+        )
+        if not isinstance(self.body, KnownLengthRFile) or not callable(read1):  # cheroot's buffered reader has it
+            return bytes(self.body.read(size))
+        if not isinstance(remaining, int) or remaining <= 0:
+            return b""
+        data = bytes(read1(min(size, remaining)))
+        self.body.remaining = remaining - len(data)
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        return bytes(self.body.read(None if size < 0 else size))
 
 
 class _TimedIO(socket.SocketIO):

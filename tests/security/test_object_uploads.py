@@ -11,12 +11,15 @@ import hashlib
 import http.client
 import os
 import secrets
+import threading
+import time
+from dataclasses import replace
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from runplane.adapters.local.files import FileObjectStore
-from runplane.adapters.local.object_urls import sign_put, url_key
+from runplane.adapters.local.object_urls import PUT_LIMITS, sign_put, url_key
 from runplane.devstack.front import MAX_REQUEST
 from tests.object_front import objects_front
 
@@ -30,11 +33,17 @@ def md5(data: bytes) -> str:
 
 
 @pytest.fixture
-def store(tmp_path):
+def served(tmp_path):
+    """A store of objects and what its front calls (whose ``limits`` a test may tighten)."""
     state = tmp_path / "state"
     secret = secrets.token_bytes(32)
-    with objects_front(state, lambda: secret) as (url, _):
-        yield FileObjectStore(state, BUCKET, lambda: secret, url)
+    with objects_front(state, lambda: secret) as (url, cloud):
+        yield FileObjectStore(state, BUCKET, lambda: secret, url), cloud
+
+
+@pytest.fixture
+def store(served):
+    return served[0]
 
 
 def put(url: str, body: bytes, headers: dict[str, str], path: str | None = None) -> tuple[int, bytes]:
@@ -147,3 +156,74 @@ def test_a_put_larger_than_any_other_request_is_stored(store):
     url, headers = store.put_url(KEY, len(data), md5(data))
     assert put(url, data, headers)[0] == 200
     assert store.get_bytes(KEY) == data
+
+
+def start_put(url: str, headers: dict[str, str]) -> http.client.HTTPConnection:
+    """A PUT of ``url`` whose headers are sent and whose body is still to come."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    connection.putrequest("PUT", f"{parts.path}?{parts.query}")
+    for name, value in headers.items():
+        connection.putheader(name, value)
+    connection.endheaders()
+    return connection
+
+
+def test_a_put_the_disk_could_not_keep_its_reserve_for_is_507_and_stores_nothing(served):
+    store, cloud = served
+    cloud.limits = replace(PUT_LIMITS, reserve_bytes=2**62)  # more than any disk here holds free
+    url, headers = store.put_url(KEY, len(DATA), md5(DATA))
+    status, body = put(url, DATA, headers)
+    assert status == 507 and b"no room" in body
+    assert store.head(KEY) is None
+    cloud.limits = replace(PUT_LIMITS, reserve_bytes=0, reserve_fraction=0.0)
+    assert put(url, DATA, headers)[0] == 200 and store.get_bytes(KEY) == DATA
+
+
+def test_a_second_put_of_a_url_while_the_first_is_received_is_409(store):
+    url, headers = store.put_url(KEY, len(DATA), md5(DATA))
+    first = start_put(url, headers)
+    try:
+        first.send(DATA[:100])
+        time.sleep(0.3)  # the front has the first's headers and has begun its body
+        status, body = put(url, DATA, headers)
+        assert status == 409 and b"one at a time" in body
+        first.send(DATA[100:])
+        assert first.getresponse().status == 200
+    finally:
+        first.close()
+    assert store.get_bytes(KEY) == DATA
+    assert put(url, DATA, headers)[0] == 200  # once the first is done, the URL takes a PUT again
+
+
+def test_a_body_that_trickles_is_cut_off_and_stores_nothing(served):
+    store, cloud = served
+    cloud.limits = replace(PUT_LIMITS, rate_after_seconds=0.2, min_bytes_per_second=1024 * 1024)
+    url, headers = store.put_url(KEY, len(DATA), md5(DATA))
+    connection = start_put(url, headers)
+    try:
+        for start in range(0, 400, 100):  # 100 bytes every 0.15 s: far under the least rate
+            connection.send(DATA[start : start + 100])
+            time.sleep(0.15)
+        response = connection.getresponse()
+        assert response.status == 408 and b"too slowly" in response.read()
+    finally:
+        connection.close()
+    assert store.head(KEY) is None
+    assert put(url, DATA, headers)[0] == 200  # the same bytes at once are taken
+
+
+def test_a_body_that_ends_long_after_its_url_expired_is_refused(served):
+    store, cloud = served
+    cloud.limits = replace(PUT_LIMITS, expiry_grace_seconds=0.0)
+    url, headers = store.put_url(KEY, len(DATA), md5(DATA), expires_seconds=1)
+    connection = start_put(url, headers)
+    try:
+        connection.send(DATA[:100])
+        threading.Event().wait(2.2)  # the URL expires while its body is on the way
+        connection.send(DATA[100:])
+        response = connection.getresponse()
+        assert response.status == 403 and b"expired before its body ended" in response.read()
+    finally:
+        connection.close()
+    assert store.head(KEY) is None

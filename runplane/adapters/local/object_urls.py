@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets as random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -41,7 +42,17 @@ from runplane.adapters.local.paths import (
 )
 from runplane.domain.errors import BadRequest, RunplaneError
 
-__all__ = ["MAX_URL_SECONDS", "PATH_PREFIX", "ObjectAnswer", "serve", "sign", "sign_put", "url_key"]
+__all__ = [
+    "MAX_URL_SECONDS",
+    "PATH_PREFIX",
+    "PUT_LIMITS",
+    "ObjectAnswer",
+    "PutLimits",
+    "serve",
+    "sign",
+    "sign_put",
+    "url_key",
+]
 
 MAX_URL_SECONDS = 7 * 24 * 3600
 """The longest a signed URL lasts, as on S3."""
@@ -58,6 +69,28 @@ MD5_PATTERN = re.compile(r"[A-Za-z0-9+/]{22}==")
 _CHUNK = 1024 * 1024
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _EVERY_ANSWER = {"X-Content-Type-Options": "nosniff", "Cache-Control": "private, no-store"}
+_IN_FLIGHT: set[str] = set()
+"""The signatures of the PUTs being received: one at a time per URL."""
+_IN_FLIGHT_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class PutLimits:
+    """What a PUT of a signed URL must keep to. The disk holding the objects is the stack's
+    database's too: a PUT is refused (507) unless its size and ``reserve_bytes`` or
+    ``reserve_fraction`` of the file system, whichever is more, stay free. A body arriving at
+    under ``min_bytes_per_second`` on average, once ``rate_after_seconds`` have passed, is cut
+    off (408); one whose URL expired more than ``expiry_grace_seconds`` before it ended is
+    refused (403)."""
+
+    reserve_bytes: int = 1024**3
+    reserve_fraction: float = 0.05
+    rate_after_seconds: float = 30.0
+    min_bytes_per_second: int = 64 * 1024
+    expiry_grace_seconds: float = 60.0
+
+
+PUT_LIMITS = PutLimits()
 
 
 def url_key(secret: bytes) -> bytes:
@@ -101,15 +134,17 @@ def serve(
     clock: Callable[[], float] = time.time,
     headers: Mapping[str, str] | None = None,
     body: BinaryIO | None = None,
+    limits: PutLimits = PUT_LIMITS,
 ) -> ObjectAnswer:
     """The answer to ``method`` of ``path`` (starting with ``PATH_PREFIX``) and ``query``, both
     still percent-encoded, for the stack whose state directory is ``root`` and whose secret is
     ``secret()``: the object, as an attachment, for a URL ``FileObjectStore.url`` signed that has
     not expired; 405 for a method other than GET, HEAD or PUT; 403 for a URL altered, unsigned or
     expired; 404 for an object that is not there (or a key that could not be one). A PUT (``put``)
-    reads its body from ``body``."""
+    reads its body from ``body``, within ``limits``."""
     if method == "PUT":
-        return _put(root, secret, path, query, clock, {k.lower(): v for k, v in (headers or {}).items()}, body)
+        lowered = {k.lower(): v for k, v in (headers or {}).items()}
+        return _put(root, secret, path, query, clock, lowered, body, limits)
     if method not in ("GET", "HEAD"):
         return _refused(405, "method_not_allowed", "object URLs answer GET, HEAD and PUT", Allow="GET, HEAD, PUT")
     parsed = _parse(path, query)
@@ -185,11 +220,14 @@ def _put(
     clock: Callable[[], float],
     headers: dict[str, str],
     body: BinaryIO | None,
+    limits: PutLimits,
 ) -> ObjectAnswer:
     """The answer to a PUT of a signed URL: 200 once the object holds the body (or already held
-    these very bytes); 403 for a URL altered, unsigned, expired, or a size or MD5 declared other
-    than the signed ones; 400 for a body whose length or MD5 is not what was declared; 409 where
-    an object of other content is; 404 where no object can be (no bucket, a key outside the tree)."""
+    these very bytes); 403 for a URL altered, unsigned, expired (or expired long before its body
+    ended), or a size or MD5 declared other than the signed ones; 400 for a body whose length or
+    MD5 is not what was declared; 408 for a body too slow; 409 where an object of other content
+    is, or while another PUT of the same URL is received; 404 where no object can be (no bucket,
+    a key outside the tree); 507 where the disk would keep too little free."""
     parsed = _parse(path, query)
     if parsed is None:
         return _refused(403, "forbidden", "not an object URL this stack signed")
@@ -215,15 +253,38 @@ def _put(
         names = key_segments(key)
     except BadRequest:
         return _refused(404, "not_found", "no such bucket or key")
-    return _receive(root, bucket, names, body, size, base64.b64decode(md5))
+    with _IN_FLIGHT_LOCK:
+        if signature in _IN_FLIGHT:
+            return _refused(409, "conflict", "a PUT of this URL is being received; one at a time")
+        _IN_FLIGHT.add(signature)
+    try:
+
+        def expired() -> bool:
+            return clock() > expires + limits.expiry_grace_seconds
+
+        return _receive(root, bucket, names, body, size, base64.b64decode(md5), limits, expired)
+    finally:
+        with _IN_FLIGHT_LOCK:
+            _IN_FLIGHT.discard(signature)
 
 
-def _receive(root: Path, bucket: str, names: list[str], body: BinaryIO | None, size: int, md5: bytes) -> ObjectAnswer:
+def _receive(
+    root: Path,
+    bucket: str,
+    names: list[str],
+    body: BinaryIO | None,
+    size: int,
+    md5: bytes,
+    limits: PutLimits,
+    expired: Callable[[], bool],
+) -> ObjectAnswer:
     """Write ``size`` bytes of ``body`` to a file of its own, and link it at ``names`` of
-    ``bucket`` when their MD5 is ``md5`` and no other object is there."""
+    ``bucket`` when their MD5 is ``md5``, the URL had not ``expired()`` (long) when they ended,
+    and no other object is there."""
     with contextlib.ExitStack() as on:
         try:
             top = on.enter_context(objects_dir(root))
+            disk = os.fstatvfs(top)
             bucket_fd = open_dir(top, bucket)
             on.callback(os.close, bucket_fd)
             partial = open_dir(top, PARTIAL_DIR, create=True)
@@ -231,22 +292,32 @@ def _receive(root: Path, bucket: str, names: list[str], body: BinaryIO | None, s
             directory = on.enter_context(descend(bucket_fd, names[:-1], create=True))
         except OSError:  # no bucket, or a link or an object where a folder is
             return _refused(404, "not_found", "no object can be stored at this key")
+        reserve = max(limits.reserve_bytes, int(limits.reserve_fraction * disk.f_blocks * disk.f_frsize))
+        if size + reserve > disk.f_bavail * disk.f_frsize:  # the disk is the database's too
+            log.warning("PUT of %d bytes in bucket %s refused: the disk would keep too little free", size, bucket)
+            return _refused(507, "insufficient_storage", "the stack has no room for this object now")
         temp = random.token_hex(12)
         digest = hashlib.md5(usedforsecurity=False)
         received = 0
+        read = getattr(body, "read1", None) or getattr(body, "read", None)  # read1: what has arrived
+        started = time.monotonic()
         try:
             with os.fdopen(os.open(temp, _WRITE_FLAGS, 0o600, dir_fd=partial), "wb") as f:
-                while received < size and body is not None:
-                    chunk = body.read(min(_CHUNK, size - received))
+                while received < size and read is not None:
+                    chunk = read(min(_CHUNK, size - received))
                     if not chunk:
                         break
                     received += len(chunk)
                     digest.update(chunk)
                     f.write(chunk)
+                    if _too_slow(received, size, time.monotonic() - started, limits):
+                        return _refused(408, "too_slow", "the body came too slowly (a PUT may not trickle)")
             if received != size:
                 return _refused(400, "incomplete_body", f"the body ended after {received} of {size} bytes")
             if not hmac.compare_digest(digest.digest(), md5):
                 return _refused(400, "bad_digest", "the MD5 of the body is not its Content-MD5")
+            if expired():
+                return _refused(403, "forbidden", "the URL expired before its body ended")
             try:
                 os.link(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory, follow_symlinks=False)
             except FileExistsError:
@@ -263,6 +334,12 @@ def _receive(root: Path, bucket: str, names: list[str], body: BinaryIO | None, s
             with contextlib.suppress(OSError):
                 os.unlink(temp, dir_fd=partial)
     return ObjectAnswer(200, {"Content-Length": "0", **_EVERY_ANSWER})
+
+
+def _too_slow(received: int, size: int, elapsed: float, limits: PutLimits) -> bool:
+    """Whether a body of which ``received`` bytes came in ``elapsed`` seconds is below the
+    least average rate, once the first seconds have passed."""
+    return received < size and elapsed > limits.rate_after_seconds and received < limits.min_bytes_per_second * elapsed
 
 
 def _holds(directory: int, name: str, size: int, md5: bytes) -> bool:
