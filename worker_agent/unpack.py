@@ -11,9 +11,10 @@ itself (``tarfile``'s own extraction, filters included, is not used):
 - nothing is written through a link: each member's parent directory, resolved, is in the tree,
   and files are created exclusively without following a link (a second member of one name
   refuses the archive), so a link cannot make a later member land outside;
-- at most ``max_files`` members and ``max_bytes`` bytes of files, counted from the headers
-  before a byte is written, and the decompressed stream itself stops past what that allows (a
-  decompression bomb stops there, whatever its headers say);
+- at most ``max_files`` members and ``max_bytes`` bytes, counted from the headers before a byte
+  is written (the bytes of files and ``ENTRY_BYTES`` for each member, as a file system spends
+  at least a block on each, so many empty files count too), and the decompressed stream itself
+  stops past what that allows (a decompression bomb stops there, whatever its headers say);
 - the headers of a member (a GNU long name or link, pax headers, which ``tarfile`` reads whole
   into memory) are at most ``MAX_HEADER_BYTES`` in all: the stream stops past them too;
 - files are 0644 (0755 if the archive made them executable), directories 0755: no set-id bits,
@@ -38,6 +39,8 @@ _BLOCK = 1024 * 1024
 _HEADER_ALLOWANCE = 1536
 """Stream bytes per member beyond its content: its header block and padding (pax headers aside)."""
 _STREAM_SLACK = 1024 * 1024
+ENTRY_BYTES = 4096
+"""The bytes each member counts for beyond its content (a file system block, an inode)."""
 MAX_HEADER_BYTES = 1024 * 1024
 """The stream bytes a member's headers (long names and links, pax headers) may take in all."""
 _READ_AHEAD = tarfile.RECORDSIZE
@@ -86,7 +89,8 @@ def _inside(root: Path, path: Path) -> bool:
 
 def unpack(archive: Path, dest: Path, *, max_bytes: int, max_files: int) -> int:
     """Unpack the gzip'd tar ``archive`` into ``dest`` (made here; it must not exist); the bytes
-    of its files. Raises UnsafeArchive for an archive it will not unpack (see the module)."""
+    it counts for (its files' and ``ENTRY_BYTES`` a member). Raises UnsafeArchive for an archive
+    it will not unpack (see the module)."""
     dest.mkdir(mode=0o755)
     root = dest.resolve()
     files: set[str] = set()
@@ -101,6 +105,9 @@ def unpack(archive: Path, dest: Path, *, max_bytes: int, max_files: int) -> int:
                     members += 1
                     if members > max_files:
                         raise UnsafeArchive(f"the archive holds more than {max_files} entries")
+                    total += ENTRY_BYTES
+                    if total > max_bytes:
+                        raise UnsafeArchive("the archive unpacks to more bytes than its limit allows")
                     try:
                         total += _member(tar, member, root, files, max_bytes - total)
                     except gzip.BadGzipFile:

@@ -12,6 +12,7 @@ import pytest
 from runplane.domain.units import format_bytes
 from runplane.domain.uploads import upload_key
 from worker_agent.inputs import InputCache, InputUnavailable, Resolved
+from worker_agent.unpack import ENTRY_BYTES
 
 
 def packed(files, extra=()):
@@ -50,7 +51,11 @@ def test_an_upload_unpacks_once_into_an_entry_keyed_by_its_sha_on_every_cloud(re
     files = {"train.py": b"print(open('data/x.csv').read())\n", "data/x.csv": b"a,b\n1,2\n"}
     sha = uploaded(stack, "alice", packed(files))
     first = cache.fetch(f"upload:{sha}", "u1", owner="alice")
-    assert (first.key, first.downloaded, first.size) == (f"upload-{sha}", True, sum(map(len, files.values())))
+    assert (first.key, first.downloaded, first.size) == (
+        f"upload-{sha}",
+        True,
+        sum(map(len, files.values())) + len(files) * ENTRY_BYTES,
+    )
     assert {str(p.relative_to(first.path)): p.read_bytes() for p in first.path.rglob("*") if p.is_file()} == files
     again = cache.fetch(f"upload:{sha}", "u2", owner="alice")
     assert (again.path, again.downloaded, again.size) == (first.path, False, first.size)
@@ -94,8 +99,8 @@ def test_an_upload_unpacks_within_the_stacks_limit_and_the_runs_disk(local_stack
     roomy = InputCache(tmp_path / "roomy", local_stack.objects, local_stack.store, max_upload_bytes=10_000)
     with pytest.raises(InputUnavailable, match="more bytes than its limit"):  # the run's disk left: 40 000
         roomy.fetch(f"upload:{sha}", "u1", owner="alice", max_bytes=40_000)
-    assert roomy.fetch(f"upload:{sha}", "u1", owner="alice").size == 50_000
-    with pytest.raises(InputUnavailable, match=r"unpacks to 48\.8k, more than the 39\.1k"):  # cached, still too large
+    assert roomy.fetch(f"upload:{sha}", "u1", owner="alice").size == 50_000 + ENTRY_BYTES
+    with pytest.raises(InputUnavailable, match=r"unpacks to 52\.8k, more than the 39\.1k"):  # cached, still too large
         roomy.fetch(f"upload:{sha}", "u2", owner="alice", max_bytes=40_000)
 
 

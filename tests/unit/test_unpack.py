@@ -10,7 +10,7 @@ import tracemalloc
 
 import pytest
 
-from worker_agent.unpack import MAX_HEADER_BYTES, UnsafeArchive, unpack
+from worker_agent.unpack import ENTRY_BYTES, MAX_HEADER_BYTES, UnsafeArchive, unpack
 
 LIMITS = {"max_bytes": 1024 * 1024, "max_files": 100}
 
@@ -53,7 +53,7 @@ def test_a_tree_unpacks_with_its_files_links_and_modes(place):
         member("src/same.csv", tarfile.LNKTYPE, linkname="src/data.csv"),
         member("./top.txt", data=b"top"),
     )
-    assert unpack(src, dest, **LIMITS) == len(b"print(1)\n") + len(b"a,b\n1,2\n") + 3
+    assert unpack(src, dest, **LIMITS) == len(b"print(1)\n") + len(b"a,b\n1,2\n") + 3 + 6 * ENTRY_BYTES
     assert (dest / "src/train.py").read_text() == "print(1)\n"
     assert (dest / "src/latest").read_text() == "a,b\n1,2\n" and (dest / "src/latest").is_symlink()
     assert (dest / "src/same.csv").read_text() == "a,b\n1,2\n"
@@ -164,6 +164,14 @@ def test_a_file_under_a_dangling_link_is_refused_naming_the_member_not_a_host_pa
     assert e.value.message.startswith("the archive's 'a/b/c' cannot be unpacked: ")
     assert str(tmp) not in e.value.message
     assert everything_under(dest) == ["a"] and (tmp / "outside.txt").read_text() == "untouched"
+
+
+def test_each_entry_counts_for_a_block_so_many_empty_files_are_no_free_lunch(place):
+    tmp, dest = place
+    src = archive(tmp / "empty.tgz", *(member(f"f{i}") for i in range(50)))
+    with pytest.raises(UnsafeArchive, match="more bytes than its limit"):
+        unpack(src, dest, max_bytes=49 * ENTRY_BYTES, max_files=1000)
+    assert unpack(src, tmp / "roomy", max_bytes=50 * ENTRY_BYTES, max_files=1000) == 50 * ENTRY_BYTES
 
 
 class _Filler:
