@@ -11,9 +11,11 @@ import contextlib
 import io
 import os
 import re
+import stat
 import tarfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -129,8 +131,23 @@ def test_an_input_larger_than_the_runs_disk_is_input_unavailable_naming_both_siz
     assert done.failure is not None, done.state
     assert (done.state, done.failure.reason) == (RunState.FAILED, "input_unavailable")
     assert "weights.bin is 2m, more than the 1m of the run's disk" in done.failure.message
-    cached = [p for p in (tmp_path / "work").rglob("*") if p.is_file() and p.stat().st_size >= 1024**2]
+    # the run's directory may still be going away (its slot comes back first): walk what is there
+    cached = [
+        Path(top, name)
+        for top, _, names in os.walk(tmp_path / "work")
+        for name in names
+        if (size := _size(Path(top, name))) is not None and size >= 1024**2
+    ]
     assert cached == []  # nothing of it on the worker
+
+
+def _size(path: Path) -> int | None:
+    """The size of a regular file that is still there; None for anything else."""
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        return None
+    return found.st_size if stat.S_ISREG(found.st_mode) else None
 
 
 def test_what_a_run_writes_counts_with_its_inputs_against_its_disk(aws_stack, agent):
