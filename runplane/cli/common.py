@@ -3,8 +3,10 @@ for a one-line message, JSON and table output, and the API client of the current
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -141,3 +143,15 @@ def when(moment: datetime | None) -> str:
 
 def id_column(title: str = "id") -> Column:
     return Column(title, no_wrap=True, min_width=26)
+
+
+@contextlib.contextmanager
+def transfer_bar(description: str) -> Iterator[Callable[[int, int | None], None]]:
+    """A transfer's bar on stderr (bytes, speed), gone once it ends: yields the ``progress=``
+    callback the SDK's uploads and downloads take. For a terminal only: callers check ``err.is_terminal``."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn())
+    with Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

@@ -6,9 +6,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from runplane.cli.common import CliError, client, err, out, print_json
+from runplane.cli.common import CliError, client, err, out, print_json, transfer_bar
 from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
 from runplane.client import Client
 
@@ -41,20 +40,8 @@ def download(
     with named_by_id(rid):
         found = client(ctx).get(rid)
     if err.is_terminal and not as_json:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=err,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        ) as progress:
-            task = progress.add_task(f"{found.id} outputs", total=None)
-            written = found.download(
-                dest, force=force, progress=lambda done, total: progress.update(task, completed=done, total=total)
-            )
+        with transfer_bar(f"{found.id} outputs") as progress:
+            written = found.download(dest, force=force, progress=progress)
     else:
         written = found.download(dest, force=force)
     if as_json:

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from runplane.cli.common import CliError, err
+from runplane.cli.common import CliError, err, transfer_bar
 from runplane.client import Client, PackError, RunOptions, Upload
 from runplane.client._uploads import with_uploads
 from runplane.domain.runs import INPUT_NAME_PATTERN
@@ -77,19 +76,7 @@ def _upload(api: Client, name: str, directory: Path, quiet: bool) -> Upload:
     try:
         if quiet or not err.is_terminal:
             return api.upload(directory)
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            console=err,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        ) as progress:
-            task = progress.add_task(f"uploading {name}", total=None)
-            return api.upload(
-                directory, progress=lambda done, total: progress.update(task, completed=done, total=total)
-            )
+        with transfer_bar(f"uploading {name}") as progress:
+            return api.upload(directory, progress=progress)
     except PackError as e:
         raise CliError(f"--upload {directory}: {e}") from None
