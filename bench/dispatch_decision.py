@@ -24,9 +24,9 @@ from collections import Counter
 
 from _common import median, ratio_line, table
 
+from runplane.backend import BackendJob
 from runplane.domain.pools import Pool
 from runplane.domain.workers import PoolRecord, StartingJob, Worker
-from runplane.ports import BackendJob
 from runplane.services.dispatch import PoolFacts, plan_launches, reconcile
 
 TARGET_MS = 50.0

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from runplane.backend import ComputeBackend
 from runplane.compute.options import agent_args_for
 from runplane.compute.registry import build_backend, check_pool
 from runplane.domain.errors import InvalidRequest, Misconfigured
 from runplane.domain.pools import Pool, PoolConfig, load_pools
 from runplane.ports import (
     Clock,
-    ComputeBackend,
     ObjectStore,
     PoolStateStore,
     Ports,

@@ -25,13 +25,14 @@ import pytest
 
 from runplane.adapters.aws.provision import provision
 from runplane.adapters.local.files import FileObjectStore
+from runplane.backend import ComputeBackend
 from runplane.bootstrap import Stack, aws_clients, aws_names, build_stack
 from runplane.client import ApiError, Client
 from runplane.devstack.process import DevStackProcess
 from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.domain.pools import Pool, dump_pools, load_pools
 from runplane.domain.states import TERMINAL_STATES
-from runplane.ports import ComputeBackend, TokenStore
+from runplane.ports import TokenStore
 from runplane.services.auth import register_token
 from runplane.settings import StackSettings
 from tests.object_front import objects_front

@@ -23,6 +23,7 @@ from typing import cast
 from pydantic import BaseModel
 
 from runplane import extras
+from runplane.backend import ComputeBackend
 from runplane.compute.aws_batch import options as aws_batch
 from runplane.compute.azure_batch import options as azure_batch
 from runplane.compute.kubernetes import options as kubernetes
@@ -30,7 +31,6 @@ from runplane.compute.local import options as local
 from runplane.compute.slurm import options as slurm
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.pools import Backend, Pool
-from runplane.ports import ComputeBackend
 from runplane.settings import StackSettings
 
 

@@ -16,12 +16,13 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from runplane.backend import BackendJob
 from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.pools import Pool
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.workers import PoolRecord, StartingJob, Worker, refuses
-from runplane.ports import BackendJob, Ports
+from runplane.ports import Ports
 from runplane.services import skew
 
 log = logging.getLogger(__name__)

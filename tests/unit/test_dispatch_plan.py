@@ -1,6 +1,6 @@
+from runplane.backend import BackendJob
 from runplane.domain.pools import Pool
 from runplane.domain.workers import PoolRecord, StartingJob, Worker
-from runplane.ports import BackendJob
 from runplane.services.dispatch import LIST_GRACE_SECONDS, PoolFacts, count_failures, plan_launches, reconcile
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import AwsConfig, make_client
+from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.aws_batch.options import options as pool_options
 from runplane.compute.options import (
     job_name,
@@ -29,7 +30,6 @@ from runplane.compute.options import (
 )
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
-from runplane.ports import BackendJob, ComputeBackend
 from runplane.settings import StackSettings
 
 CONTAINER_SOCKET = "/var/run/docker.sock"

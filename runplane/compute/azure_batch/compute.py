@@ -24,13 +24,13 @@ from typing import Any
 from azure.core.pipeline.transport import HttpTransport
 
 from runplane import extras
+from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions
 from runplane.compute.azure_batch.options import options as pool_options
 from runplane.compute.azure_batch.rest import BatchClient, BatchServiceError
 from runplane.compute.options import job_name, new_worker_id, stack_environment
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
-from runplane.ports import BackendJob, ComputeBackend
 from runplane.settings import StackSettings
 
 LIVE_STATES = {"active": "pending", "preparing": "pending", "running": "running"}

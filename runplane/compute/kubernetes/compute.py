@@ -27,12 +27,12 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.kubernetes.options import KubernetesOptions
 from runplane.compute.kubernetes.options import options as pool_options
 from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
-from runplane.ports import BackendJob, ComputeBackend
 from runplane.settings import StackSettings
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.options import new_worker_id
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
-from runplane.ports import BackendJob, ComputeBackend
 from runplane.settings import StackSettings
 
 ENDED_KEEP_SECONDS = 86400.0

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.options import new_worker_id
 from runplane.compute.slurm.cli import Runner, SbatchTransport
 from runplane.compute.slurm.jobs import JobSpec, SlurmJob, backend_job, job_spec, render_script
@@ -30,7 +31,6 @@ from runplane.compute.slurm.options import options as pool_options
 from runplane.compute.slurm.rest import RestTransport
 from runplane.domain.errors import BackendError
 from runplane.domain.pools import Pool
-from runplane.ports import BackendJob, ComputeBackend
 from runplane.settings import StackSettings
 
 

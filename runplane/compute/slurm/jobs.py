@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from runplane.backend import BackendJob
 from runplane.compute.options import job_name, worker_of
 from runplane.compute.slurm.options import SlurmOptions
 from runplane.compute.slurm.options import options as pool_options
 from runplane.domain.pools import Pool
-from runplane.ports import BackendJob
 
 LIVE_STATES = {
     "PENDING": "pending",
