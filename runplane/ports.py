@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -125,6 +125,14 @@ class RunStore(Protocol):
         ``limit`` (the cursor goes on)."""
         ...
 
+    def due(self, queue: str, now: float, limit: int = 100) -> builtins.list[Run]:
+        """At most ``limit`` finished runs of ``queue`` whose ``retention.purge_due`` is at or before
+        ``now``, the soonest first (a range of the store's purge index, never a scan)."""
+
+    def delete(self, run_id: str, now: float) -> None:
+        """Delete a finished run's record (and its index entries) if ``purge_due`` is at or before
+        ``now``: ConditionFailed if it is not (kept, retried, not due), NotFound if it is gone."""
+
     def follow(self, run_id: str, dependent: str) -> Run:
         """Add ``dependent`` (a run id, or ``sweep:<id>``) to the run's ``dependents`` while the
         run has not ended, atomically beside any other write; return the run as stored. Adding one
@@ -199,11 +207,17 @@ class RunQueue(Protocol):
         ...
 
 
+MAX_DELETE = 1000
+"""The most keys one ``ObjectStore.delete`` takes (S3's DeleteObjects)."""
+
+
 @dataclass(frozen=True)
 class ObjectInfo:
     key: str
     size: int
     etag: str = ""
+    modified: float | None = None
+    """When it was last written (or touched), in seconds since the epoch; None: not known."""
 
 
 class ObjectStore(Protocol):
@@ -237,6 +251,12 @@ class ObjectStore(Protocol):
         self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
     ) -> tuple[str, dict[str, str]]:
         """A time-limited URL that PUTs at ``key`` only ``size`` bytes whose MD5 is ``md5`` (base64); its headers."""
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Delete these objects (at most ``MAX_DELETE`` keys a call); a key with no object is no error."""
+
+    def touch(self, key: str) -> None:
+        """Renew the object's time (what an expiry counts from) without changing it; raises NotFound."""
 
     def within(self, bucket: str) -> ObjectStore:
         """The same store on another bucket (container), sharing the client."""

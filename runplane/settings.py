@@ -9,10 +9,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from runplane.domain.retention import Retention, read_retention
 from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
 
 PREFIX = "RUNPLANE_"
@@ -234,6 +235,13 @@ class StackSettings(Settings):
         description="The largest archive of a directory a user uploads for their runs (`runplane run --upload`); "
         "a larger one is refused (413).",
     )
+    retention: str = Field(
+        "",
+        description="How long what runs leave is kept, as JSON: `outputs`, `logs` and `runs` (a finished run's "
+        "record) after a run ends, `uploads` after their last use, each a duration or `forever`, e.g. "
+        '`{"outputs": "30d", "logs": "30d", "runs": "180d", "uploads": "14d"}`. A pool\'s `retention` overrides it '
+        "field by field. Empty: everything is kept (docs/retention.md).",
+    )
     local_state_dir: str = Field(
         "~/.runplane/local", description="Backend `local`: where the agents it starts keep their logs."
     )
@@ -259,6 +267,21 @@ class StackSettings(Settings):
     @classmethod
     def _allowlist(cls, value: str) -> str:
         parse_bucket_allowlist(value)
+        return value
+
+    def kept(self) -> Retention:
+        """``retention`` read: the stack's retention."""
+        return read_retention(self.retention)
+
+    @field_validator("retention")
+    @classmethod
+    def _retention(cls, value: str) -> str:
+        try:
+            read_retention(value)
+        except ValidationError as e:
+            raise ValueError(
+                "; ".join(f"{'.'.join(map(str, err['loc'])) or 'retention'}: {err['msg']}" for err in e.errors())
+            ) from None
         return value
 
     def stack_id(self) -> str:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runplane.domain.common import MAX_RUN_TIME, NAME_PATTERN, read_duration, read_size
 from runplane.domain.errors import InvalidRequest, UnknownName, Unschedulable
+from runplane.domain.retention import Retention
 from runplane.domain.runs import Resources, RetryRule
 from runplane.domain.units import format_bytes, format_duration
 
@@ -123,6 +124,11 @@ class Pool(BaseModel):
         max_length=32,
         description="images a new worker pulls before it takes its first run",
     )
+    retention: Retention | None = Field(
+        default=None,
+        description="how long this pool's finished runs' outputs, logs and records are kept, field by field over "
+        "the stack's RUNPLANE_RETENTION (docs/retention.md)",
+    )
     options: dict[str, Any] = Field(default_factory=dict, description="backend-specific settings")
 
     _sizes = field_validator("memory", "disk", "max_log_size", "max_image_size", mode="before")(staticmethod(read_size))
@@ -140,7 +146,13 @@ class Pool(BaseModel):
     def _bounds(self) -> Pool:
         if self.min_workers > self.max_workers:
             raise ValueError(f"pool {self.name}: min_workers > max_workers")
+        if self.retention is not None and self.retention.uploads is not None:
+            raise ValueError(f"pool {self.name}: uploads' retention is the stack's (RUNPLANE_RETENTION), not a pool's")
         return self
+
+    def kept(self, stack: Retention) -> Retention:
+        """How long this pool's runs' outputs, logs and records are kept: its retention over the stack's."""
+        return stack if self.retention is None else self.retention.over(stack)
 
     def with_defaults(self, resources: Resources) -> Resources:
         """Fill what a run left out: a share of one worker, capped at 1g memory and 10g disk."""

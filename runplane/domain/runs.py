@@ -28,6 +28,7 @@ from runplane.domain.common import (
     shown_text,
     size_or_text,
 )
+from runplane.domain.retention import RunRetention
 from runplane.domain.secrets import MAX_RUN_SECRETS, SECRET_REF_PATTERN, SecretRef
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
 from runplane.domain.units import MAX_SIZE
@@ -426,6 +427,10 @@ class Run(Record):
     """The run's place among the queued runs of its pool and priority (start-time fair queueing:
     docs/scheduling.md), set at submit; ``rank_key`` orders a pool's queued runs by it."""
     events: list[Event] = Field(default_factory=list)
+    kept: Annotated[bool, Since("0.3")] = False
+    """Its owner keeps it (``runplane keep``): the retention sweep deletes nothing of it."""
+    retention: Annotated[RunRetention | None, Since("0.3")] = None
+    """Once it has ended: when its outputs, logs and record are deleted (the retention sweep's)."""
 
 
 MAX_FAIR_TAG = 9_999_999_999_999.0
