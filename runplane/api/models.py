@@ -13,7 +13,7 @@ from runplane.domain.runs import RetryRule, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import SweepSpec
 from runplane.domain.uploads import SHA256_PATTERN, UPLOAD_SOURCE_PATTERN
-from runplane.domain.wire import Extensible
+from runplane.domain.wire import Extensible, Since
 from runplane.domain.workers import WorkerStatus
 
 
@@ -92,6 +92,21 @@ class RunEvent(WireModel):
         default=None, description="the state entered, if the event is a transition"
     )
     message: str
+
+
+class RetentionView(WireModel):
+    """How long what a run leaves is kept: its owner's pin, and when its pool's retention deletes its
+    outputs, its logs and its record (docs/retention.md)."""
+
+    kept: bool = Field(description="its owner keeps it (POST /v1/runs/{run_id}/keep): nothing of it is deleted")
+    outputs_until: Timestamp | None = Field(
+        description="when its output files are deleted (null: kept for good, or while it is kept)"
+    )
+    logs_until: Timestamp | None = Field(description="when its logs are deleted (null: kept for good, or while kept)")
+    record_until: Timestamp | None = Field(
+        description="when the run itself is deleted, with whatever of it is left (null: kept for good, or while kept)"
+    )
+    deleted: list[str] = Field(description="what is deleted already: outputs, logs")
 
 
 class RunView(WireModel):
@@ -185,6 +200,10 @@ class RunView(WireModel):
     sweep_id: str | None = Field(default=None, description="the sweep it is a member of, if any")
     sweep_index: int | None = Field(default=None, description="its index in that sweep (0-based)")
     revision: str = Field(default="", description=REVISION_HELP.format(what="run"))
+    retention: Annotated[RetentionView | None, Since("0.3")] = Field(
+        default=None,
+        description="how long its outputs, logs and record are kept: left out while it has not ended and is not kept",
+    )
 
 
 class SweepView(WireModel):

@@ -100,6 +100,15 @@ class SetPriority(BaseModel):
     )
 
 
+class KeepRequest(BaseModel):
+    """``POST /v1/runs/{run_id}/keep``: pin the run (``keep``: true), so that its pool's retention deletes
+    none of its outputs, logs or record, or let it go (false), so that it does again."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"keep": True}, {"keep": False}]})
+
+    keep: bool = Field(default=True, strict=True, description="true: keep it; false: let it go")
+
+
 class UserSettings(BaseModel):
     """``PUT /v1/users/{user}``: what an administrator sets for a user (admins only)."""
 

@@ -11,6 +11,7 @@ from runplane.api.models import (
     PoolShape,
     PoolView,
     PoolWorkerCounts,
+    RetentionView,
     RunEvent,
     RunFailure,
     RunUsage,
@@ -36,7 +37,9 @@ from runplane.domain.secrets import scope_parts
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import ApiToken, Principal
 from runplane.domain.workers import PoolRecord, Worker
+from runplane.ports import Ports
 from runplane.services.quota_admin import QuotaUse
+from runplane.services.retention import shown
 from runplane.services.secrets import Secret
 from runplane.services.shown_sweeps import Shown
 from runplane.services.tenancy import UserFacts
@@ -51,7 +54,7 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
+def run_view(ports: Ports, run: Run, waiting_reason: str | None = None) -> RunView:
     """``run`` as its owner sees it; ``waiting_reason`` replaces the stored one (a queued run's
     reason explained afresh)."""
     return RunView(
@@ -79,6 +82,25 @@ def run_view(run: Run, waiting_reason: str | None = None) -> RunView:
         sweep_id=run.sweep_id,
         sweep_index=run.sweep_index,
         revision=run_revision(run),
+        retention=retention_view(ports, run),
+    )
+
+
+def retention_view(ports: Ports, run: Run) -> RetentionView | None:
+    """How long ``run``'s outputs, logs and record are kept: no dates while its owner keeps it (nothing
+    is deleted then); None while it has not ended and is not kept."""
+    dates = shown(ports, run)
+    if dates is None and not run.kept:
+        return None
+    deleted = [] if dates is None else list(dates.deleted)
+    if run.kept or dates is None:
+        return RetentionView(kept=run.kept, outputs_until=None, logs_until=None, record_until=None, deleted=deleted)
+    return RetentionView(
+        kept=False,
+        outputs_until=timestamp(dates.outputs_at),
+        logs_until=timestamp(dates.logs_at),
+        record_until=timestamp(dates.record_at),
+        deleted=deleted,
     )
 
 

@@ -43,6 +43,12 @@ PRIORITY_EXAMPLES = {
 }
 
 
+KEEP_EXAMPLES = {
+    "keep": {"summary": "keep its outputs, logs and record until it is let go", "value": {"keep": True}},
+    "let go": {"summary": "its pool's retention applies again, from when it ended", "value": {"keep": False}},
+}
+
+
 PRIORITY_403 = (
     "the token lacks the scope this needs, or a caller who is not an admin asks a priority above the "
     "pool's max_user_priority"

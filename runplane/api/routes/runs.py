@@ -1,4 +1,4 @@
-"""Runs: submit, list, read, kill, reprioritise, and read logs and outputs."""
+"""Runs: submit, list, read, kill, reprioritise, keep, and read logs and outputs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pydantic import Field
 
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView
 from runplane.api.pages import page_reply
-from runplane.api.requests import SetPriority
+from runplane.api.requests import KeepRequest, SetPriority
 from runplane.api.routes.common import (
     BAD_CURSOR,
     CURSOR_HELP,
@@ -18,7 +18,7 @@ from runplane.api.routes.common import (
     RUN_ID,
     WatchQuery,
 )
-from runplane.api.routes.examples import PRIORITY_403, PRIORITY_EXAMPLES, RUN_EXAMPLES
+from runplane.api.routes.examples import KEEP_EXAMPLES, PRIORITY_403, PRIORITY_EXAMPLES, RUN_EXAMPLES
 from runplane.api.routing import Answer, Call, Query, Reply, operation
 from runplane.api.views import run_view
 from runplane.domain import errors
@@ -27,7 +27,7 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import USER_PATTERN
 from runplane.metrics import emit
-from runplane.services import listings, runs, watch
+from runplane.services import listings, retention, runs, watch
 from runplane.services.logs import MAX_OUTPUTS_PAGE
 from runplane.services.overview import run_logs, run_outputs
 
@@ -62,7 +62,7 @@ def submit(call: Call, body: RunSpec, key: str | None) -> Reply:
     if result.created:
         emit("RunsSubmitted", 1, "api")
     headers = {"Location": f"/v1/runs/{result.run.id}"}
-    return Reply(run_view(result.run), 201 if result.created else 200, headers)
+    return Reply(run_view(call.ports, result.run), 201 if result.created else 200, headers)
 
 
 LABEL_FILTER_PATTERN = f"{LABEL_KEY_PATTERN.removesuffix('$')}=.{{0,{MAX_LABEL_VALUE}}}$"
@@ -110,7 +110,7 @@ def list_runs(call: Call, query: RunsQuery) -> Reply:
         call.ports, call.principal, owner=query.owner, state=query.state, queue=query.queue, sweep=query.sweep,
         label=query.label, limit=query.limit, cursor=query.cursor,
     )  # fmt: skip
-    return page_reply(_run_page, [run_view(r) for r in page.items], page.next_cursor, page.resume)
+    return page_reply(_run_page, [run_view(call.ports, r) for r in page.items], page.next_cursor, page.resume)
 
 
 def _run_page(views: list[RunView], cursor: str | None) -> RunPage:
@@ -129,7 +129,7 @@ def _run_page(views: list[RunView], cursor: str | None) -> RunPage:
 )
 def get_run(call: Call, run_id: str, query: WatchQuery) -> RunView:
     run, reason = watch.watched_run(call.ports, call.principal, run_id, query.since, query.wait)
-    return run_view(run, waiting_reason=reason)
+    return run_view(call.ports, run, waiting_reason=reason)
 
 
 @operation(
@@ -143,7 +143,7 @@ def get_run(call: Call, run_id: str, query: WatchQuery) -> RunView:
     raises=(errors.Conflict,),
 )
 def kill(call: Call, run_id: str) -> RunView:
-    return run_view(runs.kill_and_release(call.ports, call.principal, run_id))
+    return run_view(call.ports, runs.kill_and_release(call.ports, call.principal, run_id))
 
 
 @operation(
@@ -164,7 +164,22 @@ def kill(call: Call, run_id: str) -> RunView:
     },
 )
 def set_priority(call: Call, run_id: str, body: SetPriority) -> RunView:
-    return run_view(runs.set_priority(call.ports, call.principal, run_id, body.priority))
+    return run_view(call.ports, runs.set_priority(call.ports, call.principal, run_id, body.priority))
+
+
+@operation(
+    "POST",
+    "/v1/runs/{run_id}/keep",
+    operation_id="keepRun",
+    summary="Keep a run (its outputs, logs and record outlive its pool's retention) or let it go",
+    scope="runs:write",
+    path_params=RUN_ID,
+    body=KeepRequest,
+    examples=KEEP_EXAMPLES,
+    answers={200: Answer(RunView, "the run as it is now; its retention says whether it is kept")},
+)
+def keep(call: Call, run_id: str, body: KeepRequest) -> RunView:
+    return run_view(call.ports, retention.keep(call.ports, call.principal, run_id, body.keep))
 
 
 ATTEMPT_HELP = "which attempt's (1 to the run's attempt; default: the latest)"

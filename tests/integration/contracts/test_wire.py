@@ -216,7 +216,7 @@ def wire(request, stack, monkeypatch):
         "public_url": settings.public_url,
     }
     s = bootstrap.build_stack(
-        StackSettings(cloud=settings.cloud, prefix=settings.prefix, pools=str(POOLS_FILE), **where)
+        StackSettings(cloud=settings.cloud, prefix=settings.prefix, pools=str(POOLS_FILE), retention=RETENTION, **where)
     )
     s.sealer = stack.sealer  # Azure's: the suite's Key Vault fake (no emulator); elsewhere the same key
     before = bootstrap.use(s)
@@ -231,6 +231,7 @@ def wire(request, stack, monkeypatch):
 
 
 PARKED = {"command": "echo hi", "queue": "parked"}
+RETENTION = '{"outputs": "30d", "runs": "180d"}'
 
 
 def _runs(wire: Wire) -> str:
@@ -570,6 +571,28 @@ def _sweeps(wire: Wire) -> None:
     assert wire("DELETE", path).status == 405
 
 
+def _keep(wire: Wire, run_id: str) -> None:
+    """An owner keeps a run and lets it go; a run that has not ended shows a retention only while kept.
+    Another user's run answers as one that does not exist."""
+    path = f"/v1/runs/{run_id}/keep"
+    kept = wire("POST", path, {})  # keep defaults to true
+    assert kept.status == 200 and kept.body["retention"] == {
+        "kept": True, "outputs_until": None, "logs_until": None, "record_until": None, "deleted": [],
+    }  # fmt: skip
+    assert wire("POST", path, {"keep": False}, who="bob").status == 404
+    assert wire("POST", path, {"keep": False}, who="reader").status == 403
+    assert wire("POST", path, {"keep": False}, who=None).status == 401
+    assert wire("POST", path, {"keep": "no"}).status == 422
+    assert wire("POST", path, {"keep": False, "until": "never"}).status == 422
+    assert wire("POST", path, data=b"{").status == 400
+    assert wire("POST", path, {"x": "y" * 300_000}).status == 413
+    assert wire("POST", "/v1/runs/r-nothing/keep", {}).status == 404
+    assert wire("POST", "/v1/runs/not%20a%20run/keep", {}).status == 404
+    assert wire("GET", f"/v1/runs/{run_id}").body["retention"]["kept"] is True
+    let_go = wire("POST", path, {"keep": False})
+    assert let_go.status == 200 and "retention" not in let_go.body  # queued and not kept: no dates yet
+
+
 def test_every_answer_agrees_with_the_document(wire):
     assert wire("GET", "/v1/health", who=None).status == 200
     document = wire("GET", "/v1/openapi.json", who=None)
@@ -583,10 +606,13 @@ def test_every_answer_agrees_with_the_document(wire):
     _secrets(wire)
     _uploads(wire)
     _priority(wire, run_id)
+    _keep(wire, run_id)
     _sweeps(wire)
 
     killed = wire("POST", f"/v1/runs/{run_id}/kill")
     assert killed.status == 202 and killed.body["state"] == "killed" and killed.body["failure"]["reason"] == "killed"
+    dates = killed.body["retention"]  # ended: the stack's retention dates it
+    assert not dates["kept"] and dates["outputs_until"] < dates["record_until"] == dates["logs_until"]
     assert wire("POST", f"/v1/runs/{run_id}/kill").status == 409
     assert wire("POST", f"/v1/runs/{run_id}/kill", who="bob").status == 404
     assert wire("POST", f"/v1/runs/{run_id}/kill", who="reader").status == 403
