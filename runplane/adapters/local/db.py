@@ -166,6 +166,18 @@ class Database:
                     c.execute(statement)
         self._ensured.add(ddl)
 
+    def ensure_table(self, table: str, ddl: str) -> None:
+        """Run ``ddl`` (its statements make ``table`` and may fill it from the other tables) in one
+        write transaction when ``table`` does not exist yet; checked once per process."""
+        if ddl in self._ensured:
+            return
+        with self.errors(f"create the table {table}"), self.write() as c:
+            if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is None:
+                for statement in ddl.split(";"):
+                    if statement.strip():
+                        c.execute(statement)
+        self._ensured.add(ddl)
+
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (``BEGIN IMMEDIATE``: no other writer until it ends): committed

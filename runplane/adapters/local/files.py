@@ -17,7 +17,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
@@ -39,7 +39,7 @@ from runplane.adapters.local.paths import (
 )
 from runplane.domain.errors import BackendError, BadRequest, NotFound, PayloadTooLarge
 from runplane.domain.uploads import PUT_URL_SECONDS
-from runplane.ports import ObjectInfo
+from runplane.ports import MAX_DELETE, ObjectInfo
 
 __all__ = ["FileObjectStore"]
 
@@ -47,12 +47,18 @@ log = logging.getLogger(__name__)
 
 STALE_PARTIAL_SECONDS = 24 * 3600
 _CHUNK = 1024 * 1024
+_PLACE_TRIES = 8
+"""How many times a put makes its folder again when deletes keep removing it under it."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _etag(st: os.stat_result) -> str:
     # a write renames a new file into place: a new inode, so the tag changes with every write
     return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
+
+
+def _info(key: str, st: os.stat_result) -> ObjectInfo:
+    return ObjectInfo(key, st.st_size, _etag(st), st.st_mtime)
 
 
 class FileObjectStore:
@@ -141,12 +147,7 @@ class FileObjectStore:
         with self._failures("upload", key), self._bucket("upload", key) as (top, bucket), contextlib.ExitStack() as on:
             partial = open_dir(top, PARTIAL_DIR, create=True)
             on.callback(os.close, partial)
-            try:
-                directory = on.enter_context(descend(bucket, names[:-1], create=True))
-            except OSError as e:
-                if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EEXIST):
-                    raise BadRequest(f"upload {key}: a part of its path is an object (or a link), not a folder") from e
-                raise
+            directory = on.enter_context(_folder(bucket, names[:-1], key))
             temp = secrets.token_hex(12)
             fd = os.open(temp, _WRITE_FLAGS, 0o600, dir_fd=partial)
             try:
@@ -154,7 +155,15 @@ class FileObjectStore:
                     write(f)
                     f.flush()
                     os.fsync(f.fileno())  # on disk before it is renamed into place: never an empty object
-                os.replace(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory)
+                for tries_left in reversed(range(_PLACE_TRIES)):
+                    try:
+                        os.replace(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory)
+                        break
+                    except FileNotFoundError:
+                        # its folder was removed meanwhile (a delete of the last object in it): made again
+                        if not tries_left or not _there(partial, temp):
+                            raise
+                        directory = on.enter_context(_folder(bucket, names[:-1], key))
                 os.fsync(directory)  # and the rename itself
             except BaseException as e:
                 with contextlib.suppress(OSError):
@@ -162,6 +171,22 @@ class FileObjectStore:
                 if isinstance(e, IsADirectoryError):
                     raise BadRequest(f"upload {key}: objects are stored under it, as in a folder") from e
                 raise
+
+    # -- deleting -------------------------------------------------------------------------
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Unlink each object (a key with none is no error) and remove the folders that leaves
+        empty, up to the bucket's own; a put into a folder removed meanwhile makes it again."""
+        if len(keys) > MAX_DELETE:
+            raise ValueError(f"delete takes at most {MAX_DELETE} keys a call, not {len(keys)}")
+        paths = [key_segments(key) for key in keys]  # every key checked before anything is deleted
+        for key, names in zip(keys, paths, strict=True):
+            with self._failures("delete", key), self._bucket("delete", key) as (_, bucket):
+                _remove(bucket, names)
+
+    def touch(self, key: str) -> None:
+        with self._open("touch", key) as f:
+            os.utime(f.fileno())  # the time now; the object, its size and its bytes stay
 
     # -- reading --------------------------------------------------------------------------
 
@@ -183,7 +208,7 @@ class FileObjectStore:
     def head(self, key: str) -> ObjectInfo | None:
         try:
             with self._open("head", key) as f:
-                return ObjectInfo(key, os.fstat(f.fileno()).st_size, _etag(os.fstat(f.fileno())))
+                return _info(key, os.fstat(f.fileno()))
         except NotFound:
             return None
 
@@ -311,10 +336,67 @@ def _scan(directory: int, base: str, start: str, after: str | None) -> Iterator[
                     os.close(inner)
             else:
                 st = entry.stat(follow_symlinks=False)
-                yield ObjectInfo(key, st.st_size, _etag(st))
+                yield _info(key, st)
         except OSError as e:  # replaced by a link, or gone, since it was listed
             if e.errno not in NOT_THERE:
                 raise
+
+
+@contextlib.contextmanager
+def _folder(bucket: int, names: list[str], key: str) -> Iterator[int]:
+    """The folder at ``names`` under ``bucket``, made as need be; made again should a delete remove
+    part of it while it is made. BadRequest where an object (or a link) is in the way."""
+    with contextlib.ExitStack() as on:
+        for tries_left in reversed(range(_PLACE_TRIES)):
+            try:
+                directory = on.enter_context(descend(bucket, names, create=True))
+                break
+            except FileNotFoundError:  # a folder on the way removed between its making and its opening
+                if not tries_left:
+                    raise
+            except OSError as e:
+                if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EEXIST):
+                    raise BadRequest(f"upload {key}: a part of its path is an object (or a link), not a folder") from e
+                raise
+        yield directory
+
+
+def _there(directory: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _remove(bucket: int, names: list[str]) -> None:
+    """Unlink the object at ``names`` under ``bucket`` (none there: nothing to unlink), then remove
+    the folders on its path that are left empty, the deepest first, up to the bucket's own. A folder
+    is removed only while empty (``rmdir``): an object another writer put in it meanwhile stays."""
+    folders = [bucket]  # folders[i]: the folder at names[:i]
+    try:
+        for name in names[:-1]:
+            try:
+                folders.append(open_dir(folders[-1], name))
+            except OSError as e:
+                if e.errno in NOT_THERE:
+                    return
+                raise
+        try:
+            os.unlink(names[-1], dir_fd=folders[-1])
+        except OSError as e:
+            if e.errno not in (*NOT_THERE, errno.EISDIR):
+                raise
+        for depth in range(len(names) - 1, 0, -1):
+            try:
+                os.rmdir(names[depth - 1], dir_fd=folders[depth - 1])
+            except OSError as e:
+                if e.errno in (errno.ENOTEMPTY, errno.EEXIST, *NOT_THERE, errno.EBUSY):
+                    return
+                raise
+    finally:
+        for fd in folders[1:]:
+            os.close(fd)
 
 
 def _clear_stale(partial: int, now: float) -> None:

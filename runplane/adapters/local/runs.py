@@ -14,11 +14,19 @@ column                  what it holds
 ``data``                the record, as ``written_json`` makes it (read with ``record``)
 ======================  =========================================================================
 
+``run_purges`` holds a row for each run the retention sweep must look at some time (``purge_due``
+not None: finished, not kept): ``run_id``, its ``queue`` and that time, ``due``. Every write of a
+run writes its row (or deletes it) in the same transaction, so the row is always the run's
+``purge_due``. The table is made, when a stack of an earlier release first opens its database,
+together with the rows of the finished runs already stored (due from their end), in one
+transaction: the runs of before the upgrade are swept as well, once a retention is set.
+
 Runs have a table of their own, apart from sweeps: SQLite charges nothing for a table, and so no
 run query needs to tell a sweep's row from a run's (DynamoDB shares one table to share its
 indexes). Three indexes make every query a range of one index: ``runs_by_owner`` (covering
 what an owner's filtered listing checks), ``runs_by_listing`` (a queue's runs of one listed
-state, newest first; ``count``) and ``runs_by_rank`` (a queue's line, in order: ``head``).
+state, newest first; ``count``) and ``runs_by_rank`` (a queue's line, in order: ``head``);
+``run_purges_by_due`` is a queue's runs due for the sweep, soonest first (``due``).
 
 A write is ``Database.write``: ``BEGIN IMMEDIATE``, so the read of the stored run, the check of
 ``Expect`` against it and the write are one transaction no other process's write comes between,
@@ -39,11 +47,12 @@ from runplane.adapters.records import check_changes, jsonable, record, written_j
 from runplane.domain.cursors import listing_cursor, listing_position
 from runplane.domain.errors import AlreadyExists, ConditionFailed, Conflict, NotFound
 from runplane.domain.records import add_event, bound_changes
+from runplane.domain.retention import purge_due
 from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, rank_prefix, run_rank
 from runplane.domain.states import RunState
 from runplane.ports import LIST_BUDGET, Expect, Page
 
-__all__ = ["DDL", "SqliteRunStore"]
+__all__ = ["DDL", "PURGES_DDL", "SqliteRunStore"]
 
 DDL = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -61,6 +70,22 @@ CREATE INDEX IF NOT EXISTS runs_by_listing ON runs (queue, listed, created_at, i
 CREATE INDEX IF NOT EXISTS runs_by_rank ON runs (queue, listed, rank);
 """
 
+PURGES_DDL = """
+CREATE TABLE run_purges (
+    run_id TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    due REAL NOT NULL
+);
+CREATE INDEX run_purges_by_due ON run_purges (queue, due, run_id);
+INSERT INTO run_purges (run_id, queue, due)
+    SELECT id, queue, coalesce(json_extract(data, '$.finished_at'), created_at) FROM runs
+    WHERE state IN ('succeeded', 'failed', 'killed', 'timed_out') AND NOT coalesce(json_extract(data, '$.kept'), 0)
+    AND json_extract(data, '$.retention') IS NULL
+"""
+"""The sweep's index of runs, made with the rows of the finished runs already stored (a database of
+an earlier release: none kept, none dated by the sweep, so each is due from its end). The states named
+are ``TERMINAL_STATES``."""
+
 
 def _qs(queue: str, listed: str) -> str:
     return f"{queue}#{listed}"
@@ -77,6 +102,7 @@ class SqliteRunStore:
         self.db = db
         self.list_budget = list_budget
         db.ensure(DDL)
+        db.ensure_table("run_purges", PURGES_DDL)
 
     @staticmethod
     def _row(run: Run) -> tuple[Any, ...]:
@@ -96,6 +122,17 @@ class SqliteRunStore:
         found = c.execute("SELECT data FROM runs WHERE id = ?", (run_id,)).fetchone()
         return record(Run, found[0]) if found is not None else None
 
+    @staticmethod
+    def _index(c: sqlite3.Connection, run: Run) -> None:
+        """Write ``run``'s row of ``run_purges``, or delete it (a search of the key when there is none)."""
+        due = purge_due(run)
+        if due is None:
+            c.execute("DELETE FROM run_purges WHERE run_id = ?", (run.id,))
+        else:
+            c.execute(
+                "INSERT OR REPLACE INTO run_purges (run_id, queue, due) VALUES (?, ?, ?)", (run.id, run.queue, due)
+            )
+
     def create(self, run: Run) -> Run:
         with self.db.errors("store run"), self.db.write() as c:
             existing = self._read(c, run.id)
@@ -106,6 +143,7 @@ class SqliteRunStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 self._row(run),
             )
+            self._index(c, run)
         return run
 
     def get(self, run_id: str) -> Run:
@@ -160,7 +198,35 @@ class SqliteRunStore:
                 "UPDATE runs SET state = ?, listed = ?, rank = ?, data = ? WHERE id = ?",
                 (str(new.state), listed_state(new), run_rank(new), written_json(new), run_id),
             )
+            self._index(c, new)
         return new
+
+    def due(self, queue: str, now: float, limit: int = 100) -> builtins.list[Run]:
+        if limit <= 0:
+            return []
+        with self.db.errors("read the runs due for the retention sweep"):
+            rows = (
+                self.db.connection()
+                .execute(
+                    "SELECT runs.data FROM run_purges JOIN runs ON runs.id = run_purges.run_id"
+                    " WHERE run_purges.queue = ? AND run_purges.due <= ?"
+                    " ORDER BY run_purges.due, run_purges.run_id LIMIT ?",
+                    (queue, now, limit),
+                )
+                .fetchall()
+            )
+        return [record(Run, row[0]) for row in rows]
+
+    def delete(self, run_id: str, now: float) -> None:
+        with self.db.errors("delete run"), self.db.write() as c:
+            current = self._read(c, run_id)
+            if current is None:
+                raise NotFound(f"run {run_id} not found")
+            due = purge_due(current)
+            if due is None or due > now:
+                raise ConditionFailed(f"run {run_id} is not due for deletion", run=current)
+            c.execute("DELETE FROM run_purges WHERE run_id = ?", (run_id,))
+            c.execute("DELETE FROM runs WHERE id = ?", (run_id,))
 
     def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:
         return self.list(queue=queue, state=WAITING, limit=limit, cursor=cursor)
