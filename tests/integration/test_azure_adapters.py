@@ -1,6 +1,7 @@
 """What the Azure adapters add beyond the port contracts (tests/integration/contracts), on Azurite:
-the runs table's layout and its repair paths, ETag races made deterministic, large runs, the
-queue's polling, encoding and names, SAS URLs, and how settings build an Azure stack."""
+the runs table's layout (its retention index included) and its repair paths, ETag races made
+deterministic, large runs, the queue's polling, encoding and names, SAS URLs, and how settings build
+an Azure stack."""
 
 import base64
 import json
@@ -14,6 +15,7 @@ import uuid
 import pytest
 import requests
 from azure.core.credentials import AccessToken
+from azure.core.exceptions import ServiceRequestError
 from azure.core.pipeline.transport import HttpTransport, RequestsTransportResponse
 from azure.storage.blob import BlobServiceClient
 
@@ -41,7 +43,8 @@ from runplane.domain.errors import (
     PayloadTooLarge,
 )
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.retention import RunRetention
+from runplane.domain.runs import Event, Run, RunSpec, run_rank
 from runplane.domain.states import RunState
 from runplane.domain.workers import Worker
 from runplane.ports import Expect
@@ -120,16 +123,74 @@ def test_a_write_between_read_and_write_that_keeps_expect_is_not_lost(azure_stac
     assert [r.id for r in other.list(queue="default", state=RunState.KILLED).runs] == [run.id]
 
 
+def _rows(table):
+    return sorted((e["PartitionKey"], e["RowKey"]) for e in table.list_entities(select=["PartitionKey", "RowKey"]))
+
+
 def test_layout_one_queue_partition_holds_the_run_and_its_state_copy(azure_stack, runs_table):
     run = azure_stack.store.create(make_run(3, owner="bob"))
-    azure_stack.store.update(run, Expect(), {"state": RunState.KILLED})
-    rows = sorted((e["PartitionKey"], e["RowKey"]) for e in runs_table.list_entities(select=["PartitionKey", "RowKey"]))
-    assert rows == [
+    assert ("q:default", f"r:{key(run_rank(run))}") in _rows(runs_table)
+    killed = azure_stack.store.update(run, Expect(), {"state": RunState.KILLED, "finished_at": 2000.5})
+    assert _rows(runs_table) == [
         ("id:r-3", ""),
         ("o:bob", f"{newest_first(1003.0)}:r-3"),
+        ("q:default", "p:0000002000.500000:r-3"),  # the retention sweep's index: due from its end
         ("q:default", "run:r-3"),
         ("q:default", f"s:killed:{newest_first(1003.0)}:r-3"),
     ]
+    azure_stack.store.update(killed, Expect(), {"kept": True})
+    assert [row for _, row in _rows(runs_table) if row.startswith("p:")] == []
+
+
+def test_a_run_finished_before_the_retention_index_is_updated_and_deleted(azure_stack, runs_table):
+    store = azure_stack.store
+    run = store.update(store.create(make_run(4)), Expect(), {"state": RunState.FAILED, "finished_at": 3000.0})
+    runs_table.delete_entity("q:default", "p:0000003000.000000:r-4")  # as a release without the index wrote it
+    assert store.due("default", 1e10) == []
+    dated = store.update(run, Expect(), {"retention": RunRetention(checked_at=3100.0, record_at=5000.0)})
+    assert [r.id for r in store.due("default", 5000.0)] == [run.id]  # written afresh by the update
+    runs_table.delete_entity("q:default", "p:0000005000.000000:r-4")
+    store.delete(run.id, 5000.0)
+    with pytest.raises(NotFound):
+        store.get(dated.id)
+    assert _rows(runs_table) == []
+
+
+def test_a_write_between_the_read_and_the_delete_of_a_run_is_not_lost(azure_stack, runs_table):
+    other = azure_stack.store
+    run = other.update(other.create(make_run(5)), Expect(), {"state": RunState.SUCCEEDED, "finished_at": 3000.0})
+    store = TableRunStore(Interleaved(runs_table, lambda: other.update(run, Expect(), {"kept": True})))
+    with pytest.raises(ConditionFailed, match=f"run {run.id} is not due"):
+        store.delete(run.id, 1e10)
+    assert other.get(run.id).kept
+    assert [r.id for r in other.list(owner="alice").runs] == [run.id]
+
+
+class FailingDeletes:
+    """The real table client, whose single-entity deletes fail: a delete stopped after the run."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def __getattr__(self, name):
+        return getattr(self.table, name)
+
+    def delete_entity(self, *args, **kwargs):
+        raise ServiceRequestError("connection reset")
+
+
+def test_a_delete_that_stopped_half_way_leaves_entries_that_point_at_no_run(azure_stack, runs_table):
+    other = azure_stack.store
+    run = other.update(other.create(make_run(6)), Expect(), {"state": RunState.SUCCEEDED, "finished_at": 3000.0})
+    with pytest.raises(BackendError, match="delete run failed"):
+        TableRunStore(FailingDeletes(runs_table)).delete(run.id, 3000.0)
+    assert ("id:r-6", "") in _rows(runs_table)  # the run is gone, its entries are not
+    with pytest.raises(NotFound):
+        other.get(run.id)
+    assert other.list(owner="alice").runs == []
+    assert other.due("default", 1e10) == []
+    with pytest.raises(NotFound):
+        other.delete(run.id, 1e10)
 
 
 def test_keys_with_characters_table_storage_refuses(azure_stack):

@@ -6,7 +6,8 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from azure.storage.blob import BlobSasPermissions, BlobServiceClient, UserDelega
 from runplane.adapters.azure.errors import error_code
 from runplane.domain.errors import BackendError, BadRequest, NotFound, PayloadTooLarge
 from runplane.domain.uploads import PUT_URL_SECONDS
-from runplane.ports import ObjectInfo
+from runplane.ports import MAX_DELETE, ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ CONCURRENCY = 4
 DELEGATION_KEY_SECONDS = 7 * 24 * 3600
 """A user delegation key lives at most seven days, and a SAS signed with it no longer."""
 MAX_SAS_SECONDS = DELEGATION_KEY_SECONDS - 600
+DELETE_THREADS = 8
 
 
 class BlobObjectStore:
@@ -136,7 +138,33 @@ class BlobObjectStore:
             if isinstance(failure, NotFound):
                 return None
             raise failure from e
-        return ObjectInfo(key, int(found.size), str(found.etag or "").strip('"'))
+        return _info(found, key)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """Each blob deleted (with its snapshots) by a request of its own, several at a time (a
+        batch request is not served by every Blob storage endpoint, Azurite's among them)."""
+        if len(keys) > MAX_DELETE:
+            raise ValueError(f"delete takes at most {MAX_DELETE} keys, not {len(keys)}")
+        with ThreadPoolExecutor(min(DELETE_THREADS, max(1, len(keys))), thread_name_prefix="blob-delete") as pool:
+            for _ in pool.map(self._delete_one, keys):
+                pass
+
+    def _delete_one(self, key: str) -> None:
+        try:
+            self.client.get_blob_client(self.container, key).delete_blob(delete_snapshots="include")
+        except AzureError as e:
+            failure = self._fail(e, "delete", key)
+            if not isinstance(failure, NotFound):
+                raise failure from e
+
+    def touch(self, key: str) -> None:
+        """Its metadata written back as it is: Blob storage renews Last-Modified (what a lifecycle
+        rule's ``daysAfterModificationGreaterThan`` counts from) and the ETag; the bytes stay."""
+        blob = self.client.get_blob_client(self.container, key)
+        try:
+            blob.set_blob_metadata(blob.get_blob_properties().metadata or {})
+        except AzureError as e:
+            raise self._fail(e, "touch", key) from e
 
     def put_url(
         self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
@@ -198,5 +226,7 @@ class BlobObjectStore:
             return self._delegation
 
 
-def _info(blob: Any) -> ObjectInfo:
-    return ObjectInfo(blob.name, int(blob.size), str(blob.etag or "").strip('"'))
+def _info(blob: Any, key: str | None = None) -> ObjectInfo:
+    """What a listing's or a head's blob properties say of the blob."""
+    modified = blob.last_modified.timestamp() if blob.last_modified is not None else None
+    return ObjectInfo(key or blob.name, int(blob.size), str(blob.etag or "").strip('"'), modified)

@@ -12,13 +12,17 @@ PartitionKey          RowKey                           entity
 ``q:{queue}``         ``r:{rank}``                     a copy of a queued run: the queue's line, in order
                                                        (not of one that waits for other runs: it is
                                                        filed under ``s:waiting:``)
+``q:{queue}``         ``p:{due}:{id}``                 a copy of a run the retention sweep looks at by
+                                                       ``due``: its ``purge_due``, as ``%017.6f``
 ``id:{id}``           ``""``                           the run's queue: where ``get(id)`` finds it
 ``o:{owner}``         ``{newest}:{id}``                the owner's index: points at the run's queue
 ====================  ===============================  ==================================================
 
 ``newest`` is an inverted creation time, so a range scan returns newest first. ``rank`` is
 ``run_rank(run)`` (escaped), the order a pool's queued runs start in; the ``r:`` copy exists exactly
-while the run is queued, so ``head`` is a range scan of the ``r:`` rows.
+while the run is queued, so ``head`` is a range scan of the ``r:`` rows. Likewise the ``p:`` copy
+exists exactly while ``purge_due(run)`` is not None (a finished run that is not kept), so ``due`` is
+a range scan of the ``p:`` rows up to its time.
 
 A run and its copies live in the queue's partition, and every write replaces them in one
 transaction conditional on the run's ETag: listing and counting by queue and state are range scans
@@ -32,6 +36,8 @@ partition, plenty for runs that last minutes), and ``get`` needs the run's queue
 The ``id:`` and owner entries are written before the run and never change. A failure between these
 writes leaves entries that point at no run: ``get`` says NotFound, ``list(owner=...)`` skips them
 (it reads each run and checks it), and a create retried with the same id completes the run.
+``delete`` removes the run and its copies in one transaction conditional on the ETag read, then the
+``id:`` and owner entries: a failure between leaves entries that point at no run, as above.
 
 ``update`` reads the run, checks ``Expect`` against it and writes back with the ETag it read. A
 stale ETag means another write came between: it reads again and checks again, so a write fails
@@ -70,6 +76,7 @@ from runplane.adapters.azure.tables import (
 from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.records import add_event, bound_changes
+from runplane.domain.retention import purge_due
 from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, rank_prefix, run_rank
 from runplane.domain.states import RunState
 from runplane.ports import LIST_BUDGET, Expect, Page
@@ -81,6 +88,10 @@ _FETCH_THREADS = 8
 
 
 _ID_CACHE = 10_000
+
+
+_LAST_DUE = 9_999_999_999.999999
+"""The latest time a ``p:`` key orders right (``%017.6f`` keeps its width up to it): year 2286."""
 
 
 class TableRunStore:
@@ -112,16 +123,25 @@ class TableRunStore:
         waits for other runs."""
         return f"r:{key(run_rank(run))}" if listed_state(run) == RunState.QUEUED else None
 
+    @staticmethod
+    def _purge_key(run: Run) -> str | None:
+        """The RowKey of the run's copy in the retention sweep's index; None when the sweep never
+        looks at it (not finished, or kept)."""
+        due = purge_due(run)
+        return None if due is None else f"p:{min(max(due, 0.0), _LAST_DUE):017.6f}:{key(run.id)}"
+
     @classmethod
-    def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None]:
-        """The run, its state copy and, while it is queued, its copy in the line."""
+    def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
+        """The run, its state copy, while it is queued its copy in the line, and while the
+        retention sweep is to look at it its copy in that index."""
         body = {"state": str(run.state), **packed(run, f"run {run.id}")}
         partition = cls._partition(run.queue)
-        rank = cls._rank_key(run)
+        rank, purge = cls._rank_key(run), cls._purge_key(run)
         return (
             {"PartitionKey": partition, "RowKey": f"run:{key(run.id)}", **body},
             {"PartitionKey": partition, "RowKey": cls._copy_key(run), **body},
             {"PartitionKey": partition, "RowKey": rank, **body} if rank is not None else None,
+            {"PartitionKey": partition, "RowKey": purge, **body} if purge is not None else None,
         )
 
     def _read(self, queue: str, run_id: str) -> tuple[Run, str]:
@@ -150,7 +170,7 @@ class TableRunStore:
     # -- the port -------------------------------------------------------------------------
 
     def create(self, run: Run) -> Run:
-        main, copy, ranked = self._entities(run)  # PayloadTooLarge before anything is written
+        main, copy, ranked, purged = self._entities(run)  # PayloadTooLarge before anything is written
         try:
             self.table.create_entity({"PartitionKey": f"id:{key(run.id)}", "RowKey": "", "queue": run.queue})
         except ResourceExistsError:
@@ -176,7 +196,7 @@ class TableRunStore:
                 }
             )
             self.table.submit_transaction(
-                [("create", main), ("create", copy), *([("create", ranked)] if ranked is not None else [])]
+                [("create", main), ("create", copy)] + [("create", e) for e in (ranked, purged) if e is not None]
             )
         except TableTransactionError as e:
             if error_code(e) == TableErrorCode.ENTITY_ALREADY_EXISTS:
@@ -220,12 +240,13 @@ class TableRunStore:
         """Read the run, ask ``change`` what to set in it as it is now (None: nothing; it raises
         to refuse), and write the run and its copies back with the ETag read, reading again when
         another write came between."""
-        # the ETag of a read whose run had no copy in the line to remove (queued before lines
-        # existed): known of that version only, as another writer may have written the copy since
-        unranked_at: str | None = None
+        # the ETag of a read and the copies its run did not have to remove (a run queued before lines
+        # existed, one finished before the retention index did): known of that version only, as
+        # another writer may have written the copies since
+        absent_at: tuple[str, frozenset[str]] = ("", frozenset())
         for _ in range(MAX_WRITE_TRIES):
             current, etag = self._read(run.queue, run.id)
-            unranked = unranked_at == etag
+            absent = absent_at[1] if absent_at[0] == etag else frozenset()
             changes = change(current)
             if changes is None:
                 return current
@@ -234,7 +255,7 @@ class TableRunStore:
             new = record(Run, data)
             if event is not None:  # the timeline keeps its first event and the latest ones
                 new.events = add_event(new.events, event)
-            main, copy, ranked = self._entities(new)
+            main, copy, ranked, purged = self._entities(new)
             operations: list[Any] = [
                 (
                     "update",
@@ -246,25 +267,90 @@ class TableRunStore:
             if old_copy != copy["RowKey"]:
                 operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old_copy}))
             operations.append(("upsert", copy, {"mode": UpdateMode.REPLACE}))
-            old_rank = self._rank_key(current)
-            removes_rank = old_rank is not None and old_rank != (ranked or {}).get("RowKey") and not unranked
-            if removes_rank:
-                operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old_rank}))
-            if ranked is not None:
-                operations.append(("upsert", ranked, {"mode": UpdateMode.REPLACE}))
+            removes: list[str] = []
+            for old, entity in ((self._rank_key(current), ranked), (self._purge_key(current), purged)):
+                if old is not None and old != (entity or {}).get("RowKey") and old not in absent:
+                    removes.append(old)
+                    operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old}))
+                if entity is not None:
+                    operations.append(("upsert", entity, {"mode": UpdateMode.REPLACE}))
             try:
                 self.table.submit_transaction(operations)
             except TableTransactionError as e:
                 if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
                     continue  # another write came between our read and ours: check again
-                if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND and removes_rank:
-                    unranked_at = etag  # nothing was written: write it again without that removal
+                if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND and removes:
+                    # nothing was written: write it again without the removals of copies not there
+                    absent_at = (etag, absent | self._absent(main["PartitionKey"], removes))
                     continue
                 raise failure(e, "update run") from e
             except AzureError as e:
                 raise failure(e, "update run") from e
             return new
         raise BackendError(f"update run {run.id}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
+
+    def _absent(self, partition: str, rows: builtins.list[str]) -> frozenset[str]:
+        """Which of these rows of ``partition`` do not exist."""
+        return frozenset(row for row in rows if get_entity(self.table, partition, row, "update run") is None)
+
+    def due(self, queue: str, now: float, limit: int = 100) -> builtins.list[Run]:
+        if limit <= 0:
+            return []
+        before = f"p:{min(max(now, 0.0), _LAST_DUE):017.6f};"  # past every key of a run due at ``now``
+        rows = self._scan(self._partition(queue), "p:", before, min(limit, 1000), "read the runs due for retention")
+        # a key holds the time to the microsecond: one rounded down to ``now`` may be a hair later
+        runs = (document(Run, entity) for entity in rows)
+        due = (run for run in runs if (at := purge_due(run)) is not None and at <= now)
+        return builtins.list(itertools.islice(due, limit))
+
+    def delete(self, run_id: str, now: float) -> None:
+        queue = self._queue_of(run_id)
+        partition = self._partition(queue)
+        absent_at: tuple[str, frozenset[str]] = ("", frozenset())
+        for _ in range(MAX_WRITE_TRIES):
+            current, etag = self._read(queue, run_id)
+            due = purge_due(current)
+            if due is None or due > now:
+                raise ConditionFailed(f"run {run_id} is not due for deletion", run=current)
+            absent = absent_at[1] if absent_at[0] == etag else frozenset()
+            copies = [
+                row
+                for row in (self._copy_key(current), self._rank_key(current), self._purge_key(current))
+                if row is not None and row not in absent
+            ]
+            operations: list[Any] = [
+                (
+                    "delete",
+                    {"PartitionKey": partition, "RowKey": f"run:{key(run_id)}"},
+                    {"etag": etag, "match_condition": MatchConditions.IfNotModified},
+                ),
+                *(("delete", {"PartitionKey": partition, "RowKey": row}) for row in copies),
+            ]
+            try:
+                self.table.submit_transaction(operations)
+            except TableTransactionError as e:
+                if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
+                    continue  # written (or deleted) since our read: check again
+                if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND:
+                    absent_at = (etag, absent | self._absent(partition, copies))
+                    continue  # the run itself gone: the read says NotFound
+                raise failure(e, "delete run") from e
+            except AzureError as e:
+                raise failure(e, "delete run") from e
+            break
+        else:
+            raise BackendError(f"delete run {run_id}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
+        # the entries that point at it: should this stop half-way, they point at no run, which reads skip
+        for partition_key, row_key in (
+            (f"id:{key(run_id)}", ""),
+            (f"o:{key(current.owner)}", f"{newest_first(current.created_at)}:{key(run_id)}"),
+        ):
+            try:
+                self.table.delete_entity(partition_key, row_key)
+            except AzureError as e:
+                raise failure(e, "delete run") from e
+        with self._lock:
+            self._queues.pop(run_id, None)
 
     def list(
         self,
