@@ -41,6 +41,14 @@ BY_QUEUE_STATE = "by_queue_state"
 BY_RANK = "by_rank"
 
 
+BY_PURGE = "by_purge"
+"""The runs table's sparse index of finished runs by when the retention sweep must look at them:
+``PURGE_QUEUE`` (the run's queue), ``PURGE_DUE`` (``runplane.domain.retention.purge_due``), both
+present only while that time is not None."""
+
+PURGE_QUEUE, PURGE_DUE = "pq", "pd"
+
+
 BY_POOL = "by_pool"
 """The workers table's index: a pool's workers."""
 

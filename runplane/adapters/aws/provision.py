@@ -23,7 +23,7 @@ from botocore.exceptions import ClientError
 
 from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_QUEUE_STATE, BY_RANK
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_PURGE, BY_QUEUE_STATE, BY_RANK, PURGE_DUE, PURGE_QUEUE
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.secrets import NAME, SCOPE
 from runplane.adapters.aws.sqs import dead_letter_queue_name, events_queue_name, pool_queue_name
@@ -135,17 +135,39 @@ def _table_setting(call: Callable[..., Any], what: str, **kwargs: Any) -> None:
         log.warning("%s: not applied, the DynamoDB endpoint does not implement it", what)
 
 
+def _time_to_live(ddb: Any, table: str, attribute: str, created: bool) -> None:
+    """TTL on ``attribute`` of ``table``, unless the table has it on already (a table made by an
+    earlier version has none: it gets it here, once)."""
+    if not created:
+        try:
+            described = ddb.describe_time_to_live(TableName=table).get("TimeToLiveDescription", {})
+        except ClientError as e:
+            if error_code(e) != "UnknownOperationException":
+                raise
+            log.warning("time to live on %s: not applied, the DynamoDB endpoint does not implement it", table)
+            return
+        if described.get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
+            return
+    _table_setting(
+        ddb.update_time_to_live,
+        f"time to live on {table}",
+        TableName=table,
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": attribute},
+    )
+
+
 def _tables(ddb: Any, names: AwsNames) -> None:
     created = {
         "runs_table": _create_table(
             ddb,
             names.runs_table,
             "id",
-            {"id": "S", "owner": "S", "qs": "S", "created_at": "N", "rank": "S"},
+            {"id": "S", "owner": "S", "qs": "S", "created_at": "N", "rank": "S", PURGE_QUEUE: "S", PURGE_DUE: "N"},
             [
                 _index(BY_OWNER, "owner", "created_at"),
                 _index(BY_QUEUE_STATE, "qs", "created_at"),
                 _index(BY_RANK, "qs", "rank"),
+                _index(BY_PURGE, PURGE_QUEUE, PURGE_DUE),
             ],
         ),
         "workers_table": _create_table(
@@ -156,7 +178,8 @@ def _tables(ddb: Any, names: AwsNames) -> None:
         "quotas_table": _create_table(ddb, names.quotas_table, "id", {"id": "S"}, []),
         "secrets_table": _create_table(ddb, names.secrets_table, SCOPE, {SCOPE: "S", NAME: "S"}, [], sort_key=NAME),
     }
-    # Only on creation: DynamoDB refuses to enable TTL that is already enabled.
+    # Only on creation for the workers table: DynamoDB refuses to enable TTL that is already
+    # enabled. The runs table's TTL came with retention: a table made before it gets it now.
     if created["workers_table"]:
         _table_setting(
             ddb.update_time_to_live,
@@ -164,6 +187,7 @@ def _tables(ddb: Any, names: AwsNames) -> None:
             TableName=names.workers_table,
             TimeToLiveSpecification={"Enabled": True, "AttributeName": resources.WORKERS_TTL_ATTRIBUTE},
         )
+    _time_to_live(ddb, names.runs_table, resources.RUNS_TTL_ATTRIBUTE, created["runs_table"])
     for attr in resources.PITR_TABLES:
         if created[attr]:
             _table_setting(

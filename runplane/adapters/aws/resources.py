@@ -26,6 +26,9 @@ MAX_RECEIVES = 5
 
 WORKERS_TTL_ATTRIBUTE = "expires_at"
 """The workers table's TTL attribute: a worker that stops heartbeating expires on its own."""
+RUNS_TTL_ATTRIBUTE = "ttl"
+"""The runs table's TTL attribute (``runplane.domain.retention.ttl_at``): a backstop that deletes a
+finished run's record some days after its retention's date, should the retention sweep not have."""
 PITR_TABLES = ("runs_table", "tokens_table", "quotas_table", "secrets_table")
 """The tables (``AwsNames`` fields) with point-in-time recovery: the records that cannot be
 rebuilt (runs, tokens, the quotas admins set and the use charged against them, secrets). Workers

@@ -13,17 +13,23 @@ from botocore.exceptions import BotoCoreError, ClientError
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import (
     BY_OWNER,
+    BY_PURGE,
     BY_QUEUE_STATE,
     BY_RANK,
+    PURGE_DUE,
+    PURGE_QUEUE,
     fields,
     key_cursor,
     start_key,
     to_dynamo,
     translate,
 )
+from runplane.adapters.aws.purges import PURGE_SOURCES, purge_index
+from runplane.adapters.aws.resources import RUNS_TTL_ATTRIBUTE
 from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
+from runplane.domain.retention import purge_due, ttl_at
 from runplane.domain.runs import (
     MAX_DEPENDENTS,
     WAITING,
@@ -43,12 +49,17 @@ def _qs(queue: str, state: RunState | str) -> str:
     return f"{queue}#{state}"
 
 
+_STORAGE = ("qs", "rank", PURGE_QUEUE, PURGE_DUE, RUNS_TTL_ATTRIBUTE)
+"""The attributes of a run's item that only the store reads: keys of its indexes, its TTL."""
+
+
 MAX_TIMELINE_TRIES = 20
 """How often a write whose run's full timeline changed under it reads it again and tries again."""
 
 
 class _TimelineMoved(Exception):
-    """A run's timeline changed between its read and a write that replaces it whole."""
+    """A run's timeline changed between its read and a write that replaces it whole, or a field its
+    retention index derives from changed between its read and a write that derives it again."""
 
     def __init__(self, current: Run) -> None:
         super().__init__(current.id)
@@ -69,11 +80,15 @@ class DynamoRunStore:
         data = jsonable(run)
         data["qs"] = _qs(run.queue, listed_state(run))
         data["rank"] = run_rank(run)
+        if (due := purge_due(run)) is not None:
+            data[PURGE_QUEUE], data[PURGE_DUE] = run.queue, due
+        if (expires := ttl_at(run)) is not None:
+            data[RUNS_TTL_ATTRIBUTE] = expires
         return {k: to_dynamo(v) for k, v in data.items()}
 
     @staticmethod
     def _run(item: Mapping[str, Any]) -> Run:
-        return fields(Run, item, "qs", "rank")
+        return fields(Run, item, *_STORAGE)
 
     def create(self, run: Run) -> Run:
         try:
@@ -110,6 +125,8 @@ class DynamoRunStore:
                 return self._update(run, expect, bounded, event, seen)
             except _TimelineMoved as moved:
                 seen = moved.current.events
+                if any(field in bounded for field in PURGE_SOURCES):
+                    run = moved.current
         raise BackendError(f"update run {run.id}: {MAX_TIMELINE_TRIES} concurrent writes won over this one; retry")
 
     def _update(
@@ -143,6 +160,10 @@ class DynamoRunStore:
         moves = "spec" in changes or "fair_tag" in changes
         sets.append("#rank = :rank" if moves else "#rank = if_not_exists(#rank, :rank)")
         conditions = ["attribute_exists(#id)", *_conditions(expect, names, values)]
+        removes: list[str] = []
+        guarded = any(field in changes for field in PURGE_SOURCES)
+        if guarded:
+            conditions += purge_index(run, changes, names, values, sets, removes)
         if event is not None:
             names["#events"] = "events"
             if len(seen) < MAX_RUN_EVENTS:
@@ -168,6 +189,8 @@ class DynamoRunStore:
         }
         if sets:
             kwargs["UpdateExpression"] = "SET " + ", ".join(sets)
+        if removes:
+            kwargs["UpdateExpression"] = f"{kwargs.get('UpdateExpression', '')} REMOVE {', '.join(removes)}".strip()
         if values:
             kwargs["ExpressionAttributeValues"] = values
         try:
@@ -175,7 +198,7 @@ class DynamoRunStore:
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
                 current = self.get(run.id)  # raises NotFound when the run is gone
-                if "#events" in names and expect.holds(current):
+                if ("#events" in names or guarded) and expect.holds(current):
                     raise _TimelineMoved(current) from e
                 raise ConditionFailed(
                     f"run {run.id} is {current.state} at attempt {current.attempt}", run=current
@@ -338,6 +361,48 @@ class DynamoRunStore:
                 break
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
         return min(total, cap)
+
+    def due(self, queue: str, now: float, limit: int = 100) -> builtins.list[Run]:
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "IndexName": BY_PURGE,
+            "KeyConditionExpression": "#pq = :q AND #pd <= :now",
+            "ExpressionAttributeNames": {"#pq": PURGE_QUEUE, "#pd": PURGE_DUE},
+            "ExpressionAttributeValues": {":q": {"S": queue}, ":now": to_dynamo(now)},
+            "ScanIndexForward": True,
+        }
+        runs: builtins.list[Run] = []
+        while len(runs) < limit:
+            kwargs["Limit"] = limit - len(runs)
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise translate(e, "read the runs due for the retention sweep") from e
+            runs.extend(self._run(item) for item in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return runs[:limit]
+
+    def delete(self, run_id: str, now: float) -> None:
+        try:
+            self.client.delete_item(
+                TableName=self.table,
+                Key={"id": {"S": run_id}},
+                ConditionExpression=(
+                    "attribute_exists(#id) AND attribute_not_exists(#kind) AND #pd <= :now"
+                    " AND (attribute_not_exists(#kept) OR #kept <> :kept)"
+                ),
+                ExpressionAttributeNames={"#id": "id", "#kind": "kind", "#pd": PURGE_DUE, "#kept": "kept"},
+                ExpressionAttributeValues={":now": to_dynamo(now), ":kept": {"BOOL": True}},
+            )
+        except ClientError as e:
+            if error_code(e) != "ConditionalCheckFailedException":
+                raise translate(e, "delete run") from e
+            current = self.get(run_id)  # raises NotFound when the run is gone
+            raise ConditionFailed(f"run {run_id} is not due for deletion", run=current) from e
+        except BotoCoreError as e:
+            raise translate(e, "delete run") from e
 
 
 def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -> builtins.list[str]:

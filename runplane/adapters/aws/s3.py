@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from runplane.adapters.aws.clients import error_code
 from runplane.domain.errors import BackendError, NotFound, PayloadTooLarge
 from runplane.domain.uploads import PUT_URL_SECONDS
-from runplane.ports import ObjectInfo
+from runplane.ports import MAX_DELETE, ObjectInfo
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,45 @@ class S3ObjectStore:
             raise _failed(e, "head", key) from e
         except BotoCoreError as e:
             raise _failed(e, "head", key) from e
-        return ObjectInfo(key, int(found["ContentLength"]), str(found.get("ETag", "")).strip('"'))
+        return ObjectInfo(
+            key, int(found["ContentLength"]), str(found.get("ETag", "")).strip('"'), _epoch(found.get("LastModified"))
+        )
+
+    def delete(self, keys: Sequence[str]) -> None:
+        """One DeleteObjects (quiet: S3 answers only the keys it could not delete). In the versioned
+        bucket each becomes a delete marker; the lifecycle rule expires the old version later."""
+        if not keys:
+            return
+        if len(keys) > MAX_DELETE:
+            raise ValueError(f"at most {MAX_DELETE} keys a call")
+        objects = [{"Key": key} for key in keys]
+        try:
+            resp = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+        except (ClientError, BotoCoreError) as e:
+            raise _failed(e, "delete", keys[0]) from e
+        if errors := resp.get("Errors"):
+            log.warning("delete: S3 kept %d objects: %s", len(errors), errors[:5])
+            raise BackendError(f"delete {errors[0].get('Key', '')}: {errors[0].get('Code', 'failed')}")
+
+    def touch(self, key: str) -> None:
+        """Copy the object onto itself, its content type and metadata kept: S3 gives it a new
+        last-modified time, which the bucket's lifecycle rule counts from."""
+        try:
+            found = self.client.head_object(Bucket=self.bucket, Key=key)
+            self.client.copy_object(
+                Bucket=self.bucket,
+                Key=key,
+                CopySource={"Bucket": self.bucket, "Key": key},
+                MetadataDirective="REPLACE",
+                Metadata=found.get("Metadata", {}),
+                ContentType=found.get("ContentType", "binary/octet-stream"),
+            )
+        except ClientError as e:
+            if error_code(e) in ("NoSuchKey", "404", "NotFound"):
+                raise NotFound(f"object {key} not found") from e
+            raise _failed(e, "touch", key) from e
+        except BotoCoreError as e:
+            raise _failed(e, "touch", key) from e
 
     def put_url(
         self, key: str, size: int, md5: str, expires_seconds: int = PUT_URL_SECONDS
@@ -136,4 +176,11 @@ class S3ObjectStore:
 
 
 def _info(obj: dict[str, Any]) -> ObjectInfo:
-    return ObjectInfo(obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
+    return ObjectInfo(
+        obj["Key"], int(obj["Size"]), str(obj.get("ETag", "")).strip('"'), _epoch(obj.get("LastModified"))
+    )
+
+
+def _epoch(when: object) -> float | None:
+    """An object's LastModified (botocore parses it into a datetime) in seconds since the epoch."""
+    return when.timestamp() if isinstance(when, datetime) else None
