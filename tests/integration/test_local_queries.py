@@ -31,7 +31,7 @@ def _plans(db: Database, work) -> dict[str, list[str]]:
         return {
             sql: [row[3] for row in explain.execute("EXPLAIN QUERY PLAN " + sql)]
             for sql in seen
-            if sql.lstrip().upper().startswith(("SELECT", "UPDATE"))
+            if sql.lstrip().upper().startswith(("SELECT", "UPDATE", "DELETE"))
         }
     finally:
         explain.close()
@@ -64,6 +64,8 @@ def test_every_query_of_the_run_and_sweep_stores_searches_an_index(tmp_path):
         runs.head("default", 5)
         runs.head("default", 5, priority=41)
         runs.count("default", RunState.QUEUED)
+        runs.due("default", 1e10, limit=3)
+        runs.delete("r-0", 1e10)
         sweep = sweeps.get("s-1")
         sweeps.save(sweep.model_copy(update={"finished_at": 9.0}))
         cursor = sweeps.list("alice", limit=2)[1]
@@ -74,9 +76,11 @@ def test_every_query_of_the_run_and_sweep_stores_searches_an_index(tmp_path):
     plans = _plans(db, work)
     assert len(plans) >= 20  # every call above was seen
     for sql, plan in plans.items():
-        steps = [step for step in plan if step.startswith(("SCAN runs", "SCAN sweeps", "USE TEMP B-TREE"))]
+        steps = [step for step in plan if step.startswith(("SCAN runs", "SCAN sweeps", "SCAN run_purges", "USE TEMP"))]
         assert steps == [], f"{sql}: {plan}"
-        assert any(step.startswith(("SEARCH runs", "SEARCH sweeps")) for step in plan), f"{sql}: {plan}"
+        assert any(step.startswith(("SEARCH runs", "SEARCH sweeps", "SEARCH run_purges")) for step in plan), (
+            f"{sql}: {plan}"
+        )
 
 
 def test_every_query_of_the_secrets_store_searches_its_key(tmp_path):
