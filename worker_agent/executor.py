@@ -39,6 +39,7 @@ from worker_agent.disk import check_disk
 from worker_agent.images import ImageCache
 from worker_agent.inputs import InputCache
 from worker_agent.limits import Limits
+from worker_agent.live import LIVE_DIR, LiveOutputs
 from worker_agent.logship import RunLogs
 from worker_agent.network import NetworkError, RunNetwork
 from worker_agent.outcome import Outcome
@@ -218,7 +219,21 @@ class RunExecutor:
         # a LeaseLost here leaves through run_safely, whose cleanup removes the started container
         self.state.running(started, f"container started on worker {self.config.worker_id}")
         watch = Watch(self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk)
-        outcome = watch(started)
+        live = LiveOutputs(
+            self.ports.objects,
+            self.output_dir / LIVE_DIR,
+            f"{outputs_prefix(run.id, run.attempt)}{LIVE_DIR}/",
+            self.clock,
+            self.config.live,
+            f"live-{run.id}",
+        )
+        live.start()
+        try:
+            outcome = watch(started)
+        finally:  # the container has exited: the final upload writes these keys again, last
+            live.stop(self.config.upload_deadline_seconds)
+        if live.notices:
+            outcome.message += f" (not uploaded while it ran: {', '.join(live.notices[:5])})"
         ran = self.usage.timings["run"] = round(self.clock() - started, 3)
         self.meter.charge(self.run.spec.resources, self.config.rates, ran)
         if self.control.lease_lost.is_set():

@@ -26,6 +26,7 @@ from runplane.domain.units import format_bytes
 from runplane.domain.workers import Worker
 from runplane.extras import requirement
 from worker_agent.gpu_access import GpuAccess, GpuModeError, Probe, choose, gather
+from worker_agent.live import LiveLimits
 from worker_agent.metrics import serve as serve_metrics
 from worker_agent.preemption import PreemptionWatcher, make_probe
 from worker_agent.resources import Gpu, detect_gpus, host_cpus, select_gpus
@@ -294,6 +295,12 @@ def agent_config(
             work_dir=work_dir,
             kill_poll_seconds=settings.kill_poll_seconds,
             upload_deadline_seconds=settings.upload_deadline_seconds,
+            live=LiveLimits(
+                settings.live_interval,
+                settings.live_max_files,
+                settings.live_max_file_bytes,
+                settings.live_bytes_per_minute,
+            ),
             pull=settings.pull,
             shm_size=settings.shm_size,
             run_user=settings.run_user,

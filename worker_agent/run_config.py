@@ -14,6 +14,7 @@ from runplane.domain.secrets import RegistryCredentials
 from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore, SecretOpener, SecretStore
 from runplane.services.skew import STACK_CHECK_SECONDS
 from worker_agent.gpu_access import GpuAccess
+from worker_agent.live import LiveLimits
 from worker_agent.resources import Gpu
 from worker_agent.settings import default
 
@@ -27,6 +28,7 @@ class ExecutorConfig:
     log_flush_seconds: float = 1.0
     usage_seconds: float = 2.0
     upload_deadline_seconds: float = default("upload_deadline_seconds")
+    live: LiveLimits = field(default_factory=LiveLimits)  # outputs while the run goes (live.py)
     pids_limit: int = 4096
     shm_size: str | None = default("shm_size")
     run_user: str = default("run_user")

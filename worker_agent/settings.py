@@ -180,6 +180,16 @@ class AgentSettings(Settings):
     poll_seconds: float = Field(5.0, gt=0, description="queue long-poll time")
     kill_poll_seconds: float = Field(1.0, gt=0, description="how often a running run checks for a kill request")
     upload_deadline_seconds: float = Field(300.0, gt=0, description="the most time outputs may take to upload")
+    live_interval: Annotated[float, BeforeValidator(_duration)] = Field(
+        15.0, gt=0, description="how often files a run writes under $RUNPLANE_OUTPUT/live/ are uploaded while it runs"
+    )
+    live_max_files: int = Field(100, ge=0, description="the most files of a run's live/ uploaded while it runs")
+    live_max_file_bytes: Annotated[int, BeforeValidator(_size)] = Field(
+        64 * 1024**2, ge=0, description="files of live/ larger than this are uploaded only when the run ends"
+    )
+    live_bytes_per_minute: Annotated[int, BeforeValidator(_size)] = Field(
+        64 * 1024**2, gt=0, description="the most bytes of one run's live/ uploaded a minute while it runs"
+    )
     prefetch_stall_seconds: float = Field(
         120.0, gt=0, description="give up a prefetch pull the engine says nothing of for this long"
     )

@@ -1,0 +1,136 @@
+"""A run's live outputs as the agent's scanner uploads them (worker_agent/live.py), one pass at a
+time with an injected clock, into the embedded stack's object store: what changed goes up, what
+did not stays, and the bounds (file size, bytes a minute, file count) and the tree's safety
+(symlinks out of it, fifos) hold."""
+
+import os
+
+import pytest
+
+from runplane.adapters.local.files import FileObjectStore
+from worker_agent.live import LiveLimits, LiveOutputs
+
+PREFIX = "runs/r-1/outputs/1/live/"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def objects(tmp_path):
+    return FileObjectStore(tmp_path / "state", "data", lambda: b"k" * 32, "http://127.0.0.1:1")
+
+
+def live(objects, root, clock=None, **limits):
+    return LiveOutputs(objects, root, PREFIX, clock or Clock(), LiveLimits(**limits))
+
+
+def keys(objects):
+    return sorted(o.key.removeprefix(PREFIX) for o in objects.list(PREFIX))
+
+
+def test_changed_files_go_up_and_unchanged_ones_do_not(objects, tmp_path):
+    root = tmp_path / "live"
+    (root / "plots").mkdir(parents=True)
+    (root / "metrics.txt").write_text("step 1\n")
+    (root / "plots" / "loss.svg").write_text("<svg/>")
+    scanner = live(objects, root)
+    assert scanner.scan_once() == 2
+    assert keys(objects) == ["metrics.txt", "plots/loss.svg"]
+    assert scanner.scan_once() == 0  # nothing changed: nothing sent again
+    (root / "metrics.txt").write_text("step 1\nstep 2\n")
+    assert scanner.scan_once() == 1
+    assert objects.get_bytes(PREFIX + "metrics.txt") == b"step 1\nstep 2\n"
+    assert scanner.uploads == 3 and scanner.notices == []
+
+
+def test_a_file_over_the_size_bound_waits_for_the_end_said_once(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    (root / "big.bin").write_bytes(b"x" * 2048)
+    (root / "small.txt").write_text("ok")
+    scanner = live(objects, root, max_file_bytes=1024)
+    scanner.scan_once()
+    scanner.scan_once()
+    assert keys(objects) == ["small.txt"]
+    assert len(scanner.notices) == 1 and scanner.notices[0].startswith("live/big.bin (over 1k: ")
+
+
+def test_bytes_a_minute_are_bounded_and_the_rest_goes_up_the_next_minute(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / name).write_bytes(name.encode() * 4000)
+    clock = Clock()
+    scanner = live(objects, root, clock, bytes_per_minute=10_000)
+    assert scanner.scan_once() == 2  # 8000 bytes; a third file would pass 10000
+    clock.now += 30
+    assert scanner.scan_once() == 0  # the same minute
+    clock.now += 30
+    assert scanner.scan_once() == 1
+    assert keys(objects) == ["a", "b", "c"] and scanner.notices == []
+
+
+def test_a_symlink_out_of_the_tree_is_never_followed(objects, tmp_path):
+    """Hostile: a run links a file of the host (or of its output directory beside live/)."""
+    (tmp_path / "secret.txt").write_text("host secret")
+    root = tmp_path / "live"
+    root.mkdir()
+    (root / "real.txt").write_text("mine")
+    os.symlink(tmp_path / "secret.txt", root / "absolute")
+    os.symlink("../secret.txt", root / "climbing")
+    os.symlink("real.txt", root / "inside")
+    scanner = live(objects, root)
+    scanner.scan_once()
+    assert keys(objects) == ["inside", "real.txt"]
+    assert objects.get_bytes(PREFIX + "inside") == b"mine"
+    assert sorted(scanner.notices) == [
+        "live/absolute (symlink out of the output directory)",
+        "live/climbing (symlink out of the output directory)",
+    ]
+
+
+def test_a_fifo_is_passed_over_without_blocking(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    os.mkfifo(root / "pipe")  # nobody writes to it: reading would wait for ever
+    (root / "after.txt").write_text("still read")
+    scanner = live(objects, root)
+    assert scanner.scan_once() == 1
+    assert keys(objects) == ["after.txt"]
+    assert scanner.notices == ["live/pipe (not a regular file)"]
+
+
+def test_only_the_first_files_are_looked_at(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    for i in range(5):
+        (root / f"f{i}").write_text(str(i))
+    scanner = live(objects, root, max_files=3)
+    scanner.scan_once()
+    scanner.scan_once()
+    assert keys(objects) == ["f0", "f1", "f2"]
+    assert scanner.notices == ["live/ holds more than 3 files: only the first 3 are uploaded"]
+
+
+def test_a_failed_upload_is_tried_again_at_the_next_scan(tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    (root / "metrics.txt").write_text("step 1\n")
+    state = tmp_path / "state"
+    missing = FileObjectStore(state, "later", lambda: b"k" * 32, "http://127.0.0.1:1", make_bucket=False)
+    scanner = live(missing, root)
+    assert scanner.scan_once() == 0  # the bucket is not there yet: the store refuses
+    there = FileObjectStore(state, "later", lambda: b"k" * 32, "http://127.0.0.1:1")
+    assert scanner.scan_once() == 1
+    assert there.get_bytes(PREFIX + "metrics.txt") == b"step 1\n"
+
+
+def test_a_missing_live_directory_is_nothing_to_upload(objects, tmp_path):
+    scanner = live(objects, tmp_path / "live")
+    assert scanner.scan_once() == 0 and scanner.notices == []
