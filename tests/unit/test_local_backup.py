@@ -14,9 +14,14 @@ import pytest
 from runplane.adapters.local.backup import BackupError, backup
 from runplane.adapters.local.db import Database
 from runplane.adapters.local.keyfile import KEY_FILE, KeyFileSealer
+from runplane.adapters.local.runs import SqliteRunStore
 from runplane.bootstrap import build_stack
 from runplane.domain.errors import Misconfigured
+from runplane.domain.retention import RunRetention, purge_due
+from runplane.domain.runs import Run, RunSpec
 from runplane.domain.secrets import SecretRecord, context, user_scope
+from runplane.domain.states import RunState
+from runplane.ports import Expect
 from runplane.settings import StackSettings
 
 
@@ -205,3 +210,19 @@ def test_a_copy_opens_the_secrets_sealed_before_it(tmp_path):
 
     copy = build_stack(settings.model_copy(update={"state_dir": str(tmp_path / "copy")}))
     assert copy.opener.open(copy.secrets.get(scope, "wandb").sealed, ctx) == b"s3cret-value"
+
+
+def test_a_copy_holds_the_runs_due_for_the_retention_sweep(tmp_path):
+    """The sweep's index is copied as it is (a dated run is due at its date, which no index made
+    afresh from the runs would know)."""
+    runs = SqliteRunStore(Database(tmp_path / "state"))
+    for i, retention in enumerate([None, RunRetention(checked_at=6000.0, outputs_at=9000.0)]):
+        run = runs.create(Run(id=f"r-{i}", owner="alice", queue="q", spec=RunSpec(command="true"), created_at=1.0))
+        running = runs.update(run, Expect(), {"state": RunState.RUNNING, "attempt": 1})
+        runs.update(running, Expect(), {"state": RunState.SUCCEEDED, "finished_at": 5000.0, "retention": retention})
+
+    backup(tmp_path / "state", tmp_path / "copy")
+
+    copy = SqliteRunStore(Database(tmp_path / "copy"))
+    assert [(r.id, purge_due(r)) for r in copy.due("q", 1e10)] == [("r-0", 5000.0), ("r-1", 9000.0)]
+    assert [r.id for r in copy.due("q", 8999.0)] == ["r-0"]

@@ -5,6 +5,9 @@ one snapshot of every store, whatever the stack's processes write meanwhile (WAL
 The objects are copied after it. An object is written whole under a new name and renamed into
 place, never changed afterwards, so every object the copied database refers to is already there
 when the tree is copied; objects written later are copied too or not, and nothing refers to them.
+The one exception is what the retention sweep deletes meanwhile (a run's outputs or logs whose date
+has passed, then its record): gone from the copy as from the stack, the copied record still lists it
+until the copy's own sweep passes; the sweep's index (``run_purges``) is copied with the rest.
 
 The secrets key file is copied last (0600): a secret in the copied database was sealed under a
 key made before it, never rewritten since, so the copy holds the key of every secret it holds. A
