@@ -15,7 +15,7 @@ from runplane.domain.runs import SWEEP_PREFIX
 from runplane.domain.wire import stored
 from runplane.domain.workers import PoolRecord
 from runplane.ports import Ports
-from runplane.services import dependencies, skew, sweep_advance
+from runplane.services import dependencies, retention, skew, sweep_advance
 from runplane.services.budget import Budget, metered
 from runplane.services.dispatch import Decision, PoolFigures, dispatch_pool
 from runplane.services.reap import ReapReport, reap
@@ -228,4 +228,13 @@ class PoolDispatcher:
 
 
 def run_reaper(ports: Ports) -> ReapReport:
-    return reap(ports)
+    """A reaper pass (``reap``), then the retention sweep's (``retention.sweep``), whose failure
+    never takes the reaper's report with it."""
+    report = reap(ports)
+    try:
+        swept = retention.sweep(ports)
+    except Exception:  # the sweep's own errors are per run; this is what it could not foresee
+        log.exception("retention sweep failed; the next pass tries again")
+        return report
+    report.retention = swept if swept else None
+    return report

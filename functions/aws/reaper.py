@@ -1,4 +1,4 @@
-"""Lambda on a schedule: re-queue runs whose lease expired, re-hint queued runs."""
+"""Lambda on a schedule: re-queue runs whose lease expired, re-hint queued runs, then the retention sweep."""
 
 from dataclasses import asdict
 from typing import Any

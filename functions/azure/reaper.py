@@ -1,4 +1,4 @@
-"""The reaper, on a timer: re-queue runs whose lease expired, re-hint queued runs."""
+"""The reaper, on a timer: re-queue runs whose lease expired, re-hint queued runs, then the retention sweep."""
 
 import logging
 from dataclasses import asdict

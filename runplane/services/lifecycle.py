@@ -155,6 +155,7 @@ def retry(
         "hinted_at": now,
         "exit_code": None,
         "waiting_reason": f"attempt {run.attempt} ended {reason}; {note}; waiting for a worker of pool {run.queue}",
+        "retention": None,  # its next end is dated afresh (its owner's pin stays)
     }
     if usage is not None:
         changes["usage"] = usage
@@ -252,6 +253,7 @@ def requeue(
             "hinted_at": now,
             "max_attempts": max_attempts,
             "waiting_reason": f"re-queued after attempt {run.attempt}: {why}",
+            "retention": None,
             **used,
         },
         Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),

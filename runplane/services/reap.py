@@ -15,6 +15,7 @@ from runplane.domain.states import ACTIVE_STATES, RunState
 from runplane.ports import Expect, Ports
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
+from runplane.services.retention import RetentionReport
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class ReapReport:
     rehinted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     """Quota holds (``run#attempt``) given back because their attempt was over."""
+    retention: RetentionReport | None = None
+    """What the retention sweep that followed did (``handlers.run_reaper``); None: nothing."""
 
 
 REHINT_WINDOW = 32

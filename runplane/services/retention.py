@@ -5,15 +5,40 @@
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass, field
 
-from runplane.domain.errors import ConditionFailed
-from runplane.domain.retention import Retention, RunRetention, dates
+from runplane.domain.errors import BadRequest, ConditionFailed, NotFound, RunplaneError
+from runplane.domain.retention import (
+    LOGS,
+    OUTPUTS,
+    Retention,
+    RunRetention,
+    dates,
+    kind_prefix,
+    purge_due,
+    run_prefix,
+)
 from runplane.domain.runs import Run
+from runplane.domain.states import TERMINAL_STATES
 from runplane.domain.tenancy import Principal
-from runplane.ports import Expect, Ports
+from runplane.domain.uploads import UPLOADS_PREFIX
+from runplane.domain.workers import PoolRecord
+from runplane.ports import MAX_DELETE, Expect, Ports
 from runplane.services.runs import get_run
 
 log = logging.getLogger(__name__)
+
+SWEEP_RUNS = 200
+"""The most runs one pass of the sweep looks at; the others stay due for the next."""
+SWEEP_OBJECTS = 20_000
+"""The most objects one pass deletes; a run whose objects are not all gone stays due."""
+SWEEP_UPLOADS = 5_000
+"""The most uploads one pass looks at; the next pass goes on after the last one."""
+RESUME_RECORD = "@retention"
+"""The pool-state record where the sweep keeps where its look at the uploads stopped (no pool's name)."""
+ENDED = Expect(states=TERMINAL_STATES)
+RUN_KINDS = ("outputs", "logs", "runs")
 
 KEEP_TRIES = 5
 """How many times a pin is written again when the run changed under it."""
@@ -52,3 +77,175 @@ def shown(ports: Ports, run: Run) -> RunRetention | None:
         return None
     ended = run.finished_at if run.finished_at is not None else run.created_at
     return dates(ended, retention_of(ports, run.queue), ports.clock())
+
+
+def deletes_runs(retention: Retention) -> bool:
+    """Whether ``retention`` ever deletes anything of a run (its uploads' setting aside)."""
+    return any(retention.seconds(kind) is not None for kind in RUN_KINDS)
+
+
+@dataclass
+class RetentionReport:
+    """What one pass of the sweep did."""
+
+    dated: list[str] = field(default_factory=list)
+    """Runs whose dates it worked out and wrote."""
+    outputs: list[str] = field(default_factory=list)
+    """Runs whose outputs it deleted."""
+    logs: list[str] = field(default_factory=list)
+    """Runs whose logs it deleted."""
+    records: list[str] = field(default_factory=list)
+    """Runs it deleted, record and every object."""
+    objects: int = 0
+    """Objects deleted (a run's and uploads)."""
+    uploads: int = 0
+    """Uploads deleted: not used for the stack's ``uploads`` retention."""
+    failed: list[str] = field(default_factory=list)
+    """Runs an error stopped; they stay due and the next pass tries them again."""
+
+    def __bool__(self) -> bool:
+        return bool(self.dated or self.objects or self.records or self.failed)
+
+
+@dataclass
+class _Budget:
+    runs: int
+    objects: int
+
+
+def sweep(
+    ports: Ports, *, runs: int = SWEEP_RUNS, objects: int = SWEEP_OBJECTS, uploads: int = SWEEP_UPLOADS
+) -> RetentionReport:
+    """One pass: the due runs of every pool whose retention deletes anything (at most ``runs`` of
+    them, shared among those pools) are dated, and what is due of them is deleted (at most
+    ``objects`` objects); then the uploads not used for the stack's ``uploads`` retention (at most
+    ``uploads`` looked at). An error on one run is logged and the others go on; what is left waits
+    for the next pass. Nothing is read when nothing is set."""
+    now = ports.clock()
+    report = RetentionReport()
+    budget = _Budget(runs, objects)
+    stack = ports.settings.kept()
+    pools = [pool for pool in ports.pools.pools if deletes_runs(pool.kept(stack))]
+    for index, pool in enumerate(pools):
+        share = math.ceil(budget.runs / (len(pools) - index))
+        try:
+            due = ports.store.due(pool.name, now, limit=share) if share > 0 else []
+        except RunplaneError as e:
+            log.warning("retention: could not read pool %s's due runs: %s", pool.name, e)
+            continue
+        for run in due:
+            if budget.runs <= 0 or budget.objects <= 0:
+                break
+            budget.runs -= 1
+            try:
+                _sweep_run(ports, run, now, budget, report)
+            except RunplaneError as e:
+                log.warning("retention: run %s is tried again at the next pass: %s", run.id, e)
+                report.failed.append(run.id)
+    kept_for = stack.seconds("uploads")
+    if kept_for is not None and budget.objects > 0:
+        try:
+            _sweep_uploads(ports, now - kept_for, min(uploads, budget.objects), report)
+        except RunplaneError as e:
+            log.warning("retention: could not sweep the uploads: %s", e)
+    return report
+
+
+def _sweep_run(ports: Ports, run: Run, now: float, budget: _Budget, report: RetentionReport) -> None:
+    """Date ``run`` when the sweep has not yet (or its dates keep everything for good and a week has
+    gone: the operator may have set a retention since), then delete what is due of it while it is
+    still due and not kept, as read right before (an index may lag the record)."""
+    store = ports.store
+    run = store.get(run.id)
+    if not _due(run, now):
+        return
+    if run.retention is None or _for_good(run.retention):
+        ended = run.finished_at if run.finished_at is not None else run.created_at
+        fresh = dates(ended, retention_of(ports, run.queue), now)
+        if run.retention is not None:
+            fresh = fresh.model_copy(update={"deleted": run.retention.deleted})
+        run = store.update(run, ENDED, {"retention": fresh})
+        report.dated.append(run.id)
+    while _due(run, now) and run.retention is not None:
+        checked = run.retention
+        if checked.record_at is not None and checked.record_at <= now:
+            if _delete_under(ports, run_prefix(run.id), budget, report):
+                try:
+                    store.delete(run.id, now)
+                except (ConditionFailed, NotFound):  # kept, or gone, meanwhile
+                    return
+                report.records.append(run.id)
+            return
+        kind = next(
+            (
+                kind
+                for kind, at in ((OUTPUTS, checked.outputs_at), (LOGS, checked.logs_at))
+                if at is not None and at <= now and kind not in checked.deleted
+            ),
+            None,
+        )
+        if kind is None or not _delete_under(ports, kind_prefix(run.id, kind), budget, report):
+            return
+        run = store.update(run, ENDED, {"retention": checked.model_copy(update={"deleted": [*checked.deleted, kind]})})
+        (report.outputs if kind == OUTPUTS else report.logs).append(run.id)
+
+
+def _for_good(checked: RunRetention) -> bool:
+    """Whether nothing is left for ``checked`` to delete: its dates keep the rest for good."""
+    return checked.record_at is None and all(
+        at is None or kind in checked.deleted for kind, at in ((OUTPUTS, checked.outputs_at), (LOGS, checked.logs_at))
+    )
+
+
+def _due(run: Run, now: float) -> bool:
+    due = purge_due(run)
+    return due is not None and due <= now
+
+
+def _delete_under(ports: Ports, prefix: str, budget: _Budget, report: RetentionReport) -> bool:
+    """Delete the objects under ``prefix`` within the budget; whether none is left."""
+    cursor: str | None = None
+    while budget.objects > 0:
+        found, cursor = ports.objects.list_page(prefix, cursor, min(MAX_DELETE, budget.objects))
+        if found:
+            ports.objects.delete([info.key for info in found])
+            budget.objects -= len(found)
+            report.objects += len(found)
+        if cursor is None:
+            return True
+    return False
+
+
+def _sweep_uploads(ports: Ports, before: float, most: int, report: RetentionReport) -> None:
+    """Delete the uploads last used (written or touched) before ``before``, looking at ``most`` of
+    them from where the previous pass stopped (kept in ``RESUME_RECORD``), round and round."""
+    try:
+        record: PoolRecord | None = ports.pool_states.get(RESUME_RECORD)
+    except RunplaneError as e:  # unreadable: from the start
+        log.warning("retention: where the last look at the uploads stopped is unknown: %s", e)
+        record = None
+    start = record.resume.get("uploads") if record is not None else None
+    cursor = start
+    looked = 0
+    while looked < most:
+        try:
+            found, cursor = ports.objects.list_page(UPLOADS_PREFIX, cursor, min(MAX_DELETE, most - looked))
+        except BadRequest as e:
+            if cursor != start:
+                raise
+            log.warning("retention: the uploads' cursor is not valid; starting over: %s", e)
+            found, cursor = ports.objects.list_page(UPLOADS_PREFIX, None, min(MAX_DELETE, most - looked))
+        looked += len(found)
+        old = [info.key for info in found if info.modified is not None and info.modified < before]
+        if old:
+            ports.objects.delete(old)
+            report.uploads += len(old)
+            report.objects += len(old)
+        if cursor is None:
+            break
+    if record is not None and record.resume.get("uploads") != cursor:
+        resume = {k: v for k, v in record.resume.items() if k != "uploads"} | ({"uploads": cursor} if cursor else {})
+        try:
+            ports.pool_states.save(record.model_copy(update={"resume": resume}))
+        except RunplaneError as e:  # another pass wrote first: the next goes on from where that one stopped
+            log.info("retention: where the look at the uploads stopped was not saved: %s", e)

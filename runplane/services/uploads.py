@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from dataclasses import dataclass
 
-from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge
+from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
+from runplane.domain.retention import TOUCH_AFTER_SECONDS
 from runplane.domain.runs import RunSpec
 from runplane.domain.tenancy import Principal
 from runplane.domain.uploads import PUT_URL_SECONDS, UPLOAD_SOURCE_PREFIX, upload_key
-from runplane.ports import Ports
+from runplane.ports import ObjectInfo, Ports
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ def check_run(ports: Ports, principal: Principal, spec: RunSpec) -> None:
     """Raise NotFound unless every upload ``spec`` names as an input is one of ``principal``'s
     (another user's reads exactly like a missing one), and PayloadTooLarge for one over
     ``max_upload_bytes``: a SAS cannot bind the length of what is PUT with it, so this is where
-    the limit holds on Azure."""
+    the limit holds on Azure. Each is marked used (``touch``)."""
     limit = ports.settings.max_upload_bytes
     for sha in spec.uploads():
         found = ports.objects.head(upload_key(principal.user, sha))
@@ -68,6 +72,24 @@ def check_run(ports: Ports, principal: Principal, spec: RunSpec) -> None:
             raise PayloadTooLarge(
                 f"upload {sha} is {found.size} bytes; an upload is at most {limit} bytes (max_upload_bytes)"
             )
+        touch(ports, found)
+
+
+def touch(ports: Ports, found: ObjectInfo) -> None:
+    """Mark an upload a run names used again (its time renewed, which its expiry counts from: the
+    stack's ``uploads`` retention, the store's own lifecycle rule) when its last mark is older than
+    ``TOUCH_AFTER_SECONDS``, or than a quarter of that retention when it is shorter. Raises NotFound
+    when it went meanwhile; another failure is logged, never the submit's."""
+    kept_for = ports.settings.kept().seconds("uploads")
+    after = TOUCH_AFTER_SECONDS if kept_for is None else min(TOUCH_AFTER_SECONDS, kept_for / 4)
+    if found.modified is not None and ports.clock() - found.modified < after:
+        return
+    try:
+        ports.objects.touch(found.key)
+    except NotFound:
+        raise NotFound(f"upload {found.key.rpartition('/')[2]} not found") from None
+    except RunplaneError as e:
+        log.warning("upload %s could not be marked used: %s", found.key, e)
 
 
 def _check_md5(md5: str) -> None:

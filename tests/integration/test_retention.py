@@ -1,0 +1,188 @@
+"""The retention sweep (runplane/services/retention.py) on every store, with a clock the test moves:
+a pool's finished runs lose their outputs, then their logs, then every object and their record, each
+at its date; a run its owner keeps loses nothing until let go; a pool with no retention keeps all; a
+retried run is dated from its last end; an upload not used for the stack's ``uploads`` retention goes
+while one a submit named (and so touched) stays. The budget of a pass: bounded runs and objects, the
+rest at the next pass."""
+
+import dataclasses
+import time
+
+import pytest
+
+from runplane.bootstrap import make_ports
+from runplane.domain.errors import NotFound
+from runplane.domain.pools import PoolConfig
+from runplane.domain.retention import Retention, RunRetention, purge_due
+from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
+from runplane.domain.uploads import upload_key
+from runplane.handlers import run_reaper
+from runplane.ports import Expect
+from runplane.services import lifecycle, uploads
+from runplane.services.retention import keep, sweep
+
+STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack", "local-sqlite": "local_stack"}
+DAY = 86400.0
+T0 = 1_000_000.0  # when the runs end
+ALICE = Principal(user="alice", scopes=["runs:read", "runs:write"])
+MALLORY = Principal(user="mallory", scopes=["runs:read", "runs:write"])
+KINDS = ("outputs/1/model.bin", "outputs/2/live/metrics.json", "logs/1/stdout/0000", "logs/2/stderr/0000")
+
+
+@pytest.fixture(params=list(STACKS))
+def stack(request):
+    return request.getfixturevalue(STACKS[request.param])
+
+
+class Clock:
+    def __init__(self, now):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def ports_of(stack, clock, pools=None, stack_retention=""):
+    """The stack's ports read by ``clock``, with ``pools`` (name -> retention) set on its pools."""
+    ports = make_ports(stack, clock)
+    changed = [
+        p.model_copy(update={"retention": Retention.model_validate(pools[p.name])}) if p.name in (pools or {}) else p
+        for p in stack.pools.pools
+    ]
+    settings = stack.settings.model_copy(update={"retention": stack_retention})
+    return dataclasses.replace(ports, pools=PoolConfig(pools=changed), settings=settings)
+
+
+def finished(stack, name, queue="default", at=T0, kept=False):
+    run = stack.store.create(
+        Run(
+            id=f"r-{name}",
+            owner="alice",
+            queue=queue,
+            spec=RunSpec(command="true"),
+            created_at=at - 100,
+            events=[Event(at=at - 100, state=RunState.QUEUED, message="submitted")],
+        )
+    )
+    run = stack.store.update(run, Expect(), {"state": RunState.RUNNING, "attempt": 2, "worker_id": "w1"})
+    run = stack.store.update(run, Expect(), {"state": RunState.SUCCEEDED, "finished_at": at, "kept": kept})
+    for kind in KINDS:
+        stack.objects.put_bytes(f"runs/{run.id}/{kind}", b"x")
+    stack.objects.put_bytes(f"runs/{run.id}/manifest.json", b"{}")
+    return run
+
+
+def keys(stack, run):
+    return sorted(o.key.removeprefix(f"runs/{run.id}/") for o in stack.objects.list(f"runs/{run.id}/"))
+
+
+ALL = sorted([*KINDS, "manifest.json"])
+LOGS_AND_REST = sorted([KINDS[2], KINDS[3], "manifest.json"])
+
+
+def test_outputs_logs_and_record_go_each_at_its_date_and_a_kept_run_stays(stack):
+    clock = Clock(T0 + 1 * DAY)
+    ports = ports_of(stack, clock, pools={"default": {"outputs": "2d", "logs": "3d", "runs": "10d"}})
+    gone, kept, other = finished(stack, "gone"), finished(stack, "kept", kept=True), finished(stack, "other", "parked")
+    stack.objects.put_bytes(f"runs/{gone.id}x/outputs/1/f", b"neighbour")  # a run id with the same start
+
+    report = sweep(ports)  # day 1: dated, nothing deleted
+    assert report.dated == [gone.id] and report.objects == 0
+    dated = stack.store.get(gone.id).retention
+    assert (dated.outputs_at, dated.logs_at, dated.record_at) == (T0 + 2 * DAY, T0 + 3 * DAY, T0 + 10 * DAY)
+    assert keys(stack, gone) == ALL
+
+    clock.now = T0 + 2 * DAY  # the reaper's pass runs the sweep after reaping
+    assert run_reaper(ports).retention.outputs == [gone.id]
+    assert keys(stack, gone) == LOGS_AND_REST
+    assert stack.store.get(gone.id).retention.deleted == ["outputs"]
+
+    clock.now = T0 + 3 * DAY
+    assert sweep(ports).logs == [gone.id]
+    assert keys(stack, gone) == ["manifest.json"]
+    assert stack.store.get(gone.id).retention.deleted == ["outputs", "logs"]
+
+    clock.now = T0 + 10 * DAY
+    report = sweep(ports)
+    assert report.records == [gone.id] and report.objects == 1
+    assert keys(stack, gone) == []
+    with pytest.raises(NotFound):
+        stack.store.get(gone.id)
+    assert gone.id not in [r.id for r in stack.store.list(owner="alice", limit=50).runs]
+    assert stack.objects.get_bytes(f"runs/{gone.id}x/outputs/1/f") == b"neighbour"
+    # the kept run and the run of a pool without retention lose nothing, and are not even dated
+    for run in (kept, other):
+        assert keys(stack, run) == ALL and stack.store.get(run.id).retention is None
+
+    with pytest.raises(NotFound):  # another user's run reads as missing
+        keep(ports, MALLORY, kept.id, False)
+    assert stack.store.get(kept.id).kept
+    assert not keep(ports, ALICE, kept.id, False).kept  # let go: the next pass sweeps it whole
+    report = sweep(ports)
+    assert report.records == [kept.id] and report.dated == [kept.id]
+    assert keys(stack, kept) == []
+    assert keys(stack, other) == ALL
+
+
+def test_a_retried_run_is_dated_from_its_last_end(stack):
+    clock = Clock(T0)
+    ports = ports_of(stack, clock, pools={"default": {"outputs": "2d"}})
+    run = stack.store.create(
+        Run(id="r-again", owner="alice", queue="default", spec=RunSpec(command="true"), created_at=T0, max_attempts=2)
+    )
+    run = lifecycle.claim(stack.store, run, run.attempt, "w1", 60.0, T0)
+    # a stale date on the held run (as a record of another writer might carry) goes with the retry
+    run = stack.store.update(run, Expect(), {"retention": RunRetention(checked_at=T0, outputs_at=T0)})
+    run = lifecycle.retry(ports, run, FailureReason.NONZERO_EXIT, "exit 1", "retried", T0)
+    assert run.state == RunState.QUEUED and run.retention is None
+    run = lifecycle.claim(stack.store, run, run.attempt, "w2", 60.0, T0 + 5 * DAY)
+    for state in (RunState.RUNNING, RunState.UPLOADING, RunState.SUCCEEDED):
+        run = lifecycle.advance(stack.store, run, state, T0 + 5 * DAY, str(state))
+    stack.objects.put_bytes(f"runs/{run.id}/outputs/2/f", b"x")
+
+    clock.now = T0 + 6 * DAY  # 2 days after the first attempt, but 1 after the run's end
+    assert sweep(ports).dated == [run.id]
+    assert stack.store.get(run.id).retention.outputs_at == T0 + 7 * DAY
+    assert [o.key for o in stack.objects.list(f"runs/{run.id}/")] == [f"runs/{run.id}/outputs/2/f"]
+    clock.now = T0 + 7 * DAY
+    assert sweep(ports).outputs == [run.id]
+    assert stack.objects.list(f"runs/{run.id}/") == []
+    assert purge_due(stack.store.get(run.id)) is not None  # kept for good otherwise: looked at again weekly
+
+
+def test_an_upload_unused_past_its_retention_goes_and_one_a_submit_named_stays(stack):
+    unused, named = upload_key("alice", "a" * 64), upload_key("alice", "b" * 64)
+    stack.objects.put_bytes(unused, b"old")
+    stack.objects.put_bytes(named, b"used")
+    stack.objects.put_bytes("runs/r-x/outputs/1/f", b"not an upload")
+    written = stack.objects.head(named).modified
+    time.sleep(1.1)  # stores keep whole seconds
+    clock = Clock(time.time() + 2 * DAY)  # a submit two days on names the upload: it is marked used
+    ports = ports_of(stack, clock, stack_retention='{"uploads": "1h"}')
+    uploads.check_run(ports, ALICE, RunSpec(command="true", inputs={"code": "upload:" + "b" * 64}))
+    touched = stack.objects.head(named).modified
+    assert touched > written
+
+    clock.now = (written + touched) / 2 + 3600  # an hour after a time between the two
+    report = sweep(ports)
+    assert report.uploads == 1
+    assert stack.objects.head(unused) is None
+    assert stack.objects.get_bytes(named) == b"used"
+    assert stack.objects.get_bytes("runs/r-x/outputs/1/f") == b"not an upload"
+
+
+def test_a_pass_does_bounded_work_and_the_next_goes_on(local_stack):
+    stack = local_stack
+    clock = Clock(T0 + DAY)
+    ports = ports_of(stack, clock, pools={"default": {"runs": "1d"}})
+    runs = [finished(stack, f"b{i}", at=T0 + i) for i in range(3)]
+    clock.now = T0 + DAY + 10
+
+    report = sweep(ports, runs=2, objects=7)  # 5 objects each: the second run's are not all gone
+    assert report.records == [runs[0].id] and report.objects == 7
+    assert len(keys(stack, runs[1])) == 3 and keys(stack, runs[2]) == ALL
+    report = sweep(ports, runs=2, objects=100)
+    assert sorted(report.records) == [runs[1].id, runs[2].id]
+    assert stack.store.due("default", clock.now + 100 * DAY) == []
