@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from runplane.domain.errors import InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
+from runplane.domain.errors import Forbidden, InvalidRequest, NotFound, PayloadTooLarge, RunplaneError
 from runplane.domain.states import RunState
 from runplane.domain.units import format_bytes
 from runplane.domain.uploads import (
@@ -121,9 +121,11 @@ class InputCache:
             try:
                 found = self.objects.head(key)
             except RunplaneError as e:
-                raise InputUnavailable(f"{source}: cannot read it: {e.message}") from e
+                if not _missing(e):
+                    raise InputUnavailable(f"{source}: cannot read it: {e.message}") from e
+                found = None
             if found is None:
-                raise InputUnavailable(f"upload {sha} not found")
+                raise InputUnavailable(upload_gone(sha))
             return Resolved(self.objects, key, True, sha, found.size)
         if source.startswith("s3://"):
             try:
@@ -239,6 +241,8 @@ class InputCache:
         except InputUnavailable:
             raise
         except RunplaneError as e:
+            if _missing(e):  # deleted since its HEAD
+                raise InputUnavailable(upload_gone(sha)) from e
             raise InputUnavailable(f"{source}: download failed: {e.message}") from e
         except OSError as e:
             raise InputUnavailable(f"{source}: download failed: {e}") from e
@@ -314,6 +318,24 @@ class InputCache:
         if removed:
             log.info("evicted %d cached input(s); cache now %d bytes", len(removed), total)
         return removed
+
+
+def upload_gone(sha: str) -> str:
+    """Why a run cannot have the upload ``sha``: its owner has no such object (any more)."""
+    return (
+        f"upload {sha} is gone (it was deleted, or expired unused for as long as the stack keeps uploads): "
+        "upload the directory again (runplane run --upload sends it anew) and run again"
+    )
+
+
+_DENIED = frozenset({"403", "AccessDenied", "Forbidden"})
+
+
+def _missing(e: RunplaneError) -> bool:
+    """Whether ``e`` says an upload's object is not there: NotFound, or the 403 S3 answers for a
+    missing key to a reader that may not list where it is (workers read uploads/, never list
+    it). The stores' adapters end their messages with the store's code (never its words)."""
+    return isinstance(e, (NotFound, Forbidden)) or e.message.rsplit(": ", 1)[-1] in _DENIED
 
 
 def _sha256(path: Path) -> str:

@@ -8,10 +8,11 @@ import os
 import tarfile
 
 import pytest
+from botocore.awsrequest import AWSResponse
 
 from runplane.domain.units import format_bytes
 from runplane.domain.uploads import upload_key
-from worker_agent.inputs import InputCache, InputUnavailable, Resolved
+from worker_agent.inputs import InputCache, InputUnavailable, Resolved, upload_gone
 from worker_agent.unpack import ENTRY_BYTES
 
 
@@ -69,8 +70,52 @@ def test_another_users_upload_reads_as_one_that_does_not_exist_on_every_cloud(re
     sha = uploaded(stack, "alice", packed({"a": b"x"}))
     with pytest.raises(InputUnavailable) as e:
         cache.fetch(f"upload:{sha}", "u1", owner="mallory")
-    assert e.value.message == f"upload {sha} not found"
+    assert e.value.message == upload_gone(sha)
     assert cache.entries() == 0
+
+
+@pytest.mark.parametrize("cloud", ["aws_stack", "azure_stack", "local_stack"])
+def test_an_upload_deleted_since_the_run_was_submitted_fails_it_saying_to_upload_again(request, cloud, tmp_path):
+    """Retention deletes an upload not used for a while: a run queued longer meets it gone."""
+    stack = request.getfixturevalue(cloud)
+    cache = InputCache(tmp_path / "cache", stack.objects, stack.store)
+    sha = uploaded(stack, "alice", packed({"train.py": b"print(1)\n"}))
+    stack.objects.delete([upload_key("alice", sha)])
+    with pytest.raises(InputUnavailable) as e:
+        cache.fetch(f"upload:{sha}", "u1", owner="alice")
+    assert e.value.message == upload_gone(sha)
+    assert f"upload {sha} is gone" in e.value.message and "upload the directory again" in e.value.message
+    assert cache.entries() == 0
+
+
+def test_s3s_403_for_a_missing_key_reads_as_a_gone_upload(aws_stack, tmp_path):
+    """A worker may read uploads/ but not list it: S3 answers a HEAD of a missing key 403, not 404.
+    The S3 adapter and botocore take S3's own answer here (moto enforces no IAM), sent back
+    before the request leaves."""
+    sha = hashlib.sha256(b"never sent").hexdigest()
+    client = aws_stack.objects.client
+
+    def forbidden(request, **_):
+        if request.method == "HEAD" and upload_key("alice", sha) in request.url:
+            return AWSResponse(request.url, 403, {"x-amz-request-id": "r"}, _Empty())
+        return None
+
+    client.meta.events.register("before-send.s3.HeadObject", forbidden)
+    try:
+        with pytest.raises(InputUnavailable) as e:
+            InputCache(tmp_path / "cache", aws_stack.objects, aws_stack.store).fetch(
+                f"upload:{sha}", "u1", owner="alice"
+            )
+    finally:
+        client.meta.events.unregister("before-send.s3.HeadObject", forbidden)
+    assert e.value.message == upload_gone(sha)
+
+
+class _Empty:
+    """The body of an answer to a HEAD."""
+
+    def stream(self, *_, **__):
+        return iter(())
 
 
 def test_stored_bytes_that_do_not_match_their_sha_are_refused(local_stack, cache):
