@@ -11,7 +11,7 @@ import time
 import pytest
 
 from runplane.bootstrap import make_ports
-from runplane.domain.errors import NotFound
+from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.pools import PoolConfig
 from runplane.domain.retention import Retention, RunRetention, purge_due
 from runplane.domain.runs import Event, Run, RunSpec
@@ -186,3 +186,33 @@ def test_a_pass_does_bounded_work_and_the_next_goes_on(local_stack):
     report = sweep(ports, runs=2, objects=100)
     assert sorted(report.records) == [runs[1].id, runs[2].id]
     assert stack.store.due("default", clock.now + 100 * DAY) == []
+
+
+class FailingFor:
+    """The real store, but reading one run fails as a store's outage would."""
+
+    def __init__(self, store, run_id):
+        self.store, self.run_id = store, run_id
+
+    def get(self, run_id):
+        if run_id == self.run_id:
+            raise BackendError("the store is down")
+        return self.store.get(run_id)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_an_error_on_one_run_leaves_the_others_and_the_reapers_report(local_stack):
+    stack = local_stack
+    clock = Clock(T0 + 2 * DAY)
+    runs = [finished(stack, f"e{i}", at=T0 + i) for i in range(2)]
+    ports = ports_of(stack, clock, pools={"default": {"runs": "1d"}})
+    report = sweep(dataclasses.replace(ports, store=FailingFor(stack.store, runs[0].id)))
+    assert report.failed == [runs[0].id] and report.records == [runs[1].id]
+    assert keys(stack, runs[0]) == ALL  # due still: the next pass takes it
+    assert [r.id for r in stack.store.due("default", clock.now)] == [runs[0].id]
+
+    broken = dataclasses.replace(ports, settings=ports.settings.model_copy(update={"retention": "{not json"}))
+    report = run_reaper(broken)  # the sweep fails whole; the reaper's own report still comes back
+    assert report.retention is None and keys(stack, runs[0]) == ALL
