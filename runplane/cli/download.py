@@ -49,6 +49,8 @@ def download(
         return
     if not written:
         err.print(f"{found.id}: no output files" + ("" if found.done else " yet (the run has not finished)"))
+    elif not found.done:  # a run that goes: its live/ files as last uploaded
+        err.print(f"{found.id} is still {found.view.state}: these are its outputs so far")
     for path in written:
         out.print(str(path), markup=False, highlight=False, soft_wrap=True)
 
