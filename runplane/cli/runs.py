@@ -1,5 +1,5 @@
-"""``runplane run``, ``status``, ``ls``, ``kill`` and ``priority``: your runs (``logs`` and ``download``
-are registered here from their own modules)."""
+"""``runplane run``, ``status``, ``ls``, ``kill``, ``priority`` and ``keep``: your runs (``logs`` and
+``download`` are registered here from their own modules)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,14 @@ import enum
 import json
 import shlex
 import sys
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
-from runplane.api.models import RunView
+from runplane.api.models import RetentionView, RunView
 from runplane.cli.common import (
     CliError,
     ExitCode,
@@ -55,6 +56,7 @@ def register(app: typer.Typer) -> None:
     app.command()(logs)
     app.command()(kill)
     app.command()(priority)
+    app.command()(keep)
     app.command()(download)
 
 
@@ -179,6 +181,7 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("finished_at", view.finished_at and view.finished_at.isoformat()),
         ("waiting", view.waiting_reason),
         ("failure", view.failure and f"{view.failure.reason}: {view.failure.message}"),
+        ("kept until", kept_until(view)),
     ]
     usage = {k: v for k, v in view.usage.model_dump(mode="json").items() if v not in (None, {}, [])}
     rows += [("usage", json.dumps(usage) if usage else None), ("command", view.spec.command)]
@@ -188,6 +191,34 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
     out.print(table)
     for event in view.events:
         out.print(Text.assemble("  ", (event.at.isoformat(), "dim"), " ", event.message), highlight=False)
+
+
+def _day(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d")
+
+
+def _retention_parts(kept: RetentionView, dated: str) -> list[str]:
+    """What becomes of each of a run's outputs, logs and record: ``dated`` (a format of ``what`` and
+    ``day``) for a date, else deleted or kept for good."""
+    parts = []
+    for what, at in (("outputs", kept.outputs_until), ("logs", kept.logs_until), ("record", kept.record_until)):
+        if what in kept.deleted:
+            parts.append(f"{what} deleted")
+        elif at is None:
+            parts.append(f"{what} for good")
+        else:
+            parts.append(dated.format(what=what, day=_day(at)))
+    return parts
+
+
+def kept_until(view: RunView) -> str | None:
+    """The status line of how long the run's outputs, logs and record are kept (None: it has not ended
+    and is not kept, or the stack does not say)."""
+    if view.retention is None:
+        return None
+    if view.retention.kept:
+        return f"kept, until you let it go (runplane keep --off {view.id})"
+    return ", ".join(_retention_parts(view.retention, "{what} {day}"))
 
 
 def _rule_text(rule: dict[str, Any]) -> str:
@@ -283,6 +314,36 @@ def priority(
         print_json(view)
         return
     err.print(f"{view.id}: priority {view.priority}", markup=False, highlight=False)
+
+
+def keep(
+    ctx: typer.Context,
+    run_id: RUN_ID = None,
+    off: Annotated[bool, typer.Option("--off", help="let it go: its pool's retention applies again")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the run as it is now")] = False,
+) -> None:
+    """Keep a run: its pool's retention deletes none of its outputs, logs or record until you let it
+    go (--off). A run that has not ended may be kept."""
+    rid = run_id_or_last(run_id)
+    with named_by_id(rid):
+        view = client(ctx).keep(rid, not off).view
+    if as_json:
+        print_json(view)
+        return
+    err.print(keep_line(view), markup=False, highlight=False, soft_wrap=True)
+
+
+def keep_line(view: RunView) -> str:
+    """What ``runplane keep`` says of the run it kept or let go."""
+    if view.retention is not None and view.retention.kept:
+        hint = f"runplane keep --off {view.id}"
+        return f"kept: run {view.id} (its outputs, logs and record stay until you let it go: {hint})"
+    if view.retention is None:
+        return f"let go: run {view.id} (its pool's retention applies once it ends)"
+    parts = _retention_parts(view.retention, "{what} deleted on {day}")
+    if all(p.endswith("for good") for p in parts):
+        return f"let go: run {view.id} (its pool keeps runs for good)"
+    return f"let go: run {view.id}: " + ", ".join(parts)
 
 
 def _kill_all(api: Client, states: list[LiveState]) -> list[RunView]:

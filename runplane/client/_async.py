@@ -276,6 +276,10 @@ class AsyncClient:
         """See ``Client.set_priority``."""
         return AsyncRun(self, await self._drive(self._plans.set_priority(run_id, priority)))
 
+    async def keep(self, run_id: str, keep: bool = True) -> AsyncRun:
+        """See ``Client.keep``."""
+        return AsyncRun(self, await self._drive(self._plans.keep(run_id, keep)))
+
     async def logs(
         self, run_id: str, stream: str = "stdout", offset: int = 0, *, attempt: int | None = None
     ) -> LogPage:

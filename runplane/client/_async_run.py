@@ -71,6 +71,10 @@ class AsyncRun(RunBase):
         self.view = (await self._client.set_priority(self.view.id, priority)).view
         return self
 
+    async def keep(self, keep: bool = True) -> AsyncRun:
+        self.view = (await self._client.keep(self.view.id, keep)).view
+        return self
+
     def outputs(self, *, attempt: int | None = None) -> AsyncIterator[OutputFile]:
         return self._client.outputs(self.view.id, attempt=attempt)
 

@@ -91,6 +91,10 @@ class Plans(AdminPlans):
         body = {"priority": priority}
         return parse(RunView, (yield from self.raw("POST", f"/v1/runs/{quote_segment(run_id)}/priority", body)))
 
+    def keep(self, run_id: str, keep: bool) -> Plan[RunView]:
+        body = {"keep": keep}
+        return parse(RunView, (yield from self.raw("POST", f"/v1/runs/{quote_segment(run_id)}/keep", body)))
+
     def runs_page(self, filters: Mapping[str, Any], limit: int | None, cursor: str | None) -> Plan[RunPage]:
         """One page of runs; ``filters``: ``state``, ``queue``, ``owner``, ``label`` (None: not
         filtered on)."""

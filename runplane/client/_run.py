@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runplane.api.models import RunFailure, RunView, SweepView
+from runplane.api.models import RetentionView, RunFailure, RunView, SweepView
 from runplane.domain.states import TERMINAL_STATES, RunState
 
 
@@ -57,6 +57,12 @@ class RunBase(_Viewed):
     @property
     def waiting_reason(self) -> str | None:
         return self.view.waiting_reason
+
+    @property
+    def retention(self) -> RetentionView | None:
+        """How long its outputs, logs and record are kept, and whether it is kept (None: it has not
+        ended and is not kept, or a server older than retention)."""
+        return self.view.retention
 
     @property
     def labels(self) -> dict[str, str]:

@@ -327,6 +327,12 @@ class Client:
         InvalidRequest for a number out of range."""
         return Run(self, self._drive(self._plans.set_priority(run_id, priority)))
 
+    def keep(self, run_id: str, keep: bool = True) -> Run:
+        """Keep the run (``keep=False``: let it go): while kept, its pool's retention deletes none of
+        its outputs, logs or record; ``run.retention`` says until when each is kept. A run that has
+        not ended may be kept. Raises NotFound for an unknown id or another user's run."""
+        return Run(self, self._drive(self._plans.keep(run_id, keep)))
+
     def logs(self, run_id: str, stream: str = "stdout", offset: int = 0, *, attempt: int | None = None) -> LogPage:
         """One page of a log stream from byte ``offset``, of ``attempt`` (default: the latest)."""
         return self._drive(self._plans.logs(run_id, stream, offset, attempt))

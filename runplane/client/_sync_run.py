@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 class Run(RunBase):
     """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``,
-    ``set_priority``, ``download``."""
+    ``set_priority``, ``keep``, ``download``."""
 
     def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
         super().__init__(view, created)
@@ -79,6 +79,11 @@ class Run(RunBase):
     def set_priority(self, priority: int) -> Run:
         """Change its priority while it is queued (see ``Client.set_priority``); returns itself."""
         self.view = self._client.set_priority(self.view.id, priority).view
+        return self
+
+    def keep(self, keep: bool = True) -> Run:
+        """Keep it from its pool's retention, or let it go (see ``Client.keep``); returns itself."""
+        self.view = self._client.keep(self.view.id, keep).view
         return self
 
     def outputs(self, *, attempt: int | None = None) -> Iterator[OutputFile]:

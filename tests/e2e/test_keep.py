@@ -1,0 +1,65 @@
+"""Keeping a run through the CLI and the SDK (``Client``, ``AsyncClient``, ``Run``) against the embedded
+local stack: ``runplane keep`` pins a run, ``runplane status`` says it is kept, ``keep --off`` lets it
+go and says what its pool's retention does then (the stack's sets none: kept for good); another user's
+run is one line, "not found". The runs wait on the pool that never gets a worker."""
+
+import asyncio
+import contextlib
+
+from runplane.client import AsyncClient, Client, Conflict, RetentionView
+from tests.e2e.test_cli import cli, one_error_line
+
+FOR_GOOD = RetentionView(kept=False, outputs_until=None, logs_until=None, record_until=None, deleted=[])
+
+
+def status_line(devstack, run_id, home):
+    proc = cli(devstack, "status", run_id, home=home)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    return next((line.split(None, 2)[-1].strip() for line in lines if line.startswith("kept until")), None)
+
+
+def test_keep_then_status_says_kept_then_keep_off_lets_it_go(devstack, tmp_path):
+    alice = Client(devstack.api_url, "alice-token")
+    run = alice.submit("echo kept", queue="parked")
+    try:
+        assert run.retention is None and status_line(devstack, run.id, tmp_path) is None
+        kept = cli(devstack, "keep", run.id, home=tmp_path)
+        hint = f"runplane keep --off {run.id}"
+        assert (kept.returncode, kept.stdout) == (0, ""), kept.stderr
+        said = f"kept: run {run.id} (its outputs, logs and record stay until you let it go: {hint})"
+        assert kept.stderr.strip() == said
+        assert run.refresh().retention is not None and run.retention.kept
+        assert status_line(devstack, run.id, tmp_path) == f"kept, until you let it go ({hint})"
+
+        let_go = cli(devstack, "keep", "--off", run.id, home=tmp_path)
+        assert let_go.returncode == 0, let_go.stderr
+        assert let_go.stderr.strip() == f"let go: run {run.id} (its pool's retention applies once it ends)"
+        assert run.refresh().retention is None
+
+        run.kill()
+        assert run.retention == FOR_GOOD  # ended, on a stack that sets no retention
+        assert status_line(devstack, run.id, tmp_path) == "outputs for good, logs for good, record for good"
+        assert run.keep() is run and run.retention is not None and run.retention.kept
+        assert alice.keep(run.id, keep=False).retention == FOR_GOOD
+        again = cli(devstack, "keep", "--off", run.id, home=tmp_path)
+        assert again.stderr.strip() == f"let go: run {run.id} (its pool keeps runs for good)"
+
+        line = one_error_line(cli(devstack, "keep", run.id, token="bob-token", home=tmp_path / "bob"), 3)
+        assert line == f"error: run {run.id} not found"
+        assert run.refresh().retention == FOR_GOOD  # bob changed nothing
+    finally:
+        with contextlib.suppress(Conflict):
+            run.kill()
+
+
+def test_the_async_client_keeps_too(devstack):
+    async def main() -> None:
+        async with AsyncClient(devstack.api_url, "alice-token") as client:
+            run = await client.submit("echo kept", queue="parked")
+            await run.kill()
+            kept = await client.keep(run.id)
+            assert kept.retention is not None and kept.retention.kept
+            assert (await run.keep(False)) is run and run.retention == FOR_GOOD
+
+    asyncio.run(main())
