@@ -4,8 +4,8 @@ No Azure tool runs offline here, so the template is checked statically: it is va
 parameters are all used and whose references all resolve, and its names, evaluated with a small
 interpreter of the ARM expressions it uses, are those ``provision()`` creates on Azurite; its app
 settings are those StackSettings and the function app's bindings read; its Batch pool is
-infra/azure/batch's. The staged Functions package (``make azure-package``) is indexed as the host
-would index it.
+infra/azure/batch's; its Blob lifecycle rule deletes the uploads the retention sweep would. The
+staged Functions package (``make azure-package``) is indexed as the host would index it.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import pytest
 from functions.azure import function_app
 from runplane.adapters.azure.provision import AzureNames
 from runplane.adapters.azure.queues import events_queue_name, poison_queue_name, pool_queue_name
+from runplane.domain.retention import Retention
+from runplane.domain.uploads import UPLOADS_PREFIX
 from runplane.settings import StackSettings
 from tests.fakes.key_vault import UNWRAP, WRAP
 
@@ -137,6 +139,9 @@ class Arm:
             "length": len,
             "empty": lambda v: len(v) == 0,
             "if": lambda c, a, b: a if c else b,
+            "greater": lambda a, b: a > b,
+            "union": lambda *a: {k: v for part in a for k, v in part.items()},
+            "string": lambda v: v if isinstance(v, str) else json.dumps(v, separators=(",", ":")),
             "createarray": lambda *a: list(a),
             "createobject": lambda *a: dict(zip(a[::2], a[1::2], strict=True)),
             "uniquestring": lambda *a: hashlib.sha256("|".join(a).encode()).hexdigest()[:13],
@@ -485,3 +490,46 @@ def test_the_secrets_key_and_table_reach_the_function_app_and_through_it_the_nod
     account = "Microsoft.Storage/storageAccounts/" + arm.value("[variables('storageAccountName')]")
     assert (app_principal(arm), TABLE_CONTRIBUTOR, account) in role_assignments(arm)
     assert AzureNames("runplane").secrets_table == arm.value("[variables('secretsTable')]")
+
+
+def _policies(arm) -> list[dict[str, Any]]:
+    """The storage account's lifecycle management policies the template deploys (its condition holding)."""
+    return [
+        p for p in instances(arm, "Microsoft.Storage/storageAccounts/managementPolicies") if p.get("condition", True)
+    ]
+
+
+def test_uploads_expire_by_a_blob_lifecycle_rule_only_when_a_retention_is_set():
+    assert _policies(Arm(TEMPLATE, {"prefix": "runplane", "poolNames": POOLS})) == []  # kept for good, as before
+    arm = Arm(TEMPLATE, {"prefix": "rp-dev1", "poolNames": POOLS, "uploadRetentionDays": 14})
+    (policy,) = _policies(arm)
+    account = arm.value("[variables('storageAccountName')]")
+    assert policy["name"] == f"{account}/default"  # an account has one policy, named default
+    assert f"id:Microsoft.Storage/storageAccounts/{account}" in policy["dependsOn"]
+    (rule,) = policy["properties"]["policy"]["rules"]
+    assert rule["enabled"] is True and rule["type"] == "Lifecycle"
+    # the container/prefix of the upload keys the API writes (upload_key), and nothing else of the container
+    assert rule["definition"]["filters"] == {
+        "blobTypes": ["blockBlob"],
+        "prefixMatch": [f"{AzureNames('rp-dev1').container}/{UPLOADS_PREFIX}"],
+    }
+    # from the last write or touch: a run naming an upload renews its Last-Modified (BlobObjectStore.touch)
+    assert rule["definition"]["actions"] == {"baseBlob": {"delete": {"daysAfterModificationGreaterThan": 14}}}
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ({}, Retention()),
+        ({"retention": {"outputs": "30d", "runs": "180d"}}, Retention(outputs="30d", runs="180d")),
+        (
+            {"retention": {"logs": "7d", "uploads": "1d"}, "uploadRetentionDays": 14},
+            Retention(logs="7d", uploads="14d"),
+        ),
+    ],
+)
+def test_the_retention_reaches_the_function_app_with_the_uploads_days_of_the_lifecycle_rule(parameters, expected):
+    """The sweep reads RUNPLANE_RETENTION; its uploads are the lifecycle rule's days, so both delete alike."""
+    settings = site(Arm(TEMPLATE, {"prefix": "runplane", "poolNames": POOLS, **parameters}))["properties"]
+    value = {s["name"]: s["value"] for s in settings["siteConfig"]["appSettings"]}["RUNPLANE_RETENTION"]
+    assert StackSettings(cloud="azure", retention=value).kept() == expected
