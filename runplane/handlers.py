@@ -227,12 +227,12 @@ class PoolDispatcher:
         return out
 
 
-def run_reaper(ports: Ports) -> ReapReport:
-    """A reaper pass (``reap``), then the retention sweep's (``retention.sweep``), whose failure
-    never takes the reaper's report with it."""
+def run_reaper(ports: Ports, *, time_left: Callable[[], float] | None = None) -> ReapReport:
+    """A reaper pass (``reap``), then the retention sweep's (``retention.sweep``, within
+    ``time_left``: seconds, the host's), whose failure never takes the reaper's report with it."""
     report = reap(ports)
     try:
-        swept = retention.sweep(ports)
+        swept = retention.sweep(ports, time_left=time_left)
     except Exception:  # the sweep's own errors are per run; this is what it could not foresee
         log.exception("retention sweep failed; the next pass tries again")
         return report

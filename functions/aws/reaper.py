@@ -13,7 +13,9 @@ logger = Logger(service="runplane-reaper")
 
 @logger.inject_lambda_context
 def lambda_handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    report = asdict(run_reaper(bootstrap.stack().ports))
+    report = asdict(
+        run_reaper(bootstrap.stack().ports, time_left=lambda: context.get_remaining_time_in_millis() / 1000)
+    )
     if any(report.values()):
         logger.info("reaped", extra=report)
     return report

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import BadRequest, ConditionFailed, NotFound, RunplaneError
@@ -37,6 +38,8 @@ SWEEP_UPLOADS = 5_000
 """The most uploads one pass looks at; the next pass goes on after the last one."""
 RESUME_RECORD = "@retention"
 """The pool-state record where the sweep keeps where its look at the uploads stopped (no pool's name)."""
+TIME_LEFT_MARGIN = 15.0
+"""Seconds a host's invocation keeps in hand: no run is begun with less left."""
 ENDED = Expect(states=TERMINAL_STATES)
 RUN_KINDS = ("outputs", "logs", "runs")
 
@@ -114,13 +117,19 @@ class _Budget:
 
 
 def sweep(
-    ports: Ports, *, runs: int = SWEEP_RUNS, objects: int = SWEEP_OBJECTS, uploads: int = SWEEP_UPLOADS
+    ports: Ports,
+    *,
+    runs: int = SWEEP_RUNS,
+    objects: int = SWEEP_OBJECTS,
+    uploads: int = SWEEP_UPLOADS,
+    time_left: Callable[[], float] | None = None,
 ) -> RetentionReport:
     """One pass: the due runs of every pool whose retention deletes anything (at most ``runs`` of
     them, shared among those pools) are dated, and what is due of them is deleted (at most
     ``objects`` objects); then the uploads not used for the stack's ``uploads`` retention (at most
     ``uploads`` looked at). An error on one run is logged and the others go on; what is left waits
-    for the next pass. Nothing is read when nothing is set."""
+    for the next pass, as does what is met once ``time_left`` (seconds, the host's) is under
+    ``TIME_LEFT_MARGIN``. Nothing is read when nothing is set."""
     now = ports.clock()
     report = RetentionReport()
     budget = _Budget(runs, objects)
@@ -134,7 +143,7 @@ def sweep(
             log.warning("retention: could not read pool %s's due runs: %s", pool.name, e)
             continue
         for run in due:
-            if budget.runs <= 0 or budget.objects <= 0:
+            if budget.runs <= 0 or budget.objects <= 0 or _late(time_left):
                 break
             budget.runs -= 1
             try:
@@ -143,12 +152,16 @@ def sweep(
                 log.warning("retention: run %s is tried again at the next pass: %s", run.id, e)
                 report.failed.append(run.id)
     kept_for = stack.seconds("uploads")
-    if kept_for is not None and budget.objects > 0:
+    if kept_for is not None and budget.objects > 0 and not _late(time_left):
         try:
             _sweep_uploads(ports, now - kept_for, min(uploads, budget.objects), report)
         except RunplaneError as e:
             log.warning("retention: could not sweep the uploads: %s", e)
     return report
+
+
+def _late(time_left: Callable[[], float] | None) -> bool:
+    return time_left is not None and time_left() < TIME_LEFT_MARGIN
 
 
 def _sweep_run(ports: Ports, run: Run, now: float, budget: _Budget, report: RetentionReport) -> None:

@@ -180,6 +180,7 @@ def test_a_pass_does_bounded_work_and_the_next_goes_on(local_stack):
     runs = [finished(stack, f"b{i}", at=T0 + i) for i in range(3)]
     clock.now = T0 + DAY + 10
 
+    assert not sweep(ports, time_left=lambda: 5.0)  # a host's invocation nearly over: nothing begun
     report = sweep(ports, runs=2, objects=7)  # 5 objects each: the second run's are not all gone
     assert report.records == [runs[0].id] and report.objects == 7
     assert len(keys(stack, runs[1])) == 3 and keys(stack, runs[2]) == ALL
