@@ -246,6 +246,7 @@ class RunExecutor:
             outcome.message += "; outputs not uploaded"
             self._final(outcome)
             return
+        live.drop_removed()
         self._final(self._upload(outcome))
 
     def _hand_back(self, why: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from runplane.domain.errors import RunplaneError
 from runplane.domain.units import format_bytes
-from runplane.ports import ObjectStore
+from runplane.ports import MAX_DELETE, ObjectStore
 from worker_agent.settings import default
 from worker_agent.trees import Refused, Unwalkable, open_beneath, scan
 
@@ -96,6 +96,21 @@ class LiveOutputs:
             if self._upload(rel):
                 uploaded += 1
         return uploaded
+
+    def drop_removed(self) -> None:
+        """Delete the uploaded copies of files no longer in ``live/`` (called once the container
+        has exited, before the final upload): the run's outputs are then what it left, not also
+        what it wrote there for a while and removed (a file written aside and renamed into
+        place, say). A failure is logged: those copies stay."""
+        if not self._sent:
+            return
+        there = set(self._files())
+        gone = sorted(self.prefix + rel for rel in self._sent if rel not in there)
+        try:
+            for start in range(0, len(gone), MAX_DELETE):
+                self.objects.delete(gone[start : start + MAX_DELETE])
+        except RunplaneError as e:
+            log.warning("live outputs of %s: removed files' copies not deleted: %s", self.prefix, e)
 
     def _files(self) -> list[str]:
         """The regular files and symlinks of ``live/`` (relative paths), the first ``max_files``."""

@@ -134,3 +134,15 @@ def test_a_failed_upload_is_tried_again_at_the_next_scan(tmp_path):
 def test_a_missing_live_directory_is_nothing_to_upload(objects, tmp_path):
     scanner = live(objects, tmp_path / "live")
     assert scanner.scan_once() == 0 and scanner.notices == []
+
+
+def test_copies_of_files_removed_from_live_are_dropped_before_the_final_upload(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    (root / "metrics.tmp").write_text("half")
+    (root / "kept.txt").write_text("kept")
+    scanner = live(objects, root)
+    scanner.scan_once()
+    (root / "metrics.tmp").rename(root / "metrics.txt")  # written aside, renamed into place
+    scanner.drop_removed()
+    assert keys(objects) == ["kept.txt"]
