@@ -4,14 +4,19 @@ its sweep index filled from the runs already there when it is first opened, and 
 objects removes the folders it empties without ever failing a put that races it into one of them;
 keys are checked before anything is deleted."""
 
+import base64
+import hashlib
 import json
 import sqlite3
 import threading
+from io import BytesIO
+from urllib.parse import urlsplit
 
 import pytest
 
 from runplane.adapters.local.db import Database
 from runplane.adapters.local.files import FileObjectStore
+from runplane.adapters.local.object_urls import serve
 from runplane.adapters.local.runs import DDL, SqliteRunStore
 from runplane.adapters.records import written_json
 from runplane.domain.errors import BadRequest, NotFound
@@ -97,11 +102,27 @@ def test_deleting_objects_removes_the_folders_it_empties_and_checks_every_key_fi
         objects.touch("runs/r1/outputs/1")  # a folder is no object
 
 
-def test_a_put_racing_deletes_that_empty_its_folder_is_stored(tmp_path):
-    """A delete of a folder's last object removes the folder; a put that opened (or made) it a
-    moment before renames its object into place all the same."""
+@pytest.mark.parametrize("put", ["store", "signed-url"])
+def test_a_put_racing_deletes_that_empty_its_folder_is_stored(tmp_path, put):
+    """A delete of a folder's last object removes the folder; a put (the store's, or a PUT of a
+    signed URL the front answers) that opened or made it a moment before stores its object all the
+    same."""
     objects = _objects(tmp_path)
-    key = "runs/r1/outputs/1/live/metrics.json"
+    key = "uploads/alice/" + "c" * 64
+    body = b"archive"
+    md5 = base64.b64encode(hashlib.md5(body).digest()).decode()
+
+    def store() -> None:
+        if put == "store":
+            objects.put_bytes(key, body)
+            return
+        url, headers = objects.put_url(key, len(body), md5)
+        parsed = urlsplit(url)
+        answer = serve(
+            objects.root, objects.secret, "PUT", parsed.path, parsed.query, headers=headers, body=BytesIO(body)
+        )
+        assert answer.status == 200, answer.body
+
     stop = threading.Event()
     failed: list[BaseException] = []
 
@@ -112,14 +133,14 @@ def test_a_put_racing_deletes_that_empty_its_folder_is_stored(tmp_path):
     deleter = threading.Thread(target=delete)
     deleter.start()
     try:
-        for i in range(300):
+        for _ in range(300):
             try:
-                objects.put_bytes(key, b"%d" % i)
+                store()
             except Exception as e:
                 failed.append(e)
     finally:
         stop.set()
         deleter.join(timeout=60)
     assert failed == []
-    objects.put_bytes(key, b"last")
-    assert objects.get_bytes(key) == b"last"
+    store()
+    assert objects.get_bytes(key) == body

@@ -6,6 +6,11 @@ Directories are 0700 and files 0600. An object is written to a file of its own i
 ``objects/.partial`` and renamed into place, so a reader sees the whole object or none, and a
 process killed mid-write leaves nothing under a key. Writes are not synced to disk, as the
 database's are not (``synchronous=NORMAL``): after a power loss the latest may be missing.
+
+A delete unlinks an object and removes the folders that leaves empty (``rmdir``: only while empty),
+up to its bucket's; a put, here or through a signed URL, that finds the folder it opened removed
+meanwhile makes it again (``paths.place``). A touch sets an object's time (``modified``, which
+uploads expire from) to now.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from runplane.adapters.local.paths import (
     check_bucket,
     descend,
     key_segments,
+    make_folder,
     objects_dir,
     open_dir,
     open_file,
+    place,
     reason,
     valid_segment,
 )
@@ -47,8 +54,6 @@ log = logging.getLogger(__name__)
 
 STALE_PARTIAL_SECONDS = 24 * 3600
 _CHUNK = 1024 * 1024
-_PLACE_TRIES = 8
-"""How many times a put makes its folder again when deletes keep removing it under it."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -155,15 +160,15 @@ class FileObjectStore:
                     write(f)
                     f.flush()
                     os.fsync(f.fileno())  # on disk before it is renamed into place: never an empty object
-                for tries_left in reversed(range(_PLACE_TRIES)):
-                    try:
-                        os.replace(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory)
-                        break
-                    except FileNotFoundError:
-                        # its folder was removed meanwhile (a delete of the last object in it): made again
-                        if not tries_left or not _there(partial, temp):
-                            raise
-                        directory = on.enter_context(_folder(bucket, names[:-1], key))
+                directory = place(
+                    lambda into: os.replace(temp, names[-1], src_dir_fd=partial, dst_dir_fd=into),
+                    on,
+                    bucket,
+                    names[:-1],
+                    directory,
+                    temp,
+                    partial,
+                )
                 os.fsync(directory)  # and the rename itself
             except BaseException as e:
                 with contextlib.suppress(OSError):
@@ -344,29 +349,16 @@ def _scan(directory: int, base: str, start: str, after: str | None) -> Iterator[
 
 @contextlib.contextmanager
 def _folder(bucket: int, names: list[str], key: str) -> Iterator[int]:
-    """The folder at ``names`` under ``bucket``, made as need be; made again should a delete remove
-    part of it while it is made. BadRequest where an object (or a link) is in the way."""
+    """The folder at ``names`` under ``bucket`` (``make_folder``); BadRequest where an object (or a
+    link) is in the way."""
     with contextlib.ExitStack() as on:
-        for tries_left in reversed(range(_PLACE_TRIES)):
-            try:
-                directory = on.enter_context(descend(bucket, names, create=True))
-                break
-            except FileNotFoundError:  # a folder on the way removed between its making and its opening
-                if not tries_left:
-                    raise
-            except OSError as e:
-                if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EEXIST):
-                    raise BadRequest(f"upload {key}: a part of its path is an object (or a link), not a folder") from e
-                raise
+        try:
+            directory = on.enter_context(make_folder(bucket, names))
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR, errno.ELOOP, errno.EEXIST):
+                raise BadRequest(f"upload {key}: a part of its path is an object (or a link), not a folder") from e
+            raise
         yield directory
-
-
-def _there(directory: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def _remove(bucket: int, names: list[str]) -> None:

@@ -33,12 +33,13 @@ from runplane.adapters.local.db import OBJECTS_DIR
 from runplane.adapters.local.paths import (
     PARTIAL_DIR,
     check_bucket,
-    descend,
     key_segments,
+    make_folder,
     objects_dir,
     open_dir,
     open_file,
     open_object,
+    place,
 )
 from runplane.domain.errors import BadRequest, RunplaneError
 
@@ -289,7 +290,7 @@ def _receive(
             on.callback(os.close, bucket_fd)
             partial = open_dir(top, PARTIAL_DIR, create=True)
             on.callback(os.close, partial)
-            directory = on.enter_context(descend(bucket_fd, names[:-1], create=True))
+            directory = on.enter_context(make_folder(bucket_fd, names[:-1]))
         except OSError:  # no bucket, or a link or an object where a folder is
             return _refused(404, "not_found", "no object can be stored at this key")
         reserve = max(limits.reserve_bytes, int(limits.reserve_fraction * disk.f_blocks * disk.f_frsize))
@@ -319,7 +320,15 @@ def _receive(
             if expired():
                 return _refused(403, "forbidden", "the URL expired before its body ended")
             try:
-                os.link(temp, names[-1], src_dir_fd=partial, dst_dir_fd=directory, follow_symlinks=False)
+                directory = place(
+                    lambda into: os.link(temp, names[-1], src_dir_fd=partial, dst_dir_fd=into, follow_symlinks=False),
+                    on,
+                    bucket_fd,
+                    names[:-1],
+                    directory,
+                    temp,
+                    partial,
+                )
             except FileExistsError:
                 if not _holds(directory, names[-1], size, md5):
                     return _refused(409, "conflict", "an object of other content is at this key")

@@ -10,7 +10,7 @@ import errno
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -88,6 +88,59 @@ def descend(top: int, names: list[str], create: bool = False) -> Iterator[int]:
     finally:
         if fd != top:
             os.close(fd)
+
+
+FOLDER_TRIES = 8
+"""How many times a writer makes a folder again when deletes keep removing it under it."""
+
+
+@contextlib.contextmanager
+def make_folder(bucket: int, names: list[str]) -> Iterator[int]:
+    """The folder at ``names`` under ``bucket`` (``descend``), made as need be, and made again should
+    a delete of the last object in a part of it remove that part between its making and its opening.
+    A delete may still remove it once it is open: a writer that then finds it gone (ENOENT moving a
+    file into it) makes it again. Raises OSError as ``descend`` does."""
+    with contextlib.ExitStack() as on:
+        for tries_left in reversed(range(FOLDER_TRIES)):
+            try:
+                directory = on.enter_context(descend(bucket, names, create=True))
+                break
+            except FileNotFoundError:
+                if not tries_left:
+                    raise
+        yield directory
+
+
+def place(
+    move: Callable[[int], None],
+    on: contextlib.ExitStack,
+    bucket: int,
+    names: list[str],
+    directory: int,
+    temp: str,
+    partial: int,
+) -> int:
+    """``move(directory)``: a rename or link of the file ``temp`` of ``partial`` into ``directory``,
+    the folder at ``names`` of ``bucket`` (``make_folder``). Should a delete have removed that folder
+    meanwhile (ENOENT while ``temp`` is still there), it is made again (kept open by ``on``) and the
+    move tried again. Returns the folder moved into."""
+    for tries_left in reversed(range(FOLDER_TRIES)):
+        try:
+            move(directory)
+            break
+        except FileNotFoundError:
+            if not tries_left or not _exists(partial, temp):
+                raise
+            directory = on.enter_context(make_folder(bucket, names))
+    return directory
+
+
+def _exists(directory: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def open_file(directory: int, name: str) -> BinaryIO:
