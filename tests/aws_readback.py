@@ -164,6 +164,8 @@ def _declared_bucket(declared: dict[str, Any]) -> dict[str, Any]:
     props = declared[bucket_id]["Properties"]
     lifecycle = []
     for rule in props["LifecycleConfiguration"]["Rules"]:
+        if "Fn::If" in rule:  # a rule of a parameter (UploadRetentionDays) whose default makes none
+            continue
         api_rule = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
         lifecycle.append(api_rule | {k: v for k, v in rule.items() if k not in ("Id", "Status", "Prefix")})
     documents = [

@@ -27,7 +27,7 @@ import boto3
 import pytest
 
 from runplane.adapters.aws import resources
-from runplane.adapters.aws.dynamodb import BY_OWNER, BY_QUEUE_STATE, BY_RANK
+from runplane.adapters.aws.dynamodb import BY_OWNER, BY_PURGE, BY_QUEUE_STATE, BY_RANK, PURGE_DUE, PURGE_QUEUE
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
@@ -209,7 +209,9 @@ def test_tables_match_provision(template: dict[str, Any], provisioned: Provision
         assert table_shape(declared[logical_id]["Properties"]) == table_shape(described), logical_id
     assert template_stack(template, POOLS)["tables"] == provisioned.found["tables"]
     runs = provisioned.found["tables"]["runs_table"]
-    assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE, BY_RANK}
+    assert {i["IndexName"] for i in runs["GlobalSecondaryIndexes"]} == {BY_OWNER, BY_QUEUE_STATE, BY_RANK, BY_PURGE}
+    (purge,) = [i for i in runs["GlobalSecondaryIndexes"] if i["IndexName"] == BY_PURGE]
+    assert [k["AttributeName"] for k in purge["KeySchema"]] == [PURGE_QUEUE, PURGE_DUE]
 
 
 def test_table_settings_are_those_of_resources(provisioned: Provisioned) -> None:
@@ -217,7 +219,8 @@ def test_table_settings_are_those_of_resources(provisioned: Provisioned) -> None
     alike, above) are exactly those of runplane/adapters/aws/resources.py."""
     tables = provisioned.found["tables"]
     assert {field: t["TimeToLive"] for field, t in tables.items() if t["TimeToLive"][0] != "DISABLED"} == {
-        "workers_table": ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
+        "workers_table": ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE),
+        "runs_table": ("ENABLED", resources.RUNS_TTL_ATTRIBUTE),
     }
     assert {field for field, t in tables.items() if t["PointInTimeRecovery"] == "ENABLED"} == set(resources.PITR_TABLES)
 
@@ -364,6 +367,7 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
     # And the settings really read them: every variable lands in its field.
     environ = {name: f"from-{name.lower()}" for name in runplane_vars}
+    environ["RUNPLANE_RETENTION"] = '{"outputs": "30d"}'  # read as it is set, once it reads as a retention
     settings = StackSettings.from_env(environ)
     for name, value in environ.items():
         assert getattr(settings, name[len(prefix) :].lower()) == value, name
@@ -381,6 +385,56 @@ def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> N
     assert variables["RUNPLANE_BUCKET"] == {"Ref": "DataBucket"}
     assert variables["RUNPLANE_PREFIX"] == {"Ref": "Prefix"}
     assert variables["RUNPLANE_POOLS"] == {"Ref": "PoolsJson"}
+
+
+def test_retention_reaches_the_functions_and_uploads_expire_by_a_lifecycle_rule(template: dict[str, Any]) -> None:
+    """RUNPLANE_RETENTION is the Retention parameter (empty by default: everything kept), and the
+    bucket expires what is under uploads/ after UploadRetentionDays only when that is set (by
+    default no rule: nothing expires that did not before)."""
+    variables = template["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["RUNPLANE_RETENTION"] == {"Ref": "Retention"}
+    assert defaults(template)["Retention"] == ""
+    assert StackSettings(retention=defaults(template)["Retention"]).kept().sets_any is False
+    assert str(defaults(template)["UploadRetentionDays"]) == "0"
+    assert template["Conditions"]["HasUploadRetention"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "UploadRetentionDays"}, 0]}]
+    }
+    rules = template["Resources"]["DataBucket"]["Properties"]["LifecycleConfiguration"]["Rules"]
+    (conditional,) = [r["Fn::If"] for r in rules if "Fn::If" in r]
+    condition, rule, otherwise = conditional
+    assert (condition, otherwise) == ("HasUploadRetention", {"Ref": "AWS::NoValue"})
+    assert rule == {
+        "Id": "expire-unused-uploads",
+        "Status": "Enabled",
+        "Prefix": "uploads/",
+        "ExpirationInDays": {"Ref": "UploadRetentionDays"},
+    }
+
+
+def _grants(statements: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:
+    return [s for s in statements if s["Effect"] == "Allow" and action in as_list(s["Action"])]
+
+
+def _listed_prefixes(statements: list[dict[str, Any]]) -> set[str]:
+    return {p for s in _grants(statements, "s3:ListBucket") for p in as_list(s["Condition"]["StringLike"]["s3:prefix"])}
+
+
+def test_the_reaper_may_sweep_and_a_missing_upload_reads_as_missing(template: dict[str, Any]) -> None:
+    """The reaper runs the retention sweep: it reads the by_purge index, deletes a run's record and
+    its objects, and lists and deletes uploads. The API (which looks an upload up) and the workers
+    (which read one) may list under uploads/: S3 answers a missing key 404 only to a caller that may
+    list it, else 403, which would read as a refusal, not as "not there"."""
+    reaper = function_statements(template, "ReaperFunction")
+    assert any(s["Resource"] == {"Fn::GetAtt": ["RunsTable", "Arn"]} for s in _grants(reaper, "dynamodb:DeleteItem"))
+    assert any("/index/" in json.dumps(s["Resource"]) for s in _grants(reaper, "dynamodb:Query"))
+    deletable = {r["Fn::Sub"] for s in _grants(reaper, "s3:DeleteObject") for r in as_list(s["Resource"])}
+    assert deletable == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/uploads/*"}
+    assert _listed_prefixes(reaper) == {"runs/*", "uploads/*"}
+    assert _listed_prefixes(function_statements(template, "ApiFunction")) == {"runs/*", "uploads/*"}
+    workers = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
+    assert _listed_prefixes(workers) == {"runs/*", "uploads/*"}
+    assert not _grants(workers, "s3:DeleteObject")
+    assert not _grants(function_statements(template, "ApiFunction"), "s3:DeleteObject")
 
 
 def test_dispatcher_reports_partial_batch_failures(template: dict[str, Any]) -> None:
@@ -434,6 +488,8 @@ def test_hook_creates_the_same_names_and_indexes(provisioned: Provisioned) -> No
         "AttributeName=qs,AttributeType=S",
         "AttributeName=owner,AttributeType=S",
         "AttributeName=rank,AttributeType=S",
+        f"AttributeName={PURGE_QUEUE},AttributeType=S",
+        f"AttributeName={PURGE_DUE},AttributeType=N",
     ):
         assert key in text
 
@@ -448,6 +504,7 @@ def test_hook_values_are_those_of_resources() -> None:
         "events_visibility": str(resources.EVENTS_VISIBILITY_SECONDS),
         "max_receives": str(MAX_RECEIVES),
         "ttl_attribute": resources.WORKERS_TTL_ATTRIBUTE,
+        "runs_ttl_attribute": resources.RUNS_TTL_ATTRIBUTE,
         "sse_algorithm": resources.SSE_ALGORITHM,
         "object_ownership": resources.OBJECT_OWNERSHIP,
         "noncurrent_days": str(resources.NONCURRENT_VERSION_DAYS),
@@ -526,6 +583,7 @@ def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_pat
     for part in ("tables", "queues", "bucket", "key"):
         assert got[part] == want[part], part
     assert got["tables"]["workers_table"]["TimeToLive"] == ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
+    assert got["tables"]["runs_table"]["TimeToLive"] == ("ENABLED", resources.RUNS_TTL_ATTRIBUTE)
     assert got["queues"]["events"]["VisibilityTimeout"] == resources.EVENTS_VISIBILITY_SECONDS
     assert got["bucket"]["policy"] == resources.bucket_policy("BUCKET", "us-east-1")
 

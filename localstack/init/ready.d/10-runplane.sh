@@ -3,9 +3,9 @@
 #
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
-# values): the runs table with its by_owner, by_queue_state and by_rank indexes, the workers (by_pool),
+# values): the runs table with its by_owner, by_queue_state, by_rank and by_purge indexes, the workers (by_pool),
 # tokens, pools, quotas and secrets (scope, name) tables, a queue and a dead-letter queue per pool, the
-# dispatcher's event queue, the bucket, the KMS key of secrets and its alias; TTL on the workers table,
+# dispatcher's event queue, the bucket, the KMS key of secrets and its alias; TTL on the workers and runs tables,
 # point-in-time recovery on the runs, tokens, quotas and secrets tables, the bucket's encryption,
 # public-access block, ownership, versioning, lifecycle and TLS-only policy, and the key's rotation
 # and key policy (the account administers it).
@@ -43,6 +43,7 @@ pool_visibility=60       # POOL_VISIBILITY_SECONDS
 events_visibility=360    # EVENTS_VISIBILITY_SECONDS: six times the dispatcher's timeout
 max_receives=5           # MAX_RECEIVES
 ttl_attribute=expires_at # WORKERS_TTL_ATTRIBUTE
+runs_ttl_attribute=ttl   # RUNS_TTL_ATTRIBUTE
 sse_algorithm=AES256     # SSE_ALGORITHM
 object_ownership=BucketOwnerEnforced  # OBJECT_OWNERSHIP
 noncurrent_days=7        # NONCURRENT_VERSION_DAYS
@@ -120,6 +121,7 @@ create_table "$runs_table" \
   --key-schema AttributeName=id,KeyType=HASH \
   --attribute-definitions AttributeName=id,AttributeType=S AttributeName=owner,AttributeType=S \
     AttributeName=qs,AttributeType=S AttributeName=created_at,AttributeType=N AttributeName=rank,AttributeType=S \
+    AttributeName=pq,AttributeType=S AttributeName=pd,AttributeType=N \
   --global-secondary-indexes '[
     {"IndexName": "by_owner",
      "KeySchema": [{"AttributeName": "owner", "KeyType": "HASH"}, {"AttributeName": "created_at", "KeyType": "RANGE"}],
@@ -129,7 +131,13 @@ create_table "$runs_table" \
      "Projection": {"ProjectionType": "ALL"}},
     {"IndexName": "by_rank",
      "KeySchema": [{"AttributeName": "qs", "KeyType": "HASH"}, {"AttributeName": "rank", "KeyType": "RANGE"}],
+     "Projection": {"ProjectionType": "ALL"}},
+    {"IndexName": "by_purge",
+     "KeySchema": [{"AttributeName": "pq", "KeyType": "HASH"}, {"AttributeName": "pd", "KeyType": "RANGE"}],
      "Projection": {"ProjectionType": "ALL"}}]'
+# A finished run's record goes some days after its retention's date, should the sweep not have taken it.
+apply "TTL of $runs_table" dynamodb update-time-to-live --table-name "$runs_table" \
+  --time-to-live-specification "Enabled=true,AttributeName=$runs_ttl_attribute" -- "already enabled"
 create_table "$workers_table" \
   --key-schema AttributeName=id,KeyType=HASH \
   --attribute-definitions AttributeName=id,AttributeType=S AttributeName=pool,AttributeType=S \
