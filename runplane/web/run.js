@@ -1,5 +1,5 @@
 // One run: its state and why, where its time went, what it asked for and used, its inputs,
-// outputs and logs (followed live, searchable), and kill / retry.
+// outputs and logs (followed live, searchable), how long they are kept, and kill / retry / keep.
 import { get, post } from "./api.js";
 import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runLink, safeHref, say, seconds, svg, TERMINAL, table, when } from "./dom.js";
 import { OWNER_RETRIES, RETRY_MEANS, resubmit, retryable, unsuccessful } from "./runs.js";
@@ -200,6 +200,26 @@ async function outputs(runId, box, attempt) {
   }
 }
 
+const KEEP_MEANS = "Keep its outputs, logs and record until you let it go: its pool's retention deletes none of them.";
+const LET_GO_MEANS = "Let it go: its pool's retention deletes its outputs, logs and record when they are due.";
+
+function day(iso) {
+  return h("time", { datetime: iso, title: iso }, new Date(iso).toLocaleDateString(undefined, { dateStyle: "medium" }));
+}
+
+// How long the run's outputs, logs and record are kept ("–": it has not ended and is not kept).
+export function keptUntil(run) {
+  const kept = run.retention;
+  if (!kept) return "–";
+  if (kept.kept) return "kept, until you let it go";
+  const parts = [
+    ["outputs", kept.outputs_until],
+    ["logs", kept.logs_until],
+    ["record", kept.record_until],
+  ].map(([what, at]) => (kept.deleted.includes(what) ? `${what} deleted` : at ? [`${what} until `, day(at)] : `${what} for good`));
+  return h("span", { class: "retention" }, parts.flatMap((part, i) => (i ? [" · ", part] : [part])));
+}
+
 export function runPage(main, runId, session) {
   let logs = null;
   let outputsDone = false;
@@ -211,6 +231,7 @@ export function runPage(main, runId, session) {
   const logsBox = h("div", { class: "logs" });
   const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill");
   const retryButton = h("button", { type: "button", title: RETRY_MEANS, onclick: retry }, "Retry");
+  const keepButton = h("button", { type: "button", title: KEEP_MEANS, onclick: keep }, "Keep");
   let current = null;
   let logsAttempt = null; // the attempt the log views show (its number, even when "latest" was asked)
   const attemptSelect = h("select", { id: "attempt", onchange: () => showAttempt() }, h("option", { value: "" }, "latest"));
@@ -257,6 +278,17 @@ export function runPage(main, runId, session) {
     }
   }
 
+  async function keep() {
+    const keeping = !current.retention?.kept;
+    try {
+      current = await post(`/v1/runs/${encodeURIComponent(runId)}/keep`, { keep: keeping });
+      replace(notice, message("ok", keeping ? "Kept until you let it go." : "Let go: its pool's retention applies."));
+      keepFocus(main, draw);
+    } catch (error) {
+      replace(notice, message("error", error.message));
+    }
+  }
+
   async function retry() {
     if (!confirm(`Retry run ${runId}? ${RETRY_MEANS}`)) return;
     try {
@@ -273,6 +305,8 @@ export function runPage(main, runId, session) {
     killButton.disabled = ended || run.kill_requested;
     retryButton.disabled = !retryable(run, session);
     retryButton.title = unsuccessful(run) && !retryable(run, session) ? OWNER_RETRIES : RETRY_MEANS;
+    replace(keepButton, run.retention?.kept ? "Let go" : "Keep");
+    keepButton.title = run.retention?.kept ? LET_GO_MEANS : KEEP_MEANS;
     const reason = run.failure
       ? `${run.failure.reason}: ${run.failure.message}`
       : run.state === "queued"
@@ -283,7 +317,7 @@ export function runPage(main, runId, session) {
       h("h1", {}, run.name || "(no name)", " ", badge(run.state)),
       h("p", { class: "id" }, h("code", {}, run.id)),
       reason ? h("p", { class: `reason ${run.failure ? "failed" : ""}` }, reason) : null,
-      h("div", { class: "actions" }, killButton, retryButton),
+      h("div", { class: "actions" }, killButton, retryButton, keepButton),
       retryable(run, session) ? h("p", { class: "hint" }, RETRY_MEANS) : unsuccessful(run) ? h("p", { class: "hint" }, OWNER_RETRIES) : null,
     );
     const facts = [
@@ -300,6 +334,7 @@ export function runPage(main, runId, session) {
       ["Created", when(run.created_at)],
       ["Started", when(run.started_at)],
       ["Finished", when(run.finished_at)],
+      ["Kept until", keptUntil(run)],
       ["Sweep", run.sweep_id ? h("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}` }, `${run.sweep_id} #${run.sweep_index}`) : "–"],
     ];
     replace(

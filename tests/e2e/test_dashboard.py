@@ -240,6 +240,21 @@ def test_filters_live_in_the_url_and_choose_the_rows(tab, alice):
     assert "not linked to the original" in t.dialogs[0]
 
 
+def test_a_run_is_kept_and_let_go_from_its_page(tab, alice):
+    run = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("kept")})
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")
+    facts = t.page.locator("dl.facts")
+    expect(facts).to_contain_text("Kept untiloutputs for good · logs for good · record for good")
+    t.page.get_by_role("button", name="Keep").click()
+    expect(facts).to_contain_text("Kept untilkept, until you let it go")
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["retention"]["kept"] is True
+    t.page.get_by_role("button", name="Let go").click()
+    expect(t.page.get_by_role("button", name="Keep")).to_be_visible()
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["retention"]["kept"] is False
+
+
 def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits(tab, alice):
     prefix = unique("parked")
     waiting = [
