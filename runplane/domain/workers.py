@@ -56,7 +56,8 @@ class PoolRecord(Record):
     """Worker id -> why this control plane refuses its agent (the version skew policy), at that count."""
     resume: dict[str, str] = Field(default_factory=dict)
     """Only in the schedule's own record (``SCHEDULE_RECORD``): where its bounded passes over
-    waiting runs and sweeps stopped, so that the next one goes on from there."""
+    waiting runs and sweeps stopped, so that the next one goes on from there; and in the retention
+    sweep's (``services.retention.RESUME_RECORD``): where its look at the uploads stopped."""
 
     @field_validator("resume", mode="before")
     @classmethod

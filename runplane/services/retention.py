@@ -25,7 +25,7 @@ from runplane.domain.states import TERMINAL_STATES
 from runplane.domain.tenancy import Principal
 from runplane.domain.uploads import UPLOADS_PREFIX
 from runplane.domain.workers import PoolRecord
-from runplane.ports import MAX_DELETE, Expect, Ports
+from runplane.ports import MAX_DELETE, Expect, ObjectInfo, Ports
 from runplane.services.runs import get_run
 
 log = logging.getLogger(__name__)
@@ -229,6 +229,10 @@ def _delete_under(ports: Ports, prefix: str, budget: _Budget, report: RetentionR
     return False
 
 
+def _unused(info: ObjectInfo | None, before: float) -> bool:
+    return info is not None and info.modified is not None and info.modified < before
+
+
 def _sweep_uploads(ports: Ports, before: float, most: int, report: RetentionReport) -> None:
     """Delete the uploads last used (written or touched) before ``before``, looking at ``most`` of
     them from where the previous pass stopped (kept in ``RESUME_RECORD``), round and round."""
@@ -239,8 +243,9 @@ def _sweep_uploads(ports: Ports, before: float, most: int, report: RetentionRepo
         record = None
     start = record.resume.get("uploads") if record is not None else None
     cursor = start
-    looked = 0
-    while looked < most:
+    looked = pages = 0
+    while looked < most and pages < math.ceil(most / MAX_DELETE) + 2:  # a store may answer an empty page
+        pages += 1
         try:
             found, cursor = ports.objects.list_page(UPLOADS_PREFIX, cursor, min(MAX_DELETE, most - looked))
         except BadRequest as e:
@@ -249,7 +254,8 @@ def _sweep_uploads(ports: Ports, before: float, most: int, report: RetentionRepo
             log.warning("retention: the uploads' cursor is not valid; starting over: %s", e)
             found, cursor = ports.objects.list_page(UPLOADS_PREFIX, None, min(MAX_DELETE, most - looked))
         looked += len(found)
-        old = [info.key for info in found if info.modified is not None and info.modified < before]
+        old = [info.key for info in found if _unused(info, before)]
+        old = [key for key in old if _unused(ports.objects.head(key), before)]  # a submit may have just used it
         if old:
             ports.objects.delete(old)
             report.uploads += len(old)

@@ -153,7 +153,7 @@ def test_a_retried_run_is_dated_from_its_last_end(stack):
 
 
 def test_an_upload_unused_past_its_retention_goes_and_one_a_submit_named_stays(stack):
-    unused, named = upload_key("alice", "a" * 64), upload_key("alice", "b" * 64)
+    named, unused = upload_key("alice", "a" * 64), upload_key("alice", "b" * 64)
     stack.objects.put_bytes(unused, b"old")
     stack.objects.put_bytes(named, b"used")
     stack.objects.put_bytes("runs/r-x/outputs/1/f", b"not an upload")
@@ -161,13 +161,13 @@ def test_an_upload_unused_past_its_retention_goes_and_one_a_submit_named_stays(s
     time.sleep(1.1)  # stores keep whole seconds
     clock = Clock(time.time() + 2 * DAY)  # a submit two days on names the upload: it is marked used
     ports = ports_of(stack, clock, stack_retention='{"uploads": "1h"}')
-    uploads.check_run(ports, ALICE, RunSpec(command="true", inputs={"code": "upload:" + "b" * 64}))
+    uploads.check_run(ports, ALICE, RunSpec(command="true", inputs={"code": "upload:" + "a" * 64}))
     touched = stack.objects.head(named).modified
     assert touched > written
 
     clock.now = (written + touched) / 2 + 3600  # an hour after a time between the two
-    report = sweep(ports)
-    assert report.uploads == 1
+    assert sweep(ports, uploads=1).uploads == 0  # one upload a pass: the one in use, first in key order
+    assert sweep(ports, uploads=1).uploads == 1  # the next pass goes on after it
     assert stack.objects.head(unused) is None
     assert stack.objects.get_bytes(named) == b"used"
     assert stack.objects.get_bytes("runs/r-x/outputs/1/f") == b"not an upload"
