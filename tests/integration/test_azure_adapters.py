@@ -467,6 +467,12 @@ def test_missing_objects_and_containers(azure_stack, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no partial file left behind
     with pytest.raises(BackendError, match="does not exist"):
         azure_stack.objects.within("no-such-container").list("")
+    # a missing blob is no error to delete; a missing container is, as for every other call
+    azure_stack.objects.delete(["nothing"])
+    with pytest.raises(BackendError, match="delete runs/r1/outputs/1/f: container no-such-container does not exist"):
+        azure_stack.objects.within("no-such-container").delete(["runs/r1/outputs/1/f"])
+    with pytest.raises(BackendError, match="touch uploads/a: container no-such-container does not exist"):
+        azure_stack.objects.within("no-such-container").touch("uploads/a")
 
 
 # -- settings and provisioning -------------------------------------------------------------
