@@ -1,6 +1,7 @@
 """What the retention sweep needs of the one-machine stack's stores, beyond the contract every store
 passes (tests/integration/contracts/test_retention_stores.py): a database of an earlier release gets
-its sweep index filled from the runs already there when it is first opened, and only then; deleting
+its sweep index filled from the runs already there when it is first opened, and only then, and a run
+an agent of that release ends is indexed all the same; deleting
 objects removes the folders it empties without ever failing a put that races it into one of them;
 keys are checked before anything is deleted."""
 
@@ -72,6 +73,14 @@ def test_a_database_of_an_earlier_release_gets_its_finished_runs_indexed_once(tm
     store.update(store.get("r-2"), Expect(), {"retention": dated})
     SqliteRunStore(Database(root))
     assert _purges(root / "state.db") == {**expected, "r-2": 9000.0}
+    # an agent of the earlier release ends the running run as its store writes it: no row of its own
+    ended = store.get("r-1").model_copy(update={"state": RunState.SUCCEEDED, "finished_at": 7000.0})
+    with sqlite3.connect(root / "state.db") as c:
+        c.execute(
+            "UPDATE runs SET state = ?, listed = ?, data = ? WHERE id = ?",
+            ("succeeded", "succeeded", written_json(ended), "r-1"),
+        )
+    assert _purges(root / "state.db") == {**expected, "r-2": 9000.0, "r-1": 7000.0}
 
 
 def _objects(tmp_path) -> FileObjectStore:

@@ -84,6 +84,17 @@ def _private_dir(path: Path) -> None:
         path.chmod(0o700)
 
 
+def _statements(ddl: str) -> Iterator[str]:
+    """The statements of ``ddl``, each whole (a trigger's body holds ';' of its own)."""
+    statement = ""
+    for part in ddl.split(";"):
+        statement += part + ";"
+        if sqlite3.complete_statement(statement):
+            if statement.strip(" \n;"):
+                yield statement
+            statement = ""
+
+
 class Database:
     """The database of the state directory ``root``; one object per directory and process
     (``Database.at``), shared by the stores of that process."""
@@ -157,13 +168,12 @@ class Database:
         return connection
 
     def ensure(self, ddl: str) -> None:
-        """Run ``ddl`` (``CREATE ... IF NOT EXISTS`` statements) once per process."""
+        """Run ``ddl`` (``CREATE ... IF NOT EXISTS`` statements) once per process, in one transaction."""
         if ddl in self._ensured:
             return
         with self.errors("create the stores' tables"), self.write() as c:
-            for statement in ddl.split(";"):
-                if statement.strip():
-                    c.execute(statement)
+            for statement in _statements(ddl):
+                c.execute(statement)
         self._ensured.add(ddl)
 
     def ensure_table(self, table: str, ddl: str) -> None:
@@ -173,9 +183,8 @@ class Database:
             return
         with self.errors(f"create the table {table}"), self.write() as c:
             if c.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone() is None:
-                for statement in ddl.split(";"):
-                    if statement.strip():
-                        c.execute(statement)
+                for statement in _statements(ddl):
+                    c.execute(statement)
         self._ensured.add(ddl)
 
     @contextlib.contextmanager

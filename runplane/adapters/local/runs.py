@@ -19,7 +19,10 @@ not None: finished, not kept): ``run_id``, its ``queue`` and that time, ``due``.
 run writes its row (or deletes it) in the same transaction, so the row is always the run's
 ``purge_due``. The table is made, when a stack of an earlier release first opens its database,
 together with the rows of the finished runs already stored (due from their end), in one
-transaction: the runs of before the upgrade are swept as well, once a retention is set.
+transaction: the runs of before the upgrade are swept as well, once a retention is set. Agents of
+the release before write runs during an upgrade, and write no row: the trigger ``run_purges_at_end``
+gives a run that ends its row (due from its end) when it has none, which the write of this
+release that made it end replaces with its own in the same transaction.
 
 Runs have a table of their own, apart from sweeps: SQLite charges nothing for a table, and so no
 run query needs to tell a sweep's row from a run's (DynamoDB shares one table to share its
@@ -52,7 +55,7 @@ from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_sta
 from runplane.domain.states import RunState
 from runplane.ports import LIST_BUDGET, Expect, Page
 
-__all__ = ["DDL", "PURGES_DDL", "SqliteRunStore"]
+__all__ = ["DDL", "PURGES_DDL", "PURGES_TRIGGER", "SqliteRunStore"]
 
 DDL = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -86,6 +89,17 @@ INSERT INTO run_purges (run_id, queue, due)
 an earlier release: none kept, none dated by the sweep, so each is due from its end). The states named
 are ``TERMINAL_STATES``."""
 
+PURGES_TRIGGER = """
+CREATE TRIGGER IF NOT EXISTS run_purges_at_end AFTER UPDATE OF state ON runs
+WHEN new.state != old.state AND new.state IN ('succeeded', 'failed', 'killed', 'timed_out')
+    AND NOT coalesce(json_extract(new.data, '$.kept'), 0)
+BEGIN
+    INSERT OR IGNORE INTO run_purges (run_id, queue, due)
+    VALUES (new.id, new.queue, coalesce(json_extract(new.data, '$.finished_at'), new.created_at));
+END
+"""
+"""A run that an agent of the release before ends (it writes no row of its own) is due from its end."""
+
 
 def _qs(queue: str, listed: str) -> str:
     return f"{queue}#{listed}"
@@ -103,6 +117,7 @@ class SqliteRunStore:
         self.list_budget = list_budget
         db.ensure(DDL)
         db.ensure_table("run_purges", PURGES_DDL)
+        db.ensure(PURGES_TRIGGER)
 
     @staticmethod
     def _row(run: Run) -> tuple[Any, ...]:
