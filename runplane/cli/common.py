@@ -9,10 +9,10 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.table import Column
 from rich.text import Text
@@ -26,6 +26,7 @@ from runplane.client import (
     QuotaExceeded,
     load_profile,
 )
+from runplane.domain.retention import read_retention
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -155,3 +156,29 @@ def transfer_bar(description: str) -> Iterator[Callable[[int, int | None], None]
     with Progress(*columns, console=err, transient=True, redirect_stdout=False, redirect_stderr=False) as bar:
         task = bar.add_task(description, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+RETENTION = Annotated[
+    str | None,
+    typer.Option(
+        "--retention",
+        envvar="RUNPLANE_RETENTION",
+        show_envvar=True,
+        metavar="JSON",
+        help='how long what runs leave is kept, e.g. \'{"outputs": "30d", "logs": "30d", "runs": "180d", '
+        '"uploads": "14d"}\' (docs/retention.md; a pool\'s retention goes over it); default: kept for good',
+        show_default=False,
+    ),
+]
+
+
+def retention_settings(text: str | None) -> dict[str, str]:
+    """The stack settings of ``--retention`` (none when not given). Raises CliError naming what is wrong."""
+    if not text or not text.strip():
+        return {}
+    try:
+        read_retention(text)
+    except ValidationError as e:
+        wrong = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'retention'}: {err['msg']}" for err in e.errors())
+        raise CliError(f"--retention: {wrong}") from None
+    return {"retention": text}

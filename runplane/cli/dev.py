@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import typer
 
-from runplane.cli.common import CliError, err
+from runplane.cli.common import RETENTION, CliError, err, retention_settings
 from runplane.cli.runs import follow
 from runplane.client import Client
 
@@ -75,6 +75,7 @@ def dev(
             show_default=False,
         ),
     ] = None,
+    retention: RETENTION = None,
 ) -> None:
     """Run the whole stack on this machine (its stores in SQLite, or moto or Azurite; API,
     dispatcher, local agents on Docker).
@@ -98,6 +99,7 @@ def dev(
         azure_connection_string=azure_connection,
         state_dir=state_dir.expanduser(),
         fresh=fresh,
+        settings=retention_settings(retention),
     )
     try:
         stack = DevStack(config)  # options that cannot go together fail here, before anything starts

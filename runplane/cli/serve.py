@@ -20,7 +20,7 @@ import typer
 
 from runplane.adapters.local.backup import BackupError, backup
 from runplane.adapters.local.db import not_private
-from runplane.cli.common import CliError, err
+from runplane.cli.common import RETENTION, CliError, err, retention_settings
 from runplane.cli.dev import dashboard_link, start
 from runplane.domain.pools import load_pools
 
@@ -97,6 +97,7 @@ def serve(
     ] = None,
     workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
     pools_file: Annotated[str | None, typer.Option("--pools", help="pools YAML/JSON file")] = None,
+    retention: RETENTION = None,
 ) -> None:
     """Serve the stack on this machine: API, dashboard, dispatcher, reaper and local agents on Docker,
     its state in --state-dir. The first start makes an admin token and prints it once (under systemd,
@@ -135,6 +136,7 @@ def serve(
         workers=workers,
         pools_file=pools_file,
         write_dev_file=False,
+        settings=retention_settings(retention),
     )
     try:
         stack = DevStack(config)

@@ -1,9 +1,12 @@
 """What ``runplane keep`` and ``runplane status`` say of a run's retention: its dates (UTC days), what
-is deleted already, what is kept for good, and a pin."""
+is deleted already, what is kept for good, and a pin; ``runplane dev`` and ``serve`` refuse a
+retention that cannot be read, before anything starts."""
 
 from datetime import UTC, datetime
 
 from runplane.api.models import RunView
+from runplane.cli.app import run_cli
+from runplane.cli.common import retention_settings
 from runplane.cli.runs import keep_line, kept_until
 
 RUN = RunView.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
@@ -35,3 +38,19 @@ def test_a_kept_run_says_how_to_let_it_go_and_one_without_retention_says_nothing
     unseen = RunView.model_validate(RUN)  # queued and not kept, or a stack older than retention
     assert unseen.retention is None and kept_until(unseen) is None
     assert keep_line(unseen) == f"let go: run {RUN['id']} (its pool's retention applies once it ends)"
+
+
+def test_a_bad_retention_stops_dev_and_serve_before_anything_starts(capsys, monkeypatch):
+    monkeypatch.delenv("RUNPLANE_RETENTION", raising=False)
+    for command in ("dev", "serve"):
+        assert run_cli([command, "--retention", '{"outputs": "400d", "runs": "30d"}']) == 2
+        said = capsys.readouterr().err.strip()
+        assert said == (
+            "error: --retention: retention: Value error, outputs cannot be kept longer than the run's record "
+            "('runs'): they go with it"
+        )
+    monkeypatch.setenv("RUNPLANE_RETENTION", '{"output": "30d"}')  # read from the environment too
+    assert run_cli(["serve"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --retention: output: Extra inputs are not permitted"
+    assert retention_settings(' {"runs": "180d"} ') == {"retention": ' {"runs": "180d"} '}
+    assert retention_settings("") == {}
