@@ -213,8 +213,9 @@ _RUN_PATH = "/v1/runs/"
 
 def repeatable(request: ApiRequest) -> bool:
     """Whether sending ``request`` twice has the effect of sending it once: reads, deletes, a PUT
-    (it stores the whole thing: a quota), a kill, a priority set (to a number, not by one) and a
-    submit that carries an Idempotency-Key (the second finds the run the first made)."""
+    (it stores the whole thing: a quota), a kill, a priority set (to a number, not by one), a pin set
+    or lifted (keep) and a submit that carries an Idempotency-Key (the second finds the run the first
+    made)."""
     method, path = request.method.upper(), request.path
     if method in ("GET", "HEAD", "OPTIONS", "DELETE", "PUT"):
         return True
@@ -222,7 +223,7 @@ def repeatable(request: ApiRequest) -> bool:
         return False
     if path == "/v1/runs":
         return any(k.lower() == "idempotency-key" for k in request.headers)
-    return path.startswith(_RUN_PATH) and path.endswith(("/kill", "/priority")) and path.count("/") == 4
+    return path.startswith(_RUN_PATH) and path.endswith(("/kill", "/priority", "/keep")) and path.count("/") == 4
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

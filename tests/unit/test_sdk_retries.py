@@ -236,6 +236,13 @@ def test_a_priority_set_is_retried_after_a_dropped_connection(server: Script, cl
     assert [(s.path, json.loads(s.body)) for s in server.seen] == [("/v1/runs/r-1/priority", {"priority": 70})] * 2
 
 
+def test_a_keep_is_retried_after_a_dropped_connection(server: Script, client: Client) -> None:
+    """It sets the pin rather than toggling it: sending it twice does what sending it once does."""
+    server.play(DROP, Answer(200, RUN))
+    assert client.keep("r-1", keep=False).id == RUN["id"]
+    assert [(s.path, json.loads(s.body)) for s in server.seen] == [("/v1/runs/r-1/keep", {"keep": False})] * 2
+
+
 def test_a_raw_submit_without_a_key_is_not_retried_after_a_drop(server: Script, client: Client) -> None:
     server.play(DROP, Answer(201, RUN))
     with pytest.raises(ConnectionFailed):
