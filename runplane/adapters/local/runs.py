@@ -158,7 +158,8 @@ class SqliteRunStore:
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 self._row(run),
             )
-            self._index(c, run)
+            if purge_due(run) is not None:  # a new run has no row to delete (none is left of one deleted)
+                self._index(c, run)
         return run
 
     def get(self, run_id: str) -> Run:
