@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runplane.domain.errors import BadRequest, ConditionFailed, NotFound, RunplaneError
+from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, NotFound, RunplaneError
 from runplane.domain.retention import (
     LOGS,
     OUTPUTS,
@@ -52,15 +52,17 @@ def keep(ports: Ports, principal: Principal, run_id: str, keep: bool) -> Run:
     sweep deletes nothing of it. A run that has not ended may be pinned: the pin holds once it ends.
     Raises NotFound (also for another user's run, and for one deleted meanwhile)."""
     run = get_run(ports, principal, run_id)
-    for _ in range(KEEP_TRIES - 1):
+    for tries in range(1, KEEP_TRIES + 1):
         if run.kept == keep:
             return run
         try:
             return ports.store.update(run, Expect(), {"kept": keep})
-        except ConditionFailed as e:
+        except ConditionFailed as e:  # a store that checks its own version: the run changed meanwhile
+            if tries == KEEP_TRIES:
+                raise Conflict(f"run {run_id} changed too often; try again") from None
             stored = e.details.get("run")
             run = stored if isinstance(stored, Run) else ports.store.get(run_id)
-    return run if run.kept == keep else ports.store.update(run, Expect(), {"kept": keep})
+    return run
 
 
 def retention_of(ports: Ports, queue: str) -> Retention:
