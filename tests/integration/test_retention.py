@@ -21,7 +21,7 @@ from runplane.domain.uploads import upload_key
 from runplane.handlers import run_reaper
 from runplane.ports import Expect
 from runplane.services import lifecycle, uploads
-from runplane.services.retention import keep, sweep
+from runplane.services.retention import keep, shown, sweep
 
 STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack", "local-sqlite": "local_stack"}
 DAY = 86400.0
@@ -88,10 +88,15 @@ def test_outputs_logs_and_record_go_each_at_its_date_and_a_kept_run_stays(stack)
     gone, kept, other = finished(stack, "gone"), finished(stack, "kept", kept=True), finished(stack, "other", "parked")
     stack.objects.put_bytes(f"runs/{gone.id}x/outputs/1/f", b"neighbour")  # a run id with the same start
 
+    shown_before = shown(ports, gone)  # what a view shows before the sweep looks: the settings' dates
+    assert (shown_before.outputs_at, shown_before.record_at) == (T0 + 2 * DAY, T0 + 10 * DAY)
+    assert shown(ports, other).record_at is None and shown(ports, other).outputs_at is None
+
     report = sweep(ports)  # day 1: dated, nothing deleted
     assert report.dated == [gone.id] and report.objects == 0
     dated = stack.store.get(gone.id).retention
     assert (dated.outputs_at, dated.logs_at, dated.record_at) == (T0 + 2 * DAY, T0 + 3 * DAY, T0 + 10 * DAY)
+    assert shown(ports, stack.store.get(gone.id)) == dated
     assert keys(stack, gone) == ALL
 
     clock.now = T0 + 2 * DAY  # the reaper's pass runs the sweep after reaping
