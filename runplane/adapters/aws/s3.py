@@ -146,7 +146,8 @@ class S3ObjectStore:
 
     def touch(self, key: str) -> None:
         """Copy the object onto itself, its content type and metadata kept: S3 gives it a new
-        last-modified time, which the bucket's lifecycle rule counts from."""
+        last-modified time, which the bucket's lifecycle rule counts from. One CopyObject copies up
+        to 5 GiB, as much as the one presigned PUT an upload is sent with holds."""
         try:
             found = self.client.head_object(Bucket=self.bucket, Key=key)
             self.client.copy_object(
