@@ -32,12 +32,14 @@ LIVE_DIR = "live"
 """The directory of a run's output directory whose files are uploaded while it runs."""
 WINDOW_SECONDS = 60.0
 """The span ``bytes_per_minute`` counts over."""
+ENTRIES_PER_FILE, MIN_ENTRIES = 10, 1000
+"""A scan reads at most this many entries of ``live/`` a file it may upload (and at least the latter)."""
 
 
 @dataclass(frozen=True)
 class LiveLimits:
     interval: float = default("live_interval")  # seconds between two scans
-    max_files: int = default("live_max_files")  # files looked at in live/ (the first, in path order)
+    max_files: int = default("live_max_files")  # files looked at in live/ (the first the walk meets)
     max_file_bytes: int = default("live_max_file_bytes")  # larger ones are uploaded only when the run ends
     bytes_per_minute: int = default("live_bytes_per_minute")  # uploaded a minute, the run's files together
 
@@ -113,27 +115,38 @@ class LiveOutputs:
             log.warning("live outputs of %s: removed files' copies not deleted: %s", self.prefix, e)
 
     def _files(self) -> list[str]:
-        """The regular files and symlinks of ``live/`` (relative paths), the first ``max_files``."""
+        """The regular files and symlinks of ``live/`` (relative paths, sorted): the first
+        ``max_files`` the walk meets, among at most ``max(MIN_ENTRIES, ENTRIES_PER_FILE *
+        max_files)`` entries (a run that fills ``live/`` with directories or other files costs a
+        scan no more than that)."""
+        most = self.limits.max_files
+        entries = max(MIN_ENTRIES, ENTRIES_PER_FILE * most)
         found: list[str] = []
+        walk = scan(self.root)
         try:
-            for prefix, entry in scan(self.root):
+            for seen, (prefix, entry) in enumerate(walk, 1):
+                if seen > entries:
+                    self._notice(":entries", f"{LIVE_DIR}/ holds more than {entries} entries: the rest is not read")
+                    break
                 rel = prefix + entry.name
                 try:
                     if entry.is_dir(follow_symlinks=False):
                         continue
-                    if entry.is_symlink() or entry.is_file(follow_symlinks=False):
-                        found.append(rel)
-                        continue
+                    regular = entry.is_symlink() or entry.is_file(follow_symlinks=False)
                 except OSError:  # gone meanwhile
                     continue
-                self._notice(rel, f"{LIVE_DIR}/{rel} (not a regular file)")
+                if not regular:
+                    self._notice(rel, f"{LIVE_DIR}/{rel} (not a regular file)")
+                elif len(found) < most:
+                    found.append(rel)
+                else:
+                    self._notice(":files", f"{LIVE_DIR}/ holds more than {most} files: only {most} are uploaded")
+                    break
         except Unwalkable as e:
             self._notice(":unwalkable", f"{LIVE_DIR}/: {e} (not read)")
-        found.sort()
-        most = self.limits.max_files
-        if len(found) > most:
-            self._notice(":too-many", f"{LIVE_DIR}/ holds more than {most} files: only the first {most} are uploaded")
-        return found[:most]
+        finally:
+            walk.close()
+        return sorted(found)
 
     def _upload(self, rel: str) -> bool:
         try:

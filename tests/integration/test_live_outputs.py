@@ -8,7 +8,7 @@ import os
 import pytest
 
 from runplane.adapters.local.files import FileObjectStore
-from worker_agent.live import LiveLimits, LiveOutputs
+from worker_agent.live import MIN_ENTRIES, LiveLimits, LiveOutputs
 
 PREFIX = "runs/r-1/outputs/1/live/"
 
@@ -112,10 +112,25 @@ def test_only_the_first_files_are_looked_at(objects, tmp_path):
     for i in range(5):
         (root / f"f{i}").write_text(str(i))
     scanner = live(objects, root, max_files=3)
+    assert scanner.scan_once() == 3
+    first = keys(objects)
+    assert scanner.scan_once() == 0  # the same three: nothing changed
+    assert len(first) == 3 and set(first) < {f"f{i}" for i in range(5)}
+    assert scanner.notices == ["live/ holds more than 3 files: only 3 are uploaded"]
+
+
+def test_a_tree_of_directories_is_read_no_further_than_the_entry_bound(objects, tmp_path):
+    """Hostile: entries that are no files cost a scan too; past the bound it stops, said once."""
+    root = tmp_path / "live"
+    (root / "deep").mkdir(parents=True)
+    for i in range(MIN_ENTRIES):
+        (root / "deep" / str(i)).mkdir()
+    (root / "metrics.txt").write_text("step 1\n")  # listed with deep/, before deep/'s entries
+    scanner = live(objects, root, max_files=2)
+    assert scanner.scan_once() == 1
     scanner.scan_once()
-    scanner.scan_once()
-    assert keys(objects) == ["f0", "f1", "f2"]
-    assert scanner.notices == ["live/ holds more than 3 files: only the first 3 are uploaded"]
+    assert keys(objects) == ["metrics.txt"]
+    assert scanner.notices == [f"live/ holds more than {MIN_ENTRIES} entries: the rest is not read"]
 
 
 def test_a_failed_upload_is_tried_again_at_the_next_scan(tmp_path):
