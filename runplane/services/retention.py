@@ -150,6 +150,8 @@ def sweep(
             budget.runs -= 1
             try:
                 _sweep_run(ports, run, now, budget, report)
+            except NotFound:  # deleted meanwhile (another pass; an index that lags the record)
+                continue
             except RunplaneError as e:
                 log.warning("retention: run %s is tried again at the next pass: %s", run.id, e)
                 report.failed.append(run.id)
