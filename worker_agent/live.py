@@ -142,8 +142,9 @@ class LiveOutputs:
                 else:
                     self._notice(":files", f"{LIVE_DIR}/ holds more than {most} files: only {most} are uploaded")
                     break
-        except Unwalkable as e:
-            self._notice(":unwalkable", f"{LIVE_DIR}/: {e} (not read)")
+        except Unwalkable as e:  # its text may name this host's paths: the agent's log only
+            log.info("live outputs of %s: %s", self.prefix, e)
+            self._notice(":unwalkable", f"{LIVE_DIR}/ could not be read whole (not a directory, or too deep)")
         finally:
             walk.close()
         return sorted(found)

@@ -95,15 +95,27 @@ def test_a_symlink_out_of_the_tree_is_never_followed(objects, tmp_path):
     ]
 
 
+def test_a_live_directory_replaced_by_a_symlink_is_not_entered(objects, tmp_path):
+    """Hostile: ``live`` itself a link to a directory of the host; the notice names no host path."""
+    (tmp_path / "host").mkdir()
+    (tmp_path / "host" / "secret.txt").write_text("host secret")
+    os.symlink(tmp_path / "host", tmp_path / "live")
+    scanner = live(objects, tmp_path / "live")
+    assert scanner.scan_once() == 0
+    assert keys(objects) == []
+    assert scanner.notices == ["live/ could not be read whole (not a directory, or too deep)"]
+
+
 def test_a_fifo_is_passed_over_without_blocking(objects, tmp_path):
     root = tmp_path / "live"
     root.mkdir()
     os.mkfifo(root / "pipe")  # nobody writes to it: reading would wait for ever
+    os.symlink("pipe", root / "to-pipe")
     (root / "after.txt").write_text("still read")
     scanner = live(objects, root)
     assert scanner.scan_once() == 1
     assert keys(objects) == ["after.txt"]
-    assert scanner.notices == ["live/pipe (not a regular file)"]
+    assert sorted(scanner.notices) == ["live/pipe (not a regular file)", "live/to-pipe (not a regular file)"]
 
 
 def test_only_the_first_files_are_looked_at(objects, tmp_path):
