@@ -5,6 +5,7 @@ run is one line, "not found". The runs wait on the pool that never gets a worker
 
 import asyncio
 import contextlib
+import json
 
 from runplane.client import AsyncClient, Client, Conflict, RetentionView
 from tests.e2e.test_cli import cli, one_error_line
@@ -44,10 +45,13 @@ def test_keep_then_status_says_kept_then_keep_off_lets_it_go(devstack, tmp_path)
         assert alice.keep(run.id, keep=False).retention == FOR_GOOD
         again = cli(devstack, "keep", "--off", run.id, home=tmp_path)
         assert again.stderr.strip() == f"let go: run {run.id} (its pool keeps runs for good)"
+        as_json = cli(devstack, "keep", run.id, "--json", home=tmp_path)  # the run, on stdout alone
+        assert (as_json.stderr, json.loads(as_json.stdout)["retention"]["kept"]) == ("", True)
+        assert json.loads(cli(devstack, "status", run.id, "--json", home=tmp_path).stdout)["retention"]["kept"]
 
-        line = one_error_line(cli(devstack, "keep", run.id, token="bob-token", home=tmp_path / "bob"), 3)
+        line = one_error_line(cli(devstack, "keep", "--off", run.id, token="bob-token", home=tmp_path / "bob"), 3)
         assert line == f"error: run {run.id} not found"
-        assert run.refresh().retention == FOR_GOOD  # bob changed nothing
+        assert run.refresh().retention is not None and run.retention.kept  # bob changed nothing
     finally:
         with contextlib.suppress(Conflict):
             run.kill()
