@@ -9,10 +9,12 @@ right, not that DynamoDB deletes the item (that is DynamoDB's own doing)."""
 import uuid
 
 import boto3
+import pytest
 
 from runplane.adapters.aws import resources
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_PURGE, BY_QUEUE_STATE, BY_RANK, PURGE_DUE, PURGE_QUEUE
 from runplane.adapters.aws.provision import AwsNames, provision
+from runplane.domain.errors import ConditionFailed
 from runplane.domain.retention import TTL_GRACE_SECONDS, RunRetention, ttl_at
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
@@ -73,6 +75,24 @@ def test_a_sweep_writing_from_a_copy_read_before_the_pin_leaves_the_run_kept(aws
     item = _item(aws_stack, stale.id)
     assert TTL not in item and PURGE_DUE not in item
     assert aws_stack.store.due("default", 1e10) == []
+
+
+def test_a_run_an_older_release_retried_is_neither_due_nor_deleted(aws_stack):
+    """A release before retention retries a run without removing its index keys: the run is not
+    due, and its record is not deleted, until it ends again."""
+    run = _finished(aws_stack)
+    aws_stack.store.client.update_item(  # what such a release writes: state and end, nothing of the index
+        TableName=aws_stack.store.table,
+        Key={"id": {"S": run.id}},
+        UpdateExpression="SET #state = :queued, #fin = :none",
+        ExpressionAttributeNames={"#state": "state", "#fin": "finished_at"},
+        ExpressionAttributeValues={":queued": {"S": str(RunState.QUEUED)}, ":none": {"NULL": True}},
+    )
+    assert PURGE_DUE in _item(aws_stack, run.id)
+    assert aws_stack.store.due("default", 1e10) == []
+    with pytest.raises(ConditionFailed):
+        aws_stack.store.delete(run.id, 1e10)
+    assert aws_stack.store.get(run.id).state == RunState.QUEUED
 
 
 def test_provision_gives_a_runs_table_made_before_retention_its_index_and_ttl(moto_endpoint):

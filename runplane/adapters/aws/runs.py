@@ -363,12 +363,15 @@ class DynamoRunStore:
         return min(total, cap)
 
     def due(self, queue: str, now: float, limit: int = 100) -> builtins.list[Run]:
+        ended = _ended()
         kwargs: dict[str, Any] = {
             "TableName": self.table,
             "IndexName": BY_PURGE,
             "KeyConditionExpression": "#pq = :q AND #pd <= :now",
-            "ExpressionAttributeNames": {"#pq": PURGE_QUEUE, "#pd": PURGE_DUE},
-            "ExpressionAttributeValues": {":q": {"S": queue}, ":now": to_dynamo(now)},
+            # a run an older release retried keeps its pd: ended runs only
+            "FilterExpression": f"#state IN ({', '.join(ended)})",
+            "ExpressionAttributeNames": {"#pq": PURGE_QUEUE, "#pd": PURGE_DUE, "#state": "state"},
+            "ExpressionAttributeValues": {":q": {"S": queue}, ":now": to_dynamo(now), **ended},
             "ScanIndexForward": True,
         }
         runs: builtins.list[Run] = []
@@ -385,16 +388,27 @@ class DynamoRunStore:
         return runs[:limit]
 
     def delete(self, run_id: str, now: float) -> None:
+        # The state too, beside the index's time: a release before retention that retries a run
+        # leaves its pd in place.
+        ended = _ended()
+        values: dict[str, Any] = {":now": to_dynamo(now), ":kept": {"BOOL": True}, **ended}
         try:
             self.client.delete_item(
                 TableName=self.table,
                 Key={"id": {"S": run_id}},
                 ConditionExpression=(
                     "attribute_exists(#id) AND attribute_not_exists(#kind) AND #pd <= :now"
+                    f" AND #state IN ({', '.join(ended)})"
                     " AND (attribute_not_exists(#kept) OR #kept <> :kept)"
                 ),
-                ExpressionAttributeNames={"#id": "id", "#kind": "kind", "#pd": PURGE_DUE, "#kept": "kept"},
-                ExpressionAttributeValues={":now": to_dynamo(now), ":kept": {"BOOL": True}},
+                ExpressionAttributeNames={
+                    "#id": "id",
+                    "#kind": "kind",
+                    "#pd": PURGE_DUE,
+                    "#kept": "kept",
+                    "#state": "state",
+                },
+                ExpressionAttributeValues=values,
             )
         except ClientError as e:
             if error_code(e) != "ConditionalCheckFailedException":
@@ -403,6 +417,11 @@ class DynamoRunStore:
             raise ConditionFailed(f"run {run_id} is not due for deletion", run=current) from e
         except BotoCoreError as e:
             raise translate(e, "delete run") from e
+
+
+def _ended() -> dict[str, Any]:
+    """The ended states as expression values (``:e0``...), to write ``#state IN (...)`` with."""
+    return {f":e{i}": {"S": str(s)} for i, s in enumerate(s for s in RunState if s.terminal)}
 
 
 def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -> builtins.list[str]:
