@@ -4,11 +4,21 @@ did not stays, and the bounds (file size, bytes a minute, file count) and the tr
 (symlinks out of it, fifos) hold."""
 
 import os
+import time
 
 import pytest
 
 from runplane.adapters.local.files import FileObjectStore
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
+from runplane.services import lifecycle
+from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE
+from worker_agent.executor import RunExecutor
 from worker_agent.live import MIN_ENTRIES, LiveLimits, LiveOutputs
+from worker_agent.run_config import AgentPorts, ExecutorConfig
+from worker_agent.users import ImageUsers
 
 PREFIX = "runs/r-1/outputs/1/live/"
 
@@ -173,3 +183,35 @@ def test_copies_of_files_removed_from_live_are_dropped_before_the_final_upload(o
     (root / "metrics.tmp").rename(root / "metrics.txt")  # written aside, renamed into place
     scanner.drop_removed()
     assert keys(objects) == ["kept.txt"]
+
+
+@pytest.mark.docker
+def test_a_run_passes_over_a_large_live_file_says_so_and_uploads_it_at_the_end(local_stack, docker_client, tmp_path):
+    """The executor's scans on the real engine: a small file goes up while the run goes, a large
+    one only at the end, and the run's final message says so."""
+    command = (
+        'mkdir -p "$RUNPLANE_OUTPUT/live"; echo ok > "$RUNPLANE_OUTPUT/live/small.txt"; '
+        'head -c 4096 /dev/zero > "$RUNPLANE_OUTPUT/live/big.bin"; '
+        "i=0; while [ ! -e /tmp/go ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done"
+    )
+    spec = RunSpec.model_validate({"command": command, "queue": "manual", "image": TEST_IMAGE})
+    run = submit_run(local_stack.ports, Principal(user="alice"), spec, None).run
+    claimed = lifecycle.claim(local_stack.store, run, run.attempt, "w-live", lease_seconds=60, now=time.time())
+    limits = LiveLimits(interval=0.2, max_file_bytes=1024)
+    config = ExecutorConfig(
+        worker_id="w-live", work_dir=tmp_path / "w", stack_id=local_stack.settings.stack_id(), pull="never", live=limits
+    )
+    ports = AgentPorts(local_stack.store, local_stack.queue, local_stack.objects)
+    executor = RunExecutor(claimed, ports, docker_client, config, time.time, users=ImageUsers(docker_client))
+    executor.start()
+    prefix = f"runs/{run.id}/outputs/1/live/"
+    deadline = time.monotonic() + 30
+    while not local_stack.objects.list(prefix) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [o.key for o in local_stack.objects.list(prefix)] == [prefix + "small.txt"]  # while it runs
+    executor.box.container.exec_run(["touch", "/tmp/go"])
+    executor.thread.join(60)
+    ended = local_stack.store.get(run.id)
+    assert ended.state == RunState.SUCCEEDED, ended.failure
+    assert sorted(o.key for o in local_stack.objects.list(prefix)) == [prefix + "big.bin", prefix + "small.txt"]
+    assert "not uploaded while it ran: live/big.bin (over 1k: uploaded when the run ends)" in ended.events[-1].message
