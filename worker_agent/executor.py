@@ -4,8 +4,9 @@ The executor owns the run from claim to final state. It stops the container firs
 afterwards (kill is never held up by outputs), and every store write checks the attempt and worker,
 so a run taken away from this worker is abandoned, not overwritten. Its parts: ``prepare`` (image,
 user, directories, inputs), ``containers`` (every Docker call), ``watch`` (the running container:
-``logship`` its output, ``disk`` its files, ``control`` the store's word), ``limits`` (what the
-figures mean) and ``run_state`` (the one writer of the run's state)."""
+``logship`` its output, ``disk`` its files, ``control`` the store's word; ``live`` uploads what it
+writes under ``live/`` meanwhile), ``limits`` (what the figures mean) and ``run_state`` (the one
+writer of the run's state)."""
 
 from __future__ import annotations
 
