@@ -333,8 +333,8 @@ _DENIED = frozenset({"403", "AccessDenied", "Forbidden"})
 
 def _missing(e: RunplaneError) -> bool:
     """Whether ``e`` says an upload's object is not there: NotFound, or the 403 S3 answers for a
-    missing key to a reader that may not list where it is (workers read uploads/, never list
-    it). The stores' adapters end their messages with the store's code (never its words)."""
+    missing key to a reader that may not list where it is (a worker's role without s3:ListBucket
+    on uploads/). The stores' adapters end their messages with the store's code (never its words)."""
     return isinstance(e, (NotFound, Forbidden)) or e.message.rsplit(": ", 1)[-1] in _DENIED
 
 

@@ -89,7 +89,7 @@ def test_an_upload_deleted_since_the_run_was_submitted_fails_it_saying_to_upload
 
 
 def test_s3s_403_for_a_missing_key_reads_as_a_gone_upload(aws_stack, tmp_path):
-    """A worker may read uploads/ but not list it: S3 answers a HEAD of a missing key 403, not 404.
+    """A worker whose role may read uploads/ but not list it: S3 answers a HEAD of a missing key 403, not 404.
     The S3 adapter and botocore take S3's own answer here (moto enforces no IAM), sent back
     before the request leaves."""
     sha = hashlib.sha256(b"never sent").hexdigest()
