@@ -159,6 +159,7 @@ class RunSetup:
         if self.inputs is None:
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, "this worker has no input cache")
         disk = run.spec.resources.disk  # the inputs' bytes count against it
+        name = ""
         try:
             for name, source in sorted(run.spec.inputs.items()):
                 left = None if disk is None else max(disk - self.input_bytes, 0)
@@ -168,7 +169,7 @@ class RunSetup:
                 self.input_bytes += fetched.size
                 self.mounts[name] = self._input_path(fetched.path)
         except InputUnavailable as e:
-            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"input unavailable: {e.message}")
+            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"input {name} unavailable: {e.message}")
         finally:
             self.usage.timings["inputs"] = round(self.clock() - t0, 3)
         return None

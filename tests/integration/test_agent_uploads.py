@@ -87,3 +87,15 @@ def test_a_hostile_upload_ends_the_run_before_any_container(local_stack, docker_
     assert containers == []
     assert not (tmp_path / "escaped.txt").exists()
     assert not any(tmp_path.rglob("escaped.txt"))
+
+
+def test_a_run_whose_upload_is_gone_fails_naming_it_and_saying_to_upload_again(local_stack, docker_client, tmp_path):
+    """Deleted after submit (retention: unused too long): no container, and what to do next."""
+    sha = upload(local_stack, "alice", [entry("train.py", b"print(1)\n")])
+    run = submit(local_stack, "echo ran", inputs={"code": f"upload:{sha}"})
+    local_stack.objects.delete([upload_key("alice", sha)])
+    failed = execute(local_stack, docker_client, tmp_path, run)
+    assert (failed.state, failed.failure.reason) == (RunState.FAILED, FailureReason.INPUT_UNAVAILABLE)
+    assert failed.failure.message.startswith(f"input code unavailable: upload {sha} is gone ("), failed.failure.message
+    assert "upload the directory again" in failed.failure.message
+    assert docker_client.containers.list(all=True, sparse=True, filters={"label": f"io.runplane.run_id={run.id}"}) == []
