@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, NotFound, RunplaneError
+from runplane.domain.pools import Pool
 from runplane.domain.retention import (
     LOGS,
     OUTPUTS,
@@ -36,6 +37,10 @@ SWEEP_OBJECTS = 20_000
 """The most objects one pass deletes; a run whose objects are not all gone stays due."""
 SWEEP_UPLOADS = 5_000
 """The most uploads one pass looks at; the next pass goes on after the last one."""
+SWEEP_BACKFILL = 500
+"""The most ended runs one pass reads to date those ended before the stores indexed them."""
+BACKFILLED = "-"
+"""What ``RESUME_RECORD`` holds for a pool whose earlier runs are all dated."""
 RESUME_RECORD = "@retention"
 """The pool-state record where the sweep keeps where its look at the uploads stopped (no pool's name)."""
 TIME_LEFT_MARGIN = 15.0
@@ -124,14 +129,16 @@ def sweep(
     runs: int = SWEEP_RUNS,
     objects: int = SWEEP_OBJECTS,
     uploads: int = SWEEP_UPLOADS,
+    backfill: int = SWEEP_BACKFILL,
     time_left: Callable[[], float] | None = None,
 ) -> RetentionReport:
     """One pass: the due runs of every pool whose retention deletes anything (at most ``runs`` of
     them, shared among those pools) are dated, and what is due of them is deleted (at most
     ``objects`` objects); then the uploads not used for the stack's ``uploads`` retention (at most
-    ``uploads`` looked at). An error on one run is logged and the others go on; what is left waits
-    for the next pass, as does what is met once ``time_left`` (seconds, the host's) is under
-    ``TIME_LEFT_MARGIN``. Nothing is read when nothing is set."""
+    ``uploads`` looked at). Runs that ended before the stores indexed them (an earlier release) are
+    dated a page at a time (``backfill`` read a pass), which files them in the index. An error on
+    one run is logged and the others go on; what is left waits for the next pass, as does what is
+    met once ``time_left`` (seconds, the host's) is under ``TIME_LEFT_MARGIN``. Nothing is read when nothing is set."""
     now = ports.clock()
     report = RetentionReport()
     budget = _Budget(runs, objects)
@@ -155,6 +162,11 @@ def sweep(
             except RunplaneError as e:
                 log.warning("retention: run %s is tried again at the next pass: %s", run.id, e)
                 report.failed.append(run.id)
+    if budget.runs > 0 and pools and not _late(time_left):
+        try:
+            _backfill(ports, pools, now, min(backfill, budget.runs * 4), report)
+        except RunplaneError as e:
+            log.warning("retention: could not date runs that ended before the stores indexed them: %s", e)
     kept_for = stack.seconds("uploads")
     if kept_for is not None and budget.objects > 0 and not _late(time_left):
         try:
@@ -162,6 +174,40 @@ def sweep(
         except RunplaneError as e:
             log.warning("retention: could not sweep the uploads: %s", e)
     return report
+
+
+def _backfill(ports: Ports, pools: list[Pool], now: float, most: int, report: RetentionReport) -> None:
+    """Date the ended runs of ``pools`` not dated yet, reading at most ``most`` of them, from where
+    the previous pass stopped (kept in ``RESUME_RECORD``, one cursor a pool and state), until every
+    pool's are done: a run that ended under a release before the purge index is not in it, and
+    writing its dates files it there (every store derives the index from the record it writes)."""
+    record = ports.pool_states.get(RESUME_RECORD)
+    resume = dict(record.resume)
+    read = 0
+    for pool in pools:
+        for state in sorted(TERMINAL_STATES):
+            key = f"backfill:{pool.name}:{state}"
+            while resume.get(key) != BACKFILLED and read < most:
+                page = ports.store.list(
+                    queue=pool.name, state=state, limit=min(100, most - read), cursor=resume.get(key)
+                )
+                read += max(len(page.runs), 1)
+                for run in page.runs:
+                    if run.retention is None and not run.kept and run.state.terminal:
+                        ended = run.finished_at if run.finished_at is not None else run.created_at
+                        try:
+                            ports.store.update(
+                                run, ENDED, {"retention": dates(ended, retention_of(ports, run.queue), now)}
+                            )
+                        except (ConditionFailed, NotFound):
+                            continue  # changed or gone meanwhile: whoever wrote it filed it
+                        report.dated.append(run.id)
+                resume[key] = page.next_cursor or BACKFILLED
+    if resume != record.resume:
+        try:
+            ports.pool_states.save(record.model_copy(update={"resume": resume}))
+        except RunplaneError as e:  # another pass wrote first: this page is read again, harmlessly
+            log.info("retention: where the dating of earlier runs stopped was not saved: %s", e)
 
 
 def _late(time_left: Callable[[], float] | None) -> bool:
