@@ -175,10 +175,13 @@ def purge_due(run: Run) -> float | None:
 
 def ttl_at(run: Run) -> int | None:
     """The time (whole seconds) a store's own expiry (DynamoDB TTL) may delete ``run``'s record: some
-    days after its date, as a backstop to the sweep; None: never (kept, or no date)."""
+    days after its date (or after it was dated, if later), as a backstop to the sweep; None: never
+    (kept, or no date)."""
     if run.kept or run.retention is None or run.retention.record_at is None or not run.state.terminal:
         return None
-    return math.ceil(run.retention.record_at + TTL_GRACE_SECONDS)
+    # never sooner than some days after the dates were worked out: a run dated late (one that ended
+    # before the index, say) must leave the sweep its days to delete the objects before the record
+    return math.ceil(max(run.retention.record_at, run.retention.checked_at) + TTL_GRACE_SECONDS)
 
 
 def run_prefix(run_id: str) -> str:

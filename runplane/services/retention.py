@@ -61,7 +61,10 @@ def keep(ports: Ports, principal: Principal, run_id: str, keep: bool) -> Run:
         if run.kept == keep:
             return run
         try:
-            return ports.store.update(run, Expect(), {"kept": keep})
+            # let go: dated afresh by the next pass (what is past its date goes then), so that no
+            # store's own expiry counts from dates worked out before the pin
+            changes = {"kept": True} if keep else {"kept": False, "retention": None}
+            return ports.store.update(run, Expect(), changes)
         except ConditionFailed as e:  # a store that checks its own version: the run changed meanwhile
             if tries == KEEP_TRIES:
                 raise Conflict(f"run {run_id} changed too often; try again") from None

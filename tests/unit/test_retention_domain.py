@@ -61,3 +61,8 @@ def test_dates_go_with_the_record_and_the_due_time_follows_them():
     assert ttl_at(_finished(retention=forever)) is None
     assert purge_due(_finished(retention=checked, kept=True)) is None and ttl_at(_finished(kept=True)) is None
     assert purge_due(_finished(state=RunState.RUNNING)) is None
+
+
+def test_a_record_dated_after_its_date_leaves_the_sweep_its_days_before_the_stores_expiry():
+    late = RunRetention(checked_at=1000 + 30 * DAY, outputs_at=1000 + 2 * DAY, record_at=1000 + 10 * DAY)
+    assert ttl_at(_finished(retention=late)) >= 1000 + 30 * DAY + 86400
