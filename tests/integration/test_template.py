@@ -421,9 +421,10 @@ def _listed_prefixes(statements: list[dict[str, Any]]) -> set[str]:
 
 def test_the_reaper_may_sweep_and_a_missing_upload_reads_as_missing(template: dict[str, Any]) -> None:
     """The reaper runs the retention sweep: it reads the by_purge index, deletes a run's record and
-    its objects, and lists and deletes uploads. The API (which looks an upload up) and the workers
-    (which read one) may list under uploads/: S3 answers a missing key 404 only to a caller that may
-    list it, else 403, which would read as a refusal, not as "not there"."""
+    its objects, and lists and deletes uploads. The API (which looks an upload up) may list under
+    uploads/: S3 answers a missing key 404 only to a caller that may list it, else 403, which would
+    read as a refusal, not as "not there". The workers may not (listing would show whose uploads
+    there are): the agent reads S3's 403 for a missing upload as gone."""
     reaper = function_statements(template, "ReaperFunction")
     assert any(s["Resource"] == {"Fn::GetAtt": ["RunsTable", "Arn"]} for s in _grants(reaper, "dynamodb:DeleteItem"))
     assert any("/index/" in json.dumps(s["Resource"]) for s in _grants(reaper, "dynamodb:Query"))
@@ -432,7 +433,7 @@ def test_the_reaper_may_sweep_and_a_missing_upload_reads_as_missing(template: di
     assert _listed_prefixes(reaper) == {"runs/*", "uploads/*"}
     assert _listed_prefixes(function_statements(template, "ApiFunction")) == {"runs/*", "uploads/*"}
     workers = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
-    assert _listed_prefixes(workers) == {"runs/*", "uploads/*"}
+    assert _listed_prefixes(workers) == {"runs/*"}  # a worker never lists whose uploads there are
     assert not _grants(workers, "s3:DeleteObject")
     assert not _grants(function_statements(template, "ApiFunction"), "s3:DeleteObject")
 
