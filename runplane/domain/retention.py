@@ -32,10 +32,6 @@ FOREVER = "forever"
 MAX_RETENTION = 100 * 366 * 86400.0
 """The longest retention that is a time: a century."""
 
-RECHECK_SECONDS = 7 * 86400.0
-"""How long after its last look the sweep looks again at a run its retention keeps for good: the
-operator may have set a retention since."""
-
 TTL_GRACE_SECONDS = 2 * 86400.0
 """How long after a record's date DynamoDB's own TTL deletes it, should the sweep not have: the sweep
 deletes a run's objects before its record, and a record gone first would leave them behind."""
@@ -157,9 +153,10 @@ def dates(finished_at: float, retention: Retention, now: float) -> RunRetention:
 
 
 def purge_due(run: Run) -> float | None:
-    """When the retention sweep must look at ``run`` next; None: never (not finished, or kept). A
-    finished run not looked at yet is due from its end; one whose retention keeps everything for good,
-    ``RECHECK_SECONDS`` after the last look. Every store indexes this time."""
+    """When the retention sweep must look at ``run`` next; None: never (not finished, kept, or
+    nothing of it is left to delete: its dates keep the rest for good). A finished run not looked at
+    yet is due from its end. Every store indexes this time; a run that leaves the index comes back
+    when the sweep dates it afresh (its pool's retention changed, or its owner let it go)."""
     if not run.state.terminal or run.kept:
         return None
     checked = run.retention
@@ -170,7 +167,7 @@ def purge_due(run: Run) -> float | None:
         for kind, date in ((OUTPUTS, checked.outputs_at), (LOGS, checked.logs_at), ("record", checked.record_at))
         if date is not None and kind not in checked.deleted
     ]
-    return min(due) if due else checked.checked_at + RECHECK_SECONDS
+    return min(due) if due else None
 
 
 def ttl_at(run: Run) -> int | None:

@@ -53,7 +53,12 @@ def offer(ports: Ports, principal: Principal, sha256: str, size: int, md5: str) 
     key = upload_key(principal.user, sha256)
     found = ports.objects.head(key)
     if found is not None and found.size == size:
-        return UploadOffer(sha256, size, present=True)
+        try:
+            touch(ports, found)  # a submit naming it comes next: not deleted as unused meanwhile
+        except NotFound:  # deleted meanwhile: put again
+            pass
+        else:
+            return UploadOffer(sha256, size, present=True)
     url, headers = ports.objects.put_url(key, size, md5, expires_seconds=PUT_URL_SECONDS)
     return UploadOffer(sha256, size, False, url, headers, ports.clock() + PUT_URL_SECONDS)
 
@@ -78,10 +83,13 @@ def check_run(ports: Ports, principal: Principal, spec: RunSpec) -> None:
 def touch(ports: Ports, found: ObjectInfo) -> None:
     """Mark an upload a run names used again (its time renewed, which its expiry counts from: the
     stack's ``uploads`` retention, the store's own lifecycle rule) when its last mark is older than
-    ``TOUCH_AFTER_SECONDS``, or than a quarter of that retention when it is shorter. Raises NotFound
-    when it went meanwhile; another failure is logged, never the submit's."""
+    ``TOUCH_AFTER_SECONDS``, or than a quarter of that retention when it is shorter; never while
+    uploads are kept for good (a versioned bucket keeps a copy a touch). Raises NotFound when it went
+    meanwhile; another failure is logged, never the submit's."""
     kept_for = ports.settings.kept().seconds("uploads")
-    after = TOUCH_AFTER_SECONDS if kept_for is None else min(TOUCH_AFTER_SECONDS, kept_for / 4)
+    if kept_for is None:
+        return
+    after = min(TOUCH_AFTER_SECONDS, kept_for / 4)
     if found.modified is not None and ports.clock() - found.modified < after:
         return
     try:

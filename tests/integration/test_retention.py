@@ -154,7 +154,7 @@ def test_a_retried_run_is_dated_from_its_last_end(stack):
     clock.now = T0 + 7 * DAY
     assert sweep(ports).outputs == [run.id]
     assert stack.objects.list(f"runs/{run.id}/") == []
-    assert purge_due(stack.store.get(run.id)) is not None  # kept for good otherwise: looked at again weekly
+    assert purge_due(stack.store.get(run.id)) is None  # kept for good otherwise: out of the index
 
 
 def test_an_upload_unused_past_its_retention_goes_and_one_a_submit_named_stays(stack):

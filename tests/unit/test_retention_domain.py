@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from runplane.domain.pools import Pool
-from runplane.domain.retention import RECHECK_SECONDS, Retention, RunRetention, dates, purge_due, ttl_at
+from runplane.domain.retention import Retention, RunRetention, dates, purge_due, ttl_at
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import RunState
 from runplane.settings import StackSettings
@@ -56,9 +56,12 @@ def test_dates_go_with_the_record_and_the_due_time_follows_them():
     gone = checked.model_copy(update={"deleted": ["outputs", "logs"]})
     assert purge_due(_finished(retention=gone)) == 1000 + 10 * DAY
     assert ttl_at(_finished(retention=gone)) > 1000 + 10 * DAY
+    # nothing left to delete: out of the index (no rewrite every so often), and no store expiry
     forever = RunRetention(checked_at=5000.0)
-    assert purge_due(_finished(retention=forever)) == 5000.0 + RECHECK_SECONDS
-    assert ttl_at(_finished(retention=forever)) is None
+    assert purge_due(_finished(retention=forever)) is None and ttl_at(_finished(retention=forever)) is None
+    outputs_only = RunRetention(checked_at=5000.0, outputs_at=1000 + 2 * DAY)
+    assert purge_due(_finished(retention=outputs_only)) == 1000 + 2 * DAY
+    assert purge_due(_finished(retention=outputs_only.model_copy(update={"deleted": ["outputs"]}))) is None
     assert purge_due(_finished(retention=checked, kept=True)) is None and ttl_at(_finished(kept=True)) is None
     assert purge_due(_finished(state=RunState.RUNNING)) is None
 
