@@ -234,7 +234,7 @@ class RunExecutor:
         finally:  # the container has exited: the final upload writes these keys again, last
             live.stop(self.config.upload_deadline_seconds)
         if live.notices:
-            outcome.message += f" (not uploaded while it ran: {', '.join(live.notices[:5])})"
+            outcome.message += f" (not uploaded while it ran: {live.summary()})"
         ran = self.usage.timings["run"] = round(self.clock() - started, 3)
         self.meter.charge(self.run.spec.resources, self.config.rates, ran)
         if self.control.lease_lost.is_set():
@@ -248,7 +248,9 @@ class RunExecutor:
             self._final(outcome)
             return
         live.drop_removed()
-        self._final(self._upload(outcome))
+        outcome = self._upload(outcome)
+        live.finish(self.config.upload_deadline_seconds)  # a live upload that outlived stop() is not left last
+        self._final(outcome)
 
     def _hand_back(self, why: str) -> None:
         """Give the attempt back to the run's queue, not charged to it (its event says ``why``),

@@ -4,15 +4,18 @@ metrics can be read before it ends.
 
 A thread scans ``live/`` every ``interval`` seconds and uploads the files whose size or time of
 change moved since their last upload. Bounded: at most ``max_files`` files are looked at, a
-file over ``max_file_bytes`` is passed over (said once), and at most ``bytes_per_minute`` go up
-a minute. Files are read as the final upload reads them (``trees.open_beneath``: never through
-a symlink out of the tree; fifos, devices and sockets are passed over without being read). A
-failed upload is tried again at the next scan and never fails the run. The final upload writes
-every file again once the container has exited, after this thread stopped."""
+file over ``max_file_bytes`` is passed over (said once), at most ``bytes_per_minute`` go up a
+minute and ``max_total_bytes`` in all (then the scans stop). Files are read as the final upload
+reads them (``trees.open_beneath``: never through a symlink out of the tree; fifos, devices and
+sockets are passed over without being read), and exactly the size seen when opened is read, so
+a file that grows meanwhile uploads no more than that. A failed upload is tried again at the
+next scan and never fails the run. The final upload writes every file again once the container
+has exited, after this thread stopped (``stop``; ``finish`` for an upload still under way)."""
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
 import threading
@@ -23,6 +26,7 @@ from pathlib import Path
 from runplane.domain.errors import RunplaneError
 from runplane.domain.units import format_bytes
 from runplane.ports import MAX_DELETE, ObjectStore
+from worker_agent.outputs import BACKSLASH, upload_file
 from worker_agent.settings import default
 from worker_agent.trees import Refused, Unwalkable, open_beneath, scan
 
@@ -33,7 +37,12 @@ LIVE_DIR = "live"
 WINDOW_SECONDS = 60.0
 """The span ``bytes_per_minute`` counts over."""
 ENTRIES_PER_FILE, MIN_ENTRIES = 10, 1000
-"""A scan reads at most this many entries of ``live/`` a file it may upload (and at least the latter)."""
+"""A scan reads at most this many entries of ``live/`` a file it may upload (and at least the latter);
+as many different files at most are uploaded in one attempt."""
+MAX_NOTICES, MAX_COUNTED, SHOWN_CHARS = 20, 1000, 200
+"""What was passed over: the first MAX_NOTICES things are named (each path cut to SHOWN_CHARS),
+the next are counted, up to MAX_COUNTED different ones in all (a long path kept as its digest)."""
+_GONE = os.strerror(errno.ENOENT)
 
 
 @dataclass(frozen=True)
@@ -42,13 +51,15 @@ class LiveLimits:
     max_files: int = default("live_max_files")  # files looked at in live/ (the first the walk meets)
     max_file_bytes: int = default("live_max_file_bytes")  # larger ones are uploaded only when the run ends
     bytes_per_minute: int = default("live_bytes_per_minute")  # uploaded a minute, the run's files together
+    max_total_bytes: int = default("live_max_total_bytes")  # uploaded in all by one attempt's scans
 
 
 class LiveOutputs:
     """The live uploads of one run: ``root`` is the run's ``live/`` directory on this host,
     ``prefix`` the key its files go under (``outputs_prefix(run, attempt) + "live/"``).
     ``scan_once`` is one pass (the thread's, or a test's); ``start`` and ``stop`` run passes on
-    a thread of its own. ``notices`` says what was passed over, each thing once."""
+    a thread of its own. ``notices`` names what was passed over, each thing once, the first
+    MAX_NOTICES of them; ``summary`` says it in a line."""
 
     def __init__(
         self,
@@ -63,8 +74,14 @@ class LiveOutputs:
         self.limits = limits or LiveLimits()
         self.notices: list[str] = []
         self.uploads = 0  # files uploaded (each change of a file counts)
-        self._sent: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) last uploaded
-        self._noticed: set[str] = set()
+        self.sent_bytes = 0  # bytes of every upload begun: at most max_total_bytes
+        self._sent: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) last uploaded whole
+        self._noticed: set[str] = set()  # at most MAX_COUNTED keys
+        self._unnamed = 0  # things passed over past MAX_NOTICES
+        self._full = False  # max_total_bytes reached: no more uploads
+        self._lock = threading.Condition()  # guards _sent and _in_flight
+        self._in_flight: str | None = None  # the path being uploaded
+        self._late: str | None = None  # the path being uploaded when stop() gave up waiting
         self._window_start = clock()
         self._window_bytes = 0
         self._stopping = threading.Event()
@@ -74,11 +91,30 @@ class LiveOutputs:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop scanning, and wait (up to ``timeout``) for an upload under way to end: nothing
-        of this thread writes once the final upload begins."""
+        """Stop scanning: no upload begins once this is called. Waits (up to ``timeout``) for
+        the thread to end; an upload it still has under way then is left to ``finish``."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        with self._lock:
+            self._late = self._in_flight
+
+    def finish(self, timeout: float) -> None:
+        """Call after the final upload: an upload still under way when ``stop`` returned may
+        have written its key after the final upload did, with older content. Wait for it (up to
+        ``timeout``), then write that key again as the final upload does (or delete it when the
+        file is no longer there to upload)."""
+        with self._lock:
+            late = self._late
+            if late is None:
+                return
+            if not self._lock.wait_for(lambda: self._in_flight is None, timeout):
+                log.warning("live outputs of %s: an upload of %s is still under way", self.prefix, late)
+        try:
+            if isinstance(upload_file(self.objects, self.root, self.prefix + late, late), str):
+                self.objects.delete([self.prefix + late])
+        except (RunplaneError, OSError) as e:
+            log.warning("live outputs of %s: %s not written again after the final upload: %s", self.prefix, late, e)
 
     def _run(self) -> None:
         while not self._stopping.wait(self.limits.interval):
@@ -90,10 +126,12 @@ class LiveOutputs:
     def scan_once(self) -> int:
         """One pass: upload what changed since its last upload, within the bounds. Returns how
         many files went up. Never raises for what the run wrote or the store answered."""
+        if self._full:
+            return 0
         files = self._files()
         uploaded = 0
         for rel in files:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._full:
                 break
             if self._upload(rel):
                 uploaded += 1
@@ -103,16 +141,32 @@ class LiveOutputs:
         """Delete the uploaded copies of files no longer in ``live/`` (called once the container
         has exited, before the final upload): the run's outputs are then what it left, not also
         what it wrote there for a while and removed (a file written aside and renamed into
-        place, say). A failure is logged: those copies stay."""
-        if not self._sent:
+        place, say). Each path uploaded is looked up itself: only one that is gone (or whose
+        ``live/`` is) counts. A failure is logged: those copies stay."""
+        with self._lock:
+            sent = sorted(self._sent)
+        if not sent:
             return
-        there = set(self._files())
-        gone = sorted(self.prefix + rel for rel in self._sent if rel not in there)
+        everything = not os.path.lexists(self.root)
+        gone = [self.prefix + rel for rel in sent if everything or self._gone(rel)]
         try:
             for start in range(0, len(gone), MAX_DELETE):
                 self.objects.delete(gone[start : start + MAX_DELETE])
         except RunplaneError as e:
             log.warning("live outputs of %s: removed files' copies not deleted: %s", self.prefix, e)
+
+    def summary(self, most: int = 5) -> str:
+        """What was passed over, in a line: the first ``most`` things, then how many more."""
+        more = len(self.notices) - most + self._unnamed
+        counted = "at least " if len(self._noticed) >= MAX_COUNTED else ""
+        return ", ".join(self.notices[:most]) + (f", and {counted}{more} more" if more > 0 else "")
+
+    def _gone(self, rel: str) -> bool:
+        try:
+            os.close(open_beneath(self.root, rel))
+        except Refused as e:
+            return str(e) == _GONE
+        return False
 
     def _files(self) -> list[str]:
         """The regular files and symlinks of ``live/`` (relative paths, sorted): the first
@@ -135,8 +189,10 @@ class LiveOutputs:
                     regular = entry.is_symlink() or entry.is_file(follow_symlinks=False)
                 except OSError:  # gone meanwhile
                     continue
-                if not regular:
-                    self._notice(rel, f"{LIVE_DIR}/{rel} (not a regular file)")
+                if "\\" in rel:
+                    self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} ({BACKSLASH})")
+                elif not regular:
+                    self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} (not a regular file)")
                 elif len(found) < most:
                     found.append(rel)
                 else:
@@ -153,32 +209,60 @@ class LiveOutputs:
         try:
             fd = open_beneath(self.root, rel)
         except Refused as e:
-            if str(e) == os.strerror(errno.ENOENT):  # removed since it was listed
-                return False
-            self._notice(rel, f"{LIVE_DIR}/{rel} ({e})")
+            if str(e) != _GONE:  # else removed since it was listed
+                self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} ({e})")
             return False
         try:
-            st = os.fstat(fd)
-            seen = (st.st_size, st.st_mtime_ns)
-            if self._sent.get(rel) == seen:
-                return False
-            most = min(self.limits.max_file_bytes, self.limits.bytes_per_minute)
-            if st.st_size > most:
-                self._notice(rel, f"{LIVE_DIR}/{rel} (over {format_bytes(most)}: uploaded when the run ends)")
-                return False
-            if not self._room(st.st_size):
-                return False  # the next scans, once the minute allows it
-            try:
-                # /proc/self/fd/N is this very open file, whatever happens to the tree meanwhile
-                self.objects.put_file(self.prefix + rel, Path(f"/proc/self/fd/{fd}"))
-            except (RunplaneError, OSError) as e:
-                log.warning("live output %s of %s not uploaded (will retry): %s", rel, self.prefix, e)
-                return False
-            self._sent[rel] = seen
-            self.uploads += 1
-            return True
+            return self._send(rel, fd)
         finally:
             os.close(fd)
+
+    def _send(self, rel: str, fd: int) -> bool:
+        """Upload exactly the bytes ``fd`` holds as fstat() sees it first, within the bounds; it
+        counts as sent (not to be sent again until it changes) only if it did not change meanwhile."""
+        st = os.fstat(fd)
+        seen = (st.st_size, st.st_mtime_ns)
+        files = max(MIN_ENTRIES, ENTRIES_PER_FILE * self.limits.max_files)
+        with self._lock:
+            if self._sent.get(rel) == seen:
+                return False
+            too_many = rel not in self._sent and len(self._sent) >= files
+        most = min(self.limits.max_file_bytes, self.limits.bytes_per_minute)
+        if st.st_size > most:
+            self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} (over {format_bytes(most)}: uploaded when the run ends)")
+            return False
+        if too_many:
+            self._notice(":keys", f"{LIVE_DIR}/ had {files} different files uploaded: new ones wait for the end")
+            return False
+        if self.sent_bytes + st.st_size > self.limits.max_total_bytes:
+            self._full = True
+            total = format_bytes(self.limits.max_total_bytes)
+            self._notice(":total", f"{LIVE_DIR}/ uploads stopped at {total} in all: the rest goes when the run ends")
+            return False
+        if not self._room(st.st_size):
+            return False  # the next scans, once the minute allows it
+        data = _read(fd, st.st_size)
+        after = os.fstat(fd)
+        whole = len(data) == st.st_size and (after.st_size, after.st_mtime_ns) == seen
+        with self._lock:
+            if self._stopping.is_set():  # the final upload may have begun: nothing more is written
+                return False
+            self._in_flight = rel
+        self.sent_bytes += len(data)
+        try:
+            self.objects.put_bytes(self.prefix + rel, data)
+        except (RunplaneError, OSError) as e:
+            log.warning("live output %s of %s not uploaded (will retry): %s", rel, self.prefix, e)
+            return False
+        finally:
+            with self._lock:
+                self._in_flight = None
+                self._lock.notify_all()
+        with self._lock:
+            if whole:  # else it changed while read: the next scan sends it again
+                self._sent[rel] = seen
+        self.uploads += 1
+        return True
 
     def _room(self, size: int) -> bool:
         """Whether ``size`` more bytes fit in this minute's budget (counted when they do)."""
@@ -191,8 +275,35 @@ class LiveOutputs:
         return True
 
     def _notice(self, key: str, text: str) -> None:
-        if key in self._noticed:
+        """Say ``text`` once for ``key``: named among the first MAX_NOTICES (the fixed ``:`` keys
+        always), counted after, up to MAX_COUNTED different keys."""
+        fixed = key.startswith(":")
+        if len(key) > SHOWN_CHARS:  # a long path is kept as its digest: distinct, and small
+            key = hashlib.blake2b(key.encode(errors="surrogateescape"), digest_size=16).hexdigest()
+        if key in self._noticed or (len(self._noticed) >= MAX_COUNTED and not fixed):
             return
         self._noticed.add(key)
-        self.notices.append(text)
-        log.info("live outputs of %s: not uploaded while the run goes: %s", self.prefix, text)
+        if fixed or len(self.notices) < MAX_NOTICES:
+            self.notices.append(text)
+            log.info("live outputs of %s: not uploaded while the run goes: %s", self.prefix, text)
+            return
+        self._unnamed += 1
+        if self._unnamed == 1:
+            log.info("live outputs of %s: more is passed over, counted but not named", self.prefix)
+
+
+def _shown(rel: str) -> str:
+    return rel if len(rel) <= SHOWN_CHARS else f"{rel[: SHOWN_CHARS - 3]}..."
+
+
+def _read(fd: int, size: int) -> bytes:
+    """The first ``size`` bytes of ``fd`` (fewer if it shrank meanwhile), never more."""
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        part = os.pread(fd, min(size - got, 1 << 30), got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)

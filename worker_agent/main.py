@@ -300,6 +300,7 @@ def agent_config(
                 settings.live_max_files,
                 settings.live_max_file_bytes,
                 settings.live_bytes_per_minute,
+                settings.live_max_total_bytes,
             ),
             pull=settings.pull,
             shm_size=settings.shm_size,

@@ -10,6 +10,10 @@ from pathlib import Path
 from runplane.ports import ObjectStore
 from worker_agent.trees import Refused, Unwalkable, open_beneath, scan
 
+BACKSLASH = "name holds a backslash"
+"""Why a path holding ``\\`` is skipped: Azure reads it as ``/`` in a blob's name, so ``a\\..\\..\\b``
+would name a key outside the run's outputs."""
+
 
 @dataclass
 class UploadReport:
@@ -21,9 +25,10 @@ class UploadReport:
 
 def collect(root: Path) -> tuple[list[str], list[str]]:
     """What to upload from ``root``: the paths (relative to it) of its regular files and
-    symlinks, and the others, named with why they are skipped. Walked through directory
-    descriptors (trees.scan): symlinked directories are never entered, nor are trees deeper
-    than MAX_DEPTH. What each path is gets checked again when it is opened (``_put``)."""
+    symlinks, and the others, named with why they are skipped (a path holding a backslash too:
+    BACKSLASH). Walked through directory descriptors (trees.scan): symlinked directories are
+    never entered, nor are trees deeper than MAX_DEPTH. What each path is gets checked again
+    when it is opened (``upload_file``)."""
     files: list[str] = []
     skipped: list[str] = []
     try:
@@ -32,18 +37,21 @@ def collect(root: Path) -> tuple[list[str], list[str]]:
             try:
                 if entry.is_dir(follow_symlinks=False):
                     continue
-                if entry.is_symlink() or entry.is_file(follow_symlinks=False):
-                    files.append(rel)
-                    continue
+                regular = entry.is_symlink() or entry.is_file(follow_symlinks=False)
             except OSError:  # gone meanwhile
                 continue
-            skipped.append(f"{rel} (not a regular file)")
+            if "\\" in rel:
+                skipped.append(f"{rel} ({BACKSLASH})")
+            elif regular:
+                files.append(rel)
+            else:
+                skipped.append(f"{rel} (not a regular file)")
     except Unwalkable as e:
         skipped.append(f"{e} (not read)")
     return sorted(files), skipped
 
 
-def _put(objects: ObjectStore, root: Path, key: str, rel: str) -> int | str:
+def upload_file(objects: ObjectStore, root: Path, key: str, rel: str) -> int | str:
     """Upload the file at ``rel`` under ``root`` as it is when opened: a regular file reached
     without leaving ``root`` (trees.open_beneath), read through its descriptor, so nothing
     changed in the tree meanwhile can point the upload elsewhere. Returns its size, or why it
@@ -77,7 +85,7 @@ def upload_dir(
         return report
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="upload")
     try:
-        futures = {pool.submit(_put, objects, root, prefix + rel, rel): rel for rel in files}
+        futures = {pool.submit(upload_file, objects, root, prefix + rel, rel): rel for rel in files}
         done, pending = wait(futures, timeout=deadline_seconds, return_when=FIRST_EXCEPTION)
         refused = []
         for future in done:

@@ -190,6 +190,9 @@ class AgentSettings(Settings):
     live_bytes_per_minute: Annotated[int, BeforeValidator(_size)] = Field(
         64 * 1024**2, gt=0, description="the most bytes of one run's live/ uploaded a minute while it runs"
     )
+    live_max_total_bytes: Annotated[int, BeforeValidator(_size)] = Field(
+        1024**3, ge=0, description="the most bytes of one run attempt's live/ uploaded while it runs, in all"
+    )
     prefetch_stall_seconds: float = Field(
         120.0, gt=0, description="give up a prefetch pull the engine says nothing of for this long"
     )

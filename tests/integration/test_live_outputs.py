@@ -4,6 +4,7 @@ did not stays, and the bounds (file size, bytes a minute, file count) and the tr
 (symlinks out of it, fifos) hold."""
 
 import os
+import threading
 import time
 
 import pytest
@@ -16,7 +17,8 @@ from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
 from worker_agent.executor import RunExecutor
-from worker_agent.live import MIN_ENTRIES, LiveLimits, LiveOutputs
+from worker_agent.live import MAX_COUNTED, MAX_NOTICES, MIN_ENTRIES, SHOWN_CHARS, LiveLimits, LiveOutputs
+from worker_agent.outputs import collect, upload_dir
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.users import ImageUsers
 
@@ -183,6 +185,160 @@ def test_copies_of_files_removed_from_live_are_dropped_before_the_final_upload(o
     (root / "metrics.tmp").rename(root / "metrics.txt")  # written aside, renamed into place
     scanner.drop_removed()
     assert keys(objects) == ["kept.txt"]
+
+
+def test_a_file_grown_while_it_uploads_uploads_no_more_than_was_seen(objects, tmp_path):
+    """Hostile: the run makes a file huge (sparse) between the scan's look at it and its read;
+    what is stored is the size seen, and the file is not taken as sent."""
+    root = tmp_path / "live"
+    root.mkdir()
+    (root / "metrics.txt").write_bytes(b"step 1\n")
+    clock = Clock()
+
+    class Growing:  # the scan asks the time between its size check and its read
+        armed = False
+
+        def __call__(self) -> float:
+            if self.armed:
+                os.truncate(root / "metrics.txt", 2**20)
+            return clock.now
+
+    growing = Growing()
+    scanner = LiveOutputs(objects, root, PREFIX, growing, LiveLimits(max_file_bytes=1024))
+    growing.armed = True
+    assert scanner.scan_once() == 1
+    growing.armed = False
+    assert objects.get_bytes(PREFIX + "metrics.txt") == b"step 1\n"
+    assert scanner.sent_bytes == 7
+    clock.now += 60
+    assert scanner.scan_once() == 0  # now over the bound: not sent again, said
+    assert objects.get_bytes(PREFIX + "metrics.txt") == b"step 1\n"
+    assert scanner.notices == ["live/metrics.txt (over 1k: uploaded when the run ends)"]
+
+
+def test_what_is_passed_over_is_bounded_named_first_then_counted(objects, tmp_path):
+    """Hostile: a run renames many fifos with long names every scan; the agent keeps a bounded
+    few notices, each path cut short, and counts the rest up to a bound."""
+    root = tmp_path / "live"
+    root.mkdir()
+    deep = root / ("d" * 200)
+    deep.mkdir(parents=True)
+    names = [f"{i}-" + "p" * 200 for i in range(300)]
+    for name in names:
+        os.mkfifo(deep / name)
+    scanner = live(objects, root)
+    for round_ in range(4):  # 1200 different paths in all
+        scanner.scan_once()
+        for name in names:
+            os.rename(deep / f"{name}{round_ or ''}", deep / f"{name}{round_ + 1}")
+    assert len(scanner.notices) == MAX_NOTICES
+    assert all(len(notice) <= SHOWN_CHARS + 40 for notice in scanner.notices)
+    assert scanner.notices[0].endswith("... (not a regular file)")
+    assert scanner.summary(2) == f"{scanner.notices[0]}, {scanner.notices[1]}, and at least {MAX_COUNTED - 2} more"
+    assert keys(objects) == []
+
+
+def test_live_uploads_stop_at_the_total_bound_said_once(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    for name in ("a", "b", "c"):
+        (root / name).write_bytes(name.encode() * 4000)
+    clock = Clock()
+    scanner = live(objects, root, clock, max_total_bytes=10_240)
+    assert scanner.scan_once() == 2
+    (root / "a").write_bytes(b"A" * 10)  # small, changed: still nothing goes once stopped
+    clock.now += 60
+    assert scanner.scan_once() == 0
+    assert keys(objects) == ["a", "b"] and objects.get_bytes(PREFIX + "a") == b"a" * 4000
+    assert scanner.sent_bytes == 8000
+    assert scanner.notices == ["live/ uploads stopped at 10k in all: the rest goes when the run ends"]
+
+
+def test_copies_of_files_outside_a_capped_listing_are_kept(objects, tmp_path):
+    """A file uploaded earlier and still there is not taken for removed because a later
+    listing stopped at the file cap before reaching it."""
+    root = tmp_path / "live"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "metrics.txt").write_text("step 1\n")
+    (root / "gone.txt").write_text("soon gone")
+    scanner = live(objects, root, max_files=2)
+    assert scanner.scan_once() == 2
+    (root / "gone.txt").unlink()
+    for name in ("t1", "t2", "t3"):  # listed before sub/'s files: the listing stops at 2
+        (root / name).write_text(name)
+    scanner.drop_removed()
+    assert keys(objects) == ["sub/metrics.txt"]
+
+
+def test_copies_are_dropped_when_live_itself_is_removed(objects, tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    (root / "metrics.txt").write_text("step 1\n")
+    scanner = live(objects, root)
+    scanner.scan_once()
+    (root / "metrics.txt").unlink()
+    root.rmdir()
+    scanner.drop_removed()
+    assert keys(objects) == []
+
+
+class GatedStore:
+    """The embedded store, whose uploads wait for a gate: an upload still under way when the
+    scans are asked to stop."""
+
+    def __init__(self, objects):
+        self.objects, self.gate, self.waiting = objects, threading.Event(), threading.Event()
+
+    def put_bytes(self, key, data):
+        self.waiting.set()
+        assert self.gate.wait(10)
+        self.objects.put_bytes(key, data)
+
+    def __getattr__(self, name):
+        return getattr(self.objects, name)
+
+
+def test_an_upload_under_way_at_stop_never_outlasts_the_final_upload(objects, tmp_path):
+    out = tmp_path / "out"
+    root = out / "live"
+    root.mkdir(parents=True)
+    (root / "metrics.txt").write_text("old")
+    gated = GatedStore(objects)
+    scanner = LiveOutputs(gated, root, PREFIX, Clock(), LiveLimits(interval=0.01))
+    scanner.start()
+    assert gated.waiting.wait(10)  # the scan's upload of "old" is under way
+    (root / "metrics.txt").write_text("final")  # the run's last word, then it exits
+    scanner.stop(0.05)
+    scanner.drop_removed()
+    report = upload_dir(objects, out, PREFIX.removesuffix("live/"), 10)
+    assert report.error is None and objects.get_bytes(PREFIX + "metrics.txt") == b"final"
+    threading.Timer(0.2, gated.gate.set).start()  # the late upload ends after the final one
+    scanner.finish(10)
+    assert objects.get_bytes(PREFIX + "metrics.txt") == b"final"
+    assert scanner.scan_once() == 0  # stopped: no upload begins
+
+
+def test_names_holding_a_backslash_are_skipped_live_and_at_the_end(objects, tmp_path):
+    """Hostile: Azure reads ``\\`` as ``/`` in a blob's name: ``..\\..\\x`` would leave the run's outputs."""
+    out = tmp_path / "out"
+    root = out / "live"
+    (root / "a\\..").mkdir(parents=True)
+    (root / "a\\..\\..\\..\\evil").write_text("x")
+    (root / "a\\.." / "inner").write_text("x")
+    (root / "ok.txt").write_text("ok")
+    scanner = live(objects, root)
+    assert scanner.scan_once() == 1
+    assert keys(objects) == ["ok.txt"]
+    assert sorted(scanner.notices) == [
+        "live/a\\../inner (name holds a backslash)",
+        "live/a\\..\\..\\..\\evil (name holds a backslash)",
+    ]
+    files, skipped = collect(out)
+    assert files == ["live/ok.txt"]
+    assert sorted(skipped) == [
+        "live/a\\../inner (name holds a backslash)",
+        "live/a\\..\\..\\..\\evil (name holds a backslash)",
+    ]
 
 
 @pytest.mark.docker

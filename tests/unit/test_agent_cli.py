@@ -49,6 +49,7 @@ SAMPLES = {
     "live_max_files": ("10", 10),
     "live_max_file_bytes": ("1m", 2**20),
     "live_bytes_per_minute": ("8m", 8 * 2**20),
+    "live_max_total_bytes": ("10g", 10 * 2**30),
     "prefetch_stall_seconds": ("60", 60.0),
     "prefetch_limit_seconds": ("600", 600.0),
     "network_mode": ("none", "none"),
