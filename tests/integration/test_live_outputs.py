@@ -287,12 +287,21 @@ class GatedStore:
     scans are asked to stop."""
 
     def __init__(self, objects):
-        self.objects, self.gate, self.waiting = objects, threading.Event(), threading.Event()
+        self.objects, self.gate, self.waiting, self.done = (
+            objects,
+            threading.Event(),
+            threading.Event(),
+            threading.Event(),
+        )
 
     def put_bytes(self, key, data):
         self.waiting.set()
         assert self.gate.wait(10)
         self.objects.put_bytes(key, data)
+        self.done.set()
+
+    def put_file(self, key, path):  # read now, written once the gate opens
+        self.put_bytes(key, path.read_bytes())
 
     def __getattr__(self, name):
         return getattr(self.objects, name)
@@ -314,6 +323,7 @@ def test_an_upload_under_way_at_stop_never_outlasts_the_final_upload(objects, tm
     assert report.error is None and objects.get_bytes(PREFIX + "metrics.txt") == b"final"
     threading.Timer(0.2, gated.gate.set).start()  # the late upload ends after the final one
     scanner.finish(10)
+    assert gated.done.wait(10)  # the late upload is over
     assert objects.get_bytes(PREFIX + "metrics.txt") == b"final"
     assert scanner.scan_once() == 0  # stopped: no upload begins
 
