@@ -126,7 +126,7 @@ class LiveOutputs:
     def scan_once(self) -> int:
         """One pass: upload what changed since its last upload, within the bounds. Returns how
         many files went up. Never raises for what the run wrote or the store answered."""
-        if self._full:
+        if self._full or self.limits.max_total_bytes == 0:  # 0: no live uploads at all
             return 0
         files = self._files()
         uploaded = 0
