@@ -252,8 +252,9 @@ def test_live_uploads_stop_at_the_total_bound_said_once(objects, tmp_path):
     assert keys(objects) == ["a", "b"] and objects.get_bytes(PREFIX + "a") == b"a" * 4000
     assert scanner.sent_bytes == 8000
     assert scanner.notices == ["live/ uploads stopped at 10k in all: the rest goes when the run ends"]
-    (root / "empty").touch()
-    assert live(objects, root, max_total_bytes=0).scan_once() == 0  # none at all, not even an empty file
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "empty").touch()
+    assert live(objects, tmp_path / "none", max_total_bytes=0).scan_once() == 0  # none at all, not even empty files
 
 
 def test_copies_of_files_outside_a_capped_listing_are_kept(objects, tmp_path):
