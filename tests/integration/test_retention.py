@@ -5,7 +5,9 @@ retried run is dated from its last end; an upload not used for the stack's ``upl
 while one a submit named (and so touched) stays. The budget of a pass: bounded runs and objects, the
 rest at the next pass."""
 
+import base64
 import dataclasses
+import hashlib
 import time
 
 import pytest
@@ -155,6 +157,7 @@ def test_a_retried_run_is_dated_from_its_last_end(stack):
     assert sweep(ports).outputs == [run.id]
     assert stack.objects.list(f"runs/{run.id}/") == []
     assert purge_due(stack.store.get(run.id)) is None  # kept for good otherwise: out of the index
+    assert stack.store.due("default", clock.now + 1000 * DAY) == []  # and never rewritten again
 
 
 def test_an_upload_unused_past_its_retention_goes_and_one_a_submit_named_stays(stack):
@@ -235,8 +238,8 @@ def _unindex(stack, request, run):
             TableName=stack.store.table, Key={"id": {"S": run.id}}, UpdateExpression="REMOVE pq, pd"
         )
     else:
-        pytest.skip("the Table storage index row is tested by the Azure adapter's own tests")
-    assert stack.store.due(run.queue, 1e12) == []
+        stack.store.table.delete_entity(stack.store._partition(run.queue), stack.store._purge_key(run))
+    assert run.id not in [r.id for r in stack.store.due(run.queue, 1e12)]
 
 
 def test_runs_that_ended_before_the_index_are_dated_and_then_swept(stack, request):
@@ -251,3 +254,183 @@ def test_runs_that_ended_before_the_index_are_dated_and_then_swept(stack, reques
     report = sweep(ports)
     assert report.records == [old.id] and keys(stack, old) == []
     assert sweep(ports).dated == []  # every earlier run is dated: nothing more is read
+
+
+def _agents(stack, pool, versions):
+    """Record ``pool``'s live agents by version, as a dispatcher's count does."""
+    record = stack.pool_states.get(pool)
+    stack.pool_states.save(record.model_copy(update={"agent_versions": versions}))
+
+
+def test_runs_ended_by_agents_before_the_index_are_found_while_they_serve_and_once_after(stack, request):
+    clock = Clock(T0 + 20 * DAY)
+    ports = ports_of(stack, clock, pools={"default": {"runs": "10d"}})
+    _agents(stack, "default", {"0.2.1": 1, "0.3.0": 2})
+    assert sweep(ports).dated == []  # every ended run read: over again while a 0.2 agent serves
+    late = finished(stack, "late")  # ended by that agent: filed in no index
+    _unindex(stack, request, late)
+    assert sweep(ports).dated == [late.id]
+    assert [r.id for r in stack.store.due("default", clock.now)] == [late.id]
+
+    _agents(stack, "default", {"0.3.0": 2})  # the last one left, just after ending a run
+    later = finished(stack, "later")
+    _unindex(stack, request, later)
+    assert sweep(ports).dated == [later.id]  # the round it was in
+    last = finished(stack, "last")
+    _unindex(stack, request, last)
+    assert sweep(ports).dated == [last.id]  # one more round after it left
+    after = finished(stack, "after")
+    _unindex(stack, request, after)
+    assert sweep(ports).dated == []  # then done: nothing more is read
+    assert stack.store.get(after.id).retention is None
+
+
+def _raw_ttl(stack, request, run_id):
+    if request.node.callspec.params["stack"] != "aws-moto":
+        return None
+    item = stack.store.client.get_item(TableName=stack.store.table, Key={"id": {"S": run_id}})["Item"]
+    return item.get("ttl")
+
+
+def test_a_changed_retention_dates_ended_runs_afresh_and_keeping_all_takes_them_out(stack, request):
+    clock = Clock(T0 + DAY)
+    run = finished(stack, "redate")
+    ports = ports_of(stack, clock, pools={"default": {"outputs": "2d", "runs": "10d"}})
+    assert sweep(ports).dated == [run.id]
+    assert stack.store.get(run.id).retention.record_at == T0 + 10 * DAY
+    assert stack.store.due("default", 1e12) != []
+
+    forever = {"outputs": "forever", "logs": "forever", "runs": "forever"}
+    assert sweep(ports_of(stack, clock, pools={"default": forever})).dated == [run.id]
+    dated = stack.store.get(run.id).retention
+    assert (dated.outputs_at, dated.record_at) == (None, None)
+    assert stack.store.due("default", 1e12) == [] and _raw_ttl(stack, request, run.id) is None  # no expiry left
+    assert sweep(ports_of(stack, clock, pools={"default": forever})).dated == []
+
+    clock.now = T0 + 2 * DAY
+    shorter = ports_of(stack, clock, pools={"default": {"outputs": "1d", "runs": "5d"}})
+    assert sweep(shorter).dated == [run.id]  # back in the index, dated by the new settings
+    assert stack.store.get(run.id).retention.record_at == T0 + 5 * DAY
+    assert sweep(shorter).outputs == [run.id]
+    longer = ports_of(stack, clock, pools={"default": {"outputs": "1d", "runs": "20d"}})
+    assert sweep(longer).dated == [run.id]
+    dated = stack.store.get(run.id).retention
+    assert (dated.record_at, dated.deleted) == (T0 + 20 * DAY, ["outputs"])  # what went stays said
+
+
+class PinnedMidway:
+    """The real object store, answering pages of two objects, whose first delete is followed by the
+    owner pinning the run (as a ``keep`` arriving while the sweep deletes it)."""
+
+    def __init__(self, objects, pin):
+        self.objects, self.pin, self.deletes = objects, pin, 0
+
+    def list_page(self, prefix, cursor, limit):
+        return self.objects.list_page(prefix, cursor, min(limit, 2))
+
+    def delete(self, keys):
+        self.objects.delete(keys)
+        self.deletes += 1
+        if self.deletes == 1:
+            self.pin()
+
+    def __getattr__(self, name):
+        return getattr(self.objects, name)
+
+
+def test_a_pin_during_a_purge_stops_it_and_the_record_says_what_went(local_stack):
+    stack = local_stack
+    clock = Clock(T0 + 11 * DAY)
+    run = finished(stack, "pinned")
+    ports = ports_of(stack, clock, pools={"default": {"runs": "10d"}})
+    objects = PinnedMidway(stack.objects, lambda: keep(ports, ALICE, run.id, True))
+    report = sweep(dataclasses.replace(ports, objects=objects))
+    assert report.records == [] and report.objects == 2  # the first page (its logs), then it was pinned
+    assert keys(stack, run) == ["manifest.json", KINDS[0], KINDS[1]]
+    kept = stack.store.get(run.id)
+    assert kept.kept and kept.retention.deleted == ["logs"]
+
+    # the pin arrives once every object is gone: the record stays, saying its outputs and logs went
+    other = finished(stack, "pinned-late")
+    objects = PinnedMidway(stack.objects, lambda: None)
+    objects.delete = lambda keys: (stack.objects.delete(keys), keep(ports, ALICE, other.id, True))
+    objects.list_page = stack.objects.list_page
+    assert sweep(dataclasses.replace(ports, objects=objects)).records == []
+    assert keys(stack, other) == []
+    assert sorted(stack.store.get(other.id).retention.deleted) == ["logs", "outputs"]
+
+
+def test_time_is_checked_a_page_at_a_time_and_the_uploads_cursor_kept_each_page(local_stack):
+    stack = local_stack
+    for sha in "abc":
+        stack.objects.put_bytes(upload_key("alice", sha * 64), b"old")
+    run = finished(stack, "slow")
+    clock = Clock(time.time() + 20 * DAY)
+    ports = ports_of(stack, clock, pools={"default": {"runs": "10d"}}, stack_retention='{"uploads": "1d"}')
+    left = [100.0]
+    objects = PinnedMidway(stack.objects, lambda: left.__setitem__(0, 5.0))  # time runs out with the first delete
+    report = sweep(dataclasses.replace(ports, objects=objects), time_left=lambda: left[0])
+    assert report.objects == 2 and report.uploads == 0 and len(keys(stack, run)) == 3
+
+    only_uploads = ports_of(stack, clock, stack_retention='{"uploads": "1d"}')
+
+    class OneByOne(PinnedMidway):
+        def list_page(self, prefix, cursor, limit):
+            self.pages = getattr(self, "pages", 0) + 1
+            if self.pages > 1 and self.fail:
+                raise BackendError("the store is down")
+            return self.objects.list_page(prefix, cursor, 1)
+
+    left[0] = 100.0
+    objects = OneByOne(stack.objects, lambda: left.__setitem__(0, 5.0))
+    objects.fail = False
+    assert sweep(dataclasses.replace(only_uploads, objects=objects), time_left=lambda: left[0]).uploads == 1
+    first = stack.pool_states.get("@retention").resume.get("uploads")
+    assert first  # where it stopped is kept
+    objects = OneByOne(stack.objects, lambda: None)
+    objects.fail = True
+    assert sweep(dataclasses.replace(only_uploads, objects=objects)).uploads == 1  # then the store fails
+    assert stack.pool_states.get("@retention").resume.get("uploads") not in (None, first)  # the page done is kept
+    assert sweep(only_uploads).uploads == 1
+    assert stack.objects.list("uploads/") == []
+
+
+def test_each_pass_another_pool_goes_first(local_stack):
+    stack = local_stack
+    clock = Clock(T0 + 11 * DAY)
+    names = [p.name for p in stack.pools.pools][:2]
+    ports = ports_of(stack, clock, pools={name: {"runs": "10d"} for name in names})
+    runs = [finished(stack, f"turn{i}", queue=name) for i, name in enumerate(names)]
+    clock.now = (clock.now // 120) * 120  # a minute whose turn is the first pool's
+    assert sweep(ports, runs=1).records == [runs[0].id]
+    runs[0] = finished(stack, "turn0b", queue=names[0])
+    clock.now += 60
+    assert sweep(ports, runs=1).records == [runs[1].id]
+
+
+def test_a_damaged_record_of_the_sweep_reads_as_empty(aws_stack):
+    stack = aws_stack
+    stack.pool_states.client.put_item(
+        TableName=stack.pool_states.table,
+        Item={"pool": {"S": "@retention"}, "version": {"N": "3"}, "doc": {"S": '{"pool": 7'}},
+    )
+    stack.objects.put_bytes(upload_key("alice", "d" * 64), b"old")
+    clock = Clock(time.time() + 2 * DAY)
+    ports = ports_of(stack, clock, pools={"default": {"runs": "10d"}}, stack_retention='{"uploads": "1d"}')
+    report = run_reaper(ports).retention
+    assert report is not None and report.uploads == 1
+
+
+def test_an_upload_offered_as_there_is_marked_used_only_while_uploads_expire(local_stack):
+    stack = local_stack
+    data = b"archive"
+    sha, md5 = hashlib.sha256(data).hexdigest(), base64.b64encode(hashlib.md5(data).digest()).decode()
+    stack.objects.put_bytes(upload_key("alice", sha), data)
+    written = stack.objects.head(upload_key("alice", sha)).modified
+    time.sleep(1.1)  # stores keep whole seconds
+    clock = Clock(time.time() + 2 * DAY)
+    assert uploads.offer(ports_of(stack, clock), ALICE, sha, len(data), md5).present
+    assert stack.objects.head(upload_key("alice", sha)).modified == written  # kept for good: no new version
+    expiring = ports_of(stack, clock, stack_retention='{"uploads": "7d"}')
+    assert uploads.offer(expiring, ALICE, sha, len(data), md5).present
+    assert stack.objects.head(upload_key("alice", sha)).modified > written
