@@ -303,8 +303,9 @@ def _fresh(run: Run, retention: Retention, now: float) -> RunRetention | None:
     checked = run.retention
     if checked is None:
         return fresh
-    if (checked.outputs_at, checked.logs_at, checked.record_at) == (fresh.outputs_at, fresh.logs_at, fresh.record_at):
-        return None
+    pairs = zip(*((r.outputs_at, r.logs_at, r.record_at) for r in (checked, fresh)), strict=True)
+    if all(a == b or (a is not None and b is not None and abs(a - b) < 0.001) for a, b in pairs):
+        return None  # (within what a store's number may round)
     return fresh.model_copy(update={"deleted": checked.deleted})
 
 
