@@ -31,6 +31,7 @@ from urllib.parse import parse_qsl, quote, unquote
 
 from runplane.adapters.local.db import OBJECTS_DIR
 from runplane.adapters.local.paths import (
+    FOLDER_TRIES,
     PARTIAL_DIR,
     check_bucket,
     key_segments,
@@ -320,18 +321,9 @@ def _receive(
             if expired():
                 return _refused(403, "forbidden", "the URL expired before its body ended")
             try:
-                directory = place(
-                    lambda into: os.link(temp, names[-1], src_dir_fd=partial, dst_dir_fd=into, follow_symlinks=False),
-                    on,
-                    bucket_fd,
-                    names[:-1],
-                    directory,
-                    temp,
-                    partial,
-                )
-            except FileExistsError:
-                if not _holds(directory, names[-1], size, md5):
-                    return _refused(409, "conflict", "an object of other content is at this key")
+                refused = _link(on, bucket_fd, names, directory, partial, temp, size, md5)
+                if refused is not None:
+                    return refused
             except OSError as e:
                 if e.errno in (errno.EISDIR, errno.EPERM):
                     return _refused(409, "conflict", "objects are stored under this key, as in a folder")
@@ -349,6 +341,52 @@ def _too_slow(received: int, size: int, elapsed: float, limits: PutLimits) -> bo
     """Whether a body of which ``received`` bytes came in ``elapsed`` seconds is below the
     least average rate, once the first seconds have passed."""
     return received < size and elapsed > limits.rate_after_seconds and received < limits.min_bytes_per_second * elapsed
+
+
+def _link(
+    on: contextlib.ExitStack,
+    bucket_fd: int,
+    names: list[str],
+    directory: int,
+    partial: int,
+    temp: str,
+    size: int,
+    md5: bytes,
+) -> ObjectAnswer | None:
+    """Link the written file ``temp`` of ``partial`` at ``names`` of the bucket: None once the object
+    holds it (or already held these very bytes), a 409 where an object of other content is. Raises
+    OSError as the link does."""
+    for tries_left in reversed(range(FOLDER_TRIES)):
+        try:
+            place(
+                lambda into: os.link(temp, names[-1], src_dir_fd=partial, dst_dir_fd=into, follow_symlinks=False),
+                on,
+                bucket_fd,
+                names[:-1],
+                directory,
+                temp,
+                partial,
+            )
+            return None
+        except FileExistsError:
+            # looked at in the folder as it is now (a delete may have removed, and another put made
+            # again, the one this put opened)
+            directory = on.enter_context(make_folder(bucket_fd, names[:-1]))
+            if _holds(directory, names[-1], size, md5):
+                return None
+            if _present(directory, names[-1]) or not tries_left:
+                return _refused(409, "conflict", "an object of other content is at this key")
+            # deleted between the link and the look: link again
+    return None
+
+
+def _present(directory: int, name: str) -> bool:
+    """Whether anything is at ``name`` in ``directory``."""
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _holds(directory: int, name: str, size: int, md5: bytes) -> bool:
