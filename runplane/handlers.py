@@ -27,6 +27,8 @@ SCHEDULE_RECORD = "@schedule"
 """The pool-state record where the schedule keeps where its last pass stopped (no pool's name)."""
 TIME_LEFT_MARGIN = 10.0
 """Seconds an invocation keeps in hand: a record met later is failed alone (and tried again)."""
+SWEEP_TIME_LEFT_MARGIN = 15.0
+"""Seconds a reaper invocation keeps in hand: the retention sweep begins no run with less left."""
 
 
 class PoolDispatcher:
@@ -232,7 +234,9 @@ def run_reaper(ports: Ports, *, time_left: Callable[[], float] | None = None) ->
     ``time_left``: seconds, the host's), whose failure never takes the reaper's report with it."""
     report = reap(ports)
     try:
-        swept = retention.sweep(ports, time_left=time_left)
+        swept = retention.sweep(
+            ports, out_of_time=lambda: time_left is not None and time_left() < SWEEP_TIME_LEFT_MARGIN
+        )
     except Exception:  # the sweep's own errors are per run; this is what it could not foresee
         log.exception("retention sweep failed; the next pass tries again")
         return report

@@ -49,8 +49,6 @@ pool and state over the ended runs, the retention each pool's runs were last dat
 where its look at the uploads stopped."""
 INDEXED_SINCE = (0, 3)
 """The first release series whose writers file an ended run in the purge index."""
-TIME_LEFT_MARGIN = 15.0
-"""Seconds a host's invocation keeps in hand: no run is begun with less left."""
 ENDED = Expect(states=TERMINAL_STATES)
 RUN_KINDS = ("outputs", "logs", "runs")
 
@@ -130,12 +128,12 @@ class RetentionReport:
 class _Budget:
     runs: int
     objects: int
-    time_left: Callable[[], float] | None = None
+    out_of_time: Callable[[], bool] = lambda: False
+    """Whether the host's invocation has too little time left to begin more (``sweep`` makes it)."""
 
     @property
     def late(self) -> bool:
-        """Whether the host's invocation has too little time left to begin more."""
-        return self.time_left is not None and self.time_left() < TIME_LEFT_MARGIN
+        return self.out_of_time()
 
 
 class _Marks:
@@ -170,7 +168,7 @@ def sweep(
     objects: int = SWEEP_OBJECTS,
     uploads: int = SWEEP_UPLOADS,
     backfill: int = SWEEP_BACKFILL,
-    time_left: Callable[[], float] | None = None,
+    out_of_time: Callable[[], bool] | None = None,
 ) -> RetentionReport:
     """One pass: the due runs of every pool whose retention deletes anything (at most ``runs`` of
     them, shared among those pools, each pass another pool first) are dated, and what is due of them
@@ -179,11 +177,11 @@ def sweep(
     (``backfill`` read a pass) when they may be dated wrongly or not at all: its retention changed
     (each is dated afresh, which files it in the index or takes it out), or agents of a release
     before the index end its runs. An error on one run is logged and the others go on; what is left
-    waits for the next pass, as does what is met once ``time_left`` (seconds, the host's) is under
-    ``TIME_LEFT_MARGIN``."""
+    waits for the next pass, as does what is met once ``out_of_time()`` says the host's invocation has
+    too little time left to begin more (``handlers.run_reaper``: under ``SWEEP_TIME_LEFT_MARGIN`` seconds)."""
     now = ports.clock()
     report = RetentionReport()
-    budget = _Budget(runs, objects, time_left)
+    budget = _Budget(runs, objects, out_of_time or (lambda: False))
     stack = ports.settings.kept()
     pools = [pool for pool in ports.pools.pools if deletes_runs(pool.kept(stack))]
     if pools:  # another pool first each minute, so that no pool takes the whole budget every pass

@@ -188,7 +188,7 @@ def test_a_pass_does_bounded_work_and_the_next_goes_on(local_stack):
     runs = [finished(stack, f"b{i}", at=T0 + i) for i in range(3)]
     clock.now = T0 + DAY + 10
 
-    assert not sweep(ports, time_left=lambda: 5.0)  # a host's invocation nearly over: nothing begun
+    assert not sweep(ports, out_of_time=lambda: True)  # a host's invocation nearly over: nothing begun
     report = sweep(ports, runs=2, objects=7)  # 5 objects each: the second run's are not all gone
     assert report.records == [runs[0].id] and report.objects == 7
     assert len(keys(stack, runs[1])) == 3 and keys(stack, runs[2]) == ALL
@@ -369,7 +369,7 @@ def test_time_is_checked_a_page_at_a_time_and_the_uploads_cursor_kept_each_page(
     ports = ports_of(stack, clock, pools={"default": {"runs": "10d"}}, stack_retention='{"uploads": "1d"}')
     left = [100.0]
     objects = PinnedMidway(stack.objects, lambda: left.__setitem__(0, 5.0))  # time runs out with the first delete
-    report = sweep(dataclasses.replace(ports, objects=objects), time_left=lambda: left[0])
+    report = sweep(dataclasses.replace(ports, objects=objects), out_of_time=lambda: left[0] < 15)
     assert report.objects == 2 and report.uploads == 0 and len(keys(stack, run)) == 3
 
     only_uploads = ports_of(stack, clock, stack_retention='{"uploads": "1d"}')
@@ -384,7 +384,7 @@ def test_time_is_checked_a_page_at_a_time_and_the_uploads_cursor_kept_each_page(
     left[0] = 100.0
     objects = OneByOne(stack.objects, lambda: left.__setitem__(0, 5.0))
     objects.fail = False
-    assert sweep(dataclasses.replace(only_uploads, objects=objects), time_left=lambda: left[0]).uploads == 1
+    assert sweep(dataclasses.replace(only_uploads, objects=objects), out_of_time=lambda: left[0] < 15).uploads == 1
     first = stack.pool_states.get("@retention").resume.get("uploads")
     assert first  # where it stopped is kept
     objects = OneByOne(stack.objects, lambda: None)

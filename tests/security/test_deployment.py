@@ -200,6 +200,8 @@ def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any
     bucket = declared["DataBucket"]["Properties"]
     lifecycle = []
     for rule in bucket["LifecycleConfiguration"]["Rules"]:
+        if "Fn::If" in rule:  # a rule of a parameter (UploadRetentionDays) whose default leaves it out
+            continue
         api_rule = {"ID": rule["Id"], "Status": rule["Status"], "Filter": {"Prefix": rule.get("Prefix", "")}}
         lifecycle.append(api_rule | {k: v for k, v in rule.items() if k not in ("Id", "Status", "Prefix")})
     (statement,) = declared["DataBucketPolicy"]["Properties"]["PolicyDocument"]["Statement"]
@@ -421,7 +423,13 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "DataBucket",  # the stack record alone (runs/_stack/)
         "EventsQueue",
     }  # its event source
-    assert reached["ReaperFunction"] == {"RunsTable", "QuotasTable", "EventsQueue"}
+    assert reached["ReaperFunction"] == {
+        "RunsTable",
+        "QuotasTable",
+        "EventsQueue",
+        "DataBucket",  # the retention sweep: runs' objects and unused uploads
+        "PoolsTable",  # the sweep's own record, and whether a pool's agents are of an earlier release
+    }
     assert reached["WorkerPolicy"] == {
         "RunsTable",
         "WorkersTable",
@@ -511,7 +519,20 @@ def test_the_dispatcher_reads_a_pools_workers_through_the_by_pool_index_and_cann
 
 def test_the_reaper_queries_and_updates_runs_and_sends_hints(template: dict[str, Any]) -> None:
     found = function_statements(template, "ReaperFunction")
-    assert _actions_on(found, "RunsTable") == {"dynamodb:Query", "dynamodb:UpdateItem", "dynamodb:GetItem"}
+    # DeleteItem: the retention sweep's, of a record due and not kept (a condition of the write)
+    assert _actions_on(found, "RunsTable") == {
+        "dynamodb:Query",
+        "dynamodb:UpdateItem",
+        "dynamodb:GetItem",
+        "dynamodb:DeleteItem",
+    }
+    assert _actions_on(found, "PoolsTable") == {"dynamodb:GetItem", "dynamodb:PutItem"}
+    (writes,) = [
+        s
+        for s in found
+        if "dynamodb:PutItem" in as_list(s["Action"]) and "PoolsTable" in _references(s.get("Resource"))
+    ]
+    assert writes["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["@retention"]}}
     sqs = {a for s in found for a in as_list(s["Action"]) if a.startswith("sqs:")}
     assert sqs == {"sqs:SendMessage", "sqs:GetQueueUrl"}
 
@@ -547,7 +568,8 @@ UPLOADS = "${DataBucket.Arn}/uploads/*"
 
 def test_uploads_are_signed_by_the_api_and_read_by_workers_only(template: dict[str, Any]) -> None:
     """The API heads an upload and signs its PUT (s3:GetObject, s3:PutObject on uploads/ alone);
-    workers only read uploads; no other role touches them."""
+    workers only read uploads; the reaper's retention sweep reads one again and deletes it once
+    unused for the stack's time; no other role touches them."""
     principals = _all_statements(template)
     on_uploads = {
         name: {a for s in statements if "Resource" in s and _on_uploads(s) for a in as_list(s["Action"]) if "s3:" in a}
@@ -556,6 +578,7 @@ def test_uploads_are_signed_by_the_api_and_read_by_workers_only(template: dict[s
     assert {name: actions for name, actions in on_uploads.items() if actions} == {
         "ApiFunction": {"s3:GetObject", "s3:PutObject"},
         "WorkerPolicy": {"s3:GetObject"},
+        "ReaperFunction": {"s3:GetObject", "s3:DeleteObject"},
     }
 
 
