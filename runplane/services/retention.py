@@ -65,9 +65,14 @@ def keep(ports: Ports, principal: Principal, run_id: str, keep: bool) -> Run:
         if run.kept == keep:
             return run
         try:
-            # let go: dated afresh by the next pass (what is past its date goes then), so that no
-            # store's own expiry counts from dates worked out before the pin
-            changes = {"kept": True} if keep else {"kept": False, "retention": None}
+            # let go: its dates and what is gone stay, marked as looked at now, so that no store's
+            # own expiry (DynamoDB's TTL counts from the later of its date and that look) comes
+            # before the sweep's next pass over it
+            changes: dict[str, object] = {"kept": True}
+            if not keep:
+                changes = {"kept": False}
+                if run.retention is not None:
+                    changes["retention"] = run.retention.model_copy(update={"checked_at": ports.clock()})
             return ports.store.update(run, Expect(), changes)
         except ConditionFailed as e:  # a store that checks its own version: the run changed meanwhile
             if tries == KEEP_TRIES:

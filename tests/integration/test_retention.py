@@ -434,3 +434,17 @@ def test_an_upload_offered_as_there_is_marked_used_only_while_uploads_expire(loc
     expiring = ports_of(stack, clock, stack_retention='{"uploads": "7d"}')
     assert uploads.offer(expiring, ALICE, sha, len(data), md5).present
     assert stack.objects.head(upload_key("alice", sha)).modified > written
+
+
+def test_a_run_let_go_keeps_what_is_gone_and_is_looked_at_anew(local_stack):
+    clock = Clock(T0 + 5 * DAY)
+    ports = ports_of(local_stack, clock, pools={"default": {"outputs": "2d", "runs": "10d"}})
+    run = finished(local_stack, "pinned")
+    sweep(ports)  # dated, and its outputs deleted
+    assert local_stack.store.get(run.id).retention.deleted == ["outputs"]
+    keep(ports, ALICE, run.id, True)
+    clock.now = T0 + 40 * DAY
+    let_go = keep(ports, ALICE, run.id, False)
+    assert let_go.retention.deleted == ["outputs"] and let_go.retention.checked_at == clock.now
+    assert purge_due(let_go) == T0 + 10 * DAY  # past: the next pass deletes the rest
+    assert sweep(ports).records == [run.id]
