@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from runplane.backend import ComputeBackend
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.pools import Pool, PoolConfig
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.secrets import MAX_SECRETS_PER_SCOPE, Sealed, SecretRecord
+from runplane.domain.sessions import Session, SessionState
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
 from runplane.domain.tenancy import ApiToken, Principal, UserRecord
@@ -30,30 +32,6 @@ from runplane.settings import StackSettings
 Clock = Callable[[], float]
 """Seconds since the epoch, as ``time.time`` gives them. Services read the time from
 ``Ports.clock`` only, so that a test moves it instead of waiting."""
-
-
-@dataclass(frozen=True)
-class Expect:
-    """Conditions for a conditional write; None means "do not check"."""
-
-    states: frozenset[RunState] | None = None
-    attempt: int | None = None
-    worker_id: str | None = None
-    unkilled: bool = False
-    """True: only while no kill was requested (a retry must not queue a run its owner killed)."""
-    waiting: bool | None = None
-    """True: only while the run still waits for other runs (``waiting_on`` not empty); False: only
-    while it does not (a claim never takes a waiting run)."""
-
-    def holds(self, run: Run) -> bool:
-        """Whether ``run`` meets these conditions."""
-        return (
-            (self.states is None or run.state in self.states)
-            and (self.attempt is None or run.attempt == self.attempt)
-            and (self.worker_id is None or run.worker_id == self.worker_id)
-            and not (self.unkilled and run.kill_requested)
-            and (self.waiting is None or bool(run.waiting_on) == self.waiting)
-        )
 
 
 LIST_BUDGET = 1000
@@ -353,6 +331,44 @@ class SecretOpener(Protocol):
     def open(self, sealed: Sealed, context: Mapping[str, str]) -> bytes: ...
 
 
+class SessionStore(Protocol):
+    """Sessions into live runs (runplane.domain.sessions), one per slot of a run."""
+
+    def create(self, session: Session) -> Session:
+        """Store ``session`` in its slot if the slot is free (no session there, or one that is over);
+        Conflict (with ``details['session']``) if a live one holds it."""
+
+    def get(self, session_id: str) -> Session:
+        """Strongly consistent read of the session in that id's slot, if it is that session. Raises NotFound."""
+
+    def update(self, session: Session, states: frozenset[SessionState], changes: Mapping[str, Any]) -> Session:
+        """Write ``changes`` if the stored session is still ``session.id`` in one of ``states``;
+        ConditionFailed (with ``details['session']``) if not, NotFound if there is none."""
+
+    def for_run(self, run_id: str) -> builtins.list[Session]:
+        """The sessions in the run's slots, live and over, by slot."""
+
+
+@dataclass(frozen=True)
+class RelayEndpoint:
+    """Where a side of a session dials: a WebSocket URL and the headers to send with it."""
+
+    url: str
+    headers: dict[str, str]
+    max_frame: int
+    """The most payload bytes a frame may carry through this relay."""
+
+
+class SessionRelay(Protocol):
+    """Where the two sides of a session meet; neither listens on a port of its own."""
+
+    def endpoint(self, session: Session, ticket: str) -> RelayEndpoint:
+        """How the holder of ``ticket`` (either side's) reaches ``session``'s relay."""
+
+    def close(self, session_id: str, reason: str) -> None:
+        """Hang up both sides of a session (each gets GONE with ``reason``); quiet if none is there."""
+
+
 class QuotaStore(Protocol):
     """Quotas (written by admins) and usage records (written by whoever claims or ends a run),
     one of each per user or group."""
@@ -469,4 +485,6 @@ class Ports:
     sleep: Callable[[float], None] = time.sleep
     """How a service that waits (a long-poll) lets time pass: a test moves its clock instead."""
     secrets: SecretStore | None = None  # the secrets store; None on a stack built without one
+    sessions: SessionStore | None = None  # sessions into live runs; None on a stack built without them
+    relay: SessionRelay | None = None  # where sessions' sides meet; None: no sessions on this stack
     sealer: SecretSealer | None = None  # what the API seals secrets' values with

@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
-from runplane.ports import Clock, Expect
+from runplane.ports import Clock
 from runplane.services import admission
 from worker_agent.run_config import AgentPorts
 

@@ -31,6 +31,7 @@ from runplane.domain.errors import (
     RunplaneError,
     Unschedulable,
 )
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.pools import Pool
 from runplane.domain.runs import (
@@ -47,7 +48,7 @@ from runplane.domain.runs import (
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.domain.tenancy import Principal
-from runplane.ports import LIST_BUDGET, Expect, Ports
+from runplane.ports import LIST_BUDGET, Ports
 from runplane.services.authority import charge, still_allowed
 from runplane.services.budget import Budget
 from runplane.services.lifecycle import ended

@@ -11,10 +11,11 @@ from dataclasses import replace
 from typing import Any
 
 from runplane.domain.errors import BadRequest, ConditionFailed, LeaseLost, PayloadTooLarge, RunplaneError
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunEnd, RunMessage
 from runplane.domain.runs import Event, Failure, Run, Usage
 from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState, states_leading_to
-from runplane.ports import Expect, RunPorts, RunQueue, RunStore
+from runplane.ports import RunPorts, RunQueue, RunStore
 
 log = logging.getLogger(__name__)
 

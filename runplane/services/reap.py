@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from runplane.domain.errors import ConditionFailed, RunplaneError
+from runplane.domain.expect import Expect
 from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Run
 from runplane.domain.states import ACTIVE_STATES, RunState
-from runplane.ports import Expect, Ports
+from runplane.ports import Ports
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
 from runplane.services.retention import RetentionReport

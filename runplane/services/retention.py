@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from runplane.domain.errors import BadRequest, ConditionFailed, Conflict, NotFound, RunplaneError
+from runplane.domain.expect import Expect
 from runplane.domain.retention import (
     LOGS,
     OUTPUTS,
@@ -28,7 +29,7 @@ from runplane.domain.tenancy import Principal
 from runplane.domain.uploads import UPLOADS_PREFIX
 from runplane.domain.versions import series
 from runplane.domain.workers import PoolRecord
-from runplane.ports import MAX_DELETE, Expect, ObjectInfo, Ports
+from runplane.ports import MAX_DELETE, ObjectInfo, Ports
 from runplane.services.runs import get_run
 
 log = logging.getLogger(__name__)

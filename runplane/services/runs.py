@@ -23,13 +23,14 @@ from runplane.domain.errors import (
     NotFound,
     RunplaneError,
 )
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.pools import Pool, choose_pool
 from runplane.domain.records import check_spec
 from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Failure, Run, RunSpec
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
-from runplane.ports import Expect, Page, Ports
+from runplane.ports import Page, Ports
 from runplane.services import dependencies, lifecycle, secrets, skew, uploads
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 from runplane import bootstrap
+from runplane.domain.expect import Expect
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 from tests.conftest import TERMINAL, AgentProcess, wait_for, wait_state
 from tests.gate import GATE, open_gate, output_dir
 

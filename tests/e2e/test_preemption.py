@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from runplane import bootstrap
-from runplane.ports import Expect
+from runplane.domain.expect import Expect
 from tests.conftest import FAST, SHORT_LEASE, TERMINAL, AgentProcess, wait_for, wait_state
 
 pytestmark = pytest.mark.docker

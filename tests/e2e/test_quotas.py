@@ -16,9 +16,9 @@ import pytest
 from runplane import bootstrap
 from runplane.client import Client
 from runplane.domain.errors import ConditionFailed
+from runplane.domain.expect import Expect
 from runplane.domain.quotas import Quota
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 from runplane.services.auth import register_token
 from tests.conftest import TERMINAL, api_status, wait_for, wait_state
 from tests.gate import GATE, open_gate, output_dir

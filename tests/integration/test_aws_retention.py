@@ -15,10 +15,10 @@ from runplane.adapters.aws import resources
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_PURGE, BY_QUEUE_STATE, BY_RANK, PURGE_DUE, PURGE_QUEUE
 from runplane.adapters.aws.provision import AwsNames, provision
 from runplane.domain.errors import ConditionFailed
+from runplane.domain.expect import Expect
 from runplane.domain.retention import TTL_GRACE_SECONDS, RunRetention, ttl_at
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 
 TTL = resources.RUNS_TTL_ATTRIBUTE
 DATES = RunRetention(checked_at=5100.0, outputs_at=7000.0, logs_at=8000.0, record_at=9000.0)

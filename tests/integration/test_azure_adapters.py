@@ -42,12 +42,12 @@ from runplane.domain.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.retention import RunRetention
 from runplane.domain.runs import Event, Run, RunSpec, run_rank
 from runplane.domain.states import RunState
 from runplane.domain.workers import Worker
-from runplane.ports import Expect
 from runplane.settings import StackSettings, parse_connection_string
 
 

@@ -13,11 +13,11 @@ from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import make_ports
 from runplane.compute.local.compute import LocalCompute
 from runplane.devstack.lambda_shim import LambdaContext
+from runplane.domain.expect import Expect
 from runplane.domain.pools import Pool
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.reap import reap
 from runplane.services.runs import submit_run

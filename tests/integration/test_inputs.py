@@ -7,9 +7,9 @@ import os
 import pytest
 
 from runplane.domain.errors import PayloadTooLarge
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 from runplane.services.inputs import InputPolicy
 from runplane.services.logs import outputs_prefix
 from worker_agent.inputs import InputCache, InputUnavailable

@@ -10,11 +10,11 @@ from runplane.adapters.local.db import Database
 from runplane.adapters.local.runs import SqliteRunStore
 from runplane.adapters.local.secrets import SqliteSecretStore
 from runplane.adapters.local.sweeps import SqliteSweepStore
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.secrets import Sealed, SecretRecord
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import PENDING, Sweep, SweepSpec
-from runplane.ports import Expect
 
 
 def _plans(db: Database, work) -> dict[str, list[str]]:

@@ -21,10 +21,11 @@ from runplane.adapters.local.object_urls import serve
 from runplane.adapters.local.runs import DDL, SqliteRunStore
 from runplane.adapters.records import written_json
 from runplane.domain.errors import BadRequest, NotFound
+from runplane.domain.expect import Expect
 from runplane.domain.retention import RunRetention, purge_due
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import RunState
-from runplane.ports import MAX_DELETE, Expect
+from runplane.ports import MAX_DELETE
 
 _EARLIER = [  # (state, finished_at, kept) of runs a database of an earlier release holds
     (RunState.QUEUED, None, False),

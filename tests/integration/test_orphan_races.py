@@ -17,10 +17,10 @@ import docker.errors
 import pytest
 
 from runplane.bootstrap import Stack
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE, wait_for

@@ -14,6 +14,7 @@ import pytest
 
 from runplane.bootstrap import make_ports
 from runplane.domain.errors import BackendError, NotFound
+from runplane.domain.expect import Expect
 from runplane.domain.pools import PoolConfig
 from runplane.domain.retention import Retention, RunRetention, purge_due
 from runplane.domain.runs import Event, Run, RunSpec
@@ -21,7 +22,6 @@ from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import Principal
 from runplane.domain.uploads import upload_key
 from runplane.handlers import run_reaper
-from runplane.ports import Expect
 from runplane.services import lifecycle, uploads
 from runplane.services.retention import keep, shown, sweep
 

@@ -14,11 +14,11 @@ from runplane.adapters.aws.dynamodb import to_dynamo as dynamodb_value
 from runplane.adapters.aws.provision import provision
 from runplane.bootstrap import aws_clients, aws_names, make_ports
 from runplane.domain.errors import RunplaneError
+from runplane.domain.expect import Expect
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.domain.workers import Worker
-from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.runs import set_priority, submit_run
 from runplane.services.scheduling import fair_tag

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from runplane.domain.accounting import Rates
+from runplane.domain.expect import Expect
 from runplane.domain.runs import RunSpec, Usage
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.logs import outputs_prefix
 from runplane.services.runs import submit_run

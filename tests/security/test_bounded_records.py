@@ -18,13 +18,13 @@ from runplane.adapters.azure.runs import TableRunStore
 from runplane.bootstrap import make_ports
 from runplane.client import Client, Conflict
 from runplane.domain.errors import BackendError, BadRequest, PayloadTooLarge
+from runplane.domain.expect import Expect
 from runplane.domain.messages import RunMessage
 from runplane.domain.quotas import Quota
 from runplane.domain.records import MAX_MESSAGE_CHARS, MAX_RUN_EVENTS, MAX_SPEC_BYTES, json_size, largest_run_bytes
 from runplane.domain.runs import MAX_DEPENDENTS, MAX_INPUTS, MAX_UPSTREAMS, SWEEP_PREFIX, Event, Run, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Expect
 from runplane.services import lifecycle, runs
 from runplane.services.reap import reap
 from tests.conftest import api_status

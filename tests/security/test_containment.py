@@ -24,9 +24,9 @@ from typing import Any
 import docker.errors
 import pytest
 
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 from runplane.services import lifecycle
 from runplane.services.logs import log_prefix, outputs_prefix
 from tests.conftest import TEST_IMAGE, wait_for

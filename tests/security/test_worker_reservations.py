@@ -21,10 +21,10 @@ from typing import Any
 import docker.errors
 import pytest
 
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Expect
 from runplane.services.logs import outputs_prefix
 from runplane.services.runs import kill_run, submit_run
 from tests.conftest import POOLS_FILE, AgentProcess, wait_for

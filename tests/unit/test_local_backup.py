@@ -17,11 +17,11 @@ from runplane.adapters.local.keyfile import KEY_FILE, KeyFileSealer
 from runplane.adapters.local.runs import SqliteRunStore
 from runplane.bootstrap import build_stack
 from runplane.domain.errors import Misconfigured
+from runplane.domain.expect import Expect
 from runplane.domain.retention import RunRetention, purge_due
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.secrets import SecretRecord, context, user_scope
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 from runplane.settings import StackSettings
 
 

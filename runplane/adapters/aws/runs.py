@@ -28,6 +28,7 @@ from runplane.adapters.aws.purges import PURGE_SOURCES, purge_index
 from runplane.adapters.aws.resources import RUNS_TTL_ATTRIBUTE
 from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
+from runplane.domain.expect import Expect
 from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
 from runplane.domain.retention import purge_due, ttl_at
 from runplane.domain.runs import (
@@ -42,7 +43,7 @@ from runplane.domain.runs import (
     run_rank,
 )
 from runplane.domain.states import RunState
-from runplane.ports import LIST_BUDGET, Expect, Page
+from runplane.ports import LIST_BUDGET, Page
 
 
 def _qs(queue: str, state: RunState | str) -> str:

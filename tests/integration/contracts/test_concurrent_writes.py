@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runplane.domain.errors import ConditionFailed
+from runplane.domain.expect import Expect
 from runplane.domain.quotas import Hold
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import ACTIVE_STATES, RunState
 from runplane.domain.workers import PoolRecord
-from runplane.ports import Expect
 
 THREADS = 8
 

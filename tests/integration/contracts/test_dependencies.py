@@ -11,12 +11,12 @@ import pytest
 
 from runplane.bootstrap import make_ports
 from runplane.domain.errors import ConditionFailed, Conflict, NotFound, Unschedulable
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent
 from runplane.domain.runs import MAX_DEPENDENTS, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import PENDING, SweepSpec
 from runplane.handlers import PoolDispatcher
-from runplane.ports import Expect
 from runplane.services import dependencies, lifecycle, runs, sweep_advance, sweeps
 from tests.integration.contracts.test_sweeps import ALICE, BOB, Clock
 

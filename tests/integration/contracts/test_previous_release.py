@@ -11,12 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from runplane.adapters.aws.sqs import events_queue_name as sqs_events_queue
 from runplane.adapters.azure.queues import events_queue_name as storage_events_queue
 from runplane.adapters.azure.tables import key, pack, unpack
+from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunEnd
 from runplane.domain.runs import Failure, Run, RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.workers import PoolRecord
 from runplane.handlers import SCHEDULE_RECORD, PoolDispatcher
-from runplane.ports import Expect
 
 
 class PreviousRunEnd(BaseModel):

@@ -7,10 +7,10 @@ import time
 import pytest
 
 from runplane.domain.errors import ConditionFailed, NotFound
+from runplane.domain.expect import Expect
 from runplane.domain.retention import RunRetention, purge_due
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 
 
 def _run(i, queue="default", owner="alice"):

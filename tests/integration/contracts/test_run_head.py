@@ -1,9 +1,9 @@
 """RunStore.head: a pool's queued runs in the order they start (higher priority, then smaller fair
 tag, then older, then id), kept exact as runs are claimed, ended, re-queued and re-prioritized."""
 
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Event, Run, RunSpec, run_rank
 from runplane.domain.states import RunState
-from runplane.ports import Expect
 
 QUEUED = frozenset({RunState.QUEUED})
 

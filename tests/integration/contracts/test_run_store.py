@@ -3,9 +3,9 @@
 import pytest
 
 from runplane.domain.errors import AlreadyExists, ConditionFailed, NotFound
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Event, Failure, Run, RunSpec, Usage
 from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState
-from runplane.ports import Expect
 
 
 def make_run(i=0, owner="alice", queue="default", created=1000.0):

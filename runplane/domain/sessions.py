@@ -1,0 +1,160 @@
+"""A look inside a live run: a session (``runplane exec``, ``shell``, ``port-forward``) between the
+run's owner and the worker that holds the run, carried by a relay neither side listens on.
+
+The API makes a session (``requested``) in a free slot of the run (``max_sessions_per_run`` of
+its pool) and bumps the run's ``sessions_asked``, which the agent's one-second look at the run's
+control state notices; the agent takes it (``accepted``: its own ticket's hash written, on the
+condition that it still holds the run), dials the relay and starts the command or the port's
+connections; ``active`` once both sides met; ``ended`` (with ``end_reason``), or ``expired`` (no
+agent took it in time) or ``refused`` (the agent could not). A ticket is ``<session id>.<secret>``:
+the store holds only the secret's SHA-256, so a ticket is never stored anywhere a reader could use.
+
+The bytes between the sides are frames of ``session_wire``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from runplane.domain.common import RUN_ID_PATTERN
+from runplane.domain.wire import Record
+
+DEFAULT_MAX_SESSIONS_PER_RUN = 4
+"""Sessions one run may have at once, unless its pool says otherwise."""
+MAX_SESSIONS_PER_RUN = 16
+"""The most a pool may allow."""
+MAX_COMMAND_ARGS = 256
+MAX_COMMAND_BYTES = 64 * 1024
+REQUEST_SECONDS = 60.0
+"""How long a requested session waits for its worker, and a ticket for its side to connect."""
+TERM_PATTERN = r"^[A-Za-z0-9._+-]{1,64}$"
+SESSION_ID_PATTERN = rf"^{RUN_ID_PATTERN}\.\d{{1,2}}\.[0-9a-f]{{8}}$"
+TICKET_PATTERN = rf"^{RUN_ID_PATTERN}\.\d{{1,2}}\.[0-9a-f]{{8}}\.[A-Za-z0-9_-]{{43}}$"
+
+Side = Literal["client", "worker"]
+
+
+class SessionKind(StrEnum):
+    EXEC = "exec"
+    """A command in the run's container, as the run's user, with its environment and limits."""
+    SHELL = "shell"
+    """The image's shell, with a terminal."""
+    PORT_FORWARD = "port_forward"
+    """Connections to ``127.0.0.1:port`` inside the run's own network namespace."""
+
+
+class SessionState(StrEnum):
+    REQUESTED = "requested"
+    ACCEPTED = "accepted"
+    ACTIVE = "active"
+    ENDED = "ended"
+    EXPIRED = "expired"
+    REFUSED = "refused"
+
+    @property
+    def over(self) -> bool:
+        return self in OVER
+
+
+OVER = frozenset({SessionState.ENDED, SessionState.EXPIRED, SessionState.REFUSED})
+LIVE = frozenset(set(SessionState) - OVER)
+
+
+class EndReason(StrEnum):
+    EXITED = "exited"
+    """The command exited (its code is ``exit_code``)."""
+    CLIENT_GONE = "client_gone"
+    """The client went and did not come back."""
+    CLOSED = "closed"
+    """The user closed it (``DELETE``)."""
+    RUN_ENDED = "run_ended"
+    WORKER_LOST = "worker_lost"
+    RELAY_LOST = "relay_lost"
+
+
+class Session(Record):
+    """A session as stored: one per slot of a run (``slot``); a new session of a slot replaces
+    one that is over. Read tolerantly (``stored``) like every record."""
+
+    id: str = Field(pattern=SESSION_ID_PATTERN)
+    run_id: str
+    slot: int = Field(ge=0, lt=MAX_SESSIONS_PER_RUN)
+    attempt: int
+    """The run's attempt it was asked of: a session never outlives its attempt."""
+    owner: str
+    asked_by: str
+    kind: SessionKind
+    command: list[str] | None = None
+    tty: bool = False
+    stdin: bool = False
+    term: str | None = None
+    rows: int | None = None
+    cols: int | None = None
+    port: int | None = None
+    """``port_forward``: the port inside the run."""
+    relay: str
+    """The URL both sides dial (the relay of the stack that made it)."""
+    state: SessionState = SessionState.REQUESTED
+    worker_id: str | None = None
+    client_secret_hash: str
+    worker_secret_hash: str | None = None
+    created_at: float
+    expires_at: float
+    """A requested session no worker took by then is ``expired``; a ticket is not taken after it."""
+    accepted_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def session_id(run_id: str, slot: int) -> str:
+    return f"{run_id}.{slot}.{secrets.token_hex(4)}"
+
+
+def run_of(session_id: str) -> tuple[str, int]:
+    """The run id and slot a session id names (its form is ``SESSION_ID_PATTERN``)."""
+    run_id, slot, _ = session_id.rsplit(".", 2)
+    return run_id, int(slot)
+
+
+def new_secret() -> tuple[str, str]:
+    """A ticket's secret and the hash the store keeps of it."""
+    secret = secrets.token_urlsafe(32)
+    return secret, secret_hash(secret)
+
+
+def secret_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def ticket(session_id: str, secret: str) -> str:
+    return f"{session_id}.{secret}"
+
+
+def read_ticket(text: str) -> tuple[str, str] | None:
+    """A ticket's session id and secret; None when it is not one (never raises)."""
+    if not isinstance(text, str) or not re.fullmatch(TICKET_PATTERN, text):
+        return None
+    session, secret = text.rsplit(".", 1)
+    return session, secret
+
+
+def admits(session: Session, side: Side, secret: str, now: float) -> bool:
+    """Whether ``secret`` is ``side``'s ticket of ``session`` and the session may be joined now:
+    live, and the client's ticket not after ``expires_at`` unless the session is already active
+    (a reconnect gets a fresh ticket: ``POST .../ticket``)."""
+    if session.state.over:
+        return False
+    expected = session.client_secret_hash if side == "client" else session.worker_secret_hash
+    if expected is None or not hmac.compare_digest(expected, secret_hash(secret)):
+        return False
+    return side == "worker" or now <= session.expires_at
