@@ -15,6 +15,7 @@ from runplane.domain.common import MAX_RUN_TIME, NAME_PATTERN, read_duration, re
 from runplane.domain.errors import InvalidRequest, UnknownName, Unschedulable
 from runplane.domain.retention import Retention
 from runplane.domain.runs import Resources, RetryRule
+from runplane.domain.sessions import DEFAULT_MAX_SESSIONS_PER_RUN, MAX_SESSIONS_PER_RUN
 from runplane.domain.units import format_bytes, format_duration
 
 Backend = Literal["local", "aws-batch", "azure-batch", "kubernetes", "slurm"]
@@ -123,6 +124,18 @@ class Pool(BaseModel):
         default_factory=list,
         max_length=32,
         description="images a new worker pulls before it takes its first run",
+    )
+    allow_exec: bool = Field(
+        default=True, description="owners may open sessions into their running runs (exec, shell, port-forward)"
+    )
+    allow_admin_exec: bool = Field(
+        default=False, description="admins may open sessions into other users' runs (else: 404, as for anyone)"
+    )
+    max_sessions_per_run: int = Field(
+        default=DEFAULT_MAX_SESSIONS_PER_RUN,
+        ge=0,
+        le=MAX_SESSIONS_PER_RUN,
+        description="sessions one run may have at once",
     )
     retention: Retention | None = Field(
         default=None,

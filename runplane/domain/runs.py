@@ -431,6 +431,9 @@ class Run(Record):
     """Its owner keeps it (``runplane keep``): the retention sweep deletes nothing of it."""
     retention: Annotated[RunRetention | None, Since("0.3")] = None
     """Once it has ended: when its outputs, logs and record are deleted (the retention sweep's)."""
+    sessions_asked: Annotated[int, Since("0.3")] = 0
+    """Bumped by the API with each session asked of it (runplane.domain.sessions): the agent's look
+    at the run's control state notices it and reads the run's sessions."""
 
 
 MAX_FAIR_TAG = 9_999_999_999_999.0
