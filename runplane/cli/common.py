@@ -8,7 +8,7 @@ import enum
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import typer
@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Column
 from rich.text import Text
 
+from runplane.api.models import RunView
 from runplane.client import (
     ApiError,
     BadRequest,
@@ -140,6 +141,20 @@ def cell(value: object) -> Text:
 
 def when(moment: datetime | None) -> str:
     return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def when_utc(moment: datetime) -> str:
+    """A retention date as ``runplane`` says it: ``YYYY-MM-DD HH:MM UTC``."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def deleted_by_retention(view: RunView, what: str) -> str | None:
+    """``outputs deleted by retention on DATE`` (``what``: outputs or logs) for a run whose retention
+    deleted them, for a listing that comes back empty; None when it did not."""
+    if view.retention is None or what not in view.retention.deleted:
+        return None
+    at = view.retention.outputs_until if what == "outputs" else view.retention.logs_until
+    return f"{view.id}: {what} deleted by retention" + ("" if at is None else f" on {when_utc(at)}")
 
 
 def id_column(title: str = "id") -> Column:

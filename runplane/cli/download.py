@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from runplane.cli.common import CliError, client, err, out, print_json, transfer_bar
+from runplane.cli.common import CliError, client, deleted_by_retention, err, out, print_json, transfer_bar
 from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
 from runplane.client import Client
 
@@ -48,7 +48,9 @@ def download(
         print_json({"files": [str(p) for p in written]})
         return
     if not written:
-        err.print(f"{found.id}: no output files" + ("" if found.done else " yet (the run has not finished)"))
+        gone = deleted_by_retention(found.view, "outputs")
+        said = gone or f"{found.id}: no output files" + ("" if found.done else " yet (the run has not finished)")
+        err.print(said, markup=False, highlight=False)
     elif not found.done:  # a run that goes: its live/ files as last uploaded
         err.print(f"{found.id} is still {found.view.state}: these are its outputs so far")
     for path in written:

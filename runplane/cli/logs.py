@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from runplane.api.models import LogPage
-from runplane.cli.common import client, print_json
+from runplane.cli.common import client, deleted_by_retention, err, print_json
 from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
 from runplane.client import Client
 
@@ -58,6 +58,9 @@ def _print_logs(
             print_json({"data": data, "next_offset": offset, "complete": complete})
             return
         _write_log(data, offset, complete, as_json)
+    if offset == 0 and complete and not as_json and (gone := deleted_by_retention(api.get(rid).view, "logs")):
+        err.print(gone, markup=False, highlight=False)  # nothing printed: say why, not silence
+        return
     # following the latest attempt: read the attempt going now by its number, so that a retry
     # never reads the next attempt's logs from this one's offset; once it is over, the next one
     pinned = attempt

@@ -7,7 +7,6 @@ import enum
 import json
 import shlex
 import sys
-from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -28,6 +27,7 @@ from runplane.cli.common import (
     print_json,
     say_error,
     when,
+    when_utc,
 )
 from runplane.cli.download import download
 from runplane.cli.last_run import RUN_ID, named_by_id, remember, run_id_or_last
@@ -181,7 +181,7 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         ("finished_at", view.finished_at and view.finished_at.isoformat()),
         ("waiting", view.waiting_reason),
         ("failure", view.failure and f"{view.failure.reason}: {view.failure.message}"),
-        ("kept until", kept_until(view)),
+        ("retention", kept_until(view)),
     ]
     usage = {k: v for k, v in view.usage.model_dump(mode="json").items() if v not in (None, {}, [])}
     rows += [("usage", json.dumps(usage) if usage else None), ("command", view.spec.command)]
@@ -193,22 +193,25 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
         out.print(Text.assemble("  ", (event.at.isoformat(), "dim"), " ", event.message), highlight=False)
 
 
-def _day(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%d")
-
-
 def _retention_parts(kept: RetentionView, dated: str) -> list[str]:
     """What becomes of each of a run's outputs, logs and record: ``dated`` (a format of ``what`` and
-    ``day``) for a date, else deleted or kept for good."""
+    ``day``) for a date, else deleted (on its date, when known) or kept for good."""
     parts = []
     for what, at in (("outputs", kept.outputs_until), ("logs", kept.logs_until), ("record", kept.record_until)):
         if what in kept.deleted:
-            parts.append(f"{what} deleted")
+            parts.append(f"{what} deleted" + ("" if at is None else f" on {when_utc(at)}"))
         elif at is None:
-            parts.append(f"{what} for good")
+            parts.append(f"{what} kept for good")
         else:
-            parts.append(dated.format(what=what, day=_day(at)))
+            parts.append(dated.format(what=what, day=when_utc(at)))
     return parts
+
+
+def already_deleted(kept: RetentionView) -> str | None:
+    """``outputs already deleted`` (logs likewise) for a run whose parts retention deleted before it
+    was kept; None when nothing is."""
+    gone = [what for what in ("outputs", "logs") if what in kept.deleted]
+    return f"{' and '.join(gone)} already deleted" if gone else None
 
 
 def kept_until(view: RunView) -> str | None:
@@ -217,8 +220,12 @@ def kept_until(view: RunView) -> str | None:
     if view.retention is None:
         return None
     if view.retention.kept:
-        return f"kept, until you let it go (runplane keep --off {view.id})"
-    return ", ".join(_retention_parts(view.retention, "{what} {day}"))
+        gone = already_deleted(view.retention)
+        return f"kept (runplane keep --off {view.id} lets it go" + (f"; {gone})" if gone else ")")
+    parts = _retention_parts(view.retention, "{what} until {day}")
+    if all(p.endswith("kept for good") for p in parts):
+        return "kept for good"
+    return ", ".join(parts)
 
 
 def _rule_text(rule: dict[str, Any]) -> str:
@@ -337,7 +344,11 @@ def keep_line(view: RunView) -> str:
     """What ``runplane keep`` says of the run it kept or let go."""
     if view.retention is not None and view.retention.kept:
         hint = f"runplane keep --off {view.id}"
-        return f"kept: run {view.id} (its outputs, logs and record stay until you let it go: {hint})"
+        staying = [w for w in ("outputs", "logs", "record") if w not in view.retention.deleted]
+        gone = already_deleted(view.retention)
+        kept = " and ".join([", ".join(staying[:-1]), staying[-1]] if len(staying) > 2 else staying)
+        stay = "stays" if len(staying) == 1 else "stay"
+        return f"kept: run {view.id} (its {kept} {stay} until you let it go: {hint}" + (f"; {gone})" if gone else ")")
     if view.retention is None:
         return f"let go: run {view.id} (its pool's retention applies once it ends)"
     parts = _retention_parts(view.retention, "{what} deleted on {day}")
