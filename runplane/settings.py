@@ -242,6 +242,14 @@ class StackSettings(Settings):
         '`{"outputs": "30d", "logs": "30d", "runs": "180d", "uploads": "14d"}`. A pool\'s `retention` overrides it '
         "field by field. Empty: everything is kept (docs/retention.md).",
     )
+    upload_retention_days: int = Field(
+        0,
+        ge=0,
+        le=36500,
+        description="Over 0: uploads are deleted this many days after their last use, in place of `retention`'s "
+        "`uploads` (the deploy templates' `UploadRetentionDays`, which also sets the bucket's lifecycle rule). "
+        "0: `retention`'s `uploads` holds.",
+    )
     local_state_dir: str = Field(
         "~/.runplane/local", description="Backend `local`: where the agents it starts keep their logs."
     )
@@ -270,8 +278,11 @@ class StackSettings(Settings):
         return value
 
     def kept(self) -> Retention:
-        """``retention`` read: the stack's retention."""
-        return read_retention(self.retention)
+        """``retention`` read, with ``upload_retention_days`` (over 0) as its ``uploads``: the stack's retention."""
+        kept = read_retention(self.retention)
+        if self.upload_retention_days > 0:
+            return kept.model_copy(update={"uploads": self.upload_retention_days * 86400.0})
+        return kept
 
     @field_validator("retention")
     @classmethod

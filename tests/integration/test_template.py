@@ -368,9 +368,10 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     # And the settings really read them: every variable lands in its field.
     environ = {name: f"from-{name.lower()}" for name in runplane_vars}
     environ["RUNPLANE_RETENTION"] = '{"outputs": "30d"}'  # read as it is set, once it reads as a retention
+    environ["RUNPLANE_UPLOAD_RETENTION_DAYS"] = "14"  # a number of days
     settings = StackSettings.from_env(environ)
     for name, value in environ.items():
-        assert getattr(settings, name[len(prefix) :].lower()) == value, name
+        assert str(getattr(settings, name[len(prefix) :].lower())) == value, name
 
 
 def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> None:
@@ -393,6 +394,8 @@ def test_retention_reaches_the_functions_and_uploads_expire_by_a_lifecycle_rule(
     default no rule: nothing expires that did not before)."""
     variables = template["Globals"]["Function"]["Environment"]["Variables"]
     assert variables["RUNPLANE_RETENTION"] == {"Ref": "Retention"}
+    # the functions expire uploads as the bucket does, so a submit renews the uploads it names
+    assert variables["RUNPLANE_UPLOAD_RETENTION_DAYS"] == {"Ref": "UploadRetentionDays"}
     assert defaults(template)["Retention"] == ""
     assert StackSettings(retention=defaults(template)["Retention"]).kept().sets_any is False
     assert str(defaults(template)["UploadRetentionDays"]) == "0"
@@ -409,6 +412,9 @@ def test_retention_reaches_the_functions_and_uploads_expire_by_a_lifecycle_rule(
         "Prefix": "uploads/",
         "ExpirationInDays": {"Ref": "UploadRetentionDays"},
     }
+    # each renewal (a copy onto itself) leaves a noncurrent version: under uploads/ those go after a day
+    (noncurrent,) = [r for r in rules if r.get("Prefix") == "uploads/" and "NoncurrentVersionExpiration" in r]
+    assert noncurrent["NoncurrentVersionExpiration"] == {"NoncurrentDays": 1}
 
 
 def _grants(statements: list[dict[str, Any]], action: str) -> list[dict[str, Any]]:

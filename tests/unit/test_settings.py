@@ -124,3 +124,16 @@ def test_exported_settings_replace_the_ones_of_the_environment_and_keep_the_rest
     exported = StackSettings(prefix="p").exported(environ)
     assert exported == {"PATH": "/bin", "RUNPLANE_AGENT_PULL": "never", "RUNPLANE_PREFIX": "p"}
     assert StackSettings.from_env(exported) == StackSettings(prefix="p")
+
+
+def test_upload_retention_days_take_the_place_of_retentions_uploads():
+    """RUNPLANE_UPLOAD_RETENTION_DAYS (the templates' UploadRetentionDays) sets when uploads expire, so
+    that submits renew the uploads they name, whatever RUNPLANE_RETENTION says of uploads; 0 leaves it."""
+    both = {"RUNPLANE_RETENTION": '{"outputs": "30d", "uploads": "1d"}', "RUNPLANE_UPLOAD_RETENTION_DAYS": "14"}
+    kept = StackSettings.from_env(both).kept()
+    assert (kept.seconds("uploads"), kept.seconds("outputs")) == (14 * 86400, 30 * 86400)
+    assert StackSettings.from_env({"RUNPLANE_UPLOAD_RETENTION_DAYS": "3"}).kept().seconds("uploads") == 3 * 86400
+    assert StackSettings.from_env({"RUNPLANE_UPLOAD_RETENTION_DAYS": "0"}).kept().sets_any is False
+    assert StackSettings.from_env({**both, "RUNPLANE_UPLOAD_RETENTION_DAYS": "0"}).kept().seconds("uploads") == 86400
+    with pytest.raises(ValidationError, match="upload_retention_days"):
+        StackSettings.from_env({"RUNPLANE_UPLOAD_RETENTION_DAYS": "-1"})

@@ -47,6 +47,7 @@ runs_ttl_attribute=ttl   # RUNS_TTL_ATTRIBUTE
 sse_algorithm=AES256     # SSE_ALGORITHM
 object_ownership=BucketOwnerEnforced  # OBJECT_OWNERSHIP
 noncurrent_days=7        # NONCURRENT_VERSION_DAYS
+noncurrent_upload_days=1 # NONCURRENT_UPLOAD_DAYS
 abort_days=7             # ABORT_INCOMPLETE_UPLOADS_DAYS
 key_spec=SYMMETRIC_DEFAULT  # SECRETS_KEY_SPEC
 key_usage=ENCRYPT_DECRYPT   # SECRETS_KEY_USAGE
@@ -203,7 +204,9 @@ apply "lifecycle of $bucket" s3api put-bucket-lifecycle-configuration --bucket "
     {\"ID\":\"abort-incomplete-uploads\",\"Status\":\"Enabled\",\"Filter\":{\"Prefix\":\"\"},
      \"AbortIncompleteMultipartUpload\":{\"DaysAfterInitiation\":$abort_days}},
     {\"ID\":\"expire-noncurrent-versions\",\"Status\":\"Enabled\",\"Filter\":{\"Prefix\":\"\"},
-     \"NoncurrentVersionExpiration\":{\"NoncurrentDays\":$noncurrent_days}}]}"
+     \"NoncurrentVersionExpiration\":{\"NoncurrentDays\":$noncurrent_days}},
+    {\"ID\":\"expire-noncurrent-uploads\",\"Status\":\"Enabled\",\"Filter\":{\"Prefix\":\"uploads/\"},
+     \"NoncurrentVersionExpiration\":{\"NoncurrentDays\":$noncurrent_upload_days}}]}"
 # Only TLS. LocalStack enforces bucket policies only with ENFORCE_IAM=1; then reach it over
 # https (https://localhost.localstack.cloud:4566), since the policy refuses plain HTTP.
 apply "TLS-only policy of $bucket" s3api put-bucket-policy --bucket "$bucket" --policy "{

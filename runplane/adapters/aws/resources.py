@@ -86,6 +86,9 @@ NONCURRENT_VERSION_DAYS = 7
 """...for this many days; then the lifecycle rule expires the old version, so cost stays bounded
 (the agent's own log, rewritten every few minutes, would otherwise pile up versions)."""
 ABORT_INCOMPLETE_UPLOADS_DAYS = 7
+NONCURRENT_UPLOAD_DAYS = 1
+"""An upload in use is renewed by a copy onto itself (``S3ObjectStore.touch``), each leaving the
+version before it noncurrent: those go after a day, not a week, so an upload is not kept several times over."""
 
 
 def lifecycle_rules() -> list[dict[str, Any]]:
@@ -102,6 +105,12 @@ def lifecycle_rules() -> list[dict[str, Any]]:
             "Status": "Enabled",
             "Filter": {"Prefix": ""},
             "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_VERSION_DAYS},
+        },
+        {
+            "ID": "expire-noncurrent-uploads",
+            "Status": "Enabled",
+            "Filter": {"Prefix": "uploads/"},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_UPLOAD_DAYS},
         },
     ]
 
