@@ -123,7 +123,7 @@ class InputCache:
             except RunplaneError as e:
                 if not _missing(e):
                     raise InputUnavailable(f"{source}: cannot read it: {e.message}") from e
-                found = None
+                raise InputUnavailable(upload_gone(sha, denied=_denied(e))) from e
             if found is None:
                 raise InputUnavailable(upload_gone(sha))
             return Resolved(self.objects, key, True, sha, found.size)
@@ -242,7 +242,7 @@ class InputCache:
             raise
         except RunplaneError as e:
             if _missing(e):  # deleted since its HEAD
-                raise InputUnavailable(upload_gone(sha)) from e
+                raise InputUnavailable(upload_gone(sha, denied=_denied(e))) from e
             raise InputUnavailable(f"{source}: download failed: {e.message}") from e
         except OSError as e:
             raise InputUnavailable(f"{source}: download failed: {e}") from e
@@ -320,10 +320,12 @@ class InputCache:
         return removed
 
 
-def upload_gone(sha: str) -> str:
-    """Why a run cannot have the upload ``sha``: its owner has no such object (any more)."""
+def upload_gone(sha: str, *, denied: bool = False) -> str:
+    """Why a run cannot have the upload ``sha``: its owner has no such object (any more), or, when the
+    store ``denied`` the read (S3's 403, its answer for a missing key too), the worker may not read it."""
+    role = ", or this worker's role cannot read uploads/ (ReadUploads)" if denied else ""
     return (
-        f"upload {sha} is gone (it was deleted, or expired unused for as long as the stack keeps uploads): "
+        f"upload {sha} is gone (it was deleted, or expired unused for as long as the stack keeps uploads{role}): "
         "upload the directory again (runplane run --upload sends it anew) and run again"
     )
 
@@ -336,6 +338,11 @@ def _missing(e: RunplaneError) -> bool:
     missing key to a reader that may not list where it is (a worker's role without s3:ListBucket
     on uploads/). The stores' adapters end their messages with the store's code (never its words)."""
     return isinstance(e, (NotFound, Forbidden)) or e.message.rsplit(": ", 1)[-1] in _DENIED
+
+
+def _denied(e: RunplaneError) -> bool:
+    """Whether the store refused the read (403), rather than said the object is not there."""
+    return not isinstance(e, NotFound)
 
 
 def _sha256(path: Path) -> str:
