@@ -163,8 +163,10 @@ def serve(
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the stop short
-        err.print("stopping: the runs and their agents go on", highlight=False)
-        stack.stop()
+        try:  # stderr may be a closed pipe (`runplane serve 2>&1 | head`): the stop happens all the same
+            err.print("stopping: the runs and their agents go on", highlight=False)
+        finally:
+            stack.stop()
         err.print("stopped", highlight=False)
 
 

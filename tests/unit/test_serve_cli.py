@@ -240,3 +240,40 @@ def test_a_started_service_says_how_to_use_it_and_which_default_image_is_missing
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+@pytest.mark.docker
+def test_a_service_whose_stderr_was_closed_still_stops(tmp_path):
+    """`runplane serve 2>&1 | head`: once the reader is gone, every print fails (BrokenPipeError);
+    SIGTERM must stop the stack all the same (its port freed, the process gone), not leave it hung."""
+    from runplane.devstack.net import free_port
+
+    port = free_port()
+    pools = tmp_path / "pools.yaml"
+    pools.write_text(
+        "pools:\n  - {name: absent, backend: local, cpus: 1, memory: 1g, max_workers: 1, "
+        "default_image: 'runplane-test/never-built:none'}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")} | {"HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "runplane.cli", "serve", "--state-dir", str(tmp_path / "state")]
+    proc = subprocess.Popen(
+        [*command, "--listen", f"127.0.0.1:{port}", "--pools", str(pools)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        said = b""
+        while b"warning:" not in said and proc.poll() is None:
+            said += proc.stderr.readline()
+        assert b"runplane is serving" in said, said
+        proc.stderr.close()  # the reader goes, as head does after its lines
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", port))  # the stack stopped: its port is free
