@@ -98,13 +98,14 @@ class RetentionView(WireModel):
     """How long what a run leaves is kept: its owner's pin, and when its pool's retention deletes its
     outputs, its logs and its record (docs/retention.md)."""
 
-    kept: bool = Field(description="its owner keeps it (POST /v1/runs/{run_id}/keep): nothing of it is deleted")
-    outputs_until: Timestamp | None = Field(
-        description="when its output files are deleted (null: kept for good, or while it is kept)"
+    kept: bool = Field(
+        description="its owner keeps it (POST /v1/runs/{run_id}/keep): nothing of it is deleted, and the dates "
+        "say when each part would be once it is let go (at once, for a date that has passed)"
     )
-    logs_until: Timestamp | None = Field(description="when its logs are deleted (null: kept for good, or while kept)")
+    outputs_until: Timestamp | None = Field(description="when its output files are deleted (null: kept for good)")
+    logs_until: Timestamp | None = Field(description="when its logs are deleted (null: kept for good)")
     record_until: Timestamp | None = Field(
-        description="when the run itself is deleted, with whatever of it is left (null: kept for good, or while kept)"
+        description="when the run itself is deleted, with whatever of it is left (null: kept for good)"
     )
     deleted: list[str] = Field(description="what is deleted already: outputs, logs")
 

@@ -87,20 +87,20 @@ def run_view(ports: Ports, run: Run, waiting_reason: str | None = None) -> RunVi
 
 
 def retention_view(ports: Ports, run: Run) -> RetentionView | None:
-    """How long ``run``'s outputs, logs and record are kept: no dates while its owner keeps it (nothing
-    is deleted then); None while it has not ended and is not kept."""
+    """How long ``run``'s outputs, logs and record are kept (while its owner keeps it, nothing is
+    deleted: the dates say when they would be, once let go); None while it has not ended and is not
+    kept."""
     dates = shown(ports, run)
     if dates is None and not run.kept:
         return None
-    deleted = [] if dates is None else list(dates.deleted)
-    if run.kept or dates is None:
-        return RetentionView(kept=run.kept, outputs_until=None, logs_until=None, record_until=None, deleted=deleted)
+    if dates is None:
+        return RetentionView(kept=True, outputs_until=None, logs_until=None, record_until=None, deleted=[])
     return RetentionView(
-        kept=False,
+        kept=run.kept,
         outputs_until=timestamp(dates.outputs_at),
         logs_until=timestamp(dates.logs_at),
         record_until=timestamp(dates.record_at),
-        deleted=deleted,
+        deleted=list(dates.deleted),
     )
 
 

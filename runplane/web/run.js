@@ -121,7 +121,7 @@ function links(run) {
 
 // A stream's log, read from `start()` on (not while the run waits in its queue); reads that find
 // nothing new come further apart, up to LOG_IDLE_MS, and errors make them wait longer still.
-function logView(runId, stream, attempt) {
+function logView(runId, stream, attempt, gone) {
   let offset = 0;
   let text = "";
   let idle = 0; // reads in a row that found nothing new
@@ -152,7 +152,7 @@ function logView(runId, stream, attempt) {
         draw();
       }
       idle = page.data ? 0 : idle + 1;
-      if (!search.value) state.textContent = page.complete ? "complete" : "following…";
+      if (!search.value) state.textContent = page.complete ? (!text && gone()) || "complete" : "following…";
       return page.complete ? false : Math.min(LOG_IDLE_MS, LOG_MS * 2 ** Math.min(idle, 8));
     },
     { every: LOG_MS, onError: (error) => (state.textContent = error.message) },
@@ -183,14 +183,14 @@ function logView(runId, stream, attempt) {
   };
 }
 
-async function outputs(runId, box, attempt) {
+async function outputs(runId, box, attempt, gone) {
   try {
     const page = await get(`/v1/runs/${encodeURIComponent(runId)}/outputs`, { attempt });
     replace(
       box,
       page.files.length
         ? h("ul", { class: "outputs" }, page.files.map((f) => h("li", {}, outputLink(f), ` (${bytes(f.size)})`)))
-        : h("p", {}, page.complete ? "No outputs." : "None yet."),
+        : h("p", {}, page.complete ? gone() || "No outputs." : "None yet."),
       page.next_cursor ? h("p", { class: "hint" }, "More files than shown; list them with the CLI.") : null,
     );
     return page.complete;
@@ -203,21 +203,49 @@ async function outputs(runId, box, attempt) {
 const KEEP_MEANS = "Keep its outputs, logs and record until you let it go: its pool's retention deletes none of them.";
 const LET_GO_MEANS = "Let it go: its pool's retention deletes its outputs, logs and record when they are due.";
 
+// A retention date as the CLI says it too: YYYY-MM-DD HH:MM UTC.
+export function utc(iso) {
+  return `${new Date(iso).toISOString().slice(0, 16).replace("T", " ")} UTC`;
+}
+
 function day(iso) {
-  return h("time", { datetime: iso, title: iso }, new Date(iso).toLocaleDateString(undefined, { dateStyle: "medium" }));
+  return h("time", { datetime: iso, title: iso }, utc(iso));
+}
+
+const PARTS = ["outputs", "logs", "record"];
+const until = (kept, what) => kept[`${what}_until`];
+
+// "Outputs deleted by retention on DATE." (logs likewise) for a run whose retention deleted them; else null.
+export function deletedByRetention(run, what) {
+  const kept = run.retention;
+  if (!kept || !kept.deleted.includes(what)) return null;
+  const at = until(kept, what);
+  return `${what[0].toUpperCase()}${what.slice(1)} deleted by retention${at ? ` on ${utc(at)}` : ""}.`;
 }
 
 // How long the run's outputs, logs and record are kept ("–": it has not ended and is not kept).
 export function keptUntil(run) {
   const kept = run.retention;
   if (!kept) return "–";
-  if (kept.kept) return "kept, until you let it go";
-  const parts = [
-    ["outputs", kept.outputs_until],
-    ["logs", kept.logs_until],
-    ["record", kept.record_until],
-  ].map(([what, at]) => (kept.deleted.includes(what) ? `${what} deleted` : at ? [`${what} until `, day(at)] : `${what} for good`));
+  const gone = ["outputs", "logs"].filter((what) => kept.deleted.includes(what));
+  if (kept.kept) return `kept, until you let it go${gone.length ? ` (${gone.join(" and ")} already deleted)` : ""}`;
+  if (PARTS.every((what) => !kept.deleted.includes(what) && !until(kept, what))) return "kept for good";
+  const parts = PARTS.map((what) => {
+    const at = until(kept, what);
+    if (kept.deleted.includes(what)) return at ? [`${what} deleted on `, day(at)] : `${what} deleted`;
+    return at ? [`${what} until `, day(at)] : `${what} kept for good`;
+  });
   return h("span", { class: "retention" }, parts.flatMap((part, i) => (i ? [" · ", part] : [part])));
+}
+
+// What letting a kept run go deletes, and when: each part left with its date ("now" once it has
+// passed: at the sweep's next pass), for the confirm before it.
+export function letGoMeans(run, now = Date.now()) {
+  const kept = run.retention;
+  const going = PARTS.filter((what) => !kept.deleted.includes(what) && until(kept, what));
+  if (!going.length) return "Its pool's retention keeps it for good: nothing of it will be deleted.";
+  const when = (what) => (new Date(until(kept, what)).getTime() <= now ? "now" : `on ${utc(until(kept, what))}`);
+  return `Its pool's retention then deletes its ${going.map((what) => `${what} ${when(what)}`).join(", ")}.`;
 }
 
 export function runPage(main, runId, session) {
@@ -232,6 +260,7 @@ export function runPage(main, runId, session) {
   const killButton = h("button", { type: "button", class: "danger", onclick: kill }, "Kill");
   const retryButton = h("button", { type: "button", title: RETRY_MEANS, onclick: retry }, "Retry");
   const keepButton = h("button", { type: "button", title: KEEP_MEANS, onclick: keep }, "Keep");
+  const gone = (what) => () => current && deletedByRetention(current, what);
   let current = null;
   let logsAttempt = null; // the attempt the log views show (its number, even when "latest" was asked)
   const attemptSelect = h("select", { id: "attempt", onchange: () => showAttempt() }, h("option", { value: "" }, "latest"));
@@ -241,13 +270,13 @@ export function runPage(main, runId, session) {
     for (const l of logs || []) l.stop();
     const chosen = attemptSelect.value ? Number(attemptSelect.value) : undefined;
     logsAttempt = chosen ?? current.attempt;
-    logs = [logView(runId, "stdout", chosen), logView(runId, "stderr", chosen)];
+    logs = [logView(runId, "stdout", chosen, gone("logs")), logView(runId, "stderr", chosen, gone("logs"))];
     replace(logsBox, logs.map((l) => l.node));
     startLogs();
     outputsDone = false;
     outputsState = current.state;
     replace(outputsBox, "Loading…");
-    outputs(runId, outputsBox, chosen).then((done) => {
+    outputs(runId, outputsBox, chosen, gone("outputs")).then((done) => {
       outputsDone = done;
     });
   }
@@ -280,6 +309,7 @@ export function runPage(main, runId, session) {
 
   async function keep() {
     const keeping = !current.retention?.kept;
+    if (!keeping && !confirm(`Let run ${runId} go? ${letGoMeans(current)}`)) return;
     try {
       current = await post(`/v1/runs/${encodeURIComponent(runId)}/keep`, { keep: keeping });
       replace(notice, message("ok", keeping ? "Kept until you let it go." : "Let go: its pool's retention applies."));
@@ -334,7 +364,7 @@ export function runPage(main, runId, session) {
       ["Created", when(run.created_at)],
       ["Started", when(run.started_at)],
       ["Finished", when(run.finished_at)],
-      ["Kept until", keptUntil(run)],
+      ["Retention", keptUntil(run)],
       ["Sweep", run.sweep_id ? h("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}` }, `${run.sweep_id} #${run.sweep_index}`) : "–"],
     ];
     replace(
@@ -383,7 +413,7 @@ export function runPage(main, runId, session) {
     // outputs appear as a run uploads: read again when its state moves, until it has ended
     if (!outputsDone && current.state !== outputsState) {
       outputsState = current.state;
-      outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined);
+      outputsDone = await outputs(runId, outputsBox, attemptSelect.value || undefined, gone("outputs"));
     }
     if (TERMINAL.includes(current.state) && outputsDone) return false;
     const waited = since && (current.revision !== since || Date.now() - asked >= REFRESH_MS);

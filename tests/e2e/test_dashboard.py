@@ -8,6 +8,7 @@ import os
 import re
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ from playwright.sync_api import expect, sync_playwright
 from runplane import bootstrap
 from runplane.cli.dev import dashboard_link
 from runplane.client import Client
+from runplane.domain.expect import Expect
+from runplane.domain.retention import RunRetention
 from runplane.domain.workers import Pulling, Worker
 from tests.conftest import TERMINAL, wait_state
 
@@ -246,13 +249,50 @@ def test_a_run_is_kept_and_let_go_from_its_page(tab, alice):
     t = tab()
     t.sign_in("alice-token", f"/runs/{run['id']}")
     facts = t.page.locator("dl.facts")
-    expect(facts).to_contain_text("Kept untiloutputs for good · logs for good · record for good")
+    expect(facts).to_contain_text("Retentionkept for good")
     t.page.get_by_role("button", name="Keep").click()
-    expect(facts).to_contain_text("Kept untilkept, until you let it go")
+    expect(facts).to_contain_text("Retentionkept, until you let it go")
     assert alice.request("GET", f"/v1/runs/{run['id']}")["retention"]["kept"] is True
+    t.answer = False  # letting go asks first, and a no changes nothing
+    t.page.get_by_role("button", name="Let go").click()
+    assert t.dialogs == [
+        f"Let run {run['id']} go? Its pool's retention keeps it for good: nothing of it will be deleted."
+    ]
+    assert alice.request("GET", f"/v1/runs/{run['id']}")["retention"]["kept"] is True
+    t.answer = True
     t.page.get_by_role("button", name="Let go").click()
     expect(t.page.get_by_role("button", name="Keep")).to_be_visible()
     assert alice.request("GET", f"/v1/runs/{run['id']}")["retention"]["kept"] is False
+
+
+def test_a_run_retention_emptied_says_so_and_letting_it_go_names_what_goes_and_when(tab, alice):
+    run = alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("swept")})
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    store = bootstrap.stack().store
+    past, ahead = datetime(2025, 12, 29, 23, 30, tzinfo=UTC).timestamp(), datetime(2100, 1, 1, tzinfo=UTC).timestamp()
+    # as the retention sweep leaves a run whose outputs and logs it deleted, its record due later
+    dated = RunRetention(checked_at=past, outputs_at=past, logs_at=past, record_at=ahead, deleted=["outputs", "logs"])
+    store.update(store.get(run["id"]), Expect(), {"retention": dated, "kept": True})
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")
+    expect(t.page.locator("dl.facts")).to_contain_text(
+        "Retentionkept, until you let it go (outputs and logs already deleted)"
+    )
+    expect(t.page.get_by_text("Outputs deleted by retention on 2025-12-29 23:30 UTC.")).to_be_visible()
+    expect(t.page.locator(".logbox .hint").first).to_have_text("Logs deleted by retention on 2025-12-29 23:30 UTC.")
+    t.answer = False
+    t.page.get_by_role("button", name="Let go").click()
+    assert t.dialogs == [
+        f"Let run {run['id']} go? Its pool's retention then deletes its record on 2100-01-01 00:00 UTC."
+    ]
+    store.update(store.get(run["id"]), Expect(), {"retention": dated.model_copy(update={"deleted": ["outputs"]})})
+    t.page.reload()
+    t.page.get_by_role("button", name="Let go").click()
+    assert t.dialogs[1] == (
+        f"Let run {run['id']} go? Its pool's retention then deletes its logs now, record on 2100-01-01 00:00 UTC."
+    )
+    expect(t.page.locator("dl.facts")).to_contain_text("(outputs already deleted)")
+    assert store.get(run["id"]).kept  # each answered no
 
 
 def test_every_matching_run_is_killed_at_once_and_a_queued_run_says_why_it_waits(tab, alice):

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from runplane.api.views import retention_view
 from runplane.bootstrap import make_ports
 from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.expect import Expect
@@ -448,3 +449,29 @@ def test_a_run_let_go_keeps_what_is_gone_and_is_looked_at_anew(local_stack):
     assert let_go.retention.deleted == ["outputs"] and let_go.retention.checked_at == clock.now
     assert purge_due(let_go) == T0 + 10 * DAY  # past: the next pass deletes the rest
     assert sweep(ports).records == [run.id]
+
+
+def test_a_kept_runs_view_says_when_each_part_would_go_once_let_go(local_stack):
+    clock = Clock(T0 + 5 * DAY)
+    ports = ports_of(local_stack, clock, pools={"default": {"outputs": "2d", "runs": "10d"}})
+    run = finished(local_stack, "shown")
+    sweep(ports)  # dated, and its outputs deleted
+    kept = retention_view(ports, keep(ports, ALICE, run.id, True))
+    assert kept is not None and kept.kept and kept.deleted == ["outputs"]
+    dates = (kept.outputs_until, kept.logs_until, kept.record_until)
+    assert [d.timestamp() for d in dates] == [T0 + 2 * DAY, T0 + 10 * DAY, T0 + 10 * DAY]
+    let_go = retention_view(ports, keep(ports, ALICE, run.id, False))
+    assert (
+        let_go is not None
+        and not let_go.kept
+        and (let_go.outputs_until, let_go.logs_until, let_go.record_until) == dates
+    )
+    parked = local_stack.store.create(
+        Run(id="r-parked", owner="alice", queue="default", spec=RunSpec(command="true"), created_at=T0)
+    )
+    ahead = retention_view(ports, keep(ports, ALICE, parked.id, True))  # not ended: nothing dated yet
+    assert (
+        ahead is not None
+        and ahead.kept
+        and (ahead.outputs_until, ahead.record_until, ahead.deleted) == (None, None, [])
+    )
