@@ -63,6 +63,16 @@ def offer(ports: Ports, principal: Principal, sha256: str, size: int, md5: str) 
     return UploadOffer(sha256, size, False, url, headers, ports.clock() + PUT_URL_SECONDS)
 
 
+def missing(sha: str) -> str:
+    """The 404 of an upload the caller has not (or no longer) got: the same for another user's, so
+    that it tells nothing of theirs; it says how to send it again, as a retry of a run whose upload
+    expired needs."""
+    return (
+        f"upload {sha} not found: uploads unused for a while expire; upload the directory again "
+        "(runplane run --upload DIR, or the SDK's uploads=) and submit anew"
+    )
+
+
 def check_run(ports: Ports, principal: Principal, spec: RunSpec) -> None:
     """Raise NotFound unless every upload ``spec`` names as an input is one of ``principal``'s
     (another user's reads exactly like a missing one), and PayloadTooLarge for one over
@@ -72,7 +82,7 @@ def check_run(ports: Ports, principal: Principal, spec: RunSpec) -> None:
     for sha in spec.uploads():
         found = ports.objects.head(upload_key(principal.user, sha))
         if found is None:
-            raise NotFound(f"upload {sha} not found")
+            raise NotFound(missing(sha))
         if found.size > limit:  # a store whose URL cannot bind the length (an Azure SAS) took more
             raise PayloadTooLarge(
                 f"upload {sha} is {found.size} bytes; an upload is at most {limit} bytes (max_upload_bytes)"
@@ -95,7 +105,7 @@ def touch(ports: Ports, found: ObjectInfo) -> None:
     try:
         ports.objects.touch(found.key)
     except NotFound:
-        raise NotFound(f"upload {found.key.rpartition('/')[2]} not found") from None
+        raise NotFound(missing(found.key.rpartition("/")[2])) from None
     except RunplaneError as e:
         log.warning("upload %s could not be marked used: %s", found.key, e)
 

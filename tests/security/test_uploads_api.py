@@ -77,9 +77,13 @@ def test_another_users_upload_reads_exactly_as_one_that_does_not_exist(people):
     for who, spec in ((bob, named), (alice, missing)):
         status, refused = who("POST", "/v1/runs", spec)
         sha = spec["inputs"]["code"].removeprefix("upload:")
-        assert (status, refused["error"]["message"]) == (404, f"upload {sha} not found")
+        gone = (  # alike for another user's, with how to send it again
+            f"upload {sha} not found: uploads unused for a while expire; upload the directory again "
+            "(runplane run --upload DIR, or the SDK's uploads=) and submit anew"
+        )
+        assert (status, refused["error"]["message"]) == (404, gone)
         status, refused = who("POST", "/v1/sweeps", {"run": spec, "count": 2})
-        assert (status, refused["error"]["message"]) == (404, f"upload {sha} not found")
+        assert (status, refused["error"]["message"]) == (404, gone)
     # offering the same archive, bob is asked to send it to a key of his own: alice's is not his
     status, theirs = bob("POST", "/v1/uploads", body)
     assert status == 200 and theirs["present"] is False and theirs["url"] != offer["url"]
