@@ -1,6 +1,6 @@
 """``runplane``: submit, watch, kill and fetch runs; ``runplane dev`` runs the local stack.
 
-Every command lives in a module of its group (runs, sweeps, tokens, quotas, secrets, usage, fleet, profiles,
+Every command lives in a module of its group (runs, sessions, sweeps, tokens, quotas, secrets, usage, fleet, profiles,
 dev, serve); this one holds the app, its global options, and the one place where errors become a line on
 stderr and an exit code (``common.ExitCode``, README.md's table). The entry point (runplane.cli.main)
 loads it for every command but ``--version``.
@@ -19,7 +19,7 @@ try:  # typer 0.29 and later carry their own copy of click, whose exceptions are
 except ImportError:  # earlier typer runs on click itself
     from click.exceptions import ClickException, NoArgsIsHelpError, UsageError  # type: ignore[assignment]
 
-from runplane.cli import fleet, profiles, quotas, runs, secrets, serve, sweeps, tokens, usage
+from runplane.cli import fleet, profiles, quotas, runs, secrets, serve, sessions, sweeps, tokens, usage
 from runplane.cli.common import CliError, ExitCode, Options, configure_output, error_exit_code, say_error
 from runplane.cli.dev import dev
 from runplane.client import ApiError
@@ -72,6 +72,7 @@ def _options(
 
 
 runs.register(app)
+sessions.register(app)
 sweeps.register(app)
 fleet.register(app)
 tokens.register(app)

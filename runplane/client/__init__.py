@@ -43,6 +43,7 @@ from runplane.api.tenancy_models import (
     UserView,
 )
 from runplane.client._core import RawResponse, RetryPolicy
+from runplane.client._forward import PortForward
 from runplane.client._options import RunOptions
 from runplane.client._pack import PackError
 from runplane.client._sync import Client
@@ -67,6 +68,7 @@ from runplane.client.errors import (
     UploadFailed,
     WaitTimeout,
 )
+from runplane.client.sessions import ExecResult, SessionLost
 from runplane.domain.runs import Resources, RetryRule, RunSpec
 from runplane.domain.states import RunState
 
@@ -85,6 +87,7 @@ __all__ = [
     "ConnectionFailed",
     "DownloadFailed",
     "ErrorBody",
+    "ExecResult",
     "Forbidden",
     "InvalidRequest",
     "LastAdminToken",
@@ -96,6 +99,7 @@ __all__ = [
     "PackError",
     "PayloadTooLarge",
     "PoolView",
+    "PortForward",
     "Profile",
     "QuotaExceeded",
     "QuotaUsage",
@@ -116,6 +120,7 @@ __all__ = [
     "SecretList",
     "SecretView",
     "ServerError",
+    "SessionLost",
     "Sweep",
     "SweepRetried",
     "SweepView",

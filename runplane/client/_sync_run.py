@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
+from runplane.client._forward import PortForward, loopback_listener
 from runplane.client._run import RunBase, SweepBase
+from runplane.client.sessions import (
+    Access,
+    ExecResult,
+    Link,
+    SessionLost,
+    dial,
+    exec_captured,
+    meet,
+    session_body,
+    sessions_path,
+)
 from runplane.domain.states import RunState
 
 if TYPE_CHECKING:
@@ -17,7 +29,7 @@ if TYPE_CHECKING:
 
 class Run(RunBase):
     """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``,
-    ``set_priority``, ``keep``, ``download``."""
+    ``set_priority``, ``keep``, ``download``; while it runs, ``exec`` and ``port_forward``."""
 
     def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
         super().__init__(view, created)
@@ -96,6 +108,35 @@ class Run(RunBase):
         ``force`` overwrites. ``progress(bytes_so_far, bytes_in_all)`` follows the whole
         download."""
         return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+    def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
+        """Run ``command`` (its arguments, no shell) in the run's container as the run's user, feed
+        it ``stdin`` (None: none) and wait for its exit: its exit code, stdout and stderr. Raises
+        NotFound, Conflict (the run is not running), InvalidRequest (its pool allows no session,
+        or no more); SessionLost when the session ends before the command (docs/sessions.md)."""
+        body = session_body("exec", command=list(command), stdin=stdin is not None)
+        return exec_captured(self._open_session(body), stdin)
+
+    def port_forward(self, remote: int, local: int = 0) -> PortForward:
+        """Connections to ``127.0.0.1:local`` (0: a free port, ``.local_port``) forwarded to
+        ``127.0.0.1:remote`` inside the run, until ``close()`` (use it with ``with``) or the run
+        ends (``.ended``). Raises OSError when ``local`` is taken, and as ``exec`` does."""
+        listener = loopback_listener(local)
+        try:
+            access = self._open_session(session_body("port_forward", port=remote))
+            link = Link(dial(access), access.max_frame)
+            try:
+                meet(link)
+            except SessionLost:
+                link.close()
+                raise
+        except BaseException:
+            listener.close()
+            raise
+        return PortForward(link, remote, listener).start()
+
+    def _open_session(self, body: dict[str, object]) -> Access:
+        return Access.read(self._client.request("POST", sessions_path(self.view.id), body))
 
 
 class Sweep(SweepBase):

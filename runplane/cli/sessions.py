@@ -1,0 +1,182 @@
+"""``runplane exec``, ``shell`` and ``port-forward``: sessions into a live run of yours
+(docs/sessions.md). Each opens a session through the API and dials its relay; ``exec`` exits as
+the command did, 255 when the session ended before it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+from typing import Annotated
+
+import typer
+
+from runplane.cli.common import CliError, ExitCode, client, err, out, say_error
+from runplane.cli.last_run import named_by_id
+from runplane.client import ApiError, Client, WaitTimeout
+from runplane.client._forward import Forward, loopback_listener
+from runplane.client._terminal import Detached, forwarded_signals, raw_mode, terminal_size
+from runplane.client.sessions import (
+    LOST,
+    Access,
+    Feeder,
+    Link,
+    SessionLost,
+    dial,
+    meet,
+    pump_exec,
+    session_body,
+    sessions_path,
+)
+
+RUN = Annotated[str, typer.Argument(metavar="RUN", help="the run's id (it must be running)", show_default=False)]
+PORTS = re.compile(r"(?:(\d{1,5}):)?(\d{1,5})")
+BROKEN_PIPE = 141
+ENDED_WAIT = 10.0
+"""How long port-forward waits for a run whose session said it ended to show its final state."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("exec", context_settings={"allow_interspersed_args": False})(exec_command)
+    app.command()(shell)
+    app.command("port-forward")(port_forward)
+
+
+def exec_command(
+    ctx: typer.Context,
+    run_id: RUN,
+    command: Annotated[list[str], typer.Argument(metavar="-- CMD...", help="the command and its arguments")],
+    interactive: Annotated[bool, typer.Option("--interactive", "-i", help="send stdin to the command")] = False,
+    tty: Annotated[bool, typer.Option("--tty", "-t", help="give the command a terminal (stdin must be one)")] = False,
+) -> None:
+    """Run a command in a running run's container, as the run's user; exit as it did."""
+    raise typer.Exit(_interact(client(ctx), run_id, "exec", command, interactive, tty))
+
+
+def shell(ctx: typer.Context, run_id: RUN) -> None:
+    """A shell in a running run's container (bash if the image has it, else sh)."""
+    raise typer.Exit(_interact(client(ctx), run_id, "shell", None, True, True))
+
+
+def port_forward(
+    ctx: typer.Context,
+    run_id: RUN,
+    ports: Annotated[
+        str,
+        typer.Argument(
+            metavar="[LOCAL:]REMOTE",
+            help="forward 127.0.0.1:LOCAL here (0 or none: any free port) to 127.0.0.1:REMOTE inside the run",
+        ),
+    ],
+) -> None:
+    """Forward a local port to a port inside a running run (its own 127.0.0.1, network or not)."""
+    local, remote = parse_ports(ports)
+    raise typer.Exit(_forward(client(ctx), run_id, local, remote))
+
+
+def parse_ports(text: str) -> tuple[int, int]:
+    """``[LOCAL:]REMOTE`` as (local, remote); LOCAL defaults to 0 (any free port)."""
+    match = PORTS.fullmatch(text.strip())
+    if match is None:
+        raise CliError(f"{text!r} is not [LOCAL:]REMOTE (ports, e.g. 18000:8000 or 8000)")
+    local, remote = int(match.group(1) or 0), int(match.group(2))
+    if not 1 <= remote <= 65535 or local > 65535:
+        raise CliError(f"{text!r}: REMOTE is a port 1-65535, LOCAL 0-65535")
+    return local, remote
+
+
+def _open(api: Client, run_id: str, body: dict[str, object]) -> Access:
+    with named_by_id(run_id):
+        return Access.read(api.request("POST", sessions_path(run_id), body))
+
+
+def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, stdin: bool, tty: bool) -> int:
+    if kind == "exec" and not command:
+        raise CliError("no command given: runplane exec RUN -- CMD...")
+    terminal = tty and os.isatty(0) and os.isatty(1)
+    if tty and not terminal:
+        err.print("warning: stdin or stdout is not a terminal; going on without one", markup=False, highlight=False)
+    size = terminal_size(0) if terminal else None
+    body = session_body(
+        kind, command=command, tty=terminal, stdin=stdin, size=size, term=os.environ.get("TERM") if terminal else None
+    )
+    access = _open(api, run_id, body)
+    control_r, control_w = os.pipe()
+    link: Link | None = None
+    feeder: Feeder | None = None
+    try:
+        with forwarded_signals(control_w, terminal=terminal):
+            link = Link(dial(access), access.max_frame)
+            meet(link, size)
+            with raw_mode(0) if terminal else contextlib.nullcontext():
+                feeder = Feeder(link, 0 if stdin else None, control_r, lambda: terminal_size(0)).start()
+                return pump_exec(link, _write)
+    except SessionLost as e:
+        say_error(str(e) if not feeder or not feeder.error else str(feeder.error))
+        return LOST
+    except Detached as e:
+        return e.status
+    except BrokenPipeError:
+        return BROKEN_PIPE
+    finally:
+        if feeder is not None:
+            feeder.stop()
+        if link is not None:
+            link.close()
+        os.close(control_r)
+        os.close(control_w)
+
+
+def _write(channel: int, data: bytes) -> None:
+    fd = 2 if channel == 3 else 1
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
+    try:
+        listener = loopback_listener(local)
+    except OSError as e:
+        raise CliError(f"cannot listen on 127.0.0.1:{local}: {e.strerror or e}", ExitCode.REFUSED) from None
+    port = listener.getsockname()[1]
+    link: Link | None = None
+    forward: Forward | None = None
+    try:
+        access = _open(api, run_id, session_body("port_forward", port=remote))
+        link = Link(dial(access), access.max_frame)
+        meet(link)
+        forward = Forward(link, remote, listener, say=lambda line: err.print(line, markup=False, highlight=False))
+        out.print(f"forwarding 127.0.0.1:{port} -> port {remote} of {run_id}", markup=False, highlight=False)
+        sys.stdout.flush()
+        forward.accept()
+        ended = forward.pump()
+    except SessionLost as e:
+        ended = e
+    except KeyboardInterrupt:  # ^C: the way to stop forwarding
+        return ExitCode.OK
+    finally:
+        if forward is not None:
+            forward.close()
+        listener.close()
+        if link is not None:
+            link.close()
+    if ended is None:
+        return ExitCode.OK
+    if ended.reason == "run_ended":
+        state = _state(api, run_id)
+        err.print(f"run {run_id} ended ({state}); closing 127.0.0.1:{port}", markup=False, highlight=False)
+        return ExitCode.OK
+    say_error(str(ended))
+    return LOST
+
+
+def _state(api: Client, run_id: str) -> str:
+    """The state the run ended in, for the message (the session is over either way)."""
+    try:
+        return str(api.get(run_id).wait(timeout=ENDED_WAIT).state)
+    except WaitTimeout:
+        return str(api.get(run_id).state)
+    except ApiError:
+        return "state unknown"

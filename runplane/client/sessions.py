@@ -1,0 +1,394 @@
+"""The client's side of a session (``runplane exec``, ``shell``, ``port-forward``; ``Run.exec``,
+``Run.port_forward``): dial the relay the API named, say HELLO, wait for the worker's, then move
+frames (runplane.domain.session_wire) between the relay and stdin/stdout/stderr or local sockets.
+
+A ``Link`` is one connection to the relay: it numbers what it sends, answers PING with PONG, sends
+its own PING every ``PING_SECONDS`` and calls the peer gone after ``SILENT_SECONDS`` without a
+frame. Sends block (the relay's TCP backpressure reaches whoever writes); nothing is queued
+without bound. A run's bytes are only ever DATA payload: they are written out as they are, never
+read as frames.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from runplane.domain.session_wire import (
+    HEADER,
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    STDIN,
+    STDOUT,
+    BadFrame,
+    Frame,
+    FrameType,
+    Sequencer,
+    chunks,
+    decode,
+    json_frame,
+    ping,
+    resize,
+    signal_frame,
+)
+from runplane.domain.sessions import REQUEST_SECONDS, TERM_PATTERN
+
+if TYPE_CHECKING:
+    from websockets.sync.client import ClientConnection
+
+PING_SECONDS = 30.0
+SILENT_SECONDS = 90.0
+"""A peer (or relay) that sent nothing for this long is gone."""
+MEET_SECONDS = REQUEST_SECONDS + 15.0
+"""How long a client waits for the worker's HELLO: a session no worker took by ``expires_at`` is
+expired, and the relay holds a side at most that long."""
+LOST = 255
+"""The exit status of a session that ended without its command's exit (``ssh`` says so too)."""
+SIGWINCH = 28
+
+
+class SessionLost(Exception):
+    """The session ended before its command did: ``reason`` is the GONE frame's (``client_gone``,
+    ``worker_gone``, ``run_ended``, ``closed``, ...) or ``relay_lost`` when the relay connection
+    broke or fell silent."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Access:
+    """How to reach a session's relay: the API's answer to opening a session, or to a fresh ticket."""
+
+    session_id: str
+    url: str
+    headers: dict[str, str]
+    max_frame: int = MAX_PAYLOAD
+
+    @classmethod
+    def read(cls, answer: Any) -> Access:
+        """From the API's answer (a SessionView or its JSON): ``id`` and ``relay {url, headers, max_frame}``."""
+        data: Mapping[str, Any] = answer if isinstance(answer, Mapping) else answer.model_dump(mode="json")
+        relay = data.get("relay") or {}
+        max_frame = relay.get("max_frame") or MAX_PAYLOAD
+        return cls(
+            str(data["id"]), str(relay["url"]), dict(relay.get("headers") or {}), min(int(max_frame), MAX_PAYLOAD)
+        )
+
+
+def dial(access: Access, *, open_timeout: float = 10.0) -> ClientConnection:
+    """A WebSocket connection to ``access``'s relay (the ticket in its headers). Raises SessionLost
+    when the relay refuses it or cannot be reached."""
+    from websockets.exceptions import InvalidHandshake, InvalidURI
+    from websockets.sync.client import connect
+
+    try:
+        return connect(
+            access.url,
+            additional_headers=access.headers,
+            compression=None,
+            max_size=MAX_PAYLOAD + HEADER.size,  # sends keep to max_frame; what comes is taken up to any frame
+            open_timeout=open_timeout,
+            ping_interval=None,  # the session's own PING frames keep it alive, through any relay
+            close_timeout=2.0,
+        )
+    except (InvalidHandshake, InvalidURI, OSError, TimeoutError) as e:
+        raise SessionLost("relay_lost", f"cannot reach the session's relay at {access.url}: {e}") from None
+
+
+class Link:
+    """One side's connection to the relay. ``send`` may be called from any thread; ``receive``
+    from one thread only."""
+
+    def __init__(
+        self, connection: ClientConnection, max_frame: int = MAX_PAYLOAD, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.connection = connection
+        self.max_frame = max_frame
+        self._clock = clock
+        self._sequencer = Sequencer()
+        self._lock = threading.Lock()
+        self._last_heard = self._last_sent = clock()
+        self.closed = False
+
+    def send(self, frame_type: FrameType, channel: int = 0, payload: bytes = b"") -> None:
+        self._send(lambda seq: Frame(frame_type, channel, seq, payload))
+
+    def send_json(self, frame_type: FrameType, data: dict[str, Any], channel: int = 0) -> None:
+        self._send(lambda seq: json_frame(frame_type, data, channel, seq))
+
+    def send_data(self, channel: int, data: bytes) -> None:
+        for part in chunks(channel, data, self.max_frame):
+            self.send(FrameType.DATA, channel, part)
+
+    def send_resize(self, rows: int, cols: int) -> None:
+        self._send(lambda seq: resize(rows, cols, seq))
+
+    def send_signal(self, signo: int) -> None:
+        self._send(lambda seq: signal_frame(signo, seq))
+
+    def _send(self, make: Callable[[int], Frame]) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        with self._lock:  # numbered and sent in one step: the relay sees them in seq order
+            frame = make(self._sequencer.next())
+            try:
+                self.connection.send(frame.encode())
+            except ConnectionClosed:
+                raise SessionLost("relay_lost", "the connection to the session's relay was lost") from None
+            self._last_sent = self._clock()
+
+    def _send_raw(self, frame: Frame) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        with self._lock:
+            try:
+                self.connection.send(frame.encode())
+            except ConnectionClosed:
+                raise SessionLost("relay_lost", "the connection to the session's relay was lost") from None
+            self._last_sent = self._clock()
+
+    def receive(self, timeout: float = 1.0) -> Frame | None:
+        """The next frame other than PING/PONG, or None after ``timeout`` seconds. Raises SessionLost
+        when the connection closed, the peer is silent too long, or it sent something that is not
+        a frame; GONE is returned like any frame."""
+        from websockets.exceptions import ConnectionClosed
+
+        deadline = self._clock() + timeout
+        while True:
+            now = self._clock()
+            if now - self._last_sent >= PING_SECONDS:
+                self._send_raw(ping(int(time.time() * 1000)))
+            if now - self._last_heard >= SILENT_SECONDS:
+                raise SessionLost("relay_lost", f"nothing came from the session for {SILENT_SECONDS:.0f} s")
+            wait = min(deadline - now, PING_SECONDS - (now - self._last_sent), 1.0)
+            if wait <= 0 and now >= deadline:
+                return None
+            try:
+                message = self.connection.recv(timeout=max(wait, 0.0))
+            except TimeoutError:
+                if self._clock() >= deadline:
+                    return None
+                continue
+            except ConnectionClosed:
+                raise SessionLost("relay_lost", "the connection to the session's relay was lost") from None
+            self._last_heard = self._clock()
+            if isinstance(message, str):
+                raise SessionLost("relay_lost", "the relay sent text, not a frame")
+            try:
+                frame = decode(message)
+            except BadFrame as e:
+                raise SessionLost("relay_lost", f"the relay sent a bad frame: {e}") from None
+            if frame.type == FrameType.PING:
+                self._send_raw(Frame(FrameType.PONG, 0, 0, frame.payload))
+            elif frame.type != FrameType.PONG:
+                return frame
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(Exception):  # closing what may already be gone
+            self.connection.close()
+
+
+def gone(frame: Frame) -> SessionLost:
+    """The SessionLost a GONE frame says."""
+    try:
+        reason = str(frame.json().get("reason") or "gone")
+    except BadFrame:
+        reason = "gone"
+    words = {
+        "worker_gone": "the worker left the session",
+        "client_gone": "the relay dropped this side of the session",
+        "run_ended": "the run ended",
+        "closed": "the session was closed",
+    }
+    return SessionLost(reason, f"session ended: {words.get(reason, reason)}")
+
+
+def meet(link: Link, size: tuple[int, int] | None = None, *, wait: float = MEET_SECONDS) -> dict[str, Any]:
+    """Say HELLO (with the terminal's ``size``, rows and cols) and wait for the worker's; its HELLO.
+    Raises SessionLost when the session ends first or no worker comes within ``wait`` seconds."""
+    hello: dict[str, Any] = {"v": PROTOCOL_VERSION, "side": "client"}
+    if size is not None:
+        hello["rows"], hello["cols"] = size
+    link.send_json(FrameType.HELLO, hello)
+    deadline = time.monotonic() + wait
+    while (left := deadline - time.monotonic()) > 0:
+        frame = link.receive(timeout=min(left, 1.0))
+        if frame is None:
+            continue
+        if frame.type == FrameType.GONE:
+            raise gone(frame)
+        if frame.type == FrameType.HELLO:
+            try:
+                return frame.json()
+            except BadFrame as e:
+                raise SessionLost("relay_lost", f"the worker's HELLO is not one: {e}") from None
+    raise SessionLost("expired", f"no worker took the session within {wait:.0f} s")
+
+
+class Feeder:
+    """A thread that sends what the user gives: ``stdin`` (a file descriptor read until its end,
+    or bytes) as DATA then EOF on STDIN, and what ``control`` (a pipe's read end) carries: one byte
+    per signal, SIGWINCH as a RESIZE of ``size()``, any other as a SIGNAL frame. ``stop()`` ends
+    it; nothing of it is left after."""
+
+    def __init__(
+        self,
+        link: Link,
+        stdin: int | bytes | None,
+        control: int | None = None,
+        size: Callable[[], tuple[int, int] | None] | None = None,
+    ) -> None:
+        self.link = link
+        self.stdin = stdin
+        self.control = control
+        self.size = size
+        self._stop_r, self._stop_w = os.pipe()
+        self.error: SessionLost | None = None
+        self.thread = threading.Thread(target=self._run, name="session-feeder", daemon=True)
+
+    def start(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5.0)
+        for fd in (self._stop_r, self._stop_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _run(self) -> None:
+        try:
+            self._feed()
+        except SessionLost as e:
+            self.error = e
+
+    def _feed(self) -> None:
+        stdin_fd: int | None = None
+        if isinstance(self.stdin, bytes):
+            if self.stdin:
+                self.link.send_data(STDIN, self.stdin)
+            self.link.send(FrameType.EOF, STDIN)
+        elif isinstance(self.stdin, int):
+            stdin_fd = self.stdin
+        while True:
+            watched = [fd for fd in (self._stop_r, stdin_fd, self.control) if fd is not None]
+            ready, _, _ = select.select(watched, [], [])
+            if self._stop_r in ready:
+                return
+            if self.control is not None and self.control in ready:
+                for signo in os.read(self.control, 64):
+                    self._signal(signo)
+            if stdin_fd is not None and stdin_fd in ready:
+                data = os.read(stdin_fd, self.link.max_frame)
+                if data:
+                    self.link.send(FrameType.DATA, STDIN, data)
+                else:
+                    self.link.send(FrameType.EOF, STDIN)
+                    stdin_fd = None
+
+    def _signal(self, signo: int) -> None:
+        if signo == SIGWINCH:
+            size = self.size() if self.size is not None else None
+            if size is not None:
+                self.link.send_resize(*size)
+        elif 1 <= signo <= 64:
+            self.link.send_signal(signo)
+
+
+Output = Callable[[int, bytes], None]
+"""Where a command's output goes: ``(channel, bytes)``, channel STDOUT or STDERR."""
+
+
+def pump_exec(link: Link, output: Output) -> int:
+    """Write the command's output as it comes until its EXIT; its exit status (a signal ``n``:
+    128 + n). Raises SessionLost when the session ends first."""
+    while True:
+        frame = link.receive(timeout=PING_SECONDS)
+        if frame is None:
+            continue
+        if frame.type == FrameType.DATA and frame.channel >= STDOUT:
+            output(frame.channel, frame.payload)
+        elif frame.type == FrameType.EXIT:
+            return exit_status(frame)
+        elif frame.type == FrameType.GONE:
+            raise gone(frame)
+
+
+def exit_status(frame: Frame) -> int:
+    try:
+        data = frame.json()
+    except BadFrame:
+        return LOST
+    code, signo = data.get("code"), data.get("signal")
+    if isinstance(signo, int) and not isinstance(signo, bool) and 0 < signo < 128:
+        return 128 + signo
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code & 0xFF if code >= 0 else LOST
+    return LOST
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """A command's exit status and everything it wrote."""
+
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+
+def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = MEET_SECONDS) -> ExecResult:
+    """Dial ``access``, feed ``stdin`` (None: the session has none) and collect the command's
+    output until it exits. Raises SessionLost when the session ends before the command."""
+    link = Link(dial(access), access.max_frame)
+    out: dict[int, list[bytes]] = {STDOUT: [], 3: []}
+    feeder: Feeder | None = None
+    try:
+        meet(link, wait=wait)
+        feeder = Feeder(link, stdin).start()
+        code = pump_exec(link, lambda channel, data: out.setdefault(channel, []).append(data))
+        return ExecResult(code, b"".join(out[STDOUT]), b"".join(out[3]))
+    finally:
+        if feeder is not None:
+            feeder.stop()
+        link.close()
+
+
+def sessions_path(run_id: str) -> str:
+    return f"/v1/runs/{quote(run_id, safe='')}/sessions"
+
+
+def session_body(
+    kind: str,
+    *,
+    command: list[str] | None = None,
+    tty: bool = False,
+    stdin: bool = False,
+    size: tuple[int, int] | None = None,
+    term: str | None = None,
+    port: int | None = None,
+) -> dict[str, Any]:
+    """The body of ``POST /v1/runs/{id}/sessions`` (a SessionRequest)."""
+    body: dict[str, Any] = {"kind": kind, "tty": tty, "stdin": stdin}
+    if command is not None:
+        body["command"] = list(command)
+    if size is not None:
+        body["rows"], body["cols"] = size
+    if term and re.fullmatch(TERM_PATTERN, term):
+        body["term"] = term
+    if port is not None:
+        body["port"] = port
+    return body
