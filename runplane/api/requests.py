@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema, field_validator, model_validator
 
 from runplane.domain.common import NAME_PATTERN, WHOLE
 from runplane.domain.quotas import Period
 from runplane.domain.secrets import MAX_SECRET_BYTES
+from runplane.domain.sessions import MAX_COMMAND_ARGS, MAX_COMMAND_BYTES, TERM_PATTERN, SessionKind
 from runplane.domain.sweeps import MAX_SWEEP
 from runplane.domain.tenancy import USER_PATTERN, Scope
 from runplane.domain.units import MAX_DURATION
@@ -186,3 +187,89 @@ class UploadCreate(BaseModel):
         pattern=MD5_BASE64_PATTERN,
         description="the base64 of the archive's MD5: the store refuses a PUT of other bytes",
     )
+
+
+NO_NUL = "^[^\\u0000]*$"
+"""Text without the NUL character, as a JSON Schema pattern."""
+_KIND_RULES: list[JsonValue] = [
+    {
+        "properties": {"kind": {"const": "exec"}, "command": {"type": "array"}, "port": {"type": "null"}},
+        "required": ["command"],
+    },
+    {"properties": {"kind": {"const": "shell"}, "command": {"type": "null"}, "port": {"type": "null"}}},
+    {
+        "properties": {
+            "kind": {"const": "port_forward"},
+            "command": {"type": "null"},
+            "port": {"type": "integer"},
+            "tty": {"enum": [False, None]},
+            "stdin": {"enum": [False, None]},
+        },
+        "required": ["port"],
+    },
+]
+"""What each kind of session takes, as the document says it (``SessionRequest._fits_kind`` checks it)."""
+
+
+class SessionRequest(BaseModel):
+    """``POST /v1/runs/{run_id}/sessions``: a session into a running run of the caller's: a command
+    (``exec``), the image's shell (``shell``), or connections to a port inside the run
+    (``port_forward``)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "anyOf": _KIND_RULES,
+            "examples": [
+                {"kind": "exec", "command": ["sh", "-c", "echo hi; exit 3"], "stdin": True},
+                {"kind": "shell", "term": "xterm-256color", "rows": 40, "cols": 120},
+                {"kind": "port_forward", "port": 8000},
+            ],
+        },
+    )
+
+    kind: SessionKind = Field(description="exec: a command; shell: the image's shell; port_forward: a port's")
+    command: list[Annotated[str, Field(max_length=MAX_COMMAND_BYTES, json_schema_extra={"pattern": NO_NUL})]] | None = (
+        Field(
+            default=None,
+            min_length=1,
+            max_length=MAX_COMMAND_ARGS,
+            description=f"exec (required there only): the command and its arguments, 1 to {MAX_COMMAND_ARGS}, "
+            f"at most {MAX_COMMAND_BYTES} bytes of UTF-8 in all (more: 413), no NUL; run as the run's user with "
+            "its environment",
+        )
+    )
+    tty: bool | None = Field(
+        default=None, strict=True, description="a terminal (stdout and stderr as one); default: a shell's only"
+    )
+    stdin: bool | None = Field(
+        default=None, strict=True, description="the client's input goes to the command; default: a shell's only"
+    )
+    term: str | None = Field(default=None, pattern=TERM_PATTERN, description="TERM, with a terminal")
+    rows: Annotated[int | None, WHOLE] = Field(default=None, ge=1, le=1000, strict=True, description="terminal rows")
+    cols: Annotated[int | None, WHOLE] = Field(default=None, ge=1, le=1000, strict=True, description="terminal columns")
+    port: Annotated[int | None, WHOLE] = Field(
+        default=None, ge=1, le=65535, strict=True, description="port_forward (required there only): the run's port"
+    )
+
+    @field_validator("command")
+    @classmethod
+    def _no_nul(cls, command: list[str] | None) -> list[str] | None:
+        if command is not None and any("\0" in arg for arg in command):
+            raise ValueError("a command's arguments cannot hold the NUL character")
+        return command
+
+    @model_validator(mode="after")
+    def _fits_kind(self) -> SessionRequest:
+        if self.kind == SessionKind.EXEC and self.command is None:
+            raise ValueError("exec needs a command")
+        if self.kind != SessionKind.EXEC and self.command is not None:
+            raise ValueError(f"{self.kind} takes no command")
+        if self.kind == SessionKind.PORT_FORWARD:
+            if self.port is None:
+                raise ValueError("port_forward needs a port")
+            if self.tty or self.stdin:
+                raise ValueError("port_forward takes no tty or stdin")
+        elif self.port is not None:
+            raise ValueError(f"{self.kind} takes no port (port_forward does)")
+        return self

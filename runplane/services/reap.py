@@ -14,6 +14,7 @@ from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Run
 from runplane.domain.states import ACTIVE_STATES, RunState
 from runplane.ports import Ports
+from runplane.services import sessions
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
 from runplane.services.retention import RetentionReport
@@ -28,6 +29,8 @@ class ReapReport:
     rehinted: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     """Quota holds (``run#attempt``) given back because their attempt was over."""
+    expired_sessions: list[str] = field(default_factory=list)
+    """Sessions asked of running runs that no worker took in time (``sessions.expire``)."""
     retention: RetentionReport | None = None
     """What the retention sweep that followed did (``handlers.run_reaper``); None: nothing."""
 
@@ -50,14 +53,19 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
     """One pass: re-queue (or end) runs whose lease expired, re-hint the first REHINT_WINDOW runs
     in each pool's line not hinted for ``rehint_after`` seconds (default: the stack's
     ``rehint_seconds``), and release the quota holds of attempts that are over
-    (``admission.heal``: a re-queued run's hold goes once it is older than the grace)."""
+    (``admission.heal``: a re-queued run's hold goes once it is older than the grace), and expire
+    the sessions asked of running runs that no worker took in time (one read of a run's sessions
+    for each running run ever asked one, at most ``sessions.EXPIRE_RUNS_PER_PASS``)."""
     store, queue, now = ports.store, ports.queue, ports.clock()
     if rehint_after is None:
         rehint_after = ports.settings.rehint_seconds
     report = ReapReport()
+    asked: list[Run] = []  # running runs asked for sessions: theirs are read for expiry
     for pool in ports.pools.pools:
         for state in sorted(ACTIVE_STATES):
             for run in _runs(ports, pool.name, state):
+                if run.state == RunState.RUNNING and run.sessions_asked > 0:
+                    asked.append(run)
                 if run.lease_expires_at is None or run.lease_expires_at >= now:
                     continue
                 why = f"worker {run.worker_id} stopped renewing its lease"
@@ -86,6 +94,10 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
                 log.warning("could not re-hint run %s: %s", run.id, e)
                 continue
             report.rehinted.append(run.id)
+    try:
+        report.expired_sessions = sessions.expire(ports, asked)
+    except RunplaneError as e:
+        log.warning("could not expire sessions: %s", e)
     try:
         report.released = heal(ports, now)
     except RunplaneError as e:

@@ -121,3 +121,18 @@ UPLOAD_EXAMPLES = {
         },
     }
 }
+
+SESSION_EXAMPLES = {
+    "exec": {
+        "summary": "a command, its input from the client (runplane exec -i RUN -- sh -c ...)",
+        "value": {"kind": "exec", "command": ["sh", "-c", "echo hi; exit 3"], "stdin": True},
+    },
+    "shell": {
+        "summary": "the image's shell, with a terminal of this size (runplane shell RUN)",
+        "value": {"kind": "shell", "term": "xterm-256color", "rows": 40, "cols": 120},
+    },
+    "port_forward": {
+        "summary": "connections to 127.0.0.1:8000 inside the run (runplane port-forward RUN 18000:8000)",
+        "value": {"kind": "port_forward", "port": 8000},
+    },
+}

@@ -32,12 +32,16 @@ from runplane.api.app import STATUS
 from runplane.api.http import app
 from runplane.api.openapi import openapi_document
 from runplane.domain.common import DURATION_PATTERN, SIZE_PATTERN
+from runplane.domain.sessions import secret_hash
+from runplane.domain.states import RunState
 from runplane.domain.units import parse_bytes, parse_duration
 from runplane.domain.uploads import upload_key
 from runplane.domain.wire import Record, since_fields
 from runplane.domain.workers import Worker
+from runplane.services import lifecycle
 from runplane.services.auth import register_token
 from runplane.services.logs import log_chunk_key, outputs_prefix
+from runplane.services.sessions import NO_RELAY
 from runplane.settings import StackSettings
 from tests.conftest import POOLS_FILE
 
@@ -317,6 +321,8 @@ def _fleet(wire: Wire, run_id: str) -> None:
     assert pools.status == 200
     parked = next(p for p in pools.body["pools"] if p["name"] == "parked")
     assert parked["backlog"] >= 2 and parked["workers"]["busy"] == 1
+    # the stack's retention (RETENTION) over a pool that sets none; logs: for good
+    assert parked["retention"] == {"outputs": 30 * 86400, "logs": None, "runs": 180 * 86400}
     assert wire("GET", "/v1/pools", who=None).status == 401
     assert wire("GET", "/v1/pools", who="empty").status == 403
 
@@ -593,6 +599,56 @@ def _keep(wire: Wire, run_id: str) -> None:
     assert let_go.status == 200 and "retention" not in let_go.body  # queued and not kept: no dates yet
 
 
+def _sessions(wire: Wire) -> None:
+    """Sessions: opened into a running run only, listed without a ticket, a ticket renewed, closed;
+    another user's run (an admin's asking too, without allow_admin_exec) answers as one that does
+    not exist. A stack without a relay refuses to open one (422 not_allowed)."""
+    run_id = wire("POST", "/v1/runs", PARKED).body["id"]
+    path = f"/v1/runs/{run_id}/sessions"
+    ask = {"kind": "exec", "command": ["sh", "-c", "echo hi; exit 3"], "stdin": True}
+    queued = wire("POST", path, ask)
+    assert (queued.status, queued.body["error"]["message"]) == (409, f"run {run_id} is not running (queued)")
+    store = bootstrap.stack().store
+    run = store.get(run_id)
+    held = lifecycle.claim(store, run, run.attempt, "w-wire", 60.0, time.time())
+    lifecycle.advance(store, held, RunState.RUNNING, time.time(), "started")
+    for who in ("bob", "admin"):
+        assert wire("POST", path, ask, who=who).status == 404
+        assert wire("GET", path, who=who).status == 404
+    assert wire("POST", path, ask, who="reader").status == 403
+    assert wire("POST", path, ask, who=None).status == 401
+    assert wire("POST", path, {"kind": "exec"}).status == 422
+    assert wire("POST", path, {"kind": "port_forward", "port": 70000}).status == 422
+    assert wire("POST", path, data=b"[1]").status == 400
+    assert wire("POST", path, {"kind": "exec", "command": ["x" * 40_000] * 2}).status == 413  # over 64 KiB in all
+    assert wire("POST", "/v1/runs/r-nothing/sessions", ask).status == 404
+    opened = wire("POST", path, ask)
+    if bootstrap.stack().ports.relay is None:
+        assert (opened.status, opened.body["error"]) == (422, {"code": "not_allowed", "message": NO_RELAY})
+        assert wire("GET", path).body == {"sessions": []}
+        assert wire("POST", f"{path}/{run_id}.0.0123abcd/ticket").status == 404
+        assert wire("DELETE", f"{path}/{run_id}.0.0123abcd").status == 404
+        return
+    assert opened.status == 201 and opened.body["state"] == "requested" and opened.body["command"] == ask["command"]
+    sid, ticket = opened.body["id"], opened.body["ticket"]
+    assert ticket.startswith(f"{sid}.") and opened.body["relay"]["headers"] == {"Authorization": f"Bearer {ticket}"}
+    shown = wire("GET", path)
+    assert shown.status == 200 and [s["id"] for s in shown.body["sessions"]] == [sid]
+    assert "ticket" not in shown.body["sessions"][0] and "relay" not in shown.body["sessions"][0]
+    renewed = wire("POST", f"{path}/{sid}/ticket")
+    assert renewed.status == 200 and renewed.body["ticket"] not in (ticket, None)
+    stored = bootstrap.stack().ports.sessions.get(sid)  # only the new ticket's hash
+    assert stored.client_secret_hash == secret_hash(renewed.body["ticket"].rsplit(".", 1)[1])
+    for who in ("bob", "admin"):
+        assert wire("POST", f"{path}/{sid}/ticket", who=who).status == 404
+        assert wire("DELETE", f"{path}/{sid}", who=who).status == 404
+    assert wire("POST", f"{path}/not-a-session/ticket").status == 404
+    closed = wire("DELETE", f"{path}/{sid}")
+    assert closed.status == 200 and (closed.body["state"], closed.body["end_reason"]) == ("ended", "closed")
+    assert wire("DELETE", f"{path}/{sid}").body == closed.body  # over: as it is
+    assert wire("POST", f"{path}/{sid}/ticket").status == 409
+
+
 def test_every_answer_agrees_with_the_document(wire):
     assert wire("GET", "/v1/health", who=None).status == 200
     document = wire("GET", "/v1/openapi.json", who=None)
@@ -608,6 +664,7 @@ def test_every_answer_agrees_with_the_document(wire):
     _priority(wire, run_id)
     _keep(wire, run_id)
     _sweeps(wire)
+    _sessions(wire)
 
     killed = wire("POST", f"/v1/runs/{run_id}/kill")
     assert killed.status == 202 and killed.body["state"] == "killed" and killed.body["failure"]["reason"] == "killed"
