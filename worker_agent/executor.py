@@ -233,8 +233,6 @@ class RunExecutor:
             outcome = watch(started)
         finally:  # the container has exited: the final upload writes these keys again, last
             live.stop(self.config.upload_deadline_seconds)
-        if live.notices:
-            outcome.message += f" (not uploaded while it ran: {live.summary()})"
         ran = self.usage.timings["run"] = round(self.clock() - started, 3)
         self.meter.charge(self.run.spec.resources, self.config.rates, ran)
         if self.control.lease_lost.is_set():
@@ -244,11 +242,11 @@ class RunExecutor:
             self.state.requeue("worker terminated", self.usage)
             return
         if not outcome.upload:  # over a limit, or the container may still run: nothing is read
-            outcome.message += "; outputs not uploaded"
+            outcome.message += _passed_over(live) + "; outputs not uploaded"
             self._final(outcome)
             return
         live.drop_removed()
-        outcome = self._upload(outcome)
+        outcome = self._upload(outcome, live)
         live.finish(self.config.upload_deadline_seconds)  # a live upload that outlived stop() is not left last
         self._final(outcome)
 
@@ -329,7 +327,7 @@ class RunExecutor:
             inputs=self.setup.input_bytes,
         )
 
-    def _upload(self, outcome: Outcome) -> Outcome:
+    def _upload(self, outcome: Outcome, live: LiveOutputs) -> Outcome:
         run = self.run
         self.state.uploading(f"uploading outputs ({outcome.state})")
         t_up = self.clock()
@@ -340,8 +338,10 @@ class RunExecutor:
             self.config.upload_deadline_seconds,
         )
         self.usage.timings["upload"] = round(self.clock() - t_up, 3)
+        named = report.skipped[:5]
+        outcome.message += _passed_over(live, named)  # each thing said once: what the end names, there
         if report.skipped:
-            outcome.message += f" (not uploaded: {', '.join(report.skipped[:5])})"
+            outcome.message += f" (not uploaded: {', '.join(named)})"
         if report.error:
             if outcome.state == RunState.SUCCEEDED:
                 outcome = Outcome(RunState.FAILED, FailureReason.UPLOAD_FAILED, report.error, outcome.exit_code)
@@ -360,3 +360,12 @@ class RunExecutor:
             left = remove_tree(self.run_dir)
             if left is not None:
                 log.warning("run %s: could not remove all of its directory: %s", self.run.id, left)
+
+
+def _passed_over(live: LiveOutputs, said: list[str] | None = None) -> str:
+    """What the scans passed over while the run went, for its final message, less what the final
+    upload names as not uploaded (``said``): a fifo is named once, where it is said last."""
+    if not live.notices:
+        return ""
+    left = live.summary(without=frozenset(said or ()))
+    return f" (not uploaded while it ran: {left})" if left else ""

@@ -111,7 +111,7 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
             meet(link, size)
             with raw_mode(0) if terminal else contextlib.nullcontext():
                 feeder = Feeder(link, 0 if stdin else None, control_r, lambda: terminal_size(0)).start()
-                return pump_exec(link, _write)
+                return pump_exec(link, _write, say_error)
     except SessionLost as e:
         say_error(str(e) if not feeder or not feeder.error else str(feeder.error))
         return LOST

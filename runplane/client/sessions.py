@@ -313,9 +313,10 @@ Output = Callable[[int, bytes], None]
 """Where a command's output goes: ``(channel, bytes)``, channel STDOUT or STDERR."""
 
 
-def pump_exec(link: Link, output: Output) -> int:
+def pump_exec(link: Link, output: Output, say: Callable[[str], None] | None = None) -> int:
     """Write the command's output as it comes until its EXIT; its exit status (a signal ``n``:
-    128 + n). Raises SessionLost when the session ends first."""
+    128 + n). ``say`` gets the reason an EXIT gives (a command that could not start). Raises
+    SessionLost when the session ends first."""
     while True:
         frame = link.receive(timeout=PING_SECONDS)
         if frame is None:
@@ -323,9 +324,19 @@ def pump_exec(link: Link, output: Output) -> int:
         if frame.type == FrameType.DATA and frame.channel >= STDOUT:
             output(frame.channel, frame.payload)
         elif frame.type == FrameType.EXIT:
+            if say is not None and (reason := exit_reason(frame)):
+                say(reason)
             return exit_status(frame)
         elif frame.type == FrameType.GONE:
             raise gone(frame)
+
+
+def exit_reason(frame: Frame) -> str | None:
+    try:
+        reason = frame.json().get("reason")
+    except BadFrame:
+        return None
+    return reason if isinstance(reason, str) and reason else None
 
 
 def exit_status(frame: Frame) -> int:
