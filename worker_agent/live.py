@@ -155,11 +155,16 @@ class LiveOutputs:
         except RunplaneError as e:
             log.warning("live outputs of %s: removed files' copies not deleted: %s", self.prefix, e)
 
-    def summary(self, most: int = 5) -> str:
-        """What was passed over, in a line: the first ``most`` things, then how many more."""
-        more = len(self.notices) - most + self._unnamed
+    def summary(self, most: int = 5, without: frozenset[str] = frozenset()) -> str:
+        """What was passed over, in a line: the first ``most`` things, then how many more; those in
+        ``without`` (said elsewhere) left out. Empty when nothing is left."""
+        notices = [n for n in self.notices if n not in without]
+        more = max(0, len(notices) - most) + self._unnamed
         counted = "at least " if len(self._noticed) >= MAX_COUNTED else ""
-        return ", ".join(self.notices[:most]) + (f", and {counted}{more} more" if more > 0 else "")
+        named = notices[:most]
+        if more <= 0:
+            return ", ".join(named)
+        return ", ".join([*named, f"and {counted}{more} more"]) if named else f"{counted}{more} more"
 
     def _gone(self, rel: str) -> bool:
         try:
