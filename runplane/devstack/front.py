@@ -13,6 +13,7 @@ from typing import Any, BinaryIO, cast
 
 from runplane.adapters.local.object_urls import PATH_PREFIX
 from runplane.devstack.cloud import Cloud, FrontRequest
+from runplane.devstack.relay import RELAY_PATH, RelayHub
 
 log = logging.getLogger(__name__)
 MAX_REQUEST = 10 * 1024 * 1024
@@ -20,7 +21,8 @@ MAX_REQUEST = 10 * 1024 * 1024
 
 class FrontServer(ThreadingHTTPServer):
     """The local stack's front door on ``address``: each request, whatever its method, goes to
-    ``cloud.http`` in a thread of its own, as API Gateway or the Functions host hands it over."""
+    ``cloud.http`` in a thread of its own, as API Gateway or the Functions host hands it over;
+    but for ``relay``'s WebSocket (RELAY_PATH), once the stack has one, held in that thread."""
 
     daemon_threads = True
     request_queue_size = 128  # socketserver's 5 drops connects of a burst of clients: each waits 1 s to retry
@@ -28,6 +30,7 @@ class FrontServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], cloud: Cloud) -> None:
         super().__init__(address, _Front)
         self.cloud = cloud
+        self.relay: RelayHub | None = None
 
 
 class _BadBody(Exception):
@@ -48,6 +51,12 @@ class _Front(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         path, _, query = self.path.partition("?")
+        relay = self.server.relay
+        if path == RELAY_PATH and relay is not None:
+            # the connection is the relay's from here (socketserver shuts it down at the end)
+            self.close_connection = True
+            relay.serve(self.connection, self.path, dict(self.headers.items()))
+            return
         if self.command == "PUT" and path.startswith(PATH_PREFIX):
             # an object's bytes, read from the socket as they are stored (as large as the URL's
             # signed size); what is left unread of a refused one ends the connection

@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from cheroot.ssl.builtin import BuiltinSSLAdapter
 from runplane.adapters.local.object_urls import PATH_PREFIX
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.front import MAX_REQUEST
+from runplane.devstack.relay import RELAY_PATH, RelayHub
 from runplane.domain.uploads import PUT_URL_SECONDS
 from runplane.services.watch import MAX_WAITING
 
@@ -63,6 +65,8 @@ class ProductionFront:
     in a thread of the one process. A pre-forking server such as gunicorn would run the stack in
     several worker processes, while the stack keeps its dispatcher and schedule threads, and its
     stores' wake-ups, in one process; the pool of threads is sized for long polls (THREADS).
+    The relay's WebSocket (RELAY_PATH), once the stack has one (``relay``), is answered by it and
+    its connection handed to a thread of its own: a session holds none of the THREADS.
     ``tls_cert``/``tls_key``: PEM files for HTTPS (cheroot's builtin ``ssl`` adapter, shaking hands
     in the thread that serves the connection, never in the one that accepts them).
 
@@ -75,7 +79,7 @@ class ProductionFront:
         self, address: tuple[str, int], cloud: Cloud, tls_cert: Path | None = None, tls_key: Path | None = None
     ) -> None:
         self.cloud = cloud
-        self._server = wsgi.Server(
+        self._server = _Server(
             address, self._app, numthreads=THREADS, timeout=SOCKET_TIMEOUT, server_name="runplane", shutdown_timeout=2
         )
         self._server.max_request_body_size = 0  # _Request holds each body to its own limit
@@ -84,6 +88,14 @@ class ProductionFront:
         if tls_cert is not None and tls_key is not None:
             self._server.ssl_adapter = _TLS(str(tls_cert), str(tls_key))
         self._server.prepare()  # binds now: a busy port fails here, before anything else starts
+
+    @property
+    def relay(self) -> RelayHub | None:
+        return self._server.relay
+
+    @relay.setter
+    def relay(self, hub: RelayHub | None) -> None:
+        self._server.relay = hub
 
     @property
     def server_address(self) -> tuple[str, int]:
@@ -308,7 +320,10 @@ class _Request(HTTPRequest):
 
     def respond(self) -> None:
         """cheroot's, reading a chunked body to MAX_REQUEST at most (an object's PUT gives its length);
-        the connection of an object's PUT ends with it (a refused one leaves its body unread)."""
+        the connection of an object's PUT ends with it (a refused one leaves its body unread); the
+        relay's WebSocket goes to the relay."""
+        if self._relayed():
+            return
         if self._streamed():
             self.close_connection = True
         if self.chunked_read:
@@ -321,10 +336,33 @@ class _Request(HTTPRequest):
         if self.chunked_write:
             self.conn.wfile.write(b"0\r\n\r\n")
 
+    def _relayed(self) -> bool:
+        """Hand the connection to the relay when the request is for it: cheroot neither reads nor
+        writes nor closes it any more (``linger``: its close leaves the socket alone)."""
+        relay = self.server.relay if isinstance(self.server, _Server) else None
+        path = bytes(getattr(self, "path", b"") or b"").decode("latin-1")
+        if relay is None or path != RELAY_PATH:
+            return False
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in self.inheaders.items()}
+        self.close_connection = True
+        self.sent_headers = True  # nothing of cheroot's may follow on this connection
+        self.ready = False
+        self.conn.linger = True
+        sock = self.conn.socket
+        thread = threading.Thread(target=relay.serve, args=(sock, path, headers), name="relay-side", daemon=True)
+        thread.start()
+        return True
+
 
 def _streamed(method: str, path: str) -> bool:
     """Whether a request's body is handed on unread: the PUT of an object URL."""
     return method == "PUT" and path.startswith(PATH_PREFIX)
+
+
+class _Server(wsgi.Server):
+    """cheroot's WSGI server, holding the relay its requests hand connections to."""
+
+    relay: RelayHub | None = None
 
 
 class _Connection(HTTPConnection):

@@ -1,0 +1,299 @@
+"""The one-machine relay (runplane/devstack/relay.py) behind both fronts of the embedded stack (the
+dev front and cheroot's, of ``runplane serve``), with sessions in the stack's SQLite store: the two
+sides of a session meet and every byte crosses both ways unchanged; a ticket that does not open the
+session is refused before any WebSocket opens, as is a second connection of a side; nothing crosses
+between sessions; a side's leaving, a close, an oversize frame, a peer that never comes end the
+session for both with GONE; plain HTTP is served all along."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from runplane import bootstrap
+from runplane.adapters.local.relay import FrontSessionRelay
+from runplane.devstack.front import FrontServer
+from runplane.devstack.local import LocalCloud
+from runplane.devstack.relay import RelayHub
+from runplane.devstack.wsgi import ProductionFront
+from runplane.domain import session_wire
+from runplane.domain.session_wire import Frame, FrameType
+from runplane.domain.sessions import (
+    Session,
+    SessionKind,
+    SessionState,
+    new_secret,
+    session_id,
+    ticket,
+)
+from runplane.ports import SessionStore
+from runplane.settings import StackSettings
+
+POOLS = """pools:
+  - {name: default, backend: local, cpus: 1, memory: 1g, disk: 1g, max_workers: 0, default_image: busybox}
+"""
+MAX_FRAME = 64 * 1024
+
+
+@dataclass
+class Relay:
+    url: str
+    """The front's http:// URL."""
+    hub: RelayHub
+    store: SessionStore
+    now: list[float]
+
+    def session(self, run_id: str = "r-relay", slot: int = 0, **changes: Any) -> tuple[Session, str, str]:
+        """A session taken by a worker, and the client's and the worker's tickets."""
+        client_secret, client_hash = new_secret()
+        worker_secret, worker_hash = new_secret()
+        fields: dict[str, Any] = {
+            "id": session_id(run_id, slot),
+            "run_id": run_id,
+            "slot": slot,
+            "attempt": 1,
+            "owner": "alice",
+            "asked_by": "alice",
+            "kind": SessionKind.EXEC,
+            "command": ["sh"],
+            "relay": self.ws_url,
+            "state": SessionState.ACCEPTED,
+            "worker_id": "w-1",
+            "client_secret_hash": client_hash,
+            "worker_secret_hash": worker_hash,
+            "created_at": self.now[0],
+            "expires_at": self.now[0] + 60,
+            **changes,
+        }
+        session = self.store.create(Session(**fields))
+        return session, ticket(session.id, client_secret), ticket(session.id, worker_secret)
+
+    @property
+    def ws_url(self) -> str:
+        return FrontSessionRelay(self.url, self.hub).url
+
+    def dial(self, ticket_text: str | None) -> ClientConnection:
+        headers = {"Authorization": f"Bearer {ticket_text}"} if ticket_text is not None else {}
+        return connect(
+            self.ws_url, additional_headers=headers, max_size=2 * MAX_FRAME, open_timeout=10, compression=None
+        )
+
+
+def _serve_dev(address: tuple[str, int], cloud: LocalCloud, hub: RelayHub) -> tuple[str, Callable[[], None]]:
+    server = FrontServer(address, cloud)
+    server.relay = hub
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return f"http://127.0.0.1:{server.server_address[1]}", stop
+
+
+def _serve_cheroot(address: tuple[str, int], cloud: LocalCloud, hub: RelayHub) -> tuple[str, Callable[[], None]]:
+    front = ProductionFront(address, cloud)
+    front.relay = hub
+    thread = threading.Thread(target=front.serve_forever, daemon=True)
+    thread.start()
+    return f"http://127.0.0.1:{front.server_address[1]}", front.shutdown
+
+
+def _relay(tmp_path: Path, serve: Callable[..., tuple[str, Callable[[], None]]], wait: float) -> Iterator[Relay]:
+    state = tmp_path / "state"
+    settings = StackSettings(cloud="local", state_dir=str(state), public_url="http://127.0.0.1", pools=POOLS)
+    stack = bootstrap.build_stack(settings)
+    assert stack.sessions is not None
+    now = [time.time()]
+    hub = RelayHub(stack.sessions, clock=lambda: now[0], wait_seconds=wait)
+    cloud = LocalCloud(state, "http://127.0.0.1")
+    cloud.provision(stack)
+    before = bootstrap.use(stack)
+    url, stop = serve(("127.0.0.1", 0), cloud, hub)
+    try:
+        yield Relay(url, hub, stack.sessions, now)
+    finally:
+        stop()
+        bootstrap.use(before)
+
+
+@pytest.fixture(params=["dev", "serve"])
+def relay(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Relay]:
+    """The relay behind the dev front and behind cheroot's."""
+    yield from _relay(tmp_path, _serve_dev if request.param == "dev" else _serve_cheroot, 60)
+
+
+@pytest.fixture
+def dev_relay(tmp_path: Path) -> Iterator[Relay]:
+    yield from _relay(tmp_path, _serve_dev, 60)
+
+
+def _gone(side: ClientConnection) -> str:
+    """The reason of the GONE frame ``side`` gets next, once it is closed after it."""
+    frame = session_wire.decode(side.recv(timeout=10))  # type: ignore[arg-type]
+    assert frame.type == FrameType.GONE
+    reason = str(frame.json()["reason"])
+    with pytest.raises(ConnectionClosed):
+        side.recv(timeout=10)
+    return reason
+
+
+def test_the_sides_meet_and_every_byte_crosses_both_ways_while_http_is_served(relay: Relay) -> None:
+    session, client_ticket, worker_ticket = relay.session()
+    every_byte = Frame(FrameType.DATA, session_wire.STDIN, 1, bytes(range(256))).encode()
+    largest = Frame(FrameType.DATA, session_wire.STDIN, 2, bytes(range(256)) * (MAX_FRAME // 256)).encode()
+    with relay.dial(client_ticket) as client:
+        client.send(every_byte)  # sent before the worker is there: it waits for it
+        with relay.dial(worker_ticket) as worker:
+            client.send(largest)
+            assert worker.recv(timeout=10) == every_byte
+            assert worker.recv(timeout=10) == largest
+            for n in range(3):
+                back = Frame(FrameType.DATA, session_wire.STDOUT, n + 1, bytes([255 - n]) * (n + 1)).encode()
+                worker.send(back)
+                assert client.recv(timeout=10) == back
+            assert relay.hub.held(session.id) == ["client", "worker"]
+            answer = httpx.get(f"{relay.url}/v1/health", timeout=10)
+            assert answer.status_code == 200
+
+
+def test_tickets_that_do_not_open_the_session_are_refused_before_any_frame(dev_relay: Relay) -> None:
+    relay = dev_relay
+    session, client_ticket, worker_ticket = relay.session()
+    other, other_client, _ = relay.session(slot=1)
+    _, ended_client, _ = relay.session(slot=2, state=SessionState.ENDED)
+    secret = client_ticket.rsplit(".", 1)[1]
+    refused = [
+        None,  # no ticket
+        "not-a-ticket",
+        ticket(session.id.replace("r-relay", "r-other"), secret),  # no such session
+        ticket(session.id, other_client.rsplit(".", 1)[1]),  # another session's secret
+        ticket(other.id, secret),  # this secret on another session
+        ended_client,  # a session over
+    ]
+    for text in refused:
+        with pytest.raises(InvalidStatus) as caught:
+            relay.dial(text)
+        assert caught.value.response.status_code == 401, text
+    relay.now[0] = session.expires_at + 1  # the client's ticket is taken until expires_at, the worker's later
+    with pytest.raises(InvalidStatus) as late:
+        relay.dial(client_ticket)
+    assert late.value.response.status_code == 401
+    with relay.dial(worker_ticket):
+        with pytest.raises(InvalidStatus) as second:  # one connection per side
+            relay.dial(worker_ticket)
+        assert second.value.response.status_code == 409
+        assert relay.hub.held(session.id) == ["worker"]
+
+
+def test_a_second_client_is_refused_and_a_clients_ticket_never_joins_as_the_worker(dev_relay: Relay) -> None:
+    session, client_ticket, _ = dev_relay.session()
+    with dev_relay.dial(client_ticket) as client:
+        with pytest.raises(InvalidStatus) as second:
+            dev_relay.dial(client_ticket)
+        assert second.value.response.status_code == 409
+        assert dev_relay.hub.held(session.id) == ["client"]
+        client.send(b"\x02\x00\x01\x00\x00\x00\x01x")
+
+
+def test_nothing_crosses_to_another_session(dev_relay: Relay) -> None:
+    _, a_client, a_worker = dev_relay.session(slot=0)
+    _, b_client, b_worker = dev_relay.session(slot=1)
+    with (
+        dev_relay.dial(a_client) as ac,
+        dev_relay.dial(a_worker) as aw,
+        dev_relay.dial(b_client) as bc,
+        dev_relay.dial(b_worker) as bw,
+    ):
+        ac.send(b"for a's worker")
+        bw.send(b"for b's client")
+        assert aw.recv(timeout=10) == b"for a's worker"
+        assert bc.recv(timeout=10) == b"for b's client"
+        for side in (ac, bw):
+            with pytest.raises(TimeoutError):
+                side.recv(timeout=0.3)
+
+
+@pytest.mark.parametrize("leaver", ["client", "worker"])
+def test_a_side_that_goes_leaves_its_peer_a_gone_frame(relay: Relay, leaver: str) -> None:
+    session, client_ticket, worker_ticket = relay.session()
+    client, worker = relay.dial(client_ticket), relay.dial(worker_ticket)
+    client.send(b"x" * 8)
+    assert worker.recv(timeout=10) == b"x" * 8
+    going, staying = (client, worker) if leaver == "client" else (worker, client)
+    going.close()
+    assert _gone(staying) == f"{leaver}_gone"
+    _wait(lambda: relay.hub.held(session.id) == [])
+
+
+def test_close_hangs_up_both_sides(dev_relay: Relay) -> None:
+    session, client_ticket, worker_ticket = dev_relay.session()
+    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
+        worker.send(b"hi")
+        assert client.recv(timeout=10) == b"hi"
+        FrontSessionRelay(dev_relay.url, dev_relay.hub).close(session.id, "closed")
+        assert _gone(client) == "closed"
+        assert _gone(worker) == "closed"
+    assert dev_relay.hub.held(session.id) == []
+    dev_relay.hub.close(session.id, "closed")  # quiet when nothing is held
+
+
+def test_an_oversize_frame_ends_the_sending_side(dev_relay: Relay) -> None:
+    _, client_ticket, worker_ticket = dev_relay.session()
+    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
+        client.send(b"\x02\x00\x01\x00\x00\x00\x01" + b"z" * (MAX_FRAME + 1))
+        with pytest.raises(ConnectionClosed) as closed:
+            client.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+        assert _gone(worker) == "client_gone"
+
+
+def test_a_text_message_ends_the_sending_side(dev_relay: Relay) -> None:
+    _, client_ticket, worker_ticket = dev_relay.session()
+    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
+        client.send("text")
+        with pytest.raises(ConnectionClosed):
+            client.recv(timeout=10)
+        assert _gone(worker) == "client_gone"
+
+
+def test_a_side_alone_is_let_go_after_the_wait(tmp_path: Path) -> None:
+    for relay in _relay(tmp_path, _serve_dev, 0.5):
+        session, client_ticket, _ = relay.session()
+        with relay.dial(client_ticket) as client:
+            assert _gone(client) == "peer_absent"
+        assert relay.hub.held(session.id) == []
+
+
+def test_the_endpoint_is_the_fronts_websocket_with_the_ticket_as_bearer() -> None:
+    class Hub:
+        closed: list[tuple[str, str]] = []
+
+        def close(self, session_id: str, reason: str) -> None:
+            self.closed.append((session_id, reason))
+
+    relay = FrontSessionRelay("https://gpu1.lab:8443/", Hub())
+    endpoint = relay.endpoint(None, "r-1.0.0123abcd.secret")  # type: ignore[arg-type]
+    assert endpoint.url == "wss://gpu1.lab:8443/v1/relay"
+    assert endpoint.headers == {"Authorization": "Bearer r-1.0.0123abcd.secret"}
+    assert endpoint.max_frame == MAX_FRAME
+    assert FrontSessionRelay("http://127.0.0.1:8080", Hub()).url == "ws://127.0.0.1:8080/v1/relay"
+    with pytest.raises(ValueError):
+        FrontSessionRelay("ftp://host", Hub())
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
