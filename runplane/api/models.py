@@ -293,6 +293,16 @@ class PoolLaunches(WireModel):
     last_launch_at: Timestamp | None
 
 
+class PoolRetention(WireModel):
+    """How long a pool keeps what its runs leave once they end (its retention over the stack's, docs/retention.md)."""
+
+    outputs: float | None = Field(description="seconds a run's output files are kept after it ends (null: for good)")
+    logs: float | None = Field(description="seconds a run's logs are kept after it ends (null: for good)")
+    runs: float | None = Field(
+        description="seconds a finished run's record is kept, with whatever of it is left (null: for good)"
+    )
+
+
 class PoolView(WireModel):
     name: str
     backend: Annotated[Backend, Extensible]
@@ -338,6 +348,10 @@ class PoolView(WireModel):
         "or the one before, never newer): live workers it refuses, and those refused when they registered (they "
         "took no runs and exited) within the last hour; at most 20, the latest",
         examples=[{"w-17": "agent 0.4.2 is older than this stack allows (>= 0.5)"}],
+    )
+    retention: Annotated[PoolRetention | None, Since("0.3")] = Field(
+        default=None,
+        description="how long what its runs leave is kept once they end; null: a server that does not tell",
     )
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 
 from runplane.api.models import (
     PoolLaunches,
+    PoolRetention,
     PoolShape,
     PoolView,
     PoolWorkerCounts,
@@ -32,6 +33,7 @@ from runplane.api.tenancy_models import (
     UserView,
 )
 from runplane.domain.pools import Pool
+from runplane.domain.retention import Retention
 from runplane.domain.runs import Run
 from runplane.domain.secrets import scope_parts
 from runplane.domain.states import FailureReason, RunState
@@ -136,8 +138,12 @@ def worker_view(worker: Worker) -> WorkerView:
     return WorkerView.model_validate(data)
 
 
-def pool_view(pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolRecord) -> PoolView:
-    """``pool`` with its backlog and workers by status (``counts``), and its record."""
+def pool_view(
+    pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolRecord, stack_retention: Retention
+) -> PoolView:
+    """``pool`` with its backlog and workers by status (``counts``), its record, and its retention over
+    ``stack_retention`` (the stack's)."""
+    kept = pool.kept(stack_retention)
     return PoolView(
         name=pool.name,
         backend=pool.backend,
@@ -175,6 +181,7 @@ def pool_view(pool: Pool, backlog: int, counts: Mapping[str, int], record: PoolR
         last_decision=record.last_decision,
         agent_versions=record.agent_versions,
         refused_workers=record.refused,
+        retention=PoolRetention(outputs=kept.seconds("outputs"), logs=kept.seconds("logs"), runs=kept.seconds("runs")),
     )
 
 

@@ -8,8 +8,8 @@ import typer
 from rich.table import Table
 
 from runplane.cli.common import cell, client, dumps, id_column, out, print_json, when
-from runplane.client import WorkerView
-from runplane.domain.units import format_progress
+from runplane.client import PoolView, WorkerView
+from runplane.domain.units import format_duration, format_progress
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
 
@@ -56,8 +56,20 @@ def pools(ctx: typer.Context, as_json: JSON = False) -> None:
     counted = [p.counted_at for p in found if p.counted_at is not None]
     if counted:
         out.print(f"backlog and workers as the dispatcher counted them, the oldest at {when(min(counted))}")
-    for line in problems:
+    for line in [kept for p in found if (kept := pool_retention(p)) is not None] + problems:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def pool_retention(pool: PoolView) -> str | None:
+    """One line saying how long ``pool`` keeps what its runs leave, or None when it keeps all for good."""
+    kept = pool.retention
+    if kept is None or (kept.outputs, kept.logs, kept.runs) == (None, None, None):
+        return None
+    outputs, logs, runs = (
+        f"{what} {'for good' if seconds is None else format_duration(seconds)}"
+        for what, seconds in (("outputs", kept.outputs), ("logs", kept.logs), ("run records", kept.runs))
+    )
+    return f"{pool.name}: keeps {outputs}, {logs} and {runs} after a run ends"
 
 
 def workers(

@@ -153,8 +153,9 @@ def test_failed_launches_are_counted_and_disable_the_pool(aws_stack, pool, backe
     assert record.disabled_reason.startswith("4 launches in a row failed; last: job ")
     # what a user sees: the run's waiting reason and the pool's view
     from runplane.api.views import pool_view
+    from runplane.domain.retention import Retention
 
-    view = pool_view(pool, 2, {}, record).model_dump(mode="json")
+    view = pool_view(pool, 2, {}, record, Retention()).model_dump(mode="json")
     assert view["disabled"] == record.disabled_reason
     assert view["launches"] == {
         "launched": 4,

@@ -25,7 +25,8 @@ MAX_WORKERS_PAGE = 100
     answers={200: Answer(PoolList)},
 )
 def pools(call: Call) -> PoolList:
-    return PoolList(pools=[pool_view(f.pool, f.backlog, f.workers, f.record) for f in pool_figures(call.ports)])
+    stack = call.ports.settings.kept()
+    return PoolList(pools=[pool_view(f.pool, f.backlog, f.workers, f.record, stack) for f in pool_figures(call.ports)])
 
 
 class WorkersQuery(Query):
