@@ -3,13 +3,16 @@ coroutines and async iterators."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
+from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
+from runplane.client.sessions import Access, ExecResult, exec_captured, session_body, sessions_path
 from runplane.domain.states import RunState
 
 if TYPE_CHECKING:
@@ -82,6 +85,25 @@ class AsyncRun(RunBase):
         self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
     ) -> list[Path]:
         return await self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+    async def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
+        """``Run.exec``: the session's frames move on a thread, the event loop stays free."""
+        body = session_body("exec", command=list(command), stdin=stdin is not None)
+        access = Access.read(await self._client.request("POST", sessions_path(self.view.id), body))
+        return await asyncio.to_thread(exec_captured, access, stdin)
+
+    async def port_forward(self, remote: int, local: int = 0) -> PortForward:
+        """``Run.port_forward``: the forward runs on threads of its own; ``close()`` it (or use it
+        with ``with``) when done."""
+        listener = loopback_listener(local)
+        try:
+            answer = await self._client.request(
+                "POST", sessions_path(self.view.id), session_body("port_forward", port=remote)
+            )
+        except BaseException:
+            listener.close()
+            raise
+        return await asyncio.to_thread(open_forward, Access.read(answer), remote, listener)
 
 
 class AsyncSweep(SweepBase):

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runplane.client.sessions import PING_SECONDS, Link, SessionLost, gone
+from runplane.client.sessions import PING_SECONDS, Access, Link, SessionLost, dial, gone, meet
 from runplane.domain.session_wire import FIRST_PORT_CHANNEL, MAX_CHANNEL, BadFrame, Frame, FrameType
 
 OPEN_SECONDS = 30.0
@@ -215,3 +215,21 @@ class PortForward:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def open_forward(access: Access, remote: int, listener: socket.socket) -> PortForward:
+    """Join the port-forward session of ``access`` and forward ``listener``'s connections to port
+    ``remote`` of the run, on threads of its own. Closes ``listener`` when the session cannot be
+    joined (SessionLost)."""
+    try:
+        link = Link(dial(access), access.max_frame)
+    except BaseException:
+        listener.close()
+        raise
+    try:
+        meet(link)
+    except BaseException:
+        link.close()
+        listener.close()
+        raise
+    return PortForward(link, remote, listener).start()

@@ -8,16 +8,12 @@ from typing import TYPE_CHECKING
 
 from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
-from runplane.client._forward import PortForward, loopback_listener
+from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
 from runplane.client.sessions import (
     Access,
     ExecResult,
-    Link,
-    SessionLost,
-    dial,
     exec_captured,
-    meet,
     session_body,
     sessions_path,
 )
@@ -105,8 +101,9 @@ class Run(RunBase):
         """Write every output file under ``dest`` and return their paths. Raises DownloadFailed,
         before writing anything, for a path that would leave ``dest`` or an existing file of
         another size; a file of the same size whose bytes differ is refused when it is reached.
-        ``force`` overwrites. ``progress(bytes_so_far, bytes_in_all)`` follows the whole
-        download."""
+        ``force`` overwrites; a ``live/`` file (a copy of one the run rewrites while it goes) is
+        always written over, so that a download again brings its newer content.
+        ``progress(bytes_so_far, bytes_in_all)`` follows the whole download."""
         return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
 
     def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
@@ -124,16 +121,10 @@ class Run(RunBase):
         listener = loopback_listener(local)
         try:
             access = self._open_session(session_body("port_forward", port=remote))
-            link = Link(dial(access), access.max_frame)
-            try:
-                meet(link)
-            except SessionLost:
-                link.close()
-                raise
         except BaseException:
             listener.close()
             raise
-        return PortForward(link, remote, listener).start()
+        return open_forward(access, remote, listener)
 
     def _open_session(self, body: dict[str, object]) -> Access:
         return Access.read(self._client.request("POST", sessions_path(self.view.id), body))
