@@ -153,7 +153,10 @@ if [ ! -f "$ENV_FILE" ]; then
   line="RUNPLANE_SERVE_ARGS=$args"
   say "writing $ENV_FILE"
   text="# runplane serve's options (runplane serve --help); RUNPLANE_AGENT_* lines reach its agents
-$line"
+$line
+# How long runs, logs, outputs and uploads are kept (docs/retention.md): JSON in single quotes on a
+# line of its own, never in RUNPLANE_SERVE_ARGS (split at spaces). Unset: kept for good.
+#RUNPLANE_RETENTION='{\"outputs\": \"30d\", \"logs\": \"30d\", \"runs\": \"180d\", \"uploads\": \"14d\"}'"
   run install -d -m 0755 "$ETC"
   if [ $DRY -eq 1 ]; then
     printf '+ write %s (0600):\n%s\n' "$ENV_FILE" "$text"
