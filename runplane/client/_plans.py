@@ -24,7 +24,7 @@ from runplane.client._core import (
     parse,
     quote_segment,
 )
-from runplane.client._files import output_target
+from runplane.client._files import output_target, overwrites
 from runplane.client._options import RunOptions, run_body
 from runplane.client.errors import WaitTimeout
 from runplane.domain.states import TERMINAL_STATES, RunState
@@ -298,11 +298,11 @@ class Plans(AdminPlans):
 
     def download(self, run_id: str, dest: Path | str, force: bool, progress: Progress | None) -> Plan[list[Path]]:
         """Every output file under ``dest``. Checks all of them before writing any: a path that
-        leaves ``dest`` or an existing file of another size (unless ``force``) raises
-        DownloadFailed and nothing is written."""
+        leaves ``dest`` or an existing file of another size (unless ``force``, or under ``live/``:
+        ``overwrites``) raises DownloadFailed and nothing is written."""
         root = Path(dest).resolve()
         files: list[OutputFile] = yield from collect(self.outputs(run_id))
-        targets = [output_target(root, f, force) for f in files]
+        targets = [output_target(root, f, overwrites(f, force)) for f in files]
         total = sum(f.size for f in files)
         done = 0
 
@@ -313,7 +313,7 @@ class Plans(AdminPlans):
                 progress(done, total)
 
         for file, target in zip(files, targets, strict=True):
-            yield Fetch(file.url, target, force, advance)
+            yield Fetch(file.url, target, overwrites(file, force), advance)
         return targets
 
 
