@@ -11,6 +11,16 @@ from runplane.api.models import OutputFile
 from runplane.client._core import Fetch
 from runplane.client.errors import DownloadFailed
 
+LIVE = "live/"
+"""Where a run's outputs while it goes are (``$RUNPLANE_OUTPUT/live/``)."""
+
+
+def overwrites(file: OutputFile, force: bool) -> bool:
+    """Whether a download writes ``file`` over a local file that differs: with ``force``, and always
+    for a ``live/`` file, a copy of one the run rewrites while it goes, so that downloading a run
+    again (while it goes, and once it has ended) brings its newer content."""
+    return force or file.path.startswith(LIVE)
+
 
 def output_target(root: Path, file: OutputFile, force: bool) -> Path:
     target = (root / file.path).resolve()

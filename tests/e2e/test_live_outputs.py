@@ -1,7 +1,8 @@
 """Outputs while the run goes, as a user meets them: a run writes a metrics file under
 ``$RUNPLANE_OUTPUT/live/``; before it ends, ``runplane download`` gets the file as last uploaded
 and says the run still goes, and the outputs page says more may come; once it ends, its outputs
-hold the file's last content (a run in Docker on the embedded stack)."""
+hold the file's last content, and downloading into the same folder again writes it over what was
+got while it ran, no --force asked (a run in Docker on the embedded stack)."""
 
 import time
 
@@ -29,7 +30,7 @@ def test_a_runs_live_file_is_read_before_it_ends_and_its_last_content_after(devs
             mid = tmp_path / "mid"
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                got = cli(devstack, "download", run.id, str(mid), "--force", home=tmp_path)
+                got = cli(devstack, "download", run.id, str(mid), home=tmp_path)  # again and again
                 assert got.returncode == 0, got.stderr
                 if (mid / "live" / "metrics.txt").exists():
                     break
@@ -48,6 +49,9 @@ def test_a_runs_live_file_is_read_before_it_ends_and_its_last_content_after(devs
         end = tmp_path / "end"
         run.download(end)
         assert (end / "live" / "metrics.txt").read_text() == "step 1\nstep 2\n"
+        again = cli(devstack, "download", run.id, str(mid), home=tmp_path)  # over what it got while it ran
+        assert again.returncode == 0, again.stderr
+        assert (mid / "live" / "metrics.txt").read_text() == "step 1\nstep 2\n"
         assert _page(devstack, run.id)["complete"] is True
 
 
