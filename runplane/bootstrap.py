@@ -30,6 +30,7 @@ from runplane.ports import (
     SecretOpener,
     SecretSealer,
     SecretStore,
+    SessionStore,
     SweepStore,
     TokenStore,
     WorkerRegistry,
@@ -71,6 +72,8 @@ class Stack:
     """How the API seals a secret's value (it cannot open one)."""
     opener: SecretOpener | None = None
     """How the agent opens the secrets of a run it holds (the API's credentials cannot)."""
+    sessions: SessionStore | None = None
+    """Sessions into live runs (``domain/sessions.py``): the API asks, the agent takes and ends them."""
 
     def backend(self, pool: Pool) -> ComputeBackend:
         if pool.backend not in self.backends:
@@ -112,6 +115,7 @@ def make_ports(
         sleep=stack.sleep,
         secrets=stack.secrets,
         sealer=stack.sealer,
+        sessions=stack.sessions,
     )
 
 
@@ -171,6 +175,7 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
     from runplane.adapters.azure.quotas import TableQuotaStore
     from runplane.adapters.azure.runs import TableRunStore
     from runplane.adapters.azure.secrets import TableSecretStore
+    from runplane.adapters.azure.sessions import TableSessionStore
     from runplane.adapters.azure.sweeps import TableSweepStore
     from runplane.adapters.azure.tokens import TableTokenStore
     from runplane.adapters.azure.workers import TableWorkerRegistry
@@ -193,6 +198,7 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
         secrets=TableSecretStore(tables.get_table_client(names.secrets_table)),
         sealer=sealer,
         opener=opener,
+        sessions=TableSessionStore(tables.get_table_client(names.sessions_table)),
     )
 
 
@@ -224,6 +230,7 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
     from runplane.adapters.local.quotas import SqliteQuotaStore
     from runplane.adapters.local.runs import SqliteRunStore
     from runplane.adapters.local.secrets import SqliteSecretStore
+    from runplane.adapters.local.sessions import SqliteSessionStore
     from runplane.adapters.local.sweeps import SqliteSweepStore
     from runplane.adapters.local.tokens import SqliteTokenStore
     from runplane.adapters.local.workers import SqliteWorkerRegistry
@@ -248,6 +255,7 @@ def _local_stack(settings: StackSettings, pools: PoolConfig) -> Stack:
         secrets=SqliteSecretStore(db),
         sealer=KeyFileSealer(key_file),
         opener=KeyFileOpener(key_file),
+        sessions=SqliteSessionStore(db),
     )
 
 
@@ -280,6 +288,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
     from runplane.adapters.aws.runs import DynamoRunStore
     from runplane.adapters.aws.s3 import S3ObjectStore
     from runplane.adapters.aws.secrets import DynamoSecretStore, KmsOpener, KmsSealer
+    from runplane.adapters.aws.sessions import DynamoSessionStore
     from runplane.adapters.aws.sqs import SqsRunQueue
     from runplane.adapters.aws.sweeps import DynamoSweepStore
     from runplane.adapters.aws.tokens import DynamoTokenStore
@@ -302,6 +311,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
         secrets=DynamoSecretStore(names.secrets_table, clients["dynamodb"]),
         sealer=KmsSealer(names.secrets_key, clients["kms"]),
         opener=KmsOpener(names.secrets_key, clients["kms"]),
+        sessions=DynamoSessionStore(names.sessions_table, clients["dynamodb"]),
     )
 
 

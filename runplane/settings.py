@@ -169,6 +169,11 @@ class StackSettings(Settings):
         "",
         description="The secrets table (sealed values only); empty: derived from the prefix (AWS: `PREFIX-secrets`).",
     )
+    sessions_table: str = Field(
+        "",
+        description="The sessions table (`runplane exec`, `shell`, `port-forward`); empty: derived from the prefix "
+        "(AWS: `PREFIX-sessions`).",
+    )
     secrets_key: str = Field(
         "",
         description="The key that wraps secrets' data keys. AWS: a KMS key id, ARN or alias (empty: "

@@ -11,9 +11,11 @@ from typing import Any
 
 from runplane.adapters.aws.provision import AwsNames
 from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
+from runplane.adapters.names import TABLES
 from tests.cfn_template import as_list, defaults, expanded_resources
 
-TABLE_FIELDS = ("runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "secrets_table")
+TABLE_FIELDS = tuple(TABLES)
+"""Every table of a stack (``runplane.adapters.names.TABLES``)."""
 # What SQS gives a queue created without these attributes.
 SQS_DEFAULT_RETENTION_SECONDS = 345600
 SQS_DEFAULT_VISIBILITY_SECONDS = 30

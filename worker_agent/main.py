@@ -137,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             CachedQuotas(stack.quotas),
             secrets=stack.secrets,
             opener=stack.opener,
+            sessions=stack.sessions,
         ),
         stack.workers,
         client,

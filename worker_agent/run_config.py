@@ -11,7 +11,7 @@ from runplane import __version__
 from runplane.domain.accounting import Rates
 from runplane.domain.pools import RegistryLogin
 from runplane.domain.secrets import RegistryCredentials
-from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore, SecretOpener, SecretStore
+from runplane.ports import ObjectStore, QuotaStore, RunQueue, RunStore, SecretOpener, SecretStore, SessionStore
 from runplane.services.skew import STACK_CHECK_SECONDS
 from worker_agent.gpu_access import GpuAccess
 from worker_agent.live import LiveLimits
@@ -66,6 +66,8 @@ class AgentPorts:
     """Where the secrets runs name are kept (sealed); None: runs naming one end secret_unavailable."""
     opener: SecretOpener | None = None
     """What opens them: only the workers' credentials can (worker_agent/secrets.py)."""
+    sessions: SessionStore | None = None
+    """Sessions into the runs it holds (``runplane exec``, ``shell``, ``port-forward``); None: none are taken."""
 
 
 @dataclass(frozen=True)

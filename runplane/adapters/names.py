@@ -23,6 +23,7 @@ class StackNames:
     pools_table: str = ""
     quotas_table: str = ""
     secrets_table: str = ""
+    sessions_table: str = ""
 
     def __post_init__(self) -> None:
         for field, role in TABLES.items():

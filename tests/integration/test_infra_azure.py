@@ -350,7 +350,7 @@ def test_the_function_app_is_linux_python_311_with_an_identity_that_may_use_stor
 
 @pytest.mark.parametrize("prefix", ["runplane", "rp-dev1"])
 def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
-    """The agent's identity: table data on the runs, workers and quotas tables, blob data on the data
+    """The agent's identity: table data on the runs, workers, quotas and sessions tables, blob data on the data
     container, its pool queues' messages, sending to the poison and events queues; reading the
     secrets table and unwrapping with the secrets key. Never the account, the tokens or pools
     tables, or the Functions' package container."""
@@ -364,6 +364,7 @@ def test_batch_nodes_may_use_only_what_the_agent_uses(prefix):
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.runs_table}"),
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.workers_table}"),
         (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.quotas_table}"),
+        (TABLE_CONTRIBUTOR, f"{account}/tableServices/default/tables/{names.sessions_table}"),
         (BLOB_CONTRIBUTOR, f"{account}/blobServices/default/containers/{names.container}"),
         (TABLE_READER, f"{account}/tableServices/default/tables/{names.secrets_table}"),
         (arm.value("[variables('secretsUnwrapRole')]"), f"Microsoft.KeyVault/vaults/{vault}/keys/{key}"),

@@ -195,6 +195,7 @@ TABLES = {
     "PoolsTable": "pools_table",
     "QuotasTable": "quotas_table",
     "SecretsTable": "secrets_table",
+    "SessionsTable": "sessions_table",
 }
 
 
@@ -363,7 +364,7 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     unknown = {n for n in runplane_vars if n[len(prefix) :].lower() not in fields}
     assert not unknown, f"the template sets variables StackSettings does not read: {sorted(unknown)}"
     needed = {"prefix", "runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "bucket", "pools"}
-    needed |= {"secrets_table", "secrets_key"}
+    needed |= {"secrets_table", "secrets_key", "sessions_table"}
     assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
     # And the settings really read them: every variable lands in its field.
     environ = {name: f"from-{name.lower()}" for name in runplane_vars}
@@ -383,6 +384,7 @@ def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> N
     assert variables["RUNPLANE_QUOTAS_TABLE"] == {"Ref": "QuotasTable"}
     assert variables["RUNPLANE_SECRETS_TABLE"] == {"Ref": "SecretsTable"}
     assert variables["RUNPLANE_SECRETS_KEY"] == {"Fn::GetAtt": ["SecretsKey", "Arn"]}
+    assert variables["RUNPLANE_SESSIONS_TABLE"] == {"Ref": "SessionsTable"}
     assert variables["RUNPLANE_BUCKET"] == {"Ref": "DataBucket"}
     assert variables["RUNPLANE_PREFIX"] == {"Ref": "Prefix"}
     assert variables["RUNPLANE_POOLS"] == {"Ref": "PoolsJson"}
@@ -476,7 +478,7 @@ def test_functions_and_their_workers_get_the_stack_region(template: dict[str, An
 
 def test_hook_creates_the_same_names_and_indexes(provisioned: Provisioned) -> None:
     text = HOOK.read_text()
-    for suffix in ("runs", "workers", "tokens", "pools", "quotas", "secrets", "data"):
+    for suffix in ("runs", "workers", "tokens", "pools", "quotas", "secrets", "sessions", "data"):
         assert f"$prefix-{suffix}" in text
     assert '"$prefix-pool-$pool" "$pool_visibility"' in text
     assert '"$prefix-events" "$events_visibility"' in text

@@ -188,6 +188,7 @@ def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any
         "PoolsTable": "pools_table",
         "QuotasTable": "quotas_table",
         "SecretsTable": "secrets_table",
+        "SessionsTable": "sessions_table",
     }.items():
         props = declared[logical_id]["Properties"]
         ttl = props.get("TimeToLiveSpecification", {})
@@ -346,6 +347,7 @@ def _references(value: Any) -> set[str]:
         "PoolsTable",
         "QuotasTable",
         "SecretsTable",
+        "SessionsTable",
         "SecretsKey",
         "DataBucket",
         "EventsQueue",
@@ -411,6 +413,7 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "TokensTable",
         "QuotasTable",
         "SecretsTable",
+        "SessionsTable",
         "SecretsKey",
         "DataBucket",
         "EventsQueue",
@@ -429,15 +432,31 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "EventsQueue",
         "DataBucket",  # the retention sweep: runs' objects and unused uploads
         "PoolsTable",  # the sweep's own record, and whether a pool's agents are of an earlier release
+        "SessionsTable",  # sessions no worker took in time expire
     }
     assert reached["WorkerPolicy"] == {
         "RunsTable",
         "WorkersTable",
         "QuotasTable",
         "SecretsTable",
+        "SessionsTable",
         "SecretsKey",
         "DataBucket",
         "EventsQueue",
+    }
+
+
+def test_each_principal_may_do_what_it_does_with_sessions(template: dict[str, Any]) -> None:
+    """The API makes sessions (a conditional put), lists a run's and moves them on; the reaper
+    expires them; the workers read and move on the sessions of their runs but cannot make one (no
+    PutItem: a session is asked by its run's owner through the API, never by a worker)."""
+    found = _all_statements(template)
+    on_sessions = {name: _actions_on(statements, "SessionsTable") for name, statements in found.items()}
+    assert on_sessions == {
+        "ApiFunction": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"},
+        "DispatcherFunction": set(),
+        "ReaperFunction": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"},
+        "WorkerPolicy": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"},
     }
 
 
@@ -541,7 +560,9 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
     found = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
     assert _actions_on(found, "RunsTable") == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"}
     # the table itself is never queried or scanned; of its indexes, only its pool's line in order
-    queries = [s for s in found if "dynamodb:Query" in as_list(s["Action"])]
+    queries = [
+        s for s in found if "dynamodb:Query" in as_list(s["Action"]) and "RunsTable" in _references(s["Resource"])
+    ]
     assert [s["Resource"] for s in queries] == [{"Fn::Sub": "${RunsTable.Arn}/index/by_rank"}]
     assert _actions_on(found, "WorkersTable") == {"dynamodb:PutItem", "dynamodb:GetItem"}
     objects = [s for s in found if "DataBucket" in _references(s["Resource"])]

@@ -4,7 +4,7 @@
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
 # values): the runs table with its by_owner, by_queue_state, by_rank and by_purge indexes, the workers (by_pool),
-# tokens, pools, quotas and secrets (scope, name) tables, a queue and a dead-letter queue per pool, the
+# tokens, pools, quotas, secrets (scope, name) and sessions (run_id, slot) tables, a queue and a dead-letter queue per pool, the
 # dispatcher's event queue, the bucket, the KMS key of secrets and its alias; TTL on the workers and runs tables,
 # point-in-time recovery on the runs, tokens, quotas and secrets tables, the bucket's encryption,
 # public-access block, ownership, versioning, lifecycle and TLS-only policy, and the key's rotation
@@ -16,10 +16,10 @@
 #   RUNPLANE_PREFIX      resource name prefix                      (default: runplane)
 #   RUNPLANE_POOL_NAMES  comma-separated pool names                (default: default)
 #   RUNPLANE_RUNS_TABLE, RUNPLANE_WORKERS_TABLE, RUNPLANE_TOKENS_TABLE, RUNPLANE_POOLS_TABLE,
-#   RUNPLANE_QUOTAS_TABLE, RUNPLANE_SECRETS_TABLE,
+#   RUNPLANE_QUOTAS_TABLE, RUNPLANE_SECRETS_TABLE, RUNPLANE_SESSIONS_TABLE,
 #   RUNPLANE_BUCKET      override one name, as runplane's settings do (default: <prefix>-runs,
 #                        <prefix>-workers, <prefix>-tokens, <prefix>-pools, <prefix>-quotas,
-#                        <prefix>-secrets, <prefix>-data)
+#                        <prefix>-secrets, <prefix>-sessions, <prefix>-data)
 #   RUNPLANE_SECRETS_KEY the KMS key of secrets (default: alias/<prefix>-secrets, made here when
 #                        missing; a key id or ARN is used as it is, nothing made)
 set -euo pipefail
@@ -32,6 +32,7 @@ tokens_table=${RUNPLANE_TOKENS_TABLE:-$prefix-tokens}
 pools_table=${RUNPLANE_POOLS_TABLE:-$prefix-pools}
 quotas_table=${RUNPLANE_QUOTAS_TABLE:-$prefix-quotas}
 secrets_table=${RUNPLANE_SECRETS_TABLE:-$prefix-secrets}
+sessions_table=${RUNPLANE_SESSIONS_TABLE:-$prefix-sessions}
 secrets_key=${RUNPLANE_SECRETS_KEY:-alias/$prefix-secrets}
 bucket=${RUNPLANE_BUCKET:-$prefix-data}
 region=${AWS_DEFAULT_REGION:-us-east-1}
@@ -161,6 +162,9 @@ create_table "$quotas_table" \
 create_table "$secrets_table" \
   --key-schema AttributeName=scope,KeyType=HASH AttributeName=name,KeyType=RANGE \
   --attribute-definitions AttributeName=scope,AttributeType=S AttributeName=name,AttributeType=S
+create_table "$sessions_table" \
+  --key-schema AttributeName=run_id,KeyType=HASH AttributeName=slot,KeyType=RANGE \
+  --attribute-definitions AttributeName=run_id,AttributeType=S AttributeName=slot,AttributeType=N
 # The records that cannot be rebuilt (PITR_TABLES).
 for table in "$runs_table" "$tokens_table" "$quotas_table" "$secrets_table"; do
   apply "point-in-time recovery of $table" dynamodb update-continuous-backups --table-name "$table" \

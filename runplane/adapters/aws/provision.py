@@ -26,6 +26,7 @@ from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_PURGE, BY_QUEUE_STATE, BY_RANK, PURGE_DUE, PURGE_QUEUE
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.secrets import NAME, SCOPE
+from runplane.adapters.aws.sessions import RUN_ID, SLOT
 from runplane.adapters.aws.sqs import dead_letter_queue_name, events_queue_name, pool_queue_name
 from runplane.adapters.names import StackNames
 from runplane.settings import StackSettings
@@ -177,6 +178,8 @@ def _tables(ddb: Any, names: AwsNames) -> None:
         "pools_table": _create_table(ddb, names.pools_table, "pool", {"pool": "S"}, []),
         "quotas_table": _create_table(ddb, names.quotas_table, "id", {"id": "S"}, []),
         "secrets_table": _create_table(ddb, names.secrets_table, SCOPE, {SCOPE: "S", NAME: "S"}, [], sort_key=NAME),
+        # made on a stack of an earlier release too, when provision() runs again for this one
+        "sessions_table": _create_table(ddb, names.sessions_table, RUN_ID, {RUN_ID: "S", SLOT: "N"}, [], sort_key=SLOT),
     }
     # Only on creation for the workers table: DynamoDB refuses to enable TTL that is already
     # enabled. The runs table's TTL came with retention: a table made before it gets it now.
