@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
 from runplane.domain.runs import Run
@@ -27,6 +28,8 @@ class RunControl:
         self.requeue = threading.Event()
         self._store = store
         self._worker_id = worker_id
+        self.on_observe: Callable[[Run], None] | None = None
+        """Told of every fresher copy of the run this attempt still holds (the run's sessions)."""
 
     @property
     def run(self) -> Run:
@@ -40,6 +43,8 @@ class RunControl:
         if run.kill_requested:
             self.kill.set()
         self.state.seen(run)
+        if self.on_observe is not None:
+            self.on_observe(run)
 
     def poll(self) -> None:
         """Read the run for a kill or a lost lease (the heartbeat does it too, less often). A read

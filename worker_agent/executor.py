@@ -51,6 +51,7 @@ from worker_agent.resources import Allocation
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
 from worker_agent.secrets import RunSecrets, SecretsUnreachable
+from worker_agent.sessions.host import SessionHost
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
 from worker_agent.users import ImageUsers
@@ -219,6 +220,7 @@ class RunExecutor:
         started = self.clock()
         # a LeaseLost here leaves through run_safely, whose cleanup removes the started container
         self.state.running(started, f"container started on worker {self.config.worker_id}")
+        sessions = self._sessions()
         watch = Watch(self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk)
         live = LiveOutputs(
             self.ports.objects,
@@ -232,6 +234,8 @@ class RunExecutor:
         try:
             outcome = watch(started)
         finally:  # the container has exited: the final upload writes these keys again, last
+            if sessions is not None:  # each told run_ended, ended and written before the run's end
+                sessions.stop()
             live.stop(self.config.upload_deadline_seconds)
         ran = self.usage.timings["run"] = round(self.clock() - started, 3)
         self.meter.charge(self.run.spec.resources, self.config.rates, ran)
@@ -249,6 +253,23 @@ class RunExecutor:
         outcome = self._upload(outcome, live)
         live.finish(self.config.upload_deadline_seconds)  # a live upload that outlived stop() is not left last
         self._final(outcome)
+
+    def _sessions(self) -> SessionHost | None:
+        """The host of the run's sessions, told of the run from now on (None: none on this stack)."""
+        if self.ports.sessions is None:
+            return None
+        host = SessionHost(
+            self.ports.sessions,
+            self.state,
+            self.box.client.api,
+            self.container,
+            self.config.worker_id,
+            self.clock,
+            run_ending=self.control.stopping,
+        )
+        self.control.on_observe = host.observe
+        host.observe(self.run)  # sessions asked before it was told
+        return host
 
     def _hand_back(self, why: str) -> None:
         """Give the attempt back to the run's queue, not charged to it (its event says ``why``),

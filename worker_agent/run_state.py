@@ -56,6 +56,11 @@ class RunStateWriter:
     def running(self, now: float, message: str) -> None:
         self.seen(lifecycle.advance(self._ports.store, self.run, RunState.RUNNING, now, message))
 
+    def note(self, now: float, message: str) -> None:
+        """Add ``message`` to the timeline of the attempt while this worker holds it (a session's
+        end). Raises LeaseLost."""
+        self.seen(lifecycle.note(self._ports.store, self.run, now, message))
+
     def uploading(self, message: str) -> None:
         self.seen(lifecycle.advance(self._ports.store, self.run, RunState.UPLOADING, self._clock(), message))
 

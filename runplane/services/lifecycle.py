@@ -105,6 +105,15 @@ def advance(store: RunStore, run: Run, new: RunState, now: float, message: str, 
         raise LeaseLost(f"run {run.id} attempt {run.attempt} cannot become {new}: {e.message}") from e
 
 
+def note(store: RunStore, run: Run, now: float, message: str) -> Run:
+    """Add ``message`` to the timeline of a held run, its state unchanged. Raises LeaseLost if it
+    is no longer held by this attempt."""
+    try:
+        return store.update(run, _mine(run, ACTIVE_STATES), {}, Event(at=now, message=message))
+    except ConditionFailed as e:
+        raise LeaseLost(f"run {run.id} attempt {run.attempt} is no longer held: {e.message}") from e
+
+
 def fail(
     store: RunStore,
     run: Run,
