@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
+from pydantic import ValidationError
+
 from runplane.backend import ComputeBackend
 from runplane.compute.options import agent_args_for
 from runplane.compute.registry import build_backend, check_pool
@@ -30,6 +32,7 @@ from runplane.ports import (
     SecretOpener,
     SecretSealer,
     SecretStore,
+    SessionRelay,
     SessionStore,
     SweepStore,
     TokenStore,
@@ -74,6 +77,9 @@ class Stack:
     """How the agent opens the secrets of a run it holds (the API's credentials cannot)."""
     sessions: SessionStore | None = None
     """Sessions into live runs (``domain/sessions.py``): the API asks, the agent takes and ends them."""
+    relay: SessionRelay | None = None
+    """Where a session's two sides meet: on one machine, the front of the process that serves the API
+    (``runplane dev``, ``runplane serve``), set when it starts; None where the stack has none."""
 
     def backend(self, pool: Pool) -> ComputeBackend:
         if pool.backend not in self.backends:
@@ -116,6 +122,7 @@ def make_ports(
         secrets=stack.secrets,
         sealer=stack.sealer,
         sessions=stack.sessions,
+        relay=stack.relay,
     )
 
 
@@ -276,8 +283,12 @@ def pools_of(settings: StackSettings) -> PoolConfig:
 def build_stack(settings: StackSettings | None = None, clients: Any = None) -> Stack:
     """The stack for ``settings.cloud``. ``clients``: what ``aws_clients`` or ``azure_clients``
     returns for these settings (to share them); built here when None. Raises Misconfigured for a
-    bad pool, before it builds anything."""
-    settings = settings or StackSettings.from_env()
+    bad pool or a bad setting of the environment's (one line naming its variable), before it builds anything."""
+    if settings is None:
+        try:
+            settings = StackSettings.from_env()
+        except ValidationError as e:
+            raise Misconfigured(StackSettings.problem(e)) from None
     pools = pools_of(settings)
     if settings.cloud == "azure":
         return _azure_stack(settings, pools, clients)

@@ -84,6 +84,15 @@ class EnvironSource(PydanticBaseSettingsSource):
         return values
 
 
+def problems(e: ValidationError) -> str:
+    """``e``'s errors in one line, ``place: what`` each (the place left out for a rule of the whole),
+    without pydantic's "Value error, " prefixes."""
+    return "; ".join(
+        f"{'.'.join(map(str, err['loc'])) + ': ' if err['loc'] else ''}{err['msg'].removeprefix('Value error, ')}"
+        for err in e.errors()
+    )
+
+
 class Settings(BaseSettings):
     """One deployable's settings. ``from_env`` reads them from the environment; constructed
     directly, only the values given count, never the environment (tests build them so)."""
@@ -105,6 +114,19 @@ class Settings(BaseSettings):
         Raises pydantic.ValidationError; an error's ``loc`` is ``(field_name,)``, the field read from
         ``<env_prefix><FIELD_NAME>``, or ``()`` for a rule between fields."""
         return cls(**EnvironSource(cls, os.environ if environ is None else environ)())
+
+    @classmethod
+    def problem(cls, e: ValidationError) -> str:
+        """What ``from_env`` refused (``e``) in one line: each error after the variable its field is
+        read from (``RUNPLANE_RETENTION: outputs: cannot read duration '3x': ...``)."""
+        source = EnvironSource(cls, {})
+        parts = []
+        for err in e.errors():
+            field, rest = (str(err["loc"][0]), err["loc"][1:]) if err["loc"] else ("", ())
+            where = source.env_names(field)[0] if field in cls.model_fields else "settings"
+            place = "".join(f"{p}: " for p in rest)
+            parts.append(f"{where}: {place}{err['msg'].removeprefix('Value error, ')}")
+        return "; ".join(parts)
 
     def environment(self) -> dict[str, str]:
         """The variables ``from_env`` reads these settings back from: ``<env_prefix><NAME>`` of each
@@ -295,9 +317,7 @@ class StackSettings(Settings):
         try:
             read_retention(value)
         except ValidationError as e:
-            raise ValueError(
-                "; ".join(f"{'.'.join(map(str, err['loc'])) or 'retention'}: {err['msg']}" for err in e.errors())
-            ) from None
+            raise ValueError(problems(e)) from None
         return value
 
     def stack_id(self) -> str:

@@ -28,6 +28,7 @@ from runplane.client import (
     load_profile,
 )
 from runplane.domain.retention import read_retention
+from runplane.settings import problems
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)
@@ -187,13 +188,16 @@ RETENTION = Annotated[
 ]
 
 
-def retention_settings(text: str | None) -> dict[str, str]:
-    """The stack settings of ``--retention`` (none when not given). Raises CliError naming what is wrong."""
+def retention_settings(ctx: typer.Context | None, text: str | None) -> dict[str, str]:
+    """The stack settings of ``--retention`` (none when not given), the option of ``ctx``'s command.
+    Raises CliError, one line naming what is wrong and where it came from: ``--retention``, or
+    ``RUNPLANE_RETENTION`` when the option took it from the environment (as ``ctx`` says)."""
     if not text or not text.strip():
         return {}
     try:
         read_retention(text)
     except ValidationError as e:
-        wrong = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'retention'}: {err['msg']}" for err in e.errors())
-        raise CliError(f"--retention: {wrong}") from None
+        source = ctx.get_parameter_source("retention") if ctx is not None else None
+        where = "RUNPLANE_RETENTION" if source is not None and source.name == "ENVIRONMENT" else "--retention"
+        raise CliError(f"{where}: {problems(e)}") from None
     return {"retention": text}

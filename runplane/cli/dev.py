@@ -29,6 +29,7 @@ class Cloud(enum.StrEnum):
 
 
 def dev(
+    ctx: typer.Context,
     port: Annotated[int, typer.Option(help="port of the local API")] = 8080,
     token: Annotated[str | None, typer.Option(help="admin API token to accept (default: a new random one)")] = None,
     workers: Annotated[int | None, typer.Option(help="most local workers per pool")] = None,
@@ -99,7 +100,7 @@ def dev(
         azure_connection_string=azure_connection,
         state_dir=state_dir.expanduser(),
         fresh=fresh,
-        settings=retention_settings(retention),
+        settings=retention_settings(ctx, retention),
     )
     try:
         stack = DevStack(config)  # options that cannot go together fail here, before anything starts

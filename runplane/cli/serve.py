@@ -136,7 +136,7 @@ def serve(
         workers=workers,
         pools_file=pools_file,
         write_dev_file=False,
-        settings=retention_settings(retention),
+        settings=retention_settings(ctx, retention),
     )
     try:
         stack = DevStack(config)

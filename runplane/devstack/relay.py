@@ -115,6 +115,13 @@ class RelayHub:
         if pair is not None:
             self._end(session_id, pair, reason, None)
 
+    def stop(self, reason: str = "relay_lost") -> None:
+        """Hang up every session held (the front stops)."""
+        with self._lock:
+            pairs = list(self._pairs.items())
+        for session_id, pair in pairs:
+            self._end(session_id, pair, reason, None)
+
     def held(self, session_id: str) -> list[SessionSide]:
         """The sides of ``session_id`` connected now."""
         with self._lock:

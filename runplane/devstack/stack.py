@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runplane import bootstrap, extras
+from runplane.adapters.local.relay import FrontSessionRelay
 from runplane.compute.local.compute import LocalCompute
 from runplane.compute.registry import check_pool
 from runplane.devstack.cloud import Cloud
@@ -35,6 +36,7 @@ from runplane.devstack.ending import STOP_REASON, end_runs
 from runplane.devstack.front import FrontServer
 from runplane.devstack.local import LocalCloud
 from runplane.devstack.net import free_port
+from runplane.devstack.relay import RelayHub
 from runplane.devstack.state_dir import ADMIN_TOKEN_PATH, StateLock, check_stack_dir, empty, private_dir
 from runplane.devstack.wsgi import ProductionFront
 from runplane.domain.errors import RunplaneError
@@ -190,6 +192,7 @@ class DevStack:
         """Once started, the environment its other processes need besides this one's (agents started by
         hand, functions of their own): the stack's settings, the stores' credentials, Powertools'."""
         self._http: FrontServer | ProductionFront | None = None
+        self._relay: RelayHub | None = None
         self._stop = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
@@ -273,6 +276,10 @@ class DevStack:
                         os.environ[name] = value
                         self._set_env.append(name)
                 stack = cloud.build(self.settings)
+                if stack.sessions is not None:  # sessions meet at this front, where the API answers
+                    hub = RelayHub(stack.sessions, stack.clock)
+                    stack.relay = FrontSessionRelay(self.public_url, hub)
+                    http.relay = self._relay = hub
                 # its agents get this process's environment with the stack's in it
                 stack.backends["local"] = LocalCompute(
                     self.settings.local_state_dir, env=self.settings.exported({**os.environ, **self.environment})
@@ -391,6 +398,8 @@ class DevStack:
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
+        if self._relay is not None:  # the sessions it holds end with it
+            self._relay.stop()
         deadline = time.monotonic() + JOIN_SECONDS
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))

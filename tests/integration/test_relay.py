@@ -24,6 +24,7 @@ from runplane.adapters.local.relay import FrontSessionRelay
 from runplane.devstack.front import FrontServer
 from runplane.devstack.local import LocalCloud
 from runplane.devstack.relay import RelayHub
+from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.devstack.wsgi import ProductionFront
 from runplane.domain import session_wire
 from runplane.domain.session_wire import Frame, FrameType
@@ -297,3 +298,31 @@ def _wait(predicate: Callable[[], bool], timeout: float = 10) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.05)
+
+
+def test_the_dev_stack_serves_the_relay_its_api_names_and_hangs_up_when_it_stops(tmp_path: Path) -> None:
+    config = DevConfig(port=free_port(), state_dir=tmp_path, write_dev_file=False, functions=False, workers=0)
+    dev = DevStack(config)
+    dev.start()
+    try:
+        stack = bootstrap.stack()
+        assert stack.sessions is not None and stack.relay is not None
+        assert stack.ports.relay is stack.relay
+        # the sessions are the stack's; the hub here only makes them (the front's is the stack's own)
+        relay = Relay(dev.public_url, RelayHub(stack.sessions), stack.sessions, [time.time()])
+        session, client_ticket, worker_ticket = relay.session()
+        sides = []
+        for text in (client_ticket, worker_ticket):
+            endpoint = stack.relay.endpoint(session, text)  # what the API hands a side
+            assert endpoint.url == f"ws://127.0.0.1:{config.port}/v1/relay"
+            sides.append(connect(endpoint.url, additional_headers=endpoint.headers, open_timeout=10))
+        with pytest.raises(InvalidStatus) as refused:
+            relay.dial(client_ticket[:-4] + ("AAAA" if not client_ticket.endswith("AAAA") else "BBBB"))
+        assert refused.value.response.status_code == 401
+        client, worker = sides
+        client.send(b"through the stack's front")
+        assert worker.recv(timeout=10) == b"through the stack's front"
+    finally:
+        dev.stop()
+    assert _gone(client) == "relay_lost"
+    assert _gone(worker) == "relay_lost"

@@ -73,11 +73,15 @@ def test_a_bad_retention_stops_dev_and_serve_before_anything_starts(capsys, monk
         assert run_cli([command, "--retention", '{"outputs": "400d", "runs": "30d"}']) == 2
         said = capsys.readouterr().err.strip()
         assert said == (
-            "error: --retention: retention: Value error, outputs cannot be kept longer than the run's record "
-            "('runs'): they go with it"
+            "error: --retention: outputs cannot be kept longer than the run's record ('runs'): they go with it"
         )
-    monkeypatch.setenv("RUNPLANE_RETENTION", '{"output": "30d"}')  # read from the environment too
-    assert run_cli(["serve"]) == 2
-    assert capsys.readouterr().err.strip() == "error: --retention: output: Extra inputs are not permitted"
-    assert retention_settings(' {"runs": "180d"} ') == {"retention": ' {"runs": "180d"} '}
-    assert retention_settings("") == {}
+    # read from the environment too, and then named as it was given
+    monkeypatch.setenv("RUNPLANE_RETENTION", '{"output": "30d", "logs": "3x"}')
+    for command in ("dev", "serve"):
+        assert run_cli([command]) == 2
+        assert capsys.readouterr().err.strip() == (
+            "error: RUNPLANE_RETENTION: logs: cannot read duration '3x': use seconds or e.g. '90s', '30m', "
+            "'1h30m', '2d'; output: Extra inputs are not permitted"
+        )
+    assert retention_settings(None, ' {"runs": "180d"} ') == {"retention": ' {"runs": "180d"} '}
+    assert retention_settings(None, "") == {}

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from runplane.bootstrap import build_stack
+from runplane.domain.errors import Misconfigured
 from runplane.settings import StackSettings, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,3 +139,33 @@ def test_upload_retention_days_take_the_place_of_retentions_uploads():
     assert StackSettings.from_env({**both, "RUNPLANE_UPLOAD_RETENTION_DAYS": "0"}).kept().seconds("uploads") == 86400
     with pytest.raises(ValidationError, match="upload_retention_days"):
         StackSettings.from_env({"RUNPLANE_UPLOAD_RETENTION_DAYS": "-1"})
+
+
+def test_a_bad_setting_is_one_line_naming_its_variable():
+    """What a deployment logs (Misconfigured) or a CLI prints for a bad RUNPLANE_RETENTION: its variable,
+    each field's problem, no pydantic prefixes."""
+    bad = {"RUNPLANE_RETENTION": '{"outputs": "3x", "logs": "40d", "runs": "30d"}', "RUNPLANE_SCHEDULE_CALLS": "0"}
+    with pytest.raises(ValidationError) as e:
+        StackSettings.from_env(bad)
+    said = StackSettings.problem(e.value)
+    assert said == (
+        "RUNPLANE_SCHEDULE_CALLS: Input should be greater than or equal to 1; RUNPLANE_RETENTION: outputs: cannot "
+        "read duration '3x': use seconds or e.g. '90s', '30m', '1h30m', '2d'"
+    )
+    with pytest.raises(ValidationError) as e:
+        StackSettings.from_env({"RUNPLANE_RETENTION": '{"logs": "40d", "runs": "30d"}'})
+    assert StackSettings.problem(e.value) == (
+        "RUNPLANE_RETENTION: logs cannot be kept longer than the run's record ('runs'): they go with it"
+    )
+
+
+def test_a_stack_of_a_bad_environment_is_misconfigured_naming_the_variable(monkeypatch):
+    """build_stack from the environment: a bad setting is Misconfigured (what the fronts answer 503 with
+    and agents print), one line naming the variable, not pydantic's report."""
+    monkeypatch.setenv("RUNPLANE_CLOUD", "local")
+    monkeypatch.setenv("RUNPLANE_RETENTION", '{"outputs": "3x"}')
+    with pytest.raises(Misconfigured) as e:
+        build_stack()
+    assert e.value.message == (
+        "RUNPLANE_RETENTION: outputs: cannot read duration '3x': use seconds or e.g. '90s', '30m', '1h30m', '2d'"
+    )
