@@ -51,7 +51,13 @@ def exec_command(
     tty: Annotated[bool, typer.Option("--tty", "-t", help="give the command a terminal (stdin must be one)")] = False,
 ) -> None:
     """Run a command in a running run's container, as the run's user; exit as it did."""
-    raise typer.Exit(_interact(client(ctx), run_id, "exec", command, interactive, tty))
+    raise typer.Exit(_interact(client(ctx), run_id, "exec", command_words(command), interactive, tty))
+
+
+def command_words(words: list[str]) -> list[str]:
+    """The command after ``RUN --``: the ``--`` after the run's id reaches the command's words (an
+    argument ends the options), so the first one is taken off."""
+    return words[1:] if words[:1] == ["--"] else words
 
 
 def shell(ctx: typer.Context, run_id: RUN) -> None:

@@ -16,7 +16,7 @@ import pytest
 from websockets.sync.server import ServerConnection, serve
 
 from runplane.cli.common import CliError
-from runplane.cli.sessions import parse_ports
+from runplane.cli.sessions import command_words, parse_ports
 from runplane.client._forward import Forward, PortForward, loopback_listener
 from runplane.client._terminal import raw_mode
 from runplane.client.sessions import (
@@ -323,3 +323,9 @@ def test_port_forward_ports(text: str, ports: tuple[int, int]) -> None:
 def test_port_forward_refuses_what_is_not_ports(text: str) -> None:
     with pytest.raises(CliError):
         parse_ports(text)
+
+
+def test_exec_takes_the_double_dash_off_the_command_once() -> None:
+    assert command_words(["--", "sh", "-c", "echo --"]) == ["sh", "-c", "echo --"]
+    assert command_words(["--", "--"]) == ["--"]
+    assert command_words(["ls", "--"]) == ["ls", "--"]
