@@ -20,6 +20,7 @@ from runplane.api.models import (
     LogPage,
     OutputFile,
     OutputPage,
+    PoolRetention,
     PoolView,
     RetentionView,
     RunFailure,
@@ -30,6 +31,7 @@ from runplane.api.models import (
     UploadView,
     WorkerView,
 )
+from runplane.api.session_models import RelayView, SessionAccess, SessionList, SessionView
 from runplane.api.tenancy_models import (
     Me,
     QuotaUsage,
@@ -98,6 +100,7 @@ __all__ = [
     "OutputPage",
     "PackError",
     "PayloadTooLarge",
+    "PoolRetention",
     "PoolView",
     "PortForward",
     "Profile",
@@ -106,6 +109,7 @@ __all__ = [
     "QuotaView",
     "RateLimited",
     "RawResponse",
+    "RelayView",
     "Resources",
     "RetentionView",
     "RetryPolicy",
@@ -120,7 +124,10 @@ __all__ = [
     "SecretList",
     "SecretView",
     "ServerError",
+    "SessionAccess",
+    "SessionList",
     "SessionLost",
+    "SessionView",
     "Sweep",
     "SweepRetried",
     "SweepView",

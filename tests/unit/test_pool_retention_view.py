@@ -3,6 +3,7 @@ in seconds, null for good; the CLI's line says it, and says nothing of a pool th
 
 from runplane.api.views import pool_view
 from runplane.cli.fleet import pool_retention
+from runplane.client import PoolRetention
 from runplane.domain.pools import Pool
 from runplane.domain.workers import PoolRecord
 from runplane.settings import StackSettings
@@ -17,7 +18,7 @@ def _view(retention, stack):
 
 def test_the_pool_view_shows_its_retention_over_the_stacks():
     view = _view({"outputs": "7d", "runs": "forever"}, '{"outputs": "30d", "logs": "30d", "runs": "180d"}')
-    assert view.retention is not None
+    assert isinstance(view.retention, PoolRetention)  # the SDK's name for it
     assert view.retention.model_dump() == {"outputs": 7 * DAY, "logs": 30 * DAY, "runs": None}
     assert pool_retention(view) == "gpu: keeps outputs 7d, logs 30d and run records for good after a run ends"
     kept = _view(None, "")
