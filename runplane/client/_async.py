@@ -33,6 +33,7 @@ from runplane.client._files import PartFile
 from runplane.client._options import RunOptions, run_body
 from runplane.client._pack import Packed, pack
 from runplane.client._plans import Plans
+from runplane.client._session_calls import AsyncSessionCalls
 from runplane.client._uploads import Upload, check_put, counted, put_args, start, uploaded, with_uploads
 from runplane.client.errors import DownloadFailed, UploadFailed
 from runplane.domain.states import RunState
@@ -41,7 +42,7 @@ from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(AsyncSessionCalls):
     """The asyncio client of the runplane API: ``Client``'s settings, methods and errors, as
     coroutines. ``sleep`` replaces ``asyncio.sleep`` (tests). Use it as an async context manager,
     or ``await close()``."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView, SweepPage, SweepRetried, SweepView
+from runplane.api.session_models import SessionAccess, SessionList, SessionView
 from runplane.client._admin_plans import AdminPlans
 from runplane.client._core import (
     Emit,
@@ -118,6 +119,27 @@ class Plans(AdminPlans):
             if not page.next_cursor or page.next_cursor == cursor:
                 return
             cursor = page.next_cursor
+
+    # sessions
+
+    def open_session(self, run_id: str, kind: str, fields: Mapping[str, Any]) -> Plan[SessionAccess]:
+        """A session into the run; ``fields``: SessionRequest's others (None: left out, the API's
+        default). Not sent again after a failure that may have reached the API (a second session)."""
+        command = fields.get("command")
+        if isinstance(command, str | bytes):
+            raise TypeError("command is a list of arguments (['sh', '-c', '...']), not one string")
+        body = {"kind": str(kind), **{k: list(v) if k == "command" else v for k, v in fields.items() if v is not None}}
+        return parse(SessionAccess, (yield from self.raw("POST", sessions_path(run_id), body)))
+
+    def sessions(self, run_id: str) -> Plan[list[SessionView]]:
+        return (yield from self._get(SessionList, sessions_path(run_id))).sessions
+
+    def session_ticket(self, run_id: str, session_id: str) -> Plan[SessionAccess]:
+        path = sessions_path(run_id, session_id) + "/ticket"
+        return parse(SessionAccess, (yield from self.raw("POST", path)))
+
+    def close_session(self, run_id: str, session_id: str) -> Plan[SessionView]:
+        return parse(SessionView, (yield from self.raw("DELETE", sessions_path(run_id, session_id))))
 
     # sweeps
 
@@ -358,3 +380,9 @@ class _StreamReader:
         """Start over at offset 0 (the run's next attempt); what was held is handed over."""
         held, self._held, self.offset, self.complete = self._held, "", 0, False
         return held
+
+
+def sessions_path(run_id: str, session_id: str | None = None) -> str:
+    """Where a run's sessions are; ``session_id``: that one."""
+    path = f"/v1/runs/{quote_segment(run_id)}/sessions"
+    return path if session_id is None else f"{path}/{quote_segment(session_id)}"

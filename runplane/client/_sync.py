@@ -31,6 +31,7 @@ from runplane.client._files import PartFile
 from runplane.client._options import RunOptions, run_body
 from runplane.client._pack import pack
 from runplane.client._plans import Plans
+from runplane.client._session_calls import SessionCalls
 from runplane.client._sync_run import Run, Sweep
 from runplane.client._uploads import Upload, check_put, counted, put_args, start, uploaded, with_uploads
 from runplane.client.errors import DownloadFailed, UploadFailed
@@ -40,7 +41,7 @@ from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
 T = TypeVar("T")
 
 
-class Client:
+class Client(SessionCalls):
     """A blocking client of the runplane API.
 
     ``url`` and ``token`` each come from the first place that gives one: the argument,

@@ -237,12 +237,12 @@ def new_ticket(ports: Ports, principal: Principal, run_id: str, sid: str) -> Ope
     REQUEST_SECONDS. Raises NotFound (see ``_session``), Conflict (the session is over), NotAllowed
     (no relay)."""
     store, session = _session(ports, principal, run_id, sid)
-    relay = _stores(ports)[1]
     for _ in range(_TRIES):
         now = ports.clock()
         session = _expire(store, session, now) or session
         if session.state.over:
             raise Conflict(f"session {sid} is {session.state}: open another")
+        relay = _stores(ports)[1]
         secret, digest = new_secret()
         try:
             session = store.update(session, LIVE, {"client_secret_hash": digest, "expires_at": now + REQUEST_SECONDS})
