@@ -48,7 +48,13 @@ log = logging.getLogger(__name__)
 JOIN_SECONDS = 20.0
 """How long ending the sessions waits for each one's thread."""
 NO_PID_NAMESPACE = "sessions are unavailable on this worker: its agent does not share the Docker engine's PID namespace"
-_GONE = {"closed": EndReason.CLOSED, "client_gone": EndReason.CLIENT_GONE, "run_ended": EndReason.RUN_ENDED}
+_GONE = {
+    "closed": EndReason.CLOSED,
+    "client_gone": EndReason.CLIENT_GONE,
+    "run_ended": EndReason.RUN_ENDED,
+    "relay_lost": EndReason.RELAY_LOST,
+}
+"""What the session ends as, by the reason of the relay's GONE (any other: the client is gone)."""
 
 
 def clock_time(seconds: float) -> str:

@@ -1,0 +1,333 @@
+"""The worker's side of sessions (worker_agent/sessions/) with the real Docker engine: an agent holds
+two runs of the local stack; a session asked of one (written to the stack's store and counted on the
+run, as the API does) is taken by the agent, which meets the test's client at the one-machine relay
+(runplane/devstack/relay.py, behind the stack's front). An exec gives its output and exit code;
+stdin reaches the command; a terminal's size follows RESIZE; a client that drops leaves nothing of
+the session running; a port-forward reaches a listener inside a run without network, never a port
+of the host nor one of another run."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from runplane.adapters.local.relay import FrontSessionRelay
+from runplane.bootstrap import Stack, build_stack
+from runplane.devstack.front import FrontServer
+from runplane.devstack.relay import RelayHub
+from runplane.domain.errors import RunplaneError
+from runplane.domain.expect import Expect
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.session_wire import (
+    STDERR,
+    STDIN,
+    STDOUT,
+    Frame,
+    FrameType,
+    decode,
+    json_frame,
+    resize,
+)
+from runplane.domain.sessions import (
+    REQUEST_SECONDS,
+    EndReason,
+    Session,
+    SessionKind,
+    new_secret,
+    session_id,
+    ticket,
+)
+from runplane.domain.states import RunState
+from runplane.domain.tenancy import Principal
+from runplane.services.runs import kill_run, submit_run
+from runplane.settings import StackSettings
+from tests.conftest import POOLS_FILE, TEST_IMAGE, wait_for
+from tests.object_front import ObjectsOnly
+from worker_agent.agent import Agent
+from worker_agent.container_spec import container_name
+from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
+from worker_agent.sessions.procs import Procs, can_see
+
+pytestmark = pytest.mark.docker
+
+PAGE = "hello-from-run"
+# a listener on the run's own loopback (the run has no network), then the run idles
+SERVING = (
+    f"mkdir -p /tmp/www && echo {PAGE} > /tmp/www/index.html && httpd -p 127.0.0.1:8000 -h /tmp/www"
+    " && while :; do sleep 1; done"
+)
+OTHER = SERVING.replace(PAGE, "other").replace(":8000", ":8001")
+
+RESOURCES = {"cpus": 1, "memory": "64m", "disk": "1g"}
+
+
+@dataclass
+class Site:
+    stack: Stack
+    relay_url: str
+    run: Run
+    other: Run
+    docker: Any
+
+    def container(self, run: Run) -> Any:
+        stored = self.stack.store.get(run.id)
+        return self.docker.containers.get(container_name(self.stack.settings.stack_id(), run.id, stored.attempt))
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterator[Site]:
+    root = tmp_path_factory.mktemp("sessions")
+    state = root / "state"
+    objects = ObjectsOnly(state)
+    front = FrontServer(("127.0.0.1", 0), objects)  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{front.server_address[1]}"
+    stack = build_stack(StackSettings(cloud="local", state_dir=str(state), public_url=url, pools=str(POOLS_FILE)))
+    assert stack.sessions is not None
+    objects.secret = stack.tokens.secret
+    front.relay = RelayHub(stack.sessions)
+    serving = threading.Thread(target=front.serve_forever, name="front", daemon=True)
+    serving.start()
+    alice = Principal(user="alice")
+    runs = [
+        submit_run(
+            stack.ports,
+            alice,
+            RunSpec.model_validate(
+                {"command": command, "queue": "manual", "image": TEST_IMAGE, "resources": RESOURCES}
+            ),
+            None,
+        ).run
+        for command in (SERVING, OTHER)
+    ]
+    work_dir = root / "w"
+    config = AgentConfig(
+        pool="manual",
+        worker_id="w-sessions",
+        work_dir=work_dir,
+        cpuset=(0, 1),
+        slots=2,
+        poll_seconds=1,
+        executor=ExecutorConfig(
+            worker_id="w-sessions", work_dir=work_dir, stack_id=stack.settings.stack_id(), kill_poll_seconds=0.5
+        ),
+    )
+    ports = AgentPorts(stack.store, stack.queue, stack.objects, sessions=stack.sessions)
+    agent = Agent(config, ports, stack.workers, docker_client, time.time)
+    thread = threading.Thread(target=agent.run, name="agent", daemon=True)
+    thread.start()
+    try:
+        for run in runs:
+            wait_for(lambda r=run: stack.store.get(r.id).state == RunState.RUNNING, 60, 0.1, f"run {run.id} to run")
+        mine, other = (stack.store.get(r.id) for r in runs)
+        site = Site(stack, FrontSessionRelay(url, front.relay).url, mine, other, docker_client)
+        box = site.container(site.run)
+        box.reload()
+        if not can_see(Procs(), int(box.attrs["State"]["Pid"]), box.id):
+            pytest.skip("this test's process does not share the Docker engine's PID namespace, which sessions need")
+        wait_for(lambda: b"httpd" in box.exec_run("ps").output, 10, 0.1, "the run's listener")
+        yield site
+    finally:
+        for run in runs:
+            with contextlib.suppress(RunplaneError):  # ended already
+                kill_run(stack.ports, alice, run.id)
+        for run in runs:
+            wait_for(lambda r=run: stack.store.get(r.id).state.terminal, 60, 0.2, f"run {run.id} to end")
+        agent.stop()
+        thread.join(60)
+        front.shutdown()
+        front.server_close()
+
+
+class Client:
+    """The test's side of a session: its WebSocket at the relay and the frames that came."""
+
+    def __init__(self, conn: ClientConnection, session: Session) -> None:
+        self.conn, self.session = conn, session
+        self.out: dict[int, bytes] = {STDOUT: b"", STDERR: b""}
+
+    def send(self, frame: Frame) -> None:
+        self.conn.send(frame.encode())
+
+    def recv(self, timeout: float = 20) -> Frame:
+        frame = decode(self.conn.recv(timeout=timeout))  # type: ignore[arg-type]
+        if frame.type == FrameType.DATA and frame.channel in self.out:
+            self.out[frame.channel] += frame.payload
+        return frame
+
+    def until(self, kind: FrameType, timeout: float = 20) -> Frame:
+        deadline = time.monotonic() + timeout
+        while (frame := self.recv(deadline - time.monotonic())).type != kind:
+            pass
+        return frame
+
+    def wait_output(self, text: bytes, channel: int = STDOUT, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.out[channel]:
+            self.recv(deadline - time.monotonic())
+
+
+def ask(site: Site, run: Run, kind: SessionKind, **fields: Any) -> tuple[Session, str]:
+    """A session of ``run`` as the API makes it: requested in a free slot, then counted on the run."""
+    store = site.stack.sessions
+    assert store is not None
+    taken = {s.slot for s in store.for_run(run.id) if not s.state.over}
+    slot = min(set(range(4)) - taken)
+    secret, hashed = new_secret()
+    now = time.time()
+    session = store.create(
+        Session(
+            id=session_id(run.id, slot), run_id=run.id, slot=slot, attempt=run.attempt, owner="alice",
+            asked_by="alice", kind=kind, relay=site.relay_url, client_secret_hash=hashed, created_at=now,
+            expires_at=now + REQUEST_SECONDS, **fields,
+        )
+    )  # fmt: skip
+    current = site.stack.store.get(run.id)
+    site.stack.store.update(
+        current,
+        Expect(states=frozenset({RunState.RUNNING}), attempt=run.attempt),
+        {"sessions_asked": current.sessions_asked + 1},
+    )
+    return session, ticket(session.id, secret)
+
+
+def join(site: Site, run: Run, kind: SessionKind, hello: dict[str, Any] | None = None, **fields: Any) -> Client:
+    session, text = ask(site, run, kind, **fields)
+    conn = connect(
+        site.relay_url, additional_headers={"Authorization": f"Bearer {text}"}, compression=None, open_timeout=10
+    )
+    client = Client(conn, session)
+    client.send(json_frame(FrameType.HELLO, {"v": 1, "side": "client", **(hello or {})}))
+    first = client.recv()
+    assert first.type == FrameType.HELLO and first.json()["side"] == "worker"
+    return client
+
+
+def ended(site: Site, session: Session) -> Session:
+    store = site.stack.sessions
+    assert store is not None
+    return wait_for(lambda: (s := store.get(session.id)).state.over and s, 20, 0.1, f"session {session.id} to end")
+
+
+def test_an_exec_gives_its_output_and_exit_code_and_ends_on_the_runs_timeline(site: Site) -> None:
+    client = join(site, site.run, SessionKind.EXEC, command=["sh", "-c", "echo hi; echo err >&2; exit 3"])
+    with client.conn:
+        exit_frame = client.until(FrameType.EXIT)
+    assert exit_frame.json()["code"] == 3
+    assert client.out == {STDOUT: b"hi\n", STDERR: b"err\n"}
+    session = ended(site, client.session)
+    assert (session.end_reason, session.exit_code, session.worker_id) == (EndReason.EXITED, 3, "w-sessions")
+    assert session.bytes_out == len(b"hi\nerr\n")
+    timeline = [e.message for e in site.stack.store.get(site.run.id).events]
+    assert any(m.startswith("exec by alice: sh -c 'echo hi;") and m.endswith(", exit 3") for m in timeline), timeline
+
+
+def test_stdin_reaches_the_command_as_the_runs_user_with_the_sessions_name(site: Site) -> None:
+    client = join(site, site.run, SessionKind.EXEC, command=["sh"], stdin=True)
+    with client.conn:
+        client.send(Frame(FrameType.DATA, STDIN, 0, b'echo $((6 * 7)) "$RUNPLANE_SESSION" $(id -u)\n'))
+        client.send(Frame(FrameType.EOF, STDIN))
+        assert client.until(FrameType.EXIT).json()["code"] == 0
+    user = (site.container(site.run).attrs["Config"]["User"] or "0").split(":")[0]
+    assert client.out[STDOUT].decode().split() == ["42", client.session.id, user]
+
+
+def test_a_terminals_size_follows_resize(site: Site) -> None:
+    client = join(site, site.run, SessionKind.SHELL, {"rows": 40, "cols": 132}, tty=True, stdin=True)
+    with client.conn:
+        client.send(Frame(FrameType.DATA, STDIN, 0, b"stty size\n"))
+        client.wait_output(b"40 132")
+        client.send(resize(30, 100))
+        client.send(Frame(FrameType.DATA, STDIN, 0, b"stty size; exit 5\n"))
+        assert client.until(FrameType.EXIT).json()["code"] == 5
+    assert b"30 100" in client.out[STDOUT]
+    assert client.out[STDERR] == b""  # with a terminal everything comes on stdout
+
+
+def _sleeps(site: Site) -> list[str]:
+    top = site.container(site.run).top()
+    return [" ".join(p) for p in top["Processes"] if "sleep 100" in " ".join(p)]
+
+
+def test_a_client_that_drops_leaves_nothing_of_its_session_running(site: Site) -> None:
+    command = ["sh", "-c", "sleep 1001 & (setsid sleep 1002 &); sleep 1003"]
+    client = join(site, site.run, SessionKind.EXEC, command=command)
+    wait_for(lambda: len(_sleeps(site)) == 3, 10, 0.1, "the session's three sleeps")
+    client.conn.socket.close()  # dropped, no goodbye
+    client.conn.close()
+    session = ended(site, client.session)
+    assert session.end_reason == EndReason.CLIENT_GONE and session.exit_code is None
+    assert _sleeps(site) == []
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name.startswith(f"session-{session.id}")],
+        10, 0.1, "the session's threads to end",
+    )  # fmt: skip
+
+
+def test_a_port_forward_reaches_the_runs_own_loopback_only(site: Site) -> None:
+    client = join(site, site.run, SessionKind.PORT_FORWARD, port=8000)
+    with client.conn:
+        for chan in (16, 18):  # two connections at once
+            client.send(json_frame(FrameType.OPEN, {"port": 8000}, channel=chan))
+            assert client.recv().type == FrameType.OPEN_OK
+        for chan in (16, 18):
+            client.send(Frame(FrameType.DATA, chan, 0, b"GET /index.html HTTP/1.0\r\n\r\n"))
+        got: dict[int, bytes] = {16: b"", 18: b""}
+        done: set[int] = set()
+        while done != {16, 18}:
+            frame = client.recv()
+            if frame.type == FrameType.DATA:
+                got[frame.channel] += frame.payload
+            elif frame.type in (FrameType.EOF, FrameType.CLOSE):
+                done.add(frame.channel)
+        assert all(PAGE.encode() in body for body in got.values()), got
+        client.send(json_frame(FrameType.OPEN, {"port": 8001}, channel=20))  # not the session's port
+        refused = client.recv()
+        assert refused.type == FrameType.OPEN_FAIL and "port 8000 only" in refused.json()["reason"]
+    assert ended(site, client.session).end_reason in (EndReason.CLIENT_GONE, EndReason.RELAY_LOST)
+
+
+def test_a_port_forward_never_reaches_the_host_nor_another_run(site: Site) -> None:
+    host = socket.create_server(("127.0.0.1", 0))  # a port only the host listens on
+    host.settimeout(0.5)
+    host_port = host.getsockname()[1]
+    with host:
+        for port in (host_port, 8001):  # and one only the other run listens on
+            client = join(site, site.run, SessionKind.PORT_FORWARD, port=port)
+            with client.conn:
+                client.send(json_frame(FrameType.OPEN, {"port": port}, channel=16))
+                refused = client.recv()
+            assert refused.type == FrameType.OPEN_FAIL, port
+            assert "refused" in refused.json()["reason"].lower(), refused.json()
+        with pytest.raises(TimeoutError):
+            host.accept()
+    # the other run's listener is there: only its own sessions reach it
+    client = join(site, site.other, SessionKind.PORT_FORWARD, port=8001)
+    with client.conn:
+        client.send(json_frame(FrameType.OPEN, {"port": 8001}, channel=16))
+        assert client.recv().type == FrameType.OPEN_OK
+        client.send(Frame(FrameType.DATA, 16, 0, b"GET /index.html HTTP/1.0\r\n\r\n"))
+        body = b""
+        while (frame := client.recv()).type == FrameType.DATA:
+            body += frame.payload
+    assert b"other" in body
+
+
+def test_a_session_ends_with_its_run(site: Site) -> None:
+    client = join(site, site.other, SessionKind.EXEC, command=["sleep", "1000"])
+    kill_run(site.stack.ports, Principal(user="alice"), site.other.id)
+    with client.conn:
+        gone = client.until(FrameType.GONE)
+        assert gone.json()["reason"] == "run_ended"
+        with pytest.raises(ConnectionClosed):
+            while True:
+                client.recv()
+    assert ended(site, client.session).end_reason == EndReason.RUN_ENDED
