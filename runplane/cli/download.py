@@ -16,7 +16,9 @@ def download(
     ctx: typer.Context,
     run_id: RUN_ID = None,
     dest: Annotated[Path, typer.Argument(metavar="DEST", help="directory to write the outputs into")] = Path(),
-    force: Annotated[bool, typer.Option("--force", help="overwrite files that differ")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="overwrite files that differ (live/ files are written over always)")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help='print {"files": [...]}, the files written')] = False,
     sweep: Annotated[
         str | None,
