@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +43,7 @@ from runplane.domain.sessions import (
     EndReason,
     Session,
     SessionKind,
+    SessionState,
     new_secret,
     session_id,
     ticket,
@@ -55,6 +57,8 @@ from tests.object_front import ObjectsOnly
 from worker_agent.agent import Agent
 from worker_agent.container_spec import container_name
 from worker_agent.run_config import AgentConfig, AgentPorts, ExecutorConfig
+from worker_agent.run_state import RunStateWriter
+from worker_agent.sessions.host import SessionHost
 from worker_agent.sessions.procs import Procs, can_see
 
 pytestmark = pytest.mark.docker
@@ -77,6 +81,7 @@ class Site:
     run: Run
     other: Run
     docker: Any
+    hub: RelayHub
 
     def container(self, run: Run) -> Any:
         stored = self.stack.store.get(run.id)
@@ -128,7 +133,7 @@ def site(tmp_path_factory: pytest.TempPathFactory, docker_client: Any) -> Iterat
         for run in runs:
             wait_for(lambda r=run: stack.store.get(r.id).state == RunState.RUNNING, 60, 0.1, f"run {run.id} to run")
         mine, other = (stack.store.get(r.id) for r in runs)
-        site = Site(stack, FrontSessionRelay(url, front.relay).url, mine, other, docker_client)
+        site = Site(stack, FrontSessionRelay(url, front.relay).url, mine, other, docker_client, front.relay)
         box = site.container(site.run)
         box.reload()
         if not can_see(Procs(), int(box.attrs["State"]["Pid"]), box.id):
@@ -175,8 +180,9 @@ class Client:
             self.recv(deadline - time.monotonic())
 
 
-def ask(site: Site, run: Run, kind: SessionKind, **fields: Any) -> tuple[Session, str]:
-    """A session of ``run`` as the API makes it: requested in a free slot, then counted on the run."""
+def ask(site: Site, run: Run, kind: SessionKind, count: bool = True, **fields: Any) -> tuple[Session, str]:
+    """A session of ``run`` as the API makes it: requested in a free slot, then counted on the run
+    (unless not ``count``: then its agent is not told)."""
     store = site.stack.sessions
     assert store is not None
     taken = {s.slot for s in store.for_run(run.id) if not s.state.over}
@@ -191,6 +197,8 @@ def ask(site: Site, run: Run, kind: SessionKind, **fields: Any) -> tuple[Session
         )
     )  # fmt: skip
     current = site.stack.store.get(run.id)
+    if not count:
+        return session, ticket(session.id, secret)
     site.stack.store.update(
         current,
         Expect(states=frozenset({RunState.RUNNING}), attempt=run.attempt),
@@ -270,6 +278,37 @@ def test_a_client_that_drops_leaves_nothing_of_its_session_running(site: Site) -
         lambda: not [t for t in threading.enumerate() if t.name.startswith(f"session-{session.id}")],
         10, 0.1, "the session's threads to end",
     )  # fmt: skip
+
+
+def test_a_closed_session_ends_its_command(site: Site) -> None:
+    client = join(site, site.run, SessionKind.EXEC, command=["sh", "-c", "sleep 1004"])
+    wait_for(lambda: any("sleep 1004" in p for p in _sleeps(site)), 10, 0.1, "the session's sleep")
+    site.hub.close(client.session.id, "closed")  # as the API's DELETE does
+    with client.conn:
+        assert client.until(FrameType.GONE).json()["reason"] == "closed"
+    assert ended(site, client.session).end_reason == EndReason.CLOSED
+    assert _sleeps(site) == []
+
+
+def test_an_agent_that_cannot_see_the_runs_processes_refuses_sessions(site: Site, tmp_path: Path) -> None:
+    store = site.stack.sessions
+    assert store is not None
+    run = site.stack.store.get(site.run.id)
+    blind = SessionHost(
+        store,
+        RunStateWriter(run, AgentPorts(site.stack.store, site.stack.queue, site.stack.objects), time.time),
+        site.docker.api,
+        site.container(run),
+        "w-blind",
+        time.time,
+        procs=Procs(tmp_path),  # a /proc with none of the container's processes in it
+    )
+    session, _ = ask(site, run, SessionKind.EXEC, count=False, command=["true"])  # the run's own agent is not told
+    blind.look()
+    refused = store.get(session.id)
+    assert refused.state == SessionState.REFUSED and refused.worker_id is None
+    assert refused.end_reason is not None and "PID namespace" in refused.end_reason
+    assert blind.threads == []
 
 
 def test_a_port_forward_reaches_the_runs_own_loopback_only(site: Site) -> None:
