@@ -13,6 +13,7 @@
 - ``for_run`` lists the run's sessions by slot, live and over, none of another run's.
 - a session written by a later release (a field this one does not know) reads, and an update
   writes that field back.
+- a stack made by a release without sessions gets the table from provisioning it again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from runplane.domain.errors import ConditionFailed, Conflict, NotFound
+from runplane.adapters.aws.provision import provision
+from runplane.adapters.azure.provision import provision as provision_azure
+from runplane.bootstrap import aws_clients, aws_names, azure_clients, azure_names
+from runplane.domain.errors import BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.sessions import OVER, Session, SessionKind, SessionState, new_secret, session_id
 from runplane.domain.wire import stored, written
 
@@ -167,3 +171,19 @@ def test_racing_updates_out_of_one_state_have_one_winner(racing_stack):
         winners = [w for w in pool.map(take, range(8)) if w is not None]
     assert len(winners) == 1
     assert store.get(session.id).worker_id == winners[0]
+
+
+def test_provisioning_a_stack_made_without_sessions_adds_their_table(aws_stack, azure_stack):
+    pools = [p.name for p in aws_stack.pools.pools]
+    aws = aws_clients(aws_stack.settings)
+    aws["dynamodb"].delete_table(TableName=aws_names(aws_stack.settings).sessions_table)
+    azure = azure_clients(azure_stack.settings)
+    azure.tables.delete_table(azure_names(azure_stack.settings).sessions_table)
+    for stack in (aws_stack, azure_stack):
+        with pytest.raises(BackendError):  # as on a stack of the previous release
+            stack.sessions.for_run(new_run_id())
+    provision(aws_names(aws_stack.settings), pools, aws["dynamodb"], aws["sqs"], aws["s3"])
+    provision_azure(azure_names(azure_stack.settings), pools, azure)
+    for stack in (aws_stack, azure_stack):
+        session = stack.sessions.create(make(new_run_id(), 0))
+        assert stack.sessions.get(session.id) == session
