@@ -370,3 +370,5 @@ def test_a_session_ends_with_its_run(site: Site) -> None:
             while True:
                 client.recv()
     assert ended(site, client.session).end_reason == EndReason.RUN_ENDED
+    timeline = [e.message for e in site.stack.store.get(site.other.id).events]
+    assert any(m.startswith("exec by alice: sleep 1000, ") and m.endswith(", run_ended") for m in timeline), timeline

@@ -287,11 +287,10 @@ class LiveSession:
             return EndReason.CLOSED
         self.began = self.host.clock()
         rows, cols = _size(hello, session)
-        handler = self._handler(link)
         with self._lock:
             if self._stopped is not None:
                 return self._stopped
-            self.handler = handler
+            self.handler = handler = self._handler(link)
         try:
             handler.start(rows, cols)
         except ExecFailed as e:
