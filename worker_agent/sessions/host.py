@@ -116,6 +116,8 @@ class SessionHost:
                 self.look()
             except RunplaneError as e:
                 log.warning("run %s: its sessions could not be read: %s", self.state.run.id, e)
+            except Exception:  # the next session asked is looked for all the same
+                log.exception("run %s: looking at its sessions failed", self.state.run.id)
 
     def look(self) -> None:
         """Take the run's requested sessions of this attempt."""
@@ -184,6 +186,11 @@ class SessionHost:
         except RunplaneError as e:
             log.warning("session %s: could not be written: %s", session.id, e)
             return None
+
+    def done(self, session_id: str) -> None:
+        """Forget an ended session (its threads end with it)."""
+        with self._lock:
+            self._live.pop(session_id, None)
 
     def note(self, message: str) -> None:
         try:
@@ -266,6 +273,7 @@ class LiveSession:
             elif stopped is not None:
                 reason = stopped
             self.finish(reason, exit_code)
+            self.host.done(self.session.id)
 
     def _serve(self) -> EndReason:
         session = self.session
