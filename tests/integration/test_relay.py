@@ -1,5 +1,5 @@
 """The one-machine relay (runplane/devstack/relay.py) behind both fronts of the embedded stack (the
-dev front and cheroot's, of ``runplane serve``), with sessions in the stack's SQLite store: the two
+dev front and cheroot's, of ``runplane serve``, plain and HTTPS), with sessions in the stack's SQLite store: the two
 sides of a session meet and every byte crosses both ways unchanged; a ticket that does not open the
 session is refused before any WebSocket opens, as is a second connection of a side; nothing crosses
 between sessions; a side's leaving, a close, an oversize frame, a peer that never comes end the
@@ -7,6 +7,7 @@ session for both with GONE; plain HTTP is served all along."""
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from runplane.domain.sessions import (
 )
 from runplane.ports import SessionStore
 from runplane.settings import StackSettings
+from tests.integration.test_serve_front import self_signed
 
 POOLS = """pools:
   - {name: default, backend: local, cpus: 1, memory: 1g, disk: 1g, max_workers: 0, default_image: busybox}
@@ -48,10 +50,12 @@ MAX_FRAME = 64 * 1024
 @dataclass
 class Relay:
     url: str
-    """The front's http:// URL."""
+    """The front's http(s):// URL."""
     hub: RelayHub
     store: SessionStore
     now: list[float]
+    tls: ssl.SSLContext | None = None
+    """What a side trusts of an https:// front."""
 
     def session(self, run_id: str = "r-relay", slot: int = 0, **changes: Any) -> tuple[Session, str, str]:
         """A session taken by a worker, and the client's and the worker's tickets."""
@@ -85,7 +89,12 @@ class Relay:
     def dial(self, ticket_text: str | None) -> ClientConnection:
         headers = {"Authorization": f"Bearer {ticket_text}"} if ticket_text is not None else {}
         return connect(
-            self.ws_url, additional_headers=headers, max_size=2 * MAX_FRAME, open_timeout=10, compression=None
+            self.ws_url,
+            additional_headers=headers,
+            max_size=2 * MAX_FRAME,
+            open_timeout=10,
+            compression=None,
+            ssl=self.tls,
         )
 
 
@@ -102,15 +111,19 @@ def _serve_dev(address: tuple[str, int], cloud: LocalCloud, hub: RelayHub) -> tu
     return f"http://127.0.0.1:{server.server_address[1]}", stop
 
 
-def _serve_cheroot(address: tuple[str, int], cloud: LocalCloud, hub: RelayHub) -> tuple[str, Callable[[], None]]:
-    front = ProductionFront(address, cloud)
+def _serve_cheroot(
+    address: tuple[str, int], cloud: LocalCloud, hub: RelayHub, tls: tuple[Path, Path] | None = None
+) -> tuple[str, Callable[[], None]]:
+    front = ProductionFront(address, cloud, *(tls or (None, None)))
     front.relay = hub
     thread = threading.Thread(target=front.serve_forever, daemon=True)
     thread.start()
-    return f"http://127.0.0.1:{front.server_address[1]}", front.shutdown
+    return f"{'https' if tls else 'http'}://127.0.0.1:{front.server_address[1]}", front.shutdown
 
 
-def _relay(tmp_path: Path, serve: Callable[..., tuple[str, Callable[[], None]]], wait: float) -> Iterator[Relay]:
+def _relay(
+    tmp_path: Path, serve: Callable[..., tuple[str, Callable[[], None]]], wait: float, tls: bool = False
+) -> Iterator[Relay]:
     state = tmp_path / "state"
     settings = StackSettings(cloud="local", state_dir=str(state), public_url="http://127.0.0.1", pools=POOLS)
     stack = bootstrap.build_stack(settings)
@@ -120,18 +133,25 @@ def _relay(tmp_path: Path, serve: Callable[..., tuple[str, Callable[[], None]]],
     cloud = LocalCloud(state, "http://127.0.0.1")
     cloud.provision(stack)
     before = bootstrap.use(stack)
-    url, stop = serve(("127.0.0.1", 0), cloud, hub)
+    trust = None
+    if tls:
+        cert, key = self_signed(tmp_path)
+        url, stop = serve(("127.0.0.1", 0), cloud, hub, (cert, key))
+        trust = ssl.create_default_context(cafile=str(cert))
+    else:
+        url, stop = serve(("127.0.0.1", 0), cloud, hub)
     try:
-        yield Relay(url, hub, stack.sessions, now)
+        yield Relay(url, hub, stack.sessions, now, trust)
     finally:
         stop()
         bootstrap.use(before)
 
 
-@pytest.fixture(params=["dev", "serve"])
+@pytest.fixture(params=["dev", "serve", "serve-tls"])
 def relay(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Relay]:
-    """The relay behind the dev front and behind cheroot's."""
-    yield from _relay(tmp_path, _serve_dev if request.param == "dev" else _serve_cheroot, 60)
+    """The relay behind the dev front and behind cheroot's (plain, and HTTPS: wss://)."""
+    serve = _serve_dev if request.param == "dev" else _serve_cheroot
+    yield from _relay(tmp_path, serve, 60, tls=request.param == "serve-tls")
 
 
 @pytest.fixture
@@ -164,7 +184,7 @@ def test_the_sides_meet_and_every_byte_crosses_both_ways_while_http_is_served(re
                 worker.send(back)
                 assert client.recv(timeout=10) == back
             assert relay.hub.held(session.id) == ["client", "worker"]
-            answer = httpx.get(f"{relay.url}/v1/health", timeout=10)
+            answer = httpx.get(f"{relay.url}/v1/health", timeout=10, verify=relay.tls or True)
             assert answer.status_code == 200
 
 
