@@ -35,7 +35,7 @@ def raw_mode(fd: int) -> Iterator[None]:
     included), put back as it was however the block is left."""
     saved = termios.tcgetattr(fd)
     try:
-        tty.setraw(fd)
+        tty.setraw(fd, termios.TCSADRAIN)  # not TCSAFLUSH: what was typed ahead still goes
         yield
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)

@@ -1,0 +1,150 @@
+"""``runplane exec``, ``shell`` and ``port-forward`` as a user runs them, into a run of the local
+stack on the real Docker engine: the CLI a separate process, the relay the stack's front, the
+worker a local agent of the stack."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from runplane.client import Client, NotFound, Run
+from tests.e2e.test_cli import cli, one_error_line
+
+MISSING = [
+    part
+    for module, part in (
+        ("runplane.adapters.local.sessions", "the session stores"),
+        ("runplane.api.routes.sessions", "the sessions API"),
+        ("runplane.devstack.relay", "the one-machine relay"),
+        ("worker_agent.sessions", "the agent's side of sessions"),
+    )
+    if importlib.util.find_spec(module) is None
+]
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(bool(MISSING), reason=f"sessions need {', '.join(MISSING)}, not in this tree yet"),
+]
+
+HTTPD = (
+    "mkdir -p /tmp/www && echo served-by-the-run > /tmp/www/index.html && exec httpd -f -p 127.0.0.1:8000 -h /tmp/www"
+)
+
+
+@contextlib.contextmanager
+def _running(api: Client, command: str) -> Iterator[Run]:
+    run = api.submit(command, queue="default")
+    try:
+        deadline = time.monotonic() + 120
+        while run.refresh(wait=5).state != "running":
+            assert not run.done and time.monotonic() < deadline, run.view
+        yield run
+    finally:
+        if not run.refresh().done:
+            run.kill()
+
+
+@pytest.fixture
+def sleeping(devstack) -> Iterator[Run]:
+    """A run of alice's that sleeps (without network, as runs are by default)."""
+    with _running(Client(devstack.api_url, "alice-token"), "sleep 600") as run:
+        yield run
+
+
+def test_exec_feeds_stdin_and_exits_as_the_command_did(devstack, sleeping):
+    proc = cli(devstack, "exec", "-i", sleeping.id, "--", "sh", stdin="echo hi; echo err >&2; exit 3\n")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, "hi\n", "err\n")
+    result = sleeping.exec(["sh", "-c", "cat; exit 5"], stdin=b"\x00\xffbytes")
+    assert (result.exit_code, result.stdout, result.stderr) == (5, b"\x00\xffbytes", b"")
+
+
+def test_another_users_exec_is_not_found(devstack, sleeping):
+    proc = cli(devstack, "exec", sleeping.id, "--", "true", token="bob-token")
+    assert one_error_line(proc, 3) == f"error: run {sleeping.id} not found"
+    with pytest.raises(NotFound):
+        Client(devstack.api_url, "bob-token").get(sleeping.id)
+
+
+def _get(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=20) as answer:
+        return answer.read().decode()
+
+
+def test_port_forward_reaches_a_server_inside_a_run_without_network(devstack):
+    api = Client(devstack.api_url, "alice-token")
+    with _running(api, HTTPD) as run:
+        local = _free_port()
+        env = {**os.environ, "RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": "alice-token"}
+        forward = subprocess.Popen(
+            [sys.executable, "-m", "runplane.cli", "port-forward", run.id, f"{local}:8000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        try:
+            assert forward.stdout is not None
+            line = forward.stdout.readline()
+            assert line.strip() == f"forwarding 127.0.0.1:{local} -> port 8000 of {run.id}", forward.stderr
+            got: list[str] = []
+            fetches = [threading.Thread(target=lambda: got.append(_get(local))) for _ in range(2)]
+            for fetch in fetches:
+                fetch.start()
+            for fetch in fetches:
+                fetch.join(timeout=60)
+            assert got == ["served-by-the-run\n"] * 2
+            run.kill()
+            _, stderr = forward.communicate(timeout=60)
+            assert forward.returncode == 0, stderr
+            assert f"run {run.id} ended (killed); closing 127.0.0.1:{local}" in stderr
+        finally:
+            if forward.poll() is None:
+                forward.kill()
+                forward.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_shell_at_a_terminal_follows_its_size(devstack, sleeping):
+    name = f"rp-{uuid.uuid4().hex[:8]}"
+    env = f"RUNPLANE_API_URL={devstack.api_url} RUNPLANE_TOKEN=alice-token TERM=xterm"
+    command = f"env {env} {sys.executable} -m runplane.cli shell {sleeping.id}; echo shell-exit-$?; sleep 60"
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+    def until(text: str) -> str:
+        deadline = time.monotonic() + 60
+        while text not in (seen := screen()):
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        return seen
+
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "40", command], check=True)
+    try:
+        until("$")  # the shell's prompt (nothing else on the screen has one yet)
+        subprocess.run(["tmux", "send-keys", "-t", name, "echo marker-$((6*7)); stty size", "Enter"], check=True)
+        until("marker-42")
+        until("40 120")
+        subprocess.run(["tmux", "resize-window", "-t", name, "-x", "100", "-y", "30"], check=True)
+        subprocess.run(["tmux", "send-keys", "-t", name, "stty size; ls /inputs; exit 4", "Enter"], check=True)
+        until("30 100")
+        until("shell-exit-4")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
