@@ -155,7 +155,10 @@ class RelayHub:
         except BaseException:
             self._leave(conn)
             raise
-        self._run(conn, ws)
+        try:
+            self._run(conn, ws)
+        finally:  # a failure of the hub's own frees the side's place (a no-op once its pair ended)
+            self._leave(conn)
 
     def _admit(self, headers: Headers) -> tuple[str, SessionSide]:
         """The session and side a request's ticket is for. Raises Refused (401, whatever is wrong
