@@ -398,6 +398,10 @@ def test_retention_reaches_the_functions_and_uploads_expire_by_a_lifecycle_rule(
     assert variables["RUNPLANE_RETENTION"] == {"Ref": "Retention"}
     # the functions expire uploads as the bucket does, so a submit renews the uploads it names
     assert variables["RUNPLANE_UPLOAD_RETENTION_DAYS"] == {"Ref": "UploadRetentionDays"}
+    days = template["Parameters"]["UploadRetentionDays"]
+    bounds = StackSettings.model_json_schema()["properties"]["upload_retention_days"]
+    # a deploy takes no value the functions would refuse
+    assert (days["MinValue"], days["MaxValue"]) == (bounds["minimum"], bounds["maximum"])
     assert defaults(template)["Retention"] == ""
     assert StackSettings(retention=defaults(template)["Retention"]).kept().sets_any is False
     assert str(defaults(template)["UploadRetentionDays"]) == "0"
