@@ -81,7 +81,8 @@ class Refused(Exception):
 class RelayHub:
     """The sessions' meeting point of one process. ``sessions``: where tickets are checked (read at
     each connect, so a session closed or ended is not joined again); ``wait_seconds``: how long a
-    side waits for its peer; ``clock``: what ``admits`` is asked at."""
+    side waits for its peer; ``clock``: what ``admits`` is asked at; ``max_connections``: sides held
+    at once (past it, 503)."""
 
     def __init__(
         self,
@@ -89,9 +90,10 @@ class RelayHub:
         clock: Callable[[], float] = time.time,
         wait_seconds: float = REQUEST_SECONDS,
         max_frame: int = MAX_FRAME,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.sessions, self.clock = sessions, clock
-        self.wait_seconds, self.max_frame = wait_seconds, max_frame
+        self.wait_seconds, self.max_frame, self.max_connections = wait_seconds, max_frame, max_connections
         self._lock = threading.Lock()
         self._pairs: dict[str, _Pair] = {}
         self._count = 0
@@ -185,7 +187,7 @@ class RelayHub:
     def _join(self, session_id: str, side: SessionSide, sock: socket.socket) -> _Conn:
         conn = _Conn(session_id, side)
         with self._lock:
-            if self._count >= MAX_CONNECTIONS:
+            if self._count >= self.max_connections:
                 raise Refused(503, "unavailable", "the relay holds as many connections as it can; try again")
             pair = self._pairs.setdefault(session_id, _Pair())
             if side in pair.sides:

@@ -122,14 +122,18 @@ def _serve_cheroot(
 
 
 def _relay(
-    tmp_path: Path, serve: Callable[..., tuple[str, Callable[[], None]]], wait: float, tls: bool = False
+    tmp_path: Path,
+    serve: Callable[..., tuple[str, Callable[[], None]]],
+    wait: float,
+    tls: bool = False,
+    max_connections: int = 512,
 ) -> Iterator[Relay]:
     state = tmp_path / "state"
     settings = StackSettings(cloud="local", state_dir=str(state), public_url="http://127.0.0.1", pools=POOLS)
     stack = bootstrap.build_stack(settings)
     assert stack.sessions is not None
     now = [time.time()]
-    hub = RelayHub(stack.sessions, clock=lambda: now[0], wait_seconds=wait)
+    hub = RelayHub(stack.sessions, clock=lambda: now[0], wait_seconds=wait, max_connections=max_connections)
     cloud = LocalCloud(state, "http://127.0.0.1")
     cloud.provision(stack)
     before = bootstrap.use(stack)
@@ -294,6 +298,21 @@ def test_a_side_alone_is_let_go_after_the_wait(tmp_path: Path) -> None:
         with relay.dial(client_ticket) as client:
             assert _gone(client) == "peer_absent"
         assert relay.hub.held(session.id) == []
+
+
+def test_sides_past_the_relays_capacity_are_refused_until_one_goes(tmp_path: Path) -> None:
+    for relay in _relay(tmp_path, _serve_dev, 60, max_connections=2):
+        _, a_client, a_worker = relay.session(slot=0)
+        _, b_client, _ = relay.session(slot=1)
+        with relay.dial(a_client) as client:
+            worker = relay.dial(a_worker)
+            with pytest.raises(InvalidStatus) as full:
+                relay.dial(b_client)
+            assert full.value.response.status_code == 503
+            worker.close()
+            assert _gone(client) == "worker_gone"
+        with relay.dial(b_client) as b:  # both places given back
+            b.send(b"waiting")
 
 
 def test_the_endpoint_is_the_fronts_websocket_with_the_ticket_as_bearer() -> None:
