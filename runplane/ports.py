@@ -21,7 +21,7 @@ from runplane.domain.pools import Pool, PoolConfig
 from runplane.domain.quotas import Lane, Quota, QuotaKind, UsageRecord
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.secrets import MAX_SECRETS_PER_SCOPE, Sealed, SecretRecord
-from runplane.domain.sessions import Session, SessionState
+from runplane.domain.sessions import RelayEndpoint, Session, SessionState
 from runplane.domain.states import RunState
 from runplane.domain.sweeps import Sweep
 from runplane.domain.tenancy import ApiToken, Principal, UserRecord
@@ -347,16 +347,6 @@ class SessionStore(Protocol):
 
     def for_run(self, run_id: str) -> builtins.list[Session]:
         """The sessions in the run's slots, live and over, by slot."""
-
-
-@dataclass(frozen=True)
-class RelayEndpoint:
-    """Where a side of a session dials: a WebSocket URL and the headers to send with it."""
-
-    url: str
-    headers: dict[str, str]
-    max_frame: int
-    """The most payload bytes a frame may carry through this relay."""
 
 
 class SessionRelay(Protocol):

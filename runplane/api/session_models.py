@@ -8,9 +8,8 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, JsonValue
 
 from runplane.api.models import Timestamp, WireModel, timestamp
-from runplane.domain.sessions import Session, SessionKind, SessionState
+from runplane.domain.sessions import RelayEndpoint, Session, SessionKind, SessionState
 from runplane.domain.wire import Extensible
-from runplane.ports import RelayEndpoint
 
 _TICKET = "r-4f9c2a7be0d14d3aa1c05e21.0.1a2b3c4d.hS0c6m1Zq0yH2vQmXo3Jr9bLw4kTtA7uE5nD8pGfYiC"
 _EXAMPLE: dict[str, JsonValue] = {

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
@@ -114,6 +115,16 @@ class Session(Record):
     end_reason: str | None = None
     bytes_in: int = 0
     bytes_out: int = 0
+
+
+@dataclass(frozen=True)
+class RelayEndpoint:
+    """Where a side of a session dials: a WebSocket URL and the headers to send with it."""
+
+    url: str
+    headers: dict[str, str]
+    max_frame: int
+    """The most payload bytes a frame may carry through this relay."""
 
 
 def session_id(run_id: str, slot: int) -> str:

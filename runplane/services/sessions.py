@@ -27,6 +27,7 @@ from runplane.domain.sessions import (
     REQUEST_SECONDS,
     SESSION_ID_PATTERN,
     EndReason,
+    RelayEndpoint,
     Session,
     SessionKind,
     SessionState,
@@ -37,7 +38,7 @@ from runplane.domain.sessions import (
 )
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
-from runplane.ports import Ports, RelayEndpoint, SessionRelay, SessionStore
+from runplane.ports import Ports, SessionRelay, SessionStore
 
 NO_RELAY = "sessions need the stack's relay (not on this stack yet)"
 SHOWN_COMMAND = 120

@@ -6,8 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 from urllib.parse import urlsplit, urlunsplit
 
-from runplane.domain.sessions import Session
-from runplane.ports import RelayEndpoint
+from runplane.domain.sessions import RelayEndpoint, Session
 
 RELAY_PATH = "/v1/relay"
 MAX_FRAME = 64 * 1024
