@@ -13,13 +13,21 @@ from runplane.settings import StackSettings
 def test_every_table_has_its_setting_and_every_table_setting_a_table():
     settings = {name for name in StackSettings.model_fields if name.endswith("_table")}
     assert settings == set(TABLES)
-    assert set(TABLES.values()) == {"runs", "workers", "tokens", "pools", "quotas", "secrets"}
+    assert set(TABLES.values()) == {"runs", "workers", "tokens", "pools", "quotas", "secrets", "sessions"}
 
 
 def test_each_cloud_derives_the_tables_the_settings_leave_empty_and_keeps_the_others():
     settings = StackSettings(prefix="lab", quotas_table="shared-quotas", bucket="lab-bucket")
     aws = AwsNames.of(settings)
-    assert aws.tables == ("lab-runs", "lab-workers", "lab-tokens", "lab-pools", "shared-quotas", "lab-secrets")
+    assert aws.tables == (
+        "lab-runs",
+        "lab-workers",
+        "lab-tokens",
+        "lab-pools",
+        "shared-quotas",
+        "lab-secrets",
+        "lab-sessions",
+    )
     assert aws.bucket == "lab-bucket"
     assert AwsNames(prefix="lab").bucket == "lab-data"
     assert aws.secrets_key == "alias/lab-secrets"
@@ -28,7 +36,15 @@ def test_each_cloud_derives_the_tables_the_settings_leave_empty_and_keeps_the_ot
     )
 
     azure = AzureNames.of(settings.model_copy(update={"cloud": "azure", "quotas_table": "sharedquotas"}))
-    assert azure.tables == ("labruns", "labworkers", "labtokens", "labpools", "sharedquotas", "labsecrets")
+    assert azure.tables == (
+        "labruns",
+        "labworkers",
+        "labtokens",
+        "labpools",
+        "sharedquotas",
+        "labsecrets",
+        "labsessions",
+    )
     assert azure.container == "lab-bucket"
     with pytest.raises(InvalidRequest, match="shared-quotas"):
         AzureNames.of(settings)  # Table storage refuses a hyphen
