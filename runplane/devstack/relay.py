@@ -3,14 +3,15 @@ WebSocket at ``/v1/relay`` of the embedded stack's front, in the process whose A
 
 A side dials with ``Authorization: Bearer <ticket>``. The hub reads the ticket, reads the session
 and lets the side in only when the ticket is that session's client's or worker's (``admits``): else
-401 before any WebSocket is open. One connection per side at a time (a second: 409). A side waits
-alone at most ``wait_seconds`` for its peer (what it sends meanwhile waits in its connection's small
-queue, then in TCP: nothing is dropped, nothing grows without bound); once both are there, every
+401 before any WebSocket is open. One connection per side at a time (a second: 409), at most
+``max_connections`` in all (503). A side waits alone at most ``wait_seconds`` for its peer (then
+GONE ``peer_absent``; what it sends meanwhile waits in its connection's small queue, then in TCP:
+nothing is dropped, nothing grows without bound); once both are there, every
 binary message of one goes to the other unchanged, in order, with a blocking send (a peer that
 reads slowly slows its sender down: TCP backpressure end to end). A text message, or a message
 over ``max_frame`` payload bytes and its header, ends the connection. When a side goes, its peer
 gets GONE ``{"reason": "client_gone" | "worker_gone"}`` and is closed; ``close`` hangs up both
-sides of a session with GONE ``{"reason"}``.
+sides of a session with GONE ``{"reason"}``, ``stop`` every session (``relay_lost``).
 
 The fronts hand the hub a connection whose HTTP request they have read (``serve``): the hub
 answers the handshake itself (websockets' sans-I/O ``ServerProtocol.accept`` builds the 101 from
