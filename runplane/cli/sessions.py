@@ -8,7 +8,7 @@ import contextlib
 import os
 import re
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,8 +26,7 @@ from runplane.client.sessions import (
     dial,
     meet,
     pump_exec,
-    session_body,
-    sessions_path,
+    usable_term,
 )
 
 RUN = Annotated[str, typer.Argument(metavar="RUN", help="the run's id (it must be running)", show_default=False)]
@@ -92,9 +91,9 @@ def parse_ports(text: str) -> tuple[int, int]:
     return local, remote
 
 
-def _open(api: Client, run_id: str, body: dict[str, object]) -> Access:
+def _open(api: Client, run_id: str, kind: str, **fields: Any) -> Access:
     with named_by_id(run_id):
-        return Access.read(api.request("POST", sessions_path(run_id), body))
+        return Access.read(api.open_session(run_id, kind, **fields))
 
 
 def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, stdin: bool, tty: bool) -> int:
@@ -104,10 +103,10 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
     if tty and not terminal:
         err.print("warning: stdin or stdout is not a terminal; going on without one", markup=False, highlight=False)
     size = terminal_size(0) if terminal else None
-    body = session_body(
-        kind, command=command, tty=terminal, stdin=stdin, size=size, term=os.environ.get("TERM") if terminal else None
-    )
-    access = _open(api, run_id, body)
+    rows, cols = size if size is not None else (None, None)
+    term = usable_term(os.environ.get("TERM")) if terminal else None
+    fields = {"command": command, "tty": terminal, "stdin": stdin, "term": term, "rows": rows, "cols": cols}
+    access = _open(api, run_id, kind, **fields)
     control_r, control_w = os.pipe()
     link: Link | None = None
     feeder: Feeder | None = None
@@ -150,7 +149,7 @@ def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
     link: Link | None = None
     forward: Forward | None = None
     try:
-        access = _open(api, run_id, session_body("port_forward", port=remote))
+        access = _open(api, run_id, "port_forward", port=remote)
         link = Link(dial(access), access.max_frame)
         meet(link)
         forward = Forward(link, remote, listener, say=lambda line: err.print(line, markup=False, highlight=False))

@@ -12,7 +12,7 @@ from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
-from runplane.client.sessions import Access, ExecResult, exec_captured, session_body, sessions_path
+from runplane.client.sessions import Access, ExecResult, exec_captured
 from runplane.domain.states import RunState
 
 if TYPE_CHECKING:
@@ -88,18 +88,15 @@ class AsyncRun(RunBase):
 
     async def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
         """``Run.exec``: the session's frames move on a thread, the event loop stays free."""
-        body = session_body("exec", command=list(command), stdin=stdin is not None)
-        access = Access.read(await self._client.request("POST", sessions_path(self.view.id), body))
-        return await asyncio.to_thread(exec_captured, access, stdin)
+        access = await self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
+        return await asyncio.to_thread(exec_captured, Access.read(access), stdin)
 
     async def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """``Run.port_forward``: the forward runs on threads of its own; ``close()`` it (or use it
         with ``with``) when done."""
         listener = loopback_listener(local)
         try:
-            answer = await self._client.request(
-                "POST", sessions_path(self.view.id), session_body("port_forward", port=remote)
-            )
+            answer = await self._client.open_session(self.view.id, "port_forward", port=remote)
         except BaseException:
             listener.close()
             raise

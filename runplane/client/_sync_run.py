@@ -14,8 +14,6 @@ from runplane.client.sessions import (
     Access,
     ExecResult,
     exec_captured,
-    session_body,
-    sessions_path,
 )
 from runplane.domain.states import RunState
 
@@ -111,8 +109,8 @@ class Run(RunBase):
         it ``stdin`` (None: none) and wait for its exit: its exit code, stdout and stderr. Raises
         NotFound, Conflict (the run is not running), InvalidRequest (its pool allows no session,
         or no more); SessionLost when the session ends before the command (docs/sessions.md)."""
-        body = session_body("exec", command=list(command), stdin=stdin is not None)
-        return exec_captured(self._open_session(body), stdin)
+        access = self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
+        return exec_captured(Access.read(access), stdin)
 
     def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """Connections to ``127.0.0.1:local`` (0: a free port, ``.local_port``) forwarded to
@@ -120,14 +118,11 @@ class Run(RunBase):
         ends (``.ended``). Raises OSError when ``local`` is taken, and as ``exec`` does."""
         listener = loopback_listener(local)
         try:
-            access = self._open_session(session_body("port_forward", port=remote))
+            access = Access.read(self._client.open_session(self.view.id, "port_forward", port=remote))
         except BaseException:
             listener.close()
             raise
         return open_forward(access, remote, listener)
-
-    def _open_session(self, body: dict[str, object]) -> Access:
-        return Access.read(self._client.request("POST", sessions_path(self.view.id), body))
 
 
 class Sweep(SweepBase):

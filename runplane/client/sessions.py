@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from runplane.domain.session_wire import (
     HEADER,
@@ -378,28 +377,6 @@ def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = M
         link.close()
 
 
-def sessions_path(run_id: str) -> str:
-    return f"/v1/runs/{quote(run_id, safe='')}/sessions"
-
-
-def session_body(
-    kind: str,
-    *,
-    command: list[str] | None = None,
-    tty: bool = False,
-    stdin: bool = False,
-    size: tuple[int, int] | None = None,
-    term: str | None = None,
-    port: int | None = None,
-) -> dict[str, Any]:
-    """The body of ``POST /v1/runs/{id}/sessions`` (a SessionRequest)."""
-    body: dict[str, Any] = {"kind": kind, "tty": tty, "stdin": stdin}
-    if command is not None:
-        body["command"] = list(command)
-    if size is not None:
-        body["rows"], body["cols"] = size
-    if term and re.fullmatch(TERM_PATTERN, term):
-        body["term"] = term
-    if port is not None:
-        body["port"] = port
-    return body
+def usable_term(term: str | None) -> str | None:
+    """``term`` (the local ``TERM``) when the API takes it as a terminal's type, else None."""
+    return term if term and re.fullmatch(TERM_PATTERN, term) else None
