@@ -69,11 +69,17 @@ def test_exec_feeds_stdin_and_exits_as_the_command_did(devstack, sleeping):
     assert (result.exit_code, result.stdout, result.stderr) == (5, b"\x00\xffbytes", b"")
 
 
-def test_another_users_exec_is_not_found(devstack, sleeping):
+def test_another_users_exec_is_not_found_and_a_run_not_running_is_said(devstack, sleeping):
     proc = cli(devstack, "exec", sleeping.id, "--", "true", token="bob-token")
     assert one_error_line(proc, 3) == f"error: run {sleeping.id} not found"
     with pytest.raises(NotFound):
         Client(devstack.api_url, "bob-token").get(sleeping.id)
+    queued = Client(devstack.api_url, "alice-token").submit("true", queue="parked")  # no worker: stays queued
+    try:
+        proc = cli(devstack, "port-forward", queued.id, "0:80")
+        assert one_error_line(proc, 3) == f"error: run {queued.id} is not running (queued)"
+    finally:
+        queued.kill()
 
 
 def _get(port: int) -> str:
