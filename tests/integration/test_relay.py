@@ -7,6 +7,7 @@ session for both with GONE; plain HTTP is served all along."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import threading
 import time
@@ -313,6 +314,39 @@ def test_sides_past_the_relays_capacity_are_refused_until_one_goes(tmp_path: Pat
             assert _gone(client) == "worker_gone"
         with relay.dial(b_client) as b:  # both places given back
             b.send(b"waiting")
+
+
+def test_a_peer_that_does_not_read_holds_its_sender_back_and_then_gets_everything_in_order(dev_relay: Relay) -> None:
+    _, client_ticket, worker_ticket = dev_relay.session()
+
+    def frame(n: int) -> bytes:
+        return Frame(FrameType.DATA, session_wire.STDIN, n + 1, n.to_bytes(4, "big") * (MAX_FRAME // 4)).encode()
+
+    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
+        sent, stop = [0], threading.Event()
+
+        def push() -> None:
+            with contextlib.suppress(ConnectionClosed):
+                while not stop.is_set() and sent[0] < 4096:  # 256 MiB at most
+                    client.send(frame(sent[0]))
+                    sent[0] += 1
+
+        pusher = threading.Thread(target=push, daemon=True)
+        pusher.start()
+        last = -1
+        while sent[0] != last:  # until the sender is held back (or has sent it all)
+            last = sent[0]
+            time.sleep(0.5)
+        assert sent[0] < 1024, "the relay took 64 MiB from a side whose peer reads nothing"
+        stop.set()
+        got = 0
+        while got < sent[0] or pusher.is_alive():
+            if got < sent[0]:
+                assert worker.recv(timeout=10) == frame(got)
+                got += 1
+            else:
+                pusher.join(0.05)
+        assert got == sent[0] > 0
 
 
 def test_the_endpoint_is_the_fronts_websocket_with_the_ticket_as_bearer() -> None:
