@@ -115,9 +115,11 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
             link = Link(dial(access), access.max_frame)
             meet(link, size)
             with raw_mode(0) if terminal else contextlib.nullcontext():
-                feeder = Feeder(link, 0 if stdin else None, control_r, lambda: terminal_size(0)).start()
+                feeder = Feeder(link, 0 if stdin else None, control_r, lambda: terminal_size(0), terminal).start()
                 return pump_exec(link, _write, say_error)
     except SessionLost as e:
+        if feeder is not None and feeder.detached:  # ~. typed: left on purpose, the command is killed
+            return LOST
         say_error(str(e) if not feeder or not feeder.error else str(feeder.error))
         return LOST
     except Detached as e:

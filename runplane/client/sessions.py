@@ -235,10 +235,39 @@ def meet(link: Link, size: tuple[int, int] | None = None, *, wait: float = MEET_
     raise SessionLost("expired", f"no worker took the session within {wait:.0f} s")
 
 
+class Escapes:
+    """``ssh``'s way out of a terminal: ``~.`` at the start of a line leaves the session; ``~~``
+    sends one ``~``; a ``~`` before anything else is sent as it is."""
+
+    def __init__(self) -> None:
+        self.line_start = True
+        self.tilde = False
+
+    def feed(self, data: bytes) -> tuple[bytes, bool]:
+        """What of ``data`` goes to the session, and whether ``~.`` was typed (nothing after it goes)."""
+        out = bytearray()
+        for byte in data:
+            if self.tilde:
+                self.tilde = False
+                if byte == ord("."):
+                    return bytes(out), True
+                out.append(ord("~"))
+                if byte == ord("~"):
+                    self.line_start = False
+                    continue
+            elif self.line_start and byte == ord("~"):
+                self.tilde = True
+                continue
+            out.append(byte)
+            self.line_start = byte in (ord("\r"), ord("\n"))
+        return bytes(out), False
+
+
 class Feeder:
     """A thread that sends what the user gives: ``stdin`` (a file descriptor read until its end,
     or bytes) as DATA then EOF on STDIN, and what ``control`` (a pipe's read end) carries: one byte
-    per signal, SIGWINCH as a RESIZE of ``size()``, any other as a SIGNAL frame. ``stop()`` ends
+    per signal, SIGWINCH as a RESIZE of ``size()``, any other as a SIGNAL frame. With ``escapes``
+    (a terminal), ``~.`` at the start of a line closes the link (``detached``). ``stop()`` ends
     it; nothing of it is left after."""
 
     def __init__(
@@ -247,8 +276,12 @@ class Feeder:
         stdin: int | bytes | None,
         control: int | None = None,
         size: Callable[[], tuple[int, int] | None] | None = None,
+        escapes: bool = False,
     ) -> None:
         self.link = link
+        self.escapes = Escapes() if escapes else None
+        self.detached = False
+        """``~.`` was typed (``escapes``): the link is closed."""
         self.stdin = stdin
         self.control = control
         self.size = size
@@ -293,6 +326,17 @@ class Feeder:
                     self._signal(signo)
             if stdin_fd is not None and stdin_fd in ready:
                 data = os.read(stdin_fd, self.link.max_frame)
+                leave = False
+                if data and self.escapes is not None:
+                    data, leave = self.escapes.feed(data)
+                    if not data and not leave:
+                        continue
+                if leave:
+                    if data:
+                        self.link.send(FrameType.DATA, STDIN, data)
+                    self.detached = True
+                    self.link.close()
+                    return
                 if data:
                     self.link.send(FrameType.DATA, STDIN, data)
                 else:

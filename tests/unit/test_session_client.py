@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import ServerConnection, serve
 
 from runplane.cli.common import CliError
@@ -21,6 +22,7 @@ from runplane.client._forward import Forward, PortForward, loopback_listener
 from runplane.client._terminal import raw_mode
 from runplane.client.sessions import (
     Access,
+    Escapes,
     Feeder,
     Link,
     SessionLost,
@@ -329,3 +331,50 @@ def test_exec_takes_the_double_dash_off_the_command_once() -> None:
     assert command_words(["--", "sh", "-c", "echo --"]) == ["sh", "-c", "echo --"]
     assert command_words(["--", "--"]) == ["--"]
     assert command_words(["ls", "--"]) == ["ls", "--"]
+
+
+@pytest.mark.parametrize(
+    ("typed", "sent", "left"),
+    [
+        (["~."], b"", True),
+        (["ls\r", "~", "."], b"ls\r", True),
+        (["a~.b"], b"a~.b", False),  # not at the start of a line
+        (["~~.\n"], b"~.\n", False),  # ~~ is one ~
+        (["~x"], b"~x", False),
+        (["\n~", "~", "\r~.", "after"], b"\n~\r", True),
+    ],
+)
+def test_tilde_dot_at_the_start_of_a_line_leaves(typed: list[str], sent: bytes, left: bool) -> None:
+    escapes, out, leave = Escapes(), b"", False
+    for part in typed:
+        data, leave = escapes.feed(part.encode())
+        out += data
+        if leave:
+            break
+    assert (out, leave) == (sent, left)
+
+
+def test_a_terminal_left_with_tilde_dot_closes_the_link() -> None:
+    got: list[Frame] = []
+
+    def worker(peer: Peer) -> None:
+        peer.hello()
+        while True:
+            try:
+                got.append(peer.frame())
+            except ConnectionClosed:  # the client hung up
+                return
+
+    stdin_r, stdin_w = os.pipe()
+    with relay(worker) as (access, _):
+        link = Link(dial(access), access.max_frame)
+        meet(link)
+        feeder = Feeder(link, stdin_r, escapes=True).start()
+        os.write(stdin_w, b"echo hi\r~.")
+        with pytest.raises(SessionLost):
+            pump_exec(link, lambda *_: None)
+        feeder.stop()
+    os.close(stdin_r)
+    os.close(stdin_w)
+    assert feeder.detached
+    assert [(f.type, f.payload) for f in got] == [(FrameType.DATA, b"echo hi\r")]
