@@ -8,6 +8,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -82,6 +83,27 @@ def test_another_users_exec_is_not_found_and_a_run_not_running_is_said(devstack,
         queued.kill()
 
 
+def test_interrupt_reaches_the_command_without_a_terminal(devstack, sleeping):
+    env = {**os.environ, "RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": "alice-token"}
+    script = 'trap "echo got-int; exit 7" INT; echo ready; while true; do sleep 0.1; done'
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runplane.cli", "exec", sleeping.id, "--", "sh", "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)  # a SIGNAL frame: the command's trap answers
+        out, err = proc.communicate(timeout=60)
+        assert (proc.returncode, out) == (7, "got-int\n"), err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _get(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=20) as answer:
         return answer.read().decode()
@@ -110,6 +132,8 @@ def test_port_forward_reaches_a_server_inside_a_run_without_network(devstack):
             for fetch in fetches:
                 fetch.join(timeout=60)
             assert got == ["served-by-the-run\n"] * 2
+            with run.port_forward(8000) as fwd:  # the SDK's, beside the CLI's
+                assert _get(fwd.local_port) == "served-by-the-run\n"
             run.kill()
             _, stderr = forward.communicate(timeout=60)
             assert forward.returncode == 0, stderr

@@ -19,7 +19,7 @@ from websockets.sync.server import ServerConnection, serve
 from runplane.cli.common import CliError
 from runplane.cli.sessions import command_words, parse_ports
 from runplane.client._forward import Forward, PortForward, loopback_listener
-from runplane.client._terminal import raw_mode
+from runplane.client._terminal import Detached, forwarded_signals, raw_mode
 from runplane.client.sessions import (
     Access,
     Escapes,
@@ -378,3 +378,20 @@ def test_a_terminal_left_with_tilde_dot_closes_the_link() -> None:
     os.close(stdin_w)
     assert feeder.detached
     assert [(f.type, f.payload) for f in got] == [(FrameType.DATA, b"echo hi\r")]
+
+
+def test_without_a_terminal_a_first_interrupt_is_forwarded_and_a_second_detaches() -> None:
+    control_r, control_w = os.pipe()
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(Detached) as detached, forwarded_signals(control_w, terminal=False):
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert os.read(control_r, 8) == bytes([signal.SIGTERM, signal.SIGINT])
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0)  # let the handler run
+        assert detached.value.status == 130
+        assert signal.getsignal(signal.SIGINT) is before  # put back
+    finally:
+        os.close(control_r)
+        os.close(control_w)
