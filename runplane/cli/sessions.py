@@ -114,9 +114,13 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
         with forwarded_signals(control_w, terminal=terminal):
             link = Link(dial(access), access.max_frame)
             meet(link, size)
+            reasons: list[str] = []  # said once the terminal is itself again
             with raw_mode(0) if terminal else contextlib.nullcontext():
                 feeder = Feeder(link, 0 if stdin else None, control_r, lambda: terminal_size(0), terminal).start()
-                return pump_exec(link, _write, say_error)
+                status = pump_exec(link, _write, reasons.append)
+            for reason in reasons:
+                say_error(reason)
+            return status
     except SessionLost as e:
         if feeder is not None and feeder.detached:  # ~. typed: left on purpose, the command is killed
             return LOST

@@ -66,6 +66,8 @@ def sleeping(devstack) -> Iterator[Run]:
 def test_exec_feeds_stdin_and_exits_as_the_command_did(devstack, sleeping):
     proc = cli(devstack, "exec", "-i", sleeping.id, "--", "sh", stdin="echo hi; echo err >&2; exit 3\n")
     assert (proc.returncode, proc.stdout, proc.stderr) == (3, "hi\n", "err\n")
+    missing = cli(devstack, "exec", sleeping.id, "--", "no-such-command")
+    assert missing.returncode in (126, 127) and "not found" in missing.stdout + missing.stderr, missing
     result = sleeping.exec(["sh", "-c", "cat; exit 5"], stdin=b"\x00\xffbytes")
     assert (result.exit_code, result.stdout, result.stderr) == (5, b"\x00\xffbytes", b"")
 
