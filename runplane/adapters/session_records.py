@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["FIXED_FIELDS", "check_session_changes", "readable", "session_slot"]
 
-FIXED_FIELDS = frozenset({"id", "run_id", "slot", "attempt", "owner", "asked_by", "kind", "created_at"})
+FIXED_FIELDS = frozenset({"id", "run_id", "slot", "attempt", "owner", "asked_by", "kind", "command", "created_at"})
 """A session's fields that never change once it is stored."""
 
 

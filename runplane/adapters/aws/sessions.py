@@ -11,10 +11,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import translate
-from runplane.adapters.records import jsonable, record, written_json
+from runplane.adapters.records import jsonable, record
 from runplane.adapters.session_records import check_session_changes, readable, session_slot
 from runplane.domain.errors import ConditionFailed, Conflict, NotFound
 from runplane.domain.sessions import OVER, Session, SessionState
+from runplane.domain.wire import written
 
 __all__ = ["RUN_ID", "SLOT", "DynamoSessionStore"]
 
@@ -29,7 +30,10 @@ the states asked for (a bounded loop: each retry follows a write that succeeded)
 
 class DynamoSessionStore:
     """Sessions, one item per slot: the keys, ``id``, ``state`` and ``version`` (what the
-    conditions test) and the session as JSON in ``doc``. A new session of a slot is a put on the
+    conditions test), the session's command as JSON in ``command`` and the rest of it as JSON in
+    ``doc``: the command, the one large field, never changes, so an update re-sends only the small
+    rest (DynamoDB's 400 KB holds the largest command, not two copies of it in one request). A new
+    session of a slot is a put on the
     condition that no item is there or that its state is over; every later write is a put on the
     condition that the item is still that session, in one of the states asked for, at the version
     read (an UpdateItem: whoever may change sessions need not be allowed to make them). Reads are
@@ -49,7 +53,7 @@ class DynamoSessionStore:
             "id": {"S": session.id},
             "state": {"S": str(session.state)},
             "version": {"N": str(version)},
-            "doc": {"S": written_json(session)},
+            **_halves(session),
         }
 
     def _read(self, run_id: str, slot: int, what: str) -> dict[str, Any] | None:
@@ -99,9 +103,10 @@ class DynamoSessionStore:
             if current.state not in states:
                 raise ConditionFailed(f"session {session.id} is {current.state}", session=current)
             version = _version(item)
-            data = json.loads(item["doc"]["S"])  # as stored: fields this release does not know are written back
+            data = _data(item)  # as stored: fields this release does not know are written back
             data.update({field: jsonable(value) for field, value in changes.items()})
             new = record(Session, data)
+            doc = _halves(new)["doc"]
             try:
                 # an update, never a put: the workers may change a session, not make one (template.yaml)
                 self.client.update_item(
@@ -116,7 +121,7 @@ class DynamoSessionStore:
                         ":st": {"S": str(current.state)},
                         ":new": {"S": str(new.state)},
                         ":next": {"N": str(version + 1)},
-                        ":doc": {"S": written_json(new)},
+                        ":doc": doc,
                         **({} if version == 0 else {":v": {"N": str(version)}}),
                     },
                 )
@@ -150,10 +155,37 @@ class DynamoSessionStore:
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
 
+def _halves(session: Session) -> dict[str, Any]:
+    """The ``doc`` and ``command`` attributes of ``session`` (as ``written``)."""
+    data = written(session)
+    command = data.pop("command", None)
+    halves = {"doc": {"S": _json(data)}}
+    return halves if command is None else {**halves, "command": {"S": _json(command)}}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _data(item: Mapping[str, Any]) -> dict[str, Any]:
+    """The session's fields an item holds (``_halves`` put together again). Raises KeyError,
+    ValueError or TypeError when it holds none."""
+    data = json.loads(item["doc"]["S"])
+    if not isinstance(data, dict):
+        raise TypeError("not a session")
+    if "command" in item:
+        data["command"] = json.loads(item["command"]["S"])
+    return data
+
+
 def _session(item: Mapping[str, Any] | None, run_id: str) -> Session | None:
     if item is None:
         return None
-    return readable(item.get("doc", {}).get("S"), f"a slot of run {run_id}")
+    try:
+        data: dict[str, Any] | str = _data(item)
+    except (KeyError, ValueError, TypeError):
+        data = "not a session"
+    return readable(data, f"a slot of run {run_id}")
 
 
 def _version(item: Mapping[str, Any]) -> int:

@@ -13,6 +13,8 @@
 - ``for_run`` lists the run's sessions by slot, live and over, none of another run's.
 - a session written by a later release (a field this one does not know) reads, and an update
   writes that field back.
+- the largest command a session may hold (MAX_COMMAND_BYTES, of the characters JSON spells longest)
+  is stored whole: under DynamoDB's 400 KB item, over more than one Table storage property.
 - a stack made by a release without sessions gets the table from provisioning it again.
 """
 
@@ -29,7 +31,7 @@ from runplane.adapters.aws.provision import provision
 from runplane.adapters.azure.provision import provision as provision_azure
 from runplane.bootstrap import aws_clients, aws_names, azure_clients, azure_names
 from runplane.domain.errors import BackendError, ConditionFailed, Conflict, NotFound
-from runplane.domain.sessions import OVER, Session, SessionKind, SessionState, new_secret, session_id
+from runplane.domain.sessions import MAX_COMMAND_BYTES, OVER, Session, SessionKind, SessionState, new_secret, session_id
 from runplane.domain.wire import stored, written
 
 CAP = 4
@@ -41,21 +43,21 @@ def new_run_id() -> str:
 
 def make(run_id: str, slot: int, **fields) -> Session:
     now = time.time()
-    return Session(
-        id=session_id(run_id, slot),
-        run_id=run_id,
-        slot=slot,
-        attempt=1,
-        owner="alice",
-        asked_by="alice",
-        kind=SessionKind.EXEC,
-        command=["sh", "-c", "echo hi"],
-        relay="ws://127.0.0.1:8000/v1/relay",
-        client_secret_hash=new_secret()[1],
-        created_at=now,
-        expires_at=now + 60,
-        **fields,
-    )
+    made = {
+        "id": session_id(run_id, slot),
+        "run_id": run_id,
+        "slot": slot,
+        "attempt": 1,
+        "owner": "alice",
+        "asked_by": "alice",
+        "kind": SessionKind.EXEC,
+        "command": ["sh", "-c", "echo hi"],
+        "relay": "ws://127.0.0.1:8000/v1/relay",
+        "client_secret_hash": new_secret()[1],
+        "created_at": now,
+        "expires_at": now + 60,
+    }
+    return Session(**{**made, **fields})
 
 
 def test_sessions_are_kept_by_slot_and_listed_by_run(stack):
@@ -118,7 +120,7 @@ def test_update_is_conditional_on_the_state(stack):
     )
     assert store.for_run(run) == [ended]
     assert (ended.exit_code, ended.worker_id) == (3, "w-1")
-    for fixed in ({"id": session_id(run, 0)}, {"slot": 2}, {"owner": "mallory"}, {"no_such_field": 1}):
+    for fixed in ({"id": session_id(run, 0)}, {"slot": 2}, {"owner": "mallory"}, {"command": ["sh"]}, {"no_such_field": 1}):
         with pytest.raises(ValueError):
             store.update(ended, frozenset(SessionState), fixed)
 
@@ -132,6 +134,15 @@ def test_a_session_of_a_later_release_reads_and_keeps_its_fields(stack):
     updated = store.update(found, frozenset({SessionState.REQUESTED}), {"state": SessionState.ACCEPTED})
     assert written(store.get(later.id))["channels_opened"] == 7
     assert written(updated)["channels_opened"] == 7
+
+
+def test_the_largest_command_is_stored_whole(stack):
+    command = ["\x1b" * (MAX_COMMAND_BYTES // 2), "é" * (MAX_COMMAND_BYTES // 4)]  # 6 and 2 bytes each as JSON
+    assert sum(len(arg.encode()) for arg in command) == MAX_COMMAND_BYTES
+    session = stack.sessions.create(make(new_run_id(), 3, command=command))
+    assert stack.sessions.get(session.id).command == command
+    ended = stack.sessions.update(session, frozenset({SessionState.REQUESTED}), {"state": SessionState.EXPIRED})
+    assert stack.sessions.for_run(session.run_id) == [ended]
 
 
 def test_racing_creates_fill_each_slot_once(racing_stack):
