@@ -120,7 +120,13 @@ def test_update_is_conditional_on_the_state(stack):
     )
     assert store.for_run(run) == [ended]
     assert (ended.exit_code, ended.worker_id) == (3, "w-1")
-    for fixed in ({"id": session_id(run, 0)}, {"slot": 2}, {"owner": "mallory"}, {"command": ["sh"]}, {"no_such_field": 1}):
+    for fixed in (
+        {"id": session_id(run, 0)},
+        {"slot": 2},
+        {"owner": "mallory"},
+        {"command": ["sh"]},
+        {"no_such_field": 1},
+    ):
         with pytest.raises(ValueError):
             store.update(ended, frozenset(SessionState), fixed)
 
