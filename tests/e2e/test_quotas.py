@@ -78,12 +78,15 @@ class Overlaps:
         while not self._stop.is_set():
             first, second = self._read(), self._read()
             self.rounds += 1
-            for a in self.run_ids:
+            for i, a in enumerate(self.run_ids):
                 if first[a][0] not in ACTIVE or first[a] != second[a]:
                     continue
-                # every other run was read (once in each round) between a's two reads
-                for b in self.run_ids:
-                    if b != a and (first[b][0] in ACTIVE or second[b][0] in ACTIVE):
+                # every other run was read once between a's two reads: in the first round if it
+                # comes after a, in the second if before (its other read may be from before a
+                # started or after it ended, and proves nothing)
+                for j, b in enumerate(self.run_ids):
+                    between = first[b] if j > i else second[b]
+                    if b != a and between[0] in ACTIVE:
                         self.found.append((a, b))
 
 
