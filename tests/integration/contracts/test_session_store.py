@@ -12,7 +12,8 @@
   exactly one wins. Fields that never change are refused.
 - ``for_run`` lists the run's sessions by slot, live and over, none of another run's.
 - a session written by a later release (a field this one does not know) reads, and an update
-  writes that field back.
+  writes that field back; one this release cannot read (a kind added later) is not listed, not
+  found, and holds its slot (never an error of the store).
 - the largest command a session may hold (MAX_COMMAND_BYTES, of the characters JSON spells longest)
   is stored whole: under DynamoDB's 400 KB item, over more than one Table storage property.
 - a stack made by a release without sessions gets the table from provisioning it again.
@@ -20,15 +21,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from azure.data.tables import UpdateMode
 
 from runplane.adapters.aws.provision import provision
 from runplane.adapters.azure.provision import provision as provision_azure
+from runplane.adapters.azure.tables import pack, unpack
 from runplane.bootstrap import aws_clients, aws_names, azure_clients, azure_names
 from runplane.domain.errors import BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.sessions import MAX_COMMAND_BYTES, OVER, Session, SessionKind, SessionState, new_secret, session_id
@@ -140,6 +144,47 @@ def test_a_session_of_a_later_release_reads_and_keeps_its_fields(stack):
     updated = store.update(found, frozenset({SessionState.REQUESTED}), {"state": SessionState.ACCEPTED})
     assert written(store.get(later.id))["channels_opened"] == 7
     assert written(updated)["channels_opened"] == 7
+
+
+def rewrite_stored(stack, session: Session, **fields) -> None:
+    """Change the stored session's fields past the store, as a later release's writer would."""
+    cloud = stack.settings.cloud
+    if cloud == "local":
+        with stack.sessions.db.write() as c:
+            where = (session.run_id, session.slot)
+            (data,) = c.execute("SELECT data FROM sessions WHERE run_id = ? AND slot = ?", where).fetchone()
+            c.execute(
+                "UPDATE sessions SET data = ? WHERE run_id = ? AND slot = ?",
+                (json.dumps({**json.loads(data), **fields}), *where),
+            )
+    elif cloud == "azure":
+        table = stack.sessions.table
+        entity = table.get_entity(session.run_id, f"{session.slot:02d}")
+        table.upsert_entity({**entity, **pack({**unpack(entity), **fields}, "session")}, mode=UpdateMode.REPLACE)
+    else:
+        client, table = stack.sessions.client, stack.sessions.table
+        key = {"run_id": {"S": session.run_id}, "slot": {"N": str(session.slot)}}
+        doc = json.loads(client.get_item(TableName=table, Key=key)["Item"]["doc"]["S"])
+        client.update_item(
+            TableName=table,
+            Key=key,
+            UpdateExpression="SET doc = :doc",
+            ExpressionAttributeValues={":doc": {"S": json.dumps({**doc, **fields})}},
+        )
+
+
+def test_a_session_this_release_cannot_read_is_left_alone(stack):
+    store = stack.sessions
+    run = new_run_id()
+    unknown, known = store.create(make(run, 0)), store.create(make(run, 1))
+    rewrite_stored(stack, unknown, kind="attach")
+    assert store.for_run(run) == [known]
+    with pytest.raises(NotFound):
+        store.get(unknown.id)
+    with pytest.raises(NotFound):
+        store.update(unknown, frozenset(SessionState), {"state": SessionState.ENDED})
+    with pytest.raises(Conflict):
+        store.create(make(run, 0))
 
 
 def test_the_largest_command_is_stored_whole(stack):
