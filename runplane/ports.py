@@ -348,6 +348,10 @@ class SessionStore(Protocol):
     def for_run(self, run_id: str) -> builtins.list[Session]:
         """The sessions in the run's slots, live and over, by slot."""
 
+    def forget(self, run_id: str) -> int:
+        """Delete the sessions of the run's slots, whatever their state (the retention sweep, before
+        it deletes an ended run's record); how many there were. Idempotent."""
+
 
 class SessionRelay(Protocol):
     """Where the two sides of a session meet; neither listens on a port of its own."""

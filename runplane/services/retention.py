@@ -342,6 +342,8 @@ def _sweep_run(ports: Ports, run: Run, now: float, budget: _Budget, report: Rete
             gone: set[str] = set()
             latest = _delete_under(ports, run, run_prefix(run.id), now, budget, report, gone)
             if latest is not None:
+                if ports.sessions is not None:  # an ended run's sessions (their commands) go with it
+                    ports.sessions.forget(run.id)
                 try:
                     store.delete(run.id, now)
                 except NotFound:  # gone meanwhile

@@ -448,14 +448,15 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
 
 def test_each_principal_may_do_what_it_does_with_sessions(template: dict[str, Any]) -> None:
     """The API makes sessions (a conditional put), lists a run's and moves them on; the reaper
-    expires them; the workers read and move on the sessions of their runs but cannot make one (no
-    PutItem: a session is asked by its run's owner through the API, never by a worker)."""
+    expires them, and deletes an ended run's with its record (the retention sweep); the workers
+    read and move on the sessions of their runs but cannot make one (no PutItem: a session is asked
+    by its run's owner through the API, never by a worker)."""
     found = _all_statements(template)
     on_sessions = {name: _actions_on(statements, "SessionsTable") for name, statements in found.items()}
     assert on_sessions == {
         "ApiFunction": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"},
         "DispatcherFunction": set(),
-        "ReaperFunction": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"},
+        "ReaperFunction": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:DeleteItem"},
         "WorkerPolicy": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"},
     }
 

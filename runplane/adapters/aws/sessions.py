@@ -134,6 +134,30 @@ class DynamoSessionStore:
             return new
         raise ConditionFailed(f"session {session.id} kept changing; try again")
 
+    def forget(self, run_id: str) -> int:
+        """The run's items by their keys alone (a Query of the partition), each deleted."""
+        kwargs: dict[str, Any] = {
+            "TableName": self.table,
+            "KeyConditionExpression": "#r = :r",
+            "ProjectionExpression": "#r, #s",
+            "ExpressionAttributeNames": {"#r": RUN_ID, "#s": SLOT},
+            "ExpressionAttributeValues": {":r": {"S": run_id}},
+            "ConsistentRead": True,
+        }
+        keys: builtins.list[dict[str, Any]] = []
+        try:
+            while True:
+                page = self.client.query(**kwargs)
+                keys.extend(page.get("Items", []))
+                if "LastEvaluatedKey" not in page:
+                    break
+                kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+            for item in keys:
+                self.client.delete_item(TableName=self.table, Key={RUN_ID: item[RUN_ID], SLOT: item[SLOT]})
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, "delete sessions") from e
+        return len(keys)
+
     def for_run(self, run_id: str) -> builtins.list[Session]:
         """One Query of the run's partition (DynamoDB keeps it sorted by slot), page by page."""
         kwargs: dict[str, Any] = {

@@ -6,9 +6,10 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
+from azure.core.exceptions import AzureError
 from azure.data.tables import TableClient
 
-from runplane.adapters.azure.tables import get_entity, key, packed, select, unpack, write_versioned
+from runplane.adapters.azure.tables import failure, get_entity, key, packed, select, unpack, write_versioned
 from runplane.adapters.records import jsonable, record
 from runplane.adapters.session_records import check_session_changes, readable, session_slot
 from runplane.domain.errors import ConditionFailed, Conflict, NotFound
@@ -89,6 +90,15 @@ class TableSessionStore:
                 continue
             return new
         raise ConditionFailed(f"session {session.id} kept changing; try again")
+
+    def forget(self, run_id: str) -> int:
+        found = select(self.table, "PartitionKey eq @run", {"run": key(run_id)}, "list sessions")
+        for entity in found:
+            try:
+                self.table.delete_entity(entity["PartitionKey"], entity["RowKey"])  # quiet when gone
+            except AzureError as e:
+                raise failure(e, "delete session") from e
+        return len(found)
 
     def for_run(self, run_id: str) -> builtins.list[Session]:
         entities = select(self.table, "PartitionKey eq @run", {"run": key(run_id)}, "list sessions")

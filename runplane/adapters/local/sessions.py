@@ -80,6 +80,10 @@ class SqliteSessionStore:
             )
         return new
 
+    def forget(self, run_id: str) -> int:
+        with self.db.errors("delete sessions"), self.db.write() as c:
+            return c.execute("DELETE FROM sessions WHERE run_id = ?", (run_id,)).rowcount
+
     def for_run(self, run_id: str) -> builtins.list[Session]:
         with self.db.errors("list sessions"):
             query = "SELECT data FROM sessions WHERE run_id = ? ORDER BY slot"

@@ -16,6 +16,7 @@
   found, and holds its slot (never an error of the store).
 - the largest command a session may hold (MAX_COMMAND_BYTES, of the characters JSON spells longest)
   is stored whole: under DynamoDB's 400 KB item, over more than one Table storage property.
+- ``forget`` deletes a run's sessions, live and over, and no other run's; again, it finds none.
 - a stack made by a release without sessions gets the table from provisioning it again.
 """
 
@@ -185,6 +186,19 @@ def test_a_session_this_release_cannot_read_is_left_alone(stack):
         store.update(unknown, frozenset(SessionState), {"state": SessionState.ENDED})
     with pytest.raises(Conflict):
         store.create(make(run, 0))
+
+
+def test_forget_deletes_a_runs_sessions_and_no_others(stack):
+    store = stack.sessions
+    run, other = new_run_id(), new_run_id()
+    for slot in range(3):
+        store.create(make(run, slot, state=SessionState.ENDED if slot else SessionState.ACTIVE))
+    kept = store.create(make(other, 0))
+    assert store.forget(run) == 3
+    assert store.for_run(run) == []
+    assert store.for_run(other) == [kept]
+    assert store.forget(run) == 0
+    assert store.create(make(run, 0)).slot == 0
 
 
 def test_the_largest_command_is_stored_whole(stack):
