@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -125,6 +126,20 @@ class RelayEndpoint:
     headers: dict[str, str]
     max_frame: int
     """The most payload bytes a frame may carry through this relay."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What a caller asks of a session (the API's ``SessionRequest``, already checked for its shape)."""
+
+    kind: SessionKind
+    command: Sequence[str] | None = None
+    tty: bool | None = None
+    stdin: bool | None = None
+    term: str | None = None
+    rows: int | None = None
+    cols: int | None = None
+    port: int | None = None
 
 
 def session_id(run_id: str, slot: int) -> str:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import base64
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runplane.domain import errors
 from runplane.domain.common import RUN_ID_PATTERN
 from runplane.domain.pools import Pool
+from runplane.domain.retention import Retention
 from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
@@ -44,6 +45,8 @@ class PoolFigures:
     workers: dict[str, int]
     """Live workers by status (idle, busy, starting, draining)."""
     record: PoolRecord
+    stack_retention: Retention = field(default_factory=Retention)
+    """The stack's retention, which the pool's is over."""
 
 
 def pool_record(ports: Ports, pool: str) -> PoolRecord | None:
@@ -128,19 +131,19 @@ def pool_figures(ports: Ports) -> list[PoolFigures]:
     """Each pool's backlog and workers as its dispatcher last counted them (one read per pool,
     whatever the number of runs and workers); a pool no pass has counted, or none lately (its
     dispatcher failing, say), is counted here."""
-    out = []
+    out, stack = [], ports.settings.kept()
     for pool in ports.pools.pools:
         record = pool_record(ports, pool.name) or PoolRecord(pool=pool.name)
         counted = record.counted_at is not None and ports.clock() - record.counted_at <= FIGURES_STALE_SECONDS
         if counted and record.backlog is not None:
-            out.append(PoolFigures(pool, record.backlog, dict(record.workers), record))
+            out.append(PoolFigures(pool, record.backlog, dict(record.workers), record, stack))
             continue
         known, now = ports.workers.list(pool.name), ports.clock()
         workers = fresh(known, now, ports.settings.worker_stale_seconds)
         versions, refused = skew.census(known, workers, now)
         backlog = ports.store.count(pool.name, RunState.QUEUED)
         uncounted = record.model_copy(update={"counted_at": None, "agent_versions": versions, "refused": refused})
-        out.append(PoolFigures(pool, backlog, live_counts(workers, record), uncounted))
+        out.append(PoolFigures(pool, backlog, live_counts(workers, record), uncounted, stack))
     return out
 
 

@@ -26,6 +26,7 @@ from runplane.domain.sessions import (
     MAX_COMMAND_BYTES,
     REQUEST_SECONDS,
     SESSION_ID_PATTERN,
+    Asked,
     EndReason,
     RelayEndpoint,
     Session,
@@ -46,20 +47,6 @@ SHOWN_COMMAND = 120
 EXPIRE_RUNS_PER_PASS = 500
 """The most runs whose sessions one reaper pass reads."""
 _TRIES = 5
-
-
-@dataclass(frozen=True)
-class Asked:
-    """What a caller asks for (``api.requests.SessionRequest``, already checked for its shape)."""
-
-    kind: SessionKind
-    command: Sequence[str] | None = None
-    tty: bool | None = None
-    stdin: bool | None = None
-    term: str | None = None
-    rows: int | None = None
-    cols: int | None = None
-    port: int | None = None
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ def _agent(stack, work_dir: Path, worker_id: str, version: str) -> Agent:
 
 def _pool_view(stack):
     (figures,) = [f for f in pool_figures(stack.ports) if f.pool.name == POOL]
-    return pool_view(figures.pool, figures.backlog, figures.workers, figures.record, stack.settings.kept())
+    return pool_view(figures.pool, figures.backlog, figures.workers, figures.record, figures.stack_retention)
 
 
 def test_the_record_is_never_stepped_back_by_the_functions_of_an_earlier_series(stack):

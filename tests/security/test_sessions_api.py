@@ -25,7 +25,15 @@ from runplane.domain.errors import Conflict, NotAllowed, NotFound
 from runplane.domain.expect import Expect
 from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import RunSpec
-from runplane.domain.sessions import REQUEST_SECONDS, Session, SessionKind, new_secret, secret_hash, session_id
+from runplane.domain.sessions import (
+    REQUEST_SECONDS,
+    Asked,
+    Session,
+    SessionKind,
+    new_secret,
+    secret_hash,
+    session_id,
+)
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle, sessions
@@ -232,7 +240,7 @@ def _running(ports, owner):
 
 def test_pool_settings_refuse_sessions_and_let_admins_in_only_where_allowed(local_stack):
     alice, admin = Principal(user="alice", scopes=["runs:write"]), Principal(user="root", scopes=["admin"])
-    asked = sessions.Asked(kind=SessionKind.EXEC, command=["true"])
+    asked = Asked(kind=SessionKind.EXEC, command=["true"])
     for rules, who, refused, message in [
         ({"allow_exec": False}, alice, NotAllowed, "does not allow sessions (allow_exec: false)"),
         ({}, admin, NotFound, "not found"),

@@ -389,10 +389,11 @@ def test_pools_reads_the_answer_of_a_server_that_has_no_caps_on_waiting_runs_or_
 ) -> None:
     from runplane.api.views import pool_view
     from runplane.domain.pools import Pool
+    from runplane.domain.retention import Retention
     from runplane.domain.workers import PoolRecord
 
     pool = Pool(name="gpu", cpus=8, memory="32g", default_image="img", max_waiting_runs=5)
-    shown = pool_view(pool, 0, {}, PoolRecord(pool="gpu")).model_dump(mode="json")
+    shown = pool_view(pool, 0, {}, PoolRecord(pool="gpu"), Retention()).model_dump(mode="json")
     assert shown["max_waiting_runs"] == 5
     previous = {k: v for k, v in shown.items() if k not in ("max_waiting_runs", "max_open_sweeps")}
     server.play(Answer(200, {"pools": [previous]}))

@@ -29,6 +29,7 @@ ONE_PORT = {
     "runplane.services.lifecycle.renew": "one conditional write to the runs store, at the time the worker read",
     "runplane.services.lifecycle.advance": "one conditional write to the runs store, at the time the worker read",
     "runplane.services.lifecycle.fail": "one conditional write to the runs store, at the time the worker read",
+    "runplane.services.lifecycle.note": "one conditional write to the runs store, at the time the worker read",
     "runplane.services.lifecycle.ended": "one message to the dispatcher's queue",
     "runplane.services.admission.refuse_alone": "reads the quotas of an owner and a group",
     "runplane.services.admission.reserve": "a conditional write to usage records, from the agent's own quota store",

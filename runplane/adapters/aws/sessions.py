@@ -15,7 +15,6 @@ from runplane.adapters.records import jsonable, record
 from runplane.adapters.session_records import check_session_changes, readable, session_slot
 from runplane.domain.errors import ConditionFailed, Conflict, NotFound
 from runplane.domain.sessions import OVER, Session, SessionState
-from runplane.domain.wire import written
 
 __all__ = ["RUN_ID", "SLOT", "DynamoSessionStore"]
 
@@ -181,7 +180,7 @@ class DynamoSessionStore:
 
 def _halves(session: Session) -> dict[str, Any]:
     """The ``doc`` and ``command`` attributes of ``session`` (as ``written``)."""
-    data = written(session)
+    data = jsonable(session)
     command = data.pop("command", None)
     halves = {"doc": {"S": _json(data)}}
     return halves if command is None else {**halves, "command": {"S": _json(command)}}

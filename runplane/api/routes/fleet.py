@@ -25,8 +25,9 @@ MAX_WORKERS_PAGE = 100
     answers={200: Answer(PoolList)},
 )
 def pools(call: Call) -> PoolList:
-    stack = call.ports.settings.kept()
-    return PoolList(pools=[pool_view(f.pool, f.backlog, f.workers, f.record, stack) for f in pool_figures(call.ports)])
+    return PoolList(
+        pools=[pool_view(f.pool, f.backlog, f.workers, f.record, f.stack_retention) for f in pool_figures(call.ports)]
+    )
 
 
 class WorkersQuery(Query):

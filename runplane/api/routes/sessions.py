@@ -9,7 +9,7 @@ from runplane.api.routes.examples import SESSION_EXAMPLES
 from runplane.api.routing import Answer, Call, PathParam, operation
 from runplane.api.session_models import SessionAccess, SessionList, SessionView, session_access, session_view
 from runplane.domain import errors
-from runplane.domain.sessions import SESSION_ID_PATTERN
+from runplane.domain.sessions import SESSION_ID_PATTERN, Asked
 from runplane.services import sessions
 
 SESSION = {**RUN_ID, "session_id": PathParam(SESSION_ID_PATTERN, "session", "the session's id")}
@@ -37,8 +37,7 @@ _HIDDEN = "a run that does not exist, another user's (an admin's too, unless the
     },
 )
 def open_session(call: Call, run_id: str, body: SessionRequest) -> SessionAccess:
-    asked = sessions.Asked(**body.model_dump())
-    opened = sessions.open_session(call.ports, call.principal, run_id, asked)
+    opened = sessions.open_session(call.ports, call.principal, run_id, Asked(**body.model_dump()))
     return session_access(opened.session, opened.ticket, opened.endpoint)
 
 
