@@ -317,6 +317,22 @@ class DynamoRunStore:
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
         return cursor_after(run, owner)
 
+    def _query(self, kwargs: dict[str, Any], limit: int, doing: str) -> builtins.list[Run]:
+        """At most ``limit`` runs of a query, page after page (a page stops at 1 MB, or holds fewer
+        than asked where a filter left some out)."""
+        runs: builtins.list[Run] = []
+        while len(runs) < limit:
+            kwargs["Limit"] = limit - len(runs)
+            try:
+                resp = self.client.query(**kwargs)
+            except (ClientError, BotoCoreError) as e:
+                raise translate(e, doing) from e
+            runs.extend(self._run(item) for item in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return runs[:limit]
+
     def head(self, queue: str, limit: int, priority: int | None = None) -> builtins.list[Run]:
         kwargs: dict[str, Any] = {
             "TableName": self.table,
@@ -330,18 +346,7 @@ class DynamoRunStore:
             kwargs["KeyConditionExpression"] += " AND begins_with(#r, :r)"
             kwargs["ExpressionAttributeNames"]["#r"] = "rank"
             kwargs["ExpressionAttributeValues"][":r"] = {"S": rank_prefix(priority)}
-        runs: builtins.list[Run] = []
-        while len(runs) < limit:
-            kwargs["Limit"] = limit - len(runs)
-            try:
-                resp = self.client.query(**kwargs)
-            except (ClientError, BotoCoreError) as e:
-                raise translate(e, "read the head of the queue") from e
-            runs.extend(self._run(item) for item in resp.get("Items", []))
-            if "LastEvaluatedKey" not in resp:  # a page stops at 1 MB: big runs may need more than one
-                break
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-        return runs[:limit]
+        return self._query(kwargs, limit, "read the head of the queue")
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         kwargs: dict[str, Any] = {
@@ -375,18 +380,7 @@ class DynamoRunStore:
             "ExpressionAttributeValues": {":q": {"S": queue}, ":now": to_dynamo(now), **ended},
             "ScanIndexForward": True,
         }
-        runs: builtins.list[Run] = []
-        while len(runs) < limit:
-            kwargs["Limit"] = limit - len(runs)
-            try:
-                resp = self.client.query(**kwargs)
-            except (ClientError, BotoCoreError) as e:
-                raise translate(e, "read the runs due for the retention sweep") from e
-            runs.extend(self._run(item) for item in resp.get("Items", []))
-            if "LastEvaluatedKey" not in resp:
-                break
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-        return runs[:limit]
+        return self._query(kwargs, limit, "read the runs due for the retention sweep")
 
     def delete(self, run_id: str, now: float) -> None:
         # The state too, beside the index's time: a release before retention that retries a run
