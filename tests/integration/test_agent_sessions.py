@@ -248,6 +248,38 @@ def test_stdin_reaches_the_command_as_the_runs_user_with_the_sessions_name(site:
     assert client.out[STDOUT].decode().split() == ["42", client.session.id, user]
 
 
+def test_a_command_silent_past_the_engine_clients_timeout_is_not_over(site: Site) -> None:
+    """The exec's stream keeps no timeout of the Docker client that started it (docker-py's request
+    timeout, 60 s by default, here 2 s): a command quiet for longer goes on, and its output and exit
+    status come when it has them."""
+    import docker
+
+    run = site.stack.store.get(site.run.id)
+    api = docker.from_env(timeout=2).api  # the engine the site's agent uses, with a short request timeout
+    host = SessionHost(
+        site.stack.sessions,
+        RunStateWriter(run, AgentPorts(site.stack.store, site.stack.queue, site.stack.objects), time.time),
+        api,
+        site.container(run),
+        "w-patient",
+        time.time,
+    )
+    session, text = ask(site, run, SessionKind.EXEC, count=False, command=["sh", "-c", "sleep 4; echo late; exit 4"])
+    try:
+        host.look()
+        conn = connect(
+            site.relay_url, additional_headers={"Authorization": f"Bearer {text}"}, compression=None, open_timeout=10
+        )
+        client = Client(conn, session)
+        client.send(json_frame(FrameType.HELLO, {"v": 1, "side": "client"}))
+        with client.conn:
+            assert client.until(FrameType.EXIT).json()["code"] == 4
+        assert client.out[STDOUT] == b"late\n"
+    finally:
+        host.stop()
+        api.close()
+
+
 def test_a_terminals_size_follows_resize(site: Site) -> None:
     client = join(site, site.run, SessionKind.SHELL, {"rows": 40, "cols": 132}, tty=True, stdin=True)
     with client.conn:

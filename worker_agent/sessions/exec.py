@@ -110,6 +110,9 @@ class ExecSession:
         except (docker.errors.APIError, requests.RequestException) as e:
             raise ExecFailed(f"the command could not start: {e}") from e
         self._sock = hijacked._sock
+        # the engine's socket keeps the client's request timeout (docker-py's, 60 s by default): a
+        # command silent for longer is not over, nor is input the command reads slowly lost
+        self._sock.settimeout(None)
         self.pid = self._exec_pid()
         if session.tty and rows and cols:
             self.resize(rows, cols)
