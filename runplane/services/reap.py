@@ -30,7 +30,8 @@ class ReapReport:
     released: list[str] = field(default_factory=list)
     """Quota holds (``run#attempt``) given back because their attempt was over."""
     expired_sessions: list[str] = field(default_factory=list)
-    """Sessions asked of running runs that no worker took in time (``sessions.expire``)."""
+    """Sessions that were over in truth and now read so: asked and taken by no worker in time,
+    or of an attempt that is over (``sessions.expire``)."""
     retention: RetentionReport | None = None
     """What the retention sweep that followed did (``handlers.run_reaper``); None: nothing."""
 
@@ -49,35 +50,42 @@ def _runs(ports: Ports, queue: str, state: RunState) -> Iterator[Run]:
         cursor = page.next_cursor
 
 
+def _lease(ports: Ports, run: Run, now: float, report: ReapReport) -> Run:
+    """``run`` re-queued (or ended) if its lease expired, noted in ``report``; the run as it is now."""
+    if run.lease_expires_at is None or run.lease_expires_at >= now:
+        return run
+    why = f"worker {run.worker_id} stopped renewing its lease"
+    expect = Expect(states=frozenset({run.state}), attempt=run.attempt, worker_id=run.worker_id)
+    try:
+        updated = requeue(ports, run, now, why, expect=expect, charge=not run.on_preemptible)
+    except ConditionFailed:
+        return run  # the worker came back or another reaper got there first
+    except RunplaneError as e:
+        log.warning("could not reap run %s: %s", run.id, e)
+        return run
+    (report.requeued if updated.state == RunState.QUEUED else report.ended).append(run.id)
+    return updated
+
+
 def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
     """One pass: re-queue (or end) runs whose lease expired, re-hint the first REHINT_WINDOW runs
     in each pool's line not hinted for ``rehint_after`` seconds (default: the stack's
     ``rehint_seconds``), and release the quota holds of attempts that are over
-    (``admission.heal``: a re-queued run's hold goes once it is older than the grace), and expire
-    the sessions asked of running runs that no worker took in time (one read of a run's sessions
-    for each running run ever asked one, at most ``sessions.EXPIRE_RUNS_PER_PASS``)."""
+    (``admission.heal``: a re-queued run's hold goes once it is older than the grace), and end the
+    sessions that are over in truth: those no worker took in time, those of an attempt that is over
+    (one read of a run's sessions for each active run ever asked one, and each it re-queued or
+    ended, at most ``sessions.EXPIRE_RUNS_PER_PASS``)."""
     store, queue, now = ports.store, ports.queue, ports.clock()
     if rehint_after is None:
         rehint_after = ports.settings.rehint_seconds
     report = ReapReport()
-    asked: list[Run] = []  # running runs asked for sessions: theirs are read for expiry
+    asked: list[Run] = []  # active runs asked for sessions (as the pass left them): theirs are read
     for pool in ports.pools.pools:
         for state in sorted(ACTIVE_STATES):
             for run in _runs(ports, pool.name, state):
-                if run.state == RunState.RUNNING and run.sessions_asked > 0:
-                    asked.append(run)
-                if run.lease_expires_at is None or run.lease_expires_at >= now:
-                    continue
-                why = f"worker {run.worker_id} stopped renewing its lease"
-                expect = Expect(states=frozenset({run.state}), attempt=run.attempt, worker_id=run.worker_id)
-                try:
-                    updated = requeue(ports, run, now, why, expect=expect, charge=not run.on_preemptible)
-                except ConditionFailed:
-                    continue  # the worker came back or another reaper got there first
-                except RunplaneError as e:
-                    log.warning("could not reap run %s: %s", run.id, e)
-                    continue
-                (report.requeued if updated.state == RunState.QUEUED else report.ended).append(run.id)
+                run = _lease(ports, run, now, report)
+                if run.sessions_asked > 0:
+                    asked.append(run)  # as this pass left it: a re-queued run's sessions end with the attempt
         # the head of the line only: an agent starts the first run in line it can take, whatever
         # run its hint names, so what keeps a pool moving is a hint for each free slot, not one for
         # every queued run; re-hinting a long backlog would flood the queue with stale hints

@@ -130,7 +130,7 @@ def open_session(ports: Ports, principal: Principal, run_id: str, asked: Asked) 
             client_secret_hash=digest, created_at=now, expires_at=now + REQUEST_SECONDS,
         )  # fmt: skip
         endpoint = relay.endpoint(draft, ticket(sid, secret))
-        session = _take_slot(store, draft.model_copy(update={"relay": endpoint.url}), now)
+        session = _take_slot(store, draft.model_copy(update={"relay": endpoint.url}), run, now)
         if session is not None:
             break
     if session is None or endpoint is None:
@@ -141,14 +141,15 @@ def open_session(ports: Ports, principal: Principal, run_id: str, asked: Asked) 
     return Opened(session, ticket(session.id, secret), endpoint)
 
 
-def _take_slot(store: SessionStore, session: Session, now: float) -> Session | None:
-    """``session`` stored in its slot; None when a live session holds the slot. A requested one
-    there past its ``expires_at`` is expired first (the reaper's work, done where it is in the way)."""
+def _take_slot(store: SessionStore, session: Session, run: Run, now: float) -> Session | None:
+    """``session`` stored in its slot; None when a live session holds the slot. One there that is
+    over in truth is ended first (the reaper's work, done where it is in the way): a requested one
+    past its ``expires_at``, one of another attempt of ``run`` (``_settle``)."""
     try:
         return store.create(session)
     except Conflict as e:
         held = e.details.get("session")
-        if not isinstance(held, Session) or _expire(store, held, now) is None:
+        if not isinstance(held, Session) or _settle(store, held, run, now) is None:
             return None
     try:
         return store.create(session)
@@ -194,14 +195,42 @@ def _expire(store: SessionStore, session: Session, now: float, *, asked_in_vain:
         return None
 
 
+def _orphaned(session: Session, run: Run) -> EndReason | None:
+    """Why live ``session`` is over though no worker said so: its run's command ended
+    (``run_ended``), or the run is not running the session's attempt any more (``worker_lost``: the
+    worker that held it lost the attempt, and no worker takes a session of another attempt); None
+    while the attempt runs. A session is made only while its attempt runs, so one newer than what
+    ``run`` says (an attempt to come, or the one being prepared) means ``run`` was read before it."""
+    if session.state.over or session.run_id != run.id or session.attempt > run.attempt:
+        return None
+    if session.attempt < run.attempt:
+        return EndReason.WORKER_LOST
+    if run.state.terminal or run.state == RunState.UPLOADING:
+        return EndReason.RUN_ENDED
+    return EndReason.WORKER_LOST if run.state == RunState.QUEUED else None
+
+
+def _settle(store: SessionStore, session: Session, run: Run, now: float) -> Session | None:
+    """``session`` ended where it is over in truth: expired (``_expire``), or ended for the reason
+    ``_orphaned`` gives; None when it is live (or changed meanwhile)."""
+    reason = _orphaned(session, run)
+    if reason is None:
+        return _expire(store, session, now)
+    changes = {"state": SessionState.ENDED, "end_reason": reason.value, "ended_at": now}
+    try:
+        return store.update(session, LIVE, changes)
+    except (ConditionFailed, NotFound):
+        return None
+
+
 def list_sessions(ports: Ports, principal: Principal, run_id: str) -> list[Session]:
-    """The run's sessions, live and over, by slot (those no worker took in time shown expired).
-    Raises NotFound (see ``_run``)."""
+    """The run's sessions, live and over, by slot (those no worker took in time shown expired, those
+    of an attempt that is over shown ended). Raises NotFound (see ``_run``)."""
     run, _ = _run(ports, principal, run_id)
     if ports.sessions is None:
         return []
     now = ports.clock()
-    return [_expire(ports.sessions, s, now) or s for s in ports.sessions.for_run(run.id)]
+    return [_settle(ports.sessions, s, run, now) or s for s in ports.sessions.for_run(run.id)]
 
 
 def _session(ports: Ports, principal: Principal, run_id: str, sid: str) -> tuple[SessionStore, Session]:
@@ -265,8 +294,9 @@ def close_session(ports: Ports, principal: Principal, run_id: str, sid: str) -> 
 
 
 def expire(ports: Ports, runs: Iterable[Run]) -> list[str]:
-    """The reaper's part: the ``requested`` sessions of ``runs`` (at most EXPIRE_RUNS_PER_PASS of
-    those asked any) past their ``expires_at`` made ``expired``; their ids."""
+    """The reaper's part: the sessions of ``runs`` (at most EXPIRE_RUNS_PER_PASS of those asked any)
+    that are over in truth ended: ``requested`` ones past their ``expires_at`` made ``expired``, live
+    ones of an attempt that is over ``ended`` (``worker_lost``, ``run_ended``); their ids."""
     if ports.sessions is None:
         return []
     now, expired, read = ports.clock(), [], 0
@@ -277,6 +307,6 @@ def expire(ports: Ports, runs: Iterable[Run]) -> list[str]:
             break
         read += 1
         for session in ports.sessions.for_run(run.id):
-            if _expire(ports.sessions, session, now) is not None:
+            if _settle(ports.sessions, session, run, now) is not None:
                 expired.append(session.id)
     return expired

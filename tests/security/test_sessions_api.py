@@ -18,9 +18,11 @@ import uuid
 import pytest
 
 from runplane import bootstrap
+from runplane.adapters.local.relay import FrontSessionRelay
 from runplane.bootstrap import build_stack, make_ports
 from runplane.client import AsyncClient, Client, InvalidRequest
 from runplane.client import Conflict as ApiConflict
+from runplane.devstack.relay import RelayHub
 from runplane.domain.errors import Conflict, NotAllowed, NotFound
 from runplane.domain.expect import Expect
 from runplane.domain.pools import PoolConfig
@@ -275,3 +277,51 @@ def test_the_reaper_expires_sessions_no_worker_took_in_time(local_stack):
     assert reap(ports).expired_sessions == []
     with pytest.raises(Conflict, match="is expired"):  # no fresh ticket for it
         sessions.new_ticket(ports, alice, run.id, made[0].id)
+
+
+def _relayed(ports):
+    """``ports`` with the one-machine relay (nothing dials it here: its endpoints and hang-ups only)."""
+    return dataclasses.replace(ports, relay=FrontSessionRelay("http://127.0.0.1:9", RelayHub(ports.sessions)))
+
+
+def _taken(ports, session, state):
+    """``session`` taken by a worker, as its agent would: accepted, or active."""
+    changes = {
+        "state": "accepted",
+        "worker_id": "w1",
+        "worker_secret_hash": new_secret()[1],
+        "accepted_at": time.time(),
+    }
+    taken = ports.sessions.update(session, frozenset({session.state}), changes)
+    return taken if state == "accepted" else ports.sessions.update(taken, frozenset({taken.state}), {"state": state})
+
+
+def test_sessions_of_a_lost_attempt_are_over_for_the_next_one_the_list_and_the_reaper(local_stack):
+    ports = _relayed(make_ports(local_stack))  # the test pools: re-queueing sends to a queue of theirs
+    alice = Principal(user="alice", scopes=["runs:write"])
+    run = submit_run(ports, alice, RunSpec(command="true", queue="parked"), None).run
+    run = lifecycle.claim(ports.store, run, run.attempt, "w1", 600.0, time.time())
+    run = lifecycle.advance(ports.store, run, RunState.RUNNING, time.time(), "started")
+    asked = Asked(kind=SessionKind.EXEC, command=["true"])
+    old = [sessions.open_session(ports, alice, run.id, asked).session for _ in range(4)]
+    old = [_taken(ports, s, "accepted" if i % 2 else "active") for i, s in enumerate(old)]
+    run = lifecycle.requeue(ports, ports.store.get(run.id), time.time(), "worker w1 went", charge=False)
+    again = lifecycle.claim(ports.store, run, run.attempt, "w2", 600.0, time.time())
+    run = lifecycle.advance(ports.store, again, RunState.RUNNING, time.time(), "started")
+    assert run.attempt == old[0].attempt + 1
+    new = [sessions.open_session(ports, alice, run.id, asked).session for _ in range(2)]  # in the old ones' slots
+    assert [s.slot for s in new] == [0, 1] and {s.attempt for s in new} == {run.attempt}
+    listed = sessions.list_sessions(ports, alice, run.id)
+    assert [s.id for s in listed] == [new[0].id, new[1].id, old[2].id, old[3].id]
+    assert [(s.state, s.end_reason) for s in listed[2:]] == [("ended", "worker_lost")] * 2
+    assert ports.sessions.get(old[2].id).state == "ended"  # as stored, not only as shown
+    new += [sessions.open_session(ports, alice, run.id, asked).session for _ in range(2)]
+    with pytest.raises(NotAllowed, match="max_sessions_per_run"):  # the new attempt's own hold their slots
+        sessions.open_session(ports, alice, run.id, asked)
+    # the reaper: a run whose worker stopped renewing its lease is re-queued, its sessions end with it
+    run = ports.store.update(run, Expect(attempt=run.attempt), {"lease_expires_at": time.time() - 1})
+    _taken(ports, new[0], "active")
+    report = reap(ports)
+    assert report.requeued == [run.id] and sorted(report.expired_sessions) == sorted(s.id for s in new)
+    ended = {s.id: (s.state, s.end_reason) for s in ports.sessions.for_run(run.id)}
+    assert ended == {s.id: ("ended", "worker_lost") for s in new}
