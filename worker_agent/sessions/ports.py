@@ -1,17 +1,21 @@
 """A port-forward session: the client opens connections (OPEN on a channel of its choosing, from
 16) to the session's one port, each dialled at ``127.0.0.1`` inside the run's own network
 namespace (netns.py), answered OPEN_OK or OPEN_FAIL with the reason; then DATA both ways, EOF for a
-half-close and CLOSE for the end of one. The session's reader writes what the client sends (a
-blocking send: a connection that reads nothing holds the client back); one thread reads every
-connection (a selector) and sends what comes."""
+half-close and CLOSE for the end of one. What the client sends a connection is handed to a writer
+thread of its own through a queue of OUT_FRAMES frames: the session's reader, which also reads the
+frames that end the session, never blocks on a connection. A full queue holds the reader (and so,
+through the relay, the client) back, for at most STALL_SECONDS: a connection that takes nothing for
+that long is closed (CLOSE). One thread reads every connection (a selector) and sends what comes."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +31,12 @@ log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 64
 """Connections one port-forward session may have open at once."""
+OUT_FRAMES = 16
+"""Frames from the client one connection may have waiting for the run's side to read them."""
+STALL_SECONDS = 15.0
+"""How long a connection whose queue is full may hold the session's reader before it is closed."""
+_EOF = b""
+"""In a connection's queue: the client ended its input (a DATA frame is never empty)."""
 
 Dialer = Callable[[int], socket.socket]
 """Connects to a port inside the run (raises DialFailed)."""
@@ -37,7 +47,10 @@ class _Channel:
     sock: socket.socket
     reading: bool = True  # until the run's side ends its output (EOF sent)
     writing: bool = True  # until the client ends its input (EOF received)
+    ended_input: bool = False  # the client's EOF passed on to the run's side (after all it sent)
     done: bool = False  # dropped: no frame of it goes to the client any more
+    out: queue.Queue[bytes | None] = field(default_factory=lambda: queue.Queue(OUT_FRAMES))
+    writer: threading.Thread | None = None
 
 
 @dataclass
@@ -74,22 +87,15 @@ class PortForward:
             self._open(frame)
         elif chan < FIRST_PORT_CHANNEL:
             return
-        elif frame.type == FrameType.DATA:
+        elif frame.type in (FrameType.DATA, FrameType.EOF):
             channel = self._channels.get(chan)
-            if channel is None or not channel.writing:
+            if channel is None or not channel.writing or (frame.type == FrameType.DATA and not frame.payload):
                 return
-            try:
-                channel.sock.sendall(frame.payload)
-            except OSError:
-                self._drop(chan, tell=True)
-        elif frame.type == FrameType.EOF:
-            channel = self._channels.get(chan)
-            if channel is not None:
+            if frame.type == FrameType.EOF:
                 channel.writing = False
-                try:
-                    channel.sock.shutdown(socket.SHUT_WR)
-                except OSError:
-                    self._drop(chan, tell=True)
+            queued = self._queue(channel, frame.payload if frame.type == FrameType.DATA else _EOF)
+            if not queued and not self._stopping.is_set():
+                self._drop(chan, tell=True)
         elif frame.type == FrameType.CLOSE:
             self._drop(chan, tell=False)
 
@@ -111,12 +117,50 @@ class PortForward:
             sock = self.dial(port)
         except DialFailed as e:
             return self._fail(chan, str(e))
+        channel = _Channel(sock)
+        channel.writer = threading.Thread(
+            target=self._write, args=(chan, channel), name=f"session-{self.session.id}-{chan}", daemon=True
+        )
         with self._lock:
-            self._channels[chan] = _Channel(sock)
+            self._channels[chan] = channel
             self._mail.adds.append(chan)
+        channel.writer.start()
         self.opened += 1
         self._send(Frame(FrameType.OPEN_OK, chan))
         self._wake()
+
+    def _queue(self, channel: _Channel, item: bytes) -> bool:
+        """``item`` queued for ``channel``'s writer; False when its queue stayed full STALL_SECONDS
+        (or the connection or the session ended meanwhile)."""
+        until = time.monotonic() + STALL_SECONDS
+        while not (channel.done or self._stopping.is_set()):
+            try:
+                channel.out.put(item, timeout=min(0.2, max(0.0, until - time.monotonic())))
+                return True
+            except queue.Full:
+                if time.monotonic() >= until:
+                    log.info("session %s: a connection took nothing for %ss: closed", self.session.id, STALL_SECONDS)
+                    return False
+        return False
+
+    def _write(self, chan: int, channel: _Channel) -> None:
+        """A connection's writer: what the client sent, in order, until it ends or is dropped (whose
+        shutdown ends a send in progress)."""
+        while (item := channel.out.get()) is not None and not channel.done:
+            try:
+                if item:
+                    channel.sock.sendall(item)
+                    continue
+                channel.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._drop(chan, tell=True)
+                return
+            with self._lock:
+                channel.ended_input = True
+                closed = not channel.reading
+            if closed:  # both ways ended
+                self._drop(chan, tell=True)
+            return
 
     def _fail(self, chan: int, reason: str) -> None:
         self._send(json_frame(FrameType.OPEN_FAIL, {"reason": reason}, channel=chan))
@@ -194,7 +238,7 @@ class PortForward:
             if channel is None or channel.done:
                 return
             channel.reading = False
-            closed = not channel.writing
+            closed = channel.ended_input
         self._send(Frame(FrameType.EOF, chan))
         if closed:
             self._drop(chan, tell=True)
@@ -206,7 +250,7 @@ class PortForward:
         with self._lock:
             channel = self._channels.pop(chan, None)
         if channel is not None:
-            channel.sock.close()
+            _close(channel)
 
     # -- the end --------------------------------------------------------------------------
 
@@ -228,6 +272,23 @@ class PortForward:
             left = list(self._channels.values())
             self._channels.clear()
         for channel in left:
-            channel.sock.close()
+            _close(channel)
         self._wake_r.close()
         self._wake_w.close()
+
+
+def _close(channel: _Channel) -> None:
+    """Close a dropped connection once its writer is gone (woken by the shutdown that dropped it,
+    or by the end of its queue), so that no send reaches a descriptor reused meanwhile."""
+    channel.done = True
+    with contextlib.suppress(OSError):
+        channel.sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(queue.Full):
+        channel.out.put_nowait(None)
+    writer = channel.writer
+    if writer is not None and writer is not threading.current_thread():
+        writer.join(timeout=10)
+        if writer.is_alive():
+            log.warning("a port-forward connection's writer did not end; its socket is left open")
+            return
+    channel.sock.close()
