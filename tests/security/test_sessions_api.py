@@ -325,3 +325,16 @@ def test_sessions_of_a_lost_attempt_are_over_for_the_next_one_the_list_and_the_r
     assert report.requeued == [run.id] and sorted(report.expired_sessions) == sorted(s.id for s in new)
     ended = {s.id: (s.state, s.end_reason) for s in ports.sessions.for_run(run.id)}
     assert ended == {s.id: ("ended", "worker_lost") for s in new}
+
+
+def test_the_sessions_of_a_run_that_ended_read_ended_with_it(local_stack):
+    ports = _relayed(make_ports(local_stack))
+    alice = Principal(user="alice", scopes=["runs:write"])
+    run = submit_run(ports, alice, RunSpec(command="true", queue="parked"), None).run
+    run = lifecycle.claim(ports.store, run, run.attempt, "w1", 600.0, time.time())
+    run = lifecycle.advance(ports.store, run, RunState.RUNNING, time.time(), "started")
+    live = _taken(ports, sessions.open_session(ports, alice, run.id, Asked(kind=SessionKind.SHELL)).session, "active")
+    lifecycle.advance(ports.store, run, RunState.UPLOADING, time.time(), "uploading")  # its worker went quiet here
+    assert [(s.id, s.state, s.end_reason) for s in sessions.list_sessions(ports, alice, run.id)] == [
+        (live.id, "ended", "run_ended")
+    ]
