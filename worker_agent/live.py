@@ -26,7 +26,7 @@ from pathlib import Path
 from runplane.domain.errors import RunplaneError
 from runplane.domain.units import format_bytes
 from runplane.ports import MAX_DELETE, ObjectStore
-from worker_agent.outputs import BACKSLASH, upload_file
+from worker_agent.outputs import judge, upload_file
 from worker_agent.settings import default
 from worker_agent.trees import Refused, Unwalkable, open_beneath, scan
 
@@ -187,17 +187,11 @@ class LiveOutputs:
                 if seen > entries:
                     self._notice(":entries", f"{LIVE_DIR}/ holds more than {entries} entries: the rest is not read")
                     break
-                rel = prefix + entry.name
-                try:
-                    if entry.is_dir(follow_symlinks=False):
-                        continue
-                    regular = entry.is_symlink() or entry.is_file(follow_symlinks=False)
-                except OSError:  # gone meanwhile
+                if (judged := judge(prefix, entry)) is None:
                     continue
-                if "\\" in rel:
-                    self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} ({BACKSLASH})")
-                elif not regular:
-                    self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} (not a regular file)")
+                rel, why = judged
+                if why is not None:
+                    self._notice(rel, f"{LIVE_DIR}/{_shown(rel)} ({why})")
                 elif len(found) < most:
                     found.append(rel)
                 else:

@@ -23,6 +23,22 @@ class UploadReport:
     error: str | None = None
 
 
+def judge(prefix: str, entry: os.DirEntry[str]) -> tuple[str, str | None] | None:
+    """An entry a walk (trees.scan) met, as an upload sees it: None for a directory (or one gone
+    meanwhile), else its path relative to the root and why it is not uploaded (None: it is: a
+    regular file or a symlink, checked again when opened)."""
+    rel = prefix + entry.name
+    try:
+        if entry.is_dir(follow_symlinks=False):
+            return None
+        regular = entry.is_symlink() or entry.is_file(follow_symlinks=False)
+    except OSError:  # gone meanwhile
+        return None
+    if "\\" in rel:
+        return rel, BACKSLASH
+    return rel, None if regular else "not a regular file"
+
+
 def collect(root: Path) -> tuple[list[str], list[str]]:
     """What to upload from ``root``: the paths (relative to it) of its regular files and
     symlinks, and the others, named with why they are skipped (a path holding a backslash too:
@@ -33,19 +49,13 @@ def collect(root: Path) -> tuple[list[str], list[str]]:
     skipped: list[str] = []
     try:
         for prefix, entry in scan(root):
-            rel = prefix + entry.name
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    continue
-                regular = entry.is_symlink() or entry.is_file(follow_symlinks=False)
-            except OSError:  # gone meanwhile
+            if (judged := judge(prefix, entry)) is None:
                 continue
-            if "\\" in rel:
-                skipped.append(f"{rel} ({BACKSLASH})")
-            elif regular:
+            rel, why = judged
+            if why is None:
                 files.append(rel)
             else:
-                skipped.append(f"{rel} (not a regular file)")
+                skipped.append(f"{rel} ({why})")
     except Unwalkable as e:
         skipped.append(f"{e} (not read)")
     return sorted(files), skipped
