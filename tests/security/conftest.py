@@ -66,5 +66,18 @@ def raw(front, method, path, body=None, headers=None):
     return status, {k.lower(): v for k, v in got.items()}, json.loads(data) if data else None
 
 
+class Caller:
+    """One token's requests, answered as (status, parsed body or None), whatever the status."""
+
+    def __init__(self, front, token, name=None):
+        self.front, self.token, self.name = front, token, name
+
+    def __call__(self, method, path, body=None, data=None):
+        sent = data if data is not None else (json.dumps(body).encode() if body is not None else None)
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        status, _, answer = raw(self.front, method, path, sent, headers)
+        return status, answer
+
+
 def bearer(name):
     return {"Authorization": f"Bearer {name}-token", "Content-Type": "application/json"}

@@ -12,26 +12,13 @@ import uuid
 
 import pytest
 
-from tests.security.conftest import raw
+from tests.security.conftest import Caller
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 
 
 def fresh(prefix):
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-class Caller:
-    """One token's requests, answered as (status, parsed body or None), whatever the status."""
-
-    def __init__(self, front, token, name):
-        self.front, self.token, self.name = front, token, name
-
-    def __call__(self, method, path, body=None, data=None):
-        sent = data if data is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        status, _, answer = raw(self.front, method, path, sent, headers)
-        return status, answer
 
 
 @pytest.fixture

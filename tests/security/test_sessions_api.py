@@ -42,23 +42,10 @@ from runplane.services import lifecycle, sessions
 from runplane.services.reap import reap
 from runplane.services.runs import submit_run
 from runplane.settings import StackSettings
-from tests.security.conftest import raw
+from tests.security.conftest import Caller
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 EXEC = {"kind": "exec", "command": ["sh", "-c", "echo hi; exit 3"], "stdin": True}
-
-
-class Caller:
-    """One token's requests, answered as (status, parsed body or None), whatever the status."""
-
-    def __init__(self, front, token, name):
-        self.front, self.token, self.name = front, token, name
-
-    def __call__(self, method, path, body=None, data=None):
-        sent = data if data is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        status, _, answer = raw(self.front, method, path, sent, headers)
-        return status, answer
 
 
 @pytest.fixture(scope="module")

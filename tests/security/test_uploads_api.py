@@ -16,22 +16,9 @@ import uuid
 import pytest
 
 from runplane.domain.uploads import DEFAULT_MAX_UPLOAD_BYTES
-from tests.security.conftest import raw
+from tests.security.conftest import Caller
 
 PARKED = {"command": "echo hi", "queue": "parked"}
-
-
-class Caller:
-    """One token's requests, answered as (status, parsed body or None), whatever the status."""
-
-    def __init__(self, front, token):
-        self.front, self.token = front, token
-
-    def __call__(self, method, path, body=None, data=None):
-        sent = data if data is not None else (json.dumps(body).encode() if body is not None else None)
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        status, _, answer = raw(self.front, method, path, sent, headers)
-        return status, answer
 
 
 @pytest.fixture
