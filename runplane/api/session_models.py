@@ -3,7 +3,7 @@ as every answer shows it, and, to the caller who opened it or asked a fresh tick
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
 
@@ -63,6 +63,11 @@ class RelayView(WireModel):
     url: str = Field(description="ws:// or wss://")
     headers: dict[str, str] = Field(description="to send with the WebSocket's opening request (the ticket)")
     max_frame: int = Field(description="the most payload bytes one frame may carry")
+    encoding: Literal["binary", "base64"] = Field(
+        default="binary",
+        description="how a frame travels: a binary message of its bytes, or a text message of their "
+        "base64 (relays that refuse binary messages)",
+    )
 
 
 class SessionAccess(SessionView):
@@ -84,6 +89,7 @@ class SessionAccess(SessionView):
                         "url": "ws://127.0.0.1:8080/v1/relay",
                         "headers": {"Authorization": f"Bearer {_TICKET}"},
                         "max_frame": 65536,
+                        "encoding": "binary",
                     },
                     "ticket": _TICKET,
                 }
@@ -121,5 +127,7 @@ def session_view(session: Session) -> SessionView:
 
 
 def session_access(session: Session, ticket: str, endpoint: RelayEndpoint) -> SessionAccess:
-    relay = RelayView(url=endpoint.url, headers=dict(endpoint.headers), max_frame=endpoint.max_frame)
+    relay = RelayView(
+        url=endpoint.url, headers=dict(endpoint.headers), max_frame=endpoint.max_frame, encoding=endpoint.encoding
+    )
     return SessionAccess(**session_view(session).model_dump(), relay=relay, ticket=ticket)

@@ -35,6 +35,10 @@ MAX_SESSIONS_PER_RUN = 16
 MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 64 * 1024
 REQUEST_SECONDS = 60.0
+BINARY, BASE64 = "binary", "base64"
+"""RelayEndpoint.encoding: how a frame travels as a WebSocket message."""
+DEFAULT_FRAME = 64 * 1024
+"""A relay's most payload bytes per frame unless it says fewer."""
 """How long a requested session waits for its worker, and a ticket for its side to connect."""
 TERM_PATTERN = r"^[A-Za-z0-9._+-]{1,64}$"
 SESSION_ID_PATTERN = rf"^{RUN_ID_PATTERN}\.\d{{1,2}}\.[0-9a-f]{{8}}$"
@@ -103,6 +107,12 @@ class Session(Record):
     """``port_forward``: the port inside the run."""
     relay: str
     """The URL both sides dial (the relay of the stack that made it)."""
+    relay_encoding: str = "binary"
+    """How frames travel through that relay (RelayEndpoint.encoding)."""
+    relay_frame: int | None = None
+    """The relay's most payload bytes per frame (RelayEndpoint.max_frame); None: 64 KiB."""
+    relay_ticket_header: str = "Authorization"
+    """The header a side's ticket travels in (``Bearer <ticket>``)."""
     state: SessionState = SessionState.REQUESTED
     worker_id: str | None = None
     client_secret_hash: str
@@ -126,6 +136,9 @@ class RelayEndpoint:
     headers: dict[str, str]
     max_frame: int
     """The most payload bytes a frame may carry through this relay."""
+    encoding: str = BINARY
+    """How a frame travels as a WebSocket message: ``binary`` (a binary message of its bytes) or
+    ``base64`` (a text message of their base64: gateways that refuse binary messages)."""
 
 
 @dataclass(frozen=True)
@@ -140,6 +153,31 @@ class Asked:
     rows: int | None = None
     cols: int | None = None
     port: int | None = None
+
+
+def with_relay(session: Session, endpoint: RelayEndpoint, ticket_text: str) -> Session:
+    """``session`` with what its worker dials ``endpoint``'s relay by (the URL, the encoding, the
+    frame size and the header that carries ``ticket_text``, the client's ticket, as a bearer token:
+    the worker sends its own ticket the same way)."""
+    header = next((k for k, v in endpoint.headers.items() if v == f"Bearer {ticket_text}"), "Authorization")
+    return session.model_copy(
+        update={
+            "relay": endpoint.url,
+            "relay_encoding": endpoint.encoding,
+            "relay_frame": endpoint.max_frame,
+            "relay_ticket_header": header,
+        }
+    )
+
+
+def worker_endpoint(session: Session, ticket_text: str) -> RelayEndpoint:
+    """Where the worker of ``session`` dials with its ``ticket_text``: the relay the session names."""
+    return RelayEndpoint(
+        url=session.relay,
+        headers={session.relay_ticket_header: f"Bearer {ticket_text}"},
+        max_frame=session.relay_frame or DEFAULT_FRAME,
+        encoding=session.relay_encoding,
+    )
 
 
 def session_id(run_id: str, slot: int) -> str:

@@ -36,6 +36,7 @@ from runplane.domain.sessions import (
     run_of,
     session_id,
     ticket,
+    with_relay,
 )
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
@@ -130,7 +131,7 @@ def open_session(ports: Ports, principal: Principal, run_id: str, asked: Asked) 
             client_secret_hash=digest, created_at=now, expires_at=now + REQUEST_SECONDS,
         )  # fmt: skip
         endpoint = relay.endpoint(draft, ticket(sid, secret))
-        session = _take_slot(store, draft.model_copy(update={"relay": endpoint.url}), run, now)
+        session = _take_slot(store, with_relay(draft, endpoint, ticket(sid, secret)), run, now)
         if session is not None:
             break
     if session is None or endpoint is None:

@@ -34,6 +34,7 @@ from runplane.domain.sessions import (
     SessionState,
     new_secret,
     ticket,
+    worker_endpoint,
 )
 from runplane.ports import Clock, SessionStore
 from worker_agent.run_state import RunStateWriter
@@ -278,7 +279,7 @@ class LiveSession:
     def _serve(self) -> EndReason:
         session = self.session
         try:
-            link = Link.dial(session.relay, ticket(session.id, self.secret))
+            link = Link.dial(worker_endpoint(session, ticket(session.id, self.secret)))
         except RelayUnreachable as e:
             log.warning("session %s: %s", session.id, e)
             return EndReason.RELAY_LOST

@@ -16,6 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from runplane.domain.session_wire import HEADER, MAX_PAYLOAD, BadFrame, Frame, FrameType, Sequencer, decode, ping
+from runplane.domain.sessions import RelayEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +46,13 @@ class Link:
         self.closed = threading.Event()
 
     @classmethod
-    def dial(cls, url: str, ticket: str, max_frame: int = MAX_PAYLOAD) -> Link:
+    def dial(cls, endpoint: RelayEndpoint) -> Link:
+        url = endpoint.url
         try:
             conn: ClientConnection = connect(
                 url,
-                additional_headers={"Authorization": f"Bearer {ticket}"},
-                max_size=max_frame + HEADER.size,
+                additional_headers=endpoint.headers,
+                max_size=MAX_PAYLOAD + HEADER.size,
                 compression=None,
                 proxy=None,
                 ping_interval=None,  # the frames' own PING keeps the session alive, through any relay
