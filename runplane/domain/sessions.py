@@ -113,6 +113,8 @@ class Session(Record):
     """The relay's most payload bytes per frame (RelayEndpoint.max_frame); None: 64 KiB."""
     relay_ticket_header: str = "Authorization"
     """The header a side's ticket travels in (``Bearer <ticket>``)."""
+    relay_worker: str | None = None
+    """The URL the worker dials when it is not ``relay`` (RelayEndpoint.worker_url)."""
     state: SessionState = SessionState.REQUESTED
     worker_id: str | None = None
     client_secret_hash: str
@@ -139,6 +141,9 @@ class RelayEndpoint:
     encoding: str = BINARY
     """How a frame travels as a WebSocket message: ``binary`` (a binary message of its bytes) or
     ``base64`` (a text message of their base64: gateways that refuse binary messages)."""
+    worker_url: str | None = None
+    """Where the session's worker dials, when not ``url``: a relay whose URL says which way a side
+    sends (Azure Web PubSub's group to publish to) gives each side its own."""
 
 
 @dataclass(frozen=True)
@@ -166,6 +171,7 @@ def with_relay(session: Session, endpoint: RelayEndpoint, ticket_text: str) -> S
             "relay_encoding": endpoint.encoding,
             "relay_frame": endpoint.max_frame,
             "relay_ticket_header": header,
+            "relay_worker": endpoint.worker_url,
         }
     )
 
@@ -173,7 +179,7 @@ def with_relay(session: Session, endpoint: RelayEndpoint, ticket_text: str) -> S
 def worker_endpoint(session: Session, ticket_text: str) -> RelayEndpoint:
     """Where the worker of ``session`` dials with its ``ticket_text``: the relay the session names."""
     return RelayEndpoint(
-        url=session.relay,
+        url=session.relay_worker or session.relay,
         headers={session.relay_ticket_header: f"Bearer {ticket_text}"},
         max_frame=session.relay_frame or DEFAULT_FRAME,
         encoding=session.relay_encoding,
