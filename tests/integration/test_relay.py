@@ -1,9 +1,10 @@
 """The one-machine relay (runplane/devstack/relay.py) behind both fronts of the embedded stack (the
-dev front and cheroot's, of ``runplane serve``, plain and HTTPS), with sessions in the stack's SQLite store: the two
-sides of a session meet and every byte crosses both ways unchanged; a ticket that does not open the
-session is refused before any WebSocket opens, as is a second connection of a side; nothing crosses
-between sessions; a side's leaving, a close, an oversize frame, a peer that never comes end the
-session for both with GONE; plain HTTP is served all along."""
+dev front and cheroot's, of ``runplane serve``, plain and HTTPS), with sessions in the stack's SQLite
+store: what is the front's and the hub's own. The two sides meet and every byte crosses while plain
+HTTP is served; a side's leaving ends the session behind each front; a side waits a while alone; the
+hub holds at most so many sides; a peer that reads slowly holds its sender back. What every relay
+must do (tickets, pairing, GONE, close, oversize frames) is the contract of
+tests/integration/contracts/test_session_relay.py."""
 
 from __future__ import annotations
 
@@ -200,63 +201,6 @@ def test_the_sides_meet_and_every_byte_crosses_both_ways_while_http_is_served(re
             assert answer.status_code == 200
 
 
-def test_tickets_that_do_not_open_the_session_are_refused_before_any_frame(dev_relay: Relay) -> None:
-    relay = dev_relay
-    session, client_ticket, worker_ticket = relay.session()
-    other, other_client, _ = relay.session(slot=1)
-    _, ended_client, _ = relay.session(slot=2, state=SessionState.ENDED)
-    secret = client_ticket.rsplit(".", 1)[1]
-    refused = [
-        None,  # no ticket
-        "not-a-ticket",
-        ticket(session.id.replace("r-relay", "r-other"), secret),  # no such session
-        ticket(session.id, other_client.rsplit(".", 1)[1]),  # another session's secret
-        ticket(other.id, secret),  # this secret on another session
-        ended_client,  # a session over
-    ]
-    for text in refused:
-        with pytest.raises(InvalidStatus) as caught:
-            relay.dial(text)
-        assert caught.value.response.status_code == 401, text
-    relay.now[0] = session.expires_at + 1  # the client's ticket is taken until expires_at, the worker's later
-    with pytest.raises(InvalidStatus) as late:
-        relay.dial(client_ticket)
-    assert late.value.response.status_code == 401
-    with relay.dial(worker_ticket):
-        with pytest.raises(InvalidStatus) as second:  # one connection per side
-            relay.dial(worker_ticket)
-        assert second.value.response.status_code == 409
-        assert relay.hub.held(session.id) == ["worker"]
-
-
-def test_a_second_client_is_refused_and_a_clients_ticket_never_joins_as_the_worker(dev_relay: Relay) -> None:
-    session, client_ticket, _ = dev_relay.session()
-    with dev_relay.dial(client_ticket) as client:
-        with pytest.raises(InvalidStatus) as second:
-            dev_relay.dial(client_ticket)
-        assert second.value.response.status_code == 409
-        assert dev_relay.hub.held(session.id) == ["client"]
-        client.send(b"\x02\x00\x01\x00\x00\x00\x01x")
-
-
-def test_nothing_crosses_to_another_session(dev_relay: Relay) -> None:
-    _, a_client, a_worker = dev_relay.session(slot=0)
-    _, b_client, b_worker = dev_relay.session(slot=1)
-    with (
-        dev_relay.dial(a_client) as ac,
-        dev_relay.dial(a_worker) as aw,
-        dev_relay.dial(b_client) as bc,
-        dev_relay.dial(b_worker) as bw,
-    ):
-        ac.send(b"for a's worker")
-        bw.send(b"for b's client")
-        assert aw.recv(timeout=10) == b"for a's worker"
-        assert bc.recv(timeout=10) == b"for b's client"
-        for side in (ac, bw):
-            with pytest.raises(TimeoutError):
-                side.recv(timeout=0.3)
-
-
 @pytest.mark.parametrize("leaver", ["client", "worker"])
 def test_a_side_that_goes_leaves_its_peer_a_gone_frame(relay: Relay, leaver: str) -> None:
     session, client_ticket, worker_ticket = relay.session()
@@ -267,37 +211,6 @@ def test_a_side_that_goes_leaves_its_peer_a_gone_frame(relay: Relay, leaver: str
     going.close()
     assert _gone(staying) == f"{leaver}_gone"
     _wait(lambda: relay.hub.held(session.id) == [])
-
-
-def test_close_hangs_up_both_sides(dev_relay: Relay) -> None:
-    session, client_ticket, worker_ticket = dev_relay.session()
-    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
-        worker.send(b"hi")
-        assert client.recv(timeout=10) == b"hi"
-        FrontSessionRelay(dev_relay.url, dev_relay.hub).close(session.id, "closed")
-        assert _gone(client) == "closed"
-        assert _gone(worker) == "closed"
-    assert dev_relay.hub.held(session.id) == []
-    dev_relay.hub.close(session.id, "closed")  # quiet when nothing is held
-
-
-def test_an_oversize_frame_ends_the_sending_side(dev_relay: Relay) -> None:
-    _, client_ticket, worker_ticket = dev_relay.session()
-    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
-        client.send(b"\x02\x00\x01\x00\x00\x00\x01" + b"z" * (MAX_FRAME + 1))
-        with pytest.raises(ConnectionClosed) as closed:
-            client.recv(timeout=10)
-        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
-        assert _gone(worker) == "client_gone"
-
-
-def test_a_text_message_ends_the_sending_side(dev_relay: Relay) -> None:
-    _, client_ticket, worker_ticket = dev_relay.session()
-    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
-        client.send("text")
-        with pytest.raises(ConnectionClosed):
-            client.recv(timeout=10)
-        assert _gone(worker) == "client_gone"
 
 
 def test_a_side_alone_is_let_go_after_the_wait(tmp_path: Path) -> None:
