@@ -207,6 +207,15 @@ _KIND_RULES: list[JsonValue] = [
         },
         "required": ["port"],
     },
+    {
+        "properties": {
+            "kind": {"const": "attach"},
+            "command": {"type": "null"},
+            "port": {"type": "null"},
+            "tty": {"type": "null"},
+            "stdin": {"type": "null"},
+        }
+    },
 ]
 """What each kind of session takes, as the document says it (``SessionRequest._fits_kind`` checks it)."""
 
@@ -224,11 +233,15 @@ class SessionRequest(BaseModel):
                 {"kind": "exec", "command": ["sh", "-c", "echo hi; exit 3"], "stdin": True},
                 {"kind": "shell", "term": "xterm-256color", "rows": 40, "cols": 120},
                 {"kind": "port_forward", "port": 8000},
+                {"kind": "attach", "term": "xterm-256color", "rows": 40, "cols": 120},
             ],
         },
     )
 
-    kind: SessionKind = Field(description="exec: a command; shell: the image's shell; port_forward: a port's")
+    kind: SessionKind = Field(
+        description="exec: a command; shell: the image's shell; port_forward: a port's; attach: an interactive "
+        "run's own command (its input, its output, its terminal if it has one)"
+    )
     command: list[Annotated[str, Field(max_length=MAX_COMMAND_BYTES, json_schema_extra={"pattern": NO_NUL})]] | None = (
         Field(
             default=None,
@@ -272,4 +285,6 @@ class SessionRequest(BaseModel):
                 raise ValueError("port_forward takes no tty or stdin")
         elif self.port is not None:
             raise ValueError(f"{self.kind} takes no port (port_forward does)")
+        if self.kind == SessionKind.ATTACH and (self.tty is not None or self.stdin is not None):
+            raise ValueError("attach takes no tty or stdin: it has the run's (its tty, and its input)")
         return self

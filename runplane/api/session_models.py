@@ -30,7 +30,7 @@ _EXAMPLE: dict[str, JsonValue] = {
 
 
 class SessionView(WireModel):
-    """A session into a run (exec, shell or port-forward) as every answer shows it: never its ticket,
+    """A session into a run (exec, shell, port-forward or attach) as every answer shows it: never its ticket,
     nor anything a ticket could be made from."""
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"examples": [_EXAMPLE]})
@@ -51,7 +51,7 @@ class SessionView(WireModel):
         description="a requested session no worker took by then expires; the client's ticket is not taken after it"
     )
     ended_at: Timestamp | None
-    exit_code: int | None = Field(description="exec and shell: the command's exit code, once it exited")
+    exit_code: int | None = Field(description="exec, shell, attach: the command's exit code, once it exited")
     end_reason: str | None = Field(
         description="why it ended: exited, client_gone, closed, run_ended, worker_lost, relay_lost"
     )

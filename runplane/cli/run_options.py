@@ -164,9 +164,33 @@ HAND: dict[str, tuple[Flag, ...]] = {
     "inputs": (
         Flag(
             "inputs",
-            Annotated[list[str] | None, typer.Option("--input", "-i", help="NAME=s3://… or run:<id>, repeatable")],
+            Annotated[list[str] | None, typer.Option("--input", help="NAME=s3://… or run:<id>, repeatable")],
             "inputs",
             convert=_pairs_of("--input"),
+        ),
+    ),
+    "interactive": (
+        Flag(
+            "interactive",
+            Annotated[
+                bool,
+                typer.Option(
+                    "--interactive",
+                    "-i",
+                    help="your stdin goes to the run's command (as docker run -i): runplane run waits for it to start "
+                    "and attaches; killed after the pool's max_idle_interactive without input",
+                ),
+            ],
+            "interactive",
+            False,
+        ),
+    ),
+    "tty": (
+        Flag(
+            "tty",
+            Annotated[bool, typer.Option("--tty", "-t", help="with -i: the command has a terminal (yours: -it)")],
+            "tty",
+            False,
         ),
     ),
     "labels": (

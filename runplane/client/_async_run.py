@@ -91,6 +91,11 @@ class AsyncRun(RunBase):
         access = await self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
         return await asyncio.to_thread(exec_captured, Access.read(access), stdin)
 
+    async def attach(self, stdin: bytes | None = None) -> ExecResult:
+        """``Run.attach``: the session's frames move on a thread, the event loop stays free."""
+        access = await self._client.open_session(self.view.id, "attach")
+        return await asyncio.to_thread(exec_captured, Access.read(access), stdin)
+
     async def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """``Run.port_forward``: the forward runs on threads of its own; ``close()`` it (or use it
         with ``with``) when done."""

@@ -45,6 +45,8 @@ class RunOptions(TypedDict, total=False):
     secrets: Mapping[str, str] | None  # ENV: a secret's reference ("name" or "group/name"), never a value
     image_pull_secret: str | None
     workdir: str | None  # the container's working directory, e.g. "/inputs/code"; default: its output directory
+    interactive: bool  # its command's input comes from whoever attaches (``Run.attach``); not in a sweep
+    tty: bool  # with interactive: the command has a terminal
 
 
 SHORTCUTS = tuple(Resources.model_fields)

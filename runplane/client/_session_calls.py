@@ -37,13 +37,14 @@ class SessionCalls:
         port: int | None = None,
     ) -> SessionAccess:
         """Open a session into your running run: ``exec`` (``command``, a list of arguments),
-        ``shell`` (the image's shell; ``tty`` and ``stdin`` by default) or ``port_forward``
-        (``port``, inside the run). The answer holds the relay to dial and the ticket to dial it
+        ``shell`` (the image's shell; ``tty`` and ``stdin`` by default), ``port_forward``
+        (``port``, inside the run) or ``attach`` (an interactive run's own command, with the run's
+        ``tty``; one at a time). The answer holds the relay to dial and the ticket to dial it
         with (shown once; ``session_ticket`` gives a fresh one). Raises NotFound (no such run, or
-        another user's), Conflict (the run is not running), InvalidRequest (422: the pool does not
-        allow sessions, every slot is taken, the stack has no relay, or the request does not fit
-        its kind), PayloadTooLarge (a command over 64 KiB), TypeError (a
-        command given as one string)."""
+        another user's), Conflict (the run is not running; attach: not interactive, or attached
+        already), InvalidRequest (422: the pool does not allow sessions, every slot is taken,
+        the stack has no relay, or the request does not fit its kind), PayloadTooLarge (a command
+        over 64 KiB), TypeError (a command given as one string)."""
         fields = {"command": command, "tty": tty, "stdin": stdin, "term": term, "rows": rows, "cols": cols}
         return self._drive(self._plans.open_session(run_id, kind, {**fields, "port": port}))
 

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 class Run(RunBase):
     """A run, with its client: ``refresh``, ``wait``, ``logs``, ``follow``, ``kill``,
-    ``set_priority``, ``keep``, ``download``; while it runs, ``exec`` and ``port_forward``."""
+    ``set_priority``, ``keep``, ``download``; while it runs, ``exec``, ``port_forward`` and (an
+    interactive run) ``attach``."""
 
     def __init__(self, client: Client, view: RunView, created: bool = False) -> None:
         super().__init__(view, created)
@@ -110,6 +111,14 @@ class Run(RunBase):
         NotFound, Conflict (the run is not running), InvalidRequest (its pool allows no session,
         or no more); SessionLost when the session ends before the command (docs/sessions.md)."""
         access = self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
+        return exec_captured(Access.read(access), stdin)
+
+    def attach(self, stdin: bytes | None = None) -> ExecResult:
+        """An interactive run's own command (submitted with ``interactive=True``): feed it ``stdin``
+        (then its end; None: nothing, its input stays open for a later attach) and take its output
+        until it exits: its exit code and output (with ``tty``, all of it as stdout). Raises as
+        ``exec`` does, and Conflict for a run that is not interactive or is attached already."""
+        access = self._client.open_session(self.view.id, "attach")
         return exec_captured(Access.read(access), stdin)
 
     def port_forward(self, remote: int, local: int = 0) -> PortForward:

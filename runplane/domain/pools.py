@@ -137,6 +137,12 @@ class Pool(BaseModel):
         le=MAX_SESSIONS_PER_RUN,
         description="sessions one run may have at once",
     )
+    max_idle_interactive: float = Field(
+        default=1800,
+        gt=0,
+        le=MAX_RUN_TIME,
+        description="an interactive run (run -it) that gets no input for this long is killed, saying so",
+    )
     retention: Retention | None = Field(
         default=None,
         description="how long this pool's finished runs' outputs, logs and records are kept, field by field over "
@@ -152,6 +158,7 @@ class Pool(BaseModel):
         "start_timeout_seconds",
         "retry_disabled_seconds",
         "seconds_between_launches",
+        "max_idle_interactive",
         mode="before",
     )(staticmethod(read_duration))
 

@@ -254,6 +254,15 @@ class RunSpec(Record):
         "where an upload named code is); default: the run's output directory, /runplane/output",
         examples=["/inputs/code"],
     )
+    interactive: Annotated[bool, Since("0.3")] = Field(
+        default=False,
+        description="the run's command takes its input from whoever attaches to it (runplane run -i, runplane "
+        "attach); killed after the pool's max_idle_interactive without input; not in a sweep",
+    )
+    tty: Annotated[bool, Since("0.3")] = Field(
+        default=False,
+        description="with interactive: the command has a terminal (runplane run -it), its output one stream",
+    )
 
     def upstreams(self) -> list[str]:
         """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
@@ -316,6 +325,8 @@ class RunSpec(Record):
         both = sorted(set(self.env) & set(self.secrets))
         if both:
             raise ValueError(f"{', '.join(both)[:200]} is both in env and in secrets: name each variable once")
+        if self.tty and not self.interactive:
+            raise ValueError("tty is for an interactive run: give interactive too (runplane run -it)")
         return self
 
     @field_validator("labels", mode="before")

@@ -32,6 +32,8 @@ DEFAULT_MAX_SESSIONS_PER_RUN = 4
 """Sessions one run may have at once, unless its pool says otherwise."""
 MAX_SESSIONS_PER_RUN = 16
 """The most a pool may allow."""
+ATTACH_SLOT = MAX_SESSIONS_PER_RUN - 1
+"""The slot of an interactive run's attach session (one at a time; its other sessions keep off it)."""
 MAX_COMMAND_ARGS = 256
 MAX_COMMAND_BYTES = 64 * 1024
 REQUEST_SECONDS = 60.0
@@ -54,6 +56,9 @@ class SessionKind(StrEnum):
     """The image's shell, with a terminal."""
     PORT_FORWARD = "port_forward"
     """Connections to ``127.0.0.1:port`` inside the run's own network namespace."""
+    ATTACH = "attach"
+    """The input and output of an interactive run's own command (``RunSpec.interactive``), with a
+    terminal where the run has one; one at a time, in the run's last slot (ATTACH_SLOT)."""
 
 
 class SessionState(StrEnum):

@@ -31,7 +31,7 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Fail
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Page, Ports
-from runplane.services import dependencies, lifecycle, secrets, skew, uploads
+from runplane.services import dependencies, lifecycle, secrets, sessions, skew, uploads
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.authority import charged_group, check_caller
@@ -185,6 +185,7 @@ def admit_spec(ports: Ports, principal: Principal, spec: RunSpec) -> Admitted:
     check_spec(spec)  # PayloadTooLarge: every write the run needs must fit its record
     pool = choose_pool(ports.pools, spec.resources, spec.queue)
     _check_priority(principal, pool, spec.priority)
+    sessions.check_interactive(ports, pool, spec)
     group = charged_group(principal, spec.group)
     for name, source in spec.inputs.items():
         if not source.startswith("run:"):

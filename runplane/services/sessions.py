@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from runplane.domain.errors import ConditionFailed, Conflict, InvalidRequest, NotAllowed, NotFound, PayloadTooLarge
 from runplane.domain.expect import Expect
 from runplane.domain.pools import Pool
-from runplane.domain.runs import Event, Run
+from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.sessions import (
+    ATTACH_SLOT,
     DEFAULT_MAX_SESSIONS_PER_RUN,
     LIVE,
     MAX_COMMAND_BYTES,
@@ -116,30 +117,56 @@ def open_session(ports: Ports, principal: Principal, run_id: str, asked: Asked) 
     if not allowed:
         raise NotAllowed(f"run {run.id}'s pool {run.queue} does not allow sessions (allow_exec: false)")
     _command_bytes(asked.command)
+    attach = asked.kind == SessionKind.ATTACH
+    if attach and not run.spec.interactive:
+        raise Conflict(f"run {run.id} is not interactive: it has no input to attach to (runplane exec or shell)")
     store, relay = _stores(ports)
     shell = asked.kind == SessionKind.SHELL
+    tty = run.spec.tty if attach else asked.tty if asked.tty is not None else shell
+    stdin = attach or (asked.stdin if asked.stdin is not None else shell)
     secret, digest = new_secret()
     now = ports.clock()
     session, endpoint = None, None
-    for slot in range(most):
+    for slot in _slots(run, most, attach):
         sid = session_id(run.id, slot)
         draft = Session(
             id=sid, run_id=run.id, slot=slot, attempt=run.attempt, owner=run.owner, asked_by=principal.user,
-            kind=asked.kind, command=list(asked.command) if asked.command is not None else None,
-            tty=asked.tty if asked.tty is not None else shell, stdin=asked.stdin if asked.stdin is not None else shell,
-            term=asked.term, rows=asked.rows, cols=asked.cols, port=asked.port, relay="",
+            kind=asked.kind, command=list(asked.command) if asked.command is not None and not attach else None,
+            tty=tty, stdin=stdin, term=asked.term, rows=asked.rows, cols=asked.cols, port=asked.port, relay="",
             client_secret_hash=digest, created_at=now, expires_at=now + REQUEST_SECONDS,
         )  # fmt: skip
         endpoint = relay.endpoint(draft, ticket(sid, secret))
         session = _take_slot(store, with_relay(draft, endpoint, ticket(sid, secret)), run, now)
         if session is not None:
             break
+    if (session is None or endpoint is None) and attach:
+        raise Conflict(f"run {run.id} has an attach session already (one at a time): close it, or wait for it to end")
     if session is None or endpoint is None:
         raise NotAllowed(
             f"run {run.id} has {most} sessions open already, the most its pool allows (max_sessions_per_run)"
         )
     _count_asked(ports, run, session, f"{asked.kind.value.replace('_', '-')} asked by {principal.user}{_shown(asked)}")
     return Opened(session, ticket(session.id, secret), endpoint)
+
+
+def _slots(run: Run, most: int, attach: bool) -> list[int]:
+    """The slots a new session of ``run`` may take: an attach session ATTACH_SLOT alone (whatever
+    ``max_sessions_per_run`` says: it is the run's own terminal), any other one of the first
+    ``most`` but that one."""
+    if attach:
+        return [ATTACH_SLOT]
+    return [slot for slot in range(most) if not (run.spec.interactive and slot == ATTACH_SLOT)]
+
+
+def check_interactive(ports: Ports, pool: Pool, spec: RunSpec) -> None:
+    """NotAllowed for an interactive run no one could attach to (a submit's check): on a stack
+    without a relay, or in a pool that allows no sessions."""
+    if not spec.interactive:
+        return
+    if ports.relay is None:
+        raise NotAllowed("interactive runs need the stack's relay (not on this stack yet)")
+    if not pool.allow_exec:
+        raise NotAllowed(f"pool {pool.name} allows no sessions (allow_exec: false), which an interactive run needs")
 
 
 def _take_slot(store: SessionStore, session: Session, run: Run, now: float) -> Session | None:
