@@ -1,0 +1,292 @@
+"""A run's checkpoint series in the object store: ``sync`` a checkpoint directory into it (blobs first,
+the manifest last), ``restore`` the newest complete checkpoint into an empty directory, ``prune`` the
+old ones. Keys and the manifest: ``runplane.domain.checkpoints``; the file system side:
+``checkpoint_files``.
+
+One writer at a time: the worker that holds the run's lease syncs and prunes its series; ``prune``
+must not run while a sync of the same series is under way (it would take that sync's blobs, which no
+manifest names yet, for leftovers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from runplane.domain.checkpoints import (
+    MAX_ENTRIES,
+    MAX_MANIFEST_BYTES,
+    PERMISSION_BITS,
+    CheckpointFile,
+    CheckpointTooLarge,
+    Manifest,
+    blob_key,
+    blobs_prefix,
+    checkpoints_prefix,
+    manifest_key,
+    manifest_seq,
+)
+from runplane.domain.errors import NotFound
+from runplane.domain.wire import stored, written_json
+from runplane.ports import MAX_DELETE, ObjectInfo, ObjectStore
+from worker_agent.checkpoint_files import Owner, Progress, staged, walk, write_tree
+from worker_agent.trees import Refused, open_beneath
+
+__all__ = ["CheckpointLimits", "Progress", "Pruned", "newest", "prune", "restore", "sync"]
+
+log = logging.getLogger(__name__)
+
+LIST_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class CheckpointLimits:
+    """What one checkpoint may hold: ``max_bytes`` (the run's disk limit; None: no cap) in all its
+    files, ``max_entries`` files and directories."""
+
+    max_bytes: int | None = None
+    max_entries: int = MAX_ENTRIES
+
+
+def sync(
+    store: ObjectStore,
+    run_id: str,
+    directory: Path,
+    previous: Manifest | None,
+    limits: CheckpointLimits = CheckpointLimits(),
+    *,
+    attempt: int = 0,
+    clock: Callable[[], float] = time.time,
+    scratch: Path | None = None,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Make the next checkpoint of ``run_id``'s series from ``directory`` as it is now, and return its
+    manifest. ``previous`` is the checkpoint of this series the directory was restored from or synced
+    to last (its blobs are taken to be stored): a file whose size, mode and modification time are
+    still the ones it names is taken as it was, unread, and only contents it does not hold are
+    uploaded (each once). Each file read is copied as it is hashed (in memory, or in a file under
+    ``scratch``), so what is uploaded is what was hashed, however the run changes it meanwhile.
+
+    The manifest is written last, numbered after every one the series holds: a sync that fails or
+    is killed before leaves no new manifest (its blobs are left for ``prune``). Raises
+    CheckpointTooLarge, before anything is uploaded when the walk finds the directory over
+    ``limits`` (and as soon as a file grows past them while read), and what the store raises."""
+    progress = progress if progress is not None else Progress()
+    found = walk(directory, limits.max_bytes, limits.max_entries, progress)
+    before = {f.path: f for f in previous.files} if previous is not None and previous.series == run_id else {}
+    have = {f.sha256 for f in before.values()}
+    files: list[CheckpointFile] = []
+    total = 0
+    with tempfile.TemporaryDirectory(prefix=".rp-checkpoint-", dir=scratch) as stage_dir:
+        for rel in found.files:
+            room = None if limits.max_bytes is None else limits.max_bytes - total
+            taken = _take(store, run_id, directory, rel, before.get(rel), have, room, Path(stage_dir), progress)
+            if taken is not None:
+                files.append(taken)
+                total += taken.size
+                progress.files += 1
+                progress.bytes += taken.size
+    last = max([seq for seq, _ in _manifests(store, run_id)] + [previous.seq if previous is not None else 0])
+    manifest = Manifest(
+        series=run_id,
+        seq=last + 1,
+        attempt=attempt,
+        created_at=clock(),
+        files=files,
+        dirs=found.dirs,
+        total_bytes=total,
+    )
+    store.put_bytes(manifest_key(run_id, manifest.seq), written_json(manifest).encode())
+    return manifest
+
+
+def _take(
+    store: ObjectStore,
+    run_id: str,
+    directory: Path,
+    rel: str,
+    before: CheckpointFile | None,
+    have: set[str],
+    room: int | None,
+    stage_dir: Path,
+    progress: Progress,
+) -> CheckpointFile | None:
+    """The file at ``rel`` as the checkpoint keeps it, its blob uploaded unless the series has it;
+    None when it is no regular file beneath the directory any more (named in ``progress``)."""
+    try:
+        fd = open_beneath(directory, rel)
+    except Refused as e:
+        progress.skip(f"{rel[:200]} ({e})")
+        return None
+    try:
+        info = os.fstat(fd)
+        mode, mtime_ns = info.st_mode & PERMISSION_BITS, info.st_mtime_ns
+        if before is not None and (before.size, before.mode, before.mtime_ns) == (info.st_size, mode, mtime_ns):
+            if room is not None and before.size > room:
+                raise CheckpointTooLarge(f"the checkpoint directory grew past its cap while read ({rel[:80]!r})")
+            return before
+        with staged(fd, room, stage_dir, progress) as copy:
+            key = blob_key(run_id, copy.sha256)
+            if copy.sha256 not in have:
+                if copy.data is not None:
+                    store.put_bytes(key, copy.data)
+                elif copy.path is not None:
+                    store.put_file(key, copy.path)
+                have.add(copy.sha256)
+                progress.uploaded += 1
+                progress.uploaded_bytes += copy.size
+            return CheckpointFile(path=rel, size=copy.size, sha256=copy.sha256, mode=mode, mtime_ns=mtime_ns, key=key)
+    finally:
+        os.close(fd)
+
+
+def restore(
+    store: ObjectStore,
+    run_id: str,
+    directory: Path,
+    limits: CheckpointLimits = CheckpointLimits(),
+    *,
+    owner: Owner | None = None,
+    progress: Progress | None = None,
+) -> Manifest | None:
+    """Write the newest complete checkpoint of ``run_id``'s series into ``directory`` (an empty
+    directory, made if missing) and return its manifest; None when the series has none. Complete: a
+    manifest that reads (``domain.checkpoints.Manifest``: no path outside the directory, no mode
+    beyond permissions, every blob its own series') of this series, each of whose blobs is stored at
+    its size; one that is not is passed over with a log line, for the one before it.
+
+    Each file is written beside its place and renamed into it, with its mode, modification time and
+    ``owner`` (uid, gid), after its size and SHA-256 are checked. Raises CheckpointTooLarge when the
+    checkpoint is over ``limits`` (nothing written), CheckpointUnusable (a blob that is not what its
+    manifest says, a ``directory`` that is no empty directory) and what the store raises: then
+    ``directory`` is left empty."""
+    progress = progress if progress is not None else Progress()
+    chosen = newest(store, run_id)
+    if chosen is None:
+        return None
+    if limits.max_bytes is not None and chosen.total_bytes > limits.max_bytes:
+        raise CheckpointTooLarge(
+            f"checkpoint {chosen.seq} of run {run_id} holds {chosen.total_bytes} bytes, more than {limits.max_bytes}"
+        )
+    if len(chosen.files) + len(chosen.dirs) > limits.max_entries:
+        raise CheckpointTooLarge(
+            f"checkpoint {chosen.seq} of run {run_id} holds more than {limits.max_entries} files and directories"
+        )
+
+    def fetch(f: CheckpointFile, path: Path) -> None:
+        store.download_file(f.key, path, max_bytes=f.size)
+
+    write_tree(chosen, directory, fetch, owner, progress)
+    return chosen
+
+
+def newest(store: ObjectStore, run_id: str) -> Manifest | None:
+    """The newest complete checkpoint of ``run_id``'s series (see ``restore``), or None."""
+    blobs = _blob_sizes(store, run_id)
+    for seq, info in reversed(_manifests(store, run_id)):
+        manifest = _read(store, run_id, seq, info)
+        if manifest is not None and _complete(manifest, blobs, run_id):
+            return manifest
+    return None
+
+
+@dataclass(frozen=True)
+class Pruned:
+    manifests: int
+    blobs: int
+
+
+def prune(store: ObjectStore, run_id: str, keep: int = 2) -> Pruned:
+    """Keep the newest ``keep`` complete checkpoints of ``run_id``'s series; delete the manifests older
+    than the newest of them that are not kept, and every blob no manifest left names (those of syncs
+    cut halfway too). A series without a complete checkpoint is left as it is. Not while a sync of the
+    series is under way (see the module). Returns what it deleted."""
+    if keep < 1:
+        raise ValueError("keep at least one checkpoint")
+    blobs = _blob_sizes(store, run_id)
+    listed = _manifests(store, run_id)
+    read = {seq: _read(store, run_id, seq, info) for seq, info in listed}
+    complete = [seq for seq, _ in reversed(listed) if (m := read[seq]) is not None and _complete(m, blobs, run_id)]
+    if not complete:
+        return Pruned(0, 0)
+    kept = set(complete[:keep])
+    newest_kept = complete[0]
+    gone = [seq for seq, _ in listed if seq < newest_kept and seq not in kept]
+    named = {f.key for seq, m in read.items() if m is not None and seq not in gone for f in m.files}
+    old_blobs = sorted(key for key in blobs if key not in named)
+    _delete(store, [manifest_key(run_id, seq) for seq in gone])
+    _delete(store, old_blobs)
+    return Pruned(len(gone), len(old_blobs))
+
+
+def _delete(store: ObjectStore, keys: list[str]) -> None:
+    for start in range(0, len(keys), MAX_DELETE):
+        store.delete(keys[start : start + MAX_DELETE])
+
+
+def _manifests(store: ObjectStore, run_id: str) -> list[tuple[int, ObjectInfo]]:
+    """The series' manifests, oldest first. They are listed before its blobs (digits sort before
+    ``blobs/``), so the listing stops at the first blob."""
+    stop = blobs_prefix(run_id)
+    found: list[tuple[int, ObjectInfo]] = []
+    cursor: str | None = None
+    while True:
+        page, cursor = store.list_page(checkpoints_prefix(run_id), cursor, LIST_PAGE)
+        for info in page:
+            if info.key >= stop:
+                return found
+            seq = manifest_seq(run_id, info.key)
+            if seq is not None:
+                found.append((seq, info))
+        if cursor is None:
+            return found
+
+
+def _blob_sizes(store: ObjectStore, run_id: str) -> dict[str, int]:
+    return {info.key: info.size for info in store.list(blobs_prefix(run_id))}
+
+
+def _read(store: ObjectStore, run_id: str, seq: int, info: ObjectInfo) -> Manifest | None:
+    """The manifest at ``info``, or None (with a log line) when it is not one of this series that reads."""
+    if info.size > MAX_MANIFEST_BYTES:
+        log.warning("run %s: checkpoint %d passed over: its manifest holds %d bytes", run_id, seq, info.size)
+        return None
+    try:
+        manifest = stored(Manifest, store.get_bytes(info.key))
+    except NotFound:  # deleted meanwhile
+        return None
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        log.warning(
+            "run %s: checkpoint %d passed over: its manifest does not read (%s%s)",
+            run_id,
+            seq,
+            f"{where}: " if where else "",
+            first["msg"][:200],
+        )
+        return None
+    if (manifest.series, manifest.seq) != (run_id, seq):
+        log.warning("run %s: checkpoint %d passed over: its manifest is of another series or number", run_id, seq)
+        return None
+    return manifest
+
+
+def _complete(manifest: Manifest, blobs: dict[str, int], run_id: str) -> bool:
+    for f in manifest.files:
+        if blobs.get(f.key) != f.size:
+            log.warning(
+                "run %s: checkpoint %d passed over: the blob of %r is missing or not of its size",
+                run_id,
+                manifest.seq,
+                f.path[:80],
+            )
+            return False
+    return True
