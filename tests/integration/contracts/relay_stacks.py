@@ -29,7 +29,17 @@ from runplane.adapters.local.relay import FrontSessionRelay
 from runplane.devstack.front import FrontServer
 from runplane.devstack.local import LocalCloud
 from runplane.devstack.relay import RelayHub
-from runplane.domain.sessions import BASE64, BINARY, Session, SessionKind, SessionState, new_secret, session_id, ticket
+from runplane.domain.sessions import (
+    BASE64,
+    BINARY,
+    Session,
+    SessionKind,
+    SessionState,
+    new_secret,
+    secret_hash,
+    session_id,
+    ticket,
+)
 from runplane.ports import SessionRelay, SessionStore
 from runplane.settings import StackSettings
 
@@ -87,6 +97,10 @@ class RelayStack:
     """Whether a GONE frame a side sends is kept from its peer (only the relay says GONE)."""
     other_kind_ends: bool = True
     """Whether a message of the other kind (text on a binary relay, binary on a base64 one) ends its side."""
+    ticket_header: str = "Authorization"
+    """The header a side's ticket travels in (``Bearer <ticket>``)."""
+    largest_message: int | None = None
+    """The most bytes one message may have (one more ends its sender); None: a frame of ``max_frame``."""
     extras: dict[str, Any] = field(default_factory=dict)
 
     def session(self, slot: int = 0, run_id: str | None = None, **changes: Any) -> tuple[Session, str, str]:
@@ -126,6 +140,8 @@ class RelayStack:
         else:
             endpoint = self.relay.endpoint(session, ticket_text)
             url, headers = endpoint.url, endpoint.headers
+            if endpoint.worker_url and secret_hash(ticket_text.rsplit(".", 1)[-1]) == session.worker_secret_hash:
+                url = endpoint.worker_url  # where the worker dials (worker_endpoint)
         ws = connect(url, additional_headers=headers, max_size=None, open_timeout=10, compression=None)
         return Side(ws, self.encoding)
 
@@ -153,7 +169,10 @@ def local_relay(tmp_path: Path) -> Iterator[RelayStack]:
         server.server_close()
 
 
+from tests.integration.contracts.relay_azure import azure_relay  # noqa: E402  (it builds on what is above)
+
 STACKS: dict[str, Callable[[Path], contextlib.AbstractContextManager[RelayStack]]] = {
     "local": local_relay,
+    "azure": azure_relay,
 }
 """Each relay of the contract, by name."""
