@@ -45,7 +45,7 @@ from _common import dev_stack, median, ratio_line
 from throughput import wait_workers
 
 from runplane.client import Client, InvalidRequest, Run
-from runplane.client.sessions import Access, Link, dial, meet, pump_exec
+from runplane.client.sessions import Access, meet, open_link, pump_exec
 from runplane.domain.session_wire import STDIN, STDOUT, FrameType
 from worker_agent.sessions import netns
 
@@ -105,7 +105,7 @@ def exec_once(client: Client, run: Run) -> dict[str, float]:
     t0 = time.perf_counter()
     access = open_session(client, run, "exec", command=["echo", "hi"])
     answered = time.perf_counter()
-    link = Link(dial(access), access.max_frame)
+    link = open_link(access)
     out: list[bytes] = []
     first: list[float] = []
 
@@ -147,7 +147,7 @@ def docker_exec_first_byte(container_id: str) -> float:
 def keystrokes(client: Client, run: Run, n: int) -> list[float]:
     command = ["sh", "-c", "stty raw -echo; echo ready; exec cat"]
     access = open_session(client, run, "exec", command=command, tty=True, stdin=True, term="xterm", rows=24, cols=80)
-    link = Link(dial(access), access.max_frame)
+    link = open_link(access)
 
     def until(marker: bytes) -> None:
         seen = b""

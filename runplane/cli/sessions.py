@@ -23,8 +23,8 @@ from runplane.client.sessions import (
     Feeder,
     Link,
     SessionLost,
-    dial,
     meet,
+    open_link,
     pump_exec,
     usable_term,
 )
@@ -112,7 +112,7 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
     feeder: Feeder | None = None
     try:
         with forwarded_signals(control_w, terminal=terminal):
-            link = Link(dial(access), access.max_frame)
+            link = open_link(access)
             meet(link, size)
             reasons: list[str] = []  # said once the terminal is itself again
             with raw_mode(0) if terminal else contextlib.nullcontext():
@@ -156,7 +156,7 @@ def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
     forward: Forward | None = None
     try:
         access = _open(api, run_id, "port_forward", port=remote)
-        link = Link(dial(access), access.max_frame)
+        link = open_link(access)
         meet(link)
         forward = Forward(link, remote, listener, say=lambda line: err.print(line, markup=False, highlight=False))
         out.print(f"forwarding 127.0.0.1:{port} -> port {remote} of {run_id}", markup=False, highlight=False)

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runplane.client.sessions import PING_SECONDS, Access, Link, SessionLost, dial, gone, meet
+from runplane.client.sessions import PING_SECONDS, Access, Link, SessionLost, gone, meet, open_link
 from runplane.domain.session_wire import FIRST_PORT_CHANNEL, MAX_CHANNEL, BadFrame, Frame, FrameType
 
 OPEN_SECONDS = 30.0
@@ -222,7 +222,7 @@ def open_forward(access: Access, remote: int, listener: socket.socket) -> PortFo
     ``remote`` of the run, on threads of its own. Closes ``listener`` when the session cannot be
     joined (SessionLost)."""
     try:
-        link = Link(dial(access), access.max_frame)
+        link = open_link(access)
     except BaseException:
         listener.close()
         raise

@@ -2,11 +2,9 @@
 ``Run.port_forward``): dial the relay the API named, say HELLO, wait for the worker's, then move
 frames (runplane.domain.session_wire) between the relay and stdin/stdout/stderr or local sockets.
 
-A ``Link`` is one connection to the relay: it numbers what it sends, answers PING with PONG, sends
-its own PING every ``PING_SECONDS`` and calls the peer gone after ``SILENT_SECONDS`` without a
-frame. Sends block (the relay's TCP backpressure reaches whoever writes); nothing is queued
-without bound. A run's bytes are only ever DATA payload: they are written out as they are, never
-read as frames.
+A ``Link`` is one connection to the relay (runplane.client._link: in order, acked, kept alive,
+whatever the relay). A run's bytes are only ever DATA payload: they are written out as they are,
+never read as frames.
 """
 
 from __future__ import annotations
@@ -21,8 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runplane.client import _link
+from runplane.client._link import PING_SECONDS as PING_SECONDS
+from runplane.client._link import SessionLost as SessionLost
 from runplane.domain.session_wire import (
-    HEADER,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     STDIN,
@@ -30,38 +30,22 @@ from runplane.domain.session_wire import (
     BadFrame,
     Frame,
     FrameType,
-    Sequencer,
     chunks,
-    decode,
     json_frame,
-    ping,
+    max_message,
     resize,
     signal_frame,
 )
-from runplane.domain.sessions import REQUEST_SECONDS, TERM_PATTERN
+from runplane.domain.sessions import BASE64, BINARY, REQUEST_SECONDS, TERM_PATTERN
 
 if TYPE_CHECKING:
     from websockets.sync.client import ClientConnection
-
-PING_SECONDS = 30.0
-SILENT_SECONDS = 90.0
-"""A peer (or relay) that sent nothing for this long is gone."""
 MEET_SECONDS = REQUEST_SECONDS + 15.0
 """How long a client waits for the worker's HELLO: a session no worker took by ``expires_at`` is
 expired, and the relay holds a side at most that long."""
 LOST = 255
 """The exit status of a session that ended without its command's exit (``ssh`` says so too)."""
 SIGWINCH = 28
-
-
-class SessionLost(Exception):
-    """The session ended before its command did: ``reason`` is the GONE frame's (``client_gone``,
-    ``worker_gone``, ``run_ended``, ``closed``, ...) or ``relay_lost`` when the relay connection
-    broke or fell silent."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -72,15 +56,22 @@ class Access:
     url: str
     headers: dict[str, str]
     max_frame: int = MAX_PAYLOAD
+    encoding: str = BINARY
 
     @classmethod
     def read(cls, answer: Any) -> Access:
-        """From the API's answer (a SessionView or its JSON): ``id`` and ``relay {url, headers, max_frame}``."""
+        """From the API's answer (a SessionView or its JSON): ``id`` and ``relay {url, headers,
+        max_frame, encoding}``."""
         data: Mapping[str, Any] = answer if isinstance(answer, Mapping) else answer.model_dump(mode="json")
         relay = data.get("relay") or {}
         max_frame = relay.get("max_frame") or MAX_PAYLOAD
+        encoding = BASE64 if relay.get("encoding") == BASE64 else BINARY
         return cls(
-            str(data["id"]), str(relay["url"]), dict(relay.get("headers") or {}), min(int(max_frame), MAX_PAYLOAD)
+            str(data["id"]),
+            str(relay["url"]),
+            dict(relay.get("headers") or {}),
+            min(int(max_frame), MAX_PAYLOAD),
+            encoding,
         )
 
 
@@ -95,7 +86,7 @@ def dial(access: Access, *, open_timeout: float = 10.0) -> ClientConnection:
             access.url,
             additional_headers=access.headers,
             compression=None,
-            max_size=MAX_PAYLOAD + HEADER.size,  # sends keep to max_frame; what comes is taken up to any frame
+            max_size=max_message(access.encoding),  # sends keep to max_frame; what comes is taken up to any frame
             open_timeout=open_timeout,
             ping_interval=None,  # the session's own PING frames keep it alive, through any relay
             close_timeout=2.0,
@@ -104,98 +95,36 @@ def dial(access: Access, *, open_timeout: float = 10.0) -> ClientConnection:
         raise SessionLost("relay_lost", f"cannot reach the session's relay at {access.url}: {e}") from None
 
 
-class Link:
-    """One side's connection to the relay. ``send`` may be called from any thread; ``receive``
-    from one thread only."""
+def open_link(access: Access, *, open_timeout: float = 10.0) -> Link:
+    """A Link to ``access``'s relay, spoken as it says (its encoding, its frame size)."""
+    return Link(dial(access, open_timeout=open_timeout), access.max_frame, encoding=access.encoding)
 
-    def __init__(
-        self, connection: ClientConnection, max_frame: int = MAX_PAYLOAD, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self.connection = connection
-        self.max_frame = max_frame
-        self._clock = clock
-        self._sequencer = Sequencer()
-        self._lock = threading.Lock()
-        self._last_heard = self._last_sent = clock()
-        self.closed = False
 
-    def send(self, frame_type: FrameType, channel: int = 0, payload: bytes = b"") -> None:
-        self._send(lambda seq: Frame(frame_type, channel, seq, payload))
+class Link(_link.Link):
+    """One side's connection to the relay (runplane.client._link), with the client's ways to send.
+    ``send`` may be called from any thread; ``receive`` from one thread only."""
+
+    def send(self, frame_type: FrameType | Frame, channel: int = 0, payload: bytes = b"") -> None:
+        super().send(frame_type if isinstance(frame_type, Frame) else Frame(frame_type, channel, 0, payload))
 
     def send_json(self, frame_type: FrameType, data: dict[str, Any], channel: int = 0) -> None:
-        self._send(lambda seq: json_frame(frame_type, data, channel, seq))
+        super().send(json_frame(frame_type, data, channel))
 
     def send_data(self, channel: int, data: bytes) -> None:
         for part in chunks(channel, data, self.max_frame):
             self.send(FrameType.DATA, channel, part)
 
     def send_resize(self, rows: int, cols: int) -> None:
-        self._send(lambda seq: resize(rows, cols, seq))
+        super().send(resize(rows, cols))
 
     def send_signal(self, signo: int) -> None:
-        self._send(lambda seq: signal_frame(signo, seq))
-
-    def _send(self, make: Callable[[int], Frame]) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        with self._lock:  # numbered and sent in one step: the relay sees them in seq order
-            frame = make(self._sequencer.next())
-            try:
-                self.connection.send(frame.encode())
-            except ConnectionClosed:
-                raise SessionLost("relay_lost", "the connection to the session's relay was lost") from None
-            self._last_sent = self._clock()
-
-    def _send_raw(self, frame: Frame) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        with self._lock:
-            try:
-                self.connection.send(frame.encode())
-            except ConnectionClosed:
-                raise SessionLost("relay_lost", "the connection to the session's relay was lost") from None
-            self._last_sent = self._clock()
+        super().send(signal_frame(signo))
 
     def receive(self, timeout: float = 1.0) -> Frame | None:
         """The next frame other than PING/PONG, or None after ``timeout`` seconds. Raises SessionLost
         when the connection closed, the peer is silent too long, or it sent something that is not
         a frame; GONE is returned like any frame."""
-        from websockets.exceptions import ConnectionClosed
-
-        deadline = self._clock() + timeout
-        while True:
-            now = self._clock()
-            if now - self._last_sent >= PING_SECONDS:
-                self._send_raw(ping(int(time.time() * 1000)))
-            if now - self._last_heard >= SILENT_SECONDS:
-                raise SessionLost("relay_lost", f"nothing came from the session for {SILENT_SECONDS:.0f} s")
-            wait = min(deadline - now, PING_SECONDS - (now - self._last_sent), 1.0)
-            if wait <= 0 and now >= deadline:
-                return None
-            try:
-                message = self.connection.recv(timeout=max(wait, 0.0))
-            except TimeoutError:
-                if self._clock() >= deadline:
-                    return None
-                continue
-            except ConnectionClosed:
-                raise SessionLost("relay_lost", "the connection to the session's relay was lost") from None
-            self._last_heard = self._clock()
-            if isinstance(message, str):
-                raise SessionLost("relay_lost", "the relay sent text, not a frame")
-            try:
-                frame = decode(message)
-            except BadFrame as e:
-                raise SessionLost("relay_lost", f"the relay sent a bad frame: {e}") from None
-            if frame.type == FrameType.PING:
-                self._send_raw(Frame(FrameType.PONG, 0, 0, frame.payload))
-            elif frame.type != FrameType.PONG:
-                return frame
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(Exception):  # closing what may already be gone
-            self.connection.close()
+        return self.recv(timeout)
 
 
 def gone(frame: Frame) -> SessionLost:
@@ -407,7 +336,7 @@ class ExecResult:
 def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = MEET_SECONDS) -> ExecResult:
     """Dial ``access``, feed ``stdin`` (None: the session has none) and collect the command's
     output until it exits. Raises SessionLost when the session ends before the command."""
-    link = Link(dial(access), access.max_frame)
+    link = open_link(access)
     out: dict[int, list[bytes]] = {STDOUT: [], 3: []}
     feeder: Feeder | None = None
     try:

@@ -1,18 +1,17 @@
 """The frames a session's two sides exchange through the relay: one frame per WebSocket message.
 
 A frame is a 7-byte header, ``type`` (u8), ``channel`` (u16) and ``seq`` (u32, big-endian), then its
-payload. ``seq`` numbers the frames a side sends (from 1; PING and PONG carry 0) so that a relay
-that may deliver out of order (a gateway's) can be put right by the receiver; the one-machine
-relay keeps the order. Channels: 0 the
-session itself, 1 stdin, 2 stdout, 3 stderr, and from 16 the connections of a port-forward (the
-client picks even numbers). A run's bytes only ever travel as DATA payload: nothing a run writes
-can be read as a frame of another type.
+payload. A relay carries it as a binary message of its bytes, or, where the relay's endpoint says
+``encoding: base64`` (gateways that refuse binary messages), as a text message of their base64
+(``message`` and ``frame_bytes``). Channels: 0 the session itself, 1 stdin, 2 stdout, 3 stderr, and
+from 16 the connections of a port-forward (the client picks even numbers). A run's bytes only ever
+travel as DATA payload: nothing a run writes can be read as a frame of another type.
 
 =========  =====================================================================
 type       payload
 =========  =====================================================================
-HELLO      JSON ``{"v": 1, "side", "rows"?, "cols"?}``: the first frame of each side
-DATA       bytes of ``channel``
+HELLO      JSON ``{"v": 1, "side", "seen", "acks", "rows"?, "cols"?}``
+DATA       bytes of ``channel`` (at most the relay's ``max_frame``)
 EOF        none: ``channel`` ends (stdin's end is the command's end of input)
 RESIZE     ``rows`` u16, ``cols`` u16 (a terminal's new size)
 SIGNAL     ``signo`` u8 (to the command, sessions without a terminal)
@@ -23,16 +22,42 @@ CLOSE      none: ``channel``'s connection is reset
 EXIT       JSON ``{"code", "reason"?}``: after every DATA of the command
 PING/PONG  ``t`` u64 (milliseconds): keepalive
 GONE       JSON ``{"reason"}``: the session ends (the peer went, the run ended, it was closed)
+ACK        ``seq`` u32: every frame of the peer up to ``seq`` was taken by this side
 =========  =====================================================================
+
+Meeting. A relay may lose what a side sends before its peer is connected (a gateway's), so HELLO,
+like PING, PONG and ACK, is outside the numbering (``seq`` 0) and may be lost or come twice. A
+HELLO says ``seen``: whether its sender has had the peer's HELLO; a side that gets one with
+``seen: false`` answers with its own (``seen: true``); a side says its HELLO again after
+``HELLO_SECONDS``, then twice as long each time (up to 8 times as long), until it has the peer's.
+Nothing but HELLO, PING and PONG is sent before the peer's HELLO came (a GONE then goes
+unnumbered). A HELLO without ``seen`` is an older peer's: it numbers every
+frame but PING and PONG, and its relay keeps the order.
+
+Order. Every other frame a side sends after its HELLO is numbered from 1 (one count per
+direction). A receiver hands them on in ``seq`` order, holding early ones (at most ``WINDOW``
+bytes and ``MAX_HELD`` frames); a gap that outlasts that, or ``GAP_SECONDS``, ends the session
+(``relay_lost``). A relay's own frames (its GONE) carry ``seq`` 0 and are taken as they come.
+
+Flow. With a peer whose HELLO says ``acks: true``, a side sends ACK with the last ``seq`` it took
+(handed on to the command, the terminal or the connection) every ``ACK_BYTES`` taken and when it
+has taken something not yet acked and idles; a sender waits while more than ``WINDOW`` bytes of
+its numbered frames (header and payload) are not acked. So a slow reader slows its peer down
+through any relay, and what a side holds stays bounded. With an older peer neither side acks and
+the one-machine relay's own backpressure (TCP) does it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
+
+from runplane.domain.sessions import BASE64
 
 HEADER = struct.Struct(">BHI")
 MAX_PAYLOAD = 64 * 1024
@@ -42,6 +67,16 @@ STDIN, STDOUT, STDERR = 1, 2, 3
 FIRST_PORT_CHANNEL = 16
 MAX_CHANNEL = 0xFFFF
 PROTOCOL_VERSION = 1
+WINDOW = 1024 * 1024
+"""The most bytes of numbered frames a side has sent and its peer not acked (peers that ack)."""
+ACK_BYTES = 256 * 1024
+"""A receiver acks at least every this many bytes it took."""
+MAX_HELD = 256
+"""The most frames a receiver holds that came before one missing."""
+GAP_SECONDS = 30.0
+"""How long a missing frame may keep the ones after it waiting."""
+HELLO_SECONDS = 1.0
+"""How soon a side says HELLO again while it has not had its peer's (then twice as long each time)."""
 
 
 class FrameType(IntEnum):
@@ -58,6 +93,11 @@ class FrameType(IntEnum):
     PING = 11
     PONG = 12
     GONE = 13
+    ACK = 14
+
+
+UNNUMBERED = frozenset({FrameType.HELLO, FrameType.PING, FrameType.PONG, FrameType.ACK})
+"""The frames that carry ``seq`` 0 (from a peer that says ``seen`` in its HELLO)."""
 
 
 _JSON_TYPES = {FrameType.HELLO, FrameType.OPEN, FrameType.OPEN_FAIL, FrameType.EXIT, FrameType.GONE}
@@ -112,6 +152,8 @@ def decode(data: bytes) -> Frame:
         raise BadFrame("a SIGNAL frame is one byte")
     if frame_type in (FrameType.PING, FrameType.PONG) and len(payload) != 8:
         raise BadFrame(f"a {frame_type.name} frame is eight bytes")
+    if frame_type == FrameType.ACK and len(payload) != 4:
+        raise BadFrame("an ACK frame is a seq, four bytes")
     return Frame(frame_type, channel, seq, payload)
 
 
@@ -139,6 +181,41 @@ def signal_frame(signo: int, seq: int = 0) -> Frame:
 
 def ping(millis: int, pong: bool = False) -> Frame:
     return Frame(FrameType.PONG if pong else FrameType.PING, 0, 0, struct.pack(">Q", millis & (2**64 - 1)))
+
+
+def ack(seq: int) -> Frame:
+    return Frame(FrameType.ACK, 0, 0, struct.pack(">I", seq & 0xFFFFFFFF))
+
+
+def read_ack(frame: Frame) -> int:
+    return int(struct.unpack(">I", frame.payload)[0])
+
+
+def message(frame: Frame, encoding: str) -> bytes | str:
+    """``frame`` as the WebSocket message a relay of ``encoding`` carries."""
+    data = frame.encode()
+    return base64.b64encode(data).decode("ascii") if encoding == BASE64 else data
+
+
+def frame_bytes(message: bytes | str, encoding: str) -> bytes:
+    """A frame's bytes from a relay's WebSocket message (a binary message, or base64 text where
+    ``encoding`` says so). Raises BadFrame for the other kind of message, or text that is no base64."""
+    if encoding == BASE64:
+        if not isinstance(message, str):
+            raise BadFrame("this relay carries frames as base64 text, not binary messages")
+        try:
+            return base64.b64decode(message.encode("ascii"), validate=True)
+        except (ValueError, binascii.Error) as e:
+            raise BadFrame("a text message that is not base64") from e
+    if isinstance(message, str):
+        raise BadFrame("this relay carries frames as binary messages, not text")
+    return bytes(message)
+
+
+def max_message(encoding: str) -> int:
+    """The largest WebSocket message a frame makes through a relay of ``encoding``."""
+    size = MAX_PAYLOAD + HEADER.size
+    return 4 * ((size + 2) // 3) if encoding == BASE64 else size
 
 
 def chunks(channel: int, data: bytes, max_payload: int = MAX_PAYLOAD) -> list[bytes]:

@@ -110,8 +110,9 @@ def test_exec_sends_stdin_in_frames_and_returns_output_and_exit_code() -> None:
             peer.send(Frame(FrameType.DATA, STDOUT, 1, got[i : i + 1024]))
         peer.send(Frame(FrameType.DATA, STDERR, 2, b"err\n"))
         peer.send(json_frame(FrameType.EXIT, {"code": 3}, seq=3))
-        seqs = [f.seq for f in peer.seen]
-        assert seqs == list(range(1, len(seqs) + 1))  # every frame numbered, in order
+        assert peer.seen[0].seq == 0  # HELLO is outside the numbering
+        seqs = [f.seq for f in peer.seen[1:]]
+        assert seqs == list(range(1, len(seqs) + 1))  # every other frame numbered, in order
 
     with relay(worker) as (access, errors):
         result = exec_captured(access, stdin)

@@ -1,0 +1,383 @@
+"""One side's connection to a session's relay, the client's and the worker's alike: frames out
+(numbered, cut to the relay's ``max_frame``, in its ``encoding``) and frames in, put back in order,
+acked and handed on one at a time, with the meeting, the flow control and the keepalive of
+runplane.domain.session_wire (its docstring says the rules).
+
+A thread of the link's own reads the relay all the time: it answers PING, takes ACK (which is what
+lets a waiting sender go on), says HELLO again until the peer's came, sends the ACK an idle reader
+owes, and puts the peer's frames in order for ``recv``. What it holds is bounded by the peer's
+window (a peer that acks) or by a pause in reading (an older peer: its relay's TCP backpressure
+then slows that peer down). It sends a PING after ``PING_SECONDS`` of saying nothing and calls
+the peer gone after ``SILENT_SECONDS`` of hearing nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from runplane.domain.session_wire import (
+    ACK_BYTES,
+    GAP_SECONDS,
+    HEADER,
+    HELLO_SECONDS,
+    MAX_HELD,
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    UNNUMBERED,
+    WINDOW,
+    BadFrame,
+    Frame,
+    FrameType,
+    Sequencer,
+    ack,
+    decode,
+    frame_bytes,
+    json_frame,
+    message,
+    ping,
+    read_ack,
+)
+from runplane.domain.sessions import BINARY
+
+log = logging.getLogger(__name__)
+
+PING_SECONDS = 30.0
+SILENT_SECONDS = 90.0
+"""A peer (or relay) that sent nothing for this long is gone."""
+SEND_LOCK_SECONDS = 2.0
+"""How long hanging up waits for a send in progress before it drops the connection instead."""
+TICK_SECONDS = 0.2
+"""How often the reading thread looks at its timers (an idle ACK, HELLO again, a gap, a ping)."""
+ACK_DELAY = 0.05
+"""How long a reader that took frames waits for more before it acks them."""
+
+
+class SessionLost(Exception):
+    """The session ended before its command did: ``reason`` is the GONE frame's (``client_gone``,
+    ``worker_gone``, ``run_ended``, ``closed``, ...) or ``relay_lost`` when the relay connection
+    broke or fell silent."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _size(frame: Frame) -> int:
+    return HEADER.size + len(frame.payload)
+
+
+class Link:
+    """``conn`` (a websockets sync connection, or anything with its ``send``, ``recv(timeout)`` and
+    ``close``), spoken per ``encoding`` with frames of at most ``max_frame`` payload bytes. ``send``
+    may be called from any thread, ``recv`` from one. Raises SessionLost (``relay_lost``) once the
+    connection is over."""
+
+    def __init__(
+        self,
+        conn: Any,
+        max_frame: int = MAX_PAYLOAD,
+        *,
+        encoding: str = BINARY,
+        clock: Callable[[], float] = time.monotonic,
+        window: int = WINDOW,
+    ) -> None:
+        self.conn = conn
+        self.max_frame = max(1, min(max_frame, MAX_PAYLOAD))
+        self.encoding = encoding
+        self.clock = clock
+        self.window = window
+        self.bytes_out = 0  # DATA payload bytes sent, and taken
+        self.bytes_in = 0
+        self.closed = threading.Event()
+        self.peer_hello: dict[str, Any] | None = None
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._seq = Sequencer()
+        self._hello: dict[str, Any] | None = None  # what this side says in its HELLO
+        self._hello_at = 0.0
+        self._hello_every = HELLO_SECONDS  # doubled each time it is said again, up to 8 times
+        self._sequenced = False  # the peer numbers from 1 after its HELLO (it says ``seen``)
+        self._acks = False  # the peer acks, and takes ACK
+        self._lost: SessionLost | None = None
+        # the peer's frames
+        self._ready: deque[Frame] = deque()
+        self._ready_bytes = 0
+        self._early: list[Frame] = []  # numbered frames that came before the peer's HELLO
+        self._held: dict[int, Frame] = {}
+        self._held_bytes = 0
+        self._gap_since: float | None = None
+        self._expected = 1
+        self._taken = 0  # the last seq handed on
+        self._acked = 0  # the last seq acked to the peer
+        self._unacked_in = 0
+        self._ack_due: float | None = None
+        # this side's frames
+        self._unacked: deque[tuple[int, int]] = deque()
+        self._unacked_out = 0
+        self._heard = self._said = clock()
+        self._reader = threading.Thread(target=self._read, name="session-link", daemon=True)
+        self._reader.start()
+
+    # -- out --------------------------------------------------------------------------------
+
+    def send(self, frame: Frame) -> None:
+        """Send ``frame``: a HELLO as this side's (its ``seen`` and ``acks`` added here), any other
+        numbered here (DATA cut to ``max_frame``), once the peer's HELLO came; DATA waits while the
+        peer has more than the window not acked. Raises SessionLost."""
+        if frame.type == FrameType.HELLO:
+            self._say_hello(frame)
+        elif frame.type in UNNUMBERED:
+            self._put(frame)
+        elif frame.type == FrameType.DATA and len(frame.payload) > self.max_frame:
+            for i in range(0, len(frame.payload), self.max_frame):
+                self._numbered(Frame(frame.type, frame.channel, 0, frame.payload[i : i + self.max_frame]))
+        else:
+            self._numbered(frame)
+
+    def _say_hello(self, frame: Frame) -> None:
+        try:
+            said = frame.json()
+        except BadFrame:
+            said = {}
+        with self._cond:
+            self._hello = {"v": PROTOCOL_VERSION, **said, "acks": True}
+        self._hello_again()
+
+    def _hello_again(self) -> None:
+        with self._cond:
+            if self._hello is None:
+                return
+            hello = {**self._hello, "seen": self.peer_hello is not None}
+            self._hello_at = self.clock()
+        self._put(json_frame(FrameType.HELLO, hello))
+
+    def _numbered(self, frame: Frame) -> None:
+        with self._cond:
+            while self._lost is None and self.peer_hello is None and frame.type != FrameType.GONE:
+                self._cond.wait(TICK_SECONDS)
+            if self.peer_hello is None:  # a GONE before the peer came: outside the numbering
+                self._check()
+                self._put(Frame(frame.type, frame.channel, 0, frame.payload))
+                return
+            held_back = frame.type == FrameType.DATA and self._acks
+            while self._lost is None and held_back and self._unacked_out > self.window:
+                self._cond.wait(TICK_SECONDS)
+            self._check()
+        with self._send_lock:
+            with self._cond:
+                seq = self._seq.next()
+                if self._acks:
+                    self._unacked.append((seq, _size(frame)))
+                    self._unacked_out += _size(frame)
+            self._write(Frame(frame.type, frame.channel, seq, frame.payload))
+        if frame.type == FrameType.DATA:
+            self.bytes_out += len(frame.payload)
+
+    def _put(self, frame: Frame) -> None:
+        with self._send_lock:
+            self._write(frame)
+
+    def _write(self, frame: Frame) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        self._check()
+        try:
+            self.conn.send(message(frame, self.encoding))
+        except (ConnectionClosed, OSError):
+            raise self._lose("the connection to the session's relay was lost") from None
+        self._said = self.clock()
+
+    # -- in ---------------------------------------------------------------------------------
+
+    def recv(self, timeout: float | None = None) -> Frame | None:
+        """The peer's next frame (a GONE as any other; only the peer's first HELLO), or None after
+        ``timeout`` seconds. Raises SessionLost once the connection is over and nothing is left."""
+        deadline = None if timeout is None else self.clock() + timeout
+        with self._cond:
+            while not self._ready:
+                self._check()
+                left = TICK_SECONDS if deadline is None else min(TICK_SECONDS, deadline - self.clock())
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            frame = self._ready.popleft()
+            self._ready_bytes -= _size(frame)
+            if frame.seq and self._sequenced:
+                self._taken = frame.seq
+                self._unacked_in += _size(frame)
+            owed = self._acks and self._unacked_in >= ACK_BYTES
+            if self._acks and self._taken != self._acked and self._ack_due is None:
+                self._ack_due = self.clock() + ACK_DELAY
+            self._cond.notify_all()
+        if frame.type == FrameType.DATA:
+            self.bytes_in += len(frame.payload)
+        if owed:
+            with contextlib.suppress(SessionLost):  # the next recv says so
+                self._ack()
+        return frame
+
+    def _ack(self) -> None:
+        with self._cond:
+            taken, self._acked, self._unacked_in, self._ack_due = self._taken, self._taken, 0, None
+        self._put(ack(taken))
+
+    def _read(self) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while not self.closed.is_set():
+                self._tick()
+                with self._cond:
+                    paused = not self._acks and self._ready_bytes > self.window
+                    if paused:  # an older peer: let its relay's backpressure slow it down
+                        self._cond.wait(TICK_SECONDS)
+                if paused:
+                    continue
+                try:
+                    data = self.conn.recv(timeout=TICK_SECONDS)
+                except TimeoutError:
+                    continue
+                except ConnectionClosed:
+                    raise self._lose("the connection to the session's relay was lost") from None
+                self._heard = self.clock()
+                try:
+                    frame = decode(frame_bytes(data, self.encoding))
+                except BadFrame as e:
+                    raise self._lose(f"the relay sent what is no frame: {e}") from None
+                self._take(frame)
+        except SessionLost:
+            pass
+        except Exception:  # the link ends, never silently stuck
+            log.exception("a session's link failed")
+            self._lose("the session's link failed")
+
+    def _tick(self) -> None:
+        now = self.clock()
+        if now - self._heard >= SILENT_SECONDS:
+            raise self._lose(f"nothing came from the session for {SILENT_SECONDS:.0f} s")
+        if now - self._said >= PING_SECONDS:
+            self._put(ping(int(time.time() * 1000)))
+        with self._cond:
+            hello = self._hello is not None and self.peer_hello is None and now - self._hello_at >= self._hello_every
+            if hello:
+                self._hello_every = min(2 * self._hello_every, 8 * HELLO_SECONDS)
+            owed = self._ack_due is not None and now >= self._ack_due
+            gap = self._gap_since is not None and now - self._gap_since >= GAP_SECONDS
+        if gap:
+            raise self._lose(f"a frame the relay lost held the session's others for {GAP_SECONDS:.0f} s")
+        if hello:
+            self._hello_again()
+        if owed:
+            self._ack()
+
+    def _take(self, frame: Frame) -> None:
+        kind = frame.type
+        if kind == FrameType.PING:
+            self._put(Frame(FrameType.PONG, 0, 0, frame.payload))
+        elif kind == FrameType.ACK:
+            self._acked_by_peer(read_ack(frame))
+        elif kind == FrameType.HELLO:
+            self._peer_says_hello(frame)
+        elif kind == FrameType.PONG:
+            pass
+        else:
+            with self._cond:
+                if frame.seq == 0 or (self.peer_hello is not None and not self._sequenced):
+                    self._ready_now(frame)  # a relay's GONE, or an older peer's frame: as it comes
+                elif self.peer_hello is None:
+                    self._early.append(frame)
+                    self._bound(len(self._early), sum(map(_size, self._early)))
+                else:
+                    self._order(frame)
+
+    def _peer_says_hello(self, frame: Frame) -> None:
+        try:
+            said = frame.json()
+        except BadFrame as e:
+            raise self._lose(f"the peer's HELLO is not one: {e}") from None
+        with self._cond:
+            first = self.peer_hello is None
+            if first:
+                self.peer_hello = said
+                self._sequenced = "seen" in said
+                self._acks = said.get("acks") is True
+                self._ready_now(frame)
+                early, self._early = self._early, []
+                for each in early:
+                    if self._sequenced:
+                        self._order(each)
+                    else:
+                        self._ready_now(each)
+        if said.get("seen") is False:
+            self._hello_again()  # the peer has not had this side's HELLO: it may have been lost
+
+    def _order(self, frame: Frame) -> None:
+        """With ``_cond`` held: ``frame`` of a numbering peer, handed on in seq order."""
+        if frame.seq < self._expected:
+            return  # a copy of one handed on already
+        self._held[frame.seq] = frame
+        self._held_bytes += _size(frame)
+        while (next_one := self._held.pop(self._expected, None)) is not None:
+            self._held_bytes -= _size(next_one)
+            self._expected += 1
+            self._ready_now(next_one)
+        self._gap_since = (self._gap_since or self.clock()) if self._held else None
+        self._bound(len(self._held), self._held_bytes)
+
+    def _bound(self, frames: int, size: int) -> None:
+        if frames > MAX_HELD or size > self.window + MAX_PAYLOAD:
+            raise self._lose(f"the relay lost a frame: {frames} frames came after it")
+
+    def _ready_now(self, frame: Frame) -> None:
+        self._ready.append(frame)
+        self._ready_bytes += _size(frame)
+        if self._acks and self._ready_bytes > 4 * self.window:
+            raise self._lose("the peer sent far past its window")
+        self._cond.notify_all()
+
+    def _acked_by_peer(self, seq: int) -> None:
+        with self._cond:
+            while self._unacked and self._unacked[0][0] <= seq:
+                self._unacked_out -= self._unacked.popleft()[1]
+            self._cond.notify_all()
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+
+    def _lose(self, why: str) -> SessionLost:
+        """The link is over (``why``): every wait ends with the SessionLost returned."""
+        with self._cond:
+            if self._lost is None:
+                self._lost = SessionLost("relay_lost", why)
+            self._cond.notify_all()
+            lost = self._lost
+        self.closed.set()
+        return lost
+
+    def close(self) -> None:
+        """Hang up (quiet if already closed); a send stuck on a peer that reads nothing is cut off."""
+        self._lose("the session's link was closed")
+        if self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
+            self._send_lock.release()
+        else:
+            self.abort()
+        with contextlib.suppress(Exception):  # hanging up must not fail: the connection is gone either way
+            self.conn.close()
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=SEND_LOCK_SECONDS + 1)
+
+    def abort(self) -> None:
+        """Drop the connection at once (a blocked send or receive returns)."""
+        sock = getattr(self.conn, "socket", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(2)

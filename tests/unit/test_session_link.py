@@ -1,0 +1,345 @@
+"""The one Link of a session's two sides over a relay played here as a gateway is: it carries text
+messages only (base64 frames of at most 16 KiB), hands a connection's messages on in any order,
+drops what is sent to a side not yet connected, and takes everything at once (no backpressure)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError
+
+from runplane.client import _link
+from runplane.client._link import Link, SessionLost
+from runplane.domain.session_wire import (
+    HEADER,
+    STDIN,
+    STDOUT,
+    WINDOW,
+    Frame,
+    FrameType,
+    decode,
+    frame_bytes,
+    json_frame,
+    message,
+)
+from runplane.domain.sessions import BASE64, BINARY
+from worker_agent.sessions.link import Link as WorkerLink
+
+GATEWAY_FRAME = 16 * 1024
+_CLOSED = object()
+Tamper = Callable[[str, Frame], int]
+"""How many times the relay hands on a frame of ``side``: 0 (lost), 1, 2 (a copy)."""
+
+
+class Relay:
+    """Two sides, ``client`` and ``worker``. Each message is taken at once and handed on by a
+    thread of the relay's own, every few milliseconds in a shuffled order."""
+
+    def __init__(self, encoding: str = BASE64, tamper: Tamper | None = None, seed: int = 7) -> None:
+        self.encoding = encoding
+        self.tamper = tamper or (lambda side, frame: 1)
+        self.inbox: dict[str, queue.Queue[object]] = {}
+        self.pending: dict[str, list[object]] = {"client": [], "worker": []}
+        self.dropped = self.reordered = 0
+        self.wrong: list[str] = []  # what no gateway would have carried
+        self.log: list[tuple[str, Frame]] = []  # (from side, frame), as sent
+        self.in_flight = {"client": 0, "worker": 0}  # bytes on their way to each side
+        self._lock = threading.Lock()
+        self._random = random.Random(seed)
+        self._stop = threading.Event()
+        self._pump = threading.Thread(target=self._hand_on, daemon=True)
+        self._pump.start()
+
+    def connect(self, side: str) -> End:
+        with self._lock:
+            self.inbox[side] = queue.Queue()
+        return End(self, side)
+
+    def carry(self, side: str, data: bytes | str) -> None:
+        peer = "worker" if side == "client" else "client"
+        if self.encoding == BASE64 and not isinstance(data, str):
+            self.wrong.append("a binary message")
+            return
+        if isinstance(data, str) and len(data) > 32 * 1024:
+            self.wrong.append(f"a text message of {len(data)} characters")
+        frame = decode(frame_bytes(data, self.encoding))
+        if frame.type == FrameType.DATA and len(frame.payload) > GATEWAY_FRAME:
+            self.wrong.append(f"a DATA frame of {len(frame.payload)} bytes")
+        with self._lock:
+            self.log.append((side, frame))
+            if peer not in self.inbox:
+                self.dropped += 1
+                return
+            for _ in range(self.tamper(side, frame)):
+                self.pending[peer].append(data)
+                self.in_flight[peer] += len(data)
+
+    def _hand_on(self) -> None:
+        while not self._stop.wait(0.003):
+            with self._lock:
+                for side, batch in self.pending.items():
+                    if not batch:
+                        continue
+                    shuffled = list(batch)
+                    self._random.shuffle(shuffled)
+                    self.reordered += sum(1 for a, b in zip(batch, shuffled, strict=True) if a is not b)
+                    for data in shuffled:
+                        self.inbox[side].put(data)
+                    batch.clear()
+
+    def taken(self, side: str, data: object) -> None:
+        if isinstance(data, str | bytes):
+            with self._lock:
+                self.in_flight[side] -= len(data)
+
+    def hang_up(self, side: str) -> None:
+        with self._lock:
+            for each in list(self.inbox.values()):
+                each.put(_CLOSED)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._pump.join(5)
+
+
+class End:
+    """A side's connection to the relay, as websockets' sync connection is used by the Link."""
+
+    def __init__(self, relay: Relay, side: str) -> None:
+        self.relay, self.side = relay, side
+        self.over = False
+
+    def send(self, data: bytes | str) -> None:
+        if self.over:
+            raise ConnectionClosedError(None, None)
+        self.relay.carry(self.side, data)
+
+    def recv(self, timeout: float | None = None) -> object:
+        if self.over:
+            raise ConnectionClosedError(None, None)
+        try:
+            data = self.relay.inbox[self.side].get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+        if data is _CLOSED:
+            self.over = True
+            raise ConnectionClosedError(None, None)
+        self.relay.taken(self.side, data)
+        return data
+
+    def close(self) -> None:
+        if not self.over:
+            self.over = True
+            self.relay.hang_up(self.side)
+
+
+@contextmanager
+def relay(**kwargs: object) -> Iterator[Relay]:
+    played = Relay(**kwargs)  # type: ignore[arg-type]
+    try:
+        yield played
+    finally:
+        played.stop()
+
+
+def meet(client: Link, worker: Link) -> None:
+    """Both sides say HELLO and each takes the other's (the only HELLO it is handed)."""
+    client.send(json_frame(FrameType.HELLO, {"side": "client"}))
+    worker.send(json_frame(FrameType.HELLO, {"side": "worker"}))
+    for link, peer in ((client, "worker"), (worker, "client")):
+        hello = link.recv(10)
+        assert hello is not None and hello.type == FrameType.HELLO and hello.json()["side"] == peer
+
+
+def drain(link: Link, size: int, channel: int) -> bytes:
+    got = bytearray()
+    while len(got) < size:
+        frame = link.recv(10)
+        assert frame is not None, f"{len(got)} of {size} bytes came"
+        assert frame.type == FrameType.DATA and frame.channel == channel, frame
+        got += frame.payload
+    return bytes(got)
+
+
+def sender(link: Link, channel: int, data: bytes, piece: int = 40_000) -> threading.Thread:
+    def send() -> None:
+        for i in range(0, len(data), piece):
+            link.send(Frame(FrameType.DATA, channel, 0, data[i : i + piece]))
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_8_mib_each_way_arrive_in_order_through_a_gateway_that_reorders_drops_early_and_never_pushes_back() -> None:
+    up, down = os.urandom(8 << 20), os.urandom(8 << 20)
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        client.send(json_frame(FrameType.HELLO, {"side": "client"}))  # no worker yet: the relay drops it
+        while not played.dropped:
+            time.sleep(0.01)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            worker.send(json_frame(FrameType.HELLO, {"side": "worker"}))
+            for link, peer in ((client, "worker"), (worker, "client")):
+                hello = link.recv(10)
+                assert hello is not None and hello.type == FrameType.HELLO and hello.json()["side"] == peer
+            threads = [sender(client, STDIN, up), sender(worker, STDOUT, down)]
+            got: dict[str, bytes] = {}
+            reader = threading.Thread(target=lambda: got.setdefault("up", drain(worker, len(up), STDIN)))
+            reader.start()
+            got["down"] = drain(client, len(down), STDOUT)
+            reader.join(60)
+            for thread in threads:
+                thread.join(10)
+            assert got == {"up": up, "down": down}
+        finally:
+            client.close()
+            worker.close()
+    assert played.wrong == []
+    assert played.reordered > 0  # the order was the Link's doing, not the relay's
+    sent = [f for side, f in played.log if side == "client" and f.type == FrameType.DATA]
+    assert max(len(f.payload) for f in sent) == GATEWAY_FRAME  # cut to the relay's frame size
+    assert sum(1 for _, f in played.log if f.type == FrameType.ACK) > 0
+
+
+def test_a_reader_that_takes_nothing_holds_its_sender_back_within_the_window() -> None:
+    data = os.urandom(8 << 20)
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            meet(client, worker)
+            thread = sender(worker, STDOUT, data)
+            last, still_since = -1, time.monotonic()
+            while time.monotonic() - still_since < 0.5:  # until the sender stopped getting on
+                if worker.bytes_out != last:
+                    last, still_since = worker.bytes_out, time.monotonic()
+                time.sleep(0.05)
+            assert thread.is_alive()
+            assert 0 < worker.bytes_out <= WINDOW + 2 * GATEWAY_FRAME
+            assert played.in_flight["client"] == 0  # the client's link took it all off the relay
+            assert drain(client, len(data), STDOUT) == data  # and once read, the rest comes
+            thread.join(10)
+            assert not thread.is_alive()
+        finally:
+            client.close()
+            worker.close()
+
+
+def test_lost_and_copied_hellos_and_copied_frames_still_meet_once_and_deliver_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_link, "HELLO_SECONDS", 0.05)
+    hellos = {"client": 0, "worker": 0}
+
+    def tamper(side: str, frame: Frame) -> int:
+        if frame.type == FrameType.HELLO:
+            hellos[side] += 1
+            return 0 if hellos[side] <= 2 else 2  # each side's first two lost, the others twice
+        return 2  # every other frame comes twice
+
+    with relay(tamper=tamper) as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            meet(client, worker)
+            for i in range(50):
+                client.send(Frame(FrameType.DATA, STDIN, 0, b"%d," % i))
+            client.send(Frame(FrameType.EOF, STDIN))
+            got = b""
+            while (frame := worker.recv(10)) is not None and frame.type == FrameType.DATA:
+                got += frame.payload
+            assert frame is not None and frame.type == FrameType.EOF
+            assert got == b"".join(b"%d," % i for i in range(50))
+            assert worker.recv(0.3) is None  # no second HELLO, no copy
+        finally:
+            client.close()
+            worker.close()
+    assert min(hellos.values()) >= 3
+
+
+def test_a_frame_the_relay_lost_ends_the_link_as_relay_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_link, "GAP_SECONDS", 0.3)
+
+    def tamper(side: str, frame: Frame) -> int:
+        return 0 if frame.type == FrameType.DATA and frame.payload == b"lost" else 1
+
+    with relay(tamper=tamper) as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            meet(client, worker)
+            for payload in (b"first", b"lost", b"after"):
+                client.send(Frame(FrameType.DATA, STDIN, 0, payload))
+            first = worker.recv(10)
+            assert first is not None and first.payload == b"first"
+            with pytest.raises(SessionLost) as lost:
+                worker.recv(10)  # "after" is never handed on
+            assert lost.value.reason == "relay_lost" and "lost" in str(lost.value)
+        finally:
+            client.close()
+            worker.close()
+
+
+@pytest.mark.parametrize(("encoding", "wrong"), [(BINARY, "text"), (BASE64, b"\x02\x00\x01\x00\x00\x00\x01x")])
+def test_a_message_of_the_other_kind_ends_the_link(encoding: str, wrong: object) -> None:
+    with relay(encoding=BINARY) as played:
+        link = Link(played.connect("client"), encoding=encoding)
+        try:
+            played.inbox["client"].put(wrong)
+            with pytest.raises(SessionLost) as lost:
+                link.recv(10)
+            assert lost.value.reason == "relay_lost" and "no frame" in str(lost.value)
+        finally:
+            link.close()
+
+
+def test_an_older_peer_is_taken_as_it_comes_and_neither_acked_nor_held_back() -> None:
+    """A peer whose HELLO has no ``seen`` numbers its HELLO too and takes no ACK (an ACK would be
+    no frame to it): its frames are handed on as they come, and DATA to it never waits for acks."""
+    with relay(encoding=BINARY) as played:
+        link = Link(played.connect("client"), encoding=BINARY)
+        old = played.connect("worker")
+        try:
+            link.send(json_frame(FrameType.HELLO, {"side": "client"}))
+            old.send(json_frame(FrameType.HELLO, {"v": 1, "side": "worker"}, seq=1).encode())
+            old.send(Frame(FrameType.DATA, STDOUT, 2, b"hi").encode())
+            hello, data = link.recv(10), link.recv(10)
+            assert hello is not None and hello.type == FrameType.HELLO and hello.seq == 1
+            assert data is not None and data.payload == b"hi"
+            link.send(Frame(FrameType.DATA, STDIN, 0, b"x" * (3 * WINDOW)))  # no ack will come: it goes all the same
+            link.send(Frame(FrameType.EOF, STDIN))
+            time.sleep(0.3)  # what an idle reader owes, were the peer to take acks
+            sent = [f for side, f in played.log if side == "client"]
+            assert FrameType.ACK not in {f.type for f in sent}
+            assert sent[-1].type == FrameType.EOF
+        finally:
+            link.close()
+            old.close()
+
+
+def test_the_workers_link_says_a_lost_connection_its_own_way() -> None:
+    with relay() as played:
+        link = WorkerLink(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        played.connect("client").close()
+        assert link.recv() is None
+        with pytest.raises(ConnectionClosed):
+            link.send(Frame(FrameType.DATA, STDOUT, 0, b"late"))
+        link.close()
+
+
+def test_base64_messages_carry_frames_both_ways() -> None:
+    frame = Frame(FrameType.DATA, STDOUT, 9, bytes(range(256)))
+    text = message(frame, BASE64)
+    assert isinstance(text, str) and base64.b64decode(text) == frame.encode()
+    assert decode(frame_bytes(text, BASE64)) == frame
+    assert len(frame_bytes(message(frame, BINARY), BINARY)) == HEADER.size + 256
