@@ -444,7 +444,7 @@ def test_staged_package_is_indexed_as_the_host_would(tmp_path):
     assert indexed.returncode == 0, indexed.stderr
     where, names = indexed.stdout.splitlines()
     assert Path(where).is_relative_to(stage)
-    assert names.split() == ["api", "dispatcher_events", "dispatcher_schedule", "reaper", "ui"]
+    assert names.split() == ["api", "dispatcher_events", "dispatcher_schedule", "reaper", "relay_events", "ui"]
 
 
 def test_only_the_function_app_wraps_and_only_the_nodes_unwrap_with_the_secrets_key(arm):
