@@ -190,6 +190,7 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
     names = azure_names(settings)
     tables = clients.tables
     sealer, opener = _azure_secret_keys(settings)
+    sessions = TableSessionStore(tables.get_table_client(names.sessions_table))
     return _stack(
         settings,
         pools,
@@ -205,8 +206,19 @@ def _azure_stack(settings: StackSettings, pools: PoolConfig, clients: Any) -> St
         secrets=TableSecretStore(tables.get_table_client(names.secrets_table)),
         sealer=sealer,
         opener=opener,
-        sessions=TableSessionStore(tables.get_table_client(names.sessions_table)),
+        sessions=sessions,
+        relay=_azure_relay(settings, sessions),
     )
+
+
+def _azure_relay(settings: StackSettings, sessions: SessionStore) -> SessionRelay | None:
+    """The relay of an Azure stack whose settings name a Web PubSub resource, else None."""
+    if not settings.webpubsub_connection_string:
+        return None
+    from runplane.adapters.azure.relay import WebPubSubAccess, WebPubSubSessionRelay
+
+    access = WebPubSubAccess.parse(settings.webpubsub_connection_string)
+    return WebPubSubSessionRelay(access, sessions, settings.webpubsub_hub)
 
 
 def _azure_secret_keys(settings: StackSettings) -> tuple[SecretSealer | None, SecretOpener | None]:

@@ -232,6 +232,17 @@ class StackSettings(Settings):
     azure_batch_account_key: str | None = Field(
         None, description="Azure Batch: the account's shared key; without one the managed identity is used."
     )
+    webpubsub_connection_string: str = Field(
+        "",
+        description="Azure: the Web PubSub resource sessions meet in (`Endpoint=https://NAME.webpubsub.azure.com;"
+        "AccessKey=...;Version=1.0;`), for the function app only (workers dial without it); empty: the stack has no "
+        "relay and opening a session answers 422.",
+    )
+    webpubsub_hub: str = Field(
+        "runplane",
+        description="Azure: the Web PubSub hub of the sessions, whose event handler is the function app's "
+        "`/relay/events` (system events connect, connected, disconnected).",
+    )
     pools: str = Field(
         "", description="The pools, as a file path or inline YAML/JSON; empty: the built-in one-machine pool."
     )
