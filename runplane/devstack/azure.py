@@ -12,11 +12,13 @@ from functions.azure import function_app
 from runplane import bootstrap
 from runplane.adapters.azure.provision import provision
 from runplane.adapters.azure.queues import events_queue_name
+from runplane.adapters.azure.relay import EVENTS_PATH
 from runplane.adapters.local.keyfile import KEY_FILE, KeyFileSealer
 from runplane.bootstrap import Stack
 from runplane.devstack import azurite
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.functions_host import FunctionsHost, HostOptions
+from runplane.devstack.webpubsub import WebPubSubFake
 from runplane.settings import StackSettings
 
 HOST_JSON = Path(function_app.__file__).with_name("host.json")
@@ -56,11 +58,14 @@ class AzureCloud(Cloud):
         """Secrets are sealed under a key file in the stack's directory: there is no Key Vault here."""
         self._host: FunctionsHost | None = None
         self._app_settings: dict[str, str] = {}
+        self.pubsub: WebPubSubFake | None = None
+        """The sessions' relay: Web PubSub's stand-in, its hub's events sent to the front's /relay/events."""
 
     def start(self) -> dict[str, str]:
         if not self.connection_string:
             self.connection_string = start_azurite()
         self.endpoint = self.connection_string
+        self.pubsub = WebPubSubFake().start()
         # the bindings' app settings (function_app.py), as the deployment sets them
         self._app_settings = {
             "RunplaneStorage": self.connection_string,
@@ -71,7 +76,11 @@ class AzureCloud(Cloud):
         return dict(self._app_settings)
 
     def settings(self) -> dict[str, str]:
-        return {"azure_storage_connection_string": self.connection_string, "secrets_key": f"file:{self.key_file}"}
+        return {
+            "azure_storage_connection_string": self.connection_string,
+            "secrets_key": f"file:{self.key_file}",
+            "webpubsub_connection_string": self.pubsub.connection_string if self.pubsub is not None else "",
+        }
 
     def build(self, settings: StackSettings) -> Stack:
         return bootstrap.build_stack(settings)
@@ -83,6 +92,8 @@ class AzureCloud(Cloud):
         )
         if isinstance(stack.sealer, KeyFileSealer):
             stack.sealer.ready()  # made before any agent starts: agents open with it, never make it
+        if self.pubsub is not None:  # the hub's event handler, as the hub's settings name it
+            self.pubsub.handle(settings.webpubsub_hub, f"{self.public_url.rstrip('/')}{EVENTS_PATH}")
         # the host reads the app settings from the environment it is given, as the platform's does
         host_env = {**os.environ, **self._app_settings}
         self._host = FunctionsHost(function_app.make_app(), HostOptions.from_host_json(HOST_JSON), host_env)
@@ -111,3 +122,6 @@ class AzureCloud(Cloud):
 
     def stop(self) -> None:
         """Azurite is left running: other stacks may share it, and its data lives in memory."""
+        if self.pubsub is not None:
+            self.pubsub.stop()
+            self.pubsub = None

@@ -47,6 +47,8 @@ class Cloud(abc.ABC):
     services: str
     """What serves the stores, for people: "moto", "azurite"."""
     endpoint: str = ""
+    public_url: str = ""
+    """Where the stack's front is reached, set before ``start``."""
 
     @abc.abstractmethod
     def start(self) -> dict[str, str]:

@@ -258,8 +258,7 @@ class DevStack:
         port = http.server_address[1]
         self.api_url = f"{self.scheme}://{_client_host(self.config.host)}:{port}"
         self.public_url = (self.config.public_url or _public_url(self.scheme, self.config.host, port)).rstrip("/")
-        if isinstance(cloud, LocalCloud):
-            cloud.public_url = self.public_url
+        cloud.public_url = self.public_url
         try:
             try:
                 environment = cloud.start()
@@ -276,7 +275,7 @@ class DevStack:
                         os.environ[name] = value
                         self._set_env.append(name)
                 stack = cloud.build(self.settings)
-                if stack.sessions is not None:  # sessions meet at this front, where the API answers
+                if stack.sessions is not None and stack.relay is None:  # sessions meet at this front
                     hub = RelayHub(stack.sessions, stack.clock)
                     stack.relay = FrontSessionRelay(self.public_url, hub)
                     http.relay = self._relay = hub

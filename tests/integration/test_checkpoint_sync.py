@@ -75,7 +75,11 @@ def contents(root: Path) -> dict[str, tuple[str, int, bytes | None]]:
     for path in sorted(root.rglob("*")):
         info = path.lstat()
         kind = "link" if path.is_symlink() else "dir" if path.is_dir() else "file"
-        found[str(path.relative_to(root))] = (kind, info.st_mode & 0o7777, path.read_bytes() if kind == "file" else None)
+        found[str(path.relative_to(root))] = (
+            kind,
+            info.st_mode & 0o7777,
+            path.read_bytes() if kind == "file" else None,
+        )
     return found
 
 
