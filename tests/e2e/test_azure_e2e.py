@@ -102,3 +102,22 @@ def test_a_secret_is_sealed_under_the_stack_directorys_key_file(alice, azure_dev
     raw = repr([dict(entity) for entity in table.list_entities()])
     assert "azure-e2e-token" in raw and '"key_id":"file:' in raw
     assert value not in raw and base64.b64encode(value.encode()).decode()[:16] not in raw
+
+
+def test_exec_meets_its_worker_through_web_pubsub(alice, azure_devstack):
+    """``runplane exec -i`` into a run of the Azure stack: the relay is Web PubSub's stand-in, its
+    hub's connect event answered by the function app's /relay/events."""
+    from tests.e2e.test_cli import cli
+
+    run = alice.submit("sleep 600", queue="default")
+    try:
+        wait_for(lambda: run.refresh(wait=2).state == "running" or run.done, timeout=120, what="the run running")
+        assert run.state == "running", run.view
+        proc = cli(azure_devstack, "exec", "-i", run.id, "--", "sh", stdin="echo hi; exit 3\n")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (3, "hi\n", "")
+        opened = alice.open_session(run.id, "exec", command=["true"])
+        assert "/client/hubs/runplane?" in opened.relay.url and "webpubsub_mode=sendToGroup" in opened.relay.url
+        assert "X-Runplane-Ticket" in opened.relay.headers
+        alice.close_session(run.id, opened.id)
+    finally:
+        run.kill()
