@@ -1,0 +1,117 @@
+"""The Azure relay's refusals, on Web PubSub's stand-in and the function app's event route: a
+token of one session opens nothing of another's; a token expired, or signed with another key, is
+refused by the service (its client endpoint and its REST API alike); an event whose ce-signature
+is not the access key's is refused by the route, and so is the abuse-protection handshake of
+another origin. (What the relay does for a session is the relay contract's: test_session_relay.py.)"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from runplane.adapters.azure.relay import HUB, TICKET_HEADER, group, mint, signature
+from runplane.devstack.webpubsub import WebPubSubFake
+from tests.integration.contracts.relay_stacks import STACKS, RelayStack
+
+
+@pytest.fixture
+def relay(tmp_path: Path) -> Iterator[RelayStack]:
+    with STACKS["azure"](tmp_path) as stack:
+        yield stack
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    with pytest.raises(InvalidStatus) as caught:
+        connect(url, additional_headers=headers or {}, open_timeout=10)
+    return caught.value.response.status_code
+
+
+def test_a_token_of_one_session_opens_nothing_of_another(relay: RelayStack) -> None:
+    a, a_client, _ = relay.session()
+    b, b_client, b_worker = relay.session()
+    a_url = relay.relay.endpoint(a, a_client).url
+    b_url = relay.relay.endpoint(b, b_client).url
+    # a's URL (its token names a) with b's ticket, and b's URL with a's ticket: neither opens
+    assert _status(a_url, {TICKET_HEADER: f"Bearer {b_client}"}) == 401
+    assert _status(b_url, {TICKET_HEADER: f"Bearer {a_client}"}) == 401
+    # a's client sending to b's worker group: a's URL with the group changed is refused at connect
+    assert (
+        _status(a_url.replace(group(a.id, "worker"), group(b.id, "worker")), {TICKET_HEADER: f"Bearer {a_client}"})
+        == 401
+    )
+    # the worker's URL with the client's ticket (it would publish to itself) is refused too
+    assert _status(relay.relay.endpoint(b, b_client).worker_url or "", {TICKET_HEADER: f"Bearer {b_client}"}) == 401
+    fake: WebPubSubFake = relay.extras["fake"]
+    assert fake.connections(HUB) == []
+    # the token alone, straight to the service (no event handler to ask): it joins nothing, sends nothing
+    fake.handlers.clear()
+    with connect(a_url.replace(group(a.id, "worker"), group(b.id, "worker"))) as ws:
+        assert fake.connections(HUB, group(b.id, "worker")) == []
+        ws.send(b"\x02\x00\x01\x00\x00\x00\x01forged")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+    assert b_worker  # b's sides were never reached
+
+
+def test_expired_and_other_key_tokens_are_refused_by_the_service(relay: RelayStack) -> None:
+    fake: WebPubSubFake = relay.extras["fake"]
+    url = f"ws{fake.endpoint.removeprefix('http')}/client/hubs/{HUB}"
+    aud = f"{fake.endpoint}/client/hubs/{HUB}"
+    now = int(time.time())
+    good = {"aud": aud, "exp": now + 60, "sub": "someone"}
+    fake.handlers.clear()
+    with connect(f"{url}?access_token={mint(fake.key, good)}"):
+        pass  # the control: a token of the key, in time, for this hub opens
+    for token in (
+        mint(fake.key, {**good, "exp": now - 3600}),  # expired
+        mint("another-key", good),  # another key
+        mint(fake.key, {**good, "aud": f"{fake.endpoint}/client/hubs/other"}),  # another hub
+        mint(fake.key, {"aud": aud, "sub": "someone"}),  # no exp
+    ):
+        assert _status(f"{url}?access_token={token}") == 401
+    assert _status(url, {"Authorization": f"Bearer {mint('another-key', good)}"}) == 401
+    rest = f"{fake.endpoint}/api/hubs/{HUB}/groups/g/:send"
+    for token, status in (
+        (mint(fake.key, {"aud": rest, "exp": now + 60}), 202),
+        (mint(fake.key, {"aud": rest, "exp": now - 3600}), 401),
+        (mint("another-key", {"aud": rest, "exp": now + 60}), 401),
+        (mint(fake.key, {"aud": f"{fake.endpoint}/api/hubs/{HUB}/:send", "exp": now + 60}), 401),
+    ):
+        answer = httpx.post(rest, content=b"x", headers={"Authorization": f"Bearer {token}"})
+        assert answer.status_code == status
+
+
+def test_the_event_route_refuses_forged_signatures_and_other_origins(relay: RelayStack) -> None:
+    session, client_ticket, _ = relay.session()
+    fake: WebPubSubFake = relay.extras["fake"]
+    route = fake.handlers[HUB].url
+    body = (
+        f'{{"headers": {{"{TICKET_HEADER}": ["Bearer {client_ticket}"]}}, '
+        f'"query": {{"group": ["{group(session.id, "worker")}"]}}}}'
+    )
+    headers = {
+        "ce-type": "azure.webpubsub.sys.connect",
+        "ce-connectionId": "c-1",
+        "ce-hub": HUB,
+        "ce-userId": session.id,
+        "Content-Type": "application/json",
+    }
+    signed = httpx.post(route, content=body, headers={**headers, "ce-signature": signature(fake.key, "c-1")})
+    assert signed.status_code == 200  # the control: the service's own event is answered
+    assert signed.json()["groups"] == [group(session.id, "client")]
+    for forged in ("", "sha256=00", signature("another-key", "c-1"), signature(fake.key, "c-2")):
+        answer = httpx.post(route, content=body, headers={**headers, "ce-signature": forged})
+        assert (answer.status_code, answer.content) == (401, b"")
+    gone = {**headers, "ce-type": "azure.webpubsub.sys.disconnected", "ce-userId": f"{session.id}.worker"}
+    assert httpx.post(route, content=b"{}", headers={**gone, "ce-signature": "sha256=00"}).status_code == 401
+    other = httpx.options(route, headers={"WebHook-Request-Origin": "evil.example"})
+    assert "WebHook-Allowed-Origin" not in other.headers
+    own = httpx.options(route, headers={"WebHook-Request-Origin": "127.0.0.1"})
+    assert own.headers["WebHook-Allowed-Origin"] == "127.0.0.1"
