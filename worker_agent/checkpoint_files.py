@@ -94,7 +94,7 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
             if why is None and not (stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode)):
                 why = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
             if why is not None:
-                progress.skip(f"{rel[:200]} ({why})")
+                progress.skip(f"{shown(rel)} ({why})")
                 continue
             if stat.S_ISDIR(info.st_mode):
                 found.dirs.append(CheckpointDir(path=rel, mode=info.st_mode & PERMISSION_BITS))
@@ -107,6 +107,11 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
     found.files.sort()
     found.dirs.sort(key=lambda d: d.path)
     return found
+
+
+def shown(rel: str) -> str:
+    """A path as a message may name it: its start, a name that is not UTF-8 with ``?`` for its bytes."""
+    return rel.encode(errors="replace").decode()[:200]
 
 
 def _check_cap(size: int, entries: int, max_bytes: int | None, max_entries: int) -> None:

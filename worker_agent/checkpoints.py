@@ -36,7 +36,7 @@ from runplane.domain.checkpoints import (
 from runplane.domain.errors import NotFound
 from runplane.domain.wire import stored, written_json
 from runplane.ports import MAX_DELETE, ObjectInfo, ObjectStore
-from worker_agent.checkpoint_files import Owner, Progress, staged, walk, write_tree
+from worker_agent.checkpoint_files import Owner, Progress, shown, staged, walk, write_tree
 from worker_agent.trees import Refused, open_beneath
 
 __all__ = ["CheckpointLimits", "Progress", "Pruned", "newest", "prune", "restore", "sync"]
@@ -123,7 +123,7 @@ def _take(
     try:
         fd = open_beneath(directory, rel)
     except Refused as e:
-        progress.skip(f"{rel[:200]} ({e})")
+        progress.skip(f"{shown(rel)} ({e})")
         return None
     try:
         info = os.fstat(fd)

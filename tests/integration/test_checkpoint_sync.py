@@ -106,6 +106,12 @@ def test_a_directory_comes_back_as_it_was(objects, tmp_path):
     assert contents(tmp_path / "dst") == expected
     assert (tmp_path / "dst" / "step.txt").stat().st_mtime_ns == 1_700_000_000_123_456_789
 
+    # the next attempt's first sync, of the directory restored, reads and uploads nothing again
+    watched, progress = Watched(objects), Progress()
+    again = sync(watched, RUN, tmp_path / "dst", back, progress=progress)
+    assert (again.seq, again.files, again.dirs) == (2, made.files, made.dirs)
+    assert progress.read_bytes == 0 and watched.puts == [manifest_key(RUN, 2)]
+
 
 def test_a_second_sync_uploads_only_what_changed(objects, tmp_path):
     src = tree(tmp_path / "src", {"a.bin": (b"a" * 1000, 0o644), "b.bin": (b"b" * 1000, 0o644)})

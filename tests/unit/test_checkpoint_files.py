@@ -1,0 +1,111 @@
+"""The file system side of checkpoints: what a walk leaves out and why; a file read while it changes is
+uploaded as it was hashed; a restore gives what it makes its owner, and a symlink put in its way while
+it goes makes it stop, writing nothing outside and leaving its directory empty."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from runplane.domain.checkpoints import CheckpointTooLarge, CheckpointUnusable, Manifest, blob_key
+from worker_agent.checkpoint_files import STAGE_IN_MEMORY, Progress, staged, walk, write_tree
+
+RUN = "r-00000000000000000000f11e"
+
+
+def test_a_walk_keeps_regular_files_and_directories_and_names_the_rest(tmp_path):
+    root = tmp_path / "ckpt"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "a.pt").write_bytes(b"a" * 10)
+    (root / "b\\..\\c").write_bytes(b"x")
+    os.mkfifo(root / "pipe")
+    (root / "to-etc").symlink_to("/etc")
+    os.close(os.open(os.fsencode(root) + b"/\xff-latin1", os.O_CREAT | os.O_WRONLY, 0o600))
+    progress = Progress()
+    found = walk(root, None, 100, progress)
+    assert found.files == ["sub/a.pt"] and found.bytes == 10
+    assert [d.path for d in found.dirs] == ["sub"]
+    assert sorted(progress.skipped) == [
+        "?-latin1 (a path that is not UTF-8)",
+        "b\\..\\c (a path holding a backslash)",
+        "pipe (not a regular file)",
+        "to-etc (a symlink)",
+    ]
+
+
+def test_a_walk_stops_at_its_cap(tmp_path):
+    for n in range(5):
+        (tmp_path / f"{n}").write_bytes(b"x" * 100)
+    assert walk(tmp_path, 500, 5, Progress()).bytes == 500
+    with pytest.raises(CheckpointTooLarge, match="more than 499 bytes"):
+        walk(tmp_path, 499, 5, Progress())
+    with pytest.raises(CheckpointTooLarge, match="more than 4 files"):
+        walk(tmp_path, None, 4, Progress())
+
+
+def test_a_file_changed_after_it_was_read_is_kept_as_it_was_read(tmp_path):
+    path = tmp_path / "big.pt"
+    first = os.urandom(STAGE_IN_MEMORY + 10)
+    path.write_bytes(first)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with staged(fd, None, tmp_path, Progress()) as copy:
+            path.write_bytes(b"overwritten by the run meanwhile")
+            assert copy.path is not None and copy.data is None
+            assert copy.path.read_bytes() == first and copy.sha256 == hashlib.sha256(first).hexdigest()
+        assert not copy.path.exists()
+    finally:
+        os.close(fd)
+
+
+def manifest(files: dict[str, bytes], dirs: tuple[str, ...] = ()) -> Manifest:
+    entries = []
+    for rel, data in files.items():
+        sha = hashlib.sha256(data).hexdigest()
+        entries.append(
+            {"path": rel, "size": len(data), "sha256": sha, "mode": 0o640, "mtime_ns": 7, "key": blob_key(RUN, sha)}
+        )
+    return Manifest(
+        series=RUN,
+        seq=1,
+        created_at=0,
+        files=entries,
+        dirs=[{"path": d, "mode": 0o750} for d in dirs],
+        total_bytes=sum(len(d) for d in files.values()),
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
+def test_a_restore_gives_what_it_makes_its_owner(tmp_path):
+    blobs = {"a/b/c.pt": b"c", "d.pt": b"d"}
+    made = manifest(blobs, dirs=("a",))
+    write_tree(made, tmp_path / "dst", lambda f, path: path.write_bytes(blobs[f.path]), (4321, 4322), Progress())
+    for rel in ("a", "a/b", "a/b/c.pt", "d.pt"):
+        info = (tmp_path / "dst" / rel).lstat()
+        assert (info.st_uid, info.st_gid) == (4321, 4322), rel
+    assert (tmp_path / "dst" / "a").stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "dst" / "d.pt").stat().st_mtime_ns == 7
+
+
+def test_a_symlink_put_in_the_way_stops_a_restore(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dst = tmp_path / "dst"
+    blobs = {"a.pt": b"a", "x/y.pt": b"y"}
+
+    def fetch(f, path: Path) -> None:
+        path.write_bytes(blobs[f.path])
+        if f.path == "a.pt":  # the run's directory changes under the restore: x/ becomes a symlink out
+            os.rmdir(dst / "x")
+            (dst / "x").symlink_to(outside)
+
+    with pytest.raises(CheckpointUnusable, match="a symlink or a file stands where a directory goes"):
+        write_tree(manifest(blobs, dirs=("x",)), dst, fetch, None, Progress())
+    assert list(outside.iterdir()) == [] and list(dst.iterdir()) == []
+    (dst / "left").write_bytes(b"")
+    with pytest.raises(CheckpointUnusable, match="not empty"):
+        write_tree(manifest(blobs), dst, fetch, None, Progress())
+    assert [p.name for p in dst.iterdir()] == ["left"]
