@@ -24,6 +24,7 @@ from runplane.domain.checkpoints import (
     MAX_ENTRIES,
     MAX_MANIFEST_BYTES,
     PERMISSION_BITS,
+    CheckpointCancelled,
     CheckpointFile,
     CheckpointTooLarge,
     Manifest,
@@ -66,6 +67,7 @@ def sync(
     clock: Callable[[], float] = time.time,
     scratch: Path | None = None,
     progress: Progress | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Manifest:
     """Make the next checkpoint of ``run_id``'s series from ``directory`` as it is now, and return its
     manifest. ``previous`` is the checkpoint of this series the directory was restored from or synced
@@ -77,7 +79,9 @@ def sync(
     The manifest is written last, numbered after every one the series holds: a sync that fails or
     is killed before leaves no new manifest (its blobs are left for ``prune``). Raises
     CheckpointTooLarge, before anything is uploaded when the walk finds the directory over
-    ``limits`` (and as soon as a file grows past them while read), and what the store raises."""
+    ``limits`` (and as soon as a file grows past them while read); CheckpointCancelled once
+    ``cancelled()`` says so (asked before each file and before the manifest); and what the store
+    raises."""
     progress = progress if progress is not None else Progress()
     found = walk(directory, limits.max_bytes, limits.max_entries, progress)
     before = {f.path: f for f in previous.files} if previous is not None and previous.series == run_id else {}
@@ -86,6 +90,7 @@ def sync(
     total = 0
     with tempfile.TemporaryDirectory(prefix=".rp-checkpoint-", dir=scratch) as stage_dir:
         for rel in found.files:
+            _go_on(cancelled, run_id)
             room = None if limits.max_bytes is None else limits.max_bytes - total
             taken = _take(store, run_id, directory, rel, before.get(rel), have, room, Path(stage_dir), progress)
             if taken is not None:
@@ -93,6 +98,7 @@ def sync(
                 total += taken.size
                 progress.files += 1
                 progress.bytes += taken.size
+    _go_on(cancelled, run_id)
     last = max([seq for seq, _ in _manifests(store, run_id)] + [previous.seq if previous is not None else 0])
     manifest = Manifest(
         series=run_id,
@@ -105,6 +111,11 @@ def sync(
     )
     store.put_bytes(manifest_key(run_id, manifest.seq), written_json(manifest).encode())
     return manifest
+
+
+def _go_on(cancelled: Callable[[], bool], run_id: str) -> None:
+    if cancelled():
+        raise CheckpointCancelled(f"the checkpoint sync of run {run_id} was given up before its manifest was written")
 
 
 def _take(

@@ -186,3 +186,10 @@ class CheckpointUnusable(RunplaneError):
     is not an empty one of its own): what the restore wrote is removed again."""
 
     code = "checkpoint_unusable"
+
+
+class CheckpointCancelled(RunplaneError):
+    """A sync given up before its manifest was written (its caller's time ran out): the checkpoint
+    before it stays the newest."""
+
+    code = "checkpoint_cancelled"

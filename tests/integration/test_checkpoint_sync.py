@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from runplane.domain.checkpoints import (
+    CheckpointCancelled,
     CheckpointTooLarge,
     CheckpointUnusable,
     blob_key,
@@ -134,6 +135,10 @@ def test_a_sync_cut_halfway_is_never_restored(objects, tmp_path):
     with pytest.raises(ConnectionResetError):
         sync(Watched(objects, fail_after=2), RUN, src, first)
     assert newest(objects, RUN) == first
+    watched = Watched(objects)
+    with pytest.raises(CheckpointCancelled):  # its caller's time ran out
+        sync(watched, RUN, src, first, cancelled=lambda: len(watched.puts) >= 3)
+    assert len(watched.puts) == 3 and newest(objects, RUN) == first
     restore(objects, RUN, tmp_path / "dst")
     assert (tmp_path / "dst" / "3.bin").read_bytes() == bytes([3]) * 100
 
