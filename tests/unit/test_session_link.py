@@ -184,7 +184,9 @@ def test_8_mib_each_way_arrive_in_order_through_a_gateway_that_reorders_drops_ea
     with relay() as played:
         client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
         client.send(json_frame(FrameType.HELLO, {"side": "client"}))  # no worker yet: the relay drops it
+        deadline = time.monotonic() + 10
         while not played.dropped:
+            assert time.monotonic() < deadline, played.wrong
             time.sleep(0.01)
         worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
         try:
