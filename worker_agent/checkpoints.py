@@ -84,7 +84,9 @@ def sync(
     raises."""
     progress = progress if progress is not None else Progress()
     found = walk(directory, limits.max_bytes, limits.max_entries, progress)
-    before = {f.path: f for f in previous.files} if previous is not None and previous.series == run_id else {}
+    if previous is not None and previous.series != run_id:  # another run's (a run started from it): none stored here
+        previous = None
+    before = {f.path: f for f in previous.files} if previous is not None else {}
     have = {f.sha256 for f in before.values()}
     files: list[CheckpointFile] = []
     total = 0

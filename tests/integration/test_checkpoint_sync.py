@@ -126,6 +126,12 @@ def test_a_second_sync_uploads_only_what_changed(objects, tmp_path):
     assert progress.read_bytes == 2000  # a.bin, unchanged, is not read again
     assert newest(objects, RUN) == second
 
+    # a run started from this one's checkpoint stores its own blobs, in a series of its own
+    other, watched = "r-0000000000000000000other1", Watched(objects)
+    third = sync(watched, other, src, second)
+    assert third.seq == 1 and {f.key for f in third.files} == {blob_key(other, f.sha256) for f in second.files}
+    assert sorted(watched.puts) == sorted({f.key for f in third.files} | {manifest_key(other, 1)})
+
 
 def test_a_sync_cut_halfway_is_never_restored(objects, tmp_path):
     src = tree(tmp_path / "src", {f"{n}.bin": (bytes([n]) * 100, 0o644) for n in range(4)})
