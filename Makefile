@@ -78,7 +78,7 @@ clean:
 # whatever Python builds them: binary wheels only, as Lambda has no compiler.
 LAMBDA_PYTHON ?= 3.11
 LAMBDA_PLATFORM ?= manylinux2014_x86_64
-build-ApiFunction build-DispatcherFunction build-ReaperFunction:
+build-ApiFunction build-DispatcherFunction build-ReaperFunction build-RelayFunction:
 	python3 -m pip install --quiet --disable-pip-version-check --target "$(ARTIFACTS_DIR)" \
 		--python-version $(LAMBDA_PYTHON) --platform $(LAMBDA_PLATFORM) --implementation cp --only-binary=:all: \
 		-r functions/aws/requirements.txt

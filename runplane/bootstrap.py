@@ -6,6 +6,7 @@ module stays cheap (Lambda cold starts) and a missing SDK only switches its clou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -144,12 +145,28 @@ def aws_clients(settings: StackSettings, keys: tuple[str, str] | None = None) ->
     # made on first use (only a secret's seal or open needs it), once, under the LazyClient's
     # lock: no other client is made from the session by then.
     session = new_session(config)
-    return {
+    clients = {
         "dynamodb": make_client("dynamodb", config, session),
         "sqs": make_client("sqs", config, session, read_timeout=30),
         "s3": make_client("s3", config, session),
         "kms": LazyClient(lambda: make_client("kms", config, session)),
     }
+    if settings.relay_url:  # the relay's @connections API, made on first use with a session of its own
+        from runplane.adapters.aws.relay import manage_url
+
+        manage = dataclasses.replace(config, endpoint_url=manage_url(settings.relay_url))
+        clients["relay"] = LazyClient(lambda: make_client("apigatewaymanagementapi", manage))
+    return clients
+
+
+def _aws_relay(settings: StackSettings, clients: dict[str, Any], table: str) -> SessionRelay | None:
+    """The relay of an AWS stack whose settings name one (``relay_url``), else None."""
+    if not settings.relay_url:
+        return None
+    from runplane.adapters.aws.relay import AwsSessionRelay, GatewayConnections, RelayConnections
+
+    relay = clients.get("relay") or aws_clients(settings)["relay"]
+    return AwsSessionRelay(settings.relay_url, RelayConnections(table, clients["dynamodb"]), GatewayConnections(relay))
 
 
 def aws_names(settings: StackSettings) -> Any:
@@ -335,6 +352,7 @@ def build_stack(settings: StackSettings | None = None, clients: Any = None) -> S
         sealer=KmsSealer(names.secrets_key, clients["kms"]),
         opener=KmsOpener(names.secrets_key, clients["kms"]),
         sessions=DynamoSessionStore(names.sessions_table, clients["dynamodb"]),
+        relay=_aws_relay(settings, clients, names.relay_table),
     )
 
 

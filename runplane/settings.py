@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
@@ -196,6 +197,14 @@ class StackSettings(Settings):
         description="The sessions table (`runplane exec`, `shell`, `port-forward`); empty: derived from the prefix "
         "(AWS: `PREFIX-sessions`).",
     )
+    relay_url: str = Field(
+        "",
+        description="AWS: the `wss://` URL of the sessions' WebSocket API stage (the template's `RelayUrl`); "
+        "empty: the stack has no relay and opening a session answers 422.",
+    )
+    relay_table: str = Field(
+        "", description="AWS: the relay's connections table; empty: derived from the prefix (`PREFIX-relay`)."
+    )
     secrets_key: str = Field(
         "",
         description="The key that wraps secrets' data keys. AWS: a KMS key id, ARN or alias (empty: "
@@ -298,6 +307,13 @@ class StackSettings(Settings):
         'user, or JSON mapping a group (or `*`, everyone) to its list, e.g. `{"*": ["public-data"], "vision": '
         '["vision-raw"]}`. Empty: none. The stack\'s own bucket is never allowed.',
     )
+
+    @field_validator("relay_url")
+    @classmethod
+    def _relay_url(cls, value: str) -> str:
+        if value and not re.fullmatch(r"wss?://[^/\s]+(/\S*)?", value):
+            raise ValueError(f"must be a ws:// or wss:// URL, not {value[:200]!r}")
+        return value
 
     @field_validator("aws_endpoint_url", "dynamodb_endpoint_url", mode="before")
     @classmethod

@@ -14,8 +14,8 @@ from runplane.adapters.aws.sqs import events_queue_name, pool_queue_name
 from runplane.adapters.names import TABLES
 from tests.cfn_template import as_list, defaults, expanded_resources
 
-TABLE_FIELDS = tuple(TABLES)
-"""Every table of a stack (``runplane.adapters.names.TABLES``)."""
+TABLE_FIELDS = (*TABLES, "relay_table")
+"""Every table of a stack (``runplane.adapters.names.TABLES``, and on AWS the relay's connections)."""
 # What SQS gives a queue created without these attributes.
 SQS_DEFAULT_RETENTION_SECONDS = 345600
 SQS_DEFAULT_VISIBILITY_SECONDS = 30

@@ -98,7 +98,7 @@ def functions(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for k, v in template["Resources"].items()
         if isinstance(v, dict) and v.get("Type") == "AWS::Serverless::Function"
     }
-    assert set(found) == {"ApiFunction", "DispatcherFunction", "ReaperFunction"}
+    assert set(found) == {"ApiFunction", "DispatcherFunction", "ReaperFunction", "RelayFunction"}
     return found
 
 

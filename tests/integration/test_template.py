@@ -196,6 +196,7 @@ TABLES = {
     "QuotasTable": "quotas_table",
     "SecretsTable": "secrets_table",
     "SessionsTable": "sessions_table",
+    "RelayTable": "relay_table",
 }
 
 
@@ -222,6 +223,7 @@ def test_table_settings_are_those_of_resources(provisioned: Provisioned) -> None
     assert {field: t["TimeToLive"] for field, t in tables.items() if t["TimeToLive"][0] != "DISABLED"} == {
         "workers_table": ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE),
         "runs_table": ("ENABLED", resources.RUNS_TTL_ATTRIBUTE),
+        "relay_table": ("ENABLED", resources.RELAY_TTL_ATTRIBUTE),
     }
     assert {field for field, t in tables.items() if t["PointInTimeRecovery"] == "ENABLED"} == set(resources.PITR_TABLES)
 
@@ -364,12 +366,13 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     unknown = {n for n in runplane_vars if n[len(prefix) :].lower() not in fields}
     assert not unknown, f"the template sets variables StackSettings does not read: {sorted(unknown)}"
     needed = {"prefix", "runs_table", "workers_table", "tokens_table", "pools_table", "quotas_table", "bucket", "pools"}
-    needed |= {"secrets_table", "secrets_key", "sessions_table"}
+    needed |= {"secrets_table", "secrets_key", "sessions_table", "relay_table", "relay_url"}
     assert {prefix + f.upper() for f in needed} <= set(template["Globals"]["Function"]["Environment"]["Variables"])
     # And the settings really read them: every variable lands in its field.
     environ = {name: f"from-{name.lower()}" for name in runplane_vars}
     environ["RUNPLANE_RETENTION"] = '{"outputs": "30d"}'  # read as it is set, once it reads as a retention
     environ["RUNPLANE_UPLOAD_RETENTION_DAYS"] = "14"  # a number of days
+    environ["RUNPLANE_RELAY_URL"] = "wss://from-runplane-relay-url/v1"  # a WebSocket URL
     settings = StackSettings.from_env(environ)
     for name, value in environ.items():
         assert str(getattr(settings, name[len(prefix) :].lower())) == value, name
@@ -385,6 +388,10 @@ def test_functions_get_the_names_of_the_resources(template: dict[str, Any]) -> N
     assert variables["RUNPLANE_SECRETS_TABLE"] == {"Ref": "SecretsTable"}
     assert variables["RUNPLANE_SECRETS_KEY"] == {"Fn::GetAtt": ["SecretsKey", "Arn"]}
     assert variables["RUNPLANE_SESSIONS_TABLE"] == {"Ref": "SessionsTable"}
+    assert variables["RUNPLANE_RELAY_TABLE"] == {"Ref": "RelayTable"}
+    assert variables["RUNPLANE_RELAY_URL"] == {
+        "Fn::Sub": "wss://${RelayApi}.execute-api.${AWS::Region}.${AWS::URLSuffix}/v1"
+    }
     assert variables["RUNPLANE_BUCKET"] == {"Ref": "DataBucket"}
     assert variables["RUNPLANE_PREFIX"] == {"Ref": "Prefix"}
     assert variables["RUNPLANE_POOLS"] == {"Ref": "PoolsJson"}
@@ -518,6 +525,7 @@ def test_hook_values_are_those_of_resources() -> None:
         "max_receives": str(MAX_RECEIVES),
         "ttl_attribute": resources.WORKERS_TTL_ATTRIBUTE,
         "runs_ttl_attribute": resources.RUNS_TTL_ATTRIBUTE,
+        "relay_ttl_attribute": resources.RELAY_TTL_ATTRIBUTE,
         "sse_algorithm": resources.SSE_ALGORITHM,
         "object_ownership": resources.OBJECT_OWNERSHIP,
         "noncurrent_days": str(resources.NONCURRENT_VERSION_DAYS),
@@ -597,6 +605,7 @@ def test_hook_on_moto_creates_what_provision_creates(moto_endpoint: str, tmp_pat
         assert got[part] == want[part], part
     assert got["tables"]["workers_table"]["TimeToLive"] == ("ENABLED", resources.WORKERS_TTL_ATTRIBUTE)
     assert got["tables"]["runs_table"]["TimeToLive"] == ("ENABLED", resources.RUNS_TTL_ATTRIBUTE)
+    assert got["tables"]["relay_table"]["TimeToLive"] == ("ENABLED", resources.RELAY_TTL_ATTRIBUTE)
     assert got["queues"]["events"]["VisibilityTimeout"] == resources.EVENTS_VISIBILITY_SECONDS
     assert got["bucket"]["policy"] == resources.bucket_policy("BUCKET", "us-east-1")
 
@@ -711,6 +720,38 @@ def test_the_functions_get_the_aws_extra_as_wheels_of_their_runtime(template: di
     (architecture,) = template["Globals"]["Function"]["Architectures"]
     assert f"python{settings['LAMBDA_PYTHON']}" == runtime
     assert settings["LAMBDA_PLATFORM"].endswith(f"_{architecture}")
-    build = makefile.split("build-ApiFunction build-DispatcherFunction build-ReaperFunction:", 1)[1].split("\n\n")[0]
+    targets = " ".join(f"build-{name}" for name in sorted(functions(template)))  # every function is built alike
+    build = makefile.split(f"{targets}:", 1)[1].split("\n\n")[0]
     for flag in ("--python-version $(LAMBDA_PYTHON)", "--platform $(LAMBDA_PLATFORM)", "--only-binary=:all:"):
         assert flag in build, flag
+
+
+def test_the_relay_is_one_function_behind_the_three_routes_of_a_websocket_api(template: dict[str, Any]) -> None:
+    """$connect, $default and $disconnect (no other route, no authorizer: the function checks the
+    ticket) go to one AWS_PROXY integration of the relay function, which API Gateway may invoke for
+    this API alone; the stage the functions are told of (RUNPLANE_RELAY_URL, the RelayUrl output) is
+    the one deployed."""
+    resources_ = template["Resources"]
+    of_type = {k: v.get("Properties", {}) for k, v in resources_.items() if isinstance(v, dict) and "Type" in v}
+    api = resources_["RelayApi"]["Properties"]
+    assert api["ProtocolType"] == "WEBSOCKET"
+    routes = {p["RouteKey"]: p for k, p in of_type.items() if resources_[k]["Type"] == "AWS::ApiGatewayV2::Route"}
+    assert set(routes) == {"$connect", "$default", "$disconnect"}
+    for route in routes.values():
+        assert route["ApiId"] == {"Ref": "RelayApi"}
+        assert route["Target"] == {"Fn::Sub": "integrations/${RelayIntegration}"}
+        assert route.get("AuthorizationType", "NONE") == "NONE"
+    integration = resources_["RelayIntegration"]["Properties"]
+    assert integration["IntegrationType"] == "AWS_PROXY"
+    assert "${RelayFunction.Arn}" in integration["IntegrationUri"]["Fn::Sub"]
+    assert functions(template)["RelayFunction"]["Properties"]["Handler"] == "functions/aws/relay.lambda_handler"
+    importlib.import_module("functions.aws.relay").lambda_handler  # noqa: B018  (the handler is there)
+    permission = resources_["RelayInvokePermission"]["Properties"]
+    assert permission["FunctionName"] == {"Ref": "RelayFunction"}
+    assert permission["Principal"] == "apigateway.amazonaws.com"
+    assert permission["SourceArn"]["Fn::Sub"].endswith(":${RelayApi}/*")
+    stage = resources_["RelayStage"]["Properties"]
+    assert (stage["ApiId"], stage["AutoDeploy"]) == ({"Ref": "RelayApi"}, True)
+    url = template["Globals"]["Function"]["Environment"]["Variables"]["RUNPLANE_RELAY_URL"]
+    assert url == template["Outputs"]["RelayUrl"]["Value"]
+    assert url["Fn::Sub"].endswith(f"/{stage['StageName']}")

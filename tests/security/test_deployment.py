@@ -189,6 +189,7 @@ def _template_stack(template: dict[str, Any], pools: list[str]) -> dict[str, Any
         "QuotasTable": "quotas_table",
         "SecretsTable": "secrets_table",
         "SessionsTable": "sessions_table",
+        "RelayTable": "relay_table",
     }.items():
         props = declared[logical_id]["Properties"]
         ttl = props.get("TimeToLiveSpecification", {})
@@ -348,6 +349,8 @@ def _references(value: Any) -> set[str]:
         "QuotasTable",
         "SecretsTable",
         "SessionsTable",
+        "RelayTable",
+        "RelayApi",
         "SecretsKey",
         "DataBucket",
         "EventsQueue",
@@ -414,10 +417,13 @@ def test_each_function_reaches_only_its_tables(template: dict[str, Any]) -> None
         "QuotasTable",
         "SecretsTable",
         "SessionsTable",
+        "RelayTable",  # a session closed: its sides' connections found and dropped...
+        "RelayApi",  # ...and hung up
         "SecretsKey",
         "DataBucket",
         "EventsQueue",
     }
+    assert reached["RelayFunction"] == {"SessionsTable", "RelayTable", "RelayApi"}
     assert reached["DispatcherFunction"] == {
         "RunsTable",
         "WorkersTable",
@@ -457,8 +463,37 @@ def test_each_principal_may_do_what_it_does_with_sessions(template: dict[str, An
         "ApiFunction": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:Query"},
         "DispatcherFunction": set(),
         "ReaperFunction": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:DeleteItem"},
+        "RelayFunction": {"dynamodb:GetItem"},  # a ticket checked: the relay never changes a session
         "WorkerPolicy": {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query"},
     }
+
+
+def test_only_the_relay_and_the_api_reach_the_relays_connections(template: dict[str, Any]) -> None:
+    """The relay function claims, reads and drops connection records and posts to, looks up and
+    closes the relay's connections; the API (closing a session) only reads and drops the records
+    and hangs up; nobody else reaches either. @connections is granted on the relay's own stage."""
+    found = _all_statements(template)
+    on_table = {name: _actions_on(statements, "RelayTable") for name, statements in found.items()}
+    on_api = {name: _actions_on(statements, "RelayApi") for name, statements in found.items()}
+    assert on_table == {
+        "ApiFunction": {"dynamodb:GetItem", "dynamodb:DeleteItem"},
+        "DispatcherFunction": set(),
+        "ReaperFunction": set(),
+        "RelayFunction": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem"},
+        "WorkerPolicy": set(),
+    }
+    manage = {"execute-api:ManageConnections"}
+    assert on_api == {
+        "ApiFunction": manage,
+        "DispatcherFunction": set(),
+        "ReaperFunction": set(),
+        "RelayFunction": manage,
+        "WorkerPolicy": set(),
+    }
+    stage = "arn:${AWS::Partition}:execute-api:${AWS::Region}:${AWS::AccountId}:${RelayApi}/v1/*/@connections/*"
+    for name in ("ApiFunction", "RelayFunction"):
+        (grant,) = [s for s in found[name] if "execute-api:ManageConnections" in as_list(s["Action"])]
+        assert grant["Resource"] == {"Fn::Sub": stage}, name
 
 
 def test_the_dispatcher_has_no_access_to_the_tokens_table(template: dict[str, Any]) -> None:
@@ -717,6 +752,7 @@ def test_only_the_workers_may_decrypt_and_only_the_api_may_seal(template: dict[s
         "ApiFunction": {("kms:GenerateDataKey", key)},
         "DispatcherFunction": set(),
         "ReaperFunction": set(),
+        "RelayFunction": set(),
         "WorkerPolicy": {("kms:Decrypt", key)},
     }
     for name, found in _all_statements(template).items():

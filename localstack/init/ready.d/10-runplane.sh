@@ -4,8 +4,8 @@
 # The same resources as template.yaml and runplane/adapters/aws/provision.py, with the settings of
 # runplane/adapters/aws/resources.py (tests/integration/test_template.py holds the three to those
 # values): the runs table with its by_owner, by_queue_state, by_rank and by_purge indexes, the workers (by_pool),
-# tokens, pools, quotas, secrets (scope, name) and sessions (run_id, slot) tables, a queue and a dead-letter queue per pool, the
-# dispatcher's event queue, the bucket, the KMS key of secrets and its alias; TTL on the workers and runs tables,
+# tokens, pools, quotas, secrets (scope, name), sessions (run_id, slot) and relay (id) tables, a queue and a dead-letter queue per pool, the
+# dispatcher's event queue, the bucket, the KMS key of secrets and its alias; TTL on the workers, runs and relay tables,
 # point-in-time recovery on the runs, tokens, quotas and secrets tables, the bucket's encryption,
 # public-access block, ownership, versioning, lifecycle and TLS-only policy, and the key's rotation
 # and key policy (the account administers it).
@@ -16,10 +16,10 @@
 #   RUNPLANE_PREFIX      resource name prefix                      (default: runplane)
 #   RUNPLANE_POOL_NAMES  comma-separated pool names                (default: default)
 #   RUNPLANE_RUNS_TABLE, RUNPLANE_WORKERS_TABLE, RUNPLANE_TOKENS_TABLE, RUNPLANE_POOLS_TABLE,
-#   RUNPLANE_QUOTAS_TABLE, RUNPLANE_SECRETS_TABLE, RUNPLANE_SESSIONS_TABLE,
+#   RUNPLANE_QUOTAS_TABLE, RUNPLANE_SECRETS_TABLE, RUNPLANE_SESSIONS_TABLE, RUNPLANE_RELAY_TABLE,
 #   RUNPLANE_BUCKET      override one name, as runplane's settings do (default: <prefix>-runs,
 #                        <prefix>-workers, <prefix>-tokens, <prefix>-pools, <prefix>-quotas,
-#                        <prefix>-secrets, <prefix>-sessions, <prefix>-data)
+#                        <prefix>-secrets, <prefix>-sessions, <prefix>-relay, <prefix>-data)
 #   RUNPLANE_SECRETS_KEY the KMS key of secrets (default: alias/<prefix>-secrets, made here when
 #                        missing; a key id or ARN is used as it is, nothing made)
 set -euo pipefail
@@ -33,6 +33,7 @@ pools_table=${RUNPLANE_POOLS_TABLE:-$prefix-pools}
 quotas_table=${RUNPLANE_QUOTAS_TABLE:-$prefix-quotas}
 secrets_table=${RUNPLANE_SECRETS_TABLE:-$prefix-secrets}
 sessions_table=${RUNPLANE_SESSIONS_TABLE:-$prefix-sessions}
+relay_table=${RUNPLANE_RELAY_TABLE:-$prefix-relay}
 secrets_key=${RUNPLANE_SECRETS_KEY:-alias/$prefix-secrets}
 bucket=${RUNPLANE_BUCKET:-$prefix-data}
 region=${AWS_DEFAULT_REGION:-us-east-1}
@@ -45,6 +46,7 @@ events_visibility=360    # EVENTS_VISIBILITY_SECONDS: six times the dispatcher's
 max_receives=5           # MAX_RECEIVES
 ttl_attribute=expires_at # WORKERS_TTL_ATTRIBUTE
 runs_ttl_attribute=ttl   # RUNS_TTL_ATTRIBUTE
+relay_ttl_attribute=expires_at # RELAY_TTL_ATTRIBUTE
 sse_algorithm=AES256     # SSE_ALGORITHM
 object_ownership=BucketOwnerEnforced  # OBJECT_OWNERSHIP
 noncurrent_days=7        # NONCURRENT_VERSION_DAYS
@@ -165,6 +167,12 @@ create_table "$secrets_table" \
 create_table "$sessions_table" \
   --key-schema AttributeName=run_id,KeyType=HASH AttributeName=slot,KeyType=RANGE \
   --attribute-definitions AttributeName=run_id,AttributeType=S AttributeName=slot,AttributeType=N
+# The relay's connections: what a $disconnect that never came leaves behind expires on its own.
+create_table "$relay_table" \
+  --key-schema AttributeName=id,KeyType=HASH \
+  --attribute-definitions AttributeName=id,AttributeType=S
+apply "TTL of $relay_table" dynamodb update-time-to-live --table-name "$relay_table" \
+  --time-to-live-specification "Enabled=true,AttributeName=$relay_ttl_attribute" -- "already enabled"
 # The records that cannot be rebuilt (PITR_TABLES).
 for table in "$runs_table" "$tokens_table" "$quotas_table" "$secrets_table"; do
   apply "point-in-time recovery of $table" dynamodb update-continuous-backups --table-name "$table" \

@@ -24,6 +24,7 @@ from botocore.exceptions import ClientError
 from runplane.adapters.aws import resources
 from runplane.adapters.aws.clients import error_code
 from runplane.adapters.aws.dynamodb import BY_OWNER, BY_POOL, BY_PURGE, BY_QUEUE_STATE, BY_RANK, PURGE_DUE, PURGE_QUEUE
+from runplane.adapters.aws.relay import KEY as RELAY_KEY
 from runplane.adapters.aws.resources import MAX_RECEIVES
 from runplane.adapters.aws.secrets import NAME, SCOPE
 from runplane.adapters.aws.sessions import RUN_ID, SLOT
@@ -44,11 +45,15 @@ class AwsNames(StackNames):
     bucket: str = ""
     secrets_key: str = ""
     """The KMS key of secrets: a key id, ARN, alias name or alias ARN."""
+    relay_table: str = ""
+    """The sessions relay's connections (``runplane.adapters.aws.relay``)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.bucket:
             object.__setattr__(self, "bucket", self.derive("data"))
+        if not self.relay_table:
+            object.__setattr__(self, "relay_table", self.derive("relay"))
         if not self.secrets_key:
             object.__setattr__(self, "secrets_key", f"alias/{self.derive('secrets')}")
 
@@ -58,7 +63,9 @@ class AwsNames(StackNames):
     @classmethod
     def of(cls, settings: StackSettings) -> AwsNames:
         """The names ``settings`` give."""
-        return cls.named(settings, bucket=settings.bucket, secrets_key=settings.secrets_key)
+        return cls.named(
+            settings, bucket=settings.bucket, secrets_key=settings.secrets_key, relay_table=settings.relay_table
+        )
 
 
 def _create_table(
@@ -181,6 +188,8 @@ def _tables(ddb: Any, names: AwsNames) -> None:
         # made on a stack of an earlier release too, when provision() runs again for this one
         "sessions_table": _create_table(ddb, names.sessions_table, RUN_ID, {RUN_ID: "S", SLOT: "N"}, [], sort_key=SLOT),
     }
+    relay_made = _create_table(ddb, names.relay_table, RELAY_KEY, {RELAY_KEY: "S"}, [])
+    _time_to_live(ddb, names.relay_table, resources.RELAY_TTL_ATTRIBUTE, relay_made)
     # Only on creation for the workers table: DynamoDB refuses to enable TTL that is already
     # enabled. The runs table's TTL came with retention: a table made before it gets it now.
     if created["workers_table"]:

@@ -29,6 +29,9 @@ WORKERS_TTL_ATTRIBUTE = "expires_at"
 RUNS_TTL_ATTRIBUTE = "ttl"
 """The runs table's TTL attribute (``runplane.domain.retention.ttl_at``): a backstop that deletes a
 finished run's record some days after its retention's date, should the retention sweep not have."""
+RELAY_TTL_ATTRIBUTE = "expires_at"
+"""The relay's connections table's TTL attribute: records of a connection whose ``$disconnect`` never
+came (API Gateway delivers it on a best-effort basis) go on their own."""
 PITR_TABLES = ("runs_table", "tokens_table", "quotas_table", "secrets_table")
 """The tables (``AwsNames`` fields) with point-in-time recovery: the records that cannot be
 rebuilt (runs, tokens, the quotas admins set and the use charged against them, secrets). Workers

@@ -7,7 +7,8 @@ close a session), the sessions store it checks tickets against, the clock ticket
 and how frames travel through it (``encoding``). A test talks to the relay with plain WebSocket
 clients and raw frames (``Side``), never through the Links, so the contract is the relay's own.
 
-A new relay registers here: a context manager ``(tmp_path) -> RelayStack`` in ``STACKS``.
+A new relay registers here: a context manager ``(tmp_path, **fixtures) -> RelayStack`` in ``STACKS``,
+and in ``FIXTURES`` the names of the session fixtures it takes (the services it needs).
 """
 
 from __future__ import annotations
@@ -24,8 +25,12 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
+from functions.aws import relay as relay_function
 from runplane import bootstrap
+from runplane.adapters.aws.provision import provision
+from runplane.adapters.aws.relay import RELAY_FRAME, SIDES, AwsSessionRelay
 from runplane.adapters.local.relay import FrontSessionRelay
+from runplane.devstack.apigw_ws import ApiGatewayWebSocket
 from runplane.devstack.front import FrontServer
 from runplane.devstack.local import LocalCloud
 from runplane.devstack.relay import RelayHub
@@ -169,10 +174,41 @@ def local_relay(tmp_path: Path) -> Iterator[RelayStack]:
         server.server_close()
 
 
+@contextlib.contextmanager
+def aws_relay(tmp_path: Path, moto_endpoint: str) -> Iterator[RelayStack]:
+    """The relay function behind the API Gateway WebSocket fake, its connections and the sessions in
+    DynamoDB on the moto server."""
+    gateway = ApiGatewayWebSocket(relay_function.lambda_handler)
+    settings = StackSettings(
+        prefix=f"t{uuid.uuid4().hex[:8]}", aws_endpoint_url=moto_endpoint, pools=POOLS, relay_url=gateway.url
+    )
+    clients = bootstrap.aws_clients(settings)
+    stack = bootstrap.build_stack(settings, clients)
+    provision(bootstrap.aws_names(settings), [], clients["dynamodb"], clients["sqs"], clients["s3"])
+    assert stack.sessions is not None and isinstance(stack.relay, AwsSessionRelay)
+    now = [time.time()]
+    stack.clock = lambda: now[0]
+    connections = stack.relay.connections
+    before = bootstrap.use(stack)  # the function's stack
+    gateway.start()
+
+    def held(sid: str) -> list[str]:
+        return [side for side in SIDES if connections.side(sid, side) is not None]
+
+    try:
+        yield RelayStack("aws", stack.relay, stack.sessions, now, gateway.url, BASE64, RELAY_FRAME, held)
+    finally:
+        gateway.stop()
+        bootstrap.use(before)
+
+
 from tests.integration.contracts.relay_azure import azure_relay  # noqa: E402  (it builds on what is above)
 
-STACKS: dict[str, Callable[[Path], contextlib.AbstractContextManager[RelayStack]]] = {
+STACKS: dict[str, Callable[..., contextlib.AbstractContextManager[RelayStack]]] = {
     "local": local_relay,
     "azure": azure_relay,
+    "aws": aws_relay,
 }
 """Each relay of the contract, by name."""
+FIXTURES: dict[str, tuple[str, ...]] = {"aws": ("moto_endpoint",)}
+"""The session fixtures a relay's entry takes (by name, as keyword arguments)."""

@@ -17,12 +17,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from runplane.domain import session_wire
 from runplane.domain.session_wire import Frame, FrameType
 from runplane.domain.sessions import BASE64, SessionState, ticket
-from tests.integration.contracts.relay_stacks import STACKS, RelayStack, Side
+from tests.integration.contracts.relay_stacks import FIXTURES, STACKS, RelayStack, Side
 
 
 @pytest.fixture(params=sorted(STACKS))
 def relay(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RelayStack]:
-    with STACKS[request.param](tmp_path) as stack:
+    fixtures = {name: request.getfixturevalue(name) for name in FIXTURES.get(request.param, ())}
+    with STACKS[request.param](tmp_path, **fixtures) as stack:
         yield stack
 
 

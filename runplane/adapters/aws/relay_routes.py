@@ -1,0 +1,157 @@
+"""The relay function's three routes (functions/aws/relay.py), on API Gateway's WebSocket proxy events.
+
+``$connect`` (the upgrade waits on it): the ticket of the ``Authorization: Bearer`` header is checked
+as the one-machine hub checks it (``read_ticket``, the session read, ``admits``: client, then
+worker); any ticket that does not open the session is 401, whatever is wrong with it; a side that
+is connected already is 409, unless its connection is gone (the gateway says so, or its records
+are past their life): then the new one takes its place. ``$default``: the message (a frame's
+base64) goes unchanged to the peer's connection; one before the peer is there is dropped (the
+sides' HELLO exchange copes); one that is not a frame's base64, or carries over ``max_frame``
+payload bytes, ends its side; a GONE frame is never passed on (only the relay says GONE). A peer
+found gone ends the session: the sender gets GONE ``<peer>_gone`` and is hung up. ``$disconnect``
+(best effort: the records' TTL is the backstop): the records go and the peer gets GONE
+``<side>_gone`` and is hung up.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from runplane.adapters.aws.relay import AwsSessionRelay, Held, other
+from runplane.domain import session_wire
+from runplane.domain.errors import Misconfigured, NotFound, RunplaneError
+from runplane.domain.session_wire import FrameType
+from runplane.domain.sessions import Side, admits, read_ticket
+from runplane.ports import SessionStore
+
+__all__ = ["CONNECT_GRACE_SECONDS", "RelayRoutes"]
+
+log = logging.getLogger(__name__)
+
+CONNECT_GRACE_SECONDS = 10.0
+"""A connection recorded this recently that the gateway calls gone may still be in its ``$connect``
+(API Gateway posts to a connection only once its ``$connect`` answered): a message for it is
+dropped, and it is not taken for gone."""
+_CLAIMS = 3  # tries at a side whose holder goes while it is looked at
+
+
+def _answer(status: int, message: str = "") -> dict[str, Any]:
+    return {"statusCode": status, **({"body": message} if message else {})}
+
+
+class RelayRoutes:
+    """The relay function's logic: ``handle`` one WebSocket proxy event of ``relay``'s API, with
+    sessions read from ``sessions`` and tickets judged at ``clock``."""
+
+    def __init__(self, sessions: SessionStore, relay: AwsSessionRelay, clock: Callable[[], float]) -> None:
+        self.sessions, self.relay, self.clock = sessions, relay, clock
+        self.connections, self.gateway = relay.connections, relay.gateway
+
+    @classmethod
+    def of(cls, sessions: SessionStore | None, relay: object, clock: Callable[[], float]) -> RelayRoutes:
+        """The routes of a stack's ``sessions`` and ``relay``. Raises Misconfigured when the stack has
+        no AWS relay (``RUNPLANE_RELAY_URL`` unset)."""
+        if sessions is None or not isinstance(relay, AwsSessionRelay):
+            raise Misconfigured("the relay function needs RUNPLANE_RELAY_URL (the WebSocket API's wss:// URL)")
+        return cls(sessions, relay, clock)
+
+    def handle(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        context = event.get("requestContext") or {}
+        route, connection_id = context.get("routeKey"), context.get("connectionId")
+        if not isinstance(connection_id, str) or not connection_id:
+            return _answer(400, "no connection")
+        if route == "$connect":
+            return self.connect(connection_id, event.get("headers") or {})
+        if route == "$disconnect":
+            self.disconnect(connection_id)
+            return _answer(200)
+        body = event.get("body")
+        if event.get("isBase64Encoded") or not isinstance(body, str):
+            self.end(connection_id)  # API Gateway itself closes binary messages (1003): never here
+            return _answer(200)
+        self.message(connection_id, body)
+        return _answer(200)
+
+    def connect(self, connection_id: str, headers: Mapping[str, Any]) -> dict[str, Any]:
+        admitted = self._admit(headers)
+        if isinstance(admitted, int):
+            return _answer(admitted, "this ticket does not open a session here" if admitted == 401 else "try again")
+        session_id, side = admitted
+        held = Held(session_id, side, connection_id, self.clock())
+        for _ in range(_CLAIMS):
+            if self.connections.claim(held):
+                break
+            holder = self.connections.side(session_id, side)
+            if holder is None:
+                continue
+            if self.gateway.alive(holder.connection_id):
+                return _answer(409, f"the {side} of this session is connected already")
+            if self.connections.claim(held, replacing=holder.connection_id):
+                self.connections.drop(holder.connection_id)
+                break
+        else:
+            return _answer(409, f"the {side} of this session is connected already")
+        self.connections.record(held)
+        return _answer(200)
+
+    def _admit(self, headers: Mapping[str, Any]) -> tuple[str, Side] | int:
+        """The session and side a request's ticket is for, else the status refusing it (401; 503 when
+        the session cannot be read)."""
+        value = next((v for k, v in headers.items() if str(k).lower() == "authorization"), "")
+        scheme, _, text = str(value).partition(" ")
+        read = read_ticket(text.strip()) if scheme.lower() == "bearer" else None
+        if read is None:
+            return 401
+        session_id, secret = read
+        try:
+            session = self.sessions.get(session_id)
+        except NotFound:
+            return 401
+        except RunplaneError as e:
+            log.warning("relay could not read session %s: %s", session_id, e)
+            return 503
+        now = self.clock()
+        for side in ("client", "worker"):
+            if admits(session, side, secret, now):
+                return session_id, side
+        return 401
+
+    def message(self, connection_id: str, body: str) -> None:
+        held = self.connections.of(connection_id)
+        if held is None:  # its session was hung up (or its records expired): it goes too
+            self.gateway.delete(connection_id)
+            return
+        try:
+            frame = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            self.end(connection_id)
+            return
+        if len(frame) < session_wire.HEADER.size or len(frame) - session_wire.HEADER.size > self.relay.max_frame:
+            self.end(connection_id)
+            return
+        if frame[0] == FrameType.GONE:  # only the relay says GONE
+            return
+        peer = self.connections.side(held.session_id, other(held.side))
+        if peer is None:  # not there yet: dropped
+            return
+        if not self.gateway.post(peer.connection_id, body.encode()):
+            if self.clock() - peer.connected_at < CONNECT_GRACE_SECONDS:
+                return
+            self.end(peer.connection_id)
+
+    def disconnect(self, connection_id: str) -> None:
+        self.end(connection_id)
+
+    def end(self, connection_id: str) -> None:
+        """``connection_id``'s side goes: its records are dropped, its peer gets GONE ``<side>_gone``
+        and is hung up, and it is closed. Once, whoever else ends it at the same time."""
+        held = self.connections.drop(connection_id)
+        if held is not None:
+            peer = self.connections.side(held.session_id, other(held.side))
+            if peer is not None and self.connections.drop(peer.connection_id) is not None:
+                self.relay.hang_up(peer.connection_id, f"{held.side}_gone")
+        self.gateway.delete(connection_id)
