@@ -7,7 +7,11 @@ process wraps around each request (moto_process.py), and its queries read the wh
 on dynalite behave as DynamoDB's do. So a stack that starts its own moto puts its tables on a
 dynalite of its own (dynalite.py) where dynalite is installed (else on moto, said in the log);
 one given its tables' endpoint (``DevConfig(settings={"dynamodb_endpoint_url": URL})``, as the
-benchmarks and the race tests do) uses that."""
+benchmarks and the race tests do) uses that.
+
+Sessions meet as on AWS: at a fake of the relay's WebSocket API (apigw_ws.py) on a loopback port of
+its own, whose routes are the relay function of this process (functions/aws/relay.py), its
+connections in the stack's relay table."""
 
 from __future__ import annotations
 
@@ -17,12 +21,13 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from functions.aws import api, dispatcher, reaper
+from functions.aws import api, dispatcher, reaper, relay
 from runplane import bootstrap
 from runplane.adapters.aws.provision import provision
 from runplane.adapters.aws.sqs import events_queue_name
 from runplane.api.gateway import http_event, response_parts
 from runplane.bootstrap import Stack
+from runplane.devstack.apigw_ws import ApiGatewayWebSocket
 from runplane.devstack.cloud import Cloud, FrontRequest, FrontResponse
 from runplane.devstack.dynalite import DynaliteProcess, dynalite_command
 from runplane.devstack.lambda_shim import LambdaContext, scheduled_event, sqs_event
@@ -50,6 +55,7 @@ class AwsCloud(Cloud):
         self._clients: dict[str, Any] = {}
         self._prefix = ""
         self._events: tuple[Any, str, str] | None = None
+        self._relay: ApiGatewayWebSocket | None = None
 
     def start(self) -> dict[str, str]:
         if not self.endpoint:  # moto in a process of its own (moto_process.py)
@@ -57,6 +63,8 @@ class AwsCloud(Cloud):
             self.endpoint = self._moto.start()
             if self._tables_on_dynalite:
                 self._start_dynalite()
+        self._relay = ApiGatewayWebSocket(relay.lambda_handler)
+        self._relay.start()
         key_id, secret = KEYS
         return {"AWS_ACCESS_KEY_ID": key_id, "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": REGION}
 
@@ -76,7 +84,8 @@ class AwsCloud(Cloud):
 
     def settings(self) -> dict[str, str]:
         tables = {"dynamodb_endpoint_url": self._tables} if self._tables else {}
-        return {"aws_endpoint_url": self.endpoint, "aws_region": REGION, **tables}
+        sessions = {"relay_url": self._relay.url} if self._relay is not None else {}
+        return {"aws_endpoint_url": self.endpoint, "aws_region": REGION, **tables, **sessions}
 
     def build(self, settings: StackSettings) -> Stack:
         self._clients = bootstrap.aws_clients(settings, KEYS)
@@ -140,6 +149,9 @@ class AwsCloud(Cloud):
             log.exception("scheduled %s failed", name)
 
     def stop(self) -> None:
+        if self._relay is not None:  # first: its connections' $disconnect still reach the tables
+            self._relay.stop()
+            self._relay = None
         if self._moto is not None:
             self._moto.stop()
             self._moto = None
