@@ -127,6 +127,9 @@ def container_spec(
     }
     if config.shm_size:
         spec["shm_size"] = config.shm_size
+    if run.spec.interactive:  # its input from whoever attaches (sessions/attach.py); without a terminal
+        # not detached: the engine's StdinOnce, so the end of an attach's input is the command's
+        spec.update(stdin_open=True, tty=run.spec.tty, detach=run.spec.tty)
     return spec
 
 

@@ -51,6 +51,7 @@ from worker_agent.resources import Allocation
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
 from worker_agent.secrets import RunSecrets, SecretsUnreachable
+from worker_agent.sessions.attach import Input
 from worker_agent.sessions.host import SessionHost
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
@@ -220,8 +221,10 @@ class RunExecutor:
         started = self.clock()
         # a LeaseLost here leaves through run_safely, whose cleanup removes the started container
         self.state.running(started, f"container started on worker {self.config.worker_id}")
-        sessions = self._sessions()
-        watch = Watch(self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk)
+        given = Input(self.clock)  # an interactive run's input, from its start
+        sessions = self._sessions(given)
+        idle = given.idle if run.spec.interactive else lambda: None
+        watch = Watch(self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk, idle)
         live = LiveOutputs(
             self.ports.objects,
             self.output_dir / LIVE_DIR,
@@ -254,7 +257,7 @@ class RunExecutor:
         live.finish(self.config.upload_deadline_seconds)  # a live upload that outlived stop() is not left last
         self._final(outcome)
 
-    def _sessions(self) -> SessionHost | None:
+    def _sessions(self, given: Input) -> SessionHost | None:
         """The host of the run's sessions, told of the run from now on (None: none on this stack)."""
         if self.ports.sessions is None:
             return None
@@ -266,6 +269,7 @@ class RunExecutor:
             self.config.worker_id,
             self.clock,
             run_ending=self.control.stopping,
+            given_input=given,
         )
         self.control.on_observe = host.observe
         host.observe(self.run)  # sessions asked before it was told

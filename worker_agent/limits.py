@@ -30,11 +30,14 @@ class Limits:
     memory: int | None = None
     max_output_files: int = 100_000
     max_log_size: int = 1024**3
+    idle: float | None = None
+    """An interactive run's: the most seconds without input (its pool's ``max_idle_interactive``)."""
 
     @classmethod
     def of(cls, run: Run, config: ExecutorConfig) -> Limits:
         res = run.spec.resources
-        return cls(res.time, res.disk, res.memory, config.max_output_files, config.max_log_size)
+        idle = config.max_idle_interactive if run.spec.interactive else None
+        return cls(res.time, res.disk, res.memory, config.max_output_files, config.max_log_size, idle)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class Seen:
     kill: bool = False
     kill_reason: str | None = None
     """Why the kill was asked for, when its asker said (``Run.kill_reason``)."""
+    idle: float | None = None
+    """An interactive run: seconds since its last input (None: not interactive, or its input ended)."""
 
 
 def killed(message: str, reason: str | None) -> Outcome:
@@ -64,7 +69,7 @@ def killed(message: str, reason: str | None) -> Outcome:
 def stop(seen: Seen, limits: Limits) -> Outcome | None:
     """Why the running run must be stopped now, or None. The first that holds wins: a lost lease,
     a hand-back (``queued``, not a final state: the run goes to its queue again), a kill, the
-    time limit, the disk limits, the log limit."""
+    time limit, an interactive run's time without input, the disk limits, the log limit."""
     if seen.lease_lost:
         return Outcome(RunState.FAILED, FailureReason.WORKER_LOST, "lease lost")
     if seen.requeue:
@@ -75,6 +80,8 @@ def stop(seen: Seen, limits: Limits) -> Outcome | None:
         return Outcome(
             RunState.TIMED_OUT, FailureReason.TIME_LIMIT, f"exceeded its time limit of {format_duration(limits.time)}"
         )
+    if limits.idle is not None and seen.idle is not None and seen.idle > limits.idle:
+        return killed("killed", f"no input for {format_duration(limits.idle)} (max_idle_interactive)")
     return seen.disk or log_over(seen.log_bytes, limits)
 
 

@@ -311,6 +311,7 @@ def agent_config(
             max_output_files=pool.max_output_files,
             max_log_size=pool.max_log_size,
             max_image_size=pool.max_image_size,
+            max_idle_interactive=pool.max_idle_interactive,
             rates=Rates(cpus=pool.cpus, gpus=pool.gpus, memory=pool.memory, price_per_hour=pool.price_per_hour),
             docker_log_size=settings.docker_log_size,
             inputs_view=inputs_view,

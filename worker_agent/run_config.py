@@ -39,6 +39,7 @@ class ExecutorConfig:
     max_output_files: int = 100_000
     max_log_size: int = 1024**3
     max_image_size: int | None = None  # the pool's: larger images are refused (images.py)
+    max_idle_interactive: float = 1800.0  # the pool's: an interactive run without input this long is killed
     rates: Rates = field(default_factory=Rates)  # the pool's shape and price: what runs are charged
     docker_log_size: str = default("docker_log_size")  # Docker's own json log of a run: two files of at most this
     inputs_view: Path | None = None  # the input cache's read-only nosuid,nodev view (workdir.py)

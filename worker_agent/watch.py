@@ -37,9 +37,10 @@ class Watch:
         config: ExecutorConfig,
         clock: Callable[[], float],
         check_disk: DiskCheck,
+        idle: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.box, self.logs, self.meter, self.control = box, logs, meter, control
-        self.config, self.clock, self.check_disk = config, clock, check_disk
+        self.config, self.clock, self.check_disk, self.idle = config, clock, check_disk, idle
 
     def __call__(self, started: float) -> Outcome:
         """How the run ended (``limits.ended``), its container started at ``started``."""
@@ -119,4 +120,5 @@ class Watch:
             requeue=control.requeue.is_set(),
             kill=control.kill.is_set(),
             kill_reason=control.run.kill_reason,
+            idle=self.idle(),
         )

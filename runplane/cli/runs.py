@@ -7,7 +7,7 @@ import enum
 import json
 import shlex
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.table import Table
@@ -33,6 +33,7 @@ from runplane.cli.download import download
 from runplane.cli.last_run import RUN_ID, named_by_id, remember, run_id_or_last
 from runplane.cli.logs import POLL, logs
 from runplane.cli.run_options import command_line, run_flags
+from runplane.cli.sessions import attach_run
 from runplane.cli.uploads import UPLOAD, send
 from runplane.client import ApiError, Client, Conflict, Run, RunOptions, RunState
 
@@ -121,11 +122,15 @@ def run(
         bool, typer.Option("--json", help="print the run as JSON (with --wait: the final run; logs go to stderr)")
     ] = False,
 ) -> None:
-    """Submit a run; with --wait, follow it to its end and exit as it did."""
+    """Submit a run; with --wait, follow it to its end and exit as it did. With -i (-it: and a
+    terminal), wait for it to start, attach to its command, and exit as the run ended."""
     api = client(ctx)
+    options = _interactive_options(options, command)
     options = send(api, upload, options)
     submitted = api.submit(command_line(command), idempotency_key=idempotency_key, **options)
     remember(submitted.id)
+    if options.get("interactive"):
+        raise typer.Exit(_attached(api, submitted))
     if not submitted.created:  # the key named a run submitted before: this submit made nothing new
         line = f"already submitted as {submitted.id} (same --idempotency-key): {state_line(submitted.view)}"
         err.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -149,6 +154,43 @@ def run(
     if as_json:
         print_json(final.view)
     raise typer.Exit(exit_code(final.view))
+
+
+def _interactive_options(options: RunOptions, command: list[str]) -> RunOptions:
+    """``options`` as an interactive run is submitted: -t only where stdin and stdout are a terminal
+    (else a warning, and none). Raises CliError for what reads as ``-i NAME=SOURCE`` (``--input``'s
+    short flag before -i was --interactive)."""
+    if options.get("interactive") and "--" in command[1:]:
+        raise CliError("-i is --interactive (as docker run -i); an input is --input NAME=SOURCE")
+    if options.get("tty") and not (sys.stdin.isatty() and sys.stdout.isatty()):
+        err.print("warning: stdin or stdout is not a terminal; going on without one", markup=False, highlight=False)
+        options = cast(RunOptions, {k: v for k, v in options.items() if k != "tty"})
+    return options
+
+
+def _attached(api: Client, run: Run) -> int:
+    """``run -i``: wait for ``run`` to start (its states on stderr), attach to its command, and
+    exit as the run ended (as --wait does); 0 when left with ``~.``, the run going on."""
+    err.print(Text.assemble((run.id, "bold"), f" submitted to pool {run.queue}"), highlight=False)
+    shown = ""
+    try:
+        while run.state != RunState.RUNNING and not run.done:
+            line = state_line(run.view)
+            if line != shown:
+                err.print(Text.assemble(("● ", "cyan"), line), highlight=False, soft_wrap=True)
+                shown = line
+            run.refresh(wait=5)
+    except KeyboardInterrupt:
+        err.print(f"stopped waiting for {run.id}; runplane attach {run.id} joins it", markup=False, highlight=False)
+        return 130
+    if not run.done:
+        status, ended = attach_run(api, run.id)
+        if not ended:
+            return status
+        run.wait()
+    if run.state != RunState.SUCCEEDED:
+        err.print(Text.assemble(("● ", "cyan"), state_line(run.view)), highlight=False, soft_wrap=True)
+    return exit_code(run.view)
 
 
 # --- looking at runs ---------------------------------------------------------------------------

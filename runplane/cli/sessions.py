@@ -8,6 +8,7 @@ import contextlib
 import os
 import re
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -40,6 +41,7 @@ def register(app: typer.Typer) -> None:
     app.command("exec", context_settings={"allow_interspersed_args": False})(exec_command)
     app.command()(shell)
     app.command("port-forward")(port_forward)
+    app.command()(attach)
 
 
 def exec_command(
@@ -107,6 +109,24 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
     term = usable_term(os.environ.get("TERM")) if terminal else None
     fields = {"command": command, "tty": terminal, "stdin": stdin, "term": term, "rows": rows, "cols": cols}
     access = _open(api, run_id, kind, **fields)
+    return _drive(access, stdin=stdin, terminal=terminal, size=size)
+
+
+@dataclass
+class Ended:
+    """How a session the user drove ended: ``lost`` (the session ended before its command did),
+    ``left`` (``~.`` typed)."""
+
+    lost: SessionLost | None = None
+    left: bool = False
+
+
+def _drive(
+    access: Access, *, stdin: bool, terminal: bool, size: tuple[int, int] | None, ended: Ended | None = None
+) -> int:
+    """Join the session of ``access`` and move the user's input and the command's output until its
+    EXIT: its exit status; LOST when the session ended first or ``~.`` was typed (``ended`` says
+    which, and nothing is said: else the reason is said on stderr)."""
     control_r, control_w = os.pipe()
     link: Link | None = None
     feeder: Feeder | None = None
@@ -122,9 +142,12 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
                 say_error(reason)
             return status
     except SessionLost as e:
-        if feeder is not None and feeder.detached:  # ~. typed: left on purpose, the command is killed
-            return LOST
-        say_error(str(e) if not feeder or not feeder.error else str(feeder.error))
+        left = feeder is not None and feeder.detached  # ~. typed: left on purpose
+        lost = feeder.error if feeder is not None and feeder.error else e
+        if ended is not None:
+            ended.lost, ended.left = lost, left
+        elif not left:  # an exec's command is killed when it is left
+            say_error(str(lost))
         return LOST
     except Detached as e:
         return e.status
@@ -137,6 +160,37 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
             link.close()
         os.close(control_r)
         os.close(control_w)
+
+
+def attach(ctx: typer.Context, run_id: RUN) -> None:
+    """Attach to an interactive run's command (runplane run -i): your input goes to it, its output
+    comes here; exit as it did. With a terminal, ~. leaves it running (attach again later)."""
+    status, _ = attach_run(client(ctx), run_id)
+    raise typer.Exit(status)
+
+
+def attach_run(api: Client, run_id: str) -> tuple[int, bool]:
+    """Attach to interactive run ``run_id`` (with the local terminal if the run has a terminal and
+    this is one): the exit status, and whether the run's command ended (its EXIT came, or the
+    session ended with the run: its final state tells the rest). Leaving with ``~.``: 0, the run
+    goes on; a session lost otherwise: LOST, said on stderr."""
+    local = os.isatty(0) and os.isatty(1)
+    size = terminal_size(0) if local else None
+    rows, cols = size if size is not None else (None, None)
+    term = usable_term(os.environ.get("TERM")) if local else None
+    with named_by_id(run_id):
+        answer = api.open_session(run_id, "attach", term=term, rows=rows, cols=cols)
+    ended = Ended()
+    status = _drive(Access.read(answer), stdin=True, terminal=answer.tty and local, size=size, ended=ended)
+    if ended.left:
+        err.print(f"left {run_id}; it goes on (runplane attach {run_id} to return)", markup=False, highlight=False)
+        return ExitCode.OK, False
+    if ended.lost is None:
+        return status, True
+    if ended.lost.reason == "run_ended":
+        return LOST, True
+    say_error(str(ended.lost))
+    return LOST, False
 
 
 def _write(channel: int, data: bytes) -> None:

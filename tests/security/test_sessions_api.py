@@ -133,7 +133,7 @@ def test_bad_bodies_are_refused_with_a_message_and_store_nothing(people, running
         "port 0": ({"kind": "port_forward", "port": 0}, "port: Input should be greater than or equal to 1"),
         "port 70000": ({"kind": "port_forward", "port": 70000}, "port: Input should be less than or equal to 65535"),
         "port as text": ({"kind": "port_forward", "port": "80"}, "port: Input should be a valid integer"),
-        "unknown kind": ({"kind": "attach"}, "kind: Input should be 'exec', 'shell' or 'port_forward'"),
+        "unknown kind": ({"kind": "debug"}, "kind: Input should be 'exec', 'shell', 'port_forward' or 'attach'"),
         "exec without command": ({"kind": "exec"}, "exec needs a command"),
         "shell with a command": ({"kind": "shell", "command": ["rm", "-rf", "/"]}, "shell takes no command"),
         "forward without port": ({"kind": "port_forward"}, "port_forward needs a port"),
@@ -141,6 +141,8 @@ def test_bad_bodies_are_refused_with_a_message_and_store_nothing(people, running
         "exec with a port": ({**EXEC, "port": 22}, "exec takes no port"),
         "bad TERM": ({"kind": "shell", "term": "xterm; rm -rf /"}, "term: String should match pattern"),
         "rows 0": ({"kind": "shell", "rows": 0}, "rows: Input should be greater than or equal to 1"),
+        "attach with a tty": ({"kind": "attach", "tty": False}, "attach takes no tty or stdin: it has the run's"),
+        "attach with a command": ({"kind": "attach", "command": ["sh"]}, "attach takes no command"),
     }
     for what, (body, message) in refused.items():
         status, answer = alice("POST", path, body)

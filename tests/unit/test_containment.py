@@ -392,6 +392,18 @@ def test_spec_runs_in_numbers_with_no_capabilities_and_a_capped_docker_log(tmp_p
     assert (root["user"], root["cap_add"]) == ("0:0", CAPABILITIES)
 
 
+def test_an_interactive_runs_container_has_its_stdin_open_and_a_terminal_if_asked(tmp_path):
+    config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
+    batch = container_spec(_run(), "img", config, Path("/o"), None, {})
+    assert ("stdin_open" not in batch, "tty" not in batch, batch["detach"]) == (True, True, True)
+    for tty in (True, False):
+        run = _run()
+        run.spec = run.spec.model_copy(update={"interactive": True, "tty": tty})
+        spec = container_spec(run, "img", config, Path("/o"), None, {})
+        # without a terminal, not detached: the engine's StdinOnce ends its input with the attach's
+        assert (spec["stdin_open"], spec["tty"], spec["detach"]) == (True, tty, tty)
+
+
 def test_spec_gives_a_writable_home_unless_the_run_sets_one(tmp_path):
     config = ExecutorConfig(worker_id="w", work_dir=tmp_path)
     run_as = RunAs(NOBODY, NOBODY, RUN_HOME)

@@ -54,6 +54,16 @@ def test_the_time_limit_is_passed_only_once_it_is_exceeded():
     assert outcome is not None and outcome.upload  # what it wrote meanwhile is uploaded
 
 
+def test_an_interactive_run_without_input_past_its_pools_most_is_killed_saying_why():
+    idle = replace(LIMITS, idle=1800.0)
+    assert stop(Seen(elapsed=10, idle=1800.0), idle) is None
+    assert stop(Seen(elapsed=10, idle=None), idle) is None  # its input ended: nothing is waited for
+    assert stop(Seen(elapsed=1, idle=10**5), LIMITS) is None  # not interactive: no such limit
+    assert stop(Seen(elapsed=10, idle=1800.5), replace(idle, time=None)) == Outcome(
+        RunState.KILLED, FailureReason.KILLED, "killed: no input for 30m (max_idle_interactive)"
+    )
+
+
 def test_the_disk_checks_word_stops_the_run():
     assert stop(Seen(elapsed=1, disk=DISK), LIMITS) is DISK
 
@@ -243,3 +253,5 @@ def test_a_runs_limits_are_its_own_and_its_pools():
     assert Limits.of(run, config) == Limits(
         time=90.0, disk=5 * MiB, memory=64 * MiB, max_output_files=7, max_log_size=MiB
     )
+    interactive = run.model_copy(update={"spec": run.spec.model_copy(update={"interactive": True})})
+    assert Limits.of(interactive, replace(config, max_idle_interactive=60.0)).idle == 60.0

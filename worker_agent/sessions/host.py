@@ -38,6 +38,7 @@ from runplane.domain.sessions import (
 )
 from runplane.ports import Clock, SessionStore
 from worker_agent.run_state import RunStateWriter
+from worker_agent.sessions.attach import AttachSession, Input
 from worker_agent.sessions.exec import ExecFailed, ExecSession, describe
 from worker_agent.sessions.link import Link, RelayUnreachable
 from worker_agent.sessions.netns import dial
@@ -78,10 +79,13 @@ class SessionHost:
         clock: Clock,
         procs: Procs | None = None,
         run_ending: Callable[[], bool] = lambda: False,
+        given_input: Input | None = None,
     ) -> None:
         self.sessions, self.state, self.api, self.container = sessions, state, api, container
         self.worker_id, self.clock, self.run_ending = worker_id, clock, run_ending
         self.procs = procs or Procs()
+        self.input = given_input or Input(clock)
+        """An interactive run's input clock (its attach sessions touch it)."""
         self._asked = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -220,7 +224,7 @@ class LiveSession:
     def __init__(self, host: SessionHost, session: Session, secret: str, pid: int) -> None:
         self.host, self.session, self.secret, self.pid = host, session, secret, pid
         self.link: Link | None = None
-        self.handler: ExecSession | PortForward | None = None
+        self.handler: ExecSession | PortForward | AttachSession | None = None
         self.thread = threading.Thread(target=self.run, name=f"session-{session.id}", daemon=True)
         self.began: float | None = None
         self._stopped: EndReason | None = None
@@ -312,8 +316,10 @@ class LiveSession:
             handler.on_frame(frame)
         return self._ended_by(link)
 
-    def _handler(self, link: Link) -> ExecSession | PortForward:
+    def _handler(self, link: Link) -> ExecSession | PortForward | AttachSession:
         host = self.host
+        if self.session.kind == SessionKind.ATTACH:
+            return AttachSession(host.api, host.container, self.session, link, host.input, host.run_ending)
         if self.session.kind == SessionKind.PORT_FORWARD:
             return PortForward(self.session, link, partial(dial, self.pid, host.container.id, procs=host.procs))
         return ExecSession(host.api, host.container, self.session, link, host.procs, host.run_ending)
@@ -352,6 +358,8 @@ class LiveSession:
         if session.kind == SessionKind.PORT_FORWARD:
             opened = self.handler.opened if isinstance(self.handler, PortForward) else 0
             return f"port-forward by {session.asked_by}: port {session.port}, {took}, {opened} connections, {ending}"
+        if session.kind == SessionKind.ATTACH:
+            return f"attach by {session.asked_by}, {took}, {ending}"
         if session.kind == SessionKind.SHELL:
             return f"shell by {session.asked_by}, {took}, {ending}"
         return f"exec by {session.asked_by}: {describe(session)}, {took}, {ending}"

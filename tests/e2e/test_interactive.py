@@ -1,0 +1,96 @@
+"""Interactive runs (``runplane run -it``, ``run -i``, ``runplane attach``) as a user runs them, on
+the local stack with the real Docker engine: the CLI a separate process (under tmux for a
+terminal), the relay the stack's front, the worker a local agent of the stack. The test pools'
+``default`` has ``max_idle_interactive: 15s``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from runplane.client import Client, Conflict, NotFound, Run
+from tests.e2e.test_cli import cli
+from tests.e2e.test_sessions import MISSING
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(bool(MISSING), reason=f"sessions need {', '.join(MISSING)}, not in this tree yet"),
+]
+
+
+def _until_running(run: Run) -> Run:
+    deadline = time.monotonic() + 120
+    while run.refresh(wait=5).state != "running":
+        assert not run.done and time.monotonic() < deadline, run.view
+    return run
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_run_it_gives_the_command_a_terminal_and_ends_as_the_shell_did(devstack):
+    name = f"rp-{uuid.uuid4().hex[:8]}"
+    env = f"RUNPLANE_API_URL={devstack.api_url} RUNPLANE_TOKEN=alice-token TERM=xterm"
+    command = f"env {env} {sys.executable} -m runplane.cli run -it -- sh; echo run-exit-$?; sleep 60"
+
+    def screen() -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+    def until(text: str) -> str:
+        deadline = time.monotonic() + 90
+        while text not in (seen := screen()):
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
+        return seen
+
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "120", "-y", "40", command], check=True)
+    try:
+        run_id = re.search(r"(r-[0-9a-f]{24}) submitted", until(" submitted to pool default"))
+        assert run_id is not None
+        until("output $")  # the shell's prompt, written before the terminal joined: replayed from the engine's log
+        subprocess.run(["tmux", "send-keys", "-t", name, "echo typed-$((6*7)); stty size; exit 0", "Enter"], check=True)
+        until("typed-42")
+        until("40 120")  # the run's terminal has the size of the one it was typed in
+        until("run-exit-0")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+    run = Client(devstack.api_url, "alice-token").get(run_id.group(1))
+    assert (run.state, run.exit_code) == ("succeeded", 0), run.view
+    assert "typed-42" in run.logs()  # what the shell printed is the run's log
+    assert any(e.message.startswith("attach by alice, ") and e.message.endswith("exit 0") for e in run.view.events)
+
+
+def test_run_i_feeds_piped_stdin_and_exits_as_the_command_did(devstack):
+    proc = cli(devstack, "run", "-i", "--", "sh", stdin="echo hi; echo err >&2; exit 3\n")
+    assert (proc.returncode, proc.stdout) == (3, "hi\n"), proc.stderr
+    assert "err\n" in proc.stderr
+    old = cli(devstack, "run", "-i", "data=run:r-0/x", "--", "true")  # --input's short flag, before -i was this
+    assert old.returncode == 2 and "an input is --input NAME=SOURCE" in old.stderr, old
+
+
+def test_attach_is_the_owners_one_at_a_time_and_an_idle_run_is_killed_saying_why(devstack):
+    alice, bob = Client(devstack.api_url, "alice-token"), Client(devstack.api_url, "bob-token")
+    batch = _until_running(alice.submit("sleep 600"))
+    idle = alice.submit("cat", interactive=True)  # its 15 s without input count from its start
+    try:
+        _until_running(idle)
+        with pytest.raises(NotFound):
+            bob.open_session(idle.id, "attach")
+        with pytest.raises(Conflict, match="is not interactive"):
+            alice.open_session(batch.id, "attach")
+        alice.open_session(idle.id, "attach")  # taken, never joined: it holds the run's one attach
+        with pytest.raises(Conflict, match="has an attach session already"):
+            alice.open_session(idle.id, "attach")
+        batch.kill()
+        idle.wait(timeout=120)  # no input for 15 s
+        assert idle.state == "killed", idle.view
+        assert idle.failure is not None and idle.failure.reason == "killed", idle.view
+        assert idle.failure.message == "killed: no input for 15s (max_idle_interactive)", idle.view
+    finally:
+        for run in (idle, batch):
+            if not run.refresh().done:
+                run.kill()
