@@ -201,11 +201,12 @@ class ApiGatewayWebSocket:
                 f"HTTP/1.1 {status} Refused\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
             )
             return
-        sock.sendall(response.serialize())
         ws = Connection(sock, Protocol(Side.SERVER, state=State.OPEN, max_size=MAX_FRAME), close_timeout=5)
         conn = _Conn(conn_id, ws, connected_at, ip, agent, time.monotonic())
-        with self._lock:
-            self._conns[conn_id] = conn
+        with conn.lock:  # posted to from here (its $connect answered), each post after the handshake's answer
+            with self._lock:
+                self._conns[conn_id] = conn
+            sock.sendall(response.serialize())
         try:
             self._read(conn)
         finally:
@@ -253,9 +254,9 @@ class ApiGatewayWebSocket:
             return (
                 200,
                 {
-                    "ConnectedAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(conn.connected_at)),
-                    "LastActiveAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", active),
-                    "Identity": {"SourceIp": conn.source_ip, "UserAgent": conn.user_agent},
+                    "connectedAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(conn.connected_at)),
+                    "lastActiveAt": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", active),
+                    "identity": {"sourceIp": conn.source_ip, "userAgent": conn.user_agent},
                 },
                 "",
             )

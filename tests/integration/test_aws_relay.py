@@ -1,0 +1,131 @@
+"""What is the AWS relay's own, beyond the relay contract (contracts/test_session_relay.py): a side's
+place held by a connection that is gone ($disconnect lost) or past its life is taken by the side
+that dials again; a message before the peer is there is dropped; a peer the gateway calls gone
+just after its $connect (it may still be connecting) is not taken for gone until its grace is
+over; a message that is not a frame's base64, or from a connection the relay no longer knows,
+ends that connection. The relay function behind the WebSocket API fake, DynamoDB on moto."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from functions.aws import relay as relay_function
+from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, manage_url
+from runplane.adapters.aws.relay_routes import CONNECT_GRACE_SECONDS
+from runplane.devstack.lambda_shim import LambdaContext
+from runplane.domain import session_wire
+from runplane.domain.session_wire import Frame, FrameType
+from runplane.domain.sessions import Session
+from tests.integration.contracts.relay_stacks import RelayStack, Side, aws_relay
+
+
+@pytest.fixture
+def relay(tmp_path: Path, moto_endpoint: str) -> Iterator[RelayStack]:
+    with aws_relay(tmp_path, moto_endpoint) as stack:
+        yield stack
+
+
+def _aws(relay: RelayStack) -> AwsSessionRelay:
+    assert isinstance(relay.relay, AwsSessionRelay)
+    return relay.relay
+
+
+def _hold(relay: RelayStack, session: Session, side: str, connection_id: str, at: float) -> None:
+    """A place held as a connection that went without its $disconnect leaves it."""
+    held = Held(session.id, side, connection_id, at)  # type: ignore[arg-type]
+    assert _aws(relay).connections.claim(held)
+    _aws(relay).connections.record(held)
+
+
+def _frame(seq: int, payload: bytes) -> bytes:
+    return Frame(FrameType.DATA, session_wire.STDIN, seq, payload).encode()
+
+
+def _gone(side: Side) -> str:
+    frame = session_wire.decode(side.recv())
+    assert frame.type == FrameType.GONE
+    with pytest.raises(ConnectionClosed):
+        side.recv()
+    return str(frame.json()["reason"])
+
+
+def test_a_place_held_by_a_connection_gone_or_past_its_life_is_taken_again(relay: RelayStack) -> None:
+    session, client_ticket, worker_ticket = relay.session()
+    _hold(relay, session, "client", "Z2hvc3QtY2xpZW50PQ==", relay.now[0])  # the gateway says: gone
+    _hold(relay, session, "worker", "bGl2ZS1idXQtb2xkPQ==", relay.now[0] - RECORD_SECONDS - 1)
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
+        assert relay.held(session.id) == ["client", "worker"]
+        assert _aws(relay).connections.of("Z2hvc3QtY2xpZW50PQ==") is None  # the old records went
+        client.send(_frame(1, b"through"))
+        assert session_wire.decode(worker.recv()).payload == b"through"
+
+
+def test_a_message_before_the_peer_is_there_is_dropped(relay: RelayStack) -> None:
+    session, client_ticket, worker_ticket = relay.session()
+    with relay.dial(session, client_ticket) as client:
+        held = _aws(relay).connections.side(session.id, "client")
+        assert held is not None
+        # the message as the gateway hands it over, answered before the worker dials
+        early = base64.b64encode(_frame(1, b"early")).decode()
+        context = {"routeKey": "$default", "eventType": "MESSAGE", "connectionId": held.connection_id}
+        answer = relay_function.lambda_handler({"requestContext": context, "body": early}, LambdaContext())
+        assert answer == {"statusCode": 200}
+        with relay.dial(session, worker_ticket) as worker:
+            client.send(_frame(2, b"met"))
+            assert session_wire.decode(worker.recv()).payload == b"met"
+            with pytest.raises(TimeoutError):
+                worker.recv(timeout=0.5)
+
+
+def test_a_peer_still_connecting_is_not_taken_for_gone_until_its_grace_is_over(relay: RelayStack) -> None:
+    session, client_ticket, _ = relay.session()
+    _hold(relay, session, "worker", "c3RpbGwtY29ubmVjdGluZz0=", relay.now[0])  # the gateway knows it not yet
+    with relay.dial(session, client_ticket) as client:
+        client.send(_frame(1, b"dropped"))
+        with pytest.raises(TimeoutError):
+            client.recv(timeout=0.5)
+        assert relay.held(session.id) == ["client", "worker"]
+        relay.now[0] += CONNECT_GRACE_SECONDS + 1
+        client.send(_frame(2, b"the peer is gone"))
+        assert _gone(client) == "worker_gone"
+    assert relay.held(session.id) == []
+
+
+def test_a_message_that_is_not_a_frames_base64_ends_its_side(relay: RelayStack) -> None:
+    session, client_ticket, worker_ticket = relay.session()
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
+        client.send_raw("not base64!")
+        with pytest.raises(ConnectionClosed):
+            client.recv()
+        assert _gone(worker) == "client_gone"
+    session, client_ticket, worker_ticket = relay.session()
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
+        client.send_raw(base64.b64encode(b"\x02\x00").decode())  # shorter than a frame's header
+        with pytest.raises(ConnectionClosed):
+            client.recv()
+        assert _gone(worker) == "client_gone"
+
+
+def test_a_connection_the_relay_no_longer_knows_is_closed(relay: RelayStack) -> None:
+    session, client_ticket, worker_ticket = relay.session()
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket):
+        held = _aws(relay).connections.side(session.id, "client")
+        assert held is not None
+        _aws(relay).connections.drop(held.connection_id)  # its records expired
+        client.send(_frame(1, b"x"))
+        with pytest.raises(ConnectionClosed):
+            client.recv()
+
+
+def test_the_manage_url_is_the_stages_own_over_https() -> None:
+    assert manage_url("wss://abc.execute-api.eu-west-1.amazonaws.com/v1") == (
+        "https://abc.execute-api.eu-west-1.amazonaws.com/v1"
+    )
+    assert manage_url("ws://127.0.0.1:9000/v1/") == "http://127.0.0.1:9000/v1"
+    with pytest.raises(ValueError):
+        manage_url("https://abc.execute-api.eu-west-1.amazonaws.com/v1")
