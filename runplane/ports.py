@@ -360,7 +360,8 @@ class SessionRelay(Protocol):
         """How the holder of ``ticket`` (either side's) reaches ``session``'s relay."""
 
     def close(self, session_id: str, reason: str) -> None:
-        """Hang up both sides of a session (each gets GONE with ``reason``); quiet if none is there."""
+        """Hang up both sides of a session (each gets GONE with ``reason``); quiet if none is there.
+        Called once the session is over in its store."""
 
 
 class QuotaStore(Protocol):

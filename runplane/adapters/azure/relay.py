@@ -161,12 +161,16 @@ class WebPubSubSessionRelay:
         )
 
     def close(self, session_id: str, reason: str) -> None:
-        """GONE ``{"reason"}`` to both sides, then their connections closed. A failure of the
-        service's is logged: the session is over in its store either way."""
+        """GONE ``{"reason"}`` to both sides, then their connections closed (GONE to both first: the
+        ``disconnected`` event of the first closed finds the session over and tells its peer
+        nothing more). A failure of the service's is logged: the session is over in its store
+        either way."""
         gone = session_wire.json_frame(session_wire.FrameType.GONE, {"reason": reason}).encode()
         try:
             for side in _SIDES:
-                self._hang_up(group(session_id, side), gone, reason)
+                self._send(group(session_id, side), gone)
+            for side in _SIDES:
+                self._close(group(session_id, side), reason)
         except RunplaneError as e:
             log.warning("session %s: the relay did not hang up: %s", session_id, e)
 
@@ -252,10 +256,20 @@ class WebPubSubSessionRelay:
         side = next((s for s in _SIDES if s == name), None)
         if side is None or not session_id:
             return
-        peer = _peer(side)
-        gone = session_wire.json_frame(session_wire.FrameType.GONE, {"reason": f"{side}_gone"}).encode()
+        peer, reason = _peer(side), f"{side}_gone"
         try:
-            self._hang_up(group(session_id, peer), gone, f"{side}_gone")
+            over = self.sessions.get(session_id).state.over
+        except NotFound:
+            over = True
+        except RunplaneError:
+            over = False
+        try:
+            if not over:  # one that is over was closed, or its worker said how it ended before it went
+                self._send(
+                    group(session_id, peer),
+                    session_wire.json_frame(session_wire.FrameType.GONE, {"reason": reason}).encode(),
+                )
+            self._close(group(session_id, peer), reason)
         except RunplaneError as e:
             log.warning("session %s: the relay did not tell the %s: %s", session_id, peer, e)
 
@@ -264,10 +278,11 @@ class WebPubSubSessionRelay:
     def _url(self, token: str, to: str) -> str:
         return f"{self.client_url}?" + urlencode({"access_token": token, "webpubsub_mode": "sendToGroup", "group": to})
 
-    def _hang_up(self, name: str, frame: bytes, reason: str) -> None:
-        where = f"/groups/{quote(name, safe='')}"
-        self._rest("POST", f"{where}/:send", frame, {"Content-Type": "application/octet-stream"})
-        self._rest("POST", f"{where}/:closeConnections", b"", {}, {"reason": reason})
+    def _send(self, name: str, frame: bytes) -> None:
+        self._rest("POST", f"/groups/{quote(name, safe='')}/:send", frame, {"Content-Type": "application/octet-stream"})
+
+    def _close(self, name: str, reason: str) -> None:
+        self._rest("POST", f"/groups/{quote(name, safe='')}/:closeConnections", b"", {}, {"reason": reason})
 
     def _rest(
         self,

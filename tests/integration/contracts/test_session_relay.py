@@ -16,7 +16,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from runplane.domain import session_wire
 from runplane.domain.session_wire import Frame, FrameType
-from runplane.domain.sessions import BASE64, SessionState, ticket
+from runplane.domain.sessions import BASE64, LIVE, SessionState, ticket
 from tests.integration.contracts.relay_stacks import FIXTURES, STACKS, RelayStack, Side
 
 
@@ -150,6 +150,8 @@ def test_close_hangs_up_both_sides(relay: RelayStack) -> None:
     with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
         worker.send(_data(2, 1, b"hi"))
         assert session_wire.decode(client.recv()).payload == b"hi"
+        ended = {"state": SessionState.ENDED, "end_reason": "closed", "ended_at": relay.now[0]}
+        relay.store.update(session, LIVE, ended)  # the API ends a session before it has the relay close it
         relay.relay.close(session.id, "closed")
         assert _gone(client) == "closed"
         assert _gone(worker) == "closed"
