@@ -23,6 +23,7 @@ import pytest
 from functions.azure import function_app
 from runplane.adapters.azure.provision import AzureNames
 from runplane.adapters.azure.queues import events_queue_name, poison_queue_name, pool_queue_name
+from runplane.adapters.azure.relay import EVENTS_PATH
 from runplane.domain.retention import Retention
 from runplane.domain.uploads import UPLOADS_PREFIX
 from runplane.settings import StackSettings
@@ -130,6 +131,8 @@ class Arm:
             return self.index + (args[-1] if args and isinstance(args[-1], int) else 0)
         if name == "reference":
             return _Placeholder(f"reference:{args[0]}")
+        if name == "listkeys":
+            return _Placeholder(f"listKeys:{args[0]}")
         simple = {
             "concat": lambda *a: "".join(a) if all(isinstance(x, str) for x in a) else [x for part in a for x in part],
             "format": lambda f, *a: re.sub(r"\{(\d+)\}", lambda m: str(a[int(m.group(1))]), f),
@@ -534,3 +537,32 @@ def test_the_retention_reaches_the_function_app_with_the_uploads_days_of_the_lif
     settings = site(Arm(TEMPLATE, {"prefix": "runplane", "poolNames": POOLS, **parameters}))["properties"]
     value = {s["name"]: s["value"] for s in settings["siteConfig"]["appSettings"]}["RUNPLANE_RETENTION"]
     assert StackSettings(cloud="azure", retention=value).kept() == expected
+
+
+def test_the_sessions_hub_sends_its_events_to_the_function_apps_relay_route(arm):
+    """The Web PubSub hub's event handler is the function app's /relay/events (the route of
+    functions/azure/relay.py under host.json's empty prefix), with the system events the relay
+    answers; the function app reaches the resource by its connection string and that hub."""
+    (service,) = instances(arm, "Microsoft.SignalRService/webPubSub")
+    (hub,) = instances(arm, "Microsoft.SignalRService/webPubSub/hubs")
+    service_name, hub_name = hub["name"].split("/")
+    assert service_name == service["name"]
+    assert hub["properties"]["anonymousConnectPolicy"] == "deny"
+    (handler,) = hub["properties"]["eventHandlers"]
+    host = f"<reference:id:Microsoft.Web/sites/{site(arm)['name']}.defaultHostName>"
+    assert handler["urlTemplate"] == f"https://{host}{EVENTS_PATH}"
+    assert set(handler["systemEvents"]) == {"connect", "connected", "disconnected"}
+    assert handler["userEventPattern"] == ""  # the sides publish to groups: no message event is asked for
+    routes = {
+        json.loads(f.get_function_json())["bindings"][0].get("route"): f.get_function_name()
+        for f in function_app.make_app().get_functions()
+    }
+    host_json = json.loads((ROOT / "functions" / "azure" / "host.json").read_text())
+    assert host_json["extensions"]["http"]["routePrefix"] == ""
+    assert routes[EVENTS_PATH.lstrip("/")] == "relay_events"
+    settings = {s["name"]: s["value"] for s in site(arm)["properties"]["siteConfig"]["appSettings"]}
+    assert settings["RUNPLANE_WEBPUBSUB_HUB"] == hub_name
+    connection = settings["RUNPLANE_WEBPUBSUB_CONNECTION_STRING"]
+    resource = f"id:Microsoft.SignalRService/webPubSub/{service['name']}"
+    assert connection.path == f"listKeys:{resource}.primaryConnectionString"
+    assert resource in site(arm)["dependsOn"]
