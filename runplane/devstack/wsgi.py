@@ -378,7 +378,18 @@ class _Connection(HTTPConnection):
 class _TLS(BuiltinSSLAdapter):
     """cheroot's builtin TLS adapter, wrapping a connection without shaking hands: cheroot wraps
     in the thread that accepts every connection, where one client that never speaks would hold
-    every other up (for SOCKET_TIMEOUT); _TimedIO shakes hands on the connection's first read."""
+    every other up (for SOCKET_TIMEOUT); _TimedIO shakes hands on the connection's first read.
+
+    It sends no TLS 1.3 session tickets. A ticket arrives just after the handshake, as a threaded
+    client (websockets' sync client: a thread reading from its start, another writing the request)
+    reads it on one thread while it writes its first request on the other: OpenSSL's connection
+    is not safe to use from two threads at once, and the request was now and then lost on its
+    way out (the client's TLS layer said sent, nothing left the socket), so a relay handshake
+    waited unanswered. Nothing here resumes a session, so nothing is lost without them."""
+
+    def __init__(self, certificate: str, private_key: str) -> None:
+        super().__init__(certificate, private_key)
+        self.context.num_tickets = 0
 
     def wrap(self, sock: socket.socket) -> tuple[ssl.SSLSocket, dict[str, str]]:
         try:
