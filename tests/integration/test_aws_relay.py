@@ -15,8 +15,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from functions.aws import relay as relay_function
-from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, manage_url
-from runplane.adapters.aws.relay_routes import CONNECT_GRACE_SECONDS
+from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, RelayConnections, manage_url
+from runplane.adapters.aws.relay_routes import CONNECT_GRACE_SECONDS, RelayRoutes
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain import session_wire
 from runplane.domain.session_wire import Frame, FrameType
@@ -129,3 +129,26 @@ def test_the_manage_url_is_the_stages_own_over_https() -> None:
     assert manage_url("ws://127.0.0.1:9000/v1/") == "http://127.0.0.1:9000/v1"
     with pytest.raises(ValueError):
         manage_url("https://abc.execute-api.eu-west-1.amazonaws.com/v1")
+
+
+def test_a_failing_store_is_answered_never_raised(relay: RelayStack) -> None:
+    """A $connect the relay cannot decide is 503 (try again); a message or a $disconnect it cannot
+    handle is a 500 answer, not a failed invocation (whose side API Gateway would send a message
+    that is no frame)."""
+    _, client_ticket, _ = relay.session()
+    aws = _aws(relay)
+    broken = AwsSessionRelay(relay.url, RelayConnections("no-such-table", aws.connections.client), aws.gateway)
+    routes = RelayRoutes(relay.store, broken, lambda: relay.now[0])
+    context = {"connectionId": "YnJva2VuPQ=="}
+    connect = {
+        "requestContext": {**context, "routeKey": "$connect"},
+        "headers": {"authorization": f"Bearer {client_ticket}"},
+    }
+    assert routes.handle(connect)["statusCode"] == 503
+    message = {
+        "requestContext": {**context, "routeKey": "$default"},
+        "body": base64.b64encode(_frame(1, b"x")).decode(),
+    }
+    assert routes.handle(message)["statusCode"] == 500
+    assert routes.handle({"requestContext": {**context, "routeKey": "$disconnect"}})["statusCode"] == 500
+    assert RelayRoutes(relay.store, aws, lambda: relay.now[0]).handle(connect)["statusCode"] == 200  # the header's case

@@ -60,10 +60,20 @@ class RelayRoutes:
         return cls(sessions, relay, clock)
 
     def handle(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer to one event. A store or gateway failure is logged and answered (503 to a
+        ``$connect``, 500 else), never raised: API Gateway would send a failed ``$default``'s
+        side a text message of its own ("Internal server error"), which is no frame."""
         context = event.get("requestContext") or {}
         route, connection_id = context.get("routeKey"), context.get("connectionId")
         if not isinstance(connection_id, str) or not connection_id:
             return _answer(400, "no connection")
+        try:
+            return self._route(route, connection_id, event)
+        except RunplaneError as e:
+            log.warning("relay %s of %s failed: %s", route, connection_id, e)
+            return _answer(503, "try again") if route == "$connect" else _answer(500)
+
+    def _route(self, route: object, connection_id: str, event: Mapping[str, Any]) -> dict[str, Any]:
         if route == "$connect":
             return self.connect(connection_id, event.get("headers") or {})
         if route == "$disconnect":
