@@ -2,18 +2,23 @@
 token of one session opens nothing of another's; a token expired, or signed with another key, is
 refused by the service (its client endpoint and its REST API alike); an event whose ce-signature
 is not the access key's is refused by the route, and so is the abuse-protection handshake of
-another origin. (What the relay does for a session is the relay contract's: test_session_relay.py.)"""
+another origin. And the stand-in's own behaviour where the contract does not reach: message kinds
+kept, the REST calls, sendEvent mode, its events signed and in order, the handshake once. (What
+the relay does for a session is the relay contract's: test_session_relay.py.)"""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
 from runplane.adapters.azure.relay import HUB, TICKET_HEADER, group, mint, signature
 from runplane.devstack.webpubsub import WebPubSubFake
@@ -115,3 +120,115 @@ def test_the_event_route_refuses_forged_signatures_and_other_origins(relay: Rela
     assert "WebHook-Allowed-Origin" not in other.headers
     own = httpx.options(route, headers={"WebHook-Request-Origin": "127.0.0.1"})
     assert own.headers["WebHook-Allowed-Origin"] == "127.0.0.1"
+
+
+class _Upstream(BaseHTTPRequestHandler):
+    """An event handler that records what the service sends it and answers as told."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, dict[str, str], bytes]]
+    allow = "*"
+
+    def _any(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.seen.append((self.command, {k.lower(): v for k, v in self.headers.items()}, body))
+        kind = self.headers.get("ce-type", "")
+        answer, headers = b"", {"WebHook-Allowed-Origin": self.allow}
+        if kind == "azure.webpubsub.sys.connect":
+            answer, headers["Content-Type"] = b'{"groups": ["joined"], "roles": ["webpubsub.sendToGroup.g"]}', "x"
+        elif kind == "azure.webpubsub.user.message":  # sendEvent mode: the answer goes back, as it came
+            answer, headers["Content-Type"] = body[::-1], self.headers.get("Content-Type", "")
+        self.send_response(200 if answer or self.command == "OPTIONS" else 204)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    do_POST = do_OPTIONS = _any
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+Service = tuple[WebPubSubFake, list[tuple[str, dict[str, str], bytes]]]
+
+
+@pytest.fixture
+def service() -> Iterator[Service]:
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), type("Upstream", (_Upstream,), {"seen": seen}))
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    fake = WebPubSubFake().start()
+    fake.handle("h", f"http://127.0.0.1:{upstream.server_address[1]}/events")
+    try:
+        yield fake, seen
+    finally:
+        fake.stop()
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def _client(fake: WebPubSubFake, user: str, query: str = "", **claims: object) -> ClientConnection:
+    token = mint(
+        fake.key, {"aud": f"{fake.endpoint}/client/hubs/h", "exp": int(time.time()) + 60, "sub": user, **claims}
+    )
+    return connect(f"ws{fake.endpoint.removeprefix('http')}/client/hubs/h?access_token={token}{query}", max_size=None)
+
+
+def _rest(
+    fake: WebPubSubFake, method: str, path: str, body: bytes = b"", kind: str = "text/plain", **query: str
+) -> int:
+    url = f"{fake.endpoint}/api/hubs/h{path}"
+    token = mint(fake.key, {"aud": url, "exp": int(time.time()) + 60})
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": kind}
+    params = {**query, "api-version": "2024-12-01"}
+    return httpx.request(method, url, params=params, content=body, headers=headers).status_code
+
+
+def _wait(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)
+
+
+def test_the_stand_in_keeps_message_kinds_and_tells_its_handler_what_happens(service: Service) -> None:
+    fake, seen = service
+    with (
+        _client(fake, "member", **{"webpubsub.group": "g"}) as member,
+        _client(fake, "sender", "&webpubsub_mode=sendToGroup&group=g") as sender,
+    ):
+        # the connect event's roles let the sender publish to g; its groups join it to "joined"
+        sender.send(b"\x00\xffbinary")
+        sender.send("text")
+        assert (member.recv(timeout=10), member.recv(timeout=10)) == (b"\x00\xffbinary", "text")
+        assert _rest(fake, "POST", "/groups/g/:send", b"\x01raw", "application/octet-stream") == 202
+        assert _rest(fake, "POST", "/groups/joined/:send", b"to joined") == 202
+        assert (member.recv(timeout=10), member.recv(timeout=10)) == (b"\x01raw", "to joined")
+        assert sender.recv(timeout=10) == "to joined"  # both joined "joined" (the connect event's groups)
+        (member_id,) = fake.connections("h", "g")
+        assert (_rest(fake, "HEAD", f"/connections/{member_id}"), _rest(fake, "HEAD", "/groups/g")) == (200, 200)
+        assert _rest(fake, "POST", f"/connections/{member_id}/:send", b"\x02", "application/octet-stream") == 202
+        assert member.recv(timeout=10) == b"\x02"
+        assert _rest(fake, "DELETE", f"/connections/{member_id}", reason="done") == 204
+        with pytest.raises(ConnectionClosed):
+            member.recv(timeout=10)
+        assert (_rest(fake, "HEAD", f"/connections/{member_id}"), _rest(fake, "HEAD", "/groups/g")) == (404, 404)
+    with _client(fake, "eventer") as eventer:  # sendEvent mode: a message event, its answer back
+        eventer.send(b"abc")
+        assert eventer.recv(timeout=10) == b"cba"
+        eventer.send("xyz")
+        assert eventer.recv(timeout=10) == "zyx"
+    _wait(lambda: sum(h.get("ce-type") == "azure.webpubsub.sys.disconnected" for _, h, _ in seen) == 3)
+    assert [m for m, _, _ in seen].count("OPTIONS") == 1  # the abuse-protection handshake, once
+    events = [(h["ce-type"].rsplit(".", 1)[-1], h["ce-userid"]) for m, h, _ in seen if m == "POST"]
+    for user in ("member", "sender", "eventer"):
+        mine = [kind for kind, who in events if who == user]
+        assert mine[:2] == ["connect", "connected"] and mine[-1] == "disconnected", (user, mine)
+    for method, headers, _ in seen:
+        if method == "POST":  # each event signed with the key, over its connection id
+            assert headers["ce-signature"] == signature(fake.key, headers["ce-connectionid"])
+            assert headers["ce-hub"] == "h" and headers["webhook-request-origin"] == "127.0.0.1"
+    connect_body = next(json.loads(b) for _, h, b in seen if h.get("ce-type", "").endswith(".connect"))
+    assert connect_body["claims"]["sub"] == ["member"] and "access_token" not in connect_body["query"]
