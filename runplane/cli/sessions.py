@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from runplane.cli.common import CliError, ExitCode, client, err, out, say_error
-from runplane.cli.last_run import named_by_id
+from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
 from runplane.client import ApiError, Client, WaitTimeout
 from runplane.client._forward import Forward, loopback_listener
 from runplane.client._terminal import Detached, forwarded_signals, raw_mode, terminal_size
@@ -162,10 +162,16 @@ def _drive(
         os.close(control_w)
 
 
-def attach(ctx: typer.Context, run_id: RUN) -> None:
+def attach(ctx: typer.Context, run_id: RUN_ID = None) -> None:
     """Attach to an interactive run's command (runplane run -i): your input goes to it, its output
     comes here; exit as it did. With a terminal, ~. leaves it running (attach again later)."""
-    status, _ = attach_run(client(ctx), run_id)
+    api, rid = client(ctx), run_id_or_last(run_id)
+    status, ended = attach_run(api, rid)
+    if ended and status != ExitCode.OK:  # killed (no input for too long, say), or its command failed
+        with contextlib.suppress(ApiError, WaitTimeout):
+            view = api.get(rid).wait(timeout=ENDED_WAIT).view
+            if view.failure is not None:
+                say_error(f"run {rid} {view.state}: {view.failure.message}")
     raise typer.Exit(status)
 
 

@@ -32,18 +32,23 @@ def _until_running(run: Run) -> Run:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-def test_run_it_gives_the_command_a_terminal_and_ends_as_the_shell_did(devstack):
+def test_run_it_gives_the_command_a_terminal_and_ends_as_the_shell_did(devstack, tmp_path):
     name = f"rp-{uuid.uuid4().hex[:8]}"
-    env = f"RUNPLANE_API_URL={devstack.api_url} RUNPLANE_TOKEN=alice-token TERM=xterm"
-    command = f"env {env} {sys.executable} -m runplane.cli run -it -- sh; echo run-exit-$?; sleep 60"
+    env = f"RUNPLANE_API_URL={devstack.api_url} RUNPLANE_TOKEN=alice-token TERM=xterm HOME={tmp_path}"
+    cli_ = f"env {env} {sys.executable} -m runplane.cli"
+    # ~. leaves the run going; runplane attach (the last run) joins it again
+    command = f"{cli_} run -it -- sh; echo run-exit-$?; {cli_} attach; echo attach-exit-$?; sleep 60"
 
     def screen() -> str:
         return subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
 
+    shown = [""]
+
     def until(text: str) -> str:
         deadline = time.monotonic() + 90
         while text not in (seen := screen()):
-            assert time.monotonic() < deadline, seen
+            shown[0] = seen or shown[0]
+            assert time.monotonic() < deadline, (text, shown[0])
             time.sleep(0.2)
         return seen
 
@@ -52,16 +57,23 @@ def test_run_it_gives_the_command_a_terminal_and_ends_as_the_shell_did(devstack)
         run_id = re.search(r"(r-[0-9a-f]{24}) submitted", until(" submitted to pool default"))
         assert run_id is not None
         until("output $")  # the shell's prompt, written before the terminal joined: replayed from the engine's log
+        # ~. with the line it ends: busybox's sh asks the terminal where its cursor is after each
+        # line, and the answer (input too) would come between them
+        subprocess.run(["tmux", "send-keys", "-t", name, "echo one-$((1+1))", "Enter", "~."], check=True)
+        until("it goes on (runplane attach")
+        until("run-exit-0")
         subprocess.run(["tmux", "send-keys", "-t", name, "echo typed-$((6*7)); stty size; exit 0", "Enter"], check=True)
         until("typed-42")
         until("40 120")  # the run's terminal has the size of the one it was typed in
-        until("run-exit-0")
+        until("attach-exit-0")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
     run = Client(devstack.api_url, "alice-token").get(run_id.group(1))
     assert (run.state, run.exit_code) == ("succeeded", 0), run.view
-    assert "typed-42" in run.logs()  # what the shell printed is the run's log
-    assert any(e.message.startswith("attach by alice, ") and e.message.endswith("exit 0") for e in run.view.events)
+    logs = run.logs()  # what the shell printed is the run's log
+    assert "one-2" in logs and "typed-42" in logs, logs
+    attached = [e.message for e in run.view.events if e.message.startswith("attach by alice, ")]
+    assert len(attached) == 2 and attached[-1].endswith("exit 0"), run.view.events
 
 
 def test_run_i_feeds_piped_stdin_and_exits_as_the_command_did(devstack):
