@@ -149,7 +149,9 @@ def _drive(
         elif not left:  # an exec's command is killed when it is left
             say_error(str(lost))
         return LOST
-    except Detached as e:
+    except Detached as e:  # a second ^C, SIGTERM or SIGHUP
+        if ended is not None:
+            ended.left = True
         return e.status
     except BrokenPipeError:
         return BROKEN_PIPE
@@ -190,7 +192,7 @@ def attach_run(api: Client, run_id: str) -> tuple[int, bool]:
     status = _drive(Access.read(answer), stdin=True, terminal=answer.tty and local, size=size, ended=ended)
     if ended.left:
         err.print(f"left {run_id}; it goes on (runplane attach {run_id} to return)", markup=False, highlight=False)
-        return ExitCode.OK, False
+        return (ExitCode.OK if status == LOST else status), False
     if ended.lost is None:
         return status, True
     if ended.lost.reason == "run_ended":
