@@ -8,8 +8,9 @@ and lets the side in only when the ticket is that session's client's or worker's
 GONE ``peer_absent``; what it sends meanwhile waits in its connection's small queue, then in TCP:
 nothing is dropped, nothing grows without bound); once both are there, every
 binary message of one goes to the other unchanged, in order, with a blocking send (a peer that
-reads slowly slows its sender down: TCP backpressure end to end). A text message, or a message
-over ``max_frame`` payload bytes and its header, ends the connection. When a side goes, its peer
+reads slowly slows its sender down: TCP backpressure end to end). A text message, a message
+over ``max_frame`` payload bytes and its header, or a GONE frame from the client (only the relay,
+and the worker that ends a session, say why it ended) ends the connection. When a side goes, its peer
 gets GONE ``{"reason": "client_gone" | "worker_gone"}`` and is closed; ``close`` hangs up both
 sides of a session with GONE ``{"reason"}``, ``stop`` every session (``relay_lost``).
 
@@ -56,6 +57,7 @@ is taken for gone; a live side answers pings within 30 s."""
 PING_SECONDS = 30.0
 """WebSocket pings to each side; a side that answers none within as long is gone."""
 _GRACE = 0.25  # how often a side waiting alone looks whether it is still there
+_GONE_TYPE = bytes([session_wire.FrameType.GONE])
 
 
 @dataclass(eq=False)
@@ -226,6 +228,9 @@ class RelayHub:
                 message = ws.recv()
                 if isinstance(message, str):
                     ws.close(1003, "frames are binary messages")
+                    break
+                if conn.side == "client" and message[:1] == _GONE_TYPE:
+                    ws.close(1008, "only the relay and the worker say GONE")
                     break
                 peer.ws.send(message)
         except ConnectionClosed:

@@ -39,6 +39,7 @@ from runplane.domain.session_wire import (
     resize,
 )
 from runplane.domain.sessions import (
+    LIVE,
     REQUEST_SECONDS,
     EndReason,
     Session,
@@ -315,11 +316,36 @@ def test_a_client_that_drops_leaves_nothing_of_its_session_running(site: Site) -
 def test_a_closed_session_ends_its_command(site: Site) -> None:
     client = join(site, site.run, SessionKind.EXEC, command=["sh", "-c", "sleep 1004"])
     wait_for(lambda: any("sleep 1004" in p for p in _sleeps(site)), 10, 0.1, "the session's sleep")
-    site.hub.close(client.session.id, "closed")  # as the API's DELETE does
+    store = site.stack.sessions
+    assert store is not None
+    live = store.get(client.session.id)
+    store.update(live, LIVE, {"state": SessionState.ENDED, "end_reason": "closed", "ended_at": time.time()})
+    site.hub.close(client.session.id, "closed")  # as the API's DELETE does: the record first
     with client.conn:
         assert client.until(FrameType.GONE).json()["reason"] == "closed"
     assert ended(site, client.session).end_reason == EndReason.CLOSED
-    assert _sleeps(site) == []
+    wait_for(lambda: _sleeps(site) == [], 10, 0.1, "the session's sleep to end")
+    _noted(site, "exec by alice: sh -c 'sleep 1004', ", ", closed")
+
+
+def test_a_client_cannot_end_its_session_as_the_run_ending(site: Site) -> None:
+    client = join(site, site.run, SessionKind.EXEC, command=["sh", "-c", "sleep 1005"])
+    wait_for(lambda: any("sleep 1005" in p for p in _sleeps(site)), 10, 0.1, "the session's sleep")
+    with client.conn:
+        client.send(json_frame(FrameType.GONE, {"reason": "run_ended"}))
+    assert ended(site, client.session).end_reason == EndReason.CLIENT_GONE
+    assert site.stack.store.get(site.run.id).state == RunState.RUNNING
+    _noted(site, "exec by alice: sh -c 'sleep 1005', ", ", client_gone")
+
+
+def _noted(site: Site, begins: str, ends: str) -> None:
+    """Wait for the run's timeline to say a session's end so."""
+
+    def said() -> bool:
+        events = site.stack.store.get(site.run.id).events
+        return any(e.message.startswith(begins) and e.message.endswith(ends) for e in events)
+
+    wait_for(said, 10, 0.1, f"the timeline to say {begins}...{ends}")
 
 
 def test_an_agent_that_cannot_see_the_runs_processes_refuses_sessions(site: Site, tmp_path: Path) -> None:

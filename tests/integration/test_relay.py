@@ -227,6 +227,22 @@ def test_the_https_front_sends_no_session_ticket(tmp_path: Path) -> None:
             assert tls.session is not None and not tls.session.has_ticket
 
 
+def test_a_client_that_says_gone_is_hung_up_and_the_workers_gone_reaches_the_client(dev_relay: Relay) -> None:
+    forged = session_wire.json_frame(FrameType.GONE, {"reason": "run_ended"}).encode()
+    session, client_ticket, worker_ticket = dev_relay.session()
+    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
+        client.send(forged)
+        with pytest.raises(ConnectionClosed) as closed:
+            client.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        assert _gone(worker) == "client_gone"  # never the reason the client said
+    _wait(lambda: dev_relay.hub.held(session.id) == [])
+    session, client_ticket, worker_ticket = dev_relay.session(slot=1)
+    with dev_relay.dial(client_ticket) as client, dev_relay.dial(worker_ticket) as worker:
+        worker.send(forged)  # the worker that ends a session says why
+        assert client.recv(timeout=10) == forged
+
+
 def test_a_side_alone_is_let_go_after_the_wait(tmp_path: Path) -> None:
     for relay in _relay(tmp_path, _serve_dev, 0.5):
         session, client_ticket, _ = relay.session()

@@ -57,6 +57,9 @@ _GONE = {
     "relay_lost": EndReason.RELAY_LOST,
 }
 """What the session ends as, by the reason of the relay's GONE (any other: the client is gone)."""
+_CHECKED = frozenset({EndReason.CLOSED, EndReason.RUN_ENDED})
+"""The GONE reasons this worker can check for itself, and never takes on a frame's word: a relay
+that passes frames on unread lets a client say them."""
 
 
 def clock_time(seconds: float) -> str:
@@ -335,9 +338,15 @@ class LiveSession:
         return None
 
     def _ended_by(self, link: Link) -> EndReason:
-        if self._gone is not None:
-            return _GONE.get(self._gone, EndReason.CLIENT_GONE)
-        return EndReason.RELAY_LOST
+        if self._gone is None:
+            return EndReason.RELAY_LOST
+        stored: Session | None = None
+        if _GONE.get(self._gone) in _CHECKED:
+            try:
+                stored = self.host.sessions.get(self.session.id)
+            except RunplaneError as e:
+                log.info("session %s: could not be read to check its end: %s", self.session.id, e)
+        return ended_by(self._gone, self.host.run_ending(), stored)
 
     def finish(self, reason: EndReason, exit_code: int | None = None) -> None:
         """Write the session's end and the run's timeline."""
@@ -363,6 +372,20 @@ class LiveSession:
         if session.kind == SessionKind.SHELL:
             return f"shell by {session.asked_by}, {took}, {ending}"
         return f"exec by {session.asked_by}: {describe(session)}, {took}, {ending}"
+
+
+def ended_by(gone: str, run_ending: bool, stored: Session | None) -> EndReason:
+    """What a session ends as when the relay said GONE ``gone``: ``run_ended`` only while the run is
+    ending (``run_ending``) or its stored record says so, ``closed`` only when its stored record
+    (``stored``: None when it could not be read) says so (the API writes it before it hangs up);
+    any other reason, or one that does not hold: the client is gone."""
+    reason = _GONE.get(gone, EndReason.CLIENT_GONE)
+    if reason not in _CHECKED:
+        return reason
+    said = stored is not None and stored.state.over and stored.end_reason == reason.value
+    if said or (reason == EndReason.RUN_ENDED and run_ending):
+        return reason
+    return EndReason.CLIENT_GONE
 
 
 def _reason(frame: Frame) -> str:
