@@ -111,6 +111,9 @@ def test_the_event_route_refuses_forged_signatures_and_other_origins(relay: Rela
     signed = httpx.post(route, content=body, headers={**headers, "ce-signature": signature(fake.key, "c-1")})
     assert signed.status_code == 200  # the control: the service's own event is answered
     assert signed.json()["groups"] == [group(session.id, "client")]
+    signed_headers = {**headers, "ce-signature": signature(fake.key, "c-1")}
+    for bad in (b"not json", b"[]", b'{"headers": [], "query": {}}', b'{"headers": {}, "query": "x"}'):
+        assert httpx.post(route, content=bad, headers=signed_headers).status_code == 400, bad
     for forged in ("", "sha256=00", signature("another-key", "c-1"), signature(fake.key, "c-2")):
         answer = httpx.post(route, content=body, headers={**headers, "ce-signature": forged})
         assert (answer.status_code, answer.content) == (401, b"")

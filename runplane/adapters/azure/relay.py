@@ -209,10 +209,11 @@ class WebPubSubSessionRelay:
             request = json.loads(body or b"{}")
         except ValueError:
             return EventAnswer(400)
-        if not isinstance(request, dict):
+        headers, query = (request.get(k) if isinstance(request, dict) else None for k in ("headers", "query"))
+        if not isinstance(headers, dict) or not isinstance(query, dict):
             return EventAnswer(400)
         ticket_text = ""
-        for name, values in (request.get("headers") or {}).items():
+        for name, values in headers.items():
             if isinstance(name, str) and name.lower() == TICKET_HEADER.lower() and isinstance(values, list) and values:
                 ticket_text = str(values[0])
         scheme, _, text = ticket_text.partition(" ")
@@ -228,7 +229,6 @@ class WebPubSubSessionRelay:
             log.warning("relay could not read session %s: %s", session_id, e)
             return EventAnswer(503)
         side = next((s for s in _SIDES if admits(session, s, secret, self.clock())), None)
-        query = request.get("query") or {}
         if side is None or query.get("group") != [group(session_id, _peer(side))]:
             return _REFUSED  # the other side's URL: it would publish to itself
         try:
