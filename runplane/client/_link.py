@@ -105,6 +105,7 @@ class Link:
         self._sequenced = False  # the peer numbers from 1 after its HELLO (it says ``seen``)
         self._acks = False  # the peer acks, and takes ACK
         self._lost: SessionLost | None = None
+        self._closing = False  # close() began: nothing more is sent, what comes is still handed on
         # the peer's frames
         self._ready: deque[Frame] = deque()
         self._ready_bytes = 0
@@ -155,18 +156,18 @@ class Link:
                 return
             hello = {**self._hello, "seen": self.peer_hello is not None}
             self._hello_at = self.clock()
-        self._put(json_frame(FrameType.HELLO, hello))
+        self._say(json_frame(FrameType.HELLO, hello))
 
     def _numbered(self, frame: Frame) -> None:
         with self._cond:
-            while self._lost is None and self.peer_hello is None and frame.type != FrameType.GONE:
+            while self._lost is None and not self._closing and self.peer_hello is None and frame.type != FrameType.GONE:
                 self._cond.wait(TICK_SECONDS)
             if self.peer_hello is None:  # a GONE before the peer came: outside the numbering
                 self._check()
                 self._put(Frame(frame.type, frame.channel, 0, frame.payload))
                 return
             held_back = frame.type == FrameType.DATA and self._acks
-            while self._lost is None and held_back and self._unacked_out > self.window:
+            while self._lost is None and not self._closing and held_back and self._unacked_out > self.window:
                 self._cond.wait(TICK_SECONDS)
             self._check()
         with self._send_lock:
@@ -183,10 +184,17 @@ class Link:
         with self._send_lock:
             self._write(frame)
 
+    def _say(self, frame: Frame) -> None:
+        """What the link says of itself (PING, PONG, ACK, HELLO again): nothing once closing."""
+        if not self._closing:
+            self._put(frame)
+
     def _write(self, frame: Frame) -> None:
         from websockets.exceptions import ConnectionClosed
 
         self._check()
+        if self._closing:
+            raise SessionLost("relay_lost", "the session's link was closed")
         try:
             self.conn.send(message(frame, self.encoding))
         except (ConnectionClosed, OSError):
@@ -225,7 +233,7 @@ class Link:
     def _ack(self) -> None:
         with self._cond:
             taken, self._acked, self._unacked_in, self._ack_due = self._taken, self._taken, 0, None
-        self._put(ack(taken))
+        self._say(ack(taken))
 
     def _read(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -262,7 +270,7 @@ class Link:
         if now - self._heard >= SILENT_SECONDS:
             raise self._lose(f"nothing came from the session for {SILENT_SECONDS:.0f} s")
         if now - self._said >= PING_SECONDS:
-            self._put(ping(int(time.time() * 1000)))
+            self._say(ping(int(time.time() * 1000)))
         with self._cond:
             hello = self._hello is not None and self.peer_hello is None and now - self._hello_at >= self._hello_every
             if hello:
@@ -279,7 +287,7 @@ class Link:
     def _take(self, frame: Frame) -> None:
         kind = frame.type
         if kind == FrameType.PING:
-            self._put(Frame(FrameType.PONG, 0, 0, frame.payload))
+            self._say(Frame(FrameType.PONG, 0, 0, frame.payload))
         elif kind == FrameType.ACK:
             self._acked_by_peer(read_ack(frame))
         elif kind == FrameType.HELLO:
@@ -364,14 +372,18 @@ class Link:
         return lost
 
     def close(self) -> None:
-        """Hang up (quiet if already closed); a send stuck on a peer that reads nothing is cut off."""
-        self._lose("the session's link was closed")
+        """Hang up (quiet if already closed): nothing more is sent (a send stuck on a peer that
+        reads nothing is cut off), and what comes until the connection's close is still handed on."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
         if self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
             self._send_lock.release()
         else:
             self.abort()
         with contextlib.suppress(Exception):  # hanging up must not fail: the connection is gone either way
             self.conn.close()
+        self._lose("the session's link was closed")
         if self._reader is not threading.current_thread():
             self._reader.join(timeout=SEND_LOCK_SECONDS + 1)
 

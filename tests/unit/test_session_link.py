@@ -237,6 +237,33 @@ def test_a_reader_that_takes_nothing_holds_its_sender_back_within_the_window() -
             worker.close()
 
 
+def test_closing_a_link_frees_a_sender_held_back_by_the_window() -> None:
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        ended: list[SessionLost] = []
+
+        def send() -> None:
+            try:
+                worker.send(Frame(FrameType.DATA, STDOUT, 0, os.urandom(4 * WINDOW)))
+            except SessionLost as e:
+                ended.append(e)
+
+        try:
+            meet(client, worker)
+            thread = threading.Thread(target=send, daemon=True)
+            thread.start()
+            thread.join(0.5)
+            assert thread.is_alive()  # held back: the client takes nothing
+            worker.close()
+            thread.join(10)
+            assert not thread.is_alive() and len(ended) == 1 and ended[0].reason == "relay_lost"
+            assert worker.bytes_out <= WINDOW + 2 * GATEWAY_FRAME
+        finally:
+            client.close()
+            worker.close()
+
+
 def test_lost_and_copied_hellos_and_copied_frames_still_meet_once_and_deliver_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
