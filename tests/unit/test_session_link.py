@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
 from runplane.client import _link
 from runplane.client._link import Link, SessionLost
+from runplane.client.sessions import Access
 from runplane.domain.session_wire import (
     HEADER,
     STDIN,
@@ -372,3 +373,11 @@ def test_base64_messages_carry_frames_both_ways() -> None:
     assert isinstance(text, str) and base64.b64decode(text) == frame.encode()
     assert decode(frame_bytes(text, BASE64)) == frame
     assert len(frame_bytes(message(frame, BINARY), BINARY)) == HEADER.size + 256
+
+
+def test_the_client_reads_the_relays_encoding_and_frame_size_from_the_api() -> None:
+    answer = {"id": "s", "relay": {"url": "wss://x/", "headers": {}, "max_frame": GATEWAY_FRAME, "encoding": BASE64}}
+    access = Access.read(answer)
+    assert (access.encoding, access.max_frame) == (BASE64, GATEWAY_FRAME)
+    assert Access.read({"id": "s", "relay": {"url": "ws://x/", "headers": {}, "max_frame": 1 << 30}}).encoding == BINARY
+    assert Access.read({"id": "s", "relay": {"url": "ws://x/", "headers": {}, "max_frame": 1 << 30}}).max_frame == 65536
