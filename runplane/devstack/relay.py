@@ -4,7 +4,8 @@ WebSocket at ``/v1/relay`` of the embedded stack's front, in the process whose A
 A side dials with ``Authorization: Bearer <ticket>``. The hub reads the ticket, reads the session
 and lets the side in only when the ticket is that session's client's or worker's (``admits``): else
 401 before any WebSocket is open. One connection per side at a time (a second: 409), at most
-``max_connections`` in all (503). A side waits alone at most ``wait_seconds`` for its peer (then
+``max_connections`` in all (503), and a client of a user whose sessions hold ``max_per_owner``
+already is refused (429). A side waits alone at most ``wait_seconds`` for its peer (then
 GONE ``peer_absent``; what it sends meanwhile waits in its connection's small queue, then in TCP:
 nothing is dropped, nothing grows without bound); once both are there, every
 binary message of one goes to the other unchanged, in order, with a blocking send (a peer that
@@ -51,6 +52,10 @@ __all__ = ["MAX_FRAME", "RELAY_PATH", "RelayHub"]
 log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 512
 """Sides held at once; past it, 503 (each holds a few threads)."""
+MAX_PER_OWNER = 64
+"""Sides of one user's sessions held at once (their workers' included) past which a client of
+theirs is refused (429): one user cannot take every place of the hub. A worker is never refused
+for it (its session is taken already; its client counts the places)."""
 SEND_SECONDS = 120.0
 """How long one send may wait on a peer that does not read (its TCP window full) before the peer
 is taken for gone; a live side answers pings within 30 s."""
@@ -64,6 +69,7 @@ _GONE_TYPE = bytes([session_wire.FrameType.GONE])
 class _Conn:
     session_id: str
     side: SessionSide
+    owner: str
     ws: Connection | None = None
     """None until its handshake is written."""
     met: threading.Event = field(default_factory=threading.Event)
@@ -85,7 +91,8 @@ class RelayHub:
     """The sessions' meeting point of one process. ``sessions``: where tickets are checked (read at
     each connect, so a session closed or ended is not joined again); ``wait_seconds``: how long a
     side waits for its peer; ``clock``: what ``admits`` is asked at; ``max_connections``: sides held
-    at once (past it, 503)."""
+    at once (past it, 503); ``max_per_owner``: sides of one user's sessions held at once (past it, a
+    client of theirs is 429)."""
 
     def __init__(
         self,
@@ -94,12 +101,16 @@ class RelayHub:
         wait_seconds: float = REQUEST_SECONDS,
         max_frame: int = MAX_FRAME,
         max_connections: int = MAX_CONNECTIONS,
+        max_per_owner: int = MAX_PER_OWNER,
     ) -> None:
         self.sessions, self.clock = sessions, clock
         self.wait_seconds, self.max_frame, self.max_connections = wait_seconds, max_frame, max_connections
+        self.max_per_owner = max_per_owner
         self._lock = threading.Lock()
         self._pairs: dict[str, _Pair] = {}
         self._count = 0
+        self._owners: dict[str, int] = {}
+        """Sides held of each user's sessions."""
 
     def serve(self, sock: socket.socket, path: str, headers: Mapping[str, str]) -> None:
         """Serve one side on ``sock``, whose request (``path`` and ``headers``) the front has read:
@@ -141,8 +152,8 @@ class RelayHub:
             sock.sendall(response.serialize())
             return
         try:
-            session_id, side = self._admit(headers)
-            conn = self._join(session_id, side, sock)
+            session_id, side, owner = self._admit(headers)
+            conn = self._join(session_id, side, owner)
         except Refused as e:
             sock.settimeout(SEND_SECONDS)
             sock.sendall(_error(e))
@@ -165,9 +176,9 @@ class RelayHub:
         finally:  # a failure of the hub's own frees the side's place (a no-op once its pair ended)
             self._leave(conn)
 
-    def _admit(self, headers: Headers) -> tuple[str, SessionSide]:
-        """The session and side a request's ticket is for. Raises Refused (401, whatever is wrong
-        with it: which is not told)."""
+    def _admit(self, headers: Headers) -> tuple[str, SessionSide, str]:
+        """The session, side and owner a request's ticket is for. Raises Refused (401, whatever is
+        wrong with it: which is not told)."""
         refused = Refused(401, "unauthorized", "this ticket does not open a session here")
         scheme, _, text = (headers.get("Authorization") or "").partition(" ")
         read = read_ticket(text.strip()) if scheme.lower() == "bearer" else None
@@ -184,19 +195,26 @@ class RelayHub:
         now = self.clock()
         for side in ("client", "worker"):
             if admits(session, side, secret, now):
-                return session_id, side
+                return session_id, side, session.owner
         raise refused
 
-    def _join(self, session_id: str, side: SessionSide, sock: socket.socket) -> _Conn:
-        conn = _Conn(session_id, side)
+    def _join(self, session_id: str, side: SessionSide, owner: str) -> _Conn:
+        conn = _Conn(session_id, side, owner)
         with self._lock:
             if self._count >= self.max_connections:
                 raise Refused(503, "unavailable", "the relay holds as many connections as it can; try again")
+            if side == "client" and self._owners.get(owner, 0) >= self.max_per_owner:
+                message = (
+                    f"your sessions hold {self.max_per_owner} of the relay's connections, the most one user may;"
+                    " close one of them first"
+                )
+                raise Refused(429, "too_many_connections", message)
             pair = self._pairs.setdefault(session_id, _Pair())
             if side in pair.sides:
                 raise Refused(409, "conflict", f"the {side} of this session is connected already")
             pair.sides[side] = conn
             self._count += 1
+            self._owners[owner] = self._owners.get(owner, 0) + 1
         return conn
 
     def _run(self, conn: _Conn, ws: Connection) -> None:
@@ -249,7 +267,8 @@ class RelayHub:
             if self._pairs.get(session_id) is pair:
                 del self._pairs[session_id]
             sides = list(pair.sides.values())
-            self._count -= len(sides)
+            for side in sides:
+                self._release(side)
         gone = session_wire.json_frame(session_wire.FrameType.GONE, {"reason": reason}).encode()
         for side in sides:
             side.met.set()
@@ -265,9 +284,18 @@ class RelayHub:
             pair = self._pairs.get(conn.session_id)
             if pair is not None and pair.sides.get(conn.side) is conn:
                 del pair.sides[conn.side]
-                self._count -= 1
+                self._release(conn)
                 if not pair.sides:
                     del self._pairs[conn.session_id]
+
+    def _release(self, conn: _Conn) -> None:
+        """Give ``conn``'s place back (the lock held)."""
+        self._count -= 1
+        left = self._owners.get(conn.owner, 0) - 1
+        if left > 0:
+            self._owners[conn.owner] = left
+        else:
+            self._owners.pop(conn.owner, None)
 
 
 def _other(side: SessionSide) -> SessionSide:

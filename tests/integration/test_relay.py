@@ -130,13 +130,20 @@ def _relay(
     wait: float,
     tls: bool = False,
     max_connections: int = 512,
+    max_per_owner: int = 64,
 ) -> Iterator[Relay]:
     state = tmp_path / "state"
     settings = StackSettings(cloud="local", state_dir=str(state), public_url="http://127.0.0.1", pools=POOLS)
     stack = bootstrap.build_stack(settings)
     assert stack.sessions is not None
     now = [time.time()]
-    hub = RelayHub(stack.sessions, clock=lambda: now[0], wait_seconds=wait, max_connections=max_connections)
+    hub = RelayHub(
+        stack.sessions,
+        clock=lambda: now[0],
+        wait_seconds=wait,
+        max_connections=max_connections,
+        max_per_owner=max_per_owner,
+    )
     cloud = LocalCloud(state, "http://127.0.0.1")
     cloud.provision(stack)
     before = bootstrap.use(stack)
@@ -264,6 +271,27 @@ def test_sides_past_the_relays_capacity_are_refused_until_one_goes(tmp_path: Pat
             assert _gone(client) == "worker_gone"
         with relay.dial(b_client) as b:  # both places given back
             b.send(b"waiting")
+
+
+def test_one_users_clients_are_refused_past_their_share_of_the_relay_and_their_workers_never(tmp_path: Path) -> None:
+    for relay in _relay(tmp_path, _serve_dev, 60, max_per_owner=2):
+        a, a_client, a_worker = relay.session(slot=0)
+        _, b_client, b_worker = relay.session(slot=1)
+        _, bobs_client, _ = relay.session(run_id="r-bob", owner="bob", asked_by="bob")
+        with relay.dial(a_client) as client, relay.dial(a_worker) as worker:  # alice's sessions hold 2
+            with relay.dial(b_worker) as waiting:  # a worker is let in all the same
+                waiting.send(b"waiting")
+                with pytest.raises(InvalidStatus) as refused:
+                    relay.dial(b_client)
+                assert refused.value.response.status_code == 429
+                assert b"the most one user may" in refused.value.response.body
+                with relay.dial(bobs_client) as bob:  # another user's are let in
+                    bob.send(b"waiting")
+                client.close()
+                assert _gone(worker) == "client_gone"
+                _wait(lambda r=relay, sid=a.id: r.hub.held(sid) == [])
+                with relay.dial(b_client) as b:  # alice's places given back
+                    assert b.recv(timeout=10) == b"waiting"
 
 
 def test_a_peer_that_does_not_read_holds_its_sender_back_and_then_gets_everything_in_order(dev_relay: Relay) -> None:
