@@ -93,6 +93,8 @@ class ApiGatewayWebSocket:
         self.idle_seconds, self.max_seconds = idle_seconds, max_seconds
         self._conns: dict[str, _Conn] = {}
         self._lock = threading.Lock()
+        self._quiet = threading.Condition(self._lock)  # notified as each connection's $disconnect returns
+        self._serving = 0
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apigw-ws")
         self._server = _Server((host, port), self)
         self._thread: threading.Thread | None = None
@@ -114,12 +116,15 @@ class ApiGatewayWebSocket:
         return self.url
 
     def stop(self) -> None:
-        """Close every connection (each gets its ``$disconnect``) and stop serving."""
-        self._server.shutdown()
+        """Close every connection and stop serving, once each connection's ``$disconnect`` returned
+        (10 s at most)."""
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:
             conn.ws.close(1001, "Going away")
+        with self._quiet:  # their $disconnect may still use @connections: served meanwhile
+            self._quiet.wait_for(lambda: self._serving == 0, timeout=10)
+        self._server.shutdown()
         self._server.server_close()
         self._pool.shutdown(wait=True, cancel_futures=False)
 
@@ -206,6 +211,7 @@ class ApiGatewayWebSocket:
         with conn.lock:  # posted to from here (its $connect answered), each post after the handshake's answer
             with self._lock:
                 self._conns[conn_id] = conn
+                self._serving += 1
             sock.sendall(response.serialize())
         try:
             self._read(conn)
@@ -216,7 +222,12 @@ class ApiGatewayWebSocket:
                 with contextlib.suppress(Exception):
                     pending.result()
             close = ws.protocol.close_rcvd or ws.protocol.close_sent
-            self._disconnect(conn, close.code if close else 1006, close.reason if close else "")
+            try:
+                self._disconnect(conn, close.code if close else 1006, close.reason if close else "")
+            finally:
+                with self._quiet:
+                    self._serving -= 1
+                    self._quiet.notify_all()
 
     def _read(self, conn: _Conn) -> None:
         started = time.monotonic()
@@ -235,7 +246,10 @@ class ApiGatewayWebSocket:
             if isinstance(message, bytes):
                 conn.ws.close(1003, "Binary frames are not supported")
                 continue
-            future = self._pool.submit(self._message, conn, message)
+            try:
+                future = self._pool.submit(self._message, conn, message)
+            except RuntimeError:  # stopping: the message goes with the connection
+                return
             conn.pending.add(future)
             future.add_done_callback(conn.pending.discard)
 
