@@ -9,6 +9,7 @@ of the host nor one of another run."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import threading
 import time
@@ -37,6 +38,7 @@ from runplane.domain.session_wire import (
     decode,
     json_frame,
     resize,
+    signal_frame,
 )
 from runplane.domain.sessions import (
     LIVE,
@@ -293,15 +295,35 @@ def test_a_terminals_size_follows_resize(site: Site) -> None:
     assert client.out[STDERR] == b""  # with a terminal everything comes on stdout
 
 
+def test_a_signal_with_a_terminal_reaches_its_foreground_job(site: Site) -> None:
+    client = join(site, site.run, SessionKind.SHELL, {"rows": 24, "cols": 80}, tty=True, stdin=True)
+    with client.conn:
+        client.send(Frame(FrameType.DATA, STDIN, 0, b"sleep 1009\n"))
+        wait_for(lambda: any("sleep 1009" in p for p in _sleeps(site)), 10, 0.1, "the foreground sleep")
+        client.send(signal_frame(signal.SIGINT))  # as ^C would: the sleep, not the shell
+        wait_for(lambda: _sleeps(site) == [], 10, 0.1, "the sleep to end")
+        client.send(Frame(FrameType.DATA, STDIN, 0, b"echo after $?\n"))  # the shell is there still
+        client.wait_output(b"after 130")
+        client.send(Frame(FrameType.DATA, STDIN, 0, b"exit 7\n"))
+        assert client.until(FrameType.EXIT).json()["code"] == 7
+
+
 def _sleeps(site: Site) -> list[str]:
     top = site.container(site.run).top()
     return [" ".join(p) for p in top["Processes"] if "sleep 100" in " ".join(p)]
 
 
 def test_a_client_that_drops_leaves_nothing_of_its_session_running(site: Site) -> None:
-    command = ["sh", "-c", "sleep 1001 & (setsid sleep 1002 &); sleep 1003"]
-    client = join(site, site.run, SessionKind.EXEC, command=command)
-    wait_for(lambda: len(_sleeps(site)) == 3, 10, 0.1, "the session's three sleeps")
+    # the last leaves the session and clears its environment, once the session runs (its "ready" sent)
+    command = [
+        "sh",
+        "-c",
+        "sleep 1001 & (setsid sleep 1002 &); echo ready; read go; (setsid env -i sleep 1008 &); sleep 1003",
+    ]
+    client = join(site, site.run, SessionKind.EXEC, command=command, stdin=True)
+    client.wait_output(b"ready")
+    client.send(Frame(FrameType.DATA, STDIN, 0, b"go\n"))
+    wait_for(lambda: len(_sleeps(site)) == 4, 10, 0.1, "the session's four sleeps")
     client.conn.socket.close()  # dropped, no goodbye
     client.conn.close()
     session = ended(site, client.session)

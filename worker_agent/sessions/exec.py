@@ -12,11 +12,13 @@ import contextlib
 import logging
 import os
 import shlex
+import signal
 import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -36,7 +38,7 @@ from runplane.domain.session_wire import (
 )
 from runplane.domain.sessions import Session, SessionKind
 from worker_agent.sessions.link import Link
-from worker_agent.sessions.procs import Procs, end_session
+from worker_agent.sessions.procs import Proc, Procs, end_session
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,10 @@ class ExecSession:
         self.run_ending = run_ending
         self.exec_id = ""
         self.pid = 0
+        self.proc: Proc | None = None
+        """The command's process as it started (a pid reused since is not it)."""
+        self.cgroup: Path | None = None
+        """The session's own cgroup (procs.Procs.confine), if one could be made."""
         self.exit_code: int | None = None
         self._sock: socket.socket | None = None
         self._stopping = threading.Event()
@@ -114,6 +120,9 @@ class ExecSession:
         # command silent for longer is not over, nor is input the command reads slowly lost
         self._sock.settimeout(None)
         self.pid = self._exec_pid()
+        if self.pid:
+            self.proc = self.procs.stat(self.pid)
+            self.cgroup = self.procs.confine(self.container.id, self.pid, session.id)
         if session.tty and rows and cols:
             self.resize(rows, cols)
         self._output = threading.Thread(target=self._send_output, name=f"session-{session.id}-out", daemon=True)
@@ -156,10 +165,23 @@ class ExecSession:
             log.info("session %s: resize failed: %s", self.session.id, e)
 
     def signal(self, signo: int) -> None:
-        # only while the pid is still the command's (in the run's cgroup): never another process
-        if self.procs.in_container(self.pid, self.container.id):
-            with contextlib.suppress(ProcessLookupError, PermissionError, ValueError, OSError):
-                os.kill(self.pid, signo)
+        """Send ``signo`` on: with a terminal, to its foreground process group (the job the
+        terminal's ^C would reach: the command itself, or what its shell runs in the foreground);
+        else to the command. Only to processes of the session that are still those listed."""
+        exec_proc = self.proc
+        if exec_proc is None or not 0 < signo < signal.NSIG:
+            return
+        targets = [exec_proc]
+        if self.session.tty:
+            now = self.procs.stat(exec_proc.pid)
+            if now is None or now.start != exec_proc.start:
+                return  # the command ended: nothing of the session is in the foreground
+            found = self.procs.of_session(self.container.id, self.pid, self.session.id, self.cgroup)
+            targets = [p for p in found if now.tpgid > 0 and p.pgrp == now.tpgid] or [exec_proc]
+        for proc in targets:
+            pidfd = self.procs.signal(proc, self.container.id, signo)
+            if pidfd is not None:
+                os.close(pidfd)
 
     # -- to the client --------------------------------------------------------------------
 
@@ -228,7 +250,7 @@ class ExecSession:
             if output is not None and output.is_alive():
                 self._stopping.set()  # no EXIT: the command is ended, it did not end
             # what it started and left behind too (a background child), whether it ended or not
-            left = end_session(self.procs, self.container.id, self.pid or None, self.session.id)
+            left = end_session(self.procs, self.container.id, self.pid or None, self.session.id, self.cgroup)
             if left:
                 log.warning(
                     "session %s: %d of its processes still run after SIGKILL: %s",
