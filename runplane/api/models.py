@@ -303,6 +303,14 @@ class PoolRetention(WireModel):
     )
 
 
+class PoolSessions(WireModel):
+    """Who may open sessions (exec, shell, port-forward) into the pool's running runs (docs/sessions.md)."""
+
+    allow_exec: bool = Field(description="owners may open sessions into their running runs")
+    allow_admin_exec: bool = Field(description="admins may open sessions into other users' runs")
+    max_sessions_per_run: int = Field(description="sessions one run may have at once")
+
+
 class PoolView(WireModel):
     name: str
     backend: Annotated[Backend, Extensible]
@@ -352,6 +360,9 @@ class PoolView(WireModel):
     retention: Annotated[PoolRetention | None, Since("0.3")] = Field(
         default=None,
         description="how long what its runs leave is kept once they end; null: a server that does not tell",
+    )
+    sessions: Annotated[PoolSessions | None, Since("0.3")] = Field(
+        default=None, description="who may open sessions into its running runs; null: a server that does not tell"
     )
 
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from runplane.api.models import (
     PoolLaunches,
     PoolRetention,
+    PoolSessions,
     PoolShape,
     PoolView,
     PoolWorkerCounts,
@@ -182,6 +183,11 @@ def pool_view(
         agent_versions=record.agent_versions,
         refused_workers=record.refused,
         retention=PoolRetention(outputs=kept.seconds("outputs"), logs=kept.seconds("logs"), runs=kept.seconds("runs")),
+        sessions=PoolSessions(
+            allow_exec=pool.allow_exec,
+            allow_admin_exec=pool.allow_admin_exec,
+            max_sessions_per_run=pool.max_sessions_per_run,
+        ),
     )
 
 

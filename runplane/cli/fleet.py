@@ -56,8 +56,21 @@ def pools(ctx: typer.Context, as_json: JSON = False) -> None:
     counted = [p.counted_at for p in found if p.counted_at is not None]
     if counted:
         out.print(f"backlog and workers as the dispatcher counted them, the oldest at {when(min(counted))}")
-    for line in [kept for p in found if (kept := pool_retention(p)) is not None] + problems:
+    notes = [kept for p in found if (kept := pool_retention(p)) is not None]
+    notes += [said for p in found if (said := pool_sessions(p)) is not None]
+    for line in notes + problems:
         out.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def pool_sessions(pool: PoolView) -> str | None:
+    """One line saying who may open sessions into ``pool``'s runs, or None when its owners may (and
+    admins may not), as by default."""
+    sessions = pool.sessions
+    if sessions is None or (sessions.allow_exec and not sessions.allow_admin_exec):
+        return None
+    if not sessions.allow_exec:
+        return f"{pool.name}: no sessions into its runs (allow_exec: false)"
+    return f"{pool.name}: admins may open sessions into users' runs (allow_admin_exec: true)"
 
 
 def pool_retention(pool: PoolView) -> str | None:
