@@ -4,6 +4,7 @@ import { get, post } from "./api.js";
 import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runLink, safeHref, say, seconds, svg, TERMINAL, table, when } from "./dom.js";
 import { OWNER_RETRIES, RETRY_MEANS, resubmit, retryable, unsuccessful } from "./runs.js";
 import { runSecrets } from "./secrets.js";
+import { poolReader, sessionsBox } from "./sessions.js";
 
 const REFRESH_MS = 1500;
 const WAIT_S = 20; // the longest the API holds a read of the run until it changes
@@ -262,6 +263,7 @@ export function runPage(main, runId, session) {
   const keepButton = h("button", { type: "button", title: KEEP_MEANS, onclick: keep }, "Keep");
   const gone = (what) => () => current && deletedByRetention(current, what);
   let current = null;
+  const poolOf = poolReader(() => current && keepFocus(main, draw)); // for its sessions' rules
   let logsAttempt = null; // the attempt the log views show (its number, even when "latest" was asked)
   const attemptSelect = h("select", { id: "attempt", onchange: () => showAttempt() }, h("option", { value: "" }, "latest"));
 
@@ -370,6 +372,7 @@ export function runPage(main, runId, session) {
     replace(
       details,
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+      run.state === "running" ? sessionsBox(run, session.me, poolOf(run.queue)) : null,
       waterfall(run),
       resources(run),
       links(run),

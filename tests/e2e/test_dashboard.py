@@ -186,6 +186,50 @@ def test_a_running_run_is_killed_from_its_page(tab, alice):
     expect(page.locator("main")).to_contain_text("not linked to the original")
 
 
+def test_a_running_runs_page_offers_a_shell_to_whoever_may_open_one(tab, alice):
+    run = alice.request("POST", "/v1/runs", {"command": "sleep 60", "name": unique("shell")})
+    run_id = run["id"]
+    wait_state(alice, run_id, {"running"})
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run_id}")
+    commands = t.page.locator("section.sessions code")
+    expect(commands).to_have_text(
+        [f"runplane shell {run_id}", f"runplane exec {run_id} -- ps", f"runplane port-forward {run_id} 8000"]
+    )
+    expect(t.page.get_by_role("button", name=f"Copy: runplane shell {run_id}")).to_be_visible()
+    # an admin, on a pool that lets no admin in (the API would answer 404): none offered
+    admin = tab()
+    with admin.page.expect_response(lambda answer: answer.url.endswith("/v1/pools")):
+        admin.sign_in("admin-token", f"/runs/{run_id}")
+    expect(admin.page.locator("h1 .state")).to_have_text("running")
+    expect(admin.page.locator("section.sessions")).to_have_count(0)
+    # who is offered one, by the pool's settings
+    offered = admin.page.evaluate(
+        """async (id) => {
+            const { sessionCommands } = await import("/ui/sessions.js");
+            const run = { id, state: "running", owner: "alice", queue: "default" };
+            const pool = (exec, admins) => ({ name: "default", sessions: { allow_exec: exec,
+                                                                          allow_admin_exec: admins } });
+            const alice = { user: "alice", scopes: ["runs:read", "runs:write"] };
+            const root = { user: "root", scopes: ["admin"] };
+            return [
+                sessionCommands(run, alice, pool(true, false)),
+                sessionCommands(run, root, pool(true, false)),
+                sessionCommands(run, root, pool(true, true)),
+                sessionCommands(run, alice, pool(false, true)),
+                sessionCommands(run, root, pool(false, true)),
+                sessionCommands({ ...run, state: "uploading" }, alice, pool(true, false)),
+                sessionCommands(run, alice, { name: "default", sessions: null }),
+                sessionCommands(run, alice, null),
+            ].map((found) => found.length);
+        }""",
+        run_id,
+    )
+    assert offered == [3, 0, 3, 0, 0, 0, 3, 0]
+    alice.request("POST", f"/v1/runs/{run_id}/kill")
+    expect(t.page.locator("section.sessions")).to_have_count(0)  # no longer running
+
+
 def test_a_run_tried_twice_shows_each_attempts_logs(tab, alice):
     run = alice.request(
         "POST",
