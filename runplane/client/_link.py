@@ -56,6 +56,9 @@ TICK_SECONDS = 0.2
 """How often the reading thread looks at its timers (an idle ACK, HELLO again, a gap, a ping)."""
 ACK_DELAY = 0.05
 """How long a reader that took frames waits for more before it acks them."""
+LINGER_SECONDS = 2.0
+"""How long hanging up waits for a peer that acks to take what was sent (a relay that may reorder
+could otherwise pass the hang-up on before the last frames: an EXIT, the last output)."""
 
 
 class SessionLost(Exception):
@@ -180,20 +183,19 @@ class Link:
         if frame.type == FrameType.DATA:
             self.bytes_out += len(frame.payload)
 
-    def _put(self, frame: Frame) -> None:
+    def _put(self, frame: Frame, own: bool = False) -> None:
         with self._send_lock:
-            self._write(frame)
+            self._write(frame, own)
 
     def _say(self, frame: Frame) -> None:
-        """What the link says of itself (PING, PONG, ACK, HELLO again): nothing once closing."""
-        if not self._closing:
-            self._put(frame)
+        """What the link says of itself (PING, PONG, ACK, HELLO again): said while it closes too."""
+        self._put(frame, own=True)
 
-    def _write(self, frame: Frame) -> None:
+    def _write(self, frame: Frame, own: bool = False) -> None:
         from websockets.exceptions import ConnectionClosed
 
         self._check()
-        if self._closing:
+        if self._closing and not own:
             raise SessionLost("relay_lost", "the session's link was closed")
         try:
             self.conn.send(message(frame, self.encoding))
@@ -373,10 +375,24 @@ class Link:
 
     def close(self) -> None:
         """Hang up (quiet if already closed): nothing more is sent (a send stuck on a peer that
-        reads nothing is cut off), and what comes until the connection's close is still handed on."""
+        reads nothing is cut off), what was sent is given LINGER_SECONDS to be acked (a peer that
+        acks), and what comes until the connection's close is still handed on."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
+            owed = self._acks and self._taken != self._acked and self._lost is None
+        if owed and self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
+            try:  # what this side took, acked at once: the peer may be waiting to hang up
+                with self._cond:
+                    taken, self._acked, self._unacked_in, self._ack_due = self._taken, self._taken, 0, None
+                with contextlib.suppress(SessionLost):
+                    self._write(ack(taken), own=True)
+            finally:
+                self._send_lock.release()
+        with self._cond:
+            until = self.clock() + LINGER_SECONDS
+            while self._lost is None and self._unacked and (left := until - self.clock()) > 0:
+                self._cond.wait(min(left, TICK_SECONDS))
         if self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
             self._send_lock.release()
         else:

@@ -43,8 +43,10 @@ Flow. With a peer whose HELLO says ``acks: true``, a side sends ACK with the las
 (handed on to the command, the terminal or the connection) every ``ACK_BYTES`` taken and when it
 has taken something not yet acked and idles; a sender waits while more than ``WINDOW`` bytes of
 its numbered frames (header and payload) are not acked. So a slow reader slows its peer down
-through any relay, and what a side holds stays bounded. With an older peer neither side acks and
-the one-machine relay's own backpressure (TCP) does it.
+through any relay, and what a side holds stays bounded; a side that hangs up gives what it sent a
+moment to be acked first, so that a relay that reorders does not pass the hang-up on before it
+(the last output, the EXIT). With an older peer neither side acks and the one-machine relay's own
+backpressure (TCP) does it.
 """
 
 from __future__ import annotations

@@ -238,7 +238,8 @@ def test_a_reader_that_takes_nothing_holds_its_sender_back_within_the_window() -
             worker.close()
 
 
-def test_closing_a_link_frees_a_sender_held_back_by_the_window() -> None:
+def test_closing_a_link_frees_a_sender_held_back_by_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_link, "LINGER_SECONDS", 0.2)  # the client never acks: hang up soon
     with relay() as played:
         client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
         worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
@@ -260,6 +261,30 @@ def test_closing_a_link_frees_a_sender_held_back_by_the_window() -> None:
             thread.join(10)
             assert not thread.is_alive() and len(ended) == 1 and ended[0].reason == "relay_lost"
             assert worker.bytes_out <= WINDOW + 2 * GATEWAY_FRAME
+        finally:
+            client.close()
+            worker.close()
+
+
+def test_a_side_that_hangs_up_first_lets_its_last_frames_be_taken() -> None:
+    """The relay passes a hang-up on at once, ahead of messages it has not handed on yet."""
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            meet(client, worker)
+            for i in range(100):
+                worker.send(Frame(FrameType.DATA, STDOUT, 0, b"%d," % i))
+            worker.send(json_frame(FrameType.EXIT, {"code": 0}))
+            closing = threading.Thread(target=worker.close, daemon=True)
+            closing.start()
+            got = b""
+            while (frame := client.recv(10)) is not None and frame.type == FrameType.DATA:
+                got += frame.payload
+            assert frame is not None and frame.type == FrameType.EXIT
+            assert got == b"".join(b"%d," % i for i in range(100))
+            closing.join(10)
+            assert not closing.is_alive()
         finally:
             client.close()
             worker.close()
@@ -299,6 +324,7 @@ def test_lost_and_copied_hellos_and_copied_frames_still_meet_once_and_deliver_on
 
 def test_a_frame_the_relay_lost_ends_the_link_as_relay_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_link, "GAP_SECONDS", 0.3)
+    monkeypatch.setattr(_link, "LINGER_SECONDS", 0.2)  # what was lost is never acked
 
     def tamper(side: str, frame: Frame) -> int:
         return 0 if frame.type == FrameType.DATA and frame.payload == b"lost" else 1
