@@ -341,7 +341,7 @@ class Link:
         self._bound(len(self._held), self._held_bytes)
 
     def _bound(self, frames: int, size: int) -> None:
-        if frames > MAX_HELD or size > self.window + MAX_PAYLOAD:
+        if frames > MAX_HELD or size > self.window + 4 * MAX_PAYLOAD:  # a window, and what may pass it
             raise self._lose(f"the relay lost a frame: {frames} frames came after it")
 
     def _ready_now(self, frame: Frame) -> None:

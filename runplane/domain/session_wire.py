@@ -73,7 +73,7 @@ WINDOW = 1024 * 1024
 """The most bytes of numbered frames a side has sent and its peer not acked (peers that ack)."""
 ACK_BYTES = 256 * 1024
 """A receiver acks at least every this many bytes it took."""
-MAX_HELD = 256
+MAX_HELD = 1024
 """The most frames a receiver holds that came before one missing."""
 GAP_SECONDS = 30.0
 """How long a missing frame may keep the ones after it waiting."""
