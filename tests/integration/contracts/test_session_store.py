@@ -178,7 +178,7 @@ def test_a_session_this_release_cannot_read_is_left_alone(stack):
     store = stack.sessions
     run = new_run_id()
     unknown, known = store.create(make(run, 0)), store.create(make(run, 1))
-    rewrite_stored(stack, unknown, kind="attach")
+    rewrite_stored(stack, unknown, kind="debugger")
     assert store.for_run(run) == [known]
     with pytest.raises(NotFound):
         store.get(unknown.id)
