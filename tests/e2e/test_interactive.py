@@ -56,7 +56,8 @@ def test_run_it_gives_the_command_a_terminal_and_ends_as_the_shell_did(devstack,
     try:
         run_id = re.search(r"(r-[0-9a-f]{24}) submitted", until(" submitted to pool default"))
         assert run_id is not None
-        until("output $")  # the shell's prompt, written before the terminal joined: replayed from the engine's log
+        until("built-in shell (ash)")  # written before the terminal joined: replayed from the engine's log
+        until("output $")  # the shell's prompt
         # ~. with the line it ends: busybox's sh asks the terminal where its cursor is after each
         # line, and the answer (input too) would come between them
         subprocess.run(["tmux", "send-keys", "-t", name, "echo one-$((1+1))", "Enter", "~."], check=True)

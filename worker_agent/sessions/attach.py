@@ -2,10 +2,11 @@
 run's container (created with its stdin open, and a terminal where the run has one), the client's
 STDIN frames written to it, its output sent back as DATA, RESIZE made the container's terminal
 size, and EXIT with the container's exit code once the command ended of itself. The first attach of
-an attempt replays what the command wrote before it (from the engine's log); a later one starts
-where it joins. Detaching (the client goes, the session is closed) ends nothing: the command goes
-on, and ``runplane attach`` joins it again. ``Input`` is the run's input clock: the watch ends a run
-that had no input for its pool's ``max_idle_interactive``."""
+an attempt replays what the command wrote before it (the engine's log of it, its last REPLAYED
+writes; without a terminal, stdout and stderr as one); a later one starts where it joins.
+Detaching (the client goes, the session is closed) ends nothing: the command goes on, and
+``runplane attach`` joins it again. ``Input`` is the run's input clock: the watch ends a run that
+had no input for its pool's ``max_idle_interactive``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +30,8 @@ from worker_agent.sessions.link import Link
 log = logging.getLogger(__name__)
 
 JOIN_SECONDS = 10.0
+REPLAYED = 1000
+"""The most of the engine's log entries (the command's writes) the first attach replays."""
 
 
 class Input:
@@ -83,14 +87,18 @@ class AttachSession:
 
     def start(self, rows: int | None, cols: int | None) -> None:
         """Attach to the container and start the thread that sends its output. Raises ExecFailed."""
-        logs = 1 if self.input.first_attach() else 0
-        params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1, "logs": logs}
+        params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
         try:
             hijacked = self.api.attach_socket(self.container.id, params=params)
+            # what it printed before, from the engine's log up to now (the attach's own ``logs``
+            # replay is not to be relied on): a byte printed as the stream was joined may come twice
+            before = self.api.logs(self.container.id, stdout=True, stderr=True, until=time.time(), tail=REPLAYED)
         except (docker.errors.APIError, requests.RequestException) as e:
             raise ExecFailed(f"the run's command could not be attached to: {e}") from e
         self._sock = hijacked._sock
         self._sock.settimeout(None)  # a command silent for long is not over
+        if self.input.first_attach() and before:
+            self._data(STDOUT, before)
         if self.session.tty and rows and cols:
             self.resize(rows, cols)
         self._output = threading.Thread(target=self._send_output, name=f"session-{self.session.id}-out", daemon=True)
