@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from runplane.client import Client, Conflict, NotFound, Run
+from runplane.client import Client, Conflict, InvalidRequest, NotFound, Run
 from tests.e2e.test_cli import cli
 from tests.e2e.test_sessions import MISSING
 
@@ -87,6 +87,10 @@ def test_run_i_feeds_piped_stdin_and_exits_as_the_command_did(devstack):
 
 def test_attach_is_the_owners_one_at_a_time_and_an_idle_run_is_killed_saying_why(devstack):
     alice, bob = Client(devstack.api_url, "alice-token"), Client(devstack.api_url, "bob-token")
+    with pytest.raises(InvalidRequest, match="a sweep's runs cannot be interactive"):
+        alice.submit_sweep("cat", parameters={"A": [1, 2]}, interactive=True)
+    with pytest.raises(InvalidRequest, match="tty is for an interactive run"):
+        alice.submit("sh", tty=True)
     batch = _until_running(alice.submit("sleep 600"))
     idle = alice.submit("cat", interactive=True)  # its 15 s without input count from its start
     try:
