@@ -7,7 +7,7 @@ is connected already is 409, unless its connection is gone (the gateway says so,
 are past their life): then the new one takes its place. ``$default``: the message (a frame's
 base64) goes unchanged to the peer's connection; one before the peer is there is dropped (the
 sides' HELLO exchange copes); one that is not a frame's base64, or carries over ``max_frame``
-payload bytes, ends its side; a GONE frame is never passed on (only the relay says GONE). A peer
+payload bytes, ends its side; a client's GONE frame is never passed on (only the relay and the worker say GONE). A peer
 found gone ends the session: the sender gets GONE ``<peer>_gone`` and is hung up. ``$disconnect``
 (best effort: the records' TTL is the backstop): the records go and the peer gets GONE
 ``<side>_gone`` and is hung up.
@@ -143,7 +143,7 @@ class RelayRoutes:
         if len(frame) < session_wire.HEADER.size or len(frame) - session_wire.HEADER.size > self.relay.max_frame:
             self.end(connection_id)
             return
-        if frame[0] == FrameType.GONE:  # only the relay says GONE
+        if frame[0] == FrameType.GONE and held.side == "client":  # only the relay and the worker say GONE
             return
         peer = self.connections.side(held.session_id, other(held.side))
         if peer is None:  # not there yet: dropped

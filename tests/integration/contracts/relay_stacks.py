@@ -167,7 +167,7 @@ def local_relay(tmp_path: Path) -> Iterator[RelayStack]:
     relay = FrontSessionRelay(f"http://127.0.0.1:{server.server_address[1]}", hub)
     try:
         held: Callable[[str], list[str]] = lambda sid: list(hub.held(sid))  # noqa: E731
-        yield RelayStack("local", relay, stack.sessions, now, relay.url, BINARY, relay.max_frame, held, False)
+        yield RelayStack("local", relay, stack.sessions, now, relay.url, BINARY, relay.max_frame, held, True)
     finally:
         hub.stop()
         server.shutdown()
