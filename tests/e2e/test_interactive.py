@@ -81,6 +81,10 @@ def test_run_i_feeds_piped_stdin_and_exits_as_the_command_did(devstack):
     proc = cli(devstack, "run", "-i", "--", "sh", stdin="echo hi; echo err >&2; exit 3\n")
     assert (proc.returncode, proc.stdout) == (3, "hi\n"), proc.stderr
     assert "err\n" in proc.stderr
+    run = _until_running(Client(devstack.api_url, "alice-token").submit("cat; echo err >&2; exit 4", interactive=True))
+    result = run.attach(stdin=b"\x00\xffbytes")  # the SDK's: fed, its input ended, its output taken
+    assert (result.exit_code, result.stdout, result.stderr) == (4, b"\x00\xffbytes", b"err\n")
+    assert run.wait(timeout=60).state == "failed"
     old = cli(devstack, "run", "-i", "data=run:r-0/x", "--", "true")  # --input's short flag, before -i was this
     assert old.returncode == 2 and "an input is --input NAME=SOURCE" in old.stderr, old
 
