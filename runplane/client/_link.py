@@ -39,6 +39,7 @@ from runplane.domain.session_wire import (
     decode,
     frame_bytes,
     json_frame,
+    max_message,
     message,
     ping,
     read_ack,
@@ -59,6 +60,39 @@ ACK_DELAY = 0.05
 LINGER_SECONDS = 2.0
 """How long hanging up waits for a peer that acks to take what was sent (a relay that may reorder
 could otherwise pass the hang-up on before the last frames: an EXIT, the last output)."""
+
+
+OPEN_TRIES = 2
+"""How many times an opening that times out is tried (see ``connect``)."""
+
+
+def connect(
+    url: str, headers: dict[str, str], encoding: str, *, open_timeout: float = 10.0, env_proxy: bool = True
+) -> Any:
+    """The WebSocket connection to a relay (a websockets ``ClientConnection``), its messages up to
+    the largest frame of ``encoding``. An opening that times out is tried again once: over TLS 1.3 a
+    server's session tickets can come while the opening request is written, and the client's reading
+    thread taking them at that moment can leave the request unsent (the relay then never answers).
+    Raises what websockets raises (InvalidHandshake, InvalidURI, OSError, TimeoutError)."""
+    from websockets.sync.client import connect as ws_connect
+
+    for attempt in range(1, OPEN_TRIES + 1):
+        try:
+            return ws_connect(
+                url,
+                additional_headers=headers,
+                compression=None,
+                max_size=max_message(encoding),
+                open_timeout=open_timeout,
+                ping_interval=None,  # the session's own PING frames keep it alive, through any relay
+                close_timeout=2.0,
+                **({} if env_proxy else {"proxy": None}),
+            )
+        except TimeoutError:
+            if attempt == OPEN_TRIES:
+                raise
+            log.info("the relay at %s did not answer the opening within %.0f s: trying again", url, open_timeout)
+    raise AssertionError("unreachable")
 
 
 class SessionLost(Exception):

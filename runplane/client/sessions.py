@@ -32,7 +32,6 @@ from runplane.domain.session_wire import (
     FrameType,
     chunks,
     json_frame,
-    max_message,
     resize,
     signal_frame,
 )
@@ -79,20 +78,12 @@ def dial(access: Access, *, open_timeout: float = 10.0) -> ClientConnection:
     """A WebSocket connection to ``access``'s relay (the ticket in its headers). Raises SessionLost
     when the relay refuses it or cannot be reached."""
     from websockets.exceptions import InvalidHandshake, InvalidURI
-    from websockets.sync.client import connect
 
     try:
-        return connect(
-            access.url,
-            additional_headers=access.headers,
-            compression=None,
-            max_size=max_message(access.encoding),  # sends keep to max_frame; what comes is taken up to any frame
-            open_timeout=open_timeout,
-            ping_interval=None,  # the session's own PING frames keep it alive, through any relay
-            close_timeout=2.0,
-        )
+        conn: ClientConnection = _link.connect(access.url, access.headers, access.encoding, open_timeout=open_timeout)
     except (InvalidHandshake, InvalidURI, OSError, TimeoutError) as e:
         raise SessionLost("relay_lost", f"cannot reach the session's relay at {access.url}: {e}") from None
+    return conn
 
 
 def open_link(access: Access, *, open_timeout: float = 10.0) -> Link:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
-from websockets.sync.client import ClientConnection, connect
+from websockets.sync.client import ClientConnection
 
 from runplane.client import _link
-from runplane.client._link import SessionLost
-from runplane.domain.session_wire import Frame, max_message
+from runplane.client._link import SessionLost, connect
+from runplane.domain.session_wire import Frame
 from runplane.domain.sessions import RelayEndpoint
 
 log = logging.getLogger(__name__)
@@ -33,14 +33,7 @@ class Link(_link.Link):
         url = endpoint.url
         try:
             conn: ClientConnection = connect(
-                url,
-                additional_headers=endpoint.headers,
-                max_size=max_message(endpoint.encoding),
-                compression=None,
-                proxy=None,
-                ping_interval=None,  # the frames' own PING keeps the session alive, through any relay
-                open_timeout=CONNECT_SECONDS,
-                close_timeout=2,
+                url, endpoint.headers, endpoint.encoding, open_timeout=CONNECT_SECONDS, env_proxy=False
             )
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as e:
             raise RelayUnreachable(f"the relay at {url} cannot be reached: {e}") from e
