@@ -81,7 +81,9 @@ def stop(seen: Seen, limits: Limits) -> Outcome | None:
             RunState.TIMED_OUT, FailureReason.TIME_LIMIT, f"exceeded its time limit of {format_duration(limits.time)}"
         )
     if limits.idle is not None and seen.idle is not None and seen.idle > limits.idle:
-        return killed("killed", f"no input for {format_duration(limits.idle)} (max_idle_interactive)")
+        return Outcome(
+            RunState.KILLED, FailureReason.KILLED, f"no input for {format_duration(limits.idle)} (max_idle_interactive)"
+        )
     return seen.disk or log_over(seen.log_bytes, limits)
 
 

@@ -110,7 +110,7 @@ def test_attach_is_the_owners_one_at_a_time_and_an_idle_run_is_killed_saying_why
         idle.wait(timeout=120)  # no input for 15 s
         assert idle.state == "killed", idle.view
         assert idle.failure is not None and idle.failure.reason == "killed", idle.view
-        assert idle.failure.message == "killed: no input for 15s (max_idle_interactive)", idle.view
+        assert idle.failure.message == "no input for 15s (max_idle_interactive)", idle.view
     finally:
         for run in (idle, batch):
             if not run.refresh().done:

@@ -60,7 +60,7 @@ def test_an_interactive_run_without_input_past_its_pools_most_is_killed_saying_w
     assert stop(Seen(elapsed=10, idle=None), idle) is None  # its input ended: nothing is waited for
     assert stop(Seen(elapsed=1, idle=10**5), LIMITS) is None  # not interactive: no such limit
     assert stop(Seen(elapsed=10, idle=1800.5), replace(idle, time=None)) == Outcome(
-        RunState.KILLED, FailureReason.KILLED, "killed: no input for 30m (max_idle_interactive)"
+        RunState.KILLED, FailureReason.KILLED, "no input for 30m (max_idle_interactive)"
     )
 
 
