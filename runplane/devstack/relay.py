@@ -4,11 +4,12 @@ WebSocket at ``/v1/relay`` of the embedded stack's front, in the process whose A
 A side dials with ``Authorization: Bearer <ticket>``. The hub reads the ticket, reads the session
 and lets the side in only when the ticket is that session's client's or worker's (``admits``): else
 401 before any WebSocket is open. One connection per side at a time (a second: 409), at most
-``max_connections`` in all (503), and a client of a user whose sessions hold ``max_per_owner``
-already is refused (429). A side waits alone at most ``wait_seconds`` for its peer (then
-GONE ``peer_absent``; what it sends meanwhile waits in its connection's small queue, then in TCP:
-nothing is dropped, nothing grows without bound); once both are there, every
-binary message of one goes to the other unchanged, in order, with a blocking send (a peer that
+``max_connections`` in all (503), and at most ``max_per_owner`` sessions of one user at the hub:
+a side, client or worker, that would bring one more is refused (429; a worker refused ends its
+session, ``relay_lost``), a side whose peer waits is always let in. A side waits alone at most
+``wait_seconds`` for its peer (then GONE ``peer_absent``; what it sends meanwhile waits in its
+connection's small queue, then in TCP: nothing is dropped, nothing grows without bound); once both
+are there, every binary message of one goes to the other unchanged, in order, with a blocking send (a peer that
 reads slowly slows its sender down: TCP backpressure end to end). A text message, a message
 over ``max_frame`` payload bytes and its header, or a GONE frame from the client (only the relay,
 and the worker that ends a session, say why it ended) ends the connection. When a side goes, its peer
@@ -52,10 +53,11 @@ __all__ = ["MAX_FRAME", "RELAY_PATH", "RelayHub"]
 log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 512
 """Sides held at once; past it, 503 (each holds a few threads)."""
-MAX_PER_OWNER = 64
-"""Sides of one user's sessions held at once (their workers' included) past which a client of
-theirs is refused (429): one user cannot take every place of the hub. A worker is never refused
-for it (its session is taken already; its client counts the places)."""
+MAX_PER_OWNER = 32
+"""Sessions of one user the hub holds at once (a session is held while one of its sides is):
+the side that would bring one more, a client or a worker, is refused (429), so that one user
+cannot take every place of the hub by opening sessions and never dialing (their workers dial).
+A side whose peer waits is let in: its session is counted already."""
 SEND_SECONDS = 120.0
 """How long one send may wait on a peer that does not read (its TCP window full) before the peer
 is taken for gone; a live side answers pings within 30 s."""
@@ -69,7 +71,6 @@ _GONE_TYPE = bytes([session_wire.FrameType.GONE])
 class _Conn:
     session_id: str
     side: SessionSide
-    owner: str
     ws: Connection | None = None
     """None until its handshake is written."""
     met: threading.Event = field(default_factory=threading.Event)
@@ -77,6 +78,7 @@ class _Conn:
 
 @dataclass(eq=False)
 class _Pair:
+    owner: str
     sides: dict[SessionSide, _Conn] = field(default_factory=dict)
     over: bool = False
 
@@ -91,8 +93,8 @@ class RelayHub:
     """The sessions' meeting point of one process. ``sessions``: where tickets are checked (read at
     each connect, so a session closed or ended is not joined again); ``wait_seconds``: how long a
     side waits for its peer; ``clock``: what ``admits`` is asked at; ``max_connections``: sides held
-    at once (past it, 503); ``max_per_owner``: sides of one user's sessions held at once (past it, a
-    client of theirs is 429)."""
+    at once (past it, 503); ``max_per_owner``: sessions of one user held at once (past it, the side
+    that would bring one more is 429)."""
 
     def __init__(
         self,
@@ -110,7 +112,7 @@ class RelayHub:
         self._pairs: dict[str, _Pair] = {}
         self._count = 0
         self._owners: dict[str, int] = {}
-        """Sides held of each user's sessions."""
+        """Sessions held of each user."""
 
     def serve(self, sock: socket.socket, path: str, headers: Mapping[str, str]) -> None:
         """Serve one side on ``sock``, whose request (``path`` and ``headers``) the front has read:
@@ -199,22 +201,24 @@ class RelayHub:
         raise refused
 
     def _join(self, session_id: str, side: SessionSide, owner: str) -> _Conn:
-        conn = _Conn(session_id, side, owner)
+        conn = _Conn(session_id, side)
         with self._lock:
             if self._count >= self.max_connections:
                 raise Refused(503, "unavailable", "the relay holds as many connections as it can; try again")
-            if side == "client" and self._owners.get(owner, 0) >= self.max_per_owner:
+            pair = self._pairs.get(session_id)
+            if pair is None and self._owners.get(owner, 0) >= self.max_per_owner:
                 message = (
-                    f"your sessions hold {self.max_per_owner} of the relay's connections, the most one user may;"
+                    f"{self.max_per_owner} of your sessions are at the relay, the most one user may;"
                     " close one of them first"
                 )
                 raise Refused(429, "too_many_connections", message)
-            pair = self._pairs.setdefault(session_id, _Pair())
-            if side in pair.sides:
+            if pair is not None and side in pair.sides:
                 raise Refused(409, "conflict", f"the {side} of this session is connected already")
+            if pair is None:
+                pair = self._pairs[session_id] = _Pair(owner)
+                self._owners[owner] = self._owners.get(owner, 0) + 1
             pair.sides[side] = conn
             self._count += 1
-            self._owners[owner] = self._owners.get(owner, 0) + 1
         return conn
 
     def _run(self, conn: _Conn, ws: Connection) -> None:
@@ -265,10 +269,9 @@ class RelayHub:
                 return
             pair.over = True
             if self._pairs.get(session_id) is pair:
-                del self._pairs[session_id]
+                self._drop(session_id, pair)
             sides = list(pair.sides.values())
-            for side in sides:
-                self._release(side)
+            self._count -= len(sides)
         gone = session_wire.json_frame(session_wire.FrameType.GONE, {"reason": reason}).encode()
         for side in sides:
             side.met.set()
@@ -284,18 +287,18 @@ class RelayHub:
             pair = self._pairs.get(conn.session_id)
             if pair is not None and pair.sides.get(conn.side) is conn:
                 del pair.sides[conn.side]
-                self._release(conn)
+                self._count -= 1
                 if not pair.sides:
-                    del self._pairs[conn.session_id]
+                    self._drop(conn.session_id, pair)
 
-    def _release(self, conn: _Conn) -> None:
-        """Give ``conn``'s place back (the lock held)."""
-        self._count -= 1
-        left = self._owners.get(conn.owner, 0) - 1
+    def _drop(self, session_id: str, pair: _Pair) -> None:
+        """Let go of ``pair``, held at ``session_id``, and give its user's place back (the lock held)."""
+        del self._pairs[session_id]
+        left = self._owners.get(pair.owner, 0) - 1
         if left > 0:
-            self._owners[conn.owner] = left
+            self._owners[pair.owner] = left
         else:
-            self._owners.pop(conn.owner, None)
+            self._owners.pop(pair.owner, None)
 
 
 def _other(side: SessionSide) -> SessionSide:

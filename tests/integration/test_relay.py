@@ -273,25 +273,28 @@ def test_sides_past_the_relays_capacity_are_refused_until_one_goes(tmp_path: Pat
             b.send(b"waiting")
 
 
-def test_one_users_clients_are_refused_past_their_share_of_the_relay_and_their_workers_never(tmp_path: Path) -> None:
+def test_one_users_sessions_past_their_share_of_the_relay_are_refused_workers_too(tmp_path: Path) -> None:
     for relay in _relay(tmp_path, _serve_dev, 60, max_per_owner=2):
         a, a_client, a_worker = relay.session(slot=0)
         _, b_client, b_worker = relay.session(slot=1)
+        _, c_client, c_worker = relay.session(slot=2)
         _, bobs_client, _ = relay.session(run_id="r-bob", owner="bob", asked_by="bob")
-        with relay.dial(a_client) as client, relay.dial(a_worker) as worker:  # alice's sessions hold 2
-            with relay.dial(b_worker) as waiting:  # a worker is let in all the same
-                waiting.send(b"waiting")
+        with relay.dial(a_client) as client, relay.dial(a_worker) as worker, relay.dial(b_worker) as waiting:
+            waiting.send(b"waiting")  # alice's sessions at the relay: 2
+            for side in (c_worker, c_client):  # a worker that never meets its client holds no place past the share
                 with pytest.raises(InvalidStatus) as refused:
-                    relay.dial(b_client)
+                    relay.dial(side)
                 assert refused.value.response.status_code == 429
                 assert b"the most one user may" in refused.value.response.body
+            with relay.dial(b_client) as b:  # its peer waits: its session is counted already
+                assert b.recv(timeout=10) == b"waiting"
                 with relay.dial(bobs_client) as bob:  # another user's are let in
                     bob.send(b"waiting")
                 client.close()
                 assert _gone(worker) == "client_gone"
                 _wait(lambda r=relay, sid=a.id: r.hub.held(sid) == [])
-                with relay.dial(b_client) as b:  # alice's places given back
-                    assert b.recv(timeout=10) == b"waiting"
+                with relay.dial(c_worker) as c:  # the place of alice's session that ended is given back
+                    c.send(b"waiting")
 
 
 def test_a_peer_that_does_not_read_holds_its_sender_back_and_then_gets_everything_in_order(dev_relay: Relay) -> None:
