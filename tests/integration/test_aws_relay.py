@@ -2,8 +2,10 @@
 place held by a connection that is gone ($disconnect lost) or past its life is taken by the side
 that dials again; a message before the peer is there is dropped; a peer the gateway calls gone
 just after its $connect (it may still be connecting) is not taken for gone until its grace is
-over; a message that is not a frame's base64, or from a connection the relay no longer knows,
-ends that connection. The relay function behind the WebSocket API fake, DynamoDB on moto."""
+over, nor replaced by a second connection of its side; a sender its side's place does not name
+is hung up; closing a session hangs up a side still connecting; a connection past its message
+rate is ended ``too_fast``; a message that is not a frame's base64, or from a connection the
+relay no longer knows, ends that connection. The relay function behind the WebSocket API fake, DynamoDB on moto."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from functions.aws import relay as relay_function
 from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, RelayConnections, manage_url
@@ -56,13 +58,80 @@ def _gone(side: Side) -> str:
 
 def test_a_place_held_by_a_connection_gone_or_past_its_life_is_taken_again(relay: RelayStack) -> None:
     session, client_ticket, worker_ticket = relay.session()
-    _hold(relay, session, "client", "Z2hvc3QtY2xpZW50PQ==", relay.now[0])  # the gateway says: gone
+    _hold(relay, session, "client", "Z2hvc3QtY2xpZW50PQ==", relay.now[0] - CONNECT_GRACE_SECONDS - 1)  # gone
     _hold(relay, session, "worker", "bGl2ZS1idXQtb2xkPQ==", relay.now[0] - RECORD_SECONDS - 1)
     with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
         assert relay.held(session.id) == ["client", "worker"]
         assert _aws(relay).connections.of("Z2hvc3QtY2xpZW50PQ==") is None  # the old records went
         client.send(_frame(1, b"through"))
         assert session_wire.decode(worker.recv()).payload == b"through"
+
+
+def test_a_side_whose_holder_may_still_be_connecting_is_refused_until_its_grace_is_over(relay: RelayStack) -> None:
+    """The gateway calls a connection still in its $connect gone: a second $connect of that side
+    (the same ticket, dialled again) does not take its place from under it."""
+    session, client_ticket, _ = relay.session()
+    _hold(relay, session, "client", "c3RpbGwtY29ubmVjdGluZz0=", relay.now[0] - 1)
+    with pytest.raises(InvalidStatus) as refused:
+        relay.dial(session, client_ticket)
+    assert refused.value.response.status_code == 409
+    assert _aws(relay).connections.side(session.id, "client").connection_id == "c3RpbGwtY29ubmVjdGluZz0="  # type: ignore[union-attr]
+    relay.now[0] += CONNECT_GRACE_SECONDS
+    with relay.dial(session, client_ticket):
+        assert _aws(relay).connections.of("c3RpbGwtY29ubmVjdGluZz0=") is None
+
+
+def test_a_sender_that_does_not_hold_its_sides_place_is_hung_up(relay: RelayStack) -> None:
+    """Two connections of one side (the place taken by the second while the first was in its
+    $connect): only the one the place names is heard; the other is told GONE ``replaced``."""
+    session, client_ticket, worker_ticket = relay.session()
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
+        first = _aws(relay).connections.side(session.id, "client")
+        assert first is not None
+        second = Held(session.id, "client", "c2Vjb25kLWNsaWVudD0=", relay.now[0])
+        assert _aws(relay).connections.claim(second, replacing=first.connection_id)
+        client.send(_frame(1, b"from the first"))
+        assert _gone(client) == "replaced"
+        with pytest.raises(TimeoutError):
+            worker.recv(timeout=0.5)
+        assert _aws(relay).connections.side(session.id, "client") == second  # the place stays the second's
+
+
+def test_closing_a_session_hangs_up_a_side_still_connecting(relay: RelayStack) -> None:
+    """A side between its claim and its connection record (its $connect not answered yet) is
+    closed with the session all the same, and its place freed."""
+    session, client_ticket, _ = relay.session()
+    with relay.dial(session, client_ticket) as client:
+        aws = _aws(relay)
+        held = aws.connections.side(session.id, "client")
+        assert held is not None
+        aws.connections.client.delete_item(
+            TableName=aws.connections.table, Key={"id": {"S": f"c#{held.connection_id}"}}
+        )
+        aws.close(session.id, "closed")
+        assert _gone(client) == "closed"
+    assert relay.held(session.id) == []
+
+
+def test_a_connection_past_its_message_rate_is_ended_too_fast(relay: RelayStack) -> None:
+    """A side that sends more than ``message_rate`` messages in a second (one ignoring the ACK
+    window) is told GONE ``too_fast`` and hung up, its peer ``client_gone``; the count starts again
+    each second."""
+    session, client_ticket, worker_ticket = relay.session()
+    _aws(relay).message_rate = 3
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
+        for second in range(2):
+            for seq in range(3):
+                client.send(_frame(3 * second + seq + 1, b"ok"))
+            assert sorted(session_wire.decode(worker.recv()).seq for _ in range(3)) == [
+                3 * second + i + 1 for i in range(3)
+            ]
+            relay.now[0] += 1
+        relay.now[0] -= 1  # the second of the last three
+        client.send(_frame(7, b"one too many"))
+        assert _gone(client) == "too_fast"
+        assert _gone(worker) == "client_gone"
+    assert relay.held(session.id) == []
 
 
 def test_a_message_before_the_peer_is_there_is_dropped(relay: RelayStack) -> None:

@@ -469,17 +469,23 @@ def test_each_principal_may_do_what_it_does_with_sessions(template: dict[str, An
 
 
 def test_only_the_relay_and_the_api_reach_the_relays_connections(template: dict[str, Any]) -> None:
-    """The relay function claims, reads and drops connection records and posts to, looks up and
-    closes the relay's connections; the API (closing a session) only reads and drops the records
-    and hangs up; nobody else reaches either. @connections is granted on the relay's own stage."""
+    """The relay function claims, reads, counts and drops connection records and posts to, looks up
+    and closes the relay's connections; the API (closing a session) only drops the records and
+    hangs up; nobody else reaches either. @connections is granted on the relay's own stage."""
     found = _all_statements(template)
     on_table = {name: _actions_on(statements, "RelayTable") for name, statements in found.items()}
     on_api = {name: _actions_on(statements, "RelayApi") for name, statements in found.items()}
     assert on_table == {
-        "ApiFunction": {"dynamodb:GetItem", "dynamodb:DeleteItem"},
+        "ApiFunction": {"dynamodb:DeleteItem"},
         "DispatcherFunction": set(),
         "ReaperFunction": set(),
-        "RelayFunction": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:DeleteItem"},
+        "RelayFunction": {
+            "dynamodb:GetItem",
+            "dynamodb:BatchGetItem",
+            "dynamodb:PutItem",
+            "dynamodb:UpdateItem",
+            "dynamodb:DeleteItem",
+        },
         "WorkerPolicy": set(),
     }
     manage = {"execute-api:ManageConnections"}
@@ -494,6 +500,17 @@ def test_only_the_relay_and_the_api_reach_the_relays_connections(template: dict[
     for name in ("ApiFunction", "RelayFunction"):
         (grant,) = [s for s in found[name] if "execute-api:ManageConnections" in as_list(s["Action"])]
         assert grant["Resource"] == {"Fn::Sub": stage}, name
+
+
+def test_the_relay_function_has_a_concurrency_cap_of_its_own(template: dict[str, Any]) -> None:
+    """Every session frame is a relay invocation: a reserved concurrency (a parameter, 20 unless
+    set) caps what a flood of them costs and takes from the account, and the stage is throttled."""
+    relay = functions(template)["RelayFunction"]["Properties"]
+    assert relay["ReservedConcurrentExecutions"] == {"Ref": "RelayConcurrency"}
+    cap = template["Parameters"]["RelayConcurrency"]
+    assert cap["Type"] == "Number" and 1 <= cap["MinValue"] <= cap["Default"] <= cap["MaxValue"]
+    throttle = template["Resources"]["RelayStage"]["Properties"]["DefaultRouteSettings"]
+    assert throttle == {"ThrottlingBurstLimit": 500, "ThrottlingRateLimit": 1000}
 
 
 def test_the_dispatcher_has_no_access_to_the_tokens_table(template: dict[str, Any]) -> None:

@@ -27,7 +27,15 @@ from runplane.domain.errors import BackendError
 from runplane.domain.session_wire import FrameType
 from runplane.domain.sessions import BASE64, RelayEndpoint, Session, Side
 
-__all__ = ["RELAY_FRAME", "AwsSessionRelay", "GatewayConnections", "RelayConnections", "gone_message", "manage_url"]
+__all__ = [
+    "MESSAGE_RATE",
+    "RELAY_FRAME",
+    "AwsSessionRelay",
+    "GatewayConnections",
+    "RelayConnections",
+    "gone_message",
+    "manage_url",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +46,9 @@ CONNECTION_SECONDS = 2 * 3600
 RECORD_SECONDS = CONNECTION_SECONDS + 3600
 """How long a connection's records live (their TTL, and past it they are taken for stale): longer
 than any connection, for a ``$disconnect`` that never came."""
+MESSAGE_RATE = 250
+"""The most messages one connection may send in a second (4 MiB of frames' payload): one more ends it
+with GONE ``too_fast``, so that no connection takes more than a quarter of the stage's throttle."""
 KEY = "id"
 TTL_ATTRIBUTE = RELAY_TTL_ATTRIBUTE
 SIDES: tuple[Side, Side] = ("client", "worker")
@@ -181,6 +192,74 @@ class RelayConnections:
         except (ClientError, BotoCoreError) as e:
             raise translate(e, "record a relay connection") from e
 
+    def spend(self, connection_id: str, window: int) -> tuple[Held, int] | None:
+        """Count one message of ``connection_id`` in the second ``window``: what it holds and how many
+        messages it has sent in that second, this one included; None when it holds nothing (any
+        more). One conditional update (two at the first message of a second). Raises BackendError."""
+        names = {"#k": KEY, "#w": "window", "#n": "sent"}
+        for _ in range(3):  # a racing message of the same connection may start the second meanwhile
+            for update, condition in (
+                ("ADD #n :one", "attribute_exists(#k) AND #w = :w"),
+                ("SET #w = :w, #n = :one", "attribute_exists(#k) AND (attribute_not_exists(#w) OR #w <> :w)"),
+            ):
+                try:
+                    item = self.client.update_item(
+                        TableName=self.table,
+                        Key=self._conn_key(connection_id),
+                        UpdateExpression=update,
+                        ConditionExpression=condition,
+                        ExpressionAttributeNames=names,
+                        ExpressionAttributeValues={":w": {"N": str(window)}, ":one": {"N": "1"}},
+                        ReturnValues="ALL_NEW",
+                    ).get("Attributes")
+                except ClientError as e:
+                    if error_code(e) != "ConditionalCheckFailedException":
+                        raise translate(e, "count a relay message") from e
+                    continue
+                except BotoCoreError as e:
+                    raise translate(e, "count a relay message") from e
+                held = _held(item)
+                if held is None:
+                    return None
+                try:
+                    return held, int((item or {})["sent"]["N"])
+                except (KeyError, TypeError, ValueError):
+                    return held, 1
+            if self.of(connection_id) is None:
+                return None
+        held = self.of(connection_id)
+        return None if held is None else (held, 1)
+
+    def sides(self, session_id: str) -> dict[Side, Held]:
+        """The connections that hold the sides of ``session_id`` (one strongly consistent batch read)."""
+        keys = [self._side_key(session_id, side) for side in SIDES]
+        try:
+            answer = self.client.batch_get_item(RequestItems={self.table: {"Keys": keys, "ConsistentRead": True}})
+            items = list(answer.get("Responses", {}).get(self.table, []))
+            if answer.get("UnprocessedKeys"):  # throttled: the rest one by one
+                items = [
+                    item
+                    for key in keys
+                    if (item := self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item"))
+                ]
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, "read a session's relay sides") from e
+        return {held.side: held for item in items if (held := _held(item)) is not None}
+
+    def release(self, session_id: str, side: Side) -> Held | None:
+        """Free ``side`` of ``session_id`` whoever holds it, and drop its holder's connection record;
+        returns the holder (None when none held it). Raises BackendError."""
+        try:
+            old = self.client.delete_item(
+                TableName=self.table, Key=self._side_key(session_id, side), ReturnValues="ALL_OLD"
+            ).get("Attributes")
+            held = _held(old)
+            if held is not None:
+                self.client.delete_item(TableName=self.table, Key=self._conn_key(held.connection_id))
+        except (ClientError, BotoCoreError) as e:
+            raise translate(e, "release a relay side") from e
+        return held
+
     def _get(self, key: dict[str, Any], what: str) -> Held | None:
         try:
             item = self.client.get_item(TableName=self.table, Key=key, ConsistentRead=True).get("Item")
@@ -241,11 +320,17 @@ class AwsSessionRelay:
     ticket as a bearer token; frames are base64 text of at most ``max_frame`` payload bytes."""
 
     def __init__(
-        self, url: str, connections: RelayConnections, gateway: GatewayConnections, max_frame: int = RELAY_FRAME
+        self,
+        url: str,
+        connections: RelayConnections,
+        gateway: GatewayConnections,
+        max_frame: int = RELAY_FRAME,
+        message_rate: int = MESSAGE_RATE,
     ) -> None:
         manage_url(url)  # a URL that is not ws(s):// is refused here, not at the first session
         self.url = url.rstrip("/")
         self.connections, self.gateway, self.max_frame = connections, gateway, max_frame
+        self.message_rate = message_rate
 
     def endpoint(self, session: Session, ticket: str) -> RelayEndpoint:
         return RelayEndpoint(
@@ -254,9 +339,10 @@ class AwsSessionRelay:
 
     def close(self, session_id: str, reason: str) -> None:
         """Each side held gets GONE ``{"reason"}`` and is hung up; its records go first, so its
-        ``$disconnect`` finds nothing left to tell its peer."""
-        held = [h for side in SIDES if (h := self.connections.side(session_id, side)) is not None]
-        held = [h for h in held if self.connections.drop(h.connection_id) is not None]
+        ``$disconnect`` finds nothing left to tell its peer. A side still in its ``$connect`` (its
+        place claimed, its connection record maybe not yet written) loses its place all the same:
+        its first message finds it holds none and closes it."""
+        held = [h for side in SIDES if (h := self.connections.release(session_id, side)) is not None]
         for side in held:
             self.hang_up(side.connection_id, reason)
 

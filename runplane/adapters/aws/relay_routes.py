@@ -3,14 +3,18 @@
 ``$connect`` (the upgrade waits on it): the ticket of the ``Authorization: Bearer`` header is checked
 as the one-machine hub checks it (``read_ticket``, the session read, ``admits``: client, then
 worker); any ticket that does not open the session is 401, whatever is wrong with it; a side that
-is connected already is 409, unless its connection is gone (the gateway says so, or its records
-are past their life): then the new one takes its place. ``$default``: the message (a frame's
-base64) goes unchanged to the peer's connection; one before the peer is there is dropped (the
-sides' HELLO exchange copes); one that is not a frame's base64, or carries over ``max_frame``
-payload bytes, ends its side; a client's GONE frame is never passed on (only the relay and the worker say GONE). A peer
-found gone ends the session: the sender gets GONE ``<peer>_gone`` and is hung up. ``$disconnect``
-(best effort: the records' TTL is the backstop): the records go and the peer gets GONE
-``<side>_gone`` and is hung up.
+is connected already is 409, unless its connection is gone (the gateway says so, past its
+``CONNECT_GRACE_SECONDS``, or its records are past their life): then the new one takes its place.
+The connection's record is written before the place is claimed (and dropped when the claim
+fails): a place never names a connection the relay does not know. ``$default``: the message (a
+frame's base64) goes unchanged to the peer's connection; one before the peer is there is dropped
+(the sides' HELLO exchange copes); the sender's record counts its messages of each second, and
+one past the relay's ``message_rate`` ends its side with GONE ``too_fast``; a sender whose side's
+place names another connection is told GONE ``replaced`` and hung up; one that is not a frame's
+base64, or carries over ``max_frame`` payload bytes, ends its side; a client's GONE frame is
+never passed on (only the relay and the worker say GONE). A peer found gone ends the session:
+the sender gets GONE ``<peer>_gone`` and is hung up. ``$disconnect`` (best effort: the records'
+TTL is the backstop): the records go and the peer gets GONE ``<side>_gone`` and is hung up.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ log = logging.getLogger(__name__)
 CONNECT_GRACE_SECONDS = 10.0
 """A connection recorded this recently that the gateway calls gone may still be in its ``$connect``
 (API Gateway posts to a connection only once its ``$connect`` answered): a message for it is
-dropped, and it is not taken for gone."""
+dropped, it is not taken for gone, and another connection of its side does not take its place."""
 _CLAIMS = 3  # tries at a side whose holder goes while it is looked at
 
 
@@ -92,21 +96,29 @@ class RelayRoutes:
             return _answer(admitted, "this ticket does not open a session here" if admitted == 401 else "try again")
         session_id, side = admitted
         held = Held(session_id, side, connection_id, self.clock())
+        self.connections.record(held)  # first: whoever ends the session from here on finds it
+        if not self._claim(held):
+            self.connections.drop(connection_id)
+            return _answer(409, f"the {side} of this session is connected already")
+        return _answer(200)
+
+    def _claim(self, held: Held) -> bool:
+        """Take ``held``'s side: free, or held by a connection that is gone (and not still in its own
+        ``$connect``, which the gateway calls gone too)."""
         for _ in range(_CLAIMS):
             if self.connections.claim(held):
-                break
-            holder = self.connections.side(session_id, side)
+                return True
+            holder = self.connections.side(held.session_id, held.side)
             if holder is None:
                 continue
+            if held.connected_at - holder.connected_at < CONNECT_GRACE_SECONDS:
+                return False
             if self.gateway.alive(holder.connection_id):
-                return _answer(409, f"the {side} of this session is connected already")
+                return False
             if self.connections.claim(held, replacing=holder.connection_id):
                 self.connections.drop(holder.connection_id)
-                break
-        else:
-            return _answer(409, f"the {side} of this session is connected already")
-        self.connections.record(held)
-        return _answer(200)
+                return True
+        return False
 
     def _admit(self, headers: Mapping[str, Any]) -> tuple[str, Side] | int:
         """The session and side a request's ticket is for, else the status refusing it (401; 503 when
@@ -131,9 +143,13 @@ class RelayRoutes:
         return 401
 
     def message(self, connection_id: str, body: str) -> None:
-        held = self.connections.of(connection_id)
-        if held is None:  # its session was hung up (or its records expired): it goes too
+        spent = self.connections.spend(connection_id, int(self.clock()))
+        if spent is None:  # its session was hung up (or its records expired): it goes too
             self.gateway.delete(connection_id)
+            return
+        held, sent = spent
+        if sent > self.relay.message_rate:
+            self.end(connection_id, "too_fast")
             return
         try:
             frame = base64.b64decode(body, validate=True)
@@ -145,7 +161,16 @@ class RelayRoutes:
             return
         if frame[0] == FrameType.GONE and held.side == "client":  # only the relay and the worker say GONE
             return
-        peer = self.connections.side(held.session_id, other(held.side))
+        sides = self.connections.sides(held.session_id)
+        mine = sides.get(held.side)
+        if mine is None or mine.connection_id != connection_id:  # its place was freed, or is another's
+            self.connections.drop(connection_id)
+            if mine is None:
+                self.gateway.delete(connection_id)
+            else:
+                self.relay.hang_up(connection_id, "replaced")
+            return
+        peer = sides.get(other(held.side))
         if peer is None:  # not there yet: dropped
             return
         if not self.gateway.post(peer.connection_id, body.encode()):
@@ -156,12 +181,15 @@ class RelayRoutes:
     def disconnect(self, connection_id: str) -> None:
         self.end(connection_id)
 
-    def end(self, connection_id: str) -> None:
+    def end(self, connection_id: str, reason: str | None = None) -> None:
         """``connection_id``'s side goes: its records are dropped, its peer gets GONE ``<side>_gone``
-        and is hung up, and it is closed. Once, whoever else ends it at the same time."""
+        and is hung up, and it is closed (told GONE ``reason`` first, when there is one). Once,
+        whoever else ends it at the same time."""
         held = self.connections.drop(connection_id)
         if held is not None:
             peer = self.connections.side(held.session_id, other(held.side))
             if peer is not None and self.connections.drop(peer.connection_id) is not None:
                 self.relay.hang_up(peer.connection_id, f"{held.side}_gone")
+        if reason is not None:
+            self.relay.hang_up(connection_id, reason)
         self.gateway.delete(connection_id)
