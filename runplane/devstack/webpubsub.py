@@ -145,6 +145,13 @@ class WebPubSubFake:
                 return sorted(c.id for c in self._groups.get((hub, group), ()))
             return sorted(c.id for c in self._conns.values() if c.hub == hub)
 
+    def user(self, connection_id: str) -> str | None:
+        """The user id connection ``connection_id`` holds (what its events' ``ce-userId`` say); None
+        when it is gone."""
+        with self._lock:
+            conn = self._conns.get(connection_id)
+            return conn.user if conn is not None else None
+
     # ---- clients ----------------------------------------------------------------------------
 
     def serve_client(self, sock: socket.socket, target: str, headers: Headers) -> None:

@@ -22,6 +22,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from runplane.adapters.azure.relay import HUB, TICKET_HEADER, group, mint, signature
 from runplane.devstack.webpubsub import WebPubSubFake
+from runplane.domain import session_wire
+from runplane.domain.session_wire import Frame, FrameType
 from tests.integration.contracts.relay_stacks import STACKS, RelayStack
 
 
@@ -123,6 +125,43 @@ def test_the_event_route_refuses_forged_signatures_and_other_origins(relay: Rela
     assert "WebHook-Allowed-Origin" not in other.headers
     own = httpx.options(route, headers={"WebHook-Request-Origin": "127.0.0.1"})
     assert own.headers["WebHook-Allowed-Origin"] == "127.0.0.1"
+
+
+def test_a_disconnected_event_ends_only_the_side_its_connection_was_once_that_side_is_gone(relay: RelayStack) -> None:
+    fake: WebPubSubFake = relay.extras["fake"]
+    route = fake.handlers[HUB].url
+    victim, v_client, v_worker = relay.session()
+    mine, m_client, _ = relay.session()
+    data = Frame(FrameType.DATA, 0, 1, b"still here").encode()
+
+    def disconnected(connection: str, user: str) -> int:
+        headers = {
+            "ce-type": "azure.webpubsub.sys.disconnected",
+            "ce-connectionId": connection,
+            "ce-signature": signature(fake.key, connection),  # a leaked signature: the service's own
+            "ce-hub": HUB,
+            "ce-userId": user,
+            "Content-Type": "application/json",
+        }
+        return httpx.post(route, content=b'{"reason": ""}', headers=headers).status_code
+
+    with relay.dial(victim, v_client) as client, relay.dial(victim, v_worker) as worker:
+        with relay.dial(mine, m_client):
+            (leaked,) = fake.connections(HUB, group(mine.id, "client"))
+            tag = (fake.user(leaked) or "").rsplit(".", 1)[-1]
+        _wait(lambda: fake.user(leaked) is None)
+        # a gone connection's signature, replayed with the victim's side named: refused, nothing told
+        for named in (f"{victim.id}.worker", f"{victim.id}.worker.{tag}", f"{victim.id}.client.{tag}"):
+            assert disconnected(leaked, named) == 401, named
+        # a live connection's own signature and user id (its connected event, leaked): it is not gone
+        (live,) = fake.connections(HUB, group(victim.id, "worker"))
+        assert disconnected(live, fake.user(live) or "") == 204
+        worker.send(data)
+        assert client.recv() == data  # no GONE came first: the victim's session goes on
+        assert relay.held(victim.id) == ["client", "worker"]
+        worker.close()  # the control: the worker's own end reaches its client
+        gone = session_wire.decode(client.recv())
+        assert (gone.type, gone.json()) == (FrameType.GONE, {"reason": "worker_gone"})
 
 
 class _Upstream(BaseHTTPRequestHandler):

@@ -13,7 +13,12 @@ secret. The side's ticket travels as ``X-Runplane-Ticket: Bearer <ticket>`` (the
 connection's request headers to the ``connect`` event); the handler checks it as the embedded
 relay does (``admits``) and answers the side's one group and its one role (sendToGroup of the
 peer's group), or 401. Events are authenticated by ``ce-signature`` (HMAC-SHA256 of the connection
-id under the hub's access key). A ``disconnected`` side's peer gets GONE ``<side>_gone`` and is
+id under the hub's access key), which signs nothing else: so the user id the ``connect`` answer
+gives a side, ``<session>.<side>.<tag>``, carries a tag of its own, an HMAC of the connection id and
+the rest under the same key, and a ``disconnected`` event acts only on the side its connection was
+let in as (another user id is 401), and only once the service says (REST) that connection is gone
+and no connection of that side is left: a leaked signature of a connection cannot hang up another
+session, nor a side still there. A ``disconnected`` side's peer then gets GONE ``<side>_gone`` and is
 closed; ``close`` sends GONE to both groups and closes their connections (the service's REST API,
 with tokens minted here under the access key).
 """
@@ -79,6 +84,15 @@ def mint(key: str, claims: Mapping[str, Any]) -> str:
 def signature(key: str, connection_id: str) -> str:
     """``ce-signature``'s value for ``connection_id`` under ``key`` (one of those the header lists)."""
     return "sha256=" + hmac.new(key.encode(), connection_id.encode(), hashlib.sha256).hexdigest()
+
+
+def user_id(key: str, connection_id: str, session_id: str, side: Side) -> str:
+    """The user id a side's connection ``connection_id`` is let in as: ``<session>.<side>.<tag>``, the
+    tag an HMAC under ``key`` of the connection id and the rest (what binds the unsigned
+    ``ce-userId`` of its later events to their signed connection id)."""
+    named = f"{session_id}.{side}"
+    tag = hmac.new(key.encode(), f"user-id\n{connection_id}\n{named}".encode(), hashlib.sha256).hexdigest()
+    return f"{named}.{tag[:32]}"
 
 
 @dataclass(frozen=True)
@@ -197,14 +211,14 @@ class WebPubSubSessionRelay:
             return EventAnswer(401)
         kind = h.get("ce-type", "")
         if kind == "azure.webpubsub.sys.connect":
-            return self._connect(h.get("ce-userid", ""), body)
+            return self._connect(connection, h.get("ce-userid", ""), body)
         if kind == "azure.webpubsub.sys.disconnected":
-            self._disconnected(h.get("ce-userid", ""))
-        elif kind != "azure.webpubsub.sys.connected":  # a message event: no side of ours sends any
+            return self._disconnected(connection, h.get("ce-userid", ""))
+        if kind != "azure.webpubsub.sys.connected":  # a message event: no side of ours sends any
             return EventAnswer(400)
         return EventAnswer(204)
 
-    def _connect(self, user: str, body: bytes) -> EventAnswer:
+    def _connect(self, connection: str, user: str, body: bytes) -> EventAnswer:
         try:
             request = json.loads(body or b"{}")
         except ValueError:
@@ -245,17 +259,35 @@ class WebPubSubSessionRelay:
                 ).encode(),
             )
         answer = {
-            "userId": f"{session_id}.{side}",
+            "userId": user_id(self.access.key, connection, session_id, side),
             "groups": [group(session_id, side)],
             "roles": [f"webpubsub.sendToGroup.{group(session_id, _peer(side))}"],
         }
         return EventAnswer(200, {"Content-Type": "application/json"}, json.dumps(answer).encode())
 
-    def _disconnected(self, user: str) -> None:
-        session_id, _, name = user.rpartition(".")
-        side = next((s for s in _SIDES if s == name), None)
-        if side is None or not session_id:
-            return
+    def _disconnected(self, connection: str, user: str) -> EventAnswer:
+        """The peer of the side ``connection`` was let in as told and closed, once the service says
+        that connection is gone and no connection of its side is left; 401 for a user id that is
+        not the one ``connection`` was let in as."""
+        session_id, side = _named(user)
+        if session_id is None or side is None:
+            return EventAnswer(401)
+        if not hmac.compare_digest(user_id(self.access.key, connection, session_id, side), user):
+            return EventAnswer(401)
+        try:
+            there = [
+                self._rest("HEAD", f"/connections/{quote(connection, safe='')}", b"", {}, ok=(404,)),
+                self._rest("HEAD", f"/groups/{quote(group(session_id, side), safe='')}", b"", {}, ok=(404,)),
+            ]
+        except RunplaneError as e:
+            log.warning("session %s: the relay could not look at the %s: %s", session_id, side, e)
+            return EventAnswer(204)
+        if 200 in there:  # the connection, or another of its side, is still there: not that side's end
+            return EventAnswer(204)
+        self._tell_gone(session_id, side)
+        return EventAnswer(204)
+
+    def _tell_gone(self, session_id: str, side: Side) -> None:
         peer, reason = _peer(side), f"{side}_gone"
         try:
             over = self.sessions.get(session_id).state.over
@@ -310,3 +342,12 @@ class WebPubSubSessionRelay:
         if answer.status_code >= 300 and answer.status_code not in ok:
             raise RunplaneError(f"Web PubSub answered {answer.status_code} to {method} {path.split('/')[-1]}")
         return answer.status_code
+
+
+def _named(user: str) -> tuple[str | None, Side | None]:
+    """The session and side a user id (``user_id``'s form) names; (None, None) when it names none."""
+    parts = user.rsplit(".", 2)
+    if len(parts) != 3 or not parts[0]:
+        return None, None
+    side = next((s for s in _SIDES if s == parts[1]), None)
+    return (parts[0], side) if side is not None else (None, None)
