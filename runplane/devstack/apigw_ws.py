@@ -16,12 +16,18 @@ What it does as the service does (docs.aws.amazon.com/apigateway, WebSocket APIs
   close); a connection that is not there is 410 GoneException, a message over 32 KB 413; a request
   without a SigV4 signature 403 (the signature itself is not checked);
 - a connection closes after ``idle_seconds`` without a message either way (10 minutes) and after
-  ``max_seconds`` whatever (2 hours); both settable to seconds for tests.
+  ``max_seconds`` whatever (2 hours); both settable to seconds for tests;
+- when throttled (``throttle(rate, burst)``: the stage's default route throttle, a token bucket
+  over all connections' messages), a message past it is not handed to the function: its sender
+  gets the service's text message ``{"message": "Too Many Requests", "connectionId", "requestId"}``
+  instead.
 
 Where it differs (README, "Fakes"): the service delivers ``$disconnect`` on a best-effort basis,
 this fake always, and only once the connection's ``$default`` invocations under way have
-returned; it invokes the function in this process, with no timeout (the service's is 29 s) and no
-throttling; WebSocket pings are answered, as the service does, but do not count as activity.
+returned; it invokes the function in this process, with no timeout (the service's is 29 s) and,
+unless told to, no throttling (the service's account and stage throttles, and Lambda's concurrency
+limits, are not there), and throttles messages only, not upgrades; WebSocket pings are answered,
+as the service does, but do not count as activity.
 """
 
 from __future__ import annotations
@@ -98,6 +104,8 @@ class ApiGatewayWebSocket:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="apigw-ws")
         self._server = _Server((host, port), self)
         self._thread: threading.Thread | None = None
+        self._rate: float | None = None
+        self._burst, self._tokens, self._filled = 0.0, 0.0, time.monotonic()
         self.domain = f"{host}:{self._server.server_address[1]}"
 
     @property
@@ -127,6 +135,31 @@ class ApiGatewayWebSocket:
         self._server.shutdown()
         self._server.server_close()
         self._pool.shutdown(wait=True, cancel_futures=False)
+
+    def throttle(self, rate: float | None, burst: int = 500) -> None:
+        """Throttle messages from now on to ``rate`` a second with bursts of ``burst`` (the bucket
+        starts full), over all connections, as the stage's route throttle does; None: no throttle."""
+        with self._lock:
+            self._rate, self._burst, self._tokens, self._filled = rate, float(burst), float(burst), time.monotonic()
+
+    def _take(self) -> bool:
+        """Whether a message may go on (a token taken), under the throttle."""
+        with self._lock:
+            if self._rate is None:
+                return True
+            now = time.monotonic()
+            self._tokens = min(self._burst, self._tokens + (now - self._filled) * self._rate)
+            self._filled = now
+            if self._tokens < 1:
+                return False
+            self._tokens -= 1
+            return True
+
+    def _throttled(self, conn: _Conn) -> None:
+        """What the service answers a throttled message's sender (the message goes no further)."""
+        answer = {"message": "Too Many Requests", "connectionId": conn.id, "requestId": secrets.token_urlsafe(12)}
+        with contextlib.suppress(ConnectionClosed), conn.lock:
+            conn.ws.send(json.dumps(answer))
 
     def connections(self) -> list[str]:
         """The ids of the connections open now."""
@@ -245,6 +278,9 @@ class ApiGatewayWebSocket:
             conn.last_active = time.monotonic()
             if isinstance(message, bytes):
                 conn.ws.close(1003, "Binary frames are not supported")
+                continue
+            if not self._take():
+                self._throttled(conn)
                 continue
             try:
                 future = self._pool.submit(self._message, conn, message)

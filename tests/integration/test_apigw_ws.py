@@ -2,10 +2,12 @@
 does, as far as the relay relies on it: the proxy events of its three routes, an upgrade refused by
 $connect's answer, messages handed to the function concurrently, binary and oversize messages
 closing the connection, the @connections API as boto3 reaches it (410 for a connection that is not
-there, before its $connect answered included; 413; 403 unsigned), and the idle and duration limits."""
+there, before its $connect answered included; 413; 403 unsigned), the idle and duration limits,
+and a throttle that answers the sender of a message past it as the service does."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -144,6 +146,27 @@ def test_messages_are_handed_over_concurrently_and_binary_or_oversize_ones_close
         if "disconnectStatusCode" in e.get("requestContext", {})
     ]
     assert sorted(codes) == [1003, 1009]
+
+
+def test_a_throttled_message_is_answered_the_services_text_and_goes_no_further(
+    gateway: tuple[ApiGatewayWebSocket, Function],
+) -> None:
+    api, function = gateway
+    api.throttle(rate=0.001, burst=2)
+    with _dial(api) as ws:
+        for body in ("one", "two", "three"):
+            ws.send(body)
+        answer = json.loads(ws.recv(timeout=10))
+        assert answer["message"] == "Too Many Requests"
+        assert answer["connectionId"] == api.connections()[0] and answer["requestId"]
+        assert function._seen("one").wait(5) and function._seen("two").wait(5)
+        api.throttle(None)
+        ws.send("four")
+        assert function._seen("four").wait(5)
+        bodies = [e.get("body") for e in function.events if e["requestContext"]["routeKey"] == "$default"]
+        assert sorted(bodies) == ["four", "one", "two"]  # "three" never reached the function
+        with pytest.raises(TimeoutError):
+            ws.recv(timeout=0.3)
 
 
 def test_the_connections_api_posts_reads_and_closes_as_boto3_expects(

@@ -10,6 +10,7 @@ relay no longer knows, ends that connection. The relay function behind the WebSo
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from functions.aws import relay as relay_function
 from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, RelayConnections, manage_url
 from runplane.adapters.aws.relay_routes import CONNECT_GRACE_SECONDS, RelayRoutes
+from runplane.devstack.apigw_ws import ApiGatewayWebSocket
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain import session_wire
 from runplane.domain.session_wire import Frame, FrameType
@@ -132,6 +134,22 @@ def test_a_connection_past_its_message_rate_is_ended_too_fast(relay: RelayStack)
         assert _gone(client) == "too_fast"
         assert _gone(worker) == "client_gone"
     assert relay.held(session.id) == []
+
+
+def test_a_message_the_stage_throttles_reaches_its_sender_as_the_gateways_text(relay: RelayStack) -> None:
+    """What a side's link reads when the stage throttles it: not a frame, the gateway's JSON text
+    (the message itself goes nowhere)."""
+    session, client_ticket, worker_ticket = relay.session()
+    gateway = relay.extras["gateway"]
+    assert isinstance(gateway, ApiGatewayWebSocket)
+    with relay.dial(session, client_ticket) as client, relay.dial(session, worker_ticket) as worker:
+        gateway.throttle(rate=0.001, burst=1)
+        client.send(_frame(1, b"through"))
+        client.send(_frame(2, b"throttled"))
+        assert json.loads(client.ws.recv(timeout=10))["message"] == "Too Many Requests"
+        assert session_wire.decode(worker.recv()).payload == b"through"
+        with pytest.raises(TimeoutError):
+            worker.recv(timeout=0.5)
 
 
 def test_a_message_before_the_peer_is_there_is_dropped(relay: RelayStack) -> None:

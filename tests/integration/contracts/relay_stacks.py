@@ -196,7 +196,8 @@ def aws_relay(tmp_path: Path, moto_endpoint: str) -> Iterator[RelayStack]:
         return [side for side in SIDES if connections.side(sid, side) is not None]
 
     try:
-        yield RelayStack("aws", stack.relay, stack.sessions, now, gateway.url, BASE64, RELAY_FRAME, held)
+        extras = {"gateway": gateway}  # the WebSocket API fake (its throttle)
+        yield RelayStack("aws", stack.relay, stack.sessions, now, gateway.url, BASE64, RELAY_FRAME, held, extras=extras)
     finally:
         gateway.stop()
         bootstrap.use(before)
