@@ -93,3 +93,35 @@ def test_a_signal_reaches_a_listed_process_only_while_it_is_still_that_process()
         assert pidfd is not None
         os.close(pidfd)
         assert child.wait(10) == -signal.SIGTERM
+
+
+class _Listed(Procs):
+    """/proc as it is, but the session's processes as they were listed a moment ago."""
+
+    def __init__(self, listed: list[Proc], cgroups: Path) -> None:
+        super().__init__(cgroups=cgroups)
+        self.listed = listed
+
+    def of_session(self, container_id, exec_pid, session_id, cgroup=None):
+        return self.listed
+
+
+def test_a_listed_process_is_moved_into_the_sessions_cgroup_only_while_it_is_still_that_process(tmp_path):
+    sid = "r-1.0.0123abcd"
+    with subprocess.Popen(["sleep", "60"], start_new_session=True) as child:
+        try:
+            listed = Procs().stat(child.pid)
+            assert listed is not None and listed.start > 0
+            # "": every cgroup is the container's here; the session's goes under the child's own
+            container = Procs(cgroups=tmp_path)._container_cgroup(child.pid, "")
+            assert container is not None
+            container.mkdir(parents=True, exist_ok=True)
+            # as listed before its pid was taken by another process: another start time
+            stale = Proc(child.pid, listed.ppid, listed.sid, listed.state, start=listed.start - 1)
+            where = _Listed([stale], tmp_path).confine("", child.pid, sid)
+            assert where == container / f"{CGROUP_PREFIX}{sid}"
+            assert not (where / "cgroup.procs").exists()  # nothing was moved
+            assert _Listed([listed], tmp_path).confine("", child.pid, sid) == where
+            assert (where / "cgroup.procs").read_text() == str(child.pid)  # the control: still that process
+        finally:
+            child.kill()

@@ -8,9 +8,9 @@ double fork with ``setsid`` leaves the first two), and every process of the sess
 (``confine``: as soon as the exec runs, it and what it started so far go into a cgroup of their own
 under the container's, in the ``pids`` hierarchy (cgroup v1) or the unified one (v2); whatever they
 start after is born in it and cannot leave it, whatever session and environment it makes: ``setsid
-env -i`` too). Only processes of the container's own cgroup are ever looked at or signalled, and
-each through a pidfd opened while its start time is still the one listed: a pid reused since it was
-listed, by any process, is never signalled.
+env -i`` too). Only processes of the container's own cgroup are ever looked at, signalled or moved,
+and each through a pidfd opened while its start time is still the one listed: a pid reused since
+it was listed, by any process, is never signalled nor moved into a session's cgroup.
 
 This needs the agent in the Docker engine's PID namespace (``exec_inspect``'s Pid is the engine's);
 the session's cgroup needs the host's cgroup file system writable (without it, the first three).
@@ -149,8 +149,14 @@ class Procs:
             log.info("session %s: no cgroup of its own (%s): its processes are found without one", session_id, e)
             return None
         for proc in self.of_session(container_id, exec_pid, session_id):
-            with contextlib.suppress(OSError):  # gone meanwhile
-                (where / "cgroup.procs").write_text(str(proc.pid))
+            pidfd = self._hold(proc, container_id)
+            if pidfd is None:  # gone, or its pid another process's now: never moved
+                continue
+            try:
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    (where / "cgroup.procs").write_text(str(proc.pid))
+            finally:
+                os.close(pidfd)
         return where
 
     # -- signals --------------------------------------------------------------------------
@@ -158,17 +164,29 @@ class Procs:
     def signal(self, proc: Proc, container_id: str, signo: int) -> int | None:
         """Send ``signo`` to ``proc`` if it is still that process (the same start time, in the
         container); a pidfd of it (the caller closes it), or None when it was not sent."""
+        pidfd = self._hold(proc, container_id)
+        if pidfd is None:
+            return None
+        try:
+            signal.pidfd_send_signal(pidfd, signo)
+        except OSError:  # gone, or not ours to signal
+            os.close(pidfd)
+            return None
+        return pidfd
+
+    def _hold(self, proc: Proc, container_id: str) -> int | None:
+        """A pidfd of ``proc`` while its pid is still that process (the same start time, in the
+        container), or None (gone, or the pid another process's now). The pidfd names that process
+        until it is closed, whatever the pid is reused for; a write of the pid (to a cgroup) right
+        after names another only were the process to end and the kernel's pids to come round to
+        it again in between."""
         try:
             pidfd = os.pidfd_open(proc.pid)
         except OSError:  # gone
             return None
-        # the pidfd holds the pid: what it names now is what it names until it is closed
+        # what the pidfd names now is what it names until it is closed: the pid's process now
         now = self.stat(proc.pid)
-        try:
-            if now is None or now.start != proc.start or not self.in_container(proc.pid, container_id):
-                raise ProcessLookupError(proc.pid)
-            signal.pidfd_send_signal(pidfd, signo)
-        except OSError:  # another process's pid now, gone, or not ours to signal
+        if now is None or now.start != proc.start or not self.in_container(proc.pid, container_id):
             os.close(pidfd)
             return None
         return pidfd
