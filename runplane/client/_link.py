@@ -9,6 +9,12 @@ owes, and puts the peer's frames in order for ``recv``. What it holds is bounded
 window (a peer that acks) or by a pause in reading (an older peer: its relay's TCP backpressure
 then slows that peer down). It sends a PING after ``PING_SECONDS`` of saying nothing and calls
 the peer gone after ``SILENT_SECONDS`` of hearing nothing.
+
+What the thread sends (PONG, ACK, HELLO again) waits behind a send in progress: a path of its own
+would not help, as websockets' connection writes under a lock that its own reading takes too. A
+send stuck for good would need the relay to stop reading this side while both sides' numbered frames
+in flight stay within the window (bytes and frames) each way, which the relays' buffers hold (a
+gateway takes every message at once); a side that hangs up cuts a stuck send off (``close``).
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import contextlib
 import logging
 import threading
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from runplane.domain.session_wire import (
     ACK_BYTES,
+    ACK_FRAMES,
     GAP_SECONDS,
     HEADER,
     HELLO_SECONDS,
@@ -31,6 +39,7 @@ from runplane.domain.session_wire import (
     PROTOCOL_VERSION,
     UNNUMBERED,
     WINDOW,
+    WINDOW_FRAMES,
     BadFrame,
     Frame,
     FrameType,
@@ -41,8 +50,11 @@ from runplane.domain.session_wire import (
     json_frame,
     max_message,
     message,
+    next_seq,
+    no_frame,
     ping,
     read_ack,
+    seq_ahead,
 )
 from runplane.domain.sessions import BINARY
 
@@ -91,8 +103,13 @@ def connect(
         except TimeoutError:
             if attempt == OPEN_TRIES:
                 raise
-            log.info("the relay at %s did not answer the opening within %.0f s: trying again", url, open_timeout)
+            log.info("the relay at %s did not answer the opening within %.0f s: trying again", shown(url), open_timeout)
     raise AssertionError("unreachable")
+
+
+def shown(url: str) -> str:
+    """``url`` as it may be logged or shown: without its query (a relay's URL may carry an access token there)."""
+    return urllib.parse.urlsplit(url)._replace(query="", fragment="").geturl()
 
 
 class SessionLost(Exception):
@@ -154,10 +171,12 @@ class Link:
         self._taken = 0  # the last seq handed on
         self._acked = 0  # the last seq acked to the peer
         self._unacked_in = 0
+        self._unacked_in_frames = 0
         self._ack_due: float | None = None
         # this side's frames
         self._unacked: deque[tuple[int, int]] = deque()
-        self._unacked_out = 0
+        self._unacked_out = 0  # bytes of the frames in _unacked, and of those about to be numbered
+        self._unacked_frames = 0
         self._heard = self._said = clock()
         self._reader = threading.Thread(target=self._read, name="session-link", daemon=True)
         self._reader.start()
@@ -196,6 +215,7 @@ class Link:
         self._say(json_frame(FrameType.HELLO, hello))
 
     def _numbered(self, frame: Frame) -> None:
+        size = _size(frame)
         with self._cond:
             while self._lost is None and not self._closing and self.peer_hello is None and frame.type != FrameType.GONE:
                 self._cond.wait(TICK_SECONDS)
@@ -204,18 +224,40 @@ class Link:
                 self._put(Frame(frame.type, frame.channel, 0, frame.payload))
                 return
             held_back = frame.type == FrameType.DATA and self._acks
-            while self._lost is None and not self._closing and held_back and self._unacked_out > self.window:
+            while self._lost is None and not self._closing and held_back and self._full():
                 self._cond.wait(TICK_SECONDS)
-            self._check()
-        with self._send_lock:
-            with self._cond:
-                seq = self._seq.next()
-                if self._acks:
-                    self._unacked.append((seq, _size(frame)))
-                    self._unacked_out += _size(frame)
-            self._write(Frame(frame.type, frame.channel, seq, frame.payload))
+            self._refuse_if_closing()
+            reserved = self._acks  # in the window from now on: another sender waits for it too
+            if reserved:
+                self._unacked_out += size
+                self._unacked_frames += 1
+        try:
+            with self._send_lock:
+                with self._cond:
+                    self._refuse_if_closing()  # close() may have begun while this waited for the lock
+                    seq = self._seq.next()
+                    if reserved:
+                        self._unacked.append((seq, size))
+                        reserved = False
+                # numbered and sent even if close() begins now: close() waits for its ack
+                self._write(Frame(frame.type, frame.channel, seq, frame.payload), own=True)
+        finally:
+            if reserved:  # refused before it was numbered
+                with self._cond:
+                    self._unacked_out -= size
+                    self._unacked_frames -= 1
+                    self._cond.notify_all()
         if frame.type == FrameType.DATA:
             self.bytes_out += len(frame.payload)
+
+    def _full(self) -> bool:  # with _cond held: the peer has too much not acked
+        return self._unacked_out > self.window or self._unacked_frames >= WINDOW_FRAMES
+
+    def _refuse_if_closing(self) -> None:
+        """With ``_cond`` held: raise SessionLost once the link is over or close() began."""
+        self._check()
+        if self._closing:
+            raise SessionLost("relay_lost", "the session's link was closed")
 
     def _put(self, frame: Frame, own: bool = False) -> None:
         with self._send_lock:
@@ -255,7 +297,8 @@ class Link:
             if frame.seq and self._sequenced:
                 self._taken = frame.seq
                 self._unacked_in += _size(frame)
-            owed = self._acks and self._unacked_in >= ACK_BYTES
+                self._unacked_in_frames += 1
+            owed = self._acks and (self._unacked_in >= ACK_BYTES or self._unacked_in_frames >= ACK_FRAMES)
             if self._acks and self._taken != self._acked and self._ack_due is None:
                 self._ack_due = self.clock() + ACK_DELAY
             self._cond.notify_all()
@@ -267,9 +310,14 @@ class Link:
         return frame
 
     def _ack(self) -> None:
+        self._say(ack(self._acking()))
+
+    def _acking(self) -> int:
+        """The seq to ack now: what was taken, counted as acked from here."""
         with self._cond:
-            taken, self._acked, self._unacked_in, self._ack_due = self._taken, self._taken, 0, None
-        self._say(ack(taken))
+            taken, self._acked, self._ack_due = self._taken, self._taken, None
+            self._unacked_in = self._unacked_in_frames = 0
+        return taken
 
     def _read(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -293,7 +341,7 @@ class Link:
                 try:
                     frame = decode(frame_bytes(data, self.encoding))
                 except BadFrame as e:
-                    raise self._lose(f"the relay sent what is no frame: {e}") from None
+                    raise self._lose(no_frame(data, e)) from None
                 self._take(frame)
         except SessionLost:
             pass
@@ -331,6 +379,8 @@ class Link:
         elif kind == FrameType.PONG:
             pass
         else:
+            if frame.seq == 0 and kind != FrameType.GONE and (self._sequenced or self.peer_hello is None):
+                raise self._lose(f"the relay sent a {kind.name} frame outside the numbering")
             with self._cond:
                 if frame.seq == 0 or (self.peer_hello is not None and not self._sequenced):
                     self._ready_now(frame)  # a relay's GONE, or an older peer's frame: as it comes
@@ -363,15 +413,20 @@ class Link:
 
     def _order(self, frame: Frame) -> None:
         """With ``_cond`` held: ``frame`` of a numbering peer, handed on in seq order."""
-        if frame.seq < self._expected:
-            return  # a copy of one handed on already
+        if seq_ahead(frame.seq, self._expected) < 0 or frame.seq in self._held:
+            return  # a copy of one handed on, or held, already
         self._held[frame.seq] = frame
         self._held_bytes += _size(frame)
+        came = False
         while (next_one := self._held.pop(self._expected, None)) is not None:
             self._held_bytes -= _size(next_one)
-            self._expected += 1
+            self._expected = next_seq(self._expected)
             self._ready_now(next_one)
-        self._gap_since = (self._gap_since or self.clock()) if self._held else None
+            came = True
+        if not self._held:
+            self._gap_since = None
+        elif came or self._gap_since is None:  # the gap is the one before the frame now expected
+            self._gap_since = self.clock()
         self._bound(len(self._held), self._held_bytes)
 
     def _bound(self, frames: int, size: int) -> None:
@@ -387,8 +442,9 @@ class Link:
 
     def _acked_by_peer(self, seq: int) -> None:
         with self._cond:
-            while self._unacked and self._unacked[0][0] <= seq:
+            while self._unacked and seq_ahead(self._unacked[0][0], seq) <= 0:
                 self._unacked_out -= self._unacked.popleft()[1]
+                self._unacked_frames -= 1
             self._cond.notify_all()
 
     # -- the end ----------------------------------------------------------------------------
@@ -417,10 +473,8 @@ class Link:
             owed = self._acks and self._taken != self._acked and self._lost is None
         if owed and self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
             try:  # what this side took, acked at once: the peer may be waiting to hang up
-                with self._cond:
-                    taken, self._acked, self._unacked_in, self._ack_due = self._taken, self._taken, 0, None
                 with contextlib.suppress(SessionLost):
-                    self._write(ack(taken), own=True)
+                    self._write(ack(self._acking()), own=True)
             finally:
                 self._send_lock.release()
         with self._cond:

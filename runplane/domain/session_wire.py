@@ -36,13 +36,17 @@ frame but PING and PONG, and its relay keeps the order.
 
 Order. Every other frame a side sends after its HELLO is numbered from 1 (one count per
 direction). A receiver hands them on in ``seq`` order, holding early ones (at most ``WINDOW``
-bytes and ``MAX_HELD`` frames); a gap that outlasts that, or ``GAP_SECONDS``, ends the session
-(``relay_lost``). A relay's own frames (its GONE) carry ``seq`` 0 and are taken as they come.
+bytes and ``MAX_HELD`` frames); a gap that outlasts that, or ``GAP_SECONDS`` (counted from when
+the frame now missing became the next one), ends the session (``relay_lost``). Seqs run from 1 to
+2**32 - 1 and then from 1 again: their order is that of serial numbers (RFC 1982, ``seq_ahead``).
+Only a GONE (a relay's own, or a side's before it had its peer's HELLO) comes with ``seq`` 0 and is
+taken as it comes; any other numbered type with ``seq`` 0 (but from an older peer) ends the session.
 
 Flow. With a peer whose HELLO says ``acks: true``, a side sends ACK with the last ``seq`` it took
 (handed on to the command, the terminal or the connection) every ``ACK_BYTES`` taken and when it
-has taken something not yet acked and idles; a sender waits while more than ``WINDOW`` bytes of
-its numbered frames (header and payload) are not acked. So a slow reader slows its peer down
+has taken something not yet acked and idles, and every ``ACK_FRAMES`` frames; a sender of DATA
+waits while more than ``WINDOW`` bytes of its numbered frames (header and payload), or
+``WINDOW_FRAMES`` of them, are not acked. So a slow reader slows its peer down
 through any relay, and what a side holds stays bounded; a side that hangs up gives what it sent a
 moment to be acked first, so that a relay that reorders does not pass the hang-up on before it
 (the last output, the EXIT). With an older peer neither side acks and the one-machine relay's own
@@ -65,6 +69,8 @@ HEADER = struct.Struct(">BHI")
 MAX_PAYLOAD = 64 * 1024
 """The most payload bytes one frame carries (a relay may allow fewer: its ``max_frame``)."""
 MAX_JSON = 4096
+ERROR_CHARS = 200
+"""How much of a relay's error text a side quotes when it ends the session on it (``no_frame``)."""
 STDIN, STDOUT, STDERR = 1, 2, 3
 FIRST_PORT_CHANNEL = 16
 MAX_CHANNEL = 0xFFFF
@@ -75,6 +81,13 @@ ACK_BYTES = 256 * 1024
 """A receiver acks at least every this many bytes it took."""
 MAX_HELD = 1024
 """The most frames a receiver holds that came before one missing."""
+WINDOW_FRAMES = MAX_HELD // 2
+"""The most numbered frames a side has sent and its peer not acked (peers that ack): what the
+window's bytes allow of small frames stays within what a receiver holds."""
+ACK_FRAMES = WINDOW_FRAMES // 4
+"""A receiver acks at least every this many frames it took."""
+SEQ_SPAN = 0xFFFFFFFF
+"""How many seqs there are: 1 to 2**32 - 1, then 1 again (0 is outside the numbering)."""
 GAP_SECONDS = 30.0
 """How long a missing frame may keep the ones after it waiting."""
 HELLO_SECONDS = 1.0
@@ -214,6 +227,16 @@ def frame_bytes(message: bytes | str, encoding: str) -> bytes:
     return bytes(message)
 
 
+def no_frame(message: object, error: BadFrame) -> str:
+    """Why ``message`` (no frame: ``error``) ends a side's link. A gateway's own answer (its JSON
+    error text, where frames travel as text) is quoted, clipped, without its control characters."""
+    if isinstance(message, str) and message.lstrip().startswith("{"):
+        text = message.strip()
+        said = "".join(c if c.isprintable() else " " for c in text[:ERROR_CHARS])
+        return f"the relay answered with an error instead of a frame: {said}{'...' if len(text) > ERROR_CHARS else ''}"
+    return f"the relay sent what is no frame: {error}"
+
+
 def max_message(encoding: str) -> int:
     """The largest WebSocket message a frame makes through a relay of ``encoding``."""
     size = MAX_PAYLOAD + HEADER.size
@@ -226,12 +249,24 @@ def chunks(channel: int, data: bytes, max_payload: int = MAX_PAYLOAD) -> list[by
     return [data[i : i + size] for i in range(0, len(data), size)] or [b""]
 
 
-class Sequencer:
-    """Numbers the frames one side sends."""
+def next_seq(seq: int) -> int:
+    """The seq after ``seq`` (after 2**32 - 1 comes 1)."""
+    return (seq % SEQ_SPAN) + 1
 
-    def __init__(self) -> None:
-        self.sent = 0
+
+def seq_ahead(seq: int, of: int) -> int:
+    """How far ``seq`` comes after ``of``, read as serial numbers (RFC 1982): 0 when they are the same,
+    negative when ``seq`` came before (up to half the seqs either way)."""
+    ahead = (seq - of) % SEQ_SPAN
+    return ahead - SEQ_SPAN if ahead > SEQ_SPAN // 2 else ahead
+
+
+class Sequencer:
+    """Numbers the frames one side sends, from the one after ``sent``."""
+
+    def __init__(self, sent: int = 0) -> None:
+        self.sent = sent
 
     def next(self) -> int:
-        self.sent = (self.sent % 0xFFFFFFFF) + 1
+        self.sent = next_seq(self.sent)
         return self.sent

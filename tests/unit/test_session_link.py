@@ -8,6 +8,7 @@ import base64
 import os
 import queue
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,15 +22,18 @@ from runplane.client._link import Link, SessionLost
 from runplane.client.sessions import Access
 from runplane.domain.session_wire import (
     HEADER,
+    SEQ_SPAN,
     STDIN,
     STDOUT,
     WINDOW,
     Frame,
     FrameType,
+    Sequencer,
     decode,
     frame_bytes,
     json_frame,
     message,
+    ping,
 )
 from runplane.domain.sessions import BASE64, BINARY
 from worker_agent.sessions.link import Link as WorkerLink
@@ -38,15 +42,21 @@ GATEWAY_FRAME = 16 * 1024
 _CLOSED = object()
 Tamper = Callable[[str, Frame], int]
 """How many times the relay hands on a frame of ``side``: 0 (lost), 1, 2 (a copy)."""
+Late = Callable[[str, Frame], float]
+"""How many seconds the relay holds a frame of ``side`` back before it hands it on."""
 
 
 class Relay:
     """Two sides, ``client`` and ``worker``. Each message is taken at once and handed on by a
     thread of the relay's own, every few milliseconds in a shuffled order."""
 
-    def __init__(self, encoding: str = BASE64, tamper: Tamper | None = None, seed: int = 7) -> None:
+    def __init__(
+        self, encoding: str = BASE64, tamper: Tamper | None = None, seed: int = 7, late: Late | None = None
+    ) -> None:
         self.encoding = encoding
         self.tamper = tamper or (lambda side, frame: 1)
+        self.late = late or (lambda side, frame: 0.0)
+        self.later: list[tuple[float, str, bytes | str]] = []  # (when, to side, message): held back
         self.inbox: dict[str, queue.Queue[object]] = {}
         self.pending: dict[str, list[object]] = {"client": [], "worker": []}
         self.dropped = self.reordered = 0
@@ -79,13 +89,21 @@ class Relay:
             if peer not in self.inbox:
                 self.dropped += 1
                 return
+            delay = self.late(side, frame)
             for _ in range(self.tamper(side, frame)):
-                self.pending[peer].append(data)
                 self.in_flight[peer] += len(data)
+                if delay:
+                    self.later.append((time.monotonic() + delay, peer, data))
+                else:
+                    self.pending[peer].append(data)
 
     def _hand_on(self) -> None:
         while not self._stop.wait(0.003):
             with self._lock:
+                now = time.monotonic()
+                for when, side, data in [each for each in self.later if each[0] <= now]:
+                    self.later.remove((when, side, data))
+                    self.pending[side].append(data)
                 for side, batch in self.pending.items():
                     if not batch:
                         continue
@@ -407,3 +425,241 @@ def test_the_client_reads_the_relays_encoding_and_frame_size_from_the_api() -> N
     assert (access.encoding, access.max_frame) == (BASE64, GATEWAY_FRAME)
     assert Access.read({"id": "s", "relay": {"url": "ws://x/", "headers": {}, "max_frame": 1 << 30}}).encoding == BINARY
     assert Access.read({"id": "s", "relay": {"url": "ws://x/", "headers": {}, "max_frame": 1 << 30}}).max_frame == 65536
+
+
+def peer_hello(played: Relay, to: str = "client") -> None:
+    """A peer of this release says HELLO straight into ``to``'s inbox: it has had ``to``'s, it acks."""
+    hello = json_frame(FrameType.HELLO, {"v": 1, "side": "worker", "seen": True, "acks": True})
+    played.inbox[to].put(message(hello, played.encoding))
+
+
+def test_a_gap_is_timed_from_when_its_frame_became_the_next_one_not_from_the_first_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each frame comes two places late (2, 4, 1, 6, 3, 8, 5, ...): some frame is always held, but
+    every gap closes within a pair of frames; the clock moves 10 s per pair, past GAP_SECONDS in all."""
+    monkeypatch.setattr(_link, "LINGER_SECONDS", 0.2)
+    moved = [0.0]
+    with relay(encoding=BINARY) as played:
+        played.connect("worker")
+        link = Link(played.connect("client"), clock=lambda: time.monotonic() + moved[0])
+        try:
+            peer_hello(played)
+            hello = link.recv(10)
+            assert hello is not None and hello.type == FrameType.HELLO
+            bursts = [[2, 4, 1]] + [[2 * k + 6, 2 * k + 3] for k in range(5)]
+            taken: list[int] = []
+            for burst in bursts:
+                for seq in burst:
+                    played.inbox["client"].put(message(Frame(FrameType.DATA, STDOUT, seq, b"x"), BINARY))
+                for _ in range(2):  # each burst lets two more go on
+                    frame = link.recv(10)
+                    assert frame is not None, taken
+                    taken.append(frame.seq)
+                moved[0] += 10.0
+                time.sleep(_link.TICK_SECONDS + 0.05)  # the link looks at its timers
+            assert taken == list(range(1, 13))
+            assert 10.0 * len(bursts) >= 2 * _link.GAP_SECONDS
+        finally:
+            link.close()
+
+
+def test_line_at_a_time_output_past_a_late_frame_waits_for_it_instead_of_overflowing_the_receiver() -> None:
+    """2,000 one-line frames (far fewer bytes than the window): the relay holds the first back for a
+    moment, and the sender stops at what the receiver may hold, by frames as well as bytes."""
+    lines = [b"line %d of output\n" % i for i in range(2000)]
+
+    def late(side: str, frame: Frame) -> float:
+        return 0.5 if frame.type == FrameType.DATA and frame.payload == lines[0] else 0.0
+
+    with relay(late=late) as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            meet(client, worker)
+            thread = threading.Thread(target=lambda: [worker.send(Frame(FrameType.DATA, STDOUT, 0, x)) for x in lines])
+            thread.start()
+            assert drain(client, sum(map(len, lines)), STDOUT) == b"".join(lines)
+            thread.join(10)
+        finally:
+            client.close()
+            worker.close()
+
+
+def test_a_send_refused_because_the_link_is_closing_leaves_nothing_for_close_to_wait_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_link, "LINGER_SECONDS", 30.0)  # close waits for acks of all it sent
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            meet(client, worker)
+            worker.send(Frame(FrameType.DATA, STDOUT, 0, b"output"))
+            closing = threading.Thread(target=worker.close, daemon=True)
+            closing.start()
+            sent = 1
+            with pytest.raises(SessionLost):
+                while True:  # until close() began
+                    worker.send(Frame(FrameType.DATA, STDOUT, 0, b"late"))
+                    sent += 1
+            assert drain(client, len(b"output") + 4 * (sent - 1), STDOUT) == b"output" + b"late" * (sent - 1)
+            closing.join(10)  # the client acked all it was sent: nothing else is waited for
+            assert not closing.is_alive()
+        finally:
+            client.close()
+            worker.close()
+
+
+def test_senders_at_once_never_take_the_link_past_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a PING is being written, eight threads send a frame each: the window (two frames)
+    is counted for each of them as it decides to go, not after."""
+    monkeypatch.setattr(_link, "LINGER_SECONDS", 0.2)  # the client never acks: hang up soon
+    window = 2 * GATEWAY_FRAME
+    ended: list[SessionLost] = []
+
+    def send() -> None:
+        try:
+            worker.send(Frame(FrameType.DATA, STDOUT, 0, os.urandom(GATEWAY_FRAME)))
+        except SessionLost as e:
+            ended.append(e)
+
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        end = played.connect("worker")
+        carry = end.send
+
+        def slow(data: bytes | str) -> None:
+            if decode(frame_bytes(data, BASE64)).type == FrameType.PING:
+                time.sleep(0.5)
+            carry(data)
+
+        end.send = slow  # type: ignore[method-assign]
+        worker = Link(end, GATEWAY_FRAME, encoding=BASE64, window=window)
+        try:
+            meet(client, worker)
+            pinging = threading.Thread(target=worker.send, args=(ping(1),), daemon=True)
+            pinging.start()
+            time.sleep(0.1)
+            senders = [threading.Thread(target=send, daemon=True) for _ in range(8)]
+            for thread in senders:
+                thread.start()
+            pinging.join(10)
+            time.sleep(0.5)  # the client takes nothing: no ack comes
+            assert 0 < worker.bytes_out <= window + GATEWAY_FRAME
+            worker.close()
+            for thread in senders:
+                thread.join(10)
+            assert len(ended) == 8 - worker.bytes_out // GATEWAY_FRAME  # the others were held back until then
+        finally:
+            client.close()
+            worker.close()
+
+
+def test_frames_past_the_last_seq_go_on_from_1_in_order_and_acked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As if 2**32 - 6 frames had gone before: 600 more (past what the window lets go unacked)
+    cross the wrap of the numbering."""
+    monkeypatch.setattr(_link, "LINGER_SECONDS", 30.0)
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            worker._seq = Sequencer(SEQ_SPAN - 6)
+            client._expected = SEQ_SPAN - 5
+            meet(client, worker)
+            lines = [b"%d," % i for i in range(600)]
+            thread = threading.Thread(target=lambda: [worker.send(Frame(FrameType.DATA, STDOUT, 0, x)) for x in lines])
+            thread.start()
+            assert drain(client, sum(map(len, lines)), STDOUT) == b"".join(lines)
+            thread.join(10)
+            closing = threading.Thread(target=worker.close, daemon=True)
+            closing.start()
+            closing.join(10)  # every frame acked, the last ones by seqs from 1
+            assert not closing.is_alive()
+        finally:
+            client.close()
+            worker.close()
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        Frame(FrameType.DATA, STDIN, 0, b"injected\n"),
+        Frame(FrameType.EOF, STDIN),
+        json_frame(FrameType.EXIT, {"code": 0}),
+        Frame(FrameType.SIGNAL, 0, 0, b"\x09"),
+    ],
+)
+def test_a_numbered_type_outside_the_numbering_ends_the_link(frame: Frame) -> None:
+    with relay(encoding=BINARY) as played:
+        link = Link(played.connect("client"), encoding=BINARY)
+        try:
+            peer_hello(played)
+            played.inbox["client"].put(message(frame, BINARY))
+            hello = link.recv(10)
+            assert hello is not None and hello.type == FrameType.HELLO
+            with pytest.raises(SessionLost) as lost:
+                link.recv(10)
+            assert lost.value.reason == "relay_lost" and f"a {frame.type.name} frame outside" in str(lost.value)
+        finally:
+            link.close()
+
+
+def test_a_relays_gone_outside_the_numbering_is_handed_on() -> None:
+    with relay(encoding=BINARY) as played:
+        link = Link(played.connect("client"), encoding=BINARY)
+        try:
+            peer_hello(played)
+            played.inbox["client"].put(message(json_frame(FrameType.GONE, {"reason": "run_ended"}), BINARY))
+            kinds = [frame.type if (frame := link.recv(10)) else None for _ in range(2)]
+            assert kinds == [FrameType.HELLO, FrameType.GONE]
+        finally:
+            link.close()
+
+
+def test_copies_of_a_held_frame_are_held_once() -> None:
+    """Thirty copies of frame 2 (60 KB each) while 1 is missing: what is held is one of them, well
+    within what a receiver holds, and 1 then lets both go on."""
+    with relay(encoding=BINARY) as played:
+        link = Link(played.connect("client"), encoding=BINARY)
+        try:
+            peer_hello(played)
+            for _ in range(30):
+                played.inbox["client"].put(message(Frame(FrameType.DATA, STDOUT, 2, b"2" * 60_000), BINARY))
+            played.inbox["client"].put(message(Frame(FrameType.DATA, STDOUT, 1, b"1"), BINARY))
+            frames = [link.recv(10) for _ in range(3)]
+            assert [(f.type, f.seq) for f in frames if f is not None] == [
+                (FrameType.HELLO, 0),
+                (FrameType.DATA, 1),
+                (FrameType.DATA, 2),
+            ]
+            assert link.recv(0.3) is None  # no copy
+        finally:
+            link.close()
+
+
+def test_a_gateways_error_text_instead_of_a_frame_is_quoted_when_the_link_ends() -> None:
+    with relay() as played:
+        link = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64)
+        try:
+            said = '{"message": "Internal server error", "connectionId": "x\x1b[2J", "pad": "' + "p" * 500 + '"}'
+            played.inbox["client"].put(said)
+            with pytest.raises(SessionLost) as lost:
+                link.recv(10)
+            text = str(lost.value)
+            assert lost.value.reason == "relay_lost" and '{"message": "Internal server error"' in text
+            assert "\x1b" not in text and text.endswith("...") and len(text) < 300
+        finally:
+            link.close()
+
+
+def test_an_unanswered_opening_is_logged_without_the_urls_query(caplog: pytest.LogCaptureFixture) -> None:
+    """A relay's URL may carry an access token in its query: the retry's log line leaves it out."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()  # takes the connection, never answers the opening
+        where = f"127.0.0.1:{server.getsockname()[1]}/client/hub"
+        with caplog.at_level("INFO", logger=_link.__name__), pytest.raises(TimeoutError):
+            _link.connect(f"ws://{where}?access_token=secret-token", {}, BASE64, open_timeout=0.3, env_proxy=False)
+    assert "did not answer" in caplog.text and where in caplog.text
+    assert "secret-token" not in caplog.text

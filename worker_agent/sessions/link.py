@@ -11,7 +11,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection
 
 from runplane.client import _link
-from runplane.client._link import SessionLost, connect
+from runplane.client._link import SessionLost, connect, shown
 from runplane.domain.session_wire import Frame
 from runplane.domain.sessions import RelayEndpoint
 
@@ -36,7 +36,7 @@ class Link(_link.Link):
                 url, endpoint.headers, endpoint.encoding, open_timeout=CONNECT_SECONDS, env_proxy=False
             )
         except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as e:
-            raise RelayUnreachable(f"the relay at {url} cannot be reached: {e}") from e
+            raise RelayUnreachable(f"the relay at {shown(url)} cannot be reached: {e}") from e
         return cls(conn, endpoint.max_frame, encoding=endpoint.encoding)
 
     def send(self, frame: Frame) -> None:
