@@ -67,6 +67,20 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
+EXIT_BY_STATE = {"killed": ExitCode.KILLED, "timed_out": ExitCode.TIMED_OUT}
+
+
+def exit_code(view: RunView) -> int:
+    """What ``run --wait`` exits with for a run that ended as ``view`` says (README.md's table)."""
+    if view.state == "succeeded":
+        return ExitCode.OK
+    if view.state in EXIT_BY_STATE:
+        return EXIT_BY_STATE[view.state]
+    if view.exit_code is not None and view.exit_code & 0xFF:
+        return view.exit_code & 0xFF
+    return ExitCode.RUN_FAILED  # no exit code of its own (image_not_found, …) or exit 0 (upload_failed)
+
+
 @dataclass(frozen=True)
 class Options:
     """The global options of one invocation (``ctx.obj``)."""

@@ -22,6 +22,7 @@ from runplane.cli.common import (
     dumps,
     err,
     error_exit_code,
+    exit_code,
     id_column,
     out,
     print_json,
@@ -38,7 +39,6 @@ from runplane.cli.uploads import UPLOAD, send
 from runplane.client import ApiError, Client, Conflict, Run, RunOptions, RunState
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
-EXIT_BY_STATE = {"killed": ExitCode.KILLED, "timed_out": ExitCode.TIMED_OUT}
 
 
 class LiveState(enum.StrEnum):
@@ -75,17 +75,6 @@ def state_line(view: RunView) -> str:
     if view.failure is None:
         return str(state)
     return f"{state}: {view.failure.reason} — {view.failure.message}".rstrip(" —")
-
-
-def exit_code(view: RunView) -> int:
-    """What ``run --wait`` exits with for a run that ended as ``view`` says (README.md's table)."""
-    if view.state == "succeeded":
-        return ExitCode.OK
-    if view.state in EXIT_BY_STATE:
-        return EXIT_BY_STATE[view.state]
-    if view.exit_code is not None and view.exit_code & 0xFF:
-        return view.exit_code & 0xFF
-    return ExitCode.RUN_FAILED  # no exit code of its own (image_not_found, …) or exit 0 (upload_failed)
 
 
 def follow(run: Run, streams: tuple[str, ...], *, show_states: bool, logs_to_stderr: bool = False) -> Run:
@@ -188,6 +177,8 @@ def _attached(api: Client, run: Run) -> int:
         if not ended:
             return status
         run.wait()
+    else:  # over before it could be joined: what it wrote, never shown, is in its logs
+        follow(run, ("stdout", "stderr"), show_states=False)
     if run.state != RunState.SUCCEEDED:
         err.print(Text.assemble(("● ", "cyan"), state_line(run.view)), highlight=False, soft_wrap=True)
     return exit_code(run.view)

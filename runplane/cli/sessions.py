@@ -8,14 +8,15 @@ import contextlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
-from runplane.cli.common import CliError, ExitCode, client, err, out, say_error
+from runplane.cli.common import CliError, ExitCode, client, err, exit_code, out, say_error
 from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
-from runplane.client import ApiError, Client, WaitTimeout
+from runplane.client import ApiError, Client, RunState, WaitTimeout
 from runplane.client._forward import Forward, loopback_listener
 from runplane.client._terminal import Detached, forwarded_signals, raw_mode, terminal_size
 from runplane.client.sessions import (
@@ -34,6 +35,7 @@ RUN = Annotated[str, typer.Argument(metavar="RUN", help="the run's id (it must b
 PORTS = re.compile(r"(?:(\d{1,5}):)?(\d{1,5})")
 BROKEN_PIPE = 141
 ENDED_WAIT = 10.0
+REPLAY_POLL = 0.3
 """How long port-forward waits for a run whose session said it ended to show its final state."""
 
 
@@ -109,31 +111,70 @@ def _interact(api: Client, run_id: str, kind: str, command: list[str] | None, st
     term = usable_term(os.environ.get("TERM")) if terminal else None
     fields = {"command": command, "tty": terminal, "stdin": stdin, "term": term, "rows": rows, "cols": cols}
     access = _open(api, run_id, kind, **fields)
-    return _drive(access, stdin=stdin, terminal=terminal, size=size)
+    return _drive(api, run_id, access, stdin=stdin, terminal=terminal, size=size)
 
 
 @dataclass
 class Ended:
     """How a session the user drove ended: ``lost`` (the session ended before its command did),
-    ``left`` (``~.`` typed)."""
+    ``left`` (``~.`` typed); ``met``: whether the worker joined it (else nothing of the command was
+    shown)."""
 
     lost: SessionLost | None = None
     left: bool = False
+    met: bool = False
+
+
+def run_over(api: Client, run_id: str) -> Callable[[], str | None]:
+    """For ``meet``: how run ``run_id`` ended (``failed``, ...) once it is no longer running, else
+    None (also when the API cannot be asked: the wait goes on)."""
+
+    def over() -> str | None:
+        try:
+            state = api.get(run_id).state
+        except ApiError:
+            return None
+        return None if state == RunState.RUNNING else str(state)
+
+    return over
+
+
+def abandon(api: Client, run_id: str, session_id: str) -> None:
+    """Close a session that was never joined (best effort: it holds one of the run's slots until it
+    expires otherwise)."""
+    with contextlib.suppress(ApiError, OSError):
+        api.close_session(run_id, session_id)
 
 
 def _drive(
-    access: Access, *, stdin: bool, terminal: bool, size: tuple[int, int] | None, ended: Ended | None = None
+    api: Client,
+    run_id: str,
+    access: Access,
+    *,
+    stdin: bool,
+    terminal: bool,
+    size: tuple[int, int] | None,
+    ended: Ended | None = None,
+    greeting: str | None = None,
 ) -> int:
-    """Join the session of ``access`` and move the user's input and the command's output until its
-    EXIT: its exit status; LOST when the session ended first or ``~.`` was typed (``ended`` says
-    which, and nothing is said: else the reason is said on stderr)."""
+    """Join the session of ``access`` (of run ``run_id``) and move the user's input and the
+    command's output until its EXIT: its exit status; LOST when the session ended first or ``~.``
+    was typed (``ended`` says which, and nothing is said: else the reason is said on stderr). A
+    session that could not be joined is closed; waiting to join it ends when the run does.
+    ``greeting`` is said on stderr once the worker joined."""
     control_r, control_w = os.pipe()
     link: Link | None = None
     feeder: Feeder | None = None
+    met = False
     try:
         with forwarded_signals(control_w, terminal=terminal):
             link = open_link(access)
-            meet(link, size)
+            meet(link, size, run_over=run_over(api, run_id))
+            met = True
+            if ended is not None:
+                ended.met = True
+            if greeting is not None:
+                err.print(greeting, style="cyan", markup=False, highlight=False)
             reasons: list[str] = []  # said once the terminal is itself again
             with raw_mode(0) if terminal else contextlib.nullcontext():
                 feeder = Feeder(link, 0 if stdin else None, control_r, lambda: terminal_size(0), terminal).start()
@@ -162,6 +203,8 @@ def _drive(
             link.close()
         os.close(control_r)
         os.close(control_w)
+        if not met:
+            abandon(api, run_id, access.session_id)
 
 
 def attach(ctx: typer.Context, run_id: RUN_ID = None) -> None:
@@ -174,31 +217,49 @@ def attach(ctx: typer.Context, run_id: RUN_ID = None) -> None:
             view = api.get(rid).wait(timeout=ENDED_WAIT).view
             if view.failure is not None:
                 say_error(f"run {rid} {view.state}: {view.failure.message}")
+            if status == LOST:  # the session ended with the run: exit as the run did (run --wait)
+                status = exit_code(view)
     raise typer.Exit(status)
 
 
 def attach_run(api: Client, run_id: str) -> tuple[int, bool]:
     """Attach to interactive run ``run_id`` (with the local terminal if the run has a terminal and
     this is one): the exit status, and whether the run's command ended (its EXIT came, or the
-    session ended with the run: its final state tells the rest). Leaving with ``~.``: 0, the run
-    goes on; a session lost otherwise: LOST, said on stderr."""
+    session ended with the run: its final state tells the rest; when it ended before the worker
+    joined, the run's logs are written out, as they were never shown). Leaving with ``~.``: 0, the
+    run goes on; a session lost otherwise: LOST, said on stderr."""
     local = os.isatty(0) and os.isatty(1)
     size = terminal_size(0) if local else None
     rows, cols = size if size is not None else (None, None)
     term = usable_term(os.environ.get("TERM")) if local else None
     with named_by_id(run_id):
         answer = api.open_session(run_id, "attach", term=term, rows=rows, cols=cols)
-    ended = Ended()
-    status = _drive(Access.read(answer), stdin=True, terminal=answer.tty and local, size=size, ended=ended)
+    ended, terminal = Ended(), answer.tty and local
+    # a shell's prompt is not yet a whole line of the run's log: the replay may lack it until Enter
+    greeting = "● attached (~. leaves; press Enter if no prompt shows)" if terminal else None
+    status = _drive(
+        api, run_id, Access.read(answer), stdin=True, terminal=terminal, size=size, ended=ended, greeting=greeting
+    )
     if ended.left:
-        err.print(f"left {run_id}; it goes on (runplane attach {run_id} to return)", markup=False, highlight=False)
+        err.print(f"\r\nleft {run_id}; it goes on (runplane attach {run_id} to return)", markup=False, highlight=False)
         return (ExitCode.OK if status == LOST else status), False
     if ended.lost is None:
         return status, True
     if ended.lost.reason == "run_ended":
+        if not ended.met:
+            _replay(api, run_id)
         return LOST, True
     say_error(str(ended.lost))
     return LOST, False
+
+
+def _replay(api: Client, run_id: str) -> None:
+    """Write the logs of run ``run_id`` (ended, or ending) out: its output, never shown live."""
+    with contextlib.suppress(ApiError):
+        for stream, text in api.get(run_id).follow_chunks(("stdout", "stderr"), poll=REPLAY_POLL):
+            writer = sys.stderr if stream == "stderr" else sys.stdout
+            writer.write(text)
+            writer.flush()
 
 
 def _write(channel: int, data: bytes) -> None:
@@ -211,15 +272,18 @@ def _write(channel: int, data: bytes) -> None:
 def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
     try:
         listener = loopback_listener(local)
-    except OSError as e:
-        raise CliError(f"cannot listen on 127.0.0.1:{local}: {e.strerror or e}", ExitCode.REFUSED) from None
+    except OSError as e:  # a local port taken: a local problem, exit 2 as a usage error
+        raise CliError(f"cannot listen on 127.0.0.1:{local}: {e.strerror or e}") from None
     port = listener.getsockname()[1]
     link: Link | None = None
     forward: Forward | None = None
+    access: Access | None = None
+    met = False
     try:
         access = _open(api, run_id, "port_forward", port=remote)
         link = open_link(access)
-        meet(link)
+        meet(link, run_over=run_over(api, run_id))
+        met = True
         forward = Forward(link, remote, listener, say=lambda line: err.print(line, markup=False, highlight=False))
         out.print(f"forwarding 127.0.0.1:{port} -> port {remote} of {run_id}", markup=False, highlight=False)
         sys.stdout.flush()
@@ -235,6 +299,8 @@ def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
         listener.close()
         if link is not None:
             link.close()
+        if access is not None and not met:
+            abandon(api, run_id, access.session_id)
     if ended is None:
         return ExitCode.OK
     if ended.reason == "run_ended":

@@ -4,6 +4,7 @@ coroutines and async iterators."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,8 @@ from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
-from runplane.client.sessions import Access, ExecResult, exec_captured
+from runplane.client.errors import ApiError
+from runplane.client.sessions import Access, ExecResult, NotJoined, exec_captured
 from runplane.domain.states import RunState
 
 if TYPE_CHECKING:
@@ -88,13 +90,16 @@ class AsyncRun(RunBase):
 
     async def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
         """``Run.exec``: the session's frames move on a thread, the event loop stays free."""
-        access = await self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
-        return await asyncio.to_thread(exec_captured, Access.read(access), stdin)
+        answer = await self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
+        access = Access.read(answer)
+        async with self._closed_unjoined(access):
+            return await asyncio.to_thread(exec_captured, access, stdin)
 
     async def attach(self, stdin: bytes | None = None) -> ExecResult:
         """``Run.attach``: the session's frames move on a thread, the event loop stays free."""
-        access = await self._client.open_session(self.view.id, "attach")
-        return await asyncio.to_thread(exec_captured, Access.read(access), stdin)
+        access = Access.read(await self._client.open_session(self.view.id, "attach"))
+        async with self._closed_unjoined(access):
+            return await asyncio.to_thread(exec_captured, access, stdin)
 
     async def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """``Run.port_forward``: the forward runs on threads of its own; ``close()`` it (or use it
@@ -105,7 +110,19 @@ class AsyncRun(RunBase):
         except BaseException:
             listener.close()
             raise
-        return await asyncio.to_thread(open_forward, Access.read(answer), remote, listener)
+        access = Access.read(answer)
+        async with self._closed_unjoined(access):
+            return await asyncio.to_thread(open_forward, access, remote, listener)
+
+    @contextlib.asynccontextmanager
+    async def _closed_unjoined(self, access: Access) -> AsyncIterator[None]:
+        """``Run._closed_unjoined``."""
+        try:
+            yield
+        except NotJoined:
+            with contextlib.suppress(ApiError, OSError):
+                await self._client.close_session(self.view.id, access.session_id)
+            raise
 
 
 class AsyncSweep(SweepBase):

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from runplane.client.sessions import PING_SECONDS, Access, Link, SessionLost, gone, meet, open_link
+from runplane.client.sessions import PING_SECONDS, Access, Link, SessionLost, gone, joined
 from runplane.domain.session_wire import FIRST_PORT_CHANNEL, MAX_CHANNEL, BadFrame, Frame, FrameType
 
 OPEN_SECONDS = 30.0
@@ -220,16 +220,10 @@ class PortForward:
 def open_forward(access: Access, remote: int, listener: socket.socket) -> PortForward:
     """Join the port-forward session of ``access`` and forward ``listener``'s connections to port
     ``remote`` of the run, on threads of its own. Closes ``listener`` when the session cannot be
-    joined (SessionLost)."""
+    joined (NotJoined)."""
     try:
-        link = open_link(access)
+        link = joined(access)
     except BaseException:
-        listener.close()
-        raise
-    try:
-        meet(link)
-    except BaseException:
-        link.close()
         listener.close()
         raise
     return PortForward(link, remote, listener).start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,9 +11,11 @@ from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
+from runplane.client.errors import ApiError
 from runplane.client.sessions import (
     Access,
     ExecResult,
+    NotJoined,
     exec_captured,
 )
 from runplane.domain.states import RunState
@@ -110,16 +113,20 @@ class Run(RunBase):
         it ``stdin`` (None: none) and wait for its exit: its exit code, stdout and stderr. Raises
         NotFound, Conflict (the run is not running), InvalidRequest (its pool allows no session,
         or no more); SessionLost when the session ends before the command (docs/sessions.md)."""
-        access = self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
-        return exec_captured(Access.read(access), stdin)
+        access = Access.read(
+            self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
+        )
+        with self._closed_unjoined(access):
+            return exec_captured(access, stdin)
 
     def attach(self, stdin: bytes | None = None) -> ExecResult:
         """An interactive run's own command (submitted with ``interactive=True``): feed it ``stdin``
         (then its end; None: nothing, its input stays open for a later attach) and take its output
         until it exits: its exit code and output (with ``tty``, all of it as stdout). Raises as
         ``exec`` does, and Conflict for a run that is not interactive or is attached already."""
-        access = self._client.open_session(self.view.id, "attach")
-        return exec_captured(Access.read(access), stdin)
+        access = Access.read(self._client.open_session(self.view.id, "attach"))
+        with self._closed_unjoined(access):
+            return exec_captured(access, stdin)
 
     def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """Connections to ``127.0.0.1:local`` (0: a free port, ``.local_port``) forwarded to
@@ -131,7 +138,18 @@ class Run(RunBase):
         except BaseException:
             listener.close()
             raise
-        return open_forward(access, remote, listener)
+        with self._closed_unjoined(access):
+            return open_forward(access, remote, listener)
+
+    @contextlib.contextmanager
+    def _closed_unjoined(self, access: Access) -> Iterator[None]:
+        """A session its worker never joined (NotJoined) closed: it would hold a slot until it expires."""
+        try:
+            yield
+        except NotJoined:
+            with contextlib.suppress(ApiError, OSError):
+                self._client.close_session(self.view.id, access.session_id)
+            raise
 
 
 class Sweep(SweepBase):

@@ -35,7 +35,7 @@ from runplane.domain.session_wire import (
     resize,
     signal_frame,
 )
-from runplane.domain.sessions import BASE64, BINARY, REQUEST_SECONDS, TERM_PATTERN
+from runplane.domain.sessions import BASE64, BINARY, REQUEST_SECONDS, TERM_PATTERN, EndReason
 
 if TYPE_CHECKING:
     from websockets.sync.client import ClientConnection
@@ -118,6 +118,11 @@ class Link(_link.Link):
         return self.recv(timeout)
 
 
+class NotJoined(SessionLost):
+    """The session ended, or its relay could not be reached, before the worker joined it: it still
+    holds one of the run's slots until it expires, unless closed (``Client.close_session``)."""
+
+
 def gone(frame: Frame) -> SessionLost:
     """The SessionLost a GONE frame says."""
     try:
@@ -129,13 +134,22 @@ def gone(frame: Frame) -> SessionLost:
         "client_gone": "the relay dropped this side of the session",
         "run_ended": "the run ended",
         "closed": "the session was closed",
+        "peer_absent": "no worker joined it in time (is the run still running?)",
     }
     return SessionLost(reason, f"session ended: {words.get(reason, reason)}")
 
 
-def meet(link: Link, size: tuple[int, int] | None = None, *, wait: float = MEET_SECONDS) -> dict[str, Any]:
+def meet(
+    link: Link,
+    size: tuple[int, int] | None = None,
+    *,
+    wait: float = MEET_SECONDS,
+    run_over: Callable[[], str | None] | None = None,
+) -> dict[str, Any]:
     """Say HELLO (with the terminal's ``size``, rows and cols) and wait for the worker's; its HELLO.
-    Raises SessionLost when the session ends first or no worker comes within ``wait`` seconds."""
+    Raises SessionLost when the session ends first or no worker comes within ``wait`` seconds, and
+    (``run_ended``) when ``run_over``, asked about once a second while waiting, says how the run
+    ended (no worker serves a session of a run that is over)."""
     hello: dict[str, Any] = {"v": PROTOCOL_VERSION, "side": "client"}
     if size is not None:
         hello["rows"], hello["cols"] = size
@@ -144,6 +158,8 @@ def meet(link: Link, size: tuple[int, int] | None = None, *, wait: float = MEET_
     while (left := deadline - time.monotonic()) > 0:
         frame = link.receive(timeout=min(left, 1.0))
         if frame is None:
+            if run_over is not None and (over := run_over()) is not None:
+                raise SessionLost(EndReason.RUN_ENDED.value, f"session ended: the run is {over}")
             continue
         if frame.type == FrameType.GONE:
             raise gone(frame)
@@ -326,12 +342,12 @@ class ExecResult:
 
 def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = MEET_SECONDS) -> ExecResult:
     """Dial ``access``, feed ``stdin`` (None: the session has none) and collect the command's
-    output until it exits. Raises SessionLost when the session ends before the command."""
-    link = open_link(access)
+    output until it exits. Raises SessionLost when the session ends before the command (NotJoined
+    before the worker joined it)."""
+    link = joined(access, wait=wait)
     out: dict[int, list[bytes]] = {STDOUT: [], 3: []}
     feeder: Feeder | None = None
     try:
-        meet(link, wait=wait)
         feeder = Feeder(link, stdin).start()
         code = pump_exec(link, lambda channel, data: out.setdefault(channel, []).append(data))
         return ExecResult(code, b"".join(out[STDOUT]), b"".join(out[3]))
@@ -339,6 +355,23 @@ def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = M
         if feeder is not None:
             feeder.stop()
         link.close()
+
+
+def joined(access: Access, size: tuple[int, int] | None = None, *, wait: float = MEET_SECONDS) -> Link:
+    """A Link to ``access``'s relay, met by the session's worker (``meet``). Raises NotJoined when
+    the relay cannot be reached or the session ends first."""
+    try:
+        link = open_link(access)
+    except SessionLost as e:
+        raise NotJoined(e.reason, str(e)) from None
+    try:
+        meet(link, size, wait=wait)
+    except BaseException as e:
+        link.close()
+        if isinstance(e, SessionLost):
+            raise NotJoined(e.reason, str(e)) from None
+        raise
+    return link
 
 
 def usable_term(term: str | None) -> str | None:

@@ -12,6 +12,7 @@ Every test makes users of its own, so nothing here meets another test's runs.
 import asyncio
 import dataclasses
 import json
+import socket
 import time
 import uuid
 
@@ -20,8 +21,10 @@ import pytest
 from runplane import bootstrap
 from runplane.adapters.local.relay import FrontSessionRelay
 from runplane.bootstrap import build_stack, make_ports
+from runplane.cli import sessions as cli_sessions
 from runplane.client import AsyncClient, Client, InvalidRequest
 from runplane.client import Conflict as ApiConflict
+from runplane.client.sessions import LOST, NotJoined
 from runplane.devstack.relay import RelayHub
 from runplane.domain.errors import Conflict, NotAllowed, NotFound
 from runplane.domain.expect import Expect
@@ -332,3 +335,33 @@ def test_the_sessions_of_a_run_that_ended_read_ended_with_it(local_stack):
     assert [(s.id, s.state, s.end_reason) for s in sessions.list_sessions(ports, alice, run.id)] == [
         (live.id, "ended", "run_ended")
     ]
+
+
+class _RefusedRelay(Client):
+    """The API as it is, but every session's relay a loopback port nothing listens on."""
+
+    def __init__(self, url, token, relay_url):
+        super().__init__(url, token)
+        self.relay_url = relay_url
+
+    def open_session(self, run_id, kind, **fields):
+        answer = super().open_session(run_id, kind, **fields)
+        return answer.model_copy(update={"relay": answer.relay.model_copy(update={"url": self.relay_url})})
+
+
+@pytest.mark.parametrize("front", ["local"], indirect=True)
+def test_a_session_whose_relay_refuses_is_closed_not_left_holding_a_slot(front, people, running):
+    alice = people()
+    run_id = running(alice)
+    with socket.socket() as unused:  # bound, never listening: a connection to it is refused
+        unused.bind(("127.0.0.1", 0))
+        client = _RefusedRelay(front.api_url, alice.token, f"ws://127.0.0.1:{unused.getsockname()[1]}/v1/relay")
+        run = client.get(run_id)
+        for _ in range(3):  # "parked" has 4 slots: tries that each kept one would be refused by the 5th
+            with pytest.raises(NotJoined, match="cannot reach the session's relay"):
+                run.exec(["true"])
+            with pytest.raises(NotJoined):
+                run.port_forward(8000)
+        assert cli_sessions._interact(client, run_id, "exec", ["true"], False, False) == LOST  # the CLI's
+    listed = client.sessions(run_id)
+    assert {(s.state, s.end_reason) for s in listed} == {("ended", "closed")}, listed

@@ -153,6 +153,14 @@ class SessionHost:
             pid = self._container_pid()
         except Exception as e:  # the container went: the run is ending, its sessions with it
             log.info("run %s: no container for session %s: %s", session.run_id, session.id, e)
+            # ended in the store, not left to wait: its client, polling the run, learns the rest
+            self.write(
+                session,
+                frozenset({SessionState.REQUESTED}),
+                state=SessionState.ENDED,
+                end_reason=EndReason.RUN_ENDED,
+                ended_at=self.clock(),
+            )
             return
         if not can_see(self.procs, pid, self.container.id):
             self.write(
