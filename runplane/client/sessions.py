@@ -82,7 +82,7 @@ def dial(access: Access, *, open_timeout: float = 10.0) -> ClientConnection:
     try:
         conn: ClientConnection = _link.connect(access.url, access.headers, access.encoding, open_timeout=open_timeout)
     except (InvalidHandshake, InvalidURI, OSError, TimeoutError) as e:
-        raise SessionLost("relay_lost", f"cannot reach the session's relay at {access.url}: {e}") from None
+        raise SessionLost("relay_lost", f"cannot reach the session's relay at {_link.shown(access.url)}: {e}") from None
     return conn
 
 
@@ -171,13 +171,20 @@ def meet(
     raise SessionLost("expired", f"no worker took the session within {wait:.0f} s")
 
 
+_REPORT = re.compile(rb"\x1b\[\d{1,5};\d{1,5}R")
+_REPORT_BEGUN = re.compile(rb"\x1b(\[(\d{1,5}(;\d{0,5})?)?)?")
+
+
 class Escapes:
     """``ssh``'s way out of a terminal: ``~.`` at the start of a line leaves the session; ``~~``
-    sends one ``~``; a ``~`` before anything else is sent as it is."""
+    sends one ``~``; a ``~`` before anything else is sent as it is. The terminal's report of its
+    cursor's position (``ESC [ row ; col R``, asked for by shells after a prompt) is passed on and
+    leaves the start of a line as it was."""
 
     def __init__(self) -> None:
         self.line_start = True
         self.tilde = False
+        self.report = b""  # what came of what may be a cursor position report
 
     def feed(self, data: bytes) -> tuple[bytes, bool]:
         """What of ``data`` goes to the session, and whether ``~.`` was typed (nothing after it goes)."""
@@ -188,13 +195,24 @@ class Escapes:
                 if byte == ord("."):
                     return bytes(out), True
                 out.append(ord("~"))
+                self.line_start = False
                 if byte == ord("~"):
-                    self.line_start = False
                     continue
-            elif self.line_start and byte == ord("~"):
+            elif self.line_start and not self.report and byte == ord("~"):
                 self.tilde = True
                 continue
             out.append(byte)
+            if self.report or byte == 0x1B:
+                self.report += bytes([byte])
+                if _REPORT.fullmatch(self.report):
+                    self.report = b""
+                    continue
+                if _REPORT_BEGUN.fullmatch(self.report):
+                    continue
+                self.report = b""  # no report: typed
+                if byte == 0x1B:  # unless this begins one
+                    self.report, self.line_start = b"\x1b", False
+                    continue
             self.line_start = byte in (ord("\r"), ord("\n"))
         return bytes(out), False
 

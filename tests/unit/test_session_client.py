@@ -343,6 +343,11 @@ def test_exec_takes_the_double_dash_off_the_command_once() -> None:
         (["~~.\n"], b"~.\n", False),  # ~~ is one ~
         (["~x"], b"~x", False),
         (["\n~", "~", "\r~.", "after"], b"\n~\r", True),
+        (["ls\r", "\x1b[24;1R", "~."], b"ls\r\x1b[24;1R", True),  # the terminal's cursor report after a prompt
+        (["\r\x1b[2", "4;80R~.", "after"], b"\r\x1b[24;80R", True),  # a report split across reads
+        (["\r\x1b\x1b[9;1R~."], b"\r\x1b\x1b[9;1R~.", False),  # a typed ESC first
+        (["\r\x1b[A~."], b"\r\x1b[A~.", False),  # an arrow key is typed
+        (["\r\x1b[1;2~."], b"\r\x1b[1;2~.", False),  # a key's sequence, not a report
     ],
 )
 def test_tilde_dot_at_the_start_of_a_line_leaves(typed: list[str], sent: bytes, left: bool) -> None:
