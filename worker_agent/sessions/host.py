@@ -221,8 +221,11 @@ class SessionHost:
                 self._stopping = str(reason)
             looker, live = self._looker, list(self._live.values())
         self._wake.set()
-        for session in live:
-            session.stop(reason)
+        stopping = [threading.Thread(target=session.stop, args=(reason,), daemon=True) for session in live]
+        for thread in stopping:  # at once: each may give its client a moment to take what it was sent
+            thread.start()
+        for thread in stopping:
+            thread.join(JOIN_SECONDS)
         for session in live:
             session.join(JOIN_SECONDS)
         if looker is not None:
