@@ -48,7 +48,7 @@ def parse_param(text: str) -> tuple[str, list[str]]:
     return name, values
 
 
-@run_flags(leave_out=frozenset({"name"}))  # --name names the sweep
+@run_flags(leave_out=frozenset({"name", "interactive", "tty"}))  # --name names the sweep; no interactive sweeps
 def run(
     ctx: typer.Context,
     command: Annotated[list[str], typer.Argument(help="the command after --, run with sh -c")],

@@ -169,7 +169,9 @@ def test_both_commands_take_the_flags_from_the_one_table() -> None:
     sweep_params = set(get_type_hints(sweep_command))
     names = {f.name for f in FLAGS}
     assert names <= run_params
-    assert names - {"name"} <= sweep_params  # a sweep's --name names the sweep, not each run
+    # a sweep's --name names the sweep, not each run; its runs cannot be interactive (the API refuses)
+    assert names - {"name", "interactive", "tty"} <= sweep_params
+    assert not {"interactive", "tty"} & sweep_params
     assert "options" not in run_params | sweep_params
 
 
