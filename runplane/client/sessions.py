@@ -135,6 +135,8 @@ def gone(frame: Frame) -> SessionLost:
         "run_ended": "the run ended",
         "closed": "the session was closed",
         "peer_absent": "no worker joined it in time (is the run still running?)",
+        "too_fast": "this side sent more messages a second than the relay takes from one connection",
+        "replaced": "another connection took this side's place in the session",
     }
     return SessionLost(reason, f"session ended: {words.get(reason, reason)}")
 

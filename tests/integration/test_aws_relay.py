@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from functions.aws import relay as relay_function
 from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, RelayConnections, manage_url
 from runplane.adapters.aws.relay_routes import CONNECT_GRACE_SECONDS, RelayRoutes
+from runplane.client.sessions import gone
 from runplane.devstack.apigw_ws import ApiGatewayWebSocket
 from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain import session_wire
@@ -50,9 +51,12 @@ def _frame(seq: int, payload: bytes) -> bytes:
     return Frame(FrameType.DATA, session_wire.STDIN, seq, payload).encode()
 
 
-def _gone(side: Side) -> str:
+def _gone(side: Side, says: str = "") -> str:
+    """The reason of the GONE ``side`` gets before it is closed (whose words, as the SDK raises it,
+    include ``says``)."""
     frame = session_wire.decode(side.recv())
     assert frame.type == FrameType.GONE
+    assert says in str(gone(frame))
     with pytest.raises(ConnectionClosed):
         side.recv()
     return str(frame.json()["reason"])
@@ -93,7 +97,7 @@ def test_a_sender_that_does_not_hold_its_sides_place_is_hung_up(relay: RelayStac
         second = Held(session.id, "client", "c2Vjb25kLWNsaWVudD0=", relay.now[0])
         assert _aws(relay).connections.claim(second, replacing=first.connection_id)
         client.send(_frame(1, b"from the first"))
-        assert _gone(client) == "replaced"
+        assert _gone(client, says="another connection took this side's place") == "replaced"
         with pytest.raises(TimeoutError):
             worker.recv(timeout=0.5)
         assert _aws(relay).connections.side(session.id, "client") == second  # the place stays the second's
@@ -131,7 +135,7 @@ def test_a_connection_past_its_message_rate_is_ended_too_fast(relay: RelayStack)
             relay.now[0] += 1
         relay.now[0] -= 1  # the second of the last three
         client.send(_frame(7, b"one too many"))
-        assert _gone(client) == "too_fast"
+        assert _gone(client, says="more messages a second than the relay takes") == "too_fast"
         assert _gone(worker) == "client_gone"
     assert relay.held(session.id) == []
 
