@@ -71,7 +71,7 @@ from runplane.client.errors import (
     UploadFailed,
     WaitTimeout,
 )
-from runplane.client.sessions import ExecResult, SessionLost
+from runplane.client.sessions import ExecResult, NotJoined, SessionLost
 from runplane.domain.runs import Resources, RetryRule, RunSpec
 from runplane.domain.states import RunState
 
@@ -97,6 +97,7 @@ __all__ = [
     "LogPage",
     "Me",
     "NotFound",
+    "NotJoined",
     "OutputFile",
     "OutputPage",
     "PackError",

@@ -43,7 +43,11 @@ from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.ports import Ports, SessionRelay, SessionStore
 
-NO_RELAY = "sessions need the stack's relay (not on this stack yet)"
+RELAY_SETTINGS = (
+    "this stack has none: on AWS the template's WebSocket API (RUNPLANE_RELAY_URL), "
+    "on Azure a Web PubSub resource (RUNPLANE_WEBPUBSUB_CONNECTION_STRING)"
+)
+NO_RELAY = f"sessions need the stack's relay; {RELAY_SETTINGS}"
 SHOWN_COMMAND = 120
 """The most characters of a command the run's timeline shows."""
 EXPIRE_RUNS_PER_PASS = 500
@@ -164,7 +168,7 @@ def check_interactive(ports: Ports, pool: Pool, spec: RunSpec) -> None:
     if not spec.interactive:
         return
     if ports.relay is None:
-        raise NotAllowed("interactive runs need the stack's relay (not on this stack yet)")
+        raise NotAllowed(f"interactive runs need the stack's relay; {RELAY_SETTINGS}")
     if not pool.allow_exec:
         raise NotAllowed(f"pool {pool.name} allows no sessions (allow_exec: false), which an interactive run needs")
 
