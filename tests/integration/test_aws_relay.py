@@ -47,6 +47,13 @@ def _hold(relay: RelayStack, session: Session, side: str, connection_id: str, at
     _aws(relay).connections.record(held)
 
 
+def _records(relay: RelayStack, session: Session) -> list[str]:
+    """The connection records of ``session``'s sides in the relay's table."""
+    connections = _aws(relay).connections
+    items = connections.client.scan(TableName=connections.table)["Items"]
+    return sorted(i["id"]["S"] for i in items if i["id"]["S"].startswith("c#") and i["session_id"]["S"] == session.id)
+
+
 def _frame(seq: int, payload: bytes) -> bytes:
     return Frame(FrameType.DATA, session_wire.STDIN, seq, payload).encode()
 
@@ -81,6 +88,7 @@ def test_a_side_whose_holder_may_still_be_connecting_is_refused_until_its_grace_
     with pytest.raises(InvalidStatus) as refused:
         relay.dial(session, client_ticket)
     assert refused.value.response.status_code == 409
+    assert _records(relay, session) == ["c#c3RpbGwtY29ubmVjdGluZz0="]  # the refused one's record went
     assert _aws(relay).connections.side(session.id, "client").connection_id == "c3RpbGwtY29ubmVjdGluZz0="  # type: ignore[union-attr]
     relay.now[0] += CONNECT_GRACE_SECONDS
     with relay.dial(session, client_ticket):
