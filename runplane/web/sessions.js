@@ -7,18 +7,22 @@ import { h, replace } from "./dom.js";
 const DEFAULTS = { allow_exec: true, allow_admin_exec: false };
 
 // The [what, command] pairs `me` may use on `run`, whose pool is `pool` (a pool view; null: the
-// pool is not listed): none unless the run is running and its pool allows sessions, and then only
-// for its owner, or an admin where the pool lets admins in (the API answers 404 to anyone else).
+// pool is not listed): none unless the run is running and its pool allows sessions (and at least
+// one at a time), and then only for its owner, or an admin where the pool lets admins in (the API
+// answers 404 to anyone else). An interactive run's own command is joined with attach. The exec
+// shown needs nothing but a shell and ls: what the run wrote to its outputs so far.
 export function sessionCommands(run, me, pool) {
   if (!run || run.state !== "running" || !me || !pool) return [];
   const rules = pool.sessions || DEFAULTS;
   const admin = (me.scopes || []).includes("admin");
-  if (!rules.allow_exec || !(run.owner === me.user || (admin && rules.allow_admin_exec))) return [];
-  return [
+  if (!rules.allow_exec || rules.max_sessions_per_run === 0) return [];
+  if (!(run.owner === me.user || (admin && rules.allow_admin_exec))) return [];
+  const attach = run.spec && run.spec.interactive ? [["Attach", `runplane attach ${run.id}`]] : [];
+  return attach.concat([
     ["Open a shell", `runplane shell ${run.id}`],
-    ["Exec", `runplane exec ${run.id} -- ps`],
+    ["Exec", `runplane exec ${run.id} -- sh -c 'ls -la "$RUNPLANE_OUTPUT"'`],
     ["Port-forward", `runplane port-forward ${run.id} 8000`],
-  ];
+  ]);
 }
 
 // The pools, read once per page (null until read, or when they could not be).

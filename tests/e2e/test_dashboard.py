@@ -194,7 +194,11 @@ def test_a_running_runs_page_offers_a_shell_to_whoever_may_open_one(tab, alice):
     t.sign_in("alice-token", f"/runs/{run_id}")
     commands = t.page.locator("section.sessions code")
     expect(commands).to_have_text(
-        [f"runplane shell {run_id}", f"runplane exec {run_id} -- ps", f"runplane port-forward {run_id} 8000"]
+        [
+            f"runplane shell {run_id}",
+            f"runplane exec {run_id} -- sh -c 'ls -la \"$RUNPLANE_OUTPUT\"'",
+            f"runplane port-forward {run_id} 8000",
+        ]
     )
     expect(t.page.get_by_role("button", name=f"Copy: runplane shell {run_id}")).to_be_visible()
     # an admin, on a pool that lets no admin in (the API would answer 404): none offered
@@ -208,8 +212,8 @@ def test_a_running_runs_page_offers_a_shell_to_whoever_may_open_one(tab, alice):
         """async (id) => {
             const { sessionCommands } = await import("/ui/sessions.js");
             const run = { id, state: "running", owner: "alice", queue: "default" };
-            const pool = (exec, admins) => ({ name: "default", sessions: { allow_exec: exec,
-                                                                          allow_admin_exec: admins } });
+            const pool = (exec, admins, most = 4) => ({ name: "default", sessions: { allow_exec: exec,
+                                                    allow_admin_exec: admins, max_sessions_per_run: most } });
             const alice = { user: "alice", scopes: ["runs:read", "runs:write"] };
             const root = { user: "root", scopes: ["admin"] };
             return [
@@ -221,11 +225,14 @@ def test_a_running_runs_page_offers_a_shell_to_whoever_may_open_one(tab, alice):
                 sessionCommands({ ...run, state: "uploading" }, alice, pool(true, false)),
                 sessionCommands(run, alice, { name: "default", sessions: null }),
                 sessionCommands(run, alice, null),
-            ].map((found) => found.length);
+                sessionCommands(run, alice, pool(true, false, 0)),
+                sessionCommands({ ...run, spec: { interactive: true } }, alice, pool(true, false)),
+            ].map((found) => found.map(([what]) => what).join(","));
         }""",
         run_id,
     )
-    assert offered == [3, 0, 3, 0, 0, 0, 3, 0]
+    all_ = "Open a shell,Exec,Port-forward"
+    assert offered == [all_, "", all_, "", "", "", all_, "", "", f"Attach,{all_}"]
     alice.request("POST", f"/v1/runs/{run_id}/kill")
     expect(t.page.locator("section.sessions")).to_have_count(0)  # no longer running
 
