@@ -305,3 +305,13 @@ def test_version_is_answered_before_the_commands_are_loaded(tmp_path):
     assert loaded.stdout.splitlines() == [f"runplane {runplane_version}", "[]"], loaded.stderr
     loaded = subprocess.run([sys.executable, "-c", probe, "--help"], capture_output=True, text=True, env=env)
     assert "'runplane.cli.app'" in loaded.stdout.splitlines()[-1], loaded.stderr
+
+
+def test_a_port_forward_whose_local_port_is_taken_is_a_local_problem_exit_2(tmp_path, monkeypatch, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("RUNPLANE_API_URL", f"http://127.0.0.1:{closed_port()}")
+        proc = in_process(["port-forward", "r-" + "0" * 24, f"{port}:8000"], tmp_path, monkeypatch, capsys)
+    assert f"cannot listen on 127.0.0.1:{port}" in one_error_line(proc, 2)
