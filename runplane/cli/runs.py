@@ -172,8 +172,15 @@ def _attached(api: Client, run: Run) -> int:
     except KeyboardInterrupt:
         err.print(f"stopped waiting for {run.id}; runplane attach {run.id} joins it", markup=False, highlight=False)
         return 130
+    joined = False
     if not run.done:
-        status, ended = attach_run(api, run.id)
+        try:
+            status, ended = attach_run(api, run.id)
+            joined = True
+        except Conflict:  # 409: no longer running (it ended as it was read), or attached already
+            if run.refresh().state == RunState.RUNNING:
+                raise
+    if joined:
         if not ended:
             return status
         run.wait()
