@@ -25,10 +25,13 @@ from runplane.client.sessions import (
     Escapes,
     Feeder,
     Link,
+    NotJoined,
     SessionLost,
     dial,
     exec_captured,
+    gone,
     meet,
+    open_link,
     pump_exec,
 )
 from runplane.domain.session_wire import (
@@ -401,3 +404,35 @@ def test_without_a_terminal_a_first_interrupt_is_forwarded_and_a_second_detaches
     finally:
         os.close(control_r)
         os.close(control_w)
+
+
+def test_waiting_for_the_worker_ends_when_the_run_is_over_and_an_unjoined_session_says_so() -> None:
+    said = threading.Event()
+
+    def worker(peer: Peer) -> None:  # a relay whose worker never comes: HELLO unanswered
+        assert peer.frame().type == FrameType.HELLO
+        said.wait(timeout=30)
+
+    asked: list[int] = []
+
+    def run_over() -> str | None:
+        asked.append(1)
+        return "failed" if len(asked) >= 2 else None
+
+    with relay(worker) as (access, errors):
+        link = open_link(access)
+        try:
+            with pytest.raises(SessionLost, match="the run is failed") as lost:
+                meet(link, wait=30, run_over=run_over)
+        finally:
+            said.set()
+            link.close()
+        assert lost.value.reason == "run_ended" and len(asked) == 2
+        with pytest.raises(NotJoined, match="cannot reach"):  # nothing listens there any more
+            exec_captured(Access(access.session_id, "ws://127.0.0.1:1/v1/relay", access.headers))
+    assert not errors, errors
+    peer_absent = gone(json_frame(FrameType.GONE, {"reason": "peer_absent"}))
+    assert (peer_absent.reason, str(peer_absent)) == (
+        "peer_absent",
+        "session ended: no worker joined it in time (is the run still running?)",
+    )
