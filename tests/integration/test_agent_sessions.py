@@ -452,3 +452,24 @@ def test_a_session_ends_with_its_run(site: Site) -> None:
     assert ended(site, client.session).end_reason == EndReason.RUN_ENDED
     timeline = [e.message for e in site.stack.store.get(site.other.id).events]
     assert any(m.startswith("exec by alice: sleep 1000, ") and m.endswith(", run_ended") for m in timeline), timeline
+
+
+def test_a_session_asked_once_the_runs_container_is_gone_is_ended_not_left_waiting(site: Site) -> None:
+    store = site.stack.sessions
+    assert store is not None
+    run = site.stack.store.get(site.run.id)
+    gone = site.docker.containers.create(TEST_IMAGE, "true", network_mode="none")
+    gone.remove()  # its run's container, as the run ends: a session asked now has nothing to serve
+    host = SessionHost(
+        store,
+        RunStateWriter(run, AgentPorts(site.stack.store, site.stack.queue, site.stack.objects), time.time),
+        site.docker.api,
+        gone,
+        "w-late",
+        time.time,
+    )
+    session, _ = ask(site, run, SessionKind.EXEC, count=False, command=["true"])  # the run's own agent is not told
+    host.look()
+    over = store.get(session.id)
+    assert (over.state, over.end_reason, over.worker_id) == (SessionState.ENDED, "run_ended", None)
+    assert over.ended_at is not None and host.threads == []
