@@ -166,7 +166,8 @@ def _aws_relay(settings: StackSettings, clients: dict[str, Any], table: str) -> 
     from runplane.adapters.aws.relay import AwsSessionRelay, GatewayConnections, RelayConnections
 
     relay = clients.get("relay") or aws_clients(settings)["relay"]
-    return AwsSessionRelay(settings.relay_url, RelayConnections(table, clients["dynamodb"]), GatewayConnections(relay))
+    connections, gateway = RelayConnections(table, clients["dynamodb"]), GatewayConnections(relay)
+    return AwsSessionRelay(settings.relay_url, connections, gateway, message_rate=settings.relay_message_rate)
 
 
 def aws_names(settings: StackSettings) -> Any:

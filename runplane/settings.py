@@ -205,6 +205,13 @@ class StackSettings(Settings):
     relay_table: str = Field(
         "", description="AWS: the relay's connections table; empty: derived from the prefix (`PREFIX-relay`)."
     )
+    relay_message_rate: int = Field(
+        250,
+        ge=1,
+        le=100_000,
+        description="AWS: the most messages one relay connection may send in a second (frames of up to 16 KiB); "
+        "one more ends its session (GONE `too_fast`). The stage takes 1000 a second for all sessions together.",
+    )
     secrets_key: str = Field(
         "",
         description="The key that wraps secrets' data keys. AWS: a KMS key id, ARN or alias (empty: "

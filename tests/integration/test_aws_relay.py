@@ -18,7 +18,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from functions.aws import relay as relay_function
-from runplane.adapters.aws.relay import RECORD_SECONDS, AwsSessionRelay, Held, RelayConnections, manage_url
+from runplane import bootstrap
+from runplane.adapters.aws.relay import (
+    MESSAGE_RATE,
+    RECORD_SECONDS,
+    AwsSessionRelay,
+    Held,
+    RelayConnections,
+    manage_url,
+)
 from runplane.adapters.aws.relay_routes import CONNECT_GRACE_SECONDS, RelayRoutes
 from runplane.client.sessions import gone
 from runplane.devstack.apigw_ws import ApiGatewayWebSocket
@@ -26,7 +34,8 @@ from runplane.devstack.lambda_shim import LambdaContext
 from runplane.domain import session_wire
 from runplane.domain.session_wire import Frame, FrameType
 from runplane.domain.sessions import Session
-from tests.integration.contracts.relay_stacks import RelayStack, Side, aws_relay
+from runplane.settings import StackSettings
+from tests.integration.contracts.relay_stacks import POOLS, RelayStack, Side, aws_relay
 
 
 @pytest.fixture
@@ -219,6 +228,20 @@ def test_a_connection_the_relay_no_longer_knows_is_closed(relay: RelayStack) -> 
         client.send(_frame(1, b"x"))
         with pytest.raises(ConnectionClosed):
             client.recv()
+
+
+def test_the_message_rate_is_the_stacks_setting() -> None:
+    settings = StackSettings(
+        prefix="t", aws_endpoint_url="http://127.0.0.1:9", pools=POOLS, relay_url="ws://127.0.0.1:9/v1"
+    )
+    assert _aws_of(settings).message_rate == MESSAGE_RATE
+    assert _aws_of(settings.model_copy(update={"relay_message_rate": 7})).message_rate == 7
+
+
+def _aws_of(settings: StackSettings) -> AwsSessionRelay:
+    relay = bootstrap.build_stack(settings, bootstrap.aws_clients(settings)).relay
+    assert isinstance(relay, AwsSessionRelay)
+    return relay
 
 
 def test_the_manage_url_is_the_stages_own_over_https() -> None:

@@ -373,6 +373,7 @@ def test_environment_matches_settings(template: dict[str, Any]) -> None:
     environ["RUNPLANE_RETENTION"] = '{"outputs": "30d"}'  # read as it is set, once it reads as a retention
     environ["RUNPLANE_UPLOAD_RETENTION_DAYS"] = "14"  # a number of days
     environ["RUNPLANE_RELAY_URL"] = "wss://from-runplane-relay-url/v1"  # a WebSocket URL
+    environ["RUNPLANE_RELAY_MESSAGE_RATE"] = "120"  # a number of messages
     settings = StackSettings.from_env(environ)
     for name, value in environ.items():
         assert str(getattr(settings, name[len(prefix) :].lower())) == value, name

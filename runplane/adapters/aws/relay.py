@@ -47,8 +47,9 @@ RECORD_SECONDS = CONNECTION_SECONDS + 3600
 """How long a connection's records live (their TTL, and past it they are taken for stale): longer
 than any connection, for a ``$disconnect`` that never came."""
 MESSAGE_RATE = 250
-"""The most messages one connection may send in a second (4 MiB of frames' payload): one more ends it
-with GONE ``too_fast``, so that no connection takes more than a quarter of the stage's throttle."""
+"""The most messages one connection may send in a second unless set (``RUNPLANE_RELAY_MESSAGE_RATE``):
+4 MiB of frames' payload; one more ends it with GONE ``too_fast``, so that no connection takes more
+than a quarter of the stage's throttle."""
 KEY = "id"
 TTL_ATTRIBUTE = RELAY_TTL_ATTRIBUTE
 SIDES: tuple[Side, Side] = ("client", "worker")
