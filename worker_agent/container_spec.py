@@ -127,8 +127,9 @@ def container_spec(
     }
     if config.shm_size:
         spec["shm_size"] = config.shm_size
-    if run.spec.interactive:  # its input from whoever attaches (sessions/attach.py); without a terminal
-        # not detached: the engine's StdinOnce, so the end of an attach's input is the command's
+    if run.spec.interactive:  # its input from whoever attaches, through the one attach of its stdin the
+        # agent holds (sessions/attach.py ``Input``); without a terminal not detached: the engine's
+        # StdinOnce, so the end of that attach's input (an EOF from a client) is the command's
         spec.update(stdin_open=True, tty=run.spec.tty, detach=run.spec.tty)
     return spec
 

@@ -239,6 +239,7 @@ class RunExecutor:
         finally:  # the container has exited: the final upload writes these keys again, last
             if sessions is not None:  # each told run_ended, ended and written before the run's end
                 sessions.stop()
+            given.release()  # the command's stdin, held from its first attach
             live.stop(self.config.upload_deadline_seconds)
         ran = self.usage.timings["run"] = round(self.clock() - started, 3)
         self.meter.charge(self.run.spec.resources, self.config.rates, ran)

@@ -15,6 +15,8 @@ import uuid
 import pytest
 
 from runplane.client import Client, Conflict, InvalidRequest, NotFound, Run
+from runplane.client.sessions import Access, Link, meet, open_link
+from runplane.domain.session_wire import STDIN, FrameType
 from tests.e2e.test_cli import cli
 from tests.e2e.test_sessions import MISSING
 
@@ -113,6 +115,43 @@ def test_attach_is_the_owners_one_at_a_time_and_an_idle_run_is_killed_saying_why
         assert idle.failure.message == "no input for 15s (max_idle_interactive)", idle.view
     finally:
         for run in (idle, batch):
+            if not run.refresh().done:
+                run.kill()
+
+
+def _until_output(link: Link, text: bytes) -> bytes:
+    seen, deadline = b"", time.monotonic() + 60
+    while text not in seen:
+        assert time.monotonic() < deadline, seen
+        frame = link.receive(timeout=1.0)
+        if frame is not None and frame.type == FrameType.DATA:
+            seen += frame.payload
+    return seen
+
+
+def test_leaving_an_attach_ends_no_input_and_an_eof_is_a_terminals_own(devstack):
+    alice = Client(devstack.api_url, "alice-token")
+    lines = _until_running(
+        alice.submit("while read l; do echo got-$l; done; echo input-ended; exit 5", interactive=True)
+    )
+    tty = _until_running(alice.submit("timeout 30 cat; echo cat-$?", interactive=True, tty=True))
+    try:
+        answer = alice.open_session(lines.id, "attach")
+        link = open_link(Access.read(answer))
+        try:  # typed, then left (closed, as ~. or a dropped client leaves): the command's input goes on
+            meet(link)
+            link.send(FrameType.DATA, STDIN, b"one\n")
+            _until_output(link, b"got-one\n")
+        finally:
+            link.close()
+        alice.close_session(lines.id, answer.id)
+        result = lines.attach(stdin=b"two\n")  # a second attach feeds it, then ends its input
+        assert (result.exit_code, result.stdout) == (5, b"got-two\ninput-ended\n"), result
+        # with a terminal, the end of the input is ^D typed into it: cat ends, the attach has its EXIT
+        result = tty.attach(stdin=b"x\n")
+        assert result.exit_code == 0 and result.stdout.endswith(b"x\r\ncat-0\r\n"), result
+    finally:
+        for run in (lines, tty):
             if not run.refresh().done:
                 run.kill()
 

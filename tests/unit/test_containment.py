@@ -400,7 +400,7 @@ def test_an_interactive_runs_container_has_its_stdin_open_and_a_terminal_if_aske
         run = _run()
         run.spec = run.spec.model_copy(update={"interactive": True, "tty": tty})
         spec = container_spec(run, "img", config, Path("/o"), None, {})
-        # without a terminal, not detached: the engine's StdinOnce ends its input with the attach's
+        # without a terminal, not detached: the engine's StdinOnce ends its input with the agent's attach's
         assert (spec["stdin_open"], spec["tty"], spec["detach"]) == (True, tty, tty)
 
 

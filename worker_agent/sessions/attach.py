@@ -1,12 +1,16 @@
 """An interactive run's own command for a session (``attach``): the engine's attach stream of the
-run's container (created with its stdin open, and a terminal where the run has one), the client's
-STDIN frames written to it, its output sent back as DATA, RESIZE made the container's terminal
-size, and EXIT with the container's exit code once the command ended of itself. The first attach of
-an attempt replays what the command wrote before it (the engine's log of it, its last REPLAYED
-writes; without a terminal, stdout and stderr as one); a later one starts where it joins.
-Detaching (the client goes, the session is closed) ends nothing: the command goes on, and
-``runplane attach`` joins it again. ``Input`` is the run's input clock: the watch ends a run that
-had no input for its pool's ``max_idle_interactive``."""
+run's container (created with its stdin open, and a terminal where the run has one) for its
+output, sent back as DATA, RESIZE made the container's terminal size, and EXIT with the
+container's exit code once the command ended of itself. The command's input is ``Input``: one
+attach of the container's stdin that the agent holds for the run's whole life, into which each
+attach session writes its client's STDIN frames; a session's leaving never ends it, only an EOF
+frame does (without a terminal: the command's end of input, the engine's ``StdinOnce``; with one,
+^D typed into it). The first attach of an attempt replays what the command wrote before it (the
+engine's log of it, its last REPLAYED writes; without a terminal, stdout and stderr as one); a
+later one starts where it joins. Detaching (the client goes, the session is closed) ends
+nothing: the command goes on, and ``runplane attach`` joins it again. ``Input`` is also the
+run's input clock: the watch ends a run that had no input for its pool's
+``max_idle_interactive``."""
 
 from __future__ import annotations
 
@@ -34,9 +38,15 @@ REPLAYED = 1000
 """The most of the engine's log entries (the command's writes) the first attach replays."""
 
 
+EOT = b"\x04"
+"""^D: what a terminal's end of input is (its line discipline ends a read with it)."""
+
+
 class Input:
-    """When an interactive run last had input: from its start, each byte an attach session writes
-    to it. ``idle()`` is None once its input ended (EOF): nothing more is waited for then."""
+    """An interactive run's input: when it last had some (from its start, each byte an attach
+    session writes to it), and the one attach of its container's stdin (``hold``) that every
+    attach session writes into. ``idle()`` is None once its input ended (EOF without a terminal):
+    nothing more is waited for then."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
@@ -44,13 +54,14 @@ class Input:
         self.ended = False
         self.replayed = False
         """Whether an attach session of the attempt has replayed the command's output so far."""
+        self.tty = False
         self._lock = threading.Lock()
+        self._writing = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._released = False
 
     def touch(self) -> None:
         self.last = self.clock()
-
-    def end(self) -> None:
-        self.ended = True
 
     def idle(self) -> float | None:
         """Seconds since the last input; None once the input ended."""
@@ -61,6 +72,50 @@ class Input:
         with self._lock:
             first, self.replayed = not self.replayed, True
         return first
+
+    def hold(self, api: Any, container_id: str, tty: bool) -> None:
+        """Attach to the container's stdin, once for the run (later calls do nothing); nothing
+        after ``release``. Raises ExecFailed."""
+        with self._lock:
+            if self._sock is not None or self._released or self.ended:
+                return
+            try:
+                hijacked = api.attach_socket(container_id, params={"stdin": 1, "stream": 1})
+            except (docker.errors.APIError, requests.RequestException) as e:
+                raise ExecFailed(f"the run's command could not be attached to: {e}") from e
+            self._sock, self.tty = hijacked._sock, tty
+            self._sock.settimeout(None)  # a command that reads slowly is not gone
+
+    def write(self, data: bytes) -> None:
+        """Give ``data`` to the command (dropped once its input ended)."""
+        self.touch()
+        sock = self._sock
+        if sock is None or self.ended:
+            return
+        with self._writing, contextlib.suppress(OSError):  # the command ended: its EXIT is on its way
+            sock.sendall(data)
+
+    def end(self) -> None:
+        """An attach session's EOF: with a terminal, ^D typed into it (the terminal goes on); without
+        one, the end of the command's input for good."""
+        sock = self._sock
+        if self.tty:
+            self.write(EOT)
+            return
+        self.ended = True
+        if sock is not None:
+            with self._writing, contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
+
+    def release(self) -> None:
+        """The run is over: let go of its stdin (nothing is held again). Idempotent."""
+        with self._lock:
+            self._released = True
+            sock, self._sock = self._sock, None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # a write blocked on a command that does not read ends
+            sock.close()
 
 
 class AttachSession:
@@ -87,7 +142,8 @@ class AttachSession:
 
     def start(self, rows: int | None, cols: int | None) -> None:
         """Attach to the container and start the thread that sends its output. Raises ExecFailed."""
-        params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        self.input.hold(self.api, self.container.id, self.session.tty)
+        params = {"stdout": 1, "stderr": 1, "stream": 1}  # its input goes through ``self.input``
         try:
             hijacked = self.api.attach_socket(self.container.id, params=params)
             # what it printed before, from the engine's log up to now (the attach's own ``logs``
@@ -107,18 +163,12 @@ class AttachSession:
     # -- from the client ------------------------------------------------------------------
 
     def on_frame(self, frame: Frame) -> None:
-        sock = self._sock
-        if sock is None:
+        if self._sock is None:
             return
         if frame.type == FrameType.DATA and frame.channel == STDIN:
-            self.input.touch()
-            with contextlib.suppress(OSError):  # the command ended: its EXIT is on its way
-                sock.sendall(frame.payload)
+            self.input.write(frame.payload)
         elif frame.type == FrameType.EOF and frame.channel == STDIN:
-            if not self.session.tty:  # the engine closes the command's stdin (StdinOnce): no more input
-                self.input.end()
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_WR)
+            self.input.end()
         elif frame.type == FrameType.RESIZE and self.session.tty:
             self.resize(*read_resize(frame))
         elif frame.type == FrameType.SIGNAL and not self.session.tty and frame.payload:
