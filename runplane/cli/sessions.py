@@ -169,7 +169,9 @@ def _drive(
     try:
         with forwarded_signals(control_w, terminal=terminal):
             link = open_link(access)
-            meet(link, size, run_over=run_over(api, run_id))
+            hello = meet(link, size, run_over=run_over(api, run_id))
+            if hello.get("input") == "ended":  # an attach: the command had the end of its input
+                err.print("the command's input has ended: only its output comes", markup=False, highlight=False)
             met = True
             if ended is not None:
                 ended.met = True

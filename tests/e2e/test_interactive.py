@@ -5,17 +5,21 @@ terminal), the relay the stack's front, the worker a local agent of the stack. T
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from runplane.client import Client, Conflict, InvalidRequest, NotFound, Run
-from runplane.client.sessions import Access, Link, meet, open_link
+from runplane.client.sessions import Access, Link, meet, open_link, pump_exec
 from runplane.domain.session_wire import STDIN, FrameType
 from tests.e2e.test_cli import cli
 from tests.e2e.test_sessions import MISSING
@@ -129,24 +133,36 @@ def _until_output(link: Link, text: bytes) -> bytes:
     return seen
 
 
+@contextlib.contextmanager
+def _attached(client: Client, run: Run) -> Iterator[tuple[Link, dict[str, Any]]]:
+    """An attach session to ``run``: its link and the worker's HELLO; left (closed) at the end."""
+    answer = client.open_session(run.id, "attach")
+    link = open_link(Access.read(answer))
+    try:
+        yield link, meet(link)
+    finally:  # left as ~. or a dropped client leaves, and closed
+        link.close()
+        client.close_session(run.id, answer.id)
+
+
 def test_leaving_an_attach_ends_no_input_and_an_eof_is_a_terminals_own(devstack):
     alice = Client(devstack.api_url, "alice-token")
-    lines = _until_running(
-        alice.submit("while read l; do echo got-$l; done; echo input-ended; exit 5", interactive=True)
-    )
+    reader = "trap 'exit 5' TERM; while read l; do echo got-$l; done; echo input-ended; while :; do sleep 1; done"
+    lines = _until_running(alice.submit(reader, interactive=True))
     tty = _until_running(alice.submit("timeout 30 cat; echo cat-$?", interactive=True, tty=True))
     try:
-        answer = alice.open_session(lines.id, "attach")
-        link = open_link(Access.read(answer))
-        try:  # typed, then left (closed, as ~. or a dropped client leaves): the command's input goes on
-            meet(link)
+        with _attached(alice, lines) as (link, hello):  # typed, then left: the command's input goes on
+            assert "input" not in hello, hello
             link.send(FrameType.DATA, STDIN, b"one\n")
             _until_output(link, b"got-one\n")
-        finally:
-            link.close()
-        alice.close_session(lines.id, answer.id)
-        result = lines.attach(stdin=b"two\n")  # a second attach feeds it, then ends its input
-        assert (result.exit_code, result.stdout) == (5, b"got-two\ninput-ended\n"), result
+        with _attached(alice, lines) as (link, _):  # a second attach types into it, then ends its input
+            link.send(FrameType.DATA, STDIN, b"two\n")
+            link.send(FrameType.EOF, STDIN)
+            _until_output(link, b"got-two\ninput-ended\n")
+        with _attached(alice, lines) as (link, hello):  # a third is told it has the output only
+            assert hello.get("input") == "ended", hello
+            link.send_signal(signal.SIGTERM)
+            assert pump_exec(link, lambda channel, data: None) == 5
         # with a terminal, the end of the input is ^D typed into it: cat ends, the attach has its EXIT
         result = tty.attach(stdin=b"x\n")
         assert result.exit_code == 0 and result.stdout.endswith(b"x\r\ncat-0\r\n"), result
@@ -154,12 +170,3 @@ def test_leaving_an_attach_ends_no_input_and_an_eof_is_a_terminals_own(devstack)
         for run in (lines, tty):
             if not run.refresh().done:
                 run.kill()
-
-
-def test_run_i_of_a_command_that_ends_at_once_shows_its_output_and_exits_as_it_did(devstack, tmp_path):
-    # over before (or while) its attach is joined: the worker ends the session it cannot serve, the
-    # CLI stops waiting when the run is no longer running, writes the run's logs and exits with its code
-    proc = cli(devstack, "run", "-i", "--", "sh", "-c", "echo quick; exit 5", home=tmp_path, timeout=45)
-    assert proc.returncode == 5, (proc.stdout, proc.stderr)
-    assert proc.stdout == "quick\n", (proc.stdout, proc.stderr)
-    assert "session ended" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -305,7 +305,10 @@ class LiveSession:
             self.link = link
             if self._stopped is not None:
                 return self._stopped
-        link.send(json_frame(FrameType.HELLO, {"v": PROTOCOL_VERSION, "side": "worker"}))
+        said: dict[str, object] = {"v": PROTOCOL_VERSION, "side": "worker"}
+        if session.kind == SessionKind.ATTACH and self.host.input.ended:
+            said["input"] = "ended"  # the command had its EOF: this attach gets its output only
+        link.send(json_frame(FrameType.HELLO, said))
         hello = self._client_hello(link)
         if hello is None:
             return self._ended_by(link)
