@@ -1,16 +1,15 @@
-"""An interactive run's own command for a session (``attach``): the engine's attach stream of the
-run's container (created with its stdin open, and a terminal where the run has one) for its
-output, sent back as DATA, RESIZE made the container's terminal size, and EXIT with the
-container's exit code once the command ended of itself. The command's input is ``Input``: one
-attach of the container's stdin that the agent holds for the run's whole life, into which each
-attach session writes its client's STDIN frames; a session's leaving never ends it, only an EOF
-frame does (without a terminal: the command's end of input, the engine's ``StdinOnce``; with one,
-^D typed into it). The first attach of an attempt replays what the command wrote before it (the
-engine's log of it, its last REPLAYED writes; without a terminal, stdout and stderr as one); a
-later one starts where it joins. Detaching (the client goes, the session is closed) ends
-nothing: the command goes on, and ``runplane attach`` joins it again. ``Input`` is also the
-run's input clock: the watch ends a run that had no input for its pool's
-``max_idle_interactive``."""
+"""An interactive run's own command for a session (``attach``): the engine's attach stream of the run's
+container (created with its stdin open, and a terminal where the run has one) for its output, sent
+back as DATA, RESIZE made the container's terminal size, and EXIT with the container's exit code
+once the command ended of itself. The command's input is ``Input``: one attach of the container's
+stdin that the agent holds from the run's first attach session to its end, into which each attach
+session writes its client's STDIN frames; a session's leaving never ends it, only an EOF frame does
+(without a terminal: the command's end of input, the engine's ``StdinOnce``; with one, ^D typed into
+it). The first attach of an attempt replays what the command wrote before it (the engine's log of
+it, its last REPLAYED writes; without a terminal, stdout and stderr as one); a later one starts
+where it joins. Detaching (the client goes, the session is closed) ends nothing: the command goes
+on, and ``runplane attach`` joins it again. ``Input`` is also the run's input clock: the watch ends
+a run that had no input for its pool's ``max_idle_interactive``."""
 
 from __future__ import annotations
 
@@ -44,9 +43,9 @@ EOT = b"\x04"
 
 class Input:
     """An interactive run's input: when it last had some (from its start, each byte an attach
-    session writes to it), and the one attach of its container's stdin (``hold``) that every
-    attach session writes into. ``idle()`` is None once its input ended (EOF without a terminal):
-    nothing more is waited for then."""
+    session writes to it), and the one attach of its container's stdin (``hold``, by its first
+    attach session; ``release`` at the run's end) that every attach session writes into. ``idle()``
+    is None once its input ended (EOF without a terminal): nothing more is waited for then."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
