@@ -16,7 +16,7 @@ import typer
 
 from runplane.cli.common import CliError, ExitCode, client, err, exit_code, out, say_error
 from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
-from runplane.client import ApiError, Client, RunState, WaitTimeout
+from runplane.client import ApiError, Client, WaitTimeout
 from runplane.client._forward import Forward, loopback_listener
 from runplane.client._terminal import Detached, forwarded_signals, raw_mode, terminal_size
 from runplane.client.sessions import (
@@ -27,6 +27,7 @@ from runplane.client.sessions import (
     SessionLost,
     meet,
     open_link,
+    over_unless_running,
     pump_exec,
     usable_term,
 )
@@ -126,17 +127,8 @@ class Ended:
 
 
 def run_over(api: Client, run_id: str) -> Callable[[], str | None]:
-    """For ``meet``: how run ``run_id`` ended (``failed``, ...) once it is no longer running, else
-    None (also when the API cannot be asked: the wait goes on)."""
-
-    def over() -> str | None:
-        try:
-            state = api.get(run_id).state
-        except ApiError:
-            return None
-        return None if state == RunState.RUNNING else str(state)
-
-    return over
+    """For ``meet``: how run ``run_id`` ended (``failed``, ...) once it is no longer running."""
+    return over_unless_running(lambda: api.get(run_id).state)
 
 
 def abandon(api: Client, run_id: str, session_id: str) -> None:

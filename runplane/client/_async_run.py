@@ -14,7 +14,7 @@ from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
 from runplane.client.errors import ApiError
-from runplane.client.sessions import Access, ExecResult, NotJoined, exec_captured
+from runplane.client.sessions import Access, ExecResult, NotJoined, exec_captured, over_unless_running
 from runplane.domain.states import RunState
 
 if TYPE_CHECKING:
@@ -93,13 +93,13 @@ class AsyncRun(RunBase):
         answer = await self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
         access = Access.read(answer)
         async with self._closed_unjoined(access):
-            return await asyncio.to_thread(exec_captured, access, stdin)
+            return await asyncio.to_thread(exec_captured, access, stdin, run_over=self._run_over())
 
     async def attach(self, stdin: bytes | None = None) -> ExecResult:
         """``Run.attach``: the session's frames move on a thread, the event loop stays free."""
         access = Access.read(await self._client.open_session(self.view.id, "attach"))
         async with self._closed_unjoined(access):
-            return await asyncio.to_thread(exec_captured, access, stdin)
+            return await asyncio.to_thread(exec_captured, access, stdin, run_over=self._run_over())
 
     async def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """``Run.port_forward``: the forward runs on threads of its own; ``close()`` it (or use it
@@ -112,7 +112,16 @@ class AsyncRun(RunBase):
             raise
         access = Access.read(answer)
         async with self._closed_unjoined(access):
-            return await asyncio.to_thread(open_forward, access, remote, listener)
+            return await asyncio.to_thread(open_forward, access, remote, listener, self._run_over())
+
+    def _run_over(self) -> Callable[[], str | None]:
+        """``Run._run_over``, asked from the session's thread: the read runs on this run's event loop."""
+        loop = asyncio.get_running_loop()
+
+        def state() -> str:
+            return asyncio.run_coroutine_threadsafe(self._client.get(self.view.id), loop).result(timeout=30).state
+
+        return over_unless_running(state)
 
     @contextlib.asynccontextmanager
     async def _closed_unjoined(self, access: Access) -> AsyncIterator[None]:

@@ -217,12 +217,14 @@ class PortForward:
         self.close()
 
 
-def open_forward(access: Access, remote: int, listener: socket.socket) -> PortForward:
+def open_forward(
+    access: Access, remote: int, listener: socket.socket, run_over: Callable[[], str | None] | None = None
+) -> PortForward:
     """Join the port-forward session of ``access`` and forward ``listener``'s connections to port
     ``remote`` of the run, on threads of its own. Closes ``listener`` when the session cannot be
     joined (NotJoined)."""
     try:
-        link = joined(access)
+        link = joined(access, run_over=run_over)
     except BaseException:
         listener.close()
         raise

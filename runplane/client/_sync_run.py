@@ -17,6 +17,7 @@ from runplane.client.sessions import (
     ExecResult,
     NotJoined,
     exec_captured,
+    over_unless_running,
 )
 from runplane.domain.states import RunState
 
@@ -117,7 +118,7 @@ class Run(RunBase):
             self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
         )
         with self._closed_unjoined(access):
-            return exec_captured(access, stdin)
+            return exec_captured(access, stdin, run_over=self._run_over())
 
     def attach(self, stdin: bytes | None = None) -> ExecResult:
         """An interactive run's own command (submitted with ``interactive=True``): feed it ``stdin``
@@ -126,7 +127,7 @@ class Run(RunBase):
         ``exec`` does, and Conflict for a run that is not interactive or is attached already."""
         access = Access.read(self._client.open_session(self.view.id, "attach"))
         with self._closed_unjoined(access):
-            return exec_captured(access, stdin)
+            return exec_captured(access, stdin, run_over=self._run_over())
 
     def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """Connections to ``127.0.0.1:local`` (0: a free port, ``.local_port``) forwarded to
@@ -139,7 +140,12 @@ class Run(RunBase):
             listener.close()
             raise
         with self._closed_unjoined(access):
-            return open_forward(access, remote, listener)
+            return open_forward(access, remote, listener, self._run_over())
+
+    def _run_over(self) -> Callable[[], str | None]:
+        """While waiting for the session's worker: the run's state once it is no longer running
+        (no worker serves a session of a run that ended)."""
+        return over_unless_running(lambda: self._client.get(self.view.id).state)
 
     @contextlib.contextmanager
     def _closed_unjoined(self, access: Access) -> Iterator[None]:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from runplane.client import _link
 from runplane.client._link import PING_SECONDS as PING_SECONDS
 from runplane.client._link import SessionLost as SessionLost
+from runplane.client.errors import ApiError
 from runplane.domain.session_wire import (
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -360,11 +361,17 @@ class ExecResult:
     stderr: bytes
 
 
-def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = MEET_SECONDS) -> ExecResult:
+def exec_captured(
+    access: Access,
+    stdin: bytes | None = None,
+    *,
+    wait: float = MEET_SECONDS,
+    run_over: Callable[[], str | None] | None = None,
+) -> ExecResult:
     """Dial ``access``, feed ``stdin`` (None: the session has none) and collect the command's
     output until it exits. Raises SessionLost when the session ends before the command (NotJoined
-    before the worker joined it)."""
-    link = joined(access, wait=wait)
+    before the worker joined it; ``run_over``: see ``meet``)."""
+    link = joined(access, wait=wait, run_over=run_over)
     out: dict[int, list[bytes]] = {STDOUT: [], 3: []}
     feeder: Feeder | None = None
     try:
@@ -377,7 +384,13 @@ def exec_captured(access: Access, stdin: bytes | None = None, *, wait: float = M
         link.close()
 
 
-def joined(access: Access, size: tuple[int, int] | None = None, *, wait: float = MEET_SECONDS) -> Link:
+def joined(
+    access: Access,
+    size: tuple[int, int] | None = None,
+    *,
+    wait: float = MEET_SECONDS,
+    run_over: Callable[[], str | None] | None = None,
+) -> Link:
     """A Link to ``access``'s relay, met by the session's worker (``meet``). Raises NotJoined when
     the relay cannot be reached or the session ends first."""
     try:
@@ -385,13 +398,27 @@ def joined(access: Access, size: tuple[int, int] | None = None, *, wait: float =
     except SessionLost as e:
         raise NotJoined(e.reason, str(e)) from None
     try:
-        meet(link, size, wait=wait)
+        meet(link, size, wait=wait, run_over=run_over)
     except BaseException as e:
         link.close()
         if isinstance(e, SessionLost):
             raise NotJoined(e.reason, str(e)) from None
         raise
     return link
+
+
+def over_unless_running(state: Callable[[], str]) -> Callable[[], str | None]:
+    """A ``run_over`` for ``meet``: the run's state (``state()``, read from the API) once it is no
+    longer running, else None; None too when the API cannot be asked (the wait goes on)."""
+
+    def over() -> str | None:
+        try:
+            now = state()
+        except (ApiError, TimeoutError):
+            return None
+        return None if now == "running" else str(now)
+
+    return over
 
 
 def usable_term(term: str | None) -> str | None:

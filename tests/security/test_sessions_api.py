@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import json
 import socket
+import threading
 import time
 import uuid
 
@@ -366,3 +367,32 @@ def test_a_session_whose_relay_refuses_is_closed_not_left_holding_a_slot(front, 
         assert cli_sessions._interact(client, run_id, "exec", ["true"], False, False) == LOST  # the CLI's
     listed = client.sessions(run_id)
     assert {(s.state, s.end_reason) for s in listed} == {("ended", "closed")}, listed
+
+
+@pytest.mark.parametrize("front", ["local"], indirect=True)
+def test_the_sdks_wait_for_a_worker_ends_when_the_run_stops_running(front, people, running, front_stack):
+    alice = people()
+    store = front_stack.store
+    client = Client(front.api_url, alice.token)
+
+    def exec_as_it_moves_on(run_id, call):
+        """``call()``'s NotJoined while run ``run_id`` (on "parked": no worker ever takes its
+        sessions) moves on to uploading after a second, as its worker does once its command exited."""
+        moved = threading.Timer(1.0, lambda: lifecycle.advance(store, store.get(run_id), RunState.UPLOADING, 0, "up"))
+        moved.start()
+        try:
+            with pytest.raises(NotJoined, match="the run is uploading") as lost:
+                call()
+        finally:
+            moved.join()
+        assert {(s.state, s.end_reason) for s in client.sessions(run_id)} == {("ended", "closed")}
+        return lost.value.reason
+
+    async def async_exec(run_id):
+        async with AsyncClient(front.api_url, alice.token) as later:
+            await (await later.get(run_id)).exec(["true"])
+
+    first, second = running(alice), running(alice)
+    # long before the relay's wait for a peer (REQUEST_SECONDS) is over
+    assert exec_as_it_moves_on(first, lambda: client.get(first).exec(["true"])) == "run_ended"
+    assert exec_as_it_moves_on(second, lambda: asyncio.run(async_exec(second))) == "run_ended"
