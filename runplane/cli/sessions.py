@@ -235,7 +235,9 @@ def attach_run(api: Client, run_id: str) -> tuple[int, bool]:
         api, run_id, Access.read(answer), stdin=True, terminal=terminal, size=size, ended=ended, greeting=greeting
     )
     if ended.left:
-        err.print(f"\r\nleft {run_id}; it goes on (runplane attach {run_id} to return)", markup=False, highlight=False)
+        sys.stderr.write("\r\n")  # off the line the command left the cursor on
+        sys.stderr.flush()
+        err.print(f"left {run_id}; it goes on (runplane attach {run_id} to return)", markup=False, highlight=False)
         return (ExitCode.OK if status == LOST else status), False
     if ended.lost is None:
         return status, True
