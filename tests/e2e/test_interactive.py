@@ -170,3 +170,12 @@ def test_leaving_an_attach_ends_no_input_and_an_eof_is_a_terminals_own(devstack)
         for run in (lines, tty):
             if not run.refresh().done:
                 run.kill()
+
+
+def test_run_i_of_a_command_that_ends_at_once_shows_its_output_and_exits_as_it_did(devstack, tmp_path):
+    # over before (or while) its attach is joined: the worker ends the session it cannot serve, the
+    # CLI stops waiting when the run is no longer running, writes the run's logs and exits with its code
+    proc = cli(devstack, "run", "-i", "--", "sh", "-c", "echo quick; exit 5", home=tmp_path, timeout=45)
+    assert proc.returncode == 5, (proc.stdout, proc.stderr)
+    assert proc.stdout == "quick\n", (proc.stdout, proc.stderr)
+    assert "session ended" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
