@@ -148,9 +148,14 @@ def _attached(client: Client, run: Run) -> Iterator[tuple[Link, dict[str, Any]]]
 def test_leaving_an_attach_ends_no_input_and_an_eof_is_a_terminals_own(devstack):
     alice = Client(devstack.api_url, "alice-token")
     reader = "trap 'exit 5' TERM; while read l; do echo got-$l; done; echo input-ended; while :; do sleep 1; done"
-    lines = _until_running(alice.submit(reader, interactive=True))
-    tty = _until_running(alice.submit("timeout 30 cat; echo cat-$?", interactive=True, tty=True))
-    try:
+    lines = alice.submit(reader, interactive=True)
+    tty = alice.submit("timeout 30 cat; echo cat-$?", interactive=True, tty=True)
+    try:  # each has 15 s from its start to its first input (max_idle_interactive)
+        _until_running(lines)
+        _until_running(tty)
+        # with a terminal, the end of the input is ^D typed into it: cat ends, the attach has its EXIT
+        result = tty.attach(stdin=b"x\n")
+        assert result.exit_code == 0 and result.stdout.endswith(b"x\r\ncat-0\r\n"), result
         with _attached(alice, lines) as (link, hello):  # typed, then left: the command's input goes on
             assert "input" not in hello, hello
             link.send(FrameType.DATA, STDIN, b"one\n")
@@ -163,9 +168,6 @@ def test_leaving_an_attach_ends_no_input_and_an_eof_is_a_terminals_own(devstack)
             assert hello.get("input") == "ended", hello
             link.send_signal(signal.SIGTERM)
             assert pump_exec(link, lambda channel, data: None) == 5
-        # with a terminal, the end of the input is ^D typed into it: cat ends, the attach has its EXIT
-        result = tty.attach(stdin=b"x\n")
-        assert result.exit_code == 0 and result.stdout.endswith(b"x\r\ncat-0\r\n"), result
     finally:
         for run in (lines, tty):
             if not run.refresh().done:
