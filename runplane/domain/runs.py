@@ -142,6 +142,13 @@ class Resources(Record):
 class RunSpec(Record):
     """A run submission as the API accepts it."""
 
+    model_config = ConfigDict(
+        json_schema_extra={  # the schema says what _secret_names_apart says of tty: only with interactive
+            "if": {"properties": {"tty": {"const": True}}, "required": ["tty"]},
+            "then": {"properties": {"interactive": {"const": True}}, "required": ["interactive"]},
+        }
+    )
+
     command: str = Field(min_length=1, max_length=65536, json_schema_extra=shown_text(command=True))
     image: str | None = Field(
         default=None,

@@ -79,7 +79,7 @@ def create_sweep(
     if spec.size > MAX_SWEEP:
         raise NotAllowed(f"the sweep has {spec.size} members; at most {MAX_SWEEP}")
     if spec.run.interactive:
-        raise InvalidRequest("a sweep's runs cannot be interactive (no one could attach to each): submit it as a run")
+        raise NotAllowed("a sweep's runs cannot be interactive (no one could attach to each): submit it as a run")
     secret = ports.tokens.secret() if idempotency_key is not None else b""
     sweep_id = run_id_for(principal.user, idempotency_key, secret, kind="sweep")
     request_hash = _request_hash(spec)

@@ -31,10 +31,12 @@ def bindings():
     return out
 
 
-def test_one_app_holds_the_api_dispatcher_and_reaper():
+def test_one_app_holds_the_api_dispatcher_reaper_and_relay_events():
     assert isinstance(function_app.app, func.FunctionApp)  # what the host indexes
     found = bindings()
-    assert set(found) == {"api", "ui", "dispatcher_events", "dispatcher_schedule", "reaper"}
+    assert set(found) == {"api", "ui", "dispatcher_events", "dispatcher_schedule", "reaper", "relay_events"}
+    relay = found["relay_events"]  # Web PubSub's event handler: its own signatures, not a token
+    assert (relay["route"], relay["authLevel"].lower()) == ("relay/events", "anonymous")
     http = found["api"]
     assert (http["route"], http["authLevel"].lower()) == ("v1/{*path}", "anonymous")
     assert "methods" not in http  # every method reaches the API, as with API Gateway's ANY

@@ -12,7 +12,7 @@ from runplane.settings import StackSettings
 
 def test_every_table_has_its_setting_and_every_table_setting_a_table():
     settings = {name for name in StackSettings.model_fields if name.endswith("_table")}
-    assert settings == set(TABLES)
+    assert settings - {"relay_table"} == set(TABLES)  # the AWS relay's connections: AWS's alone (below)
     assert set(TABLES.values()) == {"runs", "workers", "tokens", "pools", "quotas", "secrets", "sessions"}
 
 
@@ -30,6 +30,8 @@ def test_each_cloud_derives_the_tables_the_settings_leave_empty_and_keeps_the_ot
     )
     assert aws.bucket == "lab-bucket"
     assert AwsNames(prefix="lab").bucket == "lab-data"
+    assert aws.relay_table == "lab-relay"
+    assert AwsNames.of(StackSettings(prefix="lab", relay_table="x")).relay_table == "x"
     assert aws.secrets_key == "alias/lab-secrets"
     assert AwsNames.of(settings.model_copy(update={"secrets_key": "arn:aws:kms:eu-west-1:1:key/k"})).secrets_key == (
         "arn:aws:kms:eu-west-1:1:key/k"
