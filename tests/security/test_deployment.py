@@ -503,13 +503,19 @@ def test_only_the_relay_and_the_api_reach_the_relays_connections(template: dict[
 
 
 def test_the_relay_function_has_a_concurrency_cap_of_its_own(template: dict[str, Any]) -> None:
-    """Every session frame is a relay invocation: a reserved concurrency (a parameter, 20 unless
-    set) caps what a flood of them costs and takes from the account, the stage is throttled, and
-    one connection may send less than the stage takes (a parameter the function reads)."""
+    """Every session frame is a relay invocation: a reserved concurrency (a parameter; 0, the
+    default, reserves none: AWS refuses a reservation that leaves an account under 100) caps what a
+    flood of them costs and takes from the account, the stage is throttled, and one connection may
+    send less than the stage takes (a parameter the function reads)."""
     relay = functions(template)["RelayFunction"]["Properties"]
-    assert relay["ReservedConcurrentExecutions"] == {"Ref": "RelayConcurrency"}
+    assert relay["ReservedConcurrentExecutions"] == {
+        "Fn::If": ["HasRelayConcurrency", {"Ref": "RelayConcurrency"}, {"Ref": "AWS::NoValue"}]
+    }
+    assert template["Conditions"]["HasRelayConcurrency"] == {
+        "Fn::Not": [{"Fn::Equals": [{"Ref": "RelayConcurrency"}, 0]}]
+    }
     cap = template["Parameters"]["RelayConcurrency"]
-    assert cap["Type"] == "Number" and 1 <= cap["MinValue"] <= cap["Default"] <= cap["MaxValue"]
+    assert cap["Type"] == "Number" and cap["MinValue"] == cap["Default"] == 0 < cap["MaxValue"]
     rate = template["Parameters"]["RelayMessageRate"]  # one connection's share of the stage's throttle
     assert relay["Environment"]["Variables"]["RUNPLANE_RELAY_MESSAGE_RATE"] == {"Ref": "RelayMessageRate"}
     assert rate["Type"] == "Number" and 1 <= rate["MinValue"] <= rate["Default"] < 1000
