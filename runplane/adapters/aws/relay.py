@@ -82,37 +82,28 @@ class GatewayConnections:
 
     def post(self, connection_id: str, data: bytes) -> bool:
         """Send ``data`` as one message to ``connection_id``; False when it is gone. Raises BackendError."""
-        try:
-            self.client.post_to_connection(ConnectionId=connection_id, Data=data)
-        except ClientError as e:
-            if error_code(e) == "GoneException":
-                return False
-            raise _failed(e, "send to a relay connection") from e
-        except BotoCoreError as e:
-            raise _failed(e, "send to a relay connection") from e
-        return True
+        return self._call(self.client.post_to_connection, "send to a relay connection", connection_id, Data=data)
 
     def alive(self, connection_id: str) -> bool:
         """Whether ``connection_id`` is still connected. Raises BackendError."""
-        try:
-            self.client.get_connection(ConnectionId=connection_id)
-        except ClientError as e:
-            if error_code(e) == "GoneException":
-                return False
-            raise _failed(e, "look a relay connection up") from e
-        except BotoCoreError as e:
-            raise _failed(e, "look a relay connection up") from e
-        return True
+        return self._call(self.client.get_connection, "look a relay connection up", connection_id)
 
     def delete(self, connection_id: str) -> None:
         """Close ``connection_id``; quiet when it is gone. Raises BackendError."""
+        self._call(self.client.delete_connection, "close a relay connection", connection_id)
+
+    @staticmethod
+    def _call(operation: Any, what: str, connection_id: str, **fields: Any) -> bool:
+        """``operation`` on ``connection_id``; False when the connection is gone. Raises BackendError."""
         try:
-            self.client.delete_connection(ConnectionId=connection_id)
+            operation(ConnectionId=connection_id, **fields)
         except ClientError as e:
-            if error_code(e) != "GoneException":
-                raise _failed(e, "close a relay connection") from e
+            if error_code(e) == "GoneException":
+                return False
+            raise _failed(e, what) from e
         except BotoCoreError as e:
-            raise _failed(e, "close a relay connection") from e
+            raise _failed(e, what) from e
+        return True
 
 
 def _failed(e: Exception, what: str) -> BackendError:
