@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed
 
 from runplane.domain.session_wire import MAX_PAYLOAD, STDIN, STDOUT, Frame, FrameType, chunks, json_frame, read_resize
 from runplane.domain.sessions import Session
-from worker_agent.sessions.exec import _CHANNELS, _STREAM_HEADER, ExecFailed, _recv_exactly
+from worker_agent.sessions.exec import ExecFailed, pump_output
 from worker_agent.sessions.link import Link
 
 log = logging.getLogger(__name__)
@@ -193,20 +193,9 @@ class AttachSession:
         sock = self._sock
         assert sock is not None
         try:
-            if self.session.tty:
-                while data := sock.recv(MAX_PAYLOAD):
-                    self._data(STDOUT, data)
-            else:
-                while header := _recv_exactly(sock, _STREAM_HEADER.size):
-                    stream, size = _STREAM_HEADER.unpack(header)
-                    payload = _recv_exactly(sock, size)
-                    self._data(_CHANNELS.get(stream, STDOUT), payload)
-                    if len(payload) < size:
-                        break
+            pump_output(sock, self.session.tty, self._data)
         except ConnectionClosed:
             return  # the client is gone: the command goes on
-        except OSError:
-            pass
         if self._stopping.is_set() or self.run_ending():
             return  # detached, or the run is being stopped: its session ends with GONE
         code = self._exit_code()

@@ -189,20 +189,9 @@ class ExecSession:
         sock = self._sock
         assert sock is not None
         try:
-            if self.session.tty:
-                while data := sock.recv(MAX_PAYLOAD):
-                    self._data(STDOUT, data)
-            else:
-                while header := _recv_exactly(sock, _STREAM_HEADER.size):
-                    stream, size = _STREAM_HEADER.unpack(header)
-                    payload = _recv_exactly(sock, size)
-                    self._data(_CHANNELS.get(stream, STDOUT), payload)
-                    if len(payload) < size:
-                        break
+            pump_output(sock, self.session.tty, self._data)
         except ConnectionClosed:
             return  # the client is gone: the session ends the command (stop)
-        except OSError:
-            pass  # the stream broke: the command's end, as an end of output would be
         if self._stopping.is_set() or self._run_over():
             return  # the run's end ended it: the session ends with the run (GONE run_ended), no EXIT
         self.exit_code = self._exit_status()
@@ -266,6 +255,26 @@ class ExecSession:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+
+
+def pump_output(sock: socket.socket, tty: bool, data: Callable[[int, bytes], None]) -> None:
+    """Hand what the engine's hijacked stream of an exec or attach (``sock``) carries to ``data``, by
+    channel, until it ends or breaks: with a terminal, its bytes as they come (all STDOUT); without,
+    the engine's frames (an 8-byte header: the stream, 1 stdout or 2 stderr, and the size). What
+    ``data`` raises goes up (websockets' ConnectionClosed: the client is gone)."""
+    try:
+        if tty:
+            while chunk := sock.recv(MAX_PAYLOAD):
+                data(STDOUT, chunk)
+            return
+        while header := _recv_exactly(sock, _STREAM_HEADER.size):
+            stream, size = _STREAM_HEADER.unpack(header)
+            payload = _recv_exactly(sock, size)
+            data(_CHANNELS.get(stream, STDOUT), payload)
+            if len(payload) < size:
+                return
+    except OSError:
+        return  # the stream broke: the command's end, as an end of output would be
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
