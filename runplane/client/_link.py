@@ -28,13 +28,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from runplane.client._link_order import TICK_SECONDS, Inbound, SessionLost, size_of
 from runplane.domain.session_wire import (
-    ACK_BYTES,
-    ACK_FRAMES,
     GAP_SECONDS,
-    HEADER,
     HELLO_SECONDS,
-    MAX_HELD,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     UNNUMBERED,
@@ -50,7 +47,6 @@ from runplane.domain.session_wire import (
     json_frame,
     max_message,
     message,
-    next_seq,
     no_frame,
     ping,
     read_ack,
@@ -65,10 +61,6 @@ SILENT_SECONDS = 90.0
 """A peer (or relay) that sent nothing for this long is gone."""
 SEND_LOCK_SECONDS = 2.0
 """How long hanging up waits for a send in progress before it drops the connection instead."""
-TICK_SECONDS = 0.2
-"""How often the reading thread looks at its timers (an idle ACK, HELLO again, a gap, a ping)."""
-ACK_DELAY = 0.05
-"""How long a reader that took frames waits for more before it acks them."""
 LINGER_SECONDS = 2.0
 """How long hanging up waits for a peer that acks to take what was sent (a relay that may reorder
 could otherwise pass the hang-up on before the last frames: an EXIT, the last output)."""
@@ -112,21 +104,7 @@ def shown(url: str) -> str:
     return urllib.parse.urlsplit(url)._replace(query="", fragment="").geturl()
 
 
-class SessionLost(Exception):
-    """The session ended before its command did: ``reason`` is the GONE frame's (``client_gone``,
-    ``worker_gone``, ``run_ended``, ``closed``, ...) or ``relay_lost`` when the relay connection
-    broke or fell silent."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-def _size(frame: Frame) -> int:
-    return HEADER.size + len(frame.payload)
-
-
-class Link:
+class Link(Inbound):
     """``conn`` (a websockets sync connection, or anything with its ``send``, ``recv(timeout)`` and
     ``close``), spoken per ``encoding`` with frames of at most ``max_frame`` payload bytes. ``send``
     may be called from any thread, ``recv`` from one. Raises SessionLost (``relay_lost``) once the
@@ -215,7 +193,7 @@ class Link:
         self._say(json_frame(FrameType.HELLO, hello))
 
     def _numbered(self, frame: Frame) -> None:
-        size = _size(frame)
+        size = size_of(frame)
         with self._cond:
             while self._lost is None and not self._closing and self.peer_hello is None and frame.type != FrameType.GONE:
                 self._cond.wait(TICK_SECONDS)
@@ -280,44 +258,6 @@ class Link:
         self._said = self.clock()
 
     # -- in ---------------------------------------------------------------------------------
-
-    def recv(self, timeout: float | None = None) -> Frame | None:
-        """The peer's next frame (a GONE as any other; only the peer's first HELLO), or None after
-        ``timeout`` seconds. Raises SessionLost once the connection is over and nothing is left."""
-        deadline = None if timeout is None else self.clock() + timeout
-        with self._cond:
-            while not self._ready:
-                self._check()
-                left = TICK_SECONDS if deadline is None else min(TICK_SECONDS, deadline - self.clock())
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-            frame = self._ready.popleft()
-            self._ready_bytes -= _size(frame)
-            if frame.seq and self._sequenced:
-                self._taken = frame.seq
-                self._unacked_in += _size(frame)
-                self._unacked_in_frames += 1
-            owed = self._acks and (self._unacked_in >= ACK_BYTES or self._unacked_in_frames >= ACK_FRAMES)
-            if self._acks and self._taken != self._acked and self._ack_due is None:
-                self._ack_due = self.clock() + ACK_DELAY
-            self._cond.notify_all()
-        if frame.type == FrameType.DATA:
-            self.bytes_in += len(frame.payload)
-        if owed:
-            with contextlib.suppress(SessionLost):  # the next recv says so
-                self._ack()
-        return frame
-
-    def _ack(self) -> None:
-        self._say(ack(self._acking()))
-
-    def _acking(self) -> int:
-        """The seq to ack now: what was taken, counted as acked from here."""
-        with self._cond:
-            taken, self._acked, self._ack_due = self._taken, self._taken, None
-            self._unacked_in = self._unacked_in_frames = 0
-        return taken
 
     def _read(self) -> None:
         from websockets.exceptions import ConnectionClosed
@@ -386,7 +326,7 @@ class Link:
                     self._ready_now(frame)  # a relay's GONE, or an older peer's frame: as it comes
                 elif self.peer_hello is None:
                     self._early.append(frame)
-                    self._bound(len(self._early), sum(map(_size, self._early)))
+                    self._bound(len(self._early), sum(map(size_of, self._early)))
                 else:
                     self._order(frame)
 
@@ -410,35 +350,6 @@ class Link:
                         self._ready_now(each)
         if said.get("seen") is False:
             self._hello_again()  # the peer has not had this side's HELLO: it may have been lost
-
-    def _order(self, frame: Frame) -> None:
-        """With ``_cond`` held: ``frame`` of a numbering peer, handed on in seq order."""
-        if seq_ahead(frame.seq, self._expected) < 0 or frame.seq in self._held:
-            return  # a copy of one handed on, or held, already
-        self._held[frame.seq] = frame
-        self._held_bytes += _size(frame)
-        came = False
-        while (next_one := self._held.pop(self._expected, None)) is not None:
-            self._held_bytes -= _size(next_one)
-            self._expected = next_seq(self._expected)
-            self._ready_now(next_one)
-            came = True
-        if not self._held:
-            self._gap_since = None
-        elif came or self._gap_since is None:  # the gap is the one before the frame now expected
-            self._gap_since = self.clock()
-        self._bound(len(self._held), self._held_bytes)
-
-    def _bound(self, frames: int, size: int) -> None:
-        if frames > MAX_HELD or size > self.window + 4 * MAX_PAYLOAD:  # a window, and what may pass it
-            raise self._lose(f"the relay lost a frame: {frames} frames came after it")
-
-    def _ready_now(self, frame: Frame) -> None:
-        self._ready.append(frame)
-        self._ready_bytes += _size(frame)
-        if self._acks and self._ready_bytes > 4 * self.window:
-            raise self._lose("the peer sent far past its window")
-        self._cond.notify_all()
 
     def _acked_by_peer(self, seq: int) -> None:
         with self._cond:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from runplane.client import _link
 from runplane.client._link import PING_SECONDS as PING_SECONDS
-from runplane.client._link import SessionLost as SessionLost
+from runplane.client._link_order import SessionLost as SessionLost
 from runplane.client.errors import ApiError
 from runplane.domain.session_wire import (
     MAX_PAYLOAD,

@@ -18,7 +18,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
 from runplane.client import _link
-from runplane.client._link import Link, SessionLost
+from runplane.client._link import Link
+from runplane.client._link_order import SessionLost
 from runplane.client.sessions import Access
 from runplane.domain.session_wire import (
     HEADER,

@@ -11,7 +11,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection
 
 from runplane.client import _link
-from runplane.client._link import SessionLost, connect, shown
+from runplane.client._link import connect, shown
+from runplane.client._link_order import SessionLost
 from runplane.domain.session_wire import Frame
 from runplane.domain.sessions import RelayEndpoint
 
