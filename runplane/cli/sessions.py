@@ -131,9 +131,14 @@ def run_over(api: Client, run_id: str) -> Callable[[], str | None]:
     return over_unless_running(lambda: api.get(run_id).state)
 
 
+def renewal(api: Client, run_id: str, access: Access) -> Callable[[], Access]:
+    """A fresh ticket for the session of ``access``: its link dials again with it after a drop."""
+    return lambda: Access.read(api.session_ticket(run_id, access.session_id))
+
+
 def abandon(api: Client, run_id: str, session_id: str) -> None:
-    """Close a session that was never joined (best effort: it holds one of the run's slots until it
-    expires otherwise)."""
+    """Close a session that was never joined or was left (best effort: it holds one of the run's
+    slots until it expires otherwise, and its worker waits for this side to dial again)."""
     with contextlib.suppress(ApiError, OSError):
         api.close_session(run_id, session_id)
 
@@ -157,10 +162,10 @@ def _drive(
     control_r, control_w = os.pipe()
     link: Link | None = None
     feeder: Feeder | None = None
-    met = False
+    met = left = False
     try:
         with forwarded_signals(control_w, terminal=terminal):
-            link = open_link(access)
+            link = open_link(access, renew=renewal(api, run_id, access))
             hello = meet(link, size, run_over=run_over(api, run_id))
             if hello.get("input") == "ended":  # an attach: the command had the end of its input
                 err.print("the command's input has ended: only its output comes", markup=False, highlight=False)
@@ -185,6 +190,7 @@ def _drive(
             say_error(str(lost))
         return LOST
     except Detached as e:  # a second ^C, SIGTERM or SIGHUP
+        left = True
         if ended is not None:
             ended.left = True
         return e.status
@@ -193,12 +199,12 @@ def _drive(
     finally:
         if feeder is not None:
             feeder.stop()
+        if not met or left:  # closed first: else its worker would wait for this side to dial again
+            abandon(api, run_id, access.session_id)
         if link is not None:
             link.close()
         os.close(control_r)
         os.close(control_w)
-        if not met:
-            abandon(api, run_id, access.session_id)
 
 
 def attach(ctx: typer.Context, run_id: RUN_ID = None) -> None:
@@ -274,10 +280,10 @@ def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
     link: Link | None = None
     forward: Forward | None = None
     access: Access | None = None
-    met = False
+    met = left = False
     try:
         access = _open(api, run_id, "port_forward", port=remote)
-        link = open_link(access)
+        link = open_link(access, renew=renewal(api, run_id, access))
         meet(link, run_over=run_over(api, run_id))
         met = True
         forward = Forward(link, remote, listener, say=lambda line: err.print(line, markup=False, highlight=False))
@@ -288,15 +294,16 @@ def _forward(api: Client, run_id: str, local: int, remote: int) -> int:
     except SessionLost as e:
         ended = e
     except KeyboardInterrupt:  # ^C: the way to stop forwarding
+        left = True
         return ExitCode.OK
     finally:
         if forward is not None:
             forward.close()
         listener.close()
+        if access is not None and (not met or left):  # closed first: else its worker waits for a redial
+            abandon(api, run_id, access.session_id)
         if link is not None:
             link.close()
-        if access is not None and not met:
-            abandon(api, run_id, access.session_id)
     if ended is None:
         return ExitCode.OK
     if ended.reason == "run_ended":

@@ -14,8 +14,11 @@ from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
 from runplane.client._run import RunBase, SweepBase
 from runplane.client.errors import ApiError
-from runplane.client.sessions import Access, ExecResult, NotJoined, exec_captured, over_unless_running
+from runplane.client.sessions import Access, ExecResult, exec_captured, over_unless_running
 from runplane.domain.states import RunState
+
+_closing: set[asyncio.Task[Any]] = set()
+"""Sessions being closed from the event loop's own thread (held until done)."""
 
 if TYPE_CHECKING:
     from runplane.client._async import AsyncClient
@@ -93,13 +96,17 @@ class AsyncRun(RunBase):
         answer = await self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
         access = Access.read(answer)
         async with self._closed_unjoined(access):
-            return await asyncio.to_thread(exec_captured, access, stdin, run_over=self._run_over())
+            return await asyncio.to_thread(
+                exec_captured, access, stdin, run_over=self._run_over(), renew=self._renew(access)
+            )
 
     async def attach(self, stdin: bytes | None = None) -> ExecResult:
         """``Run.attach``: the session's frames move on a thread, the event loop stays free."""
         access = Access.read(await self._client.open_session(self.view.id, "attach"))
         async with self._closed_unjoined(access):
-            return await asyncio.to_thread(exec_captured, access, stdin, run_over=self._run_over())
+            return await asyncio.to_thread(
+                exec_captured, access, stdin, run_over=self._run_over(), renew=self._renew(access)
+            )
 
     async def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """``Run.port_forward``: the forward runs on threads of its own; ``close()`` it (or use it
@@ -112,7 +119,44 @@ class AsyncRun(RunBase):
             raise
         access = Access.read(answer)
         async with self._closed_unjoined(access):
-            return await asyncio.to_thread(open_forward, access, remote, listener, self._run_over())
+            return await asyncio.to_thread(
+                open_forward,
+                access,
+                remote,
+                listener,
+                self._run_over(),
+                renew=self._renew(access),
+                leave=self._leave(access),
+            )
+
+    def _renew(self, access: Access) -> Callable[[], Access]:
+        """``Run._renew``, asked from the link's thread: the call runs on this run's event loop."""
+        loop = asyncio.get_running_loop()
+
+        def renew() -> Access:
+            call = self._client.session_ticket(self.view.id, access.session_id)
+            return Access.read(asyncio.run_coroutine_threadsafe(call, loop).result(timeout=30))
+
+        return renew
+
+    def _leave(self, access: Access) -> Callable[[], None]:
+        """Closes the session of ``access`` on this run's event loop: waited for from another thread,
+        started (not waited for) from the loop's own."""
+        loop = asyncio.get_running_loop()
+
+        def leave() -> None:
+            call = self._client.close_session(self.view.id, access.session_id)
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                _closing.add(task := loop.create_task(call))
+                task.add_done_callback(_closing.discard)
+            else:
+                asyncio.run_coroutine_threadsafe(call, loop).result(timeout=30)
+
+        return leave
 
     def _run_over(self) -> Callable[[], str | None]:
         """``Run._run_over``, asked from the session's thread: the read runs on this run's event loop."""
@@ -128,7 +172,7 @@ class AsyncRun(RunBase):
         """``Run._closed_unjoined``."""
         try:
             yield
-        except NotJoined:
+        except BaseException:
             with contextlib.suppress(ApiError, OSError):
                 await self._client.close_session(self.view.id, access.session_id)
             raise

@@ -188,8 +188,11 @@ class PortForward:
     """A port-forward running on its own threads (``Run.port_forward``): ``local_port`` takes
     connections until ``close()`` or the session ends (``ended``: the SessionLost that ended it)."""
 
-    def __init__(self, link: Link, remote: int, listener: socket.socket) -> None:
+    def __init__(
+        self, link: Link, remote: int, listener: socket.socket, leave: Callable[[], object] | None = None
+    ) -> None:
         self._forward = Forward(link, remote, listener)
+        self._leave = leave
         self.link = link
         self.local_port = self._forward.local_port
         self.remote_port = remote
@@ -205,7 +208,12 @@ class PortForward:
         self.ended = self._forward.pump()
 
     def close(self) -> None:
+        """Stop forwarding: the session is closed (``leave``: else its worker would wait for this
+        side to dial again), then the link."""
         self._forward.close()
+        if self._leave is not None and self.ended is None:
+            with contextlib.suppress(Exception):  # best effort: the session ends with the link either way
+                self._leave()
         self.link.close()
         if self._pump.is_alive() and self._pump is not threading.current_thread():
             self._pump.join(timeout=5.0)
@@ -218,14 +226,21 @@ class PortForward:
 
 
 def open_forward(
-    access: Access, remote: int, listener: socket.socket, run_over: Callable[[], str | None] | None = None
+    access: Access,
+    remote: int,
+    listener: socket.socket,
+    run_over: Callable[[], str | None] | None = None,
+    *,
+    renew: Callable[[], Access] | None = None,
+    leave: Callable[[], object] | None = None,
 ) -> PortForward:
     """Join the port-forward session of ``access`` and forward ``listener``'s connections to port
-    ``remote`` of the run, on threads of its own. Closes ``listener`` when the session cannot be
-    joined (NotJoined)."""
+    ``remote`` of the run, on threads of its own (``renew``: see ``open_link``; ``leave``: closes
+    the session, called by ``close``). Closes ``listener`` when the session cannot be joined
+    (NotJoined)."""
     try:
-        link = joined(access, run_over=run_over)
+        link = joined(access, run_over=run_over, renew=renew)
     except BaseException:
         listener.close()
         raise
-    return PortForward(link, remote, listener).start()
+    return PortForward(link, remote, listener, leave).start()

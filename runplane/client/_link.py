@@ -23,12 +23,11 @@ import contextlib
 import logging
 import threading
 import time
-import urllib.parse
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from runplane.client._link_order import TICK_SECONDS, Inbound, SessionLost, size_of
+from runplane.client._link_order import TICK_SECONDS, Inbound, Refused, SessionLost, size_of
 from runplane.domain.session_wire import (
     GAP_SECONDS,
     HELLO_SECONDS,
@@ -45,7 +44,6 @@ from runplane.domain.session_wire import (
     decode,
     frame_bytes,
     json_frame,
-    max_message,
     message,
     no_frame,
     ping,
@@ -61,54 +59,24 @@ SILENT_SECONDS = 90.0
 """A peer (or relay) that sent nothing for this long is gone."""
 SEND_LOCK_SECONDS = 2.0
 """How long hanging up waits for a send in progress before it drops the connection instead."""
+GRACE = 60.0
+"""How long a link that lost its connection tries to get its peer back (``redial``) before the loss is final."""
+REDIAL_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""The waits between tries to dial again (the last one again and again)."""
+RESUMABLE = frozenset({"client_gone", "worker_gone", "relay_lost", "peer_absent"})
+"""The reasons of a relay's GONE that say a connection dropped (a link that resumes dials again)."""
 LINGER_SECONDS = 2.0
 """How long hanging up waits for a peer that acks to take what was sent (a relay that may reorder
 could otherwise pass the hang-up on before the last frames: an EXIT, the last output)."""
-
-
-OPEN_TRIES = 2
-"""How many times an opening that times out is tried (see ``connect``)."""
-
-
-def connect(
-    url: str, headers: dict[str, str], encoding: str, *, open_timeout: float = 10.0, env_proxy: bool = True
-) -> Any:
-    """The WebSocket connection to a relay (a websockets ``ClientConnection``), its messages up to
-    the largest frame of ``encoding``. An opening that times out is tried again once: over TLS 1.3 a
-    server's session tickets can come while the opening request is written, and the client's reading
-    thread taking them at that moment can leave the request unsent (the relay then never answers).
-    Raises what websockets raises (InvalidHandshake, InvalidURI, OSError, TimeoutError)."""
-    from websockets.sync.client import connect as ws_connect
-
-    for attempt in range(1, OPEN_TRIES + 1):
-        try:
-            return ws_connect(
-                url,
-                additional_headers=headers,
-                compression=None,
-                max_size=max_message(encoding),
-                open_timeout=open_timeout,
-                ping_interval=None,  # the session's own PING frames keep it alive, through any relay
-                close_timeout=2.0,
-                **({} if env_proxy else {"proxy": None}),
-            )
-        except TimeoutError:
-            if attempt == OPEN_TRIES:
-                raise
-            log.info("the relay at %s did not answer the opening within %.0f s: trying again", shown(url), open_timeout)
-    raise AssertionError("unreachable")
-
-
-def shown(url: str) -> str:
-    """``url`` as it may be logged or shown: without its query (a relay's URL may carry an access token there)."""
-    return urllib.parse.urlsplit(url)._replace(query="", fragment="").geturl()
 
 
 class Link(Inbound):
     """``conn`` (a websockets sync connection, or anything with its ``send``, ``recv(timeout)`` and
     ``close``), spoken per ``encoding`` with frames of at most ``max_frame`` payload bytes. ``send``
     may be called from any thread, ``recv`` from one. Raises SessionLost (``relay_lost``) once the
-    connection is over."""
+    connection is over. With ``redial`` (a new connection to the relay, raising Refused once the
+    session is over), a connection that drops is dialled again for up to ``grace`` seconds and the
+    peer's HELLO resumes where it was (session_wire's docstring: Resuming)."""
 
     def __init__(
         self,
@@ -118,12 +86,16 @@ class Link(Inbound):
         encoding: str = BINARY,
         clock: Callable[[], float] = time.monotonic,
         window: int = WINDOW,
+        redial: Callable[[], Any] | None = None,
+        grace: float = GRACE,
     ) -> None:
         self.conn = conn
         self.max_frame = max(1, min(max_frame, MAX_PAYLOAD))
         self.encoding = encoding
         self.clock = clock
         self.window = window
+        self.redial = redial
+        self.grace = grace
         self.bytes_out = 0  # DATA payload bytes sent, and taken
         self.bytes_in = 0
         self.closed = threading.Event()
@@ -138,6 +110,10 @@ class Link(Inbound):
         self._acks = False  # the peer acks, and takes ACK
         self._lost: SessionLost | None = None
         self._closing = False  # close() began: nothing more is sent, what comes is still handed on
+        self._resuming = False  # the connection dropped: dialled again, until the peer's HELLO resumes
+        self._resume_until = 0.0
+        self._down = False  # a send found the connection gone: the reading thread dials again
+        self._redialled = False  # a connection dropped once: each HELLO says ``resume``
         # the peer's frames
         self._ready: deque[Frame] = deque()
         self._ready_bytes = 0
@@ -146,13 +122,15 @@ class Link(Inbound):
         self._held_bytes = 0
         self._gap_since: float | None = None
         self._expected = 1
+        self._delivered = 0
+        self._over = False
         self._taken = 0  # the last seq handed on
         self._acked = 0  # the last seq acked to the peer
         self._unacked_in = 0
         self._unacked_in_frames = 0
         self._ack_due: float | None = None
         # this side's frames
-        self._unacked: deque[tuple[int, int]] = deque()
+        self._unacked: deque[tuple[int, int, Frame]] = deque()  # kept until acked: sent again on resuming
         self._unacked_out = 0  # bytes of the frames in _unacked, and of those about to be numbered
         self._unacked_frames = 0
         self._heard = self._said = clock()
@@ -165,6 +143,9 @@ class Link(Inbound):
         """Send ``frame``: a HELLO as this side's (its ``seen`` and ``acks`` added here), any other
         numbered here (DATA cut to ``max_frame``), once the peer's HELLO came; DATA waits while the
         peer has more than the window not acked. Raises SessionLost."""
+        if frame.type in (FrameType.EXIT, FrameType.GONE):
+            with self._cond:
+                self._over = True  # the session's end: a drop from now on is final
         if frame.type == FrameType.HELLO:
             self._say_hello(frame)
         elif frame.type in UNNUMBERED:
@@ -182,20 +163,24 @@ class Link(Inbound):
             said = {}
         with self._cond:
             self._hello = {"v": PROTOCOL_VERSION, **said, "acks": True}
+            if self.redial is not None:
+                self._hello["resumes"] = True
         self._hello_again()
 
     def _hello_again(self) -> None:
         with self._cond:
             if self._hello is None:
                 return
-            hello = {**self._hello, "seen": self.peer_hello is not None}
+            hello = {**self._hello, "seen": self.peer_hello is not None and not self._resuming}
+            if self._redialled:  # said until the peer's HELLO after it, and to a peer that asks again
+                hello["resume"] = self._delivered
             self._hello_at = self.clock()
         self._say(json_frame(FrameType.HELLO, hello))
 
     def _numbered(self, frame: Frame) -> None:
         size = size_of(frame)
         with self._cond:
-            while self._lost is None and not self._closing and self.peer_hello is None and frame.type != FrameType.GONE:
+            while self._lost is None and not self._closing and self._meeting() and frame.type != FrameType.GONE:
                 self._cond.wait(TICK_SECONDS)
             if self.peer_hello is None:  # a GONE before the peer came: outside the numbering
                 self._check()
@@ -213,12 +198,12 @@ class Link(Inbound):
             with self._send_lock:
                 with self._cond:
                     self._refuse_if_closing()  # close() may have begun while this waited for the lock
-                    seq = self._seq.next()
+                    sent = Frame(frame.type, frame.channel, self._seq.next(), frame.payload)
                     if reserved:
-                        self._unacked.append((seq, size))
+                        self._unacked.append((sent.seq, size, sent))
                         reserved = False
                 # numbered and sent even if close() begins now: close() waits for its ack
-                self._write(Frame(frame.type, frame.channel, seq, frame.payload), own=True)
+                self._write(sent, own=True)
         finally:
             if reserved:  # refused before it was numbered
                 with self._cond:
@@ -227,6 +212,9 @@ class Link(Inbound):
                     self._cond.notify_all()
         if frame.type == FrameType.DATA:
             self.bytes_out += len(frame.payload)
+
+    def _meeting(self) -> bool:  # with _cond held: numbered frames wait for the peer's HELLO
+        return self.peer_hello is None or self._resuming
 
     def _full(self) -> bool:  # with _cond held: the peer has too much not acked
         return self._unacked_out > self.window or self._unacked_frames >= WINDOW_FRAMES
@@ -254,7 +242,10 @@ class Link(Inbound):
         try:
             self.conn.send(message(frame, self.encoding))
         except (ConnectionClosed, OSError):
-            raise self._lose("the connection to the session's relay was lost") from None
+            if not self._resumable():
+                raise self._lose("the connection to the session's relay was lost") from None
+            self._down = True  # a numbered frame is kept until acked: the reading thread dials again
+            return
         self._said = self.clock()
 
     # -- in ---------------------------------------------------------------------------------
@@ -264,6 +255,8 @@ class Link(Inbound):
 
         try:
             while not self.closed.is_set():
+                if self._down:
+                    self._dropped("the connection to the session's relay was lost")
                 self._tick()
                 with self._cond:
                     paused = not self._acks and self._ready_bytes > self.window
@@ -276,7 +269,8 @@ class Link(Inbound):
                 except TimeoutError:
                     continue
                 except ConnectionClosed:
-                    raise self._lose("the connection to the session's relay was lost") from None
+                    self._dropped("the connection to the session's relay was lost")
+                    continue
                 self._heard = self.clock()
                 try:
                     frame = decode(frame_bytes(data, self.encoding))
@@ -296,11 +290,13 @@ class Link(Inbound):
         if now - self._said >= PING_SECONDS:
             self._say(ping(int(time.time() * 1000)))
         with self._cond:
-            hello = self._hello is not None and self.peer_hello is None and now - self._hello_at >= self._hello_every
+            if self._resuming and now >= self._resume_until:
+                raise self._lose(self._gave_up("the peer did not come back"))
+            hello = self._hello is not None and self._meeting() and now - self._hello_at >= self._hello_every
             if hello:
                 self._hello_every = min(2 * self._hello_every, 8 * HELLO_SECONDS)
             owed = self._ack_due is not None and now >= self._ack_due
-            gap = self._gap_since is not None and now - self._gap_since >= GAP_SECONDS
+            gap = self._gap_since is not None and now - self._gap_since >= GAP_SECONDS and not self._resuming
         if gap:
             raise self._lose(f"a frame the relay lost held the session's others for {GAP_SECONDS:.0f} s")
         if hello:
@@ -318,6 +314,8 @@ class Link(Inbound):
             self._peer_says_hello(frame)
         elif kind == FrameType.PONG:
             pass
+        elif kind == FrameType.GONE and frame.seq == 0 and self._resumable() and _reason(frame) in RESUMABLE:
+            self._dropped(f"the relay said {_reason(frame)}")
         else:
             if frame.seq == 0 and kind != FrameType.GONE and (self._sequenced or self.peer_hello is None):
                 raise self._lose(f"the relay sent a {kind.name} frame outside the numbering")
@@ -348,15 +346,94 @@ class Link(Inbound):
                         self._order(each)
                     else:
                         self._ready_now(each)
+            resume = said.get("resume")
+            resumed = not first and self._acks and isinstance(resume, int) and not isinstance(resume, bool)
+        if resumed:
+            self._resume(int(str(resume)), again=said.get("seen") is False)
         if said.get("seen") is False:
             self._hello_again()  # the peer has not had this side's HELLO: it may have been lost
 
     def _acked_by_peer(self, seq: int) -> None:
         with self._cond:
-            while self._unacked and seq_ahead(self._unacked[0][0], seq) <= 0:
-                self._unacked_out -= self._unacked.popleft()[1]
-                self._unacked_frames -= 1
-            self._cond.notify_all()
+            self._acked_to(seq)
+
+    def _acked_to(self, seq: int) -> None:  # with _cond held
+        while self._unacked and seq_ahead(self._unacked[0][0], seq) <= 0:
+            self._unacked_out -= self._unacked.popleft()[1]
+            self._unacked_frames -= 1
+        self._cond.notify_all()
+
+    # -- resuming ---------------------------------------------------------------------------
+
+    def _resumable(self) -> bool:
+        """Whether a dropped connection is dialled again: this side can, the peer met it and resumes
+        too, and neither the session's end (an EXIT, a final GONE) nor the hang-up came."""
+        peer = self.peer_hello
+        return (
+            self.redial is not None
+            and self._acks
+            and peer is not None
+            and peer.get("resumes") is True
+            and not self._closing
+            and not self._over
+            and self._lost is None
+        )
+
+    def _dropped(self, why: str) -> None:
+        """On the reading thread: the connection is over (``why``): dial again, or the link is lost."""
+        if not self._resumable():
+            raise self._lose(why)
+        assert self.redial is not None
+        with self._cond:
+            self._redialled = True
+            if not self._resuming:
+                self._resuming = True
+                self._resume_until = self.clock() + self.grace
+            self._gap_since = None
+        log.info("a session's connection dropped (%s): dialling again", why)
+        with self._send_lock:  # what is sent meanwhile waits for the new connection
+            with contextlib.suppress(Exception):
+                self.conn.close()
+            delays = iter(REDIAL_DELAYS)
+            while True:
+                if self._closing:
+                    raise self._lose("the session's link was closed")
+                try:
+                    conn = self.redial()
+                    break
+                except Refused as e:
+                    raise self._lose(f"the connection to the session's relay was lost: {e}") from None
+                except Exception as e:  # tried again until the grace is over
+                    why = str(e) or type(e).__name__
+                left = self._resume_until - self.clock()
+                if left <= 0:
+                    raise self._lose(self._gave_up(why)) from None
+                with self._cond:
+                    self._cond.wait_for(lambda: self._closing, min(next(delays, REDIAL_DELAYS[-1]), left))
+            self.conn = conn
+            self._down = False
+            self._heard = self._said = self.clock()
+        with self._cond:
+            self._hello_every = HELLO_SECONDS
+        self._hello_again()
+
+    def _gave_up(self, why: str) -> str:
+        return f"the connection to the session's relay was lost, and reconnecting for {self.grace:.0f} s failed: {why}"
+
+    def _resume(self, delivered: int, *, again: bool) -> None:
+        """The peer's HELLO after a drop: it has every frame up to ``delivered``; what this side
+        kept after it is sent again (``again``: the peer is new to this side's connection, or this
+        side is resuming), in order, before any new one."""
+        with self._send_lock:
+            with self._cond:
+                self._acked_to(delivered)
+                kept = [sent for _, _, sent in self._unacked] if again or self._resuming else []
+                self._resuming = False
+                self._hello_every = HELLO_SECONDS
+            for sent in kept:
+                self._write(sent, own=True)
+        if kept:
+            log.info("a session's connection resumed: %d frames sent again", len(kept))
 
     # -- the end ----------------------------------------------------------------------------
 
@@ -381,7 +458,7 @@ class Link(Inbound):
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-            owed = self._acks and self._taken != self._acked and self._lost is None
+            owed = self._acks and self._taken != self._acked and self._lost is None and not self._resuming
         if owed and self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
             try:  # what this side took, acked at once: the peer may be waiting to hang up
                 with contextlib.suppress(SessionLost):
@@ -390,7 +467,7 @@ class Link(Inbound):
                 self._send_lock.release()
         with self._cond:
             until = self.clock() + LINGER_SECONDS
-            while self._lost is None and self._unacked and (left := until - self.clock()) > 0:
+            while self._lost is None and self._unacked and not self._resuming and (left := until - self.clock()) > 0:
                 self._cond.wait(min(left, TICK_SECONDS))
         if self._send_lock.acquire(timeout=SEND_LOCK_SECONDS):
             self._send_lock.release()
@@ -408,3 +485,10 @@ class Link(Inbound):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.shutdown(2)
+
+
+def _reason(frame: Frame) -> str:
+    try:
+        return str(frame.json().get("reason") or "")
+    except BadFrame:
+        return ""

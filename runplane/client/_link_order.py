@@ -41,6 +41,10 @@ def size_of(frame: Frame) -> int:
     return HEADER.size + len(frame.payload)
 
 
+class Refused(Exception):
+    """What a link's ``redial`` raises when the session cannot be rejoined (it is over): the loss is final."""
+
+
 class Inbound:
     """The peer's frames, for a Link (which owns the state below and says how to lose the link)."""
 
@@ -56,6 +60,8 @@ class Inbound:
     _held_bytes: int
     _gap_since: float | None
     _expected: int
+    _delivered: int  # the last seq put in order (what a HELLO that resumes says)
+    _over: bool  # an EXIT or a GONE came: a drop from now on is final
     _taken: int
     _acked: int
     _unacked_in: int
@@ -119,6 +125,7 @@ class Inbound:
         while (next_one := self._held.pop(self._expected, None)) is not None:
             self._held_bytes -= size_of(next_one)
             self._expected = next_seq(self._expected)
+            self._delivered = next_one.seq
             self._ready_now(next_one)
             came = True
         if not self._held:
@@ -132,6 +139,7 @@ class Inbound:
             raise self._lose(f"the relay lost a frame: {frames} frames came after it")
 
     def _ready_now(self, frame: Frame) -> None:
+        self._over = self._over or frame.type in (FrameType.EXIT, FrameType.GONE)
         self._ready.append(frame)
         self._ready_bytes += size_of(frame)
         if self._acks and self._ready_bytes > 4 * self.window:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +16,6 @@ from runplane.client.errors import ApiError
 from runplane.client.sessions import (
     Access,
     ExecResult,
-    NotJoined,
     exec_captured,
     over_unless_running,
 )
@@ -118,7 +118,7 @@ class Run(RunBase):
             self._client.open_session(self.view.id, "exec", command=list(command), stdin=stdin is not None)
         )
         with self._closed_unjoined(access):
-            return exec_captured(access, stdin, run_over=self._run_over())
+            return exec_captured(access, stdin, run_over=self._run_over(), renew=self._renew(access))
 
     def attach(self, stdin: bytes | None = None) -> ExecResult:
         """An interactive run's own command (submitted with ``interactive=True``): feed it ``stdin``
@@ -127,7 +127,7 @@ class Run(RunBase):
         ``exec`` does, and Conflict for a run that is not interactive or is attached already."""
         access = Access.read(self._client.open_session(self.view.id, "attach"))
         with self._closed_unjoined(access):
-            return exec_captured(access, stdin, run_over=self._run_over())
+            return exec_captured(access, stdin, run_over=self._run_over(), renew=self._renew(access))
 
     def port_forward(self, remote: int, local: int = 0) -> PortForward:
         """Connections to ``127.0.0.1:local`` (0: a free port, ``.local_port``) forwarded to
@@ -140,19 +140,32 @@ class Run(RunBase):
             listener.close()
             raise
         with self._closed_unjoined(access):
-            return open_forward(access, remote, listener, self._run_over())
+            return open_forward(
+                access,
+                remote,
+                listener,
+                self._run_over(),
+                renew=self._renew(access),
+                leave=functools.partial(self._client.close_session, self.view.id, access.session_id),
+            )
 
     def _run_over(self) -> Callable[[], str | None]:
         """While waiting for the session's worker: the run's state once it is no longer running
         (no worker serves a session of a run that ended)."""
         return over_unless_running(lambda: self._client.get(self.view.id).state)
 
+    def _renew(self, access: Access) -> Callable[[], Access]:
+        """A fresh ticket for the session of ``access``: its link dials again with it after a drop."""
+        return lambda: Access.read(self._client.session_ticket(self.view.id, access.session_id))
+
     @contextlib.contextmanager
     def _closed_unjoined(self, access: Access) -> Iterator[None]:
-        """A session its worker never joined (NotJoined) closed: it would hold a slot until it expires."""
+        """A session its worker never joined (NotJoined), or left before its command's end (an
+        interrupt, a lost session), closed: it would hold a slot until it expires, and a worker
+        would wait for this side to dial again."""
         try:
             yield
-        except NotJoined:
+        except BaseException:
             with contextlib.suppress(ApiError, OSError):
                 self._client.close_session(self.view.id, access.session_id)
             raise

@@ -10,6 +10,7 @@ never read as frames.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import select
@@ -21,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from runplane.client import _link
 from runplane.client._link import PING_SECONDS as PING_SECONDS
+from runplane.client._link_dial import connect, shown
+from runplane.client._link_order import Refused
 from runplane.client._link_order import SessionLost as SessionLost
-from runplane.client.errors import ApiError
+from runplane.client.errors import ApiError, Conflict, NotFound
 from runplane.domain.session_wire import (
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
@@ -81,15 +84,28 @@ def dial(access: Access, *, open_timeout: float = 10.0) -> ClientConnection:
     from websockets.exceptions import InvalidHandshake, InvalidURI
 
     try:
-        conn: ClientConnection = _link.connect(access.url, access.headers, access.encoding, open_timeout=open_timeout)
+        conn: ClientConnection = connect(access.url, access.headers, access.encoding, open_timeout=open_timeout)
     except (InvalidHandshake, InvalidURI, OSError, TimeoutError) as e:
-        raise SessionLost("relay_lost", f"cannot reach the session's relay at {_link.shown(access.url)}: {e}") from None
+        raise SessionLost("relay_lost", f"cannot reach the session's relay at {shown(access.url)}: {e}") from None
     return conn
 
 
-def open_link(access: Access, *, open_timeout: float = 10.0) -> Link:
-    """A Link to ``access``'s relay, spoken as it says (its encoding, its frame size)."""
-    return Link(dial(access, open_timeout=open_timeout), access.max_frame, encoding=access.encoding)
+def open_link(access: Access, *, open_timeout: float = 10.0, renew: Callable[[], Access] | None = None) -> Link:
+    """A Link to ``access``'s relay, spoken as it says (its encoding, its frame size). With ``renew``
+    (a fresh ticket for the session: ``Client.session_ticket``), a connection that drops is dialled
+    again with a fresh ticket and the session goes on where it was."""
+    redial = None if renew is None else functools.partial(redialled, renew, open_timeout)
+    return Link(dial(access, open_timeout=open_timeout), access.max_frame, encoding=access.encoding, redial=redial)
+
+
+def redialled(renew: Callable[[], Access], open_timeout: float) -> ClientConnection:
+    """A new connection to the session's relay, with a fresh ticket. Raises Refused when the API
+    says the session is over (then a dropped connection ends it), anything else to be tried again."""
+    try:
+        access = renew()
+    except (NotFound, Conflict) as e:
+        raise Refused(f"the session is over: {e}") from None
+    return dial(access, open_timeout=open_timeout)
 
 
 class Link(_link.Link):
@@ -367,11 +383,12 @@ def exec_captured(
     *,
     wait: float = MEET_SECONDS,
     run_over: Callable[[], str | None] | None = None,
+    renew: Callable[[], Access] | None = None,
 ) -> ExecResult:
     """Dial ``access``, feed ``stdin`` (None: the session has none) and collect the command's
     output until it exits. Raises SessionLost when the session ends before the command (NotJoined
-    before the worker joined it; ``run_over``: see ``meet``)."""
-    link = joined(access, wait=wait, run_over=run_over)
+    before the worker joined it; ``run_over``: see ``meet``; ``renew``: see ``open_link``)."""
+    link = joined(access, wait=wait, run_over=run_over, renew=renew)
     out: dict[int, list[bytes]] = {STDOUT: [], 3: []}
     feeder: Feeder | None = None
     try:
@@ -390,11 +407,12 @@ def joined(
     *,
     wait: float = MEET_SECONDS,
     run_over: Callable[[], str | None] | None = None,
+    renew: Callable[[], Access] | None = None,
 ) -> Link:
     """A Link to ``access``'s relay, met by the session's worker (``meet``). Raises NotJoined when
     the relay cannot be reached or the session ends first."""
     try:
-        link = open_link(access)
+        link = open_link(access, renew=renew)
     except SessionLost as e:
         raise NotJoined(e.reason, str(e)) from None
     try:

@@ -140,6 +140,17 @@ class RelayHub:
         for session_id, pair in pairs:
             self._end(session_id, pair, reason, None)
 
+    def abort(self, session_id: str) -> int:
+        """Drop the connections of ``session_id`` at once, with no GONE and no close (as a network
+        that fails would, for tests): how many were dropped. The hub then ends the pair as usual."""
+        with self._lock:
+            pair = self._pairs.get(session_id)
+            held = [] if pair is None else [side.ws for side in pair.sides.values() if side.ws is not None]
+        for ws in held:
+            with contextlib.suppress(OSError):
+                ws.socket.shutdown(socket.SHUT_RDWR)
+        return len(held)
+
     def held(self, session_id: str) -> list[SessionSide]:
         """The sides of ``session_id`` connected now."""
         with self._lock:

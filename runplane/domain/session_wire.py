@@ -10,7 +10,7 @@ travel as DATA payload: nothing a run writes can be read as a frame of another t
 =========  =====================================================================
 type       payload
 =========  =====================================================================
-HELLO      JSON ``{"v": 1, "side", "seen", "acks", "rows"?, "cols"?}``
+HELLO      JSON ``{"v": 1, "side", "seen", "acks", "resumes"?, "resume"?, "rows"?, "cols"?}``
 DATA       bytes of ``channel`` (at most the relay's ``max_frame``)
 EOF        none: ``channel`` ends (stdin's end is the command's end of input)
 RESIZE     ``rows`` u16, ``cols`` u16 (a terminal's new size)
@@ -51,6 +51,20 @@ through any relay, and what a side holds stays bounded; a side that hangs up giv
 moment to be acked first, so that a relay that reorders does not pass the hang-up on before it
 (the last output, the EXIT). With an older peer neither side acks and the one-machine relay's own
 backpressure (TCP) does it.
+
+Resuming. A relay ends both connections of a session when one drops (the peer gets GONE
+``client_gone``, ``worker_gone``, ``relay_lost`` or ``peer_absent``, or its connection just closes);
+a gateway also closes every connection after 2 hours. A side whose HELLO says ``resumes: true``
+(it can dial again) keeps every numbered frame it sent until it is acked (so at most the window),
+and when its peer's HELLO said ``resumes: true`` too, such a loss is not the session's end: the
+side dials again (a fresh ticket; the worker writes a new secret's hash into the session) for up to
+``GRACE`` seconds, then says HELLO with ``resume``: the last ``seq`` of the peer's it put in order
+(each HELLO it says from then on says it). A side that gets a HELLO with ``resume`` from the peer
+it met counts everything up to it as acked and, when it is dialling again itself or the HELLO says
+``seen: false``, sends its kept frames after it again, in order, with their seqs, before any new
+one; a receiver drops the copies it already had. Numbering, acks and the window carry on. Final,
+as before: a GONE ``closed``, ``run_ended``, ``too_fast``, ``replaced``; any loss once an EXIT or
+a GONE was sent or taken, or once the side hung up; any loss with a peer that does not resume.
 """
 
 from __future__ import annotations

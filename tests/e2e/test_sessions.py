@@ -106,6 +106,29 @@ def test_interrupt_reaches_the_command_without_a_terminal(devstack, sleeping):
             proc.wait()
 
 
+def test_an_exec_goes_on_through_dropped_relay_connections(devstack, sleeping):
+    """The relay's connections of both sides drop mid-command (no GONE, no close): both sides dial
+    again (the client with a fresh ticket, the worker with a new secret) and the session resumes."""
+    api, hub = Client(devstack.api_url, "alice-token"), devstack._relay
+    got: dict[str, object] = {}
+    command = ["sh", "-c", "echo before; sleep 2; echo after; exit 3"]
+    execing = threading.Thread(target=lambda: got.setdefault("result", sleeping.exec(command)), daemon=True)
+    execing.start()
+    deadline = time.monotonic() + 60
+    while not (live := [s.id for s in api.sessions(sleeping.id) if s.state == "active"]) or len(hub.held(live[0])) < 2:
+        assert execing.is_alive() and time.monotonic() < deadline, got
+        time.sleep(0.05)
+    assert hub.abort(live[0]) == 2
+    execing.join(60)
+    result = got["result"]
+    assert (result.exit_code, result.stdout, result.stderr) == (3, b"before\nafter\n", b""), result  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30  # the worker writes the end once the client hung up
+    while (ended := next(s for s in api.sessions(sleeping.id) if s.id == live[0])).ended_at is None:
+        assert time.monotonic() < deadline, ended
+        time.sleep(0.2)
+    assert (ended.end_reason, ended.exit_code) == ("exited", 3)  # one session, resumed: not lost
+
+
 def _get(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=20) as answer:
         return answer.read().decode()

@@ -4,18 +4,23 @@ and the worker meet at the API Gateway WebSocket fake, whose routes are the rela
 connections in DynamoDB (moto); each message is handled by its own call of the function (two of one
 side's may overtake each other) and nothing is held back by the gateway. ``runplane exec -i`` feeds
 stdin and exits as the command did; ``Run.exec`` of ``cat`` gets more than a window of random bytes
-back, every one in its place."""
+back, every one in its place, and again while the gateway cuts the client's connection every second
+(each side dials again and the session resumes)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 
 import pytest
 
+from runplane.adapters.aws.relay import AwsSessionRelay
+from runplane.bootstrap import build_stack
 from runplane.client import Client
 from runplane.domain.session_wire import WINDOW
+from tests.conftest import aws_devstack_settings
 from tests.e2e.test_cli import cli
 
 pytestmark = pytest.mark.docker
@@ -38,6 +43,30 @@ def test_exec_through_the_aws_relay_feeds_stdin_exits_as_the_command_did_and_kee
         assert result.exit_code == 0, result.stderr
         assert len(result.stdout) == len(data)
         assert hashlib.sha256(result.stdout).hexdigest() == hashlib.sha256(data).hexdigest()
+        settings = aws_devstack_settings(aws_devstack).model_copy(update={"relay_url": session.relay.url})
+        relay = build_stack(settings).relay
+        assert isinstance(relay, AwsSessionRelay)
+        cuts: list[str] = []
+        done = threading.Event()
+
+        def cut_every_second() -> None:  # the client's connection, as the gateway's DELETE @connections does
+            while not done.wait(1.0):
+                for live in api.sessions(run.id):
+                    held = relay.connections.sides(live.id).get("client") if live.state == "active" else None
+                    if held is not None:
+                        relay.gateway.delete(held.connection_id)
+                        cuts.append(held.connection_id)
+
+        cutter = threading.Thread(target=cut_every_second, daemon=True)
+        cutter.start()
+        try:
+            result = run.exec(["cat"], stdin=data)
+        finally:
+            done.set()
+            cutter.join(10)
+        assert result.exit_code == 0, result.stderr
+        assert hashlib.sha256(result.stdout).hexdigest() == hashlib.sha256(data).hexdigest()
+        assert len(set(cuts)) >= 2, cuts  # it was cut, more than once, and went on
     finally:
         if not run.refresh().done:
             run.kill()

@@ -8,12 +8,14 @@ the relay does for a session is the relay contract's: test_session_relay.py.)"""
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -65,6 +67,18 @@ def test_a_token_of_one_session_opens_nothing_of_another(relay: RelayStack) -> N
             ws.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
     assert b_worker  # b's sides were never reached
+
+
+def test_the_workers_url_outlasts_the_clients_as_the_worker_dials_again_with_it_after_a_drop(relay: RelayStack) -> None:
+    session, client_ticket, _ = relay.session()
+    endpoint = relay.relay.endpoint(session, client_ticket)
+
+    def lasts(url: str) -> int:
+        token = parse_qs(urlsplit(url).query)["access_token"][0]
+        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+        return int(claims["exp"]) - int(claims["iat"])
+
+    assert (lasts(endpoint.url), lasts(endpoint.worker_url or "")) == (15 * 60, 24 * 3600)
 
 
 def test_expired_and_other_key_tokens_are_refused_by_the_service(relay: RelayStack) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runplane.client import _link
+from runplane.client import _link_dial
 from runplane.domain.sessions import BINARY
 
 _GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
@@ -59,7 +59,7 @@ def relay(answer_from: int) -> Iterator[tuple[str, list[socket.socket]]]:
 
 def test_an_opening_left_unanswered_is_tried_again() -> None:
     with relay(answer_from=2) as (url, held):
-        conn = _link.connect(url, {"Authorization": "Bearer t"}, BINARY, open_timeout=0.5, env_proxy=False)
+        conn = _link_dial.connect(url, {"Authorization": "Bearer t"}, BINARY, open_timeout=0.5, env_proxy=False)
         try:
             assert len(held) == 2
         finally:
@@ -68,5 +68,5 @@ def test_an_opening_left_unanswered_is_tried_again() -> None:
 
 def test_a_relay_that_never_answers_fails_after_the_second_try() -> None:
     with relay(answer_from=99) as (url, held), pytest.raises(TimeoutError):
-        _link.connect(url, {}, BINARY, open_timeout=0.3, env_proxy=False)
-    assert len(held) == _link.OPEN_TRIES == 2
+        _link_dial.connect(url, {}, BINARY, open_timeout=0.3, env_proxy=False)
+    assert len(held) == _link_dial.OPEN_TRIES == 2

@@ -5,6 +5,7 @@ drops what is sent to a side not yet connected, and takes everything at once (no
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import queue
 import random
@@ -17,9 +18,9 @@ from contextlib import contextmanager
 import pytest
 from websockets.exceptions import ConnectionClosed, ConnectionClosedError
 
-from runplane.client import _link
+from runplane.client import _link, _link_dial
 from runplane.client._link import Link
-from runplane.client._link_order import SessionLost
+from runplane.client._link_order import Refused, SessionLost
 from runplane.client.sessions import Access
 from runplane.domain.session_wire import (
     HEADER,
@@ -660,7 +661,134 @@ def test_an_unanswered_opening_is_logged_without_the_urls_query(caplog: pytest.L
         server.bind(("127.0.0.1", 0))
         server.listen()  # takes the connection, never answers the opening
         where = f"127.0.0.1:{server.getsockname()[1]}/client/hub"
-        with caplog.at_level("INFO", logger=_link.__name__), pytest.raises(TimeoutError):
-            _link.connect(f"ws://{where}?access_token=secret-token", {}, BASE64, open_timeout=0.3, env_proxy=False)
+        with caplog.at_level("INFO", logger=_link_dial.__name__), pytest.raises(TimeoutError):
+            _link_dial.connect(f"ws://{where}?access_token=secret-token", {}, BASE64, open_timeout=0.3, env_proxy=False)
     assert "did not answer" in caplog.text and where in caplog.text
     assert "secret-token" not in caplog.text
+
+
+def cut(played: Relay, side: str, gone: bool = True) -> None:
+    """The relay drops ``side``'s connection and what it was carrying: its peer gets GONE
+    ``<side>_gone`` (``gone``; else nothing) and is closed too."""
+    peer = "worker" if side == "client" else "client"
+    with played._lock:
+        for each in (side, peer):
+            played.pending[each].clear()
+            with contextlib.suppress(queue.Empty):
+                while True:  # what was on its way is lost
+                    played.inbox[each].get_nowait()
+        played.later.clear()
+        played.inbox[side].put(_CLOSED)
+        if gone:
+            played.inbox[peer].put(message(json_frame(FrameType.GONE, {"reason": f"{side}_gone"}), played.encoding))
+        played.inbox[peer].put(_CLOSED)
+
+
+def resuming_pair(played: Relay) -> tuple[Link, Link]:
+    return (
+        Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64, redial=lambda: played.connect("client")),
+        Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64, redial=lambda: played.connect("worker")),
+    )
+
+
+@pytest.mark.parametrize(
+    "drops", [["client"], ["both"], ["worker", "worker"]], ids=["one-side", "both-sides", "twice-in-a-row"]
+)
+def test_links_that_resume_carry_every_byte_once_and_in_order_through_dropped_connections(drops: list[str]) -> None:
+    up, down = os.urandom(2 << 20), os.urandom(2 << 20)
+    with relay(late=lambda side, frame: 0.02) as played:  # frames always on their way: a cut loses some
+        client, worker = resuming_pair(played)
+        try:
+            meet(client, worker)
+            threads = [sender(client, STDIN, up), sender(worker, STDOUT, down)]
+            got: dict[str, bytes] = {}
+            reader = threading.Thread(target=lambda: got.setdefault("up", drain(worker, len(up), STDIN)))
+            reader.start()
+            downstream = threading.Thread(target=lambda: got.setdefault("down", drain(client, len(down), STDOUT)))
+            downstream.start()
+            for n, side in enumerate(drops, 1):
+                deadline = time.monotonic() + 20
+                while worker.bytes_out < n * len(down) // (len(drops) + 1):  # mid-transfer
+                    assert time.monotonic() < deadline and downstream.is_alive(), worker.bytes_out
+                    time.sleep(0.005)
+                cut(played, "client" if side == "both" else side, gone=side != "both")  # both: no GONE
+            downstream.join(60)
+            reader.join(60)
+            for thread in threads:
+                thread.join(10)
+            assert got == {"up": up, "down": down}  # once each, in order: a copy or a gap would show
+        finally:
+            client.close()
+            worker.close()
+    hellos = [f.json() for _, f in played.log if f.type == FrameType.HELLO]
+    assert any("resume" in hello for hello in hellos)  # the connections did drop and resume
+
+
+def test_a_gone_closed_is_final_for_a_link_that_resumes() -> None:
+    with relay() as played:
+        client, worker = resuming_pair(played)
+        try:
+            meet(client, worker)
+            with played._lock:
+                played.inbox["client"].put(message(json_frame(FrameType.GONE, {"reason": "closed"}), BASE64))
+                played.inbox["client"].put(_CLOSED)
+            gone = client.recv(10)
+            assert gone is not None and gone.type == FrameType.GONE
+            with pytest.raises(SessionLost):
+                client.recv(10)
+            assert client.closed.is_set()
+        finally:
+            client.close()
+            worker.close()
+    assert not any("resume" in f.json() for _, f in played.log if f.type == FrameType.HELLO)
+
+
+def test_a_peer_that_does_not_resume_makes_a_drop_final() -> None:
+    dialled: list[str] = []
+    with relay() as played:
+        client = Link(
+            played.connect("client"),
+            GATEWAY_FRAME,
+            encoding=BASE64,
+            redial=lambda: dialled.append("x"),  # type: ignore[func-returns-value]
+        )
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64)  # an older side: no redial
+        try:
+            meet(client, worker)
+            played.hang_up("client")
+            with pytest.raises(SessionLost, match="lost"):
+                client.recv(10)
+        finally:
+            client.close()
+            worker.close()
+    assert dialled == []
+
+
+@pytest.mark.parametrize("refused", [False, True], ids=["unreachable", "session-over"])
+def test_a_link_that_cannot_dial_again_is_lost_after_its_grace_or_at_once_when_refused(refused: bool) -> None:
+    tries: list[float] = []
+
+    def redial() -> object:
+        tries.append(time.monotonic())
+        if refused:
+            raise Refused("the session is over")
+        raise OSError("connection refused")
+
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64, redial=redial, grace=1.5)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64, redial=redial, grace=1.5)
+        try:
+            meet(client, worker)
+            began = time.monotonic()
+            played.hang_up("client")
+            with pytest.raises(SessionLost) as lost:
+                client.recv(10)
+            took = time.monotonic() - began
+        finally:
+            client.close()
+            worker.close()
+    if refused:
+        assert "the session is over" in str(lost.value) and took < 1.5
+    else:
+        assert "reconnecting for 2 s failed: connection refused" in str(lost.value) and took >= 1.5
+        assert len(tries) >= 4  # each side: at once, then after 0.5 and 1 s

@@ -21,7 +21,9 @@ from functools import partial
 from typing import Any
 
 from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection
 
+from runplane.client._link_order import Refused
 from runplane.domain.errors import ConditionFailed, NotFound, RunplaneError
 from runplane.domain.runs import Run
 from runplane.domain.session_wire import PROTOCOL_VERSION, BadFrame, Frame, FrameType, json_frame
@@ -40,7 +42,7 @@ from runplane.ports import Clock, SessionStore
 from worker_agent.run_state import RunStateWriter
 from worker_agent.sessions.attach import AttachSession, Input
 from worker_agent.sessions.exec import ExecFailed, ExecSession, describe
-from worker_agent.sessions.link import Link, RelayUnreachable
+from worker_agent.sessions.link import Link, RelayUnreachable, connection
 from worker_agent.sessions.netns import dial
 from worker_agent.sessions.ports import PortForward
 from worker_agent.sessions.procs import Procs, can_see
@@ -297,7 +299,7 @@ class LiveSession:
     def _serve(self) -> EndReason:
         session = self.session
         try:
-            link = Link.dial(worker_endpoint(session, ticket(session.id, self.secret)))
+            link = Link.dial(worker_endpoint(session, ticket(session.id, self.secret)), self._redial)
         except RelayUnreachable as e:
             log.warning("session %s: %s", session.id, e)
             return EndReason.RELAY_LOST
@@ -332,6 +334,18 @@ class LiveSession:
                 break
             handler.on_frame(frame)
         return self._ended_by(link)
+
+    def _redial(self) -> ClientConnection:
+        """The link's connection again, after a drop: with a new ticket, its hash written into the
+        session while it is live (it is this worker's: it took it). Raises Refused once it is over."""
+        secret, hashed = new_secret()
+        try:
+            live = self.host.sessions.update(
+                self.session, frozenset({SessionState.ACCEPTED, SessionState.ACTIVE}), {"worker_secret_hash": hashed}
+            )
+        except (ConditionFailed, NotFound):
+            raise Refused("the session is over") from None
+        return connection(worker_endpoint(live, ticket(live.id, secret)))
 
     def _handler(self, link: Link) -> ExecSession | PortForward | AttachSession:
         host = self.host

@@ -6,12 +6,13 @@ websockets' ConnectionClosed once the connection is over, a receive answers None
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection
 
 from runplane.client import _link
-from runplane.client._link import connect, shown
+from runplane.client._link_dial import connect, shown
 from runplane.client._link_order import SessionLost
 from runplane.domain.session_wire import Frame
 from runplane.domain.sessions import RelayEndpoint
@@ -25,20 +26,27 @@ class RelayUnreachable(Exception):
     """The relay could not be reached, or refused this side's ticket."""
 
 
+def connection(endpoint: RelayEndpoint) -> ClientConnection:
+    """A WebSocket connection to ``endpoint``. Raises RelayUnreachable."""
+    url = endpoint.url
+    try:
+        conn: ClientConnection = connect(
+            url, endpoint.headers, endpoint.encoding, open_timeout=CONNECT_SECONDS, env_proxy=False
+        )
+    except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as e:
+        raise RelayUnreachable(f"the relay at {shown(url)} cannot be reached: {e}") from e
+    return conn
+
+
 class Link(_link.Link):
     """One side's connection to a session's relay, used by at most two threads: one receives,
     any may send."""
 
     @classmethod
-    def dial(cls, endpoint: RelayEndpoint) -> Link:
-        url = endpoint.url
-        try:
-            conn: ClientConnection = connect(
-                url, endpoint.headers, endpoint.encoding, open_timeout=CONNECT_SECONDS, env_proxy=False
-            )
-        except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as e:
-            raise RelayUnreachable(f"the relay at {shown(url)} cannot be reached: {e}") from e
-        return cls(conn, endpoint.max_frame, encoding=endpoint.encoding)
+    def dial(cls, endpoint: RelayEndpoint, redial: Callable[[], ClientConnection] | None = None) -> Link:
+        """A link to ``endpoint``; with ``redial`` (a new connection, raising Refused once the session
+        is over), one that dials again when its connection drops."""
+        return cls(connection(endpoint), endpoint.max_frame, encoding=endpoint.encoding, redial=redial)
 
     def send(self, frame: Frame) -> None:
         """Send one frame (numbered here unless a HELLO, PING, PONG or ACK); blocks while the peer

@@ -54,6 +54,9 @@ MAX_FRAME = 64 * 1024
 TOKEN_SECONDS = 15 * 60
 """How long a URL's connect-only token opens connections: a side dials within a minute of the
 session's making (the client's fresh ticket comes with a fresh URL)."""
+WORKER_TOKEN_SECONDS = 24 * 3600
+"""How long the worker's URL (kept in the session: it dials again with it after a drop) opens
+connections: as long as a session can last. It opens nothing without a ticket of the session's."""
 REST_SECONDS = 60
 API_VERSION = "2024-12-01"
 _SIDES: tuple[Side, Side] = ("client", "worker")
@@ -157,22 +160,19 @@ class WebPubSubSessionRelay:
     # ---- the port ---------------------------------------------------------------------------
 
     def endpoint(self, session: Session, ticket: str) -> RelayEndpoint:
-        token = mint(
-            self.access.key,
-            {
-                "aud": f"{self.access.endpoint}/client/hubs/{self.hub}",
-                "iat": int(self.clock()),
-                "exp": int(self.clock()) + TOKEN_SECONDS,
-                "sub": session.id,
-            },
-        )
         return RelayEndpoint(
-            url=self._url(token, group(session.id, "worker")),
+            url=self._url(self._token(session, TOKEN_SECONDS), group(session.id, "worker")),
             headers={TICKET_HEADER: f"Bearer {ticket}"},
             max_frame=self.max_frame,
             encoding=BINARY,
-            worker_url=self._url(token, group(session.id, "client")),
+            worker_url=self._url(self._token(session, WORKER_TOKEN_SECONDS), group(session.id, "client")),
         )
+
+    def _token(self, session: Session, seconds: int) -> str:
+        """A connect-only token of the hub for ``seconds`` (the ``connect`` event still asks for a ticket)."""
+        now = int(self.clock())
+        claims = {"aud": f"{self.access.endpoint}/client/hubs/{self.hub}", "iat": now, "exp": now + seconds}
+        return mint(self.access.key, {**claims, "sub": session.id})
 
     def close(self, session_id: str, reason: str) -> None:
         """GONE ``{"reason"}`` to both sides, then their connections closed (GONE to both first: the
