@@ -114,6 +114,7 @@ class Link(Inbound):
         self._resume_until = 0.0
         self._down = False  # a send found the connection gone: the reading thread dials again
         self._redialled = False  # a connection dropped once: each HELLO says ``resume``
+        self._peer_resumed = False  # the peer's connection dropped once: each HELLO says ``resume`` too
         # the peer's frames
         self._ready: deque[Frame] = deque()
         self._ready_bytes = 0
@@ -172,7 +173,7 @@ class Link(Inbound):
             if self._hello is None:
                 return
             hello = {**self._hello, "seen": self.peer_hello is not None and not self._resuming}
-            if self._redialled:  # said until the peer's HELLO after it, and to a peer that asks again
+            if self._redialled or self._peer_resumed:  # a peer whose connection alone dropped needs it too
                 hello["resume"] = self._delivered
             self._hello_at = self.clock()
         self._say(json_frame(FrameType.HELLO, hello))
@@ -348,6 +349,7 @@ class Link(Inbound):
                         self._ready_now(each)
             resume = said.get("resume")
             resumed = not first and self._acks and isinstance(resume, int) and not isinstance(resume, bool)
+            self._peer_resumed = self._peer_resumed or (resumed and self.redial is not None)
         if resumed:
             self._resume(int(str(resume)), again=said.get("seen") is False)
         if said.get("seen") is False:

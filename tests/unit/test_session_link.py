@@ -792,3 +792,25 @@ def test_a_link_that_cannot_dial_again_is_lost_after_its_grace_or_at_once_when_r
     else:
         assert "reconnecting for 2 s failed: connection refused" in str(lost.value) and took >= 1.5
         assert len(tries) >= 4  # each side: at once, then after 0.5 and 1 s
+
+
+def test_a_link_whose_connection_alone_dropped_resumes_with_a_peer_that_stayed_connected() -> None:
+    with relay() as played:
+        client, worker = resuming_pair(played)
+        client.grace = worker.grace = 3
+        try:
+            meet(client, worker)
+            client.send(Frame(FrameType.DATA, STDIN, 0, b"a"))
+            assert drain(worker, 1, STDIN) == b"a"
+            with played._lock:  # the client's connection drops; the worker's stays (its $disconnect was lost)
+                played.inbox["client"].put(_CLOSED)
+            client.send(Frame(FrameType.DATA, STDIN, 0, b"b"))
+            worker.send(Frame(FrameType.DATA, STDOUT, 0, b"c"))
+            assert drain(worker, 1, STDIN) == b"b"
+            assert drain(client, 1, STDOUT) == b"c"
+            time.sleep(3.5)  # past the grace: the client resumed, so it is not lost
+            client.send(Frame(FrameType.DATA, STDIN, 0, b"d"))
+            assert drain(worker, 1, STDIN) == b"d"
+        finally:
+            client.close()
+            worker.close()
