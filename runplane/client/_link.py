@@ -55,16 +55,11 @@ from runplane.domain.sessions import BINARY
 log = logging.getLogger(__name__)
 
 PING_SECONDS = 30.0
-SILENT_SECONDS = 90.0
-"""A peer (or relay) that sent nothing for this long is gone."""
-SEND_LOCK_SECONDS = 2.0
-"""How long hanging up waits for a send in progress before it drops the connection instead."""
-GRACE = 60.0
-"""How long a link that lost its connection tries to get its peer back (``redial``) before the loss is final."""
-REDIAL_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
-"""The waits between tries to dial again (the last one again and again)."""
-RESUMABLE = frozenset({"client_gone", "worker_gone", "relay_lost", "peer_absent"})
-"""The reasons of a relay's GONE that say a connection dropped (a link that resumes dials again)."""
+SILENT_SECONDS = 90.0  # a peer (or relay) that sent nothing for this long is gone
+SEND_LOCK_SECONDS = 2.0  # how long hanging up waits for a send in progress before it drops the connection
+GRACE = 60.0  # how long a link that lost its connection tries to get its peer back (``redial``)
+REDIAL_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)  # the waits between tries to dial again (the last one again and again)
+RESUMABLE = frozenset({"client_gone", "worker_gone", "relay_lost", "peer_absent"})  # a relay's GONE: a drop
 LINGER_SECONDS = 2.0
 """How long hanging up waits for a peer that acks to take what was sent (a relay that may reorder
 could otherwise pass the hang-up on before the last frames: an EXIT, the last output)."""
@@ -147,6 +142,9 @@ class Link(Inbound):
         if frame.type in (FrameType.EXIT, FrameType.GONE):
             with self._cond:
                 self._over = True  # the session's end: a drop from now on is final
+                self._cond.notify_all()
+                if self._resuming and frame.type == FrameType.GONE:
+                    return  # no connection carries it: the dialling again ends instead (the peer's is refused)
         if frame.type == FrameType.HELLO:
             self._say_hello(frame)
         elif frame.type in UNNUMBERED:
@@ -310,7 +308,8 @@ class Link(Inbound):
         if kind == FrameType.PING:
             self._say(Frame(FrameType.PONG, 0, 0, frame.payload))
         elif kind == FrameType.ACK:
-            self._acked_by_peer(read_ack(frame))
+            with self._cond:
+                self._acked_to(read_ack(frame))
         elif kind == FrameType.HELLO:
             self._peer_says_hello(frame)
         elif kind == FrameType.PONG:
@@ -355,10 +354,6 @@ class Link(Inbound):
         if said.get("seen") is False:
             self._hello_again()  # the peer has not had this side's HELLO: it may have been lost
 
-    def _acked_by_peer(self, seq: int) -> None:
-        with self._cond:
-            self._acked_to(seq)
-
     def _acked_to(self, seq: int) -> None:  # with _cond held
         while self._unacked and seq_ahead(self._unacked[0][0], seq) <= 0:
             self._unacked_out -= self._unacked.popleft()[1]
@@ -398,26 +393,34 @@ class Link(Inbound):
                 self.conn.close()
             delays = iter(REDIAL_DELAYS)
             while True:
-                if self._closing:
+                if self._ended():
                     raise self._lose("the session's link was closed")
                 try:
                     conn = self.redial()
-                    break
                 except Refused as e:
                     raise self._lose(f"the connection to the session's relay was lost: {e}") from None
                 except Exception as e:  # tried again until the grace is over
                     why = str(e) or type(e).__name__
+                else:
+                    if not self._ended():
+                        break
+                    with contextlib.suppress(Exception):  # hung up meanwhile: the new connection is not left open
+                        conn.close()
+                    continue
                 left = self._resume_until - self.clock()
                 if left <= 0:
                     raise self._lose(self._gave_up(why)) from None
                 with self._cond:
-                    self._cond.wait_for(lambda: self._closing, min(next(delays, REDIAL_DELAYS[-1]), left))
+                    self._cond.wait_for(self._ended, min(next(delays, REDIAL_DELAYS[-1]), left))
             self.conn = conn
             self._down = False
             self._heard = self._said = self.clock()
         with self._cond:
             self._hello_every = HELLO_SECONDS
         self._hello_again()
+
+    def _ended(self) -> bool:  # dialling again stops: the hang-up, the session's end, or the link lost
+        return self._closing or self._over or self._lost is not None
 
     def _gave_up(self, why: str) -> str:
         return f"the connection to the session's relay was lost, and reconnecting for {self.grace:.0f} s failed: {why}"

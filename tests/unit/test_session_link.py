@@ -814,3 +814,57 @@ def test_a_link_whose_connection_alone_dropped_resumes_with_a_peer_that_stayed_c
         finally:
             client.close()
             worker.close()
+
+
+def test_the_sessions_end_during_a_redial_is_not_held_behind_it() -> None:
+    def unreachable() -> object:
+        raise OSError("connection refused")
+
+    with relay() as played:
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64, redial=unreachable, grace=60)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64, redial=unreachable, grace=60)
+        try:
+            meet(client, worker)
+            cut(played, "client")
+            deadline = time.monotonic() + 10
+            while not worker._resuming:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            ending = threading.Thread(
+                target=lambda: (worker.send(json_frame(FrameType.GONE, {"reason": "run_ended"})), worker.close())
+            )
+            ending.start()
+            ending.join(10)  # well within the grace the redial would otherwise run to
+            assert not ending.is_alive()
+            assert worker.closed.is_set() and not worker._reader.is_alive()
+        finally:
+            client.close()
+            worker.close()
+
+
+def test_hanging_up_while_a_redial_is_under_way_closes_the_connection_it_makes() -> None:
+    made: list[object] = []
+    dialling, go_on = threading.Event(), threading.Event()
+    with relay() as played:
+
+        def slow() -> object:
+            dialling.set()
+            go_on.wait(10)
+            made.append(played.connect("client"))
+            return made[-1]
+
+        client = Link(played.connect("client"), GATEWAY_FRAME, encoding=BASE64, redial=slow)
+        worker = Link(played.connect("worker"), GATEWAY_FRAME, encoding=BASE64, redial=lambda: played.connect("worker"))
+        try:
+            meet(client, worker)
+            cut(played, "client")
+            assert dialling.wait(10)
+            client.close()  # it gives the redial a few seconds, then leaves it
+            go_on.set()
+            client._reader.join(10)
+            assert not client._reader.is_alive()
+            assert len(made) == 1 and made[0].over  # type: ignore[attr-defined]
+        finally:
+            go_on.set()
+            client.close()
+            worker.close()
