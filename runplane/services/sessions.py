@@ -284,8 +284,10 @@ def _session(ports: Ports, principal: Principal, run_id: str, sid: str) -> tuple
 def new_ticket(ports: Ports, principal: Principal, run_id: str, sid: str) -> Opened:
     """A fresh client ticket for a live session (the last one stops working), good for
     REQUEST_SECONDS. Raises NotFound (see ``_session``), Conflict (the session is over), NotAllowed
-    (no relay)."""
+    (no relay), NotFound too for a caller who did not ask for the session (a live one's replay is its own)."""
     store, session = _session(ports, principal, run_id, sid)
+    if session.asked_by != principal.user:
+        raise NotFound(f"session {sid} not found")
     for _ in range(_TRIES):
         now = ports.clock()
         session = _expire(store, session, now) or session

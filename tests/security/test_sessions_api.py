@@ -396,3 +396,15 @@ def test_the_sdks_wait_for_a_worker_ends_when_the_run_stops_running(front, peopl
     # long before the relay's wait for a peer (REQUEST_SECONDS) is over
     assert exec_as_it_moves_on(first, lambda: client.get(first).exec(["true"])) == "run_ended"
     assert exec_as_it_moves_on(second, lambda: asyncio.run(async_exec(second))) == "run_ended"
+
+
+def test_only_the_one_who_asked_for_a_session_gets_a_new_ticket_to_it(local_stack):
+    ports = _relayed(_ports(local_stack, allow_admin_exec=True))
+    alice, admin = Principal(user="alice", scopes=["runs:write"]), Principal(user="root", scopes=["admin"])
+    run = _running(ports, alice)
+    session = _taken(ports, sessions.open_session(ports, alice, run.id, Asked(kind=SessionKind.EXEC)).session, "active")
+    before = ports.sessions.get(session.id).client_secret_hash
+    with pytest.raises(NotFound, match="not found"):  # an admin let in may open sessions, not join alice's
+        sessions.new_ticket(ports, admin, run.id, session.id)
+    assert ports.sessions.get(session.id).client_secret_hash == before
+    assert sessions.new_ticket(ports, alice, run.id, session.id).session.client_secret_hash != before
