@@ -41,7 +41,7 @@ import secrets
 import socket
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -82,6 +82,8 @@ class _Conn:
     groups: set[str] = field(default_factory=set)
     roles: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    events: Future[Any] | None = None
+    """Its last system event queued (``connected``): its message events wait for it, in order."""
 
     def send(self, message: str | bytes) -> None:
         with self.lock, contextlib.suppress(ConnectionClosed):
@@ -261,6 +263,9 @@ class WebPubSubFake:
         handler = self.handlers.get(conn.hub)
         if handler is None:
             return
+        if conn.events is not None:  # its connected event first: one connection's events keep their order
+            with contextlib.suppress(Exception):
+                conn.events.result(timeout=30)
         body = message if isinstance(message, bytes) else message.encode()
         kind = "application/octet-stream" if isinstance(message, bytes) else "text/plain"
         answer = self._post(handler.url, conn.hub, "message", conn.id, conn.user, "user", body, kind)
@@ -274,7 +279,7 @@ class WebPubSubFake:
         handler = self.handlers.get(hub)
         if handler is not None and name in handler.system_events:
             data = json.dumps(body).encode()
-            self._events.submit(self._post, handler.url, hub, name, conn.id, conn.user, "sys", data)
+            conn.events = self._events.submit(self._post, handler.url, hub, name, conn.id, conn.user, "sys", data)
 
     def _post(
         self,
