@@ -50,7 +50,10 @@ def run_to_its_end(s, docker_client, tmp_path, body, rates, earlier=None, **conf
 def test_gpu_seconds_and_cost_are_added_to_those_of_earlier_attempts(docker_client, aws_stack, tmp_path):
     # asks one of the pool's two GPUs (the engine here has none: the executor is given no
     # allocation, so the container runs without a device, and is charged for what it asked)
-    body = {"command": "sleep 0.5", "queue": "big", "resources": {"gpus": 1, "cpus": 0.5, "memory": "64m"}}
+    # it computes a little, then idles a second: the agent reads the container's cgroup at each
+    # tick (0.2 s), and one that only slept could end before a loaded worker's first look
+    command = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; sleep 1"
+    body = {"command": command, "queue": "big", "resources": {"gpus": 1, "cpus": 0.5, "memory": "64m"}}
     earlier = Usage(cpu_seconds=2.0, gpu_seconds=100.0, cost=1.0)  # as an earlier attempt left it
     rates = Rates(cpus=2, gpus=2, price_per_hour=7.2)
     final = run_to_its_end(aws_stack, docker_client, tmp_path, body, rates, earlier)
