@@ -28,6 +28,7 @@ from runplane.domain.common import (
     shown_text,
     size_or_text,
 )
+from runplane.domain.ranks import rank_key
 from runplane.domain.retention import RunRetention
 from runplane.domain.secrets import MAX_RUN_SECRETS, SECRET_REF_PATTERN, SecretRef
 from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
@@ -454,19 +455,6 @@ class Run(Record):
     at the run's control state notices it and reads the run's sessions."""
 
 
-MAX_FAIR_TAG = 9_999_999_999_999.0
-"""The largest fair tag a rank holds (13 digits before the point)."""
-
-
-def rank_key(priority: int, fair_tag: float, created_at: float, run_id: str) -> str:
-    """The order in which a pool's queued runs start, as a string that sorts the same way: the
-    higher priority first, then the smaller fair tag, then the older run, then the id. The tag is
-    held within its fixed width (0 to ``MAX_FAIR_TAG``) so that the strings always sort as the
-    numbers do."""
-    tag = min(max(fair_tag, 0.0), MAX_FAIR_TAG)
-    return f"{100 - priority:03d}#{tag:020.6f}#{created_at:017.6f}#{run_id}"
-
-
 WAITING = "waiting"
 """How a queued run that waits for other runs is listed in its pool: apart from the line."""
 
@@ -479,8 +467,3 @@ def listed_state(run: Run) -> str:
 
 def run_rank(run: Run) -> str:
     return rank_key(run.spec.priority, run.fair_tag, run.created_at, run.id)
-
-
-def rank_prefix(priority: int) -> str:
-    """How the rank of every run of ``priority`` begins (``rank_key``)."""
-    return f"{100 - priority:03d}#"

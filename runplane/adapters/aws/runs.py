@@ -29,6 +29,7 @@ from runplane.adapters.aws.resources import RUNS_TTL_ATTRIBUTE
 from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
 from runplane.domain.expect import Expect
+from runplane.domain.ranks import rank_key, rank_prefix
 from runplane.domain.records import MAX_RUN_EVENTS, add_event, bound_changes
 from runplane.domain.retention import purge_due, ttl_at
 from runplane.domain.runs import (
@@ -38,8 +39,6 @@ from runplane.domain.runs import (
     Run,
     RunSpec,
     listed_state,
-    rank_key,
-    rank_prefix,
     run_rank,
 )
 from runplane.domain.states import RunState

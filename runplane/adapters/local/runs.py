@@ -50,9 +50,10 @@ from runplane.adapters.records import check_changes, jsonable, record, written_j
 from runplane.domain.cursors import listing_cursor, listing_position
 from runplane.domain.errors import AlreadyExists, ConditionFailed, Conflict, NotFound
 from runplane.domain.expect import Expect
+from runplane.domain.ranks import rank_prefix
 from runplane.domain.records import add_event, bound_changes
 from runplane.domain.retention import purge_due
-from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, rank_prefix, run_rank
+from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, run_rank
 from runplane.domain.states import RunState
 from runplane.ports import LIST_BUDGET, Page
 
