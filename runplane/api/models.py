@@ -205,6 +205,25 @@ class RunView(WireModel):
         default=None,
         description="how long its outputs, logs and record are kept: left out while it has not ended and is not kept",
     )
+    checkpoint: Annotated[RunCheckpoint | None, Since("0.3")] = Field(
+        default=None, description="its newest checkpoint, once one is synced (spec.checkpoint, spec.from_checkpoint)"
+    )
+    pieces: Annotated[int, Since("0.3")] = Field(
+        default=0, description="the pieces it has ended with spec.checkpoint.exit_code and started again"
+    )
+
+
+class RunCheckpoint(WireModel):
+    """The newest checkpoint of a run (docs/checkpoints.md): its files with ``GET /v1/runs/{id}/checkpoint``."""
+
+    seq: int = Field(description="its number in the run's series (1, 2, ...)")
+    attempt: int = Field(description="the attempt that synced it")
+    files: int = Field(description="how many files it holds")
+    bytes: int = Field(description="their size together")
+    synced_at: Timestamp
+    series: str | None = Field(
+        default=None, description="the run whose series holds it when not this one (from_checkpoint, not synced since)"
+    )
 
 
 class SweepView(WireModel):

@@ -21,10 +21,11 @@ sum of its files' sizes.
 from __future__ import annotations
 
 import re
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from runplane.domain.common import RUN_ID_PATTERN, SCHEMA_VERSION
+from runplane.domain.common import RUN_ID_PATTERN, SCHEMA_VERSION, WHOLE, duration_or_text, read_duration
 from runplane.domain.errors import PayloadTooLarge, RunplaneError
 from runplane.domain.retention import kind_prefix
 from runplane.domain.uploads import SHA256_PATTERN
@@ -174,6 +175,115 @@ class Manifest(Record):
                 if "/".join(parts[:end]) in files:
                     raise ValueError(f"{path[:80]!r} is under a file")
         return self
+
+
+CHECKPOINT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+"""What a run may be sent to say "checkpoint now, you are about to be stopped"."""
+MIN_INTERVAL = 1.0
+MAX_INTERVAL = 7 * 86400.0
+MAX_GRACE = 3600.0
+DEFAULT_GRACE = 30.0
+DEFAULT_MAX_PIECES = 100
+MAX_PIECES = 10_000
+CHECKPOINT_DIR = "/runplane/checkpoint"
+"""Where the run's checkpoint directory is in its container (``$RUNPLANE_CHECKPOINT_DIR``)."""
+CHECKPOINT_ENV = "RUNPLANE_CHECKPOINT_DIR"
+
+
+class CheckpointRule(Record):
+    """How a run checkpoints (``RunSpec.checkpoint``): what the agent does with its checkpoint
+    directory. Every field is optional, but the rule names at least one (``--checkpoint 10m`` gives
+    ``interval``)."""
+
+    model_config = ConfigDict(
+        allow_inf_nan=False,
+        json_schema_extra={  # what _names_one says, for the schema: one field at least; max_pieces with exit_code
+            "minProperties": 1,
+            "if": {"properties": {"max_pieces": {"type": "integer"}}, "required": ["max_pieces"]},
+            "then": {"properties": {"exit_code": {"type": "integer"}}, "required": ["exit_code"]},
+        },
+    )
+
+    interval: Annotated[float | None, duration_or_text(MIN_INTERVAL, MAX_INTERVAL, ["10m", 600])] = Field(
+        default=None,
+        ge=MIN_INTERVAL,
+        le=MAX_INTERVAL,
+        description="seconds between syncs of what changed in the checkpoint directory to the run's checkpoint "
+        "series (1 s to 7 days); none: synced only when the run is stopped or ends a piece",
+    )
+    signal: Literal[CHECKPOINT_SIGNALS] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="sent to the command when its worker is preempted, hands it back or stops: it has grace to "
+        "write a checkpoint before it is stopped and synced; default SIGTERM",
+    )
+    grace: Annotated[float | None, duration_or_text(0, MAX_GRACE, ["60s", 60])] = Field(
+        default=None,
+        ge=0,
+        le=MAX_GRACE,
+        description="the longest the command is given after the signal (0 to 1 hour; default 30 s, cut short by "
+        "a preemption's own notice)",
+    )
+    exit_code: Annotated[int | None, WHOLE] = Field(
+        default=None,
+        ge=1,
+        le=125,
+        strict=True,
+        description="the exit status (1..125) by which the command says 'checkpointed, start me again': its "
+        "checkpoint is synced and it starts again on the same worker, in the same attempt",
+    )
+    max_pieces: Annotated[int | None, WHOLE] = Field(
+        default=None,
+        ge=1,
+        le=MAX_PIECES,
+        strict=True,
+        description=f"with exit_code: the most pieces the run goes in, all attempts together (default "
+        f"{DEFAULT_MAX_PIECES}); one more exit_code fails it",
+    )
+
+    _durations = field_validator("interval", "grace", mode="before")(staticmethod(read_duration))
+
+    @model_validator(mode="after")
+    def _names_one(self) -> CheckpointRule:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of interval, signal, grace, exit_code, max_pieces")
+        if self.max_pieces is not None and self.exit_code is None:
+            raise ValueError("max_pieces bounds the pieces an exit_code starts: give exit_code too")
+        return self
+
+    @property
+    def stop_signal(self) -> str:
+        return self.signal or "SIGTERM"
+
+    @property
+    def stop_grace(self) -> float:
+        return DEFAULT_GRACE if self.grace is None else self.grace
+
+    @property
+    def piece_limit(self) -> int:
+        return DEFAULT_MAX_PIECES if self.max_pieces is None else self.max_pieces
+
+
+class CheckpointStatus(Record):
+    """The newest checkpoint of a run's series as the worker that synced it last recorded it on the
+    run (``Run.checkpoint``; that worker holds the run's lease, the one writer)."""
+
+    seq: int = Field(ge=1, le=MAX_SEQ)
+    attempt: int = Field(ge=0)
+    """The attempt that synced it."""
+    files: int = Field(ge=0)
+    bytes: int = Field(ge=0)
+    synced_at: float
+    series: str | None = None
+    """The run whose series holds it, when not this run's own (a restore of ``from_checkpoint`` not
+    synced again yet)."""
+
+
+class CheckpointSource(Record):
+    """The checkpoint a run starts from before it has one of its own (``RunSpec.from_checkpoint``,
+    pinned at submit to that run's newest complete checkpoint then)."""
+
+    run: str = Field(pattern=f"^{RUN_ID_PATTERN}$")
+    seq: int = Field(ge=1, le=MAX_SEQ)
 
 
 class CheckpointTooLarge(PayloadTooLarge):

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from runplane.domain.checkpoints import CheckpointRule, CheckpointSource, CheckpointStatus
 from runplane.domain.common import (
     ENV_NAME_PATTERN,
     MAX_RUN_TIME,
@@ -272,6 +273,18 @@ class RunSpec(Record):
         description="with interactive: the command has a terminal (runplane run -it), its output one stream",
     )
 
+    checkpoint: Annotated[CheckpointRule | None, Since("0.3")] = Field(
+        default=None,
+        description="the run checkpoints: it writes to $RUNPLANE_CHECKPOINT_DIR (counted in its disk), which "
+        "every attempt starts from as it was last synced (docs/checkpoints.md)",
+    )
+    from_checkpoint: Annotated[str | None, Since("0.3")] = Field(
+        default=None,
+        pattern=f"^{RUN_ID_PATTERN}$",
+        description="a run of yours whose newest checkpoint (when this run is submitted) this run starts from, "
+        "until it has one of its own",
+    )
+
     def upstreams(self) -> list[str]:
         """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
         inputs, ``after``, then ``after_sweep`` (as ``sweep:<id>``)."""
@@ -450,6 +463,12 @@ class Run(Record):
     """Its owner keeps it (``runplane keep``): the retention sweep deletes nothing of it."""
     retention: Annotated[RunRetention | None, Since("0.3")] = None
     """Once it has ended: when its outputs, logs and record are deleted (the retention sweep's)."""
+    checkpoint: Annotated[CheckpointStatus | None, Since("0.3")] = None
+    """Its newest checkpoint, as the worker that synced it recorded it."""
+    restore_from: Annotated[CheckpointSource | None, Since("0.3")] = None
+    """``spec.from_checkpoint`` pinned at submit: what its first attempt restores."""
+    pieces: Annotated[int, Since("0.3")] = 0
+    """The pieces it has ended with ``spec.checkpoint.exit_code`` (started again), all attempts together."""
     sessions_asked: Annotated[int, Since("0.3")] = 0
     """Bumped by the API with each session asked of it (runplane.domain.sessions): the agent's look
     at the run's control state notices it and reads the run's sessions."""

@@ -20,7 +20,7 @@ RUN = RunView.model_config["json_schema_extra"]["examples"][0]  # type: ignore[i
 def _later_run() -> dict:
     """A run as a later release may answer it: new fields at every depth, a new state and reason."""
     run = copy.deepcopy(RUN)
-    run["checkpoint"] = {"every": 60}
+    run["snapshot"] = {"every": 60}
     run["state"] = "suspended"
     run["failure"] = {"reason": "preempted_forever", "message": "gone", "node": "n-1"}
     run["events"][0].update(state="suspended", actor="admin")
