@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from runplane.domain.accounting import Rates, charge
-from runplane.domain.runs import Resources, Usage
+from runplane.domain.asks import Resources
+from runplane.domain.runs import Usage
 from worker_agent.trees import Unwalkable, scan
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")

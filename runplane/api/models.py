@@ -8,8 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema
 
+from runplane.domain.asks import RetryRule
 from runplane.domain.pools import Backend
-from runplane.domain.runs import RetryRule, RunSpec
+from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import SweepSpec
 from runplane.domain.uploads import SHA256_PATTERN, UPLOAD_SOURCE_PATTERN

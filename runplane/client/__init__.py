@@ -72,7 +72,8 @@ from runplane.client.errors import (
     WaitTimeout,
 )
 from runplane.client.sessions import ExecResult, NotJoined, SessionLost
-from runplane.domain.runs import Resources, RetryRule, RunSpec
+from runplane.domain.asks import Resources, RetryRule
+from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
 
 if TYPE_CHECKING:

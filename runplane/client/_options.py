@@ -16,7 +16,8 @@ from typing import Any, TypedDict
 
 from pydantic import BaseModel
 
-from runplane.domain.runs import Resources, RetryRule, RunSpec
+from runplane.domain.asks import Resources, RetryRule
+from runplane.domain.runs import RunSpec
 
 
 class RunOptions(TypedDict, total=False):

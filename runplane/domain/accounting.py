@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from runplane.domain.runs import Resources
+from runplane.domain.asks import Resources
 
 
 @dataclass(frozen=True)

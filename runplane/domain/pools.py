@@ -11,10 +11,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runplane.domain.asks import Resources, RetryRule
 from runplane.domain.common import MAX_RUN_TIME, NAME_PATTERN, read_duration, read_size
 from runplane.domain.errors import InvalidRequest, UnknownName, Unschedulable
 from runplane.domain.retention import Retention
-from runplane.domain.runs import Resources, RetryRule
 from runplane.domain.sessions import DEFAULT_MAX_SESSIONS_PER_RUN, MAX_SESSIONS_PER_RUN
 from runplane.domain.units import format_bytes, format_duration
 

@@ -7,14 +7,14 @@ Times are float seconds since the epoch (UTC); transports render them as ISO 860
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from runplane.domain.asks import Resources, RetryRule
 from runplane.domain.checkpoints import CheckpointRule, CheckpointSource, CheckpointStatus
 from runplane.domain.common import (
     ENV_NAME_PATTERN,
-    MAX_RUN_TIME,
     NAME_PATTERN,
     NO_CONTROL_PATTERN,
     RUN_ID_PATTERN,
@@ -22,20 +22,15 @@ from runplane.domain.common import (
     WHOLE,
     check_env_name,
     control_character,
-    duration_or_text,
     hidden_character,
-    read_duration,
-    read_size,
     shown_text,
-    size_or_text,
 )
 from runplane.domain.ranks import rank_key
 from runplane.domain.retention import RunRetention
 from runplane.domain.secrets import MAX_RUN_SECRETS, SECRET_REF_PATTERN, SecretRef
-from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, RETRY_REASONS, FailureReason, RunState
-from runplane.domain.units import MAX_SIZE
+from runplane.domain.states import DEFAULT_MAX_ATTEMPTS, REASONS, FailureReason, RunState
 from runplane.domain.uploads import UPLOAD_SOURCE_PATTERN, upload_sha
-from runplane.domain.wire import Extensible, Record, Since
+from runplane.domain.wire import Record, Since
 
 MAX_INPUTS = 64
 MAX_UPSTREAMS = 32
@@ -73,35 +68,6 @@ def _line_break(text: str) -> str | None:
     return None if found is None else f"\\x{ord(found):02x}"
 
 
-class RetryRule(Record):
-    """When a run that ended badly is queued again (docs/workflows.md). A lost worker is retried
-    within ``attempts`` whatever ``on`` holds (it is never the run's doing), and a preempted
-    worker's run is queued again without using one up."""
-
-    model_config = ConfigDict(allow_inf_nan=False)
-
-    attempts: Annotated[int, WHOLE] = Field(
-        ge=1, le=10, strict=True, description="the most times the run goes (1: never retried), 1..10"
-    )
-    on: list[Annotated[Literal[tuple(RETRY_REASONS)], Extensible]] = Field(  # type: ignore[valid-type]
-        default_factory=list,
-        max_length=len(RETRY_REASONS),
-        description="failure reasons that queue the run again (any but killed); worker_lost always does",
-    )
-    memory_factor: float | None = Field(
-        default=None,
-        gt=1,
-        le=64,
-        description="an out_of_memory attempt is retried with its memory limit times this, up to the pool's "
-        "memory (out_of_memory need not be in on)",
-    )
-
-    @field_validator("on")
-    @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        return sorted(set(value))
-
-
 class Failure(Record):
     """Why a run did not succeed, as stored. A reason a later release added reads as
     ``agent_error``, its own name put at the head of the message (users never send one: the API
@@ -117,28 +83,6 @@ class Failure(Record):
         if isinstance(reason, str) and reason not in REASONS:
             return {**data, "reason": FailureReason.AGENT_ERROR, "message": f"{reason[:64]}: {data.get('message', '')}"}
         return data
-
-
-class Resources(Record):
-    """What one run asks for. Sizes accept bytes or strings ("512m"); time accepts "90s", "1h"."""
-
-    model_config = ConfigDict(allow_inf_nan=False)
-
-    cpus: float = Field(default=1.0, ge=0.01, le=1024)
-    gpus: int = Field(default=0, ge=0, le=64)
-    # Requests may give sizes and times as text; the schemas say so (answers hold numbers).
-    memory: Annotated[int | None, size_or_text(4 * 1024**2 + 1, MAX_SIZE, ["512m", "4g", 536870912])] = Field(
-        default=None, gt=4 * 1024**2, le=MAX_SIZE, description="bytes, at least 4m; pool default when absent"
-    )
-    disk: Annotated[int | None, size_or_text(1, MAX_SIZE, ["10g", 10737418240])] = Field(
-        default=None, gt=0, le=MAX_SIZE, description="bytes the run may write; pool default when absent"
-    )
-    time: Annotated[float | None, duration_or_text(1, MAX_RUN_TIME, ["90s", "2h", "1h30m", 3600])] = Field(
-        default=None, ge=1, le=MAX_RUN_TIME, description="seconds, 1 to 30 days; pool default when absent"
-    )
-
-    _sizes = field_validator("memory", "disk", mode="before")(staticmethod(read_size))
-    _times = field_validator("time", mode="before")(staticmethod(read_duration))
 
 
 class RunSpec(Record):

@@ -14,11 +14,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from runplane.domain.asks import Resources
 from runplane.domain.common import MAX_RUN_TIME
 from runplane.domain.errors import ConditionFailed, NotAllowed, NotFound, RunplaneError
 from runplane.domain.messages import DispatchEvent, RunMessage
 from runplane.domain.quotas import MAX_BLOCKED, Hold, Lane, Period, Quota, QuotaKind, UsageRecord, hold_key, quota_key
-from runplane.domain.runs import Resources, Run
+from runplane.domain.runs import Run
 from runplane.domain.states import RunState
 from runplane.ports import QuotaPorts, QuotaStore, RunPorts, RunStore
 

@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from runplane.bootstrap import make_ports
+from runplane.domain.asks import Resources
 from runplane.domain.errors import InvalidRequest
 from runplane.domain.quotas import Quota, hold_key
-from runplane.domain.runs import Resources, RunSpec
+from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.domain.workers import Worker

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from runplane.domain.runs import RetryRule, RunSpec
+from runplane.domain.asks import RetryRule
+from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.services.logs import read_logs

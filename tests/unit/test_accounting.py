@@ -3,7 +3,7 @@
 import pytest
 
 from runplane.domain.accounting import Rates, charge, share
-from runplane.domain.runs import Resources
+from runplane.domain.asks import Resources
 
 GPU_BOX = Rates(cpus=32, gpus=8, price_per_hour=24.0)
 

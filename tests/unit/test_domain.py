@@ -1,10 +1,11 @@
 import pytest
 from pydantic import ValidationError
 
+from runplane.domain.asks import Resources
 from runplane.domain.errors import InvalidRequest, Unschedulable
 from runplane.domain.pools import Pool, choose_pool, load_pools
 from runplane.domain.ranks import rank_key
-from runplane.domain.runs import Resources, RunSpec
+from runplane.domain.runs import RunSpec
 from runplane.domain.states import TERMINAL_STATES, TRANSITIONS, RunState, can_transition, states_leading_to
 from runplane.domain.units import format_bytes, format_duration, parse_bytes, parse_duration
 

@@ -17,7 +17,8 @@ import docker.errors
 import pytest
 
 from runplane.api.openapi import openapi_document
-from runplane.domain.runs import Resources, Run, RunSpec, Usage
+from runplane.domain.asks import Resources
+from runplane.domain.runs import Run, RunSpec, Usage
 from runplane.domain.states import FailureReason, RunState
 from worker_agent.containers import create_failure, pull_failure
 from worker_agent.limits import REMOVED, Limits, Seen, disk_over, ended, stop

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runplane.domain.runs import Resources, Run, RunSpec, Usage
+from runplane.domain.asks import Resources
+from runplane.domain.runs import Run, RunSpec, Usage
 from runplane.domain.states import FailureReason, RunState
 from worker_agent.disk import check_disk
 from worker_agent.limits import Limits, Seen, disk_over, ended, killed, log_over, stop

@@ -3,9 +3,10 @@
 import pytest
 from pydantic import ValidationError
 
+from runplane.domain.asks import Resources, RetryRule
 from runplane.domain.pools import load_pools
 from runplane.domain.retries import decide
-from runplane.domain.runs import Resources, RetryRule, Run, RunSpec
+from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import FailureReason
 
 MiB = 1024**2

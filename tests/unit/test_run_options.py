@@ -19,7 +19,8 @@ from runplane.cli.runs import run as run_command
 from runplane.cli.sweeps import run as sweep_command
 from runplane.client import AsyncClient, Client, RetryRule, RunOptions
 from runplane.client._options import OPTIONS, run_body
-from runplane.domain.runs import Resources, RunSpec
+from runplane.domain.asks import Resources
+from runplane.domain.runs import RunSpec
 
 
 def test_the_sdk_options_are_the_fields_of_a_run_spec() -> None:

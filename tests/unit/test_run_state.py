@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from runplane.domain.runs import Resources, RetryRule, Run, RunSpec, Usage
+from runplane.domain.asks import Resources, RetryRule
+from runplane.domain.runs import Run, RunSpec, Usage
 from runplane.domain.states import FailureReason, RunState
 from runplane.services import lifecycle
 from worker_agent.outcome import Outcome

@@ -5,8 +5,9 @@ retry it. Submit resolves the rule: the run's own, else its pool's."""
 import pytest
 
 from runplane.bootstrap import make_ports
+from runplane.domain.asks import Resources, RetryRule
 from runplane.domain.errors import BadRequest, LeaseLost
-from runplane.domain.runs import Resources, RetryRule, RunSpec
+from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
