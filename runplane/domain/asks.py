@@ -1,16 +1,42 @@
-"""What a run asks for besides its command: its resources and its retry rule (``RunSpec.resources``,
-``RunSpec.retry``; a pool's defaults of both)."""
+"""What a run asks for besides its command: the pools it runs on (``RunSpec.queue``, ``fallback``), its
+resources and its retry rule (``RunSpec.resources``, ``RunSpec.retry``; a pool's defaults of both)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from runplane.domain.common import MAX_RUN_TIME, WHOLE, duration_or_text, read_duration, read_size, size_or_text
+from runplane.domain.common import (
+    MAX_RUN_TIME,
+    NAME_PATTERN,
+    WHOLE,
+    duration_or_text,
+    read_duration,
+    read_size,
+    size_or_text,
+)
 from runplane.domain.states import RETRY_REASONS
 from runplane.domain.units import MAX_SIZE
 from runplane.domain.wire import Extensible, Record
+
+MAX_FALLBACK = 4
+"""The most pools a run may fall back to after its first (``RunSpec.fallback``)."""
+MIN_FALLBACK_AFTER = 1.0
+QUEUE_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string", "pattern": NAME_PATTERN},
+        {
+            "type": "array",
+            "items": {"type": "string", "pattern": NAME_PATTERN},
+            "minItems": 1,
+            "maxItems": MAX_FALLBACK + 1,
+        },
+        {"type": "null"},
+    ],
+    "examples": ["gpu", ["gpu-spot", "gpu-ondemand"]],
+}
+"""What ``RunSpec.queue`` takes: a pool, or the pools to run on in order (the first, then its fallback)."""
 
 
 class RetryRule(Record):

@@ -45,17 +45,24 @@ class DispatchEvent(Record):
     """This run or sweep ended: the runs and sweeps waiting for it may go (or fail)."""
     ended: RunEnd | None = None
     """A run ended thus (its metrics)."""
+    fallback: str | None = None
+    """This run's time on ``pool`` (``RunSpec.fallback_after``) is up at ``due``: if it is still queued
+    there, it moves to its next pool. Sent with a delay; one that comes early is sent again."""
+    due: float | None = None
     skip: int = Field(default=0, ge=0)
     """With ``upstream``: how many of what waits for it earlier events told already (the rest is
     told in bounded chunks, one event each)."""
 
     @model_serializer(mode="wrap")
     def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``member`` and ``skip`` are written only when set: the previous release's dispatcher
+        """``member``, ``skip``, ``fallback`` and ``due`` are written only when set: the previous release's dispatcher
         refuses an event with a field it does not know, and would drop every event otherwise."""
         data: dict[str, Any] = handler(self)
         if self.member is None:
             data.pop("member", None)
         if self.skip == 0:
             data.pop("skip", None)
+        for field in ("fallback", "due"):
+            if data.get(field) is None:
+                data.pop(field, None)
         return data

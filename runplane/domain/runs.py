@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from runplane.domain.asks import Resources, RetryRule
+from runplane.domain.asks import MAX_FALLBACK, MIN_FALLBACK_AFTER, QUEUE_SCHEMA, Resources, RetryRule
 from runplane.domain.checkpoints import CheckpointRule, CheckpointSource, CheckpointStatus
 from runplane.domain.common import (
     ENV_NAME_PATTERN,
+    MAX_RUN_TIME,
     NAME_PATTERN,
     NO_CONTROL_PATTERN,
     RUN_ID_PATTERN,
@@ -22,7 +23,9 @@ from runplane.domain.common import (
     WHOLE,
     check_env_name,
     control_character,
+    duration_or_text,
     hidden_character,
+    read_duration,
     shown_text,
 )
 from runplane.domain.ranks import rank_key
@@ -89,9 +92,17 @@ class RunSpec(Record):
     """A run submission as the API accepts it."""
 
     model_config = ConfigDict(
-        json_schema_extra={  # the schema says what _secret_names_apart says of tty: only with interactive
-            "if": {"properties": {"tty": {"const": True}}, "required": ["tty"]},
-            "then": {"properties": {"interactive": {"const": True}}, "required": ["interactive"]},
+        json_schema_extra={  # what _secret_names_apart and _queue_list say: tty only with interactive; a list
+            "allOf": [  # of queues with no fallback
+                {
+                    "if": {"properties": {"tty": {"const": True}}, "required": ["tty"]},
+                    "then": {"properties": {"interactive": {"const": True}}, "required": ["interactive"]},
+                },
+                {
+                    "if": {"properties": {"queue": {"type": "array"}}, "required": ["queue"]},
+                    "then": {"properties": {"fallback": {"maxItems": 0}}},
+                },
+            ]
         }
     )
 
@@ -106,8 +117,11 @@ class RunSpec(Record):
     name: str | None = Field(
         default=None, max_length=200, description="a name for the run", json_schema_extra=shown_text()
     )
-    queue: str | None = Field(
-        default=None, pattern=NAME_PATTERN, description="pool to run on (default: the smallest that fits)"
+    queue: Annotated[str | None, WithJsonSchema(QUEUE_SCHEMA, mode="validation")] = Field(
+        default=None,
+        pattern=NAME_PATTERN,
+        description="pool to run on (default: the smallest that fits); a list names the pools to fall back to "
+        "after the first, in order (the same as queue: the first, fallback: the rest)",
     )
     resources: Resources = Field(default_factory=Resources)
     env: dict[str, str] = Field(
@@ -229,6 +243,30 @@ class RunSpec(Record):
         "until it has one of its own",
     )
 
+    fallback: Annotated[list[Annotated[str, Field(pattern=NAME_PATTERN)]], Since("0.3")] = Field(
+        default_factory=list,
+        max_length=MAX_FALLBACK,
+        description=f"up to {MAX_FALLBACK} pools the run moves on to, in order, when it has not started on its "
+        "queue within fallback_after or was preempted fallback_after_preemptions times there (docs/scheduling.md)",
+    )
+    fallback_after: Annotated[
+        float | None, Since("0.3"), duration_or_text(MIN_FALLBACK_AFTER, MAX_RUN_TIME, ["20m", 1200])
+    ] = Field(
+        default=None,
+        ge=MIN_FALLBACK_AFTER,
+        le=MAX_RUN_TIME,
+        description="with fallback: how long the run waits queued on a pool before it moves to the next one",
+    )
+    fallback_after_preemptions: Annotated[int | None, Since("0.3"), WHOLE] = Field(
+        default=None,
+        ge=1,
+        le=100,
+        strict=True,
+        description="with fallback: after this many preemptions on a pool, the run is queued on the next one",
+    )
+
+    _fallback_after = field_validator("fallback_after", mode="before")(staticmethod(read_duration))
+
     def upstreams(self) -> list[str]:
         """The runs (and sweep) this run waits for, each once, in the order given: its ``run:``
         inputs, ``after``, then ``after_sweep`` (as ``sweep:<id>``)."""
@@ -237,6 +275,19 @@ class RunSpec(Record):
         if self.after_sweep is not None:
             found.append(SWEEP_PREFIX + self.after_sweep)
         return list(dict.fromkeys(found))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _queue_list(cls, data: Any) -> Any:
+        """``queue: [a, b, c]`` is ``queue: a`` with ``fallback: [b, c]``."""
+        if not isinstance(data, dict) or not isinstance(data.get("queue"), list):
+            return data
+        pools = data["queue"]
+        if not pools:
+            raise ValueError("queue: name at least one pool")
+        if data.get("fallback"):
+            raise ValueError("give the pools to fall back to in queue or in fallback, not both")
+        return {**data, "queue": pools[0], "fallback": pools[1:]}
 
     @field_validator("command")
     @classmethod
@@ -407,6 +458,11 @@ class Run(Record):
     """Its owner keeps it (``runplane keep``): the retention sweep deletes nothing of it."""
     retention: Annotated[RunRetention | None, Since("0.3")] = None
     """Once it has ended: when its outputs, logs and record are deleted (the retention sweep's)."""
+    fallback_at: Annotated[float | None, Since("0.3")] = None
+    """While it is queued on a pool it may fall back from (``spec.fallback_after``): when it moves to the
+    next one if it has not started by then."""
+    preemptions: Annotated[int, Since("0.3")] = 0
+    """Its preemptions on the pool it is queued on now (``spec.fallback_after_preemptions``)."""
     checkpoint: Annotated[CheckpointStatus | None, Since("0.3")] = None
     """Its newest checkpoint, as the worker that synced it recorded it."""
     restore_from: Annotated[CheckpointSource | None, Since("0.3")] = None
