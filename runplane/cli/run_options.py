@@ -145,6 +145,36 @@ def _retry(name: str, annotation: Any, option: Any) -> Flag:
     return Flag(name, Annotated[annotation, option], "retry")
 
 
+def _checkpoint(name: str, annotation: Any, option: Any) -> Flag:
+    return Flag(name, Annotated[annotation, option], "checkpoint")
+
+
+def queues(values: list[str] | None) -> str | list[str] | None:
+    """The ``queue`` of ``--queue`` (repeatable, or comma-separated): one pool as itself, several as
+    the list of pools in order (the first, then those it falls back to). The API checks each."""
+    names = [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
+    if len(names) > 1:
+        return names
+    return names[0] if names else None
+
+
+CHECKPOINT_FLAGS = {
+    "checkpoint_interval": "interval",
+    "checkpoint_signal": "signal",
+    "checkpoint_grace": "grace",
+    "checkpoint_exit_code": "exit_code",
+    "max_pieces": "max_pieces",
+}
+"""The flags of ``checkpoint``'s rule (by parameter name) and the field of the rule each gives."""
+
+
+def checkpoint_rule(values: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``checkpoint`` of a submit from its flags' ``values`` (by parameter name): any of them
+    makes the rule; none: no rule. The API checks the values (a duration, a signal, 1..125)."""
+    rule = {field: values[name] for name, field in CHECKPOINT_FLAGS.items() if values.get(name) is not None}
+    return rule or None
+
+
 HAND: dict[str, tuple[Flag, ...]] = {
     "resources": (
         Flag("cpus", Annotated[float | None, typer.Option(help="cpus, e.g. 0.5 or 4")], "cpus"),
@@ -252,6 +282,84 @@ HAND: dict[str, tuple[Flag, ...]] = {
             convert=secret_refs,
         ),
     ),
+    "queue": (
+        Flag(
+            "queue",
+            Annotated[
+                list[str] | None,
+                typer.Option(
+                    "--queue",
+                    metavar="POOL[,POOL...]",
+                    help="the pool to run on (default: the smallest that fits); several (comma-separated or "
+                    "repeated): the pools in order, the first, then those it falls back to (--fallback-after)",
+                    show_default=False,
+                ),
+            ],
+            "queue",
+            convert=queues,
+        ),
+    ),
+    "fallback": (),
+    "fallback_after": (
+        Flag(
+            "fallback_after",
+            Annotated[
+                str | None,
+                typer.Option(
+                    "--fallback-after",
+                    help="with several --queue: how long the run waits queued on a pool before it moves on to the "
+                    "next, e.g. 20m",
+                    show_default=False,
+                ),
+            ],
+            "fallback_after",
+        ),
+    ),
+    "checkpoint": (
+        _checkpoint(
+            "checkpoint_interval",
+            str | None,
+            typer.Option(
+                "--checkpoint",
+                help="the run checkpoints: $RUNPLANE_CHECKPOINT_DIR is synced this often (e.g. 10m) and every "
+                "attempt starts from it as it was last synced",
+                show_default=False,
+            ),
+        ),
+        _checkpoint(
+            "checkpoint_signal",
+            str | None,
+            typer.Option(
+                help="checkpoint: sent to the command before it is stopped (SIGTERM, SIGINT, SIGHUP, SIGUSR1, "
+                "SIGUSR2; default SIGTERM)",
+                show_default=False,
+            ),
+        ),
+        _checkpoint(
+            "checkpoint_grace",
+            str | None,
+            typer.Option(help="checkpoint: how long the command has after the signal, e.g. 60s", show_default=False),
+        ),
+        _checkpoint(
+            "checkpoint_exit_code",
+            int | None,
+            typer.Option(
+                min=1,
+                max=125,
+                help="checkpoint: the exit status by which the command says 'checkpointed, start me again'",
+                show_default=False,
+            ),
+        ),
+        _checkpoint(
+            "max_pieces",
+            int | None,
+            typer.Option(
+                min=1,
+                help="checkpoint: with --checkpoint-exit-code, the most pieces the run goes in",
+                show_default=False,
+            ),
+        ),
+    ),
     "after": (
         Flag(
             "after",
@@ -271,8 +379,10 @@ HAND: dict[str, tuple[Flag, ...]] = {
 }
 """The flags that differ on purpose from what ``derived`` would make of their field: the size and
 time shortcuts of ``resources``, the KEY=VALUE flags with names of their own, ``retry``'s three,
-``after``'s comma-separated ids, ``--secret``'s ENV=REF pairs (one secret per variable). Every
-other field's flag is derived."""
+``after``'s comma-separated ids, ``--secret``'s ENV=REF pairs (one secret per variable), the rule
+of ``checkpoint`` (``--checkpoint INTERVAL`` and four more), ``--queue``'s list of pools (which gives
+``fallback`` too: no flag of its own) and ``--fallback-after``'s duration as text. Every other
+field's flag is derived."""
 
 
 def _flags() -> tuple[Flag, ...]:
@@ -290,8 +400,12 @@ def _flags() -> tuple[Flag, ...]:
 FLAGS: tuple[Flag, ...] = _flags()
 """Every flag that makes a run, in the order of ``RunSpec``'s fields (as ``--help`` lists them)."""
 
-NO_FLAG = frozenset({"resources"})
-"""Run options the command line gives no flag of its own (``resources``: its fields' flags)."""
+NO_FLAG = frozenset({"resources", "fallback"})
+"""Run options the command line gives no flag of its own (``resources``: its fields' flags;
+``fallback``: the pools after the first of ``--queue``)."""
+
+_COMPOSED = frozenset({"retry", "checkpoint"})
+"""The options several flags make together."""
 
 
 def options_from(values: Mapping[str, Any]) -> RunOptions:
@@ -301,9 +415,10 @@ def options_from(values: Mapping[str, Any]) -> RunOptions:
     given = {f.name: values[f.name] for f in FLAGS if values.get(f.name, f.default) != f.default}
     options: dict[str, Any] = {}
     for f in FLAGS:
-        if f.name in given and f.option != "retry":
+        if f.name in given and f.option not in _COMPOSED:
             options[f.option] = f.convert(given[f.name]) if f.convert else given[f.name]
     options["retry"] = retry_rule(given.get("attempts"), given.get("retry_on"), given.get("memory_factor"))
+    options["checkpoint"] = checkpoint_rule(given)
     both = sorted(set(options.get("env") or {}) & set(options.get("secrets") or {}))
     if both:
         raise CliError(f"{', '.join(both)[:200]} is given by --env and by --secret: name each variable once")

@@ -73,6 +73,7 @@ from runplane.client.errors import (
 )
 from runplane.client.sessions import ExecResult, NotJoined, SessionLost
 from runplane.domain.asks import Resources, RetryRule
+from runplane.domain.checkpoints import CheckpointRule
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import RunState
 
@@ -86,6 +87,7 @@ __all__ = [
     "AsyncRun",
     "AsyncSweep",
     "BadRequest",
+    "CheckpointRule",
     "Client",
     "Conflict",
     "ConnectionFailed",

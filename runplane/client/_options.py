@@ -17,6 +17,7 @@ from typing import Any, TypedDict
 from pydantic import BaseModel
 
 from runplane.domain.asks import Resources, RetryRule
+from runplane.domain.checkpoints import CheckpointRule
 from runplane.domain.runs import RunSpec
 
 
@@ -31,7 +32,7 @@ class RunOptions(TypedDict, total=False):
     memory: str | int | None
     disk: str | int | None
     time: str | float | None
-    queue: str | None
+    queue: str | Sequence[str] | None  # a pool, or the pools in order: the first, then those it falls back to
     name: str | None
     env: Mapping[str, str] | None
     inputs: Mapping[str, str] | None
@@ -48,6 +49,11 @@ class RunOptions(TypedDict, total=False):
     workdir: str | None  # the container's working directory, e.g. "/inputs/code"; default: its output directory
     interactive: bool  # its command's input comes from whoever attaches (``Run.attach``); not in a sweep
     tty: bool  # with interactive: the command has a terminal
+    checkpoint: CheckpointRule | Mapping[str, Any] | None  # e.g. {"interval": "10m", "exit_code": 85}
+    from_checkpoint: str | None  # a run of yours whose newest checkpoint this run starts from
+    fallback: Sequence[str] | None  # the pools it falls back to after queue, in order
+    fallback_after: str | float | None  # e.g. "20m": how long it waits on a pool before it moves on
+    fallback_after_preemptions: int | None  # preemptions on a pool before it moves on
 
 
 SHORTCUTS = tuple(Resources.model_fields)

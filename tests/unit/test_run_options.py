@@ -17,7 +17,7 @@ from runplane.cli.common import CliError
 from runplane.cli.run_options import FLAGS, HAND, NO_FLAG, derived, options_from
 from runplane.cli.runs import run as run_command
 from runplane.cli.sweeps import run as sweep_command
-from runplane.client import AsyncClient, Client, RetryRule, RunOptions
+from runplane.client import AsyncClient, CheckpointRule, Client, RetryRule, RunOptions
 from runplane.client._options import OPTIONS, run_body
 from runplane.domain.asks import Resources
 from runplane.domain.runs import RunSpec
@@ -62,6 +62,8 @@ WIDER = {
     "time": str | float | None,  # a duration as text ("2h") too
     "after": Sequence[Any] | None,  # the runs themselves (``Run`` objects), for their ids
     "after_sweep": Any,  # the sweep itself (a ``Sweep`` object), for its id
+    "queue": str | Sequence[str] | None,  # the pools in order too (the field's before-validator splits them)
+    "fallback_after": str | float | None,  # a duration as text ("20m") too
 }
 """The options whose SDK type is wider on purpose than the field's."""
 
@@ -226,3 +228,46 @@ def test_secret_flags_become_references_and_a_variable_is_named_once() -> None:
     for bad in ("TOKEN", "=a", "TOKEN="):
         with pytest.raises(CliError, match="--secret must look like ENV=NAME"):
             options_from({"secrets": [bad]})
+
+
+def test_queue_and_checkpoint_flags_become_run_options() -> None:
+    values = {f.name: f.default for f in FLAGS}
+    assert options_from(values | {"queue": ["gpu"]}) == {"queue": "gpu"}
+    given = values | {
+        "queue": ["gpu-spot,gpu-ondemand", "cpu"],
+        "fallback_after": "20m",
+        "fallback_after_preemptions": 2,
+        "checkpoint_interval": "10m",
+        "checkpoint_exit_code": 85,
+        "from_checkpoint": "r-1",
+    }
+    options = options_from(given)
+    assert options == {
+        "queue": ["gpu-spot", "gpu-ondemand", "cpu"],
+        "fallback_after": "20m",
+        "fallback_after_preemptions": 2,
+        "checkpoint": {"interval": "10m", "exit_code": 85},
+        "from_checkpoint": "r-1",
+    }
+    spec = RunSpec.model_validate(run_body("true", options))
+    assert (spec.queue, spec.fallback, spec.fallback_after) == ("gpu-spot", ["gpu-ondemand", "cpu"], 1200)
+    assert spec.checkpoint is not None and (spec.checkpoint.interval, spec.checkpoint.exit_code) == (600, 85)
+    assert spec.from_checkpoint == "r-1"
+    # any one of the rule's flags makes the rule; none of them: no rule
+    signal_only = options_from(values | {"checkpoint_signal": "SIGUSR1"})
+    assert signal_only == {"checkpoint": {"signal": "SIGUSR1"}}
+    assert RunSpec.model_validate(run_body("true", signal_only)).checkpoint.stop_grace == 30  # type: ignore[union-attr]
+
+
+def test_sdk_checkpoint_and_pools_reach_the_body() -> None:
+    body = run_body(
+        "true",
+        {"queue": ("a", "b"), "checkpoint": CheckpointRule(grace="1m"), "fallback_after_preemptions": 1},
+    )
+    assert body == {
+        "command": "true",
+        "queue": ["a", "b"],
+        "checkpoint": {"grace": 60.0},
+        "fallback_after_preemptions": 1,
+    }
+    assert RunSpec.model_validate(body).fallback == ["b"]
