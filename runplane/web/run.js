@@ -1,6 +1,7 @@
 // One run: its state and why, where its time went, what it asked for and used, its inputs,
 // outputs and logs (followed live, searchable), how long they are kept, and kill / retry / keep.
 import { get, post } from "./api.js";
+import { checkpointPanel } from "./checkpoint.js";
 import { badge, bytes, duration, h, keepFocus, message, refresher, replace, runLink, safeHref, say, seconds, svg, TERMINAL, table, when } from "./dom.js";
 import { OWNER_RETRIES, RETRY_MEANS, resubmit, retryable, unsuccessful } from "./runs.js";
 import { runSecrets } from "./secrets.js";
@@ -80,6 +81,45 @@ function resources(run) {
     { "aria-labelledby": "h-res" },
     h("h2", { id: "h-res" }, "Resources: asked and used"),
     table(["", "Asked", "Used"], rows.map((cells) => h("tr", {}, h("th", { scope: "row" }, cells[0]), h("td", {}, cells[1]), h("td", {}, cells[2])))),
+  );
+}
+
+// The pools a run may run on, in order (its queue, then its fallback), the one it is on now marked;
+// it moves on, never back (docs/scheduling.md). A run without fallback: its pool's name.
+export function poolChain(run) {
+  const rest = run.spec.fallback || [];
+  if (!rest.length) return run.queue;
+  const chain = [run.spec.queue || run.queue, ...rest];
+  const at = chain.indexOf(run.queue);
+  const rules = [];
+  if (run.spec.fallback_after) rules.push(`if not started within ${seconds(run.spec.fallback_after)}`);
+  if (run.spec.fallback_after_preemptions) rules.push(`after ${run.spec.fallback_after_preemptions} preemption(s) there`);
+  return h(
+    "span",
+    { class: "pools" },
+    h(
+      "ol",
+      { class: "pool-chain", "aria-label": "Pools in order" },
+      chain.map((name, i) =>
+        h(
+          "li",
+          { class: i === at ? "now" : i < at ? "left" : "next", "aria-current": i === at ? "true" : null },
+          name,
+          i === at ? " (now)" : i < at ? " (left)" : "",
+        ),
+      ),
+    ),
+    rules.length ? h("span", { class: "hint" }, `moves to the next pool ${rules.join(" or ")}`) : null,
+  );
+}
+
+// Its timeline, oldest first: state changes and what happened besides (a restore, a move to a pool).
+function timeline(run) {
+  return h(
+    "section",
+    { "aria-labelledby": "h-ev" },
+    h("h2", { id: "h-ev" }, "Timeline"),
+    h("ul", { class: "timeline" }, run.events.map((e) => h("li", {}, when(e.at), " ", e.state ? [badge(e.state), " "] : null, e.message))),
   );
 }
 
@@ -265,6 +305,7 @@ export function runPage(main, runId, session) {
   let current = null;
   const poolOf = poolReader(() => current && keepFocus(main, draw)); // for its sessions' rules
   let logsAttempt = null; // the attempt the log views show (its number, even when "latest" was asked)
+  const checkpoint = checkpointPanel(runId);
   const attemptSelect = h("select", { id: "attempt", onchange: () => showAttempt() }, h("option", { value: "" }, "latest"));
 
   // Logs and outputs of the attempt chosen; "latest" follows a run that is tried again.
@@ -354,7 +395,7 @@ export function runPage(main, runId, session) {
     );
     const facts = [
       ["Owner", run.owner],
-      ["Queue", run.queue],
+      ["Queue", poolChain(run)],
       ["Group", run.group || "–"],
       ["Priority", run.priority],
       ["Attempt", `${run.attempt} of ${run.max_attempts}`],
@@ -369,14 +410,17 @@ export function runPage(main, runId, session) {
       ["Retention", keptUntil(run)],
       ["Sweep", run.sweep_id ? h("a", { href: `#/sweeps/${encodeURIComponent(run.sweep_id)}` }, `${run.sweep_id} #${run.sweep_index}`) : "–"],
     ];
+    checkpoint.update(run);
     replace(
       details,
       h("dl", { class: "facts" }, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
       run.state === "running" ? sessionsBox(run, session.me, poolOf(run.queue)) : null,
+      checkpoint.node.hidden ? null : checkpoint.node,
       waterfall(run),
       resources(run),
       links(run),
       runSecrets(run.spec),
+      timeline(run),
     );
   }
 
@@ -433,6 +477,7 @@ export function runPage(main, runId, session) {
   loop.now();
   return () => {
     loop.stop();
+    checkpoint.stop();
     for (const l of logs || []) l.stop();
   };
 }

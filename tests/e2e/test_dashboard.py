@@ -407,6 +407,38 @@ def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
     expect(page.get_by_role("heading", level=1)).to_contain_text(first["name"])
 
 
+def test_a_run_page_shows_the_pools_it_may_run_on_and_which_one_it_waits_on(tab, alice):
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {"command": "true", "queue": ["parked", "default"], "fallback_after": "1h", "name": unique("chain")},
+    )
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")
+    chain = t.page.get_by_role("list", name="Pools in order")
+    expect(chain.locator("li")).to_have_text(["parked (now)", "default"])
+    expect(chain.locator("li[aria-current=true]")).to_have_text("parked (now)")
+    expect(t.page.locator("dl.facts")).to_contain_text("moves to the next pool if not started within 1 h 0 m")
+    why = alice.request("GET", f"/v1/runs/{run['id']}")["waiting_reason"]
+    expect(t.page.locator("p.reason")).to_have_text(why)
+    # once moved on: the pool it left is marked so, the timeline has the move
+    moved = t.page.evaluate(
+        """async () => {
+            const { poolChain } = await import("/ui/run.js");
+            const spec = { queue: "spot", fallback: ["ondemand", "reserved"], fallback_after_preemptions: 2 };
+            const drawn = poolChain({ queue: "ondemand", spec });
+            const single = poolChain({ queue: "default", spec: { queue: null, fallback: [] } });
+            return [[...drawn.querySelectorAll("li")].map((li) => li.className + ":" + li.textContent),
+                    drawn.textContent, single];
+        }"""
+    )
+    assert moved[0] == ["left:spot (left)", "now:ondemand (now)", "next:reserved"]
+    assert moved[1].endswith("moves to the next pool after 2 preemption(s) there")
+    assert moved[2] == "default"
+    timeline = t.page.locator("ul.timeline li")
+    expect(timeline.first).to_contain_text("queued")
+
+
 def test_the_runs_table_refreshes_without_moving_the_page_or_the_focus(tab, alice):
     for i in range(3):
         alice.request("POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique(f"filler{i}")})
