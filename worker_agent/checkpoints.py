@@ -18,33 +18,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from runplane.domain.checkpoints import (
     MAX_ENTRIES,
-    MAX_MANIFEST_BYTES,
     PERMISSION_BITS,
     CheckpointCancelled,
     CheckpointFile,
     CheckpointTooLarge,
     Manifest,
     blob_key,
-    blobs_prefix,
-    checkpoints_prefix,
     manifest_key,
-    manifest_seq,
 )
-from runplane.domain.errors import NotFound
-from runplane.domain.wire import stored, written_json
-from runplane.ports import MAX_DELETE, ObjectInfo, ObjectStore
+from runplane.domain.wire import written_json
+from runplane.ports import MAX_DELETE, ObjectStore
+from runplane.services.checkpoints import blob_sizes, complete, manifests, newest, read_manifest
 from worker_agent.checkpoint_files import Owner, Progress, shown, staged, walk, write_tree
 from worker_agent.trees import Refused, open_beneath
 
-__all__ = ["CheckpointLimits", "Progress", "Pruned", "newest", "prune", "restore", "sync"]
+__all__ = ["CheckpointLimits", "Progress", "Pruned", "prune", "restore", "sync", "write"]
 
 log = logging.getLogger(__name__)
-
-LIST_PAGE = 1000
 
 
 @dataclass(frozen=True)
@@ -101,7 +93,7 @@ def sync(
                 progress.files += 1
                 progress.bytes += taken.size
     _go_on(cancelled, run_id)
-    last = max([seq for seq, _ in _manifests(store, run_id)] + [previous.seq if previous is not None else 0])
+    last = max([seq for seq, _ in manifests(store, run_id)] + [previous.seq if previous is not None else 0])
     manifest = Manifest(
         series=run_id,
         seq=last + 1,
@@ -180,10 +172,25 @@ def restore(
     checkpoint is over ``limits`` (nothing written), CheckpointUnusable (a blob that is not what its
     manifest says, a ``directory`` that is no empty directory) and what the store raises: then
     ``directory`` is left empty."""
-    progress = progress if progress is not None else Progress()
     chosen = newest(store, run_id)
-    if chosen is None:
-        return None
+    if chosen is not None:
+        write(store, chosen, directory, limits, owner=owner, progress=progress)
+    return chosen
+
+
+def write(
+    store: ObjectStore,
+    chosen: Manifest,
+    directory: Path,
+    limits: CheckpointLimits = CheckpointLimits(),
+    *,
+    owner: Owner | None = None,
+    progress: Progress | None = None,
+) -> None:
+    """Write the checkpoint ``chosen`` (a complete one: ``newest``, ``numbered``) into ``directory``,
+    as ``restore`` does, raising what it raises."""
+    progress = progress if progress is not None else Progress()
+    run_id = chosen.series
     if limits.max_bytes is not None and chosen.total_bytes > limits.max_bytes:
         raise CheckpointTooLarge(
             f"checkpoint {chosen.seq} of run {run_id} holds {chosen.total_bytes} bytes, more than {limits.max_bytes}"
@@ -197,17 +204,6 @@ def restore(
         store.download_file(f.key, path, max_bytes=f.size)
 
     write_tree(chosen, directory, fetch, owner, progress)
-    return chosen
-
-
-def newest(store: ObjectStore, run_id: str) -> Manifest | None:
-    """The newest complete checkpoint of ``run_id``'s series (see ``restore``), or None."""
-    blobs = _blob_sizes(store, run_id)
-    for seq, info in reversed(_manifests(store, run_id)):
-        manifest = _read(store, run_id, seq, info)
-        if manifest is not None and _complete(manifest, blobs, run_id):
-            return manifest
-    return None
 
 
 @dataclass(frozen=True)
@@ -223,14 +219,14 @@ def prune(store: ObjectStore, run_id: str, keep: int = 2) -> Pruned:
     series is under way (see the module). Returns what it deleted."""
     if keep < 1:
         raise ValueError("keep at least one checkpoint")
-    blobs = _blob_sizes(store, run_id)
-    listed = _manifests(store, run_id)
-    read = {seq: _read(store, run_id, seq, info) for seq, info in listed}
-    complete = [seq for seq, _ in reversed(listed) if (m := read[seq]) is not None and _complete(m, blobs, run_id)]
-    if not complete:
+    blobs = blob_sizes(store, run_id)
+    listed = manifests(store, run_id)
+    read = {seq: read_manifest(store, run_id, seq, info) for seq, info in listed}
+    whole = [seq for seq, _ in reversed(listed) if (m := read[seq]) is not None and complete(m, blobs, run_id)]
+    if not whole:
         return Pruned(0, 0)
-    kept = set(complete[:keep])
-    newest_kept = complete[0]
+    kept = set(whole[:keep])
+    newest_kept = whole[0]
     gone = [seq for seq, _ in listed if seq < newest_kept and seq not in kept]
     named = {f.key for seq, m in read.items() if m is not None and seq not in gone for f in m.files}
     old_blobs = sorted(key for key in blobs if key not in named)
@@ -242,64 +238,3 @@ def prune(store: ObjectStore, run_id: str, keep: int = 2) -> Pruned:
 def _delete(store: ObjectStore, keys: list[str]) -> None:
     for start in range(0, len(keys), MAX_DELETE):
         store.delete(keys[start : start + MAX_DELETE])
-
-
-def _manifests(store: ObjectStore, run_id: str) -> list[tuple[int, ObjectInfo]]:
-    """The series' manifests, oldest first. They are listed before its blobs (digits sort before
-    ``blobs/``), so the listing stops at the first blob."""
-    stop = blobs_prefix(run_id)
-    found: list[tuple[int, ObjectInfo]] = []
-    cursor: str | None = None
-    while True:
-        page, cursor = store.list_page(checkpoints_prefix(run_id), cursor, LIST_PAGE)
-        for info in page:
-            if info.key >= stop:
-                return found
-            seq = manifest_seq(run_id, info.key)
-            if seq is not None:
-                found.append((seq, info))
-        if cursor is None:
-            return found
-
-
-def _blob_sizes(store: ObjectStore, run_id: str) -> dict[str, int]:
-    return {info.key: info.size for info in store.list(blobs_prefix(run_id))}
-
-
-def _read(store: ObjectStore, run_id: str, seq: int, info: ObjectInfo) -> Manifest | None:
-    """The manifest at ``info``, or None (with a log line) when it is not one of this series that reads."""
-    if info.size > MAX_MANIFEST_BYTES:
-        log.warning("run %s: checkpoint %d passed over: its manifest holds %d bytes", run_id, seq, info.size)
-        return None
-    try:
-        manifest = stored(Manifest, store.get_bytes(info.key))
-    except NotFound:  # deleted meanwhile
-        return None
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        log.warning(
-            "run %s: checkpoint %d passed over: its manifest does not read (%s%s)",
-            run_id,
-            seq,
-            f"{where}: " if where else "",
-            first["msg"][:200],
-        )
-        return None
-    if (manifest.series, manifest.seq) != (run_id, seq):
-        log.warning("run %s: checkpoint %d passed over: its manifest is of another series or number", run_id, seq)
-        return None
-    return manifest
-
-
-def _complete(manifest: Manifest, blobs: dict[str, int], run_id: str) -> bool:
-    for f in manifest.files:
-        if blobs.get(f.key) != f.size:
-            log.warning(
-                "run %s: checkpoint %d passed over: the blob of %r is missing or not of its size",
-                run_id,
-                manifest.seq,
-                f.path[:80],
-            )
-            return False
-    return True

@@ -22,8 +22,9 @@ from runplane.domain.checkpoints import (
     checkpoints_prefix,
     manifest_key,
 )
+from runplane.services.checkpoints import newest
 from worker_agent.checkpoint_files import STAGE_IN_MEMORY
-from worker_agent.checkpoints import CheckpointLimits, Progress, newest, prune, restore, sync
+from worker_agent.checkpoints import CheckpointLimits, Progress, prune, restore, sync
 
 RUN = "r-00000000000000000000c4e7"
 _STACKS = {"aws-moto": "aws_stack", "azure-azurite": "azure_stack", "local-files": "local_stack"}
