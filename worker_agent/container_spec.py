@@ -12,6 +12,7 @@ from typing import Any
 
 from docker.types import DriverConfig, LogConfig, Mount
 
+from runplane.domain.checkpoints import CHECKPOINT_DIR, CHECKPOINT_ENV
 from runplane.domain.runs import Run
 from worker_agent.resources import Allocation
 from worker_agent.run_config import ExecutorConfig
@@ -64,6 +65,7 @@ def container_spec(
     image_env: Mapping[str, str] | None = None,
     volumes: Mapping[str, Path] | None = None,
     secrets: Mapping[str, str] | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> dict[str, Any]:
     """Everything ``containers.create`` gets for ``run``: the command under ``sh -c`` as
     ``run_as`` (numbers), limits, the run's own cores and GPUs, and the hardening every run has.
@@ -75,8 +77,10 @@ def container_spec(
     ``volumes``: the image's ``VOLUME`` paths, each to its directory in the run directory
     (``volume_mounts``); one at a path mounted already is left to that mount, as Docker does.
     ``secrets``: the values of the run's ``secrets`` variables, beside ``env`` in its
-    environment (and nowhere else: not in a label, nor in the run directory). The working
-    directory is the run's ``workdir``, else its output directory."""
+    environment (and nowhere else: not in a label, nor in the run directory). ``checkpoint_dir``:
+    the run's checkpoint directory, mounted read-write at ``CHECKPOINT_DIR`` and named by
+    ``$RUNPLANE_CHECKPOINT_DIR``. The working directory is the run's ``workdir``, else its output
+    directory."""
     res = run.spec.resources
     env = {**run.spec.env, **(secrets or {})}
     env.update({"RUNPLANE_RUN_ID": run.id, "RUNPLANE_ATTEMPT": str(run.attempt), "RUNPLANE_OUTPUT": OUTPUT_MOUNT})
@@ -86,6 +90,9 @@ def container_spec(
     gpus = config.gpu_access.container_kwargs(allocation.gpus)
     env.update(config.gpu_access.environment(allocation.gpus, {**(image_env or {}), **run.spec.env}))
     mounts = [Mount(OUTPUT_MOUNT, str(output_dir), type="bind"), *gpus.pop("mounts", [])]
+    if checkpoint_dir is not None:
+        env[CHECKPOINT_ENV] = CHECKPOINT_DIR
+        mounts.append(Mount(CHECKPOINT_DIR, str(checkpoint_dir), type="bind"))
     if run_as.home and home_dir is not None and "HOME" not in run.spec.env:
         env["HOME"] = run_as.home
         mounts.append(Mount(RUN_HOME, str(home_dir), type="bind"))

@@ -225,10 +225,11 @@ class RunContainer:
         threading.Thread(target=wait, daemon=True).start()
         return exited, result
 
-    def kill(self) -> None:
-        """Kill the container; a kill that fails is logged (``exited_state`` sees what came of it)."""
+    def kill(self, signal: str | None = None) -> None:
+        """Kill the container (or send its command ``signal``); a kill that fails is logged
+        (``exited_state`` sees what came of it)."""
         try:
-            self.container.kill()
+            self.container.kill(signal=signal)
         except docker.errors.APIError as e:
             if "is not running" not in str(e):
                 log.warning("run %s: kill failed: %s", self.run_id, e)
@@ -351,6 +352,14 @@ class RunContainer:
             left = remove_container(self.container, self.remove_seconds, self.clock, self.sleep, why=why)
             if left is not None:
                 log.warning("run %s: could not remove its container: %s", self.run_id, left)
+
+    def replace(self, why: str) -> None:
+        """Remove the exited container (``remove``) so that the attempt's next one can be made with its
+        name (a run that goes in pieces: ``create`` and ``start`` again)."""
+        self.remove(why)
+        self.container = self.stream = None
+        self.started = self.exited = False
+        self._engine_paths = None
 
     def _create(self, spec: dict[str, Any], held: Callable[[], bool]) -> Any:
         try:

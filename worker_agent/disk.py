@@ -26,10 +26,12 @@ def check_disk(
     *,
     volumes_dir: Path | None = None,
     inputs: int = 0,
+    checkpoint_dir: Path | None = None,
 ) -> Outcome | None:
     """Everything the run wrote against its limits (``limits.disk_over``): its output directory,
     its home directory (``home_dir``, when it has one of its own), the directories of its image's
-    ``VOLUME`` paths (``volumes_dir``, when it has any) and its container's writable layer, with
+    ``VOLUME`` paths (``volumes_dir``, when it has any), its checkpoint directory (``checkpoint_dir``,
+    when it has one) and its container's writable layer, with
     the engine's files bound into it (``layer_size``); and the ``inputs`` bytes it was given,
     which count against its disk too. The walks stop once past a limit, or once ``cancelled()``;
     then it says nothing. What they found in all goes into ``usage.disk``."""
@@ -43,11 +45,15 @@ def check_disk(
         size, entries = output.size + home.size, output.entries + home.entries
         volumes = walk(volumes_dir, _rest(limit, size), _rest(most, entries), cancelled)
     size, entries = output.size + home.size + volumes.size, output.entries + home.entries + volumes.entries
+    checkpoint = Tree()
+    if checkpoint_dir is not None:
+        checkpoint = walk(checkpoint_dir, _rest(limit, size), _rest(most, entries), cancelled)
+        size, entries = size + checkpoint.size, entries + checkpoint.entries
     layer = layer_size(_rest(limit, size), _rest(most, entries), cancelled)
     if cancelled is not None and cancelled():
         return None
     usage.disk = size + layer.size
-    return disk_over(output, home, layer, limits, volumes, Tree(size=inputs))
+    return disk_over(output, home, layer, limits, volumes, Tree(size=inputs), checkpoint)
 
 
 class DiskSampler:

@@ -48,6 +48,7 @@ from worker_agent.outputs import upload_dir
 from worker_agent.prepare import RunSetup
 from worker_agent.registries import RegistryLogins
 from worker_agent.resources import Allocation
+from worker_agent.run_checkpoints import RunCheckpoints
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
 from worker_agent.secrets import RunSecrets, SecretsUnreachable
@@ -132,6 +133,9 @@ class RunExecutor:
         self.valid_id = _RUN_ID.fullmatch(run.id) is not None
         self.run_dir, self.output_dir, self.home_dir = self.setup.run_dir, self.setup.output_dir, self.setup.home_dir
         self.logs = RunLogs(ports.objects, run.id, run.attempt, clock, config.log_flush_seconds, config.max_log_size)
+        self.saves = RunCheckpoints(
+            self.state, ports.objects, self.setup.checkpoint_dir, self.run_dir, clock, run.spec.resources.disk
+        )
         self.secret_env: dict[str, str] = {}  # the values of the run's secrets, for its container only
         self.thread: threading.Thread | None = None
 
@@ -214,6 +218,8 @@ class RunExecutor:
             return
         if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
             outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
+        if outcome is None and self.setup.checkpoints:
+            outcome = self.saves.restore((self.run_as.uid, self.run_as.gid))
         outcome = outcome or self._start_container(run)
         if outcome is not None:
             self._final(outcome)
@@ -224,7 +230,11 @@ class RunExecutor:
         given = Input(self.clock)  # an interactive run's input, from its start
         sessions = self._sessions(given)
         idle = given.idle if run.spec.interactive else lambda: None
-        watch = Watch(self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk, idle)
+        rule = run.spec.checkpoint
+        warn = (rule.stop_signal, rule.stop_grace) if rule is not None else None
+        watch = Watch(
+            self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk, idle, warn
+        )
         live = LiveOutputs(
             self.ports.objects,
             self.output_dir / LIVE_DIR,
@@ -234,17 +244,26 @@ class RunExecutor:
             f"live-{run.id}",
         )
         live.start()
+        if self.setup.checkpoints:
+            self.saves.start()
         try:
-            outcome = watch(started)
+            outcome, synced = self._pieces(watch, started)
         finally:  # the container has exited: the final upload writes these keys again, last
             if sessions is not None:  # each told run_ended, ended and written before the run's end
                 sessions.stop()
             given.release()  # the command's stdin, held from its first attach
             live.stop(self.config.upload_deadline_seconds)
+            self.saves.stop()
         ran = self.usage.timings["run"] = round(self.clock() - started, 3)
         self.meter.charge(self.run.spec.resources, self.config.rates, ran)
         if self.control.lease_lost.is_set():
             raise LeaseLost(f"run {run.id} attempt {run.attempt} was taken away")
+        over = None
+        if self.setup.checkpoints and outcome.upload and not synced:  # before a hand-back and the outputs
+            over = self._sync(self.config.upload_deadline_seconds)
+        if over is not None:  # no checkpoint written: the run ends here, handed back or not
+            self._final(over)
+            return
         if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED:
             self.logs.flush()
             self.state.requeue("worker terminated", self.usage)
@@ -257,6 +276,41 @@ class RunExecutor:
         outcome = self._upload(outcome, live)
         live.finish(self.config.upload_deadline_seconds)  # a live upload that outlived stop() is not left last
         self._final(outcome)
+
+    def _pieces(self, watch: Watch, started: float) -> tuple[Outcome, bool]:
+        """Watch the run's container until it ends, and while its command exits with its checkpoint
+        rule's ``exit_code`` (not stopped meanwhile): sync its checkpoint, count the piece and start
+        the next container, in this attempt, with the run's whole time limit; past ``max_pieces`` the
+        run fails. How it ended, and whether its checkpoint was synced since."""
+        rule = self.run.spec.checkpoint
+        while True:
+            outcome = watch(started)
+            code = None if rule is None else rule.exit_code
+            if code is None or outcome.exit_code != code or outcome.reason != FailureReason.NONZERO_EXIT:
+                return outcome, False
+            if self.control.stopping():
+                return outcome, False
+            over = self._sync(self.config.upload_deadline_seconds)
+            if over is not None:
+                return over, True
+            pieces = self.run.pieces + 1
+            if rule is not None and pieces >= rule.piece_limit:
+                outcome.message = (
+                    f"command exited with code {code} to be started again, but the run has gone in "
+                    f"{rule.piece_limit} pieces, its max_pieces: {outcome.message}"
+                )
+                return outcome, True
+            self.state.piece_ended(pieces)
+            self.box.replace(f"piece {pieces} of its run ended with exit code {code}; the next one starts")
+            failed = self._start_container(self.run)
+            if failed is not None:
+                return failed, True
+            started = self.clock()
+
+    def _sync(self, seconds: float) -> Outcome | None:
+        """The final sync of the run's checkpoint, given up after ``seconds``."""
+        deadline = self.clock() + seconds
+        return self.saves.sync(lambda: self.clock() > deadline)
 
     def _sessions(self, given: Input) -> SessionHost | None:
         """The host of the run's sessions, told of the run from now on (None: none on this stack)."""
@@ -302,6 +356,7 @@ class RunExecutor:
             image_env=image_environment(self.box.image.attrs),
             volumes={path: d.resolve() for path, d in setup.volumes.items()},
             secrets=self.secret_env,
+            checkpoint_dir=self.setup.checkpoint_dir.resolve() if setup.checkpoints else None,
         )
         if run.spec.network:  # hook: the agent's run network, the command behind a gate (network.py)
             if self.network is None:
@@ -342,6 +397,8 @@ class RunExecutor:
     def _check_disk(self, cancelled: Callable[[], bool] | None = None) -> Outcome | None:
         home = self.home_dir if self.setup.own_home else None
         volumes = self.setup.volumes_dir if self.setup.volumes else None
+        if self.saves.over is not None:  # its checkpoint found over the disk limit by a sync
+            return self.saves.over
         return check_disk(
             self.output_dir,
             home,
@@ -351,6 +408,7 @@ class RunExecutor:
             cancelled,
             volumes_dir=volumes,
             inputs=self.setup.input_bytes,
+            checkpoint_dir=self.setup.checkpoint_dir if self.setup.checkpoints else None,
         )
 
     def _upload(self, outcome: Outcome, live: LiveOutputs) -> Outcome:

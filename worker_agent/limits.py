@@ -100,15 +100,22 @@ def log_over(log_bytes: int, limits: Limits) -> Outcome | None:
 
 
 def disk_over(
-    output: Tree, home: Tree, layer: Tree, limits: Limits, volumes: Tree | None = None, inputs: Tree | None = None
+    output: Tree,
+    home: Tree,
+    layer: Tree,
+    limits: Limits,
+    volumes: Tree | None = None,
+    inputs: Tree | None = None,
+    checkpoint: Tree | None = None,
 ) -> Outcome | None:
     """What the run wrote (its output directory, its home directory, its container's writable
-    layer and its image's ``VOLUME`` paths, as walked) with its ``inputs`` (their bytes) against
-    its disk limit, by apparent size, and against the pool's ``max_output_files``, by count of
-    what it wrote. What could not be walked counts as over, never as 0. An Outcome over a limit
-    uploads nothing."""
+    layer, its image's ``VOLUME`` paths and its ``checkpoint`` directory, as walked) with its
+    ``inputs`` (their bytes) against its disk limit, by apparent size, and against the pool's
+    ``max_output_files``, by count of what it wrote. What could not be walked counts as over,
+    never as 0. An Outcome over a limit uploads nothing."""
     volumes = volumes or Tree()
     trees = [("output directory", output), ("container file system", layer), ("home", home), ("volumes", volumes)]
+    trees.append(("checkpoint", checkpoint or Tree()))
     inputs = inputs or Tree()
     trees.append(("inputs", inputs))
     unreadable = "; ".join(f"{name}: {tree.unreadable}" for name, tree in trees if tree.unreadable)

@@ -65,12 +65,21 @@ class RunSetup:
         self.output_dir = self.run_dir / "output"
         self.home_dir = self.run_dir / "home"
         self.volumes_dir = self.run_dir / "volumes"
+        self.checkpoint_dir = self.run_dir / "checkpoint"
+        """Its checkpoint directory (``checkpoints``), when it has one: restored before it starts, synced while
+        it runs, mounted at ``CHECKPOINT_DIR``."""
 
     @property
     def own_home(self) -> bool:
         """The run gets a home directory of its own (its image's is not writable for its user,
         and it sets no HOME itself)."""
         return self.run_as.home is not None and "HOME" not in self.run.spec.env
+
+    @property
+    def checkpoints(self) -> bool:
+        """The run has a checkpoint directory: it checkpoints, or starts from another run's checkpoint."""
+        spec = self.run.spec
+        return spec.checkpoint is not None or spec.from_checkpoint is not None or self.run.restore_from is not None
 
     def prepare(self) -> Outcome | None:
         """The image, who runs it, the run's directories and its inputs; an Outcome if the run
@@ -114,6 +123,7 @@ class RunSetup:
         """The run's directories: 0700 and the run's uid's, in a 0700 ``runs`` directory."""
         uid, gid = self.run_as.uid, self.run_as.gid
         dirs = [self.run_dir, self.output_dir] + ([self.home_dir] if self.own_home else [])
+        dirs += [self.checkpoint_dir] if self.checkpoints else []
         try:
             self.run_dir.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             for path in dirs:

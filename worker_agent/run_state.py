@@ -4,11 +4,14 @@ and its end, is written by ``RunStateWriter``."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from runplane.domain import retries
-from runplane.domain.errors import NotFound
+from runplane.domain.checkpoints import CheckpointStatus
+from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound
+from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, Usage
-from runplane.domain.states import FailureReason, RunState
+from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState
 from runplane.ports import Clock, RunPorts
 from runplane.services import lifecycle
 from worker_agent.container_spec import holds
@@ -60,6 +63,23 @@ class RunStateWriter:
         """Add ``message`` to the timeline of the attempt while this worker holds it (a session's
         end). Raises LeaseLost."""
         self.seen(lifecycle.note(self._ports.store, self.run, now, message))
+
+    def checkpointed(self, status: CheckpointStatus) -> None:
+        """Record the run's newest checkpoint (``Run.checkpoint``), with no event. Raises LeaseLost."""
+        self._record({"checkpoint": status})
+
+    def piece_ended(self, pieces: int) -> None:
+        """Record that ``pieces`` pieces of the run have ended to be started again (``Run.pieces``).
+        Raises LeaseLost."""
+        self._record({"pieces": pieces})
+
+    def _record(self, changes: dict[str, Any]) -> None:
+        run = self.run
+        expect = Expect(states=ACTIVE_STATES, attempt=run.attempt, worker_id=run.worker_id)
+        try:
+            self.seen(self._ports.store.update(run, expect, changes))
+        except ConditionFailed as e:
+            raise LeaseLost(f"run {run.id} attempt {run.attempt} is no longer held: {e.message}") from e
 
     def uploading(self, message: str) -> None:
         self.seen(lifecycle.advance(self._ports.store, self.run, RunState.UPLOADING, self._clock(), message))

@@ -26,7 +26,8 @@ DiskCheck = Callable[[Callable[[], bool] | None], Outcome | None]
 class Watch:
     """Watches the container of ``box`` (created, attached and started). ``check_disk`` checks
     what the run wrote (``disk.check_disk``); it runs on a thread of its own while the run goes,
-    and once more after it exited."""
+    and once more after it exited. ``warn`` (a signal, seconds): a run handed back is sent the
+    signal first and given that long to exit (to write its checkpoint) before it is killed."""
 
     def __init__(
         self,
@@ -38,9 +39,11 @@ class Watch:
         clock: Callable[[], float],
         check_disk: DiskCheck,
         idle: Callable[[], float | None] = lambda: None,
+        warn: tuple[str, float] | None = None,
     ) -> None:
         self.box, self.logs, self.meter, self.control = box, logs, meter, control
         self.config, self.clock, self.check_disk, self.idle = config, clock, check_disk, idle
+        self.warn = warn
 
     def __call__(self, started: float) -> Outcome:
         """How the run ended (``limits.ended``), its container started at ``started``."""
@@ -53,8 +56,7 @@ class Watch:
             stopped = self._until_exit(started, exited, sampler)
             sampler.stop()
             if stopped is not None:
-                self.box.kill()
-                exited.wait(self.config.stop_seconds)
+                self._stop(stopped, exited)
         finally:
             sampler.stop()
             sampler.join()
@@ -76,6 +78,17 @@ class Watch:
         # nothing in it moves any more
         over = self.check_disk(None) or limits.log_over(self.logs.received, self.limits)
         return limits.ended(stopped or over, state, result, self.limits, self.logs.stderr_tail())
+
+    def _stop(self, stopped: Outcome, exited: threading.Event) -> None:
+        """Kill the container; one handed back with a ``warn`` is sent its signal first, and killed
+        only if it has not exited within the grace."""
+        if self.warn is not None and stopped.state == RunState.QUEUED and not self.control.lease_lost.is_set():
+            signal, grace = self.warn
+            self.box.kill(signal)
+            if exited.wait(grace):
+                return
+        self.box.kill()
+        exited.wait(self.config.stop_seconds)
 
     @property
     def limits(self) -> Limits:

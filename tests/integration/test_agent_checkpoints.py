@@ -1,0 +1,236 @@
+"""A run's checkpoints as its executor keeps them, on the real engine and the embedded stack's stores:
+restored before its container starts (its own series first, else the checkpoint it was started from),
+synced every interval while it runs and once more when it ends or is handed back (after its command
+was warned by its signal), its pieces started again in the same attempt, and a checkpoint over the
+disk limit or one that cannot be restored ending the run with a message that says so."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runplane.domain.checkpoints import CheckpointSource, blobs_prefix, checkpoints_prefix, manifest_key
+from runplane.domain.expect import Expect
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.states import FailureReason, RunState
+from runplane.domain.tenancy import Principal
+from runplane.services import lifecycle
+from runplane.services.checkpoints import newest
+from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE
+from worker_agent.checkpoints import sync
+from worker_agent.executor import RunExecutor
+from worker_agent.run_config import AgentPorts, ExecutorConfig
+from worker_agent.users import ImageUsers
+
+pytestmark = pytest.mark.docker
+
+CK = '"$RUNPLANE_CHECKPOINT_DIR"'
+OUT = '"$RUNPLANE_OUTPUT"'
+
+
+def submit(stack: Any, command: str, **fields: Any) -> Run:
+    spec = RunSpec.model_validate({"command": command, "queue": "manual", "image": TEST_IMAGE, **fields})
+    return submit_run(stack.ports, Principal(user="alice"), spec, None).run
+
+
+def executor(stack: Any, docker_client: Any, tmp_path: Path, run: Run, **config: Any) -> RunExecutor:
+    claimed = lifecycle.claim(stack.store, stack.store.get(run.id), run.attempt, "w-ck", 60, time.time())
+    settings = ExecutorConfig(
+        worker_id="w-ck",
+        work_dir=tmp_path / "w",
+        stack_id=stack.settings.stack_id(),
+        pull="never",
+        kill_poll_seconds=0.2,
+        **config,
+    )
+    ports = AgentPorts(stack.store, stack.queue, stack.objects)
+    return RunExecutor(claimed, ports, docker_client, settings, time.time, users=ImageUsers(docker_client))
+
+
+def run_to_end(stack: Any, docker_client: Any, tmp_path: Path, run: Run) -> Run:
+    ex = executor(stack, docker_client, tmp_path, run)
+    ex.run_safely()
+    return stack.store.get(run.id)
+
+
+def output(stack: Any, run: Run, name: str, attempt: int = 1) -> str:
+    return stack.objects.get_bytes(f"runs/{run.id}/outputs/{attempt}/{name}").decode()
+
+
+def manifests(stack: Any, run_id: str) -> list[str]:
+    blobs = blobs_prefix(run_id)
+    return [o.key for o in stack.objects.list(checkpoints_prefix(run_id)) if not o.key.startswith(blobs)]
+
+
+def seed(stack: Any, run_id: str, tmp_path: Path, files: dict[str, str], previous: Any = None) -> Any:
+    """A checkpoint of ``run_id``'s series holding ``files`` (as an earlier attempt would have synced it)."""
+    directory = tmp_path / f"seed-{run_id}-{len(files)}-{previous.seq if previous else 0}"
+    directory.mkdir()
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    return sync(stack.objects, run_id, directory, previous)
+
+
+def wait_for(what: Any, seconds: float = 60) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("not seen in time")
+
+
+def test_every_attempt_starts_from_the_newest_checkpoint_of_its_series_owned_by_its_user(
+    local_stack, docker_client, tmp_path
+):
+    command = (
+        f"ls -ln {CK} > {OUT}/ls.txt; echo more >> {CK}/state.txt && cat {CK}/state.txt > {OUT}/seen.txt; "
+        f'echo "$RUNPLANE_CHECKPOINT_DIR" > {OUT}/where.txt'
+    )
+    run = submit(local_stack, command, checkpoint={"interval": 3600})
+    seed(local_stack, run.id, tmp_path, {"state.txt": "step 41\n"})
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.run_safely()
+    ended = local_stack.store.get(run.id)
+    assert ended.state == RunState.SUCCEEDED, ended.failure
+    assert output(local_stack, run, "seen.txt") == "step 41\nmore\n"  # restored, and writable by the run
+    assert output(local_stack, run, "where.txt") == "/runplane/checkpoint\n"
+    listed = output(local_stack, run, "ls.txt").splitlines()[-1].split()
+    assert listed[2:4] == [str(ex.run_as.uid), str(ex.run_as.gid)] and listed[-1] == "state.txt"
+    assert any(e.message.startswith(f"restored checkpoint 1 (1 files, 8) of run {run.id}") for e in ended.events)
+    # the final sync: checkpoint 2, what the run wrote, recorded on the run
+    assert ended.checkpoint is not None and (ended.checkpoint.seq, ended.checkpoint.attempt) == (2, 1)
+    assert [f.path for f in newest(local_stack.objects, run.id).files] == ["state.txt"]
+    assert ended.checkpoint.bytes == len("step 41\nmore\n")
+
+
+def test_a_run_started_from_another_runs_checkpoint_syncs_to_its_own_series(local_stack, docker_client, tmp_path):
+    """The pinned checkpoint was pruned meanwhile: that run's newest is restored, and the timeline says so."""
+    source = submit(local_stack, "sh -c true")
+    first = seed(local_stack, source.id, tmp_path, {"model.bin": "v1"})
+    seed(local_stack, source.id, tmp_path, {"model.bin": "v2", "notes.txt": "n"}, first)
+    local_stack.objects.delete([manifest_key(source.id, 1)])  # as a prune of the source's series does
+    run = submit(local_stack, f"cat {CK}/model.bin > {OUT}/model.txt; echo v3 > {CK}/model.bin")
+    local_stack.store.update(run, Expect(), {"restore_from": CheckpointSource(run=source.id, seq=1)})
+    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    assert ended.state == RunState.SUCCEEDED, ended.failure
+    assert output(local_stack, run, "model.txt") == "v2"
+    said = [e.message for e in ended.events if e.message.startswith("restored checkpoint")]
+    assert said == [
+        f"restored checkpoint 2 (2 files, 3) of run {source.id} (checkpoint 1, which it was started "
+        "from, is gone: its newest instead)"
+    ]
+    own = newest(local_stack.objects, run.id)
+    assert own is not None and own.series == run.id and own.seq == 1
+    assert all(f.key.startswith(blobs_prefix(run.id)) for f in own.files)
+    stored = {f.path: local_stack.objects.get_bytes(f.key) for f in own.files}
+    assert stored == {"model.bin": b"v3\n", "notes.txt": b"n"}
+
+
+def test_a_run_whose_source_has_no_checkpoint_left_fails_saying_so(local_stack, docker_client, tmp_path):
+    gone = "r-00000000000000000000dead"
+    run = submit(local_stack, "sh -c true")
+    local_stack.store.update(run, Expect(), {"restore_from": CheckpointSource(run=gone, seq=3)})
+    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    assert ended.state == RunState.FAILED and ended.failure.reason == FailureReason.INPUT_UNAVAILABLE
+    assert ended.failure.message.startswith(f"run {gone}, whose checkpoint 3 it starts from, has no checkpoint")
+
+
+def test_interval_syncs_advance_while_it_runs_and_old_checkpoints_are_pruned(local_stack, docker_client, tmp_path):
+    command = f"i=0; while [ ! -e {CK}/stop ] && [ $i -lt 600 ]; do i=$((i+1)); echo $i > {CK}/count; sleep 0.1; done"
+    run = submit(local_stack, command, checkpoint={"interval": 1})
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.start()
+
+    def synced_twice() -> bool:
+        status = local_stack.store.get(run.id).checkpoint
+        return status is not None and status.seq >= 2
+
+    wait_for(synced_twice)
+    assert local_stack.store.get(run.id).state == RunState.RUNNING  # synced while it runs
+    (ex.setup.checkpoint_dir / "stop").write_text("")
+    ex.thread.join(60)
+    ended = local_stack.store.get(run.id)
+    assert ended.state == RunState.SUCCEEDED, ended.failure
+    assert ended.checkpoint.seq >= 3
+    assert len(manifests(local_stack, run.id)) == 2  # the newest two kept
+    last = newest(local_stack.objects, run.id)
+    assert sorted(f.path for f in last.files) == ["count", "stop"]
+    assert not [e for e in ended.events if "checkpoint" in e.message]  # no event per sync
+
+
+def test_a_run_handed_back_is_warned_syncs_what_its_handler_wrote_and_keeps_its_attempt(
+    local_stack, docker_client, tmp_path
+):
+    command = (
+        f"trap 'echo saved at handoff > {CK}/last.txt; exit 0' USR1; echo up > {CK}/up; "
+        "i=0; while [ $i -lt 600 ]; do i=$((i+1)); sleep 0.1; done"
+    )
+    run = submit(local_stack, command, checkpoint={"signal": "SIGUSR1", "grace": 30})
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.start()
+    wait_for(lambda: (ex.setup.checkpoint_dir / "up").exists())
+    ex.stop_and_requeue()
+    ex.thread.join(60)
+    back = local_stack.store.get(run.id)
+    assert back.state == RunState.QUEUED, back.failure
+    assert back.max_attempts == run.max_attempts + 1  # the hand-back used no attempt
+    last = newest(local_stack.objects, run.id)
+    stored = {f.path: local_stack.objects.get_bytes(f.key) for f in last.files}
+    assert stored == {"last.txt": b"saved at handoff\n", "up": b"up\n"}
+    assert back.checkpoint is not None and back.checkpoint.seq == last.seq
+
+
+PIECES = (
+    f"n=$(cat {CK}/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > {CK}/n; echo piece $n > {OUT}/piece$n.txt; "
+    '[ "$n" -lt 3 ] && exit 3; exit 0'
+)
+
+
+def test_a_run_in_three_pieces_completes_in_one_attempt(local_stack, docker_client, tmp_path):
+    run = submit(local_stack, PIECES, checkpoint={"exit_code": 3, "max_pieces": 3})
+    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    assert ended.state == RunState.SUCCEEDED, ended.failure
+    assert (ended.attempt, ended.pieces) == (1, 2)
+    assert [output(local_stack, run, f"piece{n}.txt") for n in (1, 2, 3)] == ["piece 1\n", "piece 2\n", "piece 3\n"]
+    assert newest(local_stack.objects, run.id).seq == 3  # synced at the end of each piece, and at the end
+
+
+def test_one_piece_more_than_max_pieces_fails_the_run(local_stack, docker_client, tmp_path):
+    run = submit(local_stack, PIECES, checkpoint={"exit_code": 3, "max_pieces": 2})
+    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    assert ended.state == RunState.FAILED and ended.failure.reason == FailureReason.NONZERO_EXIT
+    assert "has gone in 2 pieces, its max_pieces" in ended.failure.message
+    assert (ended.attempt, ended.pieces) == (1, 1)
+    assert json.loads(local_stack.objects.get_bytes(manifest_key(run.id, 2)))["files"][0]["path"] == "n"
+
+
+def test_a_checkpoint_over_the_disk_limit_ends_the_run_and_writes_no_checkpoint(local_stack, docker_client, tmp_path):
+    command = f"i=0; while [ $i -lt 40 ]; do cat /bin/busybox >> {CK}/big; i=$((i+1)); done"
+    run = submit(local_stack, command, checkpoint={"interval": 3600}, resources={"disk": "4m"})
+    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    assert ended.state == RunState.FAILED and ended.failure.reason == FailureReason.DISK_LIMIT
+    assert "checkpoint" in ended.failure.message
+    assert manifests(local_stack, run.id) == [] and ended.checkpoint is None
+
+
+def test_a_checkpoint_that_does_not_restore_fails_the_run_and_leaves_no_file(local_stack, docker_client, tmp_path):
+    run = submit(local_stack, f"echo ran > {OUT}/ran.txt", checkpoint={"interval": 3600})
+    made = seed(local_stack, run.id, tmp_path, {"a.txt": "first", "b.txt": "second"})
+    corrupt = next(f for f in made.files if f.path == "b.txt")
+    local_stack.objects.put_bytes(corrupt.key, b"SECOND")  # its size, other bytes
+    left: list[list[str]] = []
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.on_done = lambda e: left.append(sorted(p.name for p in e.setup.checkpoint_dir.iterdir()))
+    ex.run_safely()
+    ended = local_stack.store.get(run.id)
+    assert ended.state == RunState.FAILED and ended.failure.reason == FailureReason.INPUT_UNAVAILABLE
+    assert ended.failure.message.startswith(f"checkpoint 1 of run {run.id} cannot be restored")
+    assert left == [[]]  # nothing of it left in the directory
+    assert ex.box.container is None  # the command never started
