@@ -64,6 +64,14 @@ class RunStore(Protocol):
         """
         ...
 
+    def move(self, run: Run, expect: Expect, queue: str, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        """``update`` that also files the run under pool ``queue``: its listings by queue and state,
+        its line (``head``, ``count``) while queued, the purge index. Readers find it in one pool or
+        the other, never both and never neither; a write made with a copy of the run from before
+        the move lands on the moved run; a move to the pool it is in is an ``update``. Raises as
+        update does (NotFound, ConditionFailed with ``details['run']``)."""
+        ...
+
     def list(
         self,
         *,
@@ -180,9 +188,15 @@ class RunQueue(Protocol):
         the message is already gone."""
         ...
 
-    def notify(self, event: DispatchEvent) -> None:
-        """Nudge the dispatcher."""
+    def notify(self, event: DispatchEvent, delay_seconds: int = 0) -> None:
+        """Nudge the dispatcher: the event is delivered no sooner than ``delay_seconds`` from now
+        (a store may cap the delay: SQS at ``MAX_NOTIFY_DELAY``; the receiver of an event that
+        comes early sends it again)."""
         ...
+
+
+MAX_NOTIFY_DELAY = 900
+"""The longest delay every ``RunQueue.notify`` honours (SQS's); a longer one may be cut to it."""
 
 
 MAX_DELETE = 1000

@@ -29,17 +29,19 @@ def purge_index(
     values: dict[str, Any],
     sets: builtins.list[str],
     removes: builtins.list[str],
+    queue: str | None = None,
 ) -> builtins.list[str]:
     """Keep the retention index (``pq``, ``pd``) and the TTL of ``run`` right under ``changes``: SET
     what the changed run derives, REMOVE what it does not. What it derives from but ``changes`` leave
     is the caller's copy: the conditions returned hold the write to it, so a pin (``kept``) or a
-    sweep's dates written meanwhile are never overwritten by what an older copy derives."""
+    sweep's dates written meanwhile are never overwritten by what an older copy derives. ``queue``:
+    the pool the run is filed under after the write (a move), else its own."""
     changed = record(Run, {**jsonable(run), **{k: jsonable(v) for k, v in changes.items()}})
     names |= {"#pq": PURGE_QUEUE, "#pd": PURGE_DUE, "#ttl": RUNS_TTL_ATTRIBUTE}
     if (due := purge_due(changed)) is None:
         removes += ["#pq", "#pd"]
     else:
-        values |= {":pq": {"S": run.queue}, ":pd": to_dynamo(due)}
+        values |= {":pq": {"S": queue or run.queue}, ":pd": to_dynamo(due)}
         sets += ["#pq = :pq", "#pd = :pd"]
     if (expires := ttl_at(changed)) is None:
         removes.append("#ttl")

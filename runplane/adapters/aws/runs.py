@@ -11,6 +11,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from runplane.adapters.aws.clients import error_code
+from runplane.adapters.aws.conditions import expect_conditions, filed_as
 from runplane.adapters.aws.dynamodb import (
     BY_OWNER,
     BY_PURGE,
@@ -116,39 +117,68 @@ class DynamoRunStore:
 
     def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
         check_changes(changes)
-        bounded = bound_changes(changes)
+        return self._write(run, expect, None, bound_changes(changes), event)
+
+    def move(self, run: Run, expect: Expect, queue: str, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        check_changes(changes)
+        return self._write(run, expect, queue, bound_changes(changes), event)
+
+    def _write(self, run: Run, expect: Expect, queue: str | None, bounded: dict[str, Any], event: Event | None) -> Run:
+        """``update`` (``queue`` None) or ``move``: the conditional write, tried again on a copy read
+        anew while only what the write derives from the copy (its timeline, its queue and what the
+        run is filed under, what the retention index derives from) changed under it."""
         if event is not None and "events" in bounded:  # a timeline given whole: the event goes last
             bounded["events"], event = add_event(bounded["events"], event), None
         seen = run.events
         for _ in range(MAX_TIMELINE_TRIES):
             try:
-                return self._update(run, expect, bounded, event, seen)
+                return self._update(run, expect, bounded, event, seen, queue)
             except _TimelineMoved as moved:
                 seen = moved.current.events
-                if any(field in bounded for field in PURGE_SOURCES):
-                    run = moved.current
+                run = moved.current
         raise BackendError(f"update run {run.id}: {MAX_TIMELINE_TRIES} concurrent writes won over this one; retry")
 
     def _update(
-        self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None, seen: builtins.list[Event]
+        self,
+        run: Run,
+        expect: Expect,
+        changes: Mapping[str, Any],
+        event: Event | None,
+        seen: builtins.list[Event],
+        queue: str | None = None,
     ) -> Run:
         """One conditional write of ``changes`` and ``event``, where ``seen`` is the run's timeline
         as last read. Below ``MAX_RUN_EVENTS`` the event is appended; at it, the timeline is written
-        whole (``add_event``), on the condition that it is still the one read. Raises _TimelineMoved
-        when only that condition failed, ConditionFailed when ``expect`` does not hold."""
+        whole (``add_event``), on the condition that it is still the one read. With ``queue``, the
+        run moves to that pool: ``queue``, ``qs`` and ``pq`` are written anew from ``run``, on the
+        condition that what they derive from is still as in ``run``. Every write that derives keys
+        from ``run.queue`` holds the stored queue to it, so a copy from before a move never files a
+        run under the pool it left. Raises _TimelineMoved when only those conditions failed,
+        ConditionFailed when ``expect`` does not hold."""
         names: dict[str, str] = {"#id": "id"}
         values: dict[str, Any] = {}
         sets: list[str] = []
+        conditions = ["attribute_exists(#id)", *expect_conditions(expect, names, values)]
         for i, (field, value) in enumerate(changes.items()):
             names[f"#f{i}"] = field
             values[f":v{i}"] = to_dynamo(jsonable(value))
             sets.append(f"#f{i} = :v{i}")
-        if "state" in changes or "waiting_on" in changes:
+        filed_in = run.queue if queue is None else queue
+        derives = queue is not None or any(field in changes for field in ("state", "waiting_on", *PURGE_SOURCES))
+        if derives:
+            names["#queue"] = "queue"
+            values[":rq"] = {"S": run.queue}
+            conditions.append("#queue = :rq")
+        if queue is not None:
+            values[":nq"] = {"S": queue}
+            sets.append("#queue = :nq")
+            conditions += filed_as(run, changes, names, values)
+        if queue is not None or "state" in changes or "waiting_on" in changes:
             # a queued run that still waits for others is filed apart from the line (a change of
             # ``waiting_on`` alone is made only to a queued run: its write expects that state)
             filed = run.model_copy(update={k: changes[k] for k in ("state", "waiting_on") if k in changes})
             names["#qs"] = "qs"
-            values[":qs"] = {"S": _qs(run.queue, listed_state(filed))}
+            values[":qs"] = {"S": _qs(filed_in, listed_state(filed))}
             sets.append("#qs = :qs")
         # What the rank is made of: priority and fair tag change only here, id and created_at never.
         # Unless they change, the stored rank stays; a run stored before ranks existed gets one.
@@ -159,11 +189,9 @@ class DynamoRunStore:
         values[":rank"] = {"S": rank_key(priority, tag, run.created_at, run.id)}
         moves = "spec" in changes or "fair_tag" in changes
         sets.append("#rank = :rank" if moves else "#rank = if_not_exists(#rank, :rank)")
-        conditions = ["attribute_exists(#id)", *_conditions(expect, names, values)]
         removes: list[str] = []
-        guarded = any(field in changes for field in PURGE_SOURCES)
-        if guarded:
-            conditions += purge_index(run, changes, names, values, sets, removes)
+        if queue is not None or any(field in changes for field in PURGE_SOURCES):
+            conditions += purge_index(run, changes, names, values, sets, removes, filed_in)
         if event is not None:
             names["#events"] = "events"
             if len(seen) < MAX_RUN_EVENTS:
@@ -198,7 +226,7 @@ class DynamoRunStore:
         except ClientError as e:
             if error_code(e) == "ConditionalCheckFailedException":
                 current = self.get(run.id)  # raises NotFound when the run is gone
-                if ("#events" in names or guarded) and expect.holds(current):
+                if ("#events" in names or derives) and expect.holds(current):
                     raise _TimelineMoved(current) from e
                 raise ConditionFailed(
                     f"run {run.id} is {current.state} at attempt {current.attempt}", run=current
@@ -416,36 +444,6 @@ class DynamoRunStore:
 def _ended() -> dict[str, Any]:
     """The ended states as expression values (``:e0``...), to write ``#state IN (...)`` with."""
     return {f":e{i}": {"S": str(s)} for i, s in enumerate(s for s in RunState if s.terminal)}
-
-
-def _conditions(expect: Expect, names: dict[str, str], values: dict[str, Any]) -> builtins.list[str]:
-    """The condition expressions of ``expect`` (its names and values added to ``names``, ``values``)."""
-    conditions: builtins.list[str] = []
-    if expect.states is not None:
-        names["#state"] = "state"
-        keys = []
-        for i, state in enumerate(sorted(expect.states)):
-            values[f":s{i}"] = {"S": str(state)}
-            keys.append(f":s{i}")
-        conditions.append(f"#state IN ({', '.join(keys)})")
-    if expect.attempt is not None:
-        names["#attempt"] = "attempt"
-        values[":attempt"] = {"N": str(expect.attempt)}
-        conditions.append("#attempt = :attempt")
-    if expect.worker_id is not None:
-        names["#worker"] = "worker_id"
-        values[":worker"] = {"S": expect.worker_id}
-        conditions.append("#worker = :worker")
-    if expect.unkilled:
-        names["#killed"] = "kill_requested"
-        values[":killed"] = {"BOOL": True}
-        conditions.append("(attribute_not_exists(#killed) OR #killed <> :killed)")
-    if expect.waiting is not None:
-        names["#waits"] = "waiting_on"
-        values[":nothing"] = {"N": "0"}
-        waits = "(attribute_exists(#waits) AND size(#waits) > :nothing)"
-        conditions.append(waits if expect.waiting else f"NOT {waits}")
-    return conditions
 
 
 def cursor_after(run: Run, owner: str | None) -> str:

@@ -12,7 +12,7 @@ from runplane.adapters.aws.clients import error_code
 from runplane.adapters.records import record, written_json
 from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.ports import Delivery
+from runplane.ports import MAX_NOTIFY_DELAY, Delivery
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +50,18 @@ class SqsRunQueue:
             self._urls[name] = url
         return url
 
-    def _send(self, name: str, body: str) -> None:
+    def _send(self, name: str, body: str, delay_seconds: int = 0) -> None:
+        delay = {"DelaySeconds": min(delay_seconds, MAX_NOTIFY_DELAY)} if delay_seconds > 0 else {}
         try:
-            self.client.send_message(QueueUrl=self._url(name), MessageBody=body)
+            self.client.send_message(QueueUrl=self._url(name), MessageBody=body, **delay)
         except (ClientError, BotoCoreError) as e:
             raise BackendError(f"send to {name}: {e}") from e
 
     def send(self, pool: str, message: RunMessage) -> None:
         self._send(pool_queue_name(self.prefix, pool), written_json(message))
 
-    def notify(self, event: DispatchEvent) -> None:
-        self._send(events_queue_name(self.prefix), written_json(event))
+    def notify(self, event: DispatchEvent, delay_seconds: int = 0) -> None:
+        self._send(events_queue_name(self.prefix), written_json(event), delay_seconds)
 
     def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
         url = self._url(pool_queue_name(self.prefix, pool))

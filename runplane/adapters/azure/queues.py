@@ -86,9 +86,10 @@ class StorageQueueRunQueue:
             queue = self._queues[name] = self.client.get_queue_client(name)
         return queue
 
-    def _send(self, name: str, body: str) -> None:
+    def _send(self, name: str, body: str, delay_seconds: int = 0) -> None:
+        delay = min(max(0, delay_seconds), MAX_VISIBILITY)
         try:
-            self._queue(name).send_message(encode(body), time_to_live=MESSAGE_TTL)
+            self._queue(name).send_message(encode(body), time_to_live=MESSAGE_TTL, visibility_timeout=delay or None)
         except ResourceNotFoundError as e:
             raise NotFound(f"queue {name} does not exist; was the stack provisioned?") from e
         except AzureError as e:
@@ -97,8 +98,8 @@ class StorageQueueRunQueue:
     def send(self, pool: str, message: RunMessage) -> None:
         self._send(pool_queue_name(self.prefix, pool), written_json(message))
 
-    def notify(self, event: DispatchEvent) -> None:
-        self._send(events_queue_name(self.prefix), written_json(event))
+    def notify(self, event: DispatchEvent, delay_seconds: int = 0) -> None:
+        self._send(events_queue_name(self.prefix), written_json(event), delay_seconds)
 
     def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
         deadline = self.clock() + max(0.0, wait_seconds)

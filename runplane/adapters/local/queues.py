@@ -113,19 +113,19 @@ class SqliteRunQueue:
             raise NotFound(f"queue of pool {pool!r} does not exist: it is in no pools file of this stack")
         return pool_queue(pool)
 
-    def _send(self, queue: str, body: str) -> None:
+    def _send(self, queue: str, body: str, delay_seconds: int = 0) -> None:
         now = time.time()
         with self.db.errors(f"send to {queue}"), self.db.write() as c:
             c.execute(
                 "INSERT INTO queue_messages (queue, visible_at, body, sent_at) VALUES (?, ?, ?, ?)",
-                (queue, now, body, now),
+                (queue, now + max(0, min(MAX_VISIBILITY, delay_seconds)), body, now),
             )
 
     def send(self, pool: str, message: RunMessage) -> None:
         self._send(self._pool_queue(pool), written_json(message))
 
-    def notify(self, event: DispatchEvent) -> None:
-        self._send(EVENTS_QUEUE, written_json(event))
+    def notify(self, event: DispatchEvent, delay_seconds: int = 0) -> None:
+        self._send(EVENTS_QUEUE, written_json(event), delay_seconds)
 
     def receive(self, pool: str, max_messages: int, wait_seconds: float, visibility_seconds: int) -> list[Delivery]:
         rows = self._receive(self._pool_queue(pool), max_messages, wait_seconds, visibility_seconds, _run_message)

@@ -4,7 +4,8 @@
 column                  what it holds
 ======================  =========================================================================
 ``id``                  the run's id (the primary key)
-``owner``, ``queue``    never change once stored
+``owner``               never changes once stored
+``queue``               the pool the run is filed under: changed only by ``move``
 ``state``               the run's state (an owner's listing filters on it)
 ``listed``              ``listed_state``: its state, or ``waiting`` for a queued run that still
                         waits for other runs (filed apart from its pool's line)
@@ -182,6 +183,17 @@ class SqliteRunStore:
 
         return self._rewrite(run.id, change, event, "update run")
 
+    def move(self, run: Run, expect: Expect, queue: str, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        check_changes(changes)
+        bounded = {**bound_changes(changes), "queue": queue}  # the row's queue column is rewritten with it
+
+        def change(current: Run) -> Mapping[str, Any]:
+            if not expect.holds(current):
+                raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
+            return bounded
+
+        return self._rewrite(run.id, change, event, "move run")
+
     def follow(self, run_id: str, dependent: str) -> Run:
         def change(current: Run) -> Mapping[str, Any] | None:
             if dependent in current.dependents:
@@ -213,8 +225,8 @@ class SqliteRunStore:
             if event is not None:  # the timeline keeps its first event and the latest ones
                 new.events = add_event(new.events, event)
             c.execute(
-                "UPDATE runs SET state = ?, listed = ?, rank = ?, data = ? WHERE id = ?",
-                (str(new.state), listed_state(new), run_rank(new), written_json(new), run_id),
+                "UPDATE runs SET queue = ?, state = ?, listed = ?, rank = ?, data = ? WHERE id = ?",
+                (new.queue, str(new.state), listed_state(new), run_rank(new), written_json(new), run_id),
             )
             self._index(c, new)
         return new
