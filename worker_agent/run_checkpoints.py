@@ -106,11 +106,15 @@ class RunCheckpoints:
             log.warning("run %s: %s cannot be restored: %s", run.id, what, why)
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"{what} cannot be restored: {why[:300]}")
         self.previous = chosen
-        self.state.note(
-            self.clock(),
+        said = (
             f"restored checkpoint {chosen.seq} ({len(chosen.files)} files, {format_bytes(chosen.total_bytes)}) of "
-            f"run {chosen.series}{instead}",
+            f"run {chosen.series}{instead}"
         )
+        if chosen.series == run.id:  # its record names it already
+            self.state.note(self.clock(), said)
+        else:  # the run's checkpoint until its first sync: another run's
+            status = _status(chosen, chosen.attempt, series=chosen.series)
+            self.state.checkpointed(status, said)
         return None
 
     # -- while it runs -----------------------------------------------------------------------
@@ -178,16 +182,20 @@ class RunCheckpoints:
                 log.warning("run %s: checkpoint sync failed (the checkpoint before stays the newest): %s", run.id, e)
                 return None
             self.previous = manifest
-            status = CheckpointStatus(
-                seq=manifest.seq,
-                attempt=run.attempt,
-                files=len(manifest.files),
-                bytes=manifest.total_bytes,
-                synced_at=manifest.created_at,
-            )
-            self.state.checkpointed(status)
+            self.state.checkpointed(_status(manifest, run.attempt))
             try:
                 checkpoints.prune(self.objects, run.id, keep=KEEP)
             except RunplaneError as e:
                 log.warning("run %s: pruning old checkpoints failed (tried again after the next sync): %s", run.id, e)
             return None
+
+
+def _status(manifest: Manifest, attempt: int, series: str | None = None) -> CheckpointStatus:
+    return CheckpointStatus(
+        seq=manifest.seq,
+        attempt=attempt,
+        files=len(manifest.files),
+        bytes=manifest.total_bytes,
+        synced_at=manifest.created_at,
+        series=series,
+    )

@@ -10,7 +10,7 @@ from runplane.domain import retries
 from runplane.domain.checkpoints import CheckpointStatus
 from runplane.domain.errors import ConditionFailed, LeaseLost, NotFound
 from runplane.domain.expect import Expect
-from runplane.domain.runs import Run, Usage
+from runplane.domain.runs import Event, Run, Usage
 from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState
 from runplane.ports import Clock, RunPorts
 from runplane.services import lifecycle
@@ -64,20 +64,21 @@ class RunStateWriter:
         end). Raises LeaseLost."""
         self.seen(lifecycle.note(self._ports.store, self.run, now, message))
 
-    def checkpointed(self, status: CheckpointStatus) -> None:
-        """Record the run's newest checkpoint (``Run.checkpoint``), with no event. Raises LeaseLost."""
-        self._record({"checkpoint": status})
+    def checkpointed(self, status: CheckpointStatus, message: str | None = None) -> None:
+        """Record the run's newest checkpoint (``Run.checkpoint``), with an event only when ``message``
+        says one (a sync has none). Raises LeaseLost."""
+        self._record({"checkpoint": status}, None if message is None else Event(at=self._clock(), message=message))
 
     def piece_ended(self, pieces: int) -> None:
         """Record that ``pieces`` pieces of the run have ended to be started again (``Run.pieces``).
         Raises LeaseLost."""
         self._record({"pieces": pieces})
 
-    def _record(self, changes: dict[str, Any]) -> None:
+    def _record(self, changes: dict[str, Any], event: Event | None = None) -> None:
         run = self.run
         expect = Expect(states=ACTIVE_STATES, attempt=run.attempt, worker_id=run.worker_id)
         try:
-            self.seen(self._ports.store.update(run, expect, changes))
+            self.seen(self._ports.store.update(run, expect, changes, event))
         except ConditionFailed as e:
             raise LeaseLost(f"run {run.id} attempt {run.attempt} is no longer held: {e.message}") from e
 

@@ -116,9 +116,19 @@ def test_a_run_started_from_another_runs_checkpoint_syncs_to_its_own_series(loca
     first = seed(local_stack, source.id, tmp_path, {"model.bin": "v1"})
     seed(local_stack, source.id, tmp_path, {"model.bin": "v2", "notes.txt": "n"}, first)
     local_stack.objects.delete([manifest_key(source.id, 1)])  # as a prune of the source's series does
-    run = submit(local_stack, f"cat {CK}/model.bin > {OUT}/model.txt; echo v3 > {CK}/model.bin")
+    command = (
+        f"cat {CK}/model.bin > {OUT}/model.txt; echo v3 > {CK}/model.bin; "
+        f"i=0; while [ ! -e {CK}/go ] && [ $i -lt 600 ]; do i=$((i+1)); sleep 0.1; done"
+    )
+    run = submit(local_stack, command)
     local_stack.store.update(run, Expect(), {"restore_from": CheckpointSource(run=source.id, seq=1)})
-    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.start()
+    restored = wait_for(lambda: local_stack.store.get(run.id).checkpoint)
+    assert (restored.series, restored.seq, restored.files) == (source.id, 2, 2)  # until its own first sync
+    (ex.setup.checkpoint_dir / "go").write_text("")
+    ex.thread.join(60)
+    ended = local_stack.store.get(run.id)
     assert ended.state == RunState.SUCCEEDED, ended.failure
     assert output(local_stack, run, "model.txt") == "v2"
     said = [e.message for e in ended.events if e.message.startswith("restored checkpoint")]
@@ -130,7 +140,8 @@ def test_a_run_started_from_another_runs_checkpoint_syncs_to_its_own_series(loca
     assert own is not None and own.series == run.id and own.seq == 1
     assert all(f.key.startswith(blobs_prefix(run.id)) for f in own.files)
     stored = {f.path: local_stack.objects.get_bytes(f.key) for f in own.files}
-    assert stored == {"model.bin": b"v3\n", "notes.txt": b"n"}
+    assert stored == {"go": b"", "model.bin": b"v3\n", "notes.txt": b"n"}
+    assert (ended.checkpoint.series, ended.checkpoint.seq) == (None, 1)
 
 
 def test_a_run_whose_source_has_no_checkpoint_left_fails_saying_so(local_stack, docker_client, tmp_path):
