@@ -3,6 +3,8 @@
 import { get } from "./api.js";
 import { bytes, h, message, replace, runLink, safeHref, seconds, when } from "./dom.js";
 
+const PAGE = 100; // files read at a time
+
 // What the run's checkpoint rule asks, in words ("every 10 m · on a stop: SIGUSR1, up to 60.0 s · ...").
 export function ruleWords(rule) {
   if (!rule) return null;
@@ -47,7 +49,7 @@ export function checkpointPanel(runId) {
     const mine = ++asked;
     const key = shown;
     try {
-      const query = first ? undefined : { cursor };
+      const query = first ? { limit: PAGE } : { limit: PAGE, cursor };
       const answer = await get(`/v1/runs/${encodeURIComponent(runId)}/checkpoint`, query);
       if (mine !== asked || key !== shown) return;
       if (first) replace(list);
@@ -56,8 +58,11 @@ export function checkpointPanel(runId) {
       more.hidden = !cursor;
       replace(state, !answer.files.length && first ? h("p", { class: "hint" }, "It holds no files.") : null);
     } catch (error) {
-      if (mine !== asked) return;
-      replace(state, message("error", error.message));
+      if (mine !== asked || key !== shown) return;
+      if (error.status === 409 && !first) return page(true); // a newer checkpoint replaced it: from the start
+      more.hidden = true;
+      if (error.status === 404) replace(state, h("p", { class: "hint" }, "No checkpoint to list yet."));
+      else replace(state, message("error", error.message));
     }
   }
 
@@ -74,7 +79,8 @@ export function checkpointPanel(runId) {
       rows.push(["Last sync", when(c.synced_at)]);
       rows.push(["Synced by", `attempt ${c.attempt}`]);
     }
-    if (rule?.exit_code) rows.push(["Pieces", `${run.pieces} of at most ${rule.max_pieces ?? 100}`]);
+    // pieces: those ended with exit_code and started again; the one going (or last) is the next
+    if (rule?.exit_code) rows.push(["Piece", `${(run.pieces ?? 0) + 1} of at most ${rule.max_pieces ?? 100}`]);
     if (rule) rows.push(["Rule", ruleWords(rule)]);
     if (from) rows.push(["Started from", ["the checkpoint of run ", runLink(from)]]);
     replace(
@@ -82,7 +88,8 @@ export function checkpointPanel(runId) {
       c ? null : h("p", {}, "No checkpoint synced yet."),
       h("dl", { class: "facts" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
     );
-    const key = c ? `${c.series || run.id}/${c.seq}` : null;
+    // its own newest checkpoint; before it has one, the checkpoint it starts from (the API answers that)
+    const key = c ? `${c.series || run.id}/${c.seq}` : from ? `from/${from}` : null;
     if (key === shown) return;
     shown = key;
     cursor = null;
