@@ -1,0 +1,75 @@
+"""The agent's side of a run's checkpoints without a container (worker_agent/run_checkpoints.py), on the
+one-machine stack's stores: each sync is recorded on the run and the series pruned to its newest two;
+the sync thread gives the run its end when the directory is over the disk limit, writing no checkpoint;
+a worker that lost the run writes no record of its sync."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runplane.domain.checkpoints import blobs_prefix, checkpoints_prefix
+from runplane.domain.errors import LeaseLost
+from runplane.domain.runs import RunSpec
+from runplane.domain.states import FailureReason
+from runplane.domain.tenancy import Principal
+from runplane.services import lifecycle
+from runplane.services.runs import submit_run
+from tests.conftest import TEST_IMAGE
+from worker_agent.run_checkpoints import RunCheckpoints
+from worker_agent.run_state import RunStateWriter
+
+
+def checkpoints(stack: Any, tmp_path: Path, rule: dict[str, Any], disk: int | None = None) -> RunCheckpoints:
+    spec = RunSpec.model_validate({"command": "true", "queue": "manual", "image": TEST_IMAGE, "checkpoint": rule})
+    run = submit_run(stack.ports, Principal(user="alice"), spec, None).run
+    claimed = lifecycle.claim(stack.store, run, run.attempt, "w-1", 60, time.time())
+    directory = tmp_path / "checkpoint"
+    directory.mkdir()
+    return RunCheckpoints(
+        RunStateWriter(claimed, stack.ports, time.time), stack.objects, directory, tmp_path, time.time, disk
+    )
+
+
+def manifests(stack: Any, run_id: str) -> list[str]:
+    keys = [o.key for o in stack.objects.list(checkpoints_prefix(run_id))]
+    return [k for k in keys if not k.startswith(blobs_prefix(run_id))]
+
+
+def test_each_sync_is_recorded_and_the_series_keeps_its_newest_two(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    for step in range(3):
+        (saves.directory / "step").write_text(str(step))
+        assert saves.sync() is None
+    record = local_stack.store.get(run_id).checkpoint
+    assert (record.seq, record.attempt, record.files, record.bytes, record.series) == (3, 1, 1, 1, None)
+    assert [k.rsplit("/", 2)[-2] for k in manifests(local_stack, run_id)] == ["00000002", "00000003"]
+    assert saves.previous is not None and saves.previous.seq == 3
+
+
+def test_the_sync_thread_ends_the_run_when_the_checkpoint_is_over_the_disk_limit(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 1}, disk=1000)
+    (saves.directory / "big").write_bytes(b"x" * 2000)
+    saves.start()
+    deadline = time.monotonic() + 30
+    while saves.over is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    saves.stop()
+    assert saves.over is not None and saves.over.reason == FailureReason.DISK_LIMIT and not saves.over.upload
+    assert "no checkpoint was written" in saves.over.message
+    assert manifests(local_stack, saves.state.run.id) == []
+    assert local_stack.store.get(saves.state.run.id).checkpoint is None
+
+
+def test_a_worker_that_lost_the_run_records_no_sync(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run = saves.state.run
+    lifecycle.requeue(local_stack.ports, run, time.time(), "lease expired")  # the reaper's doing
+    (saves.directory / "a").write_text("a")
+    with pytest.raises(LeaseLost):
+        saves.sync()
+    assert local_stack.store.get(run.id).checkpoint is None
