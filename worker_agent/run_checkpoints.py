@@ -18,7 +18,6 @@ from runplane.domain.checkpoints import (
 )
 from runplane.domain.errors import LeaseLost, RunplaneError
 from runplane.domain.states import FailureReason, RunState
-from runplane.domain.units import format_bytes
 from runplane.ports import ObjectStore
 from runplane.services import checkpoints as series
 from worker_agent import checkpoints
@@ -107,7 +106,7 @@ class RunCheckpoints:
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"{what} cannot be restored: {why[:300]}")
         self.previous = chosen
         said = (
-            f"restored checkpoint {chosen.seq} ({len(chosen.files)} files, {format_bytes(chosen.total_bytes)}) of "
+            f"restored checkpoint {chosen.seq} ({_holding(len(chosen.files), chosen.total_bytes)}) of "
             f"run {chosen.series}{instead}"
         )
         if chosen.series == run.id:  # its record names it already
@@ -199,3 +198,11 @@ def _status(manifest: Manifest, attempt: int, series: str | None = None) -> Chec
         synced_at=manifest.created_at,
         series=series,
     )
+
+
+def _holding(files: int, size: int) -> str:
+    """'12 files, 3.1 MB'."""
+    for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("kB", 1024)):
+        if size >= factor:
+            return f"{files} file{'' if files == 1 else 's'}, {size / factor:.1f} {unit}"
+    return f"{files} file{'' if files == 1 else 's'}, {size} bytes"

@@ -103,7 +103,7 @@ def test_every_attempt_starts_from_the_newest_checkpoint_of_its_series_owned_by_
     assert output(local_stack, run, "where.txt") == "/runplane/checkpoint\n"
     listed = output(local_stack, run, "ls.txt").splitlines()[-1].split()
     assert listed[2:4] == [str(ex.run_as.uid), str(ex.run_as.gid)] and listed[-1] == "state.txt"
-    assert any(e.message.startswith(f"restored checkpoint 1 (1 files, 8) of run {run.id}") for e in ended.events)
+    assert any(e.message.startswith(f"restored checkpoint 1 (1 file, 8 bytes) of run {run.id}") for e in ended.events)
     # the final sync: checkpoint 2, what the run wrote, recorded on the run
     assert ended.checkpoint is not None and (ended.checkpoint.seq, ended.checkpoint.attempt) == (2, 1)
     assert [f.path for f in newest(local_stack.objects, run.id).files] == ["state.txt"]
@@ -133,7 +133,7 @@ def test_a_run_started_from_another_runs_checkpoint_syncs_to_its_own_series(loca
     assert output(local_stack, run, "model.txt") == "v2"
     said = [e.message for e in ended.events if e.message.startswith("restored checkpoint")]
     assert said == [
-        f"restored checkpoint 2 (2 files, 3) of run {source.id} (checkpoint 1, which it was started "
+        f"restored checkpoint 2 (2 files, 3 bytes) of run {source.id} (checkpoint 1, which it was started "
         "from, is gone: its newest instead)"
     ]
     own = newest(local_stack.objects, run.id)
