@@ -111,6 +111,19 @@ class RetentionView(WireModel):
     deleted: list[str] = Field(description="what is deleted already: outputs, logs")
 
 
+class RunCheckpoint(WireModel):
+    """The newest checkpoint of a run (docs/checkpoints.md): its files with ``GET /v1/runs/{id}/checkpoint``."""
+
+    seq: int = Field(description="its number in the run's series (1, 2, ...)")
+    attempt: int = Field(description="the attempt that synced it")
+    files: int = Field(description="how many files it holds")
+    bytes: int = Field(description="their size together")
+    synced_at: Timestamp
+    series: str | None = Field(
+        default=None, description="the run whose series holds it when not this one (from_checkpoint, not synced since)"
+    )
+
+
 class RunView(WireModel):
     """A run as the API shows it to its owner (or an admin)."""
 
@@ -211,19 +224,6 @@ class RunView(WireModel):
     )
     pieces: Annotated[int, Since("0.3")] = Field(
         default=0, description="the pieces it has ended with spec.checkpoint.exit_code and started again"
-    )
-
-
-class RunCheckpoint(WireModel):
-    """The newest checkpoint of a run (docs/checkpoints.md): its files with ``GET /v1/runs/{id}/checkpoint``."""
-
-    seq: int = Field(description="its number in the run's series (1, 2, ...)")
-    attempt: int = Field(description="the attempt that synced it")
-    files: int = Field(description="how many files it holds")
-    bytes: int = Field(description="their size together")
-    synced_at: Timestamp
-    series: str | None = Field(
-        default=None, description="the run whose series holds it when not this one (from_checkpoint, not synced since)"
     )
 
 

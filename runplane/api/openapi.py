@@ -30,12 +30,12 @@ from pydantic.json_schema import models_json_schema
 from runplane import __version__
 from runplane.api.app import status_of
 from runplane.api.models import ErrorBody, Health
-from runplane.api.routes import fleet, runs, secrets, sessions, sweeps, tenancy, uploads
+from runplane.api.routes import checkpoints, fleet, runs, secrets, sessions, sweeps, tenancy, uploads
 from runplane.api.routing import OPERATIONS, Answer, Operation, Query, Reply, operation
 from runplane.domain.records import MAX_SPEC_BYTES
 from runplane.domain.wire import since_fields
 
-ROUTES = (runs, sessions, sweeps, tenancy, secrets, uploads, fleet)
+ROUTES = (runs, checkpoints, sessions, sweeps, tenancy, secrets, uploads, fleet)
 """The modules whose routes the document describes (importing them declares their operations)."""
 
 REF = "#/components/schemas/{model}"

@@ -14,6 +14,7 @@ from runplane.api.models import (
     PoolView,
     PoolWorkerCounts,
     RetentionView,
+    RunCheckpoint,
     RunEvent,
     RunFailure,
     RunUsage,
@@ -86,6 +87,23 @@ def run_view(ports: Ports, run: Run, waiting_reason: str | None = None) -> RunVi
         sweep_index=run.sweep_index,
         revision=run_revision(run),
         retention=retention_view(ports, run),
+        checkpoint=checkpoint_view(run),
+        pieces=run.pieces,
+    )
+
+
+def checkpoint_view(run: Run) -> RunCheckpoint | None:
+    """The newest checkpoint the run's worker recorded of it, once one is synced."""
+    shown = run.checkpoint
+    if shown is None:
+        return None
+    return RunCheckpoint(
+        seq=shown.seq,
+        attempt=shown.attempt,
+        files=shown.files,
+        bytes=shown.bytes,
+        synced_at=timestamp(shown.synced_at),
+        series=shown.series if shown.series != run.id else None,
     )
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, field_validator, model_validator
 
+from runplane.domain.checkpoints import CheckpointSource
 from runplane.domain.common import (
     ENV_NAME_PATTERN,
     NO_CONTROL_PATTERN,
@@ -27,7 +28,7 @@ from runplane.domain.common import (
 )
 from runplane.domain.runs import MAX_DEPENDENTS, MAX_ENV, Event, RunSpec
 from runplane.domain.states import FailureReason, RunState
-from runplane.domain.wire import Record
+from runplane.domain.wire import Record, Since
 
 MAX_SWEEP = 10_000
 """The most members one sweep may have."""
@@ -235,6 +236,8 @@ class Sweep(Record):
     request_hash: str | None = None
     version: int = 0
     events: list[Event] = Field(default_factory=list)
+    restore_from: Annotated[CheckpointSource | None, Since("0.3")] = None
+    """The template's ``from_checkpoint`` pinned when the sweep was submitted: what each member starts from."""
 
     @property
     def size(self) -> int:

@@ -2,29 +2,139 @@
 ``runplane.domain.checkpoints``): which checkpoints it holds, and which of them are complete (a
 manifest that reads, of this series and number, whose every blob is stored at its size). The API
 (a run's checkpoint page, ``from_checkpoint`` at submit) and the agent (restore, sync, prune) read
-it alike; only the agent writes it (``worker_agent.checkpoints``)."""
+it alike; only the agent writes it (``worker_agent.checkpoints``).
+
+What a caller may read of it: the checkpoint of a run of theirs (an admin: anyone's), a page of its
+files at a time (``checkpoint_page``), and a run of their own to start from (``pinned_source``).
+"""
 
 from __future__ import annotations
 
+import binascii
 import logging
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from runplane.domain.checkpoints import (
     MAX_MANIFEST_BYTES,
+    MAX_SEQ,
+    CheckpointFile,
+    CheckpointSource,
     Manifest,
     blobs_prefix,
     checkpoints_prefix,
     manifest_key,
     manifest_seq,
 )
-from runplane.domain.errors import NotFound
+from runplane.domain.cursors import decode_cursor, encode_cursor
+from runplane.domain.errors import BadRequest, Conflict, NotFound
+from runplane.domain.runs import Run, RunSpec
+from runplane.domain.tenancy import Principal
 from runplane.domain.wire import stored
-from runplane.ports import ObjectInfo, ObjectStore
+from runplane.ports import ObjectInfo, ObjectStore, Ports
+from runplane.services.auth import check_owner
 
 log = logging.getLogger(__name__)
 
 LIST_PAGE = 1000
+MAX_CHECKPOINT_PAGE = 500
+"""Checkpoint files listed at most in one answer (as many as an outputs page)."""
+
+
+def pinned_source(ports: Ports, principal: Principal, spec: RunSpec) -> CheckpointSource | None:
+    """What a run submitted with ``spec`` starts from (``spec.from_checkpoint`` pinned to that run's
+    newest complete checkpoint now), or None when it names no run. The run must be the caller's own
+    (an admin's too: a checkpoint crosses to another owner only by its owner's hand). Raises
+    NotFound, alike for a run that does not exist and another user's, and Conflict when the run has
+    no complete checkpoint yet."""
+    if spec.from_checkpoint is None:
+        return None
+    source = ports.store.get(spec.from_checkpoint)
+    if source.owner != principal.user:
+        raise NotFound(f"run {source.id} not found")
+    found = newest(ports.objects, source.id)
+    if found is None:
+        raise Conflict(f"run {source.id} has no checkpoint yet: from_checkpoint needs one it has synced")
+    return CheckpointSource(run=source.id, seq=found.seq)
+
+
+@dataclass(frozen=True)
+class CheckpointPart:
+    """A page of a checkpoint's files (``checkpoint_page``)."""
+
+    run: Run
+    manifest: Manifest
+    files: list[CheckpointFile]
+    first: bool
+    """The first page: the one that names the checkpoint's directories."""
+    next_cursor: str | None
+
+
+def checkpoint_page(
+    ports: Ports, principal: Principal, run_id: str, cursor: str | None, limit: int = MAX_CHECKPOINT_PAGE
+) -> CheckpointPart:
+    """A page of the files of the caller's run's checkpoint (an admin: anyone's): its own newest
+    complete one, else the one it starts from (``restore_from``: that checkpoint, or that run's newest
+    when it is gone); the pages after the first go on with the same checkpoint (the cursor names it).
+    Raises NotFound (no such run, another user's, or no checkpoint yet), BadRequest for a cursor no
+    page of this run gave, and Conflict when the checkpoint a cursor names is no longer kept."""
+    run = check_run(ports, principal, run_id)
+    if cursor is None:
+        manifest, start = _shown(ports.objects, run), 0
+    else:
+        series, seq, start = _position(cursor, run)
+        kept = _at(ports.objects, series, seq)
+        if kept is None:
+            raise Conflict(f"checkpoint {seq} of run {series} is no longer kept: list again from the start")
+        manifest = kept
+    end = start + min(limit, MAX_CHECKPOINT_PAGE)
+    after = encode_cursor({"r": manifest.series, "q": manifest.seq, "i": end}) if end < len(manifest.files) else None
+    return CheckpointPart(run, manifest, manifest.files[start:end], start == 0, after)
+
+
+def check_run(ports: Ports, principal: Principal, run_id: str) -> Run:
+    """The caller's run (an admin: anyone's); NotFound alike for another user's."""
+    run = ports.store.get(run_id)
+    check_owner(principal, run)
+    return run
+
+
+def _shown(store: ObjectStore, run: Run) -> Manifest:
+    found = newest(store, run.id)
+    source = run.restore_from
+    if found is None and source is not None:
+        found = numbered(store, source.run, source.seq) or newest(store, source.run)
+    if found is None:
+        raise NotFound(f"run {run.id} has no checkpoint yet")
+    return found
+
+
+def _position(cursor: str, run: Run) -> tuple[str, int, int]:
+    """The series, checkpoint and file a ``next_cursor`` of ``run``'s checkpoint goes on from. Raises
+    BadRequest for one that is not: a series other than the run's own or the one it starts from is
+    refused, so no cursor reads another run's checkpoint."""
+    try:
+        data = decode_cursor(cursor, most=1024)
+        series, seq, start = data["r"], data["q"], data["i"]
+        if set(data) != {"r", "q", "i"} or not isinstance(series, str):
+            raise ValueError
+        if type(seq) is not int or type(start) is not int or not 1 <= seq <= MAX_SEQ or start < 1:
+            raise ValueError
+    except (ValueError, TypeError, KeyError, binascii.Error) as e:
+        raise BadRequest("cursor is not valid; pass the next_cursor of a previous page") from e
+    allowed = {run.id} | ({run.restore_from.run} if run.restore_from is not None else set())
+    if series not in allowed:
+        raise BadRequest("cursor is not one of this run's checkpoint: pass the next_cursor of a previous page")
+    return series, seq, start
+
+
+def _at(store: ObjectStore, series: str, seq: int) -> Manifest | None:
+    """Checkpoint ``seq`` of ``series`` while its manifest is kept (it was complete when its first
+    page was given; pruning deletes a manifest before its blobs)."""
+    key = manifest_key(series, seq)
+    found = [info for info in store.list(key) if info.key == key]
+    return read_manifest(store, series, seq, found[0]) if found else None
 
 
 def newest(store: ObjectStore, run_id: str) -> Manifest | None:

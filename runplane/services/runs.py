@@ -31,7 +31,7 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Fail
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Page, Ports
-from runplane.services import dependencies, lifecycle, secrets, sessions, skew, uploads
+from runplane.services import checkpoints, dependencies, lifecycle, secrets, sessions, skew, uploads
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.authority import charged_group, check_caller
@@ -110,7 +110,8 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
     the caller may not use (``secrets.check_run``: a missing one reads alike) or an ``upload:`` input
     the caller did not upload (``uploads.check_run``), Forbidden
     when a caller who is not an admin asks a priority above the pool's ``max_user_priority``,
-    Conflict when the key was used for a different request. A failed hint is logged, not raised: the
+    Conflict when the key was used for a different request, and what ``checkpoints.pinned_source``
+    raises for ``from_checkpoint`` (NotFound, Conflict). A failed hint is logged, not raised: the
     run is stored, and the reaper re-sends hints for queued runs.
     """
     secret = ports.tokens.secret() if idempotency_key is not None else b""
@@ -147,6 +148,7 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
         hinted_at=now,
         waiting_reason=f"waiting for a worker of pool {pool.name}",
         events=[Event(at=now, state=RunState.QUEUED, message=f"submitted to pool {pool.name}")],
+        restore_from=checkpoints.pinned_source(ports, principal, spec),
     )
     if admitted.waiting_on:
         run.waiting_on = admitted.waiting_on

@@ -293,6 +293,7 @@ def member_run(
         hinted_at=now,
         waiting_reason=f"waiting for a worker of pool {sweep.queue}",
         events=[Event(at=now, state=RunState.QUEUED, message=f"released by sweep {sweep.id} (member {index}{again})")],
+        restore_from=sweep.restore_from,
     )
 
 

@@ -37,7 +37,7 @@ from runplane.domain.sweeps import (
 )
 from runplane.domain.tenancy import Principal
 from runplane.ports import Ports
-from runplane.services import dependencies
+from runplane.services import checkpoints, dependencies
 from runplane.services.authority import check_caller
 from runplane.services.runs import (
     HASHED_FIRST,
@@ -106,6 +106,7 @@ def create_sweep(
         request_hash=request_hash,
         waiting_on=admitted.waiting_on,
         events=[Event(at=now, message=f"created with {spec.size} members in pool {pool.name}")],
+        restore_from=checkpoints.pinned_source(ports, principal, spec.run),
     )
     if sweep.largest_bytes() > MAX_RECORD_BYTES:
         raise PayloadTooLarge(

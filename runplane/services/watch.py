@@ -63,14 +63,15 @@ def _digest(parts: list[Any]) -> str:
 
 def run_revision(run: Run) -> str:
     """What a client compares to know the run changed: its state, attempt, worker, times, exit,
-    failure, kill, priority, what it waits for, its timeline, its pin and what retention has deleted
-    of it. Not its usage figures, which each heartbeat refreshes, nor its lease."""
+    failure, kill, priority, what it waits for, its timeline, its pin, what retention has deleted
+    of it, its newest checkpoint and its pieces. Not its usage figures, which each heartbeat
+    refreshes, nor its lease."""
     failure = None if run.failure is None else [str(run.failure.reason), run.failure.message]
     last = [run.events[-1].at, run.events[-1].message] if run.events else None
     return _digest([
         str(run.state), run.attempt, run.worker_id, run.started_at, run.finished_at, run.exit_code, failure,
         run.kill_requested, run.spec.priority, run.waiting_reason, run.waiting_on, len(run.events), last,
-        run.kept, run.retention and run.retention.deleted,
+        run.kept, run.retention and run.retention.deleted, run.checkpoint and run.checkpoint.seq, run.pieces,
     ])  # fmt: skip
 
 

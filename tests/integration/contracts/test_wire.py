@@ -19,6 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,6 +48,7 @@ from runplane.services.auth import register_token
 from runplane.services.logs import log_chunk_key, outputs_prefix
 from runplane.settings import StackSettings
 from tests.conftest import POOLS_FILE
+from worker_agent.checkpoints import sync
 
 DOC_URI = "urn:runplane:openapi"
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
@@ -305,6 +307,23 @@ def _logs_and_outputs(wire: Wire, run_id: str) -> None:
     assert wire("GET", f"/v1/runs/{run_id}/outputs?limit=0").status == 422
     assert wire("GET", "/v1/runs/r-nothing/outputs").status == 404
     assert wire("GET", f"/v1/runs/{run_id}/outputs", who=None).status == 401
+
+
+def _checkpoint(wire: Wire, run_id: str, tmp_path: Path) -> None:
+    assert wire("GET", f"/v1/runs/{run_id}/checkpoint").status == 404  # none yet
+    (tmp_path / "checkpoint" / "opt").mkdir(parents=True)
+    for name in ("a", "b", "opt/c"):
+        (tmp_path / "checkpoint" / name).write_text(name)
+    sync(bootstrap.stack().objects, run_id, tmp_path / "checkpoint", None, attempt=0)
+    first = wire("GET", f"/v1/runs/{run_id}/checkpoint?limit=2")
+    assert first.status == 200 and (first.body["seq"], first.body["file_count"], first.body["dirs"]) == (1, 3, ["opt"])
+    rest = wire("GET", f"/v1/runs/{run_id}/checkpoint?cursor={first.body['next_cursor']}")
+    assert rest.status == 200 and [f["path"] for f in rest.body["files"]] == ["opt/c"] and rest.body["dirs"] == []
+    assert wire("GET", f"/v1/runs/{run_id}/checkpoint?cursor=bad").status == 400
+    assert wire("GET", f"/v1/runs/{run_id}/checkpoint?limit=0").status == 422
+    assert wire("GET", f"/v1/runs/{run_id}/checkpoint", who="bob").status == 404
+    assert wire("GET", f"/v1/runs/{run_id}/checkpoint", who=None).status == 401
+    assert wire("GET", f"/v1/runs/{run_id}/checkpoint", who="empty").status == 403
 
 
 def _fleet(wire: Wire, run_id: str) -> None:
@@ -650,12 +669,13 @@ def _sessions(wire: Wire) -> None:
     assert wire("POST", f"{path}/{sid}/ticket").status == 409
 
 
-def test_every_answer_agrees_with_the_document(wire):
+def test_every_answer_agrees_with_the_document(wire, tmp_path):
     assert wire("GET", "/v1/health", who=None).status == 200
     document = wire("GET", "/v1/openapi.json", who=None)
     assert document.status == 200 and document.body == json.loads(json.dumps(openapi_document()))
     run_id = _runs(wire)
     _logs_and_outputs(wire, run_id)
+    _checkpoint(wire, run_id, tmp_path)
     _fleet(wire, run_id)
     _tokens(wire)
     _quotas(wire)
@@ -737,7 +757,7 @@ def test_the_document_is_openapi_3_1_with_exact_answers_and_true_examples():
     since = {name for base in (Record, WireModel) for model in _records(base) for name in since_fields(model)}
     answers = [(f"/paths{w}", s) for w, s in _schemas(doc["paths"]) if "/responses/" in w]
     refs = {s["$ref"].rsplit("/", 1)[1] for _, s in answers + _schemas(components) if "$ref" in s}
-    requests = {"RunSpec", "Resources", "RetryRule", "TokenCreate"}
+    requests = {"RunSpec", "Resources", "RetryRule", "CheckpointRule", "TokenCreate"}
     reached = [(f"#/components/schemas/{n}", components[n]) for n in refs - requests]
     for where, schema in answers + [(w + sub, s) for w, top in reached for sub, s in _schemas(top)]:
         if "properties" in schema:
