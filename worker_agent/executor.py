@@ -5,8 +5,9 @@ afterwards (kill is never held up by outputs), and every store write checks the 
 so a run taken away from this worker is abandoned, not overwritten. Its parts: ``prepare`` (image,
 user, directories, inputs), ``containers`` (every Docker call), ``watch`` (the running container:
 ``logship`` its output, ``disk`` its files, ``control`` the store's word; ``live`` uploads what it
-writes under ``live/`` meanwhile), ``limits`` (what the figures mean) and ``run_state`` (the one
-writer of the run's state)."""
+writes under ``live/`` meanwhile; ``run_checkpoints`` restores its checkpoint directory before it
+starts and syncs it while it runs and when it ends), ``limits`` (what the figures mean) and
+``run_state`` (the one writer of the run's state)."""
 
 from __future__ import annotations
 
