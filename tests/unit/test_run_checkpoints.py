@@ -5,6 +5,7 @@ a worker that lost the run writes no record of its sync."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
+from worker_agent.checkpoints import sync
 from worker_agent.run_checkpoints import RunCheckpoints
 from worker_agent.run_state import RunStateWriter
 
@@ -73,3 +75,17 @@ def test_a_worker_that_lost_the_run_records_no_sync(local_stack, tmp_path):
     with pytest.raises(LeaseLost):
         saves.sync()
     assert local_stack.store.get(run.id).checkpoint is None
+
+
+def test_a_restore_writes_the_newest_checkpoint_and_says_what_it_restored(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    made = tmp_path / "made"
+    made.mkdir()
+    (made / "weights").write_bytes(b"w" * 3072)
+    sync(local_stack.objects, run_id, made, None)
+    assert saves.restore((os.getuid(), os.getgid())) is None
+    assert (saves.directory / "weights").read_bytes() == b"w" * 3072
+    assert saves.previous is not None and saves.previous.seq == 1
+    said = local_stack.store.get(run_id).events[-1].message
+    assert said == f"restored checkpoint 1 (1 file, 3.0 kB) of run {run_id}"
