@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from runplane.adapters.azure import run_rows
 from runplane.api.views import retention_view
 from runplane.bootstrap import make_ports
 from runplane.domain.errors import BackendError, NotFound
@@ -239,7 +240,7 @@ def _unindex(stack, request, run):
             TableName=stack.store.table, Key={"id": {"S": run.id}}, UpdateExpression="REMOVE pq, pd"
         )
     else:
-        stack.store.table.delete_entity(stack.store._partition(run.queue), stack.store._purge_key(run))
+        stack.store.table.delete_entity(run_rows.partition(run.queue), run_rows.purge_key(run))
     assert run.id not in [r.id for r in stack.store.due(run.queue, 1e12)]
 
 

@@ -54,6 +54,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -62,16 +63,28 @@ from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, ResourceExistsError
 from azure.data.tables import TableClient, TableErrorCode, TableTransactionError, UpdateMode
 
+from runplane.adapters.azure import run_moves as moves
 from runplane.adapters.azure.errors import error_code
+from runplane.adapters.azure.run_rows import (
+    LAST_DUE,
+    copy_key,
+    copy_keys,
+    entities,
+    main_key,
+    partition,
+    purge_key,
+    rank_key,
+    state_prefix,
+)
 from runplane.adapters.azure.tables import (
     document,
     failure,
     get_entity,
     key,
     newest_first,
-    packed,
     row_after,
     row_cursor,
+    unkey,
 )
 from runplane.adapters.records import check_changes, jsonable, record
 from runplane.domain.errors import AlreadyExists, BackendError, ConditionFailed, Conflict, NotFound
@@ -79,7 +92,7 @@ from runplane.domain.expect import Expect
 from runplane.domain.ranks import rank_prefix
 from runplane.domain.records import add_event, bound_changes
 from runplane.domain.retention import purge_due
-from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run, listed_state, run_rank
+from runplane.domain.runs import MAX_DEPENDENTS, WAITING, Event, Run
 from runplane.domain.states import RunState
 from runplane.ports import LIST_BUDGET, Page
 
@@ -92,10 +105,6 @@ _FETCH_THREADS = 8
 _ID_CACHE = 10_000
 
 
-_LAST_DUE = 9_999_999_999.999999
-"""The latest time a ``p:`` key orders right (``%017.6f`` keeps its width up to it): year 2286."""
-
-
 class TableRunStore:
     """Runs in one table (see the module docstring for its layout)."""
 
@@ -105,56 +114,16 @@ class TableRunStore:
         self._queues: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    # -- keys and entities ----------------------------------------------------------------
-
-    @staticmethod
-    def _partition(queue: str) -> str:
-        return f"q:{key(queue)}"
-
-    @staticmethod
-    def _state_prefix(state: RunState | str) -> str:
-        return f"s:{key(str(state))}:"
-
-    @classmethod
-    def _copy_key(cls, run: Run) -> str:
-        return f"{cls._state_prefix(listed_state(run))}{newest_first(run.created_at)}:{key(run.id)}"
-
-    @staticmethod
-    def _rank_key(run: Run) -> str | None:
-        """The RowKey of the run's copy in its queue's line; None when it is not queued, or
-        waits for other runs."""
-        return f"r:{key(run_rank(run))}" if listed_state(run) == RunState.QUEUED else None
-
-    @staticmethod
-    def _purge_key(run: Run) -> str | None:
-        """The RowKey of the run's copy in the retention sweep's index; None when the sweep never
-        looks at it (not finished, or kept)."""
-        due = purge_due(run)
-        return None if due is None else f"p:{min(max(due, 0.0), _LAST_DUE):017.6f}:{key(run.id)}"
-
-    @classmethod
-    def _entities(cls, run: Run) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None, dict[str, Any] | None]:
-        """The run, its state copy, while it is queued its copy in the line, and while the
-        retention sweep is to look at it its copy in that index."""
-        body = {"state": str(run.state), **packed(run, f"run {run.id}")}
-        partition = cls._partition(run.queue)
-        rank, purge = cls._rank_key(run), cls._purge_key(run)
-        return (
-            {"PartitionKey": partition, "RowKey": f"run:{key(run.id)}", **body},
-            {"PartitionKey": partition, "RowKey": cls._copy_key(run), **body},
-            {"PartitionKey": partition, "RowKey": rank, **body} if rank is not None else None,
-            {"PartitionKey": partition, "RowKey": purge, **body} if purge is not None else None,
-        )
-
     def _read(self, queue: str, run_id: str) -> tuple[Run, str]:
         """The run and its ETag. Raises NotFound."""
-        entity = get_entity(self.table, self._partition(queue), f"run:{key(run_id)}", "read run")
+        entity = get_entity(self.table, partition(queue), main_key(run_id), "read run")
         if entity is None:
             raise NotFound(f"run {run_id} not found")
         return document(Run, entity), str(entity.metadata["etag"])
 
-    def _queue_of(self, run_id: str) -> str:
-        queue = self._queues.get(run_id)
+    def _queue_of(self, run_id: str, fresh: bool = False) -> str:
+        """The run's pool: remembered, or (``fresh``: always) as the ``id:`` row names it."""
+        queue = None if fresh else self._queues.get(run_id)
         if queue is not None:
             return queue
         entity = get_entity(self.table, f"id:{key(run_id)}", "", "read run")
@@ -162,6 +131,32 @@ class TableRunStore:
             raise NotFound(f"run {run_id} not found")
         self._remember(run_id, str(entity["queue"]))
         return str(entity["queue"])
+
+    def _locate(self, run_id: str, hint: str | None = None) -> tuple[Run, str, str]:
+        """The run, the ETag of its main row and its pool, wherever a move left it (see
+        ``run_moves``): a move met half-way is finished first; a pool (``hint``, or remembered) that
+        holds no row of the run that counts is looked up again in the ``id:`` row. Raises NotFound."""
+        queue = hint if hint is not None else self._queue_of(run_id)
+        for _ in range(MAX_WRITE_TRIES):
+            entity = get_entity(self.table, partition(queue), main_key(run_id), "read run")
+            if entity is not None and moves.departed(entity):
+                queue = moves.finish(self.table, queue, entity)
+                continue
+            if entity is not None and moves.arriving(entity):
+                left = moves.source(self.table, entity)
+                if left is not None:
+                    queue = moves.finish(self.table, str(entity[moves.FROM]), left)
+                    continue
+                entity = None  # a leftover of a move that never departed
+            if entity is None:
+                found = self._queue_of(run_id, fresh=True)
+                if found == queue:
+                    raise NotFound(f"run {run_id} not found")
+                queue = found
+                continue
+            self._remember(run_id, queue)
+            return document(Run, entity), str(entity.metadata["etag"]), queue
+        raise BackendError(f"read run {run_id}: it moved {MAX_WRITE_TRIES} times while read; retry")
 
     def _remember(self, run_id: str, queue: str) -> None:
         with self._lock:
@@ -172,7 +167,7 @@ class TableRunStore:
     # -- the port -------------------------------------------------------------------------
 
     def create(self, run: Run) -> Run:
-        main, copy, ranked, purged = self._entities(run)  # PayloadTooLarge before anything is written
+        main, copy, ranked, purged = entities(run)  # PayloadTooLarge before anything is written
         try:
             self.table.create_entity({"PartitionKey": f"id:{key(run.id)}", "RowKey": "", "queue": run.queue})
         except ResourceExistsError:
@@ -210,7 +205,7 @@ class TableRunStore:
         return run
 
     def get(self, run_id: str) -> Run:
-        return self._read(self._queue_of(run_id), run_id)[0]
+        return self._locate(run_id)[0]
 
     def update(self, run: Run, expect: Expect, changes: Mapping[str, Any], event: Event | None = None) -> Run:
         check_changes(changes)
@@ -235,6 +230,41 @@ class TableRunStore:
 
         return self._rewrite(self.get(run_id), change, None)
 
+    def move(self, run: Run, expect: Expect, queue: str, changes: Mapping[str, Any], event: Event | None = None) -> Run:
+        check_changes(changes)
+        bounded = bound_changes(changes)
+        absent_at: tuple[str, frozenset[str]] = ("", frozenset())
+        for _ in range(MAX_WRITE_TRIES):
+            current, etag, where = self._locate(run.id, run.queue)
+            if not expect.holds(current):
+                raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
+            if where == queue:
+                return self.update(current, expect, changes, event)
+            absent = absent_at[1] if absent_at[0] == etag else frozenset()
+            data = jsonable(current)
+            data.update({field: jsonable(value) for field, value in bounded.items()}, queue=queue)
+            new = record(Run, data)
+            if event is not None:
+                new.events = add_event(new.events, event)
+            token = uuid.uuid4().hex
+            moves.arrive(self.table, new, where, token)
+            try:
+                moves.depart(self.table, current, etag, new, token, absent)
+            except TableTransactionError as e:
+                moves.abandon(self.table, new, token)
+                if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
+                    continue  # another write came between our read and ours: check again
+                if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND:
+                    absent_at = (etag, absent | self._absent(partition(where), copy_keys(current)))
+                    continue
+                raise failure(e, "move run") from e
+            moves.settle(self.table, new, where, token)
+            moves.repoint(self.table, new, where)
+            moves.leave(self.table, where, run.id, token)
+            self._remember(run.id, queue)
+            return new
+        raise BackendError(f"move run {run.id}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
+
     def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:
         return self.list(queue=queue, state=WAITING, limit=limit, cursor=cursor)
 
@@ -246,8 +276,9 @@ class TableRunStore:
         # existed, one finished before the retention index did): known of that version only, as
         # another writer may have written the copies since
         absent_at: tuple[str, frozenset[str]] = ("", frozenset())
+        hint = run.queue
         for _ in range(MAX_WRITE_TRIES):
-            current, etag = self._read(run.queue, run.id)
+            current, etag, hint = self._locate(run.id, hint)
             absent = absent_at[1] if absent_at[0] == etag else frozenset()
             changes = change(current)
             if changes is None:
@@ -257,7 +288,7 @@ class TableRunStore:
             new = record(Run, data)
             if event is not None:  # the timeline keeps its first event and the latest ones
                 new.events = add_event(new.events, event)
-            main, copy, ranked, purged = self._entities(new)
+            main, copy, ranked, purged = entities(new)
             operations: list[Any] = [
                 (
                     "update",
@@ -265,12 +296,12 @@ class TableRunStore:
                     {"mode": UpdateMode.REPLACE, "etag": etag, "match_condition": MatchConditions.IfNotModified},
                 )
             ]
-            old_copy = self._copy_key(current)
+            old_copy = copy_key(current)
             if old_copy != copy["RowKey"]:
                 operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old_copy}))
             operations.append(("upsert", copy, {"mode": UpdateMode.REPLACE}))
             removes: list[str] = []
-            for old, entity in ((self._rank_key(current), ranked), (self._purge_key(current), purged)):
+            for old, entity in ((rank_key(current), ranked), (purge_key(current), purged)):
                 if old is not None and old != (entity or {}).get("RowKey") and old not in absent:
                     removes.append(old)
                     operations.append(("delete", {"PartitionKey": main["PartitionKey"], "RowKey": old}))
@@ -291,42 +322,41 @@ class TableRunStore:
             return new
         raise BackendError(f"update run {run.id}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
 
-    def _absent(self, partition: str, rows: builtins.list[str]) -> frozenset[str]:
-        """Which of these rows of ``partition`` do not exist."""
-        return frozenset(row for row in rows if get_entity(self.table, partition, row, "update run") is None)
+    def _absent(self, where: str, rows: builtins.list[str]) -> frozenset[str]:
+        """Which of these rows of partition ``where`` do not exist."""
+        return frozenset(row for row in rows if get_entity(self.table, where, row, "update run") is None)
 
     def due(self, queue: str, now: float, limit: int = 100) -> builtins.list[Run]:
         if limit <= 0:
             return []
-        before = f"p:{min(max(now, 0.0), _LAST_DUE):017.6f};"  # past every key of a run due at ``now``
-        rows = self._scan(self._partition(queue), "p:", before, min(limit, 1000), "read the runs due for retention")
+        before = f"p:{min(max(now, 0.0), LAST_DUE):017.6f};"  # past every key of a run due at ``now``
+        rows = self._scan(partition(queue), "p:", before, min(limit, 1000), "read the runs due for retention")
         # a key holds the time to the microsecond: one rounded down to ``now`` may be a hair later
         runs = (document(Run, entity) for entity in rows)
         due = (run for run in runs if (at := purge_due(run)) is not None and at <= now)
         return builtins.list(itertools.islice(due, limit))
 
     def delete(self, run_id: str, now: float) -> None:
-        queue = self._queue_of(run_id)
-        partition = self._partition(queue)
         absent_at: tuple[str, frozenset[str]] = ("", frozenset())
         for _ in range(MAX_WRITE_TRIES):
-            current, etag = self._read(queue, run_id)
+            current, etag, queue = self._locate(run_id)
+            where = partition(queue)
             due = purge_due(current)
             if due is None or due > now:
                 raise ConditionFailed(f"run {run_id} is not due for deletion", run=current)
             absent = absent_at[1] if absent_at[0] == etag else frozenset()
             copies = [
                 row
-                for row in (self._copy_key(current), self._rank_key(current), self._purge_key(current))
+                for row in (copy_key(current), rank_key(current), purge_key(current))
                 if row is not None and row not in absent
             ]
             operations: list[Any] = [
                 (
                     "delete",
-                    {"PartitionKey": partition, "RowKey": f"run:{key(run_id)}"},
+                    {"PartitionKey": where, "RowKey": main_key(run_id)},
                     {"etag": etag, "match_condition": MatchConditions.IfNotModified},
                 ),
-                *(("delete", {"PartitionKey": partition, "RowKey": row}) for row in copies),
+                *(("delete", {"PartitionKey": where, "RowKey": row}) for row in copies),
             ]
             try:
                 self.table.submit_transaction(operations)
@@ -334,7 +364,7 @@ class TableRunStore:
                 if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
                     continue  # written (or deleted) since our read: check again
                 if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND:
-                    absent_at = (etag, absent | self._absent(partition, copies))
+                    absent_at = (etag, absent | self._absent(where, copies))
                     continue  # the run itself gone: the read says NotFound
                 raise failure(e, "delete run") from e
             except AzureError as e:
@@ -368,10 +398,10 @@ class TableRunStore:
             return self._list_owner(owner, queue, state, limit, cursor)
         if queue is None or state is None:
             raise ValueError("list needs an owner, or a queue and a state")
-        prefix = self._state_prefix(state)
+        prefix = state_prefix(state)
         after = row_after(cursor, prefix) if cursor else prefix
         runs: list[Run] = []
-        for entity in self._scan(self._partition(queue), after, prefix[:-1] + ";", min(limit, 1000), "list runs"):
+        for entity in self._scan(partition(queue), after, prefix[:-1] + ";", min(limit, 1000), "list runs"):
             runs.append(document(Run, entity))
             if len(runs) == limit:
                 return Page(runs, row_cursor(str(entity["RowKey"])))
@@ -384,7 +414,7 @@ class TableRunStore:
         runs: list[Run] = []
         batch: list[tuple[str, str, str]] = []  # (row key, queue, run id)
         pointers = self._scan(
-            f"o:{key(owner)}", after, "~", min(max(limit, 20), 1000), "list runs", ("RowKey", "queue")
+            f"o:{key(owner)}", after, "~", min(max(limit, 20), 1000), "list runs", ("RowKey", "queue", moves.NEXT)
         )
         examined, last, exhausted = 0, "", False
         with ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="runs-list") as pool:
@@ -393,7 +423,7 @@ class TableRunStore:
                 for entity in pointers:
                     examined += 1
                     last = str(entity["RowKey"])
-                    if queue is None or entity["queue"] == queue:
+                    if queue is None or queue in (entity["queue"], entity.get(moves.NEXT)):  # NEXT: a move's
                         batch.append((last, str(entity["queue"]), last.partition(":")[2]))
                     if len(batch) == limit - len(runs) or examined >= self.list_budget:
                         break
@@ -403,7 +433,7 @@ class TableRunStore:
                 for (row, _, _), run in zip(batch, found, strict=True):
                     if run is None or run.owner != owner or newest_first(run.created_at) != row.partition(":")[0]:
                         continue  # an entry of a create that failed half-way, or of another user's id
-                    if state is not None and run.state != state:
+                    if (state is not None and run.state != state) or (queue is not None and run.queue != queue):
                         continue
                     runs.append(run)
                     if len(runs) == limit:
@@ -416,24 +446,27 @@ class TableRunStore:
     def cursor_after(self, run: Run, owner: str | None = None) -> str:
         if owner is not None:
             return row_cursor(f"{newest_first(run.created_at)}:{key(run.id)}", owner)
-        return row_cursor(self._copy_key(run))
+        return row_cursor(copy_key(run))
 
     def _maybe(self, queue: str, escaped_id: str) -> Run | None:
-        entity = get_entity(self.table, self._partition(queue), f"run:{escaped_id}", "list runs")
-        return document(Run, entity) if entity is not None else None
+        try:
+            return self._locate(unkey(escaped_id), queue)[0]
+        except NotFound:
+            return None
 
     def _scan(
-        self, partition: str, after: str, before: str, page: int, what: str, select: tuple[str, ...] = ()
+        self, where: str, after: str, before: str, page: int, what: str, select: tuple[str, ...] = ()
     ) -> Iterator[Mapping[str, Any]]:
-        """Entities of one partition with ``after < RowKey < before``, in RowKey order."""
-        entities = self.table.query_entities(
+        """Entities of one partition with ``after < RowKey < before``, in RowKey order; but the
+        arriving rows of a move that has not departed (``run_moves``: selected, ``MARKS`` tell)."""
+        found = self.table.query_entities(
             "PartitionKey eq @pk and RowKey gt @after and RowKey lt @before",
-            parameters={"pk": partition, "after": after, "before": before},
+            parameters={"pk": where, "after": after, "before": before},
             results_per_page=page,
             select=[*select] or None,
         )
         try:
-            yield from entities
+            yield from (entity for entity in found if moves.counts(self.table, entity))
         except AzureError as e:
             raise failure(e, what) from e
 
@@ -442,16 +475,16 @@ class TableRunStore:
             return []
         prefix = "r:" + (key(rank_prefix(priority)) if priority is not None else "")
         before = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first key past every one with the prefix
-        rows = self._scan(self._partition(queue), prefix, before, min(limit, 1000), "read the head of the queue")
+        rows = self._scan(partition(queue), prefix, before, min(limit, 1000), "read the head of the queue")
         return [document(Run, entity) for entity in itertools.islice(rows, limit)]
 
     def count(self, queue: str, state: RunState, cap: int = 10000) -> int:
         if cap <= 0:
             return 0
-        prefix = self._state_prefix(state)
+        prefix = state_prefix(state)
         total = 0
         for _ in self._scan(
-            self._partition(queue), prefix, prefix[:-1] + ";", min(max(cap, 1), 1000), "count runs", ("RowKey",)
+            partition(queue), prefix, prefix[:-1] + ";", min(max(cap, 1), 1000), "count runs", ("RowKey", *moves.MARKS)
         ):
             total += 1
             if total >= cap:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from azure.data.tables import UpdateMode
 
 from runplane import __version__
+from runplane.adapters.azure.run_rows import partition
 from runplane.adapters.azure.tables import key, pack, unpack
 from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Event, Run, RunSpec
@@ -33,7 +34,7 @@ def _aws(stack):
 def _run_entities(stack, run_id, queue):
     """The entities that hold a run of ``queue`` in Table storage: the run and its copies."""
     store = stack.store
-    found = store.table.query_entities("PartitionKey eq @pk", parameters={"pk": store._partition(queue)})
+    found = store.table.query_entities("PartitionKey eq @pk", parameters={"pk": partition(queue)})
     return [e for e in found if "n" in e and unpack(e)["id"] == run_id]
 
 

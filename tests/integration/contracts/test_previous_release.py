@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runplane.adapters.aws.sqs import events_queue_name as sqs_events_queue
 from runplane.adapters.azure.queues import events_queue_name as storage_events_queue
+from runplane.adapters.azure.run_rows import partition
 from runplane.adapters.azure.tables import key, pack, unpack
 from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunEnd
@@ -176,7 +177,7 @@ def store_failure_reason(stack, run_id, reason):
         store.client.put_item(TableName=store.table, Item=item)
     else:
         run = store.get(run_id)
-        entity = store.table.get_entity(store._partition(run.queue), f"run:{key(run_id)}")
+        entity = store.table.get_entity(partition(run.queue), f"run:{key(run_id)}")
         doc = unpack(entity)
         doc["failure"]["reason"] = reason
         store.table.update_entity({**dict(entity), **pack(doc, run_id)})

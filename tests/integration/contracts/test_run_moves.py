@@ -11,14 +11,6 @@ from runplane.domain.expect import Expect
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
 
-
-@pytest.fixture(autouse=True)
-def _moving_stores(request):
-    params = getattr(request.node, "callspec", None)
-    if params is not None and "azure-azurite" in params.params.values():
-        pytest.skip("the Table store does not move runs yet")
-
-
 QUEUED = Expect(states=frozenset({RunState.QUEUED}))
 SPOT, ONDEMAND = "spot", "ondemand"
 
