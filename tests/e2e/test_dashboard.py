@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
+import urllib.request
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,10 +18,12 @@ from playwright.sync_api import expect, sync_playwright
 from runplane import bootstrap
 from runplane.cli.dev import dashboard_link
 from runplane.client import Client
+from runplane.domain.checkpoints import CheckpointStatus
 from runplane.domain.expect import Expect
 from runplane.domain.retention import RunRetention
 from runplane.domain.workers import Pulling, Worker
 from tests.conftest import TERMINAL, wait_state
+from worker_agent.checkpoints import sync
 
 pytestmark = pytest.mark.docker
 
@@ -35,6 +38,8 @@ FLAGS = [
     "--disable-sync",
 ]
 WAIT_MS = 30_000
+CHECKPOINT_FILES = 120
+"""More files than the checkpoint route answers in one page."""
 SHOTS = os.environ.get("RUNPLANE_DASHBOARD_SHOTS")
 """A folder to save each page's picture in (docs/ keeps them as docs/dashboard-*.png)."""
 
@@ -405,6 +410,57 @@ def test_what_a_run_waits_for_and_its_inputs_are_links(tab, alice):
     inputs.get_by_role("link", name=first["id"], exact=True).first.click()
     page.wait_for_url(re.compile(f"#/runs/{first['id']}$"))
     expect(page.get_by_role("heading", level=1)).to_contain_text(first["name"])
+
+
+HOSTILE_NAME = "<img src=x onerror=window.pwned=3>.pt"
+
+
+def test_a_run_page_shows_its_checkpoint_and_lists_its_files_as_download_links(tab, alice, tmp_path):
+    rule = {"interval": "10m", "signal": "SIGUSR1", "grace": "60s", "exit_code": 85}
+    run = alice.request(
+        "POST", "/v1/runs", {"command": "true", "queue": "parked", "name": unique("ckpt"), "checkpoint": rule}
+    )
+    alice.request("POST", f"/v1/runs/{run['id']}/kill")
+    t = tab()
+    t.sign_in("alice-token", f"/runs/{run['id']}")
+    panel = t.page.locator("section.checkpoint")
+    expect(panel).to_contain_text("No checkpoint synced yet.")
+    expect(panel).to_contain_text("Piece1 of at most 100")
+    expect(panel).to_contain_text("synced every 10 m 0 s · on a stop: SIGUSR1, then up to 1 m 0 s to exit")
+
+    # a checkpoint as a worker syncs and records it: more files than one page, one named as markup
+    directory = tmp_path / "checkpoint"
+    (directory / "step").mkdir(parents=True)
+    (directory / HOSTILE_NAME).write_bytes(b"weights")
+    for i in range(CHECKPOINT_FILES - 1):
+        (directory / "step" / f"{i:03d}.txt").write_text(f"step {i}\n")
+    stack = bootstrap.stack()
+    made = sync(stack.objects, run["id"], directory, None, attempt=2)
+    status = CheckpointStatus(
+        seq=made.seq, attempt=2, files=len(made.files), bytes=made.total_bytes, synced_at=made.created_at
+    )
+    stack.store.update(stack.store.get(run["id"]), Expect(), {"checkpoint": status, "pieces": 2})
+    t.page.reload()
+    expect(panel).to_contain_text(f"Number{made.seq}")
+    expect(panel).to_contain_text(f"Files{CHECKPOINT_FILES} ({made.total_bytes} B)")
+    expect(panel).to_contain_text("Synced byattempt 2")
+    expect(panel).to_contain_text("Piece3 of at most 100")  # two pieces ended, the third is its last
+    files = panel.locator("ul.checkpoint-files li")
+    expect(files).not_to_have_count(0)
+    shown = files.count()
+    assert shown < CHECKPOINT_FILES  # a page at a time
+    while panel.get_by_role("button", name="More files").is_visible():
+        panel.get_by_role("button", name="More files").click()
+        expect(files).not_to_have_count(shown)
+        shown = files.count()
+    expect(files).to_have_count(CHECKPOINT_FILES)
+    # the hostile name is text, its link downloads its bytes
+    link = panel.get_by_role("link", name=HOSTILE_NAME)
+    expect(link).to_have_attribute("download", HOSTILE_NAME)
+    assert urllib.request.urlopen(link.get_attribute("href"), timeout=10).read() == b"weights"
+    assert t.page.evaluate("window.pwned") is None
+    assert t.page.locator("main img").count() == 0
+    expect(panel.get_by_role("link", name="step/007.txt")).to_be_visible()
 
 
 def test_a_run_page_shows_the_pools_it_may_run_on_and_which_one_it_waits_on(tab, alice):
