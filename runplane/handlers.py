@@ -15,7 +15,7 @@ from runplane.domain.runs import SWEEP_PREFIX
 from runplane.domain.wire import stored
 from runplane.domain.workers import PoolRecord
 from runplane.ports import Ports
-from runplane.services import dependencies, retention, skew, sweep_advance
+from runplane.services import dependencies, fallback, retention, skew, sweep_advance
 from runplane.services.budget import Budget, metered
 from runplane.services.dispatch import Decision, PoolFigures, dispatch_pool
 from runplane.services.reap import ReapReport, reap
@@ -75,6 +75,9 @@ class PoolDispatcher:
                 event = stored(DispatchEvent, record.body)
             except ValidationError:
                 log.warning("ignoring unreadable dispatcher event: %.200s", record.body)
+                return None
+            if event.fallback is not None:  # a run's time on its pool is up: nothing else to do for the pool
+                fallback.on_timer(self.ports, event)
                 return None
             budget = Budget(self.event_calls)
             if event.sweep is not None:

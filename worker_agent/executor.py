@@ -139,6 +139,7 @@ class RunExecutor:
         )
         self.secret_env: dict[str, str] = {}  # the values of the run's secrets, for its container only
         self.thread: threading.Thread | None = None
+        self.preempted = False  # handed back because its machine is being taken away
 
     @property
     def run(self) -> Run:
@@ -161,8 +162,10 @@ class RunExecutor:
     def lease_lost(self) -> None:
         self.control.lease_lost.set()
 
-    def stop_and_requeue(self) -> None:
-        """Pass-down termination: stop the container and hand the run back to its queue."""
+    def stop_and_requeue(self, preempted: bool = False) -> None:
+        """Pass-down termination: stop the container and hand the run back to its queue (``preempted``:
+        its machine is being taken away, which counts towards the run's ``fallback_after_preemptions``)."""
+        self.preempted = self.preempted or preempted
         self.control.requeue.set()
 
     def start(self) -> None:
@@ -267,7 +270,7 @@ class RunExecutor:
             return
         if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED:
             self.logs.flush()
-            self.state.requeue("worker terminated", self.usage)
+            self.state.requeue("worker terminated", self.usage, preempted=self.preempted)
             return
         if not outcome.upload:  # over a limit, or the container may still run: nothing is read
             outcome.message += _passed_over(live) + "; outputs not uploaded"

@@ -81,8 +81,10 @@ class Intake:
         except NotFound:
             self.ports.queue.delete(self.config.pool, delivery)
             return
-        # a run that still waits for other runs is not to be taken: its release sends a new hint
-        if run.state != RunState.QUEUED or run.attempt != msg.attempt or run.waiting_on or self.slots.stopping.is_set():
+        # a run that still waits for other runs is not to be taken: its release sends a new hint; nor
+        # one that moved on to another pool (services.fallback): that pool's queue has its hint
+        stale = run.state != RunState.QUEUED or run.attempt != msg.attempt or run.queue != self.config.pool
+        if stale or run.waiting_on or self.slots.stopping.is_set():
             if self.slots.stopping.is_set():
                 self.ports.queue.release(self.config.pool, delivery, 0)  # for another worker, now
                 return

@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.preemption_watch:
         PreemptionWatcher(
             make_probe(settings.preemption_watch, settings.metadata_url),
-            lambda notice: agent.stop(pass_down=True, reason=notice),
+            lambda notice: agent.stop(pass_down=True, reason=notice, preempted=True),
         ).start()
     _say_exit(agent, worker_id, agent.run())
     if uploader is not None:

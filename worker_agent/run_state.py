@@ -85,9 +85,10 @@ class RunStateWriter:
     def uploading(self, message: str) -> None:
         self.seen(lifecycle.advance(self._ports.store, self.run, RunState.UPLOADING, self._clock(), message))
 
-    def requeue(self, why: str, usage: Usage) -> None:
-        """Hand the run back to its queue, not charged to it (``lifecycle.requeue``)."""
-        lifecycle.requeue(self._ports, self.run, self._clock(), why, charge=False, usage=usage)
+    def requeue(self, why: str, usage: Usage, *, preempted: bool = False) -> None:
+        """Hand the run back to its queue, not charged to it (``lifecycle.requeue``; ``preempted``: its
+        machine is being taken away, counted in the run's preemptions on its pool)."""
+        lifecycle.requeue(self._ports, self.run, self._clock(), why, charge=False, usage=usage, preempted=preempted)
 
     def finish(self, outcome: Outcome, usage: Usage) -> None:
         """Write how the attempt ended: ``outcome.state``, or, for a failure its retry rule names

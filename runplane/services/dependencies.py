@@ -49,6 +49,7 @@ from runplane.domain.states import FailureReason, RunState
 from runplane.domain.sweeps import OPEN, PENDING, SUCCEEDED, Sweep
 from runplane.domain.tenancy import Principal
 from runplane.ports import LIST_BUDGET, Ports
+from runplane.services import fallback
 from runplane.services.authority import charge, still_allowed
 from runplane.services.budget import Budget
 from runplane.services.lifecycle import ended
@@ -302,6 +303,7 @@ def _release(ports: Ports, run: Run, expect: Expect, now: float, caller: Princip
             "fair_tag": tag,
             "owner_groups": groups,
             "group": group,
+            **fallback.queued_changes(run, now),  # its time on its pool starts now
         },
         Event(at=now, message=f"everything it waited for succeeded: released to pool {run.queue}"),
     )
@@ -310,6 +312,7 @@ def _release(ports: Ports, run: Run, expect: Expect, now: float, caller: Princip
         ports.queue.notify(DispatchEvent(pool=released.queue, reason="released"))
     except RunplaneError as e:
         log.warning("run %s released but its hint failed (the reaper re-sends it): %s", run.id, e)
+    fallback.send_timer(ports, released, now)
     return released
 
 
@@ -339,10 +342,10 @@ def dependents_of(ports: Ports, upstream: str) -> list[str]:
 MAX_WAITS = MAX_UPSTREAMS + MAX_INPUTS + 1
 """The most runs and sweeps one run (or a sweep's template) can wait for: ``after``, ``run:`` inputs
 and ``after_sweep``."""
-RESOLVE_CALLS = 2 + 2 * MAX_TRIES + 3
+RESOLVE_CALLS = 2 + 2 * MAX_TRIES + 4
 """Calls one resolve makes besides reading what the run waits for: the run, and its release (the
-line's head, the owner's lane read and written up to ``MAX_TRIES`` times, the write, the hint and
-the dispatcher's nudge); failing it or noting its reason costs less."""
+line's head, the owner's lane read and written up to ``MAX_TRIES`` times, the write, the hint, the
+dispatcher's nudge and the run's fallback timer); failing it or noting its reason costs less."""
 
 
 @dataclass(frozen=True)

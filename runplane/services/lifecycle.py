@@ -16,6 +16,7 @@ from runplane.domain.messages import DispatchEvent, RunEnd, RunMessage
 from runplane.domain.runs import Event, Failure, Run, Usage
 from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState, states_leading_to
 from runplane.ports import RunPorts, RunQueue, RunStore
+from runplane.services import fallback
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,7 @@ def retry(
         "exit_code": None,
         "waiting_reason": f"attempt {run.attempt} ended {reason}; {note}; waiting for a worker of pool {run.queue}",
         "retention": None,  # its next end is dated afresh (its owner's pin stays)
+        **fallback.queued_changes(run, now),
     }
     if usage is not None:
         changes["usage"] = usage
@@ -196,6 +198,7 @@ def retry(
         ports.queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
     except RunplaneError as e:
         log.warning("run %s queued again but its hint failed (the reaper sends it again): %s", run.id, e)
+    fallback.send_timer(ports, updated, now)
     return updated
 
 
@@ -207,6 +210,7 @@ def requeue(
     expect: Expect | None = None,
     charge: bool = True,
     usage: Usage | None = None,
+    preempted: bool = False,
 ) -> Run:
     """Put an active run back in its queue for another attempt, or fail it when none is left.
 
@@ -214,8 +218,11 @@ def requeue(
     stop, was preempted, or restarted): the attempt number still grows, but one more attempt is
     allowed, up to FREE_REQUEUES. A kill requested before the worker went away ends the run
     ``killed``. ``usage``, when given, is recorded with it (what the attempt used, as its worker
-    measured it). A run it ends tells what waits for it (``ended``). Raises ConditionFailed (or
-    LeaseLost through callers) if the run moved on meanwhile.
+    measured it). A run it ends tells what waits for it (``ended``). ``preempted``: its worker's
+    machine was taken away (its preemptions on its pool are counted: at its
+    ``fallback_after_preemptions`` it is queued on its next pool instead, ``services.fallback``);
+    its fallback timer starts afresh. Raises ConditionFailed (or LeaseLost through callers) if the
+    run moved on meanwhile.
     """
     expect = expect or _mine(run, ACTIVE_STATES)
     used = {"usage": usage} if usage is not None else {}
@@ -253,23 +260,35 @@ def requeue(
         )
         ended(ports.queue, done)
         return done
-    updated = ports.store.update(
-        run,
-        expect,
-        {
-            "state": RunState.QUEUED,
-            "worker_id": None,
-            "lease_expires_at": None,
-            "hinted_at": now,
-            "max_attempts": max_attempts,
-            "waiting_reason": f"re-queued after attempt {run.attempt}: {why}",
-            "retention": None,
-            **used,
-        },
-        Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}"),
-    )
+    changes: dict[str, Any] = {
+        "state": RunState.QUEUED,
+        "worker_id": None,
+        "lease_expires_at": None,
+        "hinted_at": now,
+        "max_attempts": max_attempts,
+        "waiting_reason": f"re-queued after attempt {run.attempt}: {why}",
+        "retention": None,
+        **used,
+        **fallback.queued_changes(run, now, preempted=preempted),
+    }
+    target = fallback.moves_on_preemption(run) if preempted else None
+    if target is None:
+        updated = ports.store.update(
+            run, expect, changes, Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}")
+        )
+    else:
+        moved = f"preempted {run.preemptions + 1} times on pool {run.queue}: moved to pool {target}"
+        changes.update(
+            fallback_at=fallback.due_at(run, now, target),
+            preemptions=0,
+            waiting_reason=f"re-queued after attempt {run.attempt}: {why}; {moved}",
+        )
+        updated = ports.store.move(
+            run, expect, target, changes, Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}; {moved}")
+        )
     ports.queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
     ports.queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+    fallback.send_timer(ports, updated, now)
     return updated
 
 

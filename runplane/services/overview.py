@@ -18,7 +18,7 @@ from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.domain.workers import PoolRecord, Worker
 from runplane.ports import Ports
-from runplane.services import dependencies, runs, skew, sweeps
+from runplane.services import dependencies, fallback, runs, skew, sweeps
 from runplane.services.dispatch import FIGURES_STALE_SECONDS, explain_wait, fresh
 from runplane.services.logs import (
     LogPage,
@@ -68,7 +68,8 @@ def why_waiting(ports: Ports, run: Run) -> str | None:
     workers = fresh(known, now, ports.settings.worker_stale_seconds)
     pool = ports.pools.get(run.queue)
     record = pool_record(ports, pool.name) if pool is not None else None
-    return explain_wait(pool, [*workers, *skew.refused_lately(known, workers, now)], run.waiting_reason, record, run)
+    why = explain_wait(pool, [*workers, *skew.refused_lately(known, workers, now)], run.waiting_reason, record, run)
+    return why + fallback.when_words(run, now)  # and when it moves on to its next pool
 
 
 def sweep_members(

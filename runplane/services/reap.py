@@ -14,7 +14,7 @@ from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Run
 from runplane.domain.states import ACTIVE_STATES, RunState
 from runplane.ports import Ports
-from runplane.services import sessions
+from runplane.services import fallback, sessions
 from runplane.services.admission import heal
 from runplane.services.lifecycle import requeue
 from runplane.services.retention import RetentionReport
@@ -34,6 +34,8 @@ class ReapReport:
     or of an attempt that is over (``sessions.expire``)."""
     retention: RetentionReport | None = None
     """What the retention sweep that followed did (``handlers.run_reaper``); None: nothing."""
+    fell_back: list[str] = field(default_factory=list)
+    """Queued runs whose time on their pool was up, moved to their next pool here (their timer was lost)."""
 
 
 REHINT_WINDOW = 32
@@ -57,7 +59,10 @@ def _lease(ports: Ports, run: Run, now: float, report: ReapReport) -> Run:
     why = f"worker {run.worker_id} stopped renewing its lease"
     expect = Expect(states=frozenset({run.state}), attempt=run.attempt, worker_id=run.worker_id)
     try:
-        updated = requeue(ports, run, now, why, expect=expect, charge=not run.on_preemptible)
+        # a preemptible machine that went silent was most likely taken away: a preemption of the run
+        updated = requeue(
+            ports, run, now, why, expect=expect, charge=not run.on_preemptible, preempted=run.on_preemptible
+        )
     except ConditionFailed:
         return run  # the worker came back or another reaper got there first
     except RunplaneError as e:
@@ -67,10 +72,27 @@ def _lease(ports: Ports, run: Run, now: float, report: ReapReport) -> Run:
     return updated
 
 
+def _fell_back(ports: Ports, run: Run, now: float, report: ReapReport) -> bool:
+    """Whether ``run``, first in its pool's line, had its time there up (``Run.fallback_at``) and was
+    moved to its next pool: what its timer on the dispatcher's queue would have done."""
+    if run.fallback_at is None or run.fallback_at > now or run.waiting_on:
+        return False
+    try:
+        moved = fallback.fall_back(ports, run, now)
+    except RunplaneError as e:
+        log.warning("could not move run %s to its next pool: %s", run.id, e)
+        return False
+    if moved is None:
+        return False
+    report.fell_back.append(run.id)
+    return True
+
+
 def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
     """One pass: re-queue (or end) runs whose lease expired, re-hint the first REHINT_WINDOW runs
     in each pool's line not hinted for ``rehint_after`` seconds (default: the stack's
-    ``rehint_seconds``), and release the quota holds of attempts that are over
+    ``rehint_seconds``) -- moving those whose time on their pool is up to their next one instead
+    (``fallback.fall_back``) --, and release the quota holds of attempts that are over
     (``admission.heal``: a re-queued run's hold goes once it is older than the grace), and end the
     sessions that are over in truth: those no worker took in time, those of an attempt that is over
     (one read of a run's sessions for each active run ever asked one, and each it re-queued or
@@ -90,6 +112,8 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
         # run its hint names, so what keeps a pool moving is a hint for each free slot, not one for
         # every queued run; re-hinting a long backlog would flood the queue with stale hints
         for run in store.head(pool.name, REHINT_WINDOW):
+            if _fell_back(ports, run, now, report):
+                continue
             # a hint "sent" after now: the clock stepped back since, and it would look fresh for as long
             if run.hinted_at is not None and 0 <= now - run.hinted_at < rehint_after:
                 continue

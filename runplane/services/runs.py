@@ -31,7 +31,7 @@ from runplane.domain.runs import LABEL_KEY_PATTERN, MAX_LABEL_VALUE, Event, Fail
 from runplane.domain.states import ACTIVE_STATES, DEFAULT_MAX_ATTEMPTS, FailureReason, RunState
 from runplane.domain.tenancy import USER_PATTERN, Principal
 from runplane.ports import Page, Ports
-from runplane.services import checkpoints, dependencies, lifecycle, secrets, sessions, skew, uploads
+from runplane.services import checkpoints, dependencies, fallback, lifecycle, secrets, sessions, skew, uploads
 from runplane.services.admission import refuse_alone
 from runplane.services.auth import check_owner
 from runplane.services.authority import charged_group, check_caller
@@ -108,11 +108,11 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
     group is not the caller's (or a caller in several groups names none and has no default) or a
     quota can never admit the run, NotFound for a ``run:`` input the caller cannot see or a secret
     the caller may not use (``secrets.check_run``: a missing one reads alike) or an ``upload:`` input
-    the caller did not upload (``uploads.check_run``), Forbidden
-    when a caller who is not an admin asks a priority above the pool's ``max_user_priority``,
-    Conflict when the key was used for a different request, and what ``checkpoints.pinned_source``
-    raises for ``from_checkpoint`` (NotFound, Conflict). A failed hint is logged, not raised: the
-    run is stored, and the reaper re-sends hints for queued runs.
+    the caller did not upload (``uploads.check_run``), NotAllowed for pools to fall back to it cannot
+    take (``fallback.check_chain``), Forbidden when a caller who is not an admin asks a priority
+    above the pool's ``max_user_priority``, Conflict when the key was used for a different request,
+    and what ``checkpoints.pinned_source`` raises for ``from_checkpoint`` (NotFound, Conflict). A
+    failed hint is logged, not raised: the run is stored, and the reaper re-sends hints for queued runs.
     """
     secret = ports.tokens.secret() if idempotency_key is not None else b""
     run_id = run_id_for(principal.user, idempotency_key, secret)
@@ -153,6 +153,8 @@ def submit_run(ports: Ports, principal: Principal, spec: RunSpec, idempotency_ke
     if admitted.waiting_on:
         run.waiting_on = admitted.waiting_on
         run.waiting_reason = admitted.waiting_reason
+    else:  # a run that waits for others starts its time on its pool when it is released
+        run.fallback_at = fallback.due_at(run, now)
     try:
         ports.store.create(run)
     except AlreadyExists as e:  # a retry that raced this one
@@ -206,6 +208,13 @@ def admit_spec(ports: Ports, principal: Principal, spec: RunSpec) -> Admitted:
     )
     refuse_alone(ports.quotas, principal.user, group, resolved.resources)
     _check_agents(ports, pool, resolved)
+
+    def allowed(other: Pool) -> None:  # a pool to fall back to is checked as the first one is
+        _check_priority(principal, other, spec.priority)
+        sessions.check_interactive(ports, other, spec)
+        _check_agents(ports, other, resolved)
+
+    fallback.check_chain(ports, pool, resolved, allowed)
     return Admitted(pool, group, resolved, waits.waiting, waits.reason)
 
 
@@ -258,6 +267,7 @@ def _hint(ports: Ports, run: Run) -> None:
         ports.queue.notify(DispatchEvent(pool=run.queue))
     except RunplaneError as e:
         log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
+    fallback.send_timer(ports, run, ports.clock())
 
 
 def get_run(ports: Ports, principal: Principal, run_id: str) -> Run:

@@ -34,7 +34,7 @@ from runplane.domain.sweeps import (
     ended_code,
 )
 from runplane.ports import Ports
-from runplane.services import dependencies, lifecycle
+from runplane.services import dependencies, fallback, lifecycle
 from runplane.services.authority import charge
 from runplane.services.budget import Budget
 from runplane.services.dependencies import MAX_WAITS
@@ -55,9 +55,9 @@ ROTATE_SECONDS = 60.0
 LOOK_CALLS = 1 + MAX_WAITS + 1 + LOOK_PER_ADVANCE + 3
 """The most store and queue calls one try of ``advance`` makes before it releases or kills: the
 sweep, what it waits for, the pool's workers, the open members it reads, its write and nudges."""
-RELEASE_CALLS = 2 + 2 * MAX_TRIES + 3
+RELEASE_CALLS = 2 + 2 * MAX_TRIES + 4
 """The most one member's release makes: the line's head, the owner's lane read and written up to
-``MAX_TRIES`` times, the owner's groups, the run and its hint."""
+``MAX_TRIES`` times, the owner's groups, the run, its hint and its fallback timer."""
 KILL_CALLS = 3
 """The most one member's kill makes: its write, a read after a race, and the end's nudge."""
 BURY_CALLS = 1 + KILL_CALLS
@@ -312,6 +312,7 @@ def _release(ports: Ports, sweep: Sweep, index: int, now: float) -> bool:
     if pool is not None:
         tag = fair_tag(ports, pool, sweep.owner, sweep.spec.run.priority, now)
     run = member_run(sweep, index, now, tag, groups, group)
+    run.fallback_at = fallback.due_at(run, now)  # its time on the sweep's pool starts now
     try:
         ports.store.create(run)
     except AlreadyExists:
@@ -320,6 +321,7 @@ def _release(ports: Ports, sweep: Sweep, index: int, now: float) -> bool:
         ports.queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
     except RunplaneError as e:
         log.warning("run %s stored but its queue hint failed (the reaper re-sends it): %s", run.id, e)
+    fallback.send_timer(ports, run, now)
     return True
 
 

@@ -54,7 +54,7 @@ EVENT_CALLS = 150
 """RUNPLANE_EVENT_CALLS here: what one event may spend on what waits for a run."""
 POOL_CALLS = 21
 """docs/scheduling.md: the most calls one pool's dispatch makes (4 a try, 3 tries, 9 to record a launch)."""
-RESOLVE_CALLS = 11 + 97
+RESOLVE_CALLS = 12 + 97
 """docs/scheduling.md: the most one waiting run's resolve makes (what a pass may overrun its budget by)."""
 FLOOD = 150
 OPEN_FLOOD = 105

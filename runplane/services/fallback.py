@@ -1,0 +1,211 @@
+"""Fallback between pools: a run names the pools it may run on in order (``[spec.queue,
+*spec.fallback]``, its chain) and moves on to the next one when it has not started on its pool
+within ``spec.fallback_after`` or was preempted there ``spec.fallback_after_preemptions`` times.
+
+``Run.queue`` is always the pool the run is filed and runs in now; a move never goes back. The time
+it moves at is ``Run.fallback_at``, set whenever it is (re)queued on a pool that has a next one (a
+run that waits for others: when it is released); a timer on the dispatcher's event queue
+(``DispatchEvent.fallback``) carries it there, and the reaper's pass moves a due run whose timer
+was lost. Every move is a conditional write on the queued run at its attempt and its
+``fallback_at``: a stale or duplicate timer moves nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from runplane.domain.errors import ConditionFailed, NotAllowed, NotFound, RunplaneError
+from runplane.domain.expect import Expect
+from runplane.domain.messages import DispatchEvent, RunMessage
+from runplane.domain.pools import Pool
+from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.states import RunState
+from runplane.domain.units import format_duration
+from runplane.ports import MAX_NOTIFY_DELAY, Ports, RunPorts
+from runplane.services.scheduling import fair_tag
+
+log = logging.getLogger(__name__)
+
+TIMER_REASON = "fallback"
+
+
+def chain(spec: RunSpec) -> list[str]:
+    """The pools a run (its spec as stored: ``queue`` filled in) may run on, in order."""
+    return [spec.queue, *spec.fallback] if spec.queue is not None else list(spec.fallback)
+
+
+def next_pool(run: Run, queue: str | None = None) -> str | None:
+    """The pool after ``queue`` (default: the one ``run`` is on) in its chain; None: it is the last
+    (or not in the chain at all)."""
+    pools = chain(run.spec)
+    here = run.queue if queue is None else queue
+    if here not in pools:
+        return None
+    place = pools.index(here) + 1
+    return pools[place] if place < len(pools) else None
+
+
+def due_at(run: Run, now: float, queue: str | None = None) -> float | None:
+    """When ``run``, queued on ``queue`` (default: its pool) at ``now``, moves on if it has not
+    started by then; None when it does not move on by time (no ``fallback_after``, or no next pool)."""
+    if run.spec.fallback_after is None or next_pool(run, queue) is None:
+        return None
+    return now + run.spec.fallback_after
+
+
+def queued_changes(run: Run, now: float, *, preempted: bool = False) -> dict[str, Any]:
+    """What a write that puts ``run`` (back) in its pool's line sets of its fallback: its timer
+    started afresh, and its preemptions there counted (``preempted``). Nothing for a run without
+    a chain: its record stays as an older release wrote it."""
+    if not run.spec.fallback:
+        return {}
+    changes: dict[str, Any] = {"fallback_at": due_at(run, now)}
+    if preempted:
+        changes["preemptions"] = run.preemptions + 1
+    return changes
+
+
+def moves_on_preemption(run: Run) -> str | None:
+    """The pool a run preempted now (its count not yet raised) is queued on instead of its own:
+    the next one once it reached ``spec.fallback_after_preemptions`` there; None: it stays."""
+    most = run.spec.fallback_after_preemptions
+    if most is None or run.preemptions + 1 < most:
+        return None
+    return next_pool(run)
+
+
+def send_timer(ports: RunPorts, run: Run, now: float) -> None:
+    """Send ``run``'s timer for its ``fallback_at`` (none when it has none), delayed until it is due,
+    at most MAX_NOTIFY_DELAY: one that comes early is sent again with what is left (``on_timer``).
+    Quiet on failure: the reaper's pass moves a run whose time is up."""
+    if run.fallback_at is None or run.state != RunState.QUEUED:
+        return
+    delay = min(MAX_NOTIFY_DELAY, max(0, math.ceil(run.fallback_at - now)))
+    event = DispatchEvent(pool=run.queue, reason=TIMER_REASON, fallback=run.id, due=run.fallback_at)
+    try:
+        ports.queue.notify(event, delay_seconds=delay)
+    except RunplaneError as e:
+        log.warning("run %s: fallback timer not sent (the reaper moves it when due): %s", run.id, e)
+
+
+def check_chain(ports: Ports, first: Pool, spec: RunSpec, allowed: Callable[[Pool], None]) -> None:
+    """NotAllowed unless ``spec``'s fallback (``spec``: as it will be stored, its first pool ``first``
+    and its resources filled in) can be taken as asked: it has pools to fall back to exactly when it
+    says when (``fallback_after``, ``fallback_after_preemptions``), no pool twice, and every pool of
+    it exists, fits the run's resources and is allowed to the caller as the first one is
+    (``allowed``, which raises what a submit to that pool would)."""
+    when = spec.fallback_after is not None or spec.fallback_after_preemptions is not None
+    if spec.fallback and not when:
+        raise NotAllowed("a run with pools to fall back to needs fallback_after or fallback_after_preemptions")
+    if when and not spec.fallback:
+        raise NotAllowed(
+            "fallback_after and fallback_after_preemptions need pools to fall back to (queue as a list, or fallback)"
+        )
+    seen = {first.name}
+    for name in spec.fallback:
+        if name in seen:
+            raise NotAllowed(f"pool {name} is named twice among the run's pools: a run never goes back to a pool")
+        seen.add(name)
+        pool = ports.pools.get(name)
+        if pool is None:
+            names = ", ".join(p.name for p in ports.pools.pools)
+            raise NotAllowed(f"fallback pool {name!r} does not exist; pools are: {names}")
+        why = pool.misfit(spec.resources)
+        if why:
+            raise NotAllowed(f"fallback pool {name} ({pool.shape()}) cannot run this: {why}")
+        try:
+            allowed(pool)
+        except RunplaneError as e:
+            raise NotAllowed(f"fallback pool {name}: {e.message}") from e
+
+
+def on_timer(ports: Ports, event: DispatchEvent) -> Run | None:
+    """The dispatcher's handling of a run's fallback timer: moved to its next pool when its time is
+    up and it is still queued on the event's pool with that ``fallback_at`` (the run as moved is
+    returned); sent again with the time left when early; else (it started, moved, ended, was
+    re-queued with a new timer, or is gone) dropped. Idempotent. Raises what the stores raise (the
+    event is tried again)."""
+    if event.fallback is None or event.due is None:
+        return None
+    try:
+        run = ports.store.get(event.fallback)
+    except NotFound:
+        return None
+    if not _armed(run, event.pool, event.due):
+        return None
+    now = ports.clock()
+    if run.fallback_at is not None and now < run.fallback_at:
+        send_timer(ports, run, now)
+        return None
+    return fall_back(ports, run, now)
+
+
+def _armed(run: Run, pool: str, due: float) -> bool:
+    """Whether ``run`` is still queued on ``pool``, in its line, with its timer at ``due``."""
+    return (
+        run.state == RunState.QUEUED
+        and run.queue == pool
+        and not run.waiting_on
+        and run.fallback_at is not None
+        and abs(run.fallback_at - due) < 1e-3
+    )
+
+
+def fall_back(ports: Ports, run: Run, now: float) -> Run | None:
+    """Move a queued ``run`` whose ``fallback_at`` is up to its next pool: filed there with a fair
+    tag of that pool's line, its timer set for the pool after (if any), hinted, and that pool's
+    dispatcher nudged. None when it is no longer as read (it started, moved or ended meanwhile)
+    or has no next pool. Raises what the store raises."""
+    target = next_pool(run)
+    if target is None or run.fallback_at is None or now < run.fallback_at:
+        return None
+    pool = ports.pools.get(target)
+    tag = fair_tag(ports, pool, run.owner, run.spec.priority, now) if pool is not None else run.fair_tag
+    within = format_duration(run.spec.fallback_after or 0)
+    changes: dict[str, Any] = {
+        "fallback_at": due_at(run, now, target),
+        "preemptions": 0,
+        "fair_tag": tag,
+        "hinted_at": now,
+        "waiting_reason": f"moved from pool {run.queue}: waiting for a worker of pool {target}",
+    }
+    message = f"not started on pool {run.queue} within {within}: moved to pool {target}"
+    try:
+        moved = ports.store.move(run, _still(run), target, changes, Event(at=now, message=message))
+    except ConditionFailed:
+        return None
+    tell_moved(ports, moved, now)
+    return moved
+
+
+def _still(run: Run) -> Expect:
+    """A move's condition: queued at its attempt, in its line (not waiting on runs). That it is on
+    the pool read is checked by the store's move (it files the run by its stored pool)."""
+    return Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt, waiting=False)
+
+
+def tell_moved(ports: RunPorts, run: Run, now: float) -> None:
+    """Hint a run just moved (or re-queued) to its pool, nudge that pool's dispatcher and start its
+    timer there. Quiet on failure: the reaper re-sends hints of queued runs."""
+    try:
+        ports.queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
+        ports.queue.notify(DispatchEvent(pool=run.queue, reason="fell back"))
+    except RunplaneError as e:
+        log.warning("run %s moved to pool %s but its hint failed (the reaper re-sends it): %s", run.id, run.queue, e)
+    send_timer(ports, run, now)
+
+
+def when_words(run: Run, now: float) -> str:
+    """What a queued run's waiting reason adds of its fallback: "; falls back to pool B at 10:42:05
+    UTC (in 12m)"; empty when it has no timer."""
+    target = next_pool(run)
+    if run.state != RunState.QUEUED or run.fallback_at is None or target is None:
+        return ""
+    at = time.strftime("%H:%M:%S", time.gmtime(run.fallback_at))
+    left = run.fallback_at - now
+    when = f"in {format_duration(left)}" if left >= 0.5 else "due now"
+    return f"; falls back to pool {target} at {at} UTC ({when})"
