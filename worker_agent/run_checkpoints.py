@@ -101,7 +101,7 @@ class RunCheckpoints:
             )
         except (RunplaneError, OSError) as e:  # CheckpointUnusable, a blob gone, the store
             what = f"checkpoint {chosen.seq} of run {chosen.series}" if chosen is not None else "its checkpoint"
-            why = e.message if isinstance(e, RunplaneError) else str(e)
+            why = e.message if isinstance(e, RunplaneError) else (e.strerror or type(e).__name__)  # no host path
             log.warning("run %s: %s cannot be restored: %s", run.id, what, why)
             return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"{what} cannot be restored: {why[:300]}")
         self.previous = chosen
