@@ -277,7 +277,8 @@ def requeue(
             run, expect, changes, Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}")
         )
     else:
-        moved = f"preempted {run.preemptions + 1} times on pool {run.queue}: moved to pool {target}"
+        times = f"{run.preemptions + 1} time" + ("s" if run.preemptions else "")
+        moved = f"preempted {times} on pool {run.queue}: moved to pool {target}"
         changes.update(
             fallback_at=fallback.due_at(run, now, target),
             preemptions=0,

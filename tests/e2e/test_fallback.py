@@ -1,0 +1,79 @@
+"""Fallback between pools on the local stack with real Docker: a run whose first pool never gets a
+worker ("parked") starts on its second, served by an agent, once its time on the first is up, and
+its timeline says so; a run preempted on its first pool as often as it allows is queued on its
+second and finishes there, no attempt used."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import TERMINAL, wait_for, wait_state
+
+pytestmark = pytest.mark.docker
+
+
+def get(client, run_id: str) -> dict[str, Any]:
+    return client.request("GET", f"/v1/runs/{run_id}")
+
+
+def test_a_run_not_started_on_its_first_pool_starts_on_its_second(docker_client, alice, agents):
+    run = alice.request(
+        "POST",
+        "/v1/runs",
+        {"command": "echo ran > where", "queue": ["parked", "manual"], "fallback_after": "3s"},
+    )
+    assert run["queue"] == "parked"
+    assert "; falls back to pool manual at " in get(alice, run["id"])["waiting_reason"]
+    agents()  # the second pool's worker; the first never gets one (max_workers 0)
+    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    assert (done["state"], done["queue"], done["attempt"]) == ("succeeded", "manual", 1), done
+    moved = [e for e in done["events"] if "moved to pool" in e["message"]]
+    assert [e["message"] for e in moved] == ["not started on pool parked within 3s: moved to pool manual"]
+    assert done["started_at"] >= moved[0]["at"]
+
+
+class _Notice(http.server.BaseHTTPRequestHandler):
+    """A preemption notice URL: 404 until the machine is to be taken away, then 200."""
+
+    given = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.given.is_set() else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def notice_url() -> Iterator[str]:
+    _Notice.given.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Notice)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/notice"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_run_preempted_as_often_as_it_allows_finishes_on_its_next_pool(docker_client, alice, agents, notice_url):
+    command = '[ "$RUNPLANE_ATTEMPT" = 1 ] && sleep 300; echo $RUNPLANE_ATTEMPT > done'
+    run = alice.request(
+        "POST", "/v1/runs", {"command": command, "queue": ["manual", "chaos"], "fallback_after_preemptions": 1}
+    )
+    first = agents("--preemption-watch", notice_url)
+    wait_state(alice, run["id"], {"running"}, timeout=60)
+    _Notice.given.set()
+    assert first.wait(60) == 0
+    back = wait_for(lambda: (r := get(alice, run["id"]))["state"] == "queued" and r, 30, what="run handed back")
+    assert back["queue"] == "chaos"
+    assert back["events"][-1]["message"].endswith("preempted 1 time on pool manual: moved to pool chaos")
+    agents("--pool", "chaos", worker_id=f"chaos-{os.urandom(3).hex()}")  # the last --pool given wins
+    done = wait_state(alice, run["id"], TERMINAL, timeout=90)
+    assert (done["state"], done["queue"], done["attempt"]) == ("succeeded", "chaos", 2), done
