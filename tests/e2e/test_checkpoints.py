@@ -24,9 +24,10 @@ from tests.e2e.test_preemption import _Notice, notice_url  # noqa: F401 (a fixtu
 pytestmark = pytest.mark.docker
 
 INTERVAL = 2
-# Counts a step a second from the step its checkpoint directory holds: prints it, then keeps it (written
-# aside and renamed, so that a sync never reads half of it). The first attempt counts on until it is
-# stopped; a later one counts three more steps and ends.
+# Counts a step a second from the step its checkpoint directory holds (and says how many entries, dot
+# files aside, the directory held then): prints it, then keeps it (written aside and renamed, so that a
+# sync never reads half of it). The first attempt counts on until it is stopped, and at step MANY_AT
+# adds 3000 files at once (their sync takes a while); a later attempt counts three more steps and ends.
 COUNT = r"""d=$RUNPLANE_CHECKPOINT_DIR; n=$(cat "$d/step" 2>/dev/null || echo 0)
 echo "start $n $(ls "$d" | wc -l)"
 end=$((n + 3)); [ "$RUNPLANE_ATTEMPT" = 1 ] && end=1000000
@@ -159,9 +160,10 @@ def test_a_killed_worker_s_run_resumes_on_another_from_its_last_sync(docker_clie
     done, log = resumed(alice, agents, run["id"], first)
     start, _ = started_at(log)
     assert start == kept, (start, last_synced)
-    # the last sync is at most one interval old when the worker goes, plus a step for the sync's own
-    # time (it reads the directory at its start, its manifest is written at its end)
-    assert 0 < start <= printed[-1] and printed[-1] - start <= INTERVAL + 1, (start, printed)
+    # behind by at most one interval and the time of two syncs: the newest complete checkpoint holds what
+    # the directory held when its sync began, and the next sync begins an interval after it ended (a step
+    # of slack for each sync's own time)
+    assert 0 < start <= printed[-1] and printed[-1] - start <= INTERVAL + 2, (start, printed)
     assert steps(log) == [start + 1, start + 2, start + 3], log
     restored = restored_events(done)
     assert len(restored) == 1 and restored[0].startswith(f"restored checkpoint {last_synced.seq} "), done["events"]
@@ -260,6 +262,8 @@ def test_from_checkpoint_in_the_cli(devstack, docker_client, alice, tmp_path):
         devstack, "run", "--wait", "--from-checkpoint", source, "--", f"cat {d}/answer {d}/sub/f", home=tmp_path
     )
     assert (follow.returncode, follow.stdout) == (0, "41\ndeep\n"), follow.stderr
+    restored = restored_events(get(alice, follow.stderr.split()[0]))
+    assert len(restored) == 1 and restored[0].endswith(f" of run {source}"), restored
     # someone else's run is not there for bob, as a run that does not exist is not
     nobody = "r-" + "0" * 24
     stolen = one_error_line(
@@ -267,3 +271,18 @@ def test_from_checkpoint_in_the_cli(devstack, docker_client, alice, tmp_path):
     )
     absent = one_error_line(cli(devstack, "run", "--from-checkpoint", nobody, "--", "true", home=tmp_path), 3)
     assert stolen.replace(source, "X") == absent.replace(nobody, "X"), (stolen, absent)
+    assert stolen.endswith(f"run {source} not found"), stolen
+
+
+def test_a_checkpoint_over_the_disk_limit_ends_the_run_with_no_checkpoint(docker_client, alice, agents):
+    """The checkpoint directory counts in the run's disk: over it, the run ends disk_limit saying so, and
+    its series holds no checkpoint (nothing a later run could start from)."""
+    big = 'head -c 40000000 /dev/zero > "$RUNPLANE_CHECKPOINT_DIR/big"; echo written; sleep 30'
+    run = submit_once(alice, big, resources={"disk": "32m"}, checkpoint={"interval": "1s"})
+    agents()
+    done = wait_state(alice, run["id"], TERMINAL, timeout=60)
+    assert (done["state"], done["failure"]["reason"]) == ("failed", "disk_limit"), done
+    assert "checkpoint" in done["failure"]["message"], done["failure"]
+    assert "checkpoint" not in done, done["checkpoint"]
+    series = [i.key for i in bootstrap.stack().objects.list(checkpoints_prefix(run["id"]))]
+    assert not [k for k in series if manifest_seq(run["id"], k)], series
