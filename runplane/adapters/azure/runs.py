@@ -31,9 +31,11 @@ per run, makes the queue+state index a separate partition that no transaction ca
 run, so counts and the reaper's scans would see stale entries after a failure between the writes.
 The price: all runs of one queue share a partition (Azure serves about 2,000 entities a second per
 partition, plenty for runs that last minutes), and ``get`` needs the run's queue, read from the
-``id:`` entry (one extra read per id and process: the entry never changes, so it is cached).
+``id:`` entry (one extra read per id and process: it changes only when the run moves, so it is cached).
 
-The ``id:`` and owner entries are written before the run and never change. A failure between these
+The ``id:`` and owner entries are written before the run and change only when a move (``move``:
+the protocol of ``run_moves``, which every read and write finishes when it meets it half-way)
+takes the run to another pool's partition. A failure between these
 writes leaves entries that point at no run: ``get`` says NotFound, ``list(owner=...)`` skips them
 (it reads each run and checks it), and a create retried with the same id completes the run.
 ``delete`` removes the run and its copies in one transaction conditional on the ETag read, then the
