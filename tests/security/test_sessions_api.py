@@ -385,7 +385,9 @@ def test_the_sdks_wait_for_a_worker_ends_when_the_run_stops_running(front, peopl
                 call()
         finally:
             moved.join()
-        assert {(s.state, s.end_reason) for s in client.sessions(run_id)} == {("ended", "closed")}
+        # ended: closed by the SDK giving up, or found ended with its run first (the order is the machine's)
+        ended = [(s.state, s.end_reason) for s in client.sessions(run_id)]
+        assert len(ended) == 1 and ended[0] in {("ended", "closed"), ("ended", "run_ended")}, ended
         return lost.value.reason
 
     async def async_exec(run_id):
