@@ -67,9 +67,9 @@ class RunStore(Protocol):
     def move(self, run: Run, expect: Expect, queue: str, changes: Mapping[str, Any], event: Event | None = None) -> Run:
         """``update`` that also files the run under pool ``queue``: its listings by queue and state,
         its line (``head``, ``count``) while queued, the purge index. Readers find it in one pool or
-        the other, never both and never neither; a write made with a copy of the run from before
-        the move lands on the moved run; a move to the pool it is in is an ``update``. Raises as
-        update does (NotFound, ConditionFailed with ``details['run']``)."""
+        the other, never both and never neither; an ``update`` with a copy of the run from before
+        the move lands on the moved run. The move is from the pool ``run`` names: ConditionFailed
+        (with ``details['run']``) when the stored run is in another, or ``expect`` fails; NotFound."""
         ...
 
     def list(

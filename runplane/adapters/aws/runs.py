@@ -129,13 +129,15 @@ class DynamoRunStore:
         run is filed under, what the retention index derives from) changed under it."""
         if event is not None and "events" in bounded:  # a timeline given whole: the event goes last
             bounded["events"], event = add_event(bounded["events"], event), None
-        seen = run.events
+        seen, left = run.events, run.queue
         for _ in range(MAX_TIMELINE_TRIES):
             try:
                 return self._update(run, expect, bounded, event, seen, queue)
             except _TimelineMoved as moved:
                 seen = moved.current.events
                 run = moved.current
+                if queue is not None and run.queue != left:  # a move is from the pool its copy names
+                    raise ConditionFailed(f"run {run.id} is on pool {run.queue}, not {left}", run=run) from None
         raise BackendError(f"update run {run.id}: {MAX_TIMELINE_TRIES} concurrent writes won over this one; retry")
 
     def _update(

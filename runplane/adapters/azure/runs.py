@@ -238,6 +238,8 @@ class TableRunStore:
         absent_at: tuple[str, frozenset[str]] = ("", frozenset())
         for _ in range(MAX_WRITE_TRIES):
             current, etag, where = self._locate(run.id, run.queue)
+            if where != run.queue:
+                raise ConditionFailed(f"run {run.id} is on pool {where}, not {run.queue}", run=current)
             if not expect.holds(current):
                 raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
             if where == queue:

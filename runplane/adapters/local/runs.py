@@ -188,6 +188,8 @@ class SqliteRunStore:
         bounded = {**bound_changes(changes), "queue": queue}  # the row's queue column is rewritten with it
 
         def change(current: Run) -> Mapping[str, Any]:
+            if current.queue != run.queue:
+                raise ConditionFailed(f"run {run.id} is on pool {current.queue}, not {run.queue}", run=current)
             if not expect.holds(current):
                 raise ConditionFailed(f"run {run.id} is {current.state} at attempt {current.attempt}", run=current)
             return bounded

@@ -117,6 +117,21 @@ def test_a_move_whose_expectation_fails_changes_nothing(stack):
         store.move(make_run(9), QUEUED, ONDEMAND, {})
 
 
+def test_a_move_from_a_pool_the_run_has_left_fails(stack):
+    """A move is from the pool its copy of the run names: a second move made with the same copy
+    (a timer handled twice) changes nothing."""
+    store = stack.store
+    run = store.create(make_run(0))
+    store.move(run, QUEUED, ONDEMAND, {"preemptions": 1}, Event(at=1600.0, message="moved"))
+    with pytest.raises(ConditionFailed) as info:
+        store.move(run, QUEUED, "cpu", {"preemptions": 2}, Event(at=1700.0, message="moved again"))
+    assert info.value.details["run"].queue == ONDEMAND
+    got = store.get(run.id)
+    assert (got.queue, got.preemptions, [e.message for e in got.events]) == (ONDEMAND, 1, ["submitted", "moved"])
+    assert filed(store, run.id, RunState.QUEUED) == {ONDEMAND: ["list", "head"]}
+    assert store.count("cpu", RunState.QUEUED) == 0
+
+
 def test_a_move_to_the_pool_it_is_in_is_an_update(stack):
     store = stack.store
     run = store.create(make_run(0))
