@@ -283,8 +283,10 @@ class RunSpec(Record):
         if not isinstance(data, dict) or not isinstance(data.get("queue"), list):
             return data
         pools = data["queue"]
-        if not pools:
-            raise ValueError("queue: name at least one pool")
+        if not pools or len(pools) > MAX_FALLBACK + 1:
+            raise ValueError(f"queue: name 1 to {MAX_FALLBACK + 1} pools (the first, then those to fall back to)")
+        if wrong := [p for p in pools if not isinstance(p, str) or not re.fullmatch(NAME_PATTERN, p)]:
+            raise ValueError(f"queue: {str(wrong[0])[:80]!r} is not a pool name (a-z, 0-9, -)")
         if data.get("fallback"):
             raise ValueError("give the pools to fall back to in queue or in fallback, not both")
         return {**data, "queue": pools[0], "fallback": pools[1:]}

@@ -3,7 +3,8 @@ of a run's pools, the timer a queued run's time on its pool is carried by, the d
 the next pool (and nothing for a timer that is early, stale or repeated), preemptions counted up to
 ``fallback_after_preemptions``, the timer started afresh by a re-queue and by a release from
 waiting, the waiting reason's words, the reaper's move of a run whose timer was lost, and usage
-charged to the pool the run ran on."""
+charged to the pool the run ran on. On the local store; the moves by timer and by preemptions on
+the AWS (moto) and Azure (Azurite) stores too."""
 
 import dataclasses
 from types import SimpleNamespace
@@ -54,18 +55,28 @@ class Timers:
 
 
 @pytest.fixture
+def stack(request):
+    """The local stack; a test parametrized with ``EVERY_STACK`` runs on the AWS (moto) and Azure
+    (Azurite) stores too."""
+    return request.getfixturevalue(getattr(request, "param", "local_stack"))
+
+
+EVERY_STACK = pytest.mark.parametrize("stack", ["local_stack", "aws_stack", "azure_stack"], indirect=True)
+
+
+@pytest.fixture
 def clock():
     return Clock()
 
 
 @pytest.fixture
-def timers(local_stack):
-    return Timers(local_stack.queue)
+def timers(stack):
+    return Timers(stack.queue)
 
 
 @pytest.fixture
-def ports(local_stack, clock, timers):
-    return dataclasses.replace(make_ports(local_stack, clock), queue=timers)
+def ports(stack, clock, timers):
+    return dataclasses.replace(make_ports(stack, clock), queue=timers)
 
 
 def submit(ports, principal=ALICE, **spec):
@@ -99,53 +110,54 @@ def hints(stack, pool):
         ),
     ],
 )
-def test_a_submit_refuses_pools_the_run_could_not_fall_back_to(ports, local_stack, spec, words):
+def test_a_submit_refuses_pools_the_run_could_not_fall_back_to(ports, stack, spec, words):
     with pytest.raises(NotAllowed) as refused:
         submit(ports, **spec)
     assert words in refused.value.message
-    assert local_stack.store.list(owner="alice").runs == []
+    assert stack.store.list(owner="alice").runs == []
 
 
-def test_a_run_not_started_in_time_moves_to_its_next_pool_once(ports, local_stack, clock, timers):
+@EVERY_STACK
+def test_a_run_not_started_in_time_moves_to_its_next_pool_once(ports, stack, clock, timers):
     run = submit(ports, queue=["parked", "manual", "chaos"], fallback_after="20m")
     assert (run.queue, run.fallback_at) == ("parked", START + 1200)
     [(timer, delay)] = timers.take()
     assert (timer.pool, timer.fallback, timer.due, delay) == ("parked", run.id, START + 1200, 900)  # SQS's most
-    assert hints(local_stack, "parked") == [run.id]
+    assert hints(stack, "parked") == [run.id]
 
     clock.now += 900  # the timer comes early: sent again with what is left
     assert fallback.on_timer(ports, timer) is None
     [(again, delay)] = timers.take()
     assert (again.due, delay) == (START + 1200, 300)
-    assert local_stack.store.get(run.id).queue == "parked"
+    assert stack.store.get(run.id).queue == "parked"
 
     clock.now += 300
     moved = fallback.on_timer(ports, again)
     assert moved is not None and moved.queue == "manual"
-    stored = local_stack.store.get(run.id)
+    stored = stack.store.get(run.id)
     assert (stored.queue, stored.state, stored.fallback_at) == ("manual", RunState.QUEUED, clock.now + 1200)
     assert stored.events[-1].message == "not started on pool parked within 20m: moved to pool manual"
-    assert [r.id for r in local_stack.store.head("manual", 10)] == [run.id]
-    assert local_stack.store.head("parked", 10) == []
-    assert hints(local_stack, "manual") == [run.id]
+    assert [r.id for r in stack.store.head("manual", 10)] == [run.id]
+    assert stack.store.head("parked", 10) == []
+    assert hints(stack, "manual") == [run.id]
     [(next_timer, _)] = timers.take()  # its time on manual, before chaos
     assert (next_timer.pool, next_timer.due) == ("manual", clock.now + 1200)
 
     # the same timer again (at-least-once) moves nothing: the run is no longer on parked
     assert fallback.on_timer(ports, again) is None
-    assert local_stack.store.get(run.id).events == stored.events
+    assert stack.store.get(run.id).events == stored.events
 
 
-def test_a_timer_of_a_run_that_started_or_was_queued_again_moves_nothing(ports, local_stack, clock, timers):
+def test_a_timer_of_a_run_that_started_or_was_queued_again_moves_nothing(ports, stack, clock, timers):
     run = submit(ports, queue=["parked", "manual"], fallback_after=60)
     [(timer, _)] = timers.take()
-    claimed = lifecycle.claim(local_stack.store, run, 0, "w1", 60, clock())
+    claimed = lifecycle.claim(stack.store, run, 0, "w1", 60, clock())
     clock.now += 61
     assert fallback.on_timer(ports, timer) is None  # it started
-    assert local_stack.store.get(run.id).queue == "parked"
+    assert stack.store.get(run.id).queue == "parked"
     # handed back: its time on parked starts again, and the old timer is stale
     lifecycle.requeue(ports, claimed, clock(), "its worker stopped", charge=False)
-    requeued = local_stack.store.get(run.id)
+    requeued = stack.store.get(run.id)
     assert requeued.fallback_at == clock.now + 60
     [(fresh, _)] = timers.take()
     assert fresh.due == clock.now + 60
@@ -154,45 +166,46 @@ def test_a_timer_of_a_run_that_started_or_was_queued_again_moves_nothing(ports, 
     assert fallback.on_timer(ports, fresh).queue == "manual"
 
 
-def test_the_dispatcher_moves_a_run_whose_timer_is_due(ports, local_stack, clock, timers):
+def test_the_dispatcher_moves_a_run_whose_timer_is_due(ports, stack, clock, timers):
     run = submit(ports, queue=["parked", "manual"], fallback_after=5)
     [(timer, _)] = timers.take()
     clock.now += 5
     handle = PoolDispatcher(ports).record_handler()
     assert handle(SimpleNamespace(body=timer.model_dump_json())) is None
-    stored = local_stack.store.get(run.id)
+    stored = stack.store.get(run.id)
     assert stored.queue == "manual" and stored.fallback_at is None  # the last pool: no timer
     assert "moved to pool manual" in stored.events[-1].message
 
 
-def test_preemptions_on_a_pool_move_the_run_on_at_the_nth(ports, local_stack, clock, timers):
+@EVERY_STACK
+def test_preemptions_on_a_pool_move_the_run_on_at_the_nth(ports, stack, clock, timers):
     run = submit(ports, queue=["parked", "manual"], fallback_after_preemptions=2)
     assert run.fallback_at is None and timers.take() == []
 
     def preempt(run, preempted=True):
-        claimed = lifecycle.claim(local_stack.store, run, run.attempt, "w1", 60, clock(), preemptible=True)
+        claimed = lifecycle.claim(stack.store, run, run.attempt, "w1", 60, clock(), preemptible=True)
         return lifecycle.requeue(ports, claimed, clock(), "worker preempted", charge=False, preempted=preempted)
 
     run = preempt(run, preempted=False)  # handed back, not preempted: not counted
     assert (run.queue, run.preemptions) == ("parked", 0)
     run = preempt(run)
     assert (run.queue, run.preemptions) == ("parked", 1)
-    hints(local_stack, "parked")
+    hints(stack, "parked")
     run = preempt(run)
     assert (run.queue, run.preemptions, run.state) == ("manual", 0, RunState.QUEUED)
     moved = "re-queued: worker preempted; preempted 2 times on pool parked: moved to pool manual"
     assert run.events[-1].message == moved
-    assert [r.id for r in local_stack.store.head("manual", 10)] == [run.id]
-    assert hints(local_stack, "manual") == [run.id] and hints(local_stack, "parked") == []
+    assert [r.id for r in stack.store.head("manual", 10)] == [run.id]
+    assert hints(stack, "manual") == [run.id] and hints(stack, "parked") == []
     run = preempt(run)  # the last pool: it stays, however often
     assert run.queue == "manual"
 
 
-def test_a_run_waiting_for_another_starts_its_time_when_released(ports, local_stack, clock, timers):
+def test_a_run_waiting_for_another_starts_its_time_when_released(ports, stack, clock, timers):
     upstream = submit(ports, queue="parked")
     run = submit(ports, queue=["parked", "manual"], fallback_after=30, after=[upstream.id])
     assert run.waiting_on and run.fallback_at is None and timers.take() == []
-    finish(local_stack.store, lifecycle.claim(local_stack.store, upstream, 0, "w1", 60, clock()), clock())
+    finish(stack.store, lifecycle.claim(stack.store, upstream, 0, "w1", 60, clock()), clock())
     clock.now += 100
     released = dependencies.resolve(ports, run.id)
     assert not released.waiting_on and released.fallback_at == clock.now + 30
@@ -200,30 +213,30 @@ def test_a_run_waiting_for_another_starts_its_time_when_released(ports, local_st
     assert (timer.due, delay) == (clock.now + 30, 30)
 
 
-def test_the_waiting_reason_says_when_it_falls_back(ports, local_stack, clock):
+def test_the_waiting_reason_says_when_it_falls_back(ports, stack, clock):
     run = submit(ports, queue=["parked", "manual"], fallback_after="20m")
     clock.now += 480
-    why = overview.why_waiting(ports, local_stack.store.get(run.id))
+    why = overview.why_waiting(ports, stack.store.get(run.id))
     assert why.endswith("; falls back to pool manual at 08:20:00 UTC (in 12m)"), why
     assert why.startswith("pool parked has max_workers=0")
 
 
-def test_the_reaper_moves_a_run_whose_timer_was_lost(ports, local_stack, clock):
+def test_the_reaper_moves_a_run_whose_timer_was_lost(ports, stack, clock):
     run = submit(ports, queue=["parked", "manual"], fallback_after=60)
     clock.now += 30
     assert reap.reap(ports).fell_back == []
     clock.now += 30
     assert reap.reap(ports).fell_back == [run.id]
-    assert local_stack.store.get(run.id).queue == "manual"
+    assert stack.store.get(run.id).queue == "manual"
 
 
-def test_a_moved_run_is_charged_to_the_pool_it_ran_on(ports, local_stack, clock):
+def test_a_moved_run_is_charged_to_the_pool_it_ran_on(ports, stack, clock):
     run = submit(ports, queue=["parked", "manual"], fallback_after=10)
     clock.now += 10
-    assert fallback.fall_back(ports, local_stack.store.get(run.id), clock()).queue == "manual"
-    claimed = lifecycle.claim(local_stack.store, local_stack.store.get(run.id), 0, "w-manual", 60, clock())
-    finish(local_stack.store, claimed, clock(), usage=Usage(cpu_seconds=50.0, cost=0.1))
+    assert fallback.fall_back(ports, stack.store.get(run.id), clock()).queue == "manual"
+    claimed = lifecycle.claim(stack.store, stack.store.get(run.id), 0, "w-manual", 60, clock())
+    finish(stack.store, claimed, clock(), usage=Usage(cpu_seconds=50.0, cost=0.1))
     report = usage.usage_report(ports, ADMIN, user="alice", since=START - 1, by="pool")
     assert [(row.key, row.runs, row.cpu_seconds) for row in report.rows] == [("manual", 1, 50.0)]
     assert usage.usage_report(ports, ADMIN, pool="parked", since=START - 1).total.runs == 0
-    assert local_stack.store.list(queue="manual", state=RunState.SUCCEEDED).runs[0].id == run.id
+    assert stack.store.list(queue="manual", state=RunState.SUCCEEDED).runs[0].id == run.id
