@@ -454,7 +454,9 @@ def test_the_reaper_may_sweep_and_a_missing_upload_reads_as_missing(template: di
     assert _listed_prefixes(function_statements(template, "ApiFunction")) == {"runs/*", "uploads/*"}
     workers = template["Resources"]["WorkerPolicy"]["Properties"]["PolicyDocument"]["Statement"]
     assert _listed_prefixes(workers) == {"runs/*"}  # a worker never lists whose uploads there are
-    assert not _grants(workers, "s3:DeleteObject")
+    # a worker deletes nothing but its runs' old checkpoints (the newest two of a series are kept)
+    pruned = {r["Fn::Sub"] for s in _grants(workers, "s3:DeleteObject") for r in as_list(s["Resource"])}
+    assert pruned == {"${DataBucket.Arn}/runs/*/checkpoints/*"}
     assert not _grants(function_statements(template, "ApiFunction"), "s3:DeleteObject")
 
 

@@ -634,20 +634,24 @@ def test_workers_reach_their_runs_objects_and_queues_only(template: dict[str, An
         for resource in as_list(statement["Resource"]):
             text = resource.get("Fn::Sub", "") if isinstance(resource, dict) else ""
             granted.add(text or "the bucket")
-            if text:  # objects: only under runs/ (and the agent's own log, write only; uploads, read only)
-                assert text in ("${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", UPLOADS), text
+            if text:  # objects: only under runs/ (and the agent's own log, write only; uploads, read only;
+                # its runs' old checkpoints, delete only)
+                assert text in ("${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", UPLOADS, CHECKPOINTS), text
                 if text.endswith("/agents/*"):
                     assert as_list(statement["Action"]) == ["s3:PutObject"]
                 if text == UPLOADS:
                     assert as_list(statement["Action"]) == ["s3:GetObject"]
+                if text == CHECKPOINTS:
+                    assert as_list(statement["Action"]) == ["s3:DeleteObject"]
             else:  # the bucket: listing, under runs/ only
                 assert as_list(statement["Action"]) == ["s3:ListBucket"]
                 assert statement["Condition"] == {"StringLike": {"s3:prefix": "runs/*"}}
-    assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", UPLOADS, "the bucket"}
+    assert granted == {"${DataBucket.Arn}/runs/*", "${DataBucket.Arn}/agents/*", UPLOADS, CHECKPOINTS, "the bucket"}
     assert {"ApiUrl", "WorkerPolicy"} <= set(template["Outputs"])
 
 
 UPLOADS = "${DataBucket.Arn}/uploads/*"
+CHECKPOINTS = "${DataBucket.Arn}/runs/*/checkpoints/*"
 
 
 def test_uploads_are_signed_by_the_api_and_read_by_workers_only(template: dict[str, Any]) -> None:
