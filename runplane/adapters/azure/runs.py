@@ -15,7 +15,8 @@ PartitionKey          RowKey                           entity
 ``q:{queue}``         ``p:{due}:{id}``                 a copy of a run the retention sweep looks at by
                                                        ``due``: its ``purge_due``, as ``%017.6f``
 ``id:{id}``           ``""``                           the run's queue: where ``get(id)`` finds it
-``o:{owner}``         ``{newest}:{id}``                the owner's index: points at the run's queue
+``o:{owner}``         ``{newest}:{id}``                the owner's index: points at the run's queue (and,
+                                                       during a move, at the next one: ``next``)
 ====================  ===============================  ==================================================
 
 ``newest`` is an inverted creation time, so a range scan returns newest first. ``rank`` is
