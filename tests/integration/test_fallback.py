@@ -3,10 +3,12 @@ of a run's pools, the timer a queued run's time on its pool is carried by, the d
 the next pool (and nothing for a timer that is early, stale or repeated), preemptions counted up to
 ``fallback_after_preemptions``, the timer started afresh by a re-queue and by a release from
 waiting, the waiting reason's words, the reaper's move of a run whose timer was lost, and usage
-charged to the pool the run ran on. On the local store; the moves by timer and by preemptions on
+charged to the pool the run ran on, and an agent of the pool a run left dropping its old hint. On
+the local store; the moves by timer and by preemptions on
 the AWS (moto) and Azure (Azurite) stores too."""
 
 import dataclasses
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +21,8 @@ from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
 from runplane.handlers import PoolDispatcher
 from runplane.services import dependencies, fallback, lifecycle, overview, reap, runs, usage
+from worker_agent.agent import Agent
+from worker_agent.run_config import AgentConfig, AgentPorts
 
 ALICE = Principal(user="alice", scopes=["runs:read", "runs:write"])
 ADMIN = Principal(user="root", scopes=["admin"])
@@ -240,3 +244,19 @@ def test_a_moved_run_is_charged_to_the_pool_it_ran_on(ports, stack, clock):
     assert [(row.key, row.runs, row.cpu_seconds) for row in report.rows] == [("manual", 1, 50.0)]
     assert usage.usage_report(ports, ADMIN, pool="parked", since=START - 1).total.runs == 0
     assert stack.store.list(queue="manual", state=RunState.SUCCEEDED).runs[0].id == run.id
+
+
+def test_an_agent_of_the_pool_a_run_left_drops_its_old_hint(ports, stack, clock, tmp_path):
+    run = submit(ports, queue=["parked", "manual"], fallback_after=10)
+    clock.now += 10
+    assert fallback.fall_back(ports, stack.store.get(run.id), clock()).queue == "manual"
+    config = AgentConfig(pool="parked", worker_id="w-parked", work_dir=tmp_path / "w-parked")
+    agent_ports = AgentPorts(stack.store, stack.queue, stack.objects)
+    agent = Agent(config, agent_ports, stack.workers, docker_client=None, clock=time.time)  # never reaches Docker
+    (old,) = stack.queue.receive("parked", 10, 0, 30)
+    assert old.message.run_id == run.id
+    agent.intake.take(old)
+    assert agent.slots.active == {} and agent.slots.claimed == 0
+    stored = stack.store.get(run.id)
+    assert (stored.state, stored.queue, stored.worker_id) == (RunState.QUEUED, "manual", None)
+    assert stack.queue.receive("parked", 10, 0, 0) == []  # the stale hint is gone, not handed back
