@@ -158,9 +158,12 @@ def _armed(run: Run, pool: str, due: float) -> bool:
 def fall_back(ports: Ports, run: Run, now: float) -> Run | None:
     """Move a queued ``run`` whose ``fallback_at`` is up to its next pool: filed there with a fair
     tag of that pool's line, its timer set for the pool after (if any), hinted, and that pool's
-    dispatcher nudged. None when it is no longer as read (it started, moved or ended meanwhile)
-    or has no next pool. Raises what the store raises."""
+    dispatcher nudged; a pool of its chain no longer configured is passed over. None when it is no
+    longer as read (it started, moved or ended meanwhile) or has no next pool. Raises what the
+    store raises."""
     target = next_pool(run)
+    while target is not None and ports.pools.get(target) is None:
+        target = next_pool(run, target)
     if target is None or run.fallback_at is None or now < run.fallback_at:
         return None
     pool = ports.pools.get(target)

@@ -16,6 +16,7 @@ import pytest
 from runplane.bootstrap import make_ports
 from runplane.domain.errors import NotAllowed
 from runplane.domain.messages import DispatchEvent
+from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import RunSpec, Usage
 from runplane.domain.states import RunState
 from runplane.domain.tenancy import Principal
@@ -260,3 +261,12 @@ def test_an_agent_of_the_pool_a_run_left_drops_its_old_hint(ports, stack, clock,
     stored = stack.store.get(run.id)
     assert (stored.state, stored.queue, stored.worker_id) == (RunState.QUEUED, "manual", None)
     assert stack.queue.receive("parked", 10, 0, 0) == []  # the stale hint is gone, not handed back
+
+
+def test_a_pool_of_the_chain_no_longer_configured_is_passed_over(ports, stack, clock):
+    run = submit(ports, queue=["parked", "manual", "chaos"], fallback_after=10)
+    clock.now += 10
+    without = PoolConfig(pools=[p for p in ports.pools.pools if p.name != "manual"])
+    moved = fallback.fall_back(dataclasses.replace(ports, pools=without), stack.store.get(run.id), clock())
+    assert moved is not None and (moved.queue, moved.fallback_at) == ("chaos", None)
+    assert moved.events[-1].message == "not started on pool parked within 10s: moved to pool chaos"
