@@ -270,3 +270,17 @@ def test_a_pool_of_the_chain_no_longer_configured_is_passed_over(ports, stack, c
     moved = fallback.fall_back(dataclasses.replace(ports, pools=without), stack.store.get(run.id), clock())
     assert moved is not None and (moved.queue, moved.fallback_at) == ("chaos", None)
     assert moved.events[-1].message == "not started on pool parked within 10s: moved to pool chaos"
+
+
+def test_a_preemptible_worker_gone_silent_counts_as_a_preemption(ports, stack, clock):
+    run = submit(ports, queue=["parked", "manual"], fallback_after_preemptions=1)
+    lifecycle.claim(stack.store, run, 0, "w-spot", 60, clock(), preemptible=True)
+    other = submit(ports, queue=["parked", "manual"], fallback_after_preemptions=1)
+    lifecycle.claim(stack.store, other, 0, "w-steady", 60, clock())
+    clock.now += 61  # both leases lapse
+    report = reap.reap(ports)
+    assert sorted(report.requeued) == sorted([run.id, other.id])
+    spot, steady = stack.store.get(run.id), stack.store.get(other.id)
+    assert (spot.queue, spot.preemptions) == ("manual", 0)
+    assert spot.events[-1].message.endswith("preempted 1 time on pool parked: moved to pool manual")
+    assert (steady.queue, steady.preemptions) == ("parked", 0)  # a worker lost, not preempted
