@@ -24,8 +24,21 @@ def download(
         str | None,
         typer.Option("--sweep", help="a sweep's outputs instead: member N's in DEST/N", show_default=False),
     ] = None,
+    checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoint",
+            help="the run's newest checkpoint instead (its files and directories, with their permissions)",
+        ),
+    ] = False,
 ) -> None:
-    """Download a run's output files (a progress bar on a terminal; the paths written on stdout)."""
+    """Download a run's output files, or its checkpoint (a progress bar on a terminal; the paths
+    written on stdout)."""
+    if checkpoint and sweep is not None:
+        raise CliError("--checkpoint is a run's: give a run, not --sweep")
+    if checkpoint:
+        download_checkpoint(ctx, run_id, dest, force, as_json)
+        return
     if sweep is not None:
         if run_id is not None and dest != Path():
             raise CliError("give a run or --sweep SWEEP, not both (runplane download --sweep SWEEP DEST)")
@@ -55,6 +68,24 @@ def download(
         err.print(said, markup=False, highlight=False)
     elif not found.done:  # a run that goes: its live/ files as last uploaded
         err.print(f"{found.id} is still {found.view.state}: these are its outputs so far")
+    for path in written:
+        out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+
+
+def download_checkpoint(ctx: typer.Context, run_id: str | None, dest: Path, force: bool, as_json: bool) -> None:
+    rid = run_id_or_last(run_id)
+    with named_by_id(rid):
+        found = client(ctx).get(rid)
+        if err.is_terminal and not as_json:
+            with transfer_bar(f"{found.id} checkpoint") as progress:
+                written = found.download_checkpoint(dest, force=force, progress=progress)
+        else:
+            written = found.download_checkpoint(dest, force=force)
+    if as_json:
+        print_json({"files": [str(p) for p in written]})
+        return
+    if not written:
+        err.print(f"{found.id}: its checkpoint holds no files", markup=False, highlight=False)
     for path in written:
         out.print(str(path), markup=False, highlight=False, soft_wrap=True)
 

@@ -15,6 +15,7 @@ half (``AsyncClient``, ``AsyncRun``, ``AsyncSweep``, and asyncio itself) loads w
 
 from typing import TYPE_CHECKING, Any
 
+from runplane.api.checkpoint_models import CheckpointFileView, CheckpointPage
 from runplane.api.models import (
     ErrorBody,
     LogPage,
@@ -24,6 +25,7 @@ from runplane.api.models import (
     PoolSessions,
     PoolView,
     RetentionView,
+    RunCheckpoint,
     RunFailure,
     RunPage,
     RunView,
@@ -87,6 +89,8 @@ __all__ = [
     "AsyncRun",
     "AsyncSweep",
     "BadRequest",
+    "CheckpointFileView",
+    "CheckpointPage",
     "CheckpointRule",
     "Client",
     "Conflict",
@@ -121,6 +125,7 @@ __all__ = [
     "RetryPolicy",
     "RetryRule",
     "Run",
+    "RunCheckpoint",
     "RunFailure",
     "RunOptions",
     "RunPage",

@@ -13,6 +13,7 @@ from typing import Any, TypeVar, Unpack
 
 import httpx
 
+from runplane.api.checkpoint_models import CheckpointPage
 from runplane.api.models import LogPage, OutputFile, PoolView, RunPage, WorkerView
 from runplane.api.tenancy_models import Me, QuotaView, SecretView, Token, TokenCreated, UsageReport, UserView
 from runplane.client._async_run import AsyncRun, AsyncSweep, PlanResult
@@ -289,6 +290,10 @@ class AsyncClient(AsyncSessionCalls):
     async def outputs(self, run_id: str, *, attempt: int | None = None) -> AsyncIterator[OutputFile]:
         async for file in self._steps(self._plans.outputs(run_id, attempt)):
             yield file
+
+    async def checkpoint(self, run_id: str) -> CheckpointPage:
+        """See ``Client.checkpoint``."""
+        return await self._drive(self._plans.checkpoint(run_id))
 
     async def download_file(self, url: str, dest: Path, *, progress: Progress | None = None) -> None:
         """See ``Client.download_file``."""

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runplane.api.checkpoint_models import CheckpointPage
 from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
@@ -90,6 +91,16 @@ class AsyncRun(RunBase):
         self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
     ) -> list[Path]:
         return await self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+    async def checkpoint_files(self) -> CheckpointPage:
+        """See ``Run.checkpoint_files``."""
+        return await self._client.checkpoint(self.view.id)
+
+    async def download_checkpoint(
+        self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
+    ) -> list[Path]:
+        """See ``Run.download_checkpoint``."""
+        return await self._client._drive(self._client._plans.download_checkpoint(self.view.id, dest, force, progress))
 
     async def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
         """``Run.exec``: the session's frames move on a thread, the event loop stays free."""

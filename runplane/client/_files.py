@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from runplane.api.checkpoint_models import CheckpointFileView
 from runplane.api.models import OutputFile
 from runplane.client._core import Fetch
 from runplane.client.errors import DownloadFailed
@@ -22,14 +23,30 @@ def overwrites(file: OutputFile, force: bool) -> bool:
     return force or file.path.startswith(LIVE)
 
 
-def output_target(root: Path, file: OutputFile, force: bool) -> Path:
+def output_target(root: Path, file: OutputFile | CheckpointFileView, force: bool) -> Path:
+    """Where ``file`` (an output's or a checkpoint's) goes under ``root``. Raises DownloadFailed for
+    a path that leaves it, a directory in its place, or (unless ``force``) a file there of another size."""
     target = (root / file.path).resolve()
     if target == root or not target.is_relative_to(root):
         raise DownloadFailed(0, "unsafe_path", f"refusing output path {file.path[:200]!r}: it leaves {root}")
     if target.is_dir():
         raise DownloadFailed(0, "exists", f"{target} is a directory; output {file.path!r} cannot be written there")
+    for parent in target.relative_to(root).parents:
+        if (root / parent).exists() and not (root / parent).is_dir():
+            raise DownloadFailed(0, "exists", f"{root / parent} is not a directory; {file.path!r} cannot be written")
     if not force and target.exists() and target.stat().st_size != file.size:
         raise DownloadFailed(0, "exists", f"{target} exists and differs; use --force to overwrite it")
+    return target
+
+
+def dir_target(root: Path, path: str) -> Path:
+    """Where a checkpoint's directory ``path`` goes under ``root``. Raises DownloadFailed for a path
+    that leaves it, or a file in its place."""
+    target = (root / path).resolve()
+    if target == root or not target.is_relative_to(root):
+        raise DownloadFailed(0, "unsafe_path", f"refusing directory {path[:200]!r}: it leaves {root}")
+    if target.exists() and not target.is_dir():
+        raise DownloadFailed(0, "exists", f"{target} is not a directory; directory {path[:200]!r} cannot be made")
     return target
 
 

@@ -10,6 +10,7 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from runplane.api.checkpoint_models import CheckpointPage
 from runplane.api.models import LogPage, OutputFile, OutputPage, RunPage, RunView, SweepPage, SweepRetried, SweepView
 from runplane.api.session_models import SessionAccess, SessionList, SessionView
 from runplane.client._admin_plans import AdminPlans
@@ -25,14 +26,18 @@ from runplane.client._core import (
     parse,
     quote_segment,
 )
-from runplane.client._files import output_target, overwrites
+from runplane.client._files import dir_target, output_target, overwrites
 from runplane.client._options import RunOptions, run_body
-from runplane.client.errors import WaitTimeout
+from runplane.client.errors import Conflict, WaitTimeout
+from runplane.domain.checkpoints import PERMISSION_BITS
 from runplane.domain.states import TERMINAL_STATES, RunState
 
 MAX_RUNS_PAGE = 500
 """The most runs the API lists in one page."""
 MAX_SWEEPS_PAGE = 100
+MAX_CHECKPOINT_PAGE = 500
+"""The most checkpoint files the API lists in one page."""
+CHECKPOINT_READS = 3
 LINE_HOLD = 64 * 1024
 """``follow`` holds back a partial line until it is this long, then hands it over as it is."""
 LONGEST_WAIT = 20.0
@@ -336,6 +341,51 @@ class Plans(AdminPlans):
 
         for file, target in zip(files, targets, strict=True):
             yield Fetch(file.url, target, overwrites(file, force), advance)
+        return targets
+
+    def checkpoint(self, run_id: str) -> Plan[CheckpointPage]:
+        """The run's newest checkpoint (else the one it starts from) whole: its files of every page in
+        one CheckpointPage (``next_cursor`` None). A newer checkpoint that replaces it between two
+        pages (409) starts the listing again, up to ``CHECKPOINT_READS`` times in all."""
+        path = f"/v1/runs/{quote_segment(run_id)}/checkpoint"
+        for tried in range(1, CHECKPOINT_READS + 1):
+            first = yield from self._get(CheckpointPage, path, {"limit": MAX_CHECKPOINT_PAGE})
+            files, cursor = list(first.files), first.next_cursor
+            try:
+                while cursor:
+                    page = yield from self._get(CheckpointPage, path, {"limit": MAX_CHECKPOINT_PAGE, "cursor": cursor})
+                    files += page.files
+                    cursor = page.next_cursor
+            except Conflict:
+                if tried == CHECKPOINT_READS:
+                    raise
+                continue
+            return first.model_copy(update={"files": files, "next_cursor": None})
+        raise AssertionError("unreachable")
+
+    def download_checkpoint(
+        self, run_id: str, dest: Path | str, force: bool, progress: Progress | None
+    ) -> Plan[list[Path]]:
+        """Every file and directory of the run's checkpoint (``checkpoint``) under ``dest``, each file
+        with its permission bits. Checks all of them before writing any, as ``download`` does (a path
+        that leaves ``dest``, an existing file of another size unless ``force``: DownloadFailed)."""
+        root = Path(dest).resolve()
+        page: CheckpointPage = yield from self.checkpoint(run_id)
+        dirs = [dir_target(root, d) for d in page.dirs]
+        targets = [output_target(root, f, force) for f in page.files]
+        total, done = sum(f.size for f in page.files), 0
+
+        def advance(n: int, _: int | None) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(done, total)
+
+        for directory in dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+        for file, target in zip(page.files, targets, strict=True):
+            yield Fetch(file.url, target, force, advance)
+            target.chmod(file.mode & PERMISSION_BITS)
         return targets
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runplane.api.models import RetentionView, RunFailure, RunView, SweepView
+from runplane.api.models import RetentionView, RunCheckpoint, RunFailure, RunView, SweepView
 from runplane.domain.states import TERMINAL_STATES, RunState
 
 
@@ -63,6 +63,12 @@ class RunBase(_Viewed):
         """How long its outputs, logs and record are kept, and whether it is kept (None: it has not
         ended and is not kept, or a server older than retention)."""
         return self.view.retention
+
+    @property
+    def checkpoint(self) -> RunCheckpoint | None:
+        """Its newest checkpoint as its record says (None: none synced yet, or a server older than
+        checkpoints); its files: ``checkpoint_files``."""
+        return self.view.checkpoint
 
     @property
     def labels(self) -> dict[str, str]:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar, Unpack
 
 import httpx
 
+from runplane.api.checkpoint_models import CheckpointPage
 from runplane.api.models import LogPage, OutputFile, PoolView, RunPage, WorkerView
 from runplane.api.tenancy_models import Me, QuotaView, SecretView, Token, TokenCreated, UsageReport, UserView
 from runplane.client._core import (
@@ -341,6 +342,11 @@ class Client(SessionCalls):
     def outputs(self, run_id: str, *, attempt: int | None = None) -> Iterator[OutputFile]:
         """Every output file of the run (of ``attempt``; default the latest) with a download URL."""
         yield from self._steps(self._plans.outputs(run_id, attempt))
+
+    def checkpoint(self, run_id: str) -> CheckpointPage:
+        """The run's newest checkpoint (else the one it starts from) with every file's download URL.
+        Raises NotFound (no such run, or no checkpoint yet)."""
+        return self._drive(self._plans.checkpoint(run_id))
 
     def download_file(self, url: str, dest: Path, *, progress: Progress | None = None) -> None:
         """Stream ``url`` (an output's presigned URL) to ``dest`` through ``dest.part``, renamed

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runplane.api.checkpoint_models import CheckpointPage
 from runplane.api.models import OutputFile, RunView, SweepView
 from runplane.client._core import Progress, StateSeen
 from runplane.client._forward import PortForward, loopback_listener, open_forward
@@ -108,6 +109,18 @@ class Run(RunBase):
         always written over, so that a download again brings its newer content.
         ``progress(bytes_so_far, bytes_in_all)`` follows the whole download."""
         return self._client._drive(self._client._plans.download(self.view.id, dest, force, progress))
+
+    def checkpoint_files(self) -> CheckpointPage:
+        """Its newest checkpoint (else the one it starts from) with every file's download URL
+        (``Client.checkpoint``); ``run.checkpoint`` is what its record says of it."""
+        return self._client.checkpoint(self.view.id)
+
+    def download_checkpoint(
+        self, dest: Path | str = ".", *, force: bool = False, progress: Progress | None = None
+    ) -> list[Path]:
+        """Write its checkpoint's files and directories under ``dest``, each file with its permission
+        bits, and return the files' paths; refuses as ``download`` does."""
+        return self._client._drive(self._client._plans.download_checkpoint(self.view.id, dest, force, progress))
 
     def exec(self, command: Sequence[str], stdin: bytes | None = None) -> ExecResult:
         """Run ``command`` (its arguments, no shell) in the run's container as the run's user, feed

@@ -66,6 +66,8 @@ class CheckpointPart:
     run: Run
     manifest: Manifest
     files: list[CheckpointFile]
+    urls: list[str]
+    """Each file's download URL (presigned for a limited time), in the order of ``files``."""
     first: bool
     """The first page: the one that names the checkpoint's directories."""
     next_cursor: str | None
@@ -90,7 +92,8 @@ def checkpoint_page(
         manifest = kept
     end = start + min(limit, MAX_CHECKPOINT_PAGE)
     after = encode_cursor({"r": manifest.series, "q": manifest.seq, "i": end}) if end < len(manifest.files) else None
-    return CheckpointPart(run, manifest, manifest.files[start:end], start == 0, after)
+    files = manifest.files[start:end]
+    return CheckpointPart(run, manifest, files, [ports.objects.url(f.key) for f in files], start == 0, after)
 
 
 def check_run(ports: Ports, principal: Principal, run_id: str) -> Run:

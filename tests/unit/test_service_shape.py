@@ -48,6 +48,13 @@ ONE_PORT = {
     "runplane.services.logs._probe": "reads one bucket",
     "runplane.services.logs._chunk_before": "reads one bucket",
     "runplane.services.logs._last_chunk": "reads one bucket",
+    "runplane.services.checkpoints.newest": "reads one bucket: a run's checkpoint series (the agent's too)",
+    "runplane.services.checkpoints.numbered": "reads one bucket: a run's checkpoint series (the agent's too)",
+    "runplane.services.checkpoints.manifests": "reads one bucket: a run's checkpoint series (the agent's too)",
+    "runplane.services.checkpoints.blob_sizes": "reads one bucket: a run's checkpoint series (the agent's too)",
+    "runplane.services.checkpoints.read_manifest": "reads one object: a checkpoint's manifest (the agent's too)",
+    "runplane.services.checkpoints._shown": "reads one bucket: a run's checkpoint series",
+    "runplane.services.checkpoints._at": "reads one object: a checkpoint's manifest",
     "runplane.services.skew.stack_record": "reads one object: the control plane's record for its agents",
     "runplane.services.skew.put_stack_record": "writes one object: the control plane's record for its agents",
 }

@@ -36,8 +36,11 @@ class CheckpointQuery(Query):
 )
 def checkpoint(call: Call, run_id: str, query: CheckpointQuery) -> CheckpointPage:
     part = checkpoint_page(call.ports, call.principal, run_id, query.cursor, query.limit)
-    manifest, objects = part.manifest, call.ports.objects
-    files = [CheckpointFileView(path=f.path, size=f.size, mode=f.mode, url=objects.url(f.key)) for f in part.files]
+    manifest = part.manifest
+    files = [
+        CheckpointFileView(path=f.path, size=f.size, mode=f.mode, url=url)
+        for f, url in zip(part.files, part.urls, strict=True)
+    ]
     return CheckpointPage(
         run_id=part.run.id,
         series=manifest.series,

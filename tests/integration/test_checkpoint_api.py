@@ -1,0 +1,122 @@
+"""A run's checkpoint through the SDK and the CLI on the embedded stack: the checkpoint a worker
+synced (more files than one page) read whole and downloaded through its presigned URLs, ``runplane
+status`` saying what the run's record says of it and of its pieces, ``runplane download --checkpoint``
+writing its tree, ``runplane run --checkpoint ... --from-checkpoint`` submitting the rule and the
+pinned source, and a run with no checkpoint yet refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runplane import bootstrap
+from runplane.client import Client
+from runplane.domain.checkpoints import CheckpointStatus
+from runplane.domain.expect import Expect
+from worker_agent.checkpoints import sync
+
+FILES = 501
+"""One more than a page of the checkpoint route."""
+
+
+def cli(devstack, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNPLANE_")}
+    env |= {"RUNPLANE_API_URL": devstack.api_url, "RUNPLANE_TOKEN": "alice-token", "HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "runplane.cli", *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def synced(devstack, tmp_path_factory):
+    """A killed run of alice's that checkpoints in pieces, with a checkpoint synced and recorded as its
+    worker does it: (its id, the directory it was synced from)."""
+    alice = Client(devstack.api_url, "alice-token")
+    rule = {"interval": "5m", "exit_code": 85, "max_pieces": 7}
+    run = alice.submit("true", queue="parked", name=f"ckpt-{uuid.uuid4().hex[:6]}", checkpoint=rule)
+    run.kill()
+    directory = tmp_path_factory.mktemp("checkpoint")
+    (directory / "steps").mkdir()
+    (directory / "empty").mkdir()
+    for i in range(FILES - 1):
+        (directory / "steps" / f"{i:04d}").write_text(f"step {i}\n")
+    (directory / "run.sh").write_text("#!/bin/sh\n")
+    (directory / "run.sh").chmod(0o750)
+    stack = bootstrap.stack()
+    made = sync(stack.objects, run.id, directory, None, attempt=1)
+    recorded = CheckpointStatus(
+        seq=made.seq, attempt=1, files=len(made.files), bytes=made.total_bytes, synced_at=made.created_at
+    )
+    stack.store.update(stack.store.get(run.id), Expect(), {"checkpoint": recorded, "pieces": 2})
+    return run.id, directory
+
+
+def test_the_sdk_reads_and_downloads_the_whole_checkpoint(devstack, synced, tmp_path):
+    run_id, directory = synced
+    run = Client(devstack.api_url, "alice-token").get(run_id)
+    assert run.checkpoint is not None and (run.checkpoint.seq, run.checkpoint.files, run.pieces) == (1, FILES, 2)
+    listed = run.checkpoint_files()
+    assert (len(listed.files), listed.file_count, listed.next_cursor) == (FILES, FILES, None)
+    assert sorted(listed.dirs) == ["empty", "steps"]
+    written = run.download_checkpoint(tmp_path)
+    assert len(written) == FILES and (tmp_path / "empty").is_dir()
+    assert all(p.read_bytes() == (directory / p.relative_to(tmp_path)).read_bytes() for p in written)
+    assert (tmp_path / "run.sh").stat().st_mode & 0o777 == 0o750
+
+
+def test_the_cli_shows_and_downloads_the_checkpoint(devstack, synced, tmp_path):
+    run_id, _ = synced
+    shown = cli(devstack, tmp_path, "status", run_id)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split(None, 1) for line in shown.stdout.splitlines() if len(line.split(None, 1)) == 2]
+    lines = {key: value.strip() for key, value in rows}
+    assert lines["checkpoint"].startswith(f"1 ({FILES} files, ") and lines["checkpoint"].endswith("by attempt 1")
+    assert lines["pieces"] == "2 of at most 7 (exit code 85 starts it again)"
+
+    got = cli(devstack, tmp_path, "download", "--checkpoint", run_id, str(tmp_path / "ckpt"), "--json")
+    assert got.returncode == 0, got.stderr
+    written = [Path(p) for p in json.loads(got.stdout)["files"]]
+    assert len(written) == FILES and (tmp_path / "ckpt" / "steps" / "0007").read_text() == "step 7\n"
+    # a file there that differs is refused in one line, and --force writes over it
+    (tmp_path / "ckpt" / "run.sh").write_text("mine, and longer than the checkpoint's\n")
+    refused = cli(devstack, tmp_path, "download", "--checkpoint", run_id, str(tmp_path / "ckpt"))
+    assert refused.returncode != 0 and refused.stderr.startswith("error: ") and "--force" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    forced = cli(devstack, tmp_path, "download", "--checkpoint", "--force", run_id, str(tmp_path / "ckpt"))
+    assert forced.returncode == 0 and (tmp_path / "ckpt" / "run.sh").read_text() == "#!/bin/sh\n"
+
+
+def test_the_cli_submits_the_rule_and_the_run_to_start_from(devstack, synced, tmp_path):
+    run_id, _ = synced
+    made = cli(
+        devstack, tmp_path, "run", "--queue", "parked", "--checkpoint", "10m", "--checkpoint-signal", "SIGUSR1",
+        "--checkpoint-grace", "1m", "--checkpoint-exit-code", "85", "--from-checkpoint", run_id, "--json", "--", "true",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    view = json.loads(made.stdout)
+    alice = Client(devstack.api_url, "alice-token")
+    try:
+        rule = view["spec"]["checkpoint"]
+        assert (rule["interval"], rule["signal"], rule["grace"], rule["exit_code"]) == (600, "SIGUSR1", 60, 85)
+        assert view["spec"]["from_checkpoint"] == run_id
+        started = alice.checkpoint(view["id"])  # what it starts from: the synced run's checkpoint
+        assert (started.run_id, started.series, started.seq) == (view["id"], run_id, 1)
+        status = cli(devstack, tmp_path, "status", view["id"])
+        assert "none synced yet" in status.stdout
+    finally:
+        alice.kill(view["id"])
+
+    # a run with no checkpoint yet (nor one it starts from): one line, refused
+    bare = alice.submit("true", queue="parked", checkpoint={"interval": 60}).kill()
+    nothing = cli(devstack, tmp_path, "download", "--checkpoint", bare.id, str(tmp_path / "none"))
+    assert nothing.returncode == 3, (nothing.returncode, nothing.stderr)
+    assert nothing.stderr.strip() == f"error: run {bare.id} has no checkpoint yet"
+    later = cli(devstack, tmp_path, "run", "--queue", "parked", "--from-checkpoint", bare.id, "--", "true")
+    assert later.returncode == 3 and f"run {bare.id} has no checkpoint yet" in later.stderr
+    assert not (tmp_path / "none").exists()
