@@ -6,8 +6,8 @@ within ``spec.fallback_after`` or was preempted there ``spec.fallback_after_pree
 it moves at is ``Run.fallback_at``, set whenever it is (re)queued on a pool that has a next one (a
 run that waits for others: when it is released); a timer on the dispatcher's event queue
 (``DispatchEvent.fallback``) carries it there, and the reaper's pass moves a due run whose timer
-was lost. Every move is a conditional write on the queued run at its attempt and its
-``fallback_at``: a stale or duplicate timer moves nothing.
+was lost. Every move is a conditional write on the queued run at its attempt, on the pool it was
+read on, after its ``fallback_at`` was found the timer's: a stale or duplicate timer moves nothing.
 """
 
 from __future__ import annotations
@@ -186,8 +186,9 @@ def fall_back(ports: Ports, run: Run, now: float) -> Run | None:
 
 
 def _still(run: Run) -> Expect:
-    """A move's condition: queued at its attempt, in its line (not waiting on runs). That it is on
-    the pool read is checked by the store's move (it files the run by its stored pool)."""
+    """A move's condition: queued at its attempt, in its line (not waiting on runs). That it is still
+    on the pool read is the store's move's own check (ConditionFailed otherwise): a timer handled
+    twice at once moves the run once."""
     return Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt, waiting=False)
 
 
