@@ -80,6 +80,10 @@ log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 
+_FINAL = frozenset({FailureReason.KILLED, FailureReason.TIME_LIMIT, FailureReason.DISK_LIMIT, FailureReason.LOG_LIMIT})
+"""How a run ends whether or not its worker hands its runs back meanwhile: a kill, or a limit it passed
+(in its grace too)."""
+
 HAND_BACK_PAUSE_SECONDS = 3.0
 """How long a run whose secrets could not be read for now waits before it is handed back (so that
 a store or key that is briefly down is not met again at once by every attempt)."""
@@ -268,7 +272,7 @@ class RunExecutor:
         if over is not None:  # no checkpoint written: the run ends here, handed back or not
             self._final(over)
             return
-        if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED:
+        if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED and outcome.reason not in _FINAL:
             self.logs.flush()
             self.state.requeue("worker terminated", self.usage, preempted=self.preempted)
             return

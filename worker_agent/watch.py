@@ -54,9 +54,8 @@ class Watch:
         sampler = DiskSampler(self.check_disk, self.config, self.clock, f"disk-{self.control.run.id}")
         try:
             stopped = self._until_exit(started, exited, sampler)
-            sampler.stop()
             if stopped is not None:
-                self._stop(stopped, exited)
+                stopped = self._stop(stopped, exited, started, sampler)
         finally:
             sampler.stop()
             sampler.join()
@@ -79,26 +78,42 @@ class Watch:
         over = self.check_disk(None) or limits.log_over(self.logs.received, self.limits)
         return limits.ended(stopped or over, state, result, self.limits, self.logs.stderr_tail())
 
-    def _stop(self, stopped: Outcome, exited: threading.Event) -> None:
+    def _stop(self, stopped: Outcome, exited: threading.Event, started: float, sampler: DiskSampler) -> Outcome:
         """Kill the container; one handed back with a ``warn`` is sent its signal first, and killed
-        only if it has not exited within the grace."""
+        only if it has not exited within the grace. The grace is watched as the run is: a lost lease,
+        a kill, the time limit or the disk's and the log's limits end it at once, and then say how
+        the run ended (a final state, not a hand-back). Returns why the run was stopped."""
         if self.warn is not None and stopped.state == RunState.QUEUED and not self.control.lease_lost.is_set():
             signal, grace = self.warn
             self.box.kill(signal)
-            if exited.wait(grace):
-                return
+            cut = self._until_exit(started, exited, sampler, deadline=self.clock() + grace, handing_back=True)
+            if cut is None and exited.is_set():
+                return stopped
+            stopped = cut or stopped
         self.box.kill()
         exited.wait(self.config.stop_seconds)
+        return stopped
 
     @property
     def limits(self) -> Limits:
         return Limits.of(self.control.run, self.config)
 
-    def _until_exit(self, started: float, exited: threading.Event, sampler: DiskSampler) -> Outcome | None:
-        """Watch the running container until it exits (None) or must be stopped (why)."""
+    def _until_exit(
+        self,
+        started: float,
+        exited: threading.Event,
+        sampler: DiskSampler,
+        deadline: float | None = None,
+        handing_back: bool = False,
+    ) -> Outcome | None:
+        """Watch the running container until it exits (None) or must be stopped (why); with a
+        ``deadline``, until then at most (None). ``handing_back``: it is being handed back already
+        (its grace), so the hand-back is no reason to stop it."""
         next_poll = next_usage = self.clock()
         while not exited.wait(self.config.tick_seconds):
             now = self.clock()
+            if deadline is not None and now >= deadline:
+                return None
             lease_lost = False
             if now >= next_poll:
                 next_poll = now + self.config.kill_poll_seconds
@@ -118,7 +133,8 @@ class Watch:
                 # its last tick counts, not only up to its last full sample
                 self.meter.sample(read_cgroup(self.box.container.id))
             # the flags as they stood before the sample, the disk's and the log's word as they stand after it
-            seen = replace(seen, disk=sampler.over, log_bytes=self.logs.received)
+            requeue = seen.requeue and not handing_back
+            seen = replace(seen, disk=sampler.over, log_bytes=self.logs.received, requeue=requeue)
             stopped = limits.stop(seen, self.limits)
             if stopped is not None:
                 return stopped

@@ -245,3 +245,19 @@ def test_a_checkpoint_that_does_not_restore_fails_the_run_and_leaves_no_file(loc
     assert ended.failure.message.startswith(f"checkpoint 1 of run {run.id} cannot be restored")
     assert left == [[]]  # nothing of it left in the directory
     assert ex.box.container is None  # the command never started
+
+
+def test_a_run_handed_back_that_ignores_its_signal_is_held_to_its_time_limit_in_its_grace(
+    local_stack, docker_client, tmp_path
+):
+    command = f"trap '' USR1; echo up > {CK}/up; i=0; while [ $i -lt 900 ]; do i=$((i+1)); sleep 0.1; done"
+    run = submit(local_stack, command, checkpoint={"signal": "SIGUSR1", "grace": 120}, resources={"time": 3})
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.start()
+    wait_for(lambda: (ex.setup.checkpoint_dir / "up").exists())
+    ex.stop_and_requeue()
+    ex.thread.join(60)  # the grace (120 s) is not waited out: the time limit stops it
+    assert not ex.thread.is_alive()
+    back = local_stack.store.get(run.id)
+    assert back.state == RunState.TIMED_OUT, back.failure
+    assert newest(local_stack.objects, run.id) is not None  # stopped, then synced
