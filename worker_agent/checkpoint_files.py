@@ -83,9 +83,16 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
     CheckpointTooLarge once the files' sizes pass ``max_bytes`` or the entries ``max_entries``: the walk
     stops there, before anything is read."""
     found = Found()
+    # what is beneath a path is taken only when that path was found a directory: the listing's word on
+    # what to descend into and the stat's may differ for a path the run swaps meanwhile (a file for a
+    # directory), which would give a path as a file and as a directory both
+    walked = {""}
     try:
         for prefix, entry in scan(root):
             rel = prefix + entry.name
+            if prefix.rstrip("/") not in walked:
+                progress.skip(f"{shown(rel)} (its directory changed while walked)")
+                continue
             try:
                 info = entry.stat(follow_symlinks=False)
             except OSError:  # gone meanwhile
@@ -97,6 +104,7 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
                 progress.skip(f"{shown(rel)} ({why})")
                 continue
             if stat.S_ISDIR(info.st_mode):
+                walked.add(rel)
                 found.dirs.append(CheckpointDir(path=rel, mode=info.st_mode & PERMISSION_BITS))
             else:
                 found.files.append(rel)

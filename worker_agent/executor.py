@@ -272,9 +272,13 @@ class RunExecutor:
         if over is not None:  # no checkpoint written: the run ends here, handed back or not
             self._final(over)
             return
+        failed = ""  # the final sync's failure, or the last one's before it
+        if self.saves.failed is not None:
+            failed = f"; its last checkpoint sync failed (the one before stays its newest): {self.saves.failed}"
+        outcome.message += failed
         if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED and outcome.reason not in _FINAL:
             self.logs.flush()
-            self.state.requeue("worker terminated", self.usage, preempted=self.preempted)
+            self.state.requeue(f"worker terminated{failed}", self.usage, preempted=self.preempted)
             return
         if not outcome.upload:  # over a limit, or the container may still run: nothing is read
             outcome.message += _passed_over(live) + "; outputs not uploaded"

@@ -54,6 +54,10 @@ class RunCheckpoints:
         self.previous: Manifest | None = None
         """The checkpoint the directory was restored from or synced to last."""
         self.over: Outcome | None = None
+        self.failures = 0
+        """Syncs that failed (the checkpoint before them stayed the newest)."""
+        self.failed: str | None = None
+        """Why the latest sync failed; None when it did not."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -142,6 +146,9 @@ class RunCheckpoints:
             except LeaseLost as e:  # the executor finds it out too, and abandons the run
                 log.warning("run %s: %s; checkpoints stop", self.state.run.id, e)
                 return
+            except Exception:  # a bug, or what no one foresaw: the run goes on, and so do its syncs
+                log.exception("run %s: checkpoint sync failed", self.state.run.id)
+                continue
             if over is not None:
                 self.over = over
                 return
@@ -155,6 +162,7 @@ class RunCheckpoints:
         checkpoint before stays the newest. Raises LeaseLost when the record cannot be written."""
         with self._lock:
             run = self.state.run
+            self.failed = None
             try:
                 manifest = checkpoints.sync(
                     self.objects,
@@ -177,16 +185,31 @@ class RunCheckpoints:
             except CheckpointCancelled:
                 log.info("run %s: a checkpoint sync was given up (stopping)", run.id)
                 return None
-            except (RunplaneError, OSError) as e:
-                log.warning("run %s: checkpoint sync failed (the checkpoint before stays the newest): %s", run.id, e)
+            except Exception as e:  # the store, the worker's disk, what the run did to its directory
+                self.failures += 1
+                self.failed = e.message if isinstance(e, RunplaneError) else _reason(e)
+                log.warning(
+                    "run %s: checkpoint sync failed (the checkpoint before stays the newest): %s",
+                    run.id,
+                    e,
+                    exc_info=not isinstance(e, (RunplaneError, OSError)),
+                )
                 return None
             self.previous = manifest
             self.state.checkpointed(_status(manifest, run.attempt))
             try:
                 checkpoints.prune(self.objects, run.id, keep=KEEP)
-            except RunplaneError as e:
+            except Exception as e:  # the store, or one of its listings that does not read
                 log.warning("run %s: pruning old checkpoints failed (tried again after the next sync): %s", run.id, e)
             return None
+
+
+def _reason(e: Exception) -> str:
+    """What a message may say of an error that is not runplane's: its kind and, of an OSError, its
+    words without the host's paths."""
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    return f"{type(e).__name__} (see the worker's log)"
 
 
 def _status(manifest: Manifest, attempt: int, series: str | None = None) -> CheckpointStatus:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from runplane.domain.checkpoints import CheckpointTooLarge, CheckpointUnusable, Manifest, blob_key
+from runplane.domain.checkpoints import CheckpointFile, CheckpointTooLarge, CheckpointUnusable, Manifest, blob_key
+from worker_agent import checkpoint_files
 from worker_agent.checkpoint_files import STAGE_IN_MEMORY, Progress, staged, walk, write_tree
 
 RUN = "r-00000000000000000000f11e"
@@ -34,6 +36,40 @@ def test_a_walk_keeps_regular_files_and_directories_and_names_the_rest(tmp_path)
         "pipe (not a regular file)",
         "to-etc (a symlink)",
     ]
+
+
+def test_a_directory_swapped_with_a_file_while_walked_gives_one_path_once(tmp_path, monkeypatch):
+    """A run swaps the directory ``a`` with a file between the listing and the stat, and back before the
+    walk goes into it (what renameat2's RENAME_EXCHANGE does): ``a`` is taken as it was stat'ed, a file,
+    and nothing is taken from beneath it, so the manifest that names what was found reads."""
+    root = tmp_path / "ckpt"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "b").write_bytes(b"b")
+    aside = tmp_path / "aside"
+    listed = checkpoint_files.scan
+
+    def swapping(directory: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
+        for prefix, entry in listed(directory):
+            if prefix + entry.name != "a":
+                yield prefix, entry
+                continue
+            (root / "a").rename(aside)
+            (root / "a").write_bytes(b"file")
+            yield prefix, entry  # the walk's stat finds a file
+            (root / "a").unlink()
+            aside.rename(root / "a")
+
+    monkeypatch.setattr(checkpoint_files, "scan", swapping)
+    progress = Progress()
+    found = walk(root, None, 100, progress)
+    assert (found.files, found.dirs) == (["a"], [])
+    assert progress.skipped == ["a/b (its directory changed while walked)"]
+    Manifest(series=RUN, seq=1, created_at=0, files=[_file("a")], dirs=found.dirs, total_bytes=4)
+
+
+def _file(path: str) -> CheckpointFile:
+    digest = hashlib.sha256(b"file").hexdigest()
+    return CheckpointFile(path=path, size=4, sha256=digest, mode=0o644, mtime_ns=0, key=blob_key(RUN, digest))
 
 
 def test_a_walk_stops_at_its_cap(tmp_path):

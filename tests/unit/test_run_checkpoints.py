@@ -20,6 +20,7 @@ from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
+from worker_agent import run_checkpoints
 from worker_agent.checkpoints import sync
 from worker_agent.run_checkpoints import RunCheckpoints
 from worker_agent.run_state import RunStateWriter
@@ -89,3 +90,27 @@ def test_a_restore_writes_the_newest_checkpoint_and_says_what_it_restored(local_
     assert saves.previous is not None and saves.previous.seq == 1
     said = local_stack.store.get(run_id).events[-1].message
     assert said == f"restored checkpoint 1 (1 file, 3.0 kB) of run {run_id}"
+
+
+def test_a_sync_that_meets_what_no_one_foresaw_is_counted_and_the_next_one_goes_on(local_stack, tmp_path, monkeypatch):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 1})
+    (saves.directory / "a").write_text("a")
+    real = run_checkpoints.checkpoints.sync
+    calls = []
+
+    def first_fails(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("a manifest that does not validate")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_checkpoints.checkpoints, "sync", first_fails)
+    assert saves.sync() is None
+    assert (saves.failures, saves.failed) == (1, "ValueError (see the worker's log)")
+    saves.start()  # the thread syncs on after a failure
+    deadline = time.monotonic() + 30
+    while local_stack.store.get(saves.state.run.id).checkpoint is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    saves.stop()
+    assert local_stack.store.get(saves.state.run.id).checkpoint is not None
+    assert saves.failed is None and saves.over is None
