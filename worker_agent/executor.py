@@ -49,7 +49,7 @@ from worker_agent.outputs import upload_dir
 from worker_agent.prepare import RunSetup
 from worker_agent.registries import RegistryLogins
 from worker_agent.resources import Allocation
-from worker_agent.run_checkpoints import RunCheckpoints
+from worker_agent.run_checkpoints import CheckpointUnreachable, RunCheckpoints
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.run_state import RunStateWriter
 from worker_agent.secrets import RunSecrets, SecretsUnreachable
@@ -227,7 +227,11 @@ class RunExecutor:
         if outcome is None and self.clock() - self.claimed_at >= self.config.kill_poll_seconds:
             outcome = self._check_control()  # preparing took a while: was a kill asked for meanwhile?
         if outcome is None and self.setup.checkpoints:
-            outcome = self.saves.restore((self.run_as.uid, self.run_as.gid))
+            try:
+                outcome = self.saves.restore((self.run_as.uid, self.run_as.gid))
+            except CheckpointUnreachable as e:  # the store or this worker, for now: another attempt, not a failure
+                self._hand_back(f"{e} on worker {self.config.worker_id}; it will be tried again")
+                return
         outcome = outcome or self._start_container(run)
         if outcome is not None:
             self._final(outcome)

@@ -5,6 +5,7 @@ its command exits or is stopped; each sync that made a checkpoint is recorded on
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from runplane.domain.checkpoints import (
     CheckpointTooLarge,
     Manifest,
 )
-from runplane.domain.errors import LeaseLost, RunplaneError
+from runplane.domain.errors import BackendError, LeaseLost, OutOfTime, RunplaneError
 from runplane.domain.states import FailureReason, RunState
 from runplane.ports import ObjectStore
 from runplane.services import checkpoints as series
@@ -26,6 +27,19 @@ from worker_agent.outcome import Outcome
 from worker_agent.run_state import RunStateWriter
 
 log = logging.getLogger(__name__)
+
+MAX_RESTORE_TRIES = 4
+"""Checkpoints a restore tries, one found unusable passed over for the one before it."""
+TRANSIENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+"""A restore that meets these on the worker hands the run back rather than failing it."""
+
+
+class CheckpointUnreachable(RunplaneError):
+    """A checkpoint could not be restored for now (the store failed, or this worker's disk was full): the
+    run is handed back to its queue, not failed."""
+
+    code = "checkpoint_unreachable"
+
 
 KEEP = 2
 """The checkpoints of a series kept after each sync (the newest two complete ones)."""
@@ -72,53 +86,89 @@ class RunCheckpoints:
     def restore(self, owner: Owner) -> Outcome | None:
         """Write into the (empty) directory the newest complete checkpoint of the run's own series; when
         it has none, the checkpoint it was pinned to at submit (``Run.restore_from``; that run's newest
-        complete one when that one was pruned meanwhile); else leave it empty. The timeline says what
-        was restored. An Outcome when the run ends here: a checkpoint that cannot be restored
-        (``input_unavailable``, the directory left empty) or is over the run's disk limit."""
+        complete one when that one was pruned meanwhile); else leave it empty. A checkpoint that turns
+        out unusable while written (a blob gone or not what its manifest says) is passed over for the
+        one before it, of the same series (``MAX_RESTORE_TRIES`` in all). The timeline says what was
+        restored. An Outcome when the run ends here: no checkpoint of its series that can be restored
+        (``input_unavailable``, the directory left empty), or one over the run's disk limit. Raises
+        CheckpointUnreachable when the store or this worker failed for now (the run is to be handed
+        back, not failed)."""
         run = self.state.run
-        chosen: Manifest | None = None
-        instead = ""
-        try:
-            chosen = series.newest(self.objects, run.id)
-            source = run.restore_from
-            if chosen is None and source is not None:
-                chosen = series.numbered(self.objects, source.run, source.seq)
-                if chosen is None:
-                    chosen = series.newest(self.objects, source.run)
-                    instead = f" (checkpoint {source.seq}, which it was started from, is gone: its newest instead)"
-                if chosen is None:
-                    return Outcome(
-                        RunState.FAILED,
-                        FailureReason.INPUT_UNAVAILABLE,
-                        f"run {source.run}, whose checkpoint {source.seq} it starts from, has no checkpoint any "
-                        "more (deleted?)",
-                    )
+        passing: dict[str, set[int]] = {}
+        why = ""
+        for _ in range(MAX_RESTORE_TRIES):
+            chosen, instead = self._choose(passing)
             if chosen is None:
-                return None
-            checkpoints.write(self.objects, chosen, self.directory, self.limits, owner=owner)
-        except CheckpointTooLarge as e:
-            return Outcome(
-                RunState.FAILED,
-                FailureReason.DISK_LIMIT,
-                f"its checkpoint cannot be restored: {e.message}",
-                upload=False,
+                break
+            try:
+                checkpoints.write(self.objects, chosen, self.directory, self.limits, owner=owner)
+            except CheckpointTooLarge as e:
+                return Outcome(
+                    RunState.FAILED,
+                    FailureReason.DISK_LIMIT,
+                    f"its checkpoint cannot be restored: {e.message}",
+                    upload=False,
+                )
+            except (BackendError, OutOfTime) as e:
+                raise CheckpointUnreachable(f"checkpoint {chosen.seq} of run {chosen.series}: {e.message}") from e
+            except OSError as e:
+                if e.errno in TRANSIENT_ERRNOS:  # this worker's disk or descriptors, for now
+                    raise CheckpointUnreachable(
+                        f"checkpoint {chosen.seq} of run {chosen.series} cannot be written on this worker for now: "
+                        f"{_reason(e)}"
+                    ) from e
+                why = f"checkpoint {chosen.seq} of run {chosen.series} cannot be restored: {_reason(e)}"
+                break
+            except RunplaneError as e:  # CheckpointUnusable, a blob gone (NotFound) or larger than named
+                why = f"checkpoint {chosen.seq} of run {chosen.series} cannot be restored: {e.message}"
+                log.warning("run %s: %s; the one before it is tried", run.id, why)
+                passing.setdefault(chosen.series, set()).add(chosen.seq)
+                continue
+            self._restored(chosen, instead)
+            return None
+        source = run.restore_from
+        if why:
+            message = why[:400]
+        elif source is not None:
+            message = (
+                f"run {source.run}, whose checkpoint {source.seq} it starts from, has no checkpoint any more (deleted?)"
             )
-        except (RunplaneError, OSError) as e:  # CheckpointUnusable, a blob gone, the store
-            what = f"checkpoint {chosen.seq} of run {chosen.series}" if chosen is not None else "its checkpoint"
-            why = e.message if isinstance(e, RunplaneError) else (e.strerror or type(e).__name__)  # no host path
-            log.warning("run %s: %s cannot be restored: %s", run.id, what, why)
-            return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, f"{what} cannot be restored: {why[:300]}")
+        else:
+            return None  # nothing to restore: it starts empty
+        log.warning("run %s: %s", run.id, message)
+        return Outcome(RunState.FAILED, FailureReason.INPUT_UNAVAILABLE, message)
+
+    def _choose(self, passing: dict[str, set[int]]) -> tuple[Manifest | None, str]:
+        """The checkpoint to restore, less those in ``passing`` (by series), and what the timeline adds:
+        the run's own newest; once its series has any, none other. Raises what the store raises."""
+        run = self.state.run
+        try:
+            own = passing.get(run.id, set())
+            chosen = series.newest(self.objects, run.id, own)
+            source = run.restore_from
+            if chosen is not None or own or source is None:
+                return chosen, ""
+            gone = passing.get(source.run, set())
+            if source.seq not in gone:
+                chosen = series.numbered(self.objects, source.run, source.seq)
+                if chosen is not None:
+                    return chosen, ""
+            chosen = series.newest(self.objects, source.run, gone | {source.seq})
+        except (BackendError, OutOfTime) as e:
+            raise CheckpointUnreachable(f"its checkpoint cannot be read for now: {e.message}") from e
+        return chosen, f" (checkpoint {source.seq}, which it was started from, is gone: its newest instead)"
+
+    def _restored(self, chosen: Manifest, instead: str) -> None:
         self.previous = chosen
         said = (
             f"restored checkpoint {chosen.seq} ({_holding(len(chosen.files), chosen.total_bytes)}) of "
             f"run {chosen.series}{instead}"
         )
-        if chosen.series == run.id:  # its record names it already
+        if chosen.series == self.state.run.id:  # its record names it already
             self.state.note(self.clock(), said)
         else:  # the run's checkpoint until its first sync: another run's
             status = _status(chosen, chosen.attempt, series=chosen.series)
             self.state.checkpointed(status, said)
-        return None
 
     # -- while it runs -----------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import binascii
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -140,10 +141,13 @@ def _at(store: ObjectStore, series: str, seq: int) -> Manifest | None:
     return read_manifest(store, series, seq, found[0]) if found else None
 
 
-def newest(store: ObjectStore, run_id: str) -> Manifest | None:
-    """The newest complete checkpoint of ``run_id``'s series (see the module), or None."""
+def newest(store: ObjectStore, run_id: str, passing: Collection[int] = ()) -> Manifest | None:
+    """The newest complete checkpoint of ``run_id``'s series (see the module), or None; one numbered in
+    ``passing`` (found unusable by a restore) is passed over."""
     blobs = blob_sizes(store, run_id)
     for seq, info in reversed(manifests(store, run_id)):
+        if seq in passing:
+            continue
         manifest = read_manifest(store, run_id, seq, info)
         if manifest is not None and complete(manifest, blobs, run_id):
             return manifest

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from runplane.domain.checkpoints import blobs_prefix, checkpoints_prefix
-from runplane.domain.errors import LeaseLost
+from runplane.domain.errors import BackendError, LeaseLost
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason
 from runplane.domain.tenancy import Principal
@@ -22,12 +22,16 @@ from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
 from worker_agent import run_checkpoints
 from worker_agent.checkpoints import sync
-from worker_agent.run_checkpoints import RunCheckpoints
+from worker_agent.run_checkpoints import CheckpointUnreachable, RunCheckpoints
 from worker_agent.run_state import RunStateWriter
 
 
-def checkpoints(stack: Any, tmp_path: Path, rule: dict[str, Any], disk: int | None = None) -> RunCheckpoints:
-    spec = RunSpec.model_validate({"command": "true", "queue": "manual", "image": TEST_IMAGE, "checkpoint": rule})
+def checkpoints(
+    stack: Any, tmp_path: Path, rule: dict[str, Any], disk: int | None = None, **fields: Any
+) -> RunCheckpoints:
+    spec = RunSpec.model_validate(
+        {"command": "true", "queue": "manual", "image": TEST_IMAGE, "checkpoint": rule, **fields}
+    )
     run = submit_run(stack.ports, Principal(user="alice"), spec, None).run
     claimed = lifecycle.claim(stack.store, run, run.attempt, "w-1", 60, time.time())
     directory = tmp_path / "checkpoint"
@@ -114,3 +118,54 @@ def test_a_sync_that_meets_what_no_one_foresaw_is_counted_and_the_next_one_goes_
     saves.stop()
     assert local_stack.store.get(saves.state.run.id).checkpoint is not None
     assert saves.failed is None and saves.over is None
+
+
+def synced(stack: Any, run_id: str, tmp_path: Path, text: bytes, previous: Any = None) -> Any:
+    """A checkpoint of ``run_id``'s series holding the file ``weights`` (as an earlier attempt synced it)."""
+    made = tmp_path / f"made-{run_id}-{previous.seq if previous else 0}"
+    made.mkdir()
+    (made / "weights").write_bytes(text)
+    return sync(stack.objects, run_id, made, previous)
+
+
+def spoil(stack: Any, manifest: Any) -> None:
+    """Its blob's bytes changed, at the same size: listed complete, found unusable when written."""
+    key = manifest.files[0].key
+    stack.objects.put_bytes(key, b"?" * manifest.files[0].size)
+
+
+def test_a_newest_checkpoint_found_unusable_while_restored_gives_way_to_the_one_before(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    first = synced(local_stack, run_id, tmp_path, b"one")
+    spoil(local_stack, synced(local_stack, run_id, tmp_path, b"two!", first))
+    assert saves.restore((os.getuid(), os.getgid())) is None
+    assert (saves.directory / "weights").read_bytes() == b"one"
+    assert local_stack.store.get(run_id).events[-1].message.startswith("restored checkpoint 1 ")
+
+
+def test_a_source_checkpoint_found_unusable_gives_way_to_the_sources_newest(local_stack, tmp_path):
+    (tmp_path / "s").mkdir()
+    source = checkpoints(local_stack, tmp_path / "s", {"interval": 60}).state.run.id
+    first = synced(local_stack, source, tmp_path, b"one")
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60}, from_checkpoint=source)
+    assert saves.state.run.restore_from.seq == 1
+    synced(local_stack, source, tmp_path, b"two!", first)
+    spoil(local_stack, first)  # as a prune of the source's series meanwhile would leave it
+    assert saves.restore((os.getuid(), os.getgid())) is None
+    assert (saves.directory / "weights").read_bytes() == b"two!"
+    said = local_stack.store.get(saves.state.run.id).events[-1].message
+    assert said.startswith("restored checkpoint 2 ") and "which it was started from" in said
+
+
+def test_a_restore_the_store_fails_for_now_is_to_be_handed_back_and_writes_nothing(local_stack, tmp_path, monkeypatch):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    synced(local_stack, saves.state.run.id, tmp_path, b"one")
+
+    def down(*args: Any, **kwargs: Any) -> None:  # an outage of the store, which cannot be had here
+        raise BackendError("object store unavailable (throttled)")
+
+    monkeypatch.setattr(local_stack.objects, "download_file", down)
+    with pytest.raises(CheckpointUnreachable, match="throttled"):
+        saves.restore((os.getuid(), os.getgid()))
+    assert list(saves.directory.iterdir()) == []
