@@ -248,9 +248,9 @@ def test_a_checkpoint_cut_halfway_is_never_restored(docker_client, alice, agents
     assert len(restored) == 1 and restored[0].startswith(f"restored checkpoint {complete.seq} "), done["events"]
 
 
-def test_from_checkpoint_in_the_cli(devstack, docker_client, alice, tmp_path):
+def test_from_checkpoint_and_download_in_the_cli(devstack, docker_client, alice, tmp_path):
     """A new run starts from another run's last checkpoint (the owner's only: for anyone else that run
-    is not there)."""
+    is not there), and ``download --checkpoint`` writes its files."""
     d = "$RUNPLANE_CHECKPOINT_DIR"
     command = f"echo 41 > {d}/answer; mkdir {d}/sub; echo deep > {d}/sub/f"
     made = cli(devstack, "run", "--checkpoint", "10m", "--", command, home=tmp_path)
@@ -272,6 +272,13 @@ def test_from_checkpoint_in_the_cli(devstack, docker_client, alice, tmp_path):
     absent = one_error_line(cli(devstack, "run", "--from-checkpoint", nobody, "--", "true", home=tmp_path), 3)
     assert stolen.replace(source, "X") == absent.replace(nobody, "X"), (stolen, absent)
     assert stolen.endswith(f"run {source} not found"), stolen
+    dest = tmp_path / "restored"
+    fetched = cli(devstack, "download", "--checkpoint", source, str(dest), home=tmp_path)
+    assert fetched.returncode == 0, fetched.stderr
+    assert (dest / "answer").read_text() == "41\n" and (dest / "sub" / "f").read_text() == "deep\n"
+    theirs = cli(devstack, "download", "--checkpoint", source, str(tmp_path / "b"), token="bob-token", home=tmp_path)
+    assert one_error_line(theirs, 3).replace(source, "X") == absent.replace(nobody, "X")
+    assert not (tmp_path / "b").exists()
 
 
 def test_a_checkpoint_over_the_disk_limit_ends_the_run_with_no_checkpoint(docker_client, alice, agents):
