@@ -28,6 +28,7 @@ from runplane.domain.checkpoints import (
     blob_key,
     manifest_key,
 )
+from runplane.domain.errors import LeaseLost
 from runplane.domain.wire import written_json
 from runplane.ports import MAX_DELETE, ObjectStore
 from runplane.services.checkpoints import blob_sizes, complete, manifests, newest, read_manifest
@@ -60,6 +61,7 @@ def sync(
     scratch: Path | None = None,
     progress: Progress | None = None,
     cancelled: Callable[[], bool] = lambda: False,
+    held: Callable[[], bool] = lambda: True,
 ) -> Manifest:
     """Make the next checkpoint of ``run_id``'s series from ``directory`` as it is now, and return its
     manifest. ``previous`` is the checkpoint of this series the directory was restored from or synced
@@ -72,13 +74,16 @@ def sync(
     is killed before leaves no new manifest (its blobs are left for ``prune``). Raises
     CheckpointTooLarge, before anything is uploaded when the walk finds the directory over
     ``limits`` (and as soon as a file grows past them while read); CheckpointCancelled once
-    ``cancelled()`` says so (asked before each file and before the manifest); and what the store
-    raises."""
+    ``cancelled()`` says so (asked before each file and before the manifest); LeaseLost when ``held()``,
+    asked right before the manifest is written, says this worker no longer holds the run (the
+    series has one writer: the run's holder); and what the store raises. A blob of ``previous`` no
+    longer stored (pruned meanwhile by a worker that lost the run) is uploaded again."""
     progress = progress if progress is not None else Progress()
     found = walk(directory, limits.max_bytes, limits.max_entries, progress)
     if previous is not None and previous.series != run_id:  # another run's (a run started from it): none stored here
         previous = None
-    before = {f.path: f for f in previous.files} if previous is not None else {}
+    stored = blob_sizes(store, run_id) if previous is not None else {}
+    before = {f.path: f for f in previous.files if stored.get(f.key) == f.size} if previous is not None else {}
     have = {f.sha256 for f in before.values()}
     files: list[CheckpointFile] = []
     total = 0
@@ -93,6 +98,8 @@ def sync(
                 progress.files += 1
                 progress.bytes += taken.size
     _go_on(cancelled, run_id)
+    if not held():
+        raise LeaseLost(f"run {run_id} was taken away from this worker: its checkpoint's manifest is not written")
     last = max([seq for seq, _ in manifests(store, run_id)] + [previous.seq if previous is not None else 0])
     manifest = Manifest(
         series=run_id,

@@ -139,7 +139,13 @@ class RunExecutor:
         self.run_dir, self.output_dir, self.home_dir = self.setup.run_dir, self.setup.output_dir, self.setup.home_dir
         self.logs = RunLogs(ports.objects, run.id, run.attempt, clock, config.log_flush_seconds, config.max_log_size)
         self.saves = RunCheckpoints(
-            self.state, ports.objects, self.setup.checkpoint_dir, self.run_dir, clock, run.spec.resources.disk
+            self.state,
+            ports.objects,
+            self.setup.checkpoint_dir,
+            self.run_dir,
+            clock,
+            run.spec.resources.disk,
+            held=lambda: not self.control.lease_lost.is_set() and self.state.holds_attempt(config.worker_id),
         )
         self.secret_env: dict[str, str] = {}  # the values of the run's secrets, for its container only
         self.thread: threading.Thread | None = None

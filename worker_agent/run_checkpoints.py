@@ -61,8 +61,11 @@ class RunCheckpoints:
         scratch: Path,
         clock: Callable[[], float],
         max_bytes: int | None,
+        held: Callable[[], bool] | None = None,
     ) -> None:
         self.state, self.objects, self.directory, self.scratch = state, objects, directory, scratch
+        self.held = held if held is not None else lambda: state.holds_attempt(str(state.run.worker_id))
+        """Whether this worker holds the run still (asked before each manifest is written)."""
         self.clock = clock
         self.limits = checkpoints.CheckpointLimits(max_bytes=max_bytes)
         self.previous: Manifest | None = None
@@ -224,6 +227,7 @@ class RunCheckpoints:
                     clock=self.clock,
                     scratch=self.scratch,
                     cancelled=cancelled,
+                    held=self.held,
                 )
             except CheckpointTooLarge as e:
                 return Outcome(
@@ -232,6 +236,8 @@ class RunCheckpoints:
                     f"its checkpoint directory is over the run's disk limit, so no checkpoint was written: {e.message}",
                     upload=False,
                 )
+            except LeaseLost:
+                raise
             except CheckpointCancelled:
                 log.info("run %s: a checkpoint sync was given up (stopping)", run.id)
                 return None

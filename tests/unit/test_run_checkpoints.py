@@ -18,6 +18,7 @@ from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason
 from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
+from runplane.services.checkpoints import newest
 from runplane.services.runs import submit_run
 from tests.conftest import TEST_IMAGE
 from worker_agent import run_checkpoints
@@ -80,6 +81,18 @@ def test_a_worker_that_lost_the_run_records_no_sync(local_stack, tmp_path):
     with pytest.raises(LeaseLost):
         saves.sync()
     assert local_stack.store.get(run.id).checkpoint is None
+    assert manifests(local_stack, run.id) == []  # the series has one writer, its run's holder
+
+
+def test_a_sync_uploads_again_a_blob_of_the_checkpoint_before_that_a_prune_took_meanwhile(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    (saves.directory / "kept").write_text("unchanged")
+    assert saves.sync() is None
+    local_stack.objects.delete([f.key for f in saves.previous.files])  # a worker that lost the run pruned
+    (saves.directory / "new").write_text("new")
+    assert saves.sync() is None
+    assert newest(local_stack.objects, run_id).seq == 2  # complete: every blob it names is stored
 
 
 def test_a_restore_writes_the_newest_checkpoint_and_says_what_it_restored(local_stack, tmp_path):
