@@ -305,8 +305,9 @@ class RunExecutor:
         the next container, in this attempt, with the run's whole time limit; past ``max_pieces`` the
         run fails. How it ended, and whether its checkpoint was synced since."""
         rule = self.run.spec.checkpoint
+        attempt_started = started
         while True:
-            outcome = watch(started)
+            outcome = watch(started, attempt_started)
             code = None if rule is None else rule.exit_code
             if code is None or outcome.exit_code != code or outcome.reason != FailureReason.NONZERO_EXIT:
                 return outcome, False

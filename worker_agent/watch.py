@@ -44,9 +44,13 @@ class Watch:
         self.box, self.logs, self.meter, self.control = box, logs, meter, control
         self.config, self.clock, self.check_disk, self.idle = config, clock, check_disk, idle
         self.warn = warn
+        self.attempt_started = 0.0
 
-    def __call__(self, started: float) -> Outcome:
-        """How the run ended (``limits.ended``), its container started at ``started``."""
+    def __call__(self, started: float, attempt_started: float | None = None) -> Outcome:
+        """How the run ended (``limits.ended``), its container started at ``started`` (the time limit
+        counts from there) in the attempt started at ``attempt_started`` (charged from there; default
+        ``started``: a run in one piece)."""
+        self.attempt_started = started if attempt_started is None else attempt_started
         exited, result = self.box.waiter()
         follower = threading.Thread(target=self.logs.follow, args=(self.box.stream,), daemon=True)
         follower.start()
@@ -126,7 +130,8 @@ class Watch:
                 next_usage = now + self.config.usage_seconds
                 self.meter.sample(self.box.sample())
                 # the heartbeat records it: a lost attempt counts so far
-                self.meter.charge(self.control.run.spec.resources, self.config.rates, now - started)
+                ran = now - self.attempt_started  # every piece of the attempt so far
+                self.meter.charge(self.control.run.spec.resources, self.config.rates, ran)
             else:
                 # the cgroup's figures go with the container when it exits, before any look after
                 # the exit: read them (two small files) every tick, so that what the run used up to

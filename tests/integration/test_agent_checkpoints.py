@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from runplane.domain.accounting import Rates
 from runplane.domain.checkpoints import CheckpointSource, blobs_prefix, checkpoints_prefix, manifest_key
 from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, RunSpec
@@ -211,6 +212,20 @@ def test_a_run_in_three_pieces_completes_in_one_attempt(local_stack, docker_clie
     assert (ended.attempt, ended.pieces) == (1, 2)
     assert [output(local_stack, run, f"piece{n}.txt") for n in (1, 2, 3)] == ["piece 1\n", "piece 2\n", "piece 3\n"]
     assert newest(local_stack.objects, run.id).seq == 3  # synced at the end of each piece, and at the end
+
+
+def test_a_later_piece_is_charged_from_the_attempts_start(local_stack, docker_client, tmp_path):
+    command = f"if [ -e {CK}/first ]; then touch {CK}/second; exec sleep 60; fi; touch {CK}/first; sleep 4; exit 3"
+    run = submit(local_stack, command, checkpoint={"exit_code": 3, "grace": 0}, resources={"cpus": 1})
+    rates = Rates(cpus=1, price_per_hour=3600)
+    ex = executor(local_stack, docker_client, tmp_path, run, rates=rates, usage_seconds=0.2)
+    ex.start()
+    wait_for(lambda: (ex.setup.checkpoint_dir / "second").exists())
+    time.sleep(1)  # a few of the second piece's samples
+    seen = ex.usage.cost
+    ex.stop_and_requeue()
+    ex.thread.join(60)
+    assert seen is not None and seen >= 4  # one cpu-second a second, the first piece's 4 with the second's
 
 
 def test_one_piece_more_than_max_pieces_fails_the_run(local_stack, docker_client, tmp_path):
