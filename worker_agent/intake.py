@@ -181,8 +181,8 @@ class Intake:
                 run = self.ports.store.get(ahead.id)
             except RunplaneError:
                 continue
-            if run.state != RunState.QUEUED or run.attempt != ahead.attempt:
-                continue
+            if run.state != RunState.QUEUED or run.attempt != ahead.attempt or run.queue != self.config.pool:
+                continue  # taken, or moved on to another pool (the line is an index that may lag)
             allocation = self.slots.allocator.allocate(run.id, res.cpus, res.gpus, res.memory, res.disk)
             if allocation is None:
                 continue
@@ -221,6 +221,7 @@ class Intake:
                 self.config.lease_seconds,
                 self.clock(),
                 preemptible=self.config.preemptible,
+                pool=self.config.pool,
             )
         except ConditionFailed as e:
             self.slots.allocator.release(run.id)

@@ -38,7 +38,9 @@ class QuotaHolds:
         if run.waiting_reason != reason:
             try:
                 self.ports.store.update(
-                    run, Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt), {"waiting_reason": reason}
+                    run,
+                    Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt, queue=run.queue),
+                    {"waiting_reason": reason},
                 )
             except ConditionFailed:
                 pass  # claimed or ended meanwhile

@@ -21,6 +21,8 @@ class Expect:
     waiting: bool | None = None
     """True: only while the run still waits for other runs (``waiting_on`` not empty); False: only
     while it does not (a claim never takes a waiting run)."""
+    queue: str | None = None
+    """Only while the run is in this pool (a worker's claim: never of a run that moved to another)."""
 
     def holds(self, run: Run) -> bool:
         """Whether ``run`` meets these conditions."""
@@ -30,4 +32,5 @@ class Expect:
             and (self.worker_id is None or run.worker_id == self.worker_id)
             and not (self.unkilled and run.kill_requested)
             and (self.waiting is None or bool(run.waiting_on) == self.waiting)
+            and (self.queue is None or run.queue == self.queue)
         )

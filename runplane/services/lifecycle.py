@@ -29,14 +29,17 @@ def claim(
     lease_seconds: float,
     now: float,
     preemptible: bool = False,
+    pool: str | None = None,
 ) -> Run:
-    """Take a queued run at ``attempt``. Raises ConditionFailed if the hint is stale.
+    """Take a queued run at ``attempt`` while it is in ``pool`` (the worker's; by default the pool
+    ``run`` was read on): never one that moved on to another pool (``services.fallback``). Raises
+    ConditionFailed if the hint is stale.
 
     On a ``preemptible`` worker, losing the worker later does not use up one of the run's attempts.
     """
     return store.update(
         run,
-        Expect(states=frozenset({RunState.QUEUED}), attempt=attempt, waiting=False),
+        Expect(states=frozenset({RunState.QUEUED}), attempt=attempt, waiting=False, queue=pool or run.queue),
         {
             "state": RunState.PREPARING,
             "attempt": attempt + 1,
@@ -54,10 +57,10 @@ def unclaimable(ports: RunPorts, run: Run, message: str, now: float) -> Run:
     lost race) as ``failed`` (``agent_error``, ``message``), so that it is not offered to worker
     after worker. Should the store refuse that write too, the run is written with its timeline cut
     to its first event and this one: a write smaller than the claim. Tells what waits for it
-    (``ended``). Raises ConditionFailed when the run is no longer queued at its attempt, and what
-    the store raises for the smaller write."""
+    (``ended``). Raises ConditionFailed when the run is no longer queued at its attempt on the pool
+    ``run`` names, and what the store raises for the smaller write."""
     event = Event(at=now, state=RunState.FAILED, message=message)
-    expect = Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt)
+    expect = Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt, queue=run.queue)
     changes: dict[str, Any] = {
         "state": RunState.FAILED,
         "finished_at": now,

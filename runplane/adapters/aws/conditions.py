@@ -38,6 +38,10 @@ def expect_conditions(expect: Expect, names: dict[str, str], values: dict[str, A
         values[":nothing"] = {"N": "0"}
         waits = "(attribute_exists(#waits) AND size(#waits) > :nothing)"
         conditions.append(waits if expect.waiting else f"NOT {waits}")
+    if expect.queue is not None:
+        names["#xqueue"] = "queue"
+        values[":xqueue"] = {"S": expect.queue}
+        conditions.append("#xqueue = :xqueue")
     return conditions
 
 

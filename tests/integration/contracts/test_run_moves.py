@@ -10,6 +10,7 @@ from runplane.domain.errors import ConditionFailed, NotFound
 from runplane.domain.expect import Expect
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
+from runplane.services import lifecycle
 
 QUEUED = Expect(states=frozenset({RunState.QUEUED}))
 SPOT, ONDEMAND = "spot", "ondemand"
@@ -130,6 +131,26 @@ def test_a_move_from_a_pool_the_run_has_left_fails(stack):
     assert (got.queue, got.preemptions, [e.message for e in got.events]) == (ONDEMAND, 1, ["submitted", "moved"])
     assert filed(store, run.id, RunState.QUEUED) == {ONDEMAND: ["list", "head"]}
     assert store.count("cpu", RunState.QUEUED) == 0
+
+
+def test_a_worker_of_the_pool_a_run_left_cannot_claim_it(stack):
+    """A claim holds the run to the worker's pool (``Expect.queue``): a worker that read the run,
+    or its hint, before the move claims nothing; one of the pool it is in now claims it."""
+    store = stack.store
+    run = store.create(make_run(0))
+    store.move(run, QUEUED, ONDEMAND, {}, Event(at=1500.0, message="moved"))
+    for copy in (run, store.get(run.id)):  # the copy from before the move, and the run as it is now
+        with pytest.raises(ConditionFailed) as info:
+            lifecycle.claim(store, copy, copy.attempt, "w-of-spot", 60, 2000.0, pool=SPOT)
+        assert info.value.details["run"].queue == ONDEMAND
+    with pytest.raises(ConditionFailed):
+        lifecycle.claim(store, run, run.attempt, "w-of-spot", 60, 2000.0)  # by default, the copy's pool
+    assert (store.get(run.id).state, filed(store, run.id, RunState.QUEUED)) == (
+        RunState.QUEUED,
+        {ONDEMAND: ["list", "head"]},
+    )
+    claimed = lifecycle.claim(store, run, run.attempt, "w-of-ondemand", 60, 2000.0, pool=ONDEMAND)
+    assert (claimed.queue, claimed.worker_id, claimed.state) == (ONDEMAND, "w-of-ondemand", RunState.PREPARING)
 
 
 def test_a_move_to_the_pool_it_is_in_is_an_update(stack):
