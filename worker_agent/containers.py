@@ -25,6 +25,7 @@ from runplane.domain.secrets import SecretUnavailable
 from runplane.domain.states import FailureReason, RunState
 from runplane.domain.units import format_duration
 from worker_agent import images
+from worker_agent.cgroup_signal import signal_cgroup, signal_number
 from worker_agent.container_spec import LABEL, container_labels
 from worker_agent.outcome import Outcome
 from worker_agent.registries import Login, LoginUnavailable, hub_denied, rate_limited, refused, registry_of
@@ -226,8 +227,13 @@ class RunContainer:
         return exited, result
 
     def kill(self, signal: str | None = None) -> None:
-        """Kill the container (or send its command ``signal``); a kill that fails is logged
+        """Kill the container, or send ``signal`` to every process in it (its cgroup's, from the
+        host: a child of the command's shell hears it too), else, where this agent cannot see its
+        cgroup, to its first process (the engine's kill); a kill that fails is logged
         (``exited_state`` sees what came of it)."""
+        signo = None if signal is None else signal_number(signal)
+        if signo is not None and signal_cgroup(self.container.id, signo):
+            return
         try:
             self.container.kill(signal=signal)
         except docker.errors.APIError as e:
