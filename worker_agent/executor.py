@@ -306,6 +306,7 @@ class RunExecutor:
         run fails. How it ended, and whether its checkpoint was synced since."""
         rule = self.run.spec.checkpoint
         attempt_started = started
+        short = 0  # short pieces in a row
         while True:
             outcome = watch(started, attempt_started)
             code = None if rule is None else rule.exit_code
@@ -324,11 +325,31 @@ class RunExecutor:
                 )
                 return outcome, True
             self.state.piece_ended(pieces)
+            short = short + 1 if self.clock() - started < self.config.short_piece_seconds else 0
+            if short and self._pause(short):
+                killed = self.control.kill.is_set() and not self.control.requeue.is_set()
+                return (limits.killed("killed on request", self.run.kill_reason) if killed else outcome), True
             self.box.replace(f"piece {pieces} of its run ended with exit code {code}; the next one starts")
             failed = self._start_container(self.run)
             if failed is not None:
                 return failed, True
             started = self.clock()
+
+    def _pause(self, short: int) -> bool:
+        """Wait before the next piece after ``short`` short ones in a row (``piece_backoff_seconds``,
+        doubled each time, at most ``max_piece_backoff_seconds``), the store polled meanwhile for a kill
+        or a lost lease (raises LeaseLost). Whether the run is to stop instead."""
+        config = self.config
+        seconds = min(config.piece_backoff_seconds * 2 ** min(short - 1, 16), config.max_piece_backoff_seconds)
+        deadline = self.clock() + seconds
+        while not self.control.stopping():
+            left = deadline - self.clock()
+            if left <= 0:
+                return False
+            self.control.requeue.wait(min(left, config.kill_poll_seconds))
+            if not self.control.requeue.is_set():
+                self.control.poll()
+        return True
 
     def _sync(self, seconds: float) -> Outcome | None:
         """The final sync of the run's checkpoint, given up after ``seconds``."""

@@ -47,6 +47,11 @@ class ExecutorConfig:
     max_disk_interval_seconds: float = 10.0  # and the longest a run goes between two disk checks
     stop_seconds: float = 30.0  # how long a killed container may take to exit; past it, nothing uploads
     remove_seconds: float = 600.0  # how long removing a container may take (a layer of millions of files)
+    # a piece (checkpoint.exit_code) that ran less than short_piece_seconds is followed by a pause before
+    # the next one: piece_backoff_seconds, doubled for each short one in a row, at most max_piece_backoff_seconds
+    short_piece_seconds: float = 10.0
+    piece_backoff_seconds: float = 5.0
+    max_piece_backoff_seconds: float = 60.0
     gpu_access: GpuAccess = field(default_factory=GpuAccess)  # how a run's GPUs reach its container
     registries: tuple[RegistryLogin, ...] = ()  # the pool's registry logins (worker_agent/registries.py)
     # the worker's own logins by kind ("ecr", "acr": worker_agent/ecr.py, acr.py), for those entries

@@ -21,7 +21,7 @@ from runplane.domain.states import FailureReason, RunState
 from runplane.domain.tenancy import Principal
 from runplane.services import lifecycle
 from runplane.services.checkpoints import newest
-from runplane.services.runs import submit_run
+from runplane.services.runs import kill_run, submit_run
 from tests.conftest import TEST_IMAGE
 from worker_agent.checkpoints import sync
 from worker_agent.executor import RunExecutor
@@ -53,8 +53,8 @@ def executor(stack: Any, docker_client: Any, tmp_path: Path, run: Run, **config:
     return RunExecutor(claimed, ports, docker_client, settings, time.time, users=ImageUsers(docker_client))
 
 
-def run_to_end(stack: Any, docker_client: Any, tmp_path: Path, run: Run) -> Run:
-    ex = executor(stack, docker_client, tmp_path, run)
+def run_to_end(stack: Any, docker_client: Any, tmp_path: Path, run: Run, **config: Any) -> Run:
+    ex = executor(stack, docker_client, tmp_path, run, **config)
     ex.run_safely()
     return stack.store.get(run.id)
 
@@ -207,7 +207,7 @@ PIECES = (
 
 def test_a_run_in_three_pieces_completes_in_one_attempt(local_stack, docker_client, tmp_path):
     run = submit(local_stack, PIECES, checkpoint={"exit_code": 3, "max_pieces": 3})
-    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    ended = run_to_end(local_stack, docker_client, tmp_path, run, piece_backoff_seconds=0.1)
     assert ended.state == RunState.SUCCEEDED, ended.failure
     assert (ended.attempt, ended.pieces) == (1, 2)
     assert [output(local_stack, run, f"piece{n}.txt") for n in (1, 2, 3)] == ["piece 1\n", "piece 2\n", "piece 3\n"]
@@ -228,9 +228,20 @@ def test_a_later_piece_is_charged_from_the_attempts_start(local_stack, docker_cl
     assert seen is not None and seen >= 4  # one cpu-second a second, the first piece's 4 with the second's
 
 
+def test_a_short_piece_is_followed_by_a_pause_that_a_kill_ends(local_stack, docker_client, tmp_path):
+    run = submit(local_stack, "exit 3", checkpoint={"exit_code": 3, "max_pieces": 5, "grace": 0})
+    ex = executor(local_stack, docker_client, tmp_path, run, piece_backoff_seconds=300)
+    ex.start()
+    wait_for(lambda: local_stack.store.get(run.id).pieces == 1)
+    kill_run(local_stack.ports, Principal(user="alice"), run.id)
+    ex.thread.join(60)  # the pause (300 s) is not waited out
+    ended = local_stack.store.get(run.id)
+    assert ended.state == RunState.KILLED and ended.pieces == 1, ended.failure
+
+
 def test_one_piece_more_than_max_pieces_fails_the_run(local_stack, docker_client, tmp_path):
     run = submit(local_stack, PIECES, checkpoint={"exit_code": 3, "max_pieces": 2})
-    ended = run_to_end(local_stack, docker_client, tmp_path, run)
+    ended = run_to_end(local_stack, docker_client, tmp_path, run, piece_backoff_seconds=0.1)
     assert ended.state == RunState.FAILED and ended.failure.reason == FailureReason.NONZERO_EXIT
     assert "has gone in 2 pieces, its max_pieces" in ended.failure.message
     assert (ended.attempt, ended.pieces) == (1, 1)
