@@ -34,6 +34,28 @@ RUN_EXAMPLES = {
             "after": ["r-8d1e0b5c9a7f4e2b8c6d3a10"],
         },
     },
+    "checkpoint": {
+        "summary": "checkpoints every 10 minutes and on a stop; exit 85 starts it again in the same attempt",
+        "value": {
+            "command": "exec python train.py --resume-from $RUNPLANE_CHECKPOINT_DIR",
+            "checkpoint": {"interval": "10m", "signal": "SIGUSR1", "grace": "60s", "exit_code": 85},
+        },
+    },
+    "fallback": {
+        "summary": "on spot GPUs, moved to on-demand ones when not started within 20 minutes or preempted twice",
+        "value": {
+            "command": "exec python train.py",
+            "queue": ["gpu-spot", "gpu-ondemand"],
+            "resources": {"gpus": 1},
+            "fallback_after": "20m",
+            "fallback_after_preemptions": 2,
+            "checkpoint": {"interval": "10m"},
+        },
+    },
+    "from checkpoint": {
+        "summary": "starts from another run's newest checkpoint (a run of yours), until it has one of its own",
+        "value": {"command": "exec python finetune.py", "from_checkpoint": "r-4f9c2a7be0d14d3aa1c05e21"},
+    },
 }
 
 

@@ -48,13 +48,15 @@ from runplane.services.overview import run_logs, run_outputs
     raises=(errors.NotFound, errors.Conflict, errors.PayloadTooLarge),
     notes={403: PRIORITY_403},
     valid_refusals={
-        errors.NotFound: "an input or after names a run that does not exist (or another user's), or a secret "
-        "that does not exist (or is not the caller's to use), or an upload the caller did not upload",
-        errors.Conflict: "the Idempotency-Key was used for another request",
+        errors.NotFound: "an input, after or from_checkpoint names a run that does not exist (or another user's), "
+        "or a secret that does not exist (or is not the caller's to use), or an upload the caller did not upload",
+        errors.Conflict: "the Idempotency-Key was used for another request, or from_checkpoint names a run with no "
+        "checkpoint yet",
         errors.PayloadTooLarge: "the run's spec is too large, or an upload it names is over max_upload_bytes",
         errors.Unschedulable: "no pool can fit it, or it waits for a run that ended without success",
         errors.UnknownName: "a queue that is no configured pool",
-        errors.NotAllowed: "a bucket it reads is not allowed, a group that is not the caller's, a quota or cap",
+        errors.NotAllowed: "a bucket it reads is not allowed, a group that is not the caller's, a quota or cap, or "
+        "a pool to fall back to that does not exist or cannot take it",
     },
 )
 def submit(call: Call, body: RunSpec, key: str | None) -> Reply:
