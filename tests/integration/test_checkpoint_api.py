@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from runplane import bootstrap
 from runplane.client import Client
 from runplane.domain.checkpoints import CheckpointStatus
 from runplane.domain.expect import Expect
+from runplane.services.sweep_advance import member_run
 from worker_agent.checkpoints import sync
 
 FILES = 501
@@ -120,3 +122,15 @@ def test_the_cli_submits_the_rule_and_the_run_to_start_from(devstack, synced, tm
     later = cli(devstack, tmp_path, "run", "--queue", "parked", "--from-checkpoint", bare.id, "--", "true")
     assert later.returncode == 3 and f"run {bare.id} has no checkpoint yet" in later.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_a_sweep_pins_its_templates_checkpoint_for_every_member(devstack, synced):
+    run_id, _ = synced
+    alice = Client(devstack.api_url, "alice-token")
+    sweep = alice.submit_sweep("true", count=2, queue="parked", from_checkpoint=run_id)
+    try:
+        stored = bootstrap.stack().sweeps.get(sweep.id)
+        assert stored.restore_from is not None and (stored.restore_from.run, stored.restore_from.seq) == (run_id, 1)
+        assert member_run(stored, 1, time.time()).restore_from == stored.restore_from
+    finally:
+        sweep.kill()

@@ -17,7 +17,7 @@ from runplane import bootstrap
 from runplane.client import Client
 from runplane.domain.cursors import encode_cursor
 from runplane.settings import StackSettings
-from tests.security.conftest import raw
+from tests.security.conftest import bearer, raw
 from worker_agent.checkpoints import prune, sync
 
 PARKED = {"command": "echo hi", "queue": "parked"}
@@ -107,6 +107,11 @@ def test_a_checkpoint_is_its_owners_alone(front, people, objects, tmp_path):
         front, mallory, "POST", lambda r: "/v1/runs", run["id"], lambda r: {**PARKED, "from_checkpoint": r}
     )
     assert status == 404 and "checkpoint" not in text
+    # nor an administrator's: a checkpoint goes to another owner only by its owner's hand
+    status, _ = alike(
+        front, bearer("admin"), "POST", lambda r: "/v1/runs", run["id"], lambda r: {**PARKED, "from_checkpoint": r}
+    )
+    assert status == 404
     sweep = {"run": {**PARKED}, "count": 2}
     status, _ = alike(
         front,
