@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from runplane.domain.errors import LeaseLost, NotFound, RunplaneError
@@ -61,3 +62,15 @@ class RunControl:
     def stopping(self) -> bool:
         """Whether the run is to stop: killed, handed back or taken away."""
         return self.kill.is_set() or self.requeue.is_set() or self.lease_lost.is_set()
+
+    def pause(self, seconds: float, poll_seconds: float) -> bool:
+        """Wait ``seconds`` unless the run is to stop meanwhile, the store polled every ``poll_seconds``
+        (raises LeaseLost). Whether it is to stop."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if not self.requeue.wait(min(left, poll_seconds)):
+                self.poll()
+        return True

@@ -80,9 +80,9 @@ log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
 
-_FINAL = frozenset({FailureReason.KILLED, FailureReason.TIME_LIMIT, FailureReason.DISK_LIMIT, FailureReason.LOG_LIMIT})
-"""How a run ends whether or not its worker hands its runs back meanwhile: a kill, or a limit it passed
-(in its grace too)."""
+GRACE_SHARE = 0.75
+"""The most of the agent's stop budget (``stop_budget_seconds``) a run's grace takes: its final sync has
+the rest."""
 
 HAND_BACK_PAUSE_SECONDS = 3.0
 """How long a run whose secrets could not be read for now waits before it is handed back (so that
@@ -150,6 +150,7 @@ class RunExecutor:
         self.secret_env: dict[str, str] = {}  # the values of the run's secrets, for its container only
         self.thread: threading.Thread | None = None
         self.preempted = False  # handed back because its machine is being taken away
+        self.stop_asked: float | None = None  # when this worker was told to hand its runs back
 
     @property
     def run(self) -> Run:
@@ -176,6 +177,8 @@ class RunExecutor:
         """Pass-down termination: stop the container and hand the run back to its queue (``preempted``:
         its machine is being taken away, which counts towards the run's ``fallback_after_preemptions``)."""
         self.preempted = self.preempted or preempted
+        if self.stop_asked is None:
+            self.stop_asked = self.clock()
         self.control.requeue.set()
 
     def start(self) -> None:
@@ -249,7 +252,9 @@ class RunExecutor:
         sessions = self._sessions(given)
         idle = given.idle if run.spec.interactive else lambda: None
         rule = run.spec.checkpoint
-        warn = (rule.stop_signal, rule.stop_grace) if rule is not None else None
+        # a stop's grace and final sync fit in the agent's stop budget together: the grace has a share of it
+        grace = None if rule is None else min(rule.stop_grace, self.config.stop_budget_seconds * GRACE_SHARE)
+        warn = (rule.stop_signal, grace) if rule is not None and grace is not None else None
         watch = Watch(
             self.box, self.logs, self.meter, self.control, self.config, self.clock, self._check_disk, idle, warn
         )
@@ -278,7 +283,7 @@ class RunExecutor:
             raise LeaseLost(f"run {run.id} attempt {run.attempt} was taken away")
         over = None
         if self.setup.checkpoints and outcome.upload and not synced:  # before a hand-back and the outputs
-            over = self._sync(self.config.upload_deadline_seconds)
+            over = self._sync(self._final_sync_seconds())
         if over is not None:  # no checkpoint written: the run ends here, handed back or not
             self._final(over)
             return
@@ -286,7 +291,7 @@ class RunExecutor:
         if self.saves.failed is not None:
             failed = f"; its last checkpoint sync failed (the one before stays its newest): {self.saves.failed}"
         outcome.message += failed
-        if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED and outcome.reason not in _FINAL:
+        if self.control.requeue.is_set() and outcome.state != RunState.SUCCEEDED and outcome.reason not in limits.FINAL:
             self.logs.flush()
             self.state.requeue(f"worker terminated{failed}", self.usage, preempted=self.preempted)
             return
@@ -326,7 +331,7 @@ class RunExecutor:
                 return outcome, True
             self.state.piece_ended(pieces)
             short = short + 1 if self.clock() - started < self.config.short_piece_seconds else 0
-            if short and self._pause(short):
+            if short and self.control.pause(self.config.piece_pause(short), self.config.kill_poll_seconds):
                 killed = self.control.kill.is_set() and not self.control.requeue.is_set()
                 return (limits.killed("killed on request", self.run.kill_reason) if killed else outcome), True
             self.box.replace(f"piece {pieces} of its run ended with exit code {code}; the next one starts")
@@ -335,21 +340,13 @@ class RunExecutor:
                 return failed, True
             started = self.clock()
 
-    def _pause(self, short: int) -> bool:
-        """Wait before the next piece after ``short`` short ones in a row (``piece_backoff_seconds``,
-        doubled each time, at most ``max_piece_backoff_seconds``), the store polled meanwhile for a kill
-        or a lost lease (raises LeaseLost). Whether the run is to stop instead."""
-        config = self.config
-        seconds = min(config.piece_backoff_seconds * 2 ** min(short - 1, 16), config.max_piece_backoff_seconds)
-        deadline = self.clock() + seconds
-        while not self.control.stopping():
-            left = deadline - self.clock()
-            if left <= 0:
-                return False
-            self.control.requeue.wait(min(left, config.kill_poll_seconds))
-            if not self.control.requeue.is_set():
-                self.control.poll()
-        return True
+    def _final_sync_seconds(self) -> float:
+        """How long the final sync may take: ``upload_deadline_seconds``, and on a stop what is left of
+        the agent's stop budget since it was told to stop."""
+        seconds = self.config.upload_deadline_seconds
+        if self.stop_asked is not None:
+            seconds = min(seconds, max(self.config.stop_budget_seconds - (self.clock() - self.stop_asked), 0.0))
+        return seconds
 
     def _sync(self, seconds: float) -> Outcome | None:
         """The final sync of the run's checkpoint, given up after ``seconds``."""

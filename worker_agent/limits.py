@@ -17,6 +17,10 @@ from worker_agent.outcome import Outcome
 from worker_agent.run_config import ExecutorConfig
 from worker_agent.usage import Tree
 
+FINAL = frozenset({FailureReason.KILLED, FailureReason.TIME_LIMIT, FailureReason.DISK_LIMIT, FailureReason.LOG_LIMIT})
+"""How a run ends whether or not its worker hands its runs back meanwhile: a kill, or a limit it passed
+(in its grace too)."""
+
 REMOVED = "the container was removed from the Docker engine while it ran (not by runplane)"
 
 

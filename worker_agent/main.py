@@ -296,6 +296,7 @@ def agent_config(
             work_dir=work_dir,
             kill_poll_seconds=settings.kill_poll_seconds,
             upload_deadline_seconds=settings.upload_deadline_seconds,
+            stop_budget_seconds=settings.stop_budget_seconds,
             live=LiveLimits(
                 settings.live_interval,
                 settings.live_max_files,

@@ -52,10 +52,18 @@ class ExecutorConfig:
     short_piece_seconds: float = 10.0
     piece_backoff_seconds: float = 5.0
     max_piece_backoff_seconds: float = 60.0
+    # the most a stop (pass-down: the agent stopping) may take: a run's grace and its final sync together
+    # (the systemd unit's TimeoutStopSec=120 leaves the rest for handing the runs back and the agent's exit)
+    stop_budget_seconds: float = 100.0
     gpu_access: GpuAccess = field(default_factory=GpuAccess)  # how a run's GPUs reach its container
     registries: tuple[RegistryLogin, ...] = ()  # the pool's registry logins (worker_agent/registries.py)
     # the worker's own logins by kind ("ecr", "acr": worker_agent/ecr.py, acr.py), for those entries
     registry_providers: Mapping[str, Callable[[str], RegistryCredentials]] = field(default_factory=dict)
+
+    def piece_pause(self, short: int) -> float:
+        """Seconds to wait before the next piece after ``short`` short ones in a row."""
+        doubled: float = self.piece_backoff_seconds * 2.0 ** min(short - 1, 16)
+        return min(doubled, self.max_piece_backoff_seconds)
 
 
 @dataclass(frozen=True)

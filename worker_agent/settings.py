@@ -180,6 +180,12 @@ class AgentSettings(Settings):
     poll_seconds: float = Field(5.0, gt=0, description="queue long-poll time")
     kill_poll_seconds: float = Field(1.0, gt=0, description="how often a running run checks for a kill request")
     upload_deadline_seconds: float = Field(300.0, gt=0, description="the most time outputs may take to upload")
+    stop_budget_seconds: float = Field(
+        100.0,
+        gt=0,
+        description="the most a run's stop may take when the agent stops (its checkpoint grace, three quarters at "
+        "most, and its final sync): below the service manager's stop timeout (TimeoutStopSec=120)",
+    )
     live_interval: Annotated[float, BeforeValidator(_duration)] = Field(
         15.0, gt=0, description="how often files a run writes under $RUNPLANE_OUTPUT/live/ are uploaded while it runs"
     )

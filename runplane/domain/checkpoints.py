@@ -220,8 +220,9 @@ class CheckpointRule(Record):
         default=None,
         ge=0,
         le=MAX_GRACE,
-        description="the longest the command is given after the signal (0 to 1 hour; default 30 s, cut short by "
-        "a preemption's own notice)",
+        description="the longest the command is given after the signal (0 to 1 hour; default 30 s); when its "
+        "worker stops, at most three quarters of the agent's stop budget (75 s of 100 s by default), which its "
+        "final sync shares",
     )
     exit_code: Annotated[int | None, WHOLE] = Field(
         default=None,

@@ -199,6 +199,19 @@ def test_a_run_handed_back_is_warned_syncs_what_its_handler_wrote_and_keeps_its_
     assert back.checkpoint is not None and back.checkpoint.seq == last.seq
 
 
+def test_a_grace_longer_than_the_agents_stop_budget_is_cut_to_its_share(local_stack, docker_client, tmp_path):
+    command = f"trap '' USR1; echo up > {CK}/up; i=0; while [ $i -lt 900 ]; do i=$((i+1)); sleep 0.1; done"
+    run = submit(local_stack, command, checkpoint={"signal": "SIGUSR1", "grace": 3600})
+    ex = executor(local_stack, docker_client, tmp_path, run, stop_budget_seconds=4)
+    ex.start()
+    wait_for(lambda: (ex.setup.checkpoint_dir / "up").exists())
+    ex.stop_and_requeue()
+    ex.thread.join(60)  # a grace of 3 s (three quarters of the budget), not the hour asked for
+    assert not ex.thread.is_alive()
+    back = local_stack.store.get(run.id)
+    assert back.state == RunState.QUEUED and back.checkpoint is not None, back.failure
+
+
 PIECES = (
     f"n=$(cat {CK}/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > {CK}/n; echo piece $n > {OUT}/piece$n.txt; "
     '[ "$n" -lt 3 ] && exit 3; exit 0'

@@ -45,6 +45,7 @@ SAMPLES = {
     "poll_seconds": ("1", 1.0),
     "kill_poll_seconds": ("0.5", 0.5),
     "upload_deadline_seconds": ("30", 30.0),
+    "stop_budget_seconds": ("60", 60.0),
     "live_interval": ("1m", 60.0),
     "live_max_files": ("10", 10),
     "live_max_file_bytes": ("1m", 2**20),
