@@ -81,7 +81,8 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
     (no symlink followed, no other file system entered). Symlinks, other kinds of files and paths a
     manifest cannot name (``path_refusal``) are left out, named in ``progress``. Raises
     CheckpointTooLarge once the files' sizes pass ``max_bytes`` or the entries ``max_entries``: the walk
-    stops there, before anything is read."""
+    stops there, before anything is read; CheckpointUnusable when part of it cannot be walked (deeper
+    than ``trees.MAX_DEPTH``, a directory that cannot be listed): what it holds is unknown."""
     found = Found()
     # what is beneath a path is taken only when that path was found a directory: the listing's word on
     # what to descend into and the stat's may differ for a path the run swaps meanwhile (a file for a
@@ -110,8 +111,8 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
                 found.files.append(rel)
                 found.bytes += info.st_size
             _check_cap(found.bytes, len(found.files) + len(found.dirs), max_bytes, max_entries)
-    except Unwalkable as e:
-        progress.skip(f"{e} (not read)")
+    except Unwalkable as e:  # what it holds is unknown: no checkpoint is made of part of it
+        raise CheckpointUnusable(f"the checkpoint directory cannot be read whole: {e}") from e
     found.files.sort()
     found.dirs.sort(key=lambda d: d.path)
     return found

@@ -14,6 +14,7 @@ import pytest
 from runplane.domain.checkpoints import CheckpointFile, CheckpointTooLarge, CheckpointUnusable, Manifest, blob_key
 from worker_agent import checkpoint_files
 from worker_agent.checkpoint_files import STAGE_IN_MEMORY, Progress, staged, walk, write_tree
+from worker_agent.trees import MAX_DEPTH
 
 RUN = "r-00000000000000000000f11e"
 
@@ -70,6 +71,15 @@ def test_a_directory_swapped_with_a_file_while_walked_gives_one_path_once(tmp_pa
 def _file(path: str) -> CheckpointFile:
     digest = hashlib.sha256(b"file").hexdigest()
     return CheckpointFile(path=path, size=4, sha256=digest, mode=0o644, mtime_ns=0, key=blob_key(RUN, digest))
+
+
+def test_a_directory_too_deep_to_walk_makes_no_checkpoint_of_part_of_it(tmp_path):
+    deep = tmp_path.joinpath(*["d"] * (MAX_DEPTH + 2))
+    deep.mkdir(parents=True)
+    (deep / "state").write_bytes(b"s")
+    (tmp_path / "top").write_bytes(b"t")
+    with pytest.raises(CheckpointUnusable, match="cannot be read whole"):
+        walk(tmp_path, None, 10_000, Progress())
 
 
 def test_a_walk_stops_at_its_cap(tmp_path):
