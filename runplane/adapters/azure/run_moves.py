@@ -5,33 +5,40 @@ partitions, so a move from pool A to pool B is a protocol of steps, each one wri
 be the last its mover makes (it may die). Marks beside the run's document in its rows say where a
 move stands:
 
+0. ``reserve``: A's main row, if still at the ETag of the run as read (the write ``Expect`` was
+   checked against), gets the move's token ``move``. Only a move whose token A's main row holds can
+   depart (step 2 is conditional on the ETag this write leaves), so of two movers at once one
+   departs at most, and rows whose token A does not hold are a leftover nobody will count.
 1. ``arrive``: B's partition gets the moved run's rows (main row and copies, one transaction),
-   marked *arriving* (``moved_from`` A, the move's token ``move``); the owner row learns B as
-   ``next`` beside A. An arriving row counts only once A's main row has departed with the same
-   token: until then the run is in A for every reader, and B's rows are a leftover that a later
-   move replaces.
-2. ``depart``: the move itself, one transaction in A conditional on the ETag of the run as read
-   (the write ``Expect`` was checked against): A's main row becomes the moved run marked
-   *departed* (``moving_to`` B, the token) and the run's copies in A go. From here on the run is in
-   B: A holds no copy (no listing, line, count or purge index of A has it) and B's arriving rows
-   count. A write that came between makes it fail; the mover removes its arriving rows and reads
-   again.
-3. ``finish`` (anyone may do it, any number of times): ``settle`` B's rows (their marks removed,
-   with B's main row's ETag; rows a rival mover replaced are written again from A's departed row),
-   ``repoint`` the ``id:`` row and the owner row at B (each with its ETag, only while it names A),
-   then ``leave``: delete A's departed row.
+   marked *arriving* (``moved_from`` A, the token); a leftover there (``_clear``: rows whose token
+   A's main row does not hold) is deleted first. The owner row learns B as ``next`` beside A. An
+   arriving row counts only once A's main row has departed with the same token: until then the run
+   is in A for every reader.
+2. ``depart``: the move itself, one transaction in A conditional on the ETag the reservation left:
+   A's main row becomes the moved run marked *departed* (``moving_to`` B, the token) and the run's
+   copies in A go. From here on the run is in B: A holds no copy (no listing, line, count or purge
+   index of A has it) and B's arriving rows count. A write that came between makes it fail; the
+   mover removes its arriving rows (if A does not hold their token) and reads again.
+3. ``complete`` (anyone may do it, any number of times), in this order: ``repoint`` the ``id:``
+   row at B (with its ETag, only while it names A) and the owner row at the pool the ``id:`` row
+   names now; ``settle`` B's rows (their marks removed, with B's main row's ETag); then ``leave``:
+   delete A's departed row. So an unmarked row of the run in B means the ``id:`` row names B (or a
+   pool the run moved on to from there), and a later move's repointing is never undone.
 
 Every reader and writer that meets a departed row, or an arriving row whose source departed,
 finishes the move before it goes on; one that meets an arriving row whose source has not departed
 treats the run as A's; one whose pool (remembered, or from a copy of the run) holds no row of the
 run looks the ``id:`` row up again. So no reader finds the run in both pools or in neither, a claim
 is one ETag write of the one row that counts, and a mover that dies leaves the move for the next
-reader or writer to finish (after step 1: a leftover nobody counts).
+reader or writer to finish (before step 2: a leftover nobody counts). Rows of the run missing from B
+while A's departed row lingers are written again from it only while the ``id:`` row still names A
+(the run has neither moved on from B nor been deleted since).
 """
 
 from __future__ import annotations
 
 import builtins
+import logging
 from typing import Any
 
 from azure.core import MatchConditions
@@ -41,8 +48,10 @@ from azure.data.tables import TableClient, TableErrorCode, TableTransactionError
 from runplane.adapters.azure.errors import error_code
 from runplane.adapters.azure.run_rows import copy_keys, entities, main_key, partition
 from runplane.adapters.azure.tables import document, failure, get_entity, key, newest_first, packed
-from runplane.domain.errors import BackendError
+from runplane.domain.errors import BackendError, RunplaneError
 from runplane.domain.runs import Run
+
+log = logging.getLogger(__name__)
 
 MOVE, FROM, TO, RUN = "move", "moved_from", "moving_to", "move_run"
 """The marks of a move: its token; on arriving rows the pool left and the run's id; on the departed
@@ -91,6 +100,26 @@ def _submit(table: TableClient, operations: builtins.list[Any], what: str) -> No
         raise failure(e, what) from e
 
 
+def reserve(table: TableClient, current: Run, etag: str, token: str) -> str | None:
+    """Step 0: the move's ``token`` on the run's main row in its pool, if still at ``etag``. The
+    row's new ETag; None when a write came between (read again)."""
+    row = {"PartitionKey": partition(current.queue), "RowKey": main_key(current.id), MOVE: token}
+    try:
+        answer = table.update_entity(row, mode=UpdateMode.MERGE, etag=etag, **_IF_SAME)
+    except (ResourceModifiedError, ResourceNotFoundError):
+        return None
+    except AzureError as e:
+        raise failure(e, "move run") from e
+    return str(answer["etag"])
+
+
+def holds_token(table: TableClient, entity: Any) -> bool:
+    """Whether the source's main row of an arriving row holds the row's token: its move reserved
+    there (it may yet depart) or departed. Rows whose token it does not hold never count."""
+    found = get_entity(table, partition(str(entity[FROM])), main_key(str(entity[RUN])), "read run")
+    return found is not None and found.get(MOVE) == entity.get(MOVE)
+
+
 def arrive(table: TableClient, new: Run, left: str, token: str) -> None:
     """Step 1: the moved run ``new``'s rows in its new pool's partition, marked arriving from pool
     ``left``; a leftover of a move that never departed is replaced."""
@@ -116,10 +145,10 @@ def arrive(table: TableClient, new: Run, left: str, token: str) -> None:
 
 
 def _clear(table: TableClient, new: Run) -> None:
-    """Delete the rows of ``new``'s run in its new pool's partition if they are a leftover (arriving
-    rows whose move did not depart)."""
+    """Delete the rows of ``new``'s run in its new pool's partition if they are a leftover: arriving
+    rows whose token their source's main row does not hold (their move can never depart)."""
     found = get_entity(table, partition(new.queue), main_key(new.id), "move run")
-    if found is None or not arriving(found) or source(table, found) is not None:
+    if found is None or not arriving(found) or holds_token(table, found):
         return
     _delete(table, found)
 
@@ -139,9 +168,10 @@ def _delete(table: TableClient, found: Any) -> None:
 
 
 def abandon(table: TableClient, new: Run, token: str) -> None:
-    """Remove the arriving rows of a move that did not depart (its conditional write lost)."""
+    """Remove the arriving rows of a move that did not depart (its conditional write lost to
+    another, which took its token off the source's main row)."""
     found = get_entity(table, partition(new.queue), main_key(new.id), "move run")
-    if found is not None and arriving(found) and found.get(MOVE) == token:
+    if found is not None and arriving(found) and found.get(MOVE) == token and not holds_token(table, found):
         _delete(table, found)
 
 
@@ -168,19 +198,34 @@ def depart(
 
 
 def finish(table: TableClient, left: str, entity: Any) -> str:
-    """Step 3 of the move whose departed row (in pool ``left``) is ``entity``: settle, repoint,
-    leave. Idempotent; returns the pool the run is in."""
-    new, token = document(Run, entity), str(entity[MOVE])
-    settle(table, new, left, token)
-    repoint(table, new, left)
-    leave(table, left, new.id, token)
+    """Step 3 of the move whose departed row (in pool ``left``) is ``entity``. Idempotent; returns
+    the pool the move took the run to."""
+    new = document(Run, entity)
+    complete(table, new, left, str(entity[MOVE]))
     return new.queue
 
 
+def complete(table: TableClient, new: Run, left: str, token: str) -> None:
+    """Step 3 of the move ``token`` of ``new``'s run from pool ``left``: repoint, settle, leave."""
+    repoint(table, new, left)
+    settle(table, new, left, token)
+    leave(table, left, new.id, token)
+
+
+def completed(table: TableClient, new: Run, left: str, token: str) -> Run:
+    """The mover's step 3, after its departure: a failure is logged, not raised (the move is made,
+    and the next reader or writer of the run finishes it). Returns ``new``."""
+    try:
+        complete(table, new, left, token)
+    except RunplaneError as e:
+        log.warning("run %s moved to pool %s; its move is finished by its next reader: %s", new.id, new.queue, e)
+    return new
+
+
 def settle(table: TableClient, new: Run, left: str, token: str) -> None:
-    """Step 3a: the run's rows in its new pool without their marks. Rows a rival mover replaced
-    (or removed) are written again from ``new`` (the departed row), unless the run has moved on or
-    is gone since."""
+    """Step 3b: the run's rows in its new pool without their marks. Rows missing there (or another
+    move's) are written again from ``new`` (the departed row) only while the ``id:`` row names pool
+    ``left`` and that departed row is still there: never once the run moved on or was deleted."""
     found = get_entity(table, partition(new.queue), main_key(new.id), "move run")
     if found is not None and not (arriving(found) and found.get(MOVE) != token):
         if not arriving(found):
@@ -196,8 +241,11 @@ def settle(table: TableClient, new: Run, left: str, token: str) -> None:
                 raise failure(e, "move run") from e
         return
     pointer = get_entity(table, f"id:{key(new.id)}", "", "move run")
-    if pointer is None or pointer.get("queue") not in (left, new.queue):
-        return  # deleted, or moved on
+    if pointer is None or pointer.get("queue") != left:
+        return  # deleted, or moved on (an unmarked row in the new pool means the id: row names it)
+    gone = get_entity(table, partition(left), main_key(new.id), "move run")
+    if gone is None or not departed(gone) or gone.get(MOVE) != token:
+        return  # finished by another
     if found is not None:
         _delete(table, found)
     fresh = [row for row in entities(new) if row is not None]
@@ -209,19 +257,32 @@ def settle(table: TableClient, new: Run, left: str, token: str) -> None:
 
 
 def repoint(table: TableClient, new: Run, left: str) -> None:
-    """Step 3b: the ``id:`` row and the owner row name the run's new pool, each only while it names
-    pool ``left`` (an ETag write: a later move's repointing is never undone)."""
-    for partition_key, row_key in ((f"id:{key(new.id)}", ""), _owner_row(new)):
-        found = get_entity(table, partition_key, row_key, "move run")
-        if found is None or found.get("queue") != left:
-            continue
-        row = {"PartitionKey": partition_key, "RowKey": row_key, "queue": new.queue}
-        try:
-            table.update_entity(row, mode=UpdateMode.REPLACE, etag=str(found.metadata["etag"]), **_IF_SAME)
-        except (ResourceModifiedError, ResourceNotFoundError):
-            pass  # another finisher (or a delete) got there first
-        except AzureError as e:
-            raise failure(e, "move run") from e
+    """Step 3a: the ``id:`` row names the run's new pool, only while it names pool ``left``; then
+    the owner row, while it names ``left``, names the pool the ``id:`` row names now (never one the
+    run has left). Each is an ETag write: a later move's repointing is never undone."""
+    pointer = f"id:{key(new.id)}", ""
+    found = get_entity(table, *pointer, "move run")
+    if found is not None and found.get("queue") == left:
+        _point(table, found, new.queue, None)
+        found = get_entity(table, *pointer, "move run")
+    owner = get_entity(table, *_owner_row(new), "move run")
+    if found is None or owner is None or owner.get("queue") != left or found.get("queue") == left:
+        return
+    now = str(found["queue"])
+    _point(table, owner, now, owner.get(NEXT) if owner.get(NEXT) not in (left, new.queue, now) else None)
+
+
+def _point(table: TableClient, found: Any, queue: str, next_pool: Any) -> None:
+    """Replace a pointer row (as read: its ETag) with one naming ``queue`` (and ``next_pool``)."""
+    row = {"PartitionKey": found["PartitionKey"], "RowKey": found["RowKey"], "queue": queue}
+    if next_pool:
+        row[NEXT] = next_pool
+    try:
+        table.update_entity(row, mode=UpdateMode.REPLACE, etag=str(found.metadata["etag"]), **_IF_SAME)
+    except (ResourceModifiedError, ResourceNotFoundError):
+        pass  # another finisher (or a delete) got there first
+    except AzureError as e:
+        raise failure(e, "move run") from e
 
 
 def leave(table: TableClient, left: str, run_id: str, token: str) -> None:

@@ -252,22 +252,22 @@ class TableRunStore:
             if event is not None:
                 new.events = add_event(new.events, event)
             token = uuid.uuid4().hex
+            reserved = moves.reserve(self.table, current, etag, token)
+            if reserved is None:
+                continue  # another write came between our read and ours: check again
             moves.arrive(self.table, new, where, token)
             try:
-                moves.depart(self.table, current, etag, new, token, absent)
+                moves.depart(self.table, current, reserved, new, token, absent)
             except TableTransactionError as e:
                 moves.abandon(self.table, new, token)
                 if error_code(e) == TableErrorCode.UPDATE_CONDITION_NOT_SATISFIED:
                     continue  # another write came between our read and ours: check again
                 if error_code(e) == TableErrorCode.RESOURCE_NOT_FOUND:
-                    absent_at = (etag, absent | self._absent(partition(where), copy_keys(current)))
+                    absent_at = (reserved, absent | self._absent(partition(where), copy_keys(current)))
                     continue
                 raise failure(e, "move run") from e
-            moves.settle(self.table, new, where, token)
-            moves.repoint(self.table, new, where)
-            moves.leave(self.table, where, run.id, token)
             self._remember(run.id, queue)
-            return new
+            return moves.completed(self.table, new, where, token)
         raise BackendError(f"move run {run.id}: {MAX_WRITE_TRIES} concurrent writes won over this one; retry")
 
     def waiting(self, queue: str, limit: int = 100, cursor: str | None = None) -> Page:

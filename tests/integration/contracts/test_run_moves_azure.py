@@ -3,18 +3,20 @@ as a mover that dies there leaves it: every reader finds the run in one pool, th
 the move; and a store whose remembered pool of a run is stale finds the run where it moved."""
 
 import pytest
+from azure.data.tables import TableTransactionError, UpdateMode
 
 from runplane.adapters.azure import run_moves as moves
 from runplane.adapters.azure.run_rows import partition
 from runplane.adapters.azure.runs import TableRunStore
 from runplane.adapters.azure.tables import key, newest_first, unpack
+from runplane.domain.errors import BackendError, NotFound
 from runplane.domain.expect import Expect
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
 
 QUEUED = Expect(states=frozenset({RunState.QUEUED}))
 SPOT, ONDEMAND = "spot", "ondemand"
-STEPS = ["arrive", "depart", "settle", "repoint"]
+STEPS = ["arrive", "depart", "repoint", "settle"]
 
 
 def make_run(i=0):
@@ -66,13 +68,14 @@ def stop_after(store, run, step):
     new = current.model_copy(update={"queue": ONDEMAND, "preemptions": 0})
     new.events = [*new.events, Event(at=1500.0, message="moved to ondemand")]
     done = STEPS[: STEPS.index(step) + 1]
+    etag = moves.reserve(store.table, current, etag, "t-1")
     moves.arrive(store.table, new, SPOT, "t-1")
     if "depart" in done:
         moves.depart(store.table, current, etag, new, "t-1")
-    if "settle" in done:
-        moves.settle(store.table, new, SPOT, "t-1")
     if "repoint" in done:
         moves.repoint(store.table, new, SPOT)
+    if "settle" in done:
+        moves.settle(store.table, new, SPOT, "t-1")
     return new
 
 
@@ -124,3 +127,115 @@ def test_a_remembered_pool_the_run_left_is_looked_up_again(azure_stack):
     assert claimed.queue == ONDEMAND
     assert store.get(run.id).worker_id == "w-1"
     assert [r.id for r in store.list(queue=ONDEMAND, state=RunState.PREPARING).runs] == [run.id]
+
+
+def test_a_departed_row_left_behind_never_brings_the_run_back(azure_stack, monkeypatch):
+    """A mover that dies before ``leave`` leaves its departed row in the pool left. A reader that
+    still remembers that pool finishes the move after the run moved on (or ended and was purged):
+    it never writes the run into the pool it moved through again."""
+    store = azure_stack.store
+    run, ended = store.create(make_run(0)), store.create(make_run(1))
+    for each in (run, ended):
+        stop_after(store, each, "settle")
+    assert pointers(store, run) == (ONDEMAND, ONDEMAND, None)  # settled: repointed first
+    other = TableRunStore(store.table)
+    listed = other.list(queue=ONDEMAND, state=RunState.QUEUED).runs
+    assert sorted(r.id for r in listed) == [run.id, ended.id]
+    other.move(other.get(run.id), QUEUED, "third", {}, Event(at=1600.0, message="to third"))
+    remembers = TableRunStore(store.table)
+    remembers._remember(run.id, SPOT)
+    assert remembers.get(run.id).queue == "third"
+    assert (rows(store, SPOT, run.id), rows(store, ONDEMAND, run.id)) == ({}, {})
+    assert [r.id for r in store.head(ONDEMAND, 10)] == [ended.id]
+    assert [r.id for r in store.head("third", 10)] == [run.id]
+    assert pointers(store, run) == ("third", "third", None)
+    # the other run ends and is purged while a reader that remembers its first pool reads it
+    done = other.update(other.get(ended.id), QUEUED, {"state": RunState.SUCCEEDED, "finished_at": 1.0})
+    assert done.queue == ONDEMAND
+    real, read = store.table.delete_entity, []
+
+    def delete_entity(*args, **kwargs):
+        if not read:  # the purge's first: between the run's rows going and its pointers going
+            read.append(None)
+            with pytest.raises(NotFound):
+                TableRunStore(store.table)._locate(ended.id, SPOT)
+            read.append(rows(store, ONDEMAND, ended.id))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store.table, "delete_entity", delete_entity)
+    other.delete(ended.id, 10**10)
+    assert read == [None, {}]  # the reader found it nowhere, and wrote it nowhere
+    assert (rows(store, SPOT, ended.id), rows(store, ONDEMAND, ended.id)) == ({}, {})
+    assert store.head(ONDEMAND, 10) == [] and store.count(ONDEMAND, RunState.SUCCEEDED) == 0
+    with pytest.raises(NotFound):
+        TableRunStore(store.table).get(ended.id)
+
+
+def test_a_rival_mover_never_clears_the_rows_of_a_move_that_may_depart(azure_stack):
+    """Arriving rows are cleared only when the pool left no longer holds their move's token (the
+    move can never depart): a rival that read them before they came to count leaves them, and the
+    mover whose reservation a rival took over removes its own rows, not the rival's."""
+    store = azure_stack.store
+    run = store.create(make_run(0))
+    current, etag, _ = store._locate(run.id)
+    new = current.model_copy(update={"queue": ONDEMAND})
+    reserved = moves.reserve(store.table, current, etag, "t-1")
+    moves.arrive(store.table, new, SPOT, "t-1")
+    assert moves.reserve(store.table, current, etag, "t-2") is None  # a rival's read is stale now
+    moves._clear(store.table, new)  # a rival that met the rows: their token is held, they stay
+    moves.depart(store.table, current, reserved, new, "t-1")
+    assert seen_in(store, run.id) == {ONDEMAND}  # counted before they are settled
+    assert TableRunStore(store.table).get(run.id).queue == ONDEMAND
+    # a mover reserves and arrives; a rival moves the run meanwhile, clearing the first one's rows
+    raced = store.create(make_run(1))
+    current, etag, _ = store._locate(raced.id)
+    first = current.model_copy(update={"queue": ONDEMAND, "preemptions": 1})
+    reserved = moves.reserve(store.table, current, etag, "t-1")
+    moves.arrive(store.table, first, SPOT, "t-1")
+    TableRunStore(store.table).move(raced, QUEUED, ONDEMAND, {"preemptions": 2})
+    with pytest.raises(TableTransactionError):
+        moves.depart(store.table, current, reserved, first, "t-1")
+    moves.abandon(store.table, first, "t-1")
+    assert (store.head(SPOT, 10), store.count(SPOT, RunState.QUEUED), store.count(ONDEMAND, RunState.QUEUED)) == (
+        [],
+        0,
+        2,
+    )
+    assert sorted(r.id for r in store.head(ONDEMAND, 10)) == [run.id, raced.id]
+    assert all(marks == {} for marks in rows(store, ONDEMAND, raced.id).values())
+    assert len(rows(store, ONDEMAND, raced.id)) == 3
+    assert TableRunStore(store.table).get(raced.id).preemptions == 2
+
+
+def test_the_owner_row_is_pointed_only_where_the_id_row_points(azure_stack):
+    """A move finished late (its departed row found after the run moved on) points an owner row
+    that still names the pool left at the pool the ``id:`` row names now, never at one the run has
+    left: the owner's listing by pool finds the run where it is."""
+    store = azure_stack.store
+    run = store.create(make_run(0))
+    stop_after(store, run, "depart")
+    for at in (f"id:{key(run.id)}", ""), (f"o:{key(run.owner)}", f"{newest_first(run.created_at)}:{key(run.id)}"):
+        store.table.update_entity({"PartitionKey": at[0], "RowKey": at[1], "queue": "third"}, mode=UpdateMode.REPLACE)
+    store.table.update_entity(
+        {"PartitionKey": f"o:{key(run.owner)}", "RowKey": at[1], "queue": SPOT}, mode=UpdateMode.REPLACE
+    )  # the id: row names a pool it moved on to; the owner row still names the pool it left
+    moves.repoint(store.table, store._locate(run.id, ONDEMAND)[0], SPOT)
+    assert pointers(store, run) == ("third", "third", None)
+
+
+def test_a_move_whose_finish_fails_after_its_departure_is_made(azure_stack, monkeypatch):
+    store = azure_stack.store
+    run = store.create(make_run(0))
+
+    def fails(*args):
+        raise BackendError("move run failed: ServerBusy")
+
+    monkeypatch.setattr(moves, "settle", fails)
+    moved = store.move(run, QUEUED, ONDEMAND, {"preemptions": 1}, Event(at=1500.0, message="moved"))
+    assert (moved.queue, moved.preemptions) == (ONDEMAND, 1)
+    assert any(marks for marks in rows(store, ONDEMAND, run.id).values())  # not settled
+    monkeypatch.undo()
+    assert seen_in(store, run.id) == {ONDEMAND}
+    assert TableRunStore(store.table).get(run.id).preemptions == 1  # the next reader finishes it
+    assert all(marks == {} for marks in rows(store, ONDEMAND, run.id).values())
+    assert rows(store, SPOT, run.id) == {}
