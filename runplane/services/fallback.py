@@ -21,12 +21,12 @@ from typing import Any
 from runplane.domain.errors import ConditionFailed, NotAllowed, NotFound, RunplaneError
 from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunMessage
-from runplane.domain.pools import Pool
+from runplane.domain.pools import Pool, PoolConfig
 from runplane.domain.runs import Event, Run, RunSpec
 from runplane.domain.states import RunState
 from runplane.domain.units import format_duration
 from runplane.ports import MAX_NOTIFY_DELAY, Ports, RunPorts
-from runplane.services.scheduling import fair_tag
+from runplane.services.scheduling import fair_tag, virtual_time
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,29 @@ def next_pool(run: Run, queue: str | None = None) -> str | None:
     return pools[place] if place < len(pools) else None
 
 
+def next_configured(run: Run, pools: PoolConfig | None, queue: str | None = None) -> str | None:
+    """The pool ``run`` moves to from ``queue`` (default: its pool): the next one of its chain that
+    ``pools`` configures, passing over those no longer configured; None: there is none. Without
+    ``pools`` (an agent, which does not read the pools file) simply the next one: a run an agent
+    moves onto a pool no longer configured is moved on from there by the reaper (``reap``)."""
+    target = next_pool(run, queue)
+    while pools is not None and target is not None and pools.get(target) is None:
+        target = next_pool(run, target)
+    return target
+
+
+def tag_on(ports: RunPorts, run: Run, target: str, now: float) -> float:
+    """The fair tag of ``run`` moved now to pool ``target``: it goes in that pool's line as a run its
+    owner submits there now (``scheduling.fair_tag``), never with the tag of the line it left. An
+    agent (``ports`` not the control plane's), which does not write the owners' lanes of other
+    pools, tags it at that line's virtual time: as a run of an owner with no lead there."""
+    if isinstance(ports, Ports):
+        pool = ports.pools.get(target)
+        if pool is not None:
+            return fair_tag(ports, pool, run.owner, run.spec.priority, now)
+    return virtual_time(ports, target, run.spec.priority)
+
+
 def due_at(run: Run, now: float, queue: str | None = None) -> float | None:
     """When ``run``, queued on ``queue`` (default: its pool) at ``now``, moves on if it has not
     started by then; None when it does not move on by time (no ``fallback_after``, or no next pool)."""
@@ -69,13 +92,14 @@ def queued_changes(run: Run, now: float, *, preempted: bool = False) -> dict[str
     return changes
 
 
-def moves_on_preemption(run: Run) -> str | None:
+def moves_on_preemption(run: Run, pools: PoolConfig | None = None) -> str | None:
     """The pool a run preempted now (its count not yet raised) is queued on instead of its own:
-    the next one once it reached ``spec.fallback_after_preemptions`` there; None: it stays."""
+    the next one (``next_configured``) once it reached ``spec.fallback_after_preemptions`` there;
+    None: it stays."""
     most = run.spec.fallback_after_preemptions
     if most is None or run.preemptions + 1 < most:
         return None
-    return next_pool(run)
+    return next_configured(run, pools)
 
 
 def send_timer(ports: RunPorts, run: Run, now: float) -> None:
@@ -90,6 +114,8 @@ def send_timer(ports: RunPorts, run: Run, now: float) -> None:
         ports.queue.notify(event, delay_seconds=delay)
     except RunplaneError as e:
         log.warning("run %s: fallback timer not sent (the reaper moves it when due): %s", run.id, e)
+    except Exception:  # any other failure of the queue's client: the write its caller made stands
+        log.exception("run %s: fallback timer not sent (the reaper moves it when due)", run.id)
 
 
 def check_chain(ports: Ports, first: Pool, spec: RunSpec, allowed: Callable[[Pool], None]) -> None:
@@ -158,25 +184,25 @@ def _armed(run: Run, pool: str, due: float) -> bool:
 def fall_back(ports: Ports, run: Run, now: float) -> Run | None:
     """Move a queued ``run`` whose ``fallback_at`` is up to its next pool: filed there with a fair
     tag of that pool's line, its timer set for the pool after (if any), hinted, and that pool's
-    dispatcher nudged; a pool of its chain no longer configured is passed over. None when it is no
-    longer as read (it started, moved or ended meanwhile) or has no next pool. Raises what the
-    store raises."""
-    target = next_pool(run)
-    while target is not None and ports.pools.get(target) is None:
-        target = next_pool(run, target)
-    if target is None or run.fallback_at is None or now < run.fallback_at:
+    dispatcher nudged; a pool of its chain no longer configured is passed over, and a run on such a
+    pool (an agent moved it there) moves on whenever it is found. None when it is no longer as read
+    (it started, moved or ended meanwhile) or has no next pool. Raises what the store raises."""
+    target = next_configured(run, ports.pools)
+    stranded = ports.pools.get(run.queue) is None
+    if target is None or (not stranded and (run.fallback_at is None or now < run.fallback_at)):
         return None
-    pool = ports.pools.get(target)
-    tag = fair_tag(ports, pool, run.owner, run.spec.priority, now) if pool is not None else run.fair_tag
-    within = format_duration(run.spec.fallback_after or 0)
     changes: dict[str, Any] = {
         "fallback_at": due_at(run, now, target),
         "preemptions": 0,
-        "fair_tag": tag,
+        "fair_tag": tag_on(ports, run, target, now),
         "hinted_at": now,
         "waiting_reason": f"moved from pool {run.queue}: waiting for a worker of pool {target}",
     }
-    message = f"not started on pool {run.queue} within {within}: moved to pool {target}"
+    if stranded:
+        message = f"pool {run.queue} is no longer configured: moved to pool {target}"
+    else:
+        message = f"not started on pool {run.queue} within {format_duration(run.spec.fallback_after or 0)}: "
+        message += f"moved to pool {target}"
     try:
         moved = ports.store.move(run, _still(run), target, changes, Event(at=now, message=message))
     except ConditionFailed:
@@ -192,12 +218,12 @@ def _still(run: Run) -> Expect:
     return Expect(states=frozenset({RunState.QUEUED}), attempt=run.attempt, waiting=False)
 
 
-def tell_moved(ports: RunPorts, run: Run, now: float) -> None:
-    """Hint a run just moved (or re-queued) to its pool, nudge that pool's dispatcher and start its
-    timer there. Quiet on failure: the reaper re-sends hints of queued runs."""
+def tell_moved(ports: RunPorts, run: Run, now: float, reason: str = "fell back") -> None:
+    """Hint a run just moved (or re-queued) to its pool, nudge that pool's dispatcher (``reason``)
+    and start its timer there. Quiet on failure: the reaper re-sends hints of queued runs."""
     try:
         ports.queue.send(run.queue, RunMessage(run_id=run.id, attempt=run.attempt))
-        ports.queue.notify(DispatchEvent(pool=run.queue, reason="fell back"))
+        ports.queue.notify(DispatchEvent(pool=run.queue, reason=reason))
     except RunplaneError as e:
         log.warning("run %s moved to pool %s but its hint failed (the reaper re-sends it): %s", run.id, run.queue, e)
     send_timer(ports, run, now)

@@ -184,7 +184,7 @@ class _Queue:
     def send(self, pool: str, message: object) -> None:
         pass
 
-    def notify(self, event: object) -> None:
+    def notify(self, event: object, delay_seconds: int = 0) -> None:
         pass
 
 

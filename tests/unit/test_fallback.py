@@ -3,9 +3,11 @@ the next one after the pool it is on, when its time there is up, its preemptions
 words its waiting reason adds."""
 
 import calendar
+from types import SimpleNamespace
 
 import pytest
 
+from runplane.domain.errors import BackendError
 from runplane.domain.runs import Run, RunSpec
 from runplane.services import fallback
 
@@ -64,3 +66,25 @@ def test_the_waiting_reason_says_where_and_when_it_falls_back():
 def test_a_timer_is_only_where_a_chain_and_a_time_are(spec):
     run = Run(id="r-1", owner="alice", spec=RunSpec(command="true", **spec), queue="gpu-spot", created_at=NOW)
     assert fallback.due_at(run, NOW) is None
+
+
+def test_a_timer_that_cannot_be_sent_is_logged_and_its_caller_goes_on(caplog):
+    """The timer is sent after its run's write: a queue that fails (or whose client does not take
+    the delay) is logged, and the reaper's pass moves the run when it is due."""
+    sent = []
+
+    class Queue:
+        def notify(self, event, delay_seconds=0):
+            sent.append((event.fallback, event.due, delay_seconds))
+            raise BackendError("notify failed: ServiceUnavailable")
+
+    class OldQueue:
+        def notify(self, event):  # no delay
+            sent.append(event.fallback)
+
+    run = run_of(fallback_after=60).model_copy(update={"fallback_at": NOW + 90})
+    fallback.send_timer(SimpleNamespace(queue=Queue()), run, NOW)
+    assert sent == [("r-1", NOW + 90, 90)]
+    fallback.send_timer(SimpleNamespace(queue=OldQueue()), run, NOW)
+    assert sent == [("r-1", NOW + 90, 90)]
+    assert [r.levelname for r in caplog.records if "fallback timer not sent" in r.getMessage()] == ["WARNING", "ERROR"]

@@ -44,7 +44,7 @@ class Queue:
     def send(self, pool: str, message: Any) -> None:
         self.sent.append((pool, message))
 
-    def notify(self, event: Any) -> None:
+    def notify(self, event: Any, delay_seconds: int = 0) -> None:
         self.notified.append(event)
 
 
