@@ -22,6 +22,7 @@ from pathlib import Path
 
 from runplane.domain.checkpoints import (
     PERMISSION_BITS,
+    CheckpointCancelled,
     CheckpointDir,
     CheckpointFile,
     CheckpointTooLarge,
@@ -142,17 +143,25 @@ class Staged:
 
 
 @contextmanager
-def staged(fd: int, room: int | None, scratch: Path, progress: Progress) -> Iterator[Staged]:
+def staged(
+    fd: int,
+    room: int | None,
+    scratch: Path,
+    progress: Progress,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Iterator[Staged]:
     """Read the open file ``fd`` to its end, hashing it into a copy (memory, or a file in ``scratch``
     removed afterwards), so what is uploaded is what was hashed however the run changes the file
-    meanwhile. Raises CheckpointTooLarge once it holds more than ``room`` bytes."""
+    meanwhile. Raises CheckpointTooLarge once it holds more than ``room`` bytes, and
+    CheckpointCancelled once ``cancelled()`` says so (asked before each chunk: a large file's read is
+    given up halfway)."""
     digest = hashlib.sha256()
     size = 0
     memory = bytearray()
     spill: Path | None = None
     out = None
     try:
-        while chunk := os.read(fd, _CHUNK):
+        while not _given_up(cancelled) and (chunk := os.read(fd, _CHUNK)):
             size += len(chunk)
             if room is not None and size > room:
                 raise CheckpointTooLarge(f"the checkpoint directory grew past its cap of {room} bytes while read")
@@ -175,6 +184,12 @@ def staged(fd: int, room: int | None, scratch: Path, progress: Progress) -> Iter
             out.close()
         if spill is not None:
             spill.unlink(missing_ok=True)
+
+
+def _given_up(cancelled: Callable[[], bool]) -> bool:
+    if cancelled():
+        raise CheckpointCancelled("the checkpoint sync was given up while it read a file")
+    return False
 
 
 Fetch = Callable[[CheckpointFile, Path], None]

@@ -74,10 +74,11 @@ def sync(
     is killed before leaves no new manifest (its blobs are left for ``prune``). Raises
     CheckpointTooLarge, before anything is uploaded when the walk finds the directory over
     ``limits`` (and as soon as a file grows past them while read); CheckpointCancelled once
-    ``cancelled()`` says so (asked before each file and before the manifest); LeaseLost when ``held()``,
-    asked right before the manifest is written, says this worker no longer holds the run (the
-    series has one writer: the run's holder); and what the store raises. A blob of ``previous`` no
-    longer stored (pruned meanwhile by a worker that lost the run) is uploaded again."""
+    ``cancelled()`` says so (asked before each file, each chunk read, each upload and the manifest);
+    LeaseLost when ``held()``, asked right before the manifest is written, says this worker no
+    longer holds the run (the series has one writer: the run's holder); and what the store raises.
+    A blob of ``previous`` no longer stored (pruned meanwhile by a worker that lost the run) is
+    uploaded again."""
     progress = progress if progress is not None else Progress()
     found = walk(directory, limits.max_bytes, limits.max_entries, progress)
     if previous is not None and previous.series != run_id:  # another run's (a run started from it): none stored here
@@ -91,7 +92,9 @@ def sync(
         for rel in found.files:
             _go_on(cancelled, run_id)
             room = None if limits.max_bytes is None else limits.max_bytes - total
-            taken = _take(store, run_id, directory, rel, before.get(rel), have, room, Path(stage_dir), progress)
+            taken = _take(
+                store, run_id, directory, rel, before.get(rel), have, room, Path(stage_dir), progress, cancelled
+            )
             if taken is not None:
                 files.append(taken)
                 total += taken.size
@@ -129,6 +132,7 @@ def _take(
     room: int | None,
     stage_dir: Path,
     progress: Progress,
+    cancelled: Callable[[], bool],
 ) -> CheckpointFile | None:
     """The file at ``rel`` as the checkpoint keeps it, its blob uploaded unless the series has it;
     None when it is no regular file beneath the directory any more (named in ``progress``)."""
@@ -144,9 +148,10 @@ def _take(
             if room is not None and before.size > room:
                 raise CheckpointTooLarge(f"the checkpoint directory grew past its cap while read ({rel[:80]!r})")
             return before
-        with staged(fd, room, stage_dir, progress) as copy:
+        with staged(fd, room, stage_dir, progress, cancelled) as copy:
             key = blob_key(run_id, copy.sha256)
             if copy.sha256 not in have:
+                _go_on(cancelled, run_id)  # a large upload is not begun for a sync given up
                 if copy.data is not None:
                     store.put_bytes(key, copy.data)
                 elif copy.path is not None:

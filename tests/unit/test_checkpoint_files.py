@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from runplane.domain.checkpoints import CheckpointFile, CheckpointTooLarge, CheckpointUnusable, Manifest, blob_key
+from runplane.domain.checkpoints import (
+    CheckpointCancelled,
+    CheckpointFile,
+    CheckpointTooLarge,
+    CheckpointUnusable,
+    Manifest,
+    blob_key,
+)
 from worker_agent import checkpoint_files
 from worker_agent.checkpoint_files import STAGE_IN_MEMORY, Progress, staged, walk, write_tree
 from worker_agent.trees import MAX_DEPTH
@@ -80,6 +87,19 @@ def test_a_directory_too_deep_to_walk_makes_no_checkpoint_of_part_of_it(tmp_path
     (tmp_path / "top").write_bytes(b"t")
     with pytest.raises(CheckpointUnusable, match="cannot be read whole"):
         walk(tmp_path, None, 10_000, Progress())
+
+
+def test_a_sync_given_up_is_given_up_within_a_large_files_read(tmp_path):
+    path = tmp_path / "big.pt"
+    path.write_bytes(b"w" * (3 * 1024**2))
+    progress = Progress()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(CheckpointCancelled), staged(fd, None, tmp_path, progress, lambda: progress.read_bytes > 0):
+            pass
+    finally:
+        os.close(fd)
+    assert progress.read_bytes == 1024**2  # one chunk of three
 
 
 def test_a_walk_stops_at_its_cap(tmp_path):
