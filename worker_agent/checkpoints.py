@@ -24,10 +24,12 @@ from runplane.domain.checkpoints import (
     CheckpointCancelled,
     CheckpointFile,
     CheckpointTooLarge,
+    CheckpointUnusable,
     Manifest,
     blob_key,
     manifest_key,
 )
+from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.errors import LeaseLost
 from runplane.domain.wire import written_json
 from runplane.ports import MAX_DELETE, ObjectStore
@@ -203,6 +205,11 @@ def write(
     as ``restore`` does, raising what it raises."""
     progress = progress if progress is not None else Progress()
     run_id = chosen.series
+    if chosen.v > SCHEMA_VERSION:  # it may hold what this release cannot write back: none of it is written
+        raise CheckpointUnusable(
+            f"checkpoint {chosen.seq} of run {run_id} was written by a later release of runplane (its manifest's "
+            f"version {chosen.v}; this worker's agent reads up to {SCHEMA_VERSION}): upgrade the pool's agents"
+        )
     if limits.max_bytes is not None and chosen.total_bytes > limits.max_bytes:
         raise CheckpointTooLarge(
             f"checkpoint {chosen.seq} of run {run_id} holds {chosen.total_bytes} bytes, more than {limits.max_bytes}"

@@ -5,6 +5,7 @@ a worker that lost the run writes no record of its sync."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from runplane.domain.checkpoints import blobs_prefix, checkpoints_prefix
+from runplane.domain.checkpoints import blobs_prefix, checkpoints_prefix, manifest_key
+from runplane.domain.common import SCHEMA_VERSION
 from runplane.domain.errors import BackendError, LeaseLost
 from runplane.domain.runs import RunSpec
 from runplane.domain.states import FailureReason
@@ -181,4 +183,17 @@ def test_a_restore_the_store_fails_for_now_is_to_be_handed_back_and_writes_nothi
     monkeypatch.setattr(local_stack.objects, "download_file", down)
     with pytest.raises(CheckpointUnreachable, match="throttled"):
         saves.restore((os.getuid(), os.getgid()))
+    assert list(saves.directory.iterdir()) == []
+
+
+def test_a_checkpoint_of_a_later_release_is_refused_not_restored_in_part(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    made = synced(local_stack, run_id, tmp_path, b"one")
+    later = json.loads(local_stack.objects.get_bytes(manifest_key(run_id, made.seq)))
+    later.update(v=SCHEMA_VERSION + 1, links=[{"path": "latest", "to": "weights"}])  # what it cannot write back
+    local_stack.objects.put_bytes(manifest_key(run_id, made.seq), json.dumps(later).encode())
+    ended = saves.restore((os.getuid(), os.getgid()))
+    assert ended is not None and ended.reason == FailureReason.INPUT_UNAVAILABLE
+    assert "written by a later release" in ended.message
     assert list(saves.directory.iterdir()) == []
