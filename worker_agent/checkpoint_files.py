@@ -34,6 +34,8 @@ from worker_agent.trees import Unwalkable, remove_tree, scan
 
 STAGE_IN_MEMORY = 4 * 1024**2
 """A file up to this size is copied into memory as it is hashed; a larger one into a scratch file."""
+SCRATCH_MARGIN = 256 * 1024**2
+"""What a sync leaves free on the worker's disk when it stages a file there."""
 MAX_NAMED = 20
 """What a sync names of what it left out (the rest are counted)."""
 _CHUNK = 1024**2
@@ -168,6 +170,7 @@ def staged(
             digest.update(chunk)
             progress.read_bytes += len(chunk)
             if out is None and len(memory) + len(chunk) > STAGE_IN_MEMORY:
+                _room_on_worker(scratch, os.fstat(fd).st_size)
                 spill = scratch / f"stage-{secrets.token_hex(8)}"
                 out = spill.open("xb")
                 out.write(memory)
@@ -175,6 +178,8 @@ def staged(
             if out is None:
                 memory += chunk
             else:
+                if size % (64 * _CHUNK) < len(chunk):  # the file may grow while read: a look every 64 MiB
+                    _room_on_worker(scratch, 0)
                 out.write(chunk)
         if out is not None:
             out.close()
@@ -184,6 +189,19 @@ def staged(
             out.close()
         if spill is not None:
             spill.unlink(missing_ok=True)
+
+
+def _room_on_worker(scratch: Path, size: int) -> None:
+    """Raise OSError(ENOSPC) unless the worker's disk under ``scratch`` has room for ``size`` more bytes
+    with ``SCRATCH_MARGIN`` to spare: a sync never fills the disk the worker's runs share."""
+    info = os.statvfs(scratch)
+    free = info.f_bavail * info.f_frsize
+    if free < size + SCRATCH_MARGIN:
+        raise OSError(
+            errno.ENOSPC,
+            f"the worker's disk has {free // 1024**2} MiB free, too little to stage a file of "
+            f"{size // 1024**2} MiB for the checkpoint with {SCRATCH_MARGIN // 1024**2} MiB to spare",
+        )
 
 
 def _given_up(cancelled: Callable[[], bool]) -> bool:

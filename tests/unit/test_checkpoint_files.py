@@ -4,6 +4,7 @@ it goes makes it stop, writing nothing outside and leaving its directory empty."
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import Iterator
@@ -100,6 +101,23 @@ def test_a_sync_given_up_is_given_up_within_a_large_files_read(tmp_path):
     finally:
         os.close(fd)
     assert progress.read_bytes == 1024**2  # one chunk of three
+
+
+def test_a_file_larger_than_the_workers_free_disk_is_not_staged(tmp_path):
+    path = tmp_path / "huge.pt"
+    with path.open("wb") as f:
+        f.write(b"w" * (STAGE_IN_MEMORY + 1))
+    os.truncate(path, os.statvfs(tmp_path).f_blocks * os.statvfs(tmp_path).f_frsize)  # sparse: the whole disk
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="too little to stage") as raised, staged(fd, None, scratch, Progress()):
+            pass
+    finally:
+        os.close(fd)
+    assert raised.value.errno == errno.ENOSPC
+    assert list(scratch.iterdir()) == []  # nothing written on the worker's disk
 
 
 def test_a_walk_stops_at_its_cap(tmp_path):
