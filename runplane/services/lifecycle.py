@@ -15,7 +15,7 @@ from runplane.domain.expect import Expect
 from runplane.domain.messages import DispatchEvent, RunEnd, RunMessage
 from runplane.domain.runs import Event, Failure, Run, Usage
 from runplane.domain.states import ACTIVE_STATES, FailureReason, RunState, states_leading_to
-from runplane.ports import RunPorts, RunQueue, RunStore
+from runplane.ports import Ports, RunPorts, RunQueue, RunStore
 from runplane.services import fallback
 
 log = logging.getLogger(__name__)
@@ -274,25 +274,28 @@ def requeue(
         **used,
         **fallback.queued_changes(run, now, preempted=preempted),
     }
-    target = fallback.moves_on_preemption(run) if preempted else None
+    pools = ports.pools if isinstance(ports, Ports) else None  # an agent does not read the pools file
+    target = fallback.moves_on_preemption(run, pools) if preempted else None
     if target is None:
         updated = ports.store.update(
             run, expect, changes, Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}")
         )
-    else:
-        times = f"{run.preemptions + 1} time" + ("s" if run.preemptions else "")
-        moved = f"preempted {times} on pool {run.queue}: moved to pool {target}"
-        changes.update(
-            fallback_at=fallback.due_at(run, now, target),
-            preemptions=0,
-            waiting_reason=f"re-queued after attempt {run.attempt}: {why}; {moved}",
-        )
-        updated = ports.store.move(
-            run, expect, target, changes, Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}; {moved}")
-        )
-    ports.queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
-    ports.queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
-    fallback.send_timer(ports, updated, now)
+        ports.queue.send(updated.queue, RunMessage(run_id=updated.id, attempt=updated.attempt))
+        ports.queue.notify(DispatchEvent(pool=updated.queue, reason="requeued"))
+        fallback.send_timer(ports, updated, now)
+        return updated
+    times = f"{run.preemptions + 1} time" + ("s" if run.preemptions else "")
+    moved = f"preempted {times} on pool {run.queue}: moved to pool {target}"
+    changes.update(
+        fallback_at=fallback.due_at(run, now, target),
+        preemptions=0,
+        fair_tag=fallback.tag_on(ports, run, target, now),  # in line there as a run submitted now
+        waiting_reason=f"re-queued after attempt {run.attempt}: {why}; {moved}",
+    )
+    updated = ports.store.move(
+        run, expect, target, changes, Event(at=now, state=RunState.QUEUED, message=f"re-queued: {why}; {moved}")
+    )
+    fallback.tell_moved(ports, updated, now, "requeued")  # quiet: the run is moved, the reaper re-hints it
     return updated
 
 

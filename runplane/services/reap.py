@@ -8,7 +8,9 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from runplane.domain.errors import ConditionFailed, RunplaneError
+from pydantic import ValidationError
+
+from runplane.domain.errors import BadRequest, ConditionFailed, RunplaneError
 from runplane.domain.expect import Expect
 from runplane.domain.messages import RunMessage
 from runplane.domain.runs import Run
@@ -40,6 +42,14 @@ class ReapReport:
 
 REHINT_WINDOW = 32
 """The most queued runs of a pool one reaper pass re-hints: those first in line."""
+FALLBACK_SCAN = 200
+"""The most queued runs of a pool one reaper pass looks at for a time on the pool that is up (a
+run whose fallback timer was lost), from where the pass before stopped: every queued run of a pool
+is looked at within ``ceil(queued / FALLBACK_SCAN)`` passes."""
+FALLBACK_RECORD = "@fallback"
+"""The pool-state record (no pool's name) where the reaper keeps where its look at each pool's
+queued runs stopped. A pool taken out of the pools file keeps its entry, and its queued runs are
+looked at (and moved on to their next pool that is configured) until a whole look finds none."""
 
 
 def _runs(ports: Ports, queue: str, state: RunState) -> Iterator[Run]:
@@ -73,9 +83,13 @@ def _lease(ports: Ports, run: Run, now: float, report: ReapReport) -> Run:
 
 
 def _fell_back(ports: Ports, run: Run, now: float, report: ReapReport) -> bool:
-    """Whether ``run``, first in its pool's line, had its time there up (``Run.fallback_at``) and was
-    moved to its next pool: what its timer on the dispatcher's queue would have done."""
-    if run.fallback_at is None or run.fallback_at > now or run.waiting_on:
+    """Whether queued ``run`` had its time on its pool up (``Run.fallback_at``), or is on a pool no
+    longer configured, and was moved to its next pool: what its timer on the dispatcher's queue
+    would have done."""
+    if not run.spec.fallback or run.waiting_on or run.id in report.fell_back:
+        return False
+    due = run.fallback_at is not None and run.fallback_at <= now
+    if not due and ports.pools.get(run.queue) is not None:
         return False
     try:
         moved = fallback.fall_back(ports, run, now)
@@ -88,11 +102,61 @@ def _fell_back(ports: Ports, run: Run, now: float, report: ReapReport) -> bool:
     return True
 
 
+def _look(ports: Ports, pool: str, cursor: str | None, now: float, report: ReapReport) -> tuple[str | None, bool]:
+    """Up to FALLBACK_SCAN queued runs of ``pool`` from ``cursor`` on, those due moved on
+    (``_fell_back``); where the look stopped (None: at the end) and whether it found any queued run."""
+    seen, pages, found = 0, 0, False
+    while seen < FALLBACK_SCAN and pages < 2 + FALLBACK_SCAN // 100:  # a filtered page may come back short
+        pages += 1
+        limit = min(100, FALLBACK_SCAN - seen)
+        try:
+            page = ports.store.list(queue=pool, state=RunState.QUEUED, limit=limit, cursor=cursor)
+        except BadRequest:  # a cursor of another release: start over
+            page = ports.store.list(queue=pool, state=RunState.QUEUED, limit=limit)
+        seen += len(page.runs)
+        found = found or bool(page.runs)
+        for run in page.runs:
+            _fell_back(ports, run, now, report)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return cursor, found
+
+
+def _backstop(ports: Ports, now: float, report: ReapReport) -> None:
+    """Move on the queued runs whose time on their pool is up beyond the first in line, and those
+    on a pool no longer configured: a bounded look at each pool's queued runs, each pass going on
+    where the one before stopped (``FALLBACK_RECORD``)."""
+    try:
+        record = ports.pool_states.get(FALLBACK_RECORD)
+    except (RunplaneError, ValidationError) as e:  # unreadable: every look starts over
+        log.warning("where the reaper's look for runs due to move on stopped is unknown: %s", e)
+        record = None
+    marks = dict(record.resume) if record is not None else {}
+    configured = [pool.name for pool in ports.pools.pools]
+    after: dict[str, str] = {}
+    for pool in configured + sorted(set(marks) - set(configured)):
+        try:
+            cursor, found = _look(ports, pool, marks.get(pool) or None, now, report)
+        except RunplaneError as e:
+            log.warning("could not look at the queued runs of pool %s: %s", pool, e)
+            after[pool] = marks.get(pool, "")
+            continue
+        if pool in configured or cursor is not None or found:
+            after[pool] = cursor or ""
+    if record is not None and after != record.resume:
+        try:
+            ports.pool_states.save(record.model_copy(update={"resume": after}))
+        except RunplaneError as e:  # another pass wrote first: the next goes on from where it stopped
+            log.info("where the reaper's look stopped was not kept: %s", e)
+
+
 def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
     """One pass: re-queue (or end) runs whose lease expired, re-hint the first REHINT_WINDOW runs
     in each pool's line not hinted for ``rehint_after`` seconds (default: the stack's
     ``rehint_seconds``) -- moving those whose time on their pool is up to their next one instead
-    (``fallback.fall_back``) --, and release the quota holds of attempts that are over
+    (``fallback.fall_back``) --, move on the others due beyond the line's head, a bounded look a
+    pool (``_backstop``), and release the quota holds of attempts that are over
     (``admission.heal``: a re-queued run's hold goes once it is older than the grace), and end the
     sessions that are over in truth: those no worker took in time, those of an attempt that is over
     (one read of a run's sessions for each active run ever asked one, and each it re-queued or
@@ -126,6 +190,7 @@ def reap(ports: Ports, rehint_after: float | None = None) -> ReapReport:
                 log.warning("could not re-hint run %s: %s", run.id, e)
                 continue
             report.rehinted.append(run.id)
+    _backstop(ports, now, report)
     try:
         report.expired_sessions = sessions.expire(ports, asked)
     except RunplaneError as e:

@@ -18,7 +18,7 @@ from runplane.domain.errors import ConditionFailed, RunplaneError
 from runplane.domain.pools import Pool
 from runplane.domain.quotas import Lane
 from runplane.domain.runs import Run
-from runplane.ports import Ports
+from runplane.ports import Ports, RunPorts
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ def _sets_the_line(run: Run) -> bool:
     return run.attempt == 0 and not (run.waiting_reason or "").startswith(("quota:", "budget:"))
 
 
-def virtual_time(ports: Ports, pool: str, priority: int) -> float:
+def virtual_time(ports: RunPorts, pool: str, priority: int) -> float:
     """The virtual time of ``pool``'s line at ``priority``: the tag of its first run that waits for
     the first time and not for a quota (among its first PICK_WINDOW_FOR_V), else of its first run,
     else 0. One head query of one run, the usual case; a second of the window when that run does

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from runplane.bootstrap import make_ports
-from runplane.domain.errors import NotAllowed
+from runplane.domain.errors import NotAllowed, RunplaneError
 from runplane.domain.messages import DispatchEvent
 from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import RunSpec, Usage
@@ -284,3 +284,78 @@ def test_a_preemptible_worker_gone_silent_counts_as_a_preemption(ports, stack, c
     assert (spot.queue, spot.preemptions) == ("manual", 0)
     assert spot.events[-1].message.endswith("preempted 1 time on pool parked: moved to pool manual")
     assert (steady.queue, steady.preemptions) == ("parked", 0)  # a worker lost, not preempted
+
+
+@pytest.mark.parametrize("by", ["control plane", "agent"])
+def test_a_run_moved_after_preemptions_goes_in_its_new_pools_line_behind_those_waiting(ports, stack, clock, by):
+    bob, carol = ALICE.model_copy(update={"user": "bob"}), ALICE.model_copy(update={"user": "carol"})
+    bobs = [submit(ports, principal=bob, queue="manual") for _ in range(6)]
+    for queued in bobs[:3]:  # bob's lead in manual's line is spent on these
+        lifecycle.claim(stack.store, stack.store.get(queued.id), 0, "w-manual", 600, clock())
+    clock.now += 1
+    carols = submit(ports, principal=carol, queue="manual")
+    clock.now += 1
+    run = submit(ports, queue=["parked", "manual"], fallback_after_preemptions=1)
+    claimed = lifecycle.claim(stack.store, run, 0, "w-spot", 60, clock(), preemptible=True)
+    writer = ports if by == "control plane" else AgentPorts(stack.store, stack.queue, stack.objects)
+    moved = lifecycle.requeue(writer, claimed, clock(), "preempted", charge=False, preempted=True)
+    assert moved.queue == "manual"
+    line = [r.id for r in stack.store.head("manual", 10)]
+    assert line.index(carols.id) < line.index(run.id)  # not ahead of those already waiting there
+    assert line[0] == bobs[3].id
+
+
+def test_a_preemption_moves_a_run_past_a_pool_no_longer_configured(ports, stack, clock):
+    reap.reap(ports)  # the reaper has seen every pool configured
+    without = dataclasses.replace(ports, pools=PoolConfig(pools=[p for p in ports.pools.pools if p.name != "manual"]))
+    run = submit(ports, queue=["parked", "manual", "chaos"], fallback_after_preemptions=1)
+    claimed = lifecycle.claim(stack.store, run, 0, "w-spot", 60, clock(), preemptible=True)
+    moved = lifecycle.requeue(without, claimed, clock(), "preempted", charge=False, preempted=True)
+    assert (moved.queue, moved.state) == ("chaos", RunState.QUEUED)
+    # an agent does not read the pools file: it moves the run onto manual; the reaper moves it on
+    other = submit(ports, queue=["parked", "manual", "chaos"], fallback_after_preemptions=1)
+    claimed = lifecycle.claim(stack.store, other, 0, "w-spot", 60, clock(), preemptible=True)
+    agent = AgentPorts(stack.store, stack.queue, stack.objects)
+    assert lifecycle.requeue(agent, claimed, clock(), "preempted", charge=False, preempted=True).queue == "manual"
+    assert reap.reap(without).fell_back == [other.id]
+    stored = stack.store.get(other.id)
+    assert (stored.queue, stored.state) == ("chaos", RunState.QUEUED)
+    assert stored.events[-1].message == "pool manual is no longer configured: moved to pool chaos"
+
+
+class Refusing:
+    """The stack's queue, refusing every hint."""
+
+    def __init__(self, queue) -> None:
+        self.inner = queue
+
+    def send(self, pool, message):
+        raise RunplaneError("queue unavailable")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_preemption_move_whose_hint_fails_is_still_a_move(ports, stack, clock):
+    run = submit(ports, queue=["parked", "manual"], fallback_after_preemptions=1)
+    claimed = lifecycle.claim(stack.store, run, 0, "w-spot", 60, clock(), preemptible=True)
+    refusing = dataclasses.replace(ports, queue=Refusing(ports.queue))
+    moved = lifecycle.requeue(refusing, claimed, clock(), "preempted", charge=False, preempted=True)
+    assert (moved.queue, moved.state) == ("manual", RunState.QUEUED)
+    clock.now += ports.settings.rehint_seconds
+    assert reap.reap(ports).rehinted == [run.id]  # the reaper hints it on its new pool
+
+
+@EVERY_STACK
+def test_the_reaper_moves_every_run_whose_timer_was_lost_over_passes(ports, stack, clock, monkeypatch):
+    monkeypatch.setattr(reap, "REHINT_WINDOW", 2)
+    monkeypatch.setattr(reap, "FALLBACK_SCAN", 3)
+    queued = [submit(ports, queue=["parked", "manual"], fallback_after=60) for _ in range(10)]
+    clock.now += 60
+    moved: list[str] = []
+    for _ in range(4):  # 10 runs: 2 from the head and at least 3 looked at beyond it a pass
+        fell_back = reap.reap(ports).fell_back
+        assert len(fell_back) <= 2 + 3
+        moved += fell_back
+    assert sorted(moved) == sorted(r.id for r in queued)
+    assert {stack.store.get(r.id).queue for r in queued} == {"manual"}
