@@ -15,6 +15,7 @@ import pytest
 
 from runplane.domain.accounting import Rates
 from runplane.domain.checkpoints import CheckpointSource, blobs_prefix, checkpoints_prefix, manifest_key
+from runplane.domain.errors import BackendError
 from runplane.domain.expect import Expect
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import FailureReason, RunState
@@ -210,6 +211,31 @@ def test_a_grace_longer_than_the_agents_stop_budget_is_cut_to_its_share(local_st
     assert not ex.thread.is_alive()
     back = local_stack.store.get(run.id)
     assert back.state == RunState.QUEUED and back.checkpoint is not None, back.failure
+
+
+class ManifestsDown:
+    """The stack's object store, whose puts of checkpoint manifests fail (an outage that cannot be had here)."""
+
+    def __init__(self, objects: Any) -> None:
+        self._objects = objects
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._objects, name)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        if key.endswith("/manifest.json"):
+            raise BackendError("object store unavailable")
+        self._objects.put_bytes(key, data)
+
+
+def test_a_final_sync_that_fails_is_said_in_the_runs_message(local_stack, docker_client, tmp_path):
+    run = submit(local_stack, f"echo state > {CK}/state", checkpoint={"interval": 3600})
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.saves.objects = ManifestsDown(local_stack.objects)
+    ex.run_safely()
+    ended = local_stack.store.get(run.id)
+    assert ended.state == RunState.SUCCEEDED and ended.checkpoint is None
+    assert any("its last checkpoint sync failed" in e.message for e in ended.events)
 
 
 PIECES = (
