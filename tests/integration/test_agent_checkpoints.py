@@ -238,6 +238,23 @@ def test_a_final_sync_that_fails_is_said_in_the_runs_message(local_stack, docker
     assert any("its last checkpoint sync failed" in e.message for e in ended.events)
 
 
+class DownloadsDown(ManifestsDown):
+    def download_file(self, key: str, path: Path, max_bytes: int | None = None) -> None:
+        raise BackendError("object store throttled")
+
+
+def test_a_restore_the_store_fails_for_now_hands_the_run_back_without_an_attempt(local_stack, docker_client, tmp_path):
+    run = submit(local_stack, f"echo ran > {OUT}/ran.txt", checkpoint={"interval": 3600})
+    seed(local_stack, run.id, tmp_path, {"state": "s"})
+    ex = executor(local_stack, docker_client, tmp_path, run)
+    ex.saves.objects = DownloadsDown(local_stack.objects)
+    ex.control.requeue.set()  # no pause before the hand-back
+    ex.run_safely()
+    back = local_stack.store.get(run.id)
+    assert back.state == RunState.QUEUED and back.max_attempts == run.max_attempts + 1, back.failure
+    assert "throttled" in back.events[-1].message
+
+
 PIECES = (
     f"n=$(cat {CK}/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > {CK}/n; echo piece $n > {OUT}/piece$n.txt; "
     '[ "$n" -lt 3 ] && exit 3; exit 0'
