@@ -118,12 +118,15 @@ def send_timer(ports: RunPorts, run: Run, now: float) -> None:
         log.exception("run %s: fallback timer not sent (the reaper moves it when due)", run.id)
 
 
-def check_chain(ports: Ports, first: Pool, spec: RunSpec, allowed: Callable[[Pool], None]) -> None:
-    """NotAllowed unless ``spec``'s fallback (``spec``: as it will be stored, its first pool ``first``
-    and its resources filled in) can be taken as asked: it has pools to fall back to exactly when it
-    says when (``fallback_after``, ``fallback_after_preemptions``), no pool twice, and every pool of
-    it exists, fits the run's resources and is allowed to the caller as the first one is
-    (``allowed``, which raises what a submit to that pool would)."""
+def check_chain(ports: Ports, first: Pool, asked: RunSpec, spec: RunSpec, allowed: Callable[[Pool], None]) -> None:
+    """NotAllowed unless ``asked``'s fallback (``spec``: as it will be stored, its first pool
+    ``first``'s defaults filled in) can be taken as asked: its first pool named (``queue``), pools
+    to fall back to exactly when it says when (``fallback_after``, ``fallback_after_preemptions``),
+    no pool twice, and every pool of it exists, fits the run's resources and is allowed to the
+    caller as the first one is (``allowed``, which raises what a submit to that pool would). The
+    run keeps the first pool's defaults on every pool (``_check_defaults``)."""
+    if asked.fallback and asked.queue is None:
+        raise NotAllowed("a run with pools to fall back to must name the first pool in queue (or give queue as a list)")
     when = spec.fallback_after is not None or spec.fallback_after_preemptions is not None
     if spec.fallback and not when:
         raise NotAllowed("a run with pools to fall back to needs fallback_after or fallback_after_preemptions")
@@ -140,6 +143,7 @@ def check_chain(ports: Ports, first: Pool, spec: RunSpec, allowed: Callable[[Poo
         if pool is None:
             names = ", ".join(p.name for p in ports.pools.pools)
             raise NotAllowed(f"fallback pool {name!r} does not exist; pools are: {names}")
+        _check_defaults(first, pool, asked, spec)
         why = pool.misfit(spec.resources)
         if why:
             raise NotAllowed(f"fallback pool {name} ({pool.shape()}) cannot run this: {why}")
@@ -147,6 +151,32 @@ def check_chain(ports: Ports, first: Pool, spec: RunSpec, allowed: Callable[[Poo
             allowed(pool)
         except RunplaneError as e:
             raise NotAllowed(f"fallback pool {name}: {e.message}") from e
+
+
+def _check_defaults(first: Pool, pool: Pool, asked: RunSpec, spec: RunSpec) -> None:
+    """NotAllowed when what ``first`` filled in of what the run left out (``asked``; ``spec`` as
+    stored) would run it otherwise, or not at all, on fallback pool ``pool``: the image it runs is
+    the first pool's default where the pools' defaults differ, or the memory, disk or time the
+    first pool gave it does not fit ``pool``. The message names the field to give."""
+    if asked.image is None and pool.default_image != first.default_image:
+        raise NotAllowed(
+            f"pools {first.name} and {pool.name} have different default images ({first.default_image}, "
+            f"{pool.default_image}): give the run's image, which it runs on every pool it may fall back to"
+        )
+    if pool.misfit(asked.resources) is not None:
+        return  # what the run asks itself does not fit: said as such (``check_chain``)
+    for field in ("memory", "disk", "time"):
+        if getattr(asked.resources, field) is not None:
+            continue
+        alone = spec.resources.model_copy(
+            update={other: None for other in ("memory", "disk", "time") if other != field}
+        )
+        why = pool.misfit(alone)
+        if why:
+            raise NotAllowed(
+                f"fallback pool {pool.name} cannot take the {field} pool {first.name} gives a run that asks none "
+                f"({why}): give resources.{field}, which the run keeps on every pool it may fall back to"
+            )
 
 
 def on_timer(ports: Ports, event: DispatchEvent) -> Run | None:

@@ -214,7 +214,7 @@ def admit_spec(ports: Ports, principal: Principal, spec: RunSpec) -> Admitted:
         sessions.check_interactive(ports, other, spec)
         _check_agents(ports, other, resolved)
 
-    fallback.check_chain(ports, pool, resolved, allowed)
+    fallback.check_chain(ports, pool, spec, resolved, allowed)
     return Admitted(pool, group, resolved, waits.waiting, waits.reason)
 
 

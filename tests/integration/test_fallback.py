@@ -359,3 +359,33 @@ def test_the_reaper_moves_every_run_whose_timer_was_lost_over_passes(ports, stac
         moved += fell_back
     assert sorted(moved) == sorted(r.id for r in queued)
     assert {stack.store.get(r.id).queue for r in queued} == {"manual"}
+
+
+def _with(ports, **manual):
+    """``ports`` whose pool manual is changed as given."""
+    pools = [p.model_copy(update=manual) if p.name == "manual" else p for p in ports.pools.pools]
+    return dataclasses.replace(ports, pools=PoolConfig(pools=pools))
+
+
+@pytest.mark.parametrize(
+    ("manual", "spec", "words"),
+    [
+        ({}, {"fallback": ["manual"], "fallback_after": 60}, "must name the first pool in queue"),
+        ({"default_image": "runplane/other:1"}, {}, "different default images"),
+        ({"max_time": 3600}, {}, "cannot take the time pool parked gives a run that asks none"),
+        ({"memory": 512 * 1024**2}, {}, "give resources.memory"),
+    ],
+)
+def test_a_submit_refuses_a_chain_the_first_pools_defaults_would_break(ports, stack, manual, spec, words):
+    spec = spec or {"queue": ["parked", "manual"], "fallback_after": 60}
+    with pytest.raises(NotAllowed) as refused:
+        submit(_with(ports, **manual), **spec)
+    assert words in refused.value.message
+    assert stack.store.list(owner="alice").runs == []
+
+
+def test_a_chain_whose_defaults_differ_is_taken_with_what_they_left_out_given(ports, stack):
+    other = _with(ports, default_image="runplane/other:1", max_time=3600, memory=512 * 1024**2)
+    given = {"image": "runplane/test-busybox:1", "resources": {"time": "30m", "memory": "256m"}}
+    run = submit(other, queue=["parked", "manual"], fallback_after=60, **given)
+    assert (run.spec.image, run.spec.resources.time, run.spec.fallback) == ("runplane/test-busybox:1", 1800, ["manual"])

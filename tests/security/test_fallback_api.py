@@ -1,7 +1,8 @@
 """Fallback between pools against a hostile user, on both clouds' local stacks: pools to fall back
 to that do not exist, do not fit the run, repeat or are not allowed to the caller, and a rule of
-when to fall back without pools (or pools without a rule), are refused at submit with a 422 and a
-message that says why, and nothing is stored; a malformed list of queues is a 422 naming it."""
+when to fall back without pools (or pools without a rule, or without the first pool), are refused
+at submit with a 422 and a message that says why, and nothing is stored; a malformed list of
+queues is a 422 naming it."""
 
 import pytest
 
@@ -12,6 +13,7 @@ REFUSED = [
     ({"queue": ["parked", "manual", "parked"], "fallback_after": "1m"}, "pool parked is named twice"),
     ({"queue": ["parked", "manual"]}, "needs fallback_after or fallback_after_preemptions"),
     ({"queue": "parked", "fallback_after_preemptions": 1}, "need pools to fall back to"),
+    ({"fallback": ["manual"], "fallback_after": "1m"}, "must name the first pool in queue"),
     ({"queue": ["parked", "manual"], "fallback_after": 5, "resources": {"memory": "3g"}}, "fallback pool manual"),
     (
         {"queue": ["big", "parked"], "fallback_after": 5, "priority": 60, "resources": {"disk": "1g"}},
