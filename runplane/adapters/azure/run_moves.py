@@ -146,11 +146,13 @@ def arrive(table: TableClient, new: Run, left: str, token: str) -> None:
 
 def _clear(table: TableClient, new: Run) -> None:
     """Delete the rows of ``new``'s run in its new pool's partition if they are a leftover: arriving
-    rows whose token their source's main row does not hold (their move can never depart)."""
+    rows whose token their source's main row does not hold (their move can never depart); or the
+    departed row of an earlier move away from there that its mover left (it is finished)."""
     found = get_entity(table, partition(new.queue), main_key(new.id), "move run")
-    if found is None or not arriving(found) or holds_token(table, found):
-        return
-    _delete(table, found)
+    if found is not None and departed(found):
+        finish(table, new.queue, found)
+    elif found is not None and arriving(found) and not holds_token(table, found):
+        _delete(table, found)
 
 
 def _delete(table: TableClient, found: Any) -> None:

@@ -240,3 +240,16 @@ def test_a_move_whose_finish_fails_after_its_departure_is_made(azure_stack, monk
     assert TableRunStore(store.table).get(run.id).preemptions == 1  # the next reader finishes it
     assert all(marks == {} for marks in rows(store, ONDEMAND, run.id).values())
     assert rows(store, SPOT, run.id) == {}
+
+
+def test_a_run_moves_back_to_a_pool_whose_departed_row_its_mover_left(azure_stack):
+    store = azure_stack.store
+    run = store.create(make_run(0))
+    stop_after(store, run, "settle")  # its departed row stays in spot
+    listed = store.list(queue=ONDEMAND, state=RunState.QUEUED).runs
+    back = TableRunStore(store.table).move(listed[0], QUEUED, SPOT, {}, Event(at=1600.0, message="back"))
+    assert back.queue == SPOT
+    assert seen_in(store, run.id) == {SPOT}
+    assert all(marks == {} for marks in rows(store, SPOT, run.id).values())
+    assert rows(store, ONDEMAND, run.id) == {}
+    assert pointers(store, run) == (SPOT, SPOT, None)
