@@ -11,7 +11,8 @@ move stands:
    departs at most, and rows whose token A does not hold are a leftover nobody will count.
 1. ``arrive``: B's partition gets the moved run's rows (main row and copies, one transaction),
    marked *arriving* (``moved_from`` A, the token); a leftover there (``_clear``: rows whose token
-   A's main row does not hold) is deleted first. The owner row learns B as ``next`` beside A. An
+   A's main row does not hold) is deleted first, and a departed row of an earlier move away from B
+   is finished. The owner row learns B as ``next`` beside A. An
    arriving row counts only once A's main row has departed with the same token: until then the run
    is in A for every reader.
 2. ``depart``: the move itself, one transaction in A conditional on the ETag the reservation left:
