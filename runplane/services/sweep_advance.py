@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from runplane.domain.asks import MAX_FALLBACK
 from runplane.domain.errors import (
     AlreadyExists,
     ConditionFailed,
@@ -52,9 +53,10 @@ RELEASE_PER_ADVANCE = 25
 """The most members one try of ``advance`` releases (the next go on at the next event)."""
 ROTATE_SECONDS = 60.0
 """How long ``advance`` keeps reading the same window of a sweep's open members (the schedule's period)."""
-LOOK_CALLS = 1 + MAX_WAITS + 1 + LOOK_PER_ADVANCE + 3
+LOOK_CALLS = 1 + MAX_WAITS + 1 + MAX_FALLBACK + LOOK_PER_ADVANCE + 3
 """The most store and queue calls one try of ``advance`` makes before it releases or kills: the
-sweep, what it waits for, the pool's workers, the open members it reads, its write and nudges."""
+sweep, what it waits for, the workers of its pool and of those it falls back to, the open members
+it reads, its write and nudges."""
 RELEASE_CALLS = 2 + 2 * MAX_TRIES + 4
 """The most one member's release makes: the line's head, the owner's lane read and written up to
 ``MAX_TRIES`` times, the owner's groups, the run, its hint and its fallback timer."""
@@ -70,20 +72,23 @@ DEPENDENCY_FAILED = ended_code(RunState.FAILED, FailureReason.DEPENDENCY_FAILED)
 
 
 def window(ports: Ports, sweep: Sweep, now: float, stale_after: float = 120.0) -> int:
-    """How many members may be out at once: ``max_parallel``, else twice what the pool can run
-    at once (its most workers, or the workers it has when more, times their slots), so that a
+    """How many members may be out at once: ``max_parallel``, else twice what the pools its members
+    may run on (the sweep's pool and those they fall back to, ``services.fallback``) can run at
+    once (each one's most workers, or the workers it has when more, times their slots), so that a
     worker that frees a slot finds the next member already queued; at most ``MAX_OPEN``."""
     if sweep.max_parallel is not None:
         return min(sweep.max_parallel, MAX_OPEN)
-    pool = ports.pools.get(sweep.queue)
-    if pool is None:
+    pools = [pool for name in [sweep.queue, *sweep.spec.run.fallback] if (pool := ports.pools.get(name)) is not None]
+    if not pools:
         return 1
-    try:
-        alive = [w for w in ports.workers.list(pool.name) if now - w.heartbeat_at <= stale_after]
-    except RunplaneError:
-        alive = []
-    slots = max(pool.max_workers * pool.slots, sum(w.slots for w in alive), 1)
-    return min(2 * slots, MAX_OPEN)
+    slots = 0
+    for pool in pools:
+        try:
+            alive = [w for w in ports.workers.list(pool.name) if now - w.heartbeat_at <= stale_after]
+        except RunplaneError:
+            alive = []
+        slots += max(pool.max_workers * pool.slots, sum(w.slots for w in alive))
+    return min(2 * max(slots, 1), MAX_OPEN)
 
 
 def advance(

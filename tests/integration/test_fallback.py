@@ -19,9 +19,10 @@ from runplane.domain.messages import DispatchEvent
 from runplane.domain.pools import PoolConfig
 from runplane.domain.runs import RunSpec, Usage
 from runplane.domain.states import RunState
+from runplane.domain.sweeps import SweepSpec
 from runplane.domain.tenancy import Principal
 from runplane.handlers import PoolDispatcher
-from runplane.services import dependencies, fallback, lifecycle, overview, reap, runs, usage
+from runplane.services import dependencies, fallback, lifecycle, overview, reap, runs, sweep_advance, sweeps, usage
 from worker_agent.agent import Agent
 from worker_agent.run_config import AgentConfig, AgentPorts
 
@@ -389,3 +390,14 @@ def test_a_chain_whose_defaults_differ_is_taken_with_what_they_left_out_given(po
     given = {"image": "runplane/test-busybox:1", "resources": {"time": "30m", "memory": "256m"}}
     run = submit(other, queue=["parked", "manual"], fallback_after=60, **given)
     assert (run.spec.image, run.spec.resources.time, run.spec.fallback) == ("runplane/test-busybox:1", 1800, ["manual"])
+
+
+def test_a_sweep_with_fallback_is_sized_from_every_pool_of_its_chain(ports, stack, clock):
+    def sized(queue, **rule):
+        spec = SweepSpec(run=RunSpec(command="true", queue=queue, **rule), parameters={"N": list(range(20))})
+        sweep = sweeps.create_sweep(ports, ALICE, spec, None).sweep
+        return sweep_advance.window(ports, sweep, clock())
+
+    assert sized("parked") == 2 * 1  # no workers ever: one slot's worth
+    # default's two workers (of one slot each) count, as its members may run there
+    assert sized(["parked", "default"], fallback_after=60) == 2 * 2
