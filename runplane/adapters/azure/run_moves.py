@@ -183,7 +183,8 @@ def depart(
 ) -> None:
     """Step 2, the move: the run's main row in its partition, if still at ``etag``, becomes ``new``
     marked departed; its copies there (but those known ``absent``) go. Raises TableTransactionError
-    as the transaction failed (UPDATE_CONDITION_NOT_SATISFIED: written since the read)."""
+    as the transaction failed (UPDATE_CONDITION_NOT_SATISFIED: written since the read); a failure
+    with no answer is BackendError unless the row read afterwards shows the departure made."""
     where = partition(current.queue)
     main = {
         "PartitionKey": where,
@@ -197,7 +198,15 @@ def depart(
     operations += [
         ("delete", {"PartitionKey": where, "RowKey": row}) for row in copy_keys(current) if row not in absent
     ]
-    _submit(table, operations, "move run")
+    try:
+        table.submit_transaction(operations)
+    except TableTransactionError:
+        raise
+    except AzureError as e:  # no answer: the departure may have been made all the same
+        found = get_entity(table, where, main_key(current.id), "move run")
+        if found is None or not departed(found) or found.get(MOVE) != token:
+            raise failure(e, "move run") from e
+        log.warning("run %s: its move to pool %s was made, its answer lost: %s", new.id, new.queue, e)
 
 
 def finish(table: TableClient, left: str, entity: Any) -> str:

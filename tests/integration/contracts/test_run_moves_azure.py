@@ -3,6 +3,7 @@ as a mover that dies there leaves it: every reader finds the run in one pool, th
 the move; and a store whose remembered pool of a run is stale finds the run where it moved."""
 
 import pytest
+from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from runplane.adapters.azure import run_moves as moves
@@ -253,3 +254,27 @@ def test_a_run_moves_back_to_a_pool_whose_departed_row_its_mover_left(azure_stac
     assert all(marks == {} for marks in rows(store, SPOT, run.id).values())
     assert rows(store, ONDEMAND, run.id) == {}
     assert pointers(store, run) == (SPOT, SPOT, None)
+
+
+def test_a_departure_whose_answer_is_lost_is_a_move_made(azure_stack, monkeypatch):
+    store = azure_stack.store
+    run, kept = store.create(make_run(0)), store.create(make_run(1))
+    real = store.table.submit_transaction
+
+    def answer_lost(operations, **kwargs):  # a departure's answer never comes; only the first one is made
+        if not any(op[0] == "update" and op[1].get(moves.TO) for op in operations):
+            return real(operations, **kwargs)
+        if operations[0][1]["RowKey"].endswith(run.id):
+            real(operations, **kwargs)
+        raise ServiceResponseError("connection reset")
+
+    monkeypatch.setattr(store.table, "submit_transaction", answer_lost)
+    moved = store.move(run, QUEUED, ONDEMAND, {"preemptions": 1}, Event(at=1500.0, message="moved"))
+    assert (moved.queue, moved.preemptions) == (ONDEMAND, 1)
+    with pytest.raises(BackendError):  # not made: a failed move
+        store.move(kept, QUEUED, ONDEMAND, {}, Event(at=1500.0, message="moved"))
+    monkeypatch.undo()
+    fresh = TableRunStore(store.table)
+    assert (fresh.get(run.id).queue, fresh.get(kept.id).queue) == (ONDEMAND, SPOT)
+    assert [r.id for r in store.head(ONDEMAND, 10)] == [run.id]
+    assert [r.id for r in store.head(SPOT, 10)] == [kept.id]
