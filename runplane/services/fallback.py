@@ -211,12 +211,13 @@ def _armed(run: Run, pool: str, due: float) -> bool:
     )
 
 
-def fall_back(ports: Ports, run: Run, now: float) -> Run | None:
+def fall_back(ports: Ports, run: Run, now: float, by: str = "") -> Run | None:
     """Move a queued ``run`` whose ``fallback_at`` is up to its next pool: filed there with a fair
     tag of that pool's line, its timer set for the pool after (if any), hinted, and that pool's
     dispatcher nudged; a pool of its chain no longer configured is passed over, and a run on such a
-    pool (an agent moved it there) moves on whenever it is found. None when it is no longer as read
-    (it started, moved or ended meanwhile) or has no next pool. Raises what the store raises."""
+    pool (an agent moved it there) moves on whenever it is found. ``by``: what its timeline adds of
+    who moved it when not its timer. None when it is no longer as read (it started, moved or ended
+    meanwhile) or has no next pool. Raises what the store raises."""
     target = next_configured(run, ports.pools)
     stranded = ports.pools.get(run.queue) is None
     if target is None or (not stranded and (run.fallback_at is None or now < run.fallback_at)):
@@ -233,6 +234,8 @@ def fall_back(ports: Ports, run: Run, now: float) -> Run | None:
     else:
         message = f"not started on pool {run.queue} within {format_duration(run.spec.fallback_after or 0)}: "
         message += f"moved to pool {target}"
+    if by:
+        message += f" ({by})"
     try:
         moved = ports.store.move(run, _still(run), target, changes, Event(at=now, message=message))
     except ConditionFailed:

@@ -42,6 +42,9 @@ class ReapReport:
 
 REHINT_WINDOW = 32
 """The most queued runs of a pool one reaper pass re-hints: those first in line."""
+TIMER_GRACE = 30.0
+"""Seconds past a queued run's ``fallback_at`` before the reaper takes its timer for lost and moves
+it itself: a timer on time moves it first, and the two never race for it."""
 FALLBACK_SCAN = 200
 """The most queued runs of a pool one reaper pass looks at for a time on the pool that is up (a
 run whose fallback timer was lost), from where the pass before stopped: every queued run of a pool
@@ -83,16 +86,17 @@ def _lease(ports: Ports, run: Run, now: float, report: ReapReport) -> Run:
 
 
 def _fell_back(ports: Ports, run: Run, now: float, report: ReapReport) -> bool:
-    """Whether queued ``run`` had its time on its pool up (``Run.fallback_at``), or is on a pool no
-    longer configured, and was moved to its next pool: what its timer on the dispatcher's queue
-    would have done."""
+    """Whether queued ``run`` had its time on its pool up (``Run.fallback_at``) TIMER_GRACE ago, or
+    is on a pool no longer configured, and was moved to its next pool: what its timer on the
+    dispatcher's queue would have done."""
     if not run.spec.fallback or run.waiting_on or run.id in report.fell_back:
         return False
-    due = run.fallback_at is not None and run.fallback_at <= now
-    if not due and ports.pools.get(run.queue) is not None:
+    late = run.fallback_at is not None and run.fallback_at + TIMER_GRACE <= now
+    stranded = ports.pools.get(run.queue) is None
+    if not late and not stranded:
         return False
     try:
-        moved = fallback.fall_back(ports, run, now)
+        moved = fallback.fall_back(ports, run, now, by="" if stranded else "by the reaper: its timer did not come")
     except RunplaneError as e:
         log.warning("could not move run %s to its next pool: %s", run.id, e)
         return False

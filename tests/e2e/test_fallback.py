@@ -9,13 +9,27 @@ import http.server
 import os
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
 
+from runplane.services import reap
 from tests.conftest import TERMINAL, wait_for, wait_state
 
 pytestmark = pytest.mark.docker
+
+TIMER_SLACK = 10.0
+"""Seconds a timer may come after its time (a delay rounded up, the dispatcher's poll): less than
+the reaper's grace, so that a move within it is the timer's."""
+START_SLACK = 60.0
+"""Seconds the second pool's idle worker may take to start the run once it is moved there."""
+assert TIMER_SLACK < reap.TIMER_GRACE
+
+
+def seconds(at: str) -> float:
+    """A time as the API gives it (ISO 8601), in seconds since the epoch."""
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
 
 
 def get(client, run_id: str) -> dict[str, Any]:
@@ -34,8 +48,12 @@ def test_a_run_not_started_on_its_first_pool_starts_on_its_second(docker_client,
     done = wait_state(alice, run["id"], TERMINAL, timeout=90)
     assert (done["state"], done["queue"], done["attempt"]) == ("succeeded", "manual", 1), done
     moved = [e for e in done["events"] if "moved to pool" in e["message"]]
+    # its timer's words (the reaper's backstop says it moved a run) and its timer's time: the
+    # reaper, which runs every second here, moves a run only TIMER_GRACE past its time
     assert [e["message"] for e in moved] == ["not started on pool parked within 3s: moved to pool manual"]
-    assert done["started_at"] >= moved[0]["at"]
+    created, at, started = (seconds(t) for t in (done["created_at"], moved[0]["at"], done["started_at"]))
+    assert 3 <= at - created <= 3 + TIMER_SLACK, (created, at)
+    assert 0 <= started - at <= START_SLACK, (at, started)
 
 
 class _Notice(http.server.BaseHTTPRequestHandler):

@@ -229,11 +229,14 @@ def test_the_waiting_reason_says_when_it_falls_back(ports, stack, clock):
 
 def test_the_reaper_moves_a_run_whose_timer_was_lost(ports, stack, clock):
     run = submit(ports, queue=["parked", "manual"], fallback_after=60)
-    clock.now += 30
-    assert reap.reap(ports).fell_back == []
-    clock.now += 30
+    clock.now += 60
+    assert reap.reap(ports).fell_back == []  # its timer, due now, moves it: the reaper gives it time
+    clock.now += reap.TIMER_GRACE
     assert reap.reap(ports).fell_back == [run.id]
-    assert stack.store.get(run.id).queue == "manual"
+    stored = stack.store.get(run.id)
+    assert stored.queue == "manual"
+    expected = "not started on pool parked within 1m: moved to pool manual (by the reaper: its timer did not come)"
+    assert stored.events[-1].message == expected
 
 
 def test_a_moved_run_is_charged_to_the_pool_it_ran_on(ports, stack, clock):
@@ -352,7 +355,7 @@ def test_the_reaper_moves_every_run_whose_timer_was_lost_over_passes(ports, stac
     monkeypatch.setattr(reap, "REHINT_WINDOW", 2)
     monkeypatch.setattr(reap, "FALLBACK_SCAN", 3)
     queued = [submit(ports, queue=["parked", "manual"], fallback_after=60) for _ in range(10)]
-    clock.now += 60
+    clock.now += 60 + reap.TIMER_GRACE
     moved: list[str] = []
     for _ in range(4):  # 10 runs: 2 from the head and at least 3 looked at beyond it a pass
         fell_back = reap.reap(ports).fell_back
