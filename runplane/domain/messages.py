@@ -47,7 +47,9 @@ class DispatchEvent(Record):
     """A run ended thus (its metrics)."""
     fallback: str | None = None
     """This run's time on ``pool`` (``RunSpec.fallback_after``) is up at ``due``: if it is still queued
-    there, it moves to its next pool. Sent with a delay; one that comes early is sent again."""
+    there, it moves to its next pool. Sent with a delay; one that comes early is sent again. A 0.2
+    dispatcher reads it tolerantly, as a nudge of ``pool``, and acknowledges it: the timer is lost,
+    and the reaper's backstop moves the run (``services.reap.TIMER_GRACE`` past its time)."""
     due: float | None = None
     skip: int = Field(default=0, ge=0)
     """With ``upstream``: how many of what waits for it earlier events told already (the rest is
@@ -55,8 +57,9 @@ class DispatchEvent(Record):
 
     @model_serializer(mode="wrap")
     def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """``member``, ``skip``, ``fallback`` and ``due`` are written only when set: the previous release's dispatcher
-        refuses an event with a field it does not know, and would drop every event otherwise."""
+        """``member``, ``skip``, ``fallback`` and ``due`` are written only when set: a 0.1 dispatcher
+        refused an event with a field it did not know (0.2 reads one as the nudge it was, ``stored``),
+        and an event stays as small as the release before wrote it."""
         data: dict[str, Any] = handler(self)
         if self.member is None:
             data.pop("member", None)
