@@ -170,7 +170,7 @@ CHECKPOINT_FLAGS = {
 
 def checkpoint_rule(values: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``checkpoint`` of a submit from its flags' ``values`` (by parameter name): any of them
-    makes the rule; none: no rule. The API checks the values (a duration, a signal, 1..125)."""
+    makes the rule; none: no rule. The API checks the values (a duration, a signal, 3..125)."""
     rule = {field: values[name] for name, field in CHECKPOINT_FLAGS.items() if values.get(name) is not None}
     return rule or None
 

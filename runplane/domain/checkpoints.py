@@ -185,6 +185,8 @@ MAX_GRACE = 3600.0
 DEFAULT_GRACE = 30.0
 DEFAULT_MAX_PIECES = 100
 MAX_PIECES = 10_000
+MIN_EXIT_CODE = 3
+"""The least ``exit_code`` of a rule: 1 and 2 are what any crash or shell misuse exits with."""
 CHECKPOINT_DIR = "/runplane/checkpoint"
 """Where the run's checkpoint directory is in its container (``$RUNPLANE_CHECKPOINT_DIR``)."""
 CHECKPOINT_ENV = "RUNPLANE_CHECKPOINT_DIR"
@@ -226,11 +228,12 @@ class CheckpointRule(Record):
     )
     exit_code: Annotated[int | None, WHOLE] = Field(
         default=None,
-        ge=1,
+        ge=MIN_EXIT_CODE,
         le=125,
         strict=True,
-        description="the exit status (1..125) by which the command says 'checkpointed, start me again': its "
-        "checkpoint is synced and it starts again on the same worker, in the same attempt",
+        description="the exit status (3..125) by which the command says 'checkpointed, start me again': its "
+        "checkpoint is synced and it starts again on the same worker, in the same attempt (not 1 or 2, what any "
+        "crash or shell misuse exits with: every crash would be a new piece)",
     )
     max_pieces: Annotated[int | None, WHOLE] = Field(
         default=None,

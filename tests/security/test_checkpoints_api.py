@@ -182,6 +182,7 @@ BAD_RULES = [
     ({"signal": "SIGKILL"}, "checkpoint.signal"),
     ({"grace": "2h"}, "checkpoint.grace"),
     ({"exit_code": 0}, "checkpoint.exit_code"),
+    ({"exit_code": 2}, "checkpoint.exit_code"),
     ({"exit_code": 137}, "checkpoint.exit_code"),
     ({"exit_code": "85"}, "checkpoint.exit_code"),
     ({"max_pieces": 3}, "give exit_code too"),

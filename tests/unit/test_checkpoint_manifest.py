@@ -1,6 +1,7 @@
 """A checkpoint's manifest: its keys, and what a manifest may name. A manifest that could make a restore
 write outside its directory, or that is not what it says, does not read; one a newer release wrote
-with fields this one does not know reads, and keeps them."""
+with fields this one does not know reads, and keeps them. A rule's exit_code is no status a crash exits
+with."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from runplane.domain.checkpoints import (
+    CheckpointRule,
     Manifest,
     blob_key,
     checkpoints_prefix,
@@ -113,3 +115,10 @@ def test_a_manifest_that_does_not_add_up_is_refused():
         stored(Manifest, manifest_data(series="../r"))
     with pytest.raises(ValidationError):
         stored(Manifest, manifest_data(seq=0))
+
+
+@pytest.mark.parametrize("code", [1, 2])
+def test_an_exit_code_any_crash_or_shell_misuse_exits_with_is_refused(code: int) -> None:
+    with pytest.raises(ValidationError, match="greater than or equal to 3"):
+        CheckpointRule.model_validate({"exit_code": code})
+    assert CheckpointRule.model_validate({"exit_code": 3}).exit_code == 3
