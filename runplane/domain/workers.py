@@ -58,7 +58,8 @@ class PoolRecord(Record):
     """Only in the schedule's own record (``SCHEDULE_RECORD``): where its bounded passes over
     waiting runs and sweeps stopped, so that the next one goes on from there; and in the retention
     sweep's (``services.retention.RESUME_RECORD``): where its walks over ended runs and its look at
-    the uploads stopped, and the retention each pool's runs were last dated under."""
+    the uploads stopped, and the retention each pool's runs were last dated under; and in the
+    reaper's (``services.reap.FALLBACK_RECORD``): where its look at each pool's queued runs stopped."""
 
     @field_validator("resume", mode="before")
     @classmethod
