@@ -223,8 +223,9 @@ def requeue(
     ``killed``. ``usage``, when given, is recorded with it (what the attempt used, as its worker
     measured it). A run it ends tells what waits for it (``ended``). ``preempted``: its worker's
     machine was taken away (its preemptions on its pool are counted: at its
-    ``fallback_after_preemptions`` it is queued on its next pool instead, ``services.fallback``);
-    its fallback timer starts afresh. Raises ConditionFailed (or LeaseLost through callers) if the
+    ``fallback_after_preemptions`` it is queued on its next pool instead, ``services.fallback``,
+    with a fair tag of that pool's line, and hinted there quietly: a failed hint is the reaper's to
+    send again); its fallback timer starts afresh. Raises ConditionFailed (or LeaseLost through callers) if the
     run moved on meanwhile.
     """
     expect = expect or _mine(run, ACTIVE_STATES)
