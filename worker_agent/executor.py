@@ -325,13 +325,17 @@ class RunExecutor:
             pieces = self.run.pieces + 1
             if rule is not None and pieces >= rule.piece_limit:
                 outcome.message = (
-                    f"command exited with code {code} to be started again, but the run has gone in "
-                    f"{rule.piece_limit} pieces, its max_pieces: {outcome.message}"
+                    f"command exited with code {code} to be started again, but the run has gone in its "
+                    f"max_pieces, {rule.piece_limit} pieces"
                 )
                 return outcome, True
-            self.state.piece_ended(pieces)
             short = short + 1 if self.clock() - started < self.config.short_piece_seconds else 0
-            if short and self.control.pause(self.config.piece_pause(short), self.config.kill_poll_seconds):
+            pause = self.config.piece_pause(short) if short else 0.0
+            after = f" after a {pause:g} s pause (a short piece)" if short else ""
+            self.state.piece_ended(
+                pieces, f"piece {pieces} ended with exit code {code}; piece {pieces + 1} starts{after}"
+            )
+            if short and self.control.pause(pause, self.config.kill_poll_seconds):
                 killed = self.control.kill.is_set() and not self.control.requeue.is_set()
                 return (limits.killed("killed on request", self.run.kill_reason) if killed else outcome), True
             self.box.replace(f"piece {pieces} of its run ended with exit code {code}; the next one starts")

@@ -69,10 +69,10 @@ class RunStateWriter:
         says one (a sync has none). Raises LeaseLost."""
         self._record({"checkpoint": status}, None if message is None else Event(at=self._clock(), message=message))
 
-    def piece_ended(self, pieces: int) -> None:
-        """Record that ``pieces`` pieces of the run have ended to be started again (``Run.pieces``).
-        Raises LeaseLost."""
-        self._record({"pieces": pieces})
+    def piece_ended(self, pieces: int, message: str) -> None:
+        """Record that ``pieces`` pieces of the run have ended to be started again (``Run.pieces``), with
+        ``message`` on its timeline (a record keeps its first events and its latest). Raises LeaseLost."""
+        self._record({"pieces": pieces}, Event(at=self._clock(), message=message))
 
     def _record(self, changes: dict[str, Any], event: Event | None = None) -> None:
         run = self.run

@@ -122,7 +122,7 @@ def test_a_run_started_from_another_runs_checkpoint_syncs_to_its_own_series(loca
         f"cat {CK}/model.bin > {OUT}/model.txt; echo v3 > {CK}/model.bin; "
         f"i=0; while [ ! -e {CK}/go ] && [ $i -lt 600 ]; do i=$((i+1)); sleep 0.1; done"
     )
-    run = submit(local_stack, command)
+    run = submit(local_stack, command, checkpoint={"interval": 3600})
     local_stack.store.update(run, Expect(), {"restore_from": CheckpointSource(run=source.id, seq=1)})
     ex = executor(local_stack, docker_client, tmp_path, run)
     ex.start()
@@ -266,6 +266,10 @@ def test_a_run_in_three_pieces_completes_in_one_attempt(local_stack, docker_clie
     ended = run_to_end(local_stack, docker_client, tmp_path, run, piece_backoff_seconds=0.1)
     assert ended.state == RunState.SUCCEEDED, ended.failure
     assert (ended.attempt, ended.pieces) == (1, 2)
+    assert [e.message for e in ended.events if e.message.startswith("piece ")] == [
+        "piece 1 ended with exit code 3; piece 2 starts after a 0.1 s pause (a short piece)",
+        "piece 2 ended with exit code 3; piece 3 starts after a 0.2 s pause (a short piece)",
+    ]
     assert [output(local_stack, run, f"piece{n}.txt") for n in (1, 2, 3)] == ["piece 1\n", "piece 2\n", "piece 3\n"]
     assert newest(local_stack.objects, run.id).seq == 3  # synced at the end of each piece, and at the end
 
@@ -299,7 +303,9 @@ def test_one_piece_more_than_max_pieces_fails_the_run(local_stack, docker_client
     run = submit(local_stack, PIECES, checkpoint={"exit_code": 3, "max_pieces": 2})
     ended = run_to_end(local_stack, docker_client, tmp_path, run, piece_backoff_seconds=0.1)
     assert ended.state == RunState.FAILED and ended.failure.reason == FailureReason.NONZERO_EXIT
-    assert "has gone in 2 pieces, its max_pieces" in ended.failure.message
+    assert ended.failure.message == (
+        "command exited with code 3 to be started again, but the run has gone in its max_pieces, 2 pieces"
+    )
     assert (ended.attempt, ended.pieces) == (1, 1)
     assert json.loads(local_stack.objects.get_bytes(manifest_key(run.id, 2)))["files"][0]["path"] == "n"
 
