@@ -212,7 +212,11 @@ class RunCheckpoints:
         """Sync the directory now (what changed since the checkpoint before), record the checkpoint on
         the run and prune the old ones. An Outcome (``disk_limit``, no checkpoint written) when the
         directory is over the run's disk limit; a sync that fails otherwise is logged and the
-        checkpoint before stays the newest. Raises LeaseLost when the record cannot be written."""
+        checkpoint before stays the newest. Raises LeaseLost when the record cannot be written. A run
+        without a checkpoint rule (one that only starts from another run's checkpoint) is never synced:
+        fifty evaluations of one training would each store a copy of it."""
+        if self.state.run.spec.checkpoint is None:
+            return None
         with self._lock:
             run = self.state.run
             self.failed = None

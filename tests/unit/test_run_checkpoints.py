@@ -30,7 +30,7 @@ from worker_agent.run_state import RunStateWriter
 
 
 def checkpoints(
-    stack: Any, tmp_path: Path, rule: dict[str, Any], disk: int | None = None, **fields: Any
+    stack: Any, tmp_path: Path, rule: dict[str, Any] | None, disk: int | None = None, **fields: Any
 ) -> RunCheckpoints:
     spec = RunSpec.model_validate(
         {"command": "true", "queue": "manual", "image": TEST_IMAGE, "checkpoint": rule, **fields}
@@ -171,6 +171,19 @@ def test_a_source_checkpoint_found_unusable_gives_way_to_the_sources_newest(loca
     assert (saves.directory / "weights").read_bytes() == b"two!"
     said = local_stack.store.get(saves.state.run.id).events[-1].message
     assert said.startswith("restored checkpoint 2 ") and "which it was started from" in said
+
+
+def test_a_run_started_from_a_checkpoint_without_a_rule_of_its_own_restores_it_and_never_syncs(local_stack, tmp_path):
+    (tmp_path / "s").mkdir()
+    source = checkpoints(local_stack, tmp_path / "s", {"interval": 60}).state.run.id
+    synced(local_stack, source, tmp_path, b"trained")
+    saves = checkpoints(local_stack, tmp_path, None, from_checkpoint=source)
+    run_id = saves.state.run.id
+    assert saves.restore((os.getuid(), os.getgid())) is None
+    (saves.directory / "scores").write_text("0.93")  # what an evaluation writes there is not kept
+    assert saves.sync() is None
+    assert manifests(local_stack, run_id) == [] and list(local_stack.objects.list(checkpoints_prefix(run_id))) == []
+    assert local_stack.store.get(run_id).checkpoint.series == source  # still the one it restored
 
 
 def test_a_restore_the_store_fails_for_now_is_to_be_handed_back_and_writes_nothing(local_stack, tmp_path, monkeypatch):
