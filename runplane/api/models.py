@@ -225,6 +225,16 @@ class RunView(WireModel):
     pieces: Annotated[int, Since("0.3")] = Field(
         default=0, description="the pieces it has ended with spec.checkpoint.exit_code and started again"
     )
+    preemptions: Annotated[int, Since("0.3")] = Field(
+        default=0,
+        description="its preemptions on the pool it is on now (queue): at spec.fallback_after_preemptions it moves "
+        "to the next pool and this starts again from 0",
+    )
+    fallback_at: Annotated[Timestamp | None, Since("0.3")] = Field(
+        default=None,
+        description="queued with a pool to fall back to and spec.fallback_after: when it moves to the next pool if "
+        "it has not started by then",
+    )
 
 
 class SweepView(WireModel):

@@ -89,6 +89,8 @@ def run_view(ports: Ports, run: Run, waiting_reason: str | None = None) -> RunVi
         retention=retention_view(ports, run),
         checkpoint=checkpoint_view(run),
         pieces=run.pieces,
+        preemptions=run.preemptions,
+        fallback_at=timestamp(run.fallback_at) if run.state == "queued" else None,
     )
 
 

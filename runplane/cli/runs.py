@@ -33,11 +33,11 @@ from runplane.cli.common import (
 from runplane.cli.download import download
 from runplane.cli.last_run import RUN_ID, named_by_id, remember, run_id_or_last
 from runplane.cli.logs import POLL, logs
+from runplane.cli.run_facts import checkpoint_text, fallback_text, pieces_text
 from runplane.cli.run_options import command_line, run_flags
 from runplane.cli.sessions import attach_run
 from runplane.cli.uploads import UPLOAD, send
 from runplane.client import ApiError, Client, Conflict, Run, RunOptions, RunState
-from runplane.domain.units import format_duration
 
 JSON = Annotated[bool, typer.Option("--json", help="print JSON on stdout")]
 
@@ -235,44 +235,6 @@ def status(ctx: typer.Context, run_id: RUN_ID = None, as_json: JSON = False) -> 
     out.print(table)
     for event in view.events:
         out.print(Text.assemble("  ", (event.at.isoformat(), "dim"), " ", event.message), highlight=False)
-
-
-def fallback_text(view: RunView) -> str | None:
-    """``gpu-ondemand, cpu after 20m queued or 2 preemptions`` for a run with pools to fall back to."""
-    spec = view.spec
-    if not spec.fallback:
-        return None
-    when_ = [f"{format_duration(spec.fallback_after)} queued" if spec.fallback_after else ""]
-    when_ += [f"{spec.fallback_after_preemptions} preemptions" if spec.fallback_after_preemptions else ""]
-    after = " or ".join(w for w in when_ if w)
-    return ", ".join(spec.fallback) + (f" after {after}" if after else "")
-
-
-def checkpoint_text(view: RunView) -> str | None:
-    """``7 (12 files, 3.1 MB), synced 2026-11-23 09:30 UTC by attempt 2`` (``of run X`` when it is
-    the checkpoint it starts from); ``none synced yet`` for a run that checkpoints."""
-    shown = view.checkpoint
-    if shown is None:
-        has_rule = view.spec.checkpoint is not None or view.spec.from_checkpoint is not None
-        return "none synced yet" if has_rule else None
-    size = f"{shown.files} file{'s' if shown.files != 1 else ''}, {_size(shown.bytes)}"
-    of = f" of run {shown.series}" if shown.series else ""
-    return f"{shown.seq}{of} ({size}), synced {when_utc(shown.synced_at)} by attempt {shown.attempt}"
-
-
-def _size(size: int) -> str:
-    """``3.1 MB``, as the run's timeline says a checkpoint's size."""
-    for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("kB", 1024)):
-        if size >= factor:
-            return f"{size / factor:.1f} {unit}"
-    return f"{size} bytes"
-
-
-def pieces_text(view: RunView) -> str | None:
-    rule = view.spec.checkpoint
-    if rule is None or rule.exit_code is None:
-        return None
-    return f"{view.pieces} of at most {rule.piece_limit} (exit code {rule.exit_code} starts it again)"
 
 
 def _retention_parts(kept: RetentionView, dated: str) -> list[str]:

@@ -94,6 +94,11 @@ export function poolChain(run) {
   const rules = [];
   if (run.spec.fallback_after) rules.push(`if not started within ${seconds(run.spec.fallback_after)}`);
   if (run.spec.fallback_after_preemptions) rules.push(`after ${run.spec.fallback_after_preemptions} preemption(s) there`);
+  const last = at === chain.length - 1;
+  const facts = [];
+  if (!last && run.spec.fallback_after_preemptions && run.preemptions)
+    facts.push(`preempted ${run.preemptions} of ${run.spec.fallback_after_preemptions} time(s) on ${run.queue}`);
+  if (!last && run.state === "queued" && run.fallback_at) facts.push("next move at ", when(run.fallback_at));
   return h(
     "span",
     { class: "pools" },
@@ -109,7 +114,8 @@ export function poolChain(run) {
         ),
       ),
     ),
-    rules.length ? h("span", { class: "hint" }, `moves to the next pool ${rules.join(" or ")}`) : null,
+    rules.length && !last ? h("span", { class: "hint" }, `moves to the next pool ${rules.join(" or ")}`) : null,
+    facts.length ? h("span", { class: "hint" }, "; ", ...facts) : null,
   );
 }
 

@@ -486,13 +486,17 @@ def test_a_run_page_shows_the_pools_it_may_run_on_and_which_one_it_waits_on(tab,
             const spec = { queue: "spot", fallback: ["ondemand", "reserved"], fallback_after_preemptions: 2 };
             const drawn = poolChain({ queue: "ondemand", spec });
             const single = poolChain({ queue: "default", spec: { queue: null, fallback: [] } });
+            const at = "2026-11-23T10:42:05Z";
+            const waiting = poolChain({ queue: "spot", state: "queued", preemptions: 1, fallback_at: at, spec });
             return [[...drawn.querySelectorAll("li")].map((li) => li.className + ":" + li.textContent),
-                    drawn.textContent, single];
+                    drawn.textContent, single, waiting.textContent, waiting.querySelector("time").dateTime];
         }"""
     )
     assert moved[0] == ["left:spot (left)", "now:ondemand (now)", "next:reserved"]
     assert moved[1].endswith("moves to the next pool after 2 preemption(s) there")
     assert moved[2] == "default"
+    assert "; preempted 1 of 2 time(s) on spot" in moved[3] and "next move at " in moved[3]
+    assert moved[4] == "2026-11-23T10:42:05Z"
     timeline = t.page.locator("ul.timeline li")
     expect(timeline.first).to_contain_text("queued")
 
