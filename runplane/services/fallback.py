@@ -263,12 +263,17 @@ def tell_moved(ports: RunPorts, run: Run, now: float, reason: str = "fell back")
 
 
 def when_words(run: Run, now: float) -> str:
-    """What a queued run's waiting reason adds of its fallback: "; falls back to pool B at 10:42:05
-    UTC (in 12m)"; empty when it has no timer."""
+    """What a queued run's waiting reason adds of its fallback: "; preempted 2 of 3 times on pool A"
+    (fallback_after_preemptions, once it was preempted there) and "; falls back to pool B at 10:42:05
+    UTC (in 12m)" (its timer); empty when it has neither."""
     target = next_pool(run)
-    if run.state != RunState.QUEUED or run.fallback_at is None or target is None:
+    if run.state != RunState.QUEUED or target is None:
         return ""
+    most = run.spec.fallback_after_preemptions
+    words = f"; preempted {run.preemptions} of {most} times on pool {run.queue}" if most and run.preemptions else ""
+    if run.fallback_at is None:
+        return words
     at = time.strftime("%H:%M:%S", time.gmtime(run.fallback_at))
     left = run.fallback_at - now
     when = f"in {format_duration(left)}" if left >= 0.5 else "due now"
-    return f"; falls back to pool {target} at {at} UTC ({when})"
+    return f"{words}; falls back to pool {target} at {at} UTC ({when})"

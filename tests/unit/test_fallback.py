@@ -56,6 +56,18 @@ def test_the_waiting_reason_says_where_and_when_it_falls_back():
     assert fallback.when_words(run.model_copy(update={"fallback_at": None}), NOW) == ""
 
 
+def test_the_waiting_reason_counts_the_preemptions_that_move_it_on():
+    run = run_of(fallback_after_preemptions=3).model_copy(update={"preemptions": 2})
+    assert fallback.when_words(run, NOW) == "; preempted 2 of 3 times on pool gpu-spot"
+    assert fallback.when_words(run.model_copy(update={"preemptions": 0}), NOW) == ""  # not preempted there yet
+    both = run_of(fallback_after="20m", fallback_after_preemptions=3)
+    timed = both.model_copy(update={"preemptions": 1, "fallback_at": NOW + 1200})
+    assert fallback.when_words(timed, NOW + 480) == (
+        "; preempted 1 of 3 times on pool gpu-spot; falls back to pool gpu-ondemand at 10:50:00 UTC (in 12m)"
+    )
+    assert fallback.when_words(run_of(on="cpu", fallback_after_preemptions=3), NOW) == ""  # the last pool
+
+
 @pytest.mark.parametrize(
     "spec",
     [
