@@ -306,7 +306,22 @@ class DevStack:
             DEV_FILE.unlink(missing_ok=True)  # made anew 0600: it holds an admin token
             fd = os.open(DEV_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as dev_file:
-                dev_file.write(json.dumps({"api_url": self.api_url, "token": self.token}))
+                dev_file.write(json.dumps(self._dev_facts()))
+
+    def _dev_facts(self) -> dict[str, str]:
+        """What DEV_FILE says of this stack: how a client on this machine reaches it (client/config.py)."""
+        return {"api_url": self.api_url, "token": self.token}
+
+    def _forget_dev_file(self) -> None:
+        """Remove DEV_FILE if it still points at this stack (another ``runplane dev`` started since
+        wrote its own: that one stays), so that clients no longer find a stack that stopped."""
+        if not self.config.write_dev_file or not self.token:
+            return
+        try:
+            if json.loads(DEV_FILE.read_text()) == self._dev_facts():
+                DEV_FILE.unlink(missing_ok=True)
+        except (OSError, ValueError) as e:  # gone already, unreadable or not JSON: not this stack's to remove
+            log.debug("left %s as it is: %s", DEV_FILE, e)
 
     def _admin_token(self, stack: bootstrap.Stack) -> str:
         """The administrator's token (it can make tokens for others), registered if the stores do
@@ -394,6 +409,7 @@ class DevStack:
         self._stop.set()
         if self.cloud is None:
             return
+        self._forget_dev_file()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -13,12 +13,13 @@ import requests
 from runplane.adapters.local.db import DB_FILE
 from runplane.adapters.local.keyfile import KEY_FILE
 from runplane.compute.local.compute import _start_time
+from runplane.devstack import stack as stack_module
 from runplane.devstack.stack import DevConfig, DevStack, free_port
 from runplane.devstack.state_dir import empty
 
 
 def _config(tmp_path, port, **kw):
-    return DevConfig(port=port, state_dir=tmp_path, write_dev_file=False, functions=False, workers=0, **kw)
+    return DevConfig(port=port, state_dir=tmp_path, **{"write_dev_file": False, "functions": False, "workers": 0, **kw})
 
 
 def test_a_second_stack_on_a_running_stacks_directory_is_refused_and_empties_nothing(tmp_path):
@@ -99,3 +100,25 @@ def test_the_secrets_key_file_is_the_directorys_kept_across_starts_and_emptied_b
     fresh.start()
     fresh.stop()
     assert key.read_bytes() != made
+
+
+def test_a_stopped_stack_removes_the_dev_file_that_points_at_it_and_leaves_another_stacks(tmp_path, monkeypatch):
+    dev_file = tmp_path / "home" / ".runplane" / "dev.json"
+    monkeypatch.setattr(stack_module, "DEV_FILE", dev_file)
+    config = _config(tmp_path / "a", free_port(), write_dev_file=True)
+    first = DevStack(config)
+    first.start()
+    try:
+        assert json.loads(dev_file.read_text()) == {"api_url": first.api_url, "token": first.token}
+        assert stat.S_IMODE(dev_file.stat().st_mode) == 0o600  # it holds an admin token
+    finally:
+        first.stop()
+    assert not dev_file.exists()  # a client no longer finds a stack that stopped
+
+    second = DevStack(_config(tmp_path / "b", free_port(), write_dev_file=True))
+    second.start()
+    try:  # a later `runplane dev` wrote its own: stopping this one leaves it
+        dev_file.write_text(json.dumps({"api_url": "http://127.0.0.1:1", "token": "another stack's"}))
+    finally:
+        second.stop()
+    assert json.loads(dev_file.read_text())["token"] == "another stack's"
