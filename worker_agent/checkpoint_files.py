@@ -77,6 +77,8 @@ class Found:
     dirs: list[CheckpointDir] = field(default_factory=list)
     bytes: int = 0
     """The files' sizes when walked."""
+    seen: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Each file's size, permission bits and modification time (ns) when walked."""
 
 
 def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress) -> Found:
@@ -113,6 +115,7 @@ def walk(root: Path, max_bytes: int | None, max_entries: int, progress: Progress
             else:
                 found.files.append(rel)
                 found.bytes += info.st_size
+                found.seen[rel] = (info.st_size, info.st_mode & PERMISSION_BITS, info.st_mtime_ns)
             _check_cap(found.bytes, len(found.files) + len(found.dirs), max_bytes, max_entries)
     except Unwalkable as e:  # what it holds is unknown: no checkpoint is made of part of it
         raise CheckpointUnusable(f"the checkpoint directory cannot be read whole: {e}") from e

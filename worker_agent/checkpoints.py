@@ -34,7 +34,7 @@ from runplane.domain.errors import LeaseLost
 from runplane.domain.wire import written_json
 from runplane.ports import MAX_DELETE, ObjectStore
 from runplane.services.checkpoints import blob_sizes, complete, manifests, newest, read_manifest
-from worker_agent.checkpoint_files import Owner, Progress, shown, staged, walk, write_tree
+from worker_agent.checkpoint_files import Found, Owner, Progress, shown, staged, walk, write_tree
 from worker_agent.trees import Refused, open_beneath
 
 __all__ = ["CheckpointLimits", "Progress", "Pruned", "prune", "restore", "sync", "write"]
@@ -80,11 +80,17 @@ def sync(
     LeaseLost when ``held()``, asked right before the manifest is written, says this worker no
     longer holds the run (the series has one writer: the run's holder); and what the store raises.
     A blob of ``previous`` no longer stored (pruned meanwhile by a worker that lost the run) is
-    uploaded again."""
+    uploaded again.
+
+    Returns ``previous`` itself, having written and listed nothing, when it is of this series and the
+    walk finds exactly its files (each at its size, mode and modification time) and directories: a
+    sync of a directory that did not change costs a walk."""
     progress = progress if progress is not None else Progress()
     found = walk(directory, limits.max_bytes, limits.max_entries, progress)
     if previous is not None and previous.series != run_id:  # another run's (a run started from it): none stored here
         previous = None
+    if previous is not None and _unchanged(found, previous):
+        return previous
     stored = blob_sizes(store, run_id) if previous is not None else {}
     before = {f.path: f for f in previous.files if stored.get(f.key) == f.size} if previous is not None else {}
     have = {f.sha256 for f in before.values()}
@@ -117,6 +123,14 @@ def sync(
     )
     store.put_bytes(manifest_key(run_id, manifest.seq), written_json(manifest).encode())
     return manifest
+
+
+def _unchanged(found: Found, previous: Manifest) -> bool:
+    """The walk found the files and directories ``previous`` names, and no other, each as it names it."""
+    if {(d.path, d.mode) for d in found.dirs} != {(d.path, d.mode) for d in previous.dirs}:
+        return False
+    named = {f.path: (f.size, f.mode, f.mtime_ns) for f in previous.files}
+    return named == found.seen
 
 
 def _go_on(cancelled: Callable[[], bool], run_id: str) -> None:

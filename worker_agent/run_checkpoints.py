@@ -255,6 +255,8 @@ class RunCheckpoints:
                     exc_info=not isinstance(e, (RunplaneError, OSError)),
                 )
                 return None
+            if manifest is self.previous:  # nothing changed since: no checkpoint, record or prune
+                return None
             self.previous = manifest
             self.state.checkpointed(_status(manifest, run.attempt))
             try:

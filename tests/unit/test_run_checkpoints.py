@@ -61,6 +61,31 @@ def test_each_sync_is_recorded_and_the_series_keeps_its_newest_two(local_stack, 
     assert saves.previous is not None and saves.previous.seq == 3
 
 
+def test_a_sync_of_a_directory_that_did_not_change_writes_nothing_and_prunes_nothing(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    (saves.directory / "sub").mkdir()
+    (saves.directory / "sub" / "weights").write_text("w1")
+    assert saves.sync() is None
+    recorded = local_stack.store.get(run_id).checkpoint
+    orphan = blobs_prefix(run_id) + "0" * 64  # what a sync cut halfway leaves: a prune would take it
+    local_stack.objects.put_bytes(orphan, b"left")
+    assert saves.sync() is None
+    assert [k.rsplit("/", 2)[-2] for k in manifests(local_stack, run_id)] == ["00000001"]
+    assert local_stack.store.get(run_id).checkpoint == recorded
+    assert local_stack.objects.get_bytes(orphan) == b"left"
+    for change in (
+        lambda: (saves.directory / "sub").chmod(0o750),
+        lambda: os.utime(saves.directory / "sub" / "weights", ns=(1, 1)),
+        lambda: (saves.directory / "sub" / "weights").chmod(0o600),
+        lambda: (saves.directory / "other").mkdir(),
+    ):
+        change()
+        before = saves.previous.seq
+        assert saves.sync() is None
+        assert saves.previous.seq == before + 1, change  # each a change a checkpoint keeps
+
+
 def test_the_sync_thread_ends_the_run_when_the_checkpoint_is_over_the_disk_limit(local_stack, tmp_path):
     saves = checkpoints(local_stack, tmp_path, {"interval": 1}, disk=1000)
     (saves.directory / "big").write_bytes(b"x" * 2000)
