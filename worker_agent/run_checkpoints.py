@@ -75,6 +75,8 @@ class RunCheckpoints:
         """Syncs that failed (the checkpoint before them stayed the newest)."""
         self.failed: str | None = None
         """Why the latest sync failed; None when it did not."""
+        self.failing = False
+        """Syncs fail since the last one that did not: the timeline said so once, and says when one succeeds."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -254,7 +256,13 @@ class RunCheckpoints:
                     e,
                     exc_info=not isinstance(e, (RunplaneError, OSError)),
                 )
+                if not self.failing:  # said once, not once a failure
+                    self.failing = True
+                    self._say(f"checkpoint sync failed: {self.failed}; {self._newest()}")
                 return None
+            if self.failing:
+                self.failing = False
+                self._say(f"checkpoint syncs succeed again: checkpoint {manifest.seq} is the newest")
             if manifest is self.previous:  # nothing changed since: no checkpoint, record or prune
                 return None
             self.previous = manifest
@@ -264,6 +272,25 @@ class RunCheckpoints:
             except Exception as e:  # the store, or one of its listings that does not read
                 log.warning("run %s: pruning old checkpoints failed (tried again after the next sync): %s", run.id, e)
             return None
+
+    def _newest(self) -> str:
+        """Which checkpoint a restore would take now, in words."""
+        previous = self.previous
+        if previous is None:
+            return "it has no checkpoint yet"
+        if previous.series != self.state.run.id:
+            return f"it has no checkpoint of its own yet (it started from run {previous.series}'s {previous.seq})"
+        return f"checkpoint {previous.seq} is the newest complete one"
+
+    def _say(self, message: str) -> None:
+        """``message`` on the run's timeline; a store that fails it is logged (the syncs go on). Raises
+        LeaseLost."""
+        try:
+            self.state.note(self.clock(), message)
+        except LeaseLost:
+            raise
+        except RunplaneError as e:
+            log.warning("run %s: %s (not on its timeline: %s)", self.state.run.id, message, e)
 
 
 def _reason(e: Exception) -> str:

@@ -160,6 +160,32 @@ def test_a_sync_that_meets_what_no_one_foresaw_is_counted_and_the_next_one_goes_
     assert saves.failed is None and saves.over is None
 
 
+def test_failing_syncs_are_said_once_on_the_timeline_and_so_is_the_first_that_succeeds_again(
+    local_stack, tmp_path, monkeypatch
+):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    (saves.directory / "a").write_text("a")
+    assert saves.sync() is None
+    real = local_stack.objects.put_bytes
+
+    def down(*args: Any, **kwargs: Any) -> None:  # an outage of the store, which cannot be had here
+        raise BackendError("object store unavailable (throttled)")
+
+    monkeypatch.setattr(local_stack.objects, "put_bytes", down)
+    for step in range(3):
+        (saves.directory / "a").write_text(f"a{step}")
+        assert saves.sync() is None
+    monkeypatch.setattr(local_stack.objects, "put_bytes", real)
+    assert saves.sync() is None
+    said = [e.message for e in local_stack.store.get(run_id).events if "checkpoint sync" in e.message]
+    assert said == [
+        "checkpoint sync failed: object store unavailable (throttled); checkpoint 1 is the newest complete one",
+        "checkpoint syncs succeed again: checkpoint 2 is the newest",
+    ]
+    assert saves.failures == 3
+
+
 def synced(stack: Any, run_id: str, tmp_path: Path, text: bytes, previous: Any = None) -> Any:
     """A checkpoint of ``run_id``'s series holding the file ``weights`` (as an earlier attempt synced it)."""
     made = tmp_path / f"made-{run_id}-{previous.seq if previous else 0}"
