@@ -132,11 +132,18 @@ def disk_over(
         )
     most = limits.max_output_files
     if sum(tree.entries for _, tree in trees) > most:
+        names = ["output directory", "home", "volumes", "container file system"]
+        names += ["checkpoint directory"] if checkpoint is not None else []
+        counted = f"{', '.join(names[:-1])} and {names[-1]}"
+        held = (
+            f"; its checkpoint directory holds {checkpoint.entries} of them"
+            if checkpoint and checkpoint.entries
+            else ""
+        )
         return Outcome(
             RunState.FAILED,
             FailureReason.DISK_LIMIT,
-            f"wrote more than {most} files and directories (output directory, home, volumes and container file "
-            "system together), the pool's max_output_files",
+            f"wrote more than {most} files and directories ({counted} together), the pool's max_output_files{held}",
             upload=False,
         )
     total = sum(tree.size for _, tree in trees)

@@ -169,6 +169,15 @@ def test_more_entries_than_max_output_files_count_the_trees_together():
     )
 
 
+def test_max_output_files_names_the_checkpoint_directory_when_it_counts_toward_it():
+    trees = (Tree(entries=20), Tree(), Tree(entries=1), LIMITS, Tree())
+    outcome = disk_over(*trees, checkpoint=Tree(entries=80))
+    assert outcome is not None and outcome.message == (
+        "wrote more than 100 files and directories (output directory, home, volumes, container file system and "
+        "checkpoint directory together), the pool's max_output_files; its checkpoint directory holds 80 of them"
+    )
+
+
 def test_what_cannot_be_walked_counts_as_over_before_any_count():
     outcome = disk_over(Tree(entries=10**6, unreadable="too deep"), Tree(unreadable="EACCES"), Tree(), LIMITS)
     assert outcome == Outcome(
