@@ -31,6 +31,7 @@ from runplane.cli.common import (
     when_utc,
 )
 from runplane.cli.download import download
+from runplane.cli.flag_errors import said_by_flags
 from runplane.cli.last_run import RUN_ID, named_by_id, remember, run_id_or_last
 from runplane.cli.logs import POLL, logs
 from runplane.cli.run_facts import checkpoint_text, fallback_text, pieces_text
@@ -117,7 +118,8 @@ def run(
     api = client(ctx)
     options = _interactive_options(options, command)
     options = send(api, upload, options)
-    submitted = api.submit(command_line(command), idempotency_key=idempotency_key, **options)
+    with said_by_flags():
+        submitted = api.submit(command_line(command), idempotency_key=idempotency_key, **options)
     remember(submitted.id)
     if options.get("interactive"):
         raise typer.Exit(_attached(api, submitted))

@@ -12,6 +12,7 @@ from rich.text import Text
 
 from runplane.api.models import SweepView
 from runplane.cli.common import CliError, ExitCode, cell, client, err, id_column, out, print_json, when
+from runplane.cli.flag_errors import said_by_flags
 from runplane.cli.run_options import command_line, run_flags
 from runplane.cli.uploads import UPLOAD, send
 from runplane.client import RunOptions, RunState, Sweep
@@ -78,15 +79,16 @@ def run(
         raise CliError("each --param NAME may be given once")
     api = client(ctx)
     options = send(api, upload, options)
-    made = api.submit_sweep(
-        command_line(command),
-        parameters=parameters or None,
-        count=count,
-        max_parallel=max_parallel,
-        sweep_name=name,
-        idempotency_key=idempotency_key,
-        **options,
-    )
+    with said_by_flags():
+        made = api.submit_sweep(
+            command_line(command),
+            parameters=parameters or None,
+            count=count,
+            max_parallel=max_parallel,
+            sweep_name=name,
+            idempotency_key=idempotency_key,
+            **options,
+        )
     if not made.created:
         err.print(f"already made as {made.id} (same --idempotency-key)", markup=False, highlight=False)
     if not wait:

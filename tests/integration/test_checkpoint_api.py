@@ -121,7 +121,16 @@ def test_the_cli_submits_the_rule_and_the_run_to_start_from(devstack, synced, tm
     assert nothing.stderr.strip() == f"error: run {bare.id} has no checkpoint yet"
     later = cli(devstack, tmp_path, "run", "--queue", "parked", "--from-checkpoint", bare.id, "--", "true")
     assert later.returncode == 3 and f"run {bare.id} has no checkpoint yet" in later.stderr
+    assert "--from-checkpoint needs one" in later.stderr  # the flag, not the API's field
     assert not (tmp_path / "none").exists()
+
+    # the API's refusals of the new fields name the flags that gave them, and durations as durations
+    grace = cli(
+        devstack, tmp_path, "run", "--queue", "parked", "--checkpoint", "10m", "--checkpoint-grace", "2h", "--", "true"
+    )
+    assert (grace.returncode, grace.stderr.strip()) == (2, "error: --checkpoint-grace: at most 1h"), grace.stderr
+    pools = cli(devstack, tmp_path, "run", "--queue", "parked,default", "--", "true")
+    assert pools.returncode == 2 and "needs --fallback-after or --fallback-after-preemptions" in pools.stderr
 
 
 def test_a_sweep_pins_its_templates_checkpoint_for_every_member(devstack, synced):
