@@ -248,18 +248,16 @@ class Pruned:
 def prune(store: ObjectStore, run_id: str, keep: int = 2) -> Pruned:
     """Keep the newest ``keep`` complete checkpoints of ``run_id``'s series; delete the manifests older
     than the newest of them that are not kept, and every blob no manifest left names (those of syncs
-    cut halfway too). A series without a complete checkpoint is left as it is. Not while a sync of the
-    series is under way (see the module). Returns what it deleted."""
+    cut halfway too). Of a series without a complete checkpoint, only the blobs no manifest names are
+    deleted. Not while a sync of the series is under way (see the module). Returns what it deleted."""
     if keep < 1:
         raise ValueError("keep at least one checkpoint")
     blobs = blob_sizes(store, run_id)
     listed = manifests(store, run_id)
     read = {seq: read_manifest(store, run_id, seq, info) for seq, info in listed}
     whole = [seq for seq, _ in reversed(listed) if (m := read[seq]) is not None and complete(m, blobs, run_id)]
-    if not whole:
-        return Pruned(0, 0)
     kept = set(whole[:keep])
-    newest_kept = whole[0]
+    newest_kept = whole[0] if whole else 0
     gone = [seq for seq, _ in listed if seq < newest_kept and seq not in kept]
     named = {f.key for seq, m in read.items() if m is not None and seq not in gone for f in m.files}
     old_blobs = sorted(key for key in blobs if key not in named)

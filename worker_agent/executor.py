@@ -330,12 +330,11 @@ class RunExecutor:
                 )
                 return outcome, True
             short = short + 1 if self.clock() - started < self.config.short_piece_seconds else 0
-            pause = self.config.piece_pause(short) if short else 0.0
-            after = f" after a {pause:g} s pause (a short piece)" if short else ""
+            after = f" after a {self.config.piece_pause(short):g} s pause (a short piece)" if short else ""
             self.state.piece_ended(
                 pieces, f"piece {pieces} ended with exit code {code}; piece {pieces + 1} starts{after}"
             )
-            if short and self.control.pause(pause, self.config.kill_poll_seconds):
+            if short and self.control.pause(self.config.piece_pause(short), self.config.kill_poll_seconds):
                 killed = self.control.kill.is_set() and not self.control.requeue.is_set()
                 return (limits.killed("killed on request", self.run.kill_reason) if killed else outcome), True
             self.box.replace(f"piece {pieces} of its run ended with exit code {code}; the next one starts")
@@ -479,6 +478,7 @@ class RunExecutor:
         return outcome
 
     def _final(self, outcome: Outcome) -> None:
+        self.saves.finish()  # its series pruned of what a sync cut at its end left, while this worker holds it
         self.logs.flush()
         self.state.finish(outcome, self.usage)
 

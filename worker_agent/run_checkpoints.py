@@ -76,6 +76,9 @@ class RunCheckpoints:
         self.failed: str | None = None
         """Why the latest sync failed; None when it did not."""
         self.failing = False
+        self.pruned = False
+        """The series was pruned since this attempt's latest sync that failed or was cut (which may leave
+        blobs no manifest names), and since the attempt began."""
         """Syncs fail since the last one that did not: the timeline said so once, and says when one succeeds."""
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -222,6 +225,7 @@ class RunCheckpoints:
         with self._lock:
             run = self.state.run
             self.failed = None
+            self.pruned, pruned = False, self.pruned  # until it is known to have left nothing
             try:
                 manifest = checkpoints.sync(
                     self.objects,
@@ -264,14 +268,27 @@ class RunCheckpoints:
                 self.failing = False
                 self._say(f"checkpoint syncs succeed again: checkpoint {manifest.seq} is the newest")
             if manifest is self.previous:  # nothing changed since: no checkpoint, record or prune
+                self.pruned = pruned  # it uploaded nothing
                 return None
             self.previous = manifest
             self.state.checkpointed(_status(manifest, run.attempt))
-            try:
-                checkpoints.prune(self.objects, run.id, keep=KEEP)
-            except Exception as e:  # the store, or one of its listings that does not read
-                log.warning("run %s: pruning old checkpoints failed (tried again after the next sync): %s", run.id, e)
+            self._prune()
             return None
+
+    def finish(self) -> None:
+        """At the run's end, while this worker holds it: prune its series unless its latest sync did (one
+        cut or failed leaves blobs no manifest names, which no later sync of the run would prune)."""
+        if self.state.run.spec.checkpoint is None or self.pruned:
+            return
+        with self._lock:
+            self._prune()
+
+    def _prune(self) -> None:
+        try:
+            checkpoints.prune(self.objects, self.state.run.id, keep=KEEP)
+            self.pruned = True
+        except Exception as e:  # the store, or one of its listings that does not read
+            log.warning("run %s: pruning old checkpoints failed (tried again later): %s", self.state.run.id, e)
 
     def _newest(self) -> str:
         """Which checkpoint a restore would take now, in words."""

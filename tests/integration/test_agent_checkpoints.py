@@ -236,6 +236,7 @@ def test_a_final_sync_that_fails_is_said_in_the_runs_message(local_stack, docker
     ended = local_stack.store.get(run.id)
     assert ended.state == RunState.SUCCEEDED and ended.checkpoint is None
     assert any("its last checkpoint sync failed" in e.message for e in ended.events)
+    assert list(local_stack.objects.list(checkpoints_prefix(run.id))) == []  # its blob, which no manifest names
 
 
 class DownloadsDown(ManifestsDown):

@@ -86,6 +86,24 @@ def test_a_sync_of_a_directory_that_did_not_change_writes_nothing_and_prunes_not
         assert saves.previous.seq == before + 1, change  # each a change a checkpoint keeps
 
 
+def test_at_the_runs_end_a_series_whose_last_sync_was_cut_is_pruned_of_what_it_left(local_stack, tmp_path):
+    saves = checkpoints(local_stack, tmp_path, {"interval": 60})
+    run_id = saves.state.run.id
+    orphan = blobs_prefix(run_id) + "0" * 64  # what a sync cut before its manifest leaves
+    local_stack.objects.put_bytes(orphan, b"left")
+    saves.finish()  # not one complete checkpoint: only what no manifest names goes
+    assert list(local_stack.objects.list(checkpoints_prefix(run_id))) == []
+    (saves.directory / "a").write_text("a")
+    assert saves.sync() is None
+    local_stack.objects.put_bytes(orphan, b"left")
+    (saves.directory / "a").write_text("b")
+    assert saves.sync(lambda: True) is None  # cut: the checkpoint before stays the newest
+    saves.finish()
+    left = [o.key for o in local_stack.objects.list(checkpoints_prefix(run_id))]
+    assert left == [*manifests(local_stack, run_id), saves.previous.files[0].key]
+    assert manifests(local_stack, run_id) == [manifest_key(run_id, 1)]
+
+
 def test_the_sync_thread_ends_the_run_when_the_checkpoint_is_over_the_disk_limit(local_stack, tmp_path):
     saves = checkpoints(local_stack, tmp_path, {"interval": 1}, disk=1000)
     (saves.directory / "big").write_bytes(b"x" * 2000)
