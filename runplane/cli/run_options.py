@@ -321,8 +321,8 @@ HAND: dict[str, tuple[Flag, ...]] = {
             str | None,
             typer.Option(
                 "--checkpoint",
-                help="the run checkpoints: $RUNPLANE_CHECKPOINT_DIR is synced this often (e.g. 10m) and every "
-                "attempt starts from it as it was last synced",
+                help="the run checkpoints: $RUNPLANE_CHECKPOINT_DIR is synced every INTERVAL (e.g. 10m) and "
+                "whenever the command exits, and every attempt starts from it as it was last synced",
                 show_default=False,
             ),
         ),
@@ -338,15 +338,20 @@ HAND: dict[str, tuple[Flag, ...]] = {
         _checkpoint(
             "checkpoint_grace",
             str | None,
-            typer.Option(help="checkpoint: how long the command has after the signal, e.g. 60s", show_default=False),
+            typer.Option(
+                help="checkpoint: how long the command has after the signal to exit, e.g. 60s (default 30s; at most "
+                "3/4 of its worker's stop budget: 75s of the default 100s)",
+                show_default=False,
+            ),
         ),
         _checkpoint(
             "checkpoint_exit_code",
             int | None,
             typer.Option(
-                min=1,
+                min=3,
                 max=125,
-                help="checkpoint: the exit status by which the command says 'checkpointed, start me again'",
+                help="checkpoint: the exit status by which the command says 'checkpointed, start me again' (3..125: "
+                "1 and 2 are what any crash exits with)",
                 show_default=False,
             ),
         ),
@@ -355,7 +360,9 @@ HAND: dict[str, tuple[Flag, ...]] = {
             int | None,
             typer.Option(
                 min=1,
-                help="checkpoint: with --checkpoint-exit-code, the most pieces the run goes in",
+                max=10_000,
+                help="checkpoint: with --checkpoint-exit-code, the most pieces the run goes in, all attempts together "
+                "(default 100, at most 10,000)",
                 show_default=False,
             ),
         ),

@@ -10,7 +10,9 @@ export function ruleWords(rule) {
   if (!rule) return null;
   const grace = rule.grace ?? 30;
   const parts = [
-    rule.interval ? `synced every ${seconds(rule.interval)}` : "synced when it stops or ends a piece",
+    rule.interval
+      ? `synced every ${seconds(rule.interval)} and whenever the command exits`
+      : "synced whenever the command exits or is stopped",
     `on a stop: ${rule.signal || "SIGTERM"}, then up to ${seconds(grace)} to exit`,
   ];
   if (rule.exit_code) parts.push(`exit ${rule.exit_code} starts it again (at most ${rule.max_pieces ?? 100} pieces)`);
@@ -80,7 +82,9 @@ export function checkpointPanel(runId) {
       rows.push(["Synced by", `attempt ${c.attempt}`]);
     }
     // pieces: those ended with exit_code and started again; the one going (or last) is the next
-    if (rule?.exit_code) rows.push(["Piece", `${(run.pieces ?? 0) + 1} of at most ${rule.max_pieces ?? 100}`]);
+    const piece = (run.pieces ?? 0) + 1;
+    if (rule?.exit_code && !run.finished_at) rows.push(["Piece", `${piece} of at most ${rule.max_pieces ?? 100}`]);
+    else if (rule?.exit_code && (run.started_at || run.pieces)) rows.push(["Pieces", `went in ${piece}`]);
     if (rule) rows.push(["Rule", ruleWords(rule)]);
     if (from) rows.push(["Started from", ["the checkpoint of run ", runLink(from)]]);
     replace(
