@@ -42,6 +42,9 @@ and its last mark is older than this: at most one write an upload a day."""
 
 OUTPUTS, LOGS = "outputs", "logs"
 """What ``RunRetention.deleted`` lists."""
+WITH_OUTPUTS = ("checkpoints",)
+"""The kinds of a run's objects deleted at its outputs' date, with them (its checkpoints: they are as
+big, and a run's record outlives them by far)."""
 
 _DAYS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*d\s*$", re.IGNORECASE)
 
@@ -72,7 +75,7 @@ class Retention(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    outputs: float | None = Field(default=None, description="a finished run's output files")
+    outputs: float | None = Field(default=None, description="a finished run's output files and its checkpoints")
     logs: float | None = Field(default=None, description="a finished run's logs")
     runs: float | None = Field(
         default=None, description="a finished run's record, and whatever of the run is left with it"
@@ -129,7 +132,7 @@ class RunRetention(Record):
     checked_at: float
     """When the sweep worked the dates out (from the run's end and its pool's retention then)."""
     outputs_at: float | None = None
-    """When its outputs are (were) deleted; None: kept for good."""
+    """When its outputs, and its checkpoints, are (were) deleted; None: kept for good."""
     logs_at: float | None = None
     record_at: float | None = None
     deleted: list[str] = Field(default_factory=list)
@@ -187,5 +190,10 @@ def run_prefix(run_id: str) -> str:
 
 
 def kind_prefix(run_id: str, kind: str) -> str:
-    """The objects of a run's ``outputs`` or ``logs``, all attempts."""
+    """The objects of a run's ``outputs`` or ``logs``, all attempts (or of another kind: its checkpoints)."""
     return f"runs/{run_id}/{kind}/"
+
+
+def kind_prefixes(run_id: str, kind: str) -> list[str]:
+    """What the retention of a run's ``outputs`` or ``logs`` deletes: the outputs' its checkpoints too."""
+    return [kind_prefix(run_id, kind), *(kind_prefix(run_id, k) for k in WITH_OUTPUTS if kind == OUTPUTS)]

@@ -20,6 +20,7 @@ from runplane.domain.retention import (
     RunRetention,
     dates,
     kind_prefix,
+    kind_prefixes,
     purge_due,
     run_prefix,
 )
@@ -365,7 +366,7 @@ def _sweep_run(ports: Ports, run: Run, now: float, budget: _Budget, report: Rete
         )
         if kind is None:
             return
-        latest = _delete_under(ports, run, kind_prefix(run.id, kind), now, budget, report)
+        latest = _delete_kind(ports, run, kind, now, budget, report)
         if latest is None or latest.retention is None:
             return
         deleted = (
@@ -393,6 +394,16 @@ def _note_gone(ports: Ports, run_id: str, gone: set[str], now: float) -> None:
 def _due(run: Run, now: float) -> bool:
     due = purge_due(run)
     return due is not None and due <= now
+
+
+def _delete_kind(ports: Ports, run: Run, kind: str, now: float, budget: _Budget, report: RetentionReport) -> Run | None:
+    """``_delete_under`` each prefix of ``kind`` (``kind_prefixes``: the outputs' with the checkpoints)."""
+    latest: Run | None = run
+    for prefix in kind_prefixes(run.id, kind):
+        latest = _delete_under(ports, run, prefix, now, budget, report)
+        if latest is None:
+            return None
+    return latest
 
 
 def _delete_under(

@@ -1,5 +1,5 @@
 """The retention sweep (runplane/services/retention.py) on every store, with a clock the test moves:
-a pool's finished runs lose their outputs, then their logs, then every object and their record, each
+a pool's finished runs lose their outputs (and checkpoints), then their logs, then every object and their record, each
 at its date; a run its owner keeps loses nothing until let go; a pool with no retention keeps all; a
 retried run is dated from its last end; an upload not used for the stack's ``uploads`` retention goes
 while one a submit named (and so touched) stays. The budget of a pass: bounded runs and objects, the
@@ -82,6 +82,7 @@ def keys(stack, run):
     return sorted(o.key.removeprefix(f"runs/{run.id}/") for o in stack.objects.list(f"runs/{run.id}/"))
 
 
+CHECKPOINTS = ["checkpoints/00000001/manifest.json", f"checkpoints/blobs/{'0' * 64}"]
 ALL = sorted([*KINDS, "manifest.json"])
 LOGS_AND_REST = sorted([KINDS[2], KINDS[3], "manifest.json"])
 
@@ -91,6 +92,8 @@ def test_outputs_logs_and_record_go_each_at_its_date_and_a_kept_run_stays(stack)
     ports = ports_of(stack, clock, pools={"default": {"outputs": "2d", "logs": "3d", "runs": "10d"}})
     gone, kept, other = finished(stack, "gone"), finished(stack, "kept", kept=True), finished(stack, "other", "parked")
     stack.objects.put_bytes(f"runs/{gone.id}x/outputs/1/f", b"neighbour")  # a run id with the same start
+    for key in CHECKPOINTS:  # its checkpoints go with its outputs, not with its record
+        stack.objects.put_bytes(f"runs/{gone.id}/{key}", b"x")
 
     shown_before = shown(ports, gone)  # what a view shows before the sweep looks: the settings' dates
     assert (shown_before.outputs_at, shown_before.record_at) == (T0 + 2 * DAY, T0 + 10 * DAY)
@@ -101,7 +104,7 @@ def test_outputs_logs_and_record_go_each_at_its_date_and_a_kept_run_stays(stack)
     dated = stack.store.get(gone.id).retention
     assert (dated.outputs_at, dated.logs_at, dated.record_at) == (T0 + 2 * DAY, T0 + 3 * DAY, T0 + 10 * DAY)
     assert shown(ports, stack.store.get(gone.id)) == dated
-    assert keys(stack, gone) == ALL
+    assert keys(stack, gone) == sorted([*ALL, *CHECKPOINTS])
 
     clock.now = T0 + 2 * DAY  # the reaper's pass runs the sweep after reaping
     assert run_reaper(ports).retention.outputs == [gone.id]
