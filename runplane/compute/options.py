@@ -58,6 +58,20 @@ def agent_args_for(pool: Pool, extra: str = "") -> list[str]:
     return args + shlex.split(extra)
 
 
+STOP_MARGIN_SECONDS = 20.0
+"""What an agent keeps of its kill window past its stop budget, to hand its runs back and exit (the
+systemd unit's TimeoutStopSec=120 over the agent's default budget of 100 s)."""
+
+
+def stop_budget_args(kill_window: float) -> list[str]:
+    """The agent flag that fits its stop budget (a stopped run's checkpoint grace and final sync) in
+    ``kill_window``, the seconds its engine gives it from SIGTERM to SIGKILL: the window less
+    ``STOP_MARGIN_SECONDS``, and never less than half of it. Given before the operator's agent arguments,
+    which may set the budget themselves (the last one given counts)."""
+    budget = max(kill_window - STOP_MARGIN_SECONDS, kill_window / 2, 1.0)
+    return ["--stop-budget-seconds", f"{budget:g}"]
+
+
 def stack_environment(environ: Mapping[str, str], hide_credentials: bool) -> dict[str, str]:
     """What an agent needs to find the stack: the ``RUNPLANE_*`` settings of ``environ``, less
     the agent arguments (they go on its command line) and, with ``hide_credentials``, less the

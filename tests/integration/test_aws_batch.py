@@ -54,6 +54,7 @@ def test_contract_launch_list_cancel(backend):
     described = client.describe_jobs(jobs=[jobs[0].id])["jobs"][0]
     assert described["jobName"] == f"runplane-{pool.name}--{jobs[0].worker_id}"
     assert described["container"]["command"] == [
+        *("--stop-budget-seconds", "15"),  # within ECS's 30 s from SIGTERM to SIGKILL
         "--pool",
         pool.name,
         "--id",

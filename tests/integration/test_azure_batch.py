@@ -61,7 +61,9 @@ def test_contract_launch_list_describe_cancel(compute, service):
 
     # the task as added: the agent with its id, in the agent image, with the stack's settings
     task = service.task(JOB, jobs[0].id)
-    assert task["commandLine"] == f"--pool gpu --id {jobs[0].worker_id} --pass-down-termination"
+    assert (
+        task["commandLine"] == f"--stop-budget-seconds 15 --pool gpu --id {jobs[0].worker_id} --pass-down-termination"
+    )
     assert task["constraints"]["maxWallClockTime"] == "P1D"
     env = {s["name"]: s["value"] for s in task["environmentSettings"]}
     assert env["RUNPLANE_AZURE_STORAGE_ACCOUNT"] == "runplanedata"

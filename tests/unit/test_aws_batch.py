@@ -86,7 +86,18 @@ def test_submit_job_request_is_exact():
         "jobName": "runplane-batch--batch-1234",
         "jobQueue": "q1",
         "jobDefinition": "arn:def",
-        "containerOverrides": {"command": ["--pool", "batch", "--id", "batch-1234", "--pass-down-termination"]},
+        "containerOverrides": {
+            # ECS's 30 s from SIGTERM to SIGKILL: the agent's stop budget fits in it, with time to hand back
+            "command": [
+                "--stop-budget-seconds",
+                "15",
+                "--pool",
+                "batch",
+                "--id",
+                "batch-1234",
+                "--pass-down-termination",
+            ]
+        },
         "tags": {"team": "ml", "runplane:pool": "batch", "runplane:worker": "batch-1234"},
     }
 

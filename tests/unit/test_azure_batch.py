@@ -168,11 +168,12 @@ def expected_task(worker_id: str) -> dict[str, Any]:
     return {
         "id": worker_id,
         "displayName": f"runplane-gpu--{worker_id}",
-        "commandLine": f"--pool gpu --slots 1 --idle-seconds 120 --id {worker_id} --pass-down-termination",
+        "commandLine": f"--stop-budget-seconds 15 --pool gpu --slots 1 --idle-seconds 120 --id {worker_id} "
+        "--pass-down-termination",
         "containerSettings": {
             "imageName": "runplaneacr.azurecr.io/runplane-agent:0.1.0",
             "containerRunOptions": "--entrypoint runplane-agent -v /var/run/docker.sock:/var/run/docker.sock "
-            "-v /var/lib/runplane:/var/lib/runplane --gpus all --shm-size 1g",
+            "-v /var/lib/runplane:/var/lib/runplane --stop-timeout 30 --gpus all --shm-size 1g",
             "registry": {"registryServer": "runplaneacr.azurecr.io", "identityReference": {"resourceId": IDENTITY}},
         },
         "environmentSettings": [
@@ -233,7 +234,7 @@ def test_launch_minimal_options_and_no_gpu(service):
     assert body["containerSettings"] == {
         "imageName": "runplane/agent:local",
         "containerRunOptions": "--entrypoint runplane-agent -v /var/run/docker.sock:/var/run/docker.sock "
-        "-v /var/lib/runplane:/var/lib/runplane",
+        "-v /var/lib/runplane:/var/lib/runplane --stop-timeout 30",
     }
     assert body["constraints"] == {"maxTaskRetryCount": 0}
     assert "outputFiles" not in body

@@ -70,7 +70,7 @@ def test_full_manifest_of_a_gpu_pool_on_nfs():
                             "image": "reg.example/runplane-agent:1",
                             "command": ["runplane-agent"],
                             "args": [
-                                *ARGS,
+                                *("--stop-budget-seconds", "70", *ARGS),  # the pod's 90 s grace less 20
                                 *("--work-dir", "/mnt/runplane", "--memory", str(32 * 1024**3)),
                                 *("--id", "gpu-0a1b2c3d", "--pass-down-termination"),
                             ],
@@ -113,14 +113,15 @@ def test_minimal_cpu_pool_defaults_to_a_node_work_dir_and_leaves_optional_fields
         "containers",
         "volumes",
     }
-    assert pod["terminationGracePeriodSeconds"] == 60
+    assert pod["terminationGracePeriodSeconds"] == 120
+    assert pod["containers"][0]["args"][:2] == ["--stop-budget-seconds", "100"]  # the agent's own default fits
     (container,) = pod["containers"]
     assert container["resources"] == {
         "requests": {"cpu": "500m", "memory": str(1024**3)},
         "limits": {"cpu": "500m", "memory": str(1024**3)},
     }
     assert "env" not in container and "envFrom" not in container
-    assert container["args"][len(ARGS) : len(ARGS) + 2] == ["--work-dir", "/var/lib/runplane"]
+    assert container["args"][len(ARGS) + 2 : len(ARGS) + 4] == ["--work-dir", "/var/lib/runplane"]
     assert pod["volumes"][1] == {
         "name": "work-dir",
         "hostPath": {"path": "/var/lib/runplane", "type": "DirectoryOrCreate"},

@@ -37,10 +37,16 @@ def test_job_script_is_exact():
 #SBATCH --qos=high
 # the GPUs Slurm gave this job, and no others
 gpus="${SLURM_JOB_GPUS:-}"
-exec /opt/runplane/bin/python -m worker_agent --pool gpu --slots 1 --id gpu-1234 --pass-down-termination \
-${gpus:+--gpuset "$gpus"}
+exec /opt/runplane/bin/python -m worker_agent --stop-budget-seconds 15 --pool gpu --slots 1 --id gpu-1234 \
+--pass-down-termination ${gpus:+--gpuset "$gpus"}
 """.replace("\\\n", "")
     )
+
+
+def test_the_agents_stop_budget_fits_in_the_clusters_kill_wait():
+    pool = Pool.model_validate({**GPU_POOL, "options": {"kill_wait_seconds": 120}})
+    script = job_script(pool, "gpu-1234", ["--pool", "gpu"], "python3", "/logs")
+    assert " -m worker_agent --stop-budget-seconds 100 --pool gpu " in script  # 20 s left to hand back and exit
 
 
 def test_rest_job_carries_what_the_sbatch_lines_say():

@@ -26,6 +26,7 @@ from runplane.compute.options import (
     job_name,
     new_worker_id,
     stack_environment,
+    stop_budget_args,
     worker_of,
 )
 from runplane.domain.errors import BackendError
@@ -90,7 +91,13 @@ def submit_job_request(pool: Pool, worker_id: str, job_definition: str, agent_ar
         "jobName": job_name(pool.name, worker_id),
         "jobQueue": o.job_queue,
         "jobDefinition": job_definition,
-        "containerOverrides": {"command": [*agent_args, "--id", worker_id, "--pass-down-termination"]},
+        "containerOverrides": {
+            "command": [
+                *stop_budget_args(o.stop_timeout_seconds),
+                *agent_args,
+                *("--id", worker_id, "--pass-down-termination"),
+            ]
+        },
         "tags": {**o.tags, "runplane:pool": pool.name, "runplane:worker": worker_id},
     }
 

@@ -16,6 +16,10 @@ Pool ``options``:
   ``RUNPLANE_AGENT_*`` flags, not credentials: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``
   and ``AWS_SESSION_TOKEN`` are refused).
 - ``tags``: extra tags for the job definition and the jobs.
+- ``stop_timeout_seconds``: SIGTERM to SIGKILL of a worker's container when its job is terminated:
+  the ECS agent's ``ECS_CONTAINER_STOP_TIMEOUT`` on the compute environment's instances (default 30 s;
+  raise it in their launch template's ``/etc/ecs/ecs.config``, and here). The agent's stop budget is
+  fitted in it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from runplane.domain.pools import Pool
 DEFAULT_IMAGE = "runplane/agent:local"
 DEFAULT_WORK_DIR = "/var/lib/runplane"
 DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
+DEFAULT_STOP_TIMEOUT = 30
+"""ECS's own ECS_CONTAINER_STOP_TIMEOUT (a job terminated: SIGTERM, then SIGKILL 30 s later)."""
 
 
 class AwsBatchOptions(BaseModel):
@@ -43,6 +49,7 @@ class AwsBatchOptions(BaseModel):
     docker_socket: AbsolutePath = DEFAULT_DOCKER_SOCKET
     environment: dict[str, str] = Field(default_factory=dict)
     tags: dict[str, str] = Field(default_factory=dict)
+    stop_timeout_seconds: int = Field(default=DEFAULT_STOP_TIMEOUT, ge=0)
 
     @field_validator("environment")
     @classmethod

@@ -28,7 +28,7 @@ from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.azure_batch.options import BATCH_ID, AzureBatchOptions
 from runplane.compute.azure_batch.options import options as pool_options
 from runplane.compute.azure_batch.rest import BatchClient, BatchServiceError
-from runplane.compute.options import job_name, new_worker_id, stack_environment
+from runplane.compute.options import job_name, new_worker_id, stack_environment, stop_budget_args
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
 from runplane.settings import StackSettings
@@ -74,6 +74,8 @@ def container_run_options(pool: Pool, options: AzureBatchOptions) -> str:
         f"{options.docker_socket}:{CONTAINER_SOCKET}",
         "-v",
         f"{options.work_dir}:{options.work_dir}",
+        "--stop-timeout",
+        str(options.stop_timeout_seconds),
     ]
     if pool.gpus:
         words += ["--gpus", "all"]  # the agent lists the node's GPUs and hands them to runs
@@ -105,7 +107,9 @@ def task_request(
     task: dict[str, Any] = {
         "id": worker_id,
         "displayName": display_name(pool.name, worker_id),
-        "commandLine": shlex.join([*agent_args, "--id", worker_id, "--pass-down-termination"]),
+        "commandLine": shlex.join(
+            [*stop_budget_args(options.stop_timeout_seconds), *agent_args, "--id", worker_id, "--pass-down-termination"]
+        ),
         "containerSettings": container,
         "environmentSettings": [{"name": k, "value": v} for k, v in sorted(env.items())],
         "constraints": constraints,

@@ -77,6 +77,13 @@ class AzureBatchOptions(_Strict):
     output_container_url: str | None = None
     output_identity: IdentityId | None = None
     environment: dict[str, str] = Field(default_factory=dict)
+    stop_timeout_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="SIGTERM to SIGKILL of the agent's container when it is stopped (its `--stop-timeout`): the "
+        "agent's stop budget is fitted in it",
+    )
 
     @field_validator("container_run_options")
     @classmethod

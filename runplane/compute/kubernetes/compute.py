@@ -30,7 +30,7 @@ from urllib3.exceptions import HTTPError
 from runplane.backend import BackendJob, ComputeBackend
 from runplane.compute.kubernetes.options import KubernetesOptions
 from runplane.compute.kubernetes.options import options as pool_options
-from runplane.compute.options import new_worker_id
+from runplane.compute.options import new_worker_id, stop_budget_args
 from runplane.domain.errors import BackendError, InvalidRequest
 from runplane.domain.pools import Pool
 from runplane.settings import StackSettings
@@ -69,6 +69,7 @@ def job_manifest(pool: Pool, worker_id: str, agent_args: Sequence[str], options:
         "command": ["runplane-agent"],
         # The pod sees the whole node's memory: advertise only what the Job reserved.
         "args": [
+            *stop_budget_args(options.termination_grace_seconds),  # what a stop may take, within the pod's grace
             *agent_args,
             *("--work-dir", work_dir, "--memory", str(pool.memory)),
             *("--id", worker_id, "--pass-down-termination"),

@@ -111,7 +111,8 @@ class KubernetesOptions(_Strict):
     docker_socket: AbsolutePath = DEFAULT_DOCKER_SOCKET
     ttl_seconds_after_finished: int = Field(default=600, ge=0)
     active_deadline_seconds: int | None = Field(default=None, gt=0)
-    termination_grace_seconds: int = Field(default=60, ge=0)
+    termination_grace_seconds: int = Field(default=120, ge=0)
+    """SIGTERM to SIGKILL of a worker's pod: the agent's stop budget is fitted in it (``stop_budget_args``)."""
 
     @field_validator("env")
     @classmethod

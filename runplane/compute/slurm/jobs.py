@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runplane.backend import BackendJob
-from runplane.compute.options import job_name, worker_of
-from runplane.compute.slurm.options import SlurmOptions
+from runplane.compute.options import job_name, stop_budget_args, worker_of
+from runplane.compute.slurm.options import DEFAULT_KILL_WAIT, SlurmOptions
 from runplane.compute.slurm.options import options as pool_options
 from runplane.domain.pools import Pool
 
@@ -64,6 +64,8 @@ class JobSpec:
     sbatch_args: tuple[str, ...] = ()
     job_fields: Mapping[str, Any] = field(default_factory=dict)
     environment: Mapping[str, str] = field(default_factory=dict)
+    kill_wait: int = DEFAULT_KILL_WAIT
+    """The cluster's KillWait: SIGTERM to SIGKILL of a cancelled job, which the agent's stop budget fits in."""
 
     @property
     def output(self) -> str:
@@ -93,6 +95,7 @@ def job_spec(pool: Pool, worker_id: str, log_dir: str, options: SlurmOptions | N
         sbatch_args=tuple(o.sbatch_args),
         job_fields=dict(o.job_fields),
         environment=dict(o.environment),
+        kill_wait=o.kill_wait_seconds,
     )
 
 
@@ -116,7 +119,10 @@ def render_script(spec: JobSpec, agent_args: Sequence[str], python: str) -> str:
     lines += [f"#SBATCH {arg}" for arg in spec.sbatch_args]
     agent = " ".join(
         shlex.quote(a)
-        for a in [python, "-m", "worker_agent", *agent_args, "--id", spec.worker_id, "--pass-down-termination"]
+        for a in [
+            *(python, "-m", "worker_agent", *stop_budget_args(spec.kill_wait), *agent_args),
+            *("--id", spec.worker_id, "--pass-down-termination"),
+        ]
     )
     lines += [
         "# the GPUs Slurm gave this job, and no others",

@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from runplane.compute.options import check_options, credentials_in
 from runplane.domain.pools import Pool
 
+DEFAULT_KILL_WAIT = 30
+"""Slurm's own KillWait (slurm.conf): SIGTERM to SIGKILL of a cancelled job."""
+
 
 class SlurmOptions(BaseModel):
     """What a pool with ``backend: slurm`` may set in ``options``.
@@ -36,6 +39,8 @@ class SlurmOptions(BaseModel):
     jwt_token_file: str | None = None
     jwt_user: str | None = None
     job_fields: dict[str, Any] = Field(default_factory=dict)
+    kill_wait_seconds: int = Field(default=DEFAULT_KILL_WAIT, ge=0)
+    """The cluster's KillWait: the agent's stop budget is fitted in it (``stop_budget_args``)."""
 
     @field_validator("environment")
     @classmethod
