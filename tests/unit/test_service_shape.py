@@ -48,6 +48,8 @@ ONE_PORT = {
     "runplane.services.logs._probe": "reads one bucket",
     "runplane.services.logs._chunk_before": "reads one bucket",
     "runplane.services.logs._last_chunk": "reads one bucket",
+    "runplane.services.fallback.next_configured": "reads the pools file alone (an agent, which has none, gives None)",
+    "runplane.services.fallback.moves_on_preemption": "reads the pools file alone, through next_configured",
     "runplane.services.checkpoints.newest": "reads one bucket: a run's checkpoint series (the agent's too)",
     "runplane.services.checkpoints.numbered": "reads one bucket: a run's checkpoint series (the agent's too)",
     "runplane.services.checkpoints.manifests": "reads one bucket: a run's checkpoint series (the agent's too)",
