@@ -198,8 +198,14 @@ def test_shell_at_a_terminal_follows_its_size(devstack, sleeping):
         until("marker-42")
         until("40 120")
         subprocess.run(["tmux", "resize-window", "-t", name, "-x", "100", "-y", "30"], check=True)
-        subprocess.run(["tmux", "send-keys", "-t", name, "stty size; ls /inputs; exit 4", "Enter"], check=True)
-        until("30 100")
+        # the client hears of the resize by a signal, the keys typed after it by its terminal: on a loaded
+        # machine those may come first, so the size is asked again until the new one shows
+        deadline = time.monotonic() + 60
+        while "30 100" not in (seen := screen()):
+            assert time.monotonic() < deadline, seen
+            subprocess.run(["tmux", "send-keys", "-t", name, "stty size", "Enter"], check=True)
+            time.sleep(1)
+        subprocess.run(["tmux", "send-keys", "-t", name, "ls /inputs; exit 4", "Enter"], check=True)
         until("shell-exit-4")
     finally:
         subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
