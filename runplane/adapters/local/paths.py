@@ -90,7 +90,7 @@ def descend(top: int, names: list[str], create: bool = False) -> Iterator[int]:
             os.close(fd)
 
 
-FOLDER_TRIES = 8
+FOLDER_TRIES = 64
 """How many times a writer makes a folder again when deletes keep removing it under it."""
 
 
