@@ -1,7 +1,11 @@
 """Fixtures of the end-to-end suite."""
 
 import contextlib
+import http.server
 import os
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import docker.errors
 import pytest
@@ -51,3 +55,28 @@ def started_agents(tmp_path, stack_environment, docker_client):
                 with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                     container.remove(force=True)
         sweep_dead(tmp_path / "work")
+
+
+class Notice(http.server.BaseHTTPRequestHandler):
+    """A preemption notice URL on loopback (an agent's --preemption-watch): 404 until the machine is to be
+    taken away (``Notice.given.set()``), then 200."""
+
+    given = threading.Event()
+
+    def do_GET(self) -> None:
+        self.send_response(200 if self.given.is_set() else 404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def notice_url() -> Iterator[str]:
+    Notice.given.clear()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Notice)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/notice"
+    server.shutdown()
+    server.server_close()

@@ -18,8 +18,8 @@ from runplane import bootstrap
 from runplane.domain.checkpoints import Manifest, blob_key, blobs_prefix, checkpoints_prefix, manifest_key, manifest_seq
 from runplane.domain.expect import Expect
 from tests.conftest import SHORT_LEASE, TERMINAL, wait_for, wait_state
+from tests.e2e.conftest import Notice
 from tests.e2e.test_cli import cli, one_error_line
-from tests.e2e.test_preemption import _Notice, notice_url  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.docker
 
@@ -170,12 +170,12 @@ def test_a_killed_worker_s_run_resumes_on_another_from_its_last_sync(docker_clie
     assert done["checkpoint"]["attempt"] == 2, done["checkpoint"]  # synced as the second attempt ended
 
 
-def test_a_preempted_run_checkpoints_on_its_signal_and_loses_nothing(docker_client, alice, agents, notice_url):  # noqa: F811
+def test_a_preempted_run_checkpoints_on_its_signal_and_loses_nothing(docker_client, alice, agents, notice_url):
     run = submit_once(alice, ON_SIGNAL, checkpoint={"signal": "SIGUSR1", "grace": "20s"})
     first = agents("--preemption-watch", notice_url)
     wait_state(alice, run["id"], {"running"}, timeout=60)
     wait_for(lambda: steps(container_of(docker_client, run["id"]).logs().decode())[-1:] >= [3], 30, 0.2, "step 3")
-    _Notice.given.set()
+    Notice.given.set()
     assert first.wait(60) == 0
     first_log = logs(alice, run["id"], 1)
     saved = re.findall(r"^saved (\d+)$", first_log, re.M)

@@ -5,10 +5,7 @@ second and finishes there, no attempt used."""
 
 from __future__ import annotations
 
-import http.server
 import os
-import threading
-from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +13,7 @@ import pytest
 
 from runplane.services import reap
 from tests.conftest import TERMINAL, wait_for, wait_state
+from tests.e2e.conftest import Notice
 
 pytestmark = pytest.mark.docker
 
@@ -56,30 +54,6 @@ def test_a_run_not_started_on_its_first_pool_starts_on_its_second(docker_client,
     assert 0 <= started - at <= START_SLACK, (at, started)
 
 
-class _Notice(http.server.BaseHTTPRequestHandler):
-    """A preemption notice URL: 404 until the machine is to be taken away, then 200."""
-
-    given = threading.Event()
-
-    def do_GET(self) -> None:
-        self.send_response(200 if self.given.is_set() else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def notice_url() -> Iterator[str]:
-    _Notice.given.clear()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Notice)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/notice"
-    server.shutdown()
-    server.server_close()
-
-
 def test_a_run_preempted_as_often_as_it_allows_finishes_on_its_next_pool(docker_client, alice, agents, notice_url):
     command = '[ "$RUNPLANE_ATTEMPT" = 1 ] && sleep 300; echo $RUNPLANE_ATTEMPT > done'
     run = alice.request(
@@ -87,7 +61,7 @@ def test_a_run_preempted_as_often_as_it_allows_finishes_on_its_next_pool(docker_
     )
     first = agents("--preemption-watch", notice_url)
     wait_state(alice, run["id"], {"running"}, timeout=60)
-    _Notice.given.set()
+    Notice.given.set()
     assert first.wait(60) == 0
     back = wait_for(lambda: (r := get(alice, run["id"]))["state"] == "queued" and r, 30, what="run handed back")
     assert back["queue"] == "chaos"

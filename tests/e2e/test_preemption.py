@@ -5,11 +5,8 @@ without pass-down lets the run finish, however long it takes. Agents are process
 
 from __future__ import annotations
 
-import http.server
 import signal
-import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,6 +14,7 @@ import pytest
 from runplane import bootstrap
 from runplane.domain.expect import Expect
 from tests.conftest import FAST, SHORT_LEASE, TERMINAL, AgentProcess, wait_for, wait_state
+from tests.e2e.conftest import Notice
 
 pytestmark = pytest.mark.docker
 
@@ -48,35 +46,11 @@ def finished_on_a_second_agent(client, agents, run_id: str) -> dict[str, Any]:
     return done
 
 
-class _Notice(http.server.BaseHTTPRequestHandler):
-    """An operator's notice URL: 404 until the machine is to be taken away, then 200."""
-
-    given = threading.Event()
-
-    def do_GET(self) -> None:
-        self.send_response(200 if self.given.is_set() else 404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def notice_url() -> Iterator[str]:
-    _Notice.given.clear()
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Notice)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/notice"
-    server.shutdown()
-    server.server_close()
-
-
 def test_preemption_notice_does_not_use_up_the_only_attempt(docker_client, alice, agents, notice_url):
     run = submit_once(alice, SECOND_FINISHES)
     first = agents("--preemption-watch", notice_url)
     wait_state(alice, run["id"], {"running"}, timeout=60)
-    _Notice.given.set()
+    Notice.given.set()
     assert first.wait(60) == 0
     assert f"exiting: preemption notice at {notice_url}" in first.log.read_text()
     back = get(alice, run["id"])
