@@ -14,6 +14,7 @@ import binascii
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 
@@ -30,6 +31,7 @@ from runplane.domain.checkpoints import (
 )
 from runplane.domain.cursors import decode_cursor, encode_cursor
 from runplane.domain.errors import BadRequest, Conflict, NotFound
+from runplane.domain.retention import OUTPUTS
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.tenancy import Principal
 from runplane.domain.wire import stored
@@ -56,6 +58,9 @@ def pinned_source(ports: Ports, principal: Principal, spec: RunSpec) -> Checkpoi
         raise NotFound(f"run {source.id} not found")
     found = newest(ports.objects, source.id)
     if found is None:
+        gone = deleted_by_retention(source)
+        if gone is not None:
+            raise Conflict(f"{gone}: from_checkpoint needs one it keeps")
         raise Conflict(f"run {source.id} has no checkpoint yet: from_checkpoint needs one it has synced")
     return CheckpointSource(run=source.id, seq=found.seq)
 
@@ -110,8 +115,19 @@ def _shown(store: ObjectStore, run: Run) -> Manifest:
     if found is None and source is not None:
         found = numbered(store, source.run, source.seq) or newest(store, source.run)
     if found is None:
-        raise NotFound(f"run {run.id} has no checkpoint yet")
+        raise NotFound(deleted_by_retention(run) or f"run {run.id} has no checkpoint yet")
     return found
+
+
+def deleted_by_retention(run: Run) -> str | None:
+    """``run X's checkpoints were deleted on DATE by its pool's retention`` for a run that synced one
+    (its record says so) and whose outputs, its checkpoints with them, the retention sweep deleted;
+    None otherwise."""
+    if run.checkpoint is None or run.retention is None or OUTPUTS not in run.retention.deleted:
+        return None
+    at = run.retention.outputs_at
+    day = "" if at is None else f" on {datetime.fromtimestamp(at, UTC).strftime('%Y-%m-%d %H:%M UTC')}"
+    return f"run {run.id}'s checkpoints were deleted{day} by the retention of its pool {run.queue}"
 
 
 def _position(cursor: str, run: Run) -> tuple[str, int, int]:

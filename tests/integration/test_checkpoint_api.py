@@ -18,8 +18,9 @@ import pytest
 
 from runplane import bootstrap
 from runplane.client import Client
-from runplane.domain.checkpoints import CheckpointStatus
+from runplane.domain.checkpoints import CheckpointStatus, checkpoints_prefix
 from runplane.domain.expect import Expect
+from runplane.domain.retention import RunRetention
 from runplane.services.sweep_advance import member_run
 from worker_agent.checkpoints import sync
 
@@ -143,3 +144,27 @@ def test_a_sweep_pins_its_templates_checkpoint_for_every_member(devstack, synced
         assert member_run(stored, 1, time.time()).restore_from == stored.restore_from
     finally:
         sweep.kill()
+
+
+def test_checkpoints_the_retention_deleted_are_said_so_with_their_date(devstack, tmp_path):
+    """A run whose checkpoints went with its outputs at its pool's retention date: the route's 404 and
+    from_checkpoint's 409 say they were deleted and when, not that none was synced yet."""
+    alice = Client(devstack.api_url, "alice-token")
+    run = alice.submit("true", queue="parked", checkpoint={"interval": 60}).kill()
+    (tmp_path / "step").write_text("41\n")
+    stack = bootstrap.stack()
+    made = sync(stack.objects, run.id, tmp_path, None, attempt=1)
+    recorded = CheckpointStatus(
+        seq=made.seq, attempt=1, files=len(made.files), bytes=made.total_bytes, synced_at=made.created_at
+    )
+    # what the retention sweep does at the outputs' date: the checkpoints deleted with them, and recorded
+    stack.objects.delete([info.key for info in stack.objects.list(checkpoints_prefix(run.id))])
+    swept = RunRetention(checked_at=time.time(), outputs_at=1_780_000_000.0, deleted=["outputs"])  # 2026-05-28 20:26
+    stack.store.update(stack.store.get(run.id), Expect(), {"checkpoint": recorded, "retention": swept})
+
+    said = f"run {run.id}'s checkpoints were deleted on 2026-05-28 20:26 UTC by the retention of its pool parked"
+    shown = cli(devstack, tmp_path, "download", "--checkpoint", run.id, str(tmp_path / "none"))
+    assert (shown.returncode, shown.stderr.strip()) == (3, f"error: {said}")
+    later = cli(devstack, tmp_path, "run", "--queue", "parked", "--from-checkpoint", run.id, "--", "true")
+    assert later.returncode == 3 and said in later.stderr, later.stderr
+    assert "no checkpoint yet" not in later.stderr
