@@ -19,6 +19,7 @@ from runplane.domain.checkpoints import (
 )
 from runplane.domain.errors import BackendError, LeaseLost, OutOfTime, RunplaneError
 from runplane.domain.states import FailureReason, RunState
+from runplane.domain.units import format_size
 from runplane.ports import ObjectStore
 from runplane.services import checkpoints as series
 from worker_agent import checkpoints
@@ -330,8 +331,5 @@ def _status(manifest: Manifest, attempt: int, series: str | None = None) -> Chec
 
 
 def _holding(files: int, size: int) -> str:
-    """'12 files, 3.1 MB'."""
-    for unit, factor in (("GB", 1024**3), ("MB", 1024**2), ("kB", 1024)):
-        if size >= factor:
-            return f"{files} file{'' if files == 1 else 's'}, {size / factor:.1f} {unit}"
-    return f"{files} file{'' if files == 1 else 's'}, {size} bytes"
+    """'12 files, 3.1 MiB'."""
+    return f"{files} file{'' if files == 1 else 's'}, {format_size(size)}"

@@ -8,15 +8,7 @@ import time
 from datetime import UTC, datetime
 
 from runplane.api.models import RunView
-from runplane.domain.units import format_duration
-
-
-def size_text(size: int) -> str:
-    """``3.1 MiB``: a size in powers of 1024, labelled so."""
-    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if size >= factor:
-            return f"{size / factor:.1f} {unit}"
-    return f"{size} byte{'s' if size != 1 else ''}"
+from runplane.domain.units import format_duration, format_size
 
 
 def moment_text(moment: datetime, now: float) -> str:
@@ -74,7 +66,7 @@ def checkpoint_text(view: RunView, now: float | None = None) -> str | None:
             return "none synced yet (synced whenever the command exits)"
         return "none synced yet" if view.spec.from_checkpoint is not None else None
     now = time.time() if now is None else now
-    size = f"{shown.files} file{'s' if shown.files != 1 else ''}, {size_text(shown.bytes)}"
+    size = f"{shown.files} file{'s' if shown.files != 1 else ''}, {format_size(shown.bytes)}"
     of = f" of run {shown.series}" if shown.series else ""
     return f"{shown.seq}{of} ({size}), synced {moment_text(shown.synced_at, now)} by attempt {shown.attempt}"
 

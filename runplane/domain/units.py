@@ -74,9 +74,21 @@ def format_bytes(value: int) -> str:
     return str(value)
 
 
+_IEC = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+"""The units sizes are said in: powers of 1024, labelled so (as the dashboard says them)."""
+
+
+def format_size(size: int) -> str:
+    """``3.1 MiB``: a size in powers of 1024, labelled so."""
+    for unit, factor in _IEC:
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}"
+    return f"{size} byte{'s' if size != 1 else ''}"
+
+
 def format_progress(done: int, total: int) -> str:
-    """How much of ``total`` bytes is done, both in the unit of the total: '1.2 of 4.5 GB'."""
-    for unit, factor in (("TB", 1024**4), ("GB", 1024**3), ("MB", 1024**2), ("kB", 1024)):
+    """How much of ``total`` bytes is done, both in the unit of the total: '1.2 of 4.5 GiB'."""
+    for unit, factor in _IEC:
         if total >= factor:
             return f"{done / factor:.1f} of {total / factor:.1f} {unit}"
     return f"{done} of {total} bytes"

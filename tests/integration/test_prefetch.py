@@ -119,9 +119,9 @@ def test_a_new_worker_takes_its_first_run_once_its_pools_images_are_pulled(
         waiting = local_stack.store.get(run.id)
         assert waiting.state == RunState.QUEUED
         why = why_waiting(local_stack.ports, waiting)
-        assert why is not None and why.startswith(f"worker pulling image {ref} (") and why.endswith(" MB)"), why
+        assert why is not None and why.startswith(f"worker pulling image {ref} (") and why.endswith(" MiB)"), why
         shown = worker_status(worker_view(pulling))  # `runplane workers`, from the API's view of the item
-        assert shown.startswith(f"starting: pulling {ref} (") and shown.endswith(" MB)"), shown
+        assert shown.startswith(f"starting: pulling {ref} (") and shown.endswith(" MiB)"), shown
         released_at = time.time()
         gate.set()
         assert claimed_at(local_stack, run.id) >= released_at  # not before its images were here

@@ -5,9 +5,10 @@ from typing import cast
 
 from runplane.api.models import RunView
 from runplane.api.views import run_view
-from runplane.cli.run_facts import checkpoint_text, fallback_text, pieces_text, size_text
+from runplane.cli.run_facts import checkpoint_text, fallback_text, pieces_text
 from runplane.domain.runs import Run, RunSpec
 from runplane.domain.states import RunState
+from runplane.domain.units import format_size
 from runplane.ports import Ports
 
 RUN = RunView.model_config["json_schema_extra"]["examples"][0]  # type: ignore[index]
@@ -64,7 +65,7 @@ def test_a_checkpoint_says_its_size_in_powers_of_1024_and_when_it_was_synced():
     assert checkpoint_text(view(PIECES, state="queued"), NOW) == (
         "none synced yet (synced every 10m and whenever the command exits)"
     )
-    assert [size_text(n) for n in (1, 1023, 1024, 5 * 1024**3)] == ["1 byte", "1023 bytes", "1.0 KiB", "5.0 GiB"]
+    assert [format_size(n) for n in (1, 1023, 1024, 5 * 1024**3)] == ["1 byte", "1023 bytes", "1.0 KiB", "5.0 GiB"]
 
 
 def test_the_view_shows_preemptions_and_the_fallback_time_of_a_queued_run_only():

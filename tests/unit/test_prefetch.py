@@ -44,18 +44,18 @@ def test_the_progress_of_a_pull_is_the_sum_over_its_layers_downloading_and_done(
 
 
 def test_the_words_of_a_pull():
-    assert format_progress(int(1.2 * G), int(4.5 * G)) == "1.2 of 4.5 GB"
-    assert format_progress(300 * 1024**2, 900 * 1024**2) == "300.0 of 900.0 MB"
+    assert format_progress(int(1.2 * G), int(4.5 * G)) == "1.2 of 4.5 GiB"
+    assert format_progress(300 * 1024**2, 900 * 1024**2) == "300.0 of 900.0 MiB"
     assert format_progress(10, 500) == "10 of 500 bytes"
     pulling = Pulling(image="lab/train:1", done=int(1.2 * G), total=int(4.5 * G))
-    assert pulling.describe() == "worker pulling image lab/train:1 (1.2 of 4.5 GB)"
+    assert pulling.describe() == "worker pulling image lab/train:1 (1.2 of 4.5 GiB)"
     assert Pulling(image="lab/train:1").describe() == "worker pulling image lab/train:1"  # no layer announced yet
 
 
 def test_a_run_waiting_for_a_worker_that_pulls_says_which_image_and_how_far():
     pulling = Pulling(image="lab/train:1", done=int(1.2 * G), total=int(4.5 * G))
     # the pulling worker's slots are not free yet, however many it reports
-    assert explain_wait(POOL, [worker("w-1", 1, pulling)], None) == "worker pulling image lab/train:1 (1.2 of 4.5 GB)"
+    assert explain_wait(POOL, [worker("w-1", 1, pulling)], None) == "worker pulling image lab/train:1 (1.2 of 4.5 GiB)"
     assert explain_wait(POOL, [worker("w-1", 1, pulling), worker("w-2", 0)], None).startswith("worker pulling image")
     # a free slot elsewhere takes it first
     assert explain_wait(POOL, [worker("w-1", 1, pulling), worker("w-2", 1)], None).startswith("1 free slot(s)")

@@ -151,7 +151,7 @@ def test_a_restore_writes_the_newest_checkpoint_and_says_what_it_restored(local_
     assert (saves.directory / "weights").read_bytes() == b"w" * 3072
     assert saves.previous is not None and saves.previous.seq == 1
     said = local_stack.store.get(run_id).events[-1].message
-    assert said == f"restored checkpoint 1 (1 file, 3.0 kB) of run {run_id}"
+    assert said == f"restored checkpoint 1 (1 file, 3.0 KiB) of run {run_id}"
 
 
 def test_a_sync_that_meets_what_no_one_foresaw_is_counted_and_the_next_one_goes_on(local_stack, tmp_path, monkeypatch):
