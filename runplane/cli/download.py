@@ -1,7 +1,8 @@
-"""``runplane download``: a run's (or a sweep's) output files."""
+"""``runplane download``: a run's (or a sweep's) output files, or a run's checkpoint."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -9,7 +10,10 @@ import typer
 
 from runplane.cli.common import CliError, client, deleted_by_retention, err, out, print_json, transfer_bar
 from runplane.cli.last_run import RUN_ID, named_by_id, run_id_or_last
-from runplane.client import Client
+from runplane.client import Client, Run
+
+Progress = Callable[[int, int | None], None]
+"""A transfer's ``progress=`` callback (``transfer_bar``'s)."""
 
 
 def download(
@@ -44,49 +48,58 @@ def download(
             raise CliError("give a run or --sweep SWEEP, not both (runplane download --sweep SWEEP DEST)")
         if run_id is not None:  # the one argument is DEST
             dest = Path(run_id)
-        files = download_sweep(client(ctx), sweep, dest, force)
-        if as_json:
-            print_json({"files": [str(p) for p in files]})
-            return
-        for path in files:
-            out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+        said(download_sweep(client(ctx), sweep, dest, force), as_json)
         return
-    rid = run_id_or_last(run_id)
-    with named_by_id(rid):
-        found = client(ctx).get(rid)
-    if err.is_terminal and not as_json:
-        with transfer_bar(f"{found.id} outputs") as progress:
-            written = found.download(dest, force=force, progress=progress)
-    else:
-        written = found.download(dest, force=force)
-    if as_json:
-        print_json({"files": [str(p) for p in written]})
-        return
+    found, written = transferred(
+        ctx, run_id, as_json, "outputs", lambda run, progress: run.download(dest, force=force, progress=progress)
+    )
+    note: str | None = None
     if not written:
         gone = deleted_by_retention(found.view, "outputs")
-        said = gone or f"{found.id}: no output files" + ("" if found.done else " yet (the run has not finished)")
-        err.print(said, markup=False, highlight=False)
+        note = gone or f"{found.id}: no output files" + ("" if found.done else " yet (the run has not finished)")
     elif not found.done:  # a run that goes: its live/ files as last uploaded
-        err.print(f"{found.id} is still {found.view.state}: these are its outputs so far")
-    for path in written:
-        out.print(str(path), markup=False, highlight=False, soft_wrap=True)
+        note = f"{found.id} is still {found.view.state}: these are its outputs so far"
+    said(written, as_json, note)
 
 
 def download_checkpoint(ctx: typer.Context, run_id: str | None, dest: Path, force: bool, as_json: bool) -> None:
+    found, written = transferred(
+        ctx,
+        run_id,
+        as_json,
+        "checkpoint",
+        lambda run, progress: run.download_checkpoint(dest, force=force, progress=progress),
+    )
+    said(written, as_json, None if written else f"{found.id}: its checkpoint holds no files")
+
+
+def transferred(
+    ctx: typer.Context,
+    run_id: str | None,
+    as_json: bool,
+    what: str,
+    fetch: Callable[[Run, Progress | None], list[Path]],
+) -> tuple[Run, list[Path]]:
+    """The run ``run_id`` names (the last one when None) and the files ``fetch`` wrote of it: with a
+    transfer bar of its ``what`` on a terminal (not for ``--json``)."""
     rid = run_id_or_last(run_id)
     with named_by_id(rid):
         found = client(ctx).get(rid)
         if err.is_terminal and not as_json:
-            with transfer_bar(f"{found.id} checkpoint") as progress:
-                written = found.download_checkpoint(dest, force=force, progress=progress)
-        else:
-            written = found.download_checkpoint(dest, force=force)
+            with transfer_bar(f"{found.id} {what}") as progress:
+                return found, fetch(found, progress)
+        return found, fetch(found, None)
+
+
+def said(files: list[Path], as_json: bool, note: str | None = None) -> None:
+    """The files written: ``{"files": [...]}`` for ``--json``, else ``note`` (if any) on stderr and
+    their paths on stdout, one a line."""
     if as_json:
-        print_json({"files": [str(p) for p in written]})
+        print_json({"files": [str(p) for p in files]})
         return
-    if not written:
-        err.print(f"{found.id}: its checkpoint holds no files", markup=False, highlight=False)
-    for path in written:
+    if note is not None:
+        err.print(note, markup=False, highlight=False)
+    for path in files:
         out.print(str(path), markup=False, highlight=False, soft_wrap=True)
 
 
