@@ -86,15 +86,23 @@ class Agent:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def stop(self, pass_down: bool | None = None, reason: str = "asked to stop", preempted: bool = False) -> None:
+    def stop(
+        self,
+        pass_down: bool | None = None,
+        reason: str = "asked to stop",
+        preempted: bool = False,
+        leaves_at: float | None = None,
+    ) -> None:
         """Stop taking runs. With pass-down, running runs are stopped and re-queued (attempt not
         used up); without, they run to their end, their leases renewed meanwhile. ``preempted``: the
-        machine is being taken away (a preemption notice): each run handed back counts a preemption."""
+        machine is being taken away (a preemption notice): each run handed back counts a preemption;
+        ``leaves_at``: when it goes (seconds since the epoch), if the notice says: each run's stop ends
+        before."""
         self.exit_reason = self.exit_reason or reason
         if self.config.pass_down_termination if pass_down is None else pass_down:
             with self.slots.lock:
                 for executor in self.slots.active.values():
-                    executor.stop_and_requeue(preempted)
+                    executor.stop_and_requeue(preempted, leaves_at)
         self.slots.stopping.set()
         self.slots.freed.set()
 

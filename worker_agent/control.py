@@ -27,6 +27,9 @@ class RunControl:
         self.kill = threading.Event()
         self.lease_lost = threading.Event()
         self.requeue = threading.Event()
+        self.stop_by: float | None = None
+        """When a hand-back must be over (grace and final sync), on the executor's clock: a preemption
+        notice's moment less a margin (None: no notice said when)."""
         self._store = store
         self._worker_id = worker_id
         self.on_observe: Callable[[Run], None] | None = None

@@ -55,6 +55,7 @@ from worker_agent.run_state import RunStateWriter
 from worker_agent.secrets import RunSecrets, SecretsUnreachable
 from worker_agent.sessions.attach import Input
 from worker_agent.sessions.host import SessionHost
+from worker_agent.stop_window import GRACE_SHARE, earlier, final_sync_seconds, stop_by
 from worker_agent.trees import remove_tree
 from worker_agent.usage import Meter
 from worker_agent.users import ImageUsers
@@ -79,10 +80,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RUN_ID = re.compile(RUN_ID_PATTERN)
-
-GRACE_SHARE = 0.75
-"""The most of the agent's stop budget (``stop_budget_seconds``) a run's grace takes: its final sync has
-the rest."""
 
 HAND_BACK_PAUSE_SECONDS = 3.0
 """How long a run whose secrets could not be read for now waits before it is handed back (so that
@@ -173,12 +170,14 @@ class RunExecutor:
     def lease_lost(self) -> None:
         self.control.lease_lost.set()
 
-    def stop_and_requeue(self, preempted: bool = False) -> None:
+    def stop_and_requeue(self, preempted: bool = False, leaves_at: float | None = None) -> None:
         """Pass-down termination: stop the container and hand the run back to its queue (``preempted``:
-        its machine is being taken away, which counts towards the run's ``fallback_after_preemptions``)."""
+        its machine is being taken away, which counts towards the run's ``fallback_after_preemptions``;
+        ``leaves_at``: when it goes, in seconds since the epoch, if the notice says: the stop ends before)."""
         self.preempted = self.preempted or preempted
         if self.stop_asked is None:
             self.stop_asked = self.clock()
+        self.control.stop_by = earlier(self.control.stop_by, stop_by(leaves_at, self.clock()))
         self.control.requeue.set()
 
     def start(self) -> None:
@@ -345,11 +344,10 @@ class RunExecutor:
 
     def _final_sync_seconds(self) -> float:
         """How long the final sync may take: ``upload_deadline_seconds``, and on a stop what is left of
-        the agent's stop budget since it was told to stop."""
-        seconds = self.config.upload_deadline_seconds
-        if self.stop_asked is not None:
-            seconds = min(seconds, max(self.config.stop_budget_seconds - (self.clock() - self.stop_asked), 0.0))
-        return seconds
+        the agent's stop budget since it was told to stop, and of the time before a notice's moment."""
+        config, asked = self.config, self.stop_asked
+        by, now = self.control.stop_by, self.clock()
+        return final_sync_seconds(config.upload_deadline_seconds, config.stop_budget_seconds, asked, by, now)
 
     def _sync(self, seconds: float) -> Outcome | None:
         """The final sync of the run's checkpoint, given up after ``seconds``."""

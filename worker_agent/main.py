@@ -179,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if settings.preemption_watch:
         PreemptionWatcher(
             make_probe(settings.preemption_watch, settings.metadata_url),
-            lambda notice: agent.stop(pass_down=True, reason=notice, preempted=True),
+            lambda notice: agent.stop(pass_down=True, reason=notice.text, preempted=True, leaves_at=notice.leaves_at),
         ).start()
     _say_exit(agent, worker_id, agent.run())
     if uploader is not None:

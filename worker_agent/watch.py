@@ -18,6 +18,7 @@ from worker_agent.limits import Limits, Seen
 from worker_agent.logship import RunLogs
 from worker_agent.outcome import Outcome
 from worker_agent.run_config import ExecutorConfig
+from worker_agent.stop_window import cut_grace
 from worker_agent.usage import Meter, read_cgroup
 
 DiskCheck = Callable[[Callable[[], bool] | None], Outcome | None]
@@ -27,7 +28,8 @@ class Watch:
     """Watches the container of ``box`` (created, attached and started). ``check_disk`` checks
     what the run wrote (``disk.check_disk``); it runs on a thread of its own while the run goes,
     and once more after it exited. ``warn`` (a signal, seconds): a run handed back is sent the
-    signal first and given that long to exit (to write its checkpoint) before it is killed."""
+    signal first and given that long to exit (to write its checkpoint) before it is killed, less when a
+    preemption notice's moment comes sooner (``stop_window.cut_grace``)."""
 
     def __init__(
         self,
@@ -89,6 +91,7 @@ class Watch:
         the run ended (a final state, not a hand-back). Returns why the run was stopped."""
         if self.warn is not None and stopped.state == RunState.QUEUED and not self.control.lease_lost.is_set():
             signal, grace = self.warn
+            grace = cut_grace(grace, self.control.stop_by, self.clock())  # a notice's moment comes first
             self.box.kill(signal)
             cut = self._until_exit(started, exited, sampler, deadline=self.clock() + grace, handing_back=True)
             if cut is None and exited.is_set():

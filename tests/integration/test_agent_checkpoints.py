@@ -6,7 +6,9 @@ disk limit or one that cannot be restored ending the run with a message that say
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,10 @@ from runplane.services import lifecycle
 from runplane.services.checkpoints import newest
 from runplane.services.runs import kill_run, submit_run
 from tests.conftest import TEST_IMAGE
+from tests.integration.test_preemption import Metadata, MetadataHandler
 from worker_agent.checkpoints import sync
 from worker_agent.executor import RunExecutor
+from worker_agent.preemption import make_probe
 from worker_agent.run_config import AgentPorts, ExecutorConfig
 from worker_agent.users import ImageUsers
 
@@ -211,6 +215,33 @@ def test_a_grace_longer_than_the_agents_stop_budget_is_cut_to_its_share(local_st
     assert not ex.thread.is_alive()
     back = local_stack.store.get(run.id)
     assert back.state == RunState.QUEUED and back.checkpoint is not None, back.failure
+
+
+def test_a_preemption_notices_moment_cuts_a_grace_the_stop_budget_allows(local_stack, docker_client, tmp_path):
+    """The machine goes 22 s after EC2's notice (served on loopback): the grace is three quarters of
+    the 12 s left before the margin, not the 750 s the rule and a stop budget of 1000 s give."""
+    command = f"trap '' USR1; echo up > {CK}/up; i=0; while [ $i -lt 9000 ]; do i=$((i+1)); sleep 0.1; done"
+    run = submit(local_stack, command, checkpoint={"signal": "SIGUSR1", "grace": 3600})
+    ex = executor(local_stack, docker_client, tmp_path, run, stop_budget_seconds=1000)
+    state = Metadata()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), type("H", (MetadataHandler,), {"state": state}))
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        ex.start()
+        wait_for(lambda: (ex.setup.checkpoint_dir / "up").exists())
+        goes = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 22))
+        state.spot_action = {"action": "terminate", "time": goes}
+        notice = make_probe("ec2", f"http://127.0.0.1:{server.server_address[1]}")()
+        assert notice is not None and notice.leaves_at is not None
+        ex.stop_and_requeue(preempted=True, leaves_at=notice.leaves_at)
+        ex.thread.join(60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not ex.thread.is_alive()
+    back = local_stack.store.get(run.id)
+    assert back.state == RunState.QUEUED and back.checkpoint is not None, back.failure  # and synced after it
+    assert sorted(f.path for f in newest(local_stack.objects, run.id).files) == ["up"]
 
 
 class ManifestsDown:

@@ -17,10 +17,12 @@ from typing import Any
 
 import pytest
 
-from worker_agent.preemption import PreemptionWatcher, make_probe
+from worker_agent.preemption import Notice, PreemptionWatcher, make_probe
 
 TOKEN_TTL = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN = "X-aws-ec2-metadata-token"
+SPOT_TIME = 1505722920.0  # the spot instance-action's time, 2017-09-18T08:22:00Z
+NOT_BEFORE = 1474309787.0  # the events' NotBefore, Mon, 19 Sep 2016 18:29:47 GMT
 
 
 @dataclass
@@ -144,7 +146,7 @@ def test_ec2_without_a_notice_says_none(metadata):
 def test_ec2_notice_is_read_with_an_imdsv2_token(metadata):
     state, url = metadata
     state.spot_action = {"action": "terminate", "time": "2017-09-18T08:22:00Z"}
-    assert make_probe("ec2", url)() == "EC2 spot instance-action: terminate at 2017-09-18T08:22:00Z"
+    assert make_probe("ec2", url)() == Notice("EC2 spot instance-action: terminate at 2017-09-18T08:22:00Z", SPOT_TIME)
     assert state.paths("/latest/api/token") == [200]
     assert state.paths("/latest/meta-data/spot/instance-action") == [200]
 
@@ -152,7 +154,7 @@ def test_ec2_notice_is_read_with_an_imdsv2_token(metadata):
 def test_ec2_stop_action_is_a_notice_too(metadata):
     state, url = metadata
     state.spot_action = {"action": "stop", "time": "2017-09-18T08:22:00Z"}
-    assert make_probe("ec2", url)() == "EC2 spot instance-action: stop at 2017-09-18T08:22:00Z"
+    assert make_probe("ec2", url)() == Notice("EC2 spot instance-action: stop at 2017-09-18T08:22:00Z", SPOT_TIME)
 
 
 def test_ec2_request_without_a_token_is_refused(metadata):
@@ -176,13 +178,33 @@ def test_azure_without_events_says_none(metadata):
 def test_azure_preempt_of_this_vm_is_a_notice(metadata):
     state, url = metadata
     state.events = [azure_event("Preempt", "workers_3")]
-    assert make_probe("azure", url)() == "Azure scheduled event: Preempt for VM workers_3"
+    assert make_probe("azure", url)() == Notice("Azure scheduled event: Preempt for VM workers_3", NOT_BEFORE)
+
+
+def test_azure_notice_goes_at_the_soonest_not_before_of_this_vms_events(metadata):
+    state, url = metadata
+    unknown, later, soonest, other = (
+        azure_event("Preempt", "workers_3"),
+        azure_event("Terminate", "workers_3"),
+        azure_event("Terminate", "workers_3"),  # NotBefore: NOT_BEFORE
+        azure_event("Preempt", "workers_7"),
+    )
+    unknown["NotBefore"] = ""  # Azure leaves it empty once an event has started
+    later["NotBefore"] = "Mon, 19 Sep 2016 18:31:47 GMT"
+    other["NotBefore"] = "Mon, 19 Sep 2016 18:20:00 GMT"  # another VM's: not ours
+    state.events = [unknown, later, soonest, other]
+    both = "Azure scheduled event: Preempt, Terminate for VM workers_3"
+    assert make_probe("azure", url)() == Notice(both, NOT_BEFORE)
+    state.events = [unknown, later]
+    assert make_probe("azure", url)() == Notice(both, NOT_BEFORE + 120)
+    state.events = [unknown]
+    assert make_probe("azure", url)() == Notice("Azure scheduled event: Preempt for VM workers_3")
 
 
 def test_azure_terminate_naming_this_vm_among_others_is_a_notice(metadata):
     state, url = metadata
     state.events = [azure_event("Terminate", "workers_1", "workers_3", status="Started")]
-    assert make_probe("azure", url)() == "Azure scheduled event: Terminate for VM workers_3"
+    assert make_probe("azure", url)() == Notice("Azure scheduled event: Terminate for VM workers_3", NOT_BEFORE)
 
 
 @pytest.mark.parametrize("event_type", ["Preempt", "Terminate"])
@@ -207,7 +229,7 @@ def test_azure_vm_name_is_read_once(metadata):
     probe = make_probe("azure", url)
     assert [probe(), probe()] == [None, None]
     state.events = [azure_event("Preempt", "workers_3")]
-    assert probe() == "Azure scheduled event: Preempt for VM workers_3"
+    assert probe() == Notice("Azure scheduled event: Preempt for VM workers_3", NOT_BEFORE)
     assert state.paths("/metadata/instance/compute") == [200]
     assert state.paths("/metadata/scheduledevents") == [200, 200, 200]
 
@@ -232,17 +254,17 @@ def test_url_answering_404_is_no_notice(metadata):
 def test_url_answering_200_is_a_notice(metadata):
     state, url = metadata
     state.notice_status = 200
-    assert make_probe(f"{url}/notice")() == f"preemption notice at {url}/notice"
+    assert make_probe(f"{url}/notice")() == Notice(f"preemption notice at {url}/notice")
 
 
 # -- the watcher ------------------------------------------------------------------------------
 
 
-def _watch(probe: Callable[[], str | None]) -> tuple[PreemptionWatcher, list[str], threading.Event]:
-    notices: list[str] = []
+def _watch(probe: Callable[[], Notice | None]) -> tuple[PreemptionWatcher, list[Notice], threading.Event]:
+    notices: list[Notice] = []
     noticed = threading.Event()
 
-    def on_notice(notice: str) -> None:
+    def on_notice(notice: Notice) -> None:
         notices.append(notice)
         noticed.set()
 
@@ -256,7 +278,7 @@ def test_watcher_calls_back_once_when_the_notice_comes(metadata):
     probe = make_probe(f"{url}/notice")
     calls = []
 
-    def counted() -> str | None:
+    def counted() -> Notice | None:
         calls.append(1)
         if len(calls) == 3:
             state.notice_status = 200
@@ -266,7 +288,7 @@ def test_watcher_calls_back_once_when_the_notice_comes(metadata):
     assert noticed.wait(30)
     watcher.thread.join(30)
     assert not watcher.thread.is_alive()  # it ends after the notice
-    assert notices == [f"preemption notice at {url}/notice"]
+    assert notices == [Notice(f"preemption notice at {url}/notice")]
     assert state.paths("/notice") == [404, 404, 200]
 
 
@@ -278,10 +300,10 @@ def test_watcher_outlives_a_metadata_service_that_cannot_be_reached(metadata):
         nowhere = f"http://127.0.0.1:{closed.getsockname()[1]}/notice"
     answers = iter([make_probe(nowhere), make_probe(f"{url}/notice")])
 
-    def probe() -> str | None:
+    def probe() -> Notice | None:
         return next(answers)()  # the first raises (connection refused), the second answers
 
     watcher, notices, noticed = _watch(probe)
     assert noticed.wait(30)
-    assert notices == [f"preemption notice at {url}/notice"]
+    assert notices == [Notice(f"preemption notice at {url}/notice")]
     watcher.stop()
