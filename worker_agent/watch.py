@@ -91,9 +91,13 @@ class Watch:
         the run ended (a final state, not a hand-back). Returns why the run was stopped."""
         if self.warn is not None and stopped.state == RunState.QUEUED and not self.control.lease_lost.is_set():
             signal, grace = self.warn
-            grace = cut_grace(grace, self.control.stop_by, self.clock())  # a notice's moment comes first
             self.box.kill(signal)
-            cut = self._until_exit(started, exited, sampler, deadline=self.clock() + grace, handing_back=True)
+            signalled = self.clock()
+
+            def grace_ends() -> float:  # a notice's moment comes first, one heard during the grace too
+                return signalled + cut_grace(grace, self.control.stop_by, signalled)
+
+            cut = self._until_exit(started, exited, sampler, deadline=grace_ends, handing_back=True)
             if cut is None and exited.is_set():
                 return stopped
             stopped = cut or stopped
@@ -110,16 +114,16 @@ class Watch:
         started: float,
         exited: threading.Event,
         sampler: DiskSampler,
-        deadline: float | None = None,
+        deadline: Callable[[], float] | None = None,
         handing_back: bool = False,
     ) -> Outcome | None:
         """Watch the running container until it exits (None) or must be stopped (why); with a
-        ``deadline``, until then at most (None). ``handing_back``: it is being handed back already
+        ``deadline`` (read at every tick), until then at most (None). ``handing_back``: it is being handed back already
         (its grace), so the hand-back is no reason to stop it."""
         next_poll = next_usage = self.clock()
         while not exited.wait(self.config.tick_seconds):
             now = self.clock()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and now >= deadline():
                 return None
             lease_lost = False
             if now >= next_poll:

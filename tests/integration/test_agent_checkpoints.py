@@ -218,9 +218,13 @@ def test_a_grace_longer_than_the_agents_stop_budget_is_cut_to_its_share(local_st
 
 
 def test_a_preemption_notices_moment_cuts_a_grace_the_stop_budget_allows(local_stack, docker_client, tmp_path):
-    """The machine goes 22 s after EC2's notice (served on loopback): the grace is three quarters of
-    the 12 s left before the margin, not the 750 s the rule and a stop budget of 1000 s give."""
-    command = f"trap '' USR1; echo up > {CK}/up; i=0; while [ $i -lt 9000 ]; do i=$((i+1)); sleep 0.1; done"
+    """Handed back, the command is signalled and has a grace of 750 s (the rule's hour, cut by a stop
+    budget of 1000 s); then EC2's notice (served on loopback) says the machine goes in 22 s: the grace
+    ends within three quarters of the 12 s left before the margin, and the directory is synced."""
+    command = (
+        f"trap 'echo > {CK}/signalled' USR1; echo up > {CK}/up; "
+        "i=0; while [ $i -lt 9000 ]; do i=$((i+1)); sleep 0.1; done"
+    )
     run = submit(local_stack, command, checkpoint={"signal": "SIGUSR1", "grace": 3600})
     ex = executor(local_stack, docker_client, tmp_path, run, stop_budget_seconds=1000)
     state = Metadata()
@@ -229,6 +233,8 @@ def test_a_preemption_notices_moment_cuts_a_grace_the_stop_budget_allows(local_s
     try:
         ex.start()
         wait_for(lambda: (ex.setup.checkpoint_dir / "up").exists())
+        ex.stop_and_requeue()  # its agent stopping with pass-down: the grace begins
+        wait_for(lambda: (ex.setup.checkpoint_dir / "signalled").exists())
         goes = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 22))
         state.spot_action = {"action": "terminate", "time": goes}
         notice = make_probe("ec2", f"http://127.0.0.1:{server.server_address[1]}")()
@@ -241,7 +247,7 @@ def test_a_preemption_notices_moment_cuts_a_grace_the_stop_budget_allows(local_s
     assert not ex.thread.is_alive()
     back = local_stack.store.get(run.id)
     assert back.state == RunState.QUEUED and back.checkpoint is not None, back.failure  # and synced after it
-    assert sorted(f.path for f in newest(local_stack.objects, run.id).files) == ["up"]
+    assert sorted(f.path for f in newest(local_stack.objects, run.id).files) == ["signalled", "up"]
 
 
 class ManifestsDown:
