@@ -340,7 +340,8 @@ HAND: dict[str, tuple[Flag, ...]] = {
             str | None,
             typer.Option(
                 help="checkpoint: how long the command has after the signal to exit, e.g. 60s (default 30s; at most "
-                "3/4 of its worker's stop budget: 75s of the default 100s)",
+                "3/4 of its worker's stop budget: 75s of the default 100s; less when a preemption notice "
+                "says the machine goes sooner)",
                 show_default=False,
             ),
         ),
