@@ -35,6 +35,18 @@ def mallory(front, user):
     return Client(front.api_url, made["token"]), made["token"]
 
 
+@pytest.fixture
+def people(front, user):
+    """``people()``: (a client of a new user of this front, its bearer headers)."""
+
+    def make():
+        made = user("admin").request("POST", "/v1/tokens", {"user": f"p-{uuid.uuid4().hex[:8]}"})
+        headers = {"Authorization": f"Bearer {made['token']}", "Content-Type": "application/json"}
+        return Client(front.api_url, made["token"]), headers
+
+    return make
+
+
 @pytest.fixture(params=["aws", "azure"])
 def own_front(request):
     """The cloud's API function called in this process, on a fresh stack of its own (moto's

@@ -37,18 +37,6 @@ def objects(front):
     return bootstrap.build_stack(settings).objects
 
 
-@pytest.fixture
-def people(front, user):
-    """``people()``: (a client of a new user, its bearer headers)."""
-
-    def make():
-        made = user("admin").request("POST", "/v1/tokens", {"user": f"c-{uuid.uuid4().hex[:8]}"})
-        headers = {"Authorization": f"Bearer {made['token']}", "Content-Type": "application/json"}
-        return Client(front.api_url, made["token"]), headers
-
-    return make
-
-
 def ended_run(client, **fields):
     """A run of ``client``'s that no worker took, killed: its record stays, nothing writes to it."""
     run = client.request("POST", "/v1/runs", {**PARKED, **fields})

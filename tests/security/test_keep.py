@@ -12,23 +12,11 @@ import uuid
 
 import pytest
 
-from runplane.client import Client, Conflict
+from runplane.client import Conflict
 from tests.security.conftest import raw
 
 PARKED = {"command": "echo hi", "queue": "parked"}
 KEPT = {"kept": True, "outputs_until": None, "logs_until": None, "record_until": None, "deleted": []}
-
-
-@pytest.fixture
-def people(front, user):
-    """``people()``: (a client of a new user, its bearer headers)."""
-
-    def make():
-        made = user("admin").request("POST", "/v1/tokens", {"user": f"k-{uuid.uuid4().hex[:8]}"})
-        headers = {"Authorization": f"Bearer {made['token']}", "Content-Type": "application/json"}
-        return Client(front.api_url, made["token"]), headers
-
-    return make
 
 
 @pytest.fixture
