@@ -16,9 +16,10 @@ QUEUED = Expect(states=frozenset({RunState.QUEUED}))
 SPOT, ONDEMAND = "spot", "ondemand"
 
 
-def make_run(i=0, **fields):
+def make_run(i=0, prefix="r-move", **fields):
+    """A run queued on SPOT, ``<prefix>-<i>``."""
     return Run(
-        id=f"r-move-{i}",
+        id=f"{prefix}-{i}",
         owner="alice",
         queue=SPOT,
         spec=RunSpec(command="echo"),

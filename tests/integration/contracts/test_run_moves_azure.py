@@ -11,24 +11,16 @@ from runplane.adapters.azure.run_rows import partition
 from runplane.adapters.azure.runs import TableRunStore
 from runplane.adapters.azure.tables import key, newest_first, unpack
 from runplane.domain.errors import BackendError, NotFound
-from runplane.domain.expect import Expect
-from runplane.domain.runs import Event, Run, RunSpec
+from runplane.domain.runs import Event
 from runplane.domain.states import RunState
+from tests.integration.contracts.test_run_moves import ONDEMAND, QUEUED, SPOT
+from tests.integration.contracts.test_run_moves import make_run as moved_run
 
-QUEUED = Expect(states=frozenset({RunState.QUEUED}))
-SPOT, ONDEMAND = "spot", "ondemand"
 STEPS = ["arrive", "depart", "repoint", "settle"]
 
 
 def make_run(i=0):
-    return Run(
-        id=f"r-step-{i}",
-        owner="alice",
-        queue=SPOT,
-        spec=RunSpec(command="echo"),
-        created_at=1000.0 + i,
-        events=[Event(at=1000.0, state=RunState.QUEUED, message="submitted")],
-    )
+    return moved_run(i, prefix="r-step")
 
 
 def rows(store, queue, run_id):
